@@ -1,0 +1,161 @@
+/**
+ * The backend interface: the only thing model, loss and training code may use to touch numbers.
+ *
+ * Model code (src/model) is written once against this interface, llm.c style: every layer has an explicit
+ * forward and backward, shapes are passed explicitly, all tensors are flat row-major float buffers.
+ * The CPU backend (src/backend/cpu) implements it with typed arrays; the CUDA backend (src/backend/cuda)
+ * with generated kernels and cuBLAS. A tracing CUDA backend records which kernels each call would launch
+ * without launching anything: that is how the pre-warm set is derived from the code path a step runs.
+ *
+ * Conventions (every implementation must follow them; the tests check them):
+ * - Buffers hold `length` float elements (float32 on the CPU and CUDA backends; the CPU backend can also run
+ *   in float64, which the finite-difference tests use). IntBuf holds int32 (token ids, targets).
+ * - Every BACKWARD op ACCUMULATES (+=) into all of its gradient outputs. Callers zero gradient buffers first.
+ * - Every FORWARD op OVERWRITES its outputs. An output may not alias an input unless the op says so.
+ * - Linear layers use the Hugging Face weight layout: weight[out, in], y = x · Wᵀ + b.
+ * - Activations are [rows, features]; q is [B, T, nHeads, headDim], k and v are [B, T, nKvHeads, headDim].
+ */
+
+/** A float buffer owned by a backend. Opaque: only the backend that made it can read it. */
+export interface Buf {
+  readonly length: number;
+}
+
+/** An int32 buffer owned by a backend (token ids, targets). */
+export interface IntBuf {
+  readonly length: number;
+}
+
+/** Which per-token loss the fused loss op computes. See docs in src/loss/README or the README's config reference. */
+export type DistillKind = 'none' | 'kl' | 'reverse-kl' | 'jsd';
+
+export interface LossSpec {
+  /** 'none': plain next-token cross-entropy (training without a teacher). */
+  kind: DistillKind;
+  /** Weight of the distillation term; (1 - alpha) weighs the cross-entropy term. Ignored for kind 'none'. */
+  alpha: number;
+  /** Softmax temperature for the distillation term (the T^2 factor is applied). */
+  temperature: number;
+  /** Mixture weight of the teacher in generalized JSD: m = beta·p_t + (1-beta)·p_s. Only for 'jsd'. */
+  beta: number;
+}
+
+/** Number of floats per row that lossForward writes into `stats`. */
+export const LOSS_STATS = 4;
+/** Column indices of the per-token stats row written by lossForward. */
+export const STAT_LOSS = 0; // the combined loss the gradient is of (unweighted by `weights`)
+export const STAT_CE = 1; // cross-entropy of the student (T = 1) against the next token
+export const STAT_DIV = 2; // the distillation divergence (with the T^2 factor); 0 for kind 'none'
+export const STAT_AGREE = 3; // 1 if argmax(student) == argmax(teacher) else 0; 0 without a teacher
+
+export interface AdamWStep {
+  lr: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weightDecay: number;
+  /** 1-based step number, for bias correction. */
+  step: number;
+  /** Gradients are multiplied by this before use (global-norm clipping folds in here). */
+  gradScale: number;
+}
+
+export interface Backend {
+  readonly name: string;
+  /** Element type of float buffers: 'f32' normally, 'f64' for the CPU backend's reference mode. */
+  readonly dtype: 'f32' | 'f64';
+
+  // ---- memory ---------------------------------------------------------------------------------------
+  /** A zero-filled float buffer of n elements. `label` names it in error messages and memory reports. */
+  alloc(n: number, label: string): Buf;
+  allocInt(n: number, label: string): IntBuf;
+  /** A window onto [offset, offset+length) of buf, sharing its storage. */
+  view(buf: Buf, offset: number, length: number): Buf;
+  upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
+  uploadInt(dst: IntBuf, src: Int32Array): void;
+  /** A host copy of buf (float64 or float32 per dtype; returned as a fresh array). */
+  download(src: Buf): Float32Array | Float64Array;
+  zero(buf: Buf): void;
+  /** dst[0..src.length) = src. */
+  copy(dst: Buf, src: Buf): void;
+  /** Releases everything this backend allocated (worker threads too). */
+  dispose(): void;
+
+  // ---- elementwise ----------------------------------------------------------------------------------
+  /** out = a + b (n elements). out may alias a or b. */
+  add(out: Buf, a: Buf, b: Buf, n: number): void;
+  /** dst += src (n elements). */
+  accumulate(dst: Buf, src: Buf, n: number): void;
+  /** buf *= s (n elements). */
+  scale(buf: Buf, s: number, n: number): void;
+  /** Sum of squares of the first n elements, returned to the host (used for global-norm clipping). */
+  sumSquares(buf: Buf, n: number): number;
+
+  // ---- layers ---------------------------------------------------------------------------------------
+  /** out[i, :] = table[ids[i], :] for i < n; table is [vocab, c]. */
+  embeddingForward(out: Buf, ids: IntBuf, table: Buf, n: number, c: number): void;
+  /** dtable[ids[i], :] += dout[i, :]. */
+  embeddingBackward(dtable: Buf, dout: Buf, ids: IntBuf, n: number, c: number): void;
+
+  /** out = inp / rms(inp) * weight per row; rstd[i] = 1/sqrt(mean(inp[i]^2) + eps) is saved for backward. */
+  rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void;
+  rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void;
+
+  /** out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS. */
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void;
+  /** dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped). */
+  matmulBackward(
+    dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
+  ): void;
+
+  /**
+   * Rotary embedding, rotate-half (NeoX / HF Llama, Qwen2) layout, in [B, T, heads, headDim].
+   * Position of row t is pos0 + t. angle(p, i) = p · theta^(-2i/headDim) for i < headDim/2.
+   * out may alias inp.
+   */
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void;
+  /** dinp += Rᵀ dout. */
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void;
+
+  /**
+   * Causal grouped-query attention with scale 1/sqrt(headDim).
+   * q/out: [B, T, nHeads, hd]; k, v: [B, T, nKv, hd]; query head h reads kv head floor(h / (nHeads / nKv)).
+   * probs: [B, nHeads, T, T] softmax probabilities saved for backward (upper triangle written as 0).
+   */
+  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void;
+  /** dq += ..., dk += ..., dv += ... */
+  attentionBackward(
+    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+    b: number, t: number, nHeads: number, nKv: number, hd: number,
+  ): void;
+
+  /** Writes rows [pos0, pos0+t) of a KV cache laid out [B, tMax, nKv, hd] from src [B, t, nKv, hd]. */
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void;
+  /**
+   * Inference attention against a KV cache: queries q [B, t, nHeads, hd] at positions pos0..pos0+t-1 attend
+   * causally to cache rows 0..pos0+t-1 (the caller has written them with kvCacheWrite). out: [B, t, nHeads, hd].
+   */
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number, nHeads: number, nKv: number, hd: number): void;
+
+  /** out = silu(gate) * up (n elements). */
+  swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void;
+  /** dgate += ..., dup += ... */
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void;
+
+  // ---- loss -----------------------------------------------------------------------------------------
+  /**
+   * Fused per-token loss over logits [n, vocab] (and its gradient when dlogits is given).
+   * stats[i, :] gets LOSS_STATS floats (see STAT_*). teacher: teacher logits [n, vocab] or null.
+   * weights[i] multiplies row i's gradient (0 masks padding; typically 1/number-of-counted-tokens).
+   * dlogits (may alias logits) is OVERWRITTEN with weights[i] · d(loss_i)/d(logits_i).
+   * Targets may be -1 only where weights[i] is 0 (padding).
+   */
+  lossForward(
+    stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
+    n: number, vocab: number, spec: LossSpec,
+  ): void;
+  // ---- optimizer ------------------------------------------------------------------------------------
+  /** Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment). */
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void;
+}
