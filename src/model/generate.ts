@@ -1,0 +1,151 @@
+/**
+ * Text generation with a KV cache: a prefill pass over the prompt writes every layer's keys and values into the
+ * cache, then each decode step runs one token through the layers attending to the cache. Uses the weights of a
+ * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature,
+ * top-p) happens on the host from the last position's logits.
+ */
+import type { Backend, Buf, IntBuf } from '../backend/backend.js';
+import type { Transformer } from './transformer.js';
+import { Rng } from '../util/rng.js';
+import { DistilleryError } from '../util/errors.js';
+
+export interface SamplingOptions {
+  /** 0 means greedy. */
+  temperature: number;
+  /** Nucleus sampling: keep the smallest set of tokens whose probability sums to topP (1 = off). */
+  topP: number;
+  maxNewTokens: number;
+  /** Stop when one of these ids is produced (it is not included in the output). */
+  stopIds?: number[];
+  seed?: number;
+}
+
+export class Generator {
+  readonly maxLen: number;
+  private readonly m: Transformer;
+  private readonly be: Backend;
+  private readonly kCache: Buf[];
+  private readonly vCache: Buf[];
+  private readonly ids: IntBuf;
+  private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
+  private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
+  private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
+  private readonly logits: Buf;
+  private pos = 0;
+
+  /** maxLen: the longest prompt + generated sequence this generator will hold (the KV cache size). */
+  constructor(model: Transformer, maxLen: number) {
+    const c = model.config, be = model.backend;
+    if (maxLen > c.maxPositionEmbeddings) {
+      throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
+    }
+    this.m = model; this.be = be; this.maxLen = maxLen;
+    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, T = maxLen;
+    this.kCache = []; this.vCache = [];
+    for (let l = 0; l < c.numLayers; l++) {
+      this.kCache.push(be.alloc(T * KV, `KV cache (layer ${l} keys)`));
+      this.vCache.push(be.alloc(T * KV, `KV cache (layer ${l} values)`));
+    }
+    const a = (n: number, what: string): Buf => be.alloc(n, `generation ${what}`);
+    this.ids = be.allocInt(T, 'generation token ids');
+    this.x = a(T * C, 'x'); this.h = a(T * C, 'h'); this.ln = a(T * C, 'norm'); this.rstd = a(T, 'rstd');
+    this.q = a(T * Q, 'q'); this.k = a(T * KV, 'k'); this.v = a(T * KV, 'v'); this.att = a(T * Q, 'attention');
+    this.gate = a(T * I, 'gate'); this.up = a(T * I, 'up'); this.act = a(T * I, 'swiglu');
+    this.logits = a(c.vocabSize, 'logits');
+  }
+
+  reset(): void {
+    this.pos = 0;
+  }
+
+  /**
+   * Runs tokens through the model at positions pos..pos+t-1 (prefill when t > 1, decode when t = 1) and
+   * returns the logits of the last one.
+   */
+  step(tokens: Int32Array): Float32Array | Float64Array {
+    const c = this.m.config, be = this.be, L = this.m.layout, t = tokens.length, pos0 = this.pos;
+    if (t < 1) throw new DistilleryError('generation needs at least one prompt token');
+    if (pos0 + t > this.maxLen) {
+      throw new DistilleryError(`sequence of ${pos0 + t} tokens exceeds the generator's ${this.maxLen}`, 'lower --max-new-tokens or shorten the prompt');
+    }
+    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+    const vw = (b: Buf, n: number): Buf => be.view(b, 0, n);
+    const x = vw(this.x, t * C), h = vw(this.h, t * C), ln = vw(this.ln, t * C), rstd = vw(this.rstd, t);
+    const q = vw(this.q, t * Q), k = vw(this.k, t * KV), v = vw(this.v, t * KV), att = vw(this.att, t * Q);
+    const gate = vw(this.gate, t * I), up = vw(this.up, t * I), act = vw(this.act, t * I);
+    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.params, ti.offset, ti.size) : null);
+    be.uploadInt(this.ids, tokens);
+    be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
+    for (let l = 0; l < c.numLayers; l++) {
+      const w = L.layers[l]!;
+      be.rmsnormForward(ln, rstd, x, p(w.ln1)!, t, C, c.rmsNormEps);
+      be.matmulForward(q, ln, p(w.wq)!, p(w.bq), t, C, Q);
+      be.matmulForward(k, ln, p(w.wk)!, p(w.bk), t, C, KV);
+      be.matmulForward(v, ln, p(w.wv)!, p(w.bv), t, C, KV);
+      be.ropeForward(q, q, 1, t, c.numHeads, c.headDim, c.ropeTheta, pos0);
+      be.ropeForward(k, k, 1, t, c.numKvHeads, c.headDim, c.ropeTheta, pos0);
+      be.kvCacheWrite(this.kCache[l]!, k, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+      be.kvCacheWrite(this.vCache[l]!, v, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+      be.attentionCached(att, q, this.kCache[l]!, this.vCache[l]!, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
+      be.matmulForward(h, att, p(w.wo)!, null, t, Q, C);
+      be.add(h, h, x, t * C);
+      be.rmsnormForward(ln, rstd, h, p(w.ln2)!, t, C, c.rmsNormEps);
+      be.matmulForward(gate, ln, p(w.wGate)!, null, t, C, I);
+      be.matmulForward(up, ln, p(w.wUp)!, null, t, C, I);
+      be.swigluForward(act, gate, up, t * I);
+      be.matmulForward(x, act, p(w.wDown)!, null, t, I, C);
+      be.add(x, x, h, t * C);
+    }
+    // Only the last position's logits are needed.
+    const xLast = be.view(this.x, (t - 1) * C, C), lnLast = be.view(this.ln, 0, C);
+    be.rmsnormForward(lnLast, be.view(this.rstd, 0, 1), xLast, p(L.finalNorm)!, 1, C, c.rmsNormEps);
+    be.matmulForward(this.logits, lnLast, p(L.lmHead ?? L.embed)!, null, 1, C, c.vocabSize);
+    this.pos += t;
+    return be.download(this.logits);
+  }
+
+  /** Generates up to maxNewTokens after the prompt; returns only the new ids. */
+  generate(prompt: Int32Array | number[], opts: SamplingOptions, onToken?: (id: number) => void): number[] {
+    this.reset();
+    const rng = new Rng(opts.seed ?? 0);
+    const out: number[] = [];
+    let logits = this.step(Int32Array.from(prompt));
+    for (let i = 0; i < opts.maxNewTokens; i++) {
+      const id = sample(logits, opts.temperature, opts.topP, rng);
+      if (opts.stopIds?.includes(id)) break;
+      out.push(id);
+      onToken?.(id);
+      if (i + 1 === opts.maxNewTokens || this.pos >= this.maxLen) break;
+      logits = this.step(Int32Array.of(id));
+    }
+    return out;
+  }
+}
+
+/** Picks a token id from logits: argmax when temperature is 0, else softmax(logits / T) restricted to top-p. */
+export function sample(logits: ArrayLike<number>, temperature: number, topP: number, rng: Rng): number {
+  const V = logits.length;
+  if (temperature <= 0) {
+    let best = 0;
+    for (let i = 1; i < V; i++) if (logits[i]! > logits[best]!) best = i;
+    return best;
+  }
+  let mx = -Infinity;
+  for (let i = 0; i < V; i++) mx = Math.max(mx, logits[i]!);
+  const probs = new Float64Array(V);
+  let sum = 0;
+  for (let i = 0; i < V; i++) { probs[i] = Math.exp((logits[i]! - mx) / temperature); sum += probs[i]!; }
+  for (let i = 0; i < V; i++) probs[i]! /= sum;
+  let candidates: number[];
+  if (topP < 1) {
+    const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => probs[b]! - probs[a]!);
+    candidates = [];
+    let acc = 0;
+    for (const i of order) { candidates.push(i); acc += probs[i]!; if (acc >= topP) break; }
+  } else candidates = Array.from({ length: V }, (_, i) => i);
+  let total = 0;
+  for (const i of candidates) total += probs[i]!;
+  let r = rng.next() * total;
+  for (const i of candidates) { r -= probs[i]!; if (r <= 0) return i; }
+  return candidates[candidates.length - 1]!;
+}

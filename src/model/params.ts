@@ -1,0 +1,131 @@
+/**
+ * Parameter layout: every trainable tensor of a Qwen2/Llama model lives in ONE flat buffer (as in llm.c), so the
+ * optimizer, gradient zeroing and global-norm clipping are single calls. Each tensor has its Hugging Face name,
+ * its shape, its offset into the flat buffer, and whether weight decay applies (matrices yes; norms, biases no).
+ */
+import type { ModelConfig } from './config.js';
+import { Rng } from '../util/rng.js';
+import { DistilleryError } from '../util/errors.js';
+
+export interface TensorInfo {
+  /** The Hugging Face state-dict name, e.g. `model.layers.3.self_attn.q_proj.weight`. */
+  name: string;
+  shape: number[];
+  offset: number;
+  size: number;
+  /** Weight decay applies (2-D weights and embeddings). */
+  decay: boolean;
+  init: 'normal' | 'normal-residual' | 'zeros' | 'ones';
+}
+
+/** Offsets of one layer's tensors inside the flat buffer. */
+export interface LayerTensors {
+  ln1: TensorInfo; wq: TensorInfo; bq: TensorInfo | null; wk: TensorInfo; bk: TensorInfo | null;
+  wv: TensorInfo; bv: TensorInfo | null; wo: TensorInfo; ln2: TensorInfo;
+  wGate: TensorInfo; wUp: TensorInfo; wDown: TensorInfo;
+}
+
+export interface ParamLayout {
+  tensors: TensorInfo[];
+  total: number;
+  embed: TensorInfo;
+  layers: LayerTensors[];
+  finalNorm: TensorInfo;
+  /** Null when embeddings are tied (the LM head is the embedding matrix). */
+  lmHead: TensorInfo | null;
+}
+
+export function parameterLayout(c: ModelConfig): ParamLayout {
+  const tensors: TensorInfo[] = [];
+  let offset = 0;
+  const add = (name: string, shape: number[], init: TensorInfo['init']): TensorInfo => {
+    const size = shape.reduce((a, b) => a * b, 1);
+    const t: TensorInfo = { name, shape, offset, size, decay: shape.length === 2, init };
+    tensors.push(t);
+    offset += size;
+    return t;
+  };
+  const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+  const embed = add('model.embed_tokens.weight', [c.vocabSize, C], 'normal');
+  const layers: LayerTensors[] = [];
+  for (let l = 0; l < c.numLayers; l++) {
+    const p = `model.layers.${l}.`;
+    const ln1 = add(`${p}input_layernorm.weight`, [C], 'ones');
+    const wq = add(`${p}self_attn.q_proj.weight`, [Q, C], 'normal');
+    const bq = c.qkvBias ? add(`${p}self_attn.q_proj.bias`, [Q], 'zeros') : null;
+    const wk = add(`${p}self_attn.k_proj.weight`, [KV, C], 'normal');
+    const bk = c.qkvBias ? add(`${p}self_attn.k_proj.bias`, [KV], 'zeros') : null;
+    const wv = add(`${p}self_attn.v_proj.weight`, [KV, C], 'normal');
+    const bv = c.qkvBias ? add(`${p}self_attn.v_proj.bias`, [KV], 'zeros') : null;
+    const wo = add(`${p}self_attn.o_proj.weight`, [C, Q], 'normal-residual');
+    const ln2 = add(`${p}post_attention_layernorm.weight`, [C], 'ones');
+    const wGate = add(`${p}mlp.gate_proj.weight`, [I, C], 'normal');
+    const wUp = add(`${p}mlp.up_proj.weight`, [I, C], 'normal');
+    const wDown = add(`${p}mlp.down_proj.weight`, [C, I], 'normal-residual');
+    layers.push({ ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wGate, wUp, wDown });
+  }
+  const finalNorm = add('model.norm.weight', [C], 'ones');
+  const lmHead = c.tieWordEmbeddings ? null : add('lm_head.weight', [c.vocabSize, C], 'normal');
+  return { tensors, total: offset, embed, layers, finalNorm, lmHead };
+}
+
+/**
+ * Host-side initial weights: N(0, std) for matrices, std/sqrt(2·layers) for the projections that write into
+ * the residual stream (GPT-2's scheme), ones for norms, zeros for biases.
+ */
+export function initialWeights(layout: ParamLayout, c: ModelConfig, rng: Rng, std = 0.02): Float32Array {
+  const w = new Float32Array(layout.total);
+  const residualStd = std / Math.sqrt(2 * c.numLayers);
+  for (const t of layout.tensors) {
+    const dst = w.subarray(t.offset, t.offset + t.size);
+    if (t.init === 'ones') dst.fill(1);
+    else if (t.init === 'zeros') dst.fill(0);
+    else {
+      const s = t.init === 'normal-residual' ? residualStd : std;
+      for (let i = 0; i < dst.length; i++) dst[i] = rng.normal() * s;
+    }
+  }
+  return w;
+}
+
+/**
+ * Places named tensors (from a safetensors file) into a flat weight array, checking names and shapes.
+ * A tied model ignores a `lm_head.weight` it is given; an untied one requires it.
+ */
+export function packWeights(
+  layout: ParamLayout,
+  named: Map<string, { shape: number[]; data: Float32Array }>,
+  source: string,
+): Float32Array {
+  const w = new Float32Array(layout.total);
+  const known = new Set(layout.tensors.map((t) => t.name));
+  for (const t of layout.tensors) {
+    const src = named.get(t.name);
+    if (!src) {
+      throw new DistilleryError(`${source}: missing tensor "${t.name}" (shape [${t.shape.join(', ')}])`,
+        'the checkpoint does not match config.json: check num_hidden_layers, tie_word_embeddings and attention biases');
+    }
+    if (src.shape.length !== t.shape.length || src.shape.some((d, i) => d !== t.shape[i])) {
+      throw new DistilleryError(
+        `${source}: tensor "${t.name}" has shape [${src.shape.join(', ')}] but config.json implies [${t.shape.join(', ')}]`,
+        'the checkpoint and config.json disagree: use the config.json saved with these weights');
+    }
+    w.set(src.data, t.offset);
+  }
+  for (const name of named.keys()) {
+    if (!known.has(name) && name !== 'lm_head.weight' && !name.endsWith('rotary_emb.inv_freq')) {
+      throw new DistilleryError(`${source}: unexpected tensor "${name}" not described by config.json`,
+        'check that config.json belongs to these weights (model_type, attention_bias, num_hidden_layers)');
+    }
+  }
+  return w;
+}
+
+/** The inverse of packWeights: named views of a flat weight array (tied models get no lm_head). */
+export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Array): Map<string, { shape: number[]; data: Float32Array }> {
+  const out = new Map<string, { shape: number[]; data: Float32Array }>();
+  for (const t of layout.tensors) {
+    out.set(t.name, { shape: t.shape, data: Float32Array.from(w.subarray(t.offset, t.offset + t.size)) });
+  }
+  return out;
+}

@@ -1,0 +1,237 @@
+/**
+ * The decoder-only transformer (Qwen2 / Llama family), written once against the Backend interface.
+ *
+ * Explicit forward and backward per layer, llm.c style: every activation the backward pass needs is kept in a
+ * buffer allocated up front (sized from config, batch and sequence length), so a training step allocates
+ * nothing. Layer l:  h = x + o_proj(attn(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)));  x' = h + down(silu(gate(ln2 h)) * up(ln2 h)).
+ * The model owns parameters (one flat buffer, see params.ts), gradients (same layout) and activations; the
+ * optimizer state belongs to the trainer, the KV cache to the generator.
+ */
+import type { Backend, Buf, IntBuf } from '../backend/backend.js';
+import type { ModelConfig } from './config.js';
+import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
+import { DistilleryError } from '../util/errors.js';
+
+export interface TransformerOptions {
+  /** Largest batch a forward call will get. */
+  batch: number;
+  /** Largest sequence length a forward call will get. */
+  seq: number;
+  /** Keep per-layer activations and allocate gradients (training); false for a teacher or evaluation. */
+  training: boolean;
+  /** Label prefix for allocations (error messages and memory reports). */
+  label?: string;
+}
+
+interface LayerActs {
+  x: Buf; // layer input (residual stream) [N, C]
+  ln1: Buf; rstd1: Buf; q: Buf; k: Buf; v: Buf; probs: Buf; att: Buf;
+  h: Buf; // residual after attention [N, C]
+  ln2: Buf; rstd2: Buf; gate: Buf; up: Buf; act: Buf;
+}
+
+interface GradScratch {
+  dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; dqPre: Buf; dkPre: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
+}
+
+export class Transformer {
+  readonly config: ModelConfig;
+  readonly backend: Backend;
+  readonly layout: ParamLayout;
+  readonly batch: number;
+  readonly seq: number;
+  readonly training: boolean;
+  readonly params: Buf;
+  readonly grads: Buf | null;
+  /** Logits of the last forward call, [b·t, vocab]; the trainer may overwrite them with dlogits in place. */
+  readonly logits: Buf;
+
+  private readonly ids: IntBuf;
+  private readonly acts: LayerActs[];
+  private readonly xFinal: Buf;
+  private readonly lnf: Buf;
+  private readonly rstdf: Buf;
+  private readonly g: GradScratch | null;
+  private lastShape: { b: number; t: number } | null = null;
+
+  constructor(backend: Backend, config: ModelConfig, opts: TransformerOptions) {
+    const { batch, seq, training } = opts;
+    if (!(Number.isInteger(batch) && batch > 0 && Number.isInteger(seq) && seq > 0)) {
+      throw new DistilleryError(`batch (${batch}) and sequence length (${seq}) must be positive integers`);
+    }
+    if (seq > config.maxPositionEmbeddings) {
+      throw new DistilleryError(`sequence length ${seq} exceeds max_position_embeddings ${config.maxPositionEmbeddings}`,
+        'lower --seq');
+    }
+    this.config = config;
+    this.backend = backend;
+    this.batch = batch;
+    this.seq = seq;
+    this.training = training;
+    this.layout = parameterLayout(config);
+    const lab = opts.label ?? 'model';
+    const c = config, N = batch * seq, C = c.hiddenSize;
+    const Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+    this.params = backend.alloc(this.layout.total, `${lab} parameters`);
+    this.grads = training ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
+    this.ids = backend.allocInt(N, `${lab} token ids`);
+    const makeActs = (i: number): LayerActs => {
+      const a = (n: number, what: string): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`);
+      return {
+        x: a(N * C, 'x'), ln1: a(N * C, 'ln1'), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q'), k: a(N * KV, 'k'),
+        v: a(N * KV, 'v'), probs: a(batch * c.numHeads * seq * seq, 'attention probabilities'), att: a(N * Q, 'attention out'),
+        h: a(N * C, 'h'), ln2: a(N * C, 'ln2'), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate'), up: a(N * I, 'up'),
+        act: a(N * I, 'swiglu'),
+      };
+    };
+    // Inference keeps one set of activations for all layers; x alternates between two buffers.
+    this.acts = [];
+    if (training) for (let l = 0; l < c.numLayers; l++) this.acts.push(makeActs(l));
+    else {
+      const shared = makeActs(0);
+      const other = backend.alloc(N * C, `${lab} activations (x alt)`);
+      for (let l = 0; l < c.numLayers; l++) this.acts.push({ ...shared, x: l % 2 === 0 ? shared.x : other });
+    }
+    this.xFinal = backend.alloc(N * C, `${lab} activations (final x)`);
+    this.lnf = backend.alloc(N * C, `${lab} activations (final norm)`);
+    this.rstdf = backend.alloc(N, `${lab} activations (final rstd)`);
+    this.logits = backend.alloc(N * c.vocabSize, `${lab} logits`);
+    this.g = training
+      ? {
+        dx: backend.alloc(N * C, `${lab} grad scratch dx`), dln: backend.alloc(N * C, `${lab} grad scratch dln`),
+        dq: backend.alloc(N * Q, `${lab} grad scratch dq`), dk: backend.alloc(N * KV, `${lab} grad scratch dk`),
+        dv: backend.alloc(N * KV, `${lab} grad scratch dv`), dqPre: backend.alloc(N * Q, `${lab} grad scratch dq pre-rope`),
+        dkPre: backend.alloc(N * KV, `${lab} grad scratch dk pre-rope`), datt: backend.alloc(N * Q, `${lab} grad scratch datt`),
+        dact: backend.alloc(N * I, `${lab} grad scratch dact`), dgate: backend.alloc(N * I, `${lab} grad scratch dgate`),
+        dup: backend.alloc(N * I, `${lab} grad scratch dup`),
+      }
+      : null;
+  }
+
+  /** A view of one parameter tensor (or its gradient). */
+  p(t: TensorInfo): Buf {
+    return this.backend.view(this.params, t.offset, t.size);
+  }
+  private gr(t: TensorInfo): Buf {
+    return this.backend.view(this.grads!, t.offset, t.size);
+  }
+  private pOpt(t: TensorInfo | null): Buf | null {
+    return t ? this.p(t) : null;
+  }
+  private grOpt(t: TensorInfo | null): Buf | null {
+    return t ? this.gr(t) : null;
+  }
+  private v(buf: Buf, n: number): Buf {
+    return this.backend.view(buf, 0, n);
+  }
+
+  /** Uploads a full flat weight array (layout order). */
+  setWeights(w: ArrayLike<number>): void {
+    if (w.length !== this.layout.total) {
+      throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
+    }
+    this.backend.upload(this.params, w);
+  }
+
+  getWeights(): Float32Array | Float64Array {
+    return this.backend.download(this.params);
+  }
+
+  zeroGrad(): void {
+    if (this.grads) this.backend.zero(this.grads);
+  }
+
+  /**
+   * Forward pass over ids [b, t] (row-major, b ≤ batch, t ≤ seq). Returns a view of the logits [b·t, vocab].
+   */
+  forward(ids: Int32Array, b: number, t: number): Buf {
+    const c = this.config, be = this.backend;
+    if (b > this.batch || t > this.seq || b < 1 || t < 1) {
+      throw new DistilleryError(`forward shape [${b}, ${t}] exceeds the allocated [${this.batch}, ${this.seq}]`);
+    }
+    if (ids.length < b * t) throw new DistilleryError(`forward got ${ids.length} token ids for shape [${b}, ${t}]`);
+    const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+    const L = this.layout;
+    be.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
+    be.embeddingForward(this.v(this.acts[0]!.x, N * C), this.ids, this.p(L.embed), N, C);
+    for (let l = 0; l < c.numLayers; l++) {
+      const a = this.acts[l]!, w = L.layers[l]!;
+      const xNext = l + 1 < c.numLayers ? this.acts[l + 1]!.x : this.xFinal;
+      const x = this.v(a.x, N * C), ln1 = this.v(a.ln1, N * C), q = this.v(a.q, N * Q), k = this.v(a.k, N * KV);
+      const v = this.v(a.v, N * KV), att = this.v(a.att, N * Q), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);
+      const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
+      be.rmsnormForward(ln1, this.v(a.rstd1, N), x, this.p(w.ln1), N, C, c.rmsNormEps);
+      be.matmulForward(q, ln1, this.p(w.wq), this.pOpt(w.bq), N, C, Q);
+      be.matmulForward(k, ln1, this.p(w.wk), this.pOpt(w.bk), N, C, KV);
+      be.matmulForward(v, ln1, this.p(w.wv), this.pOpt(w.bv), N, C, KV);
+      be.ropeForward(q, q, b, t, c.numHeads, c.headDim, c.ropeTheta, 0);
+      be.ropeForward(k, k, b, t, c.numKvHeads, c.headDim, c.ropeTheta, 0);
+      be.attentionForward(att, this.v(a.probs, b * c.numHeads * t * t), q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim);
+      be.matmulForward(h, att, this.p(w.wo), null, N, Q, C);
+      be.add(h, h, x, N * C);
+      be.rmsnormForward(ln2, this.v(a.rstd2, N), h, this.p(w.ln2), N, C, c.rmsNormEps);
+      be.matmulForward(gate, ln2, this.p(w.wGate), null, N, C, I);
+      be.matmulForward(up, ln2, this.p(w.wUp), null, N, C, I);
+      be.swigluForward(act, gate, up, N * I);
+      const xn = this.v(xNext, N * C);
+      be.matmulForward(xn, act, this.p(w.wDown), null, N, I, C);
+      be.add(xn, xn, h, N * C);
+    }
+    const logits = this.v(this.logits, N * c.vocabSize);
+    be.rmsnormForward(this.v(this.lnf, N * C), this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);
+    be.matmulForward(logits, this.v(this.lnf, N * C), this.p(L.lmHead ?? L.embed), null, N, C, c.vocabSize);
+    this.lastShape = { b, t };
+    return logits;
+  }
+
+  /**
+   * Backward pass for the last forward call, from dlogits [b·t, vocab] (may be the logits buffer itself,
+   * overwritten by the loss op). ACCUMULATES into the gradients; call zeroGrad() at the start of a step.
+   */
+  backward(dlogits: Buf): void {
+    if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
+    if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
+    const { b, t } = this.lastShape;
+    const c = this.config, be = this.backend, L = this.layout, g = this.g;
+    const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+    const dx = this.v(g.dx, N * C), dln = this.v(g.dln, N * C);
+    // LM head and final norm.
+    be.zero(dln);
+    be.matmulBackward(dln, this.gr(L.lmHead ?? L.embed), null, this.v(dlogits, N * c.vocabSize),
+      this.v(this.lnf, N * C), this.p(L.lmHead ?? L.embed), N, C, c.vocabSize);
+    be.zero(dx);
+    be.rmsnormBackward(dx, this.gr(L.finalNorm), dln, this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
+    for (let l = c.numLayers - 1; l >= 0; l--) {
+      const a = this.acts[l]!, w = L.layers[l]!;
+      const ln1 = this.v(a.ln1, N * C), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);
+      const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
+      // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
+      const dact = this.v(g.dact, N * I), dgate = this.v(g.dgate, N * I), dup = this.v(g.dup, N * I);
+      be.zero(dact);
+      be.matmulBackward(dact, this.gr(w.wDown), null, dx, act, this.p(w.wDown), N, I, C);
+      be.zero(dgate); be.zero(dup);
+      be.swigluBackward(dgate, dup, dact, gate, up, N * I);
+      be.zero(dln);
+      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I);
+      be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I);
+      be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C);
+      // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
+      const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
+      const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
+      be.zero(datt);
+      be.matmulBackward(datt, this.gr(w.wo), null, dx, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
+      be.zero(dq); be.zero(dk); be.zero(dv);
+      be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
+        this.v(a.probs, b * c.numHeads * t * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
+      be.zero(dqPre); be.zero(dkPre);
+      be.ropeBackward(dqPre, dq, b, t, c.numHeads, c.headDim, c.ropeTheta, 0);
+      be.ropeBackward(dkPre, dk, b, t, c.numKvHeads, c.headDim, c.ropeTheta, 0);
+      be.zero(dln);
+      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), dqPre, ln1, this.p(w.wq), N, C, Q);
+      be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), dkPre, ln1, this.p(w.wk), N, C, KV);
+      be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
+      be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);
+    }
+    be.embeddingBackward(this.gr(L.embed), dx, this.ids, N, C);
+  }
+}
