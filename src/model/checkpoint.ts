@@ -1,0 +1,53 @@
+/**
+ * Model folders ↔ Transformers: reads an HF folder (config.json + model.safetensors + tokenizer.json) into a
+ * Transformer on any backend, and writes a Transformer back out in the same layout, readable by HF
+ * transformers' Qwen2ForCausalLM / LlamaForCausalLM.
+ */
+import type { Backend } from '../backend/backend.js';
+import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
+import { packWeights, unpackWeights, parameterLayout } from './params.js';
+import { Transformer, type TransformerOptions } from './transformer.js';
+import { loadModelDir, saveModelDirSync } from '../io/checkpoint-dir.js';
+import { Tokenizer } from '../tokenizer/bpe.js';
+
+export interface LoadedCheckpoint {
+  config: ModelConfig;
+  weights: Float32Array;
+  tokenizer: Tokenizer | null;
+  tokenizerJson: Record<string, unknown> | null;
+}
+
+/** Reads and validates a checkpoint folder: config, every tensor by name and shape, the tokenizer if present. */
+export function readCheckpoint(dir: string): LoadedCheckpoint {
+  const loaded = loadModelDir(dir);
+  const config = parseHfConfig(loaded.config);
+  const weights = packWeights(parameterLayout(config), loaded.tensors, dir);
+  const tokenizerJson = loaded.tokenizerJson ?? null;
+  return { config, weights, tokenizerJson, tokenizer: tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null };
+}
+
+/** Loads a checkpoint folder into a new Transformer on the backend. */
+export function loadTransformer(backend: Backend, dir: string, opts: TransformerOptions): { model: Transformer } & LoadedCheckpoint {
+  const ck = readCheckpoint(dir);
+  const model = new Transformer(backend, ck.config, opts);
+  model.setWeights(ck.weights);
+  return { model, ...ck };
+}
+
+export interface SaveCheckpointOptions {
+  dtype: 'f32' | 'bf16';
+  tokenizerJson?: object | null | undefined;
+  extraFiles?: Record<string, string | Uint8Array>;
+}
+
+/** Writes weights (flat, layout order) and config as an HF model folder, atomically. */
+export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float32Array | Float64Array, opts: SaveCheckpointOptions): void {
+  const tensors = unpackWeights(parameterLayout(config), weights);
+  const hf = toHfConfig(config);
+  hf.torch_dtype = opts.dtype === 'bf16' ? 'bfloat16' : 'float32';
+  saveModelDirSync(dir, {
+    config: hf, tensors, dtype: opts.dtype,
+    ...(opts.tokenizerJson ? { tokenizerJson: opts.tokenizerJson } : {}),
+    ...(opts.extraFiles ? { extraFiles: opts.extraFiles } : {}),
+  });
+}

@@ -1,0 +1,94 @@
+/**
+ * Options of a training or distillation run: what the CLI (flags or a YAML/JSON config file) resolves to,
+ * with the defaults in one place. The CLI validates user input into this shape (src/cli/options.ts);
+ * runTraining (run.ts) consumes it.
+ */
+import type { DistillKind } from '../backend/backend.js';
+
+export interface RunOptions {
+  /** 'train': next-token cross-entropy only. 'distill': online teacher + the distillation loss. */
+  mode: 'train' | 'distill';
+  /** Run folder: metrics.jsonl, loss.svg, summary.json, checkpoints/, final/. */
+  out: string;
+  /** Training data: text or .jsonl files, or the single entry 'builtin:docs' (documentation comments of a dependency). */
+  data: string[];
+  /** Cap on characters read from the data (0 = no cap). */
+  maxChars: number;
+  /** tokenizer.json to use; when absent, the teacher's (distill) or the init checkpoint's, else a BPE trained on the data. */
+  tokenizer?: string | undefined;
+  /** Vocabulary size of a BPE trained on the data (when no tokenizer is given). */
+  vocabSize: number;
+  /** Student architecture: a preset name (tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b) or a config.json path. */
+  model: string;
+  /** Start from this checkpoint folder instead of random weights. */
+  init?: string | undefined;
+  /** Teacher checkpoint folder (distill). */
+  teacher?: string | undefined;
+  device: 'cpu' | 'cuda';
+  /** CPU threads for matrix products (0 = all cores). */
+  threads: number;
+  batch: number;
+  seq: number;
+  steps: number;
+  gradAccum: number;
+  lr: number;
+  minLrRatio: number;
+  warmup: number;
+  weightDecay: number;
+  beta1: number;
+  beta2: number;
+  adamEps: number;
+  /** Global gradient-norm clip (0 = off). */
+  clip: number;
+  evalEvery: number;
+  /** Validation batches per evaluation (0 = the whole validation split). */
+  evalBatches: number;
+  saveEvery: number;
+  seed: number;
+  valFraction: number;
+  loss: DistillKind;
+  alpha: number;
+  temperature: number;
+  beta: number;
+  /** Storage dtype of the final model's weights (checkpoints for resume are always f32). */
+  saveDtype: 'f32' | 'bf16';
+  /** Continue from <out>/checkpoints/latest. */
+  resume: boolean;
+  /** Print progress. */
+  quiet: boolean;
+  /** Stop after this many steps even if `steps` is larger (used to test resume; 0 = off). */
+  stopAfter: number;
+}
+
+export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
+  maxChars: 0,
+  vocabSize: 512,
+  model: 'tiny',
+  device: 'cpu',
+  threads: 0,
+  batch: 8,
+  seq: 64,
+  steps: 200,
+  gradAccum: 1,
+  lr: 3e-3,
+  minLrRatio: 0.1,
+  warmup: 20,
+  weightDecay: 0.1,
+  beta1: 0.9,
+  beta2: 0.95,
+  adamEps: 1e-8,
+  clip: 1.0,
+  evalEvery: 50,
+  evalBatches: 0,
+  saveEvery: 100,
+  seed: 1234,
+  valFraction: 0.1,
+  loss: 'kl',
+  alpha: 0.5,
+  temperature: 2.0,
+  beta: 0.5,
+  saveDtype: 'f32',
+  resume: false,
+  quiet: false,
+  stopAfter: 0,
+};
