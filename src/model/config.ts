@@ -64,9 +64,9 @@ export function parseHfConfig(j: Json): ModelConfig {
     tieWordEmbeddings: j.tie_word_embeddings === undefined ? false : Boolean(j.tie_word_embeddings),
     maxPositionEmbeddings: num(j, 'max_position_embeddings', 2048),
     qkvBias: typeof j.attention_bias === 'boolean' ? j.attention_bias : architecture === 'qwen2',
-    bosTokenId: typeof j.bos_token_id === 'number' ? j.bos_token_id : undefined,
-    eosTokenId: typeof j.eos_token_id === 'number' ? j.eos_token_id : undefined,
   };
+  if (typeof j.bos_token_id === 'number') cfg.bosTokenId = j.bos_token_id;
+  if (typeof j.eos_token_id === 'number') cfg.eosTokenId = j.eos_token_id;
   validateConfig(cfg);
   return cfg;
 }

@@ -1,0 +1,137 @@
+/**
+ * Run-level behaviour on the CPU: loss falls on real text, exact resume, checkpoints reload bit-exactly,
+ * and bad input (empty data, a non-finite loss, mismatched teacher vocabulary, corrupt or mismatched
+ * checkpoints) gives a clear error without losing the last good checkpoint.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { runTraining } from '../../src/train/run.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { presetConfig, toHfConfig } from '../../src/model/config.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { writeSafetensors } from '../../src/io/safetensors.js';
+import { DistilleryError } from '../../src/util/errors.js';
+import { Rng } from '../../src/util/rng.js';
+
+const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-'));
+const quiet = { log: (): void => {} };
+
+/** A small text corpus file: real sentences from the doc corpus would do, but a file keeps the test self-contained. */
+function corpusFile(dir: string): string {
+  const words = ['the', 'model', 'learns', 'to', 'predict', 'next', 'token', 'from', 'text', 'and', 'a', 'teacher', 'helps', 'student'];
+  const rng = new Rng(3);
+  const lines: string[] = [];
+  for (let d = 0; d < 60; d++) {
+    const n = 20 + rng.int(20);
+    lines.push(Array.from({ length: n }, (_, i) => words[(i * 3 + d + rng.int(2)) % words.length]).join(' ') + '.');
+  }
+  const f = path.join(dir, 'corpus.txt');
+  fs.writeFileSync(f, lines.join('\n\n'));
+  return f;
+}
+
+function opts(dir: string, over: Partial<RunOptions>): RunOptions {
+  return {
+    ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(dir, 'run'), data: [corpusFile(dir)], model: 'tiny',
+    vocabSize: 300, batch: 4, seq: 16, steps: 8, evalEvery: 4, saveEvery: 4, warmup: 2, quiet: true, threads: 1, ...over,
+  };
+}
+
+test('training on text: loss falls; the run folder has metrics, the SVG curve, the summary and the final model', async () => {
+  const dir = tmp();
+  const s = await runTraining(opts(dir, { steps: 30, evalEvery: 10, saveEvery: 10 }), quiet);
+  assert.ok(s.finalTrainLoss < s.initialTrainLoss - 0.5, `train loss ${s.initialTrainLoss} → ${s.finalTrainLoss}`);
+  assert.ok(s.finalValLoss < s.initialValLoss, `validation loss ${s.initialValLoss} → ${s.finalValLoss}`);
+  for (const f of ['metrics.jsonl', 'loss.svg', 'summary.json', 'tokenizer.json', 'final/config.json', 'final/model.safetensors', 'final/tokenizer.json']) {
+    assert.ok(fs.existsSync(path.join(s.out, f)), `${f} missing`);
+  }
+  const rows = fs.readFileSync(path.join(s.out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+  assert.equal(rows.filter((r) => r.loss !== undefined).length, 30);
+  assert.ok(fs.readFileSync(path.join(s.out, 'loss.svg'), 'utf8').includes('<path'));
+});
+
+test('resume: stopping at step 4 and resuming gives bit-identical weights to an uninterrupted run', async () => {
+  const dir = tmp();
+  const full = await runTraining(opts(dir, { out: path.join(dir, 'full'), steps: 8, gradAccum: 2 }), quiet);
+  const a = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 8, gradAccum: 2, stopAfter: 4 }), quiet);
+  assert.equal(a.status, 'stopped');
+  assert.equal(a.finalDir, null);
+  const b = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 8, gradAccum: 2, resume: true }), quiet);
+  assert.equal(b.steps, 8);
+  const w1 = readCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
+  const w2 = readCheckpoint(path.join(b.out, 'checkpoints', 'latest', 'model')).weights;
+  assert.equal(w1.length, w2.length);
+  assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)), 'resumed weights differ from the uninterrupted run');
+  assert.equal(b.finalValLoss, full.finalValLoss);
+});
+
+test('a saved checkpoint reloads bit-exactly (f32), and bf16 within bf16 rounding', () => {
+  const dir = tmp();
+  const cfg = presetConfig('tiny', 50);
+  const w = initialWeights(parameterLayout(cfg), cfg, new Rng(1));
+  writeCheckpoint(path.join(dir, 'f32'), cfg, w, { dtype: 'f32' });
+  const back = readCheckpoint(path.join(dir, 'f32'));
+  assert.deepEqual(back.config, cfg);
+  assert.ok(Buffer.from(back.weights.buffer).equals(Buffer.from(w.buffer)));
+  writeCheckpoint(path.join(dir, 'bf16'), cfg, w, { dtype: 'bf16' });
+  const b16 = readCheckpoint(path.join(dir, 'bf16')).weights;
+  for (let i = 0; i < w.length; i++) assert.ok(Math.abs(b16[i]! - w[i]!) <= Math.abs(w[i]!) * 2 ** -8 + 1e-30, `element ${i}`);
+});
+
+test('an empty dataset is a clear error', async () => {
+  const dir = tmp();
+  const empty = path.join(dir, 'empty.txt');
+  fs.writeFileSync(empty, '   \n');
+  await assert.rejects(runTraining(opts(dir, { data: [empty] }), quiet), (e: unknown) => e instanceof DistilleryError && /empty|no documents|no tokens/i.test(e.message));
+});
+
+test('a non-finite loss stops the run, names the step, and keeps the last good checkpoint', async () => {
+  const dir = tmp();
+  const o = opts(dir, { steps: 40, saveEvery: 1, evalEvery: 100, lr: 1e12, warmup: 0, clip: 0 });
+  await assert.rejects(runTraining(o, quiet), (e: unknown) => e instanceof DistilleryError && /stopped at step \d+/.test(e.message) && /not finite/.test(e.message));
+  const latest = path.join(o.out, 'checkpoints', 'latest');
+  const ck = readCheckpoint(path.join(latest, 'model'));
+  assert.ok(ck.weights.every((x) => Number.isFinite(x)), 'the kept checkpoint holds non-finite weights');
+  const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as { step: number };
+  assert.ok(state.step >= 1);
+});
+
+test('distillation refuses a teacher whose vocabulary differs from the student\'s', async () => {
+  const dir = tmp();
+  const tcfg = presetConfig('tiny', 77);
+  writeCheckpoint(path.join(dir, 'teacher'), tcfg, initialWeights(parameterLayout(tcfg), tcfg, new Rng(2)), { dtype: 'f32' });
+  const o = opts(dir, { mode: 'distill', teacher: path.join(dir, 'teacher'), model: path.join(dir, 'student.json') });
+  const scfg = presetConfig('tiny', 300);
+  fs.writeFileSync(path.join(dir, 'student.json'), JSON.stringify(toHfConfig(scfg)));
+  // The teacher has no tokenizer.json; give one explicitly so the vocabulary check is what fails.
+  const first = await runTraining(opts(dir, { steps: 1, out: path.join(dir, 'tok') }), quiet);
+  o.tokenizer = path.join(first.out, 'tokenizer.json');
+  await assert.rejects(runTraining(o, quiet), (e: unknown) => e instanceof DistilleryError && /vocabular/.test(e.message) && /77/.test(e.message));
+});
+
+test('checkpoint errors: missing tensor, shape mismatch with config.json, truncated safetensors', () => {
+  const dir = tmp();
+  const cfg = presetConfig('tiny', 40);
+  const layout = parameterLayout(cfg);
+  const w = initialWeights(layout, cfg, new Rng(1));
+  const ck = path.join(dir, 'ck');
+  writeCheckpoint(ck, cfg, w, { dtype: 'f32' });
+  const file = path.join(ck, 'model.safetensors');
+  const bytes = fs.readFileSync(file);
+  // Truncated file.
+  fs.writeFileSync(file, bytes.subarray(0, bytes.length - 100));
+  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /model\.safetensors/.test(e.message));
+  // Missing tensor.
+  const tensors = new Map(layout.tensors.filter((t) => t.name !== 'model.norm.weight').map((t) => [t.name, { shape: t.shape, data: w.subarray(t.offset, t.offset + t.size) }]));
+  writeSafetensors(file, tensors);
+  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /missing tensor "model\.norm\.weight"/.test(e.message));
+  // Shape mismatch: config says hidden 64 but weights were saved for another width.
+  const other = presetConfig('small', 40);
+  writeCheckpoint(path.join(dir, 'other'), other, initialWeights(parameterLayout(other), other, new Rng(1)), { dtype: 'f32' });
+  fs.copyFileSync(path.join(dir, 'other', 'model.safetensors'), file);
+  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /has shape \[/.test(e.message));
+});
