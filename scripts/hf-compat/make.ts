@@ -1,0 +1,53 @@
+/**
+ * Writes small checkpoints (Qwen2 tied with biases, Qwen2 untied, Llama without biases; f32 and bf16) with
+ * random weights, plus the logits distillery's CPU backend computes for fixed token ids and the ids our
+ * tokenizer gives for a few texts. check.py then loads each folder with HF transformers and compares.
+ * Usage: node dist/scripts/hf-compat/make.js <out-dir>
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import type { ModelConfig } from '../../src/model/config.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { trainBpe } from '../../src/tokenizer/train-bpe.js';
+import { loadDocCorpus } from '../../src/data/index.js';
+import { Rng } from '../../src/util/rng.js';
+
+const out = process.argv[2] ?? 'hf-compat-out';
+fs.mkdirSync(out, { recursive: true });
+const corpus = loadDocCorpus({ maxChars: 200_000 });
+const tok = trainBpe(corpus.documents, { vocabSize: 400, specialTokens: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] });
+const texts = ['Returns the number of elements in the array.', 'naïve café — 東京 🚀 <|im_start|>user\nhi<|im_end|>', '  for (let i = 0; i < n; i++) {\n\treturn x;\n}'];
+const base: ModelConfig = {
+  architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 64, intermediateSize: 160, numLayers: 2, numHeads: 4,
+  numKvHeads: 2, headDim: 16, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
+};
+const cases: Array<[string, ModelConfig, 'f32' | 'bf16']> = [
+  ['qwen2-tied-f32', base, 'f32'],
+  ['qwen2-untied-bf16', { ...base, tieWordEmbeddings: false, ropeTheta: 1e4, rmsNormEps: 1e-5 }, 'bf16'],
+  ['llama-nobias-f32', { ...base, architecture: 'llama', qkvBias: false, numKvHeads: 1, ropeTheta: 5e5 }, 'f32'],
+];
+const be = createCpuBackend({ threads: 1 });
+const manifest: Array<Record<string, unknown>> = [];
+const ids = Int32Array.from({ length: 24 }, (_, i) => (i * 37 + 11) % tok.vocabSize);
+for (const [name, cfg, dtype] of cases) {
+  const rng = new Rng(42);
+  const layout = parameterLayout(cfg);
+  const w = initialWeights(layout, cfg, rng, 0.2);
+  for (const t of layout.tensors) if (t.init === 'zeros' || t.init === 'ones') for (let i = 0; i < t.size; i++) w[t.offset + i]! += 0.1 * rng.normal();
+  const dir = path.join(out, name);
+  writeCheckpoint(dir, cfg, w, { dtype, tokenizerJson: tok.toJSON() });
+  // Logits from the weights as stored (bf16 rounding included) so both sides see the same numbers.
+  const stored = readCheckpoint(dir).weights;
+  const m = new Transformer(be, cfg, { batch: 1, seq: ids.length, training: false });
+  m.setWeights(stored);
+  const logits = Array.from(be.download(m.forward(ids, 1, ids.length)));
+  manifest.push({ name, dir: name, ids: Array.from(ids), logits });
+}
+be.dispose();
+fs.writeFileSync(path.join(out, 'manifest.json'), JSON.stringify({
+  cases: manifest, tokenizer: 'qwen2-tied-f32/tokenizer.json', texts: texts.map((t) => ({ text: t, ids: tok.encode(t) })),
+}));
+console.log(`wrote ${manifest.length} checkpoints and expected logits to ${out}`);

@@ -1,0 +1,104 @@
+/**
+ * Loading training documents from files.
+ *
+ * - Plain text (`.txt`, `.md`, or any extension other than `.jsonl`): ONE DOCUMENT PER FILE (the whole file, with
+ *   line endings normalized to `\n`). Blank lines inside a file do not split it: a file is the unit of context.
+ * - JSON Lines (`.jsonl`): one document per non-blank line, either `{"text": "..."}` or a chat
+ *   `{"messages": [{"role": "user", "content": "..."}, ...]}` rendered with ChatML
+ *   (`<|im_start|>{role}\n{content}<|im_end|>\n` per message). A bad line throws a DistilleryError naming
+ *   `file:line` and what is wrong.
+ * - A directory is expanded to the `.txt`, `.md` and `.jsonl` files under it (recursively, sorted by path).
+ * Documents that are empty (or whitespace only) are dropped.
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { DistilleryError } from '../util/errors.js';
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+/** Renders chat messages in ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. */
+export function renderChatML(messages: readonly ChatMessage[]): string {
+  return messages.map((m) => `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`).join('');
+}
+
+const DATA_EXT = new Set(['.txt', '.md', '.jsonl']);
+
+function expand(p: string, out: string[]): void {
+  let st: fs.Stats;
+  try {
+    st = fs.statSync(p);
+  } catch {
+    throw new DistilleryError(`data file ${p} does not exist`, 'check the path in your data settings');
+  }
+  if (st.isDirectory()) {
+    const names = fs.readdirSync(p).sort();
+    for (const n of names) {
+      const q = path.join(p, n);
+      if (fs.statSync(q).isDirectory()) expand(q, out);
+      else if (DATA_EXT.has(path.extname(n).toLowerCase())) out.push(q);
+    }
+  } else {
+    out.push(p);
+  }
+}
+
+/** Parses one JSONL line into a document; `where` is `file:line` for errors. */
+export function parseJsonlRecord(line: string, where: string): string {
+  let j: unknown;
+  try {
+    j = JSON.parse(line);
+  } catch (e) {
+    throw new DistilleryError(`${where}: invalid JSON (${(e as Error).message})`, 'each line of a .jsonl file must be one JSON object');
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) {
+    throw new DistilleryError(`${where}: expected a JSON object, got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`,
+      'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]} on each line');
+  }
+  const o = j as Record<string, unknown>;
+  if ('text' in o) {
+    if (typeof o.text !== 'string') throw new DistilleryError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
+    return o.text;
+  }
+  if ('messages' in o) {
+    const ms = o.messages;
+    if (!Array.isArray(ms) || ms.length === 0) {
+      throw new DistilleryError(`${where}: "messages" must be a non-empty array`, 'write {"messages": [{"role": "user", "content": "..."}]}');
+    }
+    const msgs: ChatMessage[] = ms.map((m, i) => {
+      const mo = m as Record<string, unknown>;
+      if (typeof m !== 'object' || m === null || typeof mo.role !== 'string' || typeof mo.content !== 'string') {
+        throw new DistilleryError(`${where}: messages[${i}] must be {"role": string, "content": string}, got ${JSON.stringify(m)}`,
+          'give every message a string "role" and a string "content"');
+      }
+      return { role: mo.role, content: mo.content };
+    });
+    return renderChatML(msgs);
+  }
+  throw new DistilleryError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
+    'write {"text": "..."} or {"messages": [...]} on each line');
+}
+
+/** Loads documents from text / JSONL files or directories (see the module comment for the rules). */
+export function loadDocuments(paths: string[]): string[] {
+  if (paths.length === 0) throw new DistilleryError('no data files given', 'pass at least one .txt, .md or .jsonl file or folder');
+  const files: string[] = [];
+  for (const p of paths) expand(p, files);
+  const docs: string[] = [];
+  for (const f of files) {
+    const text = fs.readFileSync(f, 'utf8').replace(/^\uFEFF/, '').replace(/\r\n?/g, '\n');
+    if (path.extname(f).toLowerCase() === '.jsonl') {
+      const lines = text.split('\n');
+      lines.forEach((line, i) => {
+        if (line.trim() === '') return;
+        const d = parseJsonlRecord(line, `${f}:${i + 1}`);
+        if (d.trim() !== '') docs.push(d);
+      });
+    } else if (text.trim() !== '') {
+      docs.push(text);
+    }
+  }
+  return docs;
+}

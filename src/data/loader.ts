@@ -1,0 +1,117 @@
+/**
+ * BatchLoader: batches of B windows over a training set, in a seeded shuffled order per epoch.
+ *
+ * Epoch e visits every window once, in the permutation drawn by `new Rng(mix(seed, e))`, so the order of any epoch
+ * is recomputable from `{ seed, epoch }` alone. A batch that runs past the end of an epoch continues with the next
+ * epoch's order (every batch is full). The position `{ epoch, index, seed }` is plain JSON: store `state()` in a
+ * checkpoint and `restore()` it to continue with exactly the batch that would have come next.
+ */
+import { DistilleryError } from '../util/errors.js';
+import { Rng } from '../util/rng.js';
+import type { Window } from './pack.js';
+
+export interface LoaderState {
+  epoch: number;
+  /** Position in the epoch's order of the next window to read. */
+  index: number;
+  seed: number;
+}
+
+export interface Batch {
+  /** Row-major [B, T]. */
+  inputs: Int32Array;
+  targets: Int32Array;
+  /** 1 on counted targets. */
+  mask: Float32Array;
+  /** Number of counted targets in the batch. */
+  tokens: number;
+}
+
+export interface BatchLoaderOptions {
+  batchSize: number;
+  seed: number;
+}
+
+function epochSeed(seed: number, epoch: number): number {
+  return (seed ^ Math.imul(epoch + 1, 0x9e3779b9)) >>> 0;
+}
+
+export class BatchLoader {
+  readonly batchSize: number;
+  readonly seqLen: number;
+  private readonly windows: readonly Window[];
+  private pos: LoaderState;
+  private orderEpoch = -1;
+  private order: Int32Array = new Int32Array(0);
+
+  constructor(windows: readonly Window[], opts: BatchLoaderOptions) {
+    if (windows.length === 0) {
+      throw new DistilleryError('the training set is empty (no windows)', 'add data, or lower valFraction so some windows stay in training');
+    }
+    if (!Number.isInteger(opts.batchSize) || opts.batchSize < 1) {
+      throw new DistilleryError(`batchSize must be a positive integer, got ${opts.batchSize}`, 'set batchSize to e.g. 8');
+    }
+    if (!Number.isInteger(opts.seed)) throw new DistilleryError(`seed must be an integer, got ${opts.seed}`, 'set seed to e.g. 1');
+    this.windows = windows;
+    this.batchSize = opts.batchSize;
+    this.seqLen = windows[0]!.inputs.length;
+    for (const w of windows) {
+      if (w.inputs.length !== this.seqLen || w.targets.length !== this.seqLen || w.mask.length !== this.seqLen) {
+        throw new DistilleryError('BatchLoader: windows have different lengths', 'pack all data with the same seqLen');
+      }
+    }
+    this.pos = { epoch: 0, index: 0, seed: opts.seed >>> 0 };
+  }
+
+  get numWindows(): number { return this.windows.length; }
+
+  /** Batches needed to see every window once. */
+  get batchesPerEpoch(): number { return Math.ceil(this.windows.length / this.batchSize); }
+
+  /** Epochs done so far, fractional. */
+  get epochProgress(): number { return this.pos.epoch + this.pos.index / this.windows.length; }
+
+  /** The window order of an epoch (indices into the training windows). */
+  epochOrder(epoch: number): Int32Array {
+    if (this.orderEpoch !== epoch) {
+      const o = new Int32Array(this.windows.length);
+      for (let i = 0; i < o.length; i++) o[i] = i;
+      new Rng(epochSeed(this.pos.seed, epoch)).shuffle(o);
+      this.order = o;
+      this.orderEpoch = epoch;
+    }
+    return this.order;
+  }
+
+  next(): Batch {
+    const B = this.batchSize, T = this.seqLen, n = this.windows.length;
+    const inputs = new Int32Array(B * T), targets = new Int32Array(B * T), mask = new Float32Array(B * T);
+    let tokens = 0;
+    for (let b = 0; b < B; b++) {
+      if (this.pos.index >= n) { this.pos.epoch++; this.pos.index = 0; }
+      const w = this.windows[this.epochOrder(this.pos.epoch)[this.pos.index]!]!;
+      this.pos.index++;
+      inputs.set(w.inputs, b * T);
+      targets.set(w.targets, b * T);
+      mask.set(w.mask, b * T);
+      for (let t = 0; t < T; t++) tokens += w.mask[t]!;
+    }
+    return { inputs, targets, mask, tokens };
+  }
+
+  /** The serializable position (a copy). */
+  state(): LoaderState {
+    return { ...this.pos };
+  }
+
+  restore(st: LoaderState): void {
+    const ok = st && Number.isInteger(st.epoch) && st.epoch >= 0 && Number.isInteger(st.index) && st.index >= 0 &&
+      st.index <= this.windows.length && Number.isInteger(st.seed);
+    if (!ok) {
+      throw new DistilleryError(`cannot resume the data loader from ${JSON.stringify(st)} (training set has ${this.windows.length} windows)`,
+        'the data or seqLen changed since the checkpoint; resume with the same data, or start a new run');
+    }
+    this.pos = { epoch: st.epoch, index: st.index, seed: st.seed >>> 0 };
+    this.orderEpoch = -1;
+  }
+}

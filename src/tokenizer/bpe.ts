@@ -1,0 +1,455 @@
+/**
+ * Byte-level BPE tokenizer loaded from a Hugging Face `tokenizer.json` (GPT-2, Qwen2/2.5/3, Llama 3 style).
+ *
+ * Pipeline, as in the Rust `tokenizers` crate:
+ *   1. added tokens (e.g. `<|im_start|>`) are split out first, leftmost-longest; with `allowSpecial: false` only the
+ *      non-special added tokens are matched and special ones are encoded as plain text;
+ *   2. the normalizer (NFC / NFD / NFKC / NFKD / Lowercase, or a Sequence of them) runs on the remaining text;
+ *   3. the pre-tokenizer splits it: `Split` with the file's regex (translated from Oniguruma, see regex.ts),
+ *      `ByteLevel` (with `use_regex` it splits with the GPT-2 pattern; `add_prefix_space` prepends a space),
+ *      `Digits`, or a `Sequence` of these;
+ *   4. each piece becomes UTF-8 bytes, each byte one initial token, and merges are applied lowest rank first
+ *      (`ignore_merges`: a piece that is itself in the vocabulary is emitted whole).
+ * Encoding never adds BOS/EOS (the post-processor is not applied); callers append EOS where they need one.
+ * Decoding maps byte-level tokens back to bytes and decodes UTF-8 (invalid sequences become U+FFFD); ids with no
+ * token are skipped.
+ *
+ * Speed: merges are looked up in a Map keyed by the numeric id pair, and encoded pieces are cached per tokenizer.
+ */
+import * as fs from 'node:fs';
+import { DistilleryError } from '../util/errors.js';
+import { compileOnigRegex } from './regex.js';
+
+type Json = Record<string, unknown>;
+
+/** The GPT-2 pre-tokenization pattern used by ByteLevel with use_regex: true. */
+export const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+/** GPT-2's reversible byte → printable character map (bytes 0..255 → BMP characters). */
+export const BYTE_TO_CHAR: readonly string[] = (() => {
+  const bs: number[] = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const cs = bs.slice();
+  let n = 0;
+  for (let b = 0; b < 256; b++) {
+    if (!bs.includes(b)) { bs.push(b); cs.push(256 + n); n++; }
+  }
+  const out = new Array<string>(256);
+  for (let i = 0; i < 256; i++) out[bs[i]!] = String.fromCharCode(cs[i]!);
+  return out;
+})();
+
+const CHAR_TO_BYTE = (() => {
+  const m = new Int16Array(512).fill(-1);
+  BYTE_TO_CHAR.forEach((ch, b) => { m[ch.charCodeAt(0)] = b; });
+  return m;
+})();
+
+/** Maps a string's UTF-8 bytes to GPT-2 byte-level characters. */
+export function toByteLevel(s: string): string {
+  const bytes = Buffer.from(s, 'utf8');
+  let out = '';
+  for (const b of bytes) out += BYTE_TO_CHAR[b];
+  return out;
+}
+
+export interface EncodeOptions {
+  /** Match special added tokens (e.g. `<|im_start|>`) in the text (default true). */
+  allowSpecial?: boolean;
+}
+
+export interface DecodeOptions {
+  /** Leave special added tokens out of the text (default false). */
+  skipSpecialTokens?: boolean;
+}
+
+interface AddedToken {
+  id: number;
+  content: string;
+  special: boolean;
+  lstrip: boolean;
+  rstrip: boolean;
+}
+
+type PreStep =
+  | { kind: 'split'; re: RegExp; behavior: 'Isolated' | 'Removed' | 'MergedWithPrevious' | 'MergedWithNext'; invert: boolean }
+  | { kind: 'splitString'; s: string; behavior: 'Isolated' | 'Removed' }
+  | { kind: 'prefixSpace' }
+  | { kind: 'digits'; individual: boolean };
+
+type Norm = (s: string) => string;
+
+function bad(msg: string, hint = 'distillery supports byte-level BPE tokenizer.json files (GPT-2, Qwen2, Llama 3 style)'): never {
+  throw new DistilleryError(`tokenizer.json: ${msg}`, hint);
+}
+
+function parseNormalizer(n: unknown): Norm[] {
+  if (n === null || n === undefined) return [];
+  const o = n as Json;
+  switch (o.type) {
+    case 'NFC': case 'NFD': case 'NFKC': case 'NFKD': {
+      const form = o.type;
+      return [(s) => s.normalize(form)];
+    }
+    case 'Lowercase': return [(s) => s.toLowerCase()];
+    case 'Sequence': return ((o.normalizers as unknown[]) ?? []).flatMap(parseNormalizer);
+    default: return bad(`unsupported normalizer ${JSON.stringify(o.type)}`);
+  }
+}
+
+function parsePattern(p: unknown): { regex: string } | { string: string } {
+  const o = p as Json;
+  if (o && typeof o.Regex === 'string') return { regex: o.Regex };
+  if (o && typeof o.String === 'string') return { string: o.String };
+  return bad(`unsupported Split pattern ${JSON.stringify(p)}`);
+}
+
+function parsePreTokenizer(p: unknown, out: { steps: PreStep[]; byteLevel: boolean }): void {
+  if (p === null || p === undefined) return;
+  const o = p as Json;
+  switch (o.type) {
+    case 'Sequence':
+      for (const q of (o.pretokenizers as unknown[]) ?? []) parsePreTokenizer(q, out);
+      return;
+    case 'Split': {
+      const pat = parsePattern(o.pattern);
+      const behavior = String(o.behavior ?? 'Isolated');
+      const invert = Boolean(o.invert);
+      if ('regex' in pat) {
+        if (!['Isolated', 'Removed', 'MergedWithPrevious', 'MergedWithNext'].includes(behavior)) bad(`unsupported Split behavior ${behavior}`);
+        out.steps.push({ kind: 'split', re: compileOnigRegex(pat.regex), behavior: behavior as 'Isolated', invert });
+      } else {
+        if (invert || !['Isolated', 'Removed'].includes(behavior)) bad(`unsupported string Split behavior ${behavior}`);
+        out.steps.push({ kind: 'splitString', s: pat.string, behavior: behavior as 'Isolated' });
+      }
+      return;
+    }
+    case 'ByteLevel':
+      out.byteLevel = true;
+      if (o.add_prefix_space) out.steps.push({ kind: 'prefixSpace' });
+      if (o.use_regex !== false) {
+        out.steps.push({ kind: 'split', re: compileOnigRegex(GPT2_PATTERN), behavior: 'Isolated', invert: false });
+      }
+      return;
+    case 'Digits':
+      out.steps.push({ kind: 'digits', individual: Boolean(o.individual_digits) });
+      return;
+    default:
+      bad(`unsupported pre-tokenizer ${JSON.stringify(o.type)}`);
+  }
+}
+
+function applyStep(step: PreStep, piece: string, out: string[]): void {
+  switch (step.kind) {
+    case 'prefixSpace':
+      out.push(piece.startsWith(' ') ? piece : ' ' + piece);
+      return;
+    case 'digits': {
+      const re = step.individual ? /\p{N}|[^\p{N}]+/gu : /\p{N}+|[^\p{N}]+/gu;
+      for (const m of piece.matchAll(re)) out.push(m[0]);
+      return;
+    }
+    case 'splitString': {
+      if (step.s === '') { out.push(piece); return; }
+      const parts = piece.split(step.s);
+      parts.forEach((p, i) => {
+        if (p) out.push(p);
+        if (i < parts.length - 1 && step.behavior === 'Isolated') out.push(step.s);
+      });
+      return;
+    }
+    case 'split': {
+      // Pieces: alternating gaps (not matched) and matches, per behaviour; invert swaps the two roles.
+      const segs: Array<{ s: string; match: boolean }> = [];
+      let last = 0;
+      step.re.lastIndex = 0;
+      for (const m of piece.matchAll(step.re)) {
+        if (m[0] === '') continue;
+        if (m.index > last) segs.push({ s: piece.slice(last, m.index), match: false });
+        segs.push({ s: m[0], match: true });
+        last = m.index + m[0].length;
+      }
+      if (last < piece.length) segs.push({ s: piece.slice(last), match: false });
+      if (step.invert) for (const g of segs) g.match = !g.match;
+      if (step.behavior === 'Isolated') { for (const g of segs) out.push(g.s); return; }
+      if (step.behavior === 'Removed') { for (const g of segs) if (!g.match) out.push(g.s); return; }
+      if (step.behavior === 'MergedWithPrevious') {
+        const res: string[] = [];
+        for (const g of segs) {
+          if (g.match && res.length) res[res.length - 1] += g.s;
+          else res.push(g.s);
+        }
+        out.push(...res);
+        return;
+      }
+      // MergedWithNext
+      let pending = '';
+      for (const g of segs) {
+        if (g.match) pending += g.s;
+        else { out.push(pending + g.s); pending = ''; }
+      }
+      if (pending) out.push(pending);
+      return;
+    }
+  }
+}
+
+function escapeRegex(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
+}
+
+/** Key of an ordered id pair in the merge map (ids stay well below 2^21). */
+function pairKey(a: number, b: number): number {
+  return a * 2097152 + b;
+}
+
+export class Tokenizer {
+  private readonly json: Json;
+  private readonly vocab = new Map<string, number>();
+  private readonly idTokens: Array<string | undefined> = [];
+  /** pairKey(a, b) → merge rank. */
+  private readonly mergeRank = new Map<number, number>();
+  /** rank → id of the merged token. */
+  private readonly mergeResult: Int32Array;
+  private readonly byteIds = new Int32Array(256);
+  private readonly ignoreMerges: boolean;
+  private readonly norms: Norm[];
+  private readonly steps: PreStep[];
+  private readonly added: AddedToken[];
+  private readonly addedById = new Map<number, AddedToken>();
+  private readonly addedReAll: RegExp | null;
+  private readonly addedReNonSpecial: RegExp | null;
+  private readonly cache = new Map<string, number[]>();
+  /** Max id + 1 over the BPE vocabulary and the added tokens. */
+  readonly vocabSize: number;
+  /** Number of entries in the BPE model's vocabulary (without added tokens). */
+  readonly bpeVocabSize: number;
+  readonly eosId: number | undefined;
+  readonly padId: number | undefined;
+  readonly bosId: number | undefined;
+
+  private constructor(json: Json) {
+    this.json = json;
+    const model = json.model as Json | undefined;
+    if (!model || typeof model !== 'object') bad('no "model" section');
+    if (model.type !== undefined && model.type !== 'BPE') bad(`model type ${JSON.stringify(model.type)} is not BPE`);
+    const vocab = model.vocab as Record<string, number> | undefined;
+    if (!vocab || typeof vocab !== 'object' || Array.isArray(vocab)) bad('model.vocab is missing or not an object');
+    if (model.continuing_subword_prefix || model.end_of_word_suffix) bad('continuing_subword_prefix / end_of_word_suffix are not supported');
+    if (model.byte_fallback) bad('byte_fallback (SentencePiece-style BPE) is not supported');
+    let maxId = -1;
+    for (const [tok, id] of Object.entries(vocab)) {
+      if (!Number.isInteger(id) || id < 0) bad(`vocab entry ${JSON.stringify(tok)} has invalid id ${JSON.stringify(id)}`);
+      this.vocab.set(tok, id);
+      this.idTokens[id] = tok;
+      if (id > maxId) maxId = id;
+    }
+    this.bpeVocabSize = this.vocab.size;
+    for (let b = 0; b < 256; b++) {
+      const id = this.vocab.get(BYTE_TO_CHAR[b]!);
+      if (id === undefined) bad(`byte token ${JSON.stringify(BYTE_TO_CHAR[b])} (byte ${b}) is missing from the vocab`, 'only byte-level BPE vocabularies (all 256 byte tokens present) are supported');
+      this.byteIds[b] = id;
+    }
+    const merges = (model.merges as unknown[]) ?? [];
+    if (!Array.isArray(merges)) bad('model.merges is not an array');
+    this.mergeResult = new Int32Array(merges.length);
+    merges.forEach((m, rank) => {
+      let a: string, b: string;
+      if (typeof m === 'string') {
+        const sp = m.indexOf(' ', 1);
+        if (sp < 0) bad(`merge ${rank} ${JSON.stringify(m)} is not "left right"`);
+        a = m.slice(0, sp); b = m.slice(sp + 1);
+      } else if (Array.isArray(m) && m.length === 2 && typeof m[0] === 'string' && typeof m[1] === 'string') {
+        [a, b] = m as [string, string];
+      } else {
+        return bad(`merge ${rank} ${JSON.stringify(m)} is neither "a b" nor ["a", "b"]`);
+      }
+      const ia = this.vocab.get(a), ib = this.vocab.get(b), ir = this.vocab.get(a + b);
+      if (ia === undefined || ib === undefined || ir === undefined) bad(`merge ${rank} (${JSON.stringify(a)}, ${JSON.stringify(b)}) uses a token that is not in the vocab`);
+      const k = pairKey(ia, ib);
+      if (!this.mergeRank.has(k)) this.mergeRank.set(k, rank);
+      this.mergeResult[rank] = ir;
+    });
+    this.ignoreMerges = Boolean(model.ignore_merges);
+    this.norms = parseNormalizer(json.normalizer);
+    const pre = { steps: [] as PreStep[], byteLevel: false };
+    parsePreTokenizer(json.pre_tokenizer, pre);
+    if (!pre.byteLevel) bad('the pre-tokenizer is not ByteLevel (or a Sequence containing ByteLevel)');
+    this.steps = pre.steps;
+
+    this.added = [];
+    for (const t of (json.added_tokens as Json[] | undefined) ?? []) {
+      const id = t.id as number, content = t.content as string;
+      if (!Number.isInteger(id) || id < 0 || typeof content !== 'string' || content === '') bad(`invalid added token ${JSON.stringify(t)}`);
+      const at: AddedToken = { id, content, special: Boolean(t.special), lstrip: Boolean(t.lstrip), rstrip: Boolean(t.rstrip) };
+      this.added.push(at);
+      this.addedById.set(id, at);
+      this.vocab.set(content, id);
+      this.idTokens[id] = content;
+      if (id > maxId) maxId = id;
+    }
+    this.addedReAll = this.buildAddedRe(this.added);
+    this.addedReNonSpecial = this.buildAddedRe(this.added.filter((t) => !t.special));
+    this.vocabSize = maxId + 1;
+    const find = (names: string[]): number | undefined => {
+      for (const n of names) { const id = this.vocab.get(n); if (id !== undefined && this.addedById.has(id)) return id; }
+      return undefined;
+    };
+    this.eosId = find(['<|endoftext|>', '<|end_of_text|>', '</s>', '<eos>', '<|eot_id|>']);
+    this.padId = find(['<|endoftext|>', '<pad>', '<|pad|>', '<|finetune_right_pad_id|>']) ?? this.eosId;
+    this.bosId = find(['<|begin_of_text|>', '<s>', '<bos>']);
+  }
+
+  private buildAddedRe(tokens: AddedToken[]): RegExp | null {
+    if (tokens.length === 0) return null;
+    const sorted = tokens.slice().sort((a, b) => b.content.length - a.content.length);
+    const alts = sorted.map((t) => `${t.lstrip ? '\\s*' : ''}(${escapeRegex(t.content)})${t.rstrip ? '\\s*' : ''}`);
+    return new RegExp(alts.join('|'), 'gu');
+  }
+
+  /** Builds a tokenizer from a parsed tokenizer.json object. */
+  static fromJSON(obj: unknown): Tokenizer {
+    if (typeof obj !== 'object' || obj === null || Array.isArray(obj)) bad('not a JSON object');
+    return new Tokenizer(obj as Json);
+  }
+
+  /** Loads a tokenizer.json file (or the tokenizer.json inside a model folder). */
+  static fromFile(file: string): Tokenizer {
+    let p = file;
+    if (fs.existsSync(p) && fs.statSync(p).isDirectory()) p = `${p}/tokenizer.json`;
+    if (!fs.existsSync(p)) throw new DistilleryError(`${p}: no such tokenizer file`, 'pass a tokenizer.json file or a model folder containing one');
+    let j: unknown;
+    try {
+      j = JSON.parse(fs.readFileSync(p, 'utf8'));
+    } catch (e) {
+      throw new DistilleryError(`${p}: not valid JSON (${(e as Error).message})`, 'the file is corrupt; re-download it');
+    }
+    try {
+      return Tokenizer.fromJSON(j);
+    } catch (e) {
+      if (e instanceof DistilleryError) throw new DistilleryError(`${p}: ${e.message}`, e.hint);
+      throw e;
+    }
+  }
+
+  /** The HF-compatible tokenizer.json object (a copy). */
+  toJSON(): Json {
+    return structuredClone(this.json);
+  }
+
+  tokenToId(token: string): number | undefined {
+    return this.vocab.get(token);
+  }
+
+  idToToken(id: number): string | undefined {
+    return this.idTokens[id];
+  }
+
+  /** True when id is an added token marked special. */
+  isSpecial(id: number): boolean {
+    return this.addedById.get(id)?.special ?? false;
+  }
+
+  /** Added tokens (id, content, special), in file order. */
+  addedTokens(): Array<{ id: number; content: string; special: boolean }> {
+    return this.added.map((t) => ({ id: t.id, content: t.content, special: t.special }));
+  }
+
+  encode(text: string, opts: EncodeOptions = {}): number[] {
+    const out: number[] = [];
+    const re = opts.allowSpecial === false ? this.addedReNonSpecial : this.addedReAll;
+    if (!re) { this.encodeOrdinary(text, out); return out; }
+    let last = 0;
+    re.lastIndex = 0;
+    for (const m of text.matchAll(re)) {
+      if (m.index > last) this.encodeOrdinary(text.slice(last, m.index), out);
+      let content: string | undefined;
+      for (let g = 1; g < m.length; g++) if (m[g] !== undefined) { content = m[g]; break; }
+      out.push(this.vocab.get(content!)!);
+      last = m.index + m[0].length;
+    }
+    if (last < text.length) this.encodeOrdinary(text.slice(last), out);
+    return out;
+  }
+
+  /** Encodes text with no added-token matching (normalize, pre-tokenize, BPE). */
+  private encodeOrdinary(text: string, out: number[]): void {
+    for (const f of this.norms) text = f(text);
+    let pieces = [text];
+    for (const step of this.steps) {
+      const next: string[] = [];
+      for (const p of pieces) applyStep(step, p, next);
+      pieces = next;
+    }
+    for (const p of pieces) {
+      if (!p) continue;
+      let ids = this.cache.get(p);
+      if (!ids) {
+        ids = this.bpe(p);
+        if (this.cache.size >= 100_000) this.cache.clear();
+        this.cache.set(p, ids);
+      }
+      for (let i = 0; i < ids.length; i++) out.push(ids[i]!);
+    }
+  }
+
+  /** BPE of one pre-token. */
+  private bpe(piece: string): number[] {
+    const bytes = Buffer.from(piece, 'utf8');
+    if (this.ignoreMerges) {
+      let bl = '';
+      for (const b of bytes) bl += BYTE_TO_CHAR[b];
+      const whole = this.vocab.get(bl);
+      if (whole !== undefined && !this.addedById.has(whole)) return [whole];
+    }
+    let syms: number[] = new Array<number>(bytes.length);
+    for (let i = 0; i < bytes.length; i++) syms[i] = this.byteIds[bytes[i]!]!;
+    while (syms.length > 1) {
+      let best = Infinity;
+      let bestA = -1, bestB = -1;
+      for (let i = 0; i + 1 < syms.length; i++) {
+        const r = this.mergeRank.get(pairKey(syms[i]!, syms[i + 1]!));
+        if (r !== undefined && r < best) { best = r; bestA = syms[i]!; bestB = syms[i + 1]!; }
+      }
+      if (best === Infinity) break;
+      const merged = this.mergeResult[best]!;
+      const next: number[] = [];
+      for (let i = 0; i < syms.length; i++) {
+        if (i + 1 < syms.length && syms[i] === bestA && syms[i + 1] === bestB) { next.push(merged); i++; }
+        else next.push(syms[i]!);
+      }
+      syms = next;
+    }
+    return syms;
+  }
+
+  decode(ids: ArrayLike<number>, opts: DecodeOptions = {}): string {
+    let out = '';
+    let bytes: number[] = [];
+    const flush = (): void => {
+      if (bytes.length) { out += Buffer.from(bytes).toString('utf8'); bytes = []; }
+    };
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i]!;
+      const at = this.addedById.get(id);
+      if (at) {
+        if (at.special && opts.skipSpecialTokens) continue;
+        flush();
+        out += at.content;
+        continue;
+      }
+      const tok = this.idTokens[id];
+      if (tok === undefined) continue;
+      for (let j = 0; j < tok.length; j++) {
+        const c = tok.charCodeAt(j);
+        const b = c < 512 ? CHAR_TO_BYTE[c]! : -1;
+        if (b >= 0) bytes.push(b);
+        else { flush(); out += tok[j]; }
+      }
+    }
+    flush();
+    return out;
+  }
+}
