@@ -1,0 +1,162 @@
+/**
+ * `distillery eval`: validation loss (next-token cross-entropy) and perplexity of a checkpoint on data files;
+ * with --teacher also the student's top-1 agreement with the teacher and the mean KL(p_teacher ‖ p_student) at
+ * temperature 1 (StepRunner.evaluate with loss kind 'kl', alpha 1, temperature 1). The data are packed exactly as
+ * training packs them (packDocuments: documents + EOS, windows of --seq tokens), and every window is evaluated.
+ */
+import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
+import type { Command } from '../command.js';
+import { createBackend } from '../../backend/create.js';
+import type { LossSpec } from '../../backend/backend.js';
+import { loadTransformer } from '../../model/checkpoint.js';
+import { loadDocCorpus, loadDocuments, packDocuments, type Window } from '../../data/index.js';
+import { StepRunner, type Batch } from '../../train/step.js';
+import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
+import { DistilleryError } from '../../util/errors.js';
+import { requireModelDir } from './generate.js';
+import { realFs } from './train.js';
+
+const FLAGS: FlagSpec[] = [
+  { name: 'model', kind: 'string', metavar: '<dir>', description: 'checkpoint folder to evaluate (required)' },
+  { name: 'teacher', kind: 'string', metavar: '<dir>', description: 'teacher checkpoint: also report top-1 agreement and KL(teacher ‖ model)' },
+  { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
+  { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
+  { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
+  { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
+  { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
+  { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
+  { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
+];
+
+export interface EvalOptions {
+  model: string;
+  teacher?: string | undefined;
+  data: string[];
+  seq: number;
+  batch: number;
+  maxChars: number;
+  device: 'cpu' | 'cuda';
+  threads: number;
+  json: boolean;
+}
+
+export interface EvalResult {
+  tokens: number;
+  windows: number;
+  loss: number;
+  perplexity: number;
+  /** With a teacher: fraction of positions where argmax(student) = argmax(teacher). */
+  agreement?: number;
+  /** With a teacher: mean KL(p_teacher ‖ p_student) at temperature 1, nats per token. */
+  kl?: number;
+}
+
+/** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
+export function evalOptions(v: Record<string, unknown>): EvalOptions {
+  if (typeof v.model !== 'string') throw new UsageError('eval: no model given (--model)', 'pass --model <checkpoint folder>');
+  const data = v.data as string[] | undefined;
+  if (!data?.length) throw new UsageError('eval: no data given (--data)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs');
+  const o: EvalOptions = {
+    model: v.model, teacher: v.teacher as string | undefined, data,
+    seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
+    maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
+    threads: (v.threads as number | undefined) ?? 0, json: v.json === true,
+  };
+  for (const [k, x] of [['--seq', o.seq], ['--batch', o.batch]] as const) {
+    if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
+  }
+  if (o.maxChars < 0) throw new UsageError(`--max-chars must be >= 0, got ${o.maxChars}`, 'use 0 for no cap');
+  if (o.threads < 0) throw new UsageError(`--threads must be >= 0, got ${o.threads}`, 'use 0 for all cores');
+  if (data.includes('builtin:docs') && data.length > 1) throw new UsageError("--data: 'builtin:docs' cannot be combined with other data files", 'use either builtin:docs or your own files');
+  for (const d of data) {
+    if (d !== 'builtin:docs' && !realFs.exists(d)) throw new UsageError(`--data: data file ${d} does not exist`, 'check the path');
+  }
+  return o;
+}
+
+function readDocs(o: EvalOptions): string[] {
+  if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents;
+  const docs = loadDocuments(o.data);
+  if (o.maxChars <= 0) return docs;
+  const kept: string[] = [];
+  let n = 0;
+  for (const d of docs) { if (n >= o.maxChars) break; kept.push(d.slice(0, o.maxChars - n)); n += d.length; }
+  return kept;
+}
+
+/** Groups windows into batches of up to b rows (the last one may be smaller). */
+export function batchWindows(windows: readonly Window[], b: number, t: number): Batch[] {
+  const out: Batch[] = [];
+  for (let s = 0; s < windows.length; s += b) {
+    const rows = windows.slice(s, s + b);
+    const inputs = new Int32Array(rows.length * t), targets = new Int32Array(rows.length * t), mask = new Float32Array(rows.length * t);
+    rows.forEach((w, i) => { inputs.set(w.inputs, i * t); targets.set(w.targets, i * t); mask.set(w.mask, i * t); });
+    out.push({ inputs, targets, mask, b: rows.length, t });
+  }
+  return out;
+}
+
+/** Evaluates as described in the module comment. */
+export async function evaluate(o: EvalOptions): Promise<EvalResult> {
+  requireModelDir(o.model, '--model');
+  if (o.teacher !== undefined) requireModelDir(o.teacher, '--teacher');
+  const backend = await createBackend({ device: o.device, threads: o.threads });
+  try {
+    const student = loadTransformer(backend, o.model, { batch: o.batch, seq: o.seq, training: false, label: 'model' });
+    if (!student.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
+    if (o.seq > student.config.maxPositionEmbeddings) {
+      throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${student.config.maxPositionEmbeddings})`, `use --seq ${student.config.maxPositionEmbeddings} or less`);
+    }
+    const teacher = o.teacher !== undefined ? loadTransformer(backend, o.teacher, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' }) : null;
+    const tok = student.tokenizer;
+    const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
+    if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
+    const packed = packDocuments(tok, readDocs(o), { seqLen: o.seq, eosId });
+    const spec: LossSpec = teacher ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
+    const runner = new StepRunner(student.model, teacher?.model ?? null, spec);
+    const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
+    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
+    if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
+    return res;
+  } finally {
+    backend.dispose();
+  }
+}
+
+/** The human-readable report. */
+export function formatEval(r: EvalResult): string {
+  const lines = [
+    `windows     ${r.windows}`,
+    `tokens      ${r.tokens}`,
+    `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
+    `perplexity  ${r.perplexity.toFixed(3)}`,
+  ];
+  if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
+  if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
+  return lines.join('\n') + '\n';
+}
+
+const help = (): string => formatHelp({
+  usage: 'distillery eval --model <dir> --data <file>... [--teacher <dir>] [options]',
+  description: 'Validation loss and perplexity of a checkpoint on data files; with --teacher, also top-1 agreement with the teacher and the mean KL(teacher ‖ model).',
+  flags: FLAGS,
+  examples: [
+    'distillery eval --model runs/student/final --data heldout.txt',
+    'distillery eval --model runs/student/final --teacher runs/teacher/final --data heldout.jsonl --seq 128 --json',
+  ],
+});
+
+export const evalCommand: Command = {
+  name: 'eval',
+  summary: 'validation loss and perplexity (and teacher agreement / KL)',
+  help,
+  async run(argv, io: Io) {
+    const parsed = parseArgs(argv, FLAGS, 'eval');
+    if (parsed.help) { io.out(help()); return 0; }
+    if (parsed.positionals.length) throw new UsageError(`eval: unexpected argument '${parsed.positionals[0]}'`, `data files go after --data: --data ${parsed.positionals.join(' ')}`);
+    const o = evalOptions(parsed.values);
+    const r = await evaluate(o);
+    io.out(o.json ? JSON.stringify(r) + '\n' : formatEval(r));
+    return 0;
+  },
+};

@@ -1,0 +1,161 @@
+/**
+ * `distillery generate`: loads a checkpoint folder, encodes the prompt (optionally wrapped in ChatML), and
+ * streams the decoded text as tokens arrive, stopping at the tokenizer's end-of-sequence token (and at
+ * `<|im_end|>` with --chat) or after --max-new-tokens. Greedy by default (--temperature 0), so the output
+ * is deterministic; with a temperature > 0 it is reproducible from --seed.
+ */
+import * as fs from 'node:fs';
+import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
+import type { Command } from '../command.js';
+import { createBackend } from '../../backend/create.js';
+import { loadTransformer } from '../../model/checkpoint.js';
+import { Generator } from '../../model/generate.js';
+import type { Tokenizer } from '../../tokenizer/bpe.js';
+import { DistilleryError } from '../../util/errors.js';
+import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
+
+const FLAGS: FlagSpec[] = [
+  { name: 'model', kind: 'string', metavar: '<dir>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) (required)' },
+  { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (required)' },
+  { name: 'max-new-tokens', kind: 'integer', description: 'most tokens to generate', defaultText: '64' },
+  { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
+  { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
+  { name: 'seed', kind: 'integer', description: 'random seed for sampling', defaultText: String(DEFAULT_RUN_OPTIONS.seed) },
+  { name: 'chat', kind: 'boolean', description: 'wrap the prompt as a ChatML user turn and open the assistant turn' },
+  { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
+  { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
+];
+
+export interface GenerateOptions {
+  model: string;
+  prompt: string;
+  maxNewTokens: number;
+  temperature: number;
+  topP: number;
+  seed: number;
+  chat: boolean;
+  device: 'cpu' | 'cuda';
+  threads: number;
+}
+
+/** The ChatML prompt for one user turn, ending where the assistant's reply begins. */
+export function chatPrompt(text: string): string {
+  return `<|im_start|>user\n${text}<|im_end|>\n<|im_start|>assistant\n`;
+}
+
+/**
+ * Turns a stream of token ids into text pieces. A token can end in the middle of a multi-byte UTF-8 character,
+ * so text is held back while the decoded tail is an incomplete character (U+FFFD).
+ */
+export class StreamDecoder {
+  private ids: number[] = [];
+  private emitted = 0;
+  constructor(private readonly tok: Tokenizer) {}
+  /** Adds one id; returns the newly completed text (possibly ''). */
+  push(id: number): string {
+    this.ids.push(id);
+    const text = this.tok.decode(this.ids, { skipSpecialTokens: true });
+    if (text.endsWith('\uFFFD')) return '';
+    const piece = text.slice(this.emitted);
+    this.emitted = text.length;
+    // Restart the window at a character boundary so decoding stays linear in the output length.
+    if (this.ids.length > 64) { this.ids = []; this.emitted = 0; }
+    return piece;
+  }
+  /** Whatever is still held back (an incomplete character at the very end). */
+  flush(): string {
+    const text = this.tok.decode(this.ids, { skipSpecialTokens: true });
+    const piece = text.slice(this.emitted);
+    this.ids = []; this.emitted = 0;
+    return piece;
+  }
+}
+
+function num(v: unknown, d: number): number { return typeof v === 'number' ? v : d; }
+
+/** Validates parsed flags into GenerateOptions (pure). */
+export function generateOptions(values: Record<string, unknown>): GenerateOptions {
+  if (typeof values.model !== 'string') throw new UsageError('generate: no model given (--model)', 'pass --model <checkpoint folder>, e.g. --model runs/demo/final');
+  if (typeof values.prompt !== 'string') throw new UsageError('generate: no prompt given (--prompt)', "pass --prompt 'Once upon a time'");
+  const o: GenerateOptions = {
+    model: values.model, prompt: values.prompt,
+    maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
+    seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
+    device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
+  };
+  if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
+  if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
+  if (!(o.topP > 0 && o.topP <= 1)) throw new UsageError(`--top-p must be in (0, 1], got ${o.topP}`, 'use 1 to turn nucleus sampling off, or e.g. 0.9');
+  if (!(o.threads >= 0)) throw new UsageError(`--threads must be >= 0, got ${o.threads}`, 'use 0 for all cores');
+  return o;
+}
+
+/** Checks that a model folder exists before anything is loaded (a usage error, exit 2). */
+export function requireModelDir(dir: string, flag: string): void {
+  if (!fs.existsSync(dir)) throw new UsageError(`${flag}: checkpoint folder ${dir} does not exist`, 'pass a folder with config.json and model.safetensors');
+  if (!fs.statSync(dir).isDirectory()) throw new UsageError(`${flag}: ${dir} is a file, not a checkpoint folder`, 'pass the folder that holds config.json and model.safetensors');
+}
+
+/** Runs generation, writing text to io.out as it is produced; returns the generated ids. */
+export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
+  requireModelDir(o.model, '--model');
+  const backend = await createBackend({ device: o.device, threads: o.threads });
+  try {
+    const { model, tokenizer, config } = loadTransformer(backend, o.model, { batch: 1, seq: 1, training: false, label: 'generate' });
+    if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
+    let text = o.prompt;
+    if (o.chat) {
+      if (tokenizer.tokenToId('<|im_start|>') === undefined) {
+        io.err('warning: --chat: this tokenizer has no <|im_start|> token; the ChatML markers are encoded as plain text\n');
+      }
+      text = chatPrompt(o.prompt);
+    }
+    const prompt = tokenizer.encode(text);
+    if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
+    const limit = config.maxPositionEmbeddings;
+    if (prompt.length >= limit) {
+      throw new UsageError(`the prompt is ${prompt.length} tokens; the model holds at most ${limit} positions`, 'shorten --prompt');
+    }
+    const stopIds = new Set<number>();
+    if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
+    if (config.eosTokenId !== undefined) stopIds.add(config.eosTokenId);
+    const imEnd = tokenizer.tokenToId('<|im_end|>');
+    if (o.chat && imEnd !== undefined) stopIds.add(imEnd);
+    const gen = new Generator(model, Math.min(limit, prompt.length + o.maxNewTokens));
+    const dec = new StreamDecoder(tokenizer);
+    const ids = gen.generate(prompt, {
+      temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds: [...stopIds], seed: o.seed,
+    }, (id) => { const s = dec.push(id); if (s) io.out(s); });
+    const rest = dec.flush();
+    if (rest) io.out(rest);
+    io.out('\n');
+    return ids;
+  } finally {
+    backend.dispose();
+  }
+}
+
+const help = (): string => formatHelp({
+  usage: 'distillery generate --model <dir> --prompt <text> [options]',
+  description: "Continues a prompt with a trained model, printing text as it is generated; stops at the tokenizer's end-of-sequence token.",
+  flags: FLAGS,
+  examples: [
+    "distillery generate --model runs/demo/final --prompt 'The tokenizer'",
+    "distillery generate --model qwen-0.5b --chat --prompt 'What is distillation?' --temperature 0.7 --top-p 0.9 --seed 7",
+  ],
+});
+
+export const generateCommand: Command = {
+  name: 'generate',
+  summary: 'generate text from a checkpoint (streams tokens as they arrive)',
+  help,
+  async run(argv, io) {
+    const parsed = parseArgs(argv, FLAGS, 'generate');
+    if (parsed.help) { io.out(help()); return 0; }
+    if (parsed.positionals.length) {
+      throw new UsageError(`generate: unexpected argument '${parsed.positionals[0]}'`, 'quote the prompt and pass it with --prompt');
+    }
+    await generate(generateOptions(parsed.values), io);
+    return 0;
+  },
+};

@@ -1,0 +1,147 @@
+/**
+ * `distillery inspect <dir | file.safetensors>`: what a checkpoint holds, read from config.json and the
+ * safetensors headers only (no tensor data is loaded): the config summary and parameter count (parameterCount),
+ * the tokenizer, then every tensor's name, dtype and shape, and the total bytes. A bare .safetensors file gets
+ * the tensor table and the element count.
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
+import type { Command } from '../command.js';
+import { parseHfConfig, parameterCount, type ModelConfig } from '../../model/config.js';
+import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js';
+import { Tokenizer } from '../../tokenizer/bpe.js';
+import { DistilleryError } from '../../util/errors.js';
+
+const FLAGS: FlagSpec[] = [];
+
+/** 1234567 → '1.23M'. */
+export function humanCount(n: number): string {
+  if (n >= 1e9) return `${(n / 1e9).toFixed(2)}B`;
+  if (n >= 1e6) return `${(n / 1e6).toFixed(2)}M`;
+  if (n >= 1e3) return `${(n / 1e3).toFixed(1)}K`;
+  return String(n);
+}
+
+/** 1536 → '1.5 KiB'. */
+export function humanBytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n, u = 0;
+  while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
+  return u === 0 ? `${n} B` : `${v.toFixed(1)} ${units[u]}`;
+}
+
+interface Shard { file: string; tensors: Map<string, TensorInfo> }
+
+/** The safetensors files of a model folder: model.safetensors, or the shards listed by the index. */
+function shardsOf(dir: string): Shard[] {
+  const single = path.join(dir, 'model.safetensors');
+  if (fs.existsSync(single)) return [{ file: single, tensors: readSafetensorsHeader(single).tensors }];
+  const index = path.join(dir, 'model.safetensors.index.json');
+  if (fs.existsSync(index)) {
+    let idx: { weight_map?: Record<string, string> };
+    try {
+      idx = JSON.parse(fs.readFileSync(index, 'utf8')) as typeof idx;
+    } catch (e) {
+      throw new DistilleryError(`${index}: not valid JSON (${(e as Error).message})`, 'the index is corrupt; re-download the model');
+    }
+    const files = [...new Set(Object.values(idx.weight_map ?? {}))].sort();
+    return files.map((f) => { const p = path.join(dir, f); return { file: p, tensors: readSafetensorsHeader(p).tensors }; });
+  }
+  throw new DistilleryError(`${dir} has no model.safetensors (or model.safetensors.index.json)`, 'inspect a Hugging Face model folder or a .safetensors file');
+}
+
+function describeConfig(c: ModelConfig): string[] {
+  return [
+    `architecture   ${c.architecture}`,
+    `vocab size     ${c.vocabSize}`,
+    `hidden size    ${c.hiddenSize}`,
+    `intermediate   ${c.intermediateSize}`,
+    `layers         ${c.numLayers}`,
+    `heads          ${c.numHeads} (kv heads ${c.numKvHeads}, head dim ${c.headDim})`,
+    `max positions  ${c.maxPositionEmbeddings}`,
+    `rope theta     ${c.ropeTheta}`,
+    `rms norm eps   ${c.rmsNormEps}`,
+    `tied embedding ${c.tieWordEmbeddings ? 'yes' : 'no'}`,
+    `qkv bias       ${c.qkvBias ? 'yes' : 'no'}`,
+  ];
+}
+
+function tensorTable(shards: Shard[], io: Io): { bytes: number; numel: number; count: number } {
+  const rows: Array<[string, string, string, number]> = [];
+  let bytes = 0, numel = 0;
+  for (const s of shards) {
+    for (const [name, t] of s.tensors) {
+      const n = t.shape.reduce((a, d) => a * d, 1);
+      rows.push([name, t.dtype, `[${t.shape.join(', ')}]`, t.end - t.begin]);
+      bytes += t.end - t.begin; numel += n;
+    }
+  }
+  const w = Math.max(6, ...rows.map((r) => r[0].length));
+  const sw = Math.max(5, ...rows.map((r) => r[2].length));
+  io.out(`${'tensor'.padEnd(w)}  dtype  ${'shape'.padEnd(sw)}  bytes\n`);
+  for (const [name, dtype, shape, b] of rows) io.out(`${name.padEnd(w)}  ${dtype.padEnd(5)}  ${shape.padEnd(sw)}  ${b}\n`);
+  return { bytes, numel, count: rows.length };
+}
+
+/** Prints the report for a model folder or a .safetensors file. */
+export function inspect(target: string, io: Io): void {
+  if (!fs.existsSync(target)) throw new UsageError(`inspect: ${target} does not exist`, 'pass a checkpoint folder or a .safetensors file');
+  if (!fs.statSync(target).isDirectory()) {
+    const shard = { file: target, tensors: readSafetensorsHeader(target).tensors };
+    io.out(`file           ${target}\n\n`);
+    const t = tensorTable([shard], io);
+    io.out(`\n${t.count} tensors, ${t.numel} elements (${humanCount(t.numel)}), ${t.bytes} bytes (${humanBytes(t.bytes)})\n`);
+    return;
+  }
+  const cfgPath = path.join(target, 'config.json');
+  if (!fs.existsSync(cfgPath)) throw new UsageError(`inspect: ${target} has no config.json`, 'pass a Hugging Face model folder (config.json + model.safetensors) or a .safetensors file');
+  let raw: Record<string, unknown>;
+  try {
+    raw = JSON.parse(fs.readFileSync(cfgPath, 'utf8')) as Record<string, unknown>;
+  } catch (e) {
+    throw new DistilleryError(`${cfgPath}: not valid JSON (${(e as Error).message})`, 'the file is corrupt; re-save the model');
+  }
+  const config = parseHfConfig(raw);
+  const params = parameterCount(config);
+  io.out(`folder         ${target}\n`);
+  for (const l of describeConfig(config)) io.out(`${l}\n`);
+  io.out(`parameters     ${params} (${humanCount(params)})\n`);
+  const tokPath = path.join(target, 'tokenizer.json');
+  if (fs.existsSync(tokPath)) {
+    const tok = Tokenizer.fromFile(tokPath);
+    const eos = tok.eosId !== undefined ? `, eos ${tok.idToToken(tok.eosId) ?? '?'} (id ${tok.eosId})` : '';
+    io.out(`tokenizer      ${tok.vocabSize} tokens${eos}\n`);
+  } else {
+    io.out('tokenizer      none (no tokenizer.json)\n');
+  }
+  io.out('\n');
+  const t = tensorTable(shardsOf(target), io);
+  io.out(`\n${t.count} tensors, ${t.numel} elements, ${t.bytes} bytes (${humanBytes(t.bytes)}) in total\n`);
+  if (t.numel !== params) {
+    io.err(`warning: the tensors hold ${t.numel} elements but the config implies ${params} parameters\n`);
+  }
+}
+
+const help = (): string => formatHelp({
+  usage: 'distillery inspect <dir | file.safetensors>',
+  description: 'Shows a checkpoint: config summary, parameter count, tokenizer, and each tensor\'s name, dtype and shape (read from the safetensors header, no full load), with the total bytes.',
+  flags: FLAGS,
+  examples: ['distillery inspect runs/demo/teacher/final', 'distillery inspect model.safetensors'],
+});
+
+export const inspectCommand: Command = {
+  name: 'inspect',
+  summary: 'show a checkpoint\'s config, parameter count and tensors',
+  help,
+  async run(argv, io) {
+    const parsed = parseArgs(argv, FLAGS, 'inspect');
+    if (parsed.help) { io.out(help()); return 0; }
+    if (parsed.positionals.length !== 1) {
+      throw new UsageError(parsed.positionals.length === 0 ? 'inspect: no checkpoint given' : `inspect: expected one path, got ${parsed.positionals.length}`,
+        'usage: distillery inspect <dir | file.safetensors>');
+    }
+    inspect(parsed.positionals[0]!, io);
+    return 0;
+  },
+};

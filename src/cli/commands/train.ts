@@ -1,0 +1,63 @@
+/**
+ * `distillery train` and `distillery distill`: flags and an optional --config file are validated into
+ * RunOptions (options.ts), warnings about settings that have no effect go to stderr, then runTraining runs.
+ */
+import * as fs from 'node:fs';
+import { formatHelp, parseArgs, UsageError } from '../args.js';
+import type { Command, Deps } from '../command.js';
+import { loadConfigFile } from '../config.js';
+import { resolveRunOptions, runFlags, type FsProbe } from '../options.js';
+import type { RunOptions } from '../../train/options.js';
+
+export const realFs: FsProbe = {
+  exists: (p) => fs.existsSync(p),
+  isDirectory: (p) => { try { return fs.statSync(p).isDirectory(); } catch { return false; } },
+};
+
+async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string) => void }): Promise<unknown> {
+  const { runTraining } = await import('../../train/run.js');
+  return runTraining(opts, hooks);
+}
+
+function makeRunCommand(mode: 'train' | 'distill'): Command {
+  const flags = runFlags(mode);
+  const summary = mode === 'train'
+    ? 'train a model on text (next-token cross-entropy)'
+    : 'distill a teacher checkpoint into a smaller student';
+  const help = (): string => formatHelp({
+    usage: `distillery ${mode} ${mode === 'distill' ? '--teacher <dir> ' : ''}--data <file>... --out <dir> [options]`,
+    description: mode === 'train'
+      ? 'Trains a model from random weights (or --init) with next-token cross-entropy.'
+      : 'Trains a student against a teacher: loss = alpha * divergence(teacher, student) + (1 - alpha) * cross-entropy.',
+    flags,
+    notes: [
+      'Settings come from the defaults, then --config (YAML or JSON; keys in camelCase or kebab-case), then the flags.',
+      'Paths are relative to the current folder. Full reference: docs/cli.md.',
+    ],
+    examples: mode === 'train'
+      ? ['distillery train --data corpus.txt --out runs/tiny --steps 500', 'distillery train --config run.yaml --lr 1e-3']
+      : ['distillery distill --teacher runs/big/final --data corpus.txt --out runs/student --model tiny --loss jsd --beta 0.5'],
+  });
+  return {
+    name: mode,
+    summary,
+    help,
+    async run(argv: string[], io, deps: Deps): Promise<number> {
+      const parsed = parseArgs(argv, flags, mode);
+      if (parsed.help) { io.out(help()); return 0; }
+      if (parsed.positionals.length) {
+        throw new UsageError(`${mode}: unexpected argument '${parsed.positionals[0]}'`,
+          parsed.positionals[0]!.includes('.') ? `data files go after --data: --data ${parsed.positionals.join(' ')}` : `run 'distillery ${mode} --help' to list the options`);
+      }
+      const configFile = parsed.values.config as string | undefined;
+      const config = configFile !== undefined ? { file: configFile, values: loadConfigFile(configFile) } : undefined;
+      const { options, warnings } = resolveRunOptions({ mode, flags: parsed.values, config, fs: realFs });
+      for (const w of warnings) io.err(`warning: ${w}\n`);
+      await (deps.runTraining ?? defaultRunTraining)(options, { log: (line) => io.err(`${line}\n`) });
+      return 0;
+    },
+  };
+}
+
+export const trainCommand = makeRunCommand('train');
+export const distillCommand = makeRunCommand('distill');

@@ -1,0 +1,245 @@
+/**
+ * Validation of a training / distillation run's settings into RunOptions. Pure: the only outside facts it
+ * needs (does this path exist, is it a folder) come through the `fs` argument, so it is unit-tested without
+ * touching the disk.
+ *
+ * Precedence: DEFAULT_RUN_OPTIONS < the --config file < command-line flags. Config keys may be camelCase
+ * (`gradAccum`), kebab-case (`grad-accum`) or snake_case (`grad_accum`). Every error names the setting the
+ * way the user wrote it (`--lr`, or `lr in run.yaml`), says what is wrong and how to fix it.
+ */
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
+import { presetConfig } from '../model/config.js';
+import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
+
+type Field = Exclude<keyof RunOptions, 'mode'>;
+type Check = (v: number) => string | null;
+
+interface FieldSpec {
+  field: Field;
+  flag: FlagSpec;
+  /** Range check on a number: returns what the value must be, or null when it is fine. */
+  check?: Check;
+  /** Only meaningful for `distill`. */
+  distillOnly?: boolean;
+}
+
+const positiveInt: Check = (v) => (Number.isInteger(v) && v > 0 ? null : 'a positive integer');
+const nonNegInt: Check = (v) => (Number.isInteger(v) && v >= 0 ? null : 'an integer >= 0');
+const positive: Check = (v) => (v > 0 ? null : '> 0');
+const nonNeg: Check = (v) => (v >= 0 ? null : '>= 0');
+const unitClosed: Check = (v) => (v >= 0 && v <= 1 ? null : 'between 0 and 1 (inclusive)');
+const unitHalfOpen: Check = (v) => (v >= 0 && v < 1 ? null : '>= 0 and < 1');
+const unitOpen: Check = (v) => (v > 0 && v < 1 ? null : 'strictly between 0 and 1');
+
+const D = DEFAULT_RUN_OPTIONS;
+const def = (f: keyof typeof D): string => String(D[f]);
+
+function spec(field: Field, kind: FlagSpec['kind'], description: string, extra: Partial<FlagSpec> & { check?: Check; distillOnly?: boolean } = {}): FieldSpec {
+  const { check, distillOnly, ...flagExtra } = extra;
+  const name = camelToKebab(field);
+  const defaultText = field in D && kind !== 'boolean' ? def(field as keyof typeof D) : undefined;
+  const flag: FlagSpec = { name, kind, description, ...(defaultText !== undefined ? { defaultText } : {}), ...flagExtra };
+  return { field, flag, ...(check ? { check } : {}), ...(distillOnly ? { distillOnly } : {}) };
+}
+
+/** Every RunOptions field as a setting, in help order. */
+export const RUN_FIELDS: readonly FieldSpec[] = [
+  spec('out', 'string', 'run folder: metrics, plots, checkpoints, final model (required)', { metavar: '<dir>' }),
+  spec('data', 'list', "training text: .txt/.md (one document per file), .jsonl ({\"text\"} or {\"messages\"}), folders, or 'builtin:docs'; repeatable", { metavar: '<file>...' }),
+  spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
+  spec('tokenizer', 'string', "tokenizer.json to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
+  spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 ? null : 'an integer >= 256 (the 256 byte tokens)') }),
+  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, or a config.json', { metavar: '<preset|config.json>' }),
+  spec('init', 'string', 'start from this checkpoint folder instead of random weights', { metavar: '<dir>' }),
+  spec('teacher', 'string', 'teacher checkpoint folder (distill: required)', { metavar: '<dir>', distillOnly: true }),
+  spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
+  spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: nonNegInt }),
+  spec('batch', 'integer', 'sequences per micro-batch', { check: positiveInt }),
+  spec('seq', 'integer', 'tokens per sequence (context length)', { check: positiveInt }),
+  spec('steps', 'integer', 'optimizer steps', { check: positiveInt }),
+  spec('gradAccum', 'integer', 'micro-batches per optimizer step (gradient accumulation)', { check: positiveInt }),
+  spec('lr', 'number', 'peak learning rate', { check: positive }),
+  spec('minLrRatio', 'number', 'final learning rate as a fraction of --lr (cosine decay)', { check: unitClosed }),
+  spec('warmup', 'integer', 'linear warm-up steps (must be < --steps)', { check: nonNegInt }),
+  spec('weightDecay', 'number', 'AdamW weight decay', { check: nonNeg }),
+  spec('beta1', 'number', 'AdamW beta1', { check: unitHalfOpen }),
+  spec('beta2', 'number', 'AdamW beta2', { check: unitHalfOpen }),
+  spec('adamEps', 'number', 'AdamW epsilon', { check: positive }),
+  spec('clip', 'number', 'global gradient-norm clip (0 = off)', { check: nonNeg }),
+  spec('evalEvery', 'integer', 'evaluate on the validation split every N steps (0 = only at the end)', { check: nonNegInt }),
+  spec('evalBatches', 'integer', 'validation batches per evaluation (0 = the whole split)', { check: nonNegInt }),
+  spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
+  spec('seed', 'integer', 'random seed (weights, data order)'),
+  spec('valFraction', 'number', 'fraction of the packed windows held out for validation', { check: unitHalfOpen }),
+  spec('loss', 'string', 'distillation divergence', { choices: ['kl', 'reverse-kl', 'jsd'], distillOnly: true }),
+  spec('alpha', 'number', 'weight of the divergence; (1 - alpha) weighs the cross-entropy', { check: unitClosed, distillOnly: true }),
+  spec('temperature', 'number', 'softmax temperature of the divergence (T^2 factor applied)', { check: positive, distillOnly: true }),
+  spec('beta', 'number', 'teacher weight of the JSD mixture m = beta p_t + (1 - beta) p_s', { check: unitOpen, distillOnly: true }),
+  spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
+  spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
+  spec('quiet', 'boolean', 'no progress output'),
+  spec('stopAfter', 'integer', 'stop after N steps even if --steps is larger (0 = off)', { check: nonNegInt }),
+];
+
+const BY_FIELD = new Map(RUN_FIELDS.map((s) => [s.field, s]));
+const BY_FLAG = new Map(RUN_FIELDS.map((s) => [s.flag.name, s]));
+
+/** The flags of `train` / `distill`: every RunOptions field plus --config. */
+export function runFlags(mode: 'train' | 'distill'): FlagSpec[] {
+  const fields = RUN_FIELDS.filter((s) => mode === 'distill' || !s.distillOnly).map((s) => s.flag);
+  const distillOnly = RUN_FIELDS.filter((s) => mode === 'train' && s.distillOnly).map((s) => ({ ...s.flag, description: `${s.flag.description} [distill only: ignored by train]` }));
+  return [{ name: 'config', kind: 'string', metavar: '<file.yaml|file.json>', description: 'read settings from a YAML or JSON file (flags override it)' }, ...fields, ...distillOnly];
+}
+
+/** What validation may ask about the file system. */
+export interface FsProbe {
+  exists(p: string): boolean;
+  isDirectory(p: string): boolean;
+}
+
+export interface ResolveInput {
+  mode: 'train' | 'distill';
+  /** Values from parseArgs (kebab-case keys, already converted); a 'config' key is ignored here. */
+  flags: Record<string, unknown>;
+  /** The parsed --config file, if one was given. */
+  config?: { file: string; values: Record<string, unknown> } | undefined;
+  fs: FsProbe;
+}
+
+export interface Resolved {
+  options: RunOptions;
+  /** Settings that have no effect (e.g. distillation options given to train); the CLI prints them. */
+  warnings: string[];
+}
+
+const BUILTIN_DATA = 'builtin:docs';
+
+/** Maps a config file's key (camel, kebab or snake case) to its field, or throws naming the key. */
+export function configKeyToField(key: string, file: string): Field {
+  const camel = kebabToCamel(key);
+  const s = BY_FIELD.get(camel as Field);
+  if (s) return s.field;
+  const styleKebab = key.includes('-');
+  const names = RUN_FIELDS.map((f) => (styleKebab ? f.flag.name : f.field));
+  const c = closest(key, names);
+  const extra = key === 'mode' ? "the mode comes from the command: 'distillery train' or 'distillery distill'" :
+    c !== undefined ? `did you mean '${c}'?` : `known keys: ${RUN_FIELDS.map((f) => f.field).join(', ')}`;
+  throw new UsageError(`unknown key '${key}' in ${file}`, extra);
+}
+
+/** Merges defaults, the config file and flags into RunOptions, validating everything (see the module comment). */
+export function resolveRunOptions(input: ResolveInput): Resolved {
+  const { mode, flags, config, fs } = input;
+  const warnings: string[] = [];
+  const merged: Record<string, unknown> = { ...DEFAULT_RUN_OPTIONS };
+  /** How each field was set, to name it in messages. */
+  const label = new Map<Field, string>();
+  const labelOf = (f: Field): string => label.get(f) ?? `--${camelToKebab(f)}`;
+
+  if (config) {
+    for (const [key, raw] of Object.entries(config.values)) {
+      const field = configKeyToField(key, config.file);
+      const s = BY_FIELD.get(field)!;
+      const l = `${key} in ${config.file}`;
+      if (raw === null || raw === undefined) continue; // `key:` with no value in YAML: keep the default
+      merged[field] = coerceValue(s.flag, raw, l);
+      label.set(field, l);
+    }
+  }
+  for (const [name, v] of Object.entries(flags)) {
+    if (name === 'config') continue;
+    const s = BY_FLAG.get(name);
+    if (!s) throw new UsageError(`unknown option --${name}`, `run 'distillery ${mode} --help' to list the options`);
+    merged[s.field] = v;
+    label.set(s.field, `--${name}`);
+  }
+
+  // Range checks, field by field.
+  for (const s of RUN_FIELDS) {
+    const v = merged[s.field];
+    if (s.check && typeof v === 'number') {
+      const want = s.check(v);
+      if (want !== null) {
+        const dflt = s.field in DEFAULT_RUN_OPTIONS ? ` (default ${def(s.field as keyof typeof D)})` : '';
+        throw new UsageError(`${labelOf(s.field)} must be ${want}, got ${v}`, `set ${labelOf(s.field)} to a valid value${dflt}`);
+      }
+    }
+  }
+
+  // Required settings.
+  if (typeof merged.out !== 'string' || merged.out === '') {
+    throw new UsageError(`${mode}: no output folder given (--out)`, 'pass --out <dir>, e.g. --out runs/my-run, or set out: in the config file');
+  }
+  const data = merged.data as string[] | undefined;
+  if (!data || data.length === 0) {
+    throw new UsageError(`${mode}: no training data given (--data)`, `pass --data <file> (repeatable; .txt, .md, .jsonl or a folder) or --data ${BUILTIN_DATA}`);
+  }
+  if (data.includes(BUILTIN_DATA) && data.length > 1) {
+    throw new UsageError(`${labelOf('data')}: '${BUILTIN_DATA}' cannot be combined with other data files`, `use either --data ${BUILTIN_DATA} or your own files`);
+  }
+  for (const d of data) {
+    if (d !== BUILTIN_DATA && !fs.exists(d)) {
+      throw new UsageError(`${labelOf('data')}: data file ${d} does not exist`, 'check the path (relative paths are relative to the current folder)');
+    }
+  }
+
+  // Cross-field checks.
+  const steps = merged.steps as number, warmup = merged.warmup as number;
+  if (warmup >= steps) {
+    throw new UsageError(`${labelOf('warmup')} (${warmup}) must be less than ${labelOf('steps')} (${steps})`,
+      `lower ${labelOf('warmup')} (e.g. ${Math.floor(steps / 10)}) or raise ${labelOf('steps')}`);
+  }
+
+  // Paths.
+  const model = merged.model as string;
+  if (!isPreset(model)) {
+    if (!fs.exists(model)) {
+      throw new UsageError(`${labelOf('model')}: '${model}' is neither a preset nor an existing config.json`,
+        `use one of ${PRESETS.join(', ')}, or the path of a config.json`);
+    }
+    if (fs.isDirectory(model)) {
+      throw new UsageError(`${labelOf('model')}: ${model} is a folder`, `to start from a checkpoint folder use --init ${model}; --model takes a preset or a config.json file`);
+    }
+  }
+  if (merged.tokenizer !== undefined && !fs.exists(merged.tokenizer as string)) {
+    throw new UsageError(`${labelOf('tokenizer')}: tokenizer file ${String(merged.tokenizer)} does not exist`, 'pass a tokenizer.json file or a model folder that contains one');
+  }
+  if (merged.init !== undefined) checkModelDir(fs, merged.init as string, labelOf('init'));
+
+  // Mode-specific.
+  if (mode === 'distill') {
+    if (merged.teacher === undefined) {
+      throw new UsageError('distill needs a teacher (--teacher)', 'pass --teacher <checkpoint folder> (a Hugging Face folder with config.json and model.safetensors)');
+    }
+    checkModelDir(fs, merged.teacher as string, labelOf('teacher'));
+    if (label.has('beta') && merged.loss !== 'jsd') {
+      warnings.push(`${labelOf('beta')} has no effect with --loss ${String(merged.loss)}: it only weighs the JSD mixture (--loss jsd)`);
+    }
+  } else {
+    const given = RUN_FIELDS.filter((s) => s.distillOnly && label.has(s.field)).map((s) => labelOf(s.field));
+    if (given.length) {
+      warnings.push(`${given.join(', ')} ${given.length === 1 ? 'has' : 'have'} no effect with 'train' (plain next-token training); use 'distillery distill' to distill from a teacher`);
+    }
+    delete merged.teacher;
+  }
+
+  const options = { ...merged, mode, out: merged.out, data: data.slice() } as RunOptions;
+  return { options, warnings };
+}
+
+const PRESETS = ['tiny', 'small', 'base', 'qwen2.5-0.5b', 'qwen2.5-1.5b'];
+
+function isPreset(name: string): boolean {
+  try {
+    presetConfig(name, 512);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function checkModelDir(fs: FsProbe, dir: string, what: string): void {
+  if (!fs.exists(dir)) throw new UsageError(`${what}: checkpoint folder ${dir} does not exist`, 'pass a folder with config.json and model.safetensors');
+  if (!fs.isDirectory(dir)) throw new UsageError(`${what}: ${dir} is a file, not a checkpoint folder`, 'pass the folder that holds config.json and model.safetensors');
+  if (!fs.exists(`${dir}/config.json`)) throw new UsageError(`${what}: ${dir} has no config.json`, 'a checkpoint folder needs config.json next to model.safetensors');
+}

@@ -1,0 +1,278 @@
+/**
+ * The commands end to end through main(argv, io, deps): global help and version, unknown commands and options
+ * (exit 2 with a suggestion), runtime errors (exit 1, message and hint, no stack), inspect on a checkpoint written
+ * with writeCheckpoint and on a bare .safetensors file, deterministic greedy generation with streaming, eval with
+ * and without a teacher, train/distill option resolution (config file + flags) with an injected runTraining,
+ * demo with an injected runDemo, and the kernels dispatcher with and without the CUDA tools.
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { main } from '../../src/cli/main.js';
+import { StreamDecoder } from '../../src/cli/commands/generate.js';
+import { parameterCount, type ModelConfig } from '../../src/model/config.js';
+import type { RunOptions } from '../../src/train/options.js';
+import { capture, tempDir, tinyTokenizer, TEXT, writeTinyCheckpoint } from './fixtures.js';
+
+let dir = '';
+let model = '', teacher = '', dataFile = '';
+let config: ModelConfig;
+
+before(() => {
+  dir = tempDir();
+  model = path.join(dir, 'model');
+  teacher = path.join(dir, 'teacher');
+  config = writeTinyCheckpoint(model, 1);
+  writeTinyCheckpoint(teacher, 2, { hiddenSize: 32, intermediateSize: 48, headDim: 8 });
+  dataFile = path.join(dir, 'data.txt');
+  fs.writeFileSync(dataFile, TEXT.join('\n\n'));
+});
+after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
+
+async function run(argv: string[], deps = {}) {
+  const io = capture();
+  const code = await main(argv, io, deps);
+  return { code, out: io.stdout(), err: io.stderr(), pieces: io.outPieces };
+}
+
+test('--help lists every command; --version prints package.json\'s version', async () => {
+  const h = await run(['--help']);
+  assert.equal(h.code, 0);
+  for (const c of ['train', 'distill', 'generate', 'eval', 'inspect', 'demo', 'kernels']) assert.match(h.out, new RegExp(`\\n {2}${c} `));
+  const pkg = JSON.parse(fs.readFileSync('package.json', 'utf8')) as { version: string };
+  const v = await run(['--version']);
+  assert.equal(v.code, 0);
+  assert.equal(v.out, `distillery ${pkg.version}\n`);
+  const none = await run([]);
+  assert.equal(none.code, 2);
+  assert.match(none.err, /usage: distillery <command>/);
+});
+
+test('each command has --help (exit 0, its usage line)', async () => {
+  for (const c of ['train', 'distill', 'generate', 'eval', 'inspect', 'demo', 'kernels']) {
+    const r = await run([c, '--help']);
+    assert.equal(r.code, 0, c);
+    assert.match(r.out, new RegExp(`^usage: distillery ${c}`), c);
+  }
+  assert.match((await run(['help', 'eval'])).out, /^usage: distillery eval/);
+  assert.match((await run(['distill', '-h'])).out, /--teacher <dir>/);
+});
+
+test('unknown command: exit 2 with a suggestion', async () => {
+  const r = await run(['trian', '--out', 'x']);
+  assert.equal(r.code, 2);
+  assert.equal(r.err, "error: unknown command 'trian'\n  hint: did you mean 'distillery train'?\n");
+  assert.equal(r.out, '');
+  const r2 = await run(['inpsect']);
+  assert.match(r2.err, /did you mean 'distillery inspect'\?/);
+  const r3 = await run(['--lr', '1']);
+  assert.equal(r3.code, 2);
+  assert.match(r3.err, /unknown option --lr/);
+});
+
+test('bad option values exit 2 naming the flag', async () => {
+  const r = await run(['train', '--out', 'o', '--data', dataFile, '--lr', 'abc']);
+  assert.equal(r.code, 2);
+  assert.match(r.err, /^error: --lr expects a number, got 'abc'\n {2}hint: /);
+  const r2 = await run(['generate', '--model', model, '--prompt', 'x', '--top-p', '0']);
+  assert.equal(r2.code, 2);
+  assert.match(r2.err, /--top-p must be in \(0, 1\], got 0/);
+});
+
+test('inspect a checkpoint folder: parameter count = parameterCount, every tensor listed', async () => {
+  const r = await run(['inspect', model]);
+  assert.equal(r.code, 0, r.err);
+  const m = /^parameters\s+(\d+)/m.exec(r.out);
+  assert.ok(m, r.out);
+  assert.equal(Number(m[1]), parameterCount(config));
+  for (const name of ['model.embed_tokens.weight', 'model.layers.0.self_attn.q_proj.weight', 'model.layers.1.mlp.down_proj.weight', 'model.norm.weight', 'lm_head.weight']) {
+    assert.match(r.out, new RegExp(`^${name.replace(/\./g, '\\.')}\\s+F32\\s+\\[`, 'm'), name);
+  }
+  assert.match(r.out, new RegExp(`^model\\.embed_tokens\\.weight\\s+F32\\s+\\[${config.vocabSize}, 16\\]\\s+${config.vocabSize * 16 * 4}$`, 'm'));
+  const bytes = fs.statSync(path.join(model, 'model.safetensors')).size;
+  const total = /(\d+) elements, (\d+) bytes/.exec(r.out);
+  assert.ok(total);
+  assert.equal(Number(total[1]), parameterCount(config));
+  assert.ok(Number(total[2]) < bytes && Number(total[2]) === parameterCount(config) * 4);
+  assert.match(r.out, /^tokenizer\s+\d+ tokens, eos <\|endoftext\|>/m);
+  assert.equal(r.err, '');
+});
+
+test('inspect a bare .safetensors file; missing path exits 2', async () => {
+  const r = await run(['inspect', path.join(model, 'model.safetensors')]);
+  assert.equal(r.code, 0, r.err);
+  assert.match(r.out, /model\.layers\.0\.mlp\.gate_proj\.weight\s+F32\s+\[32, 16\]/);
+  assert.match(r.out, new RegExp(`tensors, ${parameterCount(config)} elements`));
+  const missing = await run(['inspect', path.join(dir, 'nope')]);
+  assert.equal(missing.code, 2);
+  assert.match(missing.err, /inspect: .*nope does not exist/);
+  const corrupt = path.join(dir, 'corrupt.safetensors');
+  fs.writeFileSync(corrupt, 'not a safetensors file at all');
+  const c = await run(['inspect', corrupt]);
+  assert.equal(c.code, 1);
+  assert.match(c.err, /^error: .*corrupt\.safetensors: not a valid safetensors file/);
+  assert.doesNotMatch(c.err, /\n\s+at /, 'no stack trace');
+});
+
+test('generate: greedy output is deterministic, streamed piece by piece', async () => {
+  const argv = ['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '12', '--threads', '1'];
+  const a = await run(argv);
+  const b = await run(argv);
+  assert.equal(a.code, 0, a.err);
+  assert.equal(a.out, b.out);
+  assert.ok(a.out.endsWith('\n'));
+  assert.ok(a.out.length > 1, 'some text was generated');
+  assert.ok(a.pieces.length > 2, 'text arrives in several writes, not at once');
+  // Different weights give different text (the output depends on the model, not only on the prompt).
+  const t = await run(['generate', '--model', teacher, '--prompt', 'The teacher', '--max-new-tokens', '12', '--threads', '1']);
+  assert.notEqual(t.out, a.out);
+});
+
+test('generate: sampling is reproducible from --seed; --chat wraps the prompt', async () => {
+  const argv = (seed: string) => ['generate', '--model', model, '--prompt', 'A tokenizer', '--max-new-tokens', '16', '--temperature', '1.5', '--seed', seed];
+  const a = await run(argv('3')), b = await run(argv('3'));
+  assert.equal(a.out, b.out);
+  const c = await run(['generate', '--model', model, '--prompt', 'hi', '--chat', '--max-new-tokens', '4']);
+  assert.equal(c.code, 0, c.err);
+  const missing = await run(['generate', '--prompt', 'x']);
+  assert.equal(missing.code, 2);
+  assert.match(missing.err, /generate: no model given \(--model\)/);
+  const noDir = await run(['generate', '--model', path.join(dir, 'nope'), '--prompt', 'x']);
+  assert.equal(noDir.code, 2);
+  assert.match(noDir.err, /--model: checkpoint folder .*nope does not exist/);
+});
+
+test('generate stops at the end-of-sequence token', async () => {
+  // All logits 0: greedy always picks id 0. Without an eos of 0 it generates; with eos_token_id 0 it stops at once.
+  const flat = path.join(dir, 'flat'), flatEos = path.join(dir, 'flat-eos');
+  writeTinyCheckpoint(flat, 1, {}, true);
+  writeTinyCheckpoint(flatEos, 1, { eosTokenId: 0 }, true);
+  const tok = tinyTokenizer();
+  const a = await run(['generate', '--model', flat, '--prompt', 'The', '--max-new-tokens', '5']);
+  assert.equal(a.code, 0, a.err);
+  assert.equal(a.out, tok.decode([0, 0, 0, 0, 0], { skipSpecialTokens: true }) + '\n');
+  const b = await run(['generate', '--model', flatEos, '--prompt', 'The', '--max-new-tokens', '5']);
+  assert.equal(b.code, 0, b.err);
+  assert.equal(b.out, '\n');
+});
+
+test('StreamDecoder holds back incomplete UTF-8 and emits exactly the decoded text', () => {
+  const tok = tinyTokenizer();
+  const text = 'Distillation — café ☕ done.';
+  const ids = tok.encode(text);
+  const dec = new StreamDecoder(tok);
+  let got = '';
+  for (const id of ids) {
+    const piece = dec.push(id);
+    assert.ok(!piece.includes('\uFFFD'), 'no replacement characters mid-stream');
+    got += piece;
+  }
+  got += dec.flush();
+  assert.equal(got, text);
+});
+
+test('eval: loss and perplexity; with a teacher, agreement and KL', async () => {
+  const r = await run(['eval', '--model', model, '--data', dataFile, '--seq', '16', '--batch', '3', '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { loss: number; perplexity: number; tokens: number; agreement?: number };
+  assert.ok(j.tokens > 0);
+  assert.ok(j.loss > 0 && Number.isFinite(j.loss));
+  assert.ok(Math.abs(j.perplexity - Math.exp(j.loss)) < 1e-6 * j.perplexity);
+  assert.equal(j.agreement, undefined);
+  // The batch size does not change the result (every window counted once).
+  const r1 = JSON.parse((await run(['eval', '--model', model, '--data', dataFile, '--seq', '16', '--batch', '1', '--json'])).out) as typeof j;
+  assert.equal(r1.tokens, j.tokens);
+  assert.ok(Math.abs(r1.loss - j.loss) < 1e-4);
+
+  const t = await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--seq', '16', '--json']);
+  assert.equal(t.code, 0, t.err);
+  const k = JSON.parse(t.out) as { loss: number; agreement: number; kl: number };
+  assert.ok(Math.abs(k.loss - j.loss) < 1e-4, 'the teacher does not change the model\'s own loss');
+  assert.ok(k.agreement >= 0 && k.agreement < 1, 'two different random models disagree somewhere');
+  assert.ok(k.kl > 0);
+  // A model against itself: full agreement, zero KL.
+  const self = JSON.parse((await run(['eval', '--model', model, '--teacher', model, '--data', dataFile, '--seq', '16', '--json'])).out) as typeof k;
+  assert.equal(self.agreement, 1);
+  assert.ok(Math.abs(self.kl) < 1e-5);
+
+  const text = await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--seq', '16']);
+  assert.match(text.out, /^loss\s+\d+\.\d{4}/m);
+  assert.match(text.out, /^perplexity\s+\d/m);
+  assert.match(text.out, /^agreement\s+\d+\.\d+%/m);
+  assert.match(text.out, /^kl\s+\d/m);
+  const noData = await run(['eval', '--model', model, '--data', path.join(dir, 'missing.txt')]);
+  assert.equal(noData.code, 2);
+  assert.match(noData.err, /--data: data file .*missing\.txt does not exist/);
+});
+
+test('train/distill: config file + flags resolve to RunOptions and reach runTraining', async () => {
+  const cfg = path.join(dir, 'run.yaml');
+  fs.writeFileSync(cfg, `out: ${path.join(dir, 'out')}\ndata:\n  - ${dataFile}\nsteps: 30\ngrad-accum: 2\nminLrRatio: 0.05\nloss: jsd\n`);
+  let got: RunOptions | null = null;
+  const runTraining = async (o: RunOptions, hooks: { log: (s: string) => void }) => { got = o; hooks.log('trained'); return {}; };
+  const r = await run(['distill', '--config', cfg, '--teacher', teacher, '--steps', '40', '--beta', '0.25'], { runTraining });
+  assert.equal(r.code, 0, r.err);
+  const o = got as unknown as RunOptions;
+  assert.equal(o.mode, 'distill');
+  assert.equal(o.steps, 40, 'flags override the file');
+  assert.equal(o.gradAccum, 2);
+  assert.equal(o.minLrRatio, 0.05);
+  assert.equal(o.loss, 'jsd');
+  assert.equal(o.beta, 0.25);
+  assert.equal(o.teacher, teacher);
+  assert.deepEqual(o.data, [dataFile]);
+  assert.match(r.err, /trained\n/, 'runTraining\'s log goes to stderr');
+
+  got = null;
+  const w = await run(['train', '--config', cfg, '--temperature', '3'], { runTraining });
+  assert.equal(w.code, 0, w.err);
+  assert.equal((got as unknown as RunOptions).mode, 'train');
+  assert.match(w.err, /^warning: loss in .*run\.yaml, --temperature have no effect with 'train'/m);
+
+  got = null;
+  const bad = await run(['distill', '--config', cfg], { runTraining });
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /^error: distill needs a teacher \(--teacher\)/);
+  assert.equal(got, null, 'nothing runs after a usage error');
+  const stray = await run(['train', '--config', cfg, 'extra.txt'], { runTraining });
+  assert.equal(stray.code, 2);
+  assert.match(stray.err, /unexpected argument 'extra\.txt'[\s\S]*--data extra\.txt/);
+});
+
+test('a runtime DistilleryError from a command exits 1 with its hint; other errors print a stack', async () => {
+  const { DistilleryError } = await import('../../src/util/errors.js');
+  const fail = async () => { throw new DistilleryError('the loss is NaN', 'lower --lr'); };
+  const r = await run(['train', '--out', 'o', '--data', dataFile], { runTraining: fail });
+  assert.equal(r.code, 1);
+  assert.equal(r.err, 'error: the loss is NaN\n  hint: lower --lr\n');
+  const bug = async () => { throw new TypeError('x is undefined'); };
+  const b = await run(['train', '--out', 'o', '--data', dataFile], { runTraining: bug });
+  assert.equal(b.code, 1);
+  assert.match(b.err, /^TypeError: x is undefined\n\s+at /);
+});
+
+test('demo passes --out, --quick and --threads to runDemo', async () => {
+  let got: unknown = null;
+  const runDemo = async (o: unknown) => { got = o; };
+  assert.equal((await run(['demo', '--quick', '--out', 'x', '--threads', '2'], { runDemo })).code, 0);
+  assert.deepEqual({ ...(got as object), log: undefined }, { out: 'x', quick: true, threads: 2, log: undefined });
+  await run(['demo'], { runDemo });
+  assert.deepEqual({ ...(got as object), log: undefined }, { out: 'runs/demo', quick: false, threads: 0, log: undefined });
+});
+
+test('kernels: dispatches to kernelsCommand with camelCase args; clear message when not in the build', async () => {
+  let call: [string, Record<string, unknown>] | null = null;
+  const kernelsCommand = async (sub: string, args: Record<string, unknown>) => { call = [sub, args]; return 0; };
+  const r = await run(['kernels', 'plan', '--model', 'tiny', '--batch', '4', '--cache-dir', '/tmp/k'], { kernelsCommand });
+  assert.equal(r.code, 0);
+  assert.deepEqual(call, ['plan', { model: 'tiny', batch: 4, cacheDir: '/tmp/k' }]);
+  const typo = await run(['kernels', 'wram'], { kernelsCommand });
+  assert.equal(typo.code, 2);
+  assert.match(typo.err, /unknown subcommand 'wram'[\s\S]*did you mean 'kernels warm'\?/);
+  const none = await run(['kernels'], { kernelsCommand });
+  assert.equal(none.code, 2);
+  const missing = await run(['kernels', 'list'], { kernelsCommand: null });
+  assert.equal(missing.code, 1);
+  assert.match(missing.err, /not available in this build/);
+});
