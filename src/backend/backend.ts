@@ -80,6 +80,13 @@ export interface Backend {
   copy(dst: Buf, src: Buf): void;
   /** Releases everything this backend allocated (worker threads too). */
   dispose(): void;
+  /**
+   * Called once before a job allocates its models or uploads weights, with closures that run the same code the
+   * job will run (training/distillation step, evaluation, generation prefill and decode; see src/train/kernel-plan.ts).
+   * A backend that compiles kernels traces them, compiles every kernel they need, then seals its cache, so the job
+   * itself never compiles. The CPU backend has nothing to prepare.
+   */
+  prepare?(runs: ReadonlyArray<(b: Backend) => void>): Promise<void>;
 
   // ---- elementwise ----------------------------------------------------------------------------------
   /** out = a + b (n elements). out may alias a or b. */

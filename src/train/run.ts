@@ -32,6 +32,7 @@ import { AdamW } from './optimizer.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
+import { jobClosures } from './kernel-plan.js';
 
 export interface RunSummary {
   mode: 'train' | 'distill';
@@ -118,16 +119,22 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
   const backend = hooks.backend ?? await createBackend({ device: o.device, threads: o.threads });
   const ownBackend = !hooks.backend;
   try {
+    const spec: LossSpec = o.mode === 'train'
+      ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
+      : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
+    const adam = { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay };
+    // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
+    if (backend.prepare) {
+      await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
+        loss: spec, adam, train: true, evaluate: true }));
+    }
     const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
     const teacher = teacherCk
       ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' })
       : null;
     if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
-    const spec: LossSpec = o.mode === 'train'
-      ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
-      : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
     const runner = new StepRunner(student, teacher, spec);
-    const opt = new AdamW(student, { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay });
+    const opt = new AdamW(student, adam);
     const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
     log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
 
@@ -328,15 +335,16 @@ function checkResumeCompatible(a: RunOptions, b: RunOptions): void {
   }
 }
 
-function makeEvalBatches(val: Window[], batch: number, maxBatches: number): Batch[] {
+/** Validation batches, each padded to the full batch size (masked rows) so evaluation runs the training shapes. */
+export function makeEvalBatches(val: Window[], batch: number, maxBatches: number): Batch[] {
   const out: Batch[] = [];
   if (val.length === 0) return out;
   const T = val[0]!.inputs.length;
   for (let i = 0; i < val.length; i += batch) {
     if (maxBatches > 0 && out.length >= maxBatches) break;
     const rows = val.slice(i, i + batch);
-    const b = rows.length;
-    const inputs = new Int32Array(b * T), targets = new Int32Array(b * T), mask = new Float32Array(b * T);
+    const b = batch;
+    const inputs = new Int32Array(b * T), targets = new Int32Array(b * T).fill(-1), mask = new Float32Array(b * T);
     rows.forEach((w, r) => { inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); });
     out.push({ inputs, targets, mask, b, t: T });
   }

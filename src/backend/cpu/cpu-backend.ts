@@ -1,0 +1,430 @@
+/**
+ * The CPU backend: the Backend interface over typed arrays.
+ *
+ * Float buffers are Float32Array (or Float64Array in the 'f64' reference mode that finite-difference tests
+ * use) over SharedArrayBuffers, so worker threads can read and write them in place; a view is a subarray.
+ * Int buffers are Int32Array. The math lives in ./kernels/*.ts as plain functions; this class checks
+ * arguments, owns scratch memory and decides what runs on the worker pool (./pool.ts):
+ * matrix products (split by output rows, or by columns when there are few rows), attention forward
+ * (split over (batch, head)) and backward (over (batch, kv-head), which own disjoint dk/dv rows) and the
+ * fused loss (over rows). Everything else is a single loop on the calling thread.
+ *
+ * Why threads, and not a WebAssembly SIMD kernel: the plain-JS 4×2 register-tiled kernel (kernels/gemm.ts)
+ * reaches 2.3-3.3 GFLOP/s on one core of the 2-core dev machine, and worker threads multiply that by the core
+ * count for every product the model runs, with no build step and no change to how buffers are stored. WASM can
+ * only address its own linear memory, so a SIMD kernel would need every buffer to live in one shared
+ * WebAssembly.Memory with an allocator (or a copy of both operands per call); that is the next step if CPU
+ * training speed matters. Posting a task costs ~55 µs, so products below 2^20 multiply-adds stay inline.
+ * Measured with bench/matmul.ts (GFLOP/s, threads=1 → threads=2, forward / backward; the machine was shared
+ * with other jobs, load ≈ 2, so figures vary by ±30% between runs):
+ *   256×256×256     2.33 → 3.23   /  2.59 → 3.20
+ *   1024×512×512    2.34 → 4.33   /  2.44 → 4.01
+ *   4096×128×512    3.27 → 4.21   /  3.03 → 3.40
+ *   512×896×4864    1.35 → 5.38   /  1.88 → 3.30
+ */
+import * as os from 'node:os';
+import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
+import { LOSS_STATS } from '../backend.js';
+import { DistilleryError, check } from '../../util/errors.js';
+import * as ew from './kernels/elementwise.js';
+import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
+import { lossRows } from './kernels/loss.js';
+import { ropeBackward, ropeForward } from './kernels/rope.js';
+import type { FArr } from './kernels/types.js';
+import { WorkerPool } from './pool.js';
+import { splitRange, type Task } from './tasks.js';
+
+export interface CpuBackendOptions {
+  /** Element type of float buffers (default 'f32'). */
+  dtype?: 'f32' | 'f64';
+  /** Threads for matrix products, attention and loss, the calling thread included (default: cores, at most 8). */
+  threads?: number;
+  /**
+   * Work (multiply-adds) below which a product runs inline on the calling thread (default 2^20 ≈ a
+   * 128×128×64 product: below that, posting to workers costs more than it saves). Tests set 0 to force the
+   * thread path on small, odd shapes.
+   */
+  parallelThreshold?: number;
+}
+
+/** Default thread count: the available parallelism, capped at 8. */
+export function defaultThreads(): number {
+  const n = typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
+  return Math.max(1, Math.min(8, n));
+}
+
+const DEFAULT_PARALLEL_THRESHOLD = 1 << 20;
+/**
+ * Below this many rows, matmulBackward multiplies in axpy form (gemmNNAcc) instead of transposing the
+ * weight: the transpose of an [m, k] weight costs about as much as ~8-16 rows of the product.
+ */
+const SMALL_ROWS = 8;
+
+export class CpuBackend implements Backend {
+  readonly name = 'cpu';
+  readonly dtype: 'f32' | 'f64';
+  readonly threads: number;
+  private readonly Ctor: Float32ArrayConstructor | Float64ArrayConstructor;
+  private readonly threshold: number;
+  private pool: WorkerPool | null = null;
+  private scratch: FArr;
+  private disposed = false;
+  private allocated = 0;
+
+  constructor(opts: CpuBackendOptions = {}) {
+    this.dtype = opts.dtype ?? 'f32';
+    check(this.dtype === 'f32' || this.dtype === 'f64', `cpu backend: dtype must be 'f32' or 'f64', got ${String(this.dtype)}`);
+    this.threads = Math.max(1, Math.floor(opts.threads ?? defaultThreads()));
+    this.threshold = opts.parallelThreshold ?? DEFAULT_PARALLEL_THRESHOLD;
+    this.Ctor = this.dtype === 'f64' ? Float64Array : Float32Array;
+    this.scratch = this.shared(0);
+  }
+
+  /** Bytes currently held by buffers this backend allocated (views not counted). */
+  get allocatedBytes(): number { return this.allocated; }
+
+  // ---- helpers ----------------------------------------------------------------------------------------
+
+  private shared(n: number): FArr {
+    const sab = new SharedArrayBuffer(Math.max(1, n) * this.Ctor.BYTES_PER_ELEMENT);
+    return this.dtype === 'f64' ? new Float64Array(sab, 0, n) : new Float32Array(sab, 0, n);
+  }
+
+  /** The typed array behind a Buf, checked to be one of ours. */
+  private f(buf: Buf, what: string): FArr {
+    if (!(buf instanceof this.Ctor)) {
+      throw new DistilleryError(`cpu backend: ${what} is not a ${this.dtype} buffer of this backend`);
+    }
+    return buf;
+  }
+
+  private i(buf: IntBuf, what: string): Int32Array {
+    if (!(buf instanceof Int32Array)) throw new DistilleryError(`cpu backend: ${what} is not an int buffer of this backend`);
+    return buf;
+  }
+
+  private need(buf: FArr | Int32Array, n: number, op: string, what: string): void {
+    if (buf.length < n) {
+      throw new DistilleryError(`cpu backend: ${op}: ${what} holds ${buf.length} elements, needs ${n}`);
+    }
+  }
+
+  /** A scratch array of at least n elements (shared, reused between calls). */
+  private getScratch(n: number): FArr {
+    if (this.scratch.length < n) this.scratch = this.shared(Math.max(n, Math.ceil(this.scratch.length * 1.5)));
+    return this.scratch;
+  }
+
+  private getPool(): WorkerPool {
+    if (this.disposed) throw new DistilleryError('cpu backend: used after dispose()');
+    if (this.pool === null) this.pool = new WorkerPool(this.threads - 1);
+    return this.pool;
+  }
+
+  private parallel(work: number): boolean {
+    return this.threads > 1 && work >= this.threshold;
+  }
+
+  /** out[i, j] (+)= bias[j] + Σ_k a[i, k] b[j, k] for out [rows, cols], split among threads when large. */
+  private gemm(out: FArr, a: FArr, b: FArr, bias: FArr | null, rows: number, cols: number, k: number, acc: boolean): void {
+    if (!this.parallel(rows * cols * k)) {
+      gemmNT(out, a, b, bias, k, cols, 0, rows, 0, cols, acc);
+      return;
+    }
+    const tasks: Task[] = [];
+    if (rows >= 4 * this.threads) {
+      for (const [i0, i1] of splitRange(rows, this.threads, 4)) {
+        tasks.push({ op: 'gemm', out, a, b, bias, k, ldo: cols, i0, i1, j0: 0, j1: cols, accumulate: acc });
+      }
+    } else {
+      for (const [j0, j1] of splitRange(cols, this.threads, 2)) {
+        tasks.push({ op: 'gemm', out, a, b, bias, k, ldo: cols, i0: 0, i1: rows, j0, j1, accumulate: acc });
+      }
+    }
+    this.getPool().run(tasks);
+  }
+
+  // ---- memory -----------------------------------------------------------------------------------------
+
+  alloc(n: number, label: string): Buf {
+    check(Number.isInteger(n) && n >= 0, `cpu backend: alloc('${label}'): bad size ${n}`);
+    this.allocated += n * this.Ctor.BYTES_PER_ELEMENT;
+    return this.shared(n);
+  }
+
+  allocInt(n: number, label: string): IntBuf {
+    check(Number.isInteger(n) && n >= 0, `cpu backend: allocInt('${label}'): bad size ${n}`);
+    this.allocated += n * 4;
+    return new Int32Array(new SharedArrayBuffer(Math.max(1, n) * 4), 0, n);
+  }
+
+  view(buf: Buf, offset: number, length: number): Buf {
+    const a = this.f(buf, 'view source');
+    check(Number.isInteger(offset) && Number.isInteger(length) && offset >= 0 && length >= 0 && offset + length <= a.length,
+      `cpu backend: view [${offset}, ${offset + length}) outside a buffer of ${a.length}`);
+    return a.subarray(offset, offset + length);
+  }
+
+  upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
+    const d = this.f(dst, 'upload destination');
+    check(dstOffset >= 0 && dstOffset + src.length <= d.length,
+      `cpu backend: upload of ${src.length} at ${dstOffset} overflows a buffer of ${d.length}`);
+    d.set(src, dstOffset);
+  }
+
+  uploadInt(dst: IntBuf, src: Int32Array): void {
+    const d = this.i(dst, 'uploadInt destination');
+    check(src.length <= d.length, `cpu backend: uploadInt of ${src.length} overflows a buffer of ${d.length}`);
+    d.set(src);
+  }
+
+  download(src: Buf): Float32Array | Float64Array {
+    const a = this.f(src, 'download source');
+    const out = new this.Ctor(a.length);
+    out.set(a);
+    return out;
+  }
+
+  zero(buf: Buf): void { this.f(buf, 'zero').fill(0); }
+
+  copy(dst: Buf, src: Buf): void {
+    const d = this.f(dst, 'copy destination'), s = this.f(src, 'copy source');
+    this.need(d, s.length, 'copy', 'dst');
+    d.set(s);
+  }
+
+  dispose(): void {
+    this.pool?.dispose();
+    this.pool = null;
+    this.disposed = true;
+    this.scratch = this.shared(0);
+    this.allocated = 0;
+  }
+
+  // ---- elementwise ------------------------------------------------------------------------------------
+
+  add(out: Buf, a: Buf, b: Buf, n: number): void {
+    const o = this.f(out, 'add out'), x = this.f(a, 'add a'), y = this.f(b, 'add b');
+    this.need(o, n, 'add', 'out'); this.need(x, n, 'add', 'a'); this.need(y, n, 'add', 'b');
+    ew.add(o, x, y, n);
+  }
+
+  accumulate(dst: Buf, src: Buf, n: number): void {
+    const d = this.f(dst, 'accumulate dst'), s = this.f(src, 'accumulate src');
+    this.need(d, n, 'accumulate', 'dst'); this.need(s, n, 'accumulate', 'src');
+    ew.accumulate(d, s, n);
+  }
+
+  scale(buf: Buf, s: number, n: number): void {
+    const b = this.f(buf, 'scale buf');
+    this.need(b, n, 'scale', 'buf');
+    ew.scale(b, s, n);
+  }
+
+  sumSquares(buf: Buf, n: number): number {
+    const b = this.f(buf, 'sumSquares buf');
+    this.need(b, n, 'sumSquares', 'buf');
+    return ew.sumSquares(b, n);
+  }
+
+  // ---- layers -----------------------------------------------------------------------------------------
+
+  embeddingForward(out: Buf, ids: IntBuf, table: Buf, n: number, c: number): void {
+    const o = this.f(out, 'embedding out'), t = this.f(table, 'embedding table'), d = this.i(ids, 'embedding ids');
+    this.need(o, n * c, 'embeddingForward', 'out'); this.need(d, n, 'embeddingForward', 'ids');
+    ew.embeddingForward(o, d, t, n, c);
+  }
+
+  embeddingBackward(dtable: Buf, dout: Buf, ids: IntBuf, n: number, c: number): void {
+    const t = this.f(dtable, 'embedding dtable'), g = this.f(dout, 'embedding dout'), d = this.i(ids, 'embedding ids');
+    this.need(g, n * c, 'embeddingBackward', 'dout'); this.need(d, n, 'embeddingBackward', 'ids');
+    ew.embeddingBackward(t, g, d, n, c);
+  }
+
+  rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void {
+    const o = this.f(out, 'rmsnorm out'), r = this.f(rstd, 'rmsnorm rstd'), x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight');
+    this.need(o, n * c, 'rmsnormForward', 'out'); this.need(x, n * c, 'rmsnormForward', 'inp');
+    this.need(r, n, 'rmsnormForward', 'rstd'); this.need(w, c, 'rmsnormForward', 'weight');
+    ew.rmsnormForward(o, r, x, w, n, c, eps);
+  }
+
+  rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+    const dx = this.f(dinp, 'rmsnorm dinp'), dw = this.f(dweight, 'rmsnorm dweight'), dy = this.f(dout, 'rmsnorm dout');
+    const x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight'), r = this.f(rstd, 'rmsnorm rstd');
+    for (const [a, what] of [[dx, 'dinp'], [dy, 'dout'], [x, 'inp']] as const) this.need(a, n * c, 'rmsnormBackward', what);
+    this.need(dw, c, 'rmsnormBackward', 'dweight'); this.need(w, c, 'rmsnormBackward', 'weight'); this.need(r, n, 'rmsnormBackward', 'rstd');
+    ew.rmsnormBackward(dx, dw, dy, x, w, r, n, c);
+  }
+
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
+    const o = this.f(out, 'matmul out'), x = this.f(inp, 'matmul inp'), w = this.f(weight, 'matmul weight');
+    const b = bias === null ? null : this.f(bias, 'matmul bias');
+    this.need(o, n * m, 'matmulForward', 'out'); this.need(x, n * k, 'matmulForward', 'inp'); this.need(w, m * k, 'matmulForward', 'weight');
+    if (b !== null) this.need(b, m, 'matmulForward', 'bias');
+    this.gemm(o, x, w, b, n, m, k, false);
+  }
+
+  matmulBackward(
+    dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
+  ): void {
+    const g = this.f(dout, 'matmul dout'), x = this.f(inp, 'matmul inp'), w = this.f(weight, 'matmul weight');
+    this.need(g, n * m, 'matmulBackward', 'dout'); this.need(x, n * k, 'matmulBackward', 'inp'); this.need(w, m * k, 'matmulBackward', 'weight');
+    if (dbias !== null) {
+      const db = this.f(dbias, 'matmul dbias');
+      this.need(db, m, 'matmulBackward', 'dbias');
+      biasBackward(db, g, n, m);
+    }
+    if (dinp !== null) {
+      // dinp[n, k] += dout[n, m] · W[m, k] = gemmNT(dout, Wᵀ) with Wᵀ [k, m].
+      const dx = this.f(dinp, 'matmul dinp');
+      this.need(dx, n * k, 'matmulBackward', 'dinp');
+      if (n < SMALL_ROWS) {
+        gemmNNAcc(dx, g, w, m, k, 0, n);
+      } else {
+        const wt = this.getScratch(k * m).subarray(0, k * m);
+        transpose(wt, w, m, k);
+        this.gemm(dx, g, wt, null, n, k, m, true);
+      }
+    }
+    if (dweight !== null) {
+      // dweight[m, k] += doutᵀ[m, n] · inp[n, k] = gemmNT(doutᵀ, inpᵀ) with doutᵀ [m, n] and inpᵀ [k, n].
+      const dw = this.f(dweight, 'matmul dweight');
+      this.need(dw, m * k, 'matmulBackward', 'dweight');
+      const s = this.getScratch(n * m + n * k);
+      const gt = s.subarray(0, n * m);
+      transpose(gt, g, n, m);
+      if (n < SMALL_ROWS) {
+        // dweight[m, k] += doutᵀ[m, n] · inp[n, k] in axpy form: inp is tiny, no need to transpose it.
+        gemmNNAcc(dw, gt, x, n, k, 0, m);
+      } else {
+        const xt = s.subarray(n * m, n * m + n * k);
+        transpose(xt, x, n, k);
+        this.gemm(dw, gt, xt, null, m, k, n, true);
+      }
+    }
+  }
+
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+    const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
+    const len = b * t * heads * headDim;
+    this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
+    ropeForward(o, x, b, t, heads, headDim, theta, pos0);
+  }
+
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+    const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
+    const len = b * t * heads * headDim;
+    this.need(dx, len, 'ropeBackward', 'dinp'); this.need(dy, len, 'ropeBackward', 'dout');
+    ropeBackward(dx, dy, b, t, heads, headDim, theta, pos0);
+  }
+
+  private checkHeads(op: string, nHeads: number, nKv: number): void {
+    check(nKv > 0 && nHeads % nKv === 0, `cpu backend: ${op}: nHeads ${nHeads} is not a multiple of nKv ${nKv}`);
+  }
+
+  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+    this.checkHeads('attentionForward', nHeads, nKv);
+    const o = this.f(out, 'attention out'), p = this.f(probs, 'attention probs');
+    const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
+    this.need(o, b * t * nHeads * hd, 'attentionForward', 'out'); this.need(qq, b * t * nHeads * hd, 'attentionForward', 'q');
+    this.need(kk, b * t * nKv * hd, 'attentionForward', 'k'); this.need(vv, b * t * nKv * hd, 'attentionForward', 'v');
+    this.need(p, b * nHeads * t * t, 'attentionForward', 'probs');
+    const units = b * nHeads;
+    if (!this.parallel(units * t * t * hd) || units < 2) {
+      attentionForward(o, p, qq, kk, vv, t, nHeads, nKv, hd, 0, units);
+      return;
+    }
+    this.getPool().run(splitRange(units, this.threads).map(([u0, u1]): Task =>
+      ({ op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0, u1 })));
+  }
+
+  attentionBackward(
+    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+    b: number, t: number, nHeads: number, nKv: number, hd: number,
+  ): void {
+    this.checkHeads('attentionBackward', nHeads, nKv);
+    const dqq = this.f(dq, 'attention dq'), dkk = this.f(dk, 'attention dk'), dvv = this.f(dv, 'attention dv');
+    const g = this.f(dout, 'attention dout'), p = this.f(probs, 'attention probs');
+    const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
+    const qLen = b * t * nHeads * hd, kLen = b * t * nKv * hd;
+    for (const [a, what] of [[dqq, 'dq'], [g, 'dout'], [qq, 'q']] as const) this.need(a, qLen, 'attentionBackward', what);
+    for (const [a, what] of [[dkk, 'dk'], [dvv, 'dv'], [kk, 'k'], [vv, 'v']] as const) this.need(a, kLen, 'attentionBackward', what);
+    this.need(p, b * nHeads * t * t, 'attentionBackward', 'probs');
+    const groups = b * nKv;
+    if (!this.parallel(b * nHeads * t * t * hd) || groups < 2) {
+      attentionBackward(dqq, dkk, dvv, g, qq, kk, vv, p, t, nHeads, nKv, hd, 0, groups);
+      return;
+    }
+    this.getPool().run(splitRange(groups, this.threads).map(([g0, g1]): Task =>
+      ({ op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0, g1 })));
+  }
+
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
+    const c = this.f(cache, 'kv cache'), s = this.f(src, 'kv source');
+    this.need(c, b * tMax * nKv * hd, 'kvCacheWrite', 'cache'); this.need(s, b * t * nKv * hd, 'kvCacheWrite', 'src');
+    kvCacheWrite(c, s, b, t, pos0, tMax, nKv, hd);
+  }
+
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number, nHeads: number, nKv: number, hd: number): void {
+    this.checkHeads('attentionCached', nHeads, nKv);
+    const o = this.f(out, 'attention out'), qq = this.f(q, 'attention q');
+    const kc = this.f(kCache, 'k cache'), vc = this.f(vCache, 'v cache');
+    this.need(o, b * t * nHeads * hd, 'attentionCached', 'out'); this.need(qq, b * t * nHeads * hd, 'attentionCached', 'q');
+    this.need(kc, b * tMax * nKv * hd, 'attentionCached', 'kCache'); this.need(vc, b * tMax * nKv * hd, 'attentionCached', 'vCache');
+    attentionCached(o, qq, kc, vc, b, t, pos0, tMax, nHeads, nKv, hd);
+  }
+
+  swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
+    const o = this.f(out, 'swiglu out'), g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
+    this.need(o, n, 'swigluForward', 'out'); this.need(g, n, 'swigluForward', 'gate'); this.need(u, n, 'swigluForward', 'up');
+    ew.swigluForward(o, g, u, n);
+  }
+
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
+    const dg = this.f(dgate, 'swiglu dgate'), du = this.f(dup, 'swiglu dup'), dy = this.f(dout, 'swiglu dout');
+    const g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
+    for (const [a, what] of [[dg, 'dgate'], [du, 'dup'], [dy, 'dout'], [g, 'gate'], [u, 'up']] as const) this.need(a, n, 'swigluBackward', what);
+    ew.swigluBackward(dg, du, dy, g, u, n);
+  }
+
+  // ---- loss -------------------------------------------------------------------------------------------
+
+  lossForward(
+    stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
+    n: number, vocab: number, spec: LossSpec,
+  ): void {
+    const st = this.f(stats, 'loss stats'), z = this.f(logits, 'loss logits'), w = this.f(weights, 'loss weights');
+    const dz = dlogits === null ? null : this.f(dlogits, 'loss dlogits');
+    const zt = teacher === null ? null : this.f(teacher, 'loss teacher');
+    const y = this.i(targets, 'loss targets');
+    check(spec.kind === 'none' || zt !== null, `cpu backend: lossForward: kind '${spec.kind}' needs teacher logits`);
+    check(spec.kind === 'none' || spec.temperature > 0, `cpu backend: lossForward: temperature must be > 0, got ${spec.temperature}`);
+    this.need(st, n * LOSS_STATS, 'lossForward', 'stats'); this.need(z, n * vocab, 'lossForward', 'logits');
+    this.need(w, n, 'lossForward', 'weights'); this.need(y, n, 'lossForward', 'targets');
+    if (dz !== null) this.need(dz, n * vocab, 'lossForward', 'dlogits');
+    if (zt !== null) this.need(zt, n * vocab, 'lossForward', 'teacher');
+    const s: LossSpec = { kind: spec.kind, alpha: spec.alpha, temperature: spec.temperature, beta: spec.beta };
+    if (!this.parallel(n * vocab * 16) || n < 2) {
+      lossRows(st, dz, z, zt, y, w, vocab, s, 0, n);
+      return;
+    }
+    this.getPool().run(splitRange(n, this.threads).map(([r0, r1]): Task =>
+      ({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, spec: s, r0, r1 })));
+  }
+
+  // ---- optimizer --------------------------------------------------------------------------------------
+
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
+    const p = this.f(param, 'adamw param'), g = this.f(grad, 'adamw grad'), mm = this.f(m, 'adamw m'), vv = this.f(v, 'adamw v');
+    for (const [a, what] of [[p, 'param'], [g, 'grad'], [mm, 'm'], [vv, 'v']] as const) this.need(a, n, 'adamw', what);
+    check(s.step >= 1, `cpu backend: adamw: step must be >= 1 (1-based), got ${s.step}`);
+    ew.adamw(p, g, mm, vv, n, s);
+  }
+}
+
+/** A CPU backend; see CpuBackendOptions. */
+export function createCpuBackend(opts?: CpuBackendOptions): Backend {
+  return new CpuBackend(opts);
+}

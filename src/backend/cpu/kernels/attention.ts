@@ -1,0 +1,143 @@
+/**
+ * Causal grouped-query attention kernels of the CPU backend (scale 1/sqrt(hd)), plus the KV-cache write and
+ * the cached inference attention. Layouts: q/out [B, T, nHeads, hd]; k, v [B, T, nKv, hd]; probs
+ * [B, nHeads, T, T]; caches [B, tMax, nKv, hd]. Query head h reads kv head floor(h / (nHeads / nKv)).
+ *
+ * Forward works on a range of (batch, head) units and backward on a range of (batch, kv-head) groups, so the
+ * backend can split them among worker threads: a kv group owns its dk/dv rows, so ranges never race.
+ * Scores and softmax are computed in float64 scratch rows whatever the buffer type.
+ */
+import type { FArr } from './types.js';
+
+/** Units [u0, u1) with u = b·nHeads + h. Writes out rows and probs [T, T] per unit (masked entries 0). */
+export function attentionForward(
+  out: FArr, probs: FArr, q: FArr, k: FArr, v: FArr,
+  T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number,
+): void {
+  const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
+  const qs = nHeads * hd, ks = nKv * hd;
+  const row = new Float64Array(T), acc = new Float64Array(hd);
+  for (let u = u0; u < u1; u++) {
+    const bi = Math.floor(u / nHeads), h = u % nHeads, g = Math.floor(h / rep);
+    for (let t = 0; t < T; t++) {
+      const qo = (bi * T + t) * qs + h * hd;
+      let mx = -Infinity;
+      for (let s = 0; s <= t; s++) {
+        const ko = (bi * T + s) * ks + g * hd;
+        let d0 = 0, d1 = 0;
+        let d = 0;
+        for (; d + 2 <= hd; d += 2) { d0 += q[qo + d] * k[ko + d]; d1 += q[qo + d + 1] * k[ko + d + 1]; }
+        for (; d < hd; d++) d0 += q[qo + d] * k[ko + d];
+        const sc = (d0 + d1) * scale;
+        row[s] = sc;
+        if (sc > mx) mx = sc;
+      }
+      let sum = 0;
+      for (let s = 0; s <= t; s++) { const e = Math.exp(row[s] - mx); row[s] = e; sum += e; }
+      const inv = 1 / sum;
+      const po = (u * T + t) * T;
+      acc.fill(0);
+      for (let s = 0; s <= t; s++) {
+        const p = row[s] * inv;
+        probs[po + s] = p;
+        const vo = (bi * T + s) * ks + g * hd;
+        for (let d = 0; d < hd; d++) acc[d] += p * v[vo + d];
+      }
+      for (let s = t + 1; s < T; s++) probs[po + s] = 0;
+      for (let d = 0; d < hd; d++) out[qo + d] = acc[d];
+    }
+  }
+}
+
+/**
+ * Groups [g0, g1) with gi = b·nKv + kvHead: all query heads of the group. With P the saved probabilities:
+ * dV += Pᵀ dO; dP = dO Vᵀ; dS = P ⊙ (dP − rowsum(P ⊙ dP)); dQ += scale dS K; dK += scale dSᵀ Q.
+ */
+export function attentionBackward(
+  dq: FArr, dk: FArr, dv: FArr, dout: FArr, q: FArr, k: FArr, v: FArr, probs: FArr,
+  T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number,
+): void {
+  const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
+  const qs = nHeads * hd, ks = nKv * hd;
+  const dp = new Float64Array(T), dqAcc = new Float64Array(hd);
+  for (let gi = g0; gi < g1; gi++) {
+    const bi = Math.floor(gi / nKv), g = gi % nKv;
+    for (let r = 0; r < rep; r++) {
+      const h = g * rep + r;
+      const u = bi * nHeads + h;
+      for (let t = 0; t < T; t++) {
+        const qo = (bi * T + t) * qs + h * hd;
+        const po = (u * T + t) * T;
+        let sum = 0;
+        for (let s = 0; s <= t; s++) {
+          const vo = (bi * T + s) * ks + g * hd;
+          let d0 = 0;
+          for (let d = 0; d < hd; d++) d0 += dout[qo + d] * v[vo + d];
+          dp[s] = d0;
+          sum += probs[po + s] * d0;
+        }
+        dqAcc.fill(0);
+        for (let s = 0; s <= t; s++) {
+          const p = probs[po + s];
+          const o = (bi * T + s) * ks + g * hd;
+          const ds = p * (dp[s] - sum) * scale;
+          for (let d = 0; d < hd; d++) {
+            dv[o + d] += p * dout[qo + d];
+            dqAcc[d] += ds * k[o + d];
+            dk[o + d] += ds * q[qo + d];
+          }
+        }
+        for (let d = 0; d < hd; d++) dq[qo + d] += dqAcc[d];
+      }
+    }
+  }
+}
+
+/** cache[b, pos0 + i, :, :] = src[b, i, :, :] for i < t. */
+export function kvCacheWrite(cache: FArr, src: FArr, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
+  if (pos0 < 0 || pos0 + t > tMax) throw new RangeError(`kvCacheWrite: rows [${pos0}, ${pos0 + t}) outside the cache of ${tMax}`);
+  const rowLen = nKv * hd;
+  for (let bi = 0; bi < b; bi++) {
+    const s = bi * t * rowLen;
+    cache.set(src.subarray(s, s + t * rowLen), (bi * tMax + pos0) * rowLen);
+  }
+}
+
+/** Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos (inclusive); out [B, t, nHeads, hd]. */
+export function attentionCached(
+  out: FArr, q: FArr, kCache: FArr, vCache: FArr, b: number, t: number, pos0: number, tMax: number,
+  nHeads: number, nKv: number, hd: number,
+): void {
+  if (pos0 < 0 || pos0 + t > tMax) throw new RangeError(`attentionCached: positions [${pos0}, ${pos0 + t}) outside the cache of ${tMax}`);
+  const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
+  const qs = nHeads * hd, ks = nKv * hd;
+  const row = new Float64Array(pos0 + t), acc = new Float64Array(hd);
+  for (let bi = 0; bi < b; bi++) {
+    for (let h = 0; h < nHeads; h++) {
+      const g = Math.floor(h / rep);
+      for (let i = 0; i < t; i++) {
+        const pos = pos0 + i;
+        const qo = (bi * t + i) * qs + h * hd;
+        let mx = -Infinity;
+        for (let s = 0; s <= pos; s++) {
+          const ko = (bi * tMax + s) * ks + g * hd;
+          let d0 = 0;
+          for (let d = 0; d < hd; d++) d0 += q[qo + d] * kCache[ko + d];
+          const sc = d0 * scale;
+          row[s] = sc;
+          if (sc > mx) mx = sc;
+        }
+        let sum = 0;
+        for (let s = 0; s <= pos; s++) { const e = Math.exp(row[s] - mx); row[s] = e; sum += e; }
+        const inv = 1 / sum;
+        acc.fill(0);
+        for (let s = 0; s <= pos; s++) {
+          const p = row[s] * inv;
+          const vo = (bi * tMax + s) * ks + g * hd;
+          for (let d = 0; d < hd; d++) acc[d] += p * vCache[vo + d];
+        }
+        for (let d = 0; d < hd; d++) out[qo + d] = acc[d];
+      }
+    }
+  }
+}

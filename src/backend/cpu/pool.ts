@@ -1,0 +1,109 @@
+/**
+ * A small pool of worker threads that lets the synchronous Backend API use several cores.
+ *
+ * run(tasks) posts tasks[1..] to the workers, runs tasks[0] on the calling (main) thread, then blocks in
+ * Atomics.wait on a shared done counter until every worker has finished: the caller sees an ordinary
+ * synchronous call. Buffers travel as SharedArrayBuffer-backed typed arrays, so nothing is copied.
+ * Workers are unref()'d, so a pool that is never disposed does not keep the process alive; dispose()
+ * terminates them. The worker script is resolved next to this file, so it works from the compiled dist/.
+ */
+import { MessageChannel, Worker, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
+import { DistilleryError } from '../../util/errors.js';
+import { runTask, type Task } from './tasks.js';
+
+const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
+/** How long to wait for workers to start, and for an answer to a task, before giving up. */
+const START_TIMEOUT_MS = 20_000;
+const TASK_TIMEOUT_MS = 300_000;
+
+export class WorkerPool {
+  /** Number of worker threads (the main thread is one more). */
+  readonly size: number;
+  private workers: Worker[] = [];
+  private ports: MessagePort[] = [];
+  private readonly ctrl: Int32Array;
+  private ready = false;
+  private crashed: string | null = null;
+
+  constructor(nWorkers: number) {
+    this.size = nWorkers;
+    this.ctrl = new Int32Array(new SharedArrayBuffer(4 * (CTRL_READY + nWorkers)));
+    const url = new URL('./matmul-worker.js', import.meta.url);
+    // Workers inherit the parent's execArgv; `--input-type` (node --input-type=module -e ...) makes a worker
+    // that runs a file exit at once, so it is dropped.
+    const execArgv: string[] = [];
+    for (let i = 0; i < process.execArgv.length; i++) {
+      const a = process.execArgv[i]!;
+      if (a === '--input-type') { i++; continue; }
+      if (!a.startsWith('--input-type=')) execArgv.push(a);
+    }
+    for (let i = 0; i < nWorkers; i++) {
+      const ch = new MessageChannel();
+      const w = new Worker(url, {
+        workerData: { ctrl: this.ctrl, index: i, errPort: ch.port2 },
+        execArgv,
+        transferList: [ch.port2],
+      });
+      w.on('error', (e) => { this.crashed = e.stack ?? e.message; });
+      w.unref();
+      this.workers.push(w);
+      this.ports.push(ch.port1);
+    }
+  }
+
+  private waitReady(): void {
+    if (this.ready) return;
+    const deadline = Date.now() + START_TIMEOUT_MS;
+    for (let i = 0; i < this.size; i++) {
+      while (Atomics.load(this.ctrl, CTRL_READY + i) === 0) {
+        const left = deadline - Date.now();
+        if (left <= 0) {
+          throw new DistilleryError(`cpu backend: worker thread ${i} did not start within ${START_TIMEOUT_MS / 1000} s`,
+            'run with threads: 1, or check that dist/src/backend/cpu/matmul-worker.js exists (npm run build)');
+        }
+        Atomics.wait(this.ctrl, CTRL_READY + i, 0, left);
+      }
+    }
+    this.ready = true;
+  }
+
+  /** Runs tasks[0] here and tasks[1..] on workers (at most size of them); returns when all are done. */
+  run(tasks: Task[]): void {
+    if (tasks.length === 0) return;
+    if (tasks.length - 1 > this.size) throw new Error(`WorkerPool.run: ${tasks.length} tasks for ${this.size + 1} threads`);
+    if (this.workers.length === 0 && this.size > 0) throw new Error('WorkerPool.run after dispose()');
+    if (tasks.length === 1) { runTask(tasks[0]!); return; }
+    this.waitReady();
+    const ctrl = this.ctrl;
+    Atomics.store(ctrl, CTRL_DONE, 0);
+    Atomics.store(ctrl, CTRL_ERRORS, 0);
+    for (let i = 1; i < tasks.length; i++) this.workers[i - 1]!.postMessage(tasks[i]);
+    let mainError: unknown = null;
+    try { runTask(tasks[0]!); } catch (e) { mainError = e; }
+    const expected = tasks.length - 1;
+    for (;;) {
+      const done = Atomics.load(ctrl, CTRL_DONE);
+      if (done >= expected) break;
+      if (Atomics.wait(ctrl, CTRL_DONE, done, TASK_TIMEOUT_MS) === 'timed-out' && Atomics.load(ctrl, CTRL_DONE) === done) {
+        throw new DistilleryError(`cpu backend: a worker thread did not answer within ${TASK_TIMEOUT_MS / 1000} s`
+          + (this.crashed ? `: ${this.crashed}` : ''));
+      }
+    }
+    if (mainError !== null) throw mainError;
+    if (Atomics.load(ctrl, CTRL_ERRORS) > 0) {
+      const msgs: string[] = [];
+      for (const p of this.ports) {
+        for (let m = receiveMessageOnPort(p); m !== undefined; m = receiveMessageOnPort(p)) msgs.push(String(m.message));
+      }
+      throw new Error(`cpu backend: worker task failed: ${msgs.join('\n') || 'unknown error'}`);
+    }
+  }
+
+  /** Terminates the workers. The pool cannot be used afterwards. */
+  dispose(): void {
+    for (const w of this.workers) void w.terminate();
+    for (const p of this.ports) p.close();
+    this.workers = [];
+    this.ports = [];
+  }
+}

@@ -1,0 +1,62 @@
+/**
+ * The units of work the CPU backend hands to its worker threads, and the dispatcher that runs one.
+ * A task is a plain object whose typed arrays are backed by SharedArrayBuffers, so posting it to a worker
+ * shares the memory instead of copying it. The main thread runs its own share through the same runTask.
+ */
+import type { LossSpec } from '../backend.js';
+import { attentionBackward, attentionForward } from './kernels/attention.js';
+import { gemmNT } from './kernels/gemm.js';
+import { lossRows } from './kernels/loss.js';
+import type { FArr } from './kernels/types.js';
+
+export interface GemmTask {
+  op: 'gemm';
+  out: FArr; a: FArr; b: FArr; bias: FArr | null;
+  k: number; ldo: number; i0: number; i1: number; j0: number; j1: number; accumulate: boolean;
+}
+export interface AttnForwardTask {
+  op: 'attnF';
+  out: FArr; probs: FArr; q: FArr; k: FArr; v: FArr;
+  t: number; nHeads: number; nKv: number; hd: number; u0: number; u1: number;
+}
+export interface AttnBackwardTask {
+  op: 'attnB';
+  dq: FArr; dk: FArr; dv: FArr; dout: FArr; q: FArr; k: FArr; v: FArr; probs: FArr;
+  t: number; nHeads: number; nKv: number; hd: number; g0: number; g1: number;
+}
+export interface LossTask {
+  op: 'loss';
+  stats: FArr; dlogits: FArr | null; logits: FArr; teacher: FArr | null; targets: Int32Array; weights: FArr;
+  vocab: number; spec: LossSpec; r0: number; r1: number;
+}
+export type Task = GemmTask | AttnForwardTask | AttnBackwardTask | LossTask;
+
+export function runTask(x: Task): void {
+  switch (x.op) {
+    case 'gemm':
+      gemmNT(x.out, x.a, x.b, x.bias, x.k, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
+      return;
+    case 'attnF':
+      attentionForward(x.out, x.probs, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+      return;
+    case 'attnB':
+      attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.probs, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+      return;
+    case 'loss':
+      lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1);
+      return;
+  }
+}
+
+/** Splits [0, total) into at most `parts` contiguous ranges whose starts are multiples of `align`. */
+export function splitRange(total: number, parts: number, align = 1): Array<[number, number]> {
+  const units = Math.ceil(total / align);
+  const p = Math.max(1, Math.min(parts, units));
+  const out: Array<[number, number]> = [];
+  for (let i = 0; i < p; i++) {
+    const a = Math.min(total, Math.floor((units * i) / p) * align);
+    const b = Math.min(total, Math.floor((units * (i + 1)) / p) * align);
+    if (b > a) out.push([a, b]);
+  }
+  return out;
+}

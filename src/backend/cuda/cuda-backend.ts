@@ -1,0 +1,461 @@
+/**
+ * The CUDA backend: generated kernels (through the kernel cache) + cuBLAS GEMMs, implementing `Backend`.
+ *
+ * Two modes share every line that picks a kernel:
+ * - 'device': real GPU memory and launches.
+ * - 'trace': no GPU, no libraries. alloc returns fake handles, each op records the KernelSpec it would launch
+ *   (through the same `launch()` call a device run makes), downloads return zeros and sumSquares returns 0.
+ * So the set a trace records IS the set a device run asks the cache for (see plan.ts). That is what makes the
+ * pre-warm complete by construction.
+ *
+ * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, cuBLAS workspace) is allocated once at
+ * creation with a documented cap (DEFAULT_SCRATCH_BLOCKS partial sums, DEFAULT_CUBLAS_WORKSPACE bytes); ops never
+ * allocate. Everything runs on one stream (the legacy default stream); the only host syncs inside ops are
+ * sumSquares and download, so a step could later be captured as a CUDA graph.
+ */
+import { planKernels } from './plan.js';
+import koffi from 'koffi';
+import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
+import { LOSS_STATS } from '../backend.js';
+import { DistilleryError } from '../../util/errors.js';
+import type { KernelCache } from './kernel-cache.js';
+import type { CudaDriver } from './ffi/driver.js';
+import { CUBLAS_OP_N, CUBLAS_OP_T, type Cublas } from './ffi/cublas.js';
+import { formatBytes } from './ffi/status.js';
+import type { KernelSpec } from './kernels/spec.js';
+import { blocksFor } from './kernels/spec.js';
+import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
+import { ropeBackward, ropeForward } from './kernels/rope.js';
+import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import {
+  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
+  sumSquares, swigluBackward, swigluForward,
+} from './kernels/elementwise.js';
+import { lossKernel } from './kernels/loss.js';
+
+/** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
+export const ELEM_BLOCK = 256;
+export const ROW_BLOCK = 256;
+export const ATTN_BLOCK = 128;
+export const LOSS_BLOCK = 512;
+/** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
+export const DEFAULT_SCRATCH_BLOCKS = 1024;
+/** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
+export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
+
+export type CudaMode = 'trace' | 'device';
+
+class CudaBuf implements Buf, IntBuf {
+  constructor(readonly length: number, readonly ptr: bigint, readonly label: string, readonly owner: CudaBackend,
+    readonly root: boolean) {}
+}
+
+type Arg = { t: 'p'; v: bigint } | { t: 'i'; v: number } | { t: 'l'; v: number } | { t: 'f'; v: number };
+const P = (b: Buf | IntBuf | null): Arg => ({ t: 'p', v: b === null ? 0n : (b as CudaBuf).ptr });
+const I = (v: number): Arg => ({ t: 'i', v });
+const L = (v: number): Arg => ({ t: 'l', v });
+const F = (v: number): Arg => ({ t: 'f', v });
+const MAX_ARGS = 32;
+
+export interface DeviceParts {
+  driver: CudaDriver;
+  cublas: Cublas;
+  cache: KernelCache;
+  tf32?: boolean;
+  scratchBlocks?: number;
+  cublasWorkspaceBytes?: number;
+  log?: (line: string) => void;
+}
+
+export class CudaBackend implements Backend {
+  readonly name: string;
+  readonly dtype = 'f32' as const;
+  readonly mode: CudaMode;
+  /** Trace mode: every spec launched, by id, in first-launch order. */
+  readonly traced = new Map<string, KernelSpec>();
+  /** Kernel launches per family (both modes). */
+  readonly launches = new Map<string, number>();
+  private readonly dev: DeviceParts | null;
+  private readonly fns = new Map<KernelSpec, unknown>();
+  private readonly modules: unknown[] = [];
+  private readonly allocations: CudaBuf[] = [];
+  private bytesAllocated = 0;
+  // Argument storage for cuLaunchKernel: 256 bytes, so V8 keeps it off-heap and its address never moves.
+  private readonly argSlots = Buffer.alloc(MAX_ARGS * 8);
+  private readonly argPtrs = Buffer.alloc(MAX_ARGS * 8);
+  private partials: CudaBuf | null = null;
+  private readonly partialsHost: Float64Array;
+  private workspace: CudaBuf | null = null;
+  private disposed = false;
+  readonly scratchBlocks: number;
+
+  constructor(mode: 'trace');
+  constructor(mode: 'device', parts: DeviceParts);
+  constructor(mode: CudaMode, parts?: DeviceParts) {
+    this.mode = mode;
+    this.dev = parts ?? null;
+    if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
+    this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
+    this.partialsHost = new Float64Array(this.scratchBlocks);
+    this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
+    if (this.dev) {
+      const base = koffiAddress(this.argSlots);
+      for (let i = 0; i < MAX_ARGS; i++) this.argPtrs.writeBigUInt64LE(base + BigInt(i * 8), i * 8);
+      this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
+      const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
+      this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
+      this.dev.cublas.setWorkspace(this.workspace.ptr, ws);
+      this.dev.cublas.setMathMode(parts!.tf32 ?? false);
+    }
+  }
+
+  get cache(): KernelCache | null { return this.dev?.cache ?? null; }
+  get bytesInUse(): number { return this.bytesAllocated; }
+
+  // ---- kernel launch: the one place both modes meet -------------------------------------------------
+  private launch(spec: KernelSpec, grid: readonly [number, number, number], block: number, args: Arg[]): void {
+    this.launches.set(spec.family, (this.launches.get(spec.family) ?? 0) + 1);
+    if (!this.dev) {
+      if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
+      return;
+    }
+    let fn = this.fns.get(spec);
+    if (fn === undefined) {
+      const cubin = this.dev.cache.get(spec);
+      const loaded = this.dev.driver.loadFunction(cubin, spec.entry, `loading kernel ${spec.describe()}`);
+      this.modules.push(loaded.module);
+      fn = loaded.fn;
+      this.fns.set(spec, fn);
+    }
+    if (args.length > MAX_ARGS) throw new Error(`too many kernel arguments (${args.length})`);
+    const s = this.argSlots;
+    for (let i = 0; i < args.length; i++) {
+      const a = args[i]!;
+      const o = i * 8;
+      switch (a.t) {
+        case 'p': s.writeBigUInt64LE(a.v, o); break;
+        case 'i': s.writeInt32LE(a.v, o); break;
+        case 'l': s.writeBigInt64LE(BigInt(a.v), o); break;
+        case 'f': s.writeFloatLE(a.v, o); break;
+      }
+    }
+    this.dev.driver.launch(fn, grid, block, 0, this.argPtrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
+  }
+
+  private gemm(transA: number, transB: number, m: number, n: number, k: number, A: Buf, lda: number, B: Buf, ldb: number,
+    C: Buf, ldc: number, accumulate: boolean, what: string): void {
+    if (!this.dev) return;
+    this.dev.cublas.sgemm(transA, transB, m, n, k, (A as CudaBuf).ptr, lda, (B as CudaBuf).ptr, ldb, (C as CudaBuf).ptr, ldc,
+      accumulate, what);
+  }
+
+  // ---- memory ---------------------------------------------------------------------------------------
+  private rawAlloc(n: number, label: string): CudaBuf {
+    if (this.disposed) throw new Error('CudaBackend used after dispose()');
+    if (!Number.isInteger(n) || n < 0) throw new Error(`alloc(${n}, ${label}): bad length`);
+    let ptr = 0n;
+    if (this.dev) {
+      ptr = this.dev.driver.memAlloc(n * 4, `allocating ${label}`);
+      this.dev.driver.memsetD32(ptr, 0, n, `zeroing ${label}`);
+    }
+    const b = new CudaBuf(n, ptr, label, this, true);
+    this.allocations.push(b);
+    this.bytesAllocated += n * 4;
+    return b;
+  }
+
+  alloc(n: number, label: string): Buf { return this.rawAlloc(n, label); }
+  allocInt(n: number, label: string): IntBuf { return this.rawAlloc(n, label); }
+
+  view(buf: Buf, offset: number, length: number): Buf {
+    const b = this.own(buf, 'view');
+    if (offset < 0 || length < 0 || offset + length > b.length) {
+      throw new Error(`view [${offset}, ${offset + length}) out of range for ${b.label} (${b.length})`);
+    }
+    return new CudaBuf(length, b.ptr + BigInt(offset * 4), `${b.label}[${offset}:${offset + length}]`, this, false);
+  }
+
+  upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
+    const d = this.own(dst, 'upload');
+    if (dstOffset + src.length > d.length) throw new Error(`upload of ${src.length} at ${dstOffset} overflows ${d.label} (${d.length})`);
+    if (!this.dev || src.length === 0) return;
+    const f = src instanceof Float32Array ? src : Float32Array.from(src);
+    this.dev.driver.htod(d.ptr + BigInt(dstOffset * 4), f, f.length * 4, `uploading ${d.label}`);
+  }
+
+  uploadInt(dst: IntBuf, src: Int32Array): void {
+    const d = this.own(dst, 'uploadInt');
+    if (src.length > d.length) throw new Error(`uploadInt of ${src.length} overflows ${d.label} (${d.length})`);
+    if (!this.dev || src.length === 0) return;
+    this.dev.driver.htod(d.ptr, src, src.length * 4, `uploading ${d.label}`);
+  }
+
+  download(src: Buf): Float32Array {
+    const s = this.own(src, 'download');
+    const out = new Float32Array(s.length);
+    if (this.dev && s.length > 0) this.dev.driver.dtoh(out, s.ptr, s.length * 4, `downloading ${s.label}`);
+    return out;
+  }
+
+  zero(buf: Buf): void {
+    const b = this.own(buf, 'zero');
+    if (this.dev && b.length > 0) this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
+  }
+
+  copy(dst: Buf, src: Buf): void {
+    const d = this.own(dst, 'copy'), s = this.own(src, 'copy');
+    if (s.length > d.length) throw new Error(`copy of ${s.label} (${s.length}) into ${d.label} (${d.length}) overflows`);
+    if (this.dev && s.length > 0) this.dev.driver.dtod(d.ptr, s.ptr, s.length * 4, `copying ${s.label} to ${d.label}`);
+  }
+
+  /** Pre-warm: traces the runs on a separate trace backend, compiles every kernel they need (in parallel), seals. */
+  async prepare(runs: ReadonlyArray<(b: Backend) => void>): Promise<void> {
+    if (!this.dev) return;
+    const t0 = Date.now();
+    const specs = planKernels(runs);
+    await this.dev.cache.prewarm(specs);
+    this.dev.log?.(`[kernel-cache] pre-warm: ${specs.length} kernels ready in ${Date.now() - t0} ms; cache sealed`);
+  }
+
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    if (this.dev) {
+      try { this.dev.driver.synchronize('finishing before dispose'); } catch { /* report below */ }
+      this.dev.log?.(this.dev.cache.summary());
+      for (const b of this.allocations) { try { this.dev.driver.memFree(b.ptr); } catch { /* keep freeing */ } }
+      for (const m of this.modules) this.dev.driver.unloadModule(m);
+      this.dev.cublas.destroy();
+      this.dev.driver.release();
+    }
+    this.allocations.length = 0;
+    this.bytesAllocated = 0;
+  }
+
+  /** Waits for all queued GPU work (tests and timings; ops never need it). */
+  synchronize(): void { this.dev?.driver.synchronize('synchronizing'); }
+
+  memoryReport(): string {
+    const lines = this.allocations.filter((b) => b.root).map((b) => `${b.label}: ${formatBytes(b.length * 4)}`);
+    return `${formatBytes(this.bytesAllocated)} in ${lines.length} buffers\n${lines.join('\n')}`;
+  }
+
+  private own(b: Buf | IntBuf, op: string): CudaBuf {
+    if (!(b instanceof CudaBuf) || b.owner !== this) throw new Error(`${op}: buffer does not belong to this CUDA backend`);
+    return b;
+  }
+
+  private need(b: Buf | IntBuf, n: number, what: string): void {
+    const c = this.own(b, what);
+    if (n > c.length) throw new Error(`${what}: ${c.label} has ${c.length} elements, needs ${n}`);
+  }
+
+  private elementwise(spec: KernelSpec, n: number, args: Arg[]): void {
+    if (n <= 0) return;
+    this.launch(spec, [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [...args, L(n)]);
+  }
+
+  // ---- elementwise ----------------------------------------------------------------------------------
+  add(out: Buf, a: Buf, b: Buf, n: number): void {
+    this.need(out, n, 'add'); this.need(a, n, 'add'); this.need(b, n, 'add');
+    this.elementwise(addKernel.make({ block: ELEM_BLOCK }), n, [P(out), P(a), P(b)]);
+  }
+
+  accumulate(dst: Buf, src: Buf, n: number): void {
+    this.need(dst, n, 'accumulate'); this.need(src, n, 'accumulate');
+    this.elementwise(accumulateKernel.make({ block: ELEM_BLOCK }), n, [P(dst), P(src)]);
+  }
+
+  scale(buf: Buf, s: number, n: number): void {
+    this.need(buf, n, 'scale');
+    this.elementwise(scaleKernel.make({ block: ELEM_BLOCK }), n, [P(buf), F(s)]);
+  }
+
+  sumSquares(buf: Buf, n: number): number {
+    this.need(buf, n, 'sumSquares');
+    if (n <= 0) return 0;
+    const blocks = Math.min(this.scratchBlocks, Math.ceil(n / ELEM_BLOCK));
+    const spec = sumSquares.make({ block: ELEM_BLOCK });
+    this.launch(spec, [blocks, 1, 1], ELEM_BLOCK, [P(this.partials), P(buf), L(n)]);
+    if (!this.dev) return 0;
+    this.dev.driver.dtoh(this.partialsHost, this.partials!.ptr, blocks * 8, 'reading sumSquares partials');
+    let s = 0;
+    for (let i = 0; i < blocks; i++) s += this.partialsHost[i]!;
+    return s;
+  }
+
+  // ---- layers ---------------------------------------------------------------------------------------
+  embeddingForward(out: Buf, ids: IntBuf, table: Buf, n: number, c: number): void {
+    this.need(out, n * c, 'embeddingForward'); this.need(ids, n, 'embeddingForward'); this.own(table, 'embeddingForward');
+    if (n * c <= 0) return;
+    this.launch(embeddingForward.make({ block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(out), P(ids), P(table), L(n * c), I(c)]);
+  }
+
+  embeddingBackward(dtable: Buf, dout: Buf, ids: IntBuf, n: number, c: number): void {
+    this.need(dout, n * c, 'embeddingBackward'); this.need(ids, n, 'embeddingBackward'); this.own(dtable, 'embeddingBackward');
+    if (n * c <= 0) return;
+    this.launch(embeddingBackward.make({ block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(dtable), P(dout), P(ids), L(n * c), I(c)]);
+  }
+
+  rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void {
+    this.need(out, n * c, 'rmsnormForward'); this.need(rstd, n, 'rmsnormForward'); this.need(inp, n * c, 'rmsnormForward');
+    this.need(weight, c, 'rmsnormForward');
+    if (n <= 0) return;
+    this.launch(rmsnormForward.make({ eps, C: c, block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK, [P(out), P(rstd), P(inp), P(weight), I(n)]);
+  }
+
+  rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+    this.need(dinp, n * c, 'rmsnormBackward'); this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
+    this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
+    if (n <= 0) return;
+    this.launch(rmsnormBackward.make({ C: c, block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
+      [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
+    this.launch(rmsnormWeightGrad.make({ C: c, block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK,
+      [P(dweight), P(dout), P(inp), P(rstd), I(n)]);
+  }
+
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
+    this.need(out, n * m, 'matmulForward'); this.need(inp, n * k, 'matmulForward'); this.need(weight, m * k, 'matmulForward');
+    if (bias) this.need(bias, m, 'matmulForward');
+    if (n <= 0 || m <= 0) return;
+    // row-major out[n,m] = inp[n,k]·W[m,k]ᵀ  ⇔  column-major outᵀ(m×n) = Wᵀ... : sgemm(T, N, m, n, k, W, k, inp, k, out, m)
+    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, false, `matmul ${n}x${k}·${m}x${k}ᵀ`);
+    if (bias) this.launch(biasAdd.make({ block: ELEM_BLOCK }), [blocksFor(n * m, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(bias), L(n * m), I(m)]);
+  }
+
+  matmulBackward(dinp: Buf | null, dweight: Buf | null, dbias: Buf | null, dout: Buf, inp: Buf, weight: Buf,
+    n: number, k: number, m: number): void {
+    this.need(dout, n * m, 'matmulBackward'); this.need(inp, n * k, 'matmulBackward'); this.need(weight, m * k, 'matmulBackward');
+    if (n <= 0) return;
+    if (dinp) {
+      this.need(dinp, n * k, 'matmulBackward');
+      // dinp[n,k] += dout[n,m]·W[m,k]  ⇔  col-major (k×n) += W(k×m)·dout(m×n)
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, true, `matmul backward (input) ${n}x${m}·${m}x${k}`);
+    }
+    if (dweight) {
+      this.need(dweight, m * k, 'matmulBackward');
+      // dW[m,k] += doutᵀ[m,n]·inp[n,k]  ⇔  col-major (k×m) += inp(k×n)·dout(m×n)ᵀ
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, true, `matmul backward (weight) ${m}x${n}·${n}x${k}`);
+    }
+    if (dbias) {
+      this.need(dbias, m, 'matmulBackward');
+      this.launch(biasGrad.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(dout), I(n), I(m)]);
+    }
+  }
+
+  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+    const what = fwd ? 'ropeForward' : 'ropeBackward';
+    const n = b * t * heads * headDim;
+    this.need(out, n, what); this.need(inp, n, what);
+    if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
+    if (n <= 0) return;
+    const spec = (fwd ? ropeForward : ropeBackward).make({ headDim, theta, block: ELEM_BLOCK });
+    this.launch(spec, [blocksFor(n / 2, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t * heads), I(t), I(heads), I(pos0)]);
+  }
+
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+    this.rope(true, out, inp, b, t, heads, headDim, theta, pos0);
+  }
+
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+    this.rope(false, dinp, dout, b, t, heads, headDim, theta, pos0);
+  }
+
+  private checkHeads(nHeads: number, nKv: number): void {
+    if (nKv <= 0 || nHeads % nKv !== 0) throw new DistilleryError(`attention: ${nHeads} heads are not a multiple of ${nKv} KV heads`);
+  }
+
+  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+    this.checkHeads(nHeads, nKv);
+    this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
+    this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
+    this.need(probs, b * nHeads * t * t, 'attentionForward');
+    if (b * t <= 0) return;
+    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
+      [P(out), P(probs), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)]);
+  }
+
+  attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+    b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+    this.checkHeads(nHeads, nKv);
+    for (const [x, n] of [[dq, nHeads], [dout, nHeads], [q, nHeads], [dk, nKv], [dv, nKv], [k, nKv], [v, nKv]] as const) {
+      this.need(x, b * t * n * hd, 'attentionBackward');
+    }
+    this.need(probs, b * nHeads * t * t, 'attentionBackward');
+    if (b * t <= 0) return;
+    this.launch(attentionBackward.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
+      [P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(probs), I(t), I(nHeads), I(nKv)]);
+  }
+
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
+    this.need(cache, b * tMax * nKv * hd, 'kvCacheWrite'); this.need(src, b * t * nKv * hd, 'kvCacheWrite');
+    if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    const n = b * t * nKv * hd;
+    if (n <= 0) return;
+    this.launch(kvCacheWrite.make({ block: ELEM_BLOCK }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(cache), P(src), I(b), I(t), I(pos0), I(tMax), I(nKv * hd)]);
+  }
+
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number,
+    nHeads: number, nKv: number, hd: number): void {
+    this.checkHeads(nHeads, nKv);
+    this.need(out, b * t * nHeads * hd, 'attentionCached'); this.need(q, b * t * nHeads * hd, 'attentionCached');
+    this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
+    if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
+    if (b * t <= 0) return;
+    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
+      [P(out), P(q), P(kCache), P(vCache), I(t), I(pos0), I(tMax), I(nHeads), I(nKv)]);
+  }
+
+  swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
+    this.need(out, n, 'swigluForward'); this.need(gate, n, 'swigluForward'); this.need(up, n, 'swigluForward');
+    this.elementwise(swigluForward.make({ block: ELEM_BLOCK }), n, [P(out), P(gate), P(up)]);
+  }
+
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
+    for (const x of [dgate, dup, dout, gate, up]) this.need(x, n, 'swigluBackward');
+    this.elementwise(swigluBackward.make({ block: ELEM_BLOCK }), n, [P(dgate), P(dup), P(dout), P(gate), P(up)]);
+  }
+
+  // ---- loss -----------------------------------------------------------------------------------------
+  lossForward(stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
+    n: number, vocab: number, spec: LossSpec): void {
+    this.need(stats, n * LOSS_STATS, 'lossForward'); this.need(logits, n * vocab, 'lossForward');
+    this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
+    if (dlogits) this.need(dlogits, n * vocab, 'lossForward');
+    if (teacher) this.need(teacher, n * vocab, 'lossForward');
+    const dist = spec.kind !== 'none';
+    if (dist && !teacher) {
+      throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');
+    }
+    if (n <= 0) return;
+    // Canonical baked parameters: values the kernel ignores are fixed so they never split the cache.
+    const k = lossKernel.make({
+      kind: spec.kind,
+      temperature: dist ? spec.temperature : 1,
+      alpha: dist ? spec.alpha : 0,
+      beta: spec.kind === 'jsd' ? spec.beta : 0,
+      withGrad: dlogits !== null,
+      block: LOSS_BLOCK,
+    });
+    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab)]);
+  }
+
+  // ---- optimizer ------------------------------------------------------------------------------------
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
+    for (const x of [param, grad, m, v]) this.need(x, n, 'adamw');
+    const spec = adamwKernel.make({ beta1: s.beta1, beta2: s.beta2, eps: s.eps, block: ELEM_BLOCK });
+    const bc1 = 1 - Math.pow(s.beta1, s.step);
+    const bc2 = 1 - Math.pow(s.beta2, s.step);
+    if (n <= 0) return;
+    this.launch(spec, [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(param), P(grad), P(m), P(v), L(n), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
+  }
+}
+
+function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
+
+/** A backend that records kernel specs without a GPU (see plan.ts). */
+export function createTraceBackend(): CudaBackend { return new CudaBackend('trace'); }

@@ -1,0 +1,62 @@
+/**
+ * cuBLAS bindings (koffi): handle, math mode, workspace, SGEMM (column-major, the backend maps row-major).
+ * Pointer mode is host: alpha/beta are passed as host floats. The workspace is preallocated by the backend so
+ * no GEMM allocates (needed for a later CUDA-graph capture).
+ */
+import koffi from 'koffi';
+import { CUBLAS_STATUS, CudaError, hintFor } from './status.js';
+import type { FoundLib } from './libfind.js';
+
+type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
+
+export const CUBLAS_OP_N = 0;
+export const CUBLAS_OP_T = 1;
+export const CUBLAS_DEFAULT_MATH = 0;
+export const CUBLAS_TF32_TENSOR_OP_MATH = 3;
+
+export class Cublas {
+  private readonly f: Record<string, Fn>;
+  private handle: unknown = null;
+  private readonly one = new Float32Array([1]);
+  private readonly zero = new Float32Array([0]);
+
+  constructor(found: FoundLib) {
+    const l = found.lib;
+    this.f = {
+      create: l.func('int cublasCreate_v2(_Out_ void **handle)'),
+      destroy: l.func('int cublasDestroy_v2(void *handle)'),
+      setMathMode: l.func('int cublasSetMathMode(void *handle, int mode)'),
+      setWorkspace: l.func('int cublasSetWorkspace_v2(void *handle, uint64_t workspace, size_t bytes)'),
+      sgemm: l.func('int cublasSgemm_v2(void *handle, int transa, int transb, int m, int n, int k, const float *alpha, uint64_t A, int lda, uint64_t B, int ldb, const float *beta, uint64_t C, int ldc)'),
+    };
+    const h: unknown[] = [null];
+    this.check(this.f.create!(h), 'cublasCreate', 'creating the cuBLAS handle');
+    this.handle = h[0];
+  }
+
+  check(rc: number, call: string, context: string): void {
+    if (rc === 0) return;
+    const name = CUBLAS_STATUS[rc] ?? `CUBLAS_STATUS_${rc}`;
+    throw new CudaError(rc, name, call, context, hintFor(name));
+  }
+
+  setMathMode(tf32: boolean): void {
+    this.check(this.f.setMathMode!(this.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), 'cublasSetMathMode', 'configuring cuBLAS');
+  }
+  setWorkspace(ptr: bigint, bytes: number): void {
+    this.check(this.f.setWorkspace!(this.handle, ptr, bytes), 'cublasSetWorkspace', 'giving cuBLAS its workspace');
+  }
+
+  /** C(m×n) = op(A)·op(B) + (accumulate ? C : 0), column-major. */
+  sgemm(transA: number, transB: number, m: number, n: number, k: number, A: bigint, lda: number, B: bigint, ldb: number,
+    C: bigint, ldc: number, accumulate: boolean, context: string): void {
+    this.check(
+      this.f.sgemm!(this.handle, transA, transB, m, n, k, this.one, A, lda, B, ldb, accumulate ? this.one : this.zero, C, ldc),
+      `cublasSgemm(${m}x${n}x${k})`, context,
+    );
+  }
+
+  destroy(): void {
+    if (this.handle !== null) { this.f.destroy!(this.handle); this.handle = null; }
+  }
+}

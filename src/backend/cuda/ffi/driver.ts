@@ -1,0 +1,132 @@
+/**
+ * CUDA driver API bindings (koffi, libcuda.so.1). Device pointers are bigint (CUdeviceptr, 64-bit).
+ * Every call is checked: a non-zero CUresult becomes a CudaError naming the code (cuGetErrorName), the call
+ * and what we were doing. Everything runs on the legacy default stream (one stream, graph-capturable later).
+ */
+import koffi from 'koffi';
+import { CUDA_ERROR_FALLBACK, CudaError, formatBytes, hintFor } from './status.js';
+import type { FoundLib } from './libfind.js';
+
+type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
+
+const ATTR_CC_MAJOR = 75;
+const ATTR_CC_MINOR = 76;
+
+export class CudaDriver {
+  private readonly f: Record<string, Fn>;
+  readonly device: number;
+  readonly ccMajor: number;
+  readonly ccMinor: number;
+  readonly deviceName: string;
+  private ctx: unknown = null;
+
+  constructor(found: FoundLib, ordinal = 0) {
+    const l = found.lib;
+    this.f = {
+      init: l.func('int cuInit(unsigned int flags)'),
+      getErrorName: l.func('int cuGetErrorName(int error, _Out_ const char **str)'),
+      deviceGet: l.func('int cuDeviceGet(_Out_ int *dev, int ordinal)'),
+      deviceGetCount: l.func('int cuDeviceGetCount(_Out_ int *count)'),
+      deviceGetAttribute: l.func('int cuDeviceGetAttribute(_Out_ int *value, int attrib, int dev)'),
+      deviceGetName: l.func('int cuDeviceGetName(_Out_ uint8_t *name, int len, int dev)'),
+      primaryCtxRetain: l.func('int cuDevicePrimaryCtxRetain(_Out_ void **ctx, int dev)'),
+      primaryCtxRelease: l.func('int cuDevicePrimaryCtxRelease_v2(int dev)'),
+      ctxSetCurrent: l.func('int cuCtxSetCurrent(void *ctx)'),
+      ctxSynchronize: l.func('int cuCtxSynchronize()'),
+      memAlloc: l.func('int cuMemAlloc_v2(_Out_ uint64_t *dptr, size_t bytes)'),
+      memFree: l.func('int cuMemFree_v2(uint64_t dptr)'),
+      memcpyHtoD: l.func('int cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t bytes)'),
+      memcpyDtoH: l.func('int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t bytes)'),
+      memcpyDtoD: l.func('int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t bytes)'),
+      memsetD32: l.func('int cuMemsetD32_v2(uint64_t dst, unsigned int value, size_t n)'),
+      memGetInfo: l.func('int cuMemGetInfo_v2(_Out_ size_t *free, _Out_ size_t *total)'),
+      moduleLoadData: l.func('int cuModuleLoadData(_Out_ void **module, const void *image)'),
+      moduleUnload: l.func('int cuModuleUnload(void *module)'),
+      moduleGetFunction: l.func('int cuModuleGetFunction(_Out_ void **fn, void *module, const char *name)'),
+      launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
+    };
+    this.check(this.f.init!(0), 'cuInit', 'initializing the CUDA driver');
+    const count = [0];
+    this.check(this.f.deviceGetCount!(count), 'cuDeviceGetCount', 'counting GPUs');
+    if ((count[0] ?? 0) <= ordinal) throw new CudaError(100, 'CUDA_ERROR_NO_DEVICE', 'cuDeviceGet', `opening GPU ${ordinal}`, hintFor('CUDA_ERROR_NO_DEVICE'));
+    const dev = [0];
+    this.check(this.f.deviceGet!(dev, ordinal), 'cuDeviceGet', `opening GPU ${ordinal}`);
+    this.device = dev[0]!;
+    const a = [0];
+    this.check(this.f.deviceGetAttribute!(a, ATTR_CC_MAJOR, this.device), 'cuDeviceGetAttribute', 'reading the compute capability');
+    this.ccMajor = a[0]!;
+    this.check(this.f.deviceGetAttribute!(a, ATTR_CC_MINOR, this.device), 'cuDeviceGetAttribute', 'reading the compute capability');
+    this.ccMinor = a[0]!;
+    const nameBuf = Buffer.alloc(256);
+    this.check(this.f.deviceGetName!(nameBuf, 256, this.device), 'cuDeviceGetName', 'reading the GPU name');
+    this.deviceName = nameBuf.toString('utf8').replace(/\0.*$/s, '');
+    const ctx: unknown[] = [null];
+    this.check(this.f.primaryCtxRetain!(ctx, this.device), 'cuDevicePrimaryCtxRetain', 'creating the CUDA context');
+    this.ctx = ctx[0];
+    this.check(this.f.ctxSetCurrent!(this.ctx), 'cuCtxSetCurrent', 'making the CUDA context current');
+  }
+
+  /** 'sm_90' for an H100. */
+  get arch(): string { return `sm_${this.ccMajor}${this.ccMinor}`; }
+
+  errorName(rc: number): string {
+    const out: unknown[] = [null];
+    try {
+      if (this.f.getErrorName!(rc, out) === 0 && typeof out[0] === 'string') return out[0];
+    } catch { /* fall through */ }
+    return CUDA_ERROR_FALLBACK[rc] ?? `CUDA_ERROR_${rc}`;
+  }
+
+  check(rc: number, call: string, context: string, hint?: string): void {
+    if (rc === 0) return;
+    const name = this.errorName(rc);
+    throw new CudaError(rc, name, call, context, hint ?? hintFor(name));
+  }
+
+  memAlloc(bytes: number, context: string): bigint {
+    const p = [0n];
+    this.check(this.f.memAlloc!(p, Math.max(4, bytes)), `cuMemAlloc(${formatBytes(bytes)})`, context);
+    return BigInt(p[0]!);
+  }
+  memFree(ptr: bigint): void { this.check(this.f.memFree!(ptr), 'cuMemFree', 'freeing device memory'); }
+  htod(dst: bigint, src: ArrayBufferView, bytes: number, context: string): void {
+    this.check(this.f.memcpyHtoD!(dst, src, bytes), `cuMemcpyHtoD(${formatBytes(bytes)})`, context);
+  }
+  dtoh(dst: ArrayBufferView, src: bigint, bytes: number, context: string): void {
+    this.check(this.f.memcpyDtoH!(dst, src, bytes), `cuMemcpyDtoH(${formatBytes(bytes)})`, context);
+  }
+  dtod(dst: bigint, src: bigint, bytes: number, context: string): void {
+    this.check(this.f.memcpyDtoD!(dst, src, bytes), `cuMemcpyDtoD(${formatBytes(bytes)})`, context);
+  }
+  memsetD32(dst: bigint, value: number, n: number, context: string): void {
+    this.check(this.f.memsetD32!(dst, value >>> 0, n), 'cuMemsetD32', context);
+  }
+  memInfo(): { free: number; total: number } {
+    const f = [0], t = [0];
+    this.check(this.f.memGetInfo!(f, t), 'cuMemGetInfo', 'reading GPU memory');
+    return { free: Number(f[0]), total: Number(t[0]) };
+  }
+  synchronize(context: string): void { this.check(this.f.ctxSynchronize!(), 'cuCtxSynchronize', context); }
+
+  /** Loads a CUBIN and returns the named function. */
+  loadFunction(cubin: Uint8Array, entry: string, context: string): { module: unknown; fn: unknown } {
+    const mod: unknown[] = [null];
+    this.check(this.f.moduleLoadData!(mod, cubin), 'cuModuleLoadData', context);
+    const fn: unknown[] = [null];
+    this.check(this.f.moduleGetFunction!(fn, mod[0], entry), `cuModuleGetFunction(${entry})`, context);
+    return { module: mod[0], fn: fn[0] };
+  }
+  unloadModule(mod: unknown): void { this.f.moduleUnload!(mod); }
+
+  /** params: a buffer of pointers to each argument's storage (CUDA copies them at launch). */
+  launch(fn: unknown, grid: readonly [number, number, number], block: number, shmem: number, params: Buffer, context: string): void {
+    this.check(
+      this.f.launchKernel!(fn, grid[0], grid[1], grid[2], block, 1, 1, shmem, null, params, null),
+      'cuLaunchKernel', context,
+    );
+  }
+
+  release(): void {
+    if (this.ctx !== null) { this.f.primaryCtxRelease!(this.device); this.ctx = null; }
+  }
+}

@@ -1,0 +1,58 @@
+/**
+ * The CUDA backend's entry point (loaded lazily by src/backend/create.ts for `--device cuda`).
+ *
+ * createCudaBackend() opens libcuda, NVRTC and cuBLAS (a clear DistilleryError suggesting --device cpu when any is
+ * missing), creates the kernel cache for this GPU's arch and returns a device-mode CudaBackend. Pre-warm with
+ * `prewarm(backend, runs)`: plan by tracing the closures, compile what is missing, seal.
+ */
+import type { Backend } from '../backend.js';
+import { CudaBackend } from './cuda-backend.js';
+import { Cublas } from './ffi/cublas.js';
+import { CudaDriver } from './ffi/driver.js';
+import { requireLibraries, systemFinderEnv, type FinderEnv } from './ffi/libfind.js';
+import { Nvrtc } from './ffi/nvrtc.js';
+import { KernelCache } from './kernel-cache.js';
+import { planKernels } from './plan.js';
+
+export { CudaBackend, createTraceBackend } from './cuda-backend.js';
+export { KernelCache } from './kernel-cache.js';
+export { planKernels } from './plan.js';
+export { compileAll, representativeSpecs } from './compile-all.js';
+
+export interface CudaBackendOptions {
+  /** Print one line per kernel compile. */
+  verbose?: boolean;
+  /** Throw on a kernel-cache miss after pre-warm (default: NODE_ENV=test or DISTILLERY_STRICT_KERNELS=1). */
+  strict?: boolean;
+  /** Kernel cache folder (null: memory only). */
+  cacheDir?: string | null;
+  /** Allow TF32 tensor-core GEMMs (faster, ~1e-3 relative error). Default off. */
+  tf32?: boolean;
+  /** GPU ordinal. */
+  device?: number;
+  log?: (line: string) => void;
+  finder?: FinderEnv;
+}
+
+export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
+  const libs = requireLibraries(['cuda', 'nvrtc', 'cublas'], o.finder ?? systemFinderEnv);
+  const log = o.log ?? ((l: string) => process.stderr.write(`${l}\n`));
+  const driver = new CudaDriver(libs.cuda, o.device ?? 0);
+  const nvrtc = new Nvrtc(o.finder ?? systemFinderEnv);
+  const cublas = new Cublas(libs.cublas);
+  const cache = new KernelCache({
+    compiler: nvrtc, arch: driver.arch, log,
+    ...(o.cacheDir !== undefined ? { dir: o.cacheDir } : {}),
+    ...(o.strict !== undefined ? { strict: o.strict } : {}),
+    ...(o.verbose !== undefined ? { verbose: o.verbose } : {}),
+  });
+  return new CudaBackend('device', { driver, cublas, cache, tf32: o.tf32 ?? false, log });
+}
+
+/** Traces `runs`, compiles every kernel they need that is not cached yet, and seals the cache. */
+export async function prewarm(backend: CudaBackend, runs: ReadonlyArray<(b: Backend) => void>,
+  opts: { concurrency?: number } = {}): Promise<number> {
+  const specs = planKernels(runs);
+  if (backend.cache) await backend.cache.prewarm(specs, opts);
+  return specs.length;
+}

@@ -1,0 +1,133 @@
+/**
+ * Elementwise and reduction kernels: add, accumulate, scale, sum of squares (per-block double partials summed
+ * on the host), matmul bias add and bias-gradient column reduction, SwiGLU forward/backward, embedding
+ * forward/backward (atomicAdd), AdamW. Baked: block size (and AdamW's beta1, beta2, eps).
+ * All use grid-stride loops with 64-bit indices.
+ */
+import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+
+type BlockP = { block: number };
+const blockSchema = { block: BLOCK_DOMAIN } as const;
+const loop = 'for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)';
+
+function simple(name: string, sig: string, body: string) {
+  return defineFamily<BlockP>({
+    name, schema: blockSchema, example: { block: 256 },
+    generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void ${name}(${sig}, long long n) {
+  ${loop} {
+    ${body}
+  }
+}
+`,
+  });
+}
+
+export const addKernel = simple('add', 'float* out, const float* a, const float* b', 'out[i] = a[i] + b[i];');
+export const accumulateKernel = simple('accumulate', 'float* dst, const float* src', 'dst[i] += src[i];');
+export const scaleKernel = simple('scale', 'float* buf, float s', 'buf[i] *= s;');
+export const swigluForward = simple('swiglu_fwd', 'float* out, const float* gate, const float* up',
+  'float g = gate[i]; out[i] = g / (1.0f + expf(-g)) * up[i];');
+export const swigluBackward = simple('swiglu_bwd', 'float* dgate, float* dup, const float* dout, const float* gate, const float* up',
+  `float g = gate[i]; float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
+    float dy = dout[i];
+    dgate[i] += dy * up[i] * sg * (1.0f + g * (1.0f - sg));
+    dup[i] += dy * silu;`);
+
+/** out[r, c] += bias[c] over n = rows·m elements (after the cuBLAS GEMM wrote out). */
+export const biasAdd = defineFamily<BlockP>({
+  name: 'bias_add', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void bias_add(float* out, const float* bias, long long n, int m) {
+  ${loop} out[i] += bias[i % m];
+}
+`,
+});
+
+/** dbias[c] += Σ_rows dout[r, c]; grid ceil(m / block), a thread per column (deterministic). */
+export const biasGrad = defineFamily<BlockP>({
+  name: 'bias_grad', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void bias_grad(float* dbias, const float* dout, int rows, int m) {
+  int c = blockIdx.x * BLOCK + threadIdx.x;
+  if (c >= m) return;
+  float acc = 0.0f;
+  for (int r = 0; r < rows; r++) acc += dout[(long long)r * m + c];
+  dbias[c] += acc;
+}
+`,
+});
+
+/** partials[blockIdx.x] = Σ x² over the block's grid-stride share, in double; the host sums the partials. */
+export const sumSquares = defineFamily<BlockP>({
+  name: 'sum_squares', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+${reductionHelpers()}
+extern "C" __global__ void sum_squares(double* partials, const float* x, long long n) {
+  double acc = 0.0;
+  ${loop} { double v = (double)x[i]; acc += v * v; }
+  acc = blockSumD(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+`,
+});
+
+/** out[i, j] = table[ids[i], j]; n·c elements. */
+export const embeddingForward = defineFamily<BlockP>({
+  name: 'embedding_fwd', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void embedding_fwd(float* out, const int* ids, const float* table, long long n, int c) {
+  ${loop} {
+    long long row = i / c;
+    int j = (int)(i % c);
+    out[i] = table[(long long)ids[row] * c + j];
+  }
+}
+`,
+});
+
+/** dtable[ids[i], j] += dout[i, j] (atomicAdd: repeated ids collide). */
+export const embeddingBackward = defineFamily<BlockP>({
+  name: 'embedding_bwd', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void embedding_bwd(float* dtable, const float* dout, const int* ids, long long n, int c) {
+  ${loop} {
+    long long row = i / c;
+    int j = (int)(i % c);
+    atomicAdd(&dtable[(long long)ids[row] * c + j], dout[i]);
+  }
+}
+`,
+});
+
+type AdamP = { beta1: number; beta2: number; eps: number; block: number };
+
+/**
+ * AdamW. Baked: beta1, beta2, eps. Per step (runtime args, they change every step): lr, weightDecay,
+ * gradScale and the bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (computed on the host).
+ * param = param · (1 - lr · weightDecay) - lr · m̂ / (sqrt(v̂) + eps)   (as the CPU backend)
+ */
+export const adamwKernel = defineFamily<AdamP>({
+  name: 'adamw',
+  schema: {
+    beta1: { kind: 'float', min: 0, max: 1 }, beta2: { kind: 'float', min: 0, max: 1 },
+    eps: { kind: 'float', min: 0 }, block: BLOCK_DOMAIN,
+  },
+  example: { beta1: 0.9, beta2: 0.95, eps: 1e-8, block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+#define BETA1 ${f32(p.beta1)}
+#define BETA2 ${f32(p.beta2)}
+#define EPS ${f32(p.eps)}
+extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, long long n,
+                                 float lr, float wd, float gradScale, float bc1, float bc2) {
+  ${loop} {
+    float g = grad[i] * gradScale;
+    float mi = BETA1 * m[i] + (1.0f - BETA1) * g;
+    float vi = BETA2 * v[i] + (1.0f - BETA2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = param[i] * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + EPS);
+  }
+}
+`,
+});

@@ -1,0 +1,31 @@
+/** The registry of every kernel family (for the mutation test, the compile gate and diagnostics). */
+import type { KernelFamily, ParamRecord } from './spec.js';
+import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
+import { ropeBackward, ropeForward } from './rope.js';
+import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './attention.js';
+import {
+  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
+  sumSquares, swigluBackward, swigluForward,
+} from './elementwise.js';
+import { lossKernel } from './loss.js';
+
+export * from './spec.js';
+export * from './norm.js';
+export * from './rope.js';
+export * from './attention.js';
+export * from './elementwise.js';
+export * from './loss.js';
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AnyFamily = KernelFamily<any>;
+
+export const ALL_FAMILIES: readonly AnyFamily[] = [
+  rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
+  attentionForward, attentionBackward, kvCacheWrite, attentionCached,
+  addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad,
+  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
+];
+
+export function familyByName(name: string): KernelFamily<ParamRecord> | undefined {
+  return ALL_FAMILIES.find((f) => f.name === name);
+}

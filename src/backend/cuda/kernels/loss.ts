@@ -1,0 +1,129 @@
+/**
+ * The fused per-token loss (and its gradient): one block per row, block reductions over the vocabulary.
+ * Baked: kind, temperature, alpha, beta, withGrad, block size. (The teacher is read iff kind != 'none'.)
+ *
+ * Formulas (z: student logits, zt: teacher logits, T: temperature, y: target; s = z/T, u = zt/T,
+ * q = softmax(s), p = softmax(u)):
+ *   CE       = logsumexp(z) - z[y]                (at T = 1; 0 where y < 0)
+ *   kl       DIV = T² · KL(p ‖ q)                  dDIV/dz = T · (q - p)
+ *   reverse-kl DIV = T² · KL(q ‖ p)                dDIV/dz = T · q ⊙ (log q - log p - KL(q ‖ p))
+ *   jsd      m = β·p + (1-β)·q, DIV = T² · (β·KL(p ‖ m) + (1-β)·KL(q ‖ m))
+ *            dDIV/dz = T · q ⊙ (g - Σ q g), g = (1-β) · (log q - log m)
+ *   loss     = CE (kind 'none') or (1-α)·CE + α·DIV
+ *   dlogits  = weights[row] · dloss/dz  (overwritten; may alias logits)
+ *   agree    = [argmax z == argmax zt] (first index on ties), 0 for kind 'none'
+ * stats row: [loss, CE, DIV, agree]; a padding row (y = -1, weight 0) gets zero stats and a zero gradient.
+ * Same math as the CPU backend (src/backend/cpu/kernels/loss.ts), there in float64.
+ */
+import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+
+export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
+
+export type LossP = {
+  kind: string; temperature: number; alpha: number; beta: number; withGrad: boolean; block: number;
+};
+
+function generate(p: Readonly<LossP>): string {
+  const dist = p.kind !== 'none';
+  const jsd = dist && p.kind === 'jsd';
+  const lines: string[] = [];
+  const logm = p.beta <= 0 ? 'lq' : p.beta >= 1 ? 'lp'
+    : `(fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
+  lines.push(`#define BLOCK ${p.block}
+${reductionHelpers()}
+extern "C" __global__ void loss(float* stats, float* dlogits, const float* logits, const float* teacher,
+                                const int* targets, const float* weights, int n, int V) {
+  int row = blockIdx.x;
+  if (row >= n) return;
+  const float* z = logits + (long long)row * V;
+  int y = targets[row];
+  if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
+    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
+    ${p.withGrad ? 'for (int j = threadIdx.x; j < V; j += BLOCK) dlogits[(long long)row * V + j] = 0.0f;' : ''}
+    return;
+  }
+  /* read z[y] before any thread may overwrite logits (dlogits may alias logits) */
+  float zy = z[y];
+  float mx = NEG_INF, bestS = NEG_INF;
+  int argS = V;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = z[j]; if (x > bestS) { bestS = x; argS = j; } }
+  mx = blockMax(bestS);`);
+  if (dist) {
+    lines.push(`  const float* zt = teacher + (long long)row * V;
+  float bestT = NEG_INF;
+  int argT = V;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = zt[j]; if (x > bestT) { bestT = x; argT = j; } }
+  float mxt = blockMax(bestT);
+  int amS = blockArgMax(bestS, argS);
+  int amT = blockArgMax(bestT, argT);
+  float agree = amS == amT ? 1.0f : 0.0f;`);
+  } else {
+    lines.push('  float agree = 0.0f;');
+  }
+  lines.push(`  float s1 = 0.0f;
+  for (int j = threadIdx.x; j < V; j += BLOCK) s1 += expf(z[j] - mx);
+  float lse1 = mx + logf(blockSum(s1));
+  float ce = lse1 - zy;`);
+  if (dist) {
+    lines.push(`#define INV_T ${f32(1 / p.temperature)}
+#define TEMP ${f32(p.temperature)}
+#define ALPHA ${f32(p.alpha)}
+#define BETA ${f32(p.beta)}
+#define LOGB ${f32(Math.log(Math.max(p.beta, 1e-30)))}
+#define LOG1MB ${f32(Math.log(Math.max(1 - p.beta, 1e-30)))}
+  float ss = 0.0f, st = 0.0f;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { ss += expf((z[j] - mx) * INV_T); st += expf((zt[j] - mxt) * INV_T); }
+  float lseS = mx * INV_T + logf(blockSum(ss));
+  float lseT = mxt * INV_T + logf(blockSum(st));
+  float dv = 0.0f${jsd ? ', qg = 0.0f' : ''};
+  for (int j = threadIdx.x; j < V; j += BLOCK) {
+    float lq = z[j] * INV_T - lseS;
+    float lp = zt[j] * INV_T - lseT;
+    float q = expf(lq), pp = expf(lp);
+    ${p.kind === 'kl' ? 'dv += pp * (lp - lq);'
+      : p.kind === 'reverse-kl' ? 'dv += q * (lq - lp);'
+        : `float lm = ${logm};
+    dv += BETA * pp * (lp - lm) + (1.0f - BETA) * q * (lq - lm);
+    qg += q * (1.0f - BETA) * (lq - lm);`}
+  }
+  float divRaw = blockSum(dv);
+  ${jsd ? 'qg = blockSum(qg);' : ''}
+  float div = TEMP * TEMP * divRaw;
+  float lossv = (1.0f - ALPHA) * ce + ALPHA * div;`);
+  } else {
+    lines.push('  float div = 0.0f;\n  float lossv = ce;');
+  }
+  lines.push(`  if (threadIdx.x == 0) {
+    float* st4 = stats + (long long)row * 4;
+    st4[0] = lossv; st4[1] = ce; st4[2] = div; st4[3] = agree;
+  }`);
+  if (p.withGrad) {
+    const distGrad = !dist ? '' : p.kind === 'kl' ? '(q - pp)'
+      : p.kind === 'reverse-kl' ? 'q * (lq - lp - divRaw)' : `q * ((1.0f - BETA) * (lq - lm) - qg)`;
+    lines.push(`  float w = weights[row];
+  float* g = dlogits + (long long)row * V;
+  for (int j = threadIdx.x; j < V; j += BLOCK) {
+    float x = z[j];
+    float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
+    ${dist ? `float lq = x * INV_T - lseS;
+    float lp = zt[j] * INV_T - lseT;
+    float q = expf(lq), pp = expf(lp);
+    ${p.kind === 'jsd' ? `float lm = ${logm};` : '(void)pp;'}
+    float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * ${distGrad};` : 'float d = ceg;'}
+    g[j] = w * d;
+  }`);
+  }
+  lines.push('}\n');
+  return lines.join('\n');
+}
+
+export const lossKernel = defineFamily<LossP>({
+  name: 'loss',
+  schema: {
+    kind: { kind: 'enum', values: LOSS_KINDS }, temperature: { kind: 'float', min: 1e-6 },
+    alpha: { kind: 'float', min: 0, max: 1 }, beta: { kind: 'float', min: 0, max: 1 },
+    withGrad: { kind: 'bool' }, block: BLOCK_DOMAIN,
+  },
+  example: { kind: 'jsd', temperature: 2, alpha: 0.5, beta: 0.5, withGrad: true, block: 256 },
+  generate,
+});

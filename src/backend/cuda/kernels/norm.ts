@@ -1,0 +1,78 @@
+/**
+ * RMSNorm kernels: forward (saves rstd), input backward, and the weight-gradient column reduction.
+ * Baked: eps (forward only), C (row width), block size.
+ */
+import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+
+type NormP = { eps: number; C: number; block: number };
+
+/** Grid: one block per row. out/rstd/inp/weight, n rows. */
+export const rmsnormForward = defineFamily<NormP>({
+  name: 'rmsnorm_fwd',
+  schema: { eps: { kind: 'float', min: 0 }, C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
+  example: { eps: 1e-6, C: 896, block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+#define C ${p.C}
+#define EPS ${f32(p.eps)}
+${reductionHelpers()}
+extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* w, int n) {
+  int row = blockIdx.x;
+  if (row >= n) return;
+  const float* x = inp + (long long)row * C;
+  float* y = out + (long long)row * C;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < C; i += BLOCK) { float v = x[i]; ss += v * v; }
+  ss = blockSum(ss);
+  float r = 1.0f / sqrtf(ss / (float)C + EPS);
+  if (threadIdx.x == 0) rstd[row] = r;
+  for (int i = threadIdx.x; i < C; i += BLOCK) y[i] = x[i] * r * w[i];
+}
+`,
+});
+
+type NormBwdP = { C: number; block: number };
+
+/** Grid: one block per row. dinp += d(out)/d(inp)ᵀ dout. */
+export const rmsnormBackward = defineFamily<NormBwdP>({
+  name: 'rmsnorm_bwd',
+  schema: { C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
+  example: { C: 896, block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+#define C ${p.C}
+${reductionHelpers()}
+extern "C" __global__ void rmsnorm_bwd(float* dinp, const float* dout, const float* inp, const float* w,
+                                       const float* rstd, int n) {
+  int row = blockIdx.x;
+  if (row >= n) return;
+  const long long base = (long long)row * C;
+  float r = rstd[row];
+  float dot = 0.0f;
+  for (int i = threadIdx.x; i < C; i += BLOCK) dot += dout[base + i] * w[i] * inp[base + i];
+  dot = blockSum(dot);
+  float k = dot * r * r * r / (float)C;
+  for (int i = threadIdx.x; i < C; i += BLOCK) {
+    dinp[base + i] += r * w[i] * dout[base + i] - inp[base + i] * k;
+  }
+}
+`,
+});
+
+/** Grid: ceil(C / block) blocks, a thread per column summing over rows (deterministic). */
+export const rmsnormWeightGrad = defineFamily<NormBwdP>({
+  name: 'rmsnorm_dweight',
+  schema: { C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
+  example: { C: 896, block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+#define C ${p.C}
+extern "C" __global__ void rmsnorm_dweight(float* dweight, const float* dout, const float* inp, const float* rstd, int n) {
+  int col = blockIdx.x * BLOCK + threadIdx.x;
+  if (col >= C) return;
+  float acc = 0.0f;
+  for (int row = 0; row < n; row++) {
+    long long i = (long long)row * C + col;
+    acc += dout[i] * inp[i] * rstd[row];
+  }
+  dweight[col] += acc;
+}
+`,
+});

@@ -1,0 +1,61 @@
+/**
+ * The closures a job runs, for pre-warming: each builds the job's models on the backend it is given and runs the
+ * job's own step code (StepRunner.trainStep, StepRunner.evaluate, Generator.step) once on placeholder data of the
+ * job's shapes. A compiling backend (CUDA) runs them on a tracing backend to learn every kernel the job will launch
+ * (Backend.prepare), so the pre-warm set comes from the same code path as the job and cannot miss a kernel.
+ * Shapes that vary during a job (evaluation batches, prompt lengths) are padded to or exercised at the sizes the
+ * job uses; kernels bake model constants (eps, theta, head dim, widths, loss kind), not batch shapes.
+ */
+import type { Backend, LossSpec } from '../backend/backend.js';
+import type { ModelConfig } from '../model/config.js';
+import { Transformer } from '../model/transformer.js';
+import { Generator } from '../model/generate.js';
+import { AdamW, type AdamWOptions } from './optimizer.js';
+import { StepRunner, type Batch } from './step.js';
+
+export interface JobShape {
+  student: ModelConfig;
+  teacher?: ModelConfig | null;
+  batch: number;
+  seq: number;
+  loss: LossSpec;
+  adam: AdamWOptions;
+  /** Include evaluation (validation during training, `distillery eval`). */
+  evaluate?: boolean;
+  /** Include the optimizer step (training, distillation). */
+  train?: boolean;
+  /** Generation with a KV cache of this many positions (prefill + decode); 0 = none. */
+  generateLen?: number;
+}
+
+function placeholderBatch(b: number, t: number, vocab: number): Batch {
+  const n = b * t;
+  const inputs = Int32Array.from({ length: n }, (_, i) => (i * 7919) % vocab);
+  const targets = Int32Array.from({ length: n }, (_, i) => (i * 104729 + 1) % vocab);
+  return { inputs, targets, mask: new Float32Array(n).fill(1), b, t };
+}
+
+/** The closures of a job (see the module comment). */
+export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
+  const runs: Array<(b: Backend) => void> = [];
+  if (j.train || j.evaluate) {
+    runs.push((be) => {
+      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
+      const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
+      const runner = new StepRunner(student, teacher, j.loss);
+      const batch = placeholderBatch(j.batch, j.seq, j.student.vocabSize);
+      if (j.train) runner.trainStep([batch], new AdamW(student, j.adam), 1e-3, 1);
+      if (j.evaluate) runner.evaluate([batch]);
+    });
+  }
+  if (j.generateLen && j.generateLen > 1) {
+    const len = j.generateLen;
+    runs.push((be) => {
+      const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false });
+      const g = new Generator(m, len);
+      g.step(Int32Array.from([0, 1].slice(0, Math.min(2, len - 1)))); // prefill
+      g.step(Int32Array.of(2 % j.student.vocabSize)); // decode
+    });
+  }
+  return runs;
+}

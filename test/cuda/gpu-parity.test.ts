@@ -1,0 +1,193 @@
+/**
+ * GPU-only tests (skip cleanly without libcuda or a GPU): every op on the CUDA backend against the CPU backend
+ * (float32) on the same random inputs, plus the real pre-warm/seal path and named CUDA errors.
+ *
+ * Metric: max |cuda - cpu| / max |cpu| over each compared buffer ≤ tol. tol is 1e-5 except where summation
+ * order legitimately differs more: attention backward (dK/dV by atomicAdd across query rows and GQA heads) 1e-4,
+ * and the loss (CPU reduces in float64, CUDA in float32 block reductions over the vocabulary) 2e-5.
+ * With DISTILLERY_PARITY_TABLE=<file>, each case appends "op<TAB>error<TAB>tol<TAB>ok" for scripts/cuda/device-check.sh.
+ */
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { appendFileSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Backend, Buf, IntBuf, LossSpec } from '../../src/backend/backend.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
+import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { QWEN_LIKE, allOpsStep, rng } from './helpers.js';
+
+let cuda: CudaBackend | null = null;
+let reason = '';
+try {
+  cuda = createCudaBackend({ strict: false, verbose: process.env.DISTILLERY_VERBOSE_KERNELS === '1', cacheDir: mkdtempSync(join(tmpdir(), 'dk-')) });
+} catch (e) { reason = (e as Error).message; }
+const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const cpu: Backend | null = cuda ? createCpuBackend({ dtype: 'f32', threads: 2 }) : null;
+after(() => { cuda?.dispose(); cpu?.dispose(); });
+
+type Arrays = Record<string, Float32Array | Int32Array>;
+type Bufs = Record<string, Buf & IntBuf>;
+
+function load(b: Backend, arrays: Arrays): Bufs {
+  const out: Bufs = {};
+  for (const [k, a] of Object.entries(arrays)) {
+    if (a instanceof Int32Array) { const x = b.allocInt(a.length, k); b.uploadInt(x, a); out[k] = x as Buf & IntBuf; }
+    else { const x = b.alloc(a.length, k); b.upload(x, a); out[k] = x as Buf & IntBuf; }
+  }
+  return out;
+}
+
+function rand(r: () => number, n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
+  return a;
+}
+
+function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let d = 0, m = 0;
+  for (let i = 0; i < ref.length; i++) {
+    if (!Number.isFinite(got[i]!)) return Infinity;
+    d = Math.max(d, Math.abs(got[i]! - ref[i]!));
+    m = Math.max(m, Math.abs(ref[i]!));
+  }
+  return m === 0 ? d : d / m;
+}
+
+function record(name: string, err: number, tol: number): void {
+  const f = process.env.DISTILLERY_PARITY_TABLE;
+  if (f) appendFileSync(f, `${name}\t${err.toExponential(2)}\t${tol.toExponential(0)}\t${err <= tol ? 'ok' : 'FAIL'}\n`);
+}
+
+function parity(name: string, tol: number, make: (r: () => number) => { arrays: Arrays; compare: string[]; op: (b: Backend, x: Bufs) => void }): void {
+  test(`cuda vs cpu: ${name}`, { skip }, () => {
+    const { arrays, compare, op } = make(rng(name.length * 7919 + 17));
+    const xc = load(cpu!, arrays), xg = load(cuda!, arrays);
+    op(cpu!, xc);
+    op(cuda!, xg);
+    let worst = 0;
+    for (const k of compare) {
+      const e = relErr(cuda!.download(xg[k]!), cpu!.download(xc[k]!));
+      worst = Math.max(worst, e);
+      assert.ok(e <= tol, `${name}: ${k} relative error ${e} > ${tol}`);
+    }
+    record(name, worst, tol);
+  });
+}
+
+const N = 3000;
+parity('add', 1e-5, (r) => ({ arrays: { o: rand(r, N), a: rand(r, N), b: rand(r, N) }, compare: ['o'], op: (b, x) => b.add(x.o!, x.a!, x.b!, N) }));
+parity('accumulate', 1e-5, (r) => ({ arrays: { d: rand(r, N), s: rand(r, N) }, compare: ['d'], op: (b, x) => b.accumulate(x.d!, x.s!, N) }));
+parity('scale', 1e-5, (r) => ({ arrays: { d: rand(r, N) }, compare: ['d'], op: (b, x) => b.scale(x.d!, 0.37, N - 5) }));
+parity('swiglu fwd', 1e-5, (r) => ({ arrays: { o: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['o'], op: (b, x) => b.swigluForward(x.o!, x.g!, x.u!, N) }));
+parity('swiglu bwd', 1e-5, (r) => ({
+  arrays: { dg: rand(r, N), du: rand(r, N), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['dg', 'du'],
+  op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N),
+}));
+const ids = (r: () => number, n: number, v: number) => Int32Array.from({ length: n }, () => Math.floor(r() * v));
+parity('embedding fwd', 1e-5, (r) => ({ arrays: { o: rand(r, 9 * 40), ids: ids(r, 9, 11), t: rand(r, 11 * 40) }, compare: ['o'], op: (b, x) => b.embeddingForward(x.o!, x.ids!, x.t!, 9, 40) }));
+parity('embedding bwd', 1e-5, (r) => ({ arrays: { dt: rand(r, 5 * 40), d: rand(r, 30 * 40), ids: ids(r, 30, 5) }, compare: ['dt'], op: (b, x) => b.embeddingBackward(x.dt!, x.d!, x.ids!, 30, 40) }));
+parity('rmsnorm fwd', 1e-5, (r) => ({
+  arrays: { o: rand(r, 7 * 300), rs: rand(r, 7), i: rand(r, 7 * 300, 3), w: rand(r, 300) }, compare: ['o', 'rs'],
+  op: (b, x) => b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 7, 300, 1e-6),
+}));
+parity('rmsnorm bwd', 1e-5, (r) => {
+  const i = rand(r, 7 * 300, 3);
+  const rs = new Float32Array(7);
+  for (let row = 0; row < 7; row++) { let s = 0; for (let j = 0; j < 300; j++) s += i[row * 300 + j]! ** 2; rs[row] = 1 / Math.sqrt(s / 300 + 1e-6); }
+  return {
+    arrays: { di: rand(r, 7 * 300), dw: rand(r, 300), d: rand(r, 7 * 300), i, w: rand(r, 300), rs }, compare: ['di', 'dw'],
+    op: (b, x) => b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 7, 300),
+  };
+});
+parity('matmul fwd + bias', 1e-5, (r) => ({
+  arrays: { o: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70), bias: rand(r, 45) }, compare: ['o'],
+  op: (b, x) => b.matmulForward(x.o!, x.i!, x.w!, x.bias!, 33, 70, 45),
+}));
+parity('matmul bwd', 1e-5, (r) => ({
+  arrays: { di: rand(r, 33 * 70), dw: rand(r, 45 * 70), db: rand(r, 45), d: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70) },
+  compare: ['di', 'dw', 'db'], op: (b, x) => b.matmulBackward(x.di!, x.dw!, x.db!, x.d!, x.i!, x.w!, 33, 70, 45),
+}));
+const RB = 2, RT = 5, RH = 3, RD = 8;
+parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, 10000, 3) }));
+parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, 1e6, 30000) }));
+parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, 10000, 3) }));
+const AB = 2, AT = 7, AH = 4, AKV = 2, AD = 16;
+const attnArrays = (r: () => number): Arrays => ({
+  o: rand(r, AB * AT * AH * AD), p: rand(r, AB * AH * AT * AT), q: rand(r, AB * AT * AH * AD), k: rand(r, AB * AT * AKV * AD), v: rand(r, AB * AT * AKV * AD),
+});
+parity('attention fwd', 1e-5, (r) => ({ arrays: attnArrays(r), compare: ['o', 'p'], op: (b, x) => b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD) }));
+parity('attention bwd', 1e-4, (r) => ({
+  arrays: { ...attnArrays(r), dq: rand(r, AB * AT * AH * AD), dk: rand(r, AB * AT * AKV * AD), dv: rand(r, AB * AT * AKV * AD), d: rand(r, AB * AT * AH * AD) },
+  compare: ['dq', 'dk', 'dv'],
+  op: (b, x) => { b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD); b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.p!, AB, AT, AH, AKV, AD); },
+}));
+parity('kv cache write + cached attention', 1e-5, (r) => {
+  const tMax = 12, t = 3, pos0 = 4;
+  return {
+    arrays: { kc: rand(r, AB * tMax * AKV * AD), vc: rand(r, AB * tMax * AKV * AD), k: rand(r, AB * t * AKV * AD), v: rand(r, AB * t * AKV * AD), q: rand(r, AB * t * AH * AD), o: rand(r, AB * t * AH * AD) },
+    compare: ['kc', 'vc', 'o'],
+    op: (b, x) => {
+      b.kvCacheWrite(x.kc!, x.k!, AB, t, pos0, tMax, AKV, AD); b.kvCacheWrite(x.vc!, x.v!, AB, t, pos0, tMax, AKV, AD);
+      b.attentionCached(x.o!, x.q!, x.kc!, x.vc!, AB, t, pos0, tMax, AH, AKV, AD);
+    },
+  };
+});
+for (const spec of [
+  { kind: 'none', alpha: 0, temperature: 1, beta: 0 }, { kind: 'kl', alpha: 0.6, temperature: 2, beta: 0 },
+  { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0 }, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 },
+  { kind: 'jsd', alpha: 1, temperature: 1, beta: 0 },
+] as LossSpec[]) {
+  parity(`loss ${spec.kind} a=${spec.alpha} T=${spec.temperature} b=${spec.beta}`, 2e-5, (r) => {
+    const n = 6, V = 3001;
+    const targets = ids(r, n, V); targets[2] = -1;
+    const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
+    return {
+      arrays: { st: rand(r, n * 4), dl: rand(r, n * V), z: rand(r, n * V, 6), zt: rand(r, n * V, 6), y: targets, w: weights },
+      compare: ['st', 'dl'],
+      op: (b, x) => b.lossForward(x.st!, x.dl!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec),
+    };
+  });
+}
+parity('loss in place (dlogits aliases logits)', 2e-5, (r) => ({
+  arrays: { st: rand(r, 4 * 4), z: rand(r, 4 * 500, 5), zt: rand(r, 4 * 500, 5), y: ids(r, 4, 500), w: new Float32Array([1, 1, 1, 1]) },
+  compare: ['st', 'z'], op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, 4, 500, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 }),
+}));
+parity('adamw', 1e-5, (r) => ({
+  arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
+  compare: ['p', 'm', 'v'],
+  op: (b, x) => b.adamw(x.p!, x.g!, x.m!, x.v!, N, { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 3, gradScale: 0.5 }),
+}));
+
+test('cuda vs cpu: sumSquares, copy, view, zero', { skip }, () => {
+  const a = rand(rng(5), 100_003);
+  const xc = load(cpu!, { a }), xg = load(cuda!, { a });
+  const sc = cpu!.sumSquares(xc.a!, 100_003), sg = cuda!.sumSquares(xg.a!, 100_003);
+  const e = Math.abs(sg - sc) / sc;
+  record('sumSquares', e, 1e-5);
+  assert.ok(e <= 1e-5, `sumSquares ${sg} vs ${sc}`);
+  const v = cuda!.view(xg.a!, 10, 20);
+  const c = cuda!.alloc(20, 'c');
+  cuda!.copy(c, v);
+  assert.deepEqual([...cuda!.download(c)], [...a.subarray(10, 30)]);
+  cuda!.zero(v);
+  assert.equal(cuda!.download(xg.a!)[15], 0);
+});
+
+test('real device: a step pre-warmed from its trace runs with zero misses after seal', { skip }, async () => {
+  const small = { ...QWEN_LIKE, C: 128, hidden: 256, nH: 4, nKv: 2, hd: 32 };
+  const b = createCudaBackend({ strict: true, cacheDir: null, log: () => {} });
+  try {
+    const planned = await prewarm(b, [allOpsStep(small)]);
+    allOpsStep(small)(b);
+    b.synchronize();
+    assert.equal(b.cache!.counters.missesAfterSeal, 0);
+    assert.equal(b.cache!.counters.compiled, planned);
+    record(`sealed step (${planned} kernels)`, 0, 0);
+  } finally { b.dispose(); }
+});
+
+test('real device: out of memory is reported by name with a hint', { skip }, () => {
+  assert.throws(() => cuda!.alloc(2 ** 40, 'activations'), /^.*CUDA_ERROR_OUT_OF_MEMORY in cuMemAlloc\(4\.0 TiB\) while allocating activations; lower --batch or --seq/);
+});

@@ -1,0 +1,122 @@
+/**
+ * Test helpers for the CUDA backend: a toy "step" that calls every Backend op with model-like shapes (so the
+ * trace/plan tests and the compile gate exercise every kernel family), fake compiler/driver/cuBLAS objects for
+ * running the device-mode code path without a GPU, and a seeded RNG.
+ */
+import { createHash } from 'node:crypto';
+import type { Backend, LossSpec } from '../../src/backend/backend.js';
+import type { KernelCompiler } from '../../src/backend/cuda/ffi/nvrtc.js';
+import type { CudaDriver } from '../../src/backend/cuda/ffi/driver.js';
+import type { Cublas } from '../../src/backend/cuda/ffi/cublas.js';
+
+export interface ToyDims {
+  B: number; T: number; C: number; hidden: number; vocab: number; nH: number; nKv: number; hd: number;
+  eps: number; theta: number; loss: LossSpec; qkvBias: boolean;
+}
+
+export const QWEN_LIKE: ToyDims = {
+  B: 2, T: 16, C: 896, hidden: 4864, vocab: 1000, nH: 14, nKv: 2, hd: 64, eps: 1e-6, theta: 1e6,
+  loss: { kind: 'jsd', alpha: 0.5, temperature: 2, beta: 0.5 }, qkvBias: true,
+};
+export const LLAMA_LIKE: ToyDims = {
+  B: 1, T: 8, C: 2048, hidden: 8192, vocab: 1000, nH: 32, nKv: 8, hd: 64, eps: 1e-5, theta: 5e5,
+  loss: { kind: 'kl', alpha: 0.7, temperature: 1, beta: 0 }, qkvBias: false,
+};
+
+/** A closure that calls every Backend op once with the given shapes (values are whatever alloc gives). */
+export function allOpsStep(d: ToyDims): (b: Backend) => void {
+  return (b) => {
+    const n = d.B * d.T;
+    const ids = b.allocInt(n, 'ids');
+    const table = b.alloc(d.vocab * d.C, 'embed');
+    const x = b.alloc(n * d.C, 'x'), y = b.alloc(n * d.C, 'y'), rstd = b.alloc(n, 'rstd'), w = b.alloc(d.C, 'w');
+    b.embeddingForward(x, ids, table, n, d.C);
+    b.rmsnormForward(y, rstd, x, w, n, d.C, d.eps);
+    const q = b.alloc(n * d.nH * d.hd, 'q'), k = b.alloc(n * d.nKv * d.hd, 'k'), v = b.alloc(n * d.nKv * d.hd, 'v');
+    const wq = b.alloc(d.nH * d.hd * d.C, 'wq'), bq = b.alloc(d.nH * d.hd, 'bq');
+    b.matmulForward(q, y, wq, d.qkvBias ? bq : null, n, d.C, d.nH * d.hd);
+    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    const probs = b.alloc(d.B * d.nH * d.T * d.T, 'probs'), att = b.alloc(n * d.nH * d.hd, 'att');
+    b.attentionForward(att, probs, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
+    const g = b.alloc(n * d.hidden, 'g'), u = b.alloc(n * d.hidden, 'u'), h = b.alloc(n * d.hidden, 'h');
+    b.swigluForward(h, g, u, n * d.hidden);
+    b.add(x, x, y, n * d.C);
+    const logits = b.alloc(n * d.vocab, 'logits'), teacher = b.alloc(n * d.vocab, 'teacher');
+    const stats = b.alloc(n * 4, 'stats'), weights = b.alloc(n, 'weights'), targets = b.allocInt(n, 'targets');
+    b.lossForward(stats, logits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, d.vocab, d.loss);
+    // backward
+    const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
+    b.attentionBackward(dq, dk, dv, datt, q, k, v, probs, d.B, d.T, d.nH, d.nKv, d.hd);
+    b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    const dy = b.alloc(y.length, 'dy'), dwq = b.alloc(wq.length, 'dwq'), dbq = b.alloc(bq.length, 'dbq');
+    b.matmulBackward(dy, dwq, d.qkvBias ? dbq : null, dq, y, wq, n, d.C, d.nH * d.hd);
+    const dg = b.alloc(g.length, 'dg'), du = b.alloc(u.length, 'du');
+    b.swigluBackward(dg, du, h, g, u, n * d.hidden);
+    const dx = b.alloc(x.length, 'dx'), dw = b.alloc(d.C, 'dw');
+    b.rmsnormBackward(dx, dw, dy, x, w, rstd, n, d.C);
+    const dtable = b.alloc(table.length, 'dtable');
+    b.embeddingBackward(dtable, dx, ids, n, d.C);
+    b.accumulate(dtable, table, table.length);
+    b.scale(dtable, 0.5, table.length);
+    b.sumSquares(dtable, table.length);
+    const m = b.alloc(w.length, 'm'), vv = b.alloc(w.length, 'v');
+    b.adamw(w, dw, m, vv, w.length, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 });
+    // generation
+    const tMax = d.T + 4;
+    const kc = b.alloc(d.B * tMax * d.nKv * d.hd, 'kc'), vc = b.alloc(d.B * tMax * d.nKv * d.hd, 'vc');
+    b.kvCacheWrite(kc, k, d.B, d.T, 0, tMax, d.nKv, d.hd);
+    b.attentionCached(att, q, kc, vc, d.B, d.T, 0, tMax, d.nH, d.nKv, d.hd);
+  };
+}
+
+/** A deterministic fake compiler: CUBIN = "CUBIN" + sha256(source + options). Counts calls and concurrency. */
+export class FakeCompiler implements KernelCompiler {
+  version = 'fake-1.0';
+  calls = 0;
+  inFlight = 0;
+  maxInFlight = 0;
+  constructor(private readonly delayMs = 0) {}
+  private build(source: string, options: readonly string[]): Uint8Array {
+    this.calls++;
+    return Buffer.concat([Buffer.from('CUBIN'), createHash('sha256').update(`${source}|${options.join(' ')}`).digest()]);
+  }
+  compileSync(source: string, _name: string, options: readonly string[]): Uint8Array { return this.build(source, options); }
+  async compile(source: string, _name: string, options: readonly string[]): Promise<Uint8Array> {
+    this.inFlight++;
+    this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
+    await new Promise((r) => setTimeout(r, this.delayMs));
+    this.inFlight--;
+    return this.build(source, options);
+  }
+}
+
+/** Device-mode plumbing without a GPU: records loads and launches, allocates nothing. */
+export function fakeDriver(): CudaDriver & { launched: string[] } {
+  let next = 0x1000n;
+  const launched: string[] = [];
+  const f = {
+    launched, deviceName: 'fake GPU', arch: 'sm_90', ccMajor: 9, ccMinor: 0, device: 0,
+    memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
+    memFree: () => {}, memsetD32: () => {}, htod: () => {}, dtoh: () => {}, dtod: () => {},
+    synchronize: () => {}, release: () => {}, unloadModule: () => {},
+    loadFunction: (_c: Uint8Array, entry: string) => ({ module: {}, fn: entry }),
+    launch: (fn: unknown) => { launched.push(String(fn)); },
+  };
+  return f as unknown as CudaDriver & { launched: string[] };
+}
+
+export function fakeCublas(): Cublas {
+  return { sgemm: () => {}, setWorkspace: () => {}, setMathMode: () => {}, destroy: () => {} } as unknown as Cublas;
+}
+
+/** Mulberry32: a small seeded RNG for test inputs. */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

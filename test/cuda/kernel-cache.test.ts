@@ -1,0 +1,162 @@
+/**
+ * Kernel cache tests with a fake compiler (no NVRTC needed): key formula, disk round trip, corrupt / truncated /
+ * foreign files recompiled and rewritten, atomic writes, sealed misses (logged; thrown in strict mode),
+ * verbose compile lines, counters, parallel pre-warm, an unwritable cache folder.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { DistilleryError } from '../../src/util/errors.js';
+import {
+  KernelCache, cacheKey, decodeEntry, defaultCacheDir, defaultStrict, writeFileAtomic,
+} from '../../src/backend/cuda/kernel-cache.js';
+import { rmsnormForward, ropeForward, addKernel } from '../../src/backend/cuda/kernels/index.js';
+import { FakeCompiler } from './helpers.js';
+
+const specA = rmsnormForward.make({ eps: 1e-6, C: 896, block: 256 });
+const specB = rmsnormForward.make({ eps: 1e-5, C: 896, block: 256 });
+const specC = ropeForward.make({ headDim: 64, theta: 1e6, block: 256 });
+const tmp = () => mkdtempSync(join(tmpdir(), 'distillery-kc-'));
+
+function mk(dir: string | null, extra: Partial<ConstructorParameters<typeof KernelCache>[0]> = {}) {
+  const lines: string[] = [];
+  const compiler = new FakeCompiler();
+  const cache = new KernelCache({ compiler, arch: 'sm_90', dir, strict: true, log: (l) => lines.push(l), ...extra });
+  return { cache, lines, compiler };
+}
+
+test('key = sha256(source \\0 options \\0 arch \\0 version); arch and compiler version change it', () => {
+  const { cache } = mk(null);
+  const expect = createHash('sha256')
+    .update(`${specA.source()}\0${cache.options.join(' ')}\0sm_90\0fake-1.0`).digest('hex');
+  assert.equal(cache.keyOf(specA), expect);
+  assert.notEqual(cacheKey(specA.source(), cache.options, 'sm_80', 'fake-1.0'), expect);
+  assert.notEqual(cacheKey(specA.source(), cache.options, 'sm_90', 'fake-1.1'), expect);
+  assert.ok(cache.options.includes('--gpu-architecture=sm_90'));
+});
+
+test('disk round trip: a second cache loads instead of compiling', async () => {
+  const dir = tmp();
+  const a = mk(dir);
+  await a.cache.prewarm([specA, specB, specC]);
+  assert.equal(a.compiler.calls, 3);
+  assert.equal(readdirSync(dir).filter((f) => f.endsWith('.cubin')).length, 3);
+  const b = mk(dir);
+  await b.cache.prewarm([specA, specB, specC]);
+  assert.equal(b.compiler.calls, 0);
+  assert.equal(b.cache.counters.loadedFromDisk, 3);
+  assert.deepEqual(Buffer.from(b.cache.get(specA)), Buffer.from(a.cache.get(specA)));
+  assert.equal(b.cache.counters.hits, 1);
+});
+
+for (const [what, damage] of [
+  ['corrupt payload', (p: string) => { const f = readFileSync(p); f[f.length - 1]! ^= 0xff; writeFileSync(p, f); }],
+  ['truncated file', (p: string) => truncateSync(p, 40)],
+  ['truncated payload', (p: string) => { const f = readFileSync(p); truncateSync(p, f.length - 3); }],
+  ['foreign file', (p: string) => writeFileSync(p, 'hello, I am not a cubin at all, just some text in the way')],
+  ['empty file', (p: string) => writeFileSync(p, '')],
+] as const) {
+  test(`${what} is detected, recompiled and rewritten`, async () => {
+    const dir = tmp();
+    const a = mk(dir);
+    await a.cache.prewarm([specA]);
+    const path = join(dir, `${a.cache.keyOf(specA)}.cubin`);
+    damage(path);
+    const b = mk(dir);
+    await b.cache.prewarm([specA]);
+    assert.equal(b.compiler.calls, 1);
+    assert.equal(b.cache.counters.diskRejected, 1);
+    assert.ok(b.lines.some((l) => l.startsWith('[kernel-cache] ignoring ')), b.lines.join('\n'));
+    const r = decodeEntry(a.cache.keyOf(specA), readFileSync(path));
+    assert.ok('payload' in r, 'file rewritten and valid');
+  });
+}
+
+test("another key's file under this key's name is rejected", async () => {
+  const dir = tmp();
+  const a = mk(dir);
+  await a.cache.prewarm([specA, specB]);
+  const pa = join(dir, `${a.cache.keyOf(specA)}.cubin`), pb = join(dir, `${a.cache.keyOf(specB)}.cubin`);
+  writeFileSync(pa, readFileSync(pb));
+  const b = mk(dir);
+  assert.notDeepEqual(Buffer.from(b.cache.get(specA)), readFileSync(pb).subarray(112));
+  assert.equal(b.cache.counters.diskRejected, 1);
+});
+
+test('atomic write: a failure mid-write leaves the old file and no temp file', () => {
+  const dir = tmp();
+  const p = join(dir, 'x.cubin');
+  writeFileSync(p, 'old');
+  const made: string[] = [];
+  assert.throws(() => writeFileAtomic(p, Buffer.from('new'), {
+    writeFileSync: (t, d) => { made.push(t); writeFileSync(t, d); },
+    renameSync: () => { throw new Error('disk full'); },
+    unlinkSync: (t) => unlinkSync(t),
+  }), /disk full/);
+  assert.equal(readFileSync(p, 'utf8'), 'old');
+  assert.equal(made.length, 1);
+  assert.deepEqual(readdirSync(dir), ['x.cubin']);
+  writeFileAtomic(p, Buffer.from('new'));
+  assert.equal(readFileSync(p, 'utf8'), 'new');
+  assert.deepEqual(readdirSync(dir), ['x.cubin']);
+});
+
+test('after seal a miss is logged by name and thrown in strict mode', async () => {
+  const { cache, lines } = mk(null);
+  await cache.prewarm([specA]);
+  assert.ok(cache.sealed);
+  cache.get(specA);
+  assert.throws(() => cache.get(specB), (e: unknown) => e instanceof DistilleryError && /not pre-warmed/.test(e.message));
+  assert.ok(lines.includes(`[kernel-cache] miss after pre-warm: ${specB.describe()}`), lines.join('\n'));
+  assert.match(lines.find((l) => l.includes('miss after'))!, /^\[kernel-cache\] miss after pre-warm: rmsnorm_fwd eps=0\.00001 C=896 block=256$/);
+  assert.equal(cache.counters.missesAfterSeal, 1);
+});
+
+test('non-strict: a sealed miss is logged, counted and compiled', async () => {
+  const { cache, lines, compiler } = mk(null, { strict: false });
+  await cache.prewarm([specA]);
+  assert.ok(cache.get(specB).length > 0);
+  assert.equal(cache.counters.missesAfterSeal, 1);
+  assert.equal(compiler.calls, 2);
+  assert.equal(lines.filter((l) => l.includes('miss after pre-warm')).length, 1);
+  assert.equal(cache.summary(), '[kernel-cache] compiled 2, loaded from disk 0, hits 0, misses after seal 1');
+});
+
+test('verbose prints one compile line per compile with the key and time', async () => {
+  const { cache, lines } = mk(null, { verbose: true });
+  await cache.prewarm([specA, specC, specA]);
+  const compiles = lines.filter((l) => l.startsWith('[kernel-cache] compile '));
+  assert.equal(compiles.length, 2);
+  assert.match(compiles[0]!, /^\[kernel-cache\] compile (rmsnorm_fwd|rope_fwd) .* [0-9a-f]{64} \d+ms$/);
+});
+
+test('pre-warm compiles in parallel and counts', async () => {
+  const compiler = new FakeCompiler(20);
+  const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
+  const specs = [32, 64, 128, 256, 512, 1024].map((b) => addKernel.make({ block: b }));
+  await cache.prewarm(specs, { concurrency: 4 });
+  assert.ok(compiler.maxInFlight > 1, `max in flight ${compiler.maxInFlight}`);
+  assert.equal(cache.counters.compiled, 6);
+});
+
+test('an unwritable cache folder degrades to memory with one warning', async () => {
+  const dir = tmp();
+  const file = join(dir, 'not-a-dir');
+  writeFileSync(file, 'x');
+  const { cache, lines } = mk(join(file, 'kernels'));
+  await cache.prewarm([specA, specB]);
+  assert.equal(lines.filter((l) => l.includes('caching in memory only')).length, 1);
+  assert.ok(cache.get(specA).length > 0);
+});
+
+test('defaults: cache folder and strict mode from the environment', () => {
+  assert.equal(defaultCacheDir({ DISTILLERY_CACHE_DIR: '/x' }), '/x');
+  assert.equal(defaultCacheDir({ XDG_CACHE_HOME: '/c' }), '/c/distillery/kernels');
+  assert.match(defaultCacheDir({}), /\.cache\/distillery\/kernels$/);
+  assert.equal(defaultStrict({ NODE_ENV: 'test' }), true);
+  assert.equal(defaultStrict({ DISTILLERY_STRICT_KERNELS: '1' }), true);
+  assert.equal(defaultStrict({}), false);
+});

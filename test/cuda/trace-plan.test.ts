@@ -1,0 +1,73 @@
+/**
+ * Pre-warm completeness by construction, without a GPU: the trace backend records the specs a step launches;
+ * a device-mode backend (fake driver/cuBLAS, fake compiler, strict sealed cache pre-warmed from that plan) then
+ * runs the same step with zero misses, while a step that diverges (another eps) is caught by name.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { CudaBackend, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
+import { ALL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
+import { DistilleryError } from '../../src/util/errors.js';
+import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, fakeCublas, fakeDriver } from './helpers.js';
+
+test('the trace backend records every kernel family the step uses, and downloads zeros', () => {
+  const b = createTraceBackend();
+  allOpsStep(QWEN_LIKE)(b);
+  const families = new Set([...b.traced.values()].map((s) => s.family));
+  for (const f of ALL_FAMILIES) assert.ok(families.has(f.name), `traced ${f.name}`);
+  const x = b.alloc(4, 'x');
+  assert.deepEqual([...b.download(x)], [0, 0, 0, 0]);
+  assert.equal(b.sumSquares(x, 4), 0);
+});
+
+test('planKernels dedupes across closures and separates different baked parameters', () => {
+  const one = planKernels([allOpsStep(QWEN_LIKE)]);
+  const twice = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(QWEN_LIKE)]);
+  assert.equal(twice.length, one.length);
+  const both = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE)]);
+  assert.ok(both.length > one.length);
+  const eps5 = planKernels([allOpsStep({ ...QWEN_LIKE, eps: 1e-5 })]);
+  const ids = new Set(one.map((s) => s.id));
+  assert.ok(eps5.some((s) => !ids.has(s.id) && s.family === 'rmsnorm_fwd'));
+});
+
+function deviceBackend(cache: KernelCache, log: (l: string) => void = () => {}): CudaBackend {
+  return new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log });
+}
+
+test('a step pre-warmed from its own trace runs with zero misses after seal', async () => {
+  const lines: string[] = [];
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
+  const step = allOpsStep(QWEN_LIKE);
+  await cache.prewarm(planKernels([step]));
+  const b = deviceBackend(cache, (l) => lines.push(l));
+  step(b);
+  step(b);
+  assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
+  assert.ok(cache.counters.hits > 10);
+  b.dispose();
+  assert.ok(lines.includes(cache.summary()), 'dispose prints the counters');
+});
+
+test('a step that diverges from the plan is caught by name (strict)', async () => {
+  const lines: string[] = [];
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
+  await cache.prewarm(planKernels([allOpsStep(QWEN_LIKE)]));
+  const b = deviceBackend(cache);
+  assert.throws(() => allOpsStep({ ...QWEN_LIKE, eps: 1e-5 })(b), DistilleryError);
+  assert.ok(lines.some((l) => /^\[kernel-cache\] miss after pre-warm: rmsnorm_fwd eps=0\.00001 /.test(l)), lines.join('\n'));
+});
+
+test('loss parameters the kernel ignores do not split the cache', () => {
+  const a = planKernels([allOpsStep({ ...QWEN_LIKE, loss: { kind: 'none', alpha: 0.1, temperature: 3, beta: 0.2 } })]);
+  const b = planKernels([allOpsStep({ ...QWEN_LIKE, loss: { kind: 'none', alpha: 0.9, temperature: 1, beta: 0.7 } })]);
+  assert.deepEqual(a.map((s) => s.id), b.map((s) => s.id));
+});
+
+test('a distillation loss without teacher logits is a DistilleryError', () => {
+  const b = createTraceBackend();
+  const z = b.alloc(8, 'z'), st = b.alloc(8, 's'), w = b.alloc(2, 'w'), t = b.allocInt(2, 't');
+  assert.throws(() => b.lossForward(st, null, z, null, t, w, 2, 4, { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0 }), DistilleryError);
+});
