@@ -7,7 +7,9 @@
  * arguments, owns scratch memory and decides what runs on the worker pool (./pool.ts):
  * matrix products (split by output rows, or by columns when there are few rows), attention forward
  * (split over (batch, head)) and backward (over (batch, kv-head), which own disjoint dk/dv rows) and the
- * fused loss (over rows). Everything else is a single loop on the calling thread.
+ * fused loss (over rows). Each such op is cut into a few chunks per thread that threads claim dynamically, so
+ * a core taken by another process slows the op down instead of stalling it. Everything else is a single loop
+ * on the calling thread.
  *
  * Why threads, and not a WebAssembly SIMD kernel: the plain-JS 4×2 register-tiled kernel (kernels/gemm.ts)
  * reaches 2.3-3.3 GFLOP/s on one core of the 2-core dev machine, and worker threads multiply that by the core
@@ -15,12 +17,14 @@
  * only address its own linear memory, so a SIMD kernel would need every buffer to live in one shared
  * WebAssembly.Memory with an allocator (or a copy of both operands per call); that is the next step if CPU
  * training speed matters. Posting a task costs ~55 µs, so products below 2^20 multiply-adds stay inline.
- * Measured with bench/matmul.ts (GFLOP/s, threads=1 → threads=2, forward / backward; the machine was shared
- * with other jobs, load ≈ 2, so figures vary by ±30% between runs):
- *   256×256×256     2.33 → 3.23   /  2.59 → 3.20
- *   1024×512×512    2.34 → 4.33   /  2.44 → 4.01
- *   4096×128×512    3.27 → 4.21   /  3.03 → 3.40
- *   512×896×4864    1.35 → 5.38   /  1.88 → 3.30
+ * Measured with bench/matmul.ts (GFLOP/s, threads=1 → threads=2, forward / backward). The 2-core machine was
+ * shared with other jobs (load 2-8), so runs differ by up to 2×; two runs, the first with a core mostly free:
+ *   256×256×256     2.33 → 3.23  /  2.59 → 3.20      3.13 → 3.11  /  3.09 → 2.93
+ *   1024×512×512    2.34 → 4.33  /  2.44 → 4.01      3.40 → 3.15  /  3.19 → 2.78
+ *   4096×128×512    3.27 → 4.21  /  3.03 → 3.40      3.10 → 2.55  /  3.05 → 3.12
+ *   512×896×4864    1.35 → 5.38  /  1.88 → 3.30      2.37 → 4.13  /  3.11 → 6.00
+ * Where the second core is free, threads give 1.3-2×; where another process holds it, dynamic chunking keeps
+ * threads=2 about as fast as threads=1.
  */
 import * as os from 'node:os';
 import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
@@ -55,6 +59,8 @@ export function defaultThreads(): number {
 }
 
 const DEFAULT_PARALLEL_THRESHOLD = 1 << 20;
+/** Smallest chunk (multiply-adds) that threads claim: ~0.1 ms of work, well above the cost of claiming it. */
+const MIN_CHUNK_WORK = 1 << 18;
 /**
  * Below this many rows, matmulBackward multiplies in axpy form (gemmNNAcc) instead of transposing the
  * weight: the transpose of an [m, k] weight costs about as much as ~8-16 rows of the product.
@@ -132,17 +138,15 @@ export class CpuBackend implements Backend {
       gemmNT(out, a, b, bias, k, cols, 0, rows, 0, cols, acc);
       return;
     }
-    const tasks: Task[] = [];
-    if (rows >= 4 * this.threads) {
-      for (const [i0, i1] of splitRange(rows, this.threads, 4)) {
-        tasks.push({ op: 'gemm', out, a, b, bias, k, ldo: cols, i0, i1, j0: 0, j1: cols, accumulate: acc });
-      }
-    } else {
-      for (const [j0, j1] of splitRange(cols, this.threads, 2)) {
-        tasks.push({ op: 'gemm', out, a, b, bias, k, ldo: cols, i0: 0, i1: rows, j0, j1, accumulate: acc });
-      }
-    }
-    this.getPool().run(tasks);
+    const chunks = this.chunkCount(rows * cols * k);
+    const base: Task = { op: 'gemm', out, a, b, bias, k, ldo: cols, i0: 0, i1: rows, j0: 0, j1: cols, accumulate: acc };
+    if (rows >= 4 * this.threads) this.getPool().run(base, 'rows', splitRange(rows, chunks, 4));
+    else this.getPool().run(base, 'cols', splitRange(cols, chunks, 2));
+  }
+
+  /** How many chunks to cut `work` multiply-adds into: a few per thread (for balance), none tiny. */
+  private chunkCount(work: number): number {
+    return Math.max(this.threads, Math.min(4 * this.threads, Math.floor(work / MIN_CHUNK_WORK)));
   }
 
   // ---- memory -----------------------------------------------------------------------------------------
@@ -336,8 +340,8 @@ export class CpuBackend implements Backend {
       attentionForward(o, p, qq, kk, vv, t, nHeads, nKv, hd, 0, units);
       return;
     }
-    this.getPool().run(splitRange(units, this.threads).map(([u0, u1]): Task =>
-      ({ op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0, u1 })));
+    this.getPool().run({ op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units },
+      'rows', splitRange(units, this.chunkCount(units * t * t * hd)));
   }
 
   attentionBackward(
@@ -357,8 +361,8 @@ export class CpuBackend implements Backend {
       attentionBackward(dqq, dkk, dvv, g, qq, kk, vv, p, t, nHeads, nKv, hd, 0, groups);
       return;
     }
-    this.getPool().run(splitRange(groups, this.threads).map(([g0, g1]): Task =>
-      ({ op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0, g1 })));
+    this.getPool().run({ op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0: 0, g1: groups },
+      'rows', splitRange(groups, this.chunkCount(2 * b * nHeads * t * t * hd)));
   }
 
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
@@ -410,8 +414,8 @@ export class CpuBackend implements Backend {
       lossRows(st, dz, z, zt, y, w, vocab, s, 0, n);
       return;
     }
-    this.getPool().run(splitRange(n, this.threads).map(([r0, r1]): Task =>
-      ({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, spec: s, r0, r1 })));
+    this.getPool().run({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, spec: s, r0: 0, r1: n },
+      'rows', splitRange(n, this.chunkCount(n * vocab * 16)));
   }
 
   // ---- optimizer --------------------------------------------------------------------------------------

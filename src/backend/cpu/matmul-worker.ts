@@ -1,11 +1,11 @@
 /**
  * Worker-thread entry of the CPU backend's pool (see pool.ts). Despite its name it runs every task kind of
- * tasks.ts (matrix products, attention, loss rows), over SharedArrayBuffer-backed arrays posted by the main
+ * tasks.ts (matrix products, attention, loss rows), claiming chunks of a ChunkedTask until none is left, over SharedArrayBuffer-backed arrays posted by the main
  * thread. After each task it bumps the shared done counter and notifies the main thread, which is blocked in
  * Atomics.wait; a failure is reported through a MessagePort the main thread reads synchronously.
  */
 import { parentPort, workerData, type MessagePort } from 'node:worker_threads';
-import { runTask, type Task } from './tasks.js';
+import { runChunks, type ChunkedTask } from './tasks.js';
 
 interface WorkerInit { ctrl: Int32Array; index: number; errPort: MessagePort }
 
@@ -13,9 +13,9 @@ const { ctrl, index, errPort } = workerData as WorkerInit;
 const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
 
 if (parentPort === null) throw new Error('matmul-worker.js must run in a worker thread');
-parentPort.on('message', (task: Task) => {
+parentPort.on('message', (task: ChunkedTask) => {
   try {
-    runTask(task);
+    runChunks(task);
   } catch (e) {
     errPort.postMessage(e instanceof Error ? (e.stack ?? e.message) : String(e));
     Atomics.add(ctrl, CTRL_ERRORS, 1);

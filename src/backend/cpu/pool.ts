@@ -1,15 +1,16 @@
 /**
  * A small pool of worker threads that lets the synchronous Backend API use several cores.
  *
- * run(tasks) posts tasks[1..] to the workers, runs tasks[0] on the calling (main) thread, then blocks in
- * Atomics.wait on a shared done counter until every worker has finished: the caller sees an ordinary
- * synchronous call. Buffers travel as SharedArrayBuffer-backed typed arrays, so nothing is copied.
+ * run(task, axis, ranges) posts the task, cut into ranges, to the workers and works on it on the calling (main)
+ * thread too; every thread claims ranges from a shared counter until none is left, so a thread slowed by
+ * other load on the machine does less of the work. The main thread then blocks in Atomics.wait on a shared
+ * done counter until every worker has finished: the caller sees an ordinary synchronous call. Buffers travel as SharedArrayBuffer-backed typed arrays, so nothing is copied.
  * Workers are unref()'d, so a pool that is never disposed does not keep the process alive; dispose()
  * terminates them. The worker script is resolved next to this file, so it works from the compiled dist/.
  */
 import { MessageChannel, Worker, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { DistilleryError } from '../../util/errors.js';
-import { runTask, type Task } from './tasks.js';
+import { runChunks, type ChunkAxis, type ChunkedTask, type Task } from './tasks.js';
 
 const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
 /** How long to wait for workers to start, and for an answer to a task, before giving up. */
@@ -22,6 +23,8 @@ export class WorkerPool {
   private workers: Worker[] = [];
   private ports: MessagePort[] = [];
   private readonly ctrl: Int32Array;
+  /** The chunk counter of the run in progress (shared with the workers). */
+  private readonly counter = new Int32Array(new SharedArrayBuffer(4));
   private ready = false;
   private crashed: string | null = null;
 
@@ -67,20 +70,25 @@ export class WorkerPool {
     this.ready = true;
   }
 
-  /** Runs tasks[0] here and tasks[1..] on workers (at most size of them); returns when all are done. */
-  run(tasks: Task[]): void {
-    if (tasks.length === 0) return;
-    if (tasks.length - 1 > this.size) throw new Error(`WorkerPool.run: ${tasks.length} tasks for ${this.size + 1} threads`);
+  /**
+   * Runs `base` cut into the given ranges (pairs [start, end) along `axis`) on this thread and on up to
+   * size workers, which claim ranges dynamically; returns when all are done.
+   */
+  run(base: Task, axis: ChunkAxis, ranges: Array<[number, number]>): void {
+    if (ranges.length === 0) return;
     if (this.workers.length === 0 && this.size > 0) throw new Error('WorkerPool.run after dispose()');
-    if (tasks.length === 1) { runTask(tasks[0]!); return; }
+    const chunked: ChunkedTask = { op: 'chunked', counter: this.counter, base, axis, ranges: Int32Array.from(ranges.flat()) };
+    Atomics.store(this.counter, 0, 0);
+    const helpers = Math.min(this.size, ranges.length - 1);
+    if (helpers === 0) { runChunks(chunked); return; }
     this.waitReady();
     const ctrl = this.ctrl;
     Atomics.store(ctrl, CTRL_DONE, 0);
     Atomics.store(ctrl, CTRL_ERRORS, 0);
-    for (let i = 1; i < tasks.length; i++) this.workers[i - 1]!.postMessage(tasks[i]);
+    for (let i = 0; i < helpers; i++) this.workers[i]!.postMessage(chunked);
     let mainError: unknown = null;
-    try { runTask(tasks[0]!); } catch (e) { mainError = e; }
-    const expected = tasks.length - 1;
+    try { runChunks(chunked); } catch (e) { mainError = e; }
+    const expected = helpers;
     for (;;) {
       const done = Atomics.load(ctrl, CTRL_DONE);
       if (done >= expected) break;

@@ -1,7 +1,8 @@
 /**
  * The units of work the CPU backend hands to its worker threads, and the dispatcher that runs one.
  * A task is a plain object whose typed arrays are backed by SharedArrayBuffers, so posting it to a worker
- * shares the memory instead of copying it. The main thread runs its own share through the same runTask.
+ * shares the memory instead of copying it. A ChunkedTask is one task cut into ranges that the main thread and the
+ * workers claim from a shared counter, all through the same runChunks.
  */
 import type { LossSpec } from '../backend.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
@@ -30,6 +31,36 @@ export interface LossTask {
   vocab: number; spec: LossSpec; r0: number; r1: number;
 }
 export type Task = GemmTask | AttnForwardTask | AttnBackwardTask | LossTask;
+
+/** Which index range of a task a chunk sets: gemm rows (i) or columns (j), or the op's own unit range. */
+export type ChunkAxis = 'rows' | 'cols';
+
+/**
+ * A task split into chunks that threads claim one at a time from a shared counter (dynamic scheduling):
+ * a thread that is descheduled by other load on the machine simply claims fewer chunks.
+ * ranges holds [start0, end0, start1, end1, ...] of the task's split axis.
+ */
+export interface ChunkedTask { op: 'chunked'; counter: Int32Array; base: Task; axis: ChunkAxis; ranges: Int32Array }
+
+/** The base task restricted to [a, b) along its split axis. */
+function withRange(x: Task, axis: ChunkAxis, a: number, b: number): Task {
+  switch (x.op) {
+    case 'gemm': return axis === 'rows' ? { ...x, i0: a, i1: b } : { ...x, j0: a, j1: b };
+    case 'attnF': return { ...x, u0: a, u1: b };
+    case 'attnB': return { ...x, g0: a, g1: b };
+    case 'loss': return { ...x, r0: a, r1: b };
+  }
+}
+
+/** Claims and runs chunks until none is left. */
+export function runChunks(c: ChunkedTask): void {
+  const n = c.ranges.length >> 1;
+  for (;;) {
+    const i = Atomics.add(c.counter, 0, 1);
+    if (i >= n) return;
+    runTask(withRange(c.base, c.axis, c.ranges[2 * i]!, c.ranges[2 * i + 1]!));
+  }
+}
 
 export function runTask(x: Task): void {
   switch (x.op) {

@@ -1,0 +1,151 @@
+/**
+ * CPU backend backward ops against central finite differences on the f64 backend: the objective is
+ * L = Σ out ⊙ R with random R (for the loss, L = Σ weights_i · loss_i), and every check also asserts that
+ * the backward op accumulates into its gradient outputs (a second call doubles them).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { Backend, Buf } from '../../src/backend/backend.js';
+import { LOSS_STATS } from '../../src/backend/backend.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { Rng } from '../../src/util/rng.js';
+import { bufOf, checkGradients, dot, randn } from './helpers.js';
+import { LOSS_SPECS } from './reference.js';
+
+function f64(threads = 1): Backend {
+  return createCpuBackend({ dtype: 'f64', threads });
+}
+
+/** L = Σ out ⊙ r. */
+function objectiveOf(be: Backend, out: Buf, r: Float64Array): () => number {
+  return () => dot(be.download(out), r);
+}
+
+test('embedding backward (repeated ids accumulate)', () => {
+  const be = f64(), rng = new Rng(11);
+  const vocab = 7, c = 5, n = 9;
+  const table = bufOf(be, randn(rng, vocab * c)), dtable = be.alloc(vocab * c, 'dt');
+  const ids = be.allocInt(n, 'ids');
+  be.uploadInt(ids, Int32Array.from([1, 3, 3, 0, 6, 1, 1, 2, 5]));
+  const out = be.alloc(n * c, 'o'), r = randn(rng, n * c), R = bufOf(be, r);
+  checkGradients(be, rng, [{ name: 'table', buf: table, grad: dtable }],
+    () => be.embeddingForward(out, ids, table, n, c), objectiveOf(be, out, r),
+    () => be.embeddingBackward(dtable, R, ids, n, c));
+  be.dispose();
+});
+
+test('rmsnorm backward', () => {
+  const be = f64(), rng = new Rng(12);
+  const n = 4, c = 10, eps = 1e-6;
+  const x = bufOf(be, randn(rng, n * c, 2)), w = bufOf(be, randn(rng, c));
+  const dx = be.alloc(n * c, 'dx'), dw = be.alloc(c, 'dw'), out = be.alloc(n * c, 'o'), rstd = be.alloc(n, 'r');
+  const r = randn(rng, n * c), R = bufOf(be, r);
+  checkGradients(be, rng, [{ name: 'inp', buf: x, grad: dx }, { name: 'weight', buf: w, grad: dw }],
+    () => be.rmsnormForward(out, rstd, x, w, n, c, eps), objectiveOf(be, out, r),
+    () => be.rmsnormBackward(dx, dw, R, x, w, rstd, n, c));
+  be.dispose();
+});
+
+test('matmul backward: dinp, dweight, dbias, on the small-row and the transposed paths; null outputs skipped', () => {
+  const be = f64(), rng = new Rng(13);
+  for (const [n, k, m] of [[3, 5, 4], [13, 7, 9], [20, 9, 6]] as const) {
+    const x = bufOf(be, randn(rng, n * k)), w = bufOf(be, randn(rng, m * k)), bias = bufOf(be, randn(rng, m));
+    const dx = be.alloc(n * k, 'dx'), dw = be.alloc(m * k, 'dw'), db = be.alloc(m, 'db'), out = be.alloc(n * m, 'o');
+    const r = randn(rng, n * m), R = bufOf(be, r);
+    checkGradients(be, rng,
+      [{ name: `inp ${n}x${k}x${m}`, buf: x, grad: dx }, { name: `weight ${n}x${k}x${m}`, buf: w, grad: dw }, { name: `bias ${n}x${k}x${m}`, buf: bias, grad: db }],
+      () => be.matmulForward(out, x, w, bias, n, k, m), objectiveOf(be, out, r),
+      () => be.matmulBackward(dx, dw, db, R, x, w, n, k, m));
+    // Null outputs are skipped, and each product alone gives the same gradient.
+    const dx2 = be.alloc(n * k, 'dx2'), dw2 = be.alloc(m * k, 'dw2');
+    be.zero(dx); be.zero(dw);
+    be.matmulBackward(dx, dw, null, R, x, w, n, k, m);
+    be.matmulBackward(dx2, null, null, R, x, w, n, k, m);
+    be.matmulBackward(null, dw2, null, R, x, w, n, k, m);
+    assert.deepEqual(be.download(dx2), be.download(dx));
+    assert.deepEqual(be.download(dw2), be.download(dw));
+  }
+  be.dispose();
+});
+
+test('rope backward (with pos0)', () => {
+  const be = f64(), rng = new Rng(14);
+  const b = 2, t = 3, heads = 2, hd = 6;
+  const len = b * t * heads * hd;
+  const x = bufOf(be, randn(rng, len)), dx = be.alloc(len, 'dx'), out = be.alloc(len, 'o');
+  const r = randn(rng, len), R = bufOf(be, r);
+  checkGradients(be, rng, [{ name: 'inp', buf: x, grad: dx }],
+    () => be.ropeForward(out, x, b, t, heads, hd, 10000, 5), objectiveOf(be, out, r),
+    () => be.ropeBackward(dx, R, b, t, heads, hd, 10000, 5));
+  be.dispose();
+});
+
+test('attention backward, GQA: dq, dk, dv', () => {
+  const be = f64(), rng = new Rng(15);
+  for (const [b, t, nH, nKv, hd] of [[2, 5, 4, 2, 4], [1, 4, 3, 1, 6]] as const) {
+    const q = bufOf(be, randn(rng, b * t * nH * hd)), k = bufOf(be, randn(rng, b * t * nKv * hd)), v = bufOf(be, randn(rng, b * t * nKv * hd));
+    const dq = be.alloc(b * t * nH * hd, 'dq'), dk = be.alloc(b * t * nKv * hd, 'dk'), dv = be.alloc(b * t * nKv * hd, 'dv');
+    const out = be.alloc(b * t * nH * hd, 'o'), probs = be.alloc(b * nH * t * t, 'p');
+    const r = randn(rng, b * t * nH * hd), R = bufOf(be, r);
+    checkGradients(be, rng,
+      [{ name: 'q', buf: q, grad: dq }, { name: 'k', buf: k, grad: dk }, { name: 'v', buf: v, grad: dv }],
+      () => be.attentionForward(out, probs, q, k, v, b, t, nH, nKv, hd), objectiveOf(be, out, r),
+      () => be.attentionBackward(dq, dk, dv, R, q, k, v, probs, b, t, nH, nKv, hd));
+  }
+  be.dispose();
+});
+
+test('swiglu backward', () => {
+  const be = f64(), rng = new Rng(16);
+  const n = 23;
+  const g = bufOf(be, randn(rng, n, 2)), u = bufOf(be, randn(rng, n));
+  const dg = be.alloc(n, 'dg'), du = be.alloc(n, 'du'), out = be.alloc(n, 'o');
+  const r = randn(rng, n), R = bufOf(be, r);
+  checkGradients(be, rng, [{ name: 'gate', buf: g, grad: dg }, { name: 'up', buf: u, grad: du }],
+    () => be.swigluForward(out, g, u, n), objectiveOf(be, out, r),
+    () => be.swigluBackward(dg, du, R, g, u, n));
+  be.dispose();
+});
+
+test('loss gradient, every kind: dlogits = weights · ∂loss/∂logits (FD of Σ weights·loss), aliasing allowed', () => {
+  const be = f64(), rng = new Rng(17);
+  const n = 4, vocab = 9;
+  for (const spec of LOSS_SPECS) {
+    const z = bufOf(be, randn(rng, n * vocab, 2)), zt = bufOf(be, randn(rng, n * vocab, 2));
+    const teacher = spec.kind === 'none' ? null : zt;
+    const y = be.allocInt(n, 'y');
+    be.uploadInt(y, Int32Array.from([2, -1, 0, 8]));
+    const wts = [0.5, 0, 0.25, 1.5], W = bufOf(be, wts);
+    const stats = be.alloc(n * LOSS_STATS, 's'), dz = be.alloc(n * vocab, 'dz');
+    const objective = () => {
+      const st = be.download(stats);
+      let s = 0;
+      for (let i = 0; i < n; i++) s += wts[i]! * st[i * LOSS_STATS]!;
+      return s;
+    };
+    // lossForward overwrites dlogits, so "backward" here adds its result into the gradient buffer itself.
+    const tmp = be.alloc(n * vocab, 'tmp');
+    checkGradients(be, rng, [{ name: `logits (${spec.kind}, T=${spec.temperature}, beta=${spec.beta})`, buf: z, grad: dz }],
+      () => be.lossForward(stats, null, z, teacher, y, W, n, vocab, spec), objective,
+      () => { be.lossForward(stats, tmp, z, teacher, y, W, n, vocab, spec); be.accumulate(dz, tmp, n * vocab); },
+      { maxChecks: n * vocab });
+    // dlogits aliasing logits gives the same gradient.
+    be.lossForward(stats, tmp, z, teacher, y, W, n, vocab, spec);
+    const zc = bufOf(be, be.download(z));
+    be.lossForward(stats, zc, zc, teacher, y, W, n, vocab, spec);
+    assert.deepEqual(be.download(zc), be.download(tmp), `${spec.kind}: aliased dlogits`);
+  }
+  be.dispose();
+});
+
+test('loss forward overwrites dlogits (does not accumulate)', () => {
+  const be = f64(), rng = new Rng(18);
+  const n = 2, vocab = 5;
+  const z = bufOf(be, randn(rng, n * vocab)), y = be.allocInt(n, 'y'), W = bufOf(be, [1, 1]);
+  be.uploadInt(y, Int32Array.from([1, 2]));
+  const stats = be.alloc(n * LOSS_STATS, 's'), d1 = be.alloc(n * vocab, 'd1'), d2 = bufOf(be, randn(rng, n * vocab));
+  be.lossForward(stats, d1, z, null, y, W, n, vocab, LOSS_SPECS[0]!);
+  be.lossForward(stats, d2, z, null, y, W, n, vocab, LOSS_SPECS[0]!);
+  assert.deepEqual(be.download(d2), be.download(d1));
+  be.dispose();
+});
