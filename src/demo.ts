@@ -33,13 +33,13 @@ export function demoRecipe(out: string, quick: boolean, threads: number): { teac
   const common: RunOptions = {
     ...DEFAULT_RUN_OPTIONS,
     mode: 'train', out, data: ['builtin:docs'], threads,
-    maxChars: quick ? 150_000 : 1_200_000,
-    vocabSize: quick ? 384 : 1024,
+    maxChars: quick ? 150_000 : 600_000,
+    vocabSize: quick ? 384 : 512,
     batch: 8, seq: quick ? 32 : 64,
     seed: 7, valFraction: 0.05, evalBatches: quick ? 4 : 16,
     quiet: false,
   };
-  const teacherSteps = quick ? 40 : 700, studentSteps = quick ? 30 : 300;
+  const teacherSteps = quick ? 40 : 300, studentSteps = quick ? 30 : 150;
   const teacher: RunOptions = {
     ...common, out: path.join(out, 'teacher'), model: quick ? 'tiny' : 'small', steps: teacherSteps,
     lr: 3e-3, warmup: Math.round(teacherSteps * 0.05), evalEvery: Math.max(10, Math.round(teacherSteps / 5)), saveEvery: teacherSteps,
