@@ -1,8 +1,9 @@
 /**
  * Matrix-product benchmark of the CPU backend: GFLOP/s of matmulForward and matmulBackward (all three
- * products) at a few shapes n×k×m, with threads=1 and threads=N (default: the backend's default thread count).
+ * products) at a few shapes n×k×m, for the JS and the WebAssembly SIMD kernels, with threads=1 and threads=N
+ * (default: the backend's default thread count).
  *
- *   node dist/bench/matmul.js [threads]
+ *   node dist/bench/matmul.js [threads] [js|wasm|both]
  *
  * Flops: forward 2·n·k·m; backward 4·n·k·m (dinp and dweight; dbias is negligible).
  */
@@ -35,8 +36,8 @@ function timeIt(fn: () => void, minMs: number, rounds = 3): number {
  * Threads 1 and N are measured shape by shape, one after the other, and each figure is the best of 3 windows,
  * so that load from other processes on a shared machine distorts the comparison as little as possible.
  */
-function bench(threadCounts: number[]): void {
-  const backends = threadCounts.map((threads) => new CpuBackend({ threads }));
+function bench(threadCounts: number[], kernels: Array<'js' | 'wasm'>): void {
+  const backends = threadCounts.flatMap((threads) => kernels.map((kernel) => new CpuBackend({ threads, kernel })));
   const rng = new Rng(1);
   for (const [n, k, m] of SHAPES) {
     for (const be of backends) {
@@ -46,7 +47,7 @@ function bench(threadCounts: number[]): void {
       const fwd = timeIt(() => be.matmulForward(out, inp, w, bias, n, k, m), 200);
       const bwd = timeIt(() => be.matmulBackward(dinp, dw, db, dout, inp, w, n, k, m), 200);
       const gf = (flops: number, ms: number) => (flops / ms / 1e6).toFixed(2);
-      console.log(`${`${n}x${k}x${m}`.padEnd(14)} threads=${be.threads}  forward ${gf(2 * n * k * m, fwd).padStart(6)} GFLOP/s (${fwd.toFixed(2).padStart(8)} ms)`
+      console.log(`${`${n}x${k}x${m}`.padEnd(14)} ${be.kernel.padEnd(4)} threads=${be.threads}  forward ${gf(2 * n * k * m, fwd).padStart(6)} GFLOP/s (${fwd.toFixed(2).padStart(8)} ms)`
         + `   backward ${gf(4 * n * k * m, bwd).padStart(6)} GFLOP/s (${bwd.toFixed(2).padStart(8)} ms)`);
     }
   }
@@ -54,4 +55,5 @@ function bench(threadCounts: number[]): void {
 }
 
 const nArg = process.argv[2] !== undefined ? Number(process.argv[2]) : defaultThreads();
-bench(nArg > 1 ? [1, nArg] : [1]);
+const kArg = process.argv[3] ?? 'both';
+bench(nArg > 1 ? [1, nArg] : [1], kArg === 'js' || kArg === 'wasm' ? [kArg] : ['js', 'wasm']);

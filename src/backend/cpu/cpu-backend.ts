@@ -11,20 +11,27 @@
  * a core taken by another process slows the op down instead of stalling it. Everything else is a single loop
  * on the calling thread.
  *
- * Why threads, and not a WebAssembly SIMD kernel: the plain-JS 4×2 register-tiled kernel (kernels/gemm.ts)
- * reaches 2.3-3.3 GFLOP/s on one core of the 2-core dev machine, and worker threads multiply that by the core
- * count for every product the model runs, with no build step and no change to how buffers are stored. WASM can
- * only address its own linear memory, so a SIMD kernel would need every buffer to live in one shared
- * WebAssembly.Memory with an allocator (or a copy of both operands per call); that is the next step if CPU
- * training speed matters. Posting a task costs ~55 µs, so products below 2^20 multiply-adds stay inline.
- * Measured with bench/matmul.ts (GFLOP/s, threads=1 → threads=2, forward / backward). The 2-core machine was
- * shared with other jobs (load 2-8), so runs differ by up to 2×; two runs, the first with a core mostly free:
- *   256×256×256     2.33 → 3.23  /  2.59 → 3.20      3.13 → 3.11  /  3.09 → 2.93
- *   1024×512×512    2.34 → 4.33  /  2.44 → 4.01      3.40 → 3.15  /  3.19 → 2.78
- *   4096×128×512    3.27 → 4.21  /  3.03 → 3.40      3.10 → 2.55  /  3.05 → 3.12
- *   512×896×4864    1.35 → 5.38  /  1.88 → 3.30      2.37 → 4.13  /  3.11 → 6.00
- * Where the second core is free, threads give 1.3-2×; where another process holds it, dynamic chunking keeps
- * threads=2 about as fast as threads=1.
+ * Matrix products: WebAssembly SIMD in f32 mode (./wasm.ts, ./wasm/gemm.wat). Every f32 buffer is a
+ * Float32Array view of ONE shared WebAssembly.Memory per backend (a bump allocator; nothing is freed before
+ * dispose()), so the JS kernels keep working on the buffers unchanged and the WASM kernels address them by
+ * byteOffset. gemm_nt (4×2 tiles of f32x4 accumulators along k) does the forward product; gemm_nn, which reads
+ * its first operand through strides, does both backward products without transposing anything:
+ *   dinp    += dout · W        (A = dout row-major, B = W [m, k])
+ *   dweight += doutᵀ · inp     (A = dout read column-wise, B = inp [n, k])
+ * Each output element is computed by one thread with one fixed sequence of float32 operations whatever tile or
+ * thread range it falls in, so results are bit-identical run to run and for every thread count. Where the
+ * runtime lacks WebAssembly SIMD (or gemm.wasm is missing) the backend warns once and runs the JS kernels of
+ * ./kernels/gemm.ts over SharedArrayBuffers, as the f64 reference mode always does; `kernel: 'js'` (or
+ * DISTILLERY_CPU_KERNEL=js) forces that path. Buffers that are f32 but not views of this backend's memory
+ * (another backend's) also take the JS path. Posting a task costs ~55 µs, so products below 2^20
+ * multiply-adds stay inline.
+ * Measured with bench/matmul.ts on the 2-core dev machine (load 1.8-3.2 from other jobs), GFLOP/s, JS → WASM:
+ *                   threads=1 forward / backward          threads=2 forward / backward
+ *   256×256×256     3.1 → 18.8  /  3.0 → 17.3             5.7 → 33.9  /  5.5 → 20.4
+ *   1024×512×512    3.0 → 18.7  /  2.9 → 16.0             5.2 → 28.1  /  4.4 → 31.0
+ *   4096×128×512    3.1 → 14.0  /  2.7 → 15.9             5.5 → 21.9  /  5.4 → 17.9
+ *   512×896×4864    2.9 → 25.2  /  3.0 → 18.0             6.5 → 44.3  /  5.8 → 36.2
+ *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
 import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
@@ -38,6 +45,7 @@ import { ropeBackward, ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
 import { splitRange, type Task } from './tasks.js';
+import { GemmKernels, WasmArena, wasmModule, type WasmModule } from './wasm.js';
 
 export interface CpuBackendOptions {
   /** Element type of float buffers (default 'f32'). */
@@ -50,7 +58,15 @@ export interface CpuBackendOptions {
    * thread path on small, odd shapes.
    */
   parallelThreshold?: number;
+  /**
+   * Matrix-product kernels in f32 mode: 'wasm' (WebAssembly SIMD; an error where unavailable), 'js', or 'auto'
+   * (default: wasm where available, else js with one warning). The DISTILLERY_CPU_KERNEL environment variable
+   * (js | wasm | auto) sets the default. f64 mode always runs the JS kernels.
+   */
+  kernel?: 'auto' | 'wasm' | 'js';
 }
+
+let warnedNoWasm = false;
 
 /** Default thread count: the available parallelism, capped at 8. */
 export function defaultThreads(): number {
@@ -77,6 +93,12 @@ export class CpuBackend implements Backend {
   private scratch: FArr;
   private disposed = false;
   private allocated = 0;
+  /** f32 mode with WASM kernels: the memory every float buffer lives in, and the kernels over it. */
+  private arena: WasmArena | null = null;
+  private kernels: GemmKernels | null = null;
+  private module: WasmModule | null = null;
+  /** Which matrix-product kernels this backend runs. */
+  readonly kernel: 'wasm' | 'js';
 
   constructor(opts: CpuBackendOptions = {}) {
     this.dtype = opts.dtype ?? 'f32';
@@ -84,6 +106,24 @@ export class CpuBackend implements Backend {
     this.threads = Math.max(1, Math.floor(opts.threads ?? defaultThreads()));
     this.threshold = opts.parallelThreshold ?? DEFAULT_PARALLEL_THRESHOLD;
     this.Ctor = this.dtype === 'f64' ? Float64Array : Float32Array;
+    const envKernel = process.env['DISTILLERY_CPU_KERNEL'];
+    const want = opts.kernel ?? (envKernel === 'js' || envKernel === 'wasm' ? envKernel : 'auto');
+    check(want === 'auto' || want === 'wasm' || want === 'js', `cpu backend: kernel must be 'auto', 'wasm' or 'js', got ${String(want)}`);
+    check(!(want === 'wasm' && this.dtype === 'f64'), "cpu backend: kernel 'wasm' needs dtype 'f32'");
+    if (this.dtype === 'f32' && want !== 'js') {
+      const m = wasmModule();
+      if ('module' in m) {
+        this.module = m.module;
+        this.arena = new WasmArena();
+        this.kernels = new GemmKernels(m.module, this.arena.memory);
+      } else if (want === 'wasm') {
+        throw new DistilleryError(`cpu backend: WebAssembly SIMD kernels unavailable: ${m.error}`);
+      } else if (!warnedNoWasm) {
+        warnedNoWasm = true;
+        console.warn(`distillery: cpu backend: WebAssembly SIMD kernels unavailable (${m.error}); using the slower JS kernels`);
+      }
+    }
+    this.kernel = this.kernels === null ? 'js' : 'wasm';
     this.scratch = this.shared(0);
   }
 
@@ -93,6 +133,7 @@ export class CpuBackend implements Backend {
   // ---- helpers ----------------------------------------------------------------------------------------
 
   private shared(n: number): FArr {
+    if (this.arena !== null) return this.arena.alloc(n);
     const sab = new SharedArrayBuffer(Math.max(1, n) * this.Ctor.BYTES_PER_ELEMENT);
     return this.dtype === 'f64' ? new Float64Array(sab, 0, n) : new Float32Array(sab, 0, n);
   }
@@ -124,7 +165,10 @@ export class CpuBackend implements Backend {
 
   private getPool(): WorkerPool {
     if (this.disposed) throw new DistilleryError('cpu backend: used after dispose()');
-    if (this.pool === null) this.pool = new WorkerPool(this.threads - 1);
+    if (this.pool === null) {
+      this.pool = new WorkerPool(this.threads - 1, this.kernels === null || this.arena === null || this.module === null
+        ? null : { kernels: this.kernels, module: this.module, memory: this.arena.memory });
+    }
     return this.pool;
   }
 
@@ -134,14 +178,41 @@ export class CpuBackend implements Backend {
 
   /** out[i, j] (+)= bias[j] + Σ_k a[i, k] b[j, k] for out [rows, cols], split among threads when large. */
   private gemm(out: FArr, a: FArr, b: FArr, bias: FArr | null, rows: number, cols: number, k: number, acc: boolean): void {
+    const wasm = this.inArena(out, a, b, bias);
     if (!this.parallel(rows * cols * k)) {
-      gemmNT(out, a, b, bias, k, cols, 0, rows, 0, cols, acc);
+      if (wasm) this.kernels!.nt(out as Float32Array, a as Float32Array, b as Float32Array, bias as Float32Array | null, k, cols, 0, rows, 0, cols, acc);
+      else gemmNT(out, a, b, bias, k, cols, 0, rows, 0, cols, acc);
       return;
     }
     const chunks = this.chunkCount(rows * cols * k);
-    const base: Task = { op: 'gemm', out, a, b, bias, k, ldo: cols, i0: 0, i1: rows, j0: 0, j1: cols, accumulate: acc };
+    const base: Task = { op: 'gemm', out, a, b, bias, k, ldo: cols, i0: 0, i1: rows, j0: 0, j1: cols, accumulate: acc, wasm };
     if (rows >= 4 * this.threads) this.getPool().run(base, 'rows', splitRange(rows, chunks, 4));
     else this.getPool().run(base, 'cols', splitRange(cols, chunks, 2));
+  }
+
+  /** Whether the WASM kernels can run on these arrays: all are views of this backend's WASM memory. */
+  private inArena(...xs: Array<FArr | null>): boolean {
+    const arena = this.arena;
+    if (arena === null) return false;
+    for (const x of xs) if (x !== null && !arena.owns(x)) return false;
+    return true;
+  }
+
+  /**
+   * WASM only: out[i, c] (+)= Σ_{j<J} A[i*sai + j*saj] · B[j*ldb + c] for out [rows, cols] (ldo = cols),
+   * split among threads by rows (or by columns when there are few rows) when large.
+   */
+  private gemmNN(out: Float32Array, a: Float32Array, b: Float32Array, rows: number, cols: number, J: number,
+    sai: number, saj: number, ldb: number, acc: boolean): void {
+    const work = rows * cols * J;
+    if (!this.parallel(work)) {
+      this.kernels!.nn(out, a, b, J, sai, saj, ldb, cols, 0, rows, 0, cols, acc);
+      return;
+    }
+    const base: Task = { op: 'gemmNN', out, a, b, J, sai, saj, ldb, ldo: cols, i0: 0, i1: rows, j0: 0, j1: cols, accumulate: acc };
+    const chunks = this.chunkCount(work);
+    if (rows >= 4 * this.threads) this.getPool().run(base, 'rows', splitRange(rows, chunks, 4));
+    else this.getPool().run(base, 'cols', splitRange(cols, chunks, 8));
   }
 
   /** How many chunks to cut `work` multiply-adds into: a few per thread (for balance), none tiny. */
@@ -202,6 +273,8 @@ export class CpuBackend implements Backend {
     this.pool?.dispose();
     this.pool = null;
     this.disposed = true;
+    this.arena = null;
+    this.kernels = null;
     this.scratch = this.shared(0);
     this.allocated = 0;
   }
@@ -279,6 +352,19 @@ export class CpuBackend implements Backend {
       const db = this.f(dbias, 'matmul dbias');
       this.need(db, m, 'matmulBackward', 'dbias');
       biasBackward(db, g, n, m);
+    }
+    const dxw = dinp === null ? null : this.f(dinp, 'matmul dinp'), dww = dweight === null ? null : this.f(dweight, 'matmul dweight');
+    if (this.inArena(g, x, w, dxw, dww)) {
+      // WASM: both products straight from the operands, no transposes (see the file comment).
+      if (dxw !== null) {
+        this.need(dxw, n * k, 'matmulBackward', 'dinp');
+        this.gemmNN(dxw as Float32Array, g as Float32Array, w as Float32Array, n, k, m, m, 1, k, true);
+      }
+      if (dww !== null) {
+        this.need(dww, m * k, 'matmulBackward', 'dweight');
+        this.gemmNN(dww as Float32Array, g as Float32Array, x as Float32Array, m, k, n, 1, m, k, true);
+      }
+      return;
     }
     if (dinp !== null) {
       // dinp[n, k] += dout[n, m] · W[m, k] = gemmNT(dout, Wᵀ) with Wᵀ [k, m].

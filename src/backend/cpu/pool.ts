@@ -11,6 +11,7 @@
 import { MessageChannel, Worker, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { DistilleryError } from '../../util/errors.js';
 import { runChunks, type ChunkAxis, type ChunkedTask, type Task } from './tasks.js';
+import type { GemmKernels, WasmMemory, WasmModule } from './wasm.js';
 
 const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
 /** How long to wait for workers to start, and for an answer to a task, before giving up. */
@@ -28,7 +29,11 @@ export class WorkerPool {
   private ready = false;
   private crashed: string | null = null;
 
-  constructor(nWorkers: number) {
+  /**
+   * `wasm`: the backend's WASM kernels (run here on the calling thread) and the module and shared memory the
+   * workers instantiate their own from; null where the backend runs JS kernels only.
+   */
+  constructor(nWorkers: number, private readonly wasm: { kernels: GemmKernels; module: WasmModule; memory: WasmMemory } | null = null) {
     this.size = nWorkers;
     this.ctrl = new Int32Array(new SharedArrayBuffer(4 * (CTRL_READY + nWorkers)));
     const url = new URL('./matmul-worker.js', import.meta.url);
@@ -43,7 +48,7 @@ export class WorkerPool {
     for (let i = 0; i < nWorkers; i++) {
       const ch = new MessageChannel();
       const w = new Worker(url, {
-        workerData: { ctrl: this.ctrl, index: i, errPort: ch.port2 },
+        workerData: { ctrl: this.ctrl, index: i, errPort: ch.port2, wasm: wasm === null ? null : { module: wasm.module, memory: wasm.memory } },
         execArgv,
         transferList: [ch.port2],
       });
@@ -53,6 +58,8 @@ export class WorkerPool {
       this.ports.push(ch.port1);
     }
   }
+
+  private get kernels(): GemmKernels | null { return this.wasm === null ? null : this.wasm.kernels; }
 
   private waitReady(): void {
     if (this.ready) return;
@@ -80,14 +87,14 @@ export class WorkerPool {
     const chunked: ChunkedTask = { op: 'chunked', counter: this.counter, base, axis, ranges: Int32Array.from(ranges.flat()) };
     Atomics.store(this.counter, 0, 0);
     const helpers = Math.min(this.size, ranges.length - 1);
-    if (helpers === 0) { runChunks(chunked); return; }
+    if (helpers === 0) { runChunks(chunked, this.kernels); return; }
     this.waitReady();
     const ctrl = this.ctrl;
     Atomics.store(ctrl, CTRL_DONE, 0);
     Atomics.store(ctrl, CTRL_ERRORS, 0);
     for (let i = 0; i < helpers; i++) this.workers[i]!.postMessage(chunked);
     let mainError: unknown = null;
-    try { runChunks(chunked); } catch (e) { mainError = e; }
+    try { runChunks(chunked, this.kernels); } catch (e) { mainError = e; }
     const expected = helpers;
     for (;;) {
       const done = Atomics.load(ctrl, CTRL_DONE);

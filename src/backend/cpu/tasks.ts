@@ -1,19 +1,30 @@
 /**
  * The units of work the CPU backend hands to its worker threads, and the dispatcher that runs one.
- * A task is a plain object whose typed arrays are backed by SharedArrayBuffers, so posting it to a worker
- * shares the memory instead of copying it. A ChunkedTask is one task cut into ranges that the main thread and the
- * workers claim from a shared counter, all through the same runChunks.
+ * A task is a plain object whose typed arrays are backed by SharedArrayBuffers (in f32 mode: views of the
+ * backend's shared WebAssembly.Memory), so posting it to a worker shares the memory instead of copying it.
+ * A ChunkedTask is one task cut into ranges that the main thread and the workers claim from a shared counter,
+ * all through the same runChunks. Products marked `wasm` run the WebAssembly SIMD kernels of the thread's
+ * GemmKernels instance (over the same memory); the others run the JS kernels.
  */
 import type { LossSpec } from '../backend.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
 import { gemmNT } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import type { FArr } from './kernels/types.js';
+import type { GemmKernels } from './wasm.js';
 
 export interface GemmTask {
   op: 'gemm';
   out: FArr; a: FArr; b: FArr; bias: FArr | null;
   k: number; ldo: number; i0: number; i1: number; j0: number; j1: number; accumulate: boolean;
+  /** Run the WASM kernel (every array is a Float32Array view of the backend's WASM memory). */
+  wasm: boolean;
+}
+/** out[i, c] (+)= Σ_j A[i*sai + j*saj] · B[j*ldb + c] (WASM only; i in [i0, i1), c in [j0, j1)). */
+export interface GemmNNTask {
+  op: 'gemmNN';
+  out: Float32Array; a: Float32Array; b: Float32Array;
+  J: number; sai: number; saj: number; ldb: number; ldo: number; i0: number; i1: number; j0: number; j1: number; accumulate: boolean;
 }
 export interface AttnForwardTask {
   op: 'attnF';
@@ -30,7 +41,7 @@ export interface LossTask {
   stats: FArr; dlogits: FArr | null; logits: FArr; teacher: FArr | null; targets: Int32Array; weights: FArr;
   vocab: number; spec: LossSpec; r0: number; r1: number;
 }
-export type Task = GemmTask | AttnForwardTask | AttnBackwardTask | LossTask;
+export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask;
 
 /** Which index range of a task a chunk sets: gemm rows (i) or columns (j), or the op's own unit range. */
 export type ChunkAxis = 'rows' | 'cols';
@@ -46,26 +57,40 @@ export interface ChunkedTask { op: 'chunked'; counter: Int32Array; base: Task; a
 function withRange(x: Task, axis: ChunkAxis, a: number, b: number): Task {
   switch (x.op) {
     case 'gemm': return axis === 'rows' ? { ...x, i0: a, i1: b } : { ...x, j0: a, j1: b };
+    case 'gemmNN': return axis === 'rows' ? { ...x, i0: a, i1: b } : { ...x, j0: a, j1: b };
     case 'attnF': return { ...x, u0: a, u1: b };
     case 'attnB': return { ...x, g0: a, g1: b };
     case 'loss': return { ...x, r0: a, r1: b };
   }
 }
 
-/** Claims and runs chunks until none is left. */
-export function runChunks(c: ChunkedTask): void {
+/** Claims and runs chunks until none is left; `wasm` runs the products marked wasm (null: none may be). */
+export function runChunks(c: ChunkedTask, wasm: GemmKernels | null): void {
   const n = c.ranges.length >> 1;
   for (;;) {
     const i = Atomics.add(c.counter, 0, 1);
     if (i >= n) return;
-    runTask(withRange(c.base, c.axis, c.ranges[2 * i]!, c.ranges[2 * i + 1]!));
+    runTask(withRange(c.base, c.axis, c.ranges[2 * i]!, c.ranges[2 * i + 1]!), wasm);
   }
 }
 
-export function runTask(x: Task): void {
+function needWasm(wasm: GemmKernels | null): GemmKernels {
+  if (wasm === null) throw new Error('cpu backend: a WASM product was posted to a thread without the WASM kernels');
+  return wasm;
+}
+
+export function runTask(x: Task, wasm: GemmKernels | null): void {
   switch (x.op) {
     case 'gemm':
-      gemmNT(x.out, x.a, x.b, x.bias, x.k, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
+      if (x.wasm) {
+        needWasm(wasm).nt(x.out as Float32Array, x.a as Float32Array, x.b as Float32Array, x.bias as Float32Array | null,
+          x.k, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
+      } else {
+        gemmNT(x.out, x.a, x.b, x.bias, x.k, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
+      }
+      return;
+    case 'gemmNN':
+      needWasm(wasm).nn(x.out, x.a, x.b, x.J, x.sai, x.saj, x.ldb, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
       return;
     case 'attnF':
       attentionForward(x.out, x.probs, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
