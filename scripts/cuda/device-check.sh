@@ -4,17 +4,19 @@
 # Runs every test under dist/test/cuda (GPU parity vs the CPU backend, compile gate, cache, trace/seal) and
 # prints a parity table. Outputs go to $OUT (or /tmp/distillery-device-check): tests.txt, parity.tsv.
 # Usage: scripts/cuda/device-check.sh            (exit status: that of the test run)
+#        DISTILLERY_TESTS='dist/test/cuda/a.test.js ...' scripts/cuda/device-check.sh   (a subset)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-device-check}
 mkdir -p "$out"
 export DISTILLERY_PARITY_TABLE="$out/parity.tsv"
-export DISTILLERY_CACHE_DIR="$out/kernel-cache"
+export DISTILLERY_CACHE_DIR="${DISTILLERY_CACHE_DIR:-/tmp/distillery-device-check-cache}"
 : > "$DISTILLERY_PARITY_TABLE"
 echo "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 echo "== node $(node --version)"
 start=$(date +%s)
-node --test --test-concurrency=1 --test-reporter=spec dist/test/cuda/ > "$out/tests.txt" 2>&1
+# shellcheck disable=SC2086
+node --test --test-concurrency=1 --test-reporter=spec ${DISTILLERY_TESTS:-dist/test/cuda/} > "$out/tests.txt" 2>&1
 rc=$?
 echo "== tests: rc=$rc in $(( $(date +%s) - start ))s"
 grep -E '^ *(✔|✖|﹣)|^ℹ (tests|pass|fail|skipped)|compile gate:|\[kernel-cache\]' "$out/tests.txt" | grep -v '^ *✔' | head -60

@@ -6,18 +6,43 @@ import type { Backend } from './backend.js';
 import { createCpuBackend } from './cpu/cpu-backend.js';
 import { DistilleryError } from '../util/errors.js';
 
-export interface BackendOptions {
+/** The CUDA-only settings (`--verbose-kernels`, `--strict-kernels`, `--kernel-cache-dir`, `--tf32`). */
+export interface CudaOptions {
+  /** CUDA: print one line per kernel compile. */
+  verbose?: boolean;
+  /** CUDA: a kernel-cache miss after pre-warm is an error (default: NODE_ENV=test or DISTILLERY_STRICT_KERNELS=1). */
+  strict?: boolean;
+  /** CUDA: kernel cache folder (default: $DISTILLERY_CACHE_DIR, else ~/.cache/distillery/kernels). */
+  cacheDir?: string;
+  /** CUDA: allow TF32 tensor-core GEMMs (faster, ~1e-3 relative error). */
+  tf32?: boolean;
+}
+
+export interface BackendOptions extends CudaOptions {
   device: 'cpu' | 'cuda';
   /** CPU worker threads for matrix products (0 = all cores). */
   threads?: number;
-  /** CUDA: print one line per kernel compile. */
-  verbose?: boolean;
 }
+
+/** The CLI flags of CudaOptions, shared by train/distill/generate/eval. */
+export const CUDA_FLAG_NAMES = ['verbose-kernels', 'strict-kernels', 'kernel-cache-dir', 'tf32'] as const;
+
+/** CudaOptions from parsed flags (kebab-case names as in CUDA_FLAG_NAMES); absent flags stay unset. */
+export function cudaOptionsFromFlags(values: Record<string, unknown>): CudaOptions {
+  const o: CudaOptions = {};
+  if (typeof values['verbose-kernels'] === 'boolean') o.verbose = values['verbose-kernels'];
+  if (typeof values['strict-kernels'] === 'boolean') o.strict = values['strict-kernels'];
+  if (typeof values['kernel-cache-dir'] === 'string') o.cacheDir = values['kernel-cache-dir'];
+  if (typeof values.tf32 === 'boolean') o.tf32 = values.tf32;
+  return o;
+}
+
+type CudaFactory = (opts: CudaOptions) => Promise<Backend> | Backend;
 
 export async function createBackend(o: BackendOptions): Promise<Backend> {
   if (o.device === 'cpu') return createCpuBackend(o.threads ? { threads: o.threads } : {});
   if (o.device === 'cuda') {
-    let mod: { createCudaBackend?: (opts: { verbose?: boolean }) => Promise<Backend> | Backend };
+    let mod: { createCudaBackend?: CudaFactory };
     try {
       const where = './cuda/index.js'; // resolved at run time: CPU-only installs never load it
       mod = (await import(where)) as typeof mod;
@@ -25,7 +50,11 @@ export async function createBackend(o: BackendOptions): Promise<Backend> {
       throw new DistilleryError(`the CUDA backend could not be loaded: ${(e as Error).message}`, 'use --device cpu');
     }
     if (!mod.createCudaBackend) throw new DistilleryError('this build has no CUDA backend', 'use --device cpu');
-    return await mod.createCudaBackend({ verbose: o.verbose ?? false });
+    const c: CudaOptions = { verbose: o.verbose ?? false };
+    if (o.strict !== undefined) c.strict = o.strict;
+    if (o.cacheDir !== undefined) c.cacheDir = o.cacheDir;
+    if (o.tf32 !== undefined) c.tf32 = o.tf32;
+    return await mod.createCudaBackend(c);
   }
   throw new DistilleryError(`unknown device "${String(o.device)}"`, 'use --device cpu or --device cuda');
 }

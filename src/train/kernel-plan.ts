@@ -12,14 +12,19 @@ import { Transformer } from '../model/transformer.js';
 import { Generator } from '../model/generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
 import { StepRunner, type Batch } from './step.js';
+import { DEFAULT_RUN_OPTIONS as D } from './options.js';
+
+const NO_DISTILL: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
 
 export interface JobShape {
   student: ModelConfig;
   teacher?: ModelConfig | null;
   batch: number;
   seq: number;
-  loss: LossSpec;
-  adam: AdamWOptions;
+  /** The loss (default: plain cross-entropy, kind 'none'). */
+  loss?: LossSpec;
+  /** AdamW settings (default: DEFAULT_RUN_OPTIONS'; only used with `train`). */
+  adam?: AdamWOptions;
   /** Include evaluation (validation during training, `distillery eval`). */
   evaluate?: boolean;
   /** Include the optimizer step (training, distillation). */
@@ -42,9 +47,10 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
     runs.push((be) => {
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
-      const runner = new StepRunner(student, teacher, j.loss);
+      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL);
       const batch = placeholderBatch(j.batch, j.seq, j.student.vocabSize);
-      if (j.train) runner.trainStep([batch], new AdamW(student, j.adam), 1e-3, 1);
+      const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
+      if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
     });
   }

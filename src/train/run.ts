@@ -14,7 +14,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
-import { createBackend } from '../backend/create.js';
+import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parseHfConfig, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
@@ -78,6 +78,8 @@ export interface RunHooks {
   log?: (line: string) => void;
   /** A backend to use instead of creating one (tests, benchmarks). */
   backend?: Backend;
+  /** CUDA settings for the backend runTraining creates (verbose/strict kernels, cache folder, TF32). */
+  backendOptions?: CudaOptions;
 }
 
 /** Runs training or distillation as configured. Throws DistilleryError for bad input; never loses the last checkpoint. */
@@ -116,7 +118,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
       'use a config.json whose vocab_size covers the tokenizer');
   }
-  const backend = hooks.backend ?? await createBackend({ device: o.device, threads: o.threads });
+  const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
   const ownBackend = !hooks.backend;
   try {
     const spec: LossSpec = o.mode === 'train'

@@ -6,14 +6,16 @@
  */
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { createBackend } from '../../backend/create.js';
+import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
 import type { LossSpec } from '../../backend/backend.js';
-import { loadTransformer } from '../../model/checkpoint.js';
+import { readCheckpoint } from '../../model/checkpoint.js';
+import { Transformer } from '../../model/transformer.js';
+import { jobClosures } from '../../train/kernel-plan.js';
 import { loadDocCorpus, loadDocuments, packDocuments, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
-import { requireModelDir } from './generate.js';
+import { CUDA_FLAGS, requireModelDir } from './generate.js';
 import { realFs } from './train.js';
 
 const FLAGS: FlagSpec[] = [
@@ -26,6 +28,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
   { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
+  ...CUDA_FLAGS,
 ];
 
 export interface EvalOptions {
@@ -38,6 +41,7 @@ export interface EvalOptions {
   device: 'cpu' | 'cuda';
   threads: number;
   json: boolean;
+  cuda?: CudaOptions;
 }
 
 export interface EvalResult {
@@ -60,7 +64,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     model: v.model, teacher: v.teacher as string | undefined, data,
     seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
     maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
-    threads: (v.threads as number | undefined) ?? 0, json: v.json === true,
+    threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
   };
   for (const [k, x] of [['--seq', o.seq], ['--batch', o.batch]] as const) {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
@@ -100,19 +104,31 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
 export async function evaluate(o: EvalOptions): Promise<EvalResult> {
   requireModelDir(o.model, '--model');
   if (o.teacher !== undefined) requireModelDir(o.teacher, '--teacher');
-  const backend = await createBackend({ device: o.device, threads: o.threads });
+  const studentCk = readCheckpoint(o.model);
+  if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
+  if (o.seq > studentCk.config.maxPositionEmbeddings) {
+    throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
+  }
+  const teacherCk = o.teacher !== undefined ? readCheckpoint(o.teacher) : null;
+  const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
+  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
   try {
-    const student = loadTransformer(backend, o.model, { batch: o.batch, seq: o.seq, training: false, label: 'model' });
-    if (!student.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
-    if (o.seq > student.config.maxPositionEmbeddings) {
-      throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${student.config.maxPositionEmbeddings})`, `use --seq ${student.config.maxPositionEmbeddings} or less`);
+    // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
+    if (backend.prepare) {
+      await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
+        loss: spec, evaluate: true }));
     }
-    const teacher = o.teacher !== undefined ? loadTransformer(backend, o.teacher, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' }) : null;
+    const load = (ck: typeof studentCk, label: string): Transformer => {
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label });
+      m.setWeights(ck.weights);
+      return m;
+    };
+    const student = { ...studentCk, model: load(studentCk, 'model'), tokenizer: studentCk.tokenizer };
+    const teacher = teacherCk ? { model: load(teacherCk, 'teacher') } : null;
     const tok = student.tokenizer;
     const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
     if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
     const packed = packDocuments(tok, readDocs(o), { seqLen: o.seq, eosId });
-    const spec: LossSpec = teacher ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec);
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };

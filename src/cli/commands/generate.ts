@@ -7,9 +7,11 @@
 import * as fs from 'node:fs';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { createBackend } from '../../backend/create.js';
-import { loadTransformer } from '../../model/checkpoint.js';
+import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
+import { readCheckpoint } from '../../model/checkpoint.js';
+import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
+import { jobClosures } from '../../train/kernel-plan.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
@@ -26,6 +28,15 @@ const FLAGS: FlagSpec[] = [
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
 ];
 
+/** CUDA-only flags (train, distill, generate, eval): see CudaOptions in src/backend/create.ts. */
+export const CUDA_FLAGS: FlagSpec[] = [
+  { name: 'verbose-kernels', kind: 'boolean', description: 'CUDA: print one line per kernel compile' },
+  { name: 'strict-kernels', kind: 'boolean', description: 'CUDA: a kernel compile after pre-warm is an error' },
+  { name: 'kernel-cache-dir', kind: 'string', metavar: '<dir>', description: 'CUDA: kernel cache folder (default: $DISTILLERY_CACHE_DIR or ~/.cache/distillery/kernels)' },
+  { name: 'tf32', kind: 'boolean', description: 'CUDA: TF32 tensor-core matrix products (faster, ~1e-3 relative error)' },
+];
+FLAGS.push(...CUDA_FLAGS);
+
 export interface GenerateOptions {
   model: string;
   prompt: string;
@@ -36,6 +47,7 @@ export interface GenerateOptions {
   chat: boolean;
   device: 'cpu' | 'cuda';
   threads: number;
+  cuda?: CudaOptions;
 }
 
 /** The ChatML prompt for one user turn, ending where the assistant's reply begins. */
@@ -82,6 +94,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
     seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
+    cuda: cudaOptionsFromFlags(values),
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
@@ -99,29 +112,37 @@ export function requireModelDir(dir: string, flag: string): void {
 /** Runs generation, writing text to io.out as it is produced; returns the generated ids. */
 export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   requireModelDir(o.model, '--model');
-  const backend = await createBackend({ device: o.device, threads: o.threads });
+  const ck = readCheckpoint(o.model);
+  const { tokenizer, config } = ck;
+  if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
+  let text = o.prompt;
+  if (o.chat) {
+    if (tokenizer.tokenToId('<|im_start|>') === undefined) {
+      io.err('warning: --chat: this tokenizer has no <|im_start|> token; the ChatML markers are encoded as plain text\n');
+    }
+    text = chatPrompt(o.prompt);
+  }
+  const prompt = tokenizer.encode(text);
+  if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
+  const limit = config.maxPositionEmbeddings;
+  if (prompt.length >= limit) {
+    throw new UsageError(`the prompt is ${prompt.length} tokens; the model holds at most ${limit} positions`, 'shorten --prompt');
+  }
+  const maxLen = Math.min(limit, prompt.length + o.maxNewTokens);
+  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
   try {
-    const { model, tokenizer, config } = loadTransformer(backend, o.model, { batch: 1, seq: 1, training: false, label: 'generate' });
-    if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
-    let text = o.prompt;
-    if (o.chat) {
-      if (tokenizer.tokenToId('<|im_start|>') === undefined) {
-        io.err('warning: --chat: this tokenizer has no <|im_start|> token; the ChatML markers are encoded as plain text\n');
-      }
-      text = chatPrompt(o.prompt);
+    // Pre-warm (CUDA): compile every kernel generation launches (prefill + decode), then seal, before any weights.
+    if (backend.prepare) {
+      await backend.prepare(jobClosures({ student: config, batch: 1, seq: 1, generateLen: Math.max(2, maxLen) }));
     }
-    const prompt = tokenizer.encode(text);
-    if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
-    const limit = config.maxPositionEmbeddings;
-    if (prompt.length >= limit) {
-      throw new UsageError(`the prompt is ${prompt.length} tokens; the model holds at most ${limit} positions`, 'shorten --prompt');
-    }
+    const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate' });
+    model.setWeights(ck.weights);
     const stopIds = new Set<number>();
     if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
     if (config.eosTokenId !== undefined) stopIds.add(config.eosTokenId);
     const imEnd = tokenizer.tokenToId('<|im_end|>');
     if (o.chat && imEnd !== undefined) stopIds.add(imEnd);
-    const gen = new Generator(model, Math.min(limit, prompt.length + o.maxNewTokens));
+    const gen = new Generator(model, maxLen);
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {
       temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds: [...stopIds], seed: o.seed,

@@ -12,16 +12,20 @@ export const SUBCOMMANDS: Readonly<Record<string, string>> = {
   plan: 'list the kernels a run with these settings would launch (no GPU needed)',
   warm: 'compile those kernels into the cache ahead of time (pre-warm)',
   list: 'list the kernels in the cache',
-  audit: 'check the cache: every entry\'s key matches its source, nothing stale or corrupt',
+  audit: 'run the real step, evaluation and generation code at other shapes on a tracing backend; fail if it launches a kernel the plan lacks',
 };
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<preset|config.json|dir>', description: 'student architecture or checkpoint folder the kernels are for' },
-  { name: 'teacher', kind: 'string', metavar: '<dir>', description: 'teacher checkpoint (distillation kernels)' },
+  { name: 'teacher', kind: 'string', metavar: '<preset|config.json|dir>', description: 'teacher architecture or checkpoint (distillation kernels)' },
   { name: 'batch', kind: 'integer', description: 'micro-batch size' },
   { name: 'seq', kind: 'integer', description: 'sequence length' },
   { name: 'loss', kind: 'string', choices: ['none', 'kl', 'reverse-kl', 'jsd'], description: 'loss kind (none = plain training)' },
+  { name: 'alpha', kind: 'number', description: 'distillation weight (baked into the loss kernel)' },
+  { name: 'temperature', kind: 'number', description: 'distillation temperature (baked into the loss kernel)' },
+  { name: 'beta', kind: 'number', description: 'JSD mixture weight (baked into the loss kernel)' },
   { name: 'vocab-size', kind: 'integer', description: 'vocabulary size (for presets)' },
+  { name: 'arch', kind: 'string', metavar: '<sm_XX>', description: 'GPU architecture for keys and compiles (warm: default the GPU\'s; plan: sm_90)' },
   { name: 'cache-dir', kind: 'string', metavar: '<dir>', description: 'kernel cache folder (default: the CUDA backend\'s)' },
   { name: 'json', kind: 'boolean', description: 'machine-readable output' },
   { name: 'verbose', kind: 'boolean', description: 'one line per kernel' },
@@ -41,7 +45,7 @@ const help = (): string => formatHelp({
   description: 'Tools for the CUDA kernel cache (generated kernels, compiled with NVRTC and cached on disk).',
   flags: FLAGS,
   notes: ['subcommands:\n' + Object.entries(SUBCOMMANDS).map(([k, v]) => `  ${k.padEnd(7)}${v}`).join('\n')],
-  examples: ['distillery kernels plan --model qwen2.5-0.5b --batch 8 --seq 512', 'distillery kernels warm --model tiny --loss kl', 'distillery kernels audit'],
+  examples: ['distillery kernels plan --model qwen2.5-0.5b --batch 8 --seq 512', 'distillery kernels warm --model tiny --teacher small --loss kl --arch sm_90', 'distillery kernels audit'],
 });
 
 export const kernelsCommand: Command = {

@@ -8,19 +8,21 @@ import type { Command, Deps } from '../command.js';
 import { loadConfigFile } from '../config.js';
 import { resolveRunOptions, runFlags, type FsProbe } from '../options.js';
 import type { RunOptions } from '../../train/options.js';
+import { CUDA_FLAG_NAMES, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
+import { CUDA_FLAGS } from './generate.js';
 
 export const realFs: FsProbe = {
   exists: (p) => fs.existsSync(p),
   isDirectory: (p) => { try { return fs.statSync(p).isDirectory(); } catch { return false; } },
 };
 
-async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string) => void }): Promise<unknown> {
+async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string) => void; backendOptions?: CudaOptions }): Promise<unknown> {
   const { runTraining } = await import('../../train/run.js');
   return runTraining(opts, hooks);
 }
 
 function makeRunCommand(mode: 'train' | 'distill'): Command {
-  const flags = runFlags(mode);
+  const flags = [...runFlags(mode), ...CUDA_FLAGS];
   const summary = mode === 'train'
     ? 'train a model on text (next-token cross-entropy)'
     : 'distill a teacher checkpoint into a smaller student';
@@ -51,9 +53,12 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       }
       const configFile = parsed.values.config as string | undefined;
       const config = configFile !== undefined ? { file: configFile, values: loadConfigFile(configFile) } : undefined;
-      const { options, warnings } = resolveRunOptions({ mode, flags: parsed.values, config, fs: realFs });
+      const runValues = { ...parsed.values };
+      for (const k of CUDA_FLAG_NAMES) delete runValues[k];
+      const { options, warnings } = resolveRunOptions({ mode, flags: runValues, config, fs: realFs });
       for (const w of warnings) io.err(`warning: ${w}\n`);
-      await (deps.runTraining ?? defaultRunTraining)(options, { log: (line) => io.err(`${line}\n`) });
+      const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };
+      await (deps.runTraining ?? defaultRunTraining)(options, hooks);
       return 0;
     },
   };

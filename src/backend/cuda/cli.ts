@@ -1,0 +1,232 @@
+/**
+ * `distillery kernels plan|warm|list|audit` (dispatched by src/cli/commands/kernels.ts; flags arrive in camelCase).
+ *
+ * - plan:  the pre-warm set of a job: planKernels(jobClosures(...)) for the student (preset, config.json or
+ *          checkpoint folder), an optional teacher, batch, seq and loss, with training, evaluation and generation.
+ *          One line per kernel: family, key prefix (the cache key for --arch and this machine's NVRTC; without
+ *          NVRTC, the source hash), baked parameters. No GPU, no NVRTC needed.
+ * - warm:  compiles that plan into the disk cache with NVRTC (no GPU needed given --arch), one line per compile
+ *          with its milliseconds, then the totals.
+ * - list:  the disk cache's entries: key, size, date; corrupt/foreign files are flagged.
+ * - audit: runs the job's real step code (StepRunner.trainStep with gradient accumulation over full and partial
+ *          micro-batches, StepRunner.evaluate over padded and short batches, Generator.generate with other prompt
+ *          lengths) at shapes OTHER than the plan's placeholders, on a trace backend, and checks every kernel it
+ *          launches is in the plan. Exit 1 when one is not.
+ */
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { Backend, DistillKind, LossSpec } from '../backend.js';
+import { parseHfConfig, presetConfig, type ModelConfig } from '../../model/config.js';
+import { Transformer } from '../../model/transformer.js';
+import { Generator } from '../../model/generate.js';
+import { jobClosures, type JobShape } from '../../train/kernel-plan.js';
+import { DEFAULT_RUN_OPTIONS as D } from '../../train/options.js';
+import { StepRunner, type Batch } from '../../train/step.js';
+import { AdamW } from '../../train/optimizer.js';
+import { DistilleryError } from '../../util/errors.js';
+import { planKernels } from './plan.js';
+import { cacheKey, compileOptions, decodeEntry, defaultCacheDir, KernelCache } from './kernel-cache.js';
+import { tryNvrtc, type KernelCompiler } from './ffi/nvrtc.js';
+import type { KernelSpec } from './kernels/spec.js';
+
+type Args = Record<string, unknown>;
+let write = (s: string): void => { process.stdout.write(s); };
+const out = (s: string): void => { write(s + '\n'); };
+/** Redirects the commands' output (tests); returns the previous writer. */
+export function setKernelsOutput(w: (s: string) => void): (s: string) => void { const prev = write; write = w; return prev; }
+
+const str = (a: Args, k: string): string | undefined => (typeof a[k] === 'string' ? a[k] : undefined);
+const num = (a: Args, k: string, d: number): number => (typeof a[k] === 'number' ? a[k] : d);
+
+/** A model config from a preset name, a config.json path or a checkpoint folder (config.json only is read). */
+export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
+  let file: string | null = null;
+  if (fs.existsSync(spec) && fs.statSync(spec).isDirectory()) file = path.join(spec, 'config.json');
+  else if (spec.endsWith('.json')) file = spec;
+  if (file === null) return presetConfig(spec, vocab);
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a preset name, a config.json or a checkpoint folder');
+  }
+  return parseHfConfig(j as Record<string, unknown>);
+}
+
+/** The job a `kernels` subcommand is about, from its flags. */
+export function jobFromArgs(a: Args): JobShape {
+  const model = str(a, 'model') ?? D.model;
+  const teacherSpec = str(a, 'teacher');
+  const vocabFlag = typeof a.vocabSize === 'number' ? a.vocabSize : undefined;
+  let teacher: ModelConfig | null = null;
+  if (teacherSpec !== undefined) teacher = resolveModelConfig(teacherSpec, vocabFlag ?? 151936);
+  const student = resolveModelConfig(model, vocabFlag ?? teacher?.vocabSize ?? 151936);
+  const kind = (str(a, 'loss') ?? (teacher ? D.loss : 'none')) as DistillKind;
+  if (kind !== 'none' && !teacher) throw new DistilleryError(`--loss ${kind} needs a teacher`, 'pass --teacher <preset|config.json|dir>, or --loss none');
+  const loss: LossSpec = {
+    kind, alpha: num(a, 'alpha', D.alpha), temperature: num(a, 'temperature', D.temperature), beta: num(a, 'beta', D.beta),
+  };
+  const batch = num(a, 'batch', D.batch), seq = num(a, 'seq', D.seq);
+  return {
+    student, teacher, batch, seq, loss, train: true, evaluate: true,
+    adam: { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay },
+    generateLen: Math.min(student.maxPositionEmbeddings, Math.max(seq, 2)),
+  };
+}
+
+const sourceHash = (s: KernelSpec): string => createHash('sha256').update(s.source()).digest('hex');
+
+function paramsText(s: KernelSpec): string {
+  return Object.entries(s.params).map(([k, v]) => `${k}=${String(v)}`).join(' ');
+}
+
+function describeJob(j: JobShape): string {
+  const m = (c: ModelConfig): string => `${c.architecture} C=${c.hiddenSize} L=${c.numLayers} heads=${c.numHeads}/${c.numKvHeads} hd=${c.headDim} eps=${c.rmsNormEps} theta=${c.ropeTheta}`;
+  return `student ${m(j.student)}${j.teacher ? `; teacher ${m(j.teacher)}` : ''}; batch ${j.batch}, seq ${j.seq}, loss ${j.loss?.kind ?? 'none'}`;
+}
+
+function planCmd(a: Args): number {
+  const job = jobFromArgs(a);
+  const specs = planKernels(jobClosures(job));
+  const arch = str(a, 'arch') ?? 'sm_90';
+  const nvrtc = tryNvrtc();
+  const key = (s: KernelSpec): string => (nvrtc ? cacheKey(s.source(), compileOptions(arch), arch, nvrtc.version) : sourceHash(s));
+  if (a.json === true) {
+    out(JSON.stringify({ arch, compiler: nvrtc?.version ?? null, kernels: specs.map((s) => ({ family: s.family, key: key(s), params: s.params })) }));
+    return 0;
+  }
+  out(`# ${describeJob(job)}`);
+  out(`# ${specs.length} kernels; ${nvrtc ? `cache keys for ${arch} with ${nvrtc.version}` : 'source hashes (NVRTC not found: cache keys need its version)'}`);
+  for (const s of specs) out(`${s.family.padEnd(18)} ${key(s).slice(0, 16)}  ${paramsText(s)}`);
+  return 0;
+}
+
+async function detectArch(): Promise<string | null> {
+  try {
+    const { requireLibraries } = await import('./ffi/libfind.js');
+    const { CudaDriver } = await import('./ffi/driver.js');
+    const libs = requireLibraries(['cuda']);
+    const d = new CudaDriver(libs.cuda, 0);
+    const arch = d.arch;
+    d.release();
+    return arch;
+  } catch { return null; }
+}
+
+async function warmCmd(a: Args, compiler: KernelCompiler | null = tryNvrtc()): Promise<number> {
+  const job = jobFromArgs(a);
+  const specs = planKernels(jobClosures(job));
+  if (!compiler) throw new DistilleryError('kernels warm: NVRTC (libnvrtc) was not found', 'install NVRTC (e.g. Debian libnvrtc11.2 or the CUDA toolkit) or set DISTILLERY_CUDA_LIB_DIR');
+  const arch = str(a, 'arch') ?? await detectArch();
+  if (!arch) throw new DistilleryError('kernels warm: no GPU found to take the architecture from', 'pass --arch, e.g. --arch sm_90 (H100) or --arch sm_80 (A100)');
+  const dir = str(a, 'cacheDir') ?? defaultCacheDir();
+  let compileMs = 0;
+  const cache = new KernelCache({
+    compiler, arch, dir, strict: false, verbose: true,
+    log: (l) => { const m = /\s(\d+)ms$/.exec(l); if (m) compileMs += Number(m[1]); out(l); },
+  });
+  out(`# ${describeJob(job)}`);
+  out(`# warming ${specs.length} kernels for ${arch} with ${compiler.version} into ${dir}`);
+  const t0 = performance.now();
+  await cache.prewarm(specs);
+  const c = cache.counters;
+  out(`warm: ${specs.length} kernels: compiled ${c.compiled} (${compileMs} ms of compile time), already cached ${c.loadedFromDisk}` +
+    `${c.diskRejected ? `, rejected corrupt ${c.diskRejected}` : ''}; ${(performance.now() - t0).toFixed(0)} ms wall`);
+  return 0;
+}
+
+function listCmd(a: Args): number {
+  const dir = str(a, 'cacheDir') ?? defaultCacheDir();
+  let names: string[];
+  try { names = fs.readdirSync(dir); } catch {
+    out(`kernel cache ${dir}: empty (no such folder)`);
+    return 0;
+  }
+  const rows: Array<{ key: string; bytes: number; date: string; ok: boolean; problem?: string }> = [];
+  for (const n of names.sort()) {
+    const p = path.join(dir, n);
+    const st = fs.statSync(p);
+    if (!st.isFile()) continue;
+    const m = /^([0-9a-f]{64})\.cubin$/.exec(n);
+    const date = st.mtime.toISOString().replace(/\.\d+Z$/, 'Z');
+    if (!m) { rows.push({ key: n, bytes: st.size, date, ok: false, problem: n.includes('.tmp-') ? 'leftover temp file' : 'not a cache entry' }); continue; }
+    const r = decodeEntry(m[1]!, fs.readFileSync(p));
+    rows.push({ key: m[1]!, bytes: st.size, date, ok: !('bad' in r), ...('bad' in r ? { problem: r.bad } : {}) });
+  }
+  if (a.json === true) { out(JSON.stringify({ dir, entries: rows })); return 0; }
+  out(`# kernel cache ${dir}: ${rows.length} files, ${rows.reduce((s, r) => s + r.bytes, 0)} bytes`);
+  for (const r of rows) out(`${r.key}  ${String(r.bytes).padStart(8)}  ${r.date}${r.ok ? '' : `  CORRUPT: ${r.problem}`}`);
+  const bad = rows.filter((r) => !r.ok).length;
+  if (bad) out(`# ${bad} corrupt or foreign file(s): the cache ignores and rewrites them; delete them to reclaim space`);
+  return 0;
+}
+
+function batchOf(b: number, t: number, vocab: number, seed: number, padRows: number): Batch {
+  const n = b * t;
+  const inputs = Int32Array.from({ length: n }, (_, i) => (i * 31 + seed) % vocab);
+  const targets = Int32Array.from({ length: n }, (_, i) => (i * 17 + seed + 1) % vocab);
+  const mask = new Float32Array(n).fill(1);
+  for (let r = b - padRows; r < b; r++) for (let i = r * t; i < (r + 1) * t; i++) { mask[i] = 0; targets[i] = -1; }
+  if (padRows < b) mask[0] = 1;
+  return { inputs, targets, mask, b, t };
+}
+
+/**
+ * The job's real step code at shapes other than the plan's placeholders (see the module comment): gradient
+ * accumulation with a full and a partial micro-batch, evaluation with padded rows and a short batch, generation
+ * with a longer prompt and several decode steps.
+ */
+export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
+  const V = j.student.vocabSize;
+  const runs: Array<(b: Backend) => void> = [];
+  runs.push((be) => {
+    const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: true });
+    const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
+    const runner = new StepRunner(student, teacher, j.loss ?? { kind: 'none', alpha: 0, temperature: 1, beta: 0 });
+    const opt = new AdamW(student, j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
+    const bs = Math.max(1, j.batch - 1), ts = Math.max(1, j.seq - 3);
+    runner.trainStep([batchOf(j.batch, j.seq, V, 1, 0), batchOf(bs, ts, V, 2, 0)], opt, 3e-4, 1);
+    runner.trainStep([batchOf(j.batch, j.seq, V, 3, j.batch > 1 ? 1 : 0)], opt, 1e-4, 0);
+    runner.evaluate([batchOf(j.batch, j.seq, V, 4, Math.floor(j.batch / 2)), batchOf(bs, ts, V, 5, 0)]);
+  });
+  const len = Math.min(j.student.maxPositionEmbeddings, Math.max(8, Math.min(j.seq, 64)));
+  runs.push((be) => {
+    const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false });
+    const g = new Generator(m, len);
+    const promptLen = Math.max(1, len - 4);
+    g.generate(Array.from({ length: promptLen }, (_, i) => (i * 13 + 5) % V), { temperature: 0.7, topP: 0.9, maxNewTokens: 3, seed: 1 });
+    g.generate([1], { temperature: 0, topP: 1, maxNewTokens: 2 });
+  });
+  return runs;
+}
+
+/** Kernels traced by `runs` that are not in `plan` (by source hash, i.e. by cache key). */
+export function notInPlan(plan: readonly KernelSpec[], runs: ReadonlyArray<(b: Backend) => void>): { traced: KernelSpec[]; missing: KernelSpec[] } {
+  const have = new Set(plan.map(sourceHash));
+  const traced = planKernels(runs);
+  return { traced, missing: traced.filter((s) => !have.has(sourceHash(s))) };
+}
+
+function auditCmd(a: Args): number {
+  const job = jobFromArgs(a);
+  const plan = planKernels(jobClosures(job));
+  const { traced, missing } = notInPlan(plan, auditClosures(job));
+  out(`# ${describeJob(job)}`);
+  if (missing.length === 0) {
+    out(`audit: OK: the ${traced.length} kernels the real step, evaluation and generation code launch at other shapes are all in the ${plan.length}-kernel plan`);
+    return 0;
+  }
+  out(`audit: FAIL: ${missing.length} of ${traced.length} traced kernels are not in the ${plan.length}-kernel plan (a run would compile after pre-warm):`);
+  for (const s of missing) out(`  ${s.describe()}`);
+  return 1;
+}
+
+/** Entry point for `distillery kernels <sub>` (see src/cli/commands/kernels.ts). Returns the exit code. */
+export async function kernelsCommand(sub: string, args: Args): Promise<number> {
+  switch (sub) {
+    case 'plan': return planCmd(args);
+    case 'warm': return warmCmd(args);
+    case 'list': return listCmd(args);
+    case 'audit': return auditCmd(args);
+    default: throw new DistilleryError(`kernels: unknown subcommand '${sub}'`, 'use plan, warm, list or audit');
+  }
+}

@@ -1,0 +1,157 @@
+/**
+ * Property (no GPU): for many random model/job configurations, every kernel the REAL job code launches is in the
+ * pre-warm plan. The runtime set is recorded by a trace-mode CudaBackend passed as `hooks.backend` to the real
+ * runTraining (a tiny text file, 2 steps, evaluation on, gradient accumulation sometimes) plus a real
+ * Generator.generate with a random prompt length; the plan is built separately with
+ * planKernels(jobClosures(...)) from the job's settings. runTraining's own prepare() call cannot pollute the
+ * recorded set: a trace backend's prepare() is a no-op, and planKernels traces on backends of its own (checked).
+ * Randomized over: hidden size, heads, KV heads, head dim, eps, theta, seq, batch, tied or not, biases or not,
+ * architecture, loss kind/alpha/T/beta, train vs distill. Seeded, so a failure reproduces; it names the config.
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import { tmpdir } from 'node:os';
+import * as path from 'node:path';
+import type { DistillKind, LossSpec } from '../../src/backend/backend.js';
+import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
+import { toHfConfig, type ModelConfig } from '../../src/model/config.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { writeCheckpoint } from '../../src/model/checkpoint.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { Generator } from '../../src/model/generate.js';
+import { loadDocCorpus } from '../../src/data/index.js';
+import { trainBpe } from '../../src/tokenizer/train-bpe.js';
+import type { Tokenizer } from '../../src/tokenizer/bpe.js';
+import { runTraining } from '../../src/train/run.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { Rng } from '../../src/util/rng.js';
+import { rng as mulberry } from './helpers.js';
+
+const CASES = Number(process.env.DISTILLERY_PROPERTY_CASES ?? 40);
+let dir = '';
+let tok: Tokenizer;
+let tokPath = '';
+let dataPath = '';
+
+before(() => {
+  dir = fs.mkdtempSync(path.join(tmpdir(), 'dk-prop-'));
+  const docs = loadDocCorpus({ maxChars: 12_000 }).documents;
+  dataPath = path.join(dir, 'corpus.txt');
+  fs.writeFileSync(dataPath, docs.join('\n\n'));
+  tok = trainBpe(docs, { vocabSize: 300, specialTokens: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] });
+  tokPath = path.join(dir, 'tokenizer.json');
+  fs.writeFileSync(tokPath, JSON.stringify(tok.toJSON()));
+});
+after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
+
+const hash = (s: KernelSpec): string => createHash('sha256').update(s.source()).digest('hex');
+
+function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConfig {
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
+  const nKv = pick([1, 2, 3]);
+  const numHeads = nKv * pick([1, 2, 3]);
+  const headDim = pick([4, 8, 12, 16, 32]);
+  const hiddenSize = pick([numHeads * headDim, 8 * Math.ceil((numHeads * headDim) / 8) + 8, 24, 40]);
+  const architecture = r() < 0.5 ? 'qwen2' : 'llama';
+  return {
+    architecture, vocabSize: vocab, hiddenSize, intermediateSize: pick([16, 40, 64, 2 * hiddenSize + 8]), numLayers: pick([1, 2]),
+    numHeads, numKvHeads: nKv, headDim,
+    ropeTheta: pick([1e4, 5e5, 1e6, Math.round(1000 + r() * 1e6)]),
+    rmsNormEps: pick([1e-5, 1e-6, Number((10 ** -(4 + 3 * r())).toPrecision(3))]),
+    tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3, // HF Qwen2 always has Q/K/V biases
+  };
+}
+
+interface Case { student: ModelConfig; teacher: ModelConfig | null; batch: number; seq: number; gradAccum: number; kind: DistillKind; alpha: number; temperature: number; beta: number; prompt: number }
+
+function randomCase(seed: number, vocab: number): Case {
+  const r = mulberry(seed);
+  const seq = 4 + Math.floor(r() * 21), batch = 1 + Math.floor(r() * 3);
+  const kind = (['none', 'kl', 'reverse-kl', 'jsd'] as const)[Math.floor(r() * 4)]!;
+  const student = randomConfig(r, vocab, seq);
+  return {
+    student, teacher: kind === 'none' ? null : randomConfig(r, vocab, seq), batch, seq, gradAccum: r() < 0.3 ? 2 : 1,
+    kind, alpha: Number(r().toFixed(3)), temperature: Number((0.5 + 3 * r()).toFixed(2)), beta: Number(r().toFixed(2)),
+    prompt: 1 + Math.floor(r() * 30),
+  };
+}
+
+function describeCase(c: Case): string {
+  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} theta${x.ropeTheta} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? 'bias' : 'nobias'}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+}
+
+/** The runtime kernel set of a real run + a real generation, on one trace backend. */
+async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; options: RunOptions }> {
+  const caseDir = path.join(dir, `case-${i}`);
+  fs.mkdirSync(caseDir, { recursive: true });
+  const cfgPath = path.join(caseDir, 'student.json');
+  fs.writeFileSync(cfgPath, JSON.stringify(toHfConfig(c.student)));
+  let teacherDir: string | undefined;
+  if (c.teacher) {
+    teacherDir = path.join(caseDir, 'teacher');
+    writeCheckpoint(teacherDir, c.teacher, initialWeights(parameterLayout(c.teacher), c.teacher, new Rng(i)), { dtype: 'f32', tokenizerJson: tok.toJSON() });
+  }
+  const options: RunOptions = {
+    ...DEFAULT_RUN_OPTIONS, mode: c.teacher ? 'distill' : 'train', out: path.join(caseDir, 'run'), data: [dataPath], tokenizer: tokPath,
+    model: cfgPath, teacher: teacherDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
+    saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
+    valFraction: 0.2, seed: i,
+  };
+  const trace = new CudaBackend('trace');
+  let prepared = 0;
+  const realPrepare = trace.prepare.bind(trace);
+  trace.prepare = async (runs) => { prepared++; const before = trace.traced.size; await realPrepare(runs); assert.equal(trace.traced.size, before, 'prepare() recorded kernels into the runtime set'); };
+  const summary = await runTraining(options, { backend: trace, log: () => {} });
+  assert.equal(summary.status, 'completed');
+  assert.equal(prepared, 1, 'runTraining calls prepare() once');
+  // generation with a random prompt length (greedy on the trace backend's zero logits)
+  const m = new Transformer(trace, c.student, { batch: 1, seq: 1, training: false });
+  const g = new Generator(m, c.prompt + 3);
+  g.generate(Array.from({ length: c.prompt }, (_, k) => (k * 7 + 3) % c.student.vocabSize), { temperature: 0, topP: 1, maxNewTokens: 3 });
+  const traced = [...trace.traced.values()];
+  trace.dispose();
+  return { traced, options };
+}
+
+function planFor(c: Case, o: RunOptions): KernelSpec[] {
+  const loss: LossSpec = o.mode === 'train'
+    ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
+    : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
+  return planKernels(jobClosures({
+    student: c.student, teacher: c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
+    adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
+  }));
+}
+
+test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runTraining + Generator.generate on a trace backend)`, { timeout: 120_000 }, async () => {
+  const t0 = Date.now();
+  const families = new Set<string>();
+  for (let i = 0; i < CASES; i++) {
+    const c = randomCase(1000 + i, tok.vocabSize);
+    const { traced, options } = await runtimeSet(c, i);
+    const plan = new Set(planFor(c, options).map(hash));
+    const missing = traced.filter((s) => !plan.has(hash(s)));
+    assert.deepEqual(missing.map((s) => s.describe()), [], `case ${i}: ${describeCase(c)}`);
+    assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
+    for (const s of traced) families.add(s.family);
+  }
+  for (const f of ['loss', 'adamw', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_dweight', 'embedding_bwd']) {
+    assert.ok(families.has(f), `no case exercised ${f}`);
+  }
+  process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);
+});
+
+test('property check has teeth: the plan of a config with another eps or theta misses runtime kernels', async () => {
+  const c = randomCase(7, tok.vocabSize);
+  const { traced, options } = await runtimeSet(c, 999);
+  for (const other of [{ ...c.student, rmsNormEps: c.student.rmsNormEps * 2 }, { ...c.student, ropeTheta: c.student.ropeTheta + 1 }]) {
+    const plan = new Set(planFor({ ...c, student: other }, options).map(hash));
+    assert.ok(traced.some((s) => !plan.has(hash(s))), 'a plan for a different model should not cover this run');
+  }
+});
