@@ -52,6 +52,7 @@ export interface RunSummary {
   finalAgreement: number | null;
   tokensTrained: number;
   seconds: number;
+  /** Training tokens per second of step time (evaluation and checkpoint writes excluded). */
   tokensPerSecond: number;
   parameters: number;
   teacherParameters: number | null;
@@ -189,6 +190,8 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
 
     const started = Date.now();
     const startStep = step, tokensAtStart = tokensTrained;
+    // Throughput counts training steps only (evaluation and checkpoint writes are excluded).
+    let stepSeconds = 0;
     const recent: number[] = [];
     const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
       process.stderr, startStep);
@@ -203,8 +206,10 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
         }
         const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
         let r;
+        const stepStart = process.hrtime.bigint();
         try {
           r = runner.trainStep(micro, opt, lr, o.clip);
+          stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
         } catch (e) {
           if (e instanceof NonFiniteLossError) {
             status = `failed at step ${step + 1}: ${e.message}`;
@@ -218,7 +223,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
         if (step === 1 && !saved) initialTrainLoss = r.loss;
         recent.push(r.loss); if (recent.length > 10) recent.shift();
         const secs = (Date.now() - started) / 1000;
-        const tps = (tokensTrained - tokensAtStart) / Math.max(secs, 1e-9);
+        const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
         appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(teacher ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
         if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
         const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
@@ -247,7 +252,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
-      tokensTrained, seconds, tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(seconds, 1e-9),
+      tokensTrained, seconds, tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
     };
     writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
