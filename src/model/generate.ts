@@ -8,6 +8,7 @@ import type { Backend, Buf, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
+import { layerForward } from './layer.js';
 
 export interface SamplingOptions {
   /** 0 means greedy. */
@@ -76,25 +77,15 @@ export class Generator {
     const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.params, ti.offset, ti.size) : null);
     be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
+    const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act };
     for (let l = 0; l < c.numLayers; l++) {
-      const w = L.layers[l]!;
-      be.rmsnormForward(ln, rstd, x, p(w.ln1)!, t, C, c.rmsNormEps);
-      be.matmulForward(q, ln, p(w.wq)!, p(w.bq), t, C, Q);
-      be.matmulForward(k, ln, p(w.wk)!, p(w.bk), t, C, KV);
-      be.matmulForward(v, ln, p(w.wv)!, p(w.bv), t, C, KV);
-      be.ropeForward(q, q, 1, t, c.numHeads, c.headDim, c.ropeTheta, pos0);
-      be.ropeForward(k, k, 1, t, c.numKvHeads, c.headDim, c.ropeTheta, pos0);
-      be.kvCacheWrite(this.kCache[l]!, k, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-      be.kvCacheWrite(this.vCache[l]!, v, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-      be.attentionCached(att, q, this.kCache[l]!, this.vCache[l]!, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
-      be.matmulForward(h, att, p(w.wo)!, null, t, Q, C);
-      be.add(h, h, x, t * C);
-      be.rmsnormForward(ln, rstd, h, p(w.ln2)!, t, C, c.rmsNormEps);
-      be.matmulForward(gate, ln, p(w.wGate)!, null, t, C, I);
-      be.matmulForward(up, ln, p(w.wUp)!, null, t, C, I);
-      be.swigluForward(act, gate, up, t * I);
-      be.matmulForward(x, act, p(w.wDown)!, null, t, I, C);
-      be.add(x, x, h, t * C);
+      const kc = this.kCache[l]!, vc = this.vCache[l]!;
+      // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
+      layerForward(be, c, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
+        be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+        be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+        be.attentionCached(aa, qq, kc, vc, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
+      });
     }
     // Only the last position's logits are needed.
     const xLast = be.view(this.x, (t - 1) * C, C), lnLast = be.view(this.ln, 0, C);

@@ -11,6 +11,7 @@ import type { Backend, Buf, IntBuf } from '../backend/backend.js';
 import type { ModelConfig } from './config.js';
 import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
+import { layerForward, layerWeights, type LayerWeights } from './layer.js';
 
 export interface TransformerOptions {
   /** Largest batch a forward call will get. */
@@ -53,6 +54,8 @@ export class Transformer {
   private readonly rstdf: Buf;
   private readonly g: GradScratch | null;
   private lastShape: { b: number; t: number } | null = null;
+  /** Views of each layer's weights (shared with the generator). */
+  readonly layerW: LayerWeights[];
 
   constructor(backend: Backend, config: ModelConfig, opts: TransformerOptions) {
     const { batch, seq, training } = opts;
@@ -75,6 +78,7 @@ export class Transformer {
     this.params = backend.alloc(this.layout.total, `${lab} parameters`);
     this.grads = training ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
+    this.layerW = this.layout.layers.map((w) => layerWeights(backend, this.params, w));
     const makeActs = (i: number): LayerActs => {
       const a = (n: number, what: string): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`);
       return {
@@ -115,9 +119,6 @@ export class Transformer {
   private gr(t: TensorInfo): Buf {
     return this.backend.view(this.grads!, t.offset, t.size);
   }
-  private pOpt(t: TensorInfo | null): Buf | null {
-    return t ? this.p(t) : null;
-  }
   private grOpt(t: TensorInfo | null): Buf | null {
     return t ? this.gr(t) : null;
   }
@@ -155,27 +156,15 @@ export class Transformer {
     be.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
     be.embeddingForward(this.v(this.acts[0]!.x, N * C), this.ids, this.p(L.embed), N, C);
     for (let l = 0; l < c.numLayers; l++) {
-      const a = this.acts[l]!, w = L.layers[l]!;
+      const a = this.acts[l]!;
       const xNext = l + 1 < c.numLayers ? this.acts[l + 1]!.x : this.xFinal;
-      const x = this.v(a.x, N * C), ln1 = this.v(a.ln1, N * C), q = this.v(a.q, N * Q), k = this.v(a.k, N * KV);
-      const v = this.v(a.v, N * KV), att = this.v(a.att, N * Q), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);
-      const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
-      be.rmsnormForward(ln1, this.v(a.rstd1, N), x, this.p(w.ln1), N, C, c.rmsNormEps);
-      be.matmulForward(q, ln1, this.p(w.wq), this.pOpt(w.bq), N, C, Q);
-      be.matmulForward(k, ln1, this.p(w.wk), this.pOpt(w.bk), N, C, KV);
-      be.matmulForward(v, ln1, this.p(w.wv), this.pOpt(w.bv), N, C, KV);
-      be.ropeForward(q, q, b, t, c.numHeads, c.headDim, c.ropeTheta, 0);
-      be.ropeForward(k, k, b, t, c.numKvHeads, c.headDim, c.ropeTheta, 0);
-      be.attentionForward(att, this.v(a.probs, b * c.numHeads * t * t), q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim);
-      be.matmulForward(h, att, this.p(w.wo), null, N, Q, C);
-      be.add(h, h, x, N * C);
-      be.rmsnormForward(ln2, this.v(a.rstd2, N), h, this.p(w.ln2), N, C, c.rmsNormEps);
-      be.matmulForward(gate, ln2, this.p(w.wGate), null, N, C, I);
-      be.matmulForward(up, ln2, this.p(w.wUp), null, N, C, I);
-      be.swigluForward(act, gate, up, N * I);
-      const xn = this.v(xNext, N * C);
-      be.matmulForward(xn, act, this.p(w.wDown), null, N, I, C);
-      be.add(xn, xn, h, N * C);
+      const probs = this.v(a.probs, b * c.numHeads * t * t);
+      layerForward(be, c, this.layerW[l]!, {
+        x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
+        k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
+        ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
+        act: this.v(a.act, N * I), out: this.v(xNext, N * C),
+      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, probs, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim));
     }
     const logits = this.v(this.logits, N * c.vocabSize);
     be.rmsnormForward(this.v(this.lnf, N * C), this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);

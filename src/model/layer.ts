@@ -1,0 +1,56 @@
+/**
+ * One decoder layer's forward pass, shared by training/evaluation (Transformer.forward, which saves attention
+ * probabilities for backward) and generation (Generator.step, which attends through a KV cache). The caller
+ * passes the attention step; everything around it (norms, projections, rotary embedding, residuals, SwiGLU MLP)
+ * is this one function, so the two paths cannot drift apart.
+ */
+import type { Backend, Buf } from '../backend/backend.js';
+import type { ModelConfig } from './config.js';
+import type { LayerTensors, TensorInfo } from './params.js';
+
+/** Views of one layer's weights inside the flat parameter buffer. */
+export interface LayerWeights {
+  ln1: Buf; wq: Buf; bq: Buf | null; wk: Buf; bk: Buf | null; wv: Buf; bv: Buf | null; wo: Buf;
+  ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
+}
+
+export function layerWeights(be: Backend, params: Buf, w: LayerTensors): LayerWeights {
+  const p = (t: TensorInfo): Buf => be.view(params, t.offset, t.size);
+  const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
+  return {
+    ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv), wo: p(w.wo),
+    ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
+  };
+}
+
+/** Activation buffers of one layer call, each already a view of exactly b·t rows. */
+export interface LayerActivations {
+  x: Buf; ln1: Buf; rstd1: Buf; q: Buf; k: Buf; v: Buf; att: Buf; h: Buf; ln2: Buf; rstd2: Buf;
+  gate: Buf; up: Buf; act: Buf;
+  /** The layer's output (the next layer's x). It may alias x (x is last read when h is formed), never h. */
+  out: Buf;
+}
+
+/** Computes att [b·t, nHeads·hd] from q (rotated), k (rotated) and v. */
+export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
+
+/** out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x))); positions start at pos0. */
+export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: LayerActivations,
+  b: number, t: number, pos0: number, attend: AttentionStep): void {
+  const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+  be.rmsnormForward(a.ln1, a.rstd1, a.x, w.ln1, N, C, c.rmsNormEps);
+  be.matmulForward(a.q, a.ln1, w.wq, w.bq, N, C, Q);
+  be.matmulForward(a.k, a.ln1, w.wk, w.bk, N, C, KV);
+  be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
+  be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.ropeTheta, pos0);
+  be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.ropeTheta, pos0);
+  attend(a.q, a.k, a.v, a.att);
+  be.matmulForward(a.h, a.att, w.wo, null, N, Q, C);
+  be.add(a.h, a.h, a.x, N * C);
+  be.rmsnormForward(a.ln2, a.rstd2, a.h, w.ln2, N, C, c.rmsNormEps);
+  be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);
+  be.matmulForward(a.up, a.ln2, w.wUp, null, N, C, I);
+  be.swigluForward(a.act, a.gate, a.up, N * I);
+  be.matmulForward(a.out, a.act, w.wDown, null, N, I, C);
+  be.add(a.out, a.out, a.h, N * C);
+}
