@@ -49,10 +49,12 @@ export function demoRecipe(out: string, quick: boolean, threads: number): { teac
     ...common, model: 'tiny', steps: studentSteps, tokenizer, lr: 3e-3, warmup: Math.round(studentSteps * 0.05),
     evalEvery: Math.max(10, Math.round(studentSteps / 5)), saveEvery: studentSteps,
   };
+  // alpha 0.9 with T = 1 won a sweep over alpha ∈ {0.5, 0.7, 0.9, 1} × T ∈ {1, 2, 4} and the reverse-KL/JSD losses
+  // (docs/measurements/demo-sweep.txt): higher temperatures and reverse KL hurt this small student.
   return {
     teacher,
     distilled: { ...student, mode: 'distill', out: path.join(out, 'distilled'), teacher: path.join(out, 'teacher', 'final'),
-      loss: 'kl', alpha: 0.7, temperature: 2 },
+      loss: 'kl', alpha: 0.9, temperature: 1 },
     scratch: { ...student, mode: 'train', out: path.join(out, 'scratch') },
   };
 }

@@ -87,6 +87,11 @@ export interface Backend {
    * itself never compiles. The CPU backend has nothing to prepare.
    */
   prepare?(runs: ReadonlyArray<(b: Backend) => void>): Promise<void>;
+  /**
+   * Free and total bytes of the device's memory, for a pre-flight memory check. Absent (CPU) or returning null
+   * (a backend without a device, e.g. the CUDA trace backend) means "unknown": skip the check.
+   */
+  deviceMemory?(): { free: number; total: number } | null;
 
   // ---- elementwise ----------------------------------------------------------------------------------
   /** out = a + b (n elements). out may alias a or b. */

@@ -48,6 +48,24 @@ export function parseHfConfig(j: Json): ModelConfig {
     throw new DistilleryError(`config.json: unsupported model_type ${JSON.stringify(modelType)}`,
       'distillery runs the Qwen2 and Llama families: set "model_type" to "qwen2" or "llama"');
   }
+  // Features of the HF families that this implementation does not compute: refuse them rather than run a
+  // different function than transformers would (e.g. Llama 3.1 rope scaling, sliding-window attention).
+  if (j.rope_scaling !== undefined && j.rope_scaling !== null) {
+    throw new DistilleryError(`config.json: "rope_scaling" ${JSON.stringify(j.rope_scaling)} is not supported`,
+      'distillery implements plain rotary embeddings; remove rope_scaling only if the model was trained without it');
+  }
+  if (j.hidden_act !== undefined && j.hidden_act !== 'silu') {
+    throw new DistilleryError(`config.json: "hidden_act" ${JSON.stringify(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu');
+  }
+  if (j.use_sliding_window === true) {
+    throw new DistilleryError('config.json: "use_sliding_window": true is not supported', 'distillery implements full causal attention; set it to false');
+  }
+  if (j.mlp_bias === true) {
+    throw new DistilleryError('config.json: "mlp_bias": true is not supported', 'distillery\'s MLP projections have no biases');
+  }
+  if (architecture === 'qwen2' && j.attention_bias === false) {
+    throw new DistilleryError('config.json: "attention_bias": false for model_type qwen2', 'Qwen2 always has Q/K/V biases; use model_type "llama" for a model without them');
+  }
   const hiddenSize = num(j, 'hidden_size');
   const numHeads = num(j, 'num_attention_heads');
   const cfg: ModelConfig = {
@@ -62,7 +80,7 @@ export function parseHfConfig(j: Json): ModelConfig {
     ropeTheta: num(j, 'rope_theta', 10000),
     rmsNormEps: num(j, 'rms_norm_eps', 1e-6),
     tieWordEmbeddings: j.tie_word_embeddings === undefined ? false : Boolean(j.tie_word_embeddings),
-    maxPositionEmbeddings: num(j, 'max_position_embeddings', 2048),
+    maxPositionEmbeddings: num(j, 'max_position_embeddings', architecture === 'qwen2' ? 32768 : 2048),
     qkvBias: typeof j.attention_bias === 'boolean' ? j.attention_bias : architecture === 'qwen2',
   };
   if (typeof j.bos_token_id === 'number') cfg.bosTokenId = j.bos_token_id;

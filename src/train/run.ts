@@ -33,6 +33,7 @@ import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
 import { jobClosures } from './kernel-plan.js';
+import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
 
 export interface RunSummary {
   mode: 'train' | 'distill';
@@ -81,6 +82,11 @@ export interface RunHooks {
   backend?: Backend;
   /** CUDA settings for the backend runTraining creates (verbose/strict kernels, cache folder, TF32). */
   backendOptions?: CudaOptions;
+  /**
+   * Called while a checkpoint is being written (the model is in the temporary folder, the optimizer state not
+   * yet). Tests throw from it to simulate a write that fails midway; the previous checkpoint must survive.
+   */
+  duringCheckpointWrite?: (tmpDir: string, step: number) => void;
 }
 
 /** Runs training or distillation as configured. Throws DistilleryError for bad input; never loses the last checkpoint. */
@@ -97,9 +103,21 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
     }
     saved = JSON.parse(fs.readFileSync(statePath, 'utf8')) as SavedState;
-    checkResumeCompatible(saved.options, o);
+    checkResumeCompatible(saved.options, o, log);
   }
 
+  // The backend first: a missing GPU is reported before any data work is done.
+  const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
+  const ownBackend = !hooks.backend;
+  try {
+    return await runWithBackend(o, hooks, backend, log, out, latest, saved);
+  } finally {
+    if (ownBackend) backend.dispose();
+  }
+}
+
+async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
+  latest: string, saved: SavedState | null): Promise<RunSummary> {
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
@@ -119,13 +137,11 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
       'use a config.json whose vocab_size covers the tokenizer');
   }
-  const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
-  const ownBackend = !hooks.backend;
-  try {
     const spec: LossSpec = o.mode === 'train'
       ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
       : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
     const adam = { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay };
+    checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true });
     // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
@@ -181,6 +197,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
       replaceDirAtomicSync(latest, (tmp) => {
         writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', tokenizerJson: tokenizer.toJSON() });
+        hooks.duringCheckpointWrite?.(tmp, step);
         writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
           ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
         ]), { dtype: 'f32' });
@@ -192,11 +209,26 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     const startStep = step, tokensAtStart = tokensTrained;
     // Throughput counts training steps only (evaluation and checkpoint writes are excluded).
     let stepSeconds = 0;
-    const recent: number[] = [];
+    // The mean of the last 10 step losses (restored from metrics.jsonl on resume, so it matches an uninterrupted run).
+    const recent: number[] = readMetrics(metricsPath).filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10);
     const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
       process.stderr, startStep);
     let status = 'completed';
     let lastEval = null as ReturnType<typeof evaluate>;
+    /** summary.json: written at the end of every run, failed ones included. */
+    const writeSummary = (finalDir: string | null): RunSummary => {
+      const summary: RunSummary = {
+        mode: o.mode, out, finalDir, steps: step,
+        initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
+        initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
+        finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
+        tokensTrained, seconds: (Date.now() - started) / 1000,
+        tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
+        parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
+      };
+      writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+      return summary;
+    };
     try {
       while (step < o.steps) {
         const micro: Batch[] = [];
@@ -213,6 +245,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
         } catch (e) {
           if (e instanceof NonFiniteLossError) {
             status = `failed at step ${step + 1}: ${e.message}`;
+            writeSummary(null);
             throw new DistilleryError(`training stopped at step ${step + 1}: ${e.message}`,
               `${fs.existsSync(latest) ? `the last good checkpoint is ${latest} (resume with --resume)` : 'no checkpoint had been saved yet'}; ${e.hint ?? ''}`);
           }
@@ -241,27 +274,15 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       if (!o.quiet) progress.done();
       writeLossSvg(out, metricsPath, o.mode);
     }
-    const seconds = (Date.now() - started) / 1000;
     let finalDir: string | null = null;
     if (status === 'completed') {
       finalDir = path.join(out, 'final');
       writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON() });
     }
-    const summary: RunSummary = {
-      mode: o.mode, out, finalDir, steps: step,
-      initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
-      initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
-      finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
-      tokensTrained, seconds, tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
-      parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
-    };
-    writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+    const summary = writeSummary(finalDir);
     log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
       `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
     return summary;
-  } finally {
-    if (ownBackend) backend.dispose();
-  }
 }
 
 function fmt(x: number): string {
@@ -329,7 +350,23 @@ function studentConfig(o: RunOptions, tok: Tokenizer, teacher: LoadedCheckpoint 
   return cfg;
 }
 
-function checkResumeCompatible(a: RunOptions, b: RunOptions): void {
+/** On a GPU, refuses a job whose allocations cannot fit, naming the largest --seq that would (before any allocation). */
+function checkDeviceMemory(backend: Backend, j: JobMemory): void {
+  const mem = backend.deviceMemory?.();
+  if (!mem) return;
+  const need = estimateJobBytes(j);
+  const budget = mem.free * 0.95;
+  if (need <= budget) return;
+  const fit = largestSeqThatFits(j, budget);
+  throw new DistilleryError(
+    `this job needs about ${formatGiB(need)} on the device (${describeJob(j)}) but ${formatGiB(mem.free)} of ${formatGiB(mem.total)} is free`,
+    fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
+}
+
+/** Options that may change between a checkpoint and its resume (they don't change what is computed). */
+const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
+
+function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
   const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'vocabSize', 'maxChars'];
   for (const k of keys) {
     if (JSON.stringify(a[k]) !== JSON.stringify(b[k])) {
@@ -340,6 +377,10 @@ function checkResumeCompatible(a: RunOptions, b: RunOptions): void {
   if (JSON.stringify(a.data) !== JSON.stringify(b.data)) {
     throw new DistilleryError('--resume: the data files differ from the checkpoint\'s', 'resume with the same --data');
   }
+  // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
+  const changed = (Object.keys(b) as Array<keyof RunOptions>)
+    .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && JSON.stringify(a[k]) !== JSON.stringify(b[k]));
+  for (const k of changed) log(`warning: --resume with ${String(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
 }
 
 /** Validation batches, each padded to the full batch size (masked rows) so evaluation runs the training shapes. */

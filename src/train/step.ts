@@ -42,7 +42,7 @@ export interface StepResult {
 /** Thrown when a step's loss or gradient is NaN or infinite; the weights are left as before the step. */
 export class NonFiniteLossError extends DistilleryError {
   constructor(readonly what: string, readonly value: number) {
-    super(`${what} is ${value} (not finite)`, 'lower --lr, raise --warmup, or check the data; the last good checkpoint is kept');
+    super(`${what} is ${value} (not finite)`, 'lower --lr, raise --warmup, or check the data');
   }
 }
 

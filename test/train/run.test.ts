@@ -98,6 +98,26 @@ test('a non-finite loss stops the run, names the step, and keeps the last good c
   assert.ok(ck.weights.every((x) => Number.isFinite(x)), 'the kept checkpoint holds non-finite weights');
   const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as { step: number };
   assert.ok(state.step >= 1);
+  const summary = JSON.parse(fs.readFileSync(path.join(o.out, 'summary.json'), 'utf8')) as { status: string; steps: number };
+  assert.match(summary.status, /^failed at step \d+/);
+  assert.equal(summary.steps, state.step);
+});
+
+test('a checkpoint write that fails midway keeps the previous checkpoint, and resuming from it is exact', async () => {
+  const dir = tmp();
+  const full = await runTraining(opts(dir, { out: path.join(dir, 'full'), steps: 8, saveEvery: 4 }), quiet);
+  const o = opts(dir, { out: path.join(dir, 'crash'), steps: 8, saveEvery: 4 });
+  const failing = { ...quiet, duringCheckpointWrite: (_tmp: string, step: number): void => { if (step === 8) throw new Error('disk full (simulated)'); } };
+  await assert.rejects(runTraining(o, failing), /disk full/);
+  const latest = path.join(o.out, 'checkpoints', 'latest');
+  const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as { step: number };
+  assert.equal(state.step, 4, 'the step-4 checkpoint must survive the failed step-8 write');
+  assert.deepEqual(fs.readdirSync(path.dirname(latest)), ['latest'], 'no temporary folder may be left behind');
+  const resumed = await runTraining({ ...o, resume: true }, quiet);
+  const w1 = readCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
+  const w2 = readCheckpoint(path.join(resumed.out, 'checkpoints', 'latest', 'model')).weights;
+  assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)));
+  assert.equal(resumed.finalTrainLoss, full.finalTrainLoss);
 });
 
 test('distillation refuses a teacher whose vocabulary differs from the student\'s', async () => {

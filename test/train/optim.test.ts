@@ -1,0 +1,122 @@
+/**
+ * Training-loop pieces against independent formulas: the warmup + cosine schedule, global-norm clipping folded
+ * into AdamW, the weight-decay mask (matrices and embeddings decay; norms and biases don't), gradient
+ * accumulation (two micro-batches of 2 give the gradient of one batch of 4), and the memory estimate against what
+ * the model, optimizer and step runner actually allocate.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import type { Backend } from '../../src/backend/backend.js';
+import { presetConfig, type ModelConfig } from '../../src/model/config.js';
+import { initialWeights } from '../../src/model/params.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js';
+import { AdamW } from '../../src/train/optimizer.js';
+import { lrAt } from '../../src/train/schedule.js';
+import { StepRunner, type Batch } from '../../src/train/step.js';
+import { Rng } from '../../src/util/rng.js';
+
+test('schedule: linear warmup to lr, cosine to lr·minLrRatio at the last step, then held', () => {
+  const s = { lr: 1e-3, warmup: 10, total: 110, minLrRatio: 0.1 };
+  for (let i = 0; i < 10; i++) assert.ok(Math.abs(lrAt(i, s) - 1e-3 * (i + 1) / 10) < 1e-15);
+  for (let i = 10; i <= 110; i++) {
+    const p = (i - 10) / 100;
+    const want = 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + Math.cos(Math.PI * p));
+    assert.ok(Math.abs(lrAt(i, s) - want) < 1e-15, `step ${i}`);
+  }
+  assert.ok(Math.abs(lrAt(500, s) - 1e-4) < 1e-15);
+});
+
+function tinyModel(be: Backend, cfg: ModelConfig, b: number, t: number): Transformer {
+  const m = new Transformer(be, cfg, { batch: b, seq: t, training: true });
+  m.setWeights(initialWeights(m.layout, cfg, new Rng(3), 0.1));
+  return m;
+}
+function batchOf(rng: Rng, b: number, t: number, V: number): Batch {
+  const n = b * t;
+  return { inputs: Int32Array.from({ length: n }, () => rng.int(V)), targets: Int32Array.from({ length: n }, () => rng.int(V)), mask: new Float32Array(n).fill(1), b, t };
+}
+const noneLoss = { kind: 'none' as const, alpha: 0, temperature: 1, beta: 0.5 };
+
+test('AdamW: one step equals the textbook update with clipping as a gradient scale and decay only on matrices', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const cfg = presetConfig('tiny', 20);
+    const m = tinyModel(be, cfg, 2, 4);
+    const w0 = Float64Array.from(be.download(m.params));
+    const runner = new StepRunner(m, null, noneLoss);
+    const opt = new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+    const batch = batchOf(new Rng(1), 2, 4, 20);
+    // The gradient the step will use, computed first with a throwaway step on a copy of the weights.
+    m.zeroGrad();
+    const logits = m.forward(batch.inputs, 2, 4);
+    const st = be.alloc(8 * 4, 's'), wb = be.alloc(8, 'w'), tg = be.allocInt(8, 't');
+    be.upload(wb, new Float64Array(8).fill(1 / 8)); be.uploadInt(tg, batch.targets);
+    be.lossForward(st, logits, logits, null, tg, wb, 8, 20, noneLoss);
+    m.backward(logits);
+    const g = Float64Array.from(be.download(m.grads!));
+    const norm = Math.sqrt(g.reduce((a, x) => a + x * x, 0));
+    const clip = norm / 4; // forces clipping by 4×
+    const r = runner.trainStep([batch], opt, 0.01, clip);
+    assert.ok(Math.abs(r.gradNorm - norm) < 1e-9 * norm);
+    const w1 = be.download(m.params);
+    const scale = clip / norm;
+    for (const t of m.layout.tensors) {
+      for (let i = t.offset; i < t.offset + t.size; i += Math.max(1, Math.floor(t.size / 5))) {
+        const gi = g[i]! * scale;
+        const mh = (0.1 * gi) / (1 - 0.9), vh = (0.05 * gi * gi) / (1 - 0.95);
+        const decayed = w0[i]! * (1 - 0.01 * (t.decay ? 0.1 : 0));
+        const want = decayed - 0.01 * mh / (Math.sqrt(vh) + 1e-8);
+        assert.ok(Math.abs(w1[i]! - want) < 1e-12, `${t.name}[${i - t.offset}]: ${w1[i]} vs ${want}`);
+      }
+      assert.equal(t.decay, t.shape.length === 2, `${t.name}: decay applies to matrices only`);
+    }
+  } finally { be.dispose(); }
+});
+
+test('gradient accumulation: two micro-batches of 2 rows give the gradient of one batch of 4 rows', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const cfg = presetConfig('tiny', 20);
+    const rng = new Rng(7);
+    const whole = batchOf(rng, 4, 6, 20);
+    whole.mask[5] = 0; whole.targets[5] = -1; // padding counts in neither
+    const half = (k: number): Batch => ({
+      inputs: whole.inputs.slice(k * 12, k * 12 + 12), targets: whole.targets.slice(k * 12, k * 12 + 12), mask: whole.mask.slice(k * 12, k * 12 + 12), b: 2, t: 6,
+    });
+    const a = tinyModel(be, cfg, 4, 6), b = tinyModel(be, cfg, 2, 6);
+    const optA = new AdamW(a, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+    const optB = new AdamW(b, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+    const ra = new StepRunner(a, null, noneLoss).trainStep([whole], optA, 0, 0);
+    const rb = new StepRunner(b, null, noneLoss).trainStep([half(0), half(1)], optB, 0, 0);
+    assert.ok(Math.abs(ra.loss - rb.loss) < 1e-12);
+    assert.ok(Math.abs(ra.gradNorm - rb.gradNorm) < 1e-12 * ra.gradNorm);
+    const ga = be.download(a.grads!), gb = be.download(b.grads!);
+    for (let i = 0; i < ga.length; i++) assert.ok(Math.abs(ga[i]! - gb[i]!) < 1e-12, `gradient ${i}`);
+  } finally { be.dispose(); }
+});
+
+test('memory estimate equals what the job allocates (student, teacher, optimizer, loss buffers)', () => {
+  const cpu = createCpuBackend({ threads: 1 });
+  let floats = 0;
+  const counting = new Proxy(cpu, {
+    get(target, prop, recv) {
+      if (prop === 'alloc') return (n: number, label: string) => { floats += n; return target.alloc(n, label); };
+      if (prop === 'allocInt') return (n: number, label: string) => { floats += n; return target.allocInt(n, label); };
+      const v = Reflect.get(target, prop, recv) as unknown;
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  }) as Backend;
+  try {
+    const student = presetConfig('tiny', 300), teacher = presetConfig('small', 300);
+    const m = new Transformer(counting, student, { batch: 3, seq: 10, training: true });
+    const t = new Transformer(counting, teacher, { batch: 3, seq: 10, training: false });
+    new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+    new StepRunner(m, t, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
+    const est = estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true });
+    assert.ok(Math.abs(est - floats * 4) <= 0.01 * floats * 4, `estimate ${est} vs allocated ${floats * 4} bytes`);
+    const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
+    assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);
+  } finally { cpu.dispose(); }
+});
