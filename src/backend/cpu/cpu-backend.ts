@@ -6,10 +6,17 @@
  * Int buffers are Int32Array. The math lives in ./kernels/*.ts as plain functions; this class checks
  * arguments, owns scratch memory and decides what runs on the worker pool (./pool.ts):
  * matrix products (split by output rows, or by columns when there are few rows), attention forward
- * (split over (batch, head)) and backward (over (batch, kv-head), which own disjoint dk/dv rows) and the
- * fused loss (over rows). Each such op is cut into a few chunks per thread that threads claim dynamically, so
- * a core taken by another process slows the op down instead of stalling it. Everything else is a single loop
- * on the calling thread.
+ * (split over (batch, head)) and backward (over (batch, kv-head), which own disjoint dk/dv rows), the
+ * fused loss (over rows) and, when large, SwiGLU forward/backward and AdamW (over element ranges). Each such op
+ * is cut into a few chunks per thread that threads claim dynamically, so a core taken by another process slows
+ * the op down instead of stalling it. Everything else is a single loop on the calling thread. Every split op
+ * computes each output element with the same operations whatever range it falls in, so results are
+ * bit-identical for every thread count (test/backend/kernels-wasm.test.ts, wasm.test.ts).
+ *
+ * Attention in f32 mode runs the WASM row kernels of gemm.wat (q·k dots, P·V, and in backward dO·Vᵀ, the dV/dK
+ * outer-product updates and dS·K) through AttentionKernels in ./wasm.ts; softmax stays in JS float64.
+ * Backward's per-row dP/dS scratch is one region of the WASM memory per backend (b·nKv·t floats, grown, never
+ * allocated per call), a row per (batch, kv-head) group so threads never share one.
  *
  * Matrix products: WebAssembly SIMD in f32 mode (./wasm.ts, ./wasm/gemm.wat). Every f32 buffer is a
  * Float32Array view of ONE shared WebAssembly.Memory per backend (a bump allocator; nothing is freed before
@@ -38,13 +45,13 @@ import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
 import { LOSS_STATS } from '../backend.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
-import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import { attentionCached, kvCacheWrite } from './kernels/attention.js';
 import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
-import { splitRange, type Task } from './tasks.js';
+import { runTask, splitRange, type Task } from './tasks.js';
 import { GemmKernels, WasmArena, wasmModule, type WasmModule } from './wasm.js';
 
 export interface CpuBackendOptions {
@@ -82,6 +89,12 @@ const MIN_CHUNK_WORK = 1 << 18;
  * weight: the transpose of an [m, k] weight costs about as much as ~8-16 rows of the product.
  */
 const SMALL_ROWS = 8;
+/**
+ * Per-element cost of the threaded elementwise ops in multiply-add units (the unit of parallelThreshold):
+ * SwiGLU's exp costs ~10 ns, AdamW's sqrt and divide ~4 ns, a WASM multiply-add ~0.1 ns. So SwiGLU goes to the
+ * threads from ~16K elements and AdamW from ~32K (one 128×256 weight), where the hand-off costs less than it saves.
+ */
+const EW_COST_SWIGLU = 64, EW_COST_ADAMW = 32;
 
 export class CpuBackend implements Backend {
   readonly name = 'cpu';
@@ -91,6 +104,7 @@ export class CpuBackend implements Backend {
   private readonly threshold: number;
   private pool: WorkerPool | null = null;
   private scratch: FArr;
+  private attnRows: Float32Array | null = null;
   private disposed = false;
   private allocated = 0;
   /** f32 mode with WASM kernels: the memory every float buffer lives in, and the kernels over it. */
@@ -157,6 +171,15 @@ export class CpuBackend implements Backend {
     }
   }
 
+  /**
+   * WASM attention backward's scratch rows: at least n floats of the WASM memory, kept for the backend's life
+   * (grown, never per call). Each (batch, kv-head) group owns its own rows, so threads never share one.
+   */
+  private attnScratch(n: number): Float32Array {
+    if (this.attnRows === null || this.attnRows.length < n) this.attnRows = this.arena!.alloc(Math.max(n, Math.ceil((this.attnRows?.length ?? 0) * 1.5)));
+    return this.attnRows;
+  }
+
   /** A scratch array of at least n elements (shared, reused between calls). */
   private getScratch(n: number): FArr {
     if (this.scratch.length < n) this.scratch = this.shared(Math.max(n, Math.ceil(this.scratch.length * 1.5)));
@@ -167,7 +190,7 @@ export class CpuBackend implements Backend {
     if (this.disposed) throw new DistilleryError('cpu backend: used after dispose()');
     if (this.pool === null) {
       this.pool = new WorkerPool(this.threads - 1, this.kernels === null || this.arena === null || this.module === null
-        ? null : { kernels: this.kernels, module: this.module, memory: this.arena.memory });
+        ? null : { kernels: this.kernels, module: this.module, memory: this.arena.memory, owns: this.arena.owns.bind(this.arena) });
     }
     return this.pool;
   }
@@ -215,6 +238,12 @@ export class CpuBackend implements Backend {
     else this.getPool().run(base, 'cols', splitRange(cols, chunks, 8));
   }
 
+  /** Runs an elementwise task over [0, i1), split into aligned element ranges among threads when `work` is large. */
+  private elementwise(task: Task & { op: 'ew' }, work: number): void {
+    if (!this.parallel(work)) { runTask(task, this.kernels); return; }
+    this.getPool().run(task, 'rows', splitRange(task.i1, this.chunkCount(work), 16));
+  }
+
   /** How many chunks to cut `work` multiply-adds into: a few per thread (for balance), none tiny. */
   private chunkCount(work: number): number {
     return Math.max(this.threads, Math.min(4 * this.threads, Math.floor(work / MIN_CHUNK_WORK)));
@@ -231,6 +260,7 @@ export class CpuBackend implements Backend {
   allocInt(n: number, label: string): IntBuf {
     check(Number.isInteger(n) && n >= 0, `cpu backend: allocInt('${label}'): bad size ${n}`);
     this.allocated += n * 4;
+    if (this.arena !== null) return this.arena.allocInt(n);
     return new Int32Array(new SharedArrayBuffer(Math.max(1, n) * 4), 0, n);
   }
 
@@ -276,6 +306,7 @@ export class CpuBackend implements Backend {
     this.arena = null;
     this.kernels = null;
     this.scratch = this.shared(0);
+    this.attnRows = null;
     this.allocated = 0;
   }
 
@@ -422,12 +453,12 @@ export class CpuBackend implements Backend {
     this.need(kk, b * t * nKv * hd, 'attentionForward', 'k'); this.need(vv, b * t * nKv * hd, 'attentionForward', 'v');
     this.need(p, b * nHeads * t * t, 'attentionForward', 'probs');
     const units = b * nHeads;
+    const task: Task = { op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units, wasm: this.inArena(o, p, qq, kk, vv) };
     if (!this.parallel(units * t * t * hd) || units < 2) {
-      attentionForward(o, p, qq, kk, vv, t, nHeads, nKv, hd, 0, units);
+      runTask(task, this.kernels);
       return;
     }
-    this.getPool().run({ op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units },
-      'rows', splitRange(units, this.chunkCount(units * t * t * hd)));
+    this.getPool().run(task, 'rows', splitRange(units, this.chunkCount(units * t * t * hd)));
   }
 
   attentionBackward(
@@ -443,12 +474,13 @@ export class CpuBackend implements Backend {
     for (const [a, what] of [[dkk, 'dk'], [dvv, 'dv'], [kk, 'k'], [vv, 'v']] as const) this.need(a, kLen, 'attentionBackward', what);
     this.need(p, b * nHeads * t * t, 'attentionBackward', 'probs');
     const groups = b * nKv;
+    const scratch = this.inArena(dqq, dkk, dvv, g, qq, kk, vv, p) ? this.attnScratch(groups * t) : null;
+    const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch };
     if (!this.parallel(b * nHeads * t * t * hd) || groups < 2) {
-      attentionBackward(dqq, dkk, dvv, g, qq, kk, vv, p, t, nHeads, nKv, hd, 0, groups);
+      runTask(task, this.kernels);
       return;
     }
-    this.getPool().run({ op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0: 0, g1: groups },
-      'rows', splitRange(groups, this.chunkCount(2 * b * nHeads * t * t * hd)));
+    this.getPool().run(task, 'rows', splitRange(groups, this.chunkCount(2 * b * nHeads * t * t * hd)));
   }
 
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
@@ -469,14 +501,14 @@ export class CpuBackend implements Backend {
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
     const o = this.f(out, 'swiglu out'), g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     this.need(o, n, 'swigluForward', 'out'); this.need(g, n, 'swigluForward', 'gate'); this.need(u, n, 'swigluForward', 'up');
-    ew.swigluForward(o, g, u, n);
+    this.elementwise({ op: 'ew', fn: 'swigluF', x0: o, x1: g, x2: u, x3: null, x4: null, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
   }
 
   swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
     const dg = this.f(dgate, 'swiglu dgate'), du = this.f(dup, 'swiglu dup'), dy = this.f(dout, 'swiglu dout');
     const g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     for (const [a, what] of [[dg, 'dgate'], [du, 'dup'], [dy, 'dout'], [g, 'gate'], [u, 'up']] as const) this.need(a, n, 'swigluBackward', what);
-    ew.swigluBackward(dg, du, dy, g, u, n);
+    this.elementwise({ op: 'ew', fn: 'swigluB', x0: dg, x1: du, x2: dy, x3: g, x4: u, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
   }
 
   // ---- loss -------------------------------------------------------------------------------------------
@@ -510,7 +542,8 @@ export class CpuBackend implements Backend {
     const p = this.f(param, 'adamw param'), g = this.f(grad, 'adamw grad'), mm = this.f(m, 'adamw m'), vv = this.f(v, 'adamw v');
     for (const [a, what] of [[p, 'param'], [g, 'grad'], [mm, 'm'], [vv, 'v']] as const) this.need(a, n, 'adamw', what);
     check(s.step >= 1, `cpu backend: adamw: step must be >= 1 (1-based), got ${s.step}`);
-    ew.adamw(p, g, mm, vv, n, s);
+    const adam: AdamWStep = { lr: s.lr, beta1: s.beta1, beta2: s.beta2, eps: s.eps, weightDecay: s.weightDecay, step: s.step, gradScale: s.gradScale };
+    this.elementwise({ op: 'ew', fn: 'adamw', x0: p, x1: g, x2: mm, x3: vv, x4: null, adam, i0: 0, i1: n }, n * EW_COST_ADAMW);
   }
 }
 

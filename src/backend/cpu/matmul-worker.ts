@@ -6,7 +6,7 @@
  * Atomics.wait; a failure is reported through a MessagePort the main thread reads synchronously.
  */
 import { parentPort, workerData, type MessagePort } from 'node:worker_threads';
-import { runChunks, type ChunkedTask } from './tasks.js';
+import { runChunks, unpackTask, type ChunkedTask } from './tasks.js';
 import { GemmKernels, type WasmMemory, type WasmModule } from './wasm.js';
 
 interface WorkerInit { ctrl: Int32Array; index: number; errPort: MessagePort; wasm: { module: WasmModule; memory: WasmMemory } | null }
@@ -19,7 +19,7 @@ const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
 if (parentPort === null) throw new Error('matmul-worker.js must run in a worker thread');
 parentPort.on('message', (task: ChunkedTask) => {
   try {
-    runChunks(task, kernels);
+    runChunks(wasm === null ? task : { ...task, base: unpackTask(task.base, wasm.memory) }, kernels);
   } catch (e) {
     errPort.postMessage(e instanceof Error ? (e.stack ?? e.message) : String(e));
     Atomics.add(ctrl, CTRL_ERRORS, 1);

@@ -5,12 +5,15 @@
  * thread too; every thread claims ranges from a shared counter until none is left, so a thread slowed by
  * other load on the machine does less of the work. The main thread then blocks in Atomics.wait on a shared
  * done counter until every worker has finished: the caller sees an ordinary synchronous call. Buffers travel as SharedArrayBuffer-backed typed arrays, so nothing is copied.
+ * Views of the backend's WebAssembly memory travel as (byteOffset, length) references instead (packTask in
+ * tasks.ts): structured-cloning a view of a WebAssembly.Memory costs ~20-500 µs per message (measured in the
+ * training benchmark), a reference a few µs; the worker rebuilds the view over its own handle on the memory.
  * Workers are unref()'d, so a pool that is never disposed does not keep the process alive; dispose()
  * terminates them. The worker script is resolved next to this file, so it works from the compiled dist/.
  */
 import { MessageChannel, Worker, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { DistilleryError } from '../../util/errors.js';
-import { runChunks, type ChunkAxis, type ChunkedTask, type Task } from './tasks.js';
+import { packTask, runChunks, type ChunkAxis, type ChunkedTask, type Task } from './tasks.js';
 import type { GemmKernels, WasmMemory, WasmModule } from './wasm.js';
 
 const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
@@ -33,7 +36,9 @@ export class WorkerPool {
    * `wasm`: the backend's WASM kernels (run here on the calling thread) and the module and shared memory the
    * workers instantiate their own from; null where the backend runs JS kernels only.
    */
-  constructor(nWorkers: number, private readonly wasm: { kernels: GemmKernels; module: WasmModule; memory: WasmMemory } | null = null) {
+  constructor(nWorkers: number, private readonly wasm: {
+    kernels: GemmKernels; module: WasmModule; memory: WasmMemory; owns: (a: ArrayBufferView) => boolean;
+  } | null = null) {
     this.size = nWorkers;
     this.ctrl = new Int32Array(new SharedArrayBuffer(4 * (CTRL_READY + nWorkers)));
     const url = new URL('./matmul-worker.js', import.meta.url);
@@ -92,7 +97,8 @@ export class WorkerPool {
     const ctrl = this.ctrl;
     Atomics.store(ctrl, CTRL_DONE, 0);
     Atomics.store(ctrl, CTRL_ERRORS, 0);
-    for (let i = 0; i < helpers; i++) this.workers[i]!.postMessage(chunked);
+    const msg = this.wasm === null ? chunked : { ...chunked, base: packTask(chunked.base, this.wasm.owns) };
+    for (let i = 0; i < helpers; i++) this.workers[i]!.postMessage(msg);
     let mainError: unknown = null;
     try { runChunks(chunked, this.kernels); } catch (e) { mainError = e; }
     const expected = helpers;

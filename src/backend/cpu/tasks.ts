@@ -6,7 +6,8 @@
  * all through the same runChunks. Products marked `wasm` run the WebAssembly SIMD kernels of the thread's
  * GemmKernels instance (over the same memory); the others run the JS kernels.
  */
-import type { LossSpec } from '../backend.js';
+import type { AdamWStep, LossSpec } from '../backend.js';
+import { adamw, swigluBackward, swigluForward } from './kernels/elementwise.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
 import { gemmNT } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
@@ -30,18 +31,33 @@ export interface AttnForwardTask {
   op: 'attnF';
   out: FArr; probs: FArr; q: FArr; k: FArr; v: FArr;
   t: number; nHeads: number; nKv: number; hd: number; u0: number; u1: number;
+  /** Run the WASM row kernels (every array is a Float32Array view of the backend's WASM memory). */
+  wasm: boolean;
 }
 export interface AttnBackwardTask {
   op: 'attnB';
   dq: FArr; dk: FArr; dv: FArr; dout: FArr; q: FArr; k: FArr; v: FArr; probs: FArr;
   t: number; nHeads: number; nKv: number; hd: number; g0: number; g1: number;
+  /** WASM only: per-group scratch rows (b·nKv·t floats of the WASM memory); null on the JS path. */
+  scratch: Float32Array | null;
 }
 export interface LossTask {
   op: 'loss';
   stats: FArr; dlogits: FArr | null; logits: FArr; teacher: FArr | null; targets: Int32Array; weights: FArr;
   vocab: number; spec: LossSpec; r0: number; r1: number;
 }
-export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask;
+/**
+ * An elementwise op over elements [i0, i1) (each element depends on its own inputs only, so any split gives
+ * the same bits): swigluF out=x0 gate=x1 up=x2; swigluB dgate=x0 dup=x1 dout=x2 gate=x3 up=x4;
+ * adamw param=x0 grad=x1 m=x2 v=x3 with `adam`.
+ */
+export interface ElementwiseTask {
+  op: 'ew';
+  fn: 'swigluF' | 'swigluB' | 'adamw';
+  x0: FArr; x1: FArr; x2: FArr; x3: FArr | null; x4: FArr | null;
+  adam: AdamWStep | null; i0: number; i1: number;
+}
+export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask | ElementwiseTask;
 
 /** Which index range of a task a chunk sets: gemm rows (i) or columns (j), or the op's own unit range. */
 export type ChunkAxis = 'rows' | 'cols';
@@ -61,6 +77,7 @@ function withRange(x: Task, axis: ChunkAxis, a: number, b: number): Task {
     case 'attnF': return { ...x, u0: a, u1: b };
     case 'attnB': return { ...x, g0: a, g1: b };
     case 'loss': return { ...x, r0: a, r1: b };
+    case 'ew': return { ...x, i0: a, i1: b };
   }
 }
 
@@ -93,15 +110,69 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       needWasm(wasm).nn(x.out, x.a, x.b, x.J, x.sai, x.saj, x.ldb, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
       return;
     case 'attnF':
-      attentionForward(x.out, x.probs, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+      if (x.wasm) {
+        needWasm(wasm).attention.forward(x.out as Float32Array, x.probs as Float32Array, x.q as Float32Array, x.k as Float32Array,
+          x.v as Float32Array, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+      } else {
+        attentionForward(x.out, x.probs, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+      }
       return;
     case 'attnB':
-      attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.probs, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+      if (x.scratch !== null) {
+        needWasm(wasm).attention.backward(x.dq as Float32Array, x.dk as Float32Array, x.dv as Float32Array, x.dout as Float32Array,
+          x.q as Float32Array, x.k as Float32Array, x.v as Float32Array, x.probs as Float32Array, x.scratch,
+          x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+      } else {
+        attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.probs, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+      }
       return;
     case 'loss':
       lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1);
       return;
+    case 'ew': {
+      const a = x.i0, b = x.i1, n = b - a;
+      if (x.fn === 'swigluF') swigluForward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), n);
+      else if (x.fn === 'swigluB') {
+        swigluBackward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), x.x3!.subarray(a, b), x.x4!.subarray(a, b), n);
+      } else adamw(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), x.x3!.subarray(a, b), n, x.adam!);
+      return;
+    }
   }
+}
+
+/** A view of the backend's WebAssembly memory as it travels to a worker: kind (f32 or i32), byte offset, length. */
+interface ArenaRef { $arena: 'f32' | 'i32'; o: number; n: number }
+
+/**
+ * The task with every Float32Array/Int32Array view of the WASM memory (`owns`) replaced by an ArenaRef, so
+ * posting it clones a few numbers instead of a WebAssembly.Memory-backed SharedArrayBuffer (see pool.ts).
+ */
+export function packTask(x: Task, owns: (a: ArrayBufferView) => boolean): Task {
+  const out: Record<string, unknown> = {};
+  for (const [key, v] of Object.entries(x)) {
+    if ((v instanceof Float32Array || v instanceof Int32Array) && owns(v)) {
+      out[key] = { $arena: v instanceof Float32Array ? 'f32' : 'i32', o: v.byteOffset, n: v.length } satisfies ArenaRef;
+    } else {
+      out[key] = v;
+    }
+  }
+  return out as unknown as Task;
+}
+
+/** Undoes packTask in a worker: ArenaRefs become views of `memory` (this thread's handle on the same memory). */
+export function unpackTask(x: Task, memory: { readonly buffer: SharedArrayBuffer }): Task {
+  const out: Record<string, unknown> = {};
+  let buf: SharedArrayBuffer | null = null;
+  for (const [key, v] of Object.entries(x)) {
+    if (v !== null && typeof v === 'object' && '$arena' in v) {
+      const r = v as ArenaRef;
+      buf ??= memory.buffer; // a fresh object after the memory grew, covering all of it
+      out[key] = r.$arena === 'f32' ? new Float32Array(buf, r.o, r.n) : new Int32Array(buf, r.o, r.n);
+    } else {
+      out[key] = v;
+    }
+  }
+  return out as unknown as Task;
 }
 
 /** Splits [0, total) into at most `parts` contiguous ranges whose starts are multiples of `align`. */

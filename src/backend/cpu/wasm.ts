@@ -18,11 +18,14 @@ import { readFileSync } from 'node:fs';
 export interface WasmMemory { readonly buffer: SharedArrayBuffer; grow(pages: number): number }
 /** An opaque compiled WebAssembly.Module (structured-cloneable to worker threads). */
 export type WasmModule = object;
-interface WasmExports {
+export interface WasmExports {
   gemm_nt(out: number, a: number, b: number, bias: number, K: number, ldo: number,
     i0: number, i1: number, j0: number, j1: number, acc: number): void;
   gemm_nn(out: number, a: number, b: number, J: number, sai: number, saj: number, ldb: number, ldo: number,
     i0: number, i1: number, c0: number, c1: number, acc: number): void;
+  attn_dots(out: number, x: number, y: number, ys: number, n: number, hd: number, scale: number): void;
+  attn_pv(out: number, p: number, y: number, ys: number, n: number, hd: number, acc: number): void;
+  attn_outer(dst: number, a: number, x: number, ys: number, n: number, hd: number): void;
 }
 interface WasmApi {
   validate(bytes: Uint8Array): boolean;
@@ -68,10 +71,16 @@ function api(): WasmApi {
  */
 export class GemmKernels {
   private readonly x: WasmExports;
+  /** The attention row kernels of the same instance. */
+  readonly attention: AttentionKernels;
 
   constructor(module: WasmModule, memory: WasmMemory) {
     this.x = new (api().Instance)(module, { env: { memory } }).exports as WasmExports;
+    this.attention = new AttentionKernels(this);
   }
+
+  /** The raw exports (byte addresses), for AttentionKernels. */
+  get exports(): WasmExports { return this.x; }
 
   /** out[i*ldo + j] (+)= bias[j] + Σ_{k<K} A[i*K + k] · B[j*K + k] for i in [i0, i1), j in [j0, j1). */
   nt(out: Float32Array, a: Float32Array, b: Float32Array, bias: Float32Array | null, K: number, ldo: number,
@@ -104,6 +113,73 @@ export class GemmKernels {
 }
 
 /**
+ * Causal GQA attention over the WASM row kernels (same contract as attentionForward/attentionBackward of
+ * ../kernels/attention.ts, which the JS path runs): per query row, the q·k dot products, P·V, and in backward
+ * dO·Vᵀ, dV += p dO, dK += dS q and dQ += dS K run as f32x4 loops; the softmax (max, exp, sum) and
+ * dS = P ⊙ (dP − rowsum(P ⊙ dP)) · scale stay in JS float64 (WASM has no exp). Every row is one fixed sequence
+ * of operations whatever range or thread it runs on, so results do not depend on the thread split.
+ */
+export class AttentionKernels {
+  private readonly x: WasmExports;
+
+  constructor(k: GemmKernels) { this.x = k.exports; }
+
+  /** Units [u0, u1) with u = b·nHeads + h; scores are computed into the probs row, then softmaxed in place. */
+  forward(out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+    T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number): void {
+    const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
+    const qs = nHeads * hd, ks = nKv * hd;
+    const row = new Float64Array(T);
+    for (let u = u0; u < u1; u++) {
+      const bi = Math.floor(u / nHeads), h = u % nHeads, g = Math.floor(h / rep);
+      const kb = k.byteOffset + 4 * (bi * T * ks + g * hd), vb = v.byteOffset + 4 * (bi * T * ks + g * hd);
+      for (let t = 0; t < T; t++) {
+        const qo = (bi * T + t) * qs + h * hd, po = (u * T + t) * T;
+        x.attn_dots(probs.byteOffset + 4 * po, q.byteOffset + 4 * qo, kb, ks, t + 1, hd, scale);
+        let mx = -Infinity;
+        for (let s = 0; s <= t; s++) { const sc = probs[po + s]; if (sc > mx) mx = sc; }
+        let sum = 0;
+        for (let s = 0; s <= t; s++) { const e = Math.exp(probs[po + s] - mx); row[s] = e; sum += e; }
+        const inv = 1 / sum;
+        for (let s = 0; s <= t; s++) probs[po + s] = row[s] * inv;
+        probs.fill(0, po + t + 1, po + T);
+        x.attn_pv(out.byteOffset + 4 * qo, probs.byteOffset + 4 * po, vb, ks, t + 1, hd, 0);
+      }
+    }
+  }
+
+  /**
+   * Groups [g0, g1) with gi = b·nKv + kvHead (a group owns its dk/dv rows). scratch: at least g1·T floats of
+   * this memory; row gi·T.. holds dP, then dS, of the row in progress.
+   */
+  backward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, q: Float32Array, k: Float32Array,
+    v: Float32Array, probs: Float32Array, scratch: Float32Array,
+    T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number): void {
+    const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
+    const qs = nHeads * hd, ks = nKv * hd;
+    for (let gi = g0; gi < g1; gi++) {
+      const bi = Math.floor(gi / nKv), g = gi % nKv;
+      const ko = 4 * (bi * T * ks + g * hd);
+      const kb = k.byteOffset + ko, vb = v.byteOffset + ko, dkb = dk.byteOffset + ko, dvb = dv.byteOffset + ko;
+      const so = gi * T, sb = scratch.byteOffset + 4 * so;
+      for (let r = 0; r < rep; r++) {
+        const h = g * rep + r, u = bi * nHeads + h;
+        for (let t = 0; t < T; t++) {
+          const qo = 4 * ((bi * T + t) * qs + h * hd), po = (u * T + t) * T, n = t + 1;
+          x.attn_dots(sb, dout.byteOffset + qo, vb, ks, n, hd, 1); // dP
+          let sum = 0;
+          for (let s = 0; s < n; s++) sum += probs[po + s] * scratch[so + s];
+          for (let s = 0; s < n; s++) scratch[so + s] = probs[po + s] * (scratch[so + s] - sum) * scale; // dS
+          x.attn_outer(dvb, probs.byteOffset + 4 * po, dout.byteOffset + qo, ks, n, hd);
+          x.attn_outer(dkb, sb, q.byteOffset + qo, ks, n, hd);
+          x.attn_pv(dq.byteOffset + qo, sb, kb, ks, n, hd, 1);
+        }
+      }
+    }
+  }
+}
+
+/**
  * A bump allocator of float32 buffers over one shared WebAssembly.Memory (16-byte aligned, zero-filled:
  * memory is never reused). The first 16 bytes are never handed out, so address 0 can mean "none".
  */
@@ -126,6 +202,18 @@ export class WasmArena {
 
   /** A fresh zero-filled Float32Array of n elements in the memory; grows the memory when needed. */
   alloc(n: number): Float32Array {
+    const off = this.reserve(n);
+    return new Float32Array(this.current, off, n);
+  }
+
+  /** A fresh zero-filled Int32Array of n elements in the memory (token ids, targets: cheap to post to workers). */
+  allocInt(n: number): Int32Array {
+    const off = this.reserve(n);
+    return new Int32Array(this.current, off, n);
+  }
+
+  /** Reserves n 4-byte elements (16-byte aligned) and returns their byte offset; grows the memory when needed. */
+  private reserve(n: number): number {
     const off = this.top;
     const end = off + Math.ceil((n * 4) / 16) * 16;
     if (end > this.current.byteLength) {
@@ -138,7 +226,7 @@ export class WasmArena {
       this.buffers.add(this.current);
     }
     this.top = end;
-    return new Float32Array(this.current, off, n);
+    return off;
   }
 
   /** Whether `a` is a view of this arena's memory (so its byteOffset is an address the kernels can use). */

@@ -1,6 +1,7 @@
 /**
  * Elementwise and small row-wise kernels of the CPU backend: add/accumulate/scale, sum of squares, embedding
- * lookup, RMSNorm, SwiGLU and AdamW. All are single-pass loops; none is worth a thread hand-off.
+ * lookup, RMSNorm, SwiGLU and AdamW. All are single-pass loops. The backend runs SwiGLU and AdamW over element
+ * ranges on its worker threads when they are large (an element's result does not depend on the range).
  */
 import type { AdamWStep } from '../../backend.js';
 import type { FArr } from './types.js';

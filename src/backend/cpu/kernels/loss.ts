@@ -23,23 +23,30 @@ function logAddExp(a: number, b: number): number {
   return a > b ? a + Math.log1p(Math.exp(b - a)) : b + Math.log1p(Math.exp(a - b));
 }
 
-/** ls[j] = z[j]/T − logsumexp(z/T) (a log-softmax) from row z; returns nothing. */
-function logSoftmax(ls: Float64Array, z: ArrayLike<number>, zo: number, vocab: number, invT: number): void {
-  let mx = -Infinity;
-  for (let j = 0; j < vocab; j++) { const x = z[zo + j] * invT; ls[j] = x; if (x > mx) mx = x; }
+/** What expRow found in a row: max of z·invT, Σ e, and the index of the first maximum of the raw z. */
+interface RowExp { mx: number; sum: number; argmax: number }
+
+/**
+ * e[j] = exp(z[j]·invT − mx) with mx = max z·invT (one exp per element); p = e / sum is the softmax and
+ * log p[j] = z[j]·invT − (mx + log sum).
+ */
+function expRow(e: Float64Array, z: ArrayLike<number>, zo: number, vocab: number, invT: number): RowExp {
+  let mx = -Infinity, best = 0, bv = z[zo];
+  for (let j = 0; j < vocab; j++) {
+    const r = z[zo + j], x = r * invT;
+    if (x > mx) mx = x;
+    if (r > bv) { bv = r; best = j; }
+  }
   let sum = 0;
-  for (let j = 0; j < vocab; j++) sum += Math.exp(ls[j] - mx);
-  const lse = mx + Math.log(sum);
-  for (let j = 0; j < vocab; j++) ls[j] -= lse;
+  for (let j = 0; j < vocab; j++) { const v = Math.exp(z[zo + j] * invT - mx); e[j] = v; sum += v; }
+  return { mx, sum, argmax: best };
 }
 
-function argmax(z: ArrayLike<number>, zo: number, vocab: number): number {
-  let best = 0, bv = z[zo];
-  for (let j = 1; j < vocab; j++) if (z[zo + j] > bv) { bv = z[zo + j]; best = j; }
-  return best;
-}
-
-/** Rows [r0, r1) of the fused loss. See the file comment for the math. */
+/**
+ * Rows [r0, r1) of the fused loss. See the file comment for the math. Each softmax is one exp per element
+ * (expRow), reused for the probabilities; log-probabilities are z·invT − logsumexp, no second exp or log. All
+ * sums are float64, in element order, so a row's result does not depend on which thread computes it.
+ */
 export function lossRows(
   stats: FArr, dlogits: FArr | null, logits: FArr, teacher: FArr | null, targets: Int32Array, weights: FArr,
   vocab: number, spec: LossSpec, r0: number, r1: number,
@@ -47,9 +54,10 @@ export function lossRows(
   const kind = spec.kind;
   if (kind !== 'none' && teacher === null) throw new RangeError(`lossForward: loss kind '${kind}' needs teacher logits`);
   const T = spec.temperature, invT = 1 / T, alpha = spec.alpha, beta = spec.beta;
-  const lp = new Float64Array(vocab); // log p_s (T = 1)
-  const lqs = kind === 'none' ? lp : new Float64Array(vocab); // log q_s
-  const lqt = kind === 'none' ? lp : new Float64Array(vocab); // log q_t
+  const ep = new Float64Array(vocab); // exp(z − max), T = 1
+  const distill = kind !== 'none';
+  const eqs = distill && T !== 1 ? new Float64Array(vocab) : ep; // exp(z/T − max)
+  const eqt = distill ? new Float64Array(vocab) : ep; // exp(zt/T − max), then g for reverse-kl / jsd
   const grad = new Float64Array(vocab);
   const logB = Math.log(beta), log1mB = Math.log(1 - beta);
   for (let i = r0; i < r1; i++) {
@@ -62,52 +70,58 @@ export function lossRows(
       continue;
     }
     if (y < 0 || y >= vocab) throw new RangeError(`lossForward: row ${i} target ${y} outside [0, ${vocab})`);
-    logSoftmax(lp, logits, zo, vocab, 1);
-    const ce = -lp[y];
+    const rp = expRow(ep, logits, zo, vocab, 1);
+    const ce = rp.mx + Math.log(rp.sum) - logits[zo + y];
     let div = 0;
     // agree is reported whenever teacher logits are given (also for kind 'none'); 0 without a teacher.
-    const agree = teacher !== null && argmax(logits, zo, vocab) === argmax(teacher, zo, vocab) ? 1 : 0;
+    let agree = 0;
+    if (teacher !== null && !distill) agree = rp.argmax === expRow(grad, teacher, zo, vocab, 1).argmax ? 1 : 0;
     // CE gradient, weighted by (1 − alpha) when mixed.
-    const wCe = kind === 'none' ? 1 : 1 - alpha;
-    for (let j = 0; j < vocab; j++) grad[j] = wCe * Math.exp(lp[j]);
+    const wCe = distill ? 1 - alpha : 1;
+    const cp = wCe / rp.sum;
+    for (let j = 0; j < vocab; j++) grad[j] = cp * ep[j];
     grad[y] -= wCe;
-    if (kind !== 'none') {
+    if (distill) {
       const tz = teacher as FArr;
-      logSoftmax(lqs, logits, zo, vocab, invT);
-      logSoftmax(lqt, tz, zo, vocab, invT);
+      const rs = T === 1 ? rp : expRow(eqs, logits, zo, vocab, invT);
+      const rt = expRow(eqt, tz, zo, vocab, invT);
+      agree = rp.argmax === rt.argmax ? 1 : 0;
+      const lses = rs.mx + Math.log(rs.sum), lset = rt.mx + Math.log(rt.sum);
+      const invS = 1 / rs.sum, invTt = 1 / rt.sum;
       const gs = alpha * T; // chain rule through z/T, times T² → T, times alpha
       if (kind === 'kl') {
         let d = 0;
         for (let j = 0; j < vocab; j++) {
-          const qt = Math.exp(lqt[j]), qs = Math.exp(lqs[j]);
-          d += qt * (lqt[j] - lqs[j]);
+          const qt = eqt[j] * invTt, qs = eqs[j] * invS;
+          d += qt * ((tz[zo + j] * invT - lset) - (logits[zo + j] * invT - lses));
           grad[j] += gs * (qs - qt);
         }
         div = T * T * d;
       } else {
-        // reverse-kl and jsd share ∂/∂z_s = T q_s ⊙ (g − Σ q_s g); lqt is reused to hold g.
+        // reverse-kl and jsd share ∂/∂z_s = T q_s ⊙ (g − Σ q_s g); eqt is reused to hold g.
         let d = 0, mean = 0;
         for (let j = 0; j < vocab; j++) {
-          const qs = Math.exp(lqs[j]);
+          const qs = eqs[j] * invS;
+          const lqs = logits[zo + j] * invT - lses, lqt = tz[zo + j] * invT - lset;
           let g: number;
           if (kind === 'reverse-kl') {
-            g = lqs[j] - lqt[j];
+            g = lqs - lqt;
             d += qs * g;
           } else {
-            const lm = logAddExp(logB + lqt[j], log1mB + lqs[j]);
-            const qt = Math.exp(lqt[j]);
-            if (beta > 0) d += beta * qt * (lqt[j] - lm);
-            if (beta < 1) d += (1 - beta) * qs * (lqs[j] - lm);
-            g = (1 - beta) * (lqs[j] - lm);
+            const lm = logAddExp(logB + lqt, log1mB + lqs);
+            const qt = eqt[j] * invTt;
+            if (beta > 0) d += beta * qt * (lqt - lm);
+            if (beta < 1) d += (1 - beta) * qs * (lqs - lm);
+            g = (1 - beta) * (lqs - lm);
           }
-          lqt[j] = g;
+          eqt[j] = g;
           mean += qs * g;
         }
-        for (let j = 0; j < vocab; j++) grad[j] += gs * Math.exp(lqs[j]) * (lqt[j] - mean);
+        for (let j = 0; j < vocab; j++) grad[j] += gs * (eqs[j] * invS) * (eqt[j] - mean);
         div = T * T * d;
       }
     }
-    const loss = kind === 'none' ? ce : alpha * div + (1 - alpha) * ce;
+    const loss = distill ? alpha * div + (1 - alpha) * ce : ce;
     stats[so + STAT_LOSS] = loss;
     stats[so + STAT_CE] = ce;
     stats[so + STAT_DIV] = div;

@@ -16,6 +16,13 @@
 ;;     per element: s = 0; s += a*b for j = 0..J-1 in order; then out + s (accumulate) or s. (The caller,
 ;;     GemmKernels.nn in ../wasm.ts, runs J in fixed blocks of j, each accumulated in turn.)
 ;;     f32x4 lanes do exactly the float32 operations of the scalar path, so vector and scalar tiles agree.
+;;
+;;   attention rows (../kernels/attention.ts runs them per query row; hd = head dim, strides in elements):
+;;   attn_dots: out[s] = scale * dot(x, y[s*ys .. s*ys + hd)) for s < n; per element: a 4-lane accumulator
+;;     over d in steps of 4, then (l0 + l1) + (l2 + l3), then the hd % 4 tail in order, then * scale.
+;;   attn_pv: out[d] (+)= sum_s p[s] * y[s*ys + d] for d < hd; per element: c = 0; c += p*y for s in order;
+;;     then out + c (accumulate) or c.
+;;   attn_outer: dst[s*ys + d] += a[s] * x[d] for s < n, d < hd (one rounding per update).
 (module
   (import "env" "memory" (memory 1 65536 shared))
 
@@ -356,4 +363,168 @@
             (br $gl)))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $el))))
+
+  ;; ------------------------------------------------------------------------------------------------
+  ;; attention rows
+  ;; ------------------------------------------------------------------------------------------------
+
+  ;; Horizontal sum of $v, then the $n-element tail at $px/$py, then * $scale.
+  (func $dot_finish (param $v v128) (param $px i32) (param $py i32) (param $n i32) (param $scale f32) (result f32)
+    (local $s f32)
+    (local.set $s
+      (f32.add
+        (f32.add (f32x4.extract_lane 0 (local.get $v)) (f32x4.extract_lane 1 (local.get $v)))
+        (f32.add (f32x4.extract_lane 2 (local.get $v)) (f32x4.extract_lane 3 (local.get $v)))))
+    (block $done
+      (loop $tail
+        (br_if $done (i32.eqz (local.get $n)))
+        (local.set $s (f32.add (local.get $s) (f32.mul (f32.load (local.get $px)) (f32.load (local.get $py)))))
+        (local.set $px (i32.add (local.get $px) (i32.const 4)))
+        (local.set $py (i32.add (local.get $py) (i32.const 4)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br $tail)))
+    (f32.mul (local.get $s) (local.get $scale)))
+
+  ;; out[s] = scale * sum_d x[d] * y[s*ys + d] for s < n (two rows of y at a time).
+  (func (export "attn_dots") (param $out i32) (param $x i32) (param $y i32) (param $ys i32) (param $n i32)
+                             (param $hd i32) (param $scale f32)
+    (local $yb i32) (local $h4 i32) (local $ht i32) (local $db i32) (local $py1 i32) (local $xv v128)
+    (local $c0 v128) (local $c1 v128)
+    (local.set $yb (i32.shl (local.get $ys) (i32.const 2)))
+    (local.set $h4 (i32.and (i32.shl (local.get $hd) (i32.const 2)) (i32.const -16)))
+    (local.set $ht (i32.and (local.get $hd) (i32.const 3)))
+    (block $px
+      (loop $pl
+        (br_if $px (i32.lt_s (local.get $n) (i32.const 2)))
+        (local.set $py1 (i32.add (local.get $y) (local.get $yb)))
+        (local.set $c0 (v128.const i32x4 0 0 0 0))
+        (local.set $c1 (v128.const i32x4 0 0 0 0))
+        (local.set $db (i32.const 0))
+        (block $dx
+          (loop $dl
+            (br_if $dx (i32.ge_u (local.get $db) (local.get $h4)))
+            (local.set $xv (v128.load (i32.add (local.get $x) (local.get $db))))
+            (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (local.get $xv) (v128.load (i32.add (local.get $y) (local.get $db))))))
+            (local.set $c1 (f32x4.add (local.get $c1) (f32x4.mul (local.get $xv) (v128.load (i32.add (local.get $py1) (local.get $db))))))
+            (local.set $db (i32.add (local.get $db) (i32.const 16)))
+            (br $dl)))
+        (f32.store (local.get $out) (call $dot_finish (local.get $c0) (i32.add (local.get $x) (local.get $h4))
+          (i32.add (local.get $y) (local.get $h4)) (local.get $ht) (local.get $scale)))
+        (f32.store offset=4 (local.get $out) (call $dot_finish (local.get $c1) (i32.add (local.get $x) (local.get $h4))
+          (i32.add (local.get $py1) (local.get $h4)) (local.get $ht) (local.get $scale)))
+        (local.set $out (i32.add (local.get $out) (i32.const 8)))
+        (local.set $y (i32.add (local.get $py1) (local.get $yb)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 2)))
+        (br $pl)))
+    (if (i32.gt_s (local.get $n) (i32.const 0))
+      (then
+        (local.set $c0 (v128.const i32x4 0 0 0 0))
+        (local.set $db (i32.const 0))
+        (block $ex
+          (loop $el
+            (br_if $ex (i32.ge_u (local.get $db) (local.get $h4)))
+            (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load (i32.add (local.get $x) (local.get $db)))
+              (v128.load (i32.add (local.get $y) (local.get $db))))))
+            (local.set $db (i32.add (local.get $db) (i32.const 16)))
+            (br $el)))
+        (f32.store (local.get $out) (call $dot_finish (local.get $c0) (i32.add (local.get $x) (local.get $h4))
+          (i32.add (local.get $y) (local.get $h4)) (local.get $ht) (local.get $scale))))))
+
+  ;; out[d] (+)= sum_{s<n} p[s] * y[s*ys + d] for d < hd: columns 8, then 4, then 1 at a time.
+  (func (export "attn_pv") (param $out i32) (param $p i32) (param $y i32) (param $ys i32) (param $n i32)
+                           (param $hd i32) (param $acc i32)
+    (local $yb i32) (local $d i32) (local $s i32) (local $pp i32) (local $py i32) (local $w v128)
+    (local $c0 v128) (local $c1 v128) (local $c f32)
+    (local.set $yb (i32.shl (local.get $ys) (i32.const 2)))
+    (block $x8
+      (loop $l8
+        (br_if $x8 (i32.gt_s (i32.add (local.get $d) (i32.const 8)) (local.get $hd)))
+        (local.set $c0 (v128.const i32x4 0 0 0 0))
+        (local.set $c1 (v128.const i32x4 0 0 0 0))
+        (local.set $pp (local.get $p))
+        (local.set $py (i32.add (local.get $y) (i32.shl (local.get $d) (i32.const 2))))
+        (local.set $s (local.get $n))
+        (block $sx
+          (loop $sl
+            (br_if $sx (i32.eqz (local.get $s)))
+            (local.set $w (f32x4.splat (f32.load (local.get $pp))))
+            (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (local.get $w) (v128.load (local.get $py)))))
+            (local.set $c1 (f32x4.add (local.get $c1) (f32x4.mul (local.get $w) (v128.load offset=16 (local.get $py)))))
+            (local.set $pp (i32.add (local.get $pp) (i32.const 4)))
+            (local.set $py (i32.add (local.get $py) (local.get $yb)))
+            (local.set $s (i32.sub (local.get $s) (i32.const 1)))
+            (br $sl)))
+        (local.set $pp (i32.add (local.get $out) (i32.shl (local.get $d) (i32.const 2))))
+        (call $nn_store (local.get $pp) (local.get $c0) (local.get $acc))
+        (call $nn_store (i32.add (local.get $pp) (i32.const 16)) (local.get $c1) (local.get $acc))
+        (local.set $d (i32.add (local.get $d) (i32.const 8)))
+        (br $l8)))
+    (if (i32.le_s (i32.add (local.get $d) (i32.const 4)) (local.get $hd))
+      (then
+        (local.set $c0 (v128.const i32x4 0 0 0 0))
+        (local.set $pp (local.get $p))
+        (local.set $py (i32.add (local.get $y) (i32.shl (local.get $d) (i32.const 2))))
+        (local.set $s (local.get $n))
+        (block $tx
+          (loop $tl
+            (br_if $tx (i32.eqz (local.get $s)))
+            (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (f32x4.splat (f32.load (local.get $pp))) (v128.load (local.get $py)))))
+            (local.set $pp (i32.add (local.get $pp) (i32.const 4)))
+            (local.set $py (i32.add (local.get $py) (local.get $yb)))
+            (local.set $s (i32.sub (local.get $s) (i32.const 1)))
+            (br $tl)))
+        (call $nn_store (i32.add (local.get $out) (i32.shl (local.get $d) (i32.const 2))) (local.get $c0) (local.get $acc))
+        (local.set $d (i32.add (local.get $d) (i32.const 4)))))
+    (block $x1
+      (loop $l1
+        (br_if $x1 (i32.ge_s (local.get $d) (local.get $hd)))
+        (local.set $c (f32.const 0))
+        (local.set $pp (local.get $p))
+        (local.set $py (i32.add (local.get $y) (i32.shl (local.get $d) (i32.const 2))))
+        (local.set $s (local.get $n))
+        (block $ux
+          (loop $ul
+            (br_if $ux (i32.eqz (local.get $s)))
+            (local.set $c (f32.add (local.get $c) (f32.mul (f32.load (local.get $pp)) (f32.load (local.get $py)))))
+            (local.set $pp (i32.add (local.get $pp) (i32.const 4)))
+            (local.set $py (i32.add (local.get $py) (local.get $yb)))
+            (local.set $s (i32.sub (local.get $s) (i32.const 1)))
+            (br $ul)))
+        (local.set $pp (i32.add (local.get $out) (i32.shl (local.get $d) (i32.const 2))))
+        (if (local.get $acc) (then (local.set $c (f32.add (f32.load (local.get $pp)) (local.get $c)))))
+        (f32.store (local.get $pp) (local.get $c))
+        (local.set $d (i32.add (local.get $d) (i32.const 1)))
+        (br $l1))))
+
+  ;; dst[s*ys + d] += a[s] * x[d] for s < n, d < hd.
+  (func (export "attn_outer") (param $dst i32) (param $a i32) (param $x i32) (param $ys i32) (param $n i32) (param $hd i32)
+    (local $yb i32) (local $h4 i32) (local $db i32) (local $w v128) (local $ws f32) (local $pd i32)
+    (local.set $yb (i32.shl (local.get $ys) (i32.const 2)))
+    (local.set $h4 (i32.and (i32.shl (local.get $hd) (i32.const 2)) (i32.const -16)))
+    (block $sx
+      (loop $sl
+        (br_if $sx (i32.eqz (local.get $n)))
+        (local.set $ws (f32.load (local.get $a)))
+        (local.set $w (f32x4.splat (local.get $ws)))
+        (local.set $db (i32.const 0))
+        (block $dx
+          (loop $dl
+            (br_if $dx (i32.ge_u (local.get $db) (local.get $h4)))
+            (local.set $pd (i32.add (local.get $dst) (local.get $db)))
+            (v128.store (local.get $pd) (f32x4.add (v128.load (local.get $pd))
+              (f32x4.mul (local.get $w) (v128.load (i32.add (local.get $x) (local.get $db))))))
+            (local.set $db (i32.add (local.get $db) (i32.const 16)))
+            (br $dl)))
+        (block $tx
+          (loop $tl
+            (br_if $tx (i32.ge_u (local.get $db) (i32.shl (local.get $hd) (i32.const 2))))
+            (local.set $pd (i32.add (local.get $dst) (local.get $db)))
+            (f32.store (local.get $pd) (f32.add (f32.load (local.get $pd))
+              (f32.mul (local.get $ws) (f32.load (i32.add (local.get $x) (local.get $db))))))
+            (local.set $db (i32.add (local.get $db) (i32.const 4)))
+            (br $tl)))
+        (local.set $a (i32.add (local.get $a) (i32.const 4)))
+        (local.set $dst (i32.add (local.get $dst) (local.get $yb)))
+        (local.set $n (i32.sub (local.get $n) (i32.const 1)))
+        (br $sl))))
 )
