@@ -72,21 +72,28 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
 /** A deterministic fake compiler: CUBIN = "CUBIN" + sha256(source + options). Counts calls and concurrency. */
 export class FakeCompiler implements KernelCompiler {
   version = 'fake-1.0';
+  build = 'fake-build-a';
   calls = 0;
+  /** The labels the cache passed (spec.describe()), in call order. */
+  readonly labels: string[] = [];
   inFlight = 0;
   maxInFlight = 0;
   constructor(private readonly delayMs = 0) {}
-  private build(source: string, options: readonly string[]): Uint8Array {
+  private make(source: string, options: readonly string[]): Uint8Array {
     this.calls++;
     return Buffer.concat([Buffer.from('CUBIN'), createHash('sha256').update(`${source}|${options.join(' ')}`).digest()]);
   }
-  compileSync(source: string, _name: string, options: readonly string[]): Uint8Array { return this.build(source, options); }
-  async compile(source: string, _name: string, options: readonly string[]): Promise<Uint8Array> {
+  compileSync(source: string, _name: string, options: readonly string[], label?: string): Uint8Array {
+    if (label !== undefined) this.labels.push(label);
+    return this.make(source, options);
+  }
+  async compile(source: string, _name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
+    if (label !== undefined) this.labels.push(label);
     this.inFlight++;
     this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
     await new Promise((r) => setTimeout(r, this.delayMs));
     this.inFlight--;
-    return this.build(source, options);
+    return this.make(source, options);
   }
 }
 

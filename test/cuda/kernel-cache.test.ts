@@ -5,7 +5,6 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -28,14 +27,45 @@ function mk(dir: string | null, extra: Partial<ConstructorParameters<typeof Kern
   return { cache, lines, compiler };
 }
 
-test('key = sha256(source \\0 options \\0 arch \\0 version); arch and compiler version change it', () => {
-  const { cache } = mk(null);
-  const expect = createHash('sha256')
-    .update(`${specA.source()}\0${cache.options.join(' ')}\0sm_90\0fake-1.0`).digest('hex');
-  assert.equal(cache.keyOf(specA), expect);
-  assert.notEqual(cacheKey(specA.source(), cache.options, 'sm_80', 'fake-1.0'), expect);
-  assert.notEqual(cacheKey(specA.source(), cache.options, 'sm_90', 'fake-1.1'), expect);
+test('key: sha256 hex of source, options, arch, compiler version and build; each one changes it', () => {
+  const { cache, compiler } = mk(null);
+  const id = { version: compiler.version, build: compiler.build };
+  const base = cacheKey(specA.source(), cache.options, 'sm_90', id);
+  assert.match(base, /^[0-9a-f]{64}$/);
+  assert.equal(cache.keyOf(specA), base, 'the cache keys with the same function and its compiler');
+  const variants = [
+    cacheKey(specB.source(), cache.options, 'sm_90', id),
+    cacheKey(specA.source(), [...cache.options, '-lineinfo'], 'sm_90', id),
+    cacheKey(specA.source(), cache.options, 'sm_80', id),
+    cacheKey(specA.source(), cache.options, 'sm_90', { ...id, version: 'fake-1.1' }),
+    cacheKey(specA.source(), cache.options, 'sm_90', { ...id, build: 'fake-build-b' }),
+  ];
+  assert.equal(new Set([base, ...variants]).size, variants.length + 1);
+  // Fields are separated, so moving text from one field into the next cannot collide.
+  assert.notEqual(cacheKey('s', cache.options, 'sm_90', { version: 'v1', build: '0' }),
+    cacheKey('s', cache.options, 'sm_90', { version: 'v', build: '10' }));
   assert.ok(cache.options.includes('--gpu-architecture=sm_90'));
+});
+
+test('two builds of one compiler version do not share disk entries', async () => {
+  const dir = tmp();
+  const a = mk(dir);
+  await a.cache.prewarm([specA]);
+  const other = new FakeCompiler();
+  other.build = 'fake-build-b';
+  const b = new KernelCache({ compiler: other, arch: 'sm_90', dir, strict: true, log: () => {} });
+  assert.notEqual(b.keyOf(specA), a.cache.keyOf(specA));
+  await b.prewarm([specA]);
+  assert.equal(other.calls, 1, 'the other build compiles its own entry');
+  assert.equal(b.counters.loadedFromDisk, 0);
+});
+
+test('the cache passes spec.describe() to the compiler (compile errors name the baked parameters)', async () => {
+  const { cache, compiler } = mk(null, { strict: false });
+  await cache.prewarm([specA], { seal: false });
+  cache.get(specC);
+  assert.deepEqual(compiler.labels, [specA.describe(), specC.describe()]);
+  assert.match(compiler.labels[0]!, /rmsnorm_fwd .*eps=0\.000001 .*C=896/);
 });
 
 test('disk round trip: a second cache loads instead of compiling', async () => {

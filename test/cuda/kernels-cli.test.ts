@@ -6,7 +6,13 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import { tmpdir } from 'node:os';
 import * as path from 'node:path';
-import { kernelsCommand, setKernelsOutput } from '../../src/backend/cuda/cli.js';
+import { adamFromArgs, auditClosures, jobFromArgs, kernelsCommand, notInPlan, setKernelsOutput } from '../../src/backend/cuda/cli.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import { kernelsCommand as kernelsCli } from '../../src/cli/commands/kernels.js';
+import { UsageError } from '../../src/cli/args.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
+import { DEFAULT_RUN_OPTIONS as D } from '../../src/train/options.js';
+import { DistilleryError } from '../../src/util/errors.js';
 import { encodeEntry } from '../../src/backend/cuda/kernel-cache.js';
 import { tryNvrtc } from '../../src/backend/cuda/ffi/nvrtc.js';
 
@@ -52,4 +58,36 @@ test('kernels warm compiles the plan into the cache for --arch without a GPU', {
   const again = await capture(() => kernelsCommand('warm', { model: 'tiny', arch: 'sm_80', cacheDir: dir }));
   assert.match(again.text, /^warm: \d+ kernels: compiled 0 /m);
   fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('--beta1/--beta2/--adam-eps reach the planned and audited adamw kernel', async () => {
+  assert.deepEqual(adamFromArgs({}), { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
+  const job = jobFromArgs({ model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 });
+  assert.deepEqual(job.adam, { beta1: 0.8, beta2: 0.999, eps: 1e-6, weightDecay: D.weightDecay });
+  const adamLine = (t: string): string => /^adamw .*$/m.exec(t)?.[0] ?? '';
+  const dflt = await capture(() => kernelsCommand('plan', { model: 'tiny' }));
+  const custom = await capture(() => kernelsCommand('plan', { model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 }));
+  assert.match(adamLine(dflt.text), new RegExp(`beta1=${D.beta1} beta2=${D.beta2} eps=${D.adamEps}`));
+  assert.match(adamLine(custom.text), /beta1=0\.8 beta2=0\.999 eps=0\.000001/);
+  assert.notEqual(adamLine(custom.text).split(/\s+/)[1], adamLine(dflt.text).split(/\s+/)[1], 'different key');
+  const audit = await capture(() => kernelsCommand('audit', { model: 'tiny', beta2: 0.999 }));
+  assert.equal(audit.code, 0, audit.text);
+  assert.match(audit.text, /adamw beta1=0\.9 beta2=0\.999/);
+  // The audit checks the job's own optimizer against the plan: a plan with other betas lacks its kernel.
+  const planDefault = planKernels(jobClosures(jobFromArgs({ model: 'tiny' })));
+  assert.ok(notInPlan(planDefault, auditClosures(job)).missing.some((s) => s.family === 'adamw'));
+  for (const bad of [{ beta1: 1 }, { beta2: -0.1 }, { adamEps: 0 }]) {
+    assert.throws(() => jobFromArgs({ model: 'tiny', ...bad }), DistilleryError);
+  }
+});
+
+test('the kernels command accepts --beta1/--beta2/--adam-eps and --kernel-cache-dir as --cache-dir', async () => {
+  const calls: Array<[string, Record<string, unknown>]> = [];
+  const deps = { kernelsCommand: (sub: string, args: Record<string, unknown>) => { calls.push([sub, args]); return Promise.resolve(0); } };
+  const io = { out: () => {}, err: () => {} };
+  assert.equal(await kernelsCli.run(['plan', '--beta1', '0.8', '--beta2', '0.999', '--adam-eps', '1e-6', '--kernel-cache-dir', '/tmp/kc'], io, deps), 0);
+  assert.deepEqual(calls[0], ['plan', { beta1: 0.8, beta2: 0.999, adamEps: 1e-6, cacheDir: '/tmp/kc' }]);
+  assert.equal(await kernelsCli.run(['list', '--cache-dir', '/tmp/a', '--kernel-cache-dir', '/tmp/a'], io, deps), 0);
+  assert.deepEqual(calls[1], ['list', { cacheDir: '/tmp/a' }]);
+  await assert.rejects(kernelsCli.run(['list', '--cache-dir', '/tmp/a', '--kernel-cache-dir', '/tmp/b'], io, deps), UsageError);
 });

@@ -30,7 +30,7 @@ function mutate(d: ParamDomain, v: ParamValue): ParamValue {
 }
 
 const stripComments = (s: string) => s.replace(/\/\/[^\n]*/g, '').replace(/\/\*[\s\S]*?\*\//g, '');
-const key = (src: string) => cacheKey(src, compileOptions('sm_90'), 'sm_90', 'nvrtc-test');
+const key = (src: string) => cacheKey(src, compileOptions('sm_90'), 'sm_90', { version: 'nvrtc-test', build: 'test-build' });
 
 test('every family declares exactly the parameters its example uses', () => {
   assert.ok(ALL_FAMILIES.length >= 20);

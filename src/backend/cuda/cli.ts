@@ -23,7 +23,7 @@ import { Generator } from '../../model/generate.js';
 import { jobClosures, type JobShape } from '../../train/kernel-plan.js';
 import { DEFAULT_RUN_OPTIONS as D } from '../../train/options.js';
 import { StepRunner, type Batch } from '../../train/step.js';
-import { AdamW } from '../../train/optimizer.js';
+import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
 import { DistilleryError } from '../../util/errors.js';
 import { planKernels } from './plan.js';
 import { cacheKey, compileOptions, decodeEntry, defaultCacheDir, KernelCache } from './kernel-cache.js';
@@ -52,6 +52,19 @@ export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
   return parseHfConfig(j as Record<string, unknown>);
 }
 
+/**
+ * AdamW settings from --beta1, --beta2, --adam-eps (the adamw kernel bakes all three, so a plan for a run with
+ * other values must use them); the weight decay is a runtime argument and stays the default.
+ */
+export function adamFromArgs(a: Args): AdamWOptions {
+  const beta1 = num(a, 'beta1', D.beta1), beta2 = num(a, 'beta2', D.beta2), eps = num(a, 'adamEps', D.adamEps);
+  for (const [flag, v] of [['--beta1', beta1], ['--beta2', beta2]] as const) {
+    if (!(v >= 0 && v < 1)) throw new DistilleryError(`${flag} must be >= 0 and < 1, got ${v}`, `pass the value the run uses (default ${flag === '--beta1' ? D.beta1 : D.beta2})`);
+  }
+  if (!(eps > 0) || !Number.isFinite(eps)) throw new DistilleryError(`--adam-eps must be > 0, got ${eps}`, `pass the value the run uses (default ${D.adamEps})`);
+  return { beta1, beta2, eps, weightDecay: D.weightDecay };
+}
+
 /** The job a `kernels` subcommand is about, from its flags. */
 export function jobFromArgs(a: Args): JobShape {
   const model = str(a, 'model') ?? D.model;
@@ -68,7 +81,7 @@ export function jobFromArgs(a: Args): JobShape {
   const batch = num(a, 'batch', D.batch), seq = num(a, 'seq', D.seq);
   return {
     student, teacher, batch, seq, loss, train: true, evaluate: true,
-    adam: { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay },
+    adam: adamFromArgs(a),
     generateLen: Math.min(student.maxPositionEmbeddings, Math.max(seq, 2)),
   };
 }
@@ -81,7 +94,8 @@ function paramsText(s: KernelSpec): string {
 
 function describeJob(j: JobShape): string {
   const m = (c: ModelConfig): string => `${c.architecture} C=${c.hiddenSize} L=${c.numLayers} heads=${c.numHeads}/${c.numKvHeads} hd=${c.headDim} eps=${c.rmsNormEps} theta=${c.ropeTheta}`;
-  return `student ${m(j.student)}${j.teacher ? `; teacher ${m(j.teacher)}` : ''}; batch ${j.batch}, seq ${j.seq}, loss ${j.loss?.kind ?? 'none'}`;
+  const adam = j.train && j.adam ? `, adamw beta1=${j.adam.beta1} beta2=${j.adam.beta2} eps=${j.adam.eps}` : '';
+  return `student ${m(j.student)}${j.teacher ? `; teacher ${m(j.teacher)}` : ''}; batch ${j.batch}, seq ${j.seq}, loss ${j.loss?.kind ?? 'none'}${adam}`;
 }
 
 function planCmd(a: Args): number {
@@ -89,13 +103,13 @@ function planCmd(a: Args): number {
   const specs = planKernels(jobClosures(job));
   const arch = str(a, 'arch') ?? 'sm_90';
   const nvrtc = tryNvrtc();
-  const key = (s: KernelSpec): string => (nvrtc ? cacheKey(s.source(), compileOptions(arch), arch, nvrtc.version) : sourceHash(s));
+  const key = (s: KernelSpec): string => (nvrtc ? cacheKey(s.source(), compileOptions(arch), arch, nvrtc) : sourceHash(s));
   if (a.json === true) {
-    out(JSON.stringify({ arch, compiler: nvrtc?.version ?? null, kernels: specs.map((s) => ({ family: s.family, key: key(s), params: s.params })) }));
+    out(JSON.stringify({ arch, compiler: nvrtc?.version ?? null, compilerBuild: nvrtc?.build ?? null, kernels: specs.map((s) => ({ family: s.family, key: key(s), params: s.params })) }));
     return 0;
   }
   out(`# ${describeJob(job)}`);
-  out(`# ${specs.length} kernels; ${nvrtc ? `cache keys for ${arch} with ${nvrtc.version}` : 'source hashes (NVRTC not found: cache keys need its version)'}`);
+  out(`# ${specs.length} kernels; ${nvrtc ? `cache keys for ${arch} with ${nvrtc.version} (${nvrtc.build})` : 'source hashes (NVRTC not found: cache keys need its version)'}`);
   for (const s of specs) out(`${s.family.padEnd(18)} ${key(s).slice(0, 16)}  ${paramsText(s)}`);
   return 0;
 }
@@ -125,7 +139,7 @@ async function warmCmd(a: Args, compiler: KernelCompiler | null = tryNvrtc()): P
     log: (l) => { const m = /\s(\d+)ms$/.exec(l); if (m) compileMs += Number(m[1]); out(l); },
   });
   out(`# ${describeJob(job)}`);
-  out(`# warming ${specs.length} kernels for ${arch} with ${compiler.version} into ${dir}`);
+  out(`# warming ${specs.length} kernels for ${arch} with ${compiler.version} (${compiler.build}) into ${dir}`);
   const t0 = performance.now();
   await cache.prewarm(specs);
   const c = cache.counters;

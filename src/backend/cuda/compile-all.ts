@@ -27,7 +27,7 @@ export async function compileAll(specs: readonly KernelSpec[], archs: readonly s
       const { arch, spec } = jobs[i]!;
       const t0 = performance.now();
       try {
-        const cubin = await compiler.compile(spec.source(), spec.entry, compileOptions(arch));
+        const cubin = await compiler.compile(spec.source(), spec.entry, compileOptions(arch), spec.describe());
         results[i] = { arch, spec, ok: true, ms: performance.now() - t0, bytes: cubin.length };
       } catch (e) {
         results[i] = { arch, spec, ok: false, ms: performance.now() - t0, bytes: 0, error: (e as Error).message };

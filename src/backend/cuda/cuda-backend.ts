@@ -112,6 +112,13 @@ export class CudaBackend implements Backend {
   get cache(): KernelCache | null { return this.dev?.cache ?? null; }
   get bytesInUse(): number { return this.bytesAllocated; }
 
+  /** Free and total memory of the GPU (cuMemGetInfo); null in trace mode, which has no GPU. */
+  deviceMemory(): { free: number; total: number } | null {
+    if (!this.dev) return null;
+    if (this.disposed) throw new Error('CudaBackend used after dispose()');
+    return this.dev.driver.memInfo();
+  }
+
   // ---- kernel launch: the one place both modes meet -------------------------------------------------
   private launch(spec: KernelSpec, grid: readonly [number, number, number], block: number, args: Arg[]): void {
     this.launches.set(spec.family, (this.launches.get(spec.family) ?? 0) + 1);
@@ -221,12 +228,20 @@ export class CudaBackend implements Backend {
     if (this.disposed) return;
     this.disposed = true;
     if (this.dev) {
-      try { this.dev.driver.synchronize('finishing before dispose'); } catch { /* report below */ }
-      this.dev.log?.(this.dev.cache.summary());
-      for (const b of this.allocations) { try { this.dev.driver.memFree(b.ptr); } catch { /* keep freeing */ } }
-      for (const m of this.modules) this.dev.driver.unloadModule(m);
-      this.dev.cublas.destroy();
-      this.dev.driver.release();
+      // Dispose never throws: every failure is logged by name (CudaError's message) and the teardown goes on.
+      const dev = this.dev;
+      const log = dev.log ?? ((l: string) => process.stderr.write(`${l}\n`));
+      const attempt = (what: string, fn: () => void): void => {
+        try { fn(); } catch (e) { log(`[cuda] dispose: ${what} failed: ${e instanceof Error ? e.message : String(e)}`); }
+      };
+      attempt('synchronize', () => dev.driver.synchronize('finishing before dispose'));
+      log(dev.cache.summary());
+      for (const b of this.allocations) attempt(`freeing ${b.label}`, () => dev.driver.memFree(b.ptr));
+      for (const m of this.modules) attempt('unloading a kernel module', () => dev.driver.unloadModule(m));
+      this.modules.length = 0;
+      this.fns.clear();
+      attempt('destroying the cuBLAS handle', () => dev.cublas.destroy());
+      attempt('releasing the CUDA context', () => dev.driver.release());
     }
     this.allocations.length = 0;
     this.bytesAllocated = 0;

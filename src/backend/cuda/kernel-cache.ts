@@ -2,7 +2,9 @@
  * THE kernel cache: the one place a generated kernel becomes a CUBIN.
  *
  * - Key (correct by construction, never hand-typed):
- *     sha256(source + "\0" + options.join(" ") + "\0" + arch + "\0" + nvrtcVersion)
+ *     sha256(source + "\0" + options.join(" ") + "\0" + arch + "\0" + compiler.version + "\0" + compiler.build)
+ *   where compiler.version is e.g. 'nvrtc-11.8' and compiler.build identifies the library file itself (its real
+ *   name, size and a hash of its first MiB), so two builds of one NVRTC version never share entries.
  * - Tiers: memory → disk → compile. Disk lives in $DISTILLERY_CACHE_DIR, else $XDG_CACHE_HOME/distillery/kernels,
  *   else ~/.cache/distillery/kernels. One file per key, `<key>.cubin`, written atomically (temp + rename), with
  *   a header [magic 8 | key 64 | payload length u64 | sha256(payload) 32 | payload]. A corrupt, truncated or
@@ -40,8 +42,13 @@ export function compileOptions(arch: string, extra: readonly string[] = []): str
   return [`--gpu-architecture=${arch}`, '--std=c++17', ...extra];
 }
 
-export function cacheKey(source: string, options: readonly string[], arch: string, compilerVersion: string): string {
-  return createHash('sha256').update(`${source}\0${options.join(' ')}\0${arch}\0${compilerVersion}`).digest('hex');
+/** What a key takes from the compiler: its version and the identity of its build (see KernelCompiler). */
+export type CompilerIdentity = Pick<KernelCompiler, 'version' | 'build'>;
+
+/** THE cache key (the only place one is derived). */
+export function cacheKey(source: string, options: readonly string[], arch: string, compiler: CompilerIdentity): string {
+  return createHash('sha256')
+    .update(`${source}\0${options.join(' ')}\0${arch}\0${compiler.version}\0${compiler.build}`).digest('hex');
 }
 
 /** File operations the atomic writer uses (injectable so tests can simulate a crash mid-write). */
@@ -136,7 +143,7 @@ export class KernelCache {
   keyOf(spec: KernelSpec): string {
     let k = this.keys.get(spec);
     if (k === undefined) {
-      k = cacheKey(spec.source(), this.options, this.arch, this.compiler.version);
+      k = cacheKey(spec.source(), this.options, this.arch, this.compiler);
       this.keys.set(spec, k);
     }
     return k;
@@ -162,7 +169,7 @@ export class KernelCache {
     const fromDisk = this.readDisk(key);
     if (fromDisk) { this.mem.set(key, fromDisk); return fromDisk; }
     const t0 = performance.now();
-    const cubin = this.compiler.compileSync(spec.source(), spec.entry, this.options);
+    const cubin = this.compiler.compileSync(spec.source(), spec.entry, this.options, spec.describe());
     this.stored(spec, key, cubin, performance.now() - t0);
     return cubin;
   }
@@ -184,7 +191,7 @@ export class KernelCache {
         const [key, spec] = item;
         const t0 = performance.now();
         try {
-          const cubin = await this.compiler.compile(spec.source(), spec.entry, this.options);
+          const cubin = await this.compiler.compile(spec.source(), spec.entry, this.options, spec.describe());
           this.stored(spec, key, cubin, performance.now() - t0);
         } catch (e) { errors.push(e); }
       }

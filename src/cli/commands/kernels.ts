@@ -24,9 +24,13 @@ const FLAGS: FlagSpec[] = [
   { name: 'alpha', kind: 'number', description: 'distillation weight (baked into the loss kernel)' },
   { name: 'temperature', kind: 'number', description: 'distillation temperature (baked into the loss kernel)' },
   { name: 'beta', kind: 'number', description: 'JSD mixture weight (baked into the loss kernel)' },
+  { name: 'beta1', kind: 'number', description: 'AdamW beta1 (baked into the adamw kernel; default as for train)' },
+  { name: 'beta2', kind: 'number', description: 'AdamW beta2 (baked into the adamw kernel; default as for train)' },
+  { name: 'adam-eps', kind: 'number', description: 'AdamW epsilon (baked into the adamw kernel; default as for train)' },
   { name: 'vocab-size', kind: 'integer', description: 'vocabulary size (for presets)' },
   { name: 'arch', kind: 'string', metavar: '<sm_XX>', description: 'GPU architecture for keys and compiles (warm: default the GPU\'s; plan: sm_90)' },
   { name: 'cache-dir', kind: 'string', metavar: '<dir>', description: 'kernel cache folder (default: the CUDA backend\'s)' },
+  { name: 'kernel-cache-dir', kind: 'string', metavar: '<dir>', description: 'same as --cache-dir (the name train, distill, eval and generate use)' },
   { name: 'json', kind: 'boolean', description: 'machine-readable output' },
   { name: 'verbose', kind: 'boolean', description: 'one line per kernel' },
 ];
@@ -71,6 +75,13 @@ export const kernelsCommand: Command = {
     }
     const args: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(parsed.values)) args[kebabToCamel(k)] = v;
+    if (args.kernelCacheDir !== undefined) {
+      if (args.cacheDir !== undefined && args.cacheDir !== args.kernelCacheDir) {
+        throw new UsageError('kernels: --cache-dir and --kernel-cache-dir name different folders', 'pass only one of them');
+      }
+      args.cacheDir = args.kernelCacheDir;
+      delete args.kernelCacheDir;
+    }
     return fn(sub, args);
   },
 };

@@ -56,7 +56,11 @@ export class Cublas {
     );
   }
 
+  /** Destroys the handle (once); a failure is thrown by name. */
   destroy(): void {
-    if (this.handle !== null) { this.f.destroy!(this.handle); this.handle = null; }
+    if (this.handle === null) return;
+    const h = this.handle;
+    this.handle = null;
+    this.check(this.f.destroy!(h), 'cublasDestroy', 'destroying the cuBLAS handle');
   }
 }

@@ -116,7 +116,7 @@ export class CudaDriver {
     this.check(this.f.moduleGetFunction!(fn, mod[0], entry), `cuModuleGetFunction(${entry})`, context);
     return { module: mod[0], fn: fn[0] };
   }
-  unloadModule(mod: unknown): void { this.f.moduleUnload!(mod); }
+  unloadModule(mod: unknown): void { this.check(this.f.moduleUnload!(mod), 'cuModuleUnload', 'unloading a kernel module'); }
 
   /** params: a buffer of pointers to each argument's storage (CUDA copies them at launch). */
   launch(fn: unknown, grid: readonly [number, number, number], block: number, shmem: number, params: Buffer, context: string): void {
@@ -126,7 +126,10 @@ export class CudaDriver {
     );
   }
 
+  /** Releases the primary context (once); a failure is thrown by name. */
   release(): void {
-    if (this.ctx !== null) { this.f.primaryCtxRelease!(this.device); this.ctx = null; }
+    if (this.ctx === null) return;
+    this.ctx = null;
+    this.check(this.f.primaryCtxRelease!(this.device), 'cuDevicePrimaryCtxRelease', 'releasing the CUDA context');
   }
 }

@@ -10,8 +10,10 @@
  * Everything touching the system is injectable (`FinderEnv`) so the tests can simulate missing libraries.
  */
 import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
 import { existsSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import koffi from 'koffi';
 import { DistilleryError } from '../../../util/errors.js';
 
@@ -124,4 +126,65 @@ export function requireLibraries<N extends CudaLibName>(names: readonly N[], fe:
   }
   if (missing.length) throw missingLibraryError(missing);
   return out;
+}
+
+/** What libraryFile() reads from the system (injectable for tests). */
+export interface FileProbe {
+  exists(path: string): boolean;
+  realpath(path: string): string;
+  /** /proc/self/maps ('' when unavailable). */
+  maps(): string;
+  /** `ldconfig -p` output ('' when unavailable). */
+  ldconfig(): string;
+}
+
+export const systemFileProbe: FileProbe = {
+  exists: existsSync,
+  realpath: (p) => fs.realpathSync(p),
+  maps: () => { try { return fs.readFileSync('/proc/self/maps', 'utf8'); } catch { return ''; } },
+  ldconfig: () => systemFinderEnv.ldconfig(),
+};
+
+/**
+ * The real file a library was opened from, given what openLibrary() passed to dlopen (a path, or a bare soname
+ * the loader resolved): the path itself when it is one; else the mapped file of this process whose name starts
+ * with the same `lib<name>.so` (the loader's actual choice); else ldconfig's entry for the soname. Symlinks are
+ * resolved. Null when nothing is found.
+ */
+export function libraryFile(opened: string, probe: FileProbe = systemFileProbe): string | null {
+  const real = (p: string): string | null => { try { return probe.exists(p) ? probe.realpath(p) : null; } catch { return null; } };
+  if (opened.includes('/')) return real(opened);
+  const base = basename(opened);
+  const i = base.indexOf('.so');
+  const stem = i >= 0 ? base.slice(0, i + 3) : base;
+  for (const line of probe.maps().split('\n')) {
+    const m = /\s(\/\S+)\s*$/.exec(line);
+    if (!m) continue;
+    const b = basename(m[1]!);
+    if (b === stem || b.startsWith(`${stem}.`)) { const r = real(m[1]!); if (r) return r; }
+  }
+  for (const p of fromLdconfig(probe.ldconfig(), base)) { const r = real(p); if (r) return r; }
+  return null;
+}
+
+/**
+ * Identifies one build of a library file: `<real file name> <size in bytes> sha256:<first 16 hex digits of the
+ * hash of its first MiB>`. Two builds with one version number (11.8.89 vs a patched 11.8.x) differ here.
+ */
+export function fileBuildId(file: string): string {
+  const st = fs.statSync(file);
+  const fd = fs.openSync(file, 'r');
+  try {
+    const buf = Buffer.alloc(Math.min(st.size, 1 << 20));
+    let got = 0;
+    while (got < buf.length) {
+      const n = fs.readSync(fd, buf, got, buf.length - got, got);
+      if (n <= 0) break;
+      got += n;
+    }
+    const h = createHash('sha256').update(buf.subarray(0, got)).digest('hex').slice(0, 16);
+    return `${basename(file)} ${st.size} sha256:${h}`;
+  } finally {
+    fs.closeSync(fd);
+  }
 }

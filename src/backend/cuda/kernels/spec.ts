@@ -7,7 +7,7 @@
  *
  * Correctness by construction:
  * - `source()` is a pure function of (family, params); the kernel cache keys on a hash of that source (plus
- *   compile options, arch and NVRTC version), never on a hand-typed string, so two specs that differ in any
+ *   compile options, arch, NVRTC version and build), never on a hand-typed string, so two specs that differ in any
  *   baked parameter cannot share a cache entry.
  * - Every generated source starts with a header comment listing ALL declared parameters, so even a parameter a
  *   generator forgot to use still changes the key (over-keying is safe; under-keying served eps 1e-5 for 1e-6).
