@@ -5,7 +5,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { camelToKebab, closest, coerceValue, editDistance, formatHelp, kebabToCamel, parseArgs, UsageError, type FlagSpec } from '../../src/cli/args.js';
+import { camelToKebab, closest, coerceValue, editDistance, formatHelp, kebabToCamel, parseArgs, type FlagSpec } from '../../src/cli/args.js';
+import { usageError } from './fixtures.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'out', kind: 'string', description: 'out' },
@@ -17,14 +18,6 @@ const FLAGS: FlagSpec[] = [
   { name: 'temperature', kind: 'number', description: 'T' },
 ];
 
-function usageError(fn: () => unknown, re: RegExp, hint?: RegExp): void {
-  assert.throws(fn, (e: unknown) => {
-    assert.ok(e instanceof UsageError, `expected a UsageError, got ${String(e)}`);
-    assert.match(e.message, re);
-    if (hint) assert.match(e.hint ?? '', hint);
-    return true;
-  });
-}
 
 test('values: --flag value, --flag=value, numbers and integers converted', () => {
   const p = parseArgs(['--out', 'runs/x', '--lr=3e-4', '--steps', '10'], FLAGS, 'train');

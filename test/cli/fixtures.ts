@@ -6,7 +6,8 @@
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import type { Io } from '../../src/cli/args.js';
+import assert from 'node:assert/strict';
+import { UsageError, type Io } from '../../src/cli/args.js';
 import { writeCheckpoint } from '../../src/model/checkpoint.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
@@ -68,4 +69,14 @@ export function capture(): Captured {
     stderr: () => err.join(''),
     outPieces: out,
   };
+}
+
+/** Asserts that fn throws a UsageError whose message (and hint, if given) match. */
+export function usageError(fn: () => unknown, re: RegExp, hint?: RegExp): void {
+  assert.throws(fn, (e: unknown) => {
+    assert.ok(e instanceof UsageError, `expected a UsageError, got ${String(e)}`);
+    assert.match(e.message, re);
+    if (hint) assert.match(e.hint ?? '', hint);
+    return true;
+  });
 }

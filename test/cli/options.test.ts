@@ -8,10 +8,11 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { parseArgs, UsageError } from '../../src/cli/args.js';
+import { parseArgs } from '../../src/cli/args.js';
 import { configKeyToField, resolveRunOptions, runFlags, RUN_FIELDS, type FsProbe } from '../../src/cli/options.js';
 import { loadConfigFile, parseConfigText } from '../../src/cli/config.js';
 import { DEFAULT_RUN_OPTIONS } from '../../src/train/options.js';
+import { usageError } from './fixtures.js';
 
 /** A fake file system: these files exist; paths in `dirs` are folders. */
 function fakeFs(files: string[], dirs: string[] = []): FsProbe {
@@ -25,14 +26,6 @@ function resolve(mode: 'train' | 'distill', argv: string[], config?: { file: str
   return resolveRunOptions({ mode, flags, config, fs: probe });
 }
 
-function usageError(fn: () => unknown, re: RegExp, hint?: RegExp): void {
-  assert.throws(fn, (e: unknown) => {
-    assert.ok(e instanceof UsageError, `expected a UsageError, got ${String(e)}`);
-    assert.match(e.message, re);
-    if (hint) assert.match(e.hint ?? '', hint);
-    return true;
-  });
-}
 
 test('defaults come from DEFAULT_RUN_OPTIONS; mode, out and data from the command', () => {
   const { options, warnings } = resolve('train', ['--out', 'runs/x', '--data', 'a.txt']);

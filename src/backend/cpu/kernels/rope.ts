@@ -20,10 +20,15 @@ function tables(t: number, hd: number, theta: number, pos0: number): { cos: Floa
   return { cos, sin };
 }
 
-export function ropeForward(
+/**
+ * Rotates each (x[i], x[i + hd/2]) pair by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose
+ * Rᵀ (the backward). With accumulate the result is added to out. out may alias inp (each pair is read first).
+ */
+function rotate(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
+  sign: 1 | -1, accumulate: boolean, what: string,
 ): void {
-  if (hd % 2 !== 0) throw new RangeError(`ropeForward: head dim ${hd} must be even`);
+  if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
   const { cos, sin } = tables(t, hd, theta, pos0);
   for (let bi = 0; bi < b; bi++) {
@@ -33,34 +38,24 @@ export function ropeForward(
         const o = ((bi * t + p) * heads + h) * hd;
         for (let i = 0; i < half; i++) {
           const x0 = inp[o + i], x1 = inp[o + i + half];
-          const c = cos[tb + i], s = sin[tb + i];
-          out[o + i] = x0 * c - x1 * s;
-          out[o + i + half] = x1 * c + x0 * s;
+          const c = cos[tb + i], s = sign * sin[tb + i];
+          const y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+          if (accumulate) { out[o + i] += y0; out[o + i + half] += y1; } else { out[o + i] = y0; out[o + i + half] = y1; }
         }
       }
     }
   }
 }
 
+export function ropeForward(
+  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
+): void {
+  rotate(out, inp, b, t, heads, hd, theta, pos0, 1, false, 'ropeForward');
+}
+
 /** dinp += Rᵀ dout. */
 export function ropeBackward(
   dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
 ): void {
-  if (hd % 2 !== 0) throw new RangeError(`ropeBackward: head dim ${hd} must be even`);
-  const half = hd >> 1;
-  const { cos, sin } = tables(t, hd, theta, pos0);
-  for (let bi = 0; bi < b; bi++) {
-    for (let p = 0; p < t; p++) {
-      const tb = p * half;
-      for (let h = 0; h < heads; h++) {
-        const o = ((bi * t + p) * heads + h) * hd;
-        for (let i = 0; i < half; i++) {
-          const d0 = dout[o + i], d1 = dout[o + i + half];
-          const c = cos[tb + i], s = sin[tb + i];
-          dinp[o + i] += d0 * c + d1 * s;
-          dinp[o + i + half] += d1 * c - d0 * s;
-        }
-      }
-    }
-  }
+  rotate(dinp, dout, b, t, heads, hd, theta, pos0, -1, true, 'ropeBackward');
 }
