@@ -86,6 +86,7 @@ export function reportError(e: unknown, io: Io): number {
 
 /** Runs the CLI on argv (without `node` and the script); returns the exit code. */
 export async function main(argv: string[], io: Io = processIo, deps: Deps = {}): Promise<number> {
+  if (io === processIo) guardPipes(); // every command's stdout, including those that write to it directly
   try {
     const [first, ...rest] = argv;
     if (first === undefined) { io.err(globalHelp()); return 2; }
