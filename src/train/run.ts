@@ -137,152 +137,152 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
       'use a config.json whose vocab_size covers the tokenizer');
   }
-    const spec: LossSpec = o.mode === 'train'
-      ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
-      : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
-    const adam = { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay };
-    checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true });
-    // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
-    if (backend.prepare) {
-      await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, adam, train: true, evaluate: true }));
-    }
-    const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
-    const teacher = teacherCk
-      ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' })
-      : null;
-    if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
-    const runner = new StepRunner(student, teacher, spec);
-    const opt = new AdamW(student, adam);
-    const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
-    log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
+  const spec: LossSpec = o.mode === 'train'
+    ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
+    : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
+  const adam = { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay };
+  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true });
+  // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
+  if (backend.prepare) {
+    await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
+      loss: spec, adam, train: true, evaluate: true }));
+  }
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
+  const teacher = teacherCk
+    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' })
+    : null;
+  if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
+  const runner = new StepRunner(student, teacher, spec);
+  const opt = new AdamW(student, adam);
+  const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
+  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
 
-    let step = 0, tokensTrained = 0;
-    let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;
-    const metricsPath = path.join(out, 'metrics.jsonl');
-    if (saved) {
-      const s = saved;
-      student.setWeights(readCheckpoint(path.join(latest, 'model')).weights);
-      const moments = readSafetensors(path.join(latest, 'optimizer.safetensors')).tensors;
-      backend.upload(opt.m, moments.get('m')!.data);
-      backend.upload(opt.v, moments.get('v')!.data);
-      opt.step = s.optimizerStep;
-      loader.restore(s.loader);
-      step = s.step; tokensTrained = s.tokensTrained;
-      initialTrainLoss = s.initialTrainLoss; initialValLoss = s.initialValLoss; initialValCe = s.initialValCe;
-      truncateMetrics(metricsPath, step);
-      log(`resumed from ${latest} at step ${step}`);
-    } else {
-      student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
-      fs.writeFileSync(metricsPath, '');
+  let step = 0, tokensTrained = 0;
+  let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;
+  const metricsPath = path.join(out, 'metrics.jsonl');
+  if (saved) {
+    const s = saved;
+    student.setWeights(readCheckpoint(path.join(latest, 'model')).weights);
+    const moments = readSafetensors(path.join(latest, 'optimizer.safetensors')).tensors;
+    backend.upload(opt.m, moments.get('m')!.data);
+    backend.upload(opt.v, moments.get('v')!.data);
+    opt.step = s.optimizerStep;
+    loader.restore(s.loader);
+    step = s.step; tokensTrained = s.tokensTrained;
+    initialTrainLoss = s.initialTrainLoss; initialValLoss = s.initialValLoss; initialValCe = s.initialValCe;
+    truncateMetrics(metricsPath, step);
+    log(`resumed from ${latest} at step ${step}`);
+  } else {
+    student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
+    fs.writeFileSync(metricsPath, '');
+  }
+  const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
+  const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
+  const appendMetric = (m: Record<string, unknown>): void => fs.appendFileSync(metricsPath, JSON.stringify(m) + '\n');
+  if (!saved) {
+    const e = evaluate();
+    if (e) {
+      initialValLoss = e.meanLoss; initialValCe = e.meanCe;
+      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(teacher ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
+      log(`step 0: validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})`);
     }
-    const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
-    const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
-    const appendMetric = (m: Record<string, unknown>): void => fs.appendFileSync(metricsPath, JSON.stringify(m) + '\n');
-    if (!saved) {
-      const e = evaluate();
-      if (e) {
-        initialValLoss = e.meanLoss; initialValCe = e.meanCe;
-        appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(teacher ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
-        log(`step 0: validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})`);
-      }
-    }
+  }
 
-    const saveLatest = (): void => {
-      const state: SavedState = {
-        version: 1, step, optimizerStep: opt.step, loader: loader.state(), tokensTrained,
-        initialTrainLoss, initialValLoss, initialValCe, options: o,
-      };
-      const weights = Float32Array.from(student.getWeights());
-      const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
-      replaceDirAtomicSync(latest, (tmp) => {
-        writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', tokenizerJson: tokenizer.toJSON() });
-        hooks.duringCheckpointWrite?.(tmp, step);
-        writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
-          ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
-        ]), { dtype: 'f32' });
-        fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
-      });
+  const saveLatest = (): void => {
+    const state: SavedState = {
+      version: 1, step, optimizerStep: opt.step, loader: loader.state(), tokensTrained,
+      initialTrainLoss, initialValLoss, initialValCe, options: o,
     };
+    const weights = Float32Array.from(student.getWeights());
+    const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
+    replaceDirAtomicSync(latest, (tmp) => {
+      writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', tokenizerJson: tokenizer.toJSON() });
+      hooks.duringCheckpointWrite?.(tmp, step);
+      writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
+        ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
+      ]), { dtype: 'f32' });
+      fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
+    });
+  };
 
-    const started = Date.now();
-    const startStep = step, tokensAtStart = tokensTrained;
-    // Throughput counts training steps only (evaluation and checkpoint writes are excluded).
-    let stepSeconds = 0;
-    // The mean of the last 10 step losses (restored from metrics.jsonl on resume, so it matches an uninterrupted run).
-    const recent: number[] = readMetrics(metricsPath).filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10);
-    const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
-      process.stderr, startStep);
-    let status = 'completed';
-    let lastEval = null as ReturnType<typeof evaluate>;
-    /** summary.json: written at the end of every run, failed ones included. */
-    const writeSummary = (finalDir: string | null): RunSummary => {
-      const summary: RunSummary = {
-        mode: o.mode, out, finalDir, steps: step,
-        initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
-        initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
-        finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
-        tokensTrained, seconds: (Date.now() - started) / 1000,
-        tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
-        parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
-      };
-      writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
-      return summary;
+  const started = Date.now();
+  const startStep = step, tokensAtStart = tokensTrained;
+  // Throughput counts training steps only (evaluation and checkpoint writes are excluded).
+  let stepSeconds = 0;
+  // The mean of the last 10 step losses (restored from metrics.jsonl on resume, so it matches an uninterrupted run).
+  const recent: number[] = readMetrics(metricsPath).filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10);
+  const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
+    process.stderr, startStep);
+  let status = 'completed';
+  let lastEval = null as ReturnType<typeof evaluate>;
+  /** summary.json: written at the end of every run, failed ones included. */
+  const writeSummary = (finalDir: string | null): RunSummary => {
+    const summary: RunSummary = {
+      mode: o.mode, out, finalDir, steps: step,
+      initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
+      initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
+      finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
+      tokensTrained, seconds: (Date.now() - started) / 1000,
+      tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
+      parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
     };
-    try {
-      while (step < o.steps) {
-        const micro: Batch[] = [];
-        for (let a = 0; a < o.gradAccum; a++) {
-          const b = loader.next();
-          micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq });
-        }
-        const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
-        let r;
-        const stepStart = process.hrtime.bigint();
-        try {
-          r = runner.trainStep(micro, opt, lr, o.clip);
-          stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
-        } catch (e) {
-          if (e instanceof NonFiniteLossError) {
-            status = `failed at step ${step + 1}: ${e.message}`;
-            writeSummary(null);
-            throw new DistilleryError(`training stopped at step ${step + 1}: ${e.message}`,
-              `${fs.existsSync(latest) ? `the last good checkpoint is ${latest} (resume with --resume)` : 'no checkpoint had been saved yet'}; ${e.hint ?? ''}`);
-          }
-          throw e;
-        }
-        step++;
-        tokensTrained += r.tokens;
-        if (step === 1 && !saved) initialTrainLoss = r.loss;
-        recent.push(r.loss); if (recent.length > 10) recent.shift();
-        const secs = (Date.now() - started) / 1000;
-        const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
-        appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(teacher ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
-        if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
-        const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
-        if (step % o.evalEvery === 0 || last) {
-          lastEval = evaluate();
-          if (lastEval) {
-            appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(teacher ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
-            if (!o.quiet) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
-          }
-        }
-        if (step % o.saveEvery === 0 || last) saveLatest();
-        if (o.stopAfter > 0 && step >= o.stopAfter && step < o.steps) { status = 'stopped'; break; }
-      }
-    } finally {
-      if (!o.quiet) progress.done();
-      writeLossSvg(out, metricsPath, o.mode);
-    }
-    let finalDir: string | null = null;
-    if (status === 'completed') {
-      finalDir = path.join(out, 'final');
-      writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON() });
-    }
-    const summary = writeSummary(finalDir);
-    log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
-      `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
+    writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
+  };
+  try {
+    while (step < o.steps) {
+      const micro: Batch[] = [];
+      for (let a = 0; a < o.gradAccum; a++) {
+        const b = loader.next();
+        micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq });
+      }
+      const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
+      let r;
+      const stepStart = process.hrtime.bigint();
+      try {
+        r = runner.trainStep(micro, opt, lr, o.clip);
+        stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
+      } catch (e) {
+        if (e instanceof NonFiniteLossError) {
+          status = `failed at step ${step + 1}: ${e.message}`;
+          writeSummary(null);
+          throw new DistilleryError(`training stopped at step ${step + 1}: ${e.message}`,
+            `${fs.existsSync(latest) ? `the last good checkpoint is ${latest} (resume with --resume)` : 'no checkpoint had been saved yet'}; ${e.hint ?? ''}`);
+        }
+        throw e;
+      }
+      step++;
+      tokensTrained += r.tokens;
+      if (step === 1 && !saved) initialTrainLoss = r.loss;
+      recent.push(r.loss); if (recent.length > 10) recent.shift();
+      const secs = (Date.now() - started) / 1000;
+      const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
+      appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(teacher ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
+      if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
+      const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
+      if (step % o.evalEvery === 0 || last) {
+        lastEval = evaluate();
+        if (lastEval) {
+          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(teacher ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
+          if (!o.quiet) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
+        }
+      }
+      if (step % o.saveEvery === 0 || last) saveLatest();
+      if (o.stopAfter > 0 && step >= o.stopAfter && step < o.steps) { status = 'stopped'; break; }
+    }
+  } finally {
+    if (!o.quiet) progress.done();
+    writeLossSvg(out, metricsPath, o.mode);
+  }
+  let finalDir: string | null = null;
+  if (status === 'completed') {
+    finalDir = path.join(out, 'final');
+    writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON() });
+  }
+  const summary = writeSummary(finalDir);
+  log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
+    `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
+  return summary;
 }
 
 function fmt(x: number): string {
