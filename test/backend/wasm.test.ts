@@ -11,9 +11,10 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { CpuBackend, createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { GemmKernels, WasmArena, wasmModule } from '../../src/backend/cpu/wasm.js';
 import { Rng } from '../../src/util/rng.js';
+import { DistilleryError } from '../../src/util/errors.js';
 import { assertClose, bufOf, randn } from './helpers.js';
 
 /** Float32-rounded random data as float64 (so the reference sees exactly what the kernels see). */
@@ -181,4 +182,13 @@ test('fallback: kernel js, and a runtime without WebAssembly (one warning, JS ke
   assert.equal(r.stdout.trim(), `js js ${[0, 1, 2, 3, 4, 5, 6, 7].reduce((s, i) => s + i * i, 0)}`);
   const warnings = r.stderr.split('\n').filter((l) => l.includes('WebAssembly'));
   assert.equal(warnings.length, 1, `expected one warning line, got: ${r.stderr}`);
+});
+
+test('an allocation past the 4 GiB WebAssembly memory is a DistilleryError naming the buffer and the way out', () => {
+  const be = createCpuBackend({ threads: 1 });
+  try {
+    assert.throws(() => be.alloc(1.25 * 2 ** 30, 'student gradients'),
+      (e: unknown) => e instanceof DistilleryError && /student gradients/.test(e.message) && /--device cuda/.test(e.hint ?? ''));
+    assert.equal(be.download(be.alloc(4, 'still usable')).length, 4);
+  } finally { be.dispose(); }
 });

@@ -254,14 +254,30 @@ export class CpuBackend implements Backend {
   alloc(n: number, label: string): Buf {
     check(Number.isInteger(n) && n >= 0, `cpu backend: alloc('${label}'): bad size ${n}`);
     this.allocated += n * this.Ctor.BYTES_PER_ELEMENT;
-    return this.shared(n);
+    return this.outOfMemoryAsError(label, n * this.Ctor.BYTES_PER_ELEMENT, () => this.shared(n));
   }
 
   allocInt(n: number, label: string): IntBuf {
     check(Number.isInteger(n) && n >= 0, `cpu backend: allocInt('${label}'): bad size ${n}`);
     this.allocated += n * 4;
-    if (this.arena !== null) return this.arena.allocInt(n);
-    return new Int32Array(new SharedArrayBuffer(Math.max(1, n) * 4), 0, n);
+    return this.outOfMemoryAsError(label, n * 4, () => (this.arena !== null
+      ? this.arena.allocInt(n)
+      : new Int32Array(new SharedArrayBuffer(Math.max(1, n) * 4), 0, n)));
+  }
+
+  /** Turns a failed allocation (the 4 GiB WebAssembly memory, or the host) into a DistilleryError naming the buffer. */
+  private outOfMemoryAsError<T>(label: string, bytes: number, make: () => T): T {
+    try {
+      return make();
+    } catch (e) {
+      if (!(e instanceof RangeError)) throw e;
+      const gib = (x: number): string => `${(x / 2 ** 30).toFixed(2)} GiB`;
+      throw new DistilleryError(
+        `cpu backend: cannot allocate ${label} (${gib(bytes)}; ${gib(this.allocated)} requested so far): ${e.message}`,
+        this.arena !== null
+          ? 'the CPU backend keeps float32 buffers in one WebAssembly memory of at most 4 GiB: use a smaller model, --batch or --seq, --device cuda, or DISTILLERY_CPU_KERNEL=js (slower, no 4 GiB limit)'
+          : 'use a smaller model, --batch or --seq, or --device cuda');
+    }
   }
 
   view(buf: Buf, offset: number, length: number): Buf {
