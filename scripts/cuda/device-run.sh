@@ -6,7 +6,9 @@
 #      with Qwen's tokenizer, via the real CLI in strict kernel mode: cold (empty kernel cache) then warm start
 #   d) the PyTorch + HF peer (torch_kd_peer.py, eager) at the same shapes, and the tokens/s ratio
 #   e) HF compatibility (transformers loads our checkpoints; logits and tokenizer ids)
-# Every number lands in $OUT/summary.txt. Env: B (4), S (256), STEPS (50), TF32 (0/1), PARTS ("a c d e").
+# Every number lands in $OUT/summary.txt. Env: B (4), S (256), STEPS (50), TF32 (0/1), PARTS ("a c d e"),
+# PHASES ("cold warm": the distillation runs of part c), PROFILE (0/1: the cold run with DISTILLERY_CUDA_PROFILE=1,
+# its op table → $OUT/profile-cold.txt and the summary; the events cost a little host time per op).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-device-run}
@@ -14,7 +16,7 @@ mkdir -p "$out"
 sum="$out/summary.txt"
 : > "$sum"
 say() { echo "$*" | tee -a "$sum"; }
-B=${B:-4}; S=${S:-256}; STEPS=${STEPS:-50}; PARTS=${PARTS:-a c d e}
+B=${B:-4}; S=${S:-256}; STEPS=${STEPS:-50}; PARTS=${PARTS:-a c d e}; PHASES=${PHASES:-cold warm}; PROFILE=${PROFILE:-0}
 tf32=(); [ "${TF32:-0}" = 1 ] && tf32=(--tf32)
 work=/tmp/distillery-device-run; rm -rf "$work"; mkdir -p "$work"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1); node $(node --version)"
@@ -40,10 +42,11 @@ if [[ " $PARTS " == *" c "* ]]; then
   common=(distill --device cuda --teacher "$work/teacher" --data builtin:docs --max-chars 400000 --init "$work/student0"
     --batch "$B" --seq "$S" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 5 --eval-every 100000 --eval-batches 2
     --save-every 100000 --save-dtype bf16 --quiet --kernel-cache-dir "$cache" --strict-kernels "${tf32[@]}")
-  for phase in cold warm; do
+  for phase in $PHASES; do
     steps=$STEPS; [ $phase = warm ] && steps=6
+    prof=0; [ $phase = cold ] && prof=$PROFILE
     t0=$(date +%s.%N)
-    node bin/distillery.js "${common[@]}" --steps "$steps" --out "$work/run-$phase" --verbose-kernels > "$out/distill-$phase.log" 2>&1
+    DISTILLERY_CUDA_PROFILE=$prof node bin/distillery.js "${common[@]}" --steps "$steps" --out "$work/run-$phase" --verbose-kernels > "$out/distill-$phase.log" 2>&1
     rc=$?; [ $rc -ne 0 ] && rc_all=1
     wall=$(python3 -c "print(round($(date +%s.%N) - $t0, 1))")
     say "== c) distill $phase: rc=$rc, wall ${wall}s, batch $B seq $S steps $steps ${tf32[*]}"
@@ -51,6 +54,7 @@ if [[ " $PARTS " == *" c "* ]]; then
     echo "compile lines in the log: $(grep -c '^\[kernel-cache\] compile ' "$out/distill-$phase.log")" | tee -a "$sum"
     grep -E '^(student|distill|data):|rror' "$out/distill-$phase.log" | tee -a "$sum"
     [ $rc -ne 0 ] && tail -30 "$out/distill-$phase.log" | tee -a "$sum"
+    if [ "$prof" = 1 ]; then grep -E '^\[cuda-profile\]' "$out/distill-$phase.log" > "$out/profile-$phase.txt"; cat "$out/profile-$phase.txt" >> "$sum"; fi
     node -e '
       const rows = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined);
       if (!rows.length) { console.log("no steps"); process.exit(0); }

@@ -3,7 +3,7 @@
  * (float32) on the same random inputs, plus the real pre-warm/seal path and named CUDA errors.
  *
  * Metric: max |cuda - cpu| / max |cpu| over each compared buffer ≤ tol. tol is 1e-5 except where summation
- * order legitimately differs more: attention backward (dK/dV by atomicAdd across query rows and GQA heads) 1e-4,
+ * order legitimately differs more: attention backward (dK/dV summed over query rows and GQA heads in tiles) 1e-4,
  * and the loss (CPU reduces in float64, CUDA in float32 block reductions over the vocabulary) 2e-5.
  * Reduced precision (--tf32: cuBLAS rounds GEMM operands to TF32, a 10-bit mantissa): documented bound 4e-3 on
  * matrix products with k in the hundreds (operand rounding ~2^-11 relative, accumulated over k in float32).

@@ -57,9 +57,9 @@ export function representativeSpecs(): KernelSpec[] {
   for (const [headDim, theta] of [[64, 1e6], [128, 5e5], [128, 1e4], [16, 1e4]] as const) {
     mk('rope_fwd', { headDim, theta, block: 256 });
     mk('rope_bwd', { headDim, theta, block: 256 });
-    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_cached']) mk(fam, { headDim, block: 128 });
+    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) mk(fam, { headDim, block: 128 });
   }
-  mk('attention_bwd', { headDim: 256, block: 128 });
+  for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim: 256, block: 128 });
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     for (const withGrad of [true, false]) {
       for (const beta of kind === 'jsd' ? [0, 0.5, 1] : [0]) {

@@ -26,12 +26,16 @@ import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
-import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import {
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionCached, attentionForward, attnQueryTile,
+  kvCacheWrite,
+} from './kernels/attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
+import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 
 /** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
 export const ELEM_BLOCK = 256;
@@ -40,6 +44,8 @@ export const ATTN_BLOCK = 128;
 export const LOSS_BLOCK = 512;
 /** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
+/** Attention backward's per-row scratch (rowdot, one float per batch·head·query row); larger batches run in chunks. */
+export const DEFAULT_ATTN_ROWDOT = 1 << 20;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
 
@@ -63,8 +69,12 @@ export interface DeviceParts {
   cache: KernelCache;
   tf32?: boolean;
   scratchBlocks?: number;
+  /** Floats of attention backward's rowdot scratch (default DEFAULT_ATTN_ROWDOT). */
+  attnRowdotFloats?: number;
   cublasWorkspaceBytes?: number;
   log?: (line: string) => void;
+  /** Op-level GPU profile printed on dispose (default: DISTILLERY_CUDA_PROFILE=1). See profile.ts. */
+  profile?: boolean;
 }
 
 export class CudaBackend implements Backend {
@@ -86,8 +96,12 @@ export class CudaBackend implements Backend {
   private partials: CudaBuf | null = null;
   private readonly partialsHost: Float64Array;
   private workspace: CudaBuf | null = null;
+  private rowdot: CudaBuf | null = null;
+  private readonly rowdotFloats: number;
   private disposed = false;
   readonly scratchBlocks: number;
+  /** The op profiler (device mode with the profile on); null otherwise, and then each op pays one null check. */
+  private readonly prof: OpProfiler | null = null;
 
   constructor(mode: 'trace');
   constructor(mode: 'device', parts: DeviceParts);
@@ -97,15 +111,18 @@ export class CudaBackend implements Backend {
     if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
+    this.rowdotFloats = parts?.attnRowdotFloats ?? DEFAULT_ATTN_ROWDOT;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
       const base = koffiAddress(this.argSlots);
       for (let i = 0; i < MAX_ARGS; i++) this.argPtrs.writeBigUInt64LE(base + BigInt(i * 8), i * 8);
       this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
+      this.rowdot = this.rawAlloc(this.rowdotFloats, 'attention backward scratch');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
       this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
       this.dev.cublas.setWorkspace(this.workspace.ptr, ws);
       this.dev.cublas.setMathMode(parts!.tf32 ?? false);
+      if (parts!.profile ?? profileFromEnv()) this.prof = new OpProfiler(parts!.driver);
     }
   }
 
@@ -146,14 +163,21 @@ export class CudaBackend implements Backend {
         case 'f': s.writeFloatLE(a.v, o); break;
       }
     }
+    const prof = this.prof;
+    prof?.begin();
     this.dev.driver.launch(fn, grid, block, 0, this.argPtrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
+    prof?.end(spec.family);
   }
 
+  /** `profKey` names the GEMM in the op profile (op and shape). */
   private gemm(transA: number, transB: number, m: number, n: number, k: number, A: Buf, lda: number, B: Buf, ldb: number,
-    C: Buf, ldc: number, accumulate: boolean, what: string): void {
+    C: Buf, ldc: number, accumulate: boolean, what: string, profKey: string): void {
     if (!this.dev) return;
+    const prof = this.prof;
+    prof?.begin();
     this.dev.cublas.sgemm(transA, transB, m, n, k, (A as CudaBuf).ptr, lda, (B as CudaBuf).ptr, ldb, (C as CudaBuf).ptr, ldc,
       accumulate, what);
+    prof?.end(profKey);
   }
 
   // ---- memory ---------------------------------------------------------------------------------------
@@ -206,13 +230,21 @@ export class CudaBackend implements Backend {
 
   zero(buf: Buf): void {
     const b = this.own(buf, 'zero');
-    if (this.dev && b.length > 0) this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
+    if (this.dev && b.length > 0) {
+      this.prof?.begin();
+      this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
+      this.prof?.end('memset (zero)');
+    }
   }
 
   copy(dst: Buf, src: Buf): void {
     const d = this.own(dst, 'copy'), s = this.own(src, 'copy');
     if (s.length > d.length) throw new Error(`copy of ${s.label} (${s.length}) into ${d.label} (${d.length}) overflows`);
-    if (this.dev && s.length > 0) this.dev.driver.dtod(d.ptr, s.ptr, s.length * 4, `copying ${s.label} to ${d.label}`);
+    if (this.dev && s.length > 0) {
+      this.prof?.begin();
+      this.dev.driver.dtod(d.ptr, s.ptr, s.length * 4, `copying ${s.label} to ${d.label}`);
+      this.prof?.end('memcpy (device to device)');
+    }
   }
 
   /** Pre-warm: traces the runs on a separate trace backend, compiles every kernel they need (in parallel), seals. */
@@ -236,6 +268,11 @@ export class CudaBackend implements Backend {
       };
       attempt('synchronize', () => dev.driver.synchronize('finishing before dispose'));
       log(dev.cache.summary());
+      const prof = this.prof;
+      if (prof) {
+        attempt('reading the op profile', () => log(this.profileTable()!));
+        prof.dispose((e) => log(`[cuda] dispose: profile events: ${e instanceof Error ? e.message : String(e)}`));
+      }
       for (const b of this.allocations) attempt(`freeing ${b.label}`, () => dev.driver.memFree(b.ptr));
       for (const m of this.modules) attempt('unloading a kernel module', () => dev.driver.unloadModule(m));
       this.modules.length = 0;
@@ -245,6 +282,11 @@ export class CudaBackend implements Backend {
     }
     this.allocations.length = 0;
     this.bytesAllocated = 0;
+  }
+
+  /** The op profile table so far (null when the profile is off). See profile.ts. */
+  profileTable(): string | null {
+    return this.prof ? formatProfile(this.prof.rows(), this.prof.wallMs()) : null;
   }
 
   /** Waits for all queued GPU work (tests and timings; ops never need it). */
@@ -336,7 +378,8 @@ export class CudaBackend implements Backend {
     if (bias) this.need(bias, m, 'matmulForward');
     if (n <= 0 || m <= 0) return;
     // row-major out[n,m] = inp[n,k]·W[m,k]ᵀ  ⇔  column-major outᵀ(m×n) = Wᵀ... : sgemm(T, N, m, n, k, W, k, inp, k, out, m)
-    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, false, `matmul ${n}x${k}·${m}x${k}ᵀ`);
+    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, false, `matmul ${n}x${k}·${m}x${k}ᵀ`,
+      `cublas matmulForward n=${n} k=${k} m=${m}`);
     if (bias) this.launch(biasAdd.make({ block: ELEM_BLOCK }), [blocksFor(n * m, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(bias), L(n * m), I(m)]);
   }
 
@@ -347,12 +390,14 @@ export class CudaBackend implements Backend {
     if (dinp) {
       this.need(dinp, n * k, 'matmulBackward');
       // dinp[n,k] += dout[n,m]·W[m,k]  ⇔  col-major (k×n) += W(k×m)·dout(m×n)
-      this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, true, `matmul backward (input) ${n}x${m}·${m}x${k}`);
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, true, `matmul backward (input) ${n}x${m}·${m}x${k}`,
+        `cublas matmulBackward dinp n=${n} k=${k} m=${m}`);
     }
     if (dweight) {
       this.need(dweight, m * k, 'matmulBackward');
       // dW[m,k] += doutᵀ[m,n]·inp[n,k]  ⇔  col-major (k×m) += inp(k×n)·dout(m×n)ᵀ
-      this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, true, `matmul backward (weight) ${m}x${n}·${n}x${k}`);
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, true, `matmul backward (weight) ${m}x${n}·${n}x${k}`,
+        `cublas matmulBackward dweight n=${n} k=${k} m=${m}`);
     }
     if (dbias) {
       this.need(dbias, m, 'matmulBackward');
@@ -382,14 +427,21 @@ export class CudaBackend implements Backend {
     if (nKv <= 0 || nHeads % nKv !== 0) throw new DistilleryError(`attention: ${nHeads} heads are not a multiple of ${nKv} KV heads`);
   }
 
+  private checkTrainHeadDim(hd: number): void {
+    if (hd > MAX_TRAIN_HEAD_DIM) {
+      throw new DistilleryError(`attention: head dimension ${hd} is above the CUDA training kernels' limit of ${MAX_TRAIN_HEAD_DIM}`, 'use --device cpu');
+    }
+  }
+
   attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads(nHeads, nKv);
     this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
     this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
     this.need(probs, b * nHeads * t * t, 'attentionForward');
     if (b * t <= 0) return;
-    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
-      [P(out), P(probs), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)]);
+    this.checkTrainHeadDim(hd);
+    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [Math.ceil(t / attnQueryTile(hd, ATTN_BLOCK)), nHeads, b],
+      ATTN_BLOCK, [P(out), P(probs), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)]);
   }
 
   attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
@@ -400,8 +452,27 @@ export class CudaBackend implements Backend {
     }
     this.need(probs, b * nHeads * t * t, 'attentionBackward');
     if (b * t <= 0) return;
-    this.launch(attentionBackward.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
-      [P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(probs), I(t), I(nHeads), I(nKv)]);
+    this.checkTrainHeadDim(hd);
+    // Two deterministic kernels: dq and rowdot per query tile, then dk/dv per key tile. The rowdot scratch holds
+    // bPer batches; larger batches run in chunks over views.
+    const perBatch = nHeads * t;
+    const bPer = Math.min(b, Math.floor(this.rowdotFloats / perBatch));
+    if (bPer < 1) {
+      throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.rowdotFloats}-float scratch`,
+        'use a shorter sequence');
+    }
+    const fq = attentionBackward.make({ headDim: hd, block: ATTN_BLOCK });
+    const fkv = attentionBackwardKv.make({ headDim: hd, block: ATTN_BLOCK });
+    const qn = t * nHeads * hd, kn = t * nKv * hd, pn = nHeads * t * t;
+    for (let b0 = 0; b0 < b; b0 += bPer) {
+      const bc = Math.min(bPer, b - b0);
+      const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
+      this.launch(fq, [Math.ceil(t / attnQueryTile(hd, ATTN_BLOCK)), nHeads, bc], ATTN_BLOCK,
+        [P(vw(dq, qn)), P(this.rowdot), P(vw(dout, qn)), P(vw(k, kn)), P(vw(v, kn)), P(vw(probs, pn)), I(t), I(nHeads), I(nKv)]);
+      this.launch(fkv, [Math.ceil(t / ATTN_KEY_TILE), nKv, bc], ATTN_BLOCK,
+        [P(vw(dk, kn)), P(vw(dv, kn)), P(this.rowdot), P(vw(dout, qn)), P(vw(q, qn)), P(vw(v, kn)), P(vw(probs, pn)),
+          I(t), I(nHeads), I(nKv)]);
+    }
   }
 
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {

@@ -43,6 +43,10 @@ export class CudaDriver {
       moduleLoadData: l.func('int cuModuleLoadData(_Out_ void **module, const void *image)'),
       moduleUnload: l.func('int cuModuleUnload(void *module)'),
       moduleGetFunction: l.func('int cuModuleGetFunction(_Out_ void **fn, void *module, const char *name)'),
+      eventCreate: l.func('int cuEventCreate(_Out_ void **ev, unsigned int flags)'),
+      eventRecord: l.func('int cuEventRecord(void *ev, void *stream)'),
+      eventElapsedTime: l.func('int cuEventElapsedTime(_Out_ float *ms, void *start, void *end)'),
+      eventDestroy: l.func('int cuEventDestroy_v2(void *ev)'),
       launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
     };
     this.check(this.f.init!(0), 'cuInit', 'initializing the CUDA driver');
@@ -107,6 +111,20 @@ export class CudaDriver {
     return { free: Number(f[0]), total: Number(t[0]) };
   }
   synchronize(context: string): void { this.check(this.f.ctxSynchronize!(), 'cuCtxSynchronize', context); }
+
+  // Events (the op profile, DISTILLERY_CUDA_PROFILE=1): recorded on the legacy default stream.
+  eventCreate(): unknown {
+    const ev: unknown[] = [null];
+    this.check(this.f.eventCreate!(ev, 0), 'cuEventCreate', 'creating a profile event');
+    return ev[0];
+  }
+  eventRecord(ev: unknown): void { this.check(this.f.eventRecord!(ev, null), 'cuEventRecord', 'recording a profile event'); }
+  eventElapsedMs(start: unknown, end: unknown): number {
+    const ms = [0];
+    this.check(this.f.eventElapsedTime!(ms, start, end), 'cuEventElapsedTime', 'reading a profile event');
+    return ms[0]!;
+  }
+  eventDestroy(ev: unknown): void { this.check(this.f.eventDestroy!(ev), 'cuEventDestroy', 'destroying a profile event'); }
 
   /** Loads a CUBIN and returns the named function. */
   loadFunction(cubin: Uint8Array, entry: string, context: string): { module: unknown; fn: unknown } {

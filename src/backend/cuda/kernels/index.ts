@@ -2,7 +2,7 @@
 import type { KernelFamily, ParamRecord } from './spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
 import { ropeBackward, ropeForward } from './rope.js';
-import { attentionBackward, attentionCached, attentionForward, kvCacheWrite } from './attention.js';
+import { attentionBackward, attentionBackwardKv, attentionCached, attentionForward, kvCacheWrite } from './attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
@@ -21,7 +21,7 @@ type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
-  attentionForward, attentionBackward, kvCacheWrite, attentionCached,
+  attentionForward, attentionBackward, attentionBackwardKv, kvCacheWrite, attentionCached,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
 ];
