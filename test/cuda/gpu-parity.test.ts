@@ -147,6 +147,20 @@ parity('attention bwd', 1e-4, (r) => ({
   compare: ['dq', 'dk', 'dv'],
   op: (b, x) => { b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD); b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.p!, AB, AT, AH, AKV, AD); },
 }));
+// attention_bwd_dkv: several key tiles with the GQA group split over blocks (G = 3 → attention_dkv_reduce), and MHA (unsplit).
+for (const [hN, kvN, tN, dN] of [[6, 2, 70, 24], [3, 3, 40, 16]] as const) {
+  parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}`, 1e-4, (r) => ({
+    arrays: {
+      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
+      dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
+    },
+    compare: ['dq', 'dk', 'dv'],
+    op: (b, x) => {
+      b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
+      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.p!, 2, tN, hN, kvN, dN);
+    },
+  }));
+}
 parity('kv cache write + cached attention', 1e-5, (r) => {
   const tMax = 12, t = 3, pos0 = 4;
   return {
@@ -182,6 +196,26 @@ parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],
   op: (b, x) => b.adamw(x.p!, x.g!, x.m!, x.v!, N, { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 3, gradScale: 0.5 }),
+}));
+
+// adamw on views at an odd offset (the float4 path needs 16-byte alignment; the kernel falls back to scalar)
+parity('adamw on misaligned views', 1e-5, (r) => ({
+  arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
+  compare: ['p', 'm', 'v'],
+  op: (b, x) => b.adamw(b.view(x.p!, 1, N - 3), b.view(x.g!, 1, N - 3), b.view(x.m!, 1, N - 3), b.view(x.v!, 1, N - 3), N - 3,
+    { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 3, gradScale: 0.5 }),
+}));
+// two-stage column reductions over many row chunks (rmsnorm_dweight / bias_grad → col_reduce)
+parity('rmsnorm bwd and matmul bwd bias over 1000 rows', 1e-5, (r) => ({
+  arrays: {
+    di: rand(r, 1000 * 40), dw: rand(r, 40), d: rand(r, 1000 * 40), i: rand(r, 1000 * 40), w: rand(r, 40), rs: rand(r, 1000).map(Math.abs),
+    db: rand(r, 300), dm: rand(r, 1000 * 300), mi: rand(r, 1000 * 8), mw: rand(r, 300 * 8),
+  },
+  compare: ['di', 'dw', 'db'],
+  op: (b, x) => {
+    b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 1000, 40);
+    b.matmulBackward(null, null, x.db!, x.dm!, x.mi!, x.mw!, 1000, 8, 300);
+  },
 }));
 
 test('cuda vs cpu: sumSquares, copy, view, zero', { skip }, () => {

@@ -8,9 +8,10 @@
  * So the set a trace records IS the set a device run asks the cache for (see plan.ts). That is what makes the
  * pre-warm complete by construction.
  *
- * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, cuBLAS workspace) is allocated once at
- * creation with a documented cap (DEFAULT_SCRATCH_BLOCKS partial sums, DEFAULT_CUBLAS_WORKSPACE bytes); ops never
- * allocate. Everything runs on one stream (the legacy default stream); the only host syncs inside ops are
+ * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's rowdot and dK/dV
+ * partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
+ * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_ROWDOT, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
+ * ops never allocate. Everything runs on one stream (the legacy default stream); the only host syncs inside ops are
  * sumSquares and download, so a step could later be captured as a CUDA graph.
  */
 import { planKernels } from './plan.js';
@@ -27,11 +28,11 @@ import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionCached, attentionForward, attnQueryTile,
-  kvCacheWrite,
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionCached, attentionDkvReduce, attentionForward,
+  attnQueryTile, kvCacheWrite,
 } from './kernels/attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
@@ -46,6 +47,17 @@ export const LOSS_BLOCK = 512;
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
 /** Attention backward's per-row scratch (rowdot, one float per batch·head·query row); larger batches run in chunks. */
 export const DEFAULT_ATTN_ROWDOT = 1 << 20;
+/**
+ * Attention backward's dK/dV partials (two floats per batch·query head·position·head dim): with room for at least
+ * one batch, attention_bwd_dkv splits each kv head's query-head group over blocks and attention_dkv_reduce sums the
+ * splits in order; without room it runs unsplit (one block per key tile and kv head). Larger batches run in chunks.
+ */
+export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
+/** Column-reduction partials (rmsnorm_dweight, bias_grad → col_reduce): R row chunks × C columns, R ≤ COLSUM_MAX_CHUNKS. */
+export const DEFAULT_COLSUM_FLOATS = 1 << 20;
+/** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
+export const COLSUM_MAX_CHUNKS = 64;
+export const COLSUM_MIN_ROWS = 16;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
 
@@ -71,6 +83,10 @@ export interface DeviceParts {
   scratchBlocks?: number;
   /** Floats of attention backward's rowdot scratch (default DEFAULT_ATTN_ROWDOT). */
   attnRowdotFloats?: number;
+  /** Floats of attention backward's dK/dV partials (default DEFAULT_ATTN_DKV_FLOATS). */
+  attnDkvFloats?: number;
+  /** Floats of the column-reduction partials (default DEFAULT_COLSUM_FLOATS). */
+  colsumFloats?: number;
   cublasWorkspaceBytes?: number;
   log?: (line: string) => void;
   /** Op-level GPU profile printed on dispose (default: DISTILLERY_CUDA_PROFILE=1). See profile.ts. */
@@ -98,6 +114,10 @@ export class CudaBackend implements Backend {
   private workspace: CudaBuf | null = null;
   private rowdot: CudaBuf | null = null;
   private readonly rowdotFloats: number;
+  private dkvPart: CudaBuf | null = null;
+  private readonly dkvFloats: number;
+  private colPart: CudaBuf | null = null;
+  private readonly colsumFloats: number;
   private disposed = false;
   readonly scratchBlocks: number;
   /** The op profiler (device mode with the profile on); null otherwise, and then each op pays one null check. */
@@ -112,12 +132,16 @@ export class CudaBackend implements Backend {
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
     this.rowdotFloats = parts?.attnRowdotFloats ?? DEFAULT_ATTN_ROWDOT;
+    this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
+    this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
       const base = koffiAddress(this.argSlots);
       for (let i = 0; i < MAX_ARGS; i++) this.argPtrs.writeBigUInt64LE(base + BigInt(i * 8), i * 8);
       this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
       this.rowdot = this.rawAlloc(this.rowdotFloats, 'attention backward scratch');
+      this.dkvPart = this.rawAlloc(this.dkvFloats, 'attention backward dK/dV partials');
+      this.colPart = this.rawAlloc(this.colsumFloats, 'column-reduction partials');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
       this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
       this.dev.cublas.setWorkspace(this.workspace.ptr, ws);
@@ -369,8 +393,19 @@ export class CudaBackend implements Backend {
     if (n <= 0) return;
     this.launch(rmsnormBackward.make({ C: c, block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
       [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
-    this.launch(rmsnormWeightGrad.make({ C: c, block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK,
-      [P(dweight), P(dout), P(inp), P(rstd), I(n)]);
+    const [R, rowsPer] = this.colChunks(n, c, 'rmsnormBackward');
+    this.launch(rmsnormWeightGrad.make({ C: c, block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), R, 1], ROW_BLOCK,
+      [P(this.colPart), P(dout), P(inp), P(rstd), I(n), I(rowsPer)]);
+    this.launch(colReduce.make({ block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+  }
+
+  /** Row chunks [R, rowsPer] of a two-stage column reduction over n rows of c columns (R·c fits the partials). */
+  private colChunks(n: number, c: number, what: string): [number, number] {
+    const fit = Math.floor(this.colsumFloats / c);
+    if (fit < 1) throw new DistilleryError(`${what}: ${c} columns exceed the ${this.colsumFloats}-float column-reduction scratch`);
+    const want = Math.min(COLSUM_MAX_CHUNKS, fit, Math.max(1, Math.ceil(n / COLSUM_MIN_ROWS)));
+    const rowsPer = Math.ceil(n / want);
+    return [Math.ceil(n / rowsPer), rowsPer];
   }
 
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
@@ -401,7 +436,10 @@ export class CudaBackend implements Backend {
     }
     if (dbias) {
       this.need(dbias, m, 'matmulBackward');
-      this.launch(biasGrad.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(dout), I(n), I(m)]);
+      const [R, rowsPer] = this.colChunks(n, m, 'matmulBackward (bias)');
+      this.launch(biasGrad.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), R, 1], ELEM_BLOCK,
+        [P(this.colPart), P(dout), I(n), I(m), I(rowsPer)]);
+      this.launch(colReduce.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(this.colPart), I(R), I(m)]);
     }
   }
 
@@ -456,22 +494,32 @@ export class CudaBackend implements Backend {
     // Two deterministic kernels: dq and rowdot per query tile, then dk/dv per key tile. The rowdot scratch holds
     // bPer batches; larger batches run in chunks over views.
     const perBatch = nHeads * t;
-    const bPer = Math.min(b, Math.floor(this.rowdotFloats / perBatch));
+    let bPer = Math.min(b, Math.floor(this.rowdotFloats / perBatch));
     if (bPer < 1) {
       throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.rowdotFloats}-float scratch`,
         'use a shorter sequence');
     }
+    // Split each kv head's query-head group over S = G blocks when one batch's dK/dV partials fit (fixed S per shape).
+    const G = nHeads / nKv;
+    const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
+    const S = G > 1 && dkvFit >= 1 ? G : 1;
+    if (S > 1) bPer = Math.min(bPer, dkvFit);
     const fq = attentionBackward.make({ headDim: hd, block: ATTN_BLOCK });
     const fkv = attentionBackwardKv.make({ headDim: hd, block: ATTN_BLOCK });
+    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK });
     const qn = t * nHeads * hd, kn = t * nKv * hd, pn = nHeads * t * t;
     for (let b0 = 0; b0 < b; b0 += bPer) {
       const bc = Math.min(bPer, b - b0);
       const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
       this.launch(fq, [Math.ceil(t / attnQueryTile(hd, ATTN_BLOCK)), nHeads, bc], ATTN_BLOCK,
         [P(vw(dq, qn)), P(this.rowdot), P(vw(dout, qn)), P(vw(k, kn)), P(vw(v, kn)), P(vw(probs, pn)), I(t), I(nHeads), I(nKv)]);
-      this.launch(fkv, [Math.ceil(t / ATTN_KEY_TILE), nKv, bc], ATTN_BLOCK,
-        [P(vw(dk, kn)), P(vw(dv, kn)), P(this.rowdot), P(vw(dout, qn)), P(vw(q, qn)), P(vw(v, kn)), P(vw(probs, pn)),
-          I(t), I(nHeads), I(nKv)]);
+      this.launch(fkv, [Math.ceil(t / ATTN_KEY_TILE), nKv * S, bc], ATTN_BLOCK,
+        [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.rowdot), P(vw(dout, qn)), P(vw(q, qn)), P(vw(v, kn)),
+          P(vw(probs, pn)), I(t), I(nHeads), I(nKv)]);
+      if (S > 1) {
+        this.launch(fred, [blocksFor(bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+          [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);
+      }
     }
   }
 
@@ -536,7 +584,7 @@ export class CudaBackend implements Backend {
     const bc1 = 1 - Math.pow(s.beta1, s.step);
     const bc2 = 1 - Math.pow(s.beta2, s.step);
     if (n <= 0) return;
-    this.launch(spec, [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+    this.launch(spec, [blocksFor(Math.ceil(n / 4), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(param), P(grad), P(m), P(v), L(n), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
   }
 }

@@ -11,7 +11,8 @@
  * - backward, two deterministic kernels (no atomics): attention_bwd per query tile computes
  *   rowdot_i = Σ_j P_ij dP_ij (dP = dout·Vᵀ) into a preallocated scratch and dq += dS·K with
  *   dS = P ⊙ (dP − rowdot)·scale; attention_bwd_dkv per (key tile, kv head) walks every query row of the kv
- *   head's query heads and accumulates dk += dSᵀ·Q, dv += Pᵀ·dout in registers.
+ *   head's query heads (or, split S ways, 1/S of them, with partials summed in order by attention_dkv_reduce) and
+ *   accumulates dk += dSᵀ·Q, dv += Pᵀ·dout in registers.
  */
 import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
 
@@ -247,16 +248,20 @@ extern "C" __global__ void attention_bwd(float* dq, float* rowdot, const float* 
 });
 
 /**
- * Grid (ceil(T / ATTN_KEY_TILE), nKv, B). For the block's 32 keys of one kv head: dk += Σ_{h in group, i ≥ j} dS_ij q_i,
- * dv += Σ P_ij dout_i, with dS recomputed from probs, dout·vᵀ and attention_bwd's rowdot. Deterministic.
+ * Grid (ceil(T / ATTN_KEY_TILE), nKv·S, B). For the block's 32 keys of one kv head: dk += Σ_{h in group, i ≥ j} dS_ij q_i,
+ * dv += Σ P_ij dout_i, with dS recomputed from probs, dout·vᵀ and attention_bwd's rowdot. S splits the kv head's
+ * query-head group across blocks (more blocks): S = 1 adds into dk/dv directly; S > 1 writes per-split partials to
+ * `part` and attention_dkv_reduce adds them in split order. Deterministic either way (no atomics).
  */
 export const attentionBackwardKv = defineFamily<AttnP>({
   name: 'attention_bwd_dkv', schema: trainSchema, example: { headDim: 64, block: 128 },
   generate: (p) => `${tiledPrelude(p, 'dkv')}
 #define KPW (KT / NW)
-extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, const float* rowdot, const float* dout,
+extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, const float* rowdot, const float* dout,
                                              const float* q, const float* v, const float* probs, int T, int nH, int nKv) {
-  const int kvh = blockIdx.y, b = blockIdx.z, G = nH / nKv;
+  /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
+  const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
+  const int g0 = s * G / S, g1 = (s + 1) * G / S;
   const int j0 = blockIdx.x * KT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ float Vs[KT][HDP];
@@ -268,7 +273,7 @@ extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, const float* 
   loadRows(Vs, v + ((long long)b * T * nKv + kvh) * HD, ks, j0, KT, T);
   float adk[KPW][DCH], adv[KPW][DCH];
   for (int kk = 0; kk < KPW; kk++) for (int c = 0; c < DCH; c++) { adk[kk][c] = 0.0f; adv[kk][c] = 0.0f; }
-  for (int g = 0; g < G; g++) {
+  for (int g = g0; g < g1; g++) {
     const int h = kvh * G + g;
     const float* qb = q + ((long long)b * T * nH + h) * HD;
     const float* db = dout + ((long long)b * T * nH + h) * HD;
@@ -314,10 +319,20 @@ extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, const float* 
   for (int kk = 0; kk < KPW; kk++) {
     int j = j0 + warp * KPW + kk;
     if (j >= T) break;
-    long long off = ((long long)b * T + j) * ks + (long long)kvh * HD;
-    for (int dc = 0; dc < DCH; dc++) {
-      int d = lane + 32 * dc;
-      if (d < HD) { dk[off + d] += adk[kk][dc]; dv[off + d] += adv[kk][dc]; }
+    if (S == 1) {
+      long long off = ((long long)b * T + j) * ks + (long long)kvh * HD;
+      for (int dc = 0; dc < DCH; dc++) {
+        int d = lane + 32 * dc;
+        if (d < HD) { dk[off + d] += adk[kk][dc]; dv[off + d] += adv[kk][dc]; }
+      }
+    } else {
+      /* partials [b][kvh][s][j][HD] (dk), then the same again for dv; attention_dkv_reduce sums s in order */
+      const long long half = (long long)gridDim.z * gridDim.y * T * HD;
+      long long po = ((((long long)b * nKv + kvh) * S + s) * T + j) * HD;
+      for (int dc = 0; dc < DCH; dc++) {
+        int d = lane + 32 * dc;
+        if (d < HD) { part[po + d] = adk[kk][dc]; part[half + po + d] = adv[kk][dc]; }
+      }
     }
   }
 }
@@ -325,6 +340,32 @@ extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, const float* 
 });
 
 type BlockP = { block: number };
+
+/**
+ * Grid-stride over n = B·T·nKv·hd elements of dk/dv ([b][j][kvh][d]): dk += Σ_{s<S} part_dk[b][kvh][s][j][d],
+ * dv likewise (part_dv follows part_dk), s in order: the fixed-order second stage of attention_bwd_dkv with S > 1.
+ */
+export const attentionDkvReduce = defineFamily<BlockP>({
+  name: 'attention_dkv_reduce', schema: { block: BLOCK_DOMAIN }, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void attention_dkv_reduce(float* dk, float* dv, const float* part, long long n, int T, int nKv, int S, int hd) {
+  const long long half = n * S;
+  for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
+    int d = (int)(i % hd);
+    long long r = i / hd;
+    int kvh = (int)(r % nKv);
+    r /= nKv;
+    int j = (int)(r % T);
+    long long b = r / T;
+    long long base = (((b * nKv + kvh) * S) * T + j) * hd + d, st = (long long)T * hd;
+    float sk = 0.0f, sv = 0.0f;
+    for (int s = 0; s < S; s++) { sk += part[base + s * st]; sv += part[half + base + s * st]; }
+    dk[i] += sk;
+    dv[i] += sv;
+  }
+}
+`,
+});
 
 /** Grid-stride over B·t·rowElems. cache[b, pos0+tt, :] = src[b, tt, :] with rowElems = nKv·hd. */
 export const kvCacheWrite = defineFamily<BlockP>({

@@ -44,16 +44,34 @@ extern "C" __global__ void bias_add(float* out, const float* bias, long long n, 
 `,
 });
 
-/** dbias[c] += Σ_rows dout[r, c]; grid ceil(m / block), a thread per column (deterministic). */
+/**
+ * Stage 1 of the bias gradient. Grid (ceil(m / block), R): part[y·m + c] = Σ of dout[r, c] over rows
+ * [y·rowsPer, (y+1)·rowsPer); col_reduce adds the R partials (in order) into dbias. Deterministic.
+ */
 export const biasGrad = defineFamily<BlockP>({
   name: 'bias_grad', schema: blockSchema, example: { block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void bias_grad(float* dbias, const float* dout, int rows, int m) {
+extern "C" __global__ void bias_grad(float* part, const float* dout, int rows, int m, int rowsPer) {
+  int c = blockIdx.x * BLOCK + threadIdx.x;
+  if (c >= m) return;
+  int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);
+  float acc = 0.0f;
+  for (int r = r0; r < r1; r++) acc += dout[(long long)r * m + c];
+  part[(long long)blockIdx.y * m + c] = acc;
+}
+`,
+});
+
+/** Stage 2 of the column reductions: dst[c] += Σ_{y < R} part[y·m + c], y in order; grid ceil(m / block). */
+export const colReduce = defineFamily<BlockP>({
+  name: 'col_reduce', schema: blockSchema, example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void col_reduce(float* dst, const float* part, int R, int m) {
   int c = blockIdx.x * BLOCK + threadIdx.x;
   if (c >= m) return;
   float acc = 0.0f;
-  for (int r = 0; r < rows; r++) acc += dout[(long long)r * m + c];
-  dbias[c] += acc;
+  for (int y = 0; y < R; y++) acc += part[(long long)y * m + c];
+  dst[c] += acc;
 }
 `,
 });
@@ -118,16 +136,34 @@ export const adamwKernel = defineFamily<AdamP>({
 #define BETA1 ${f32(p.beta1)}
 #define BETA2 ${f32(p.beta2)}
 #define EPS ${f32(p.eps)}
+__device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, float lr, float wd, float gradScale,
+                                         float bc1, float bc2) {
+  float g = gr * gradScale;
+  float mi = BETA1 * m + (1.0f - BETA1) * g;
+  float vi = BETA2 * v + (1.0f - BETA2) * g * g;
+  m = mi;
+  v = vi;
+  p = p * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + EPS);
+}
+/* float4 over the first n/4·4 elements when all four pointers are 16-byte aligned (views may not be), then scalar. */
 extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, long long n,
                                  float lr, float wd, float gradScale, float bc1, float bc2) {
-  ${loop} {
-    float g = grad[i] * gradScale;
-    float mi = BETA1 * m[i] + (1.0f - BETA1) * g;
-    float vi = BETA2 * v[i] + (1.0f - BETA2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = param[i] * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + EPS);
+  const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+  const bool vec = ((reinterpret_cast<unsigned long long>(param) | reinterpret_cast<unsigned long long>(grad) |
+                     reinterpret_cast<unsigned long long>(m) | reinterpret_cast<unsigned long long>(v)) & 15ull) == 0;
+  const long long nv = vec ? n / 4 : 0;
+  for (long long i = start; i < nv; i += stride) {
+    float4 p4 = reinterpret_cast<float4*>(param)[i], m4 = reinterpret_cast<float4*>(m)[i], v4 = reinterpret_cast<float4*>(v)[i];
+    const float4 g4 = reinterpret_cast<const float4*>(grad)[i];
+    adamwOne(p4.x, g4.x, m4.x, v4.x, lr, wd, gradScale, bc1, bc2);
+    adamwOne(p4.y, g4.y, m4.y, v4.y, lr, wd, gradScale, bc1, bc2);
+    adamwOne(p4.z, g4.z, m4.z, v4.z, lr, wd, gradScale, bc1, bc2);
+    adamwOne(p4.w, g4.w, m4.w, v4.w, lr, wd, gradScale, bc1, bc2);
+    reinterpret_cast<float4*>(param)[i] = p4;
+    reinterpret_cast<float4*>(m)[i] = m4;
+    reinterpret_cast<float4*>(v)[i] = v4;
   }
+  for (long long i = nv * 4 + start; i < n; i += stride) adamwOne(param[i], grad[i], m[i], v[i], lr, wd, gradScale, bc1, bc2);
 }
 `,
 });

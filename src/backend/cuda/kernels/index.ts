@@ -2,9 +2,11 @@
 import type { KernelFamily, ParamRecord } from './spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
 import { ropeBackward, ropeForward } from './rope.js';
-import { attentionBackward, attentionBackwardKv, attentionCached, attentionForward, kvCacheWrite } from './attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, embeddingBackward, embeddingForward, scaleKernel,
+  attentionBackward, attentionBackwardKv, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
+} from './attention.js';
+import {
+  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
@@ -21,8 +23,8 @@ type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
-  attentionForward, attentionBackward, attentionBackwardKv, kvCacheWrite, attentionCached,
-  addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad,
+  attentionForward, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
+  addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
 ];
 

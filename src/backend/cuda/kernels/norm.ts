@@ -57,22 +57,27 @@ extern "C" __global__ void rmsnorm_bwd(float* dinp, const float* dout, const flo
 `,
 });
 
-/** Grid: ceil(C / block) blocks, a thread per column summing over rows (deterministic). */
+/**
+ * Stage 1 of the weight gradient. Grid (ceil(C / block), R): block (x, y) sums rows [y·rowsPer, (y+1)·rowsPer) of
+ * dout ⊙ inp · rstd for its columns into part[y·C + col]; col_reduce then adds Σ_y part[y, col] (in y order) into
+ * dweight. Deterministic.
+ */
 export const rmsnormWeightGrad = defineFamily<NormBwdP>({
   name: 'rmsnorm_dweight',
   schema: { C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
   example: { C: 896, block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
-extern "C" __global__ void rmsnorm_dweight(float* dweight, const float* dout, const float* inp, const float* rstd, int n) {
+extern "C" __global__ void rmsnorm_dweight(float* part, const float* dout, const float* inp, const float* rstd, int n, int rowsPer) {
   int col = blockIdx.x * BLOCK + threadIdx.x;
   if (col >= C) return;
+  int r0 = blockIdx.y * rowsPer, r1 = min(n, r0 + rowsPer);
   float acc = 0.0f;
-  for (int row = 0; row < n; row++) {
+  for (int row = r0; row < r1; row++) {
     long long i = (long long)row * C + col;
     acc += dout[i] * inp[i] * rstd[row];
   }
-  dweight[col] += acc;
+  part[(long long)blockIdx.y * C + col] = acc;
 }
 `,
 });
