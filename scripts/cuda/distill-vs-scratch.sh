@@ -2,12 +2,12 @@
 # The embedded default's question on the GPU: does a student distilled from a trained teacher beat the same student
 # trained without one (same architecture, initial weights, data, order and steps)? Runs the real CLI with
 # --device cuda --strict-kernels on builtin:docs and prints the three validation cross-entropies. Run ON the GPU
-# machine (carry as for device-run.sh). Env: TSTEPS (1500), SSTEPS (600).
+# machine (carry as for device-run.sh). Env: TSTEPS (300), SSTEPS (150), B (32), S (128).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 w=${WORK:-/tmp/distillery-distill-vs-scratch}; rm -rf "$w"; mkdir -p "$w"
-TSTEPS=${TSTEPS:-1500}; SSTEPS=${SSTEPS:-600}
-common=(--device cuda --strict-kernels --kernel-cache-dir "$w/kernels" --data builtin:docs --batch 32 --seq 128 --seed 7
+TSTEPS=${TSTEPS:-300}; SSTEPS=${SSTEPS:-150}
+common=(--device cuda --strict-kernels --kernel-cache-dir "$w/kernels" --data builtin:docs --batch "${B:-32}" --seq "${S:-128}" --seed 7
   --val-fraction 0.05 --eval-batches 16 --quiet)
 node bin/distillery.js train "${common[@]}" --model base --vocab-size 2048 --steps "$TSTEPS" --warmup 50 --lr 2e-3 \
   --eval-every "$TSTEPS" --save-every "$TSTEPS" --out "$w/teacher" 2>&1 | grep -E '^(train|student):'
