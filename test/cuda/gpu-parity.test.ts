@@ -19,6 +19,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { QWEN_LIKE, allOpsStep, rng } from './helpers.js';
+import { relErr } from '../util/compare.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -45,16 +46,6 @@ function rand(r: () => number, n: number, scale = 1): Float32Array {
   const a = new Float32Array(n);
   for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
   return a;
-}
-
-function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let d = 0, m = 0;
-  for (let i = 0; i < ref.length; i++) {
-    if (!Number.isFinite(got[i]!)) return Infinity;
-    d = Math.max(d, Math.abs(got[i]! - ref[i]!));
-    m = Math.max(m, Math.abs(ref[i]!));
-  }
-  return m === 0 ? d : d / m;
 }
 
 function record(name: string, err: number, tol: number): void {

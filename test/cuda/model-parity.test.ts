@@ -25,6 +25,7 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { Rng } from '../../src/util/rng.js';
+import { relErr } from '../util/compare.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -47,16 +48,6 @@ const LLAMA_TEACHER: ModelConfig = { ...LLAMA, hiddenSize: 192, numHeads: 6, num
 const B = 2, T = 24;
 /** Measured on an H100 (2026-11): logits ≤ 1e-6, gradients ≤ 2e-6; the tolerances leave a 20-50× margin. */
 const LOGIT_TOL = 2e-5, GRAD_TOL = 1e-4;
-
-function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let d = 0, m = 0;
-  for (let i = 0; i < ref.length; i++) {
-    if (!Number.isFinite(got[i]!)) return Infinity;
-    d = Math.max(d, Math.abs(got[i]! - ref[i]!));
-    m = Math.max(m, Math.abs(ref[i]!));
-  }
-  return m === 0 ? d : d / m;
-}
 
 function record(name: string, err: number, tol: number, ok = err <= tol): void {
   const f = process.env.DISTILLERY_PARITY_TABLE;

@@ -1,0 +1,13 @@
+/**
+ * Shared comparison for tests that check one implementation against another (GPU vs CPU, ONNX vs CPU):
+ * max |got − ref| / max |ref|, Infinity as soon as `got` holds a non-finite value.
+ */
+export function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let d = 0, m = 0;
+  for (let i = 0; i < ref.length; i++) {
+    if (!Number.isFinite(got[i]!)) return Infinity;
+    d = Math.max(d, Math.abs(got[i]! - ref[i]!));
+    m = Math.max(m, Math.abs(ref[i]!));
+  }
+  return m === 0 ? d : d / m;
+}
