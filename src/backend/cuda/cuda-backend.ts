@@ -230,6 +230,8 @@ export class CudaBackend implements Backend {
     return new CudaBuf(length, b.ptr + BigInt(offset * 4), `${b.label}[${offset}:${offset + length}]`, this, false);
   }
 
+  viewInt(buf: IntBuf, offset: number, length: number): IntBuf { return this.view(buf, offset, length); }
+
   upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
     const d = this.own(dst, 'upload');
     if (dstOffset + src.length > d.length) throw new Error(`upload of ${src.length} at ${dstOffset} overflows ${d.label} (${d.length})`);
