@@ -58,7 +58,11 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       const { options, warnings } = resolveRunOptions({ mode, flags: runValues, config, fs: realFs });
       for (const w of warnings) io.err(`warning: ${w}\n`);
       const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };
-      await (deps.runTraining ?? defaultRunTraining)(options, hooks);
+      const result = await (deps.runTraining ?? defaultRunTraining)(options, hooks);
+      // A run stopped by SIGINT / SIGTERM (after writing its checkpoint and summary) exits 128 + the signal number.
+      const signal = (result as { signal?: unknown } | null | undefined)?.signal;
+      if (signal === 'SIGINT') return 130;
+      if (signal === 'SIGTERM') return 143;
       return 0;
     },
   };
