@@ -272,7 +272,10 @@ test('a checkpoint with a NaN or Inf weight is refused by eval, generate and --i
 
 const BIN = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'bin', 'distillery.js');
 
-/** Starts a long CLI run, sends `signal` once the first step is in metrics.jsonl, and returns the exit code. */
+/**
+ * Starts a long CLI run, sends `signal` once the first step is in metrics.jsonl, and returns the exit code. Before
+ * the signal, a second run into the same folder must be refused, naming the running child's pid.
+ */
 async function interrupt(dir: string, signal: 'SIGINT' | 'SIGTERM'): Promise<{ code: number | null; out: string; stderr: string }> {
   const out = path.join(dir, `run-${signal}`);
   const child = spawn(process.execPath, [BIN, 'train', '--data', path.join(dir, 'corpus.txt'), '--out', out, '--model', 'tiny',
@@ -287,11 +290,14 @@ async function interrupt(dir: string, signal: 'SIGINT' | 'SIGTERM'): Promise<{ c
     if (Date.now() - t0 > 20_000 || child.exitCode !== null) { child.kill('SIGKILL'); throw new Error(`no training step logged: ${stderr}`); }
     await new Promise((r) => setTimeout(r, 20));
   }
+  const second = await cli(['train', '--data', path.join(dir, 'corpus.txt'), '--out', out, '--steps', '2', '--warmup', '0', '--quiet']);
+  assert.equal(second.code, 1);
+  assert.match(second.err, new RegExp(`in use by another run \\(pid ${child.pid}`));
   child.kill(signal);
   return { code: await exited, out, stderr };
 }
 
-test('SIGINT / SIGTERM during training: the step finishes, checkpoint, summary and plot are written, exit 130 / 143', async () => {
+test('SIGINT / SIGTERM during training: a second run is refused meanwhile; the step finishes, checkpoint, summary and plot are written, exit 130 / 143', async () => {
   const dir = tmp();
   corpusFile(dir);
   for (const [signal, want] of [['SIGINT', 130], ['SIGTERM', 143]] as const) {
