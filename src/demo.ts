@@ -38,6 +38,7 @@ export function demoRecipe(out: string, quick: boolean, threads: number): { teac
     batch: 8, seq: quick ? 32 : 64,
     seed: 7, valFraction: 0.05, evalBatches: quick ? 4 : 16,
     quiet: false,
+    overwrite: true, // a demo run starts afresh: it replaces the previous demo's runs in its folder
   };
   const teacherSteps = quick ? 40 : 300, studentSteps = quick ? 30 : 150;
   const teacher: RunOptions = {

@@ -77,6 +77,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('beta', 'number', 'teacher weight of the JSD mixture m = beta p_t + (1 - beta) p_s', { check: unitOpen, distillOnly: true }),
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
   spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
+  spec('overwrite', 'boolean', 'start afresh in an --out that already holds a run (deletes its checkpoints, metrics and final model)'),
   spec('quiet', 'boolean', 'no progress output'),
   spec('stopAfter', 'integer', 'stop after N steps even if --steps is larger (0 = off)', { check: nonNegInt }),
 ];
@@ -188,6 +189,11 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   if (warmup >= steps) {
     throw new UsageError(`${labelOf('warmup')} (${warmup}) must be less than ${labelOf('steps')} (${steps})`,
       `lower ${labelOf('warmup')} (e.g. ${Math.floor(steps / 10)}) or raise ${labelOf('steps')}`);
+  }
+
+  if (merged.resume === true && merged.overwrite === true) {
+    throw new UsageError(`${labelOf('resume')} and ${labelOf('overwrite')} contradict each other`,
+      'use --resume to continue the run in --out, or --overwrite to replace it with a new one');
   }
 
   // Paths.

@@ -133,6 +133,9 @@ function prepare(finalDir: string): { abs: string; tmp: string } {
   const parent = path.dirname(abs);
   if (!fs.existsSync(parent)) fs.mkdirSync(parent, { recursive: true });
   recoverDir(abs);
+  if (fs.lstatSync(abs, { throwIfNoEntry: false })?.isSymbolicLink()) {
+    throw new DistilleryError(`cannot write folder ${finalDir}: it is a symbolic link`, 'remove the link (distillery does not write through links), or choose another output path');
+  }
   if (fs.existsSync(abs) && !fs.statSync(abs).isDirectory()) {
     throw new DistilleryError(`cannot write folder ${finalDir}: a file with that name exists`, 'choose another output path or remove the file');
   }

@@ -5,7 +5,8 @@
  */
 import type { Backend } from '../backend/backend.js';
 import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
-import { packWeights, unpackWeights, parameterLayout } from './params.js';
+import { packWeights, unpackWeights, parameterLayout, type ParamLayout } from './params.js';
+import { DistilleryError } from '../util/errors.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
 import { loadModelDir, saveModelDirSync } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
@@ -17,11 +18,20 @@ export interface LoadedCheckpoint {
   tokenizerJson: Record<string, unknown> | null;
 }
 
-/** Reads and validates a checkpoint folder: config, every tensor by name and shape, the tokenizer if present. */
+/**
+ * Reads and validates a checkpoint folder: config, every tensor by name and shape, the tokenizer if present.
+ * Weights that are NaN or infinite are refused, naming the tensor (such a model computes nothing meaningful).
+ */
 export function readCheckpoint(dir: string): LoadedCheckpoint {
   const loaded = loadModelDir(dir);
   const config = parseHfConfig(loaded.config);
-  const weights = packWeights(parameterLayout(config), loaded.tensors, dir);
+  const layout = parameterLayout(config);
+  const weights = packWeights(layout, loaded.tensors, dir);
+  const bad = firstNonFinite(layout, weights);
+  if (bad) {
+    throw new DistilleryError(`${dir}: tensor "${bad.name}" holds a non-finite value (${bad.value} at element ${bad.index})`,
+      'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
+  }
   const tokenizerJson = loaded.tokenizerJson ?? null;
   return { config, weights, tokenizerJson, tokenizer: tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null };
 }
@@ -32,6 +42,17 @@ export function loadTransformer(backend: Backend, dir: string, opts: Transformer
   const model = new Transformer(backend, ck.config, opts);
   model.setWeights(ck.weights);
   return { model, ...ck };
+}
+
+/** The first NaN or infinite weight, by tensor name and element index, or null when all are finite. */
+export function firstNonFinite(layout: ParamLayout, weights: Float32Array): { name: string; index: number; value: number } | null {
+  for (const t of layout.tensors) {
+    for (let i = 0; i < t.size; i++) {
+      const x = weights[t.offset + i]!;
+      if (!Number.isFinite(x)) return { name: t.name, index: i, value: x };
+    }
+  }
+  return null;
 }
 
 export interface SaveCheckpointOptions {

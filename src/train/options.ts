@@ -54,6 +54,8 @@ export interface RunOptions {
   saveDtype: 'f32' | 'bf16';
   /** Continue from <out>/checkpoints/latest. */
   resume: boolean;
+  /** Start afresh in a run folder that already holds a run, deleting its checkpoints, metrics and final model. */
+  overwrite: boolean;
   /** Print progress. */
   quiet: boolean;
   /** Stop after this many steps even if `steps` is larger (used to test resume; 0 = off). */
@@ -89,6 +91,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   beta: 0.5,
   saveDtype: 'f32',
   resume: false,
+  overwrite: false,
   quiet: false,
   stopAfter: 0,
 };

@@ -7,9 +7,18 @@
  *   loss.svg                 train and validation loss curves
  *   summary.json             initial and final losses, tokens/s, timings, how the run ended
  *   tokenizer.json           the tokenizer the run used (trained on the data when none was given)
- *   checkpoints/latest/      exact-resume checkpoint, replaced atomically: model/ (HF folder, float32),
- *                            optimizer.safetensors (AdamW moments), state.json (step, data position, options)
+ *   checkpoints/latest/      exact-resume checkpoint, replaced atomically: model/ (HF folder, float32, with the
+ *                            run's tokenizer.json), optimizer.safetensors (AdamW moments), state.json (step, data
+ *                            position, options, a hash of the training data)
+ *   checkpoints/best/        the model (HF folder) of the lowest validation loss so far, best.json its step and loss
  *   final/                   the trained model as an HF folder (config.json, model.safetensors, tokenizer.json)
+ *   run.lock                 held while a run writes the folder (run-folder.ts)
+ *
+ * A checkpoint is "good", and only then replaces checkpoints/latest, when its weights are finite and the loss they
+ * give is finite (the validation loss of that step, else the loss of the step's first batch recomputed on the new
+ * weights). A run that meets a non-finite loss or weights stops, naming the step of the last good checkpoint.
+ * SIGINT / SIGTERM end the current step, write a checkpoint, the summary and the plot; the summary's `signal` says
+ * which (the CLI exits 130 / 143).
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -24,6 +33,8 @@ import { trainBpe } from '../tokenizer/train-bpe.js';
 import { loadDocuments, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Window, type LoaderState } from '../data/index.js';
 import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
+import { ValidationWatch } from './validation-watch.js';
+import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocuments } from './run-folder.js';
 import { lineChartSvg } from '../report/svg-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
@@ -57,9 +68,21 @@ export interface RunSummary {
   tokensPerSecond: number;
   parameters: number;
   teacherParameters: number | null;
-  /** 'completed', 'stopped' (stopAfter), or the reason it failed. */
+  /** 'completed', 'stopped' (stopAfter), 'interrupted by SIGINT|SIGTERM', or the reason it failed. */
   status: string;
+  /** Step of the checkpoint in checkpoints/latest (the last good one), null when none was written. */
+  lastGoodStep: number | null;
+  /** The lowest validation loss after a training step and its step (checkpoints/best), null when none. */
+  bestValLoss: number | null;
+  bestStep: number | null;
+  /** Warnings about the outcome: a loss that ended above where it started, a validation loss that kept rising. */
+  warnings: string[];
+  /** The signal that interrupted the run, null when none did. */
+  signal: 'SIGINT' | 'SIGTERM' | null;
 }
+
+/** Consecutive rises of the validation loss after which the run warns (overfitting or divergence). */
+export const VAL_RISE_WARN = 3;
 
 export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
 
@@ -73,6 +96,8 @@ interface SavedState {
   initialValLoss: number;
   initialValCe: number;
   options: RunOptions;
+  /** SHA-256 of the training documents (hashDocuments); absent in checkpoints of older versions. */
+  dataHash?: string;
 }
 
 export interface RunHooks {
@@ -94,25 +119,40 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
   const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
   fs.mkdirSync(out, { recursive: true });
-  const latest = path.join(out, 'checkpoints', 'latest');
-  recoverDir(latest);
-  let saved: SavedState | null = null;
-  if (o.resume) {
-    const statePath = path.join(latest, 'state.json');
-    if (!fs.existsSync(statePath)) {
-      throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
-    }
-    saved = JSON.parse(fs.readFileSync(statePath, 'utf8')) as SavedState;
-    checkResumeCompatible(saved.options, o, log);
-  }
-
-  // The backend first: a missing GPU is reported before any data work is done.
-  const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
-  const ownBackend = !hooks.backend;
+  const lock = lockRunFolder(out);
   try {
-    return await runWithBackend(o, hooks, backend, log, out, latest, saved);
+    checkNoSymlinks(out);
+    if (!o.resume && holdsRun(out)) {
+      if (!o.overwrite) {
+        throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,
+          'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out');
+      }
+      clearRun(out);
+      log(`--overwrite: removed the previous run's files in ${out}`);
+    }
+    const latest = path.join(out, 'checkpoints', 'latest');
+    recoverDir(latest);
+    recoverDir(path.join(out, 'checkpoints', 'best'));
+    let saved: SavedState | null = null;
+    if (o.resume) {
+      const statePath = path.join(latest, 'state.json');
+      if (!fs.existsSync(statePath)) {
+        throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
+      }
+      saved = JSON.parse(fs.readFileSync(statePath, 'utf8')) as SavedState;
+      checkResumeCompatible(saved.options, o, log);
+    }
+
+    // The backend first: a missing GPU is reported before any data work is done.
+    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
+    const ownBackend = !hooks.backend;
+    try {
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved);
+    } finally {
+      if (ownBackend) backend.dispose();
+    }
   } finally {
-    if (ownBackend) backend.dispose();
+    lock.release();
   }
 }
 
@@ -122,7 +162,16 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
   const docs = readData(o, log);
-  const tokenizer = chooseTokenizer(o, docs, saved ? path.join(out, 'tokenizer.json') : null, teacherCk, initCk, log);
+  const dataHash = hashDocuments(docs);
+  if (saved) {
+    if (saved.dataHash === undefined) {
+      log('warning: --resume: the checkpoint records no hash of its training data (an older version wrote it): a changed data file cannot be detected');
+    } else if (saved.dataHash !== dataHash) {
+      throw new DistilleryError('--resume: the training data changed since the checkpoint was written (its hash differs)',
+        'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
+    }
+  }
+  const tokenizer = chooseTokenizer(o, docs, saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
   if (!saved) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
@@ -161,9 +210,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (saved) {
     const s = saved;
     student.setWeights(readCheckpoint(path.join(latest, 'model')).weights);
-    const moments = readSafetensors(path.join(latest, 'optimizer.safetensors')).tensors;
-    backend.upload(opt.m, moments.get('m')!.data);
-    backend.upload(opt.v, moments.get('v')!.data);
+    const moments = readMoments(path.join(latest, 'optimizer.safetensors'), student.layout.total);
+    backend.upload(opt.m, moments.m);
+    backend.upload(opt.v, moments.v);
     opt.step = s.optimizerStep;
     loader.restore(s.loader);
     step = s.step; tokensTrained = s.tokensTrained;
@@ -172,11 +221,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     log(`resumed from ${latest} at step ${step}`);
   } else {
     student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
-    fs.writeFileSync(metricsPath, '');
+    writeFileAtomic(metricsPath, '');
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
-  const appendMetric = (m: Record<string, unknown>): void => fs.appendFileSync(metricsPath, JSON.stringify(m) + '\n');
+  const appendMetric = (m: Record<string, unknown>): void => appendNoFollow(metricsPath, JSON.stringify(m) + '\n');
   if (!saved) {
     const e = evaluate();
     if (e) {
@@ -186,10 +235,19 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     }
   }
 
-  const saveLatest = (): void => {
+  let lastGoodStep: number | null = saved ? saved.step : null;
+  /**
+   * Writes checkpoints/latest if the weights are good (see the module comment); `lossOnWeights` is a loss computed
+   * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
+   */
+  const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => {
+    const ss = backend.sumSquares(student.params, student.layout.total);
+    if (!Number.isFinite(ss)) return `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
+    const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
+    if (!Number.isFinite(lossNow)) return `the weights after step ${step} give a non-finite loss (${lossNow})`;
     const state: SavedState = {
       version: 1, step, optimizerStep: opt.step, loader: loader.state(), tokensTrained,
-      initialTrainLoss, initialValLoss, initialValCe, options: o,
+      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash,
     };
     const weights = Float32Array.from(student.getWeights());
     const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
@@ -201,6 +259,30 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       ]), { dtype: 'f32' });
       fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
     });
+    lastGoodStep = step;
+    return null;
+  };
+
+  // Best validation checkpoint and the rising-validation warning, restored from metrics.jsonl on resume.
+  const bestDir = path.join(out, 'checkpoints', 'best');
+  const watch = new ValidationWatch(VAL_RISE_WARN);
+  for (const r of readMetrics(metricsPath)) if (r.val_loss !== undefined) watch.observe(r.step!, r.val_loss);
+  const warnings: string[] = [];
+  const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
+  /** After an evaluation at `step`: best/ when the loss is the lowest so far, a warning when it kept rising. */
+  const afterEval = (valLoss: number): void => {
+    const bestBefore = watch.bestStep, bestLossBefore = watch.bestLoss;
+    const v = watch.observe(step, valLoss);
+    if (v.risingStreak) {
+      warn(`the validation loss has risen for ${VAL_RISE_WARN} evaluations in a row (${v.risingStreak.map(fmt).join(' → ')}, step ${step}): ` +
+        `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
+    }
+    if (v.best) {
+      writeCheckpoint(bestDir, cfg, student.getWeights(), {
+        dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON(),
+        extraFiles: { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' },
+      });
+    }
   };
 
   const started = Date.now();
@@ -212,17 +294,35 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
     process.stderr, startStep);
   let status = 'completed';
+  let signal: 'SIGINT' | 'SIGTERM' | null = null;
   let lastEval = null as ReturnType<typeof evaluate>;
+  const finalTrainLossOf = (): number => (recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN);
+  /** Ends a failed run: the summary says why, the error names the last good checkpoint. */
+  const fail = (atStep: number, why: string, hint: string | undefined): DistilleryError => {
+    status = `failed at step ${atStep}: ${why}`;
+    writeSummary(null);
+    return new DistilleryError(`training stopped at step ${atStep}: ${why}`,
+      `${lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
+  };
+  const onSignal = (s: NodeJS.Signals): void => {
+    if (signal !== null) process.exit(s === 'SIGINT' ? 130 : 143); // a second signal: stop now
+    signal = s === 'SIGINT' ? 'SIGINT' : 'SIGTERM';
+    log(`\n${s}: finishing the current step, then writing a checkpoint, the summary and the plot (send it again to stop at once)`);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
   /** summary.json: written at the end of every run, failed ones included. */
   const writeSummary = (finalDir: string | null): RunSummary => {
     const summary: RunSummary = {
       mode: o.mode, out, finalDir, steps: step,
-      initialTrainLoss, finalTrainLoss: recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN,
+      initialTrainLoss, finalTrainLoss: finalTrainLossOf(),
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
       tokensTrained, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
+      lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
+      signal,
     };
     writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
@@ -241,12 +341,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         r = runner.trainStep(micro, opt, lr, o.clip);
         stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
       } catch (e) {
-        if (e instanceof NonFiniteLossError) {
-          status = `failed at step ${step + 1}: ${e.message}`;
-          writeSummary(null);
-          throw new DistilleryError(`training stopped at step ${step + 1}: ${e.message}`,
-            `${fs.existsSync(latest) ? `the last good checkpoint is ${latest} (resume with --resume)` : 'no checkpoint had been saved yet'}; ${e.hint ?? ''}`);
-        }
+        if (e instanceof NonFiniteLossError) throw fail(step + 1, e.message, e.hint);
         throw e;
       }
       step++;
@@ -263,12 +358,31 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(teacher ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
           if (!o.quiet) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
+          afterEval(lastEval.meanLoss);
         }
       }
-      if (step % o.saveEvery === 0 || last) saveLatest();
+      const evaluatedNow = lastEval !== null && (step % o.evalEvery === 0 || last) ? lastEval.meanLoss : null;
+      let savedNow = false;
+      if (step % o.saveEvery === 0 || last) {
+        const bad = saveLatest(evaluatedNow, micro[0]!);
+        if (bad !== null) throw fail(step, bad, 'lower --lr, raise --warmup, or check the data');
+        savedNow = true;
+      }
       if (o.stopAfter > 0 && step >= o.stopAfter && step < o.steps) { status = 'stopped'; break; }
+      // Let a pending SIGINT / SIGTERM be delivered (the step itself runs without yielding).
+      if (!last) await new Promise<void>((resolve) => setImmediate(resolve));
+      if (signal !== null && !last) {
+        if (!savedNow) {
+          const bad = saveLatest(evaluatedNow, micro[0]!);
+          if (bad !== null) throw fail(step, bad, 'lower --lr, raise --warmup, or check the data');
+        }
+        status = `interrupted by ${signal}`;
+        break;
+      }
     }
   } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
     if (!o.quiet) progress.done();
     writeLossSvg(out, metricsPath, o.mode);
   }
@@ -280,7 +394,73 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
     `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
+  for (const w of summary.warnings.slice(warnings.length)) log(`warning: ${w}`);
+  if (signal !== null) log(`${signal}: stopped after step ${step}; checkpoint ${latest} (continue with --resume)`);
   return summary;
+}
+
+/** How far above its start a loss may end before the run is called divergent (a fraction of the start). */
+const DIVERGENCE_MARGIN = 0.1;
+
+/** Warnings for a run whose training or validation loss ended well above where it started (finite divergence). */
+export function divergenceWarnings(initialTrain: number, finalTrain: number, initialVal: number, finalVal: number): string[] {
+  const out: string[] = [];
+  const above = (a: number, b: number): boolean => Number.isFinite(a) && Number.isFinite(b) && b > a + DIVERGENCE_MARGIN * Math.abs(a);
+  if (above(initialTrain, finalTrain)) {
+    out.push(`training diverged: the final training loss ${fmt(finalTrain)} is well above the first step's ${fmt(initialTrain)}; lower --lr or raise --warmup`);
+  }
+  if (above(initialVal, finalVal)) {
+    out.push(`the final validation loss ${fmt(finalVal)} is well above the initial ${fmt(initialVal)}: the trained model is worse than the untrained one`);
+  }
+  return out;
+}
+
+/** The tokenizer to resume with: the checkpoint's own copy (out/tokenizer.json only for checkpoints without one). */
+function resumeTokenizerPath(out: string, latest: string, log: (s: string) => void): string {
+  const own = path.join(latest, 'model', 'tokenizer.json');
+  if (fs.existsSync(own)) return own;
+  log(`warning: --resume: the checkpoint has no tokenizer.json of its own; using ${path.join(out, 'tokenizer.json')}`);
+  return path.join(out, 'tokenizer.json');
+}
+
+/** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */
+export function readMoments(file: string, parameters: number): { m: Float32Array; v: Float32Array } {
+  const hint = 'the checkpoint is damaged: restore it, or start afresh with --overwrite';
+  if (!fs.existsSync(file)) throw new DistilleryError(`${file} is missing (the optimizer state of the checkpoint)`, hint);
+  const f = readSafetensors(file);
+  const names = [...f.tensors.keys()].sort();
+  if (names.length !== 2 || names[0] !== 'm' || names[1] !== 'v') {
+    throw new DistilleryError(`${file}: expected the tensors "m" and "v", found ${names.length ? names.map((n) => `"${n}"`).join(', ') : 'none'}`, hint);
+  }
+  const get = (name: 'm' | 'v'): Float32Array => {
+    const t = f.tensors.get(name)!;
+    if (t.dtype !== 'F32') throw new DistilleryError(`${file}: tensor "${name}" is ${t.dtype}, expected F32`, hint);
+    if (t.data.length !== parameters) {
+      throw new DistilleryError(`${file}: tensor "${name}" has ${t.data.length} values but the model has ${parameters} parameters`, hint);
+    }
+    for (let i = 0; i < t.data.length; i++) {
+      const x = t.data[i]!;
+      if (!Number.isFinite(x) || (name === 'v' && x < 0)) {
+        throw new DistilleryError(`${file}: tensor "${name}" holds an invalid value (${x} at element ${i})`, hint);
+      }
+    }
+    return t.data;
+  };
+  return { m: get('m'), v: get('v') };
+}
+
+/** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
+function appendNoFollow(file: string, text: string): void {
+  let fd: number;
+  try {
+    fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o644);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ELOOP') {
+      throw new DistilleryError(`${file} became a symbolic link during the run; distillery does not write through links`, 'remove the link and resume with --resume');
+    }
+    throw e;
+  }
+  try { fs.writeSync(fd, text); } finally { fs.closeSync(fd); }
 }
 
 function fmt(x: number): string {
@@ -364,7 +544,7 @@ function checkDeviceMemory(backend: Backend, j: JobMemory): void {
 }
 
 /** Options that may change between a checkpoint and its resume (they don't change what is computed). */
-const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
+const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
 
 function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
   const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'vocabSize', 'maxChars'];
@@ -401,17 +581,27 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
 
 /** Keeps only the metrics lines up to `step` (a resumed run rewrites what came after its checkpoint). */
 function truncateMetrics(file: string, step: number): void {
-  if (!fs.existsSync(file)) return;
+  if (!fs.lstatSync(file, { throwIfNoEntry: false })?.isFile()) return;
   const keep = fs.readFileSync(file, 'utf8').split('\n').filter((l) => {
     if (!l.trim()) return false;
     try { return (JSON.parse(l) as { step: number }).step <= step; } catch { return false; }
   });
-  fs.writeFileSync(file, keep.map((l) => l + '\n').join(''));
+  writeFileAtomic(file, keep.map((l) => l + '\n').join(''));
 }
 
+/** The rows of metrics.jsonl; a missing file or a symbolic link gives none, a line that is not JSON is skipped. */
 export function readMetrics(file: string): Array<Record<string, number>> {
-  if (!fs.existsSync(file)) return [];
-  return fs.readFileSync(file, 'utf8').split('\n').filter((l) => l.trim()).map((l) => JSON.parse(l) as Record<string, number>);
+  const st = fs.lstatSync(file, { throwIfNoEntry: false });
+  if (!st || !st.isFile()) return [];
+  const rows: Array<Record<string, number>> = [];
+  for (const l of fs.readFileSync(file, 'utf8').split('\n')) {
+    if (!l.trim()) continue;
+    try {
+      const r = JSON.parse(l) as unknown;
+      if (typeof r === 'object' && r !== null && typeof (r as { step?: unknown }).step === 'number') rows.push(r as Record<string, number>);
+    } catch { /* a torn or foreign line */ }
+  }
+  return rows;
 }
 
 function writeLossSvg(out: string, metricsPath: string, mode: string): void {

@@ -70,7 +70,11 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       }
       if (parsed.values.json === true) throw new UsageError('--json goes with --dry-run', `add --dry-run, or drop --json (a run's results are in ${options.out}/summary.json)`);
       const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };
-      await (deps.runTraining ?? defaultRunTraining)(options, hooks);
+      const result = await (deps.runTraining ?? defaultRunTraining)(options, hooks);
+      // A run stopped by SIGINT / SIGTERM (after writing its checkpoint and summary) exits 128 + the signal number.
+      const signal = (result as { signal?: unknown } | null | undefined)?.signal;
+      if (signal === 'SIGINT') return 130;
+      if (signal === 'SIGTERM') return 143;
       return 0;
     },
   };
