@@ -3,7 +3,7 @@ import type { KernelFamily, ParamRecord } from './spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
 import { ropeBackward, ropeForward } from './rope.js';
 import {
-  attentionBackward, attentionBackwardKv, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
+  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
 } from './attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
@@ -23,7 +23,7 @@ type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
-  attentionForward, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
+  attentionForward, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
 ];
