@@ -13,10 +13,12 @@
  * computes each output element with the same operations whatever range it falls in, so results are
  * bit-identical for every thread count (test/backend/kernels-wasm.test.ts, wasm.test.ts).
  *
- * Attention in f32 mode runs the WASM row kernels of gemm.wat (q·k dots, P·V, and in backward dO·Vᵀ, the dV/dK
- * outer-product updates and dS·K) through AttentionKernels in ./wasm.ts; softmax stays in JS float64.
- * Backward's per-row dP/dS scratch is one region of the WASM memory per backend (b·nKv·t floats, grown, never
- * allocated per call), a row per (batch, kv-head) group so threads never share one.
+ * Attention saves only each query row's log-sum-exp ([B, heads, T]); backward recomputes the probabilities row by
+ * row (P = exp(S − lse)) and uses D = dout·out for rowsum(P ⊙ dP). In f32 mode it runs the WASM row kernels of
+ * gemm.wat (q·k dots, P·V, and in backward the scores again, dO·Vᵀ, the dV/dK outer-product updates and dS·K)
+ * through AttentionKernels in ./wasm.ts; softmax, exp and lse stay in JS float64. The per-row scratch is one region
+ * of the WASM memory per backend (b·heads·t floats forward, 2·b·nKv·t backward; grown, never allocated per call),
+ * rows per (batch, head) unit / (batch, kv-head) group so threads never share one.
  *
  * Matrix products: WebAssembly SIMD in f32 mode (./wasm.ts, ./wasm/gemm.wat). Every f32 buffer is a
  * Float32Array view of ONE shared WebAssembly.Memory per backend (a bump allocator; nothing is freed before
