@@ -126,3 +126,32 @@ sweep('B=3 T=100 heads 6/2 hd 64, batch-chunked, unsplit dK/dV', 3, 100, 6, 2, 6
   { backend: () => open({ attnDsumFloats: 6 * 100, attnDkvFloats: 1 }) });
 sweep('B=3 T=100 heads 6/2 hd 64, batch-chunked, split dK/dV', 3, 100, 6, 2, 64,
   { backend: () => open({ attnDsumFloats: 6 * 100 + 5, attnDkvFloats: 2 * 6 * 100 * 64 }) });
+
+// EXPERIMENTAL tensor-core forward (attention_fwd_mma, TF32 inputs, fp32 accumulation; not used unless a backend is
+// created with attention: 'mma'): out and lse against the float64 CPU backend within a TF32 bound, and different from
+// the fp32 kernel's bits (the mma path really ran).
+const TOL_MMA = 1e-2;
+let mma: CudaBackend | null = null;
+after(() => { mma?.dispose(); });
+for (const T of [1, 31, 97, 300, 1030]) {
+  for (const hd of [64, 128, 80]) {
+    const [nH, nKv] = T === 97 ? [8, 8] : [14, 2];
+    test(`flash attention tensor-core forward (experimental) T=${T} heads ${nH}/${nKv} hd ${hd}`, { skip, timeout: 300_000 }, () => {
+      mma ??= createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-mma-')), attention: 'mma' });
+      const B = 1, x = inputs(T * 31 + hd, B, T, nH, nKv, hd);
+      const fwd = (b: Backend) => {
+        const q = up(b, x.q, 'q'), k = up(b, x.k, 'k'), v = up(b, x.v, 'v');
+        const out = b.alloc(x.q.length, 'out'), lse = b.alloc(B * nH * T, 'lse');
+        b.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd);
+        return { out: f64(b.download(out)), lse: f64(b.download(lse)) };
+      };
+      const got = fwd(mma), ref = fwd(cpu64!), simt = fwd(cuda!);
+      const eo = relErr(got.out, ref.out), el = relErr(got.lse, ref.lse);
+      process.stderr.write(`[flash-attention] mma T=${T} heads ${nH}/${nKv} hd ${hd} vs cpu f64: out ${eo.toExponential(2)} lse ${el.toExponential(2)}`
+        + ` (fp32 kernel: out ${relErr(simt.out, ref.out).toExponential(2)})\n`);
+      assert.ok(eo <= TOL_MMA && el <= TOL_MMA, `mma forward: out ${eo}, lse ${el} > ${TOL_MMA}`);
+      if (T > 1) assert.ok(relErr(got.out, simt.out) > 0, 'the mma forward gave the fp32 kernel\'s bits: not in effect');
+      assert.deepEqual(fwd(mma), got, 'mma forward run to run');
+    });
+  }
+}

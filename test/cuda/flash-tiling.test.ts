@@ -10,7 +10,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  ATTN_KEY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionForward, attnTile,
+  ATTN_KEY_TILE, MMA_KEY_TILE, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, mmaForwardSmem, attentionBackwardKv, attentionBackwardPre, attentionForward, attnTile,
 } from '../../src/backend/cuda/kernels/attention.js';
 import { ATTN_BLOCK, CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -223,4 +223,127 @@ test('device launches on a fake driver: each tiled kernel gets its dynamic share
     }
     assert.ok(allowed.some(([f]) => f === 'attention_bwd_dkv'), 'head dim 256 exercises the opt-in');
   } finally { be.dispose(); }
+});
+
+/**
+ * The experimental tensor-core forward (attention_fwd_mma) simulated lane by lane with the PTX fragment layouts of
+ * mma.m16n8k8 (.tf32: g = lane / 4, t = lane % 4; A a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); B b0 (k t, n g)
+ * b1 (k t+4, n g); C c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)), in float64 (no TF32 rounding: this checks
+ * the index math, quad reductions and the accumulator → A-fragment shuffles, not the precision).
+ */
+function mmaSim(c: number[][], a: number[][], b: number[][]): void {
+  // gather the warp's A (16×8), B (8×8) from fragments, multiply, scatter into the C fragments
+  const A = Array.from({ length: 16 }, () => new Float64Array(8)), Bm = Array.from({ length: 8 }, () => new Float64Array(8));
+  for (let lane = 0; lane < 32; lane++) {
+    const g = lane >> 2, t = lane & 3;
+    A[g]![t] = a[lane]![0]!; A[g + 8]![t] = a[lane]![1]!; A[g]![t + 4] = a[lane]![2]!; A[g + 8]![t + 4] = a[lane]![3]!;
+    Bm[t]![g] = b[lane]![0]!; Bm[t + 4]![g] = b[lane]![1]!;
+  }
+  for (let lane = 0; lane < 32; lane++) {
+    const g = lane >> 2, t = lane & 3;
+    const dot = (r: number, n: number) => { let s = 0; for (let kk = 0; kk < 8; kk++) s += A[r]![kk]! * Bm[kk]![n]!; return s; };
+    c[lane]![0]! += dot(g, 2 * t); c[lane]![1]! += dot(g, 2 * t + 1); c[lane]![2]! += dot(g + 8, 2 * t); c[lane]![3]! += dot(g + 8, 2 * t + 1);
+  }
+}
+
+function simForwardMma(q: Float64Array, k: Float64Array, v: Float64Array, B: number, T: number, nH: number, nKv: number, HD: number) {
+  const BQ = MMA_QUERY_TILE, BK = MMA_KEY_TILE, KS = HD / 8, SCALE = 1 / Math.sqrt(HD), qs = nH * HD, ks = nKv * HD;
+  const out = new Float64Array(B * T * nH * HD).fill(NaN), lse = new Float64Array(B * nH * T).fill(NaN);
+  const lanes = [...Array(32).keys()];
+  const shfl = (vals: number[], src: (lane: number) => number) => lanes.map((l) => vals[src(l)]!);
+  const xor = (vals: number[], m: number) => lanes.map((l) => vals[l ^ m]!);
+  for (let b = 0; b < B; b++) for (let h = 0; h < nH; h++) for (let bx = 0; bx < Math.ceil(T / BQ); bx++) {
+    const kvh = Math.floor(h / (nH / nKv)), i0 = bx * BQ, iEnd = Math.min(T, i0 + BQ);
+    const Qst = loadRows(q, (b * T * nH + h) * HD, qs, i0, BQ, T, HD);
+    for (let warp = 0; warp < 4; warp++) {
+      const rw = warp * 16;
+      const qa = Array.from({ length: KS }, (_, s) => lanes.map((l) => {
+        const g = l >> 2, t = l & 3;
+        return [Qst[rw + g]![8 * s + t]!, Qst[rw + g + 8]![8 * s + t]!, Qst[rw + g]![8 * s + t + 4]!, Qst[rw + g + 8]![8 * s + t + 4]!];
+      }));
+      const o = Array.from({ length: KS }, () => lanes.map(() => [0, 0, 0, 0]));
+      let mA = lanes.map(() => -Infinity), mB = lanes.map(() => -Infinity), lA = lanes.map(() => 0), lB = lanes.map(() => 0);
+      for (let j0 = 0; j0 < iEnd; j0 += BK) {
+        const Ks = loadRows(k, (b * T * nKv + kvh) * HD, ks, j0, BK, T, HD), Vs = loadRows(v, (b * T * nKv + kvh) * HD, ks, j0, BK, T, HD);
+        const sc = Array.from({ length: 4 }, () => lanes.map(() => [0, 0, 0, 0]));
+        for (let n = 0; n < 4; n++) for (let s = 0; s < KS; s++) {
+          mmaSim(sc[n]!, qa[s]!, lanes.map((l) => [Ks[8 * n + (l >> 2)]![8 * s + (l & 3)]!, Ks[8 * n + (l >> 2)]![8 * s + (l & 3) + 4]!]));
+        }
+        let mxA = lanes.map(() => -Infinity), mxB = lanes.map(() => -Infinity);
+        for (let n = 0; n < 4; n++) for (const l of lanes) for (let e = 0; e < 4; e++) {
+          const g = l >> 2, t = l & 3, iA = i0 + rw + g, i = e < 2 ? iA : iA + 8, j = j0 + 8 * n + 2 * t + (e & 1);
+          const x = j <= i && j < T ? sc[n]![l]![e]! * SCALE : -Infinity;
+          sc[n]![l]![e] = x;
+          if (e < 2) mxA[l] = Math.max(mxA[l]!, x); else mxB[l] = Math.max(mxB[l]!, x);
+        }
+        for (const m of [1, 2]) { const xa = xor(mxA, m), xb = xor(mxB, m); mxA = mxA.map((x, l) => Math.max(x, xa[l]!)); mxB = mxB.map((x, l) => Math.max(x, xb[l]!)); }
+        const nA = mA.map((x, l) => Math.max(x, mxA[l]!)), nB = mB.map((x, l) => Math.max(x, mxB[l]!));
+        const aA = mA.map((x, l) => Math.exp(x - nA[l]!)), aB = mB.map((x, l) => Math.exp(x - nB[l]!));
+        let sA = lanes.map(() => 0), sB = lanes.map(() => 0);
+        for (let n = 0; n < 4; n++) for (const l of lanes) for (let e = 0; e < 4; e++) {
+          const pe = Math.exp(sc[n]![l]![e]! - (e < 2 ? nA[l]! : nB[l]!));
+          sc[n]![l]![e] = pe;
+          if (e < 2) sA[l] += pe; else sB[l] += pe;
+        }
+        for (const m of [1, 2]) { const xa = xor(sA, m), xb = xor(sB, m); sA = sA.map((x, l) => x + xa[l]!); sB = sB.map((x, l) => x + xb[l]!); }
+        lA = lA.map((x, l) => x * aA[l]! + sA[l]!); lB = lB.map((x, l) => x * aB[l]! + sB[l]!); mA = nA; mB = nB;
+        for (let n = 0; n < KS; n++) for (const l of lanes) { o[n]![l]![0]! *= aA[l]!; o[n]![l]![1]! *= aA[l]!; o[n]![l]![2]! *= aB[l]!; o[n]![l]![3]! *= aB[l]!; }
+        const srcLo = (l: number) => (l & ~3) | ((l & 3) >> 1), srcHi = (l: number) => srcLo(l) + 2;
+        for (let kk = 0; kk < 4; kk++) {
+          const col = (e: number) => sc[kk]!.map((f) => f[e]!);
+          const x0 = shfl(col(0), srcLo), x1 = shfl(col(1), srcLo), y0 = shfl(col(0), srcHi), y1 = shfl(col(1), srcHi);
+          const z0 = shfl(col(2), srcLo), z1 = shfl(col(3), srcLo), w0 = shfl(col(2), srcHi), w1 = shfl(col(3), srcHi);
+          const pa = lanes.map((l) => (l & 1) ? [x1[l]!, z1[l]!, y1[l]!, w1[l]!] : [x0[l]!, z0[l]!, y0[l]!, w0[l]!]);
+          for (let n = 0; n < KS; n++) {
+            mmaSim(o[n]!, pa, lanes.map((l) => [Vs[8 * kk + (l & 3)]![8 * n + (l >> 2)]!, Vs[8 * kk + (l & 3) + 4]![8 * n + (l >> 2)]!]));
+          }
+        }
+      }
+      for (const l of lanes) {
+        const g = l >> 2, t = l & 3, iA = i0 + rw + g, iB = iA + 8;
+        for (const [i, e0, m, ll] of [[iA, 0, mA[l]!, lA[l]!], [iB, 2, mB[l]!, lB[l]!]] as const) {
+          if (i >= T) continue;
+          for (let n = 0; n < KS; n++) {
+            out[((b * T + i) * nH + h) * HD + 8 * n + 2 * t] = o[n]![l]![e0]! / ll;
+            out[((b * T + i) * nH + h) * HD + 8 * n + 2 * t + 1] = o[n]![l]![e0 + 1]! / ll;
+          }
+          if (t === 0) lse[(b * nH + h) * T + i] = m + Math.log(ll);
+        }
+      }
+    }
+  }
+  return { out, lse };
+}
+
+for (const [B, T, nH, nKv, HD] of [[1, 1, 2, 1, 64], [2, 45, 4, 2, 32], [1, 97, 2, 1, 80], [1, 70, 2, 2, 128]] as const) {
+  test(`simulated tensor-core forward (attention_fwd_mma fragments) B=${B} T=${T} heads ${nH}/${nKv} hd ${HD} equals float64`, () => {
+    const rng = new Rng(B * 77 + T * 3 + HD);
+    const q = randn(rng, B * T * nH * HD, 2), k = randn(rng, B * T * nKv * HD), v = randn(rng, B * T * nKv * HD);
+    const f = simForwardMma(q, k, v, B, T, nH, nKv, HD);
+    const [outR, lseR] = attentionRef(q, k, v, B, T, nH, nKv, HD);
+    assertClose(f.out, outR, 1e-12, 1e-12, 'out');
+    assertClose(f.lse, lseR, 1e-12, 1e-12, 'lse');
+  });
+}
+
+test("attention: 'mma' launches attention_fwd_mma where the head dim allows, the fp32 kernel otherwise; the default never does", () => {
+  const run = (attention: 'simt' | 'mma' | undefined, hd: number): Array<{ fn: string; grid: number[]; shmem: number }> => {
+    const launches: Array<{ fn: string; grid: number[]; shmem: number }> = [];
+    const driver = Object.assign(fakeDriver(), {
+      launch: (fn: unknown, grid: readonly [number, number, number], _b: number, shmem: number) => { launches.push({ fn: String(fn), grid: [...grid], shmem }); },
+    });
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(attention ? { attention } : {}) });
+    try {
+      const B = 2, T = 130, nH = 4, nKv = 2;
+      be.attentionForward(be.alloc(B * T * nH * hd, 'o'), be.alloc(B * nH * T, 'l'), be.alloc(B * T * nH * hd, 'q'),
+        be.alloc(B * T * nKv * hd, 'k'), be.alloc(B * T * nKv * hd, 'v'), B, T, nH, nKv, hd);
+    } finally { be.dispose(); }
+    return launches;
+  };
+  assert.deepEqual(run('mma', 128), [{ fn: 'attention_fwd_mma', grid: [Math.ceil(130 / MMA_QUERY_TILE), 4, 2], shmem: mmaForwardSmem(128) }]);
+  assert.ok(mmaForwardSmem(128) <= SMEM_DEFAULT, 'no opt-in needed up to head dim 128');
+  assert.deepEqual(run('mma', 256).map((l) => l.fn), ['attention_fwd']);
+  assert.deepEqual(run(undefined, 128).map((l) => l.fn), ['attention_fwd']);
+  assert.deepEqual(run('simt', 64).map((l) => l.fn), ['attention_fwd']);
 });

@@ -64,6 +64,7 @@ export function representativeSpecs(): KernelSpec[] {
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim, block: 128 });
   }
   for (const headDim of [64, 128, 80]) mk('attention_bwd_pre', { headDim, block: 256 });
+  for (const headDim of [32, 64, 80, 96, 128]) mk('attention_fwd_mma', { headDim });
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     for (const withGrad of [true, false]) {
       for (const beta of kind === 'jsd' ? [0, 0.5, 1] : [0]) {

@@ -28,8 +28,9 @@ import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, SMEM_DEFAULT, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached,
-  attentionDkvReduce, attentionForward, attnTile, kvCacheWrite,
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv,
+  attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma, attnTile, kvCacheWrite,
+  mmaForwardSmem,
 } from './kernels/attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
@@ -88,6 +89,12 @@ export interface DeviceParts {
   attnDsumFloats?: number;
   /** Floats of attention backward's dK/dV partials (default DEFAULT_ATTN_DKV_FLOATS). */
   attnDkvFloats?: number;
+  /**
+   * EXPERIMENTAL: 'mma' runs the training attention forward on TF32 tensor cores (attention_fwd_mma, ~1e-3 relative)
+   * where the head dim allows (multiple of 8, ≤ 128). Default 'simt' (fp32). Trace mode, and so the pre-warm plan,
+   * always plans 'simt': use 'mma' only with a non-strict kernel cache (tests).
+   */
+  attention?: 'simt' | 'mma';
   /** Floats of the column-reduction partials (default DEFAULT_COLSUM_FLOATS). */
   colsumFloats?: number;
   cublasWorkspaceBytes?: number;
@@ -117,6 +124,7 @@ export class CudaBackend implements Backend {
   private workspace: CudaBuf | null = null;
   private dsum: CudaBuf | null = null;
   private readonly dsumFloats: number;
+  private readonly attnImpl: 'simt' | 'mma';
   /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
   private readonly smemAllowed = new Map<unknown, number>();
   private dkvPart: CudaBuf | null = null;
@@ -137,6 +145,7 @@ export class CudaBackend implements Backend {
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
     this.dsumFloats = parts?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
+    this.attnImpl = parts?.attention ?? 'simt';
     this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
@@ -490,6 +499,11 @@ export class CudaBackend implements Backend {
     this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
     this.need(lse, b * nHeads * t, 'attentionForward');
     if (b * t <= 0) return;
+    if (this.attnImpl === 'mma' && hd % 8 === 0 && hd <= MMA_MAX_HEAD_DIM) {
+      this.launch(attentionForwardMma.make({ headDim: hd }), [Math.ceil(t / MMA_QUERY_TILE), nHeads, b], 128,
+        [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], mmaForwardSmem(hd));
+      return;
+    }
     const tl = this.tile('fwd', hd);
     this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [Math.ceil(t / tl.tq), nHeads, b],
       ATTN_BLOCK, [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], tl.smem);

@@ -35,6 +35,8 @@ export interface CudaBackendOptions {
   /** Floats of attention backward's D scratch and dK/dV partials (defaults DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS; tests shrink them). */
   attnDsumFloats?: number;
   attnDkvFloats?: number;
+  /** EXPERIMENTAL training attention forward on TF32 tensor cores (see DeviceParts.attention); default 'simt'. */
+  attention?: 'simt' | 'mma';
 }
 
 export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
@@ -53,6 +55,7 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     driver, cublas, cache, tf32: o.tf32 ?? false, log,
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
+    ...(o.attention !== undefined ? { attention: o.attention } : {}),
   });
 }
 
