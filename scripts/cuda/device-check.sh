@@ -23,5 +23,9 @@ grep -E '^ *(✔|✖|﹣)|^ℹ (tests|pass|fail|skipped)|compile gate:|\[kernel-
 grep -cE '^ *✔' "$out/tests.txt" | sed 's/^/passed lines: /'
 echo "== parity (op, max relative error, tolerance, verdict)"
 column -t -s $'\t' "$DISTILLERY_PARITY_TABLE" 2>/dev/null || cat "$DISTILLERY_PARITY_TABLE"
+echo "== flash attention (max relative errors per case; all lines in $out/flash-attention.txt)"
+grep -o '\[flash-attention\].*' "$out/tests.txt" > "$out/flash-attention.txt" || true
+grep -c . "$out/flash-attention.txt" | sed 's/^/cases x references: /'
+grep -E 'T=(1030|4096)|hd 256|chunked' "$out/flash-attention.txt" | head -40
 if [ "$rc" -ne 0 ]; then echo "== failures"; grep -A12 -E '✖' "$out/tests.txt" | head -150; fi
 exit "$rc"

@@ -135,12 +135,17 @@ export interface Backend {
   /**
    * Causal grouped-query attention with scale 1/sqrt(headDim).
    * q/out: [B, T, nHeads, hd]; k, v: [B, T, nKv, hd]; query head h reads kv head floor(h / (nHeads / nKv)).
-   * probs: [B, nHeads, T, T] softmax probabilities saved for backward (upper triangle written as 0).
+   * lse: [B, nHeads, T], written with the natural-log log-sum-exp of each query row's scaled, causally masked
+   * scores, lse[b, h, i] = log Σ_{j ≤ i} exp(q_i·k_j / sqrt(hd)): the only state saved for backward (memory is
+   * linear in T; no [T, T] probabilities exist).
    */
-  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void;
-  /** dq += ..., dk += ..., dv += ... */
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void;
+  /**
+   * dq += ..., dk += ..., dv += ... from the forward's inputs, its output `out` and its `lse`. Backends recompute
+   * P = exp(scale·q·kᵀ − lse) and use rowsum(P ⊙ dP) = Σ_d dout·out (they may keep that D in scratch they own).
+   */
   attentionBackward(
-    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number,
   ): void;
 

@@ -1,6 +1,6 @@
 /**
- * One decoder layer's forward pass, shared by training/evaluation (Transformer.forward, which saves attention
- * probabilities for backward) and generation (Generator.step, which attends through a KV cache). The caller
+ * One decoder layer's forward pass, shared by training/evaluation (Transformer.forward, which saves attention's
+ * per-row log-sum-exp for backward) and generation (Generator.step, which attends through a KV cache). The caller
  * passes the attention step; everything around it (norms, projections, rotary embedding, residuals, SwiGLU MLP)
  * is this one function, so the two paths cannot drift apart.
  */

@@ -25,7 +25,7 @@ const F = 4; // bytes per float32
 /** Floats one Transformer allocates for activations (and gradient scratch when training). */
 function activationFloats(c: ModelConfig, b: number, t: number, training: boolean): number {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  const perLayer = N * (4 * C + 2 * Q + 2 * KV + 3 * I + 2) + b * c.numHeads * t * t;
+  const perLayer = N * (4 * C + 2 * Q + 2 * KV + 3 * I + 2) + b * c.numHeads * t; // + attention lse (linear in t)
   const layers = training ? c.numLayers * perLayer : perLayer + N * C;
   const final = N * (2 * C + 1); // final x, norm, rstd (logits live in the step's chunked head)
   const scratch = training ? N * (3 * C + 2 * Q + 3 * KV + 3 * I) : 0;

@@ -26,7 +26,9 @@ export interface TransformerOptions {
 
 interface LayerActs {
   x: Buf; // layer input (residual stream) [N, C]
-  ln1: Buf; rstd1: Buf; q: Buf; k: Buf; v: Buf; probs: Buf; att: Buf;
+  ln1: Buf; rstd1: Buf; q: Buf; k: Buf; v: Buf; att: Buf;
+  /** Attention's saved state: the log-sum-exp of each query row, [B, nHeads, T] (linear in T). */
+  lse: Buf;
   h: Buf; // residual after attention [N, C]
   ln2: Buf; rstd2: Buf; gate: Buf; up: Buf; act: Buf;
 }
@@ -89,7 +91,7 @@ export class Transformer {
       const a = (n: number, what: string): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`);
       return {
         x: a(N * C, 'x'), ln1: a(N * C, 'ln1'), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q'), k: a(N * KV, 'k'),
-        v: a(N * KV, 'v'), probs: a(batch * c.numHeads * seq * seq, 'attention probabilities'), att: a(N * Q, 'attention out'),
+        v: a(N * KV, 'v'), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out'),
         h: a(N * C, 'h'), ln2: a(N * C, 'ln2'), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate'), up: a(N * I, 'up'),
         act: a(N * I, 'swiglu'),
       };
@@ -193,13 +195,13 @@ export class Transformer {
     for (let l = 0; l < c.numLayers; l++) {
       const a = this.acts[l]!;
       const xNext = l + 1 < c.numLayers ? this.acts[l + 1]!.x : this.xFinal;
-      const probs = this.v(a.probs, b * c.numHeads * t * t);
+      const lse = this.v(a.lse, b * c.numHeads * t);
       layerForward(be, c, this.layerW[l]!, {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
         act: this.v(a.act, N * I), out: this.v(xNext, N * C),
-      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, probs, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim));
+      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim));
     }
     const hidden = this.v(this.lnf, N * C);
     be.rmsnormForward(hidden, this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);
@@ -257,7 +259,7 @@ export class Transformer {
       be.matmulBackward(datt, this.gr(w.wo), null, dx, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
-        this.v(a.probs, b * c.numHeads * t * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
+        this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
       be.zero(dqPre); be.zero(dkPre);
       be.ropeBackward(dqPre, dq, b, t, c.numHeads, c.headDim, c.ropeTheta, 0);
       be.ropeBackward(dkPre, dk, b, t, c.numKvHeads, c.headDim, c.ropeTheta, 0);

@@ -85,12 +85,12 @@ test('attention backward, GQA: dq, dk, dv', () => {
   for (const [b, t, nH, nKv, hd] of [[2, 5, 4, 2, 4], [1, 4, 3, 1, 6]] as const) {
     const q = bufOf(be, randn(rng, b * t * nH * hd)), k = bufOf(be, randn(rng, b * t * nKv * hd)), v = bufOf(be, randn(rng, b * t * nKv * hd));
     const dq = be.alloc(b * t * nH * hd, 'dq'), dk = be.alloc(b * t * nKv * hd, 'dk'), dv = be.alloc(b * t * nKv * hd, 'dv');
-    const out = be.alloc(b * t * nH * hd, 'o'), probs = be.alloc(b * nH * t * t, 'p');
+    const out = be.alloc(b * t * nH * hd, 'o'), lse = be.alloc(b * nH * t, 'lse');
     const r = randn(rng, b * t * nH * hd), R = bufOf(be, r);
     checkGradients(be, rng,
       [{ name: 'q', buf: q, grad: dq }, { name: 'k', buf: k, grad: dk }, { name: 'v', buf: v, grad: dv }],
-      () => be.attentionForward(out, probs, q, k, v, b, t, nH, nKv, hd), objectiveOf(be, out, r),
-      () => be.attentionBackward(dq, dk, dv, R, q, k, v, probs, b, t, nH, nKv, hd));
+      () => be.attentionForward(out, lse, q, k, v, b, t, nH, nKv, hd), objectiveOf(be, out, r),
+      () => be.attentionBackward(dq, dk, dv, R, q, k, v, out, lse, b, t, nH, nKv, hd));
   }
   be.dispose();
 });

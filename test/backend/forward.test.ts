@@ -173,15 +173,24 @@ withBackends('rope forward: reference, pos0 offset, theta matters, in place', (b
   assertClose(be.download(X), ropeRef(x, b, t, heads, hd, 10000, 7), rtol, atol, 'rope in place');
 });
 
-withBackends('attention forward, causal GQA (and MHA), probs saved with zero upper triangle', (be, rtol, atol) => {
+withBackends('attention forward, causal GQA (and MHA): out and the saved per-row log-sum-exp vs float64', (be, rtol, atol) => {
   const rng = new Rng(6);
-  for (const [b, t, nH, nKv, hd] of [[2, 6, 4, 2, 8], [1, 5, 3, 3, 4], [2, 4, 6, 1, 6]] as const) {
-    const q = stored(be, randn(rng, b * t * nH * hd)), k = stored(be, randn(rng, b * t * nKv * hd)), v = stored(be, randn(rng, b * t * nKv * hd));
-    const O = be.alloc(q.length, 'o'), P = bufOf(be, randn(rng, b * nH * t * t)); // garbage must be overwritten
-    be.attentionForward(O, P, bufOf(be, q), bufOf(be, k), bufOf(be, v), b, t, nH, nKv, hd);
-    const [out, probs] = attentionRef(q, k, v, b, t, nH, nKv, hd);
+  for (const [b, t, nH, nKv, hd] of [[2, 6, 4, 2, 8], [1, 5, 3, 3, 4], [2, 4, 6, 1, 6], [1, 40, 2, 1, 3]] as const) {
+    // scale 3: scores of several units, so exp(s − max) is far from 1 and a wrong lse (e.g. log without the max) shows
+    const q = stored(be, randn(rng, b * t * nH * hd, 3)), k = stored(be, randn(rng, b * t * nKv * hd)), v = stored(be, randn(rng, b * t * nKv * hd));
+    const O = be.alloc(q.length, 'o'), L = bufOf(be, randn(rng, b * nH * t)); // garbage must be overwritten
+    be.attentionForward(O, L, bufOf(be, q), bufOf(be, k), bufOf(be, v), b, t, nH, nKv, hd);
+    const [out, lse] = attentionRef(q, k, v, b, t, nH, nKv, hd);
     assertClose(be.download(O), out, rtol, atol, `attention out ${b},${t},${nH},${nKv},${hd}`);
-    assertClose(be.download(P), probs, rtol, atol, `attention probs ${b},${t},${nH},${nKv},${hd}`);
+    assertClose(be.download(L), lse, rtol, atol, `attention lse ${b},${t},${nH},${nKv},${hd}`);
+    // the first query row sees one key: lse = its score exactly
+    const l = be.download(L);
+    for (let h = 0; h < nH; h++) {
+      const g = Math.floor(h / (nH / nKv));
+      let s = 0;
+      for (let e = 0; e < hd; e++) s += q[h * hd + e]! * k[g * hd + e]!;
+      assert.ok(Math.abs(l[h * t]! - s / Math.sqrt(hd)) <= atol + rtol * Math.abs(s), `lse of row 0, head ${h}`);
+    }
   }
 });
 

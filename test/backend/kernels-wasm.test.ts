@@ -14,7 +14,7 @@ import { packTask, unpackTask, type Task } from '../../src/backend/cpu/tasks.js'
 import { GemmKernels, WasmArena, wasmModule } from '../../src/backend/cpu/wasm.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertClose, bufOf, randn } from './helpers.js';
-import { LOSS_SPECS, attentionRef } from './reference.js';
+import { LOSS_SPECS, attentionBackwardRef, attentionRef } from './reference.js';
 
 function f32randn(rng: Rng, n: number, scale = 1): Float64Array {
   return Float64Array.from(Float32Array.from(randn(rng, n, scale)));
@@ -54,15 +54,15 @@ test('attn_dots, attn_pv and attn_outer match a float64 reference at odd sizes a
   }
 });
 
-/** Attention forward + backward on `be` (gradients accumulate into non-zero buffers); [out, probs, dq, dk, dv]. */
+/** Attention forward + backward on `be` (gradients accumulate into non-zero buffers); [out, lse, dq, dk, dv]. */
 function attentionAll(be: Backend, q: Float64Array, k: Float64Array, v: Float64Array, g: Float64Array, dq0: Float64Array,
   dk0: Float64Array, dv0: Float64Array, b: number, t: number, nH: number, nKv: number, hd: number): Array<Float32Array | Float64Array> {
   const Q = bufOf(be, q), K = bufOf(be, k), V = bufOf(be, v), G = bufOf(be, g);
-  const out = be.alloc(q.length, 'o'), probs = bufOf(be, randn(new Rng(1), b * nH * t * t)); // garbage is overwritten
+  const out = be.alloc(q.length, 'o'), lse = bufOf(be, randn(new Rng(1), b * nH * t)); // garbage is overwritten
   const dq = bufOf(be, dq0), dk = bufOf(be, dk0), dv = bufOf(be, dv0);
-  be.attentionForward(out, probs, Q, K, V, b, t, nH, nKv, hd);
-  be.attentionBackward(dq, dk, dv, G, Q, K, V, probs, b, t, nH, nKv, hd);
-  return [out, probs, dq, dk, dv].map((a) => be.download(a));
+  be.attentionForward(out, lse, Q, K, V, b, t, nH, nKv, hd);
+  be.attentionBackward(dq, dk, dv, G, Q, K, V, out, lse, b, t, nH, nKv, hd);
+  return [out, lse, dq, dk, dv].map((a) => be.download(a));
 }
 
 const ATTN_SHAPES: Array<[number, number, number, number, number]> = [
@@ -81,11 +81,15 @@ test('WASM attention forward/backward (f32) matches the float64 backend and refe
     const dq0 = f32randn(rng, ql), dk0 = f32randn(rng, kl), dv0 = f32randn(rng, kl);
     const args = [q, k, v, g, dq0, dk0, dv0, b, t, nH, nKv, hd] as const;
     const got = attentionAll(one, ...args), want = attentionAll(ref64, ...args);
-    const [outR, probsR] = attentionRef(q, k, v, b, t, nH, nKv, hd);
+    const [outR, lseR] = attentionRef(q, k, v, b, t, nH, nKv, hd);
+    const [dqR, dkR, dvR] = attentionBackwardRef(g, q, k, v, b, t, nH, nKv, hd);
     const shape = `${b},${t},${nH},${nKv},${hd}`;
     assertClose(got[0]!, outR, 2e-5, 2e-6, `out vs reference ${shape}`);
-    assertClose(got[1]!, probsR, 2e-5, 2e-6, `probs vs reference ${shape}`);
+    assertClose(got[1]!, lseR, 2e-5, 2e-6, `lse vs reference ${shape}`);
     ['dq', 'dk', 'dv'].forEach((name, i) => assertClose(got[i + 2]!, want[i + 2]!, 1e-5, 1e-5, `${name} vs f64 backend ${shape}`));
+    // the backward against the float64 definition (P = softmax(S), rowsum(P ⊙ dP)), independent of the lse/D shortcut
+    [[dq0, dqR], [dk0, dkR], [dv0, dvR]].forEach(([g0, r], i) => assertClose(got[i + 2]!, r!.map((x, j) => x + g0![j]!), 2e-5, 2e-5,
+      `${['dq', 'dk', 'dv'][i]} vs float64 reference ${shape}`));
     assert.deepEqual(attentionAll(one, ...args), got, `run to run ${shape}`);
     for (const be of many) assert.deepEqual(attentionAll(be, ...args), got, `threads=${be.threads} bit-identical ${shape}`);
   }

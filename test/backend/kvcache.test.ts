@@ -21,8 +21,8 @@ function rows(x: Float64Array, b: number, T: number, heads: number, hd: number, 
 function check(be: Backend, b: number, T: number, nH: number, nKv: number, hd: number, chunks: number[], tol: number): void {
   const rng = new Rng(31 + nH + T);
   const q = randn(rng, b * T * nH * hd), k = randn(rng, b * T * nKv * hd), v = randn(rng, b * T * nKv * hd);
-  const full = be.alloc(q.length, 'full'), probs = be.alloc(b * nH * T * T, 'p');
-  be.attentionForward(full, probs, bufOf(be, q), bufOf(be, k), bufOf(be, v), b, T, nH, nKv, hd);
+  const full = be.alloc(q.length, 'full'), lse = be.alloc(b * nH * T, 'lse');
+  be.attentionForward(full, lse, bufOf(be, q), bufOf(be, k), bufOf(be, v), b, T, nH, nKv, hd);
   const fullOut = be.download(full);
   assertClose(fullOut, attentionRef(q, k, v, b, T, nH, nKv, hd)[0], tol, tol, 'full attention vs reference');
   const tMax = T + 3;

@@ -4,25 +4,29 @@
  */
 import type { LossSpec } from '../../src/backend/backend.js';
 
-/** Causal GQA attention reference: returns [out, probs]. */
+/**
+ * Causal GQA attention reference: returns [out, lse], lse [B, nH, T] = log Σ_{j ≤ i} exp(q_i·k_j / sqrt(hd)) (natural
+ * log), computed as max + log(Σ exp(s − max)) in float64.
+ */
 export function attentionRef(
-  q: Float64Array, k: Float64Array, v: Float64Array, b: number, t: number, nH: number, nKv: number, hd: number,
+  q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, b: number, t: number, nH: number, nKv: number, hd: number,
 ): [Float64Array, Float64Array] {
-  const out = new Float64Array(b * t * nH * hd), probs = new Float64Array(b * nH * t * t);
+  const out = new Float64Array(b * t * nH * hd), lse = new Float64Array(b * nH * t);
   const group = nH / nKv;
   for (let bi = 0; bi < b; bi++) for (let h = 0; h < nH; h++) {
     const g = Math.floor(h / group);
     for (let i = 0; i < t; i++) {
-      const s = new Float64Array(t).fill(-Infinity);
+      const s = new Float64Array(i + 1);
       for (let j = 0; j <= i; j++) {
         let d = 0;
         for (let e = 0; e < hd; e++) d += q[((bi * t + i) * nH + h) * hd + e]! * k[((bi * t + j) * nKv + g) * hd + e]!;
         s[j] = d / Math.sqrt(hd);
       }
-      const mx = Math.max(...s);
+      let mx = -Infinity;
+      for (const x of s) mx = Math.max(mx, x);
       const ex = s.map((x) => Math.exp(x - mx));
       const z = ex.reduce((a, c) => a + c, 0);
-      for (let j = 0; j < t; j++) probs[((bi * nH + h) * t + i) * t + j] = ex[j]! / z;
+      lse[(bi * nH + h) * t + i] = mx + Math.log(z);
       for (let e = 0; e < hd; e++) {
         let acc = 0;
         for (let j = 0; j <= i; j++) acc += (ex[j]! / z) * v[((bi * t + j) * nKv + g) * hd + e]!;
@@ -30,7 +34,49 @@ export function attentionRef(
       }
     }
   }
-  return [out, probs];
+  return [out, lse];
+}
+
+/**
+ * Float64 attention backward reference, written from the definition P = softmax(S) (not the kernels' lse / D
+ * shortcut): dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(P ⊙ dP)), dQ = scale dS K, dK = scale dSᵀ Q, summed over
+ * the query heads of each kv head. Returns fresh [dq, dk, dv].
+ */
+export function attentionBackwardRef(
+  dout: ArrayLike<number>, q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>,
+  b: number, t: number, nH: number, nKv: number, hd: number,
+): [Float64Array, Float64Array, Float64Array] {
+  const dq = new Float64Array(b * t * nH * hd), dk = new Float64Array(b * t * nKv * hd), dv = new Float64Array(b * t * nKv * hd);
+  const group = nH / nKv, scale = 1 / Math.sqrt(hd);
+  const qi = (bi: number, i: number, h: number): number => ((bi * t + i) * nH + h) * hd;
+  const ki = (bi: number, j: number, g: number): number => ((bi * t + j) * nKv + g) * hd;
+  for (let bi = 0; bi < b; bi++) for (let h = 0; h < nH; h++) {
+    const g = Math.floor(h / group);
+    for (let i = 0; i < t; i++) {
+      const s = new Float64Array(i + 1), dp = new Float64Array(i + 1);
+      for (let j = 0; j <= i; j++) {
+        let d = 0, e2 = 0;
+        for (let e = 0; e < hd; e++) { d += q[qi(bi, i, h) + e]! * k[ki(bi, j, g) + e]!; e2 += dout[qi(bi, i, h) + e]! * v[ki(bi, j, g) + e]!; }
+        s[j] = d * scale; dp[j] = e2;
+      }
+      let mx = -Infinity;
+      for (const x of s) mx = Math.max(mx, x);
+      const p = s.map((x) => Math.exp(x - mx));
+      const z = p.reduce((a, c) => a + c, 0);
+      for (let j = 0; j <= i; j++) p[j]! /= z;
+      let rs = 0;
+      for (let j = 0; j <= i; j++) rs += p[j]! * dp[j]!;
+      for (let j = 0; j <= i; j++) {
+        const ds = p[j]! * (dp[j]! - rs) * scale;
+        for (let e = 0; e < hd; e++) {
+          dv[ki(bi, j, g) + e] += p[j]! * dout[qi(bi, i, h) + e]!;
+          dq[qi(bi, i, h) + e] += ds * k[ki(bi, j, g) + e]!;
+          dk[ki(bi, j, g) + e] += ds * q[qi(bi, i, h) + e]!;
+        }
+      }
+    }
+  }
+  return [dq, dk, dv];
 }
 
 export function softmax(z: ArrayLike<number>, T = 1): number[] {

@@ -77,14 +77,14 @@ test('threaded attention forward/backward and loss equal single-threaded', () =>
   const q = randn(rng, b * t * nH * hd), k = randn(rng, b * t * nKv * hd), v = randn(rng, b * t * nKv * hd), g = randn(rng, b * t * nH * hd);
   const run = (be: Backend) => {
     const Q = bufOf(be, q), K = bufOf(be, k), V = bufOf(be, v), G = bufOf(be, g);
-    const out = be.alloc(q.length, 'o'), probs = be.alloc(b * nH * t * t, 'p');
+    const out = be.alloc(q.length, 'o'), lse = be.alloc(b * nH * t, 'lse');
     const dq = be.alloc(q.length, 'dq'), dk = be.alloc(k.length, 'dk'), dv = be.alloc(v.length, 'dv');
-    be.attentionForward(out, probs, Q, K, V, b, t, nH, nKv, hd);
-    be.attentionBackward(dq, dk, dv, G, Q, K, V, probs, b, t, nH, nKv, hd);
-    return [out, probs, dq, dk, dv].map((x) => be.download(x));
+    be.attentionForward(out, lse, Q, K, V, b, t, nH, nKv, hd);
+    be.attentionBackward(dq, dk, dv, G, Q, K, V, out, lse, b, t, nH, nKv, hd);
+    return [out, lse, dq, dk, dv].map((x) => be.download(x));
   };
   const r1 = run(one), r2 = run(two);
-  ['out', 'probs', 'dq', 'dk', 'dv'].forEach((name, i) => assertClose(r2[i]!, r1[i]!, 1e-6, 1e-6, `attention ${name}`));
+  ['out', 'lse', 'dq', 'dk', 'dv'].forEach((name, i) => assertClose(r2[i]!, r1[i]!, 1e-6, 1e-6, `attention ${name}`));
 
   const n = 7, vocab = 11;
   const z = randn(rng, n * vocab), zt = randn(rng, n * vocab);

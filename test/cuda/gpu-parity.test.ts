@@ -130,25 +130,26 @@ parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, 
 parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, 10000, 3) }));
 const AB = 2, AT = 7, AH = 4, AKV = 2, AD = 16;
 const attnArrays = (r: () => number): Arrays => ({
-  o: rand(r, AB * AT * AH * AD), p: rand(r, AB * AH * AT * AT), q: rand(r, AB * AT * AH * AD), k: rand(r, AB * AT * AKV * AD), v: rand(r, AB * AT * AKV * AD),
+  o: rand(r, AB * AT * AH * AD), p: rand(r, AB * AH * AT), q: rand(r, AB * AT * AH * AD), k: rand(r, AB * AT * AKV * AD), v: rand(r, AB * AT * AKV * AD),
 });
+// p: the saved log-sum-exp [B, heads, T] (test/cuda/flash-attention.test.ts sweeps shapes, head dims and float64)
 parity('attention fwd', 1e-5, (r) => ({ arrays: attnArrays(r), compare: ['o', 'p'], op: (b, x) => b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD) }));
 parity('attention bwd', 1e-4, (r) => ({
   arrays: { ...attnArrays(r), dq: rand(r, AB * AT * AH * AD), dk: rand(r, AB * AT * AKV * AD), dv: rand(r, AB * AT * AKV * AD), d: rand(r, AB * AT * AH * AD) },
   compare: ['dq', 'dk', 'dv'],
-  op: (b, x) => { b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD); b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.p!, AB, AT, AH, AKV, AD); },
+  op: (b, x) => { b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD); b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, AB, AT, AH, AKV, AD); },
 }));
 // attention_bwd_dkv: several key tiles with the GQA group split over blocks (G = 3 → attention_dkv_reduce), and MHA (unsplit).
 for (const [hN, kvN, tN, dN] of [[6, 2, 70, 24], [3, 3, 40, 16]] as const) {
   parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}`, 1e-4, (r) => ({
     arrays: {
-      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
+      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
       dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
     },
     compare: ['dq', 'dk', 'dv'],
     op: (b, x) => {
       b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
-      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.p!, 2, tN, hN, kvN, dN);
+      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN);
     },
   }));
 }

@@ -41,8 +41,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const wq = b.alloc(d.nH * d.hd * d.C, 'wq'), bq = b.alloc(d.nH * d.hd, 'bq');
     b.matmulForward(q, y, wq, d.qkvBias ? bq : null, n, d.C, d.nH * d.hd);
     b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, d.theta, 0);
-    const probs = b.alloc(d.B * d.nH * d.T * d.T, 'probs'), att = b.alloc(n * d.nH * d.hd, 'att');
-    b.attentionForward(att, probs, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
+    const lse = b.alloc(d.B * d.nH * d.T, 'lse'), att = b.alloc(n * d.nH * d.hd, 'att');
+    b.attentionForward(att, lse, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
     const g = b.alloc(n * d.hidden, 'g'), u = b.alloc(n * d.hidden, 'u'), h = b.alloc(n * d.hidden, 'h');
     b.swigluForward(h, g, u, n * d.hidden);
     b.add(x, x, y, n * d.C);
@@ -51,7 +51,7 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     b.lossForward(stats, logits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, d.vocab, d.loss);
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
-    b.attentionBackward(dq, dk, dv, datt, q, k, v, probs, d.B, d.T, d.nH, d.nKv, d.hd);
+    b.attentionBackward(dq, dk, dv, datt, q, k, v, att, lse, d.B, d.T, d.nH, d.nKv, d.hd);
     b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, d.theta, 0);
     const dy = b.alloc(y.length, 'dy'), dwq = b.alloc(wq.length, 'dwq'), dbq = b.alloc(bq.length, 'dbq');
     b.matmulBackward(dy, dwq, d.qkvBias ? dbq : null, dq, y, wq, n, d.C, d.nH * d.hd);
@@ -113,6 +113,7 @@ export function fakeDriver(): CudaDriver & { launched: string[] } {
     synchronize: () => {}, release: () => {}, unloadModule: () => {},
     loadFunction: (_c: Uint8Array, entry: string) => ({ module: {}, fn: entry }),
     launch: (fn: unknown) => { launched.push(String(fn)); },
+    setMaxDynamicShared: () => {},
   };
   return f as unknown as CudaDriver & { launched: string[] };
 }

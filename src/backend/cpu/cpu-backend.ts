@@ -13,10 +13,12 @@
  * computes each output element with the same operations whatever range it falls in, so results are
  * bit-identical for every thread count (test/backend/kernels-wasm.test.ts, wasm.test.ts).
  *
- * Attention in f32 mode runs the WASM row kernels of gemm.wat (q·k dots, P·V, and in backward dO·Vᵀ, the dV/dK
- * outer-product updates and dS·K) through AttentionKernels in ./wasm.ts; softmax stays in JS float64.
- * Backward's per-row dP/dS scratch is one region of the WASM memory per backend (b·nKv·t floats, grown, never
- * allocated per call), a row per (batch, kv-head) group so threads never share one.
+ * Attention saves only each query row's log-sum-exp ([B, heads, T]); backward recomputes the probabilities row by
+ * row (P = exp(S − lse)) and uses D = dout·out for rowsum(P ⊙ dP). In f32 mode it runs the WASM row kernels of
+ * gemm.wat (q·k dots, P·V, and in backward the scores again, dO·Vᵀ, the dV/dK outer-product updates and dS·K)
+ * through AttentionKernels in ./wasm.ts; softmax, exp and lse stay in JS float64. The per-row scratch is one region
+ * of the WASM memory per backend (b·heads·t floats forward, 2·b·nKv·t backward; grown, never allocated per call),
+ * rows per (batch, head) unit / (batch, kv-head) group so threads never share one.
  *
  * Matrix products: WebAssembly SIMD in f32 mode (./wasm.ts, ./wasm/gemm.wat). Every f32 buffer is a
  * Float32Array view of ONE shared WebAssembly.Memory per backend (a bump allocator; nothing is freed before
@@ -172,8 +174,8 @@ export class CpuBackend implements Backend {
   }
 
   /**
-   * WASM attention backward's scratch rows: at least n floats of the WASM memory, kept for the backend's life
-   * (grown, never per call). Each (batch, kv-head) group owns its own rows, so threads never share one.
+   * WASM attention's scratch rows: at least n floats of the WASM memory, kept for the backend's life (grown, never
+   * per call). Each forward unit / backward (batch, kv-head) group owns its own rows, so threads never share one.
    */
   private attnScratch(n: number): Float32Array {
     if (this.attnRows === null || this.attnRows.length < n) this.attnRows = this.arena!.alloc(Math.max(n, Math.ceil((this.attnRows?.length ?? 0) * 1.5)));
@@ -468,15 +470,16 @@ export class CpuBackend implements Backend {
     check(nKv > 0 && nHeads % nKv === 0, `cpu backend: ${op}: nHeads ${nHeads} is not a multiple of nKv ${nKv}`);
   }
 
-  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads('attentionForward', nHeads, nKv);
-    const o = this.f(out, 'attention out'), p = this.f(probs, 'attention probs');
+    const o = this.f(out, 'attention out'), l = this.f(lse, 'attention lse');
     const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
     this.need(o, b * t * nHeads * hd, 'attentionForward', 'out'); this.need(qq, b * t * nHeads * hd, 'attentionForward', 'q');
     this.need(kk, b * t * nKv * hd, 'attentionForward', 'k'); this.need(vv, b * t * nKv * hd, 'attentionForward', 'v');
-    this.need(p, b * nHeads * t * t, 'attentionForward', 'probs');
+    this.need(l, b * nHeads * t, 'attentionForward', 'lse');
     const units = b * nHeads;
-    const task: Task = { op: 'attnF', out: o, probs: p, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units, wasm: this.inArena(o, p, qq, kk, vv) };
+    const scratch = this.inArena(o, l, qq, kk, vv) ? this.attnScratch(units * t) : null;
+    const task: Task = { op: 'attnF', out: o, lse: l, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units, scratch };
     if (!this.parallel(units * t * t * hd) || units < 2) {
       runTask(task, this.kernels);
       return;
@@ -485,25 +488,25 @@ export class CpuBackend implements Backend {
   }
 
   attentionBackward(
-    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number,
   ): void {
     this.checkHeads('attentionBackward', nHeads, nKv);
     const dqq = this.f(dq, 'attention dq'), dkk = this.f(dk, 'attention dk'), dvv = this.f(dv, 'attention dv');
-    const g = this.f(dout, 'attention dout'), p = this.f(probs, 'attention probs');
+    const g = this.f(dout, 'attention dout'), o = this.f(out, 'attention out'), l = this.f(lse, 'attention lse');
     const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
     const qLen = b * t * nHeads * hd, kLen = b * t * nKv * hd;
-    for (const [a, what] of [[dqq, 'dq'], [g, 'dout'], [qq, 'q']] as const) this.need(a, qLen, 'attentionBackward', what);
+    for (const [a, what] of [[dqq, 'dq'], [g, 'dout'], [qq, 'q'], [o, 'out']] as const) this.need(a, qLen, 'attentionBackward', what);
     for (const [a, what] of [[dkk, 'dk'], [dvv, 'dv'], [kk, 'k'], [vv, 'v']] as const) this.need(a, kLen, 'attentionBackward', what);
-    this.need(p, b * nHeads * t * t, 'attentionBackward', 'probs');
+    this.need(l, b * nHeads * t, 'attentionBackward', 'lse');
     const groups = b * nKv;
-    const scratch = this.inArena(dqq, dkk, dvv, g, qq, kk, vv, p) ? this.attnScratch(groups * t) : null;
-    const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, probs: p, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch };
+    const scratch = this.inArena(dqq, dkk, dvv, g, qq, kk, vv, o, l) ? this.attnScratch(2 * groups * t) : null;
+    const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, out: o, lse: l, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch };
     if (!this.parallel(b * nHeads * t * t * hd) || groups < 2) {
       runTask(task, this.kernels);
       return;
     }
-    this.getPool().run(task, 'rows', splitRange(groups, this.chunkCount(2 * b * nHeads * t * t * hd)));
+    this.getPool().run(task, 'rows', splitRange(groups, this.chunkCount(3 * b * nHeads * t * t * hd)));
   }
 
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {

@@ -29,16 +29,16 @@ export interface GemmNNTask {
 }
 export interface AttnForwardTask {
   op: 'attnF';
-  out: FArr; probs: FArr; q: FArr; k: FArr; v: FArr;
+  out: FArr; lse: FArr; q: FArr; k: FArr; v: FArr;
   t: number; nHeads: number; nKv: number; hd: number; u0: number; u1: number;
-  /** Run the WASM row kernels (every array is a Float32Array view of the backend's WASM memory). */
-  wasm: boolean;
+  /** WASM only: per-unit scratch rows (b·nHeads·t floats of the WASM memory); null on the JS path. */
+  scratch: Float32Array | null;
 }
 export interface AttnBackwardTask {
   op: 'attnB';
-  dq: FArr; dk: FArr; dv: FArr; dout: FArr; q: FArr; k: FArr; v: FArr; probs: FArr;
+  dq: FArr; dk: FArr; dv: FArr; dout: FArr; q: FArr; k: FArr; v: FArr; out: FArr; lse: FArr;
   t: number; nHeads: number; nKv: number; hd: number; g0: number; g1: number;
-  /** WASM only: per-group scratch rows (b·nKv·t floats of the WASM memory); null on the JS path. */
+  /** WASM only: per-group scratch rows (2·b·nKv·t floats of the WASM memory); null on the JS path. */
   scratch: Float32Array | null;
 }
 export interface LossTask {
@@ -110,20 +110,20 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       needWasm(wasm).nn(x.out, x.a, x.b, x.J, x.sai, x.saj, x.ldb, x.ldo, x.i0, x.i1, x.j0, x.j1, x.accumulate);
       return;
     case 'attnF':
-      if (x.wasm) {
-        needWasm(wasm).attention.forward(x.out as Float32Array, x.probs as Float32Array, x.q as Float32Array, x.k as Float32Array,
-          x.v as Float32Array, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+      if (x.scratch !== null) {
+        needWasm(wasm).attention.forward(x.out as Float32Array, x.lse as Float32Array, x.q as Float32Array, x.k as Float32Array,
+          x.v as Float32Array, x.scratch, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
       } else {
-        attentionForward(x.out, x.probs, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+        attentionForward(x.out, x.lse, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
       }
       return;
     case 'attnB':
       if (x.scratch !== null) {
         needWasm(wasm).attention.backward(x.dq as Float32Array, x.dk as Float32Array, x.dv as Float32Array, x.dout as Float32Array,
-          x.q as Float32Array, x.k as Float32Array, x.v as Float32Array, x.probs as Float32Array, x.scratch,
+          x.q as Float32Array, x.k as Float32Array, x.v as Float32Array, x.out as Float32Array, x.lse as Float32Array, x.scratch,
           x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
       } else {
-        attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.probs, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+        attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.out, x.lse, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
       }
       return;
     case 'loss':

@@ -115,17 +115,21 @@ export class GemmKernels {
 /**
  * Causal GQA attention over the WASM row kernels (same contract as attentionForward/attentionBackward of
  * ../kernels/attention.ts, which the JS path runs): per query row, the q·k dot products, P·V, and in backward
- * dO·Vᵀ, dV += p dO, dK += dS q and dQ += dS K run as f32x4 loops; the softmax (max, exp, sum) and
- * dS = P ⊙ (dP − rowsum(P ⊙ dP)) · scale stay in JS float64 (WASM has no exp). Every row is one fixed sequence
- * of operations whatever range or thread it runs on, so results do not depend on the thread split.
+ * the recomputed scores, dO·Vᵀ, dV += p dO, dK += dS q and dQ += dS K run as f32x4 loops; the softmax (max, exp,
+ * sum, lse), P = exp(S − lse), D = dout·out and dS = P ⊙ (dP − D) · scale stay in JS float64 (WASM has no exp).
+ * Every row is one fixed sequence of operations whatever range or thread it runs on, so results do not depend on
+ * the thread split. Scratch rows (WASM memory, owned by the backend) are per unit / group, so ranges never share one.
  */
 export class AttentionKernels {
   private readonly x: WasmExports;
 
   constructor(k: GemmKernels) { this.x = k.exports; }
 
-  /** Units [u0, u1) with u = b·nHeads + h; scores are computed into the probs row, then softmaxed in place. */
-  forward(out: Float32Array, probs: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array,
+  /**
+   * Units [u0, u1) with u = b·nHeads + h; scratch: at least u1·T floats of this memory (row u·T.. holds the
+   * scores, then the probabilities, of the row in progress). Writes out and lse[u·T + t].
+   */
+  forward(out: Float32Array, lse: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array, scratch: Float32Array,
     T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number): void {
     const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
     const qs = nHeads * hd, ks = nKv * hd;
@@ -133,27 +137,28 @@ export class AttentionKernels {
     for (let u = u0; u < u1; u++) {
       const bi = Math.floor(u / nHeads), h = u % nHeads, g = Math.floor(h / rep);
       const kb = k.byteOffset + 4 * (bi * T * ks + g * hd), vb = v.byteOffset + 4 * (bi * T * ks + g * hd);
+      const so = u * T, sb = scratch.byteOffset + 4 * so;
       for (let t = 0; t < T; t++) {
-        const qo = (bi * T + t) * qs + h * hd, po = (u * T + t) * T;
-        x.attn_dots(probs.byteOffset + 4 * po, q.byteOffset + 4 * qo, kb, ks, t + 1, hd, scale);
+        const qo = (bi * T + t) * qs + h * hd;
+        x.attn_dots(sb, q.byteOffset + 4 * qo, kb, ks, t + 1, hd, scale);
         let mx = -Infinity;
-        for (let s = 0; s <= t; s++) { const sc = probs[po + s]; if (sc > mx) mx = sc; }
+        for (let s = 0; s <= t; s++) { const sc = scratch[so + s]; if (sc > mx) mx = sc; }
         let sum = 0;
-        for (let s = 0; s <= t; s++) { const e = Math.exp(probs[po + s] - mx); row[s] = e; sum += e; }
+        for (let s = 0; s <= t; s++) { const e = Math.exp(scratch[so + s] - mx); row[s] = e; sum += e; }
         const inv = 1 / sum;
-        for (let s = 0; s <= t; s++) probs[po + s] = row[s] * inv;
-        probs.fill(0, po + t + 1, po + T);
-        x.attn_pv(out.byteOffset + 4 * qo, probs.byteOffset + 4 * po, vb, ks, t + 1, hd, 0);
+        for (let s = 0; s <= t; s++) scratch[so + s] = row[s] * inv;
+        x.attn_pv(out.byteOffset + 4 * qo, sb, vb, ks, t + 1, hd, 0);
+        lse[so + t] = mx + Math.log(sum);
       }
     }
   }
 
   /**
-   * Groups [g0, g1) with gi = b·nKv + kvHead (a group owns its dk/dv rows). scratch: at least g1·T floats of
-   * this memory; row gi·T.. holds dP, then dS, of the row in progress.
+   * Groups [g0, g1) with gi = b·nKv + kvHead (a group owns its dk/dv rows). scratch: at least 2·g1·T floats of
+   * this memory; rows 2·gi·T.. (scores, then P) and (2·gi + 1)·T.. (dP, then dS) hold the row in progress.
    */
   backward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, q: Float32Array, k: Float32Array,
-    v: Float32Array, probs: Float32Array, scratch: Float32Array,
+    v: Float32Array, out: Float32Array, lse: Float32Array, scratch: Float32Array,
     T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number): void {
     const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
     const qs = nHeads * hd, ks = nKv * hd;
@@ -161,16 +166,22 @@ export class AttentionKernels {
       const bi = Math.floor(gi / nKv), g = gi % nKv;
       const ko = 4 * (bi * T * ks + g * hd);
       const kb = k.byteOffset + ko, vb = v.byteOffset + ko, dkb = dk.byteOffset + ko, dvb = dv.byteOffset + ko;
-      const so = gi * T, sb = scratch.byteOffset + 4 * so;
+      const po = 2 * gi * T, pb = scratch.byteOffset + 4 * po, so = po + T, sb = scratch.byteOffset + 4 * so;
       for (let r = 0; r < rep; r++) {
         const h = g * rep + r, u = bi * nHeads + h;
         for (let t = 0; t < T; t++) {
-          const qo = 4 * ((bi * T + t) * qs + h * hd), po = (u * T + t) * T, n = t + 1;
+          const qe = (bi * T + t) * qs + h * hd, qo = 4 * qe, n = t + 1;
+          x.attn_dots(pb, q.byteOffset + qo, kb, ks, n, hd, scale); // S (the forward's scores, bit for bit)
           x.attn_dots(sb, dout.byteOffset + qo, vb, ks, n, hd, 1); // dP
-          let sum = 0;
-          for (let s = 0; s < n; s++) sum += probs[po + s] * scratch[so + s];
-          for (let s = 0; s < n; s++) scratch[so + s] = probs[po + s] * (scratch[so + s] - sum) * scale; // dS
-          x.attn_outer(dvb, probs.byteOffset + 4 * po, dout.byteOffset + qo, ks, n, hd);
+          const l = lse[u * T + t];
+          let dsum = 0;
+          for (let d = 0; d < hd; d++) dsum += dout[qe + d] * out[qe + d];
+          for (let s = 0; s < n; s++) {
+            const p = Math.exp(scratch[po + s] - l);
+            scratch[po + s] = p;
+            scratch[so + s] = p * (scratch[so + s] - dsum) * scale; // dS
+          }
+          x.attn_outer(dvb, pb, dout.byteOffset + qo, ks, n, hd);
           x.attn_outer(dkb, sb, q.byteOffset + qo, ks, n, hd);
           x.attn_pv(dq.byteOffset + qo, sb, kb, ks, n, hd, 1);
         }

@@ -59,7 +59,12 @@ export function representativeSpecs(): KernelSpec[] {
     mk('rope_bwd', { headDim, theta, block: 256 });
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) mk(fam, { headDim, block: 128 });
   }
-  for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim: 256, block: 128 });
+  // every head dim configs use (Llama/Qwen 64, 128; Phi-style 80, 96; small 32; 256, which opts in to > 48 KiB shared memory)
+  for (const headDim of [32, 80, 96, 256]) {
+    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim, block: 128 });
+  }
+  for (const headDim of [64, 128, 80]) mk('attention_bwd_pre', { headDim, block: 256 });
+  for (const headDim of [32, 64, 80, 96, 128]) mk('attention_fwd_mma', { headDim });
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     for (const withGrad of [true, false]) {
       mk('loss', { kind, withGrad, block: 512 });

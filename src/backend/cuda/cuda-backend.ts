@@ -8,9 +8,9 @@
  * So the set a trace records IS the set a device run asks the cache for (see plan.ts). That is what makes the
  * pre-warm complete by construction.
  *
- * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's rowdot and dK/dV
- * partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
- * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_ROWDOT, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
+ * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's D = rowsum(dout ∘ out) and
+ * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
+ * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
  * ops never allocate. Everything runs on one stream (the legacy default stream); the only host syncs inside ops are
  * sumSquares and download, so a step could later be captured as a CUDA graph.
  */
@@ -28,8 +28,9 @@ import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionCached, attentionDkvReduce, attentionForward,
-  attnQueryTile, kvCacheWrite,
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv,
+  attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma, attnTile, kvCacheWrite,
+  mmaForwardSmem,
 } from './kernels/attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
@@ -45,8 +46,11 @@ export const ATTN_BLOCK = 128;
 export const LOSS_BLOCK = 512;
 /** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
-/** Attention backward's per-row scratch (rowdot, one float per batch·head·query row); larger batches run in chunks. */
-export const DEFAULT_ATTN_ROWDOT = 1 << 20;
+/**
+ * Attention backward's D = rowsum(dout ∘ out) (one float per batch·head·query row, 16 MiB: one batch of 32 heads ×
+ * 131072 positions); larger batches run in chunks.
+ */
+export const DEFAULT_ATTN_DSUM = 1 << 22;
 /**
  * Attention backward's dK/dV partials (two floats per batch·query head·position·head dim): with room for at least
  * one batch, attention_bwd_dkv splits each kv head's query-head group over blocks and attention_dkv_reduce sums the
@@ -81,10 +85,16 @@ export interface DeviceParts {
   cache: KernelCache;
   tf32?: boolean;
   scratchBlocks?: number;
-  /** Floats of attention backward's rowdot scratch (default DEFAULT_ATTN_ROWDOT). */
-  attnRowdotFloats?: number;
+  /** Floats of attention backward's D scratch (default DEFAULT_ATTN_DSUM). */
+  attnDsumFloats?: number;
   /** Floats of attention backward's dK/dV partials (default DEFAULT_ATTN_DKV_FLOATS). */
   attnDkvFloats?: number;
+  /**
+   * EXPERIMENTAL: 'mma' runs the training attention forward on TF32 tensor cores (attention_fwd_mma, ~1e-3 relative)
+   * where the head dim allows (multiple of 8, ≤ 128). Default 'simt' (fp32). Trace mode, and so the pre-warm plan,
+   * always plans 'simt': use 'mma' only with a non-strict kernel cache (tests).
+   */
+  attention?: 'simt' | 'mma';
   /** Floats of the column-reduction partials (default DEFAULT_COLSUM_FLOATS). */
   colsumFloats?: number;
   cublasWorkspaceBytes?: number;
@@ -112,8 +122,11 @@ export class CudaBackend implements Backend {
   private partials: CudaBuf | null = null;
   private readonly partialsHost: Float64Array;
   private workspace: CudaBuf | null = null;
-  private rowdot: CudaBuf | null = null;
-  private readonly rowdotFloats: number;
+  private dsum: CudaBuf | null = null;
+  private readonly dsumFloats: number;
+  private readonly attnImpl: 'simt' | 'mma';
+  /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
+  private readonly smemAllowed = new Map<unknown, number>();
   private dkvPart: CudaBuf | null = null;
   private readonly dkvFloats: number;
   private colPart: CudaBuf | null = null;
@@ -131,7 +144,8 @@ export class CudaBackend implements Backend {
     if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
-    this.rowdotFloats = parts?.attnRowdotFloats ?? DEFAULT_ATTN_ROWDOT;
+    this.dsumFloats = parts?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
+    this.attnImpl = parts?.attention ?? 'simt';
     this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
@@ -139,7 +153,7 @@ export class CudaBackend implements Backend {
       const base = koffiAddress(this.argSlots);
       for (let i = 0; i < MAX_ARGS; i++) this.argPtrs.writeBigUInt64LE(base + BigInt(i * 8), i * 8);
       this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
-      this.rowdot = this.rawAlloc(this.rowdotFloats, 'attention backward scratch');
+      this.dsum = this.rawAlloc(this.dsumFloats, 'attention backward scratch');
       this.dkvPart = this.rawAlloc(this.dkvFloats, 'attention backward dK/dV partials');
       this.colPart = this.rawAlloc(this.colsumFloats, 'column-reduction partials');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
@@ -161,7 +175,8 @@ export class CudaBackend implements Backend {
   }
 
   // ---- kernel launch: the one place both modes meet -------------------------------------------------
-  private launch(spec: KernelSpec, grid: readonly [number, number, number], block: number, args: Arg[]): void {
+  /** `smem`: dynamic shared memory per block, bytes (above SMEM_DEFAULT the function is opted in once). */
+  private launch(spec: KernelSpec, grid: readonly [number, number, number], block: number, args: Arg[], smem = 0): void {
     this.launches.set(spec.family, (this.launches.get(spec.family) ?? 0) + 1);
     if (!this.dev) {
       if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
@@ -174,6 +189,10 @@ export class CudaBackend implements Backend {
       this.modules.push(loaded.module);
       fn = loaded.fn;
       this.fns.set(spec, fn);
+    }
+    if (smem > SMEM_DEFAULT && (this.smemAllowed.get(fn) ?? 0) < smem) {
+      this.dev.driver.setMaxDynamicShared(fn, smem, `allowing ${smem} bytes of shared memory for ${spec.describe()}`);
+      this.smemAllowed.set(fn, smem);
     }
     if (args.length > MAX_ARGS) throw new Error(`too many kernel arguments (${args.length})`);
     const s = this.argSlots;
@@ -189,7 +208,7 @@ export class CudaBackend implements Backend {
     }
     const prof = this.prof;
     prof?.begin();
-    this.dev.driver.launch(fn, grid, block, 0, this.argPtrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
+    this.dev.driver.launch(fn, grid, block, smem, this.argPtrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
     prof?.end(spec.family);
   }
 
@@ -467,38 +486,47 @@ export class CudaBackend implements Backend {
     if (nKv <= 0 || nHeads % nKv !== 0) throw new DistilleryError(`attention: ${nHeads} heads are not a multiple of ${nKv} KV heads`);
   }
 
-  private checkTrainHeadDim(hd: number): void {
-    if (hd > MAX_TRAIN_HEAD_DIM) {
+  /** The tile of a training attention kernel (attnTile), or a DistilleryError for a head dim beyond the kernels. */
+  private tile(kind: 'fwd' | 'dq' | 'dkv', hd: number): { tq: number; smem: number } {
+    const t = hd <= MAX_TRAIN_HEAD_DIM ? attnTile(kind, hd, ATTN_BLOCK) : null;
+    if (!t) {
       throw new DistilleryError(`attention: head dimension ${hd} is above the CUDA training kernels' limit of ${MAX_TRAIN_HEAD_DIM}`, 'use --device cpu');
     }
+    return t;
   }
 
-  attentionForward(out: Buf, probs: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads(nHeads, nKv);
     this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
     this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
-    this.need(probs, b * nHeads * t * t, 'attentionForward');
+    this.need(lse, b * nHeads * t, 'attentionForward');
     if (b * t <= 0) return;
-    this.checkTrainHeadDim(hd);
-    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [Math.ceil(t / attnQueryTile(hd, ATTN_BLOCK)), nHeads, b],
-      ATTN_BLOCK, [P(out), P(probs), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)]);
+    if (this.attnImpl === 'mma' && hd % 8 === 0 && hd <= MMA_MAX_HEAD_DIM) {
+      this.launch(attentionForwardMma.make({ headDim: hd }), [Math.ceil(t / MMA_QUERY_TILE), nHeads, b], 128,
+        [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], mmaForwardSmem(hd));
+      return;
+    }
+    const tl = this.tile('fwd', hd);
+    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [Math.ceil(t / tl.tq), nHeads, b],
+      ATTN_BLOCK, [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], tl.smem);
   }
 
-  attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, probs: Buf,
+  attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads(nHeads, nKv);
-    for (const [x, n] of [[dq, nHeads], [dout, nHeads], [q, nHeads], [dk, nKv], [dv, nKv], [k, nKv], [v, nKv]] as const) {
+    for (const [x, n] of [[dq, nHeads], [dout, nHeads], [q, nHeads], [out, nHeads], [dk, nKv], [dv, nKv], [k, nKv], [v, nKv]] as const) {
       this.need(x, b * t * n * hd, 'attentionBackward');
     }
-    this.need(probs, b * nHeads * t * t, 'attentionBackward');
+    this.need(lse, b * nHeads * t, 'attentionBackward');
     if (b * t <= 0) return;
-    this.checkTrainHeadDim(hd);
-    // Two deterministic kernels: dq and rowdot per query tile, then dk/dv per key tile. The rowdot scratch holds
+    const tq = this.tile('dq', hd), tkv = this.tile('dkv', hd);
+    // Deterministic, atomic-free: D = rowsum(dout ∘ out) into the backend's scratch, dq per query tile, dk/dv per
+    // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
     // bPer batches; larger batches run in chunks over views.
     const perBatch = nHeads * t;
-    let bPer = Math.min(b, Math.floor(this.rowdotFloats / perBatch));
+    let bPer = Math.min(b, Math.floor(this.dsumFloats / perBatch));
     if (bPer < 1) {
-      throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.rowdotFloats}-float scratch`,
+      throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.dsumFloats}-float scratch`,
         'use a shorter sequence');
     }
     // Split each kv head's query-head group over S = G blocks when one batch's dK/dV partials fit (fixed S per shape).
@@ -506,18 +534,23 @@ export class CudaBackend implements Backend {
     const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
     const S = G > 1 && dkvFit >= 1 ? G : 1;
     if (S > 1) bPer = Math.min(bPer, dkvFit);
+    const fpre = attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK });
     const fq = attentionBackward.make({ headDim: hd, block: ATTN_BLOCK });
     const fkv = attentionBackwardKv.make({ headDim: hd, block: ATTN_BLOCK });
     const fred = attentionDkvReduce.make({ block: ELEM_BLOCK });
-    const qn = t * nHeads * hd, kn = t * nKv * hd, pn = nHeads * t * t;
+    const qn = t * nHeads * hd, kn = t * nKv * hd, ln = nHeads * t;
     for (let b0 = 0; b0 < b; b0 += bPer) {
       const bc = Math.min(bPer, b - b0);
       const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
-      this.launch(fq, [Math.ceil(t / attnQueryTile(hd, ATTN_BLOCK)), nHeads, bc], ATTN_BLOCK,
-        [P(vw(dq, qn)), P(this.rowdot), P(vw(dout, qn)), P(vw(k, kn)), P(vw(v, kn)), P(vw(probs, pn)), I(t), I(nHeads), I(nKv)]);
+      const rows = bc * t * nHeads;
+      this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+        [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
+      this.launch(fq, [Math.ceil(t / tq.tq), nHeads, bc], ATTN_BLOCK,
+        [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)],
+        tq.smem);
       this.launch(fkv, [Math.ceil(t / ATTN_KEY_TILE), nKv * S, bc], ATTN_BLOCK,
-        [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.rowdot), P(vw(dout, qn)), P(vw(q, qn)), P(vw(v, kn)),
-          P(vw(probs, pn)), I(t), I(nHeads), I(nKv)]);
+        [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)),
+          P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], tkv.smem);
       if (S > 1) {
         this.launch(fred, [blocksFor(bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);

@@ -32,6 +32,11 @@ export interface CudaBackendOptions {
   device?: number;
   log?: (line: string) => void;
   finder?: FinderEnv;
+  /** Floats of attention backward's D scratch and dK/dV partials (defaults DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS; tests shrink them). */
+  attnDsumFloats?: number;
+  attnDkvFloats?: number;
+  /** EXPERIMENTAL training attention forward on TF32 tensor cores (see DeviceParts.attention); default 'simt'. */
+  attention?: 'simt' | 'mma';
 }
 
 export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
@@ -46,7 +51,12 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     ...(o.strict !== undefined ? { strict: o.strict } : {}),
     ...(o.verbose !== undefined ? { verbose: o.verbose } : {}),
   });
-  return new CudaBackend('device', { driver, cublas, cache, tf32: o.tf32 ?? false, log });
+  return new CudaBackend('device', {
+    driver, cublas, cache, tf32: o.tf32 ?? false, log,
+    ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
+    ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
+    ...(o.attention !== undefined ? { attention: o.attention } : {}),
+  });
 }
 
 /** Traces `runs`, compiles every kernel they need that is not cached yet, and seals the cache. */

@@ -1,17 +1,27 @@
 /**
  * Causal grouped-query attention kernels of the CPU backend (scale 1/sqrt(hd)), plus the KV-cache write and
- * the cached inference attention. Layouts: q/out [B, T, nHeads, hd]; k, v [B, T, nKv, hd]; probs
- * [B, nHeads, T, T]; caches [B, tMax, nKv, hd]. Query head h reads kv head floor(h / (nHeads / nKv)).
+ * the cached inference attention. Layouts: q/out [B, T, nHeads, hd]; k, v [B, T, nKv, hd]; lse [B, nHeads, T]
+ * (natural-log log-sum-exp of each query row's scaled scores: the state forward saves for backward, linear in
+ * T); caches [B, tMax, nKv, hd]. Query head h reads kv head floor(h / (nHeads / nKv)).
  *
  * Forward works on a range of (batch, head) units and backward on a range of (batch, kv-head) groups, so the
- * backend can split them among worker threads: a kv group owns its dk/dv rows, so ranges never race.
+ * backend can split them among worker threads: a kv group owns its dk/dv rows, so ranges never race. Backward
+ * recomputes each probability row from the scores and lse (P = exp(S − lse)), one query row at a time.
  * Scores and softmax are computed in float64 scratch rows whatever the buffer type.
  */
 import type { FArr } from './types.js';
 
-/** Units [u0, u1) with u = b·nHeads + h. Writes out rows and probs [T, T] per unit (masked entries 0). */
+/** scale · q[qo..qo+hd) · k[ko..ko+hd): the one score formula forward and backward share (same bits in both). */
+function score(q: FArr, qo: number, k: FArr, ko: number, hd: number, scale: number): number {
+  let d0 = 0, d1 = 0, d = 0;
+  for (; d + 2 <= hd; d += 2) { d0 += q[qo + d] * k[ko + d]; d1 += q[qo + d + 1] * k[ko + d + 1]; }
+  for (; d < hd; d++) d0 += q[qo + d] * k[ko + d];
+  return (d0 + d1) * scale;
+}
+
+/** Units [u0, u1) with u = b·nHeads + h. Writes out rows and lse[u·T + t]. */
 export function attentionForward(
-  out: FArr, probs: FArr, q: FArr, k: FArr, v: FArr,
+  out: FArr, lse: FArr, q: FArr, k: FArr, v: FArr,
   T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number,
 ): void {
   const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
@@ -23,43 +33,37 @@ export function attentionForward(
       const qo = (bi * T + t) * qs + h * hd;
       let mx = -Infinity;
       for (let s = 0; s <= t; s++) {
-        const ko = (bi * T + s) * ks + g * hd;
-        let d0 = 0, d1 = 0;
-        let d = 0;
-        for (; d + 2 <= hd; d += 2) { d0 += q[qo + d] * k[ko + d]; d1 += q[qo + d + 1] * k[ko + d + 1]; }
-        for (; d < hd; d++) d0 += q[qo + d] * k[ko + d];
-        const sc = (d0 + d1) * scale;
+        const sc = score(q, qo, k, (bi * T + s) * ks + g * hd, hd, scale);
         row[s] = sc;
         if (sc > mx) mx = sc;
       }
       let sum = 0;
       for (let s = 0; s <= t; s++) { const e = Math.exp(row[s] - mx); row[s] = e; sum += e; }
       const inv = 1 / sum;
-      const po = (u * T + t) * T;
       acc.fill(0);
       for (let s = 0; s <= t; s++) {
         const p = row[s] * inv;
-        probs[po + s] = p;
         const vo = (bi * T + s) * ks + g * hd;
         for (let d = 0; d < hd; d++) acc[d] += p * v[vo + d];
       }
-      for (let s = t + 1; s < T; s++) probs[po + s] = 0;
       for (let d = 0; d < hd; d++) out[qo + d] = acc[d];
+      lse[u * T + t] = mx + Math.log(sum);
     }
   }
 }
 
 /**
- * Groups [g0, g1) with gi = b·nKv + kvHead: all query heads of the group. With P the saved probabilities:
- * dV += Pᵀ dO; dP = dO Vᵀ; dS = P ⊙ (dP − rowsum(P ⊙ dP)); dQ += scale dS K; dK += scale dSᵀ Q.
+ * Groups [g0, g1) with gi = b·nKv + kvHead: all query heads of the group. Per query row, P = exp(S − lse) is
+ * recomputed and D = rowsum(P ⊙ dP) = dout·out; dV += Pᵀ dO; dP = dO Vᵀ; dS = P ⊙ (dP − D); dQ += scale dS K;
+ * dK += scale dSᵀ Q.
  */
 export function attentionBackward(
-  dq: FArr, dk: FArr, dv: FArr, dout: FArr, q: FArr, k: FArr, v: FArr, probs: FArr,
+  dq: FArr, dk: FArr, dv: FArr, dout: FArr, q: FArr, k: FArr, v: FArr, out: FArr, lse: FArr,
   T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number,
 ): void {
   const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
   const qs = nHeads * hd, ks = nKv * hd;
-  const dp = new Float64Array(T), dqAcc = new Float64Array(hd);
+  const pr = new Float64Array(T), dp = new Float64Array(T), dqAcc = new Float64Array(hd);
   for (let gi = g0; gi < g1; gi++) {
     const bi = Math.floor(gi / nKv), g = gi % nKv;
     for (let r = 0; r < rep; r++) {
@@ -67,20 +71,21 @@ export function attentionBackward(
       const u = bi * nHeads + h;
       for (let t = 0; t < T; t++) {
         const qo = (bi * T + t) * qs + h * hd;
-        const po = (u * T + t) * T;
-        let sum = 0;
+        const l = lse[u * T + t];
+        let dsum = 0;
+        for (let d = 0; d < hd; d++) dsum += dout[qo + d] * out[qo + d];
         for (let s = 0; s <= t; s++) {
-          const vo = (bi * T + s) * ks + g * hd;
+          const o = (bi * T + s) * ks + g * hd;
+          pr[s] = Math.exp(score(q, qo, k, o, hd, scale) - l);
           let d0 = 0;
-          for (let d = 0; d < hd; d++) d0 += dout[qo + d] * v[vo + d];
+          for (let d = 0; d < hd; d++) d0 += dout[qo + d] * v[o + d];
           dp[s] = d0;
-          sum += probs[po + s] * d0;
         }
         dqAcc.fill(0);
         for (let s = 0; s <= t; s++) {
-          const p = probs[po + s];
+          const p = pr[s];
           const o = (bi * T + s) * ks + g * hd;
-          const ds = p * (dp[s] - sum) * scale;
+          const ds = p * (dp[s] - dsum) * scale;
           for (let d = 0; d < hd; d++) {
             dv[o + d] += p * dout[qo + d];
             dqAcc[d] += ds * k[o + d];

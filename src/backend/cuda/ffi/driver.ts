@@ -10,6 +10,8 @@ import type { FoundLib } from './libfind.js';
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
 const ATTR_CC_MAJOR = 75;
+/** CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h). */
+const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 const ATTR_CC_MINOR = 76;
 
 export class CudaDriver {
@@ -47,6 +49,7 @@ export class CudaDriver {
       eventRecord: l.func('int cuEventRecord(void *ev, void *stream)'),
       eventElapsedTime: l.func('int cuEventElapsedTime(_Out_ float *ms, void *start, void *end)'),
       eventDestroy: l.func('int cuEventDestroy_v2(void *ev)'),
+      funcSetAttribute: l.func('int cuFuncSetAttribute(void *hfunc, int attrib, int value)'),
       launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
     };
     this.check(this.f.init!(0), 'cuInit', 'initializing the CUDA driver');
@@ -135,6 +138,14 @@ export class CudaDriver {
     return { module: mod[0], fn: fn[0] };
   }
   unloadModule(mod: unknown): void { this.check(this.f.moduleUnload!(mod), 'cuModuleUnload', 'unloading a kernel module'); }
+
+  /**
+   * Lets fn use up to `bytes` of dynamic shared memory per block (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+   * needed above 48 KiB.
+   */
+  setMaxDynamicShared(fn: unknown, bytes: number, context: string): void {
+    this.check(this.f.funcSetAttribute!(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), 'cuFuncSetAttribute', context);
+  }
 
   /** params: a buffer of pointers to each argument's storage (CUDA copies them at launch). */
   launch(fn: unknown, grid: readonly [number, number, number], block: number, shmem: number, params: Buffer, context: string): void {

@@ -1,46 +1,87 @@
 /**
- * Causal grouped-query attention kernels: training forward (saves probs [B, nH, T, T]), backward, KV-cache
- * write and cached (inference) attention. Baked: headDim (and so the 1/sqrt(headDim) scale), block size.
+ * Causal grouped-query attention kernels: flash-style training forward (saves the log-sum-exp of each query row,
+ * never probabilities), its backward (a D = rowsum(dout ∘ out) pass, then dQ per query tile and dK/dV per key
+ * tile, recomputing P = exp(S − lse)), the KV-cache write and cached (inference) attention. Baked: headDim (and
+ * so the 1/sqrt(headDim) scale), block size, and the tile sizes derived from them (attnTile()). fp32 SIMT.
  *
- * Training kernels are tiled: a block owns TQ = (block/32)·RPW query rows of one (batch, head) and walks the keys
- * in chunks of 32, staging Q/K/V/dout tiles in shared memory (rows padded to HD+1 floats, so a warp reading 32
- * keys' element d hits 32 banks). Inside a chunk a warp owns RPW query rows and a lane owns one key (scores), or
- * a lane owns head dims d = lane + 32·c (products with V or K). RPW is picked per headDim so the static shared
- * memory stays under 46 KiB (rowsPerWarp()).
- * - forward: scores → probs (the saved row doubles as score scratch), a warp-per-row softmax, out = P·V.
- * - backward, two deterministic kernels (no atomics): attention_bwd per query tile computes
- *   rowdot_i = Σ_j P_ij dP_ij (dP = dout·Vᵀ) into a preallocated scratch and dq += dS·K with
- *   dS = P ⊙ (dP − rowdot)·scale; attention_bwd_dkv per (key tile, kv head) walks every query row of the kv
- *   head's query heads (or, split S ways, 1/S of them, with partials summed in order by attention_dkv_reduce) and
- *   accumulates dk += dSᵀ·Q, dv += Pᵀ·dout in registers.
+ * Training kernels are tiled: a block owns TQ = (block/32)·RPW query rows of one (batch, head), or KT = 32 keys
+ * of one (batch, kv head), and stages row tiles in dynamic shared memory (rows padded to HD+1 floats, so a warp
+ * reading 32 rows' element d hits 32 banks). A warp owns RPW query rows; a lane owns one key (scores) or the head
+ * dims d = lane + 32·c (products with V, K, Q or dout). Memory is linear in T: nothing [T, T] exists anywhere.
+ * - attention_fwd (grid ceil(T/TQ) × nH × B): online softmax over key tiles [0, last row of the tile] (tiles
+ *   above the diagonal are never visited): per tile, scores S = Q·Kᵀ·scale (lane = key), running max m and sum l
+ *   per row, acc = acc·exp(m_old − m_new) + P·V with P broadcast by warp shuffles; out = acc / l,
+ *   lse = m + log(l) (natural log). K and V share one tile buffer (K, barrier, V).
+ * - attention_bwd_pre (grid-stride, a warp per row): D[b, h, i] = Σ_d dout·out (scratch owned by the backend).
+ * - attention_bwd (grid ceil(T/TQ) × nH × B): dQ += scale·Σ_j dS_ij k_j with dS = P ⊙ (dout·vᵀ − D), per key tile
+ *   (V, barrier, K in one buffer); dS broadcast by warp shuffles.
+ * - attention_bwd_dkv (grid ceil(T/32) × nKv·S × B): for the block's 32 keys, walks the query tiles from the
+ *   diagonal down of each query head of its split of the GQA group, dK += Σ dS_ij q_i, dV += Σ P_ij dout_i in
+ *   registers (a warp owns 32/NW keys, a lane owns head dims); S > 1 writes per-split partials that
+ *   attention_dkv_reduce sums in split order. No atomics anywhere: the backward is bit-for-bit deterministic.
  */
 import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
 
 type AttnP = { headDim: number; block: number };
 const schema = { headDim: { kind: 'int', min: 1, max: 1024 }, block: BLOCK_DOMAIN } as const;
-/** The tiled training kernels keep K/V tiles of 32 × (headDim + 1) floats in static shared memory: headDim ≤ 256. */
-export const MAX_TRAIN_HEAD_DIM = 256;
-const trainSchema = { headDim: { kind: 'int', min: 1, max: MAX_TRAIN_HEAD_DIM }, block: BLOCK_DOMAIN } as const;
-/** Keys per chunk (one per lane). */
+/** Keys per tile (one per lane). */
 const KT = 32;
-const SHARED_CAP = 46 * 1024;
+/** Shared memory a block may use without opting in (cuFuncSetAttribute). */
+export const SMEM_DEFAULT = 48 * 1024;
+/** Opt-in cap: every sm_80+ target grants at least 99 KiB per block (sm_86/89/120); sm_80 and sm_90 grant more. */
+export const SMEM_OPT_IN = 96 * 1024;
+/** Accumulator registers per thread the row kernels may use (RPW · ceil(HD/32)). */
+const ACC_REGS = 32;
 
-/**
- * Query rows per warp of the tiled training kernels: the largest of 8, 4, 2, 1 whose shared-memory tiles fit.
- * 'dkv' (attention_bwd_dkv) stages two query-row tiles and two score tiles; 'rows' (attention_fwd, attention_bwd) one.
- */
-export function rowsPerWarp(kind: 'rows' | 'dkv', headDim: number, block: number): number {
-  const nw = block / 32, hdp = headDim + 1;
-  for (const rpw of [8, 4, 2, 1]) {
-    const tq = nw * rpw;
-    const floats = kind === 'rows' ? tq * hdp + KT * hdp + tq * (KT + 1) : KT * hdp + 2 * tq * hdp + 2 * tq * (KT + 1);
-    if (4 * floats <= SHARED_CAP) return rpw;
+export type AttnTileKind = 'fwd' | 'dq' | 'dkv';
+
+function smemFloats(kind: AttnTileKind, hd: number, tq: number): number {
+  const hdp = hd + 1;
+  switch (kind) {
+    case 'fwd': return (tq + KT) * hdp; // Q tile, K/V tile
+    case 'dq': return (2 * tq + KT) * hdp; // Q and dout tiles, V/K tile
+    case 'dkv': return (2 * KT + 2 * tq) * hdp + 2 * tq * (KT + 1); // K, V, Q, dout tiles, P and dS tiles
   }
-  return 1;
 }
 
+export interface AttnTile {
+  /** Query rows per warp. */
+  rpw: number;
+  /** Query rows per block (a query tile of attention_fwd / attention_bwd; the query step of attention_bwd_dkv). */
+  tq: number;
+  /** Dynamic shared memory per block, bytes (above SMEM_DEFAULT the backend opts in with cuFuncSetAttribute). */
+  smem: number;
+}
+
+/**
+ * The tile of one training kernel: the most query rows per warp (8, 4, 2, 1) whose shared memory fits 48 KiB
+ * (no opt-in) and whose accumulators fit ACC_REGS registers; failing that, the most that fit SMEM_OPT_IN. Null when
+ * even one row per warp does not fit (head dims beyond MAX_TRAIN_HEAD_DIM).
+ */
+export function attnTile(kind: AttnTileKind, headDim: number, block: number): AttnTile | null {
+  const nw = block / 32, dch = Math.ceil(headDim / 32);
+  for (const budget of [SMEM_DEFAULT, SMEM_OPT_IN]) {
+    for (const rpw of [8, 4, 2, 1]) {
+      if (kind !== 'dkv' && rpw > 1 && rpw * dch > ACC_REGS) continue;
+      const tq = nw * rpw, smem = 4 * smemFloats(kind, headDim, tq);
+      if (smem <= budget) return { rpw, tq, smem };
+    }
+  }
+  return null;
+}
+
+function mustTile(kind: AttnTileKind, headDim: number, block: number): AttnTile {
+  const t = attnTile(kind, headDim, block);
+  if (!t) throw new Error(`attention ${kind}: head dim ${headDim} does not fit ${SMEM_OPT_IN} bytes of shared memory`);
+  return t;
+}
+
+/** The largest head dim every training kernel fits (attention_bwd_dkv's K and V tiles bound it). */
+export const MAX_TRAIN_HEAD_DIM = 256;
+const trainSchema = { headDim: { kind: 'int', min: 1, max: MAX_TRAIN_HEAD_DIM }, block: BLOCK_DOMAIN } as const;
+
 /** Query rows per block of attention_fwd / attention_bwd (the grid's x is ceil(T / this)). */
-export function attnQueryTile(headDim: number, block: number): number { return (block / 32) * rowsPerWarp('rows', headDim, block); }
+export function attnQueryTile(kind: 'fwd' | 'dq', headDim: number, block: number): number { return mustTile(kind, headDim, block).tq; }
 /** Keys per block of attention_bwd_dkv (the grid's x is ceil(T / this)). */
 export const ATTN_KEY_TILE = KT;
 
@@ -52,105 +93,112 @@ function prelude(p: Readonly<AttnP>): string {
 ${reductionHelpers()}`;
 }
 
-function tiledPrelude(p: Readonly<AttnP>, kind: 'rows' | 'dkv'): string {
+function tiledPrelude(p: Readonly<AttnP>, kind: AttnTileKind): string {
+  const t = mustTile(kind, p.headDim, p.block);
   return `#define BLOCK ${p.block}
 #define NW (BLOCK / 32)
 #define HD ${p.headDim}
 #define HDP (HD + 1)
 #define DCH ((HD + 31) / 32)
 #define KT ${KT}
-#define RPW ${rowsPerWarp(kind, p.headDim, p.block)}
+#define RPW ${t.rpw}
 #define TQ (NW * RPW)
+/* dynamic shared memory the launch must pass: ${t.smem} bytes */
+#define SMEM_BYTES ${t.smem}
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
+#define FULL 0xffffffffu
 ${reductionHelpers()}
 /* rows [r0, r0 + nrows) of a [*, stride]-strided matrix (row t at base + t·stride) into sh[nrows][HDP]; 0 past T */
-__device__ __forceinline__ void loadRows(float (*sh)[HDP], const float* base, long long stride, int r0, int nrows, int T) {
+__device__ __forceinline__ void loadRows(float* sh, const float* base, long long stride, int r0, int nrows, int T) {
   for (int x = threadIdx.x; x < nrows * HD; x += BLOCK) {
     int r = x / HD, d = x - r * HD;
-    sh[r][d] = (r0 + r < T) ? base[(long long)(r0 + r) * stride + d] : 0.0f;
+    sh[r * HDP + d] = (r0 + r < T) ? base[(long long)(r0 + r) * stride + d] : 0.0f;
   }
 }`;
 }
 
-/** Grid (ceil(T / attnQueryTile), nH, B), block = params.block. */
+/** Grid (ceil(T / attnQueryTile('fwd')), nH, B), block = params.block, dynamic shared memory attnTile('fwd').smem. */
 export const attentionForward = defineFamily<AttnP>({
   name: 'attention_fwd', schema: trainSchema, example: { headDim: 64, block: 128 },
-  generate: (p) => `${tiledPrelude(p, 'rows')}
-extern "C" __global__ void attention_fwd(float* out, float* probs, const float* q, const float* k, const float* v,
-                                         int T, int nH, int nKv) {
+  generate: (p) => `${tiledPrelude(p, 'fwd')}
+extern "C" __global__ void attention_fwd(float* out, float* lse, const float* q, const float* k,
+                                                                  const float* v, int T, int nH, int nKv) {
+  extern __shared__ float smem[];
+  float* Qs = smem;            /* [TQ][HDP] */
+  float* KV = smem + TQ * HDP; /* [KT][HDP]: the K tile, then the V tile */
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
   const int i0 = blockIdx.x * TQ, iEnd = min(T, i0 + TQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float Qs[TQ][HDP];
-  __shared__ float KV[KT][HDP];
-  __shared__ float Ps[TQ][KT + 1];
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const float* qb = q + ((long long)b * T * nH + h) * HD;
   const float* kb = k + ((long long)b * T * nKv + kvh) * HD;
   const float* vb = v + ((long long)b * T * nKv + kvh) * HD;
-  float* pb = probs + ((long long)b * nH + h) * T * T;
   loadRows(Qs, qb, qs, i0, TQ, T);
-  /* scores: lane = key j0 + lane, the warp's RPW rows */
+  float m[RPW], l[RPW], acc[RPW][DCH];
+#pragma unroll
+  for (int rr = 0; rr < RPW; rr++) {
+    m[rr] = NEG_INF; l[rr] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
+  }
+  /* key tiles up to the tile's last row only (causal: tiles above the diagonal are skipped) */
   for (int j0 = 0; j0 < iEnd; j0 += KT) {
-    __syncthreads();
+    __syncthreads(); /* the Q tile is loaded; the previous V tile is no longer read */
     loadRows(KV, kb, ks, j0, KT, T);
     __syncthreads();
-    float acc[RPW];
-    for (int rr = 0; rr < RPW; rr++) acc[rr] = 0.0f;
+    float s[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f;
     for (int d = 0; d < HD; d++) {
-      float kv = KV[lane][d];
-      for (int rr = 0; rr < RPW; rr++) acc[rr] += Qs[warp * RPW + rr][d] * kv;
+      float kv = KV[lane * HDP + d];
+#pragma unroll
+      for (int rr = 0; rr < RPW; rr++) s[rr] += Qs[(warp * RPW + rr) * HDP + d] * kv;
     }
-    int j = j0 + lane;
+    const int j = j0 + lane;
+    float pr[RPW];
+#pragma unroll
     for (int rr = 0; rr < RPW; rr++) {
-      int i = i0 + warp * RPW + rr;
-      if (i < T && j <= i) pb[(long long)i * T + j] = acc[rr] * SCALE;
+      const int i = i0 + warp * RPW + rr;
+      const bool ok = j <= i && j < T;
+      const float sc = ok ? s[rr] * SCALE : NEG_INF;
+      /* key 0 is in the first tile and valid for every row, so mn is finite from the first tile on */
+      const float mn = fmaxf(m[rr], warpMax(sc));
+      const float alpha = expf(m[rr] - mn); /* exp(-inf) = 0 on the first tile */
+      pr[rr] = ok ? expf(sc - mn) : 0.0f;
+      l[rr] = l[rr] * alpha + warpSum(pr[rr]);
+      m[rr] = mn;
+#pragma unroll
+      for (int c = 0; c < DCH; c++) acc[rr][c] *= alpha;
     }
-  }
-  __syncthreads();
-  /* softmax: a warp per row (each lane reads back only what it wrote or another thread wrote before the barrier) */
-  for (int rr = 0; rr < RPW; rr++) {
-    int i = i0 + warp * RPW + rr;
-    if (i >= T) break;
-    float* prow = pb + (long long)i * T;
-    float mx = NEG_INF;
-    for (int j = lane; j <= i; j += 32) mx = fmaxf(mx, prow[j]);
-    mx = warpMax(mx);
-    float sum = 0.0f;
-    for (int j = lane; j <= i; j += 32) { float e = expf(prow[j] - mx); prow[j] = e; sum += e; }
-    sum = warpSum(sum);
-    float inv = 1.0f / sum;
-    for (int j = lane; j <= i; j += 32) prow[j] *= inv;
-    for (int j = i + 1 + lane; j < T; j += 32) prow[j] = 0.0f;
-  }
-  /* out = P·V: lane owns d = lane + 32·c */
-  float acc[RPW][DCH];
-  for (int rr = 0; rr < RPW; rr++) for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
-  for (int j0 = 0; j0 < iEnd; j0 += KT) {
-    __syncthreads();
+    __syncthreads(); /* every warp is done with the K tile */
     loadRows(KV, vb, ks, j0, KT, T);
-    for (int x = threadIdx.x; x < TQ * KT; x += BLOCK) {
-      int r = x / KT, c = x - r * KT, i = i0 + r, j = j0 + c;
-      Ps[r][c] = (i < T && j < T) ? pb[(long long)i * T + j] : 0.0f;
-    }
     __syncthreads();
+#pragma unroll 4
     for (int c = 0; c < KT; c++) {
+      float vr[DCH];
+#pragma unroll
+      for (int dc = 0; dc < DCH; dc++) { int d = lane + 32 * dc; vr[dc] = d < HD ? KV[c * HDP + d] : 0.0f; }
+#pragma unroll
       for (int rr = 0; rr < RPW; rr++) {
-        float pv = Ps[warp * RPW + rr][c];
-        for (int dc = 0; dc < DCH; dc++) {
-          int d = lane + 32 * dc;
-          if (d < HD) acc[rr][dc] += pv * KV[c][d];
-        }
+        const float pc = __shfl_sync(FULL, pr[rr], c);
+#pragma unroll
+        for (int dc = 0; dc < DCH; dc++) acc[rr][dc] += pc * vr[dc];
       }
     }
   }
+  float* lb = lse + ((long long)b * nH + h) * T;
+#pragma unroll
   for (int rr = 0; rr < RPW; rr++) {
-    int i = i0 + warp * RPW + rr;
-    if (i >= T) break;
-    float* oi = out + ((long long)b * T + i) * qs + (long long)h * HD;
-    for (int dc = 0; dc < DCH; dc++) {
-      int d = lane + 32 * dc;
-      if (d < HD) oi[d] = acc[rr][dc];
+    const int i = i0 + warp * RPW + rr;
+    if (i < T) {
+      const float inv = 1.0f / l[rr];
+      float* oi = out + ((long long)b * T + i) * qs + (long long)h * HD;
+#pragma unroll
+      for (int dc = 0; dc < DCH; dc++) {
+        int d = lane + 32 * dc;
+        if (d < HD) oi[d] = acc[rr][dc] * inv;
+      }
+      if (lane == 0) lb[i] = m[rr] + logf(l[rr]);
     }
   }
 }
@@ -158,89 +206,120 @@ extern "C" __global__ void attention_fwd(float* out, float* probs, const float* 
 });
 
 /**
- * Grid (ceil(T / attnQueryTile), nH, B). dq += dS·K; rowdot[(b·nH + h)·T + i] = Σ_j P_ij dP_ij (scratch for
- * attention_bwd_dkv, launched next).
+ * Grid-stride, a warp per (b, t, h) row, grid blocksFor(rows·32, block): D[(b·nH + h)·T + t] = Σ_d dout·out over the
+ * row's head dims (a fixed-order warp sum). The first stage of the backward.
+ */
+export const attentionBackwardPre = defineFamily<AttnP>({
+  name: 'attention_bwd_pre', schema, example: { headDim: 64, block: 256 },
+  generate: (p) => `${prelude(p)}
+extern "C" __global__ void attention_bwd_pre(float* dsum, const float* dout, const float* out, long long rows, int T, int nH) {
+  const int lane = threadIdx.x & 31;
+  const long long step = ((long long)gridDim.x * BLOCK) >> 5;
+  /* r is the same for the 32 lanes of a warp (BLOCK is a multiple of 32), so the loop is warp-uniform */
+  for (long long r = ((long long)blockIdx.x * BLOCK + threadIdx.x) >> 5; r < rows; r += step) {
+    const float* a = dout + r * HD;
+    const float* o = out + r * HD;
+    float s = 0.0f;
+    for (int d = lane; d < HD; d += 32) s += a[d] * o[d];
+    s = warpSum(s);
+    if (lane == 0) {
+      const int h = (int)(r % nH);
+      const long long bt = r / nH;
+      const int i = (int)(bt % T);
+      const long long b = bt / T;
+      dsum[(b * nH + h) * T + i] = s;
+    }
+  }
+}
+`,
+});
+
+/**
+ * Grid (ceil(T / attnQueryTile('dq')), nH, B), dynamic shared memory attnTile('dq').smem.
+ * dq += scale · Σ_j dS_ij k_j with P_ij = exp(scale·q_i·k_j − lse_i), dS_ij = P_ij (dout_i·v_j − D_i).
  */
 export const attentionBackward = defineFamily<AttnP>({
   name: 'attention_bwd', schema: trainSchema, example: { headDim: 64, block: 128 },
-  generate: (p) => `${tiledPrelude(p, 'rows')}
-extern "C" __global__ void attention_bwd(float* dq, float* rowdot, const float* dout, const float* k, const float* v,
-                                         const float* probs, int T, int nH, int nKv) {
+  generate: (p) => `${tiledPrelude(p, 'dq')}
+extern "C" __global__ void attention_bwd(float* dq, const float* dsum, const float* lse,
+    const float* dout, const float* q, const float* k, const float* v, int T, int nH, int nKv) {
+  extern __shared__ float smem[];
+  float* Qs = smem;            /* [TQ][HDP] */
+  float* Ds = Qs + TQ * HDP;   /* [TQ][HDP] dout rows */
+  float* KV = Ds + TQ * HDP;   /* [KT][HDP]: the V tile, then the K tile */
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
   const int i0 = blockIdx.x * TQ, iEnd = min(T, i0 + TQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float Ds[TQ][HDP];
-  __shared__ float KV[KT][HDP];
-  __shared__ float Ss[TQ][KT + 1];
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const float* kb = k + ((long long)b * T * nKv + kvh) * HD;
   const float* vb = v + ((long long)b * T * nKv + kvh) * HD;
-  const float* pb = probs + ((long long)b * nH + h) * T * T;
+  const float* lb = lse + ((long long)b * nH + h) * T;
+  const float* db = dsum + ((long long)b * nH + h) * T;
+  loadRows(Qs, q + ((long long)b * T * nH + h) * HD, qs, i0, TQ, T);
   loadRows(Ds, dout + ((long long)b * T * nH + h) * HD, qs, i0, TQ, T);
-  /* pass 1: rowdot */
-  float part[RPW];
-  for (int rr = 0; rr < RPW; rr++) part[rr] = 0.0f;
-  for (int j0 = 0; j0 < iEnd; j0 += KT) {
-    __syncthreads();
-    loadRows(KV, vb, ks, j0, KT, T);
-    __syncthreads();
-    float dp[RPW];
-    for (int rr = 0; rr < RPW; rr++) dp[rr] = 0.0f;
-    for (int d = 0; d < HD; d++) {
-      float vv = KV[lane][d];
-      for (int rr = 0; rr < RPW; rr++) dp[rr] += Ds[warp * RPW + rr][d] * vv;
-    }
-    int j = j0 + lane;
-    for (int rr = 0; rr < RPW; rr++) {
-      int i = i0 + warp * RPW + rr;
-      if (i < T && j <= i) part[rr] += pb[(long long)i * T + j] * dp[rr];
-    }
-  }
-  float rd[RPW];
+  float lr[RPW], dr[RPW], acc[RPW][DCH];
+#pragma unroll
   for (int rr = 0; rr < RPW; rr++) {
-    rd[rr] = warpSum(part[rr]);
-    int i = i0 + warp * RPW + rr;
-    if (lane == 0 && i < T) rowdot[((long long)b * nH + h) * T + i] = rd[rr];
+    const int i = i0 + warp * RPW + rr;
+    lr[rr] = i < T ? lb[i] : 0.0f;
+    dr[rr] = i < T ? db[i] : 0.0f;
+#pragma unroll
+    for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
   }
-  /* pass 2: dS, then dq += dS·K */
-  float acc[RPW][DCH];
-  for (int rr = 0; rr < RPW; rr++) for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
   for (int j0 = 0; j0 < iEnd; j0 += KT) {
-    __syncthreads();
+    __syncthreads(); /* Q and dout tiles loaded; the previous K tile is no longer read */
     loadRows(KV, vb, ks, j0, KT, T);
     __syncthreads();
     float dp[RPW];
+#pragma unroll
     for (int rr = 0; rr < RPW; rr++) dp[rr] = 0.0f;
     for (int d = 0; d < HD; d++) {
-      float vv = KV[lane][d];
-      for (int rr = 0; rr < RPW; rr++) dp[rr] += Ds[warp * RPW + rr][d] * vv;
+      float vv = KV[lane * HDP + d];
+#pragma unroll
+      for (int rr = 0; rr < RPW; rr++) dp[rr] += Ds[(warp * RPW + rr) * HDP + d] * vv;
     }
-    int j = j0 + lane;
-    for (int rr = 0; rr < RPW; rr++) {
-      int i = i0 + warp * RPW + rr;
-      float pv = (i < T && j <= i) ? pb[(long long)i * T + j] : 0.0f;
-      Ss[warp * RPW + rr][lane] = pv * (dp[rr] - rd[rr]) * SCALE;
-    }
-    __syncthreads();
+    __syncthreads(); /* every warp is done with the V tile */
     loadRows(KV, kb, ks, j0, KT, T);
     __syncthreads();
+    float s[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f;
+    for (int d = 0; d < HD; d++) {
+      float kv = KV[lane * HDP + d];
+#pragma unroll
+      for (int rr = 0; rr < RPW; rr++) s[rr] += Qs[(warp * RPW + rr) * HDP + d] * kv;
+    }
+    const int j = j0 + lane;
+    float ds[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+      const int i = i0 + warp * RPW + rr;
+      const float pv = (i < T && j <= i) ? expf(s[rr] * SCALE - lr[rr]) : 0.0f;
+      ds[rr] = pv * (dp[rr] - dr[rr]) * SCALE;
+    }
+#pragma unroll 4
     for (int c = 0; c < KT; c++) {
+      float kr[DCH];
+#pragma unroll
+      for (int dc = 0; dc < DCH; dc++) { int d = lane + 32 * dc; kr[dc] = d < HD ? KV[c * HDP + d] : 0.0f; }
+#pragma unroll
       for (int rr = 0; rr < RPW; rr++) {
-        float sv = Ss[warp * RPW + rr][c];
-        for (int dc = 0; dc < DCH; dc++) {
-          int d = lane + 32 * dc;
-          if (d < HD) acc[rr][dc] += sv * KV[c][d];
-        }
+        const float sc = __shfl_sync(FULL, ds[rr], c);
+#pragma unroll
+        for (int dc = 0; dc < DCH; dc++) acc[rr][dc] += sc * kr[dc];
       }
     }
   }
+#pragma unroll
   for (int rr = 0; rr < RPW; rr++) {
-    int i = i0 + warp * RPW + rr;
-    if (i >= T) break;
-    float* dqi = dq + ((long long)b * T + i) * qs + (long long)h * HD;
-    for (int dc = 0; dc < DCH; dc++) {
-      int d = lane + 32 * dc;
-      if (d < HD) dqi[d] += acc[rr][dc];
+    const int i = i0 + warp * RPW + rr;
+    if (i < T) {
+      float* dqi = dq + ((long long)b * T + i) * qs + (long long)h * HD;
+#pragma unroll
+      for (int dc = 0; dc < DCH; dc++) {
+        int d = lane + 32 * dc;
+        if (d < HD) dqi[d] += acc[rr][dc];
+      }
     }
   }
 }
@@ -248,92 +327,274 @@ extern "C" __global__ void attention_bwd(float* dq, float* rowdot, const float* 
 });
 
 /**
- * Grid (ceil(T / ATTN_KEY_TILE), nKv·S, B). For the block's 32 keys of one kv head: dk += Σ_{h in group, i ≥ j} dS_ij q_i,
- * dv += Σ P_ij dout_i, with dS recomputed from probs, dout·vᵀ and attention_bwd's rowdot. S splits the kv head's
- * query-head group across blocks (more blocks): S = 1 adds into dk/dv directly; S > 1 writes per-split partials to
- * `part` and attention_dkv_reduce adds them in split order. Deterministic either way (no atomics).
+ * Grid (ceil(T / ATTN_KEY_TILE), nKv·S, B), dynamic shared memory attnTile('dkv').smem. For the block's 32 keys of
+ * one kv head: dk += Σ_{h in its split of the group, i ≥ j} dS_ij q_i, dv += Σ P_ij dout_i, with P recomputed from
+ * q·k and lse and dS from dout·v and D. S splits the kv head's query-head group across blocks: S = 1 adds into
+ * dk/dv directly; S > 1 writes per-split partials to `part` and attention_dkv_reduce adds them in split order.
  */
 export const attentionBackwardKv = defineFamily<AttnP>({
   name: 'attention_bwd_dkv', schema: trainSchema, example: { headDim: 64, block: 128 },
   generate: (p) => `${tiledPrelude(p, 'dkv')}
 #define KPW (KT / NW)
-extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, const float* rowdot, const float* dout,
-                                             const float* q, const float* v, const float* probs, int T, int nH, int nKv) {
+extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, const float* dsum,
+    const float* lse, const float* dout, const float* q, const float* k, const float* v, int T, int nH, int nKv) {
+  extern __shared__ float smem[];
+  float* Ks = smem;               /* [KT][HDP] */
+  float* Vs = Ks + KT * HDP;      /* [KT][HDP] */
+  float* Qs = Vs + KT * HDP;      /* [TQ][HDP] */
+  float* Ds = Qs + TQ * HDP;      /* [TQ][HDP] dout rows */
+  float* Ps = Ds + TQ * HDP;      /* [TQ][KT + 1] */
+  float* Ss = Ps + TQ * (KT + 1); /* [TQ][KT + 1] dS */
   /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
   const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
   const int g0 = s * G / S, g1 = (s + 1) * G / S;
   const int j0 = blockIdx.x * KT;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float Vs[KT][HDP];
-  __shared__ float Qs[TQ][HDP];
-  __shared__ float Ds[TQ][HDP];
-  __shared__ float Ps[TQ][KT + 1];
-  __shared__ float Ss[TQ][KT + 1];
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  loadRows(Ks, k + ((long long)b * T * nKv + kvh) * HD, ks, j0, KT, T);
   loadRows(Vs, v + ((long long)b * T * nKv + kvh) * HD, ks, j0, KT, T);
   float adk[KPW][DCH], adv[KPW][DCH];
-  for (int kk = 0; kk < KPW; kk++) for (int c = 0; c < DCH; c++) { adk[kk][c] = 0.0f; adv[kk][c] = 0.0f; }
+#pragma unroll
+  for (int kk = 0; kk < KPW; kk++) {
+#pragma unroll
+    for (int c = 0; c < DCH; c++) { adk[kk][c] = 0.0f; adv[kk][c] = 0.0f; }
+  }
+  const int j = j0 + lane;
   for (int g = g0; g < g1; g++) {
     const int h = kvh * G + g;
     const float* qb = q + ((long long)b * T * nH + h) * HD;
     const float* db = dout + ((long long)b * T * nH + h) * HD;
-    const float* pb = probs + ((long long)b * nH + h) * T * T;
-    const float* rdb = rowdot + ((long long)b * nH + h) * T;
+    const float* lb = lse + ((long long)b * nH + h) * T;
+    const float* sb = dsum + ((long long)b * nH + h) * T;
+    /* only query rows i >= j0 see any of the block's keys */
     for (int i0 = j0; i0 < T; i0 += TQ) {
-      __syncthreads();
+      __syncthreads(); /* K and V tiles loaded; the previous Q, dout, P and dS tiles are no longer read */
       loadRows(Qs, qb, qs, i0, TQ, T);
       loadRows(Ds, db, qs, i0, TQ, T);
       __syncthreads();
-      /* scores: the warp's RPW query rows, lane = key j0 + lane */
-      float dp[RPW];
-      for (int rr = 0; rr < RPW; rr++) dp[rr] = 0.0f;
+      float dp[RPW], sc[RPW];
+#pragma unroll
+      for (int rr = 0; rr < RPW; rr++) { dp[rr] = 0.0f; sc[rr] = 0.0f; }
       for (int d = 0; d < HD; d++) {
-        float vv = Vs[lane][d];
-        for (int rr = 0; rr < RPW; rr++) dp[rr] += Ds[warp * RPW + rr][d] * vv;
+        const float vv = Vs[lane * HDP + d], kv = Ks[lane * HDP + d];
+#pragma unroll
+        for (int rr = 0; rr < RPW; rr++) {
+          const int r = warp * RPW + rr;
+          dp[rr] += Ds[r * HDP + d] * vv;
+          sc[rr] += Qs[r * HDP + d] * kv;
+        }
       }
-      int j = j0 + lane;
+#pragma unroll
       for (int rr = 0; rr < RPW; rr++) {
-        int r = warp * RPW + rr, i = i0 + r;
-        bool ok = i < T && j <= i;
-        float pv = ok ? pb[(long long)i * T + j] : 0.0f;
-        float rdv = i < T ? rdb[i] : 0.0f;
-        Ps[r][lane] = pv;
-        Ss[r][lane] = ok ? pv * (dp[rr] - rdv) * SCALE : 0.0f;
+        const int r = warp * RPW + rr, i = i0 + r;
+        const bool ok = i < T && j <= i;
+        const float pv = ok ? expf(sc[rr] * SCALE - lb[i]) : 0.0f;
+        Ps[r * (KT + 1) + lane] = pv;
+        Ss[r * (KT + 1) + lane] = ok ? pv * (dp[rr] - sb[i]) * SCALE : 0.0f;
       }
       __syncthreads();
-      /* dk, dv: the warp's KPW keys, lane owns d = lane + 32·c */
+      /* dk, dv: the warp's KPW keys, lane owns d = lane + 32·c; query rows in order */
       for (int r = 0; r < TQ; r++) {
+#pragma unroll
         for (int dc = 0; dc < DCH; dc++) {
-          int d = lane + 32 * dc;
+          const int d = lane + 32 * dc;
           if (d < HD) {
-            float dov = Ds[r][d], qv = Qs[r][d];
+            const float dov = Ds[r * HDP + d], qv = Qs[r * HDP + d];
+#pragma unroll
             for (int kk = 0; kk < KPW; kk++) {
-              adv[kk][dc] += Ps[r][warp * KPW + kk] * dov;
-              adk[kk][dc] += Ss[r][warp * KPW + kk] * qv;
+              adv[kk][dc] += Ps[r * (KT + 1) + warp * KPW + kk] * dov;
+              adk[kk][dc] += Ss[r * (KT + 1) + warp * KPW + kk] * qv;
             }
           }
         }
       }
     }
   }
+#pragma unroll
   for (int kk = 0; kk < KPW; kk++) {
-    int j = j0 + warp * KPW + kk;
-    if (j >= T) break;
-    if (S == 1) {
-      long long off = ((long long)b * T + j) * ks + (long long)kvh * HD;
-      for (int dc = 0; dc < DCH; dc++) {
-        int d = lane + 32 * dc;
-        if (d < HD) { dk[off + d] += adk[kk][dc]; dv[off + d] += adv[kk][dc]; }
-      }
-    } else {
-      /* partials [b][kvh][s][j][HD] (dk), then the same again for dv; attention_dkv_reduce sums s in order */
-      const long long half = (long long)gridDim.z * gridDim.y * T * HD;
-      long long po = ((((long long)b * nKv + kvh) * S + s) * T + j) * HD;
-      for (int dc = 0; dc < DCH; dc++) {
-        int d = lane + 32 * dc;
-        if (d < HD) { part[po + d] = adk[kk][dc]; part[half + po + d] = adv[kk][dc]; }
+    const int jj = j0 + warp * KPW + kk;
+    if (jj < T) {
+      if (S == 1) {
+        const long long off = ((long long)b * T + jj) * ks + (long long)kvh * HD;
+#pragma unroll
+        for (int dc = 0; dc < DCH; dc++) {
+          const int d = lane + 32 * dc;
+          if (d < HD) { dk[off + d] += adk[kk][dc]; dv[off + d] += adv[kk][dc]; }
+        }
+      } else {
+        /* partials [b][kvh][s][j][HD] (dk), then the same again for dv; attention_dkv_reduce sums s in order */
+        const long long half = (long long)gridDim.z * gridDim.y * T * HD;
+        const long long po = ((((long long)b * nKv + kvh) * S + s) * T + jj) * HD;
+#pragma unroll
+        for (int dc = 0; dc < DCH; dc++) {
+          const int d = lane + 32 * dc;
+          if (d < HD) { part[po + d] = adk[kk][dc]; part[half + po + d] = adv[kk][dc]; }
+        }
       }
     }
+  }
+}
+`,
+});
+
+/** Head dims the tensor-core forward supports: multiples of 8 (mma k and n steps) up to 128 (Q and O stay in registers). */
+export const MMA_MAX_HEAD_DIM = 128;
+const mmaSchema = { headDim: { kind: 'int', min: 8, max: MMA_MAX_HEAD_DIM, step: 8 } } as const;
+/** Query rows per block of attention_fwd_mma: 4 warps × 16 rows. */
+export const MMA_QUERY_TILE = 64;
+/** Keys per tile of attention_fwd_mma. */
+export const MMA_KEY_TILE = 32;
+/** Dynamic shared memory of attention_fwd_mma: a K tile [32][HD+4] and a V tile [32][HD+8] (the Q tile is staged there first). */
+export function mmaForwardSmem(headDim: number): number { return 4 * (MMA_KEY_TILE * (headDim + 4) + MMA_KEY_TILE * (headDim + 8)); }
+
+/**
+ * EXPERIMENTAL, not used by the backend unless it is created with `attention: 'mma'` (tests): the training forward
+ * on tensor cores, TF32 mma.sync.m16n8k8 with fp32 accumulation, same contract as attention_fwd (out, lse), so it is
+ * about 1e-3 relative from fp32. Grid (ceil(T / 64), nH, B), block 128 (4 warps × 16 query rows), dynamic shared
+ * memory mmaForwardSmem(headDim). A warp keeps its Q rows as A fragments and its O rows as accumulators in
+ * registers; per key tile of 32: S = Q·Kᵀ (4 n-atoms × HD/8 k-steps), online softmax on the accumulator rows (a row's
+ * 32 scores live in the 4 lanes of a quad: 8 each, reduced with two xor-shuffles), P re-laid from accumulator to A
+ * fragments with quad shuffles, O += P·V (HD/8 n-atoms × 4 k-steps). Fragment layouts (PTX ISA, m16n8k8 .tf32;
+ * g = lane / 4, t = lane % 4): A a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4); B b0 (k t, n g) b1 (k t+4, n g);
+ * C c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1). Rows padded by 4 (K) and 8 (V) floats: fragment loads hit
+ * 32 distinct banks.
+ */
+export const attentionForwardMma = defineFamily<{ headDim: number }>({
+  name: 'attention_fwd_mma', schema: mmaSchema, example: { headDim: 64 },
+  generate: (p) => `#define HD ${p.headDim}
+#define KS (HD / 8)
+#define KSTR (HD + 4)
+#define VSTR (HD + 8)
+#define BQ ${MMA_QUERY_TILE}
+#define BK ${MMA_KEY_TILE}
+#define SCALE ${f32(1 / Math.sqrt(p.headDim))}
+#define NEG_INF __int_as_float(0xff800000)
+#define FULL 0xffffffffu
+__device__ __forceinline__ unsigned toTf32(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+/* c += a · b on one m16n8k8 tile */
+__device__ __forceinline__ void mma8(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+extern "C" __global__ void attention_fwd_mma(float* out, float* lse, const float* q, const float* k, const float* v,
+                                             int T, int nH, int nKv) {
+  extern __shared__ float smem[];
+  float* Ks = smem;               /* [BK][KSTR] */
+  float* Vs = smem + BK * KSTR;   /* [BK][VSTR] */
+  float* Qst = smem;              /* [BQ][KSTR] staging, before the key loop */
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
+  const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  const float* qb = q + ((long long)b * T * nH + h) * HD;
+  const float* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const float* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  for (int x = threadIdx.x; x < BQ * HD; x += 128) {
+    const int r = x / HD, d = x - r * HD;
+    Qst[r * KSTR + d] = (i0 + r < T) ? qb[(long long)(i0 + r) * qs + d] : 0.0f;
+  }
+  __syncthreads();
+  const int rw = warp * 16; /* the warp's first row in the tile */
+  unsigned qa[KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; s++) {
+    qa[s][0] = toTf32(Qst[(rw + g) * KSTR + 8 * s + t]);
+    qa[s][1] = toTf32(Qst[(rw + g + 8) * KSTR + 8 * s + t]);
+    qa[s][2] = toTf32(Qst[(rw + g) * KSTR + 8 * s + t + 4]);
+    qa[s][3] = toTf32(Qst[(rw + g + 8) * KSTR + 8 * s + t + 4]);
+  }
+  const int iA = i0 + rw + g, iB = iA + 8; /* the two query rows this lane's accumulators belong to */
+  float o[KS][4];
+#pragma unroll
+  for (int n = 0; n < KS; n++) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }
+  float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f;
+  const int srcLo = (lane & ~3) | (t >> 1), srcHi = srcLo + 2; /* quad lanes holding P columns t and t + 4 */
+  for (int j0 = 0; j0 < iEnd; j0 += BK) {
+    __syncthreads(); /* the Q staging / previous K and V tiles are no longer read */
+    for (int x = threadIdx.x; x < BK * HD; x += 128) {
+      const int r = x / HD, d = x - r * HD;
+      const bool in = j0 + r < T;
+      Ks[r * KSTR + d] = in ? kb[(long long)(j0 + r) * ks + d] : 0.0f;
+      Vs[r * VSTR + d] = in ? vb[(long long)(j0 + r) * ks + d] : 0.0f;
+    }
+    __syncthreads();
+    /* S = Q·Kᵀ: n-atom n covers keys j0 + 8n .. j0 + 8n + 7 */
+    float sc[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < KS; s++) {
+        mma8(sc[n], qa[s], toTf32(Ks[(8 * n + g) * KSTR + 8 * s + t]), toTf32(Ks[(8 * n + g) * KSTR + 8 * s + t + 4]));
+      }
+    }
+    /* mask and scale: element e of atom n is (row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1)) */
+    float mxA = NEG_INF, mxB = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = j0 + 8 * n + 2 * t + (e & 1), i = e < 2 ? iA : iB;
+        const float x = (j <= i && j < T) ? sc[n][e] * SCALE : NEG_INF;
+        sc[n][e] = x;
+        if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
+      }
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 1)); mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 1)); mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 2));
+    /* key 0 is in the first tile and valid for every row, so the new maxima are finite */
+    const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+    const float aA = expf(mA - nA), aB = expf(mB - nB);
+    float sA = 0.0f, sB = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float pe = expf(sc[n][e] - (e < 2 ? nA : nB)); /* exp(-inf) = 0 for masked keys */
+        sc[n][e] = pe;
+        if (e < 2) sA += pe; else sB += pe;
+      }
+    }
+    sA += __shfl_xor_sync(FULL, sA, 1); sA += __shfl_xor_sync(FULL, sA, 2);
+    sB += __shfl_xor_sync(FULL, sB, 1); sB += __shfl_xor_sync(FULL, sB, 2);
+    lA = lA * aA + sA; lB = lB * aB + sB; mA = nA; mB = nB;
+#pragma unroll
+    for (int n = 0; n < KS; n++) { o[n][0] *= aA; o[n][1] *= aA; o[n][2] *= aB; o[n][3] *= aB; }
+    /* O += P·V: k-step kk covers keys j0 + 8kk ..; P's A fragment from the accumulator layout by quad shuffles */
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+      const float x0 = __shfl_sync(FULL, sc[kk][0], srcLo), x1 = __shfl_sync(FULL, sc[kk][1], srcLo);
+      const float y0 = __shfl_sync(FULL, sc[kk][0], srcHi), y1 = __shfl_sync(FULL, sc[kk][1], srcHi);
+      const float z0 = __shfl_sync(FULL, sc[kk][2], srcLo), z1 = __shfl_sync(FULL, sc[kk][3], srcLo);
+      const float w0 = __shfl_sync(FULL, sc[kk][2], srcHi), w1 = __shfl_sync(FULL, sc[kk][3], srcHi);
+      unsigned pa[4];
+      pa[0] = toTf32((t & 1) ? x1 : x0); /* (g, t) */
+      pa[1] = toTf32((t & 1) ? z1 : z0); /* (g + 8, t) */
+      pa[2] = toTf32((t & 1) ? y1 : y0); /* (g, t + 4) */
+      pa[3] = toTf32((t & 1) ? w1 : w0); /* (g + 8, t + 4) */
+#pragma unroll
+      for (int n = 0; n < KS; n++) {
+        mma8(o[n], pa, toTf32(Vs[(8 * kk + t) * VSTR + 8 * n + g]), toTf32(Vs[(8 * kk + t + 4) * VSTR + 8 * n + g]));
+      }
+    }
+  }
+  const float invA = 1.0f / lA, invB = 1.0f / lB;
+  if (iA < T) {
+    float* oa = out + ((long long)b * T + iA) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < KS; n++) { oa[8 * n + 2 * t] = o[n][0] * invA; oa[8 * n + 2 * t + 1] = o[n][1] * invA; }
+    if (t == 0) lse[((long long)b * nH + h) * T + iA] = mA + logf(lA);
+  }
+  if (iB < T) {
+    float* ob = out + ((long long)b * T + iB) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < KS; n++) { ob[8 * n + 2 * t] = o[n][2] * invB; ob[8 * n + 2 * t + 1] = o[n][3] * invB; }
+    if (t == 0) lse[((long long)b * nH + h) * T + iB] = mB + logf(lB);
   }
 }
 `,

@@ -3,7 +3,8 @@ import type { KernelFamily, ParamRecord } from './spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
 import { ropeBackward, ropeForward } from './rope.js';
 import {
-  attentionBackward, attentionBackwardKv, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
+  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma,
+  kvCacheWrite,
 } from './attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
@@ -23,10 +24,13 @@ type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
-  attentionForward, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
+  attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
 ];
+
+/** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
+export const EXPERIMENTAL_FAMILIES: ReadonlySet<string> = new Set([attentionForwardMma.name]);
 
 export function familyByName(name: string): KernelFamily<ParamRecord> | undefined {
   return ALL_FAMILIES.find((f) => f.name === name);
