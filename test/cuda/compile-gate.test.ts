@@ -23,7 +23,8 @@ const skip = nvrtc || required ? false : 'NVRTC (libnvrtc) not found; install it
 
 const LLAMA: ModelConfig = {
   architecture: 'llama', vocabSize: 128256, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 16, numKvHeads: 8,
-  headDim: 128, ropeTheta: 5e5, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 8192, qkvBias: false,
+  headDim: 128, rope: { type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 },
+  rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 131072, qkvBias: false,
 };
 
 /** The real plans: what `distillery distill/train/generate/eval` pre-warm for these models. */

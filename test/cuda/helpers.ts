@@ -8,6 +8,7 @@ import type { Backend, LossSpec } from '../../src/backend/backend.js';
 import type { KernelCompiler } from '../../src/backend/cuda/ffi/nvrtc.js';
 import type { CudaDriver } from '../../src/backend/cuda/ffi/driver.js';
 import type { Cublas } from '../../src/backend/cuda/ffi/cublas.js';
+import { plainRope, type RopeSpec } from '../../src/backend/rope.js';
 
 export interface ToyDims {
   B: number; T: number; C: number; hidden: number; vocab: number; nH: number; nKv: number; hd: number;
@@ -24,6 +25,15 @@ export const LLAMA_LIKE: ToyDims = {
 };
 
 /** A closure that calls every Backend op once with the given shapes (values are whatever alloc gives). */
+/** One RoPE of each scaled kind (linear, llama3, yarn) at this theta, so that a step launches every rope family. */
+export function scaledRopes(theta: number): RopeSpec[] {
+  return [
+    { type: 'linear', theta, factor: 4 },
+    { type: 'llama3', theta, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 },
+    { type: 'yarn', theta, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.2, truncate: true },
+  ];
+}
+
 export function allOpsStep(d: ToyDims): (b: Backend) => void {
   return (b) => {
     const n = d.B * d.T;
@@ -35,7 +45,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const q = b.alloc(n * d.nH * d.hd, 'q'), k = b.alloc(n * d.nKv * d.hd, 'k'), v = b.alloc(n * d.nKv * d.hd, 'v');
     const wq = b.alloc(d.nH * d.hd * d.C, 'wq'), bq = b.alloc(d.nH * d.hd, 'bq');
     b.matmulForward(q, y, wq, d.qkvBias ? bq : null, n, d.C, d.nH * d.hd);
-    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeForward(k, k, d.B, d.T, d.nKv, d.hd, r, 3);
     const probs = b.alloc(d.B * d.nH * d.T * d.T, 'probs'), att = b.alloc(n * d.nH * d.hd, 'att');
     b.attentionForward(att, probs, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
     const g = b.alloc(n * d.hidden, 'g'), u = b.alloc(n * d.hidden, 'u'), h = b.alloc(n * d.hidden, 'h');
@@ -47,7 +58,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
     b.attentionBackward(dq, dk, dv, datt, q, k, v, probs, d.B, d.T, d.nH, d.nKv, d.hd);
-    b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeBackward(dk, dk, d.B, d.T, d.nKv, d.hd, r, 3);
     const dy = b.alloc(y.length, 'dy'), dwq = b.alloc(wq.length, 'dwq'), dbq = b.alloc(bq.length, 'dbq');
     b.matmulBackward(dy, dwq, d.qkvBias ? dbq : null, dq, y, wq, n, d.C, d.nH * d.hd);
     const dg = b.alloc(g.length, 'dg'), du = b.alloc(u.length, 'du');

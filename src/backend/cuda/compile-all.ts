@@ -9,6 +9,8 @@ import { compileOptions } from './kernel-cache.js';
 import type { KernelCompiler } from './ffi/nvrtc.js';
 import { tryNvrtc } from './ffi/nvrtc.js';
 import { ALL_FAMILIES } from './kernels/index.js';
+import { ropeKernel } from './kernels/rope.js';
+import { yarnMscale, type RopeSpec } from '../rope.js';
 
 export interface CompileResult { arch: string; spec: KernelSpec; ok: boolean; ms: number; bytes: number; error?: string }
 
@@ -60,6 +62,15 @@ export function representativeSpecs(): KernelSpec[] {
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) mk(fam, { headDim, block: 128 });
   }
   for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim: 256, block: 128 });
+  // Scaled RoPE as real checkpoints set it: Llama 3.1 8B (llama3, factor 8), Llama 3.2 1B (factor 32, head dim 64),
+  // Qwen2.5 long context (yarn, factor 4 over 32768), and a linear factor.
+  const scaled: Array<[RopeSpec, number]> = [
+    [{ type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 128],
+    [{ type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 64],
+    [{ type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true }, 128],
+    [{ type: 'linear', theta: 1e4, factor: 2 }, 128],
+  ];
+  for (const [rope, headDim] of scaled) for (const bwd of [false, true]) specs.push(ropeKernel(bwd, rope, headDim, 256));
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     for (const withGrad of [true, false]) {
       for (const beta of kind === 'jsd' ? [0, 0.5, 1] : [0]) {
