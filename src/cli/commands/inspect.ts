@@ -61,7 +61,7 @@ function describeConfig(c: ModelConfig): string[] {
     `layers         ${c.numLayers}`,
     `heads          ${c.numHeads} (kv heads ${c.numKvHeads}, head dim ${c.headDim})`,
     `max positions  ${c.maxPositionEmbeddings}`,
-    `rope           ${describeRope(c.rope)}`,
+    `rope           ${describeRope(c.rope).replace(/^theta (\S+) rope (\S+)/, '$2, theta $1')}`,
     `rms norm eps   ${c.rmsNormEps}`,
     `tied embedding ${c.tieWordEmbeddings ? 'yes' : 'no'}`,
     `qkv bias       ${c.qkvBias ? 'yes' : 'no'}`,
