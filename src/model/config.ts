@@ -163,6 +163,12 @@ function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
     throw new DistilleryError(`config.json: "${first![0]}" is ${first![1]} but "${clash[0]}" is ${clash[1]}`,
       'transformers 4 reads the top-level rope_theta and transformers 5 the one inside the rope block; make them equal');
   }
+  if (useScaling && thetas.length > 0 && thetas.every(([w]) => w === 'rope_parameters.rope_theta')) {
+    // transformers 5 replaces rope_parameters by rope_scaling, and 4 never reads rope_parameters: both would run
+    // the default theta, not this one.
+    throw new DistilleryError(`config.json: rope theta is only in "rope_parameters" but "rope_scaling" is set (transformers then uses ${defaultTheta})`,
+      'set the top-level "rope_theta" too (or remove rope_scaling and keep the scaling in rope_parameters)');
+  }
   const theta = first ? first[1] : defaultTheta;
   if (!(theta > 0)) throw new DistilleryError(`config.json: rope theta must be positive, got ${theta}`, 'set "rope_theta"');
   const prf = src.partial_rotary_factor ?? j.partial_rotary_factor;

@@ -182,6 +182,8 @@ test('rope kinds, layer types and ambiguities distillery does not compute are re
     [{ rope_scaling: { rope_type: 'linear', type: 'yarn', factor: 2 } }, /rope_type "linear" and type "yarn"/],
     [{ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 4, high_freq_factor: 1 } }, /high_freq_factor/],
     [{ rope_scaling: { rope_type: 'yarn' } }, /"rope_scaling\.factor" is missing/],
+    [{ rope_theta: undefined, rope_scaling: { rope_type: 'linear', factor: 2 }, rope_parameters: { rope_type: 'linear', factor: 2, rope_theta: 5e5 } },
+      /rope theta is only in "rope_parameters" but "rope_scaling" is set/],
   ];
   for (const [patch, re] of cases) {
     assert.throws(() => parseHfConfig({ ...qwen, ...patch }), (e: unknown) => e instanceof DistilleryError && re.test(e.message), JSON.stringify(patch));
