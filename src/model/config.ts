@@ -125,17 +125,6 @@ function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
   const useScaling = hasKeys(scaling);
   const src: Json = useScaling ? scaling : params ?? {};
   const where = useScaling ? 'rope_scaling' : 'rope_parameters';
-  const field = (k: string): string => `${where}.${k}`;
-  // Both blocks set: they must describe the same rotation (we write both; transformers 4 reads only rope_scaling).
-  if (useScaling && hasKeys(params)) {
-    for (const k of new Set([...Object.keys(scaling), ...Object.keys(params)])) {
-      if (k === 'rope_theta' || k === 'type' || k === 'rope_type') continue;
-      if (JSON.stringify(scaling[k]) !== JSON.stringify(params[k])) {
-        throw new DistilleryError(`config.json: "rope_scaling" and "rope_parameters" disagree on "${k}" (${shown(scaling[k])} vs ${shown(params[k])})`,
-          'transformers 4 reads rope_scaling and transformers 5 prefers it too; remove the block that is wrong');
-      }
-    }
-  }
   const kindOf = (o: Json, w: string): string => {
     const t = o.rope_type, old = o.type;
     if (t !== undefined && typeof t !== 'string') typeError(`${w}.rope_type`, 'a string', t);
@@ -147,10 +136,6 @@ function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
     return (t ?? old ?? 'default') as string;
   };
   const type = kindOf(src, where);
-  if (useScaling && hasKeys(params) && kindOf(params, 'rope_parameters') !== type) {
-    throw new DistilleryError(`config.json: "rope_scaling" is ${JSON.stringify(type)} but "rope_parameters" is ${JSON.stringify(kindOf(params, 'rope_parameters'))}`,
-      'remove the block that is wrong');
-  }
   // theta: every place that sets it must agree.
   const thetas: Array<[string, number]> = [];
   for (const [w, o] of [['rope_scaling', scaling], ['rope_parameters', params]] as const) {
@@ -171,58 +156,74 @@ function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
   }
   const theta = first ? first[1] : defaultTheta;
   if (!(theta > 0)) throw new DistilleryError(`config.json: rope theta must be positive, got ${theta}`, 'set "rope_theta"');
-  const prf = src.partial_rotary_factor ?? j.partial_rotary_factor;
-  if (prf !== undefined && prf !== null && prf !== 1) {
-    throw new DistilleryError(`config.json: "partial_rotary_factor" ${shown(prf)} is not supported`, 'distillery rotates the whole head (partial_rotary_factor 1)');
+  const spec = resolve(src, where, type);
+  // Both blocks set (we write both): they must describe the same rotation. transformers 4 reads only rope_scaling
+  // and 5 prefers it, so a rope_parameters that computes something else means the file is not what it seems.
+  if (useScaling && hasKeys(params)) {
+    const other = resolve(params, 'rope_parameters', kindOf(params, 'rope_parameters'));
+    if (JSON.stringify(other) !== JSON.stringify(spec)) {
+      throw new DistilleryError(`config.json: "rope_scaling" (${describeRope(spec)}) and "rope_parameters" (${describeRope(other)}) disagree`,
+        'transformers 4 reads rope_scaling and transformers 5 prefers it too; remove the block that is wrong');
+    }
   }
-  const positive = (k: string, v: number): number => {
-    if (!(v > 0)) throw new DistilleryError(`config.json: "${field(k)}" must be positive, got ${v}`, `fix ${field(k)} in config.json`);
-    return v;
-  };
-  const factor = (): number => positive('factor', num(src, 'factor', undefined, field('factor')));
-  // transformers 5 standardizes a top-level original_max_position_embeddings into the rope block (it wins there).
-  const originalMax = (): number => (j.original_max_position_embeddings !== undefined && j.original_max_position_embeddings !== null
-    ? positive('original_max_position_embeddings', int(j, 'original_max_position_embeddings', undefined))
-    : positive('original_max_position_embeddings', int(src, 'original_max_position_embeddings', maxPos, field('original_max_position_embeddings'))));
-  switch (type) {
-    case 'default':
-      return { type: 'default', theta };
-    case 'linear':
-      return { type: 'linear', theta, factor: factor() };
-    case 'llama3': {
-      const r = {
-        type: 'llama3' as const, theta, factor: factor(),
-        lowFreqFactor: positive('low_freq_factor', num(src, 'low_freq_factor', undefined, field('low_freq_factor'))),
-        highFreqFactor: positive('high_freq_factor', num(src, 'high_freq_factor', undefined, field('high_freq_factor'))),
-        originalMaxPositionEmbeddings: originalMax(),
-      };
-      if (!(r.highFreqFactor > r.lowFreqFactor)) {
-        throw new DistilleryError(`config.json: "${field('high_freq_factor')}" (${r.highFreqFactor}) must be greater than low_freq_factor (${r.lowFreqFactor})`,
-          'Llama 3.1 / 3.2 use low_freq_factor 1 and high_freq_factor 4');
-      }
-      return r;
+  return spec;
+
+  /** The RoPE one block describes (kind `type`, the resolved theta). */
+  function resolve(src: Json, where: string, type: string): RopeSpec {
+    const field = (k: string): string => `${where}.${k}`;
+    const prf = src.partial_rotary_factor ?? j.partial_rotary_factor;
+    if (prf !== undefined && prf !== null && prf !== 1) {
+      throw new DistilleryError(`config.json: "partial_rotary_factor" ${shown(prf)} is not supported`, 'distillery rotates the whole head (partial_rotary_factor 1)');
     }
-    case 'yarn': {
-      const f = factor();
-      // Python's `x or default`: absent, null and 0 take the default.
-      const orDefault = (k: string, d: number): number => (src[k] === undefined || src[k] === null || src[k] === 0 ? d : positive(k, num(src, k, undefined, field(k))));
-      let attentionFactor: number;
-      if (src.attention_factor !== undefined && src.attention_factor !== null) {
-        attentionFactor = positive('attention_factor', num(src, 'attention_factor', undefined, field('attention_factor')));
-      } else {
-        const ms = src.mscale === undefined || src.mscale === null ? 0 : num(src, 'mscale', undefined, field('mscale'));
-        const msAll = src.mscale_all_dim === undefined || src.mscale_all_dim === null ? 0 : num(src, 'mscale_all_dim', undefined, field('mscale_all_dim'));
-        attentionFactor = ms && msAll ? yarnMscale(f, ms) / yarnMscale(f, msAll) : yarnMscale(f);
+    const positive = (k: string, v: number): number => {
+      if (!(v > 0)) throw new DistilleryError(`config.json: "${field(k)}" must be positive, got ${v}`, `fix ${field(k)} in config.json`);
+      return v;
+    };
+    const factor = (): number => positive('factor', num(src, 'factor', undefined, field('factor')));
+    // transformers 5 standardizes a top-level original_max_position_embeddings into the rope block (it wins there).
+    const originalMax = (): number => (j.original_max_position_embeddings !== undefined && j.original_max_position_embeddings !== null
+      ? positive('original_max_position_embeddings', int(j, 'original_max_position_embeddings', undefined))
+      : positive('original_max_position_embeddings', int(src, 'original_max_position_embeddings', maxPos, field('original_max_position_embeddings'))));
+    switch (type) {
+      case 'default':
+        return { type: 'default', theta };
+      case 'linear':
+        return { type: 'linear', theta, factor: factor() };
+      case 'llama3': {
+        const r = {
+          type: 'llama3' as const, theta, factor: factor(),
+          lowFreqFactor: positive('low_freq_factor', num(src, 'low_freq_factor', undefined, field('low_freq_factor'))),
+          highFreqFactor: positive('high_freq_factor', num(src, 'high_freq_factor', undefined, field('high_freq_factor'))),
+          originalMaxPositionEmbeddings: originalMax(),
+        };
+        if (!(r.highFreqFactor > r.lowFreqFactor)) {
+          throw new DistilleryError(`config.json: "${field('high_freq_factor')}" (${r.highFreqFactor}) must be greater than low_freq_factor (${r.lowFreqFactor})`,
+            'Llama 3.1 / 3.2 use low_freq_factor 1 and high_freq_factor 4');
+        }
+        return r;
       }
-      return {
-        type: 'yarn', theta, factor: f, originalMaxPositionEmbeddings: originalMax(),
-        betaFast: orDefault('beta_fast', 32), betaSlow: orDefault('beta_slow', 1), attentionFactor,
-        truncate: bool(src, 'truncate', true, field('truncate')),
-      };
+      case 'yarn': {
+        const f = factor();
+        // Python's `x or default`: absent, null and 0 take the default.
+        const orDefault = (k: string, d: number): number => (src[k] === undefined || src[k] === null || src[k] === 0 ? d : positive(k, num(src, k, undefined, field(k))));
+        let attentionFactor: number;
+        if (src.attention_factor !== undefined && src.attention_factor !== null) {
+          attentionFactor = positive('attention_factor', num(src, 'attention_factor', undefined, field('attention_factor')));
+        } else {
+          const ms = src.mscale === undefined || src.mscale === null ? 0 : num(src, 'mscale', undefined, field('mscale'));
+          const msAll = src.mscale_all_dim === undefined || src.mscale_all_dim === null ? 0 : num(src, 'mscale_all_dim', undefined, field('mscale_all_dim'));
+          attentionFactor = ms && msAll ? yarnMscale(f, ms) / yarnMscale(f, msAll) : yarnMscale(f);
+        }
+        return {
+          type: 'yarn', theta, factor: f, originalMaxPositionEmbeddings: originalMax(),
+          betaFast: orDefault('beta_fast', 32), betaSlow: orDefault('beta_slow', 1), attentionFactor,
+          truncate: bool(src, 'truncate', true, field('truncate')),
+        };
+      }
+      default:
+        throw new DistilleryError(`config.json: rope type ${JSON.stringify(type)} (${where}) is not supported`,
+          'distillery computes the rope types default, linear, llama3 and yarn (dynamic and longrope depend on the sequence length)');
     }
-    default:
-      throw new DistilleryError(`config.json: rope type ${JSON.stringify(type)} (${where}) is not supported`,
-        'distillery computes the rope types default, linear, llama3 and yarn (dynamic and longrope depend on the sequence length)');
   }
 }
 

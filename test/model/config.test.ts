@@ -102,6 +102,10 @@ test('transformers 5 layout: theta is read from rope_parameters (the old reader 
   // rope_scaling wins over rope_parameters in transformers 5; "type" is the older name of "rope_type".
   const y = parseHfConfig({ ...qwen, max_position_embeddings: 1024, rope_scaling: { type: 'linear', factor: 2 } });
   assert.deepEqual(y.rope, { type: 'linear', theta: 1e6, factor: 2 });
+  // Both blocks, written differently but computing the same (transformers 5 standardizes original_max_position_embeddings).
+  const both = parseHfConfig({ ...qwen, rope_scaling: { type: 'yarn', factor: 4 },
+    rope_parameters: { rope_type: 'yarn', factor: 4.0, original_max_position_embeddings: 32768, rope_theta: 1e6 } });
+  assert.equal(both.rope.type === 'yarn' && both.rope.originalMaxPositionEmbeddings, 32768);
   // llama3 / yarn without original_max_position_embeddings: max_position_embeddings (transformers 5 standardization).
   const l = parseHfConfig({ ...v4, max_position_embeddings: 4096, rope_parameters: { rope_type: 'llama3', rope_theta: 5e5, factor: 8, low_freq_factor: 1, high_freq_factor: 4 } });
   assert.equal(l.rope.type === 'llama3' && l.rope.originalMaxPositionEmbeddings, 4096);
@@ -178,7 +182,8 @@ test('rope kinds, layer types and ambiguities distillery does not compute are re
     [{ layer_types: Array.from({ length: 24 }, (_, i) => (i < 20 ? 'full_attention' : 'sliding_attention')) }, /"layer_types" has "sliding_attention" at layer 20/],
     [{ layer_types: ['full_attention'] }, /lists 1 layers/],
     [{ rope_parameters: { rope_type: 'default', rope_theta: 5e5 } }, /"rope_parameters\.rope_theta" is 500000 but "rope_theta" is 1000000|"rope_theta" is 1000000 but "rope_parameters\.rope_theta" is 500000/],
-    [{ rope_scaling: { rope_type: 'linear', factor: 2 }, rope_parameters: { rope_type: 'linear', factor: 3 } }, /disagree on "factor"/],
+    [{ rope_scaling: { rope_type: 'linear', factor: 2 }, rope_parameters: { rope_type: 'linear', factor: 3 } }, /"rope_scaling" \(theta 1000000 rope linear factor 2\) and "rope_parameters" \(theta 1000000 rope linear factor 3\) disagree/],
+    [{ rope_scaling: { rope_type: 'linear', factor: 2 }, rope_parameters: { rope_type: 'yarn', factor: 2 } }, /disagree/],
     [{ rope_scaling: { rope_type: 'linear', type: 'yarn', factor: 2 } }, /rope_type "linear" and type "yarn"/],
     [{ rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 4, high_freq_factor: 1 } }, /high_freq_factor/],
     [{ rope_scaling: { rope_type: 'yarn' } }, /"rope_scaling\.factor" is missing/],
