@@ -6,6 +6,7 @@
 #      with Qwen's tokenizer, via the real CLI in strict kernel mode: cold (empty kernel cache) then warm start
 #   d) the PyTorch + HF peer (torch_kd_peer.py, eager) at the same shapes, and the tokens/s ratio
 #   e) HF compatibility (transformers loads our checkpoints; logits and tokenizer ids)
+#   f) the other direction: transformers 5 writes checkpoints (save_pretrained), distillery reads them (CPU and CUDA)
 # Every number lands in $OUT/summary.txt. Env: B (4), S (256), STEPS (50), TF32 (0/1), PARTS ("a c d e"),
 # PHASES ("cold warm": the distillation runs of part c), PROFILE (0/1: the cold run with DISTILLERY_CUDA_PROFILE=1,
 # its op table → $OUT/profile-cold.txt and the summary; the events cost a little host time per op).
@@ -16,7 +17,7 @@ mkdir -p "$out"
 sum="$out/summary.txt"
 : > "$sum"
 say() { echo "$*" | tee -a "$sum"; }
-B=${B:-4}; S=${S:-256}; STEPS=${STEPS:-50}; PARTS=${PARTS:-a c d e}; PHASES=${PHASES:-cold warm}; PROFILE=${PROFILE:-0}
+B=${B:-4}; S=${S:-256}; STEPS=${STEPS:-50}; PARTS=${PARTS:-a c d e f}; PHASES=${PHASES:-cold warm}; PROFILE=${PROFILE:-0}
 tf32=(); [ "${TF32:-0}" = 1 ] && tf32=(--tf32)
 work=/tmp/distillery-device-run; rm -rf "$work"; mkdir -p "$work"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1); node $(node --version)"
@@ -85,6 +86,13 @@ if [[ " $PARTS " == *" e "* ]]; then
   rc=$?; [ $rc -ne 0 ] && rc_all=1
   say "== e) hf-compat: rc=$rc"
   grep -E 'hf-compat|Error' "$out/hfc.txt" | tee -a "$sum"
+fi
+
+if [[ " $PARTS " == *" f "* ]]; then
+  scripts/hf-compat/hf-writes.sh > "$out/hfw.txt" 2>&1
+  rc=$?; [ $rc -ne 0 ] && rc_all=1
+  say "== f) hf-writes (transformers writes, distillery reads on CPU and CUDA): rc=$rc"
+  grep -vE '^\[kernel-cache\]' "$out/hfw.txt" | tee -a "$sum"
 fi
 say "== done: rc=$rc_all"
 if [ "${PACK_LOGS:-0}" = 1 ]; then # the device tool returns at most 8 files: keep summary.txt, pack the rest

@@ -1,5 +1,6 @@
 /**
- * Writes small checkpoints (Qwen2 tied with biases, Qwen2 untied, Llama without biases; f32 and bf16) with
+ * Writes small checkpoints (Qwen2 tied with biases, Qwen2 untied, Llama without biases, and llama3 / yarn / linear
+ * RoPE scaling; f32 and bf16) with
  * random weights, plus the logits distillery's CPU backend computes for fixed token ids and the ids our
  * tokenizer gives for a few texts. check.py then loads each folder with HF transformers and compares.
  * Usage: node dist/scripts/hf-compat/make.js <out-dir>
@@ -8,6 +9,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
+import { yarnMscale } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
@@ -22,12 +24,18 @@ const tok = trainBpe(corpus.documents, { vocabSize: 400, specialTokens: ['<|endo
 const texts = ['Returns the number of elements in the array.', 'naïve café — 東京 🚀 <|im_start|>user\nhi<|im_end|>', '  for (let i = 0; i < n; i++) {\n\treturn x;\n}'];
 const base: ModelConfig = {
   architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 64, intermediateSize: 160, numLayers: 2, numHeads: 4,
-  numKvHeads: 2, headDim: 16, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
+  numKvHeads: 2, headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
 };
 const cases: Array<[string, ModelConfig, 'f32' | 'bf16']> = [
   ['qwen2-tied-f32', base, 'f32'],
-  ['qwen2-untied-bf16', { ...base, tieWordEmbeddings: false, ropeTheta: 1e4, rmsNormEps: 1e-5 }, 'bf16'],
-  ['llama-nobias-f32', { ...base, architecture: 'llama', qkvBias: false, numKvHeads: 1, ropeTheta: 5e5 }, 'f32'],
+  ['qwen2-untied-bf16', { ...base, tieWordEmbeddings: false, rope: { type: 'default', theta: 1e4 }, rmsNormEps: 1e-5 }, 'bf16'],
+  ['llama-nobias-f32', { ...base, architecture: 'llama', qkvBias: false, numKvHeads: 1, rope: { type: 'default', theta: 5e5 } }, 'f32'],
+  // RoPE scaling as we write it (rope_theta + rope_scaling for transformers 4, rope_parameters for 5); small original
+  // contexts so the scaled frequencies differ from plain ones within 24 positions.
+  ['llama-llama3-f32', { ...base, architecture: 'llama', qkvBias: false, rope: { type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 } }, 'f32'],
+  ['qwen2-yarn-bf16', { ...base, tieWordEmbeddings: false, rope: { type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true } }, 'bf16'],
+  ['qwen2-yarn-custom-f32', { ...base, rope: { type: 'yarn', theta: 1e4, factor: 8, originalMaxPositionEmbeddings: 32, betaFast: 16, betaSlow: 2, attentionFactor: 1.25, truncate: false } }, 'f32'],
+  ['llama-linear-f32', { ...base, architecture: 'llama', qkvBias: true, rope: { type: 'linear', theta: 1e4, factor: 4 } }, 'f32'],
 ];
 const be = createCpuBackend({ threads: 1 });
 const manifest: Array<Record<string, unknown>> = [];

@@ -16,6 +16,10 @@
  * - Activations are [rows, features]; q is [B, T, nHeads, headDim], k and v are [B, T, nKvHeads, headDim].
  */
 
+import type { RopeSpec } from './rope.js';
+
+export type { RopeSpec } from './rope.js';
+
 /** A float buffer owned by a backend. Opaque: only the backend that made it can read it. */
 export interface Buf {
   readonly length: number;
@@ -125,12 +129,13 @@ export interface Backend {
 
   /**
    * Rotary embedding, rotate-half (NeoX / HF Llama, Qwen2) layout, in [B, T, heads, headDim].
-   * Position of row t is pos0 + t. angle(p, i) = p · theta^(-2i/headDim) for i < headDim/2.
-   * out may alias inp.
+   * Position of row t is pos0 + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
+   * sin are multiplied by ropeAttentionFactor(rope) (src/backend/rope.ts: plain, linear, llama3 and yarn RoPE as
+   * HF transformers computes them). out may alias inp.
    */
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void;
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
   /** dinp += Rᵀ dout. */
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void;
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
 
   /**
    * Causal grouped-query attention with scale 1/sqrt(headDim).

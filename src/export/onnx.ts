@@ -36,6 +36,7 @@ import type { ModelConfig } from '../model/config.js';
 import { validateConfig } from '../model/config.js';
 import { parameterLayout, type TensorInfo } from '../model/params.js';
 import { DistilleryError } from '../util/errors.js';
+import { ropeAttentionFactor, ropeInvFreq } from '../backend/rope.js';
 import { Message } from './protobuf.js';
 
 export const ONNX_OPSET = 17;
@@ -240,13 +241,15 @@ export function buildOnnxModel(config: ModelConfig, weights: Float32Array, opts:
   const minusInf = g.f32([-3.4028234663852886e38], true);
 
   // ---- rotary tables from position_ids: cos/sin [B, S, 1, D] --------------------------------------------------
-  const invFreq: number[] = [];
-  for (let i = 0; i < D / 2; i++) invFreq.push(Math.pow(c.ropeTheta, -2 * i / D));
+  // Inverse frequencies of the model's RoPE kind (scaled for linear / llama3 / yarn); yarn also scales cos and sin.
+  const invFreq = Array.from(ropeInvFreq(c.rope, D));
+  const attn = ropeAttentionFactor(c.rope);
   const posF = g.op1('Unsqueeze', [g.op1('Cast', [pos], { to: { i: FLOAT } }), g.i64([-1])]); // [B, S, 1]
   const freqs = g.op1('Mul', [posF, g.f32(invFreq)]); // [B, S, D/2]
   const emb = g.op1('Unsqueeze', [g.op1('Concat', [freqs, freqs], { axis: { i: -1 } }), g.i64([2])]); // [B, S, 1, D]
-  const cos = g.op1('Cos', [emb]);
-  const sin = g.op1('Sin', [emb]);
+  const scaled = (x: string): string => (attn === 1 ? x : g.op1('Mul', [x, g.f32([attn], true)]));
+  const cos = scaled(g.op1('Cos', [emb]));
+  const sin = scaled(g.op1('Sin', [emb]));
   const rope = (x: string): string => {
     const [x1, x2] = g.op('Split', [x], { axis: { i: -1 } }, 2) as [string, string];
     const rotated = g.op1('Concat', [g.op1('Neg', [x2]), x1], { axis: { i: -1 } });

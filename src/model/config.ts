@@ -1,8 +1,19 @@
 /**
  * Model configuration in the Hugging Face `config.json` vocabulary, for the Qwen2 and Llama families.
  * Both run from the same code: Qwen2 has Q/K/V biases, Llama does not (`attention_bias`).
+ *
+ * Reading (parseHfConfig) accepts both layouts transformers writes: 4.x (`rope_theta` and `rope_scaling` at the top
+ * level, `torch_dtype`) and 5.x (`rope_parameters: {rope_type, rope_theta, ...}`, `dtype`, `layer_types`,
+ * `eos_token_id` lists). Every field that changes the math is read from wherever transformers reads it and
+ * type-checked (a string where a number or boolean belongs is an error naming the field); an absent field takes
+ * the default of transformers' own config class for the model type (Qwen2Config / LlamaConfig, identical in 4.x
+ * and 5.x); a feature distillery does not compute is refused by name. Writing (toHfConfig) gives a config both
+ * transformers 4 and 5 read as the same model.
  */
 import { DistilleryError } from '../util/errors.js';
+import { describeRope, yarnMscale, type RopeSpec } from '../backend/rope.js';
+
+export type { RopeSpec } from '../backend/rope.js';
 
 export interface ModelConfig {
   architecture: 'qwen2' | 'llama';
@@ -14,27 +25,206 @@ export interface ModelConfig {
   numKvHeads: number;
   /** hiddenSize / numHeads unless config.json sets head_dim. */
   headDim: number;
-  ropeTheta: number;
+  /** Rotary embedding: theta and the scaling kind with its (resolved) parameters. */
+  rope: RopeSpec;
   rmsNormEps: number;
   tieWordEmbeddings: boolean;
   maxPositionEmbeddings: number;
   /** Q, K and V projections have biases (Qwen2: true; Llama: false). The O projection never has one. */
   qkvBias: boolean;
-  /** Token ids, carried through to config.json. */
+  /** Token ids, carried through to config.json (transformers 5 may write a list of eos ids). */
   bosTokenId?: number | undefined;
-  eosTokenId?: number | undefined;
+  eosTokenId?: number | number[] | undefined;
 }
 
 type Json = Record<string, unknown>;
 
-function num(j: Json, key: string, fallback?: number): number {
+/** The eos ids of a config (none, one, or transformers 5's list). */
+export function eosIds(c: ModelConfig): number[] {
+  return c.eosTokenId === undefined ? [] : Array.isArray(c.eosTokenId) ? [...c.eosTokenId] : [c.eosTokenId];
+}
+
+/**
+ * The defaults of transformers' config classes for the fields distillery reads (Qwen2Config and LlamaConfig;
+ * the same in transformers 4.x and 5.x). `null` num_key_value_heads / head_dim mean "derived" as in transformers:
+ * num_attention_heads and hidden_size // num_attention_heads.
+ */
+const HF_DEFAULTS = {
+  qwen2: {
+    vocab_size: 151936, hidden_size: 4096, intermediate_size: 22016, num_hidden_layers: 32, num_attention_heads: 32,
+    num_key_value_heads: 32, max_position_embeddings: 32768, rms_norm_eps: 1e-6, tie_word_embeddings: false,
+    rope_theta: 10000, bos_token_id: null, eos_token_id: null,
+  },
+  llama: {
+    vocab_size: 32000, hidden_size: 4096, intermediate_size: 11008, num_hidden_layers: 32, num_attention_heads: 32,
+    num_key_value_heads: null, max_position_embeddings: 2048, rms_norm_eps: 1e-6, tie_word_embeddings: false,
+    rope_theta: 10000, bos_token_id: 1, eos_token_id: 2,
+  },
+} as const;
+
+const shown = (v: unknown): string => (typeof v === 'string' ? `${JSON.stringify(v)} (a string)` : JSON.stringify(v) ?? String(v));
+
+function typeError(key: string, want: string, v: unknown): never {
+  throw new DistilleryError(`config.json: "${key}" must be ${want}, got ${shown(v)}`,
+    `fix "${key}" in config.json (transformers would not read this value as ${want} either)`);
+}
+
+/** A finite number (or the default when absent; null too where nullOk). */
+function num(j: Json, key: string, fallback: number | undefined, label = key): number {
   const v = j[key];
   if (v === undefined && fallback !== undefined) return fallback;
   if (typeof v !== 'number' || !Number.isFinite(v)) {
-    throw new DistilleryError(`config.json: "${key}" must be a number, got ${JSON.stringify(v)}`,
-      `set "${key}" in config.json`);
+    if (v === undefined) {
+      throw new DistilleryError(`config.json: "${label}" is missing`, `set "${label}" in config.json`);
+    }
+    typeError(label, 'a number', v);
   }
   return v;
+}
+
+function int(j: Json, key: string, fallback: number | undefined, label = key): number {
+  const v = num(j, key, fallback, label);
+  if (!Number.isInteger(v)) typeError(label, 'an integer', v);
+  return v;
+}
+
+function bool(j: Json, key: string, fallback: boolean, label = key): boolean {
+  const v = j[key];
+  if (v === undefined) return fallback;
+  if (typeof v !== 'boolean') typeError(label, 'true or false', v);
+  return v;
+}
+
+function obj(j: Json, key: string): Json | null {
+  const v = j[key];
+  if (v === undefined || v === null) return null;
+  if (typeof v !== 'object' || Array.isArray(v)) typeError(key, 'an object (or null)', v);
+  return v as Json;
+}
+
+/** A token id or (transformers 5) a list of them; null means none. */
+function tokenIds(j: Json, key: string, fallback: number | null): number | number[] | undefined {
+  const v = j[key] === undefined ? fallback : j[key];
+  if (v === null) return undefined;
+  const ok = (x: unknown): x is number => typeof x === 'number' && Number.isInteger(x) && x >= 0;
+  if (ok(v)) return v;
+  if (Array.isArray(v) && v.length > 0 && v.every(ok)) return v.length === 1 ? v[0] : [...v];
+  return typeError(key, 'a token id or a list of token ids', v);
+}
+
+/**
+ * The RoPE of a config, as transformers 5 resolves it (transformers 4 reads the same from the 4.x layout):
+ * the scaling dict is `rope_scaling` when set (it takes priority), else `rope_parameters`; its kind is `rope_type`
+ * (or the older `type`, default "default"); theta is the dict's `rope_theta`, else the top-level `rope_theta`, else
+ * 10000. llama3 and yarn take original_max_position_embeddings from the dict, else max_position_embeddings.
+ * Values that disagree between the places transformers 4 and 5 read are refused rather than picked.
+ */
+function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
+  const scaling = obj(j, 'rope_scaling'), params = obj(j, 'rope_parameters');
+  const hasKeys = (o: Json | null): o is Json => o !== null && Object.keys(o).length > 0;
+  const useScaling = hasKeys(scaling);
+  const src: Json = useScaling ? scaling : params ?? {};
+  const where = useScaling ? 'rope_scaling' : 'rope_parameters';
+  const kindOf = (o: Json, w: string): string => {
+    const t = o.rope_type, old = o.type;
+    if (t !== undefined && typeof t !== 'string') typeError(`${w}.rope_type`, 'a string', t);
+    if (old !== undefined && typeof old !== 'string') typeError(`${w}.type`, 'a string', old);
+    if (t !== undefined && old !== undefined && t !== old) {
+      throw new DistilleryError(`config.json: "${w}" has rope_type ${JSON.stringify(t)} and type ${JSON.stringify(old)}`,
+        'transformers 4 and 5 read different ones of these; keep one');
+    }
+    return (t ?? old ?? 'default') as string;
+  };
+  const type = kindOf(src, where);
+  // theta: every place that sets it must agree.
+  const thetas: Array<[string, number]> = [];
+  for (const [w, o] of [['rope_scaling', scaling], ['rope_parameters', params]] as const) {
+    if (o && o.rope_theta !== undefined && o.rope_theta !== null) thetas.push([`${w}.rope_theta`, num(o, 'rope_theta', undefined, `${w}.rope_theta`)]);
+  }
+  if (j.rope_theta !== undefined && j.rope_theta !== null) thetas.push(['rope_theta', num(j, 'rope_theta', undefined)]);
+  const [first] = thetas;
+  const clash = thetas.find(([, v]) => v !== first![1]);
+  if (clash) {
+    throw new DistilleryError(`config.json: "${first![0]}" is ${first![1]} but "${clash[0]}" is ${clash[1]}`,
+      'transformers 4 reads the top-level rope_theta and transformers 5 the one inside the rope block; make them equal');
+  }
+  if (useScaling && thetas.length > 0 && thetas.every(([w]) => w === 'rope_parameters.rope_theta')) {
+    // transformers 5 replaces rope_parameters by rope_scaling, and 4 never reads rope_parameters: both would run
+    // the default theta, not this one.
+    throw new DistilleryError(`config.json: rope theta is only in "rope_parameters" but "rope_scaling" is set (transformers then uses ${defaultTheta})`,
+      'set the top-level "rope_theta" too (or remove rope_scaling and keep the scaling in rope_parameters)');
+  }
+  const theta = first ? first[1] : defaultTheta;
+  if (!(theta > 0)) throw new DistilleryError(`config.json: rope theta must be positive, got ${theta}`, 'set "rope_theta"');
+  const spec = resolve(src, where, type);
+  // Both blocks set (we write both): they must describe the same rotation. transformers 4 reads only rope_scaling
+  // and 5 prefers it, so a rope_parameters that computes something else means the file is not what it seems.
+  if (useScaling && hasKeys(params)) {
+    const other = resolve(params, 'rope_parameters', kindOf(params, 'rope_parameters'));
+    if (JSON.stringify(other) !== JSON.stringify(spec)) {
+      throw new DistilleryError(`config.json: "rope_scaling" (${describeRope(spec)}) and "rope_parameters" (${describeRope(other)}) disagree`,
+        'transformers 4 reads rope_scaling and transformers 5 prefers it too; remove the block that is wrong');
+    }
+  }
+  return spec;
+
+  /** The RoPE one block describes (kind `type`, the resolved theta). */
+  function resolve(src: Json, where: string, type: string): RopeSpec {
+    const field = (k: string): string => `${where}.${k}`;
+    const prf = src.partial_rotary_factor ?? j.partial_rotary_factor;
+    if (prf !== undefined && prf !== null && prf !== 1) {
+      throw new DistilleryError(`config.json: "partial_rotary_factor" ${shown(prf)} is not supported`, 'distillery rotates the whole head (partial_rotary_factor 1)');
+    }
+    const positive = (k: string, v: number): number => {
+      if (!(v > 0)) throw new DistilleryError(`config.json: "${field(k)}" must be positive, got ${v}`, `fix ${field(k)} in config.json`);
+      return v;
+    };
+    const factor = (): number => positive('factor', num(src, 'factor', undefined, field('factor')));
+    // transformers 5 standardizes a top-level original_max_position_embeddings into the rope block (it wins there).
+    const originalMax = (): number => (j.original_max_position_embeddings !== undefined && j.original_max_position_embeddings !== null
+      ? positive('original_max_position_embeddings', int(j, 'original_max_position_embeddings', undefined))
+      : positive('original_max_position_embeddings', int(src, 'original_max_position_embeddings', maxPos, field('original_max_position_embeddings'))));
+    switch (type) {
+      case 'default':
+        return { type: 'default', theta };
+      case 'linear':
+        return { type: 'linear', theta, factor: factor() };
+      case 'llama3': {
+        const r = {
+          type: 'llama3' as const, theta, factor: factor(),
+          lowFreqFactor: positive('low_freq_factor', num(src, 'low_freq_factor', undefined, field('low_freq_factor'))),
+          highFreqFactor: positive('high_freq_factor', num(src, 'high_freq_factor', undefined, field('high_freq_factor'))),
+          originalMaxPositionEmbeddings: originalMax(),
+        };
+        if (!(r.highFreqFactor > r.lowFreqFactor)) {
+          throw new DistilleryError(`config.json: "${field('high_freq_factor')}" (${r.highFreqFactor}) must be greater than low_freq_factor (${r.lowFreqFactor})`,
+            'Llama 3.1 / 3.2 use low_freq_factor 1 and high_freq_factor 4');
+        }
+        return r;
+      }
+      case 'yarn': {
+        const f = factor();
+        // Python's `x or default`: absent, null and 0 take the default.
+        const orDefault = (k: string, d: number): number => (src[k] === undefined || src[k] === null || src[k] === 0 ? d : positive(k, num(src, k, undefined, field(k))));
+        let attentionFactor: number;
+        if (src.attention_factor !== undefined && src.attention_factor !== null) {
+          attentionFactor = positive('attention_factor', num(src, 'attention_factor', undefined, field('attention_factor')));
+        } else {
+          const ms = src.mscale === undefined || src.mscale === null ? 0 : num(src, 'mscale', undefined, field('mscale'));
+          const msAll = src.mscale_all_dim === undefined || src.mscale_all_dim === null ? 0 : num(src, 'mscale_all_dim', undefined, field('mscale_all_dim'));
+          attentionFactor = ms && msAll ? yarnMscale(f, ms) / yarnMscale(f, msAll) : yarnMscale(f);
+        }
+        return {
+          type: 'yarn', theta, factor: f, originalMaxPositionEmbeddings: originalMax(),
+          betaFast: orDefault('beta_fast', 32), betaSlow: orDefault('beta_slow', 1), attentionFactor,
+          truncate: bool(src, 'truncate', true, field('truncate')),
+        };
+      }
+      default:
+        throw new DistilleryError(`config.json: rope type ${JSON.stringify(type)} (${where}) is not supported`,
+          'distillery computes the rope types default, linear, llama3 and yarn (dynamic and longrope depend on the sequence length)');
+    }
+  }
 }
 
 /** Parses and validates an HF-style config.json object. Throws DistilleryError naming the bad field. */
@@ -48,45 +238,74 @@ export function parseHfConfig(j: Json): ModelConfig {
     throw new DistilleryError(`config.json: unsupported model_type ${JSON.stringify(modelType)}`,
       'distillery runs the Qwen2 and Llama families: set "model_type" to "qwen2" or "llama"');
   }
+  const D = HF_DEFAULTS[architecture];
   // Features of the HF families that this implementation does not compute: refuse them rather than run a
-  // different function than transformers would (e.g. Llama 3.1 rope scaling, sliding-window attention).
-  if (j.rope_scaling !== undefined && j.rope_scaling !== null) {
-    throw new DistilleryError(`config.json: "rope_scaling" ${JSON.stringify(j.rope_scaling)} is not supported`,
-      'distillery implements plain rotary embeddings; remove rope_scaling only if the model was trained without it');
-  }
+  // different function than transformers would (e.g. sliding-window attention).
   if (j.hidden_act !== undefined && j.hidden_act !== 'silu') {
-    throw new DistilleryError(`config.json: "hidden_act" ${JSON.stringify(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu');
+    throw new DistilleryError(`config.json: "hidden_act" ${shown(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu');
   }
-  if (j.use_sliding_window === true) {
+  if (bool(j, 'use_sliding_window', false)) {
     throw new DistilleryError('config.json: "use_sliding_window": true is not supported', 'distillery implements full causal attention; set it to false');
   }
-  if (j.mlp_bias === true) {
+  if (architecture === 'llama' && bool(j, 'mlp_bias', false)) {
     throw new DistilleryError('config.json: "mlp_bias": true is not supported', 'distillery\'s MLP projections have no biases');
   }
-  if (architecture === 'qwen2' && j.attention_bias === false) {
+  const attentionBias = j.attention_bias === undefined || j.attention_bias === null ? undefined : bool(j, 'attention_bias', false);
+  if (architecture === 'qwen2' && attentionBias === false) {
     throw new DistilleryError('config.json: "attention_bias": false for model_type qwen2', 'Qwen2 always has Q/K/V biases; use model_type "llama" for a model without them');
   }
-  const hiddenSize = num(j, 'hidden_size');
-  const numHeads = num(j, 'num_attention_heads');
+  for (const k of ['dtype', 'torch_dtype']) {
+    if (j[k] !== undefined && j[k] !== null && typeof j[k] !== 'string') typeError(k, 'a dtype name such as "bfloat16"', j[k]);
+  }
+  const hiddenSize = int(j, 'hidden_size', D.hidden_size);
+  const numHeads = int(j, 'num_attention_heads', D.num_attention_heads);
+  const numLayers = int(j, 'num_hidden_layers', D.num_hidden_layers);
+  const nullable = (k: string, derived: number, def: number | null): number =>
+    (j[k] === null || (j[k] === undefined && def === null) ? derived : int(j, k, def ?? derived));
+  const maxPositionEmbeddings = int(j, 'max_position_embeddings', D.max_position_embeddings);
+  if (j.layer_types !== undefined && j.layer_types !== null) {
+    const lt = j.layer_types;
+    if (!Array.isArray(lt) || !lt.every((x) => typeof x === 'string')) typeError('layer_types', 'a list of layer type names', lt);
+    const other = (lt as string[]).findIndex((x) => x !== 'full_attention');
+    if (other >= 0) {
+      throw new DistilleryError(`config.json: "layer_types" has ${JSON.stringify((lt as string[])[other])} at layer ${other}; only "full_attention" is supported`,
+        'distillery implements full causal attention in every layer (no sliding window)');
+    }
+    if ((lt as string[]).length !== numLayers) {
+      throw new DistilleryError(`config.json: "layer_types" lists ${(lt as string[]).length} layers but num_hidden_layers is ${numLayers}`, 'fix config.json');
+    }
+  }
   const cfg: ModelConfig = {
     architecture,
-    vocabSize: num(j, 'vocab_size'),
+    vocabSize: int(j, 'vocab_size', D.vocab_size),
     hiddenSize,
-    intermediateSize: num(j, 'intermediate_size'),
-    numLayers: num(j, 'num_hidden_layers'),
+    intermediateSize: int(j, 'intermediate_size', D.intermediate_size),
+    numLayers,
     numHeads,
-    numKvHeads: num(j, 'num_key_value_heads', numHeads),
-    headDim: num(j, 'head_dim', hiddenSize / numHeads),
-    ropeTheta: num(j, 'rope_theta', 10000),
-    rmsNormEps: num(j, 'rms_norm_eps', 1e-6),
-    tieWordEmbeddings: j.tie_word_embeddings === undefined ? false : Boolean(j.tie_word_embeddings),
-    maxPositionEmbeddings: num(j, 'max_position_embeddings', architecture === 'qwen2' ? 32768 : 2048),
-    qkvBias: typeof j.attention_bias === 'boolean' ? j.attention_bias : architecture === 'qwen2',
+    numKvHeads: nullable('num_key_value_heads', numHeads, D.num_key_value_heads),
+    headDim: nullable('head_dim', Math.floor(hiddenSize / numHeads), null),
+    rope: parseRope(j, maxPositionEmbeddings, D.rope_theta),
+    rmsNormEps: num(j, 'rms_norm_eps', D.rms_norm_eps),
+    tieWordEmbeddings: bool(j, 'tie_word_embeddings', D.tie_word_embeddings),
+    maxPositionEmbeddings,
+    qkvBias: attentionBias ?? architecture === 'qwen2',
   };
-  if (typeof j.bos_token_id === 'number') cfg.bosTokenId = j.bos_token_id;
-  if (typeof j.eos_token_id === 'number') cfg.eosTokenId = j.eos_token_id;
+  const bos = tokenIds(j, 'bos_token_id', D.bos_token_id);
+  if (Array.isArray(bos)) typeError('bos_token_id', 'a token id', j.bos_token_id);
+  if (bos !== undefined) cfg.bosTokenId = bos;
+  const eos = tokenIds(j, 'eos_token_id', D.eos_token_id);
+  if (eos !== undefined) cfg.eosTokenId = eos;
   validateConfig(cfg);
   return cfg;
+}
+
+/**
+ * One line with every baked number of a model, e.g.
+ * `qwen2 theta 1000000 rope default eps 1e-6 head_dim 64 qkv_bias yes tied yes`.
+ */
+export function describeBaked(c: ModelConfig): string {
+  return `${c.architecture} ${describeRope(c.rope)} eps ${c.rmsNormEps.toExponential()} head_dim ${c.headDim} ` +
+    `qkv_bias ${c.qkvBias ? 'yes' : 'no'} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
 }
 
 /** Checks the invariants the model code relies on. */
@@ -103,12 +322,35 @@ export function validateConfig(c: ModelConfig): void {
     bad(`num_attention_heads (${c.numHeads}) must be a multiple of num_key_value_heads (${c.numKvHeads})`);
   }
   if (c.headDim % 2 !== 0) bad(`head_dim (${c.headDim}) must be even for rotary embeddings`);
-  if (!(c.ropeTheta > 0)) bad(`rope_theta must be positive, got ${c.ropeTheta}`);
+  if (!(c.rope.theta > 0)) bad(`rope_theta must be positive, got ${c.rope.theta}`);
   if (!(c.rmsNormEps > 0 && c.rmsNormEps < 1)) bad(`rms_norm_eps must be in (0, 1), got ${c.rmsNormEps}`);
 }
 
-/** The config.json object HF transformers reads for this config (Qwen2ForCausalLM or LlamaForCausalLM). */
+/** The scaling block of a RoPE as transformers names it (rope_type and the kind's parameters; no theta). */
+function ropeBlock(r: RopeSpec): Json {
+  switch (r.type) {
+    case 'default': return { rope_type: 'default' };
+    case 'linear': return { rope_type: 'linear', factor: r.factor };
+    case 'llama3':
+      return { rope_type: 'llama3', factor: r.factor, low_freq_factor: r.lowFreqFactor, high_freq_factor: r.highFreqFactor,
+        original_max_position_embeddings: r.originalMaxPositionEmbeddings };
+    case 'yarn': {
+      const b: Json = { rope_type: 'yarn', factor: r.factor, original_max_position_embeddings: r.originalMaxPositionEmbeddings,
+        beta_fast: r.betaFast, beta_slow: r.betaSlow };
+      if (r.attentionFactor !== yarnMscale(r.factor)) b.attention_factor = r.attentionFactor;
+      if (!r.truncate) b.truncate = false;
+      return b;
+    }
+  }
+}
+
+/**
+ * The config.json object HF transformers reads for this config (Qwen2ForCausalLM or LlamaForCausalLM). RoPE is
+ * written for both majors: transformers 4 reads the top-level rope_theta and rope_scaling (null without scaling);
+ * transformers 5 prefers rope_scaling when set and otherwise reads rope_parameters, taking theta from either.
+ */
 export function toHfConfig(c: ModelConfig): Json {
+  const block = ropeBlock(c.rope);
   const common: Json = {
     vocab_size: c.vocabSize,
     hidden_size: c.hiddenSize,
@@ -120,15 +362,18 @@ export function toHfConfig(c: ModelConfig): Json {
     hidden_act: 'silu',
     max_position_embeddings: c.maxPositionEmbeddings,
     rms_norm_eps: c.rmsNormEps,
-    rope_theta: c.ropeTheta,
+    rope_theta: c.rope.theta,
+    rope_scaling: c.rope.type === 'default' ? null : block,
+    rope_parameters: { ...block, rope_theta: c.rope.theta },
     tie_word_embeddings: c.tieWordEmbeddings,
     torch_dtype: 'float32',
     initializer_range: 0.02,
     use_cache: true,
     attention_dropout: 0.0,
+    // null, not absent: LlamaConfig's defaults are 1 and 2.
+    bos_token_id: c.bosTokenId ?? null,
+    eos_token_id: c.eosTokenId ?? null,
   };
-  if (c.bosTokenId !== undefined) common.bos_token_id = c.bosTokenId;
-  if (c.eosTokenId !== undefined) common.eos_token_id = c.eosTokenId;
   if (c.architecture === 'qwen2') {
     return { architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...common, use_sliding_window: false,
       sliding_window: c.maxPositionEmbeddings, max_window_layers: c.numLayers };
@@ -163,7 +408,7 @@ export function presetConfig(name: string, vocabSize: number): ModelConfig {
   const [hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads] = s;
   const cfg: ModelConfig = {
     architecture: 'qwen2', vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads,
-    headDim: hiddenSize / numHeads, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+    headDim: hiddenSize / numHeads, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
     maxPositionEmbeddings: 32768, qkvBias: true,
   };
   validateConfig(cfg);

@@ -42,8 +42,8 @@ export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: La
   be.matmulForward(a.q, a.ln1, w.wq, w.bq, N, C, Q);
   be.matmulForward(a.k, a.ln1, w.wk, w.bk, N, C, KV);
   be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
-  be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.ropeTheta, pos0);
-  be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.ropeTheta, pos0);
+  be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0);
+  be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
   attend(a.q, a.k, a.v, a.att);
   be.matmulForward(a.h, a.att, w.wo, null, N, Q, C);
   be.add(a.h, a.h, a.x, N * C);

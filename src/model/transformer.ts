@@ -261,8 +261,8 @@ export class Transformer {
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
       be.zero(dqPre); be.zero(dkPre);
-      be.ropeBackward(dqPre, dq, b, t, c.numHeads, c.headDim, c.ropeTheta, 0);
-      be.ropeBackward(dkPre, dk, b, t, c.numKvHeads, c.headDim, c.ropeTheta, 0);
+      be.ropeBackward(dqPre, dq, b, t, c.numHeads, c.headDim, c.rope, 0);
+      be.ropeBackward(dkPre, dk, b, t, c.numKvHeads, c.headDim, c.rope, 0);
       be.zero(dln);
       be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), dqPre, ln1, this.p(w.wq), N, C, Q);
       be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), dkPre, ln1, this.p(w.wk), N, C, KV);

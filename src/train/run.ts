@@ -24,7 +24,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
-import { parseHfConfig, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { describeBaked, parseHfConfig, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
@@ -203,6 +203,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const opt = new AdamW(student, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
+  log(`student: ${describeBaked(cfg)}`);
+  if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);
 
   let step = 0, tokensTrained = 0;
   let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;

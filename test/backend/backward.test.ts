@@ -11,6 +11,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { Rng } from '../../src/util/rng.js';
 import { bufOf, checkGradients, dot, randn } from './helpers.js';
 import { LOSS_SPECS } from './reference.js';
+import { plainRope } from '../../src/backend/rope.js';
 
 function f64(threads = 1): Backend {
   return createCpuBackend({ dtype: 'f64', threads });
@@ -75,8 +76,8 @@ test('rope backward (with pos0)', () => {
   const x = bufOf(be, randn(rng, len)), dx = be.alloc(len, 'dx'), out = be.alloc(len, 'o');
   const r = randn(rng, len), R = bufOf(be, r);
   checkGradients(be, rng, [{ name: 'inp', buf: x, grad: dx }],
-    () => be.ropeForward(out, x, b, t, heads, hd, 10000, 5), objectiveOf(be, out, r),
-    () => be.ropeBackward(dx, R, b, t, heads, hd, 10000, 5));
+    () => be.ropeForward(out, x, b, t, heads, hd, plainRope(10000), 5), objectiveOf(be, out, r),
+    () => be.ropeBackward(dx, R, b, t, heads, hd, plainRope(10000), 5));
   be.dispose();
 });
 

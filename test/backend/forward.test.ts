@@ -11,6 +11,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertClose, bufOf, randn } from './helpers.js';
 import { LOSS_SPECS, attentionRef, lossRef } from './reference.js';
+import { plainRope } from '../../src/backend/rope.js';
 
 const DTYPES = ['f32', 'f64'] as const;
 /** Relative/absolute tolerance per dtype. */
@@ -150,26 +151,26 @@ withBackends('rope forward: reference, pos0 offset, theta matters, in place', (b
   const x = stored(be, randn(rng, b * t * heads * hd));
   const X = bufOf(be, x), O = be.alloc(x.length, 'o');
   for (const [theta, pos0] of [[10000, 0], [10000, 7], [1e6, 3], [500, 1000]] as const) {
-    be.ropeForward(O, X, b, t, heads, hd, theta, pos0);
+    be.ropeForward(O, X, b, t, heads, hd, plainRope(theta), pos0);
     assertClose(be.download(O), ropeRef(x, b, t, heads, hd, theta, pos0), rtol, atol, `rope theta=${theta} pos0=${pos0}`);
   }
   // Position 0 is the identity.
-  be.ropeForward(O, X, b, 1, heads * t, hd, 10000, 0);
+  be.ropeForward(O, X, b, 1, heads * t, hd, plainRope(10000), 0);
   assertClose(be.download(O), x, 0, 0, 'rope at position 0 is the identity');
   // Two thetas give different outputs; so do two offsets.
-  const o1 = be.download((be.ropeForward(O, X, b, t, heads, hd, 10000, 2), O));
-  const o2 = be.download((be.ropeForward(O, X, b, t, heads, hd, 1e6, 2), O));
-  const o3 = be.download((be.ropeForward(O, X, b, t, heads, hd, 10000, 3), O));
+  const o1 = be.download((be.ropeForward(O, X, b, t, heads, hd, plainRope(10000), 2), O));
+  const o2 = be.download((be.ropeForward(O, X, b, t, heads, hd, plainRope(1e6), 2), O));
+  const o3 = be.download((be.ropeForward(O, X, b, t, heads, hd, plainRope(10000), 3), O));
   assert.ok(o1.some((v, i) => Math.abs(v - o2[i]!) > 1e-3), 'theta must change the output');
   assert.ok(o1.some((v, i) => Math.abs(v - o3[i]!) > 1e-3), 'pos0 must change the output');
   // pos0 shifts positions: with every time step holding the same vector, row p+1 at pos0 = 2 equals row p at pos0 = 3.
   const rowLen = heads * hd, rep = new Float64Array(t * rowLen);
   for (let p = 0; p < t; p++) rep.set(x.subarray(0, rowLen), p * rowLen);
   const R = bufOf(be, rep);
-  const a2 = be.download((be.ropeForward(O, R, 1, t, heads, hd, 10000, 2), O));
-  const a3 = be.download((be.ropeForward(O, R, 1, t, heads, hd, 10000, 3), O));
+  const a2 = be.download((be.ropeForward(O, R, 1, t, heads, hd, plainRope(10000), 2), O));
+  const a3 = be.download((be.ropeForward(O, R, 1, t, heads, hd, plainRope(10000), 3), O));
   assertClose(a2.subarray(rowLen, t * rowLen), a3.subarray(0, (t - 1) * rowLen), rtol, atol, 'rope pos0 shift');
-  be.ropeForward(X, X, b, t, heads, hd, 10000, 7); // in place
+  be.ropeForward(X, X, b, t, heads, hd, plainRope(10000), 7); // in place
   assertClose(be.download(X), ropeRef(x, b, t, heads, hd, 10000, 7), rtol, atol, 'rope in place');
 });
 

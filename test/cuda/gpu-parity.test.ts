@@ -18,8 +18,9 @@ import type { Backend, Buf, IntBuf, LossSpec } from '../../src/backend/backend.j
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { QWEN_LIKE, allOpsStep, rng } from './helpers.js';
+import { QWEN_LIKE, allOpsStep, rng, scaledRopes } from './helpers.js';
 import { relErr } from '../util/compare.js';
+import { plainRope } from '../../src/backend/rope.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -125,9 +126,13 @@ parity('matmul bwd', 1e-5, (r) => ({
   compare: ['di', 'dw', 'db'], op: (b, x) => b.matmulBackward(x.di!, x.dw!, x.db!, x.d!, x.i!, x.w!, 33, 70, 45),
 }));
 const RB = 2, RT = 5, RH = 3, RD = 8;
-parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, 10000, 3) }));
-parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, 1e6, 30000) }));
-parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, 10000, 3) }));
+parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3) }));
+parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, plainRope(1e6), 30000) }));
+parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3) }));
+for (const rope of scaledRopes(5e5)) {
+  parity(`rope ${rope.type} fwd, far positions`, 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, rope, 9000) }));
+  parity(`rope ${rope.type} bwd`, 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, rope, 3) }));
+}
 const AB = 2, AT = 7, AH = 4, AKV = 2, AD = 16;
 const attnArrays = (r: () => number): Arrays => ({
   o: rand(r, AB * AT * AH * AD), p: rand(r, AB * AH * AT), q: rand(r, AB * AT * AH * AD), k: rand(r, AB * AT * AKV * AD), v: rand(r, AB * AT * AKV * AD),

@@ -13,6 +13,7 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
+import { plainRope, type RopeSpec } from '../../src/backend/rope.js';
 
 export interface ToyDims {
   B: number; T: number; C: number; hidden: number; vocab: number; nH: number; nKv: number; hd: number;
@@ -29,6 +30,15 @@ export const LLAMA_LIKE: ToyDims = {
 };
 
 /** A closure that calls every Backend op once with the given shapes (values are whatever alloc gives). */
+/** One RoPE of each scaled kind (linear, llama3, yarn) at this theta, so that a step launches every rope family. */
+export function scaledRopes(theta: number): RopeSpec[] {
+  return [
+    { type: 'linear', theta, factor: 4 },
+    { type: 'llama3', theta, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 },
+    { type: 'yarn', theta, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.2, truncate: true },
+  ];
+}
+
 export function allOpsStep(d: ToyDims): (b: Backend) => void {
   return (b) => {
     const n = d.B * d.T;
@@ -40,7 +50,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const q = b.alloc(n * d.nH * d.hd, 'q'), k = b.alloc(n * d.nKv * d.hd, 'k'), v = b.alloc(n * d.nKv * d.hd, 'v');
     const wq = b.alloc(d.nH * d.hd * d.C, 'wq'), bq = b.alloc(d.nH * d.hd, 'bq');
     b.matmulForward(q, y, wq, d.qkvBias ? bq : null, n, d.C, d.nH * d.hd);
-    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeForward(k, k, d.B, d.T, d.nKv, d.hd, r, 3);
     const lse = b.alloc(d.B * d.nH * d.T, 'lse'), att = b.alloc(n * d.nH * d.hd, 'att');
     b.attentionForward(att, lse, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
     const g = b.alloc(n * d.hidden, 'g'), u = b.alloc(n * d.hidden, 'u'), h = b.alloc(n * d.hidden, 'h');
@@ -52,7 +63,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
     b.attentionBackward(dq, dk, dv, datt, q, k, v, att, lse, d.B, d.T, d.nH, d.nKv, d.hd);
-    b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, d.theta, 0);
+    b.ropeBackward(dq, dq, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeBackward(dk, dk, d.B, d.T, d.nKv, d.hd, r, 3);
     const dy = b.alloc(y.length, 'dy'), dwq = b.alloc(wq.length, 'dwq'), dbq = b.alloc(bq.length, 'dbq');
     b.matmulBackward(dy, dwq, d.qkvBias ? dbq : null, dq, y, wq, n, d.C, d.nH * d.hd);
     const dg = b.alloc(g.length, 'dg'), du = b.alloc(u.length, 'du');
@@ -136,7 +148,8 @@ export function rng(seed: number): () => number {
 
 export const LLAMA_1B_LIKE: ModelConfig = {
   architecture: 'llama', vocabSize: 128256, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 16, numKvHeads: 8,
-  headDim: 128, ropeTheta: 5e5, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 8192, qkvBias: false,
+  headDim: 128, rope: { type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 },
+  rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 131072, qkvBias: false,
 };
 
 /** The real plans: what `distillery distill/train/generate/eval` pre-warm for these models. */

@@ -20,7 +20,8 @@ import { LOSS_STATS } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import type { ModelConfig } from '../../src/model/config.js';
+import type { ModelConfig, RopeSpec } from '../../src/model/config.js';
+import { describeRope } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
@@ -38,11 +39,11 @@ after(() => { cuda?.dispose(); cpu?.dispose(); });
 
 const QWEN: ModelConfig = {
   architecture: 'qwen2', vocabSize: 300, hiddenSize: 64, intermediateSize: 176, numLayers: 2, numHeads: 4, numKvHeads: 2,
-  headDim: 16, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
+  headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
 };
 const LLAMA: ModelConfig = {
   architecture: 'llama', vocabSize: 300, hiddenSize: 128, intermediateSize: 344, numLayers: 2, numHeads: 8, numKvHeads: 2,
-  headDim: 16, ropeTheta: 5e5, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: false,
+  headDim: 16, rope: { type: 'default', theta: 5e5 }, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: false,
 };
 const LLAMA_TEACHER: ModelConfig = { ...LLAMA, hiddenSize: 192, numHeads: 6, numKvHeads: 3, headDim: 32, numLayers: 3, intermediateSize: 512 };
 const B = 2, T = 24;
@@ -123,18 +124,25 @@ test('whole model cuda vs cpu: Llama-like (no biases, untied, theta 5e5, eps 1e-
   await compare('llama model (jsd)', LLAMA, { cfg: LLAMA_TEACHER, w: weightsFor(LLAMA_TEACHER, 11) }, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.3 });
 });
 
-test('two RoPE thetas give different CUDA logits, each matching the CPU', { skip, timeout: 300_000 }, async () => {
+test('each RoPE kind (two thetas, linear, llama3, yarn) gives different CUDA logits, each matching the CPU', { skip, timeout: 300_000 }, async () => {
   const spec: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
-  const a = { ...QWEN, ropeTheta: 1e4 }, b = { ...QWEN, ropeTheta: 1e6 };
-  await cuda!.prepare([...jobClosures({ student: a, batch: B, seq: T, loss: spec, train: true }), ...jobClosures({ student: b, batch: B, seq: T, loss: spec, train: true })]);
+  const ropes: RopeSpec[] = [
+    { type: 'default', theta: 1e4 }, { type: 'default', theta: 1e6 }, { type: 'linear', theta: 1e4, factor: 4 },
+    { type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 },
+    { type: 'yarn', theta: 1e4, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.2, truncate: true },
+  ];
+  const cfgs: ModelConfig[] = ropes.map((rope) => ({ ...QWEN, rope }));
+  await cuda!.prepare(cfgs.flatMap((c) => jobClosures({ student: c, batch: B, seq: T, loss: spec, train: true })));
   const w = weightsFor(QWEN, 3);
-  const ga = run(cuda!, a, w, null, spec), gb = run(cuda!, b, w, null, spec);
-  const diff = relErr(ga.logits, gb.logits);
-  record('rope theta 1e4 vs 1e6 logits (must differ by > 1e-3)', diff, 1e-3, diff > 1e-3);
-  assert.ok(diff > 1e-3, `theta 1e4 and 1e6 give the same logits (relative difference ${diff})`);
-  for (const [cfg, g] of [[a, ga], [b, gb]] as const) {
-    const e = relErr(g.logits, run(cpu!, cfg, w, null, spec).logits);
-    record(`rope theta ${cfg.ropeTheta} logits vs cpu`, e, LOGIT_TOL);
-    assert.ok(e <= LOGIT_TOL, `theta ${cfg.ropeTheta}: relative error ${e}`);
+  const got = cfgs.map((c) => run(cuda!, c, w, null, spec));
+  for (let i = 1; i < cfgs.length; i++) {
+    const diff = relErr(got[i - 1]!.logits, got[i]!.logits);
+    record(`rope ${describeRope(ropes[i - 1]!)} vs ${describeRope(ropes[i]!)} logits (must differ by > 1e-3)`, diff, 1e-3, diff > 1e-3);
+    assert.ok(diff > 1e-3, `${describeRope(ropes[i - 1]!)} and ${describeRope(ropes[i]!)} give the same logits (relative difference ${diff})`);
   }
+  cfgs.forEach((cfg, i) => {
+    const e = relErr(got[i]!.logits, run(cpu!, cfg, w, null, spec).logits);
+    record(`rope ${describeRope(cfg.rope)} logits vs cpu`, e, LOGIT_TOL);
+    assert.ok(e <= LOGIT_TOL, `${describeRope(cfg.rope)}: relative error ${e}`);
+  });
 });

@@ -5,7 +5,7 @@
  * Generator.generate with a random prompt length; the plan is built separately with
  * planKernels(jobClosures(...)) from the job's settings. runTraining's own prepare() call cannot pollute the
  * recorded set: a trace backend's prepare() is a no-op, and planKernels traces on backends of its own (checked).
- * Randomized over: hidden size, heads, KV heads, head dim, eps, theta, seq, batch, tied or not, biases or not,
+ * Randomized over: hidden size, heads, KV heads, head dim, eps, theta and RoPE scaling (kind and parameters), seq, batch, tied or not, biases or not,
  * architecture, loss kind/alpha/T/beta, train vs distill. Seeded, so a failure reproduces; it names the config.
  */
 import { test, before, after } from 'node:test';
@@ -19,6 +19,7 @@ import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import { toHfConfig, type ModelConfig } from '../../src/model/config.js';
+import { describeRope, yarnMscale, type RopeSpec } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { writeCheckpoint } from '../../src/model/checkpoint.js';
 import { Transformer } from '../../src/model/transformer.js';
@@ -51,6 +52,23 @@ after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
 
 const hash = (s: KernelSpec): string => createHash('sha256').update(s.source()).digest('hex');
 
+/** Plain RoPE half the time, else linear / llama3 / yarn with random parameters (what real checkpoints set). */
+function randomRope(r: () => number, theta: number, maxPos: number): RopeSpec {
+  const u = r();
+  const factor = Number((1 + 31 * r()).toFixed(2));
+  const originalMaxPositionEmbeddings = Math.max(8, Math.round(maxPos * (0.25 + r())));
+  if (u < 0.5) return { type: 'default', theta };
+  if (u < 0.65) return { type: 'linear', theta, factor };
+  if (u < 0.82) {
+    const lowFreqFactor = Number((0.5 + r()).toFixed(2));
+    return { type: 'llama3', theta, factor, lowFreqFactor, highFreqFactor: lowFreqFactor + Number((0.5 + 4 * r()).toFixed(2)), originalMaxPositionEmbeddings };
+  }
+  return {
+    type: 'yarn', theta, factor, originalMaxPositionEmbeddings, betaFast: Number((8 + 40 * r()).toFixed(1)), betaSlow: Number((0.5 + r()).toFixed(2)),
+    attentionFactor: r() < 0.5 ? yarnMscale(factor) : Number((0.8 + r()).toFixed(3)), truncate: r() < 0.7,
+  };
+}
+
 function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConfig {
   const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
   const nKv = pick([1, 2, 3]);
@@ -61,7 +79,7 @@ function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConf
   return {
     architecture, vocabSize: vocab, hiddenSize, intermediateSize: pick([16, 40, 64, 2 * hiddenSize + 8]), numLayers: pick([1, 2]),
     numHeads, numKvHeads: nKv, headDim,
-    ropeTheta: pick([1e4, 5e5, 1e6, Math.round(1000 + r() * 1e6)]),
+    rope: randomRope(r, pick([1e4, 5e5, 1e6, Math.round(1000 + r() * 1e6)]), Math.max(maxSeq, 64)),
     rmsNormEps: pick([1e-5, 1e-6, Number((10 ** -(4 + 3 * r())).toPrecision(3))]),
     tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3, // HF Qwen2 always has Q/K/V biases
   };
@@ -82,7 +100,7 @@ function randomCase(seed: number, vocab: number): Case {
 }
 
 function describeCase(c: Case): string {
-  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} theta${x.ropeTheta} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? 'bias' : 'nobias'}`;
+  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? 'bias' : 'nobias'}`;
   return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
@@ -147,10 +165,16 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
   process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);
 });
 
-test('property check has teeth: the plan of a config with another eps or theta misses runtime kernels', async () => {
+test('property check has teeth: the plan of a config with another eps, theta or RoPE kind misses runtime kernels', async () => {
   const c = randomCase(7, tok.vocabSize);
   const { traced, options } = await runtimeSet(c, 999);
-  for (const other of [{ ...c.student, rmsNormEps: c.student.rmsNormEps * 2 }, { ...c.student, ropeTheta: c.student.ropeTheta + 1 }]) {
+  const theta = c.student.rope.theta;
+  const otherKind: RopeSpec = c.student.rope.type === 'default' ? { type: 'linear', theta, factor: 2 } : { type: 'default', theta };
+  const others: ModelConfig[] = [
+    { ...c.student, rmsNormEps: c.student.rmsNormEps * 2 }, { ...c.student, rope: { ...c.student.rope, theta: theta + 1 } },
+    { ...c.student, rope: otherKind },
+  ];
+  for (const other of others) {
     const plan = new Set(planFor({ ...c, student: other }, options).map(hash));
     assert.ok(traced.some((s) => !plan.has(hash(s))), 'a plan for a different model should not cover this run');
   }

@@ -8,6 +8,8 @@ import assert from 'node:assert/strict';
 import { ALL_FAMILIES, type ParamDomain, type ParamValue } from '../../src/backend/cuda/kernels/index.js';
 import { cacheKey, compileOptions } from '../../src/backend/cuda/kernel-cache.js';
 import { rmsnormForward } from '../../src/backend/cuda/kernels/norm.js';
+import { ropeKernel } from '../../src/backend/cuda/kernels/rope.js';
+import { ropeAttentionFactor, ropeInvFreq, yarnMscale, type RopeSpec } from '../../src/backend/rope.js';
 
 function mutate(d: ParamDomain, v: ParamValue): ParamValue {
   switch (d.kind) {
@@ -70,4 +72,34 @@ test('make() rejects undeclared, missing and out-of-domain parameters', () => {
 
 test('identical parameters give the identical (memoized) spec', () => {
   assert.equal(rmsnormForward.make({ eps: 1e-6, C: 64, block: 256 }), rmsnormForward.make({ C: 64, block: 256, eps: 1e-6 }));
+});
+
+test('RoPE kernels: every parameter of a real scaled config reaches the key exactly when it changes the math', () => {
+  const real: Array<[RopeSpec, number]> = [
+    [{ type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 64],
+    [{ type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 128],
+    [{ type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true }, 128],
+    [{ type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: false }, 64],
+    [{ type: 'linear', theta: 1e4, factor: 2 }, 128],
+    [{ type: 'default', theta: 1e6 }, 64],
+  ];
+  const math = (r: RopeSpec, hd: number): string => `${Array.from(ropeInvFreq(r, hd)).join(',')}|${ropeAttentionFactor(r)}`;
+  let changed = 0;
+  for (const [rope, hd] of real) {
+    for (const fwd of [true, false]) {
+      const base = ropeKernel(!fwd, rope, hd, 256);
+      for (const [k, v] of Object.entries(rope)) {
+        if (k === 'type') continue;
+        const m = { ...rope, [k]: typeof v === 'boolean' ? !v : k === 'originalMaxPositionEmbeddings' ? (v as number) + 1 : (v as number) * 1.37 } as RopeSpec;
+        const spec = ropeKernel(!fwd, m, hd, 256);
+        const sameMath = math(m, hd) === math(rope, hd);
+        assert.equal(stripComments(spec.source()) === stripComments(base.source()), sameMath, `${base.describe()}: ${k}`);
+        assert.notEqual(key(spec.source()), key(base.source()), `${base.describe()}: ${k} is listed in the key`);
+        if (!sameMath) changed++;
+      }
+      // Another kind at the same theta is another kernel.
+      assert.notEqual(key(ropeKernel(!fwd, { type: 'default', theta: rope.theta }, hd, 256).source()) === key(base.source()), rope.type !== 'default');
+    }
+  }
+  assert.ok(changed >= 30, `most mutations change the math (${changed})`);
 });

@@ -60,7 +60,7 @@ after(() => {
 function config(over: Partial<ModelConfig>): ModelConfig {
   return {
     architecture: 'qwen2', vocabSize: 61, hiddenSize: 32, intermediateSize: 40, numLayers: 2, numHeads: 4,
-    numKvHeads: 2, headDim: 8, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+    numKvHeads: 2, headDim: 8, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
     maxPositionEmbeddings: 128, qkvBias: true, bosTokenId: 1, eosTokenId: 2, ...over,
   };
 }
@@ -122,8 +122,17 @@ const cases: Array<{ name: string; c: ModelConfig; external: boolean }> = [
   {
     name: 'llama-untied-external',
     c: config({ architecture: 'llama', qkvBias: false, tieWordEmbeddings: false, numHeads: 4, numKvHeads: 1,
-      headDim: 6, hiddenSize: 24, ropeTheta: 5e5, rmsNormEps: 1e-5 }),
+      headDim: 6, hiddenSize: 24, rope: { type: 'default', theta: 5e5 }, rmsNormEps: 1e-5 }),
     external: true,
+  },
+  // Scaled RoPE: the exported tables carry the scaled frequencies (and yarn's attention factor on cos and sin).
+  {
+    name: 'qwen2-yarn', external: false,
+    c: config({ rope: { type: 'yarn', theta: 1e4, factor: 4, originalMaxPositionEmbeddings: 16, betaFast: 32, betaSlow: 1, attentionFactor: 1.3, truncate: true } }),
+  },
+  {
+    name: 'llama-llama3', external: false,
+    c: config({ architecture: 'llama', qkvBias: false, rope: { type: 'llama3', theta: 1e4, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 32 } }),
   },
 ];
 

@@ -4,6 +4,7 @@
  */
 import type { ModelConfig } from '../../src/model/config.js';
 import type { ParamLayout } from '../../src/model/params.js';
+import { refRotate } from './rope-reference.js';
 
 type Mat = Float64Array;
 
@@ -35,17 +36,7 @@ export function referenceLogits(c: ModelConfig, layout: ParamLayout, w: ArrayLik
     }
     return y;
   };
-  const rope = (x: Mat, heads: number): void => {
-    for (let bb = 0; bb < b; bb++) for (let tt = 0; tt < t; tt++) for (let h = 0; h < heads; h++) {
-      const base = ((bb * t + tt) * heads + h) * hd;
-      for (let i = 0; i < hd / 2; i++) {
-        const ang = tt * Math.pow(c.ropeTheta, (-2 * i) / hd);
-        const x1 = x[base + i]!, x2 = x[base + i + hd / 2]!;
-        x[base + i] = x1 * Math.cos(ang) - x2 * Math.sin(ang);
-        x[base + i + hd / 2] = x2 * Math.cos(ang) + x1 * Math.sin(ang);
-      }
-    }
-  };
+  const rope = (x: Mat, heads: number): void => refRotate(x, c.rope, b, t, heads, hd, 0);
   const N = b * t;
   const embed = get('model.embed_tokens.weight');
   let x = new Float64Array(N * C);

@@ -21,7 +21,7 @@ import { referenceLogits } from './reference.js';
 function tinyConfig(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
     architecture: 'qwen2', vocabSize: 13, hiddenSize: 8, intermediateSize: 12, numLayers: 2, numHeads: 4,
-    numKvHeads: 2, headDim: 2, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+    numKvHeads: 2, headDim: 2, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
     maxPositionEmbeddings: 64, qkvBias: true, ...over,
   };
 }
@@ -44,8 +44,14 @@ function randomIds(rng: Rng, n: number, V: number): Int32Array {
 
 const configs: Array<[string, ModelConfig]> = [
   ['qwen2 tied, GQA, theta 1e6', tinyConfig()],
-  ['qwen2 untied, MHA, theta 1e4', tinyConfig({ tieWordEmbeddings: false, numKvHeads: 4, ropeTheta: 1e4, rmsNormEps: 1e-5 })],
+  ['qwen2 untied, MHA, theta 1e4', tinyConfig({ tieWordEmbeddings: false, numKvHeads: 4, rope: { type: 'default', theta: 1e4 }, rmsNormEps: 1e-5 })],
   ['llama no biases, head_dim 4', tinyConfig({ architecture: 'llama', qkvBias: false, numHeads: 2, numKvHeads: 1, headDim: 4 })],
+  // Scaled RoPE at head_dim 8, theta 1e4, original context 64: every band of llama3 and of the yarn ramp is hit.
+  ['llama3 rope scaling', tinyConfig({ architecture: 'llama', qkvBias: false, numHeads: 2, numKvHeads: 1, headDim: 8,
+    rope: { type: 'llama3', theta: 1e4, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 } })],
+  ['yarn rope scaling (attention factor 1.3)', tinyConfig({ numHeads: 2, numKvHeads: 2, headDim: 8,
+    rope: { type: 'yarn', theta: 1e4, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.3, truncate: true } })],
+  ['linear rope scaling', tinyConfig({ numHeads: 2, numKvHeads: 1, headDim: 4, rope: { type: 'linear', theta: 1e4, factor: 3 } })],
 ];
 
 for (const [name, cfg] of configs) {
@@ -88,7 +94,7 @@ const specs: LossSpec[] = [
 ];
 
 for (const spec of specs) {
-  for (const [name, cfg] of [configs[0]!, configs[2]!]) {
+  for (const [name, cfg] of [configs[0]!, configs[2]!, ...(spec.kind === 'none' ? [configs[3]!, configs[4]!] : [])]) {
     test(`every parameter's gradient matches central finite differences (float64), loss ${spec.kind}, ${name}`, () => {
       const be = createCpuBackend({ dtype: 'f64', threads: 1 });
       try {
@@ -145,10 +151,10 @@ for (const spec of specs) {
   }
 }
 
-test('KV-cache generation reproduces the full forward pass logits at every position', () => {
+test('KV-cache generation reproduces the full forward pass logits at every position (plain, llama3 and yarn RoPE)', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   try {
-    const cfg = tinyConfig({ ropeTheta: 100 });
+    for (const cfg of [tinyConfig({ rope: { type: 'default', theta: 100 } }), configs[3]![1], configs[4]![1]]) {
     const T = 9;
     const m = new Transformer(be, cfg, { batch: 1, seq: T, training: false });
     m.setWeights(randomWeights(m, 8));
@@ -162,6 +168,7 @@ test('KV-cache generation reproduces the full forward pass logits at every posit
     };
     check(gen.step(ids.subarray(0, 4)), 3);
     for (let p = 4; p < T; p++) check(gen.step(ids.subarray(p, p + 1)), p);
+    }
   } finally { be.dispose(); }
 });
 

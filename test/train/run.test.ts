@@ -43,7 +43,10 @@ function opts(dir: string, over: Partial<RunOptions>): RunOptions {
 
 test('training on text: loss falls; the run folder has metrics, the SVG curve, the summary and the final model', async () => {
   const dir = tmp();
-  const s = await runTraining(opts(dir, { steps: 30, evalEvery: 10, saveEvery: 10 }), quiet);
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, { steps: 30, evalEvery: 10, saveEvery: 10 }), { log: (l: string) => { logged.push(l); } });
+  // The run states the numbers it baked in, one line for the student.
+  assert.ok(logged.some((l) => /^student: qwen2 theta \d+ rope default eps \S+ head_dim \d+ qkv_bias yes tied (yes|no)$/.test(l)), logged.join('\n'));
   assert.ok(s.finalTrainLoss < s.initialTrainLoss - 0.5, `train loss ${s.initialTrainLoss} → ${s.finalTrainLoss}`);
   assert.ok(s.finalValLoss < s.initialValLoss, `validation loss ${s.initialValLoss} → ${s.finalValLoss}`);
   for (const f of ['metrics.jsonl', 'loss.svg', 'summary.json', 'tokenizer.json', 'final/config.json', 'final/model.safetensors', 'final/tokenizer.json']) {

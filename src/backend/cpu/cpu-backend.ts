@@ -43,7 +43,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
+import type { AdamWStep, Backend, Buf, IntBuf, LossSpec, RopeSpec } from '../backend.js';
 import { LOSS_STATS } from '../backend.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -452,18 +452,18 @@ export class CpuBackend implements Backend {
     }
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
     const len = b * t * heads * headDim;
     this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
-    ropeForward(o, x, b, t, heads, headDim, theta, pos0);
+    ropeForward(o, x, b, t, heads, headDim, rope, pos0);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
     const len = b * t * heads * headDim;
     this.need(dx, len, 'ropeBackward', 'dinp'); this.need(dy, len, 'ropeBackward', 'dout');
-    ropeBackward(dx, dy, b, t, heads, headDim, theta, pos0);
+    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0);
   }
 
   private checkHeads(op: string, nHeads: number, nKv: number): void {

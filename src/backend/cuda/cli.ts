@@ -20,6 +20,7 @@ import type { Backend, DistillKind, LossSpec } from '../backend.js';
 import { parseHfConfig, presetConfig, type ModelConfig } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
+import { describeRope } from '../rope.js';
 import { jobClosures, type JobShape } from '../../train/kernel-plan.js';
 import { DEFAULT_RUN_OPTIONS as D } from '../../train/options.js';
 import { StepRunner, type Batch } from '../../train/step.js';
@@ -93,7 +94,7 @@ function paramsText(s: KernelSpec): string {
 }
 
 function describeJob(j: JobShape): string {
-  const m = (c: ModelConfig): string => `${c.architecture} C=${c.hiddenSize} L=${c.numLayers} heads=${c.numHeads}/${c.numKvHeads} hd=${c.headDim} eps=${c.rmsNormEps} theta=${c.ropeTheta}`;
+  const m = (c: ModelConfig): string => `${c.architecture} C=${c.hiddenSize} L=${c.numLayers} heads=${c.numHeads}/${c.numKvHeads} hd=${c.headDim} eps=${c.rmsNormEps} ${describeRope(c.rope)}`;
   const adam = j.train && j.adam ? `, adamw beta1=${j.adam.beta1} beta2=${j.adam.beta2} eps=${j.adam.eps}` : '';
   return `student ${m(j.student)}${j.teacher ? `; teacher ${m(j.teacher)}` : ''}; batch ${j.batch}, seq ${j.seq}, loss ${j.loss?.kind ?? 'none'}${adam}`;
 }

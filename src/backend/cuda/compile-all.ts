@@ -9,6 +9,8 @@ import { compileOptions } from './kernel-cache.js';
 import type { KernelCompiler } from './ffi/nvrtc.js';
 import { tryNvrtc } from './ffi/nvrtc.js';
 import { ALL_FAMILIES } from './kernels/index.js';
+import { ropeKernel } from './kernels/rope.js';
+import { yarnMscale, type RopeSpec } from '../rope.js';
 
 export interface CompileResult { arch: string; spec: KernelSpec; ok: boolean; ms: number; bytes: number; error?: string }
 
@@ -65,6 +67,15 @@ export function representativeSpecs(): KernelSpec[] {
   }
   for (const headDim of [64, 128, 80]) mk('attention_bwd_pre', { headDim, block: 256 });
   for (const headDim of [32, 64, 80, 96, 128]) mk('attention_fwd_mma', { headDim });
+  // Scaled RoPE as real checkpoints set it: Llama 3.1 8B (llama3, factor 8), Llama 3.2 1B (factor 32, head dim 64),
+  // Qwen2.5 long context (yarn, factor 4 over 32768), and a linear factor.
+  const scaled: Array<[RopeSpec, number]> = [
+    [{ type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 128],
+    [{ type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 }, 64],
+    [{ type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true }, 128],
+    [{ type: 'linear', theta: 1e4, factor: 2 }, 128],
+  ];
+  for (const [rope, headDim] of scaled) for (const bwd of [false, true]) specs.push(ropeKernel(bwd, rope, headDim, 256));
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     for (const withGrad of [true, false]) {
       mk('loss', { kind, withGrad, block: 512 });

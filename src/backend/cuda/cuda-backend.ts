@@ -16,7 +16,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWStep, Backend, Buf, IntBuf, LossSpec } from '../backend.js';
+import type { AdamWStep, Backend, Buf, IntBuf, LossSpec, RopeSpec } from '../backend.js';
 import { LOSS_STATS } from '../backend.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -26,7 +26,7 @@ import { formatBytes } from './ffi/status.js';
 import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
-import { ropeBackward, ropeForward } from './kernels/rope.js';
+import { ropeKernel } from './kernels/rope.js';
 import {
   ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv,
   attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma, attnTile, kvCacheWrite,
@@ -464,22 +464,22 @@ export class CudaBackend implements Backend {
     }
   }
 
-  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
+  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
     const n = b * t * heads * headDim;
     this.need(out, n, what); this.need(inp, n, what);
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
-    const spec = (fwd ? ropeForward : ropeBackward).make({ headDim, theta, block: ELEM_BLOCK });
+    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK);
     this.launch(spec, [blocksFor(n / 2, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t * heads), I(t), I(heads), I(pos0)]);
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
-    this.rope(true, out, inp, b, t, heads, headDim, theta, pos0);
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+    this.rope(true, out, inp, b, t, heads, headDim, rope, pos0);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, theta: number, pos0: number): void {
-    this.rope(false, dinp, dout, b, t, heads, headDim, theta, pos0);
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+    this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0);
   }
 
   private checkHeads(nHeads: number, nKv: number): void {

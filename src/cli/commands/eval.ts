@@ -9,6 +9,7 @@ import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
 import type { LossSpec } from '../../backend/backend.js';
 import { readCheckpoint } from '../../model/checkpoint.js';
+import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
 import { loadDocCorpus, loadDocuments, packDocuments, type Window } from '../../data/index.js';
@@ -100,8 +101,8 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
   return out;
 }
 
-/** Evaluates as described in the module comment. */
-export async function evaluate(o: EvalOptions): Promise<EvalResult> {
+/** Evaluates; `log` gets the baked-parameter line of each model (the CLI sends it to stderr). */
+export async function evaluate(o: EvalOptions, log: (line: string) => void = () => {}): Promise<EvalResult> {
   requireModelDir(o.model, '--model');
   if (o.teacher !== undefined) requireModelDir(o.teacher, '--teacher');
   const studentCk = readCheckpoint(o.model);
@@ -110,6 +111,8 @@ export async function evaluate(o: EvalOptions): Promise<EvalResult> {
     throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
   }
   const teacherCk = o.teacher !== undefined ? readCheckpoint(o.teacher) : null;
+  log(`model: ${describeBaked(studentCk.config)}`);
+  if (teacherCk) log(`teacher: ${describeBaked(teacherCk.config)}`);
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
   try {
@@ -171,7 +174,7 @@ export const evalCommand: Command = {
     if (parsed.help) { io.out(help()); return 0; }
     if (parsed.positionals.length) throw new UsageError(`eval: unexpected argument '${parsed.positionals[0]}'`, `data files go after --data: --data ${parsed.positionals.join(' ')}`);
     const o = evalOptions(parsed.values);
-    const r = await evaluate(o);
+    const r = await evaluate(o, (l) => io.err(`${l}\n`));
     io.out(o.json ? JSON.stringify(r) + '\n' : formatEval(r));
     return 0;
   },

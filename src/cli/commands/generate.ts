@@ -9,6 +9,7 @@ import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../ar
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
 import { readCheckpoint } from '../../model/checkpoint.js';
+import { describeBaked, eosIds } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { jobClosures } from '../../train/kernel-plan.js';
@@ -114,6 +115,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   requireModelDir(o.model, '--model');
   const ck = readCheckpoint(o.model);
   const { tokenizer, config } = ck;
+  io.err(`model: ${describeBaked(config)}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   let text = o.prompt;
   if (o.chat) {
@@ -139,7 +141,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     model.setWeights(ck.weights);
     const stopIds = new Set<number>();
     if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
-    if (config.eosTokenId !== undefined) stopIds.add(config.eosTokenId);
+    for (const id of eosIds(config)) stopIds.add(id);
     const imEnd = tokenizer.tokenToId('<|im_end|>');
     if (o.chat && imEnd !== undefined) stopIds.add(imEnd);
     const gen = new Generator(model, maxLen);

@@ -8,7 +8,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { parseHfConfig, parameterCount, type ModelConfig } from '../../model/config.js';
+import { describeBaked, parseHfConfig, parameterCount, type ModelConfig } from '../../model/config.js';
+import { describeRope } from '../../backend/rope.js';
 import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js';
 import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -60,10 +61,11 @@ function describeConfig(c: ModelConfig): string[] {
     `layers         ${c.numLayers}`,
     `heads          ${c.numHeads} (kv heads ${c.numKvHeads}, head dim ${c.headDim})`,
     `max positions  ${c.maxPositionEmbeddings}`,
-    `rope theta     ${c.ropeTheta}`,
+    `rope           ${describeRope(c.rope).replace(/^theta (\S+) rope (\S+)/, '$2, theta $1')}`,
     `rms norm eps   ${c.rmsNormEps}`,
     `tied embedding ${c.tieWordEmbeddings ? 'yes' : 'no'}`,
     `qkv bias       ${c.qkvBias ? 'yes' : 'no'}`,
+    `baked          ${describeBaked(c)}`,
   ];
 }
 

@@ -1,20 +1,23 @@
 /**
  * Rotary position embedding kernels (rotate-half / NeoX layout as in HF Llama and Qwen2) over [B, T, heads, hd].
- * For i < hd/2: angle = (pos0 + t) · theta^(-2i/hd), computed in float64;
- * out[i] = x[i] cos − x[i+hd/2] sin, out[i+hd/2] = x[i+hd/2] cos + x[i] sin. out may alias inp.
+ * For i < hd/2: angle = (pos0 + t) · inv[i] with inv = ropeInvFreq(rope, hd), computed in float64, and
+ * c = A·cos(angle), s = A·sin(angle) with A = ropeAttentionFactor(rope);
+ * out[i] = x[i] c − x[i+hd/2] s, out[i+hd/2] = x[i+hd/2] c + x[i] s. out may alias inp.
  */
+import { ropeAttentionFactor, ropeInvFreq, type RopeSpec } from '../../rope.js';
 import type { FArr } from './types.js';
 
-/** cos and sin tables [t, hd/2] for positions pos0..pos0+t-1. */
-function tables(t: number, hd: number, theta: number, pos0: number): { cos: Float64Array; sin: Float64Array } {
+/** cos and sin tables [t, hd/2] for positions pos0..pos0+t-1 (already scaled by the attention factor). */
+function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Float64Array; sin: Float64Array } {
   const half = hd >> 1;
+  const inv = ropeInvFreq(rope, hd), scale = ropeAttentionFactor(rope);
   const cos = new Float64Array(t * half), sin = new Float64Array(t * half);
   for (let i = 0; i < half; i++) {
-    const freq = Math.pow(theta, -2 * i / hd);
+    const freq = inv[i]!;
     for (let p = 0; p < t; p++) {
       const a = (pos0 + p) * freq;
-      cos[p * half + i] = Math.cos(a);
-      sin[p * half + i] = Math.sin(a);
+      cos[p * half + i] = scale * Math.cos(a);
+      sin[p * half + i] = scale * Math.sin(a);
     }
   }
   return { cos, sin };
@@ -22,15 +25,15 @@ function tables(t: number, hd: number, theta: number, pos0: number): { cos: Floa
 
 /**
  * Rotates each (x[i], x[i + hd/2]) pair by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose
- * Rᵀ (the backward). With accumulate the result is added to out. out may alias inp (each pair is read first).
+ * Rᵀ (the backward; the attention factor scales both). With accumulate the result is added to out. out may alias inp (each pair is read first).
  */
 function rotate(
-  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
+  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
   sign: 1 | -1, accumulate: boolean, what: string,
 ): void {
   if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
-  const { cos, sin } = tables(t, hd, theta, pos0);
+  const { cos, sin } = tables(t, hd, rope, pos0);
   for (let bi = 0; bi < b; bi++) {
     for (let p = 0; p < t; p++) {
       const tb = p * half;
@@ -48,14 +51,14 @@ function rotate(
 }
 
 export function ropeForward(
-  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
+  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
 ): void {
-  rotate(out, inp, b, t, heads, hd, theta, pos0, 1, false, 'ropeForward');
+  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward');
 }
 
 /** dinp += Rᵀ dout. */
 export function ropeBackward(
-  dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, theta: number, pos0: number,
+  dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
 ): void {
-  rotate(dinp, dout, b, t, heads, hd, theta, pos0, -1, true, 'ropeBackward');
+  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, true, 'ropeBackward');
 }

@@ -1,7 +1,10 @@
 /** The registry of every kernel family (for the mutation test, the compile gate and diagnostics). */
 import type { KernelFamily, ParamRecord } from './spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './norm.js';
-import { ropeBackward, ropeForward } from './rope.js';
+import {
+  ropeBackward, ropeForward, ropeLinearBackward, ropeLinearForward, ropeLlama3Backward, ropeLlama3Forward, ropeYarnBackward,
+  ropeYarnForward,
+} from './rope.js';
 import {
   attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma,
   kvCacheWrite,
@@ -24,6 +27,7 @@ type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
+  ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,

@@ -1,23 +1,31 @@
 /**
- * Rotary embedding (rotate-half layout) forward and backward. Baked: headDim, theta, block size.
- * Angles are computed in double (theta^(-2i/headDim) and position · frequency), matching a float64 host
- * reference; only the final rotation is float32.
+ * Rotary embedding (rotate-half layout) forward and backward, one family pair per RoPE kind (src/backend/rope.ts).
+ *
+ * - rope_fwd / rope_bwd (plain RoPE). Baked: headDim, theta, block. The angle is computed in double in the kernel
+ *   (theta^(-2i/headDim) and position · frequency), matching a float64 host reference.
+ * - rope_linear_*, rope_llama3_*, rope_yarn_* (scaled RoPE). Baked: headDim, the kind's every parameter, block.
+ *   The inverse frequencies are computed on the host by ropeInvFreq (the same float64 function the CPU backend
+ *   uses) and baked into the source as a double table, with yarn's attention factor as ATTN; so the kernel source,
+ *   and therefore its cache key, changes with every parameter that changes the math.
+ * Only the final rotation is float32.
  */
-import { BLOCK_DOMAIN, defineFamily, f64 } from './spec.js';
+import { ropeInvFreq, yarnMscale, type RopeSpec } from '../../rope.js';
+import { BLOCK_DOMAIN, defineFamily, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema } from './spec.js';
 
 type RopeP = { headDim: number; theta: number; block: number };
 const schema = { headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, block: BLOCK_DOMAIN } as const;
 
-function ropeSource(name: string, backward: boolean, p: Readonly<RopeP>): string {
+/** The grid-stride loop shared by every kind: FREQ(i) and ATTN are defined by the caller's prelude. */
+function ropeBody(name: string, backward: boolean, headDim: number, block: number, prelude: string): string {
   const body = backward
     ? `out[base + i] += y1 * c + y2 * s;
     out[base + i + HALF] += -y1 * s + y2 * c;`
     : `out[base + i] = y1 * c - y2 * s;
     out[base + i + HALF] = y2 * c + y1 * s;`;
-  return `#define BLOCK ${p.block}
-#define HD ${p.headDim}
-#define HALF ${p.headDim / 2}
-#define THETA ${f64(p.theta)}
+  return `#define BLOCK ${block}
+#define HD ${headDim}
+#define HALF ${headDim / 2}
+${prelude}
 /* rows = B*T*heads; row r has position pos0 + (r / heads) % T. out may alias inp (forward). */
 extern "C" __global__ void ${name}(float* out, const float* inp, long long rows, int T, int heads, int pos0) {
   long long total = rows * HALF;
@@ -25,10 +33,9 @@ extern "C" __global__ void ${name}(float* out, const float* inp, long long rows,
     int i = (int)(idx % HALF);
     long long row = idx / HALF;
     int t = (int)((row / heads) % T);
-    double freq = pow(THETA, -2.0 * (double)i / (double)HD);
-    double ang = (double)(pos0 + t) * freq;
-    float c = (float)cos(ang);
-    float s = (float)sin(ang);
+    double ang = (double)(pos0 + t) * FREQ(i);
+    float c = (float)(ATTN * cos(ang));
+    float s = (float)(ATTN * sin(ang));
     long long base = row * HD;
     float y1 = inp[base + i];
     float y2 = inp[base + i + HALF];
@@ -38,13 +45,111 @@ extern "C" __global__ void ${name}(float* out, const float* inp, long long rows,
 `;
 }
 
+function plainSource(name: string, backward: boolean, p: Readonly<RopeP>): string {
+  return ropeBody(name, backward, p.headDim, p.block, `#define THETA ${f64(p.theta)}
+#define FREQ(i) pow(THETA, -2.0 * (double)(i) / (double)HD)
+#define ATTN 1.0`);
+}
+
+/** A prelude with the inverse-frequency table of `rope` and its attention factor. */
+function tableSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number): string {
+  const inv = ropeInvFreq(rope, headDim);
+  const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
+  const table = Array.from(inv, (v) => f64(v)).join(', ');
+  return ropeBody(name, backward, headDim, block, `__constant__ double ${name}_inv_freq[HALF] = { ${table} };
+#define FREQ(i) ${name}_inv_freq[i]
+#define ATTN ${f64(attn)}`);
+}
+
 export const ropeForward = defineFamily<RopeP>({
   name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, block: 256 },
-  generate: (p) => ropeSource('rope_fwd', false, p),
+  generate: (p) => plainSource('rope_fwd', false, p),
 });
 
 /** dinp += Rᵀ dout (out = dinp, inp = dout in the generated signature). */
 export const ropeBackward = defineFamily<RopeP>({
   name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, block: 256 },
-  generate: (p) => ropeSource('rope_bwd', true, p),
+  generate: (p) => plainSource('rope_bwd', true, p),
 });
+
+// ---- scaled kinds -------------------------------------------------------------------------------------------
+
+type LinearP = { headDim: number; theta: number; factor: number; block: number };
+const linearSchema = { ...schema, factor: { kind: 'float', min: 1e-6 } } as const;
+const linearRope = (p: Readonly<LinearP>): RopeSpec => ({ type: 'linear', theta: p.theta, factor: p.factor });
+
+type Llama3P = {
+  headDim: number; theta: number; factor: number; lowFreqFactor: number; highFreqFactor: number;
+  originalMaxPositionEmbeddings: number; block: number;
+};
+const llama3Schema = {
+  ...schema, factor: { kind: 'float', min: 1e-6 }, lowFreqFactor: { kind: 'float', min: 1e-6 },
+  highFreqFactor: { kind: 'float', min: 1e-6 }, originalMaxPositionEmbeddings: { kind: 'int', min: 1 },
+} as const;
+const llama3Rope = (p: Readonly<Llama3P>): RopeSpec => ({
+  type: 'llama3', theta: p.theta, factor: p.factor, lowFreqFactor: p.lowFreqFactor, highFreqFactor: p.highFreqFactor,
+  originalMaxPositionEmbeddings: p.originalMaxPositionEmbeddings,
+});
+// Llama 3.2 1B/3B: theta 500000, factor 32, low 1, high 4, original context 8192.
+const llama3Example: Llama3P = {
+  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, block: 256,
+};
+
+type YarnP = {
+  headDim: number; theta: number; factor: number; originalMaxPositionEmbeddings: number; betaFast: number; betaSlow: number;
+  attentionFactor: number; truncate: boolean; block: number;
+};
+const yarnSchema = {
+  ...schema, factor: { kind: 'float', min: 1e-6 }, originalMaxPositionEmbeddings: { kind: 'int', min: 1 },
+  betaFast: { kind: 'float', min: 1e-6 }, betaSlow: { kind: 'float', min: 1e-6 }, attentionFactor: { kind: 'float', min: 1e-6 },
+  truncate: { kind: 'bool' },
+} as const;
+const yarnRope = (p: Readonly<YarnP>): RopeSpec => ({
+  type: 'yarn', theta: p.theta, factor: p.factor, originalMaxPositionEmbeddings: p.originalMaxPositionEmbeddings,
+  betaFast: p.betaFast, betaSlow: p.betaSlow, attentionFactor: p.attentionFactor, truncate: p.truncate,
+});
+// Qwen2.5 long context (factor 4 over 32768). truncate false in the example so that every parameter moves the table
+// (with truncation a small change of beta_slow can land on the same integer bound: same math, same kernel).
+const yarnExample: YarnP = {
+  headDim: 64, theta: 1000000, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1,
+  attentionFactor: yarnMscale(4), truncate: false, block: 256,
+};
+
+function scaledPair<P extends ParamRecord & { headDim: number; block: number }>(
+  kind: string, s: Schema<P>, example: P,
+  toRope: (p: Readonly<P>) => RopeSpec,
+): [KernelFamily<P>, KernelFamily<P>] {
+  const make = (backward: boolean): KernelFamily<P> => {
+    const name = `rope_${kind}_${backward ? 'bwd' : 'fwd'}`;
+    return defineFamily<P>({
+      name, schema: s, example,
+      generate: (p) => tableSource(name, backward, toRope(p), p.headDim, p.block),
+    });
+  };
+  return [make(false), make(true)];
+}
+
+export const [ropeLinearForward, ropeLinearBackward] = scaledPair<LinearP>(
+  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, block: 256 }, linearRope);
+export const [ropeLlama3Forward, ropeLlama3Backward] = scaledPair<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
+export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
+
+/** The kernel spec that rotates (forward) or back-propagates (backward) with this RoPE. */
+export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number): KernelSpec {
+  switch (rope.type) {
+    case 'default':
+      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, block });
+    case 'linear':
+      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, block });
+    case 'llama3':
+      return (backward ? ropeLlama3Backward : ropeLlama3Forward).make({
+        headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
+        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, block,
+      });
+    case 'yarn':
+      return (backward ? ropeYarnBackward : ropeYarnForward).make({
+        headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
+        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, block,
+      });
+  }
+}
