@@ -9,6 +9,7 @@ import { packWeights, unpackWeights, parameterLayout } from './params.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
 import { loadModelDir, saveModelDirSync } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
+import { DistilleryError } from '../util/errors.js';
 
 export interface LoadedCheckpoint {
   config: ModelConfig;
@@ -23,7 +24,13 @@ export function readCheckpoint(dir: string): LoadedCheckpoint {
   const config = parseHfConfig(loaded.config);
   const weights = packWeights(parameterLayout(config), loaded.tensors, dir);
   const tokenizerJson = loaded.tokenizerJson ?? null;
-  return { config, weights, tokenizerJson, tokenizer: tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null };
+  const tokenizer = tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null;
+  if (tokenizer && tokenizer.vocabSize > config.vocabSize) {
+    // Its ids at or above vocab_size have no embedding row: encoding text could index past the model.
+    throw new DistilleryError(`${dir}: tokenizer.json has ${tokenizer.vocabSize} tokens but config.json's vocab_size is ${config.vocabSize}`,
+      'the tokenizer does not belong to this model: put back the tokenizer.json it was trained with');
+  }
+  return { config, weights, tokenizerJson, tokenizer };
 }
 
 /** Loads a checkpoint folder into a new Transformer on the backend. */

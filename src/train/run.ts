@@ -27,7 +27,7 @@ import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.
 import { lineChartSvg } from '../report/svg-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { AdamW } from './optimizer.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
@@ -93,7 +93,10 @@ export interface RunHooks {
 export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<RunSummary> {
   const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
-  fs.mkdirSync(out, { recursive: true });
+  try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
+    const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
+    throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+  }
   const latest = path.join(out, 'checkpoints', 'latest');
   recoverDir(latest);
   let saved: SavedState | null = null;
@@ -102,7 +105,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     if (!fs.existsSync(statePath)) {
       throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
     }
-    saved = JSON.parse(fs.readFileSync(statePath, 'utf8')) as SavedState;
+    saved = readSavedState(statePath);
     checkResumeCompatible(saved.options, o, log);
   }
 
@@ -121,6 +124,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
+  checkSeqFits(o, teacherCk, initCk);
   const docs = readData(o, log);
   const tokenizer = chooseTokenizer(o, docs, saved ? path.join(out, 'tokenizer.json') : null, teacherCk, initCk, log);
   if (!saved) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
@@ -174,11 +178,16 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     log(`resumed from ${latest} at step ${step}`);
   } else {
     student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
-    fs.writeFileSync(metricsPath, '');
+    try { fs.writeFileSync(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
-  const appendMetric = (m: Record<string, unknown>): void => fs.appendFileSync(metricsPath, JSON.stringify(m) + '\n');
+  const appendMetric = (m: Record<string, unknown>): void => {
+    try { fs.appendFileSync(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
+      throw fileError(e, `cannot append to ${metricsPath}`,
+        `free disk space, then continue with --resume${fs.existsSync(latest) ? ` (the last checkpoint, ${latest}, is intact)` : ''}`);
+    }
+  };
   if (!saved) {
     const e = evaluate();
     if (e) {
@@ -272,7 +281,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     }
   } finally {
     if (!o.quiet) progress.done();
-    writeLossSvg(out, metricsPath, o.mode);
+    // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
+    try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
   let finalDir: string | null = null;
   if (status === 'completed') {
@@ -330,17 +340,20 @@ function chooseTokenizer(o: RunOptions, docs: string[], resumePath: string | nul
   return tok;
 }
 
+function readModelJson(file: string): ModelConfig {
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
+  }
+  return parseHfConfig(j as Record<string, unknown>);
+}
+
 function studentConfig(o: RunOptions, tok: Tokenizer, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelConfig {
   let cfg: ModelConfig;
   const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
   if (init) cfg = init.config;
-  else if (o.model.endsWith('.json')) {
-    let j: unknown;
-    try { j = JSON.parse(fs.readFileSync(o.model, 'utf8')); } catch (e) {
-      throw new DistilleryError(`cannot read model config ${o.model}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
-    }
-    cfg = parseHfConfig(j as Record<string, unknown>);
-  } else cfg = presetConfig(o.model, vocab);
+  else if (o.model.endsWith('.json')) cfg = readModelJson(o.model);
+  else cfg = presetConfig(o.model, vocab);
   if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
   if (teacher && teacher.config.vocabSize !== cfg.vocabSize) {
     throw new DistilleryError(
@@ -348,6 +361,23 @@ function studentConfig(o: RunOptions, tok: Tokenizer, teacher: LoadedCheckpoint 
       'distillation compares the models token by token: give the student the teacher\'s vocab_size and tokenizer');
   }
   return cfg;
+}
+
+/**
+ * Refuses a --seq longer than the student's (or teacher's) max_position_embeddings before the data is packed into
+ * windows of that length (an absurd --seq would otherwise fail allocating them).
+ */
+function checkSeqFits(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): void {
+  let student: ModelConfig;
+  if (init) student = init.config;
+  else if (o.model.endsWith('.json')) student = readModelJson(o.model);
+  else student = presetConfig(o.model, 256);
+  for (const [who, c] of [['the model', student], ['the teacher', teacher?.config]] as const) {
+    if (c && o.seq > c.maxPositionEmbeddings) {
+      throw new InputError(`--seq ${o.seq} exceeds ${who}'s max_position_embeddings (${c.maxPositionEmbeddings})`,
+        `use --seq ${c.maxPositionEmbeddings} or less`);
+    }
+  }
 }
 
 /** On a GPU, refuses a job whose allocations cannot fit, naming the largest --seq that would (before any allocation). */
@@ -361,6 +391,27 @@ function checkDeviceMemory(backend: Backend, j: JobMemory): void {
   throw new DistilleryError(
     `this job needs about ${formatGiB(need)} on the device (${describeJob(j)}) but ${formatGiB(mem.free)} of ${formatGiB(mem.total)} is free`,
     fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
+}
+
+/** Reads a checkpoint's state.json, refusing one that is not what saveLatest writes (one sentence, no stack). */
+function readSavedState(file: string): SavedState {
+  const bad = (why: string): DistilleryError => new DistilleryError(`--resume: the checkpoint state ${file} is corrupt (${why})`,
+    'the checkpoint cannot be resumed: start a new run in another --out folder, or restore the file from a backup');
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    const f = fileError(e, `--resume: cannot read ${file}`, 'check the file and its permissions');
+    throw f instanceof DistilleryError ? f : bad((e as Error).message);
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw bad('not a JSON object');
+  const s = j as Record<string, unknown>;
+  if (s.version !== 1) throw bad(`unknown version ${JSON.stringify(s.version)}`);
+  for (const k of ['step', 'optimizerStep', 'tokensTrained'] as const) {
+    if (!(Number.isInteger(s[k]) && (s[k] as number) >= 0)) throw bad(`"${k}" must be an integer >= 0, got ${JSON.stringify(s[k])}`);
+  }
+  for (const k of ['loader', 'options'] as const) {
+    if (typeof s[k] !== 'object' || s[k] === null) throw bad(`"${k}" is missing`);
+  }
+  return j as SavedState;
 }
 
 /** Options that may change between a checkpoint and its resume (they don't change what is computed). */
