@@ -4,7 +4,7 @@
  *
  * Run folder layout (`out`):
  *   metrics.jsonl            one JSON object per step ({"step", "loss", ...}) and per evaluation ({"step", "val_loss", ...})
- *   loss.svg                 train and validation loss curves
+ *   loss.svg                 train and validation loss curves, titled with the run's name (distill: objective, CE, agreement)
  *   summary.json             initial and final losses, tokens/s, timings, how the run ended
  *   tokenizer.json           the tokenizer the run used (trained on the data when none was given)
  *   checkpoints/latest/      exact-resume checkpoint, replaced atomically: model/ (HF folder, float32),
@@ -24,7 +24,7 @@ import { trainBpe } from '../tokenizer/train-bpe.js';
 import { loadDocuments, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Window, type LoaderState } from '../data/index.js';
 import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
-import { lineChartSvg } from '../report/svg-plot.js';
+import { lossPlotSvg } from '../report/loss-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
@@ -466,12 +466,6 @@ export function readMetrics(file: string): Array<Record<string, number>> {
 }
 
 function writeLossSvg(out: string, metricsPath: string, mode: string): void {
-  const rows = readMetrics(metricsPath);
-  const trainPts = rows.filter((r) => r.loss !== undefined).map((r) => [r.step!, r.loss!] as [number, number]);
-  const valPts = rows.filter((r) => r.val_loss !== undefined).map((r) => [r.step!, r.val_loss!] as [number, number]);
-  const svg = lineChartSvg([
-    { name: 'train loss', color: '#1f77b4', points: trainPts },
-    { name: 'validation loss', color: '#d62728', points: valPts },
-  ], { title: `${mode} loss`, xLabel: 'step', yLabel: 'loss' });
+  const svg = lossPlotSvg(readMetrics(metricsPath), { mode, runName: path.basename(out) });
   writeFileAtomic(path.join(out, 'loss.svg'), svg);
 }
