@@ -131,6 +131,11 @@ test('vocab_size 1e9: a checkpoint is refused before its weights are allocated; 
   }
   assert.ok(process.memoryUsage().arrayBuffers - before < 1e8, 'nothing large was allocated');
   assert.throws(() => allocateWeights(2 ** 40, 'huge'), (e: unknown) => e instanceof DistilleryError && /^huge: cannot allocate 4096\.00 GiB for 1099511627776 float32 parameters$/.test(e.message));
+  // A config.json asking for a model of that size: refused naming the size, before any weights are made.
+  const bigCfg = path.join(dir, 'big-config.json');
+  fs.writeFileSync(bigCfg, fs.readFileSync(cfgPath));
+  const r = await run(['train', '--data', data, '--out', path.join(dir, 'r4b'), ...TRAIN, '--model', bigCfg]);
+  expectError(r, 1, /cannot allocate student parameters \(\d+\.\d+ GiB/);
   expectError(await run(['train', '--data', data, '--out', path.join(dir, 'r4'), ...TRAIN, '--vocab-size', '1000000000']), 2,
     /^error: --vocab-size must be an integer from 256 .* to 1048575, got 1000000000$/);
 });
