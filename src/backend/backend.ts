@@ -71,6 +71,8 @@ export interface Backend {
   allocInt(n: number, label: string): IntBuf;
   /** A window onto [offset, offset+length) of buf, sharing its storage. */
   view(buf: Buf, offset: number, length: number): Buf;
+  /** A window onto [offset, offset+length) of an int buffer, sharing its storage. */
+  viewInt(buf: IntBuf, offset: number, length: number): IntBuf;
   upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
   uploadInt(dst: IntBuf, src: Int32Array): void;
   /** A host copy of buf (float64 or float32 per dtype; returned as a fresh array). */

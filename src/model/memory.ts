@@ -7,6 +7,7 @@
 import type { ModelConfig } from './config.js';
 import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
+import { headFloats } from '../train/head.js';
 
 export interface JobMemory {
   student: ModelConfig;
@@ -15,6 +16,8 @@ export interface JobMemory {
   seq: number;
   /** Gradients, optimizer moments and per-layer activations for backward. */
   training: boolean;
+  /** Vocabulary rows the loss runs over (default: the student's vocab_size). */
+  lossVocab?: number | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -24,8 +27,8 @@ function activationFloats(c: ModelConfig, b: number, t: number, training: boolea
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   const perLayer = N * (4 * C + 2 * Q + 2 * KV + 3 * I + 2) + b * c.numHeads * t * t;
   const layers = training ? c.numLayers * perLayer : perLayer + N * C;
-  const final = N * (2 * C + 1) + N * c.vocabSize; // final x, norm, rstd, logits
-  const scratch = training ? N * (2 * C + 2 * Q + 3 * KV + 3 * I) : 0;
+  const final = N * (2 * C + 1); // final x, norm, rstd (logits live in the step's chunked head)
+  const scratch = training ? N * (3 * C + 2 * Q + 3 * KV + 3 * I) : 0;
   return layers + final + scratch;
 }
 
@@ -33,7 +36,7 @@ function activationFloats(c: ModelConfig, b: number, t: number, training: boolea
 export function estimateJobBytes(j: JobMemory): number {
   const p = parameterLayout(j.student).total;
   let floats = p * (j.training ? 4 : 1) + activationFloats(j.student, j.batch, j.seq, j.training);
-  floats += j.batch * j.seq * 6; // loss targets, weights, stats
+  floats += headFloats(j.batch * j.seq, j.lossVocab ?? j.student.vocabSize, Boolean(j.teacher)); // logits chunks, loss rows
   if (j.teacher) floats += parameterLayout(j.teacher).total + activationFloats(j.teacher, j.batch, j.seq, false);
   return floats * F;
 }

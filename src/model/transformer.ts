@@ -32,6 +32,8 @@ interface LayerActs {
 }
 
 interface GradScratch {
+  /** dL/d(final norm output) [N, C]: the LM head (in the step, chunk by chunk) accumulates into it. */
+  dHidden: Buf;
   dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; dqPre: Buf; dkPre: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
 }
 
@@ -44,8 +46,11 @@ export class Transformer {
   readonly training: boolean;
   readonly params: Buf;
   readonly grads: Buf | null;
-  /** Logits of the last forward call, [b·t, vocab]; the trainer may overwrite them with dlogits in place. */
-  readonly logits: Buf;
+  /**
+   * Full logits [batch·seq, vocab] for `forward()`, allocated on its first call. Training and evaluation never
+   * allocate them: the step runs the LM head and the loss a chunk of rows at a time (src/train/head.ts).
+   */
+  private logitsBuf: Buf | null = null;
 
   private readonly ids: IntBuf;
   private readonly acts: LayerActs[];
@@ -54,6 +59,7 @@ export class Transformer {
   private readonly rstdf: Buf;
   private readonly g: GradScratch | null;
   private lastShape: { b: number; t: number } | null = null;
+  private readonly label: string;
   /** Views of each layer's weights (shared with the generator). */
   readonly layerW: LayerWeights[];
 
@@ -99,9 +105,10 @@ export class Transformer {
     this.xFinal = backend.alloc(N * C, `${lab} activations (final x)`);
     this.lnf = backend.alloc(N * C, `${lab} activations (final norm)`);
     this.rstdf = backend.alloc(N, `${lab} activations (final rstd)`);
-    this.logits = backend.alloc(N * c.vocabSize, `${lab} logits`);
+    this.label = lab;
     this.g = training
       ? {
+        dHidden: backend.alloc(N * C, `${lab} grad of the final norm output`),
         dx: backend.alloc(N * C, `${lab} grad scratch dx`), dln: backend.alloc(N * C, `${lab} grad scratch dln`),
         dq: backend.alloc(N * Q, `${lab} grad scratch dq`), dk: backend.alloc(N * KV, `${lab} grad scratch dk`),
         dv: backend.alloc(N * KV, `${lab} grad scratch dv`), dqPre: backend.alloc(N * Q, `${lab} grad scratch dq pre-rope`),
@@ -142,10 +149,38 @@ export class Transformer {
     if (this.grads) this.backend.zero(this.grads);
   }
 
+  /** The LM head's weight [vocab, hidden] (the embedding table when tied). */
+  headWeight(): Buf {
+    return this.p(this.layout.lmHead ?? this.layout.embed);
+  }
+  /** The LM head's gradient (the embedding gradient when tied); null without gradients. */
+  headGrad(): Buf | null {
+    return this.grads ? this.gr(this.layout.lmHead ?? this.layout.embed) : null;
+  }
+  /** dL/d(final hidden) [batch·seq, hidden] that backwardHidden() reads: the LM head's backward accumulates into it. */
+  hiddenGrad(): Buf {
+    if (!this.g) throw new DistilleryError('hiddenGrad() needs a model created with training: true');
+    return this.g.dHidden;
+  }
+
   /**
-   * Forward pass over ids [b, t] (row-major, b ≤ batch, t ≤ seq). Returns a view of the logits [b·t, vocab].
+   * Forward pass over ids [b, t] with full logits: a view of [b·t, vocab], in a buffer allocated on the first
+   * call. For tools and tests; training and evaluation use forwardHidden() and the step's chunked LM head.
    */
   forward(ids: Int32Array, b: number, t: number): Buf {
+    const c = this.config, N = b * t, C = c.hiddenSize;
+    const hidden = this.forwardHidden(ids, b, t);
+    if (!this.logitsBuf) this.logitsBuf = this.backend.alloc(this.batch * this.seq * c.vocabSize, `${this.label} logits`);
+    const logits = this.v(this.logitsBuf, N * c.vocabSize);
+    this.backend.matmulForward(logits, hidden, this.headWeight(), null, N, C, c.vocabSize);
+    return logits;
+  }
+
+  /**
+   * Forward pass over ids [b, t] (row-major, b ≤ batch, t ≤ seq) up to the final norm. Returns a view of the
+   * final hidden states [b·t, hidden], the LM head's input.
+   */
+  forwardHidden(ids: Int32Array, b: number, t: number): Buf {
     const c = this.config, be = this.backend;
     if (b > this.batch || t > this.seq || b < 1 || t < 1) {
       throw new DistilleryError(`forward shape [${b}, ${t}] exceeds the allocated [${this.batch}, ${this.seq}]`);
@@ -166,30 +201,41 @@ export class Transformer {
         act: this.v(a.act, N * I), out: this.v(xNext, N * C),
       }, b, t, 0, (q, k, v, att) => be.attentionForward(att, probs, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim));
     }
-    const logits = this.v(this.logits, N * c.vocabSize);
-    be.rmsnormForward(this.v(this.lnf, N * C), this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);
-    be.matmulForward(logits, this.v(this.lnf, N * C), this.p(L.lmHead ?? L.embed), null, N, C, c.vocabSize);
+    const hidden = this.v(this.lnf, N * C);
+    be.rmsnormForward(hidden, this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);
     this.lastShape = { b, t };
-    return logits;
+    return hidden;
   }
 
   /**
-   * Backward pass for the last forward call, from dlogits [b·t, vocab] (may be the logits buffer itself,
+   * Backward pass for the last forward() call, from dlogits [b·t, vocab] (may be the logits buffer itself,
    * overwritten by the loss op). ACCUMULATES into the gradients; call zeroGrad() at the start of a step.
    */
   backward(dlogits: Buf): void {
     if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
+    const N = b * t, C = this.config.hiddenSize, dh = this.v(this.g.dHidden, N * C);
+    this.backend.zero(dh);
+    this.backend.matmulBackward(dh, this.headGrad(), null, this.v(dlogits, N * this.config.vocabSize),
+      this.v(this.lnf, N * C), this.headWeight(), N, C, this.config.vocabSize);
+    this.backwardHidden();
+  }
+
+  /**
+   * Backward pass for the last forward call from dL/d(final hidden), which the caller has accumulated into
+   * hiddenGrad() (the LM head's backward, e.g. chunk by chunk). ACCUMULATES into the gradients.
+   */
+  backwardHidden(): void {
+    if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
+    if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
+    const { b, t } = this.lastShape;
     const c = this.config, be = this.backend, L = this.layout, g = this.g;
     const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
     const dx = this.v(g.dx, N * C), dln = this.v(g.dln, N * C);
-    // LM head and final norm.
-    be.zero(dln);
-    be.matmulBackward(dln, this.gr(L.lmHead ?? L.embed), null, this.v(dlogits, N * c.vocabSize),
-      this.v(this.lnf, N * C), this.p(L.lmHead ?? L.embed), N, C, c.vocabSize);
+    // Final norm.
     be.zero(dx);
-    be.rmsnormBackward(dx, this.gr(L.finalNorm), dln, this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
+    be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const a = this.acts[l]!, w = L.layers[l]!;
       const ln1 = this.v(a.ln1, N * C), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);

@@ -12,7 +12,7 @@ import { Transformer } from '../model/transformer.js';
 import { Generator } from '../model/generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
 import { StepRunner, type Batch } from './step.js';
-import { DEFAULT_RUN_OPTIONS as D } from './options.js';
+import { DEFAULT_RUN_OPTIONS as D, type RunOptions } from './options.js';
 
 const NO_DISTILL: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
 
@@ -31,6 +31,19 @@ export interface JobShape {
   train?: boolean;
   /** Generation with a KV cache of this many positions (prefill + decode); 0 = none. */
   generateLen?: number;
+  /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
+  lossVocab?: number | undefined;
+}
+
+/** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
+export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelConfig | null, lossVocab?: number): JobShape {
+  const loss: LossSpec = o.mode === 'train'
+    ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
+    : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
+  return {
+    student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab,
+    adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
+  };
 }
 
 function placeholderBatch(b: number, t: number, vocab: number): Batch {
@@ -47,7 +60,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
     runs.push((be) => {
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
-      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL);
+      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab });
       const batch = placeholderBatch(j.batch, j.seq, j.student.vocabSize);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);

@@ -32,7 +32,7 @@ import { AdamW } from './optimizer.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
-import { jobClosures } from './kernel-plan.js';
+import { jobClosures, runJobShape } from './kernel-plan.js';
 import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
 
 export interface RunSummary {
@@ -141,15 +141,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
       'use a config.json whose vocab_size covers the tokenizer');
   }
-  const spec: LossSpec = o.mode === 'train'
-    ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
-    : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
-  const adam = { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay };
+  // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
+  const job = runJobShape(o, cfg, teacherCk?.config ?? null);
+  const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
-    await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-      loss: spec, adam, train: true, evaluate: true }));
+    await backend.prepare(jobClosures(job));
   }
   const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
   const teacher = teacherCk
@@ -348,7 +346,9 @@ function readModelJson(file: string): ModelConfig {
   return parseHfConfig(j as Record<string, unknown>);
 }
 
-function studentConfig(o: RunOptions, tok: Tokenizer, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelConfig {
+/** The student's config: --init's, a config.json, or a preset sized to the tokenizer (the teacher's vocab_size when distilling). */
+export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 'eosId'>, teacher: Pick<LoadedCheckpoint, 'config'> | null,
+  init: Pick<LoadedCheckpoint, 'config'> | null): ModelConfig {
   let cfg: ModelConfig;
   const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
   if (init) cfg = init.config;

@@ -1,17 +1,19 @@
 /**
  * One optimization step and one evaluation pass, for plain training and for distillation alike.
  *
- * Training step: zero gradients; for each micro-batch (gradient accumulation) run the teacher forward (if any),
- * the student forward, the fused loss op (which writes dlogits over the logits), and the student backward;
+ * Training step: zero gradients; for each micro-batch (gradient accumulation) run the teacher forward (if any)
+ * and the student forward up to their final hidden states, the LM heads and the fused loss op chunk by chunk
+ * (src/train/head.ts: the full logits never exist), and the student backward from its hidden states;
  * then the global gradient norm, clipping folded into AdamW as a gradient scale, and the update. Each token's
  * gradient weight is mask / (tokens counted in the whole step), so the gradient is that of the mean loss.
  * A non-finite loss or gradient norm stops before the update, so the weights stay those of the last good step.
  */
-import type { Backend, Buf, IntBuf, LossSpec } from '../backend/backend.js';
+import type { LossSpec } from '../backend/backend.js';
 import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 import type { AdamW } from './optimizer.js';
 import { DistilleryError } from '../util/errors.js';
+import { ChunkedHead, type HeadOptions } from './head.js';
 
 /** b sequences of t tokens: inputs, next-token targets (−1 on padding) and a 0/1 mask of counted tokens. */
 export interface Batch {
@@ -47,16 +49,11 @@ export class NonFiniteLossError extends DistilleryError {
 }
 
 export class StepRunner {
-  private readonly be: Backend;
-  private readonly targets: IntBuf;
-  private readonly weights: Buf;
-  private readonly stats: Buf;
-  private readonly n: number;
+  private readonly head: ChunkedHead;
 
-  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec) {
-    this.be = student.backend;
+  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, opts: HeadOptions = {}) {
     if (teacher) {
-      if (teacher.config.vocabSize !== student.config.vocabSize) {
+      if (teacher.config.vocabSize !== student.config.vocabSize && opts.lossVocab === undefined) {
         throw new DistilleryError(
           `teacher and student vocabularies differ: teacher vocab_size ${teacher.config.vocabSize}, student ${student.config.vocabSize}`,
           'distillation compares the two models token by token: give the student the teacher\'s tokenizer and vocab_size');
@@ -69,25 +66,23 @@ export class StepRunner {
     if (spec.kind !== 'none' && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs a teacher`, 'pass --teacher <checkpoint folder> or use --loss none');
     }
-    this.n = student.batch * student.seq;
-    this.targets = this.be.allocInt(this.n, 'loss targets');
-    this.weights = this.be.alloc(this.n, 'loss token weights');
-    this.stats = this.be.alloc(this.n * LOSS_STATS, 'loss statistics');
+    this.head = new ChunkedHead(student, teacher, spec, student.batch * student.seq, opts);
+  }
+
+  /** Rows of logits the LM head computes at a time, and the vocabulary rows the loss runs over. */
+  get headShape(): { chunkRows: number; lossVocab: number } {
+    return { chunkRows: this.head.chunkRows, lossVocab: this.head.lossVocab };
   }
 
   /** Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale. */
   private lossPass(batch: Batch, weightScale: number, grad: boolean): LossSums {
-    const be = this.be, V = this.student.config.vocabSize, n = batch.b * batch.t;
-    const teacherLogits = this.teacher ? this.teacher.forward(batch.inputs, batch.b, batch.t) : null;
-    const logits = this.student.forward(batch.inputs, batch.b, batch.t);
+    const n = batch.b * batch.t;
+    const ht = this.teacher ? this.teacher.forwardHidden(batch.inputs, batch.b, batch.t) : null;
+    const hs = this.student.forwardHidden(batch.inputs, batch.b, batch.t);
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
-    be.uploadInt(this.targets, batch.targets.subarray(0, n));
-    be.upload(this.weights, w);
-    const stats = be.view(this.stats, 0, n * LOSS_STATS);
-    be.lossForward(stats, grad ? logits : null, logits, teacherLogits, this.targets, be.view(this.weights, 0, n), n, V, this.spec);
-    if (grad) this.student.backward(logits);
-    const s = be.download(stats);
+    const s = this.head.run(hs, ht, batch.targets, w, n, grad);
+    if (grad) this.student.backwardHidden();
     const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     for (let i = 0; i < n; i++) {
       const m = batch.mask[i]!;

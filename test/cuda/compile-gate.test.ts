@@ -8,45 +8,18 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { createHash } from 'node:crypto';
-import { compileAll, representativeSpecs } from '../../src/backend/cuda/compile-all.js';
+import { compileAll } from '../../src/backend/cuda/compile-all.js';
 import { tryNvrtc } from '../../src/backend/cuda/ffi/nvrtc.js';
-import { planKernels } from '../../src/backend/cuda/plan.js';
-import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
-import { presetConfig, type ModelConfig } from '../../src/model/config.js';
-import { jobClosures } from '../../src/train/kernel-plan.js';
-import { LLAMA_LIKE, QWEN_LIKE, allOpsStep } from './helpers.js';
+import { gateSpecs } from './helpers.js';
 
 const nvrtc = tryNvrtc();
 const required = process.env.DISTILLERY_REQUIRE_NVRTC === '1';
 const skip = nvrtc || required ? false : 'NVRTC (libnvrtc) not found; install it or set DISTILLERY_CUDA_LIB_DIR to run the compile gate';
 
-const LLAMA: ModelConfig = {
-  architecture: 'llama', vocabSize: 128256, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 16, numKvHeads: 8,
-  headDim: 128, ropeTheta: 5e5, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 8192, qkvBias: false,
-};
-
-/** The real plans: what `distillery distill/train/generate/eval` pre-warm for these models. */
-export function realPlans(): KernelSpec[] {
-  return planKernels([
-    ...jobClosures({
-      student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256,
-      loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256,
-    }),
-    ...jobClosures({ student: LLAMA, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512 }),
-  ]);
-}
-
 test('every kernel compiles for sm_80 and sm_90 (representative set + the real Qwen2.5 and Llama plans)', { skip, timeout: 600_000 }, async () => {
   assert.ok(nvrtc, 'DISTILLERY_REQUIRE_NVRTC=1 but NVRTC (libnvrtc) was not found: install it (Debian: libnvrtc11.2) or set DISTILLERY_CUDA_LIB_DIR');
-  const plans = realPlans();
+  const { plans, specs } = gateSpecs();
   assert.ok(plans.length >= 20, `the real plans hold only ${plans.length} kernels`);
-  const seen = new Set<string>();
-  const specs: KernelSpec[] = [];
-  for (const s of [...plans, ...representativeSpecs(), ...planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE)])]) {
-    const h = createHash('sha256').update(s.source()).digest('hex');
-    if (!seen.has(h)) { seen.add(h); specs.push(s); }
-  }
   const t0 = Date.now();
   const results = await compileAll(specs, ['sm_80', 'sm_90']);
   const failed = results.filter((r) => !r.ok);

@@ -8,6 +8,11 @@ import type { Backend, LossSpec } from '../../src/backend/backend.js';
 import type { KernelCompiler } from '../../src/backend/cuda/ffi/nvrtc.js';
 import type { CudaDriver } from '../../src/backend/cuda/ffi/driver.js';
 import type { Cublas } from '../../src/backend/cuda/ffi/cublas.js';
+import { representativeSpecs } from '../../src/backend/cuda/compile-all.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
+import { presetConfig, type ModelConfig } from '../../src/model/config.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
 
 export interface ToyDims {
   B: number; T: number; C: number; hidden: number; vocab: number; nH: number; nKv: number; hd: number;
@@ -126,4 +131,32 @@ export function rng(seed: number): () => number {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+export const LLAMA_1B_LIKE: ModelConfig = {
+  architecture: 'llama', vocabSize: 128256, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 16, numKvHeads: 8,
+  headDim: 128, ropeTheta: 5e5, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 8192, qkvBias: false,
+};
+
+/** The real plans: what `distillery distill/train/generate/eval` pre-warm for these models. */
+export function realPlans(): KernelSpec[] {
+  return planKernels([
+    ...jobClosures({
+      student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256,
+      loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256,
+    }),
+    ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512 }),
+  ]);
+}
+
+/** What the compile gates compile: the real plans, the representative set and the all-ops toy steps, deduplicated by source. */
+export function gateSpecs(): { plans: KernelSpec[]; specs: KernelSpec[] } {
+  const plans = realPlans();
+  const seen = new Set<string>();
+  const specs: KernelSpec[] = [];
+  for (const s of [...plans, ...representativeSpecs(), ...planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE)])]) {
+    const h = createHash('sha256').update(s.source()).digest('hex');
+    if (!seen.has(h)) { seen.add(h); specs.push(s); }
+  }
+  return { plans, specs };
 }

@@ -26,7 +26,7 @@ async function capture(fn: () => Promise<number>): Promise<{ code: number; text:
 test('kernels plan prints one line per kernel with family, key prefix and baked params', async () => {
   const { code, text } = await capture(() => kernelsCommand('plan', { model: 'tiny', teacher: 'small', loss: 'jsd', beta: 0.25, batch: 2, seq: 16 }));
   assert.equal(code, 0);
-  assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd temperature=2 alpha=0\.5 beta=0\.25 withGrad=true block=512$/m);
+  assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true block=512$/m);
   assert.match(text, /^rmsnorm_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 block=256$/m);
   assert.match(text, /^attention_cached /m);
 });
@@ -81,22 +81,21 @@ test('kernels warm compiles the plan into the cache for --arch without a GPU', {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
-test('--beta1/--beta2/--adam-eps reach the planned and audited adamw kernel', async () => {
+test('--beta1/--beta2/--adam-eps are validated and are runtime arguments: the same adamw kernel for any values', async () => {
   assert.deepEqual(adamFromArgs({}), { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
   const job = jobFromArgs({ model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 });
   assert.deepEqual(job.adam, { beta1: 0.8, beta2: 0.999, eps: 1e-6, weightDecay: D.weightDecay });
   const adamLine = (t: string): string => /^adamw .*$/m.exec(t)?.[0] ?? '';
   const dflt = await capture(() => kernelsCommand('plan', { model: 'tiny' }));
   const custom = await capture(() => kernelsCommand('plan', { model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 }));
-  assert.match(adamLine(dflt.text), new RegExp(`beta1=${D.beta1} beta2=${D.beta2} eps=${D.adamEps}`));
-  assert.match(adamLine(custom.text), /beta1=0\.8 beta2=0\.999 eps=0\.000001/);
-  assert.notEqual(adamLine(custom.text).split(/\s+/)[1], adamLine(dflt.text).split(/\s+/)[1], 'different key');
+  assert.match(adamLine(dflt.text), /block=256$/);
+  assert.equal(adamLine(custom.text), adamLine(dflt.text), 'same kernel, same key');
   const audit = await capture(() => kernelsCommand('audit', { model: 'tiny', beta2: 0.999 }));
   assert.equal(audit.code, 0, audit.text);
   assert.match(audit.text, /adamw beta1=0\.9 beta2=0\.999/);
-  // The audit checks the job's own optimizer against the plan: a plan with other betas lacks its kernel.
+  // A run with other betas needs nothing the default plan lacks.
   const planDefault = planKernels(jobClosures(jobFromArgs({ model: 'tiny' })));
-  assert.ok(notInPlan(planDefault, auditClosures(job)).missing.some((s) => s.family === 'adamw'));
+  assert.deepEqual(notInPlan(planDefault, auditClosures(job)).missing, []);
   for (const bad of [{ beta1: 1 }, { beta2: -0.1 }, { adamEps: 0 }]) {
     assert.throws(() => jobFromArgs({ model: 'tiny', ...bad }), DistilleryError);
   }

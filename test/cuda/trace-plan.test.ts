@@ -71,3 +71,20 @@ test('a distillation loss without teacher logits is a DistilleryError', () => {
   const z = b.alloc(8, 'z'), st = b.alloc(8, 's'), w = b.alloc(2, 'w'), t = b.allocInt(2, 't');
   assert.throws(() => b.lossForward(st, null, z, null, t, w, 2, 4, { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0 }), DistilleryError);
 });
+
+test('values a schedule may change (lr, loss alpha, temperature, beta, AdamW betas and eps) are arguments: one plan for all of them', async () => {
+  const { jobClosures } = await import('../../src/train/kernel-plan.js');
+  const { presetConfig } = await import('../../src/model/config.js');
+  const student = presetConfig('tiny', 300), teacher = presetConfig('small', 300);
+  const plan = (loss: { alpha: number; temperature: number; beta: number }, adam: { beta1: number; beta2: number; eps: number }): string[] =>
+    planKernels(jobClosures({
+      student, teacher, batch: 2, seq: 8, train: true, evaluate: true,
+      loss: { kind: 'jsd', ...loss }, adam: { ...adam, weightDecay: 0.1 },
+    })).map((s) => s.id).sort();
+  const a = plan({ alpha: 0.5, temperature: 1, beta: 0.5 }, { beta1: 0.9, beta2: 0.95, eps: 1e-8 });
+  const b = plan({ alpha: 0.9, temperature: 4, beta: 0.1 }, { beta1: 0.8, beta2: 0.999, eps: 1e-6 });
+  assert.deepEqual(b, a);
+  // ...while what shapes the code still splits it: another loss kind is another kernel.
+  const kl = planKernels(jobClosures({ student, teacher, batch: 2, seq: 8, train: true, loss: { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0.5 } }));
+  assert.ok(kl.some((s) => s.family === 'loss' && !a.includes(s.id)));
+});

@@ -287,6 +287,13 @@ export class CpuBackend implements Backend {
     return a.subarray(offset, offset + length);
   }
 
+  viewInt(buf: IntBuf, offset: number, length: number): IntBuf {
+    const a = this.i(buf, 'viewInt source');
+    check(Number.isInteger(offset) && Number.isInteger(length) && offset >= 0 && length >= 0 && offset + length <= a.length,
+      `cpu backend: viewInt [${offset}, ${offset + length}) outside a buffer of ${a.length}`);
+    return a.subarray(offset, offset + length);
+  }
+
   upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
     const d = this.f(dst, 'upload destination');
     check(dstOffset >= 0 && dstOffset + src.length <= d.length,

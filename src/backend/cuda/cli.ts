@@ -54,8 +54,8 @@ export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
 }
 
 /**
- * AdamW settings from --beta1, --beta2, --adam-eps (the adamw kernel bakes all three, so a plan for a run with
- * other values must use them); the weight decay is a runtime argument and stays the default.
+ * AdamW settings from --beta1, --beta2, --adam-eps, validated as a run validates them. They are runtime arguments
+ * of the adamw kernel (so they do not change the plan), but a plan is described with the values of its run.
  */
 export function adamFromArgs(a: Args): AdamWOptions {
   const beta1 = num(a, 'beta1', D.beta1), beta2 = num(a, 'beta2', D.beta2), eps = num(a, 'adamEps', D.adamEps);

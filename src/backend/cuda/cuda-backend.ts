@@ -230,6 +230,8 @@ export class CudaBackend implements Backend {
     return new CudaBuf(length, b.ptr + BigInt(offset * 4), `${b.label}[${offset}:${offset + length}]`, this, false);
   }
 
+  viewInt(buf: IntBuf, offset: number, length: number): IntBuf { return this.view(buf, offset, length); }
+
   upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
     const d = this.own(dst, 'upload');
     if (dstOffset + src.length > d.length) throw new Error(`upload of ${src.length} at ${dstOffset} overflows ${d.label} (${d.length})`);
@@ -565,27 +567,21 @@ export class CudaBackend implements Backend {
       throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');
     }
     if (n <= 0) return;
-    // Canonical baked parameters: values the kernel ignores are fixed so they never split the cache.
-    const k = lossKernel.make({
-      kind: spec.kind,
-      temperature: dist ? spec.temperature : 1,
-      alpha: dist ? spec.alpha : 0,
-      beta: spec.kind === 'jsd' ? spec.beta : 0,
-      withGrad: dlogits !== null,
-      block: LOSS_BLOCK,
-    });
-    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab)]);
+    // Baked: what shapes the code. Temperature, alpha and beta are arguments, so a schedule never recompiles.
+    const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, block: LOSS_BLOCK });
+    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab),
+      F(dist ? spec.temperature : 1), F(dist ? spec.alpha : 0), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------
   adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
     for (const x of [param, grad, m, v]) this.need(x, n, 'adamw');
-    const spec = adamwKernel.make({ beta1: s.beta1, beta2: s.beta2, eps: s.eps, block: ELEM_BLOCK });
+    const spec = adamwKernel.make({ block: ELEM_BLOCK });
     const bc1 = 1 - Math.pow(s.beta1, s.step);
     const bc2 = 1 - Math.pow(s.beta2, s.step);
     if (n <= 0) return;
     this.launch(spec, [blocksFor(Math.ceil(n / 4), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(param), P(grad), P(m), P(v), L(n), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
+      [P(param), P(grad), P(m), P(v), L(n), F(s.beta1), F(s.beta2), F(s.eps), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
   }
 }
 

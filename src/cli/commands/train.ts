@@ -3,7 +3,7 @@
  * RunOptions (options.ts), warnings about settings that have no effect go to stderr, then runTraining runs.
  */
 import * as fs from 'node:fs';
-import { formatHelp, parseArgs, UsageError } from '../args.js';
+import { formatHelp, parseArgs, UsageError, type FlagSpec } from '../args.js';
 import type { Command, Deps } from '../command.js';
 import { loadConfigFile } from '../config.js';
 import { resolveRunOptions, runFlags, type FsProbe } from '../options.js';
@@ -22,8 +22,13 @@ async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string)
   return runTraining(opts, hooks);
 }
 
+const DRY_RUN_FLAGS: FlagSpec[] = [
+  { name: 'dry-run', kind: 'boolean', description: 'plan the job without running it: estimated peak device memory and the kernel plan, from the configs alone (no weights, no GPU)' },
+  { name: 'json', kind: 'boolean', description: 'with --dry-run: print one JSON object' },
+];
+
 function makeRunCommand(mode: 'train' | 'distill'): Command {
-  const flags = [...runFlags(mode), ...CUDA_FLAGS];
+  const flags = [...runFlags(mode), ...CUDA_FLAGS, ...DRY_RUN_FLAGS];
   const summary = mode === 'train'
     ? 'train a model on text (next-token cross-entropy)'
     : 'distill a teacher checkpoint into a smaller student';
@@ -55,9 +60,16 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       const configFile = parsed.values.config as string | undefined;
       const config = configFile !== undefined ? { file: configFile, values: loadConfigFile(configFile) } : undefined;
       const runValues = { ...parsed.values };
-      for (const k of CUDA_FLAG_NAMES) delete runValues[k];
+      for (const k of [...CUDA_FLAG_NAMES, 'dry-run', 'json']) delete runValues[k];
       const { options, warnings } = resolveRunOptions({ mode, flags: runValues, config, fs: realFs });
       for (const w of warnings) io.err(`warning: ${w}\n`);
+      if (parsed.values['dry-run'] === true) {
+        const { dryRun, formatDryRun } = await import('../../train/dry-run.js');
+        const report = await dryRun(options);
+        io.out(parsed.values.json === true ? JSON.stringify(report) + '\n' : formatDryRun(report) + '\n');
+        return 0;
+      }
+      if (parsed.values.json === true) throw new UsageError('--json goes with --dry-run', `add --dry-run, or drop --json (a run's results are in ${options.out}/summary.json)`);
       const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };
       await (deps.runTraining ?? defaultRunTraining)(options, hooks);
       return 0;

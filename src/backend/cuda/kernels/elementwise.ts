@@ -4,7 +4,7 @@
  * forward/backward (atomicAdd), AdamW. Baked: block size (and AdamW's beta1, beta2, eps).
  * All use grid-stride loops with 64-bit indices.
  */
-import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 
 type BlockP = { block: number };
 const blockSchema = { block: BLOCK_DOMAIN } as const;
@@ -118,36 +118,32 @@ extern "C" __global__ void embedding_bwd(float* dtable, const float* dout, const
 `,
 });
 
-type AdamP = { beta1: number; beta2: number; eps: number; block: number };
+type AdamP = { block: number };
 
 /**
- * AdamW. Baked: beta1, beta2, eps. Per step (runtime args, they change every step): lr, weightDecay,
- * gradScale and the bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (computed on the host).
+ * AdamW. Baked: the block size. Runtime arguments (a schedule or a resumed run may change any of them without a
+ * compile): beta1, beta2, eps, lr, weightDecay, gradScale and the bias corrections bc1 = 1 - beta1^step,
+ * bc2 = 1 - beta2^step (computed on the host).
  * param = param · (1 - lr · weightDecay) - lr · m̂ / (sqrt(v̂) + eps)   (as the CPU backend)
  */
 export const adamwKernel = defineFamily<AdamP>({
   name: 'adamw',
-  schema: {
-    beta1: { kind: 'float', min: 0, max: 1 }, beta2: { kind: 'float', min: 0, max: 1 },
-    eps: { kind: 'float', min: 0 }, block: BLOCK_DOMAIN,
-  },
-  example: { beta1: 0.9, beta2: 0.95, eps: 1e-8, block: 256 },
+  schema: { block: BLOCK_DOMAIN },
+  example: { block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-#define BETA1 ${f32(p.beta1)}
-#define BETA2 ${f32(p.beta2)}
-#define EPS ${f32(p.eps)}
-__device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, float lr, float wd, float gradScale,
-                                         float bc1, float bc2) {
-  float g = gr * gradScale;
-  float mi = BETA1 * m + (1.0f - BETA1) * g;
-  float vi = BETA2 * v + (1.0f - BETA2) * g * g;
+struct AdamConst { float beta1, beta2, eps, lr, wd, gradScale, bc1, bc2; };
+__device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, const AdamConst& k) {
+  float g = gr * k.gradScale;
+  float mi = k.beta1 * m + (1.0f - k.beta1) * g;
+  float vi = k.beta2 * v + (1.0f - k.beta2) * g * g;
   m = mi;
   v = vi;
-  p = p * (1.0f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + EPS);
+  p = p * (1.0f - k.lr * k.wd) - k.lr * (mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps);
 }
 /* float4 over the first n/4·4 elements when all four pointers are 16-byte aligned (views may not be), then scalar. */
 extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, long long n,
-                                 float lr, float wd, float gradScale, float bc1, float bc2) {
+                                 float beta1, float beta2, float eps, float lr, float wd, float gradScale, float bc1, float bc2) {
+  const AdamConst k = { beta1, beta2, eps, lr, wd, gradScale, bc1, bc2 };
   const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
   const bool vec = ((reinterpret_cast<unsigned long long>(param) | reinterpret_cast<unsigned long long>(grad) |
                      reinterpret_cast<unsigned long long>(m) | reinterpret_cast<unsigned long long>(v)) & 15ull) == 0;
@@ -155,15 +151,15 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
   for (long long i = start; i < nv; i += stride) {
     float4 p4 = reinterpret_cast<float4*>(param)[i], m4 = reinterpret_cast<float4*>(m)[i], v4 = reinterpret_cast<float4*>(v)[i];
     const float4 g4 = reinterpret_cast<const float4*>(grad)[i];
-    adamwOne(p4.x, g4.x, m4.x, v4.x, lr, wd, gradScale, bc1, bc2);
-    adamwOne(p4.y, g4.y, m4.y, v4.y, lr, wd, gradScale, bc1, bc2);
-    adamwOne(p4.z, g4.z, m4.z, v4.z, lr, wd, gradScale, bc1, bc2);
-    adamwOne(p4.w, g4.w, m4.w, v4.w, lr, wd, gradScale, bc1, bc2);
+    adamwOne(p4.x, g4.x, m4.x, v4.x, k);
+    adamwOne(p4.y, g4.y, m4.y, v4.y, k);
+    adamwOne(p4.z, g4.z, m4.z, v4.z, k);
+    adamwOne(p4.w, g4.w, m4.w, v4.w, k);
     reinterpret_cast<float4*>(param)[i] = p4;
     reinterpret_cast<float4*>(m)[i] = m4;
     reinterpret_cast<float4*>(v)[i] = v4;
   }
-  for (long long i = nv * 4 + start; i < n; i += stride) adamwOne(param[i], grad[i], m[i], v[i], lr, wd, gradScale, bc1, bc2);
+  for (long long i = nv * 4 + start; i < n; i += stride) adamwOne(param[i], grad[i], m[i], v[i], k);
 }
 `,
 });

@@ -1,6 +1,7 @@
 /**
  * The fused per-token loss (and its gradient): one block per row, block reductions over the vocabulary.
- * Baked: kind, temperature, alpha, beta, withGrad, block size. (The teacher is read iff kind != 'none'.)
+ * Baked (they shape the code): kind, withGrad, block size. The teacher is read iff kind != 'none'.
+ * Runtime arguments (a schedule may change them every step without a compile): temperature, alpha, beta.
  *
  * Formulas (z: student logits, zt: teacher logits, T: temperature, y: target; s = z/T, u = zt/T,
  * q = softmax(s), p = softmax(u)):
@@ -15,24 +16,23 @@
  * stats row: [loss, CE, DIV, agree]; a padding row (y = -1, weight 0) gets zero stats and a zero gradient.
  * Same math as the CPU backend (src/backend/cpu/kernels/loss.ts), there in float64.
  */
-import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 
 export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
-export type LossP = {
-  kind: string; temperature: number; alpha: number; beta: number; withGrad: boolean; block: number;
-};
+export type LossP = { kind: string; withGrad: boolean; block: number };
 
 function generate(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none';
   const jsd = dist && p.kind === 'jsd';
   const lines: string[] = [];
-  const logm = p.beta <= 0 ? 'lq' : p.beta >= 1 ? 'lp'
-    : `(fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
+  // log m = log(β·p + (1−β)·q), with the β = 0 and β = 1 ends exact (β is uniform over the grid: no divergence).
+  const logm = `(BETA <= 0.0f ? lq : BETA >= 1.0f ? lp : fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
   lines.push(`#define BLOCK ${p.block}
 ${reductionHelpers()}
 extern "C" __global__ void loss(float* stats, float* dlogits, const float* logits, const float* teacher,
-                                const int* targets, const float* weights, int n, int V) {
+                                const int* targets, const float* weights, int n, int V,
+                                float TEMP, float ALPHA, float BETA) {
   int row = blockIdx.x;
   if (row >= n) return;
   const float* z = logits + (long long)row * V;
@@ -65,12 +65,9 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
   float lse1 = mx + logf(blockSum(s1));
   float ce = lse1 - zy;`);
   if (dist) {
-    lines.push(`#define INV_T ${f32(1 / p.temperature)}
-#define TEMP ${f32(p.temperature)}
-#define ALPHA ${f32(p.alpha)}
-#define BETA ${f32(p.beta)}
-#define LOGB ${f32(Math.log(Math.max(p.beta, 1e-30)))}
-#define LOG1MB ${f32(Math.log(Math.max(1 - p.beta, 1e-30)))}
+    lines.push(`  const float INV_T = 1.0f / TEMP;
+  const float LOGB = logf(fmaxf(BETA, 1e-30f)), LOG1MB = logf(fmaxf(1.0f - BETA, 1e-30f));
+  (void)LOGB; (void)LOG1MB; (void)BETA;
   float ss = 0.0f, st = 0.0f;
   for (int j = threadIdx.x; j < V; j += BLOCK) { ss += expf((z[j] - mx) * INV_T); st += expf((zt[j] - mxt) * INV_T); }
   float lseS = mx * INV_T + logf(blockSum(ss));
@@ -120,10 +117,8 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
 export const lossKernel = defineFamily<LossP>({
   name: 'loss',
   schema: {
-    kind: { kind: 'enum', values: LOSS_KINDS }, temperature: { kind: 'float', min: 1e-6 },
-    alpha: { kind: 'float', min: 0, max: 1 }, beta: { kind: 'float', min: 0, max: 1 },
-    withGrad: { kind: 'bool' }, block: BLOCK_DOMAIN,
+    kind: { kind: 'enum', values: LOSS_KINDS }, withGrad: { kind: 'bool' }, block: BLOCK_DOMAIN,
   },
-  example: { kind: 'jsd', temperature: 2, alpha: 0.5, beta: 0.5, withGrad: true, block: 256 },
+  example: { kind: 'jsd', withGrad: true, block: 256 },
   generate,
 });

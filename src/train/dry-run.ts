@@ -1,0 +1,105 @@
+/**
+ * `distillery train|distill ... --dry-run`: what a job would need, without running it — from the checkpoints'
+ * config.json and tokenizer.json alone (no weights are read, no data is tokenized, no GPU is touched). A user learns
+ * whether a job fits before loading gigabytes of weights.
+ *
+ * The report comes from the same code the run uses: the student config from studentConfig(), the job from
+ * runJobShape(), the device memory from estimateJobBytes() (what Transformer, AdamW and StepRunner allocate), and,
+ * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend (the pre-warm set).
+ */
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { parseHfConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { estimateJobBytes, formatGiB } from '../model/memory.js';
+import { Tokenizer } from '../tokenizer/bpe.js';
+import { DistilleryError } from '../util/errors.js';
+import { headChunkRows } from './head.js';
+import { jobClosures, runJobShape } from './kernel-plan.js';
+import type { RunOptions } from './options.js';
+import { studentConfig } from './run.js';
+
+export interface DryRunKernel { family: string; params: Record<string, string | number | boolean>; source_sha256: string }
+
+export interface DryRunReport {
+  mode: 'train' | 'distill';
+  device: 'cpu' | 'cuda';
+  batch: number;
+  seq: number;
+  student: Record<string, unknown>;
+  teacher: Record<string, unknown> | null;
+  loss: string;
+  /** Rows of logits computed at a time by the chunked LM head, and the vocabulary rows the loss runs over. */
+  head_chunk_rows: number;
+  loss_vocab: number;
+  /** Estimated peak memory of the job's allocations on the device (host memory for --device cpu), in bytes. */
+  device_bytes: number;
+  device_gib: string;
+  /** The pre-warm plan: every kernel the job launches (empty on the CPU, which compiles nothing). */
+  kernels: DryRunKernel[];
+}
+
+function readJson(file: string, what: string): Record<string, unknown> {
+  let text: string;
+  try { text = fs.readFileSync(file, 'utf8'); } catch (e) {
+    throw new DistilleryError(`cannot read ${what} ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, 'point the option at a model folder with a config.json');
+  }
+  try { return JSON.parse(text) as Record<string, unknown>; } catch (e) {
+    throw new DistilleryError(`${file} is not valid JSON: ${(e as Error).message}`, `fix or replace the ${what}`);
+  }
+}
+
+/** A model folder's config and tokenizer, without its weights. */
+function readFolderHeader(dir: string, what: string): { config: ModelConfig; tokenizer: Tokenizer | null } {
+  const config = parseHfConfig(readJson(path.join(dir, 'config.json'), `${what} config`));
+  const tokFile = path.join(dir, 'tokenizer.json');
+  return { config, tokenizer: fs.existsSync(tokFile) ? Tokenizer.fromFile(tokFile) : null };
+}
+
+function describeModel(c: ModelConfig): Record<string, unknown> {
+  return {
+    architecture: c.architecture, parameters: parameterCount(c), vocab_size: c.vocabSize, hidden_size: c.hiddenSize,
+    intermediate_size: c.intermediateSize, layers: c.numLayers, heads: c.numHeads, kv_heads: c.numKvHeads, head_dim: c.headDim,
+    rms_norm_eps: c.rmsNormEps, qkv_bias: c.qkvBias, tied_embeddings: c.tieWordEmbeddings,
+  };
+}
+
+/** Plans the job of `o` as described in the module comment. */
+export async function dryRun(o: RunOptions): Promise<DryRunReport> {
+  const teacher = o.mode === 'distill' && o.teacher ? readFolderHeader(o.teacher, 'teacher') : null;
+  if (o.mode === 'distill' && !teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder>');
+  const init = o.init ? readFolderHeader(o.init, '--init') : null;
+  // The tokenizer the run would use: --tokenizer, the teacher's, --init's; else one trained to --vocab-size.
+  const tok = o.tokenizer ? Tokenizer.fromFile(o.tokenizer) : teacher?.tokenizer ?? init?.tokenizer ?? null;
+  const cfg = studentConfig(o, tok ?? { vocabSize: o.vocabSize, eosId: undefined }, teacher, init);
+  const job = runJobShape(o, cfg, teacher?.config ?? null);
+  const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
+  const bytes = estimateJobBytes({ student: cfg, teacher: teacher?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab });
+  let kernels: DryRunKernel[] = [];
+  if (o.device === 'cuda') {
+    const { planKernels } = await import('../backend/cuda/plan.js');
+    kernels = planKernels(jobClosures(job)).map((s) => ({
+      family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),
+    }));
+  }
+  return {
+    mode: o.mode, device: o.device, batch: o.batch, seq: o.seq, student: describeModel(cfg),
+    teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
+    head_chunk_rows: headChunkRows(n, lossVocab), loss_vocab: lossVocab,
+    device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
+  };
+}
+
+/** The human-readable form (without --json). */
+export function formatDryRun(r: DryRunReport): string {
+  const m = (x: Record<string, unknown>): string => `${x.architecture} ${(Number(x.parameters) / 1e6).toFixed(1)}M parameters, vocab ${String(x.vocab_size)}`;
+  const lines = [
+    `dry run: ${r.mode} on ${r.device}, batch ${r.batch} × seq ${r.seq}, loss ${r.loss}`,
+    `student   ${m(r.student)}`,
+    ...(r.teacher ? [`teacher   ${m(r.teacher)}`] : []),
+    `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,
+    `LM head   ${r.head_chunk_rows} rows of logits at a time over ${r.loss_vocab} vocabulary rows`,
+    r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',
+  ];
+  return lines.join('\n');
+}

@@ -1,0 +1,107 @@
+/**
+ * The LM head and the loss, chunk by chunk: the full [tokens, vocab] logits of neither model ever exist.
+ *
+ * For each chunk of R rows (tokens): student logits zs[R, V'] = hidden_s[rows] · W_sᵀ (and teacher logits
+ * zt[R, V'] = hidden_t[rows] · W_tᵀ), the fused loss op writes per-token statistics and, in a training pass,
+ * dlogits over zs in place; the LM head's backward then accumulates dW_s += dzsᵀ · hidden_s[rows] and writes
+ * dhidden_s[rows] = dzs · W_s. The student's backward continues from dhidden_s (Transformer.backwardHidden).
+ *
+ * V' (`lossVocab`) is the number of real tokens: a model whose embedding has padding rows past the tokenizer
+ * (Qwen2.5-7B's 152064 against the 0.5B's 151936, both for a tokenizer of 151665) runs its head and the loss over
+ * the first V' rows of W only, so padding rows get neither probability mass nor gradient. By default V' is the
+ * student's vocab_size.
+ *
+ * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 64 Mi, 256 MiB in f32),
+ * so a 151936-token vocabulary runs 441 rows at a time, and a small model runs the whole batch in one chunk.
+ */
+import type { Backend, Buf, IntBuf, LossSpec } from '../backend/backend.js';
+import { LOSS_STATS } from '../backend/backend.js';
+import type { Transformer } from '../model/transformer.js';
+import { DistilleryError } from '../util/errors.js';
+
+/** Default bound on one chunk of logits, in floats. */
+export const DEFAULT_HEAD_CHUNK_FLOATS = 64 * 2 ** 20;
+
+export interface HeadOptions {
+  /** Real tokens: the head and the loss run over the first lossVocab rows of each LM head (default: the student's vocab). */
+  lossVocab?: number | undefined;
+  /** Floats of one chunk of logits (default DEFAULT_HEAD_CHUNK_FLOATS). */
+  chunkFloats?: number | undefined;
+}
+
+/** Rows per chunk for n tokens over a vocabulary of v: at least 1, at most n. */
+export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
+  return Math.max(1, Math.min(n, Math.floor(chunkFloats / v)));
+}
+
+/** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,
+ * weights, stats). The memory estimate (src/model/memory.ts) uses the same numbers. */
+export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
+  const r = headChunkRows(n, v, chunkFloats);
+  return r * v * (withTeacher ? 2 : 1) + n * (2 + LOSS_STATS);
+}
+
+export class ChunkedHead {
+  readonly lossVocab: number;
+  readonly chunkRows: number;
+  private readonly be: Backend;
+  private readonly zs: Buf;
+  private readonly zt: Buf | null;
+  private readonly targets: IntBuf;
+  private readonly weights: Buf;
+  private readonly stats: Buf;
+
+  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec,
+    readonly maxRows: number, opts: HeadOptions = {}) {
+    this.be = student.backend;
+    const vs = student.config.vocabSize, vt = teacher?.config.vocabSize ?? vs;
+    const lv = opts.lossVocab ?? vs;
+    if (!Number.isInteger(lv) || lv < 1 || lv > vs || lv > vt) {
+      throw new DistilleryError(`the loss vocabulary (${lv} tokens) must be between 1 and both models' vocab_size (student ${vs}${teacher ? `, teacher ${vt}` : ''})`,
+        'the tokenizer must fit in both models\' embeddings');
+    }
+    this.lossVocab = lv;
+    this.chunkRows = headChunkRows(maxRows, lv, opts.chunkFloats);
+    this.zs = this.be.alloc(this.chunkRows * lv, 'student logits (one chunk of rows)');
+    this.zt = teacher ? this.be.alloc(this.chunkRows * lv, 'teacher logits (one chunk of rows)') : null;
+    this.targets = this.be.allocInt(maxRows, 'loss targets');
+    this.weights = this.be.alloc(maxRows, 'loss token weights');
+    this.stats = this.be.alloc(maxRows * LOSS_STATS, 'loss statistics');
+  }
+
+  /**
+   * Head + loss over n rows of hidden states (the models' last forwardHidden outputs). With `grad`, the student's
+   * head gradient is accumulated and dL/d(hidden) is written into student.hiddenGrad() (zeroed here first).
+   * Returns the per-row statistics [n, LOSS_STATS] on the host.
+   */
+  run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean): Float32Array | Float64Array {
+    const be = this.be, V = this.lossVocab, C = this.student.config.hiddenSize, R = this.chunkRows;
+    if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
+    if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');
+    const Ct = this.teacher?.config.hiddenSize ?? 0;
+    be.uploadInt(this.targets, targets.subarray(0, n));
+    be.upload(this.weights, weights.subarray(0, n));
+    const ws = be.view(this.student.headWeight(), 0, V * C);
+    const wt = this.teacher ? be.view(this.teacher.headWeight(), 0, V * Ct) : null;
+    const dW = grad ? this.student.headGrad() : null;
+    if (grad && !dW) throw new DistilleryError('a training pass needs a student created with training: true');
+    const dWs = dW ? be.view(dW, 0, V * C) : null;
+    const dh = grad ? be.view(this.student.hiddenGrad(), 0, n * C) : null;
+    if (dh) be.zero(dh);
+    for (let r0 = 0; r0 < n; r0 += R) {
+      const rows = Math.min(R, n - r0);
+      const zs = be.view(this.zs, 0, rows * V);
+      const hsRows = be.view(hs, r0 * C, rows * C);
+      be.matmulForward(zs, hsRows, ws, null, rows, C, V);
+      let zt: Buf | null = null;
+      if (this.zt && ht && wt) {
+        zt = be.view(this.zt, 0, rows * V);
+        be.matmulForward(zt, be.view(ht, r0 * Ct, rows * Ct), wt, null, rows, Ct, V);
+      }
+      be.lossForward(be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), grad ? zs : null, zs, zt,
+        be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, V, this.spec);
+      if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, zs, hsRows, ws, rows, C, V);
+    }
+    return be.download(be.view(this.stats, 0, n * LOSS_STATS));
+  }
+}

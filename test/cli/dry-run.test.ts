@@ -1,0 +1,69 @@
+/**
+ * `train|distill --dry-run [--json]`: the job's plan from the configs alone. The teacher folder here has a
+ * config.json and a tokenizer.json but NO weights, the machine has no GPU, and the output folder must not be
+ * created: the report still gives the device memory of the job (what the allocations add up to) and, for
+ * --device cuda, exactly the kernels the run's pre-warm would compile.
+ */
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { main } from '../../src/cli/main.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import { toHfConfig, type ModelConfig } from '../../src/model/config.js';
+import { estimateJobBytes } from '../../src/model/memory.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
+import { capture, tempDir, tinyConfig, tinyTokenizer, TEXT } from './fixtures.js';
+
+let dir = '', teacher = '', data = '';
+let tcfg: ModelConfig;
+
+before(() => {
+  dir = tempDir();
+  teacher = path.join(dir, 'teacher');
+  fs.mkdirSync(teacher);
+  tcfg = tinyConfig(tinyTokenizer().vocabSize, { hiddenSize: 32, intermediateSize: 48, headDim: 8 });
+  fs.writeFileSync(path.join(teacher, 'config.json'), JSON.stringify(toHfConfig(tcfg)));
+  fs.writeFileSync(path.join(teacher, 'tokenizer.json'), JSON.stringify(tinyTokenizer().toJSON()));
+  data = path.join(dir, 'data.txt');
+  fs.writeFileSync(data, TEXT.join('\n\n'));
+});
+after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
+
+async function run(argv: string[]) {
+  const io = capture();
+  const code = await main(argv, io, {});
+  return { code, out: io.stdout(), err: io.stderr() };
+}
+
+test('distill --dry-run --json --device cuda: memory and the pre-warm plan from config.json + tokenizer.json, no weights, no GPU, nothing written', async () => {
+  const out = path.join(dir, 'run');
+  const r = await run(['distill', '--teacher', teacher, '--data', data, '--out', out, '--model', 'tiny', '--batch', '2', '--seq', '16',
+    '--loss', 'jsd', '--device', 'cuda', '--dry-run', '--json']);
+  assert.equal(r.code, 0, r.err);
+  assert.equal(fs.existsSync(out), false, 'a dry run creates no run folder');
+  const j = JSON.parse(r.out) as { device_bytes: number; kernels: Array<{ family: string; params: Record<string, unknown> }>; loss_vocab: number; teacher: { parameters: number } };
+  assert.equal(j.loss_vocab, tcfg.vocabSize);
+  // The student is the 'tiny' preset sized to the teacher's vocabulary.
+  const { presetConfig } = await import('../../src/model/config.js');
+  const student = presetConfig('tiny', tcfg.vocabSize);
+  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: tcfg, batch: 2, seq: 16, training: true }));
+  const plan = planKernels(jobClosures({ student, teacher: tcfg, batch: 2, seq: 16, train: true, evaluate: true,
+    loss: { kind: 'jsd', alpha: 0.5, temperature: 1, beta: 0.5 } }));
+  assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
+  assert.ok(j.kernels.some((k) => k.family === 'loss' && k.params.kind === 'jsd'));
+});
+
+test('--dry-run on the CPU: no kernels; without --json a readable report; --json alone is a usage error', async () => {
+  const out = path.join(dir, 'run2');
+  const cpu = await run(['train', '--data', data, '--out', out, '--model', 'tiny', '--vocab-size', '300', '--dry-run', '--json']);
+  assert.equal(cpu.code, 0, cpu.err);
+  assert.deepEqual((JSON.parse(cpu.out) as { kernels: unknown[] }).kernels, []);
+  const text = await run(['train', '--data', data, '--out', out, '--model', 'tiny', '--vocab-size', '300', '--dry-run']);
+  assert.equal(text.code, 0, text.err);
+  assert.match(text.out, /memory +\d+\.\d\d GiB estimated peak/);
+  const bad = await run(['train', '--data', data, '--out', out, '--model', 'tiny', '--json']);
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /--json goes with --dry-run/);
+  assert.equal(fs.existsSync(out), false);
+});

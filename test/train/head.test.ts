@@ -1,0 +1,155 @@
+/**
+ * The chunked LM head + loss (src/train/head.ts) against the unchunked path it replaces (full logits from
+ * Transformer.forward, the fused loss over all rows, Transformer.backward), in float64: same per-token statistics
+ * and same gradients, for every loss kind, tied and untied heads, chunks that do not divide the rows. And the
+ * loss over the real tokens of padded embeddings against models with the padding rows cut off.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import type { Backend, LossSpec } from '../../src/backend/backend.js';
+import { LOSS_STATS } from '../../src/backend/backend.js';
+import type { ModelConfig } from '../../src/model/config.js';
+import { initialWeights } from '../../src/model/params.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { ChunkedHead, headChunkRows } from '../../src/train/head.js';
+import { StepRunner } from '../../src/train/step.js';
+import { Rng } from '../../src/util/rng.js';
+
+function cfgOf(over: Partial<ModelConfig> = {}): ModelConfig {
+  return {
+    architecture: 'qwen2', vocabSize: 13, hiddenSize: 8, intermediateSize: 12, numLayers: 2, numHeads: 4,
+    numKvHeads: 2, headDim: 2, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+    maxPositionEmbeddings: 64, qkvBias: true, ...over,
+  };
+}
+
+function weightsOf(m: Transformer, seed: number): Float64Array {
+  return Float64Array.from(initialWeights(m.layout, m.config, new Rng(seed), 0.5));
+}
+
+/** The unchunked reference: full logits, the loss over all rows at once, backward from dlogits. */
+function fullPass(be: Backend, m: Transformer, t: Transformer | null, ids: Int32Array, targets: Int32Array, w: Float64Array,
+  b: number, s: number, spec: LossSpec): { stats: Float64Array; grad: Float64Array } {
+  const n = b * s, V = m.config.vocabSize;
+  m.zeroGrad();
+  const tl = t ? t.forward(ids, b, s) : null;
+  const logits = m.forward(ids, b, s);
+  const stats = be.alloc(n * LOSS_STATS, 'stats'), wb = be.alloc(n, 'w'), tg = be.allocInt(n, 'targets');
+  be.upload(wb, w); be.uploadInt(tg, targets);
+  be.lossForward(stats, logits, logits, tl, tg, wb, n, V, spec);
+  m.backward(logits);
+  return { stats: Float64Array.from(be.download(stats)), grad: Float64Array.from(be.download(m.grads!)) };
+}
+
+function chunkedPass(m: Transformer, t: Transformer | null, head: ChunkedHead, ids: Int32Array, targets: Int32Array,
+  w: Float64Array, b: number, s: number): { stats: Float64Array; grad: Float64Array } {
+  m.zeroGrad();
+  const ht = t ? t.forwardHidden(ids, b, s) : null;
+  const hs = m.forwardHidden(ids, b, s);
+  const stats = head.run(hs, ht, targets, w, b * s, true);
+  m.backwardHidden();
+  return { stats: Float64Array.from(stats), grad: Float64Array.from(m.backend.download(m.grads!)) };
+}
+
+function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  assert.equal(a.length, b.length);
+  let d = 0, s = 0;
+  for (let i = 0; i < a.length; i++) { d = Math.max(d, Math.abs(a[i]! - b[i]!)); s = Math.max(s, Math.abs(b[i]!)); }
+  return d / Math.max(s, 1e-300);
+}
+
+const specs: LossSpec[] = [
+  { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 },
+  { kind: 'kl', alpha: 0.7, temperature: 2, beta: 0.5 },
+  { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0.5 },
+  { kind: 'jsd', alpha: 0.9, temperature: 1, beta: 0.3 },
+];
+
+for (const spec of specs) {
+  for (const tied of [true, false]) {
+    test(`chunked head = full logits (stats and every gradient), loss ${spec.kind}, ${tied ? 'tied' : 'untied'}, chunks of 3 over 10 rows`, () => {
+      const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+      try {
+        const b = 2, s = 5, n = b * s, cfg = cfgOf({ tieWordEmbeddings: tied });
+        const m = new Transformer(be, cfg, { batch: b, seq: s, training: true });
+        m.setWeights(weightsOf(m, 1));
+        let teacher: Transformer | null = null;
+        if (spec.kind !== 'none') {
+          teacher = new Transformer(be, cfgOf({ hiddenSize: 12, intermediateSize: 16, numHeads: 2, numKvHeads: 2, headDim: 6, tieWordEmbeddings: !tied }),
+            { batch: b, seq: s, training: false });
+          teacher.setWeights(weightsOf(teacher, 2));
+        }
+        const rng = new Rng(3);
+        const ids = Int32Array.from({ length: n }, () => rng.int(cfg.vocabSize));
+        const targets = Int32Array.from({ length: n }, () => rng.int(cfg.vocabSize));
+        targets[4] = -1; // padding row
+        const w = Float64Array.from({ length: n }, (_, i) => (i === 4 ? 0 : 1 / 9));
+        const ref = fullPass(be, m, teacher, ids, targets, w, b, s, spec);
+        const head = new ChunkedHead(m, teacher, spec, n, { chunkFloats: 3 * cfg.vocabSize });
+        assert.equal(head.chunkRows, 3);
+        const got = chunkedPass(m, teacher, head, ids, targets, w, b, s);
+        assert.ok(maxRelDiff(got.stats, ref.stats) < 1e-13, `stats differ by ${maxRelDiff(got.stats, ref.stats)}`);
+        assert.ok(maxRelDiff(got.grad, ref.grad) < 1e-12, `gradients differ by ${maxRelDiff(got.grad, ref.grad)}`);
+        // The padding row contributes nothing, whatever chunk it falls in.
+        for (let k = 0; k < LOSS_STATS; k++) assert.equal(got.stats[4 * LOSS_STATS + k], 0);
+      } finally { be.dispose(); }
+    });
+  }
+}
+
+/** The weights of `small` (a config with fewer vocabulary rows) cut from a padded model's weights, tensor by name. */
+function cutWeights(big: Transformer, bigW: Float64Array, small: Transformer): Float64Array {
+  const out = new Float64Array(small.layout.total);
+  const byName = new Map(big.layout.tensors.map((t) => [t.name, t]));
+  for (const t of small.layout.tensors) {
+    const src = byName.get(t.name)!;
+    out.set(bigW.subarray(src.offset, src.offset + t.size), t.offset); // [vocab, C] rows: the first rows are the real ones
+  }
+  return out;
+}
+
+test('padded embeddings: the loss runs over the real tokens only, padding rows get no gradient (vs models cut to the real vocabulary)', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const b = 2, s = 4, n = b * s, real = 13;
+    const spec: LossSpec = { kind: 'kl', alpha: 0.6, temperature: 1.5, beta: 0.5 };
+    const sCfg = cfgOf({ vocabSize: 16, tieWordEmbeddings: false }), tCfg = cfgOf({ vocabSize: 20, hiddenSize: 12, intermediateSize: 16, numHeads: 2, numKvHeads: 2, headDim: 6 });
+    const m = new Transformer(be, sCfg, { batch: b, seq: s, training: true });
+    const t = new Transformer(be, tCfg, { batch: b, seq: s, training: false });
+    const mw = weightsOf(m, 5), tw = weightsOf(t, 6);
+    m.setWeights(mw); t.setWeights(tw);
+    const rng = new Rng(7);
+    const ids = Int32Array.from({ length: n }, () => rng.int(real));
+    const targets = Int32Array.from({ length: n }, () => rng.int(real));
+    const w = new Float64Array(n).fill(1 / n);
+    const runner = new StepRunner(m, t, spec, { lossVocab: real });
+    assert.deepEqual(runner.headShape, { chunkRows: n, lossVocab: real });
+    const head = new ChunkedHead(m, t, spec, n, { lossVocab: real, chunkFloats: 3 * real });
+    const got = chunkedPass(m, t, head, ids, targets, w, b, s);
+
+    const mc = new Transformer(be, { ...sCfg, vocabSize: real }, { batch: b, seq: s, training: true });
+    const tc = new Transformer(be, { ...tCfg, vocabSize: real }, { batch: b, seq: s, training: false });
+    mc.setWeights(cutWeights(m, mw, mc)); tc.setWeights(cutWeights(t, tw, tc));
+    const ref = fullPass(be, mc, tc, ids, targets, w, b, s, spec);
+    assert.ok(maxRelDiff(got.stats, ref.stats) < 1e-13, `stats differ by ${maxRelDiff(got.stats, ref.stats)}`);
+    const byName = new Map(m.layout.tensors.map((x) => [x.name, x]));
+    for (const tc2 of mc.layout.tensors) {
+      const big = byName.get(tc2.name)!;
+      const g = got.grad.subarray(big.offset, big.offset + big.size);
+      assert.ok(maxRelDiff(g.subarray(0, tc2.size), ref.grad.subarray(tc2.offset, tc2.offset + tc2.size)) < 1e-12, `${tc2.name} gradient`);
+      for (let i = tc2.size; i < big.size; i++) assert.equal(g[i], 0, `${tc2.name}: padding row gradient at ${i}`);
+    }
+  } finally { be.dispose(); }
+});
+
+test('chunk rows: bounded by the chunk size, at least 1, at most the rows (151936-token vocabulary: 441 rows per 256 MiB)', () => {
+  assert.equal(headChunkRows(8192, 151936), 441);
+  assert.equal(headChunkRows(10, 300), 10);
+  assert.equal(headChunkRows(10, 300, 100), 1);
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    const m = new Transformer(be, cfgOf(), { batch: 1, seq: 4, training: true });
+    assert.throws(() => new ChunkedHead(m, null, specs[0]!, 4, { lossVocab: 14 }), /loss vocabulary \(14 tokens\)/);
+  } finally { be.dispose(); }
+});
