@@ -95,7 +95,9 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
   const out = path.resolve(o.out);
   try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
     const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
-    throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+    // A path that cannot be a folder, or one the user may not write, is bad input (exit 2); a full disk is not.
+    const input = ['ENOTDIR', 'EEXIST', 'EACCES', 'EPERM', 'EROFS'].includes(String((e as NodeJS.ErrnoException).code));
+    throw input && f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
   }
   const latest = path.join(out, 'checkpoints', 'latest');
   recoverDir(latest);
