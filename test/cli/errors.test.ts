@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { main } from '../../src/cli/main.js';
 import { checkOutDir, type FsProbe } from '../../src/cli/options.js';
 import { allocateWeights } from '../../src/model/params.js';
-import { DistilleryError } from '../../src/util/errors.js';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { UsageError } from '../../src/cli/args.js';
 import { capture, tempDir, tinyTokenizer, TEXT, writeTinyCheckpoint } from './fixtures.js';
 import { trainBpe } from '../../src/tokenizer/train-bpe.js';
@@ -237,4 +237,13 @@ test('the real binary: exit code and stderr as main() gives them (no stack)', ()
   fs.writeFileSync(file, 'x');
   const r = spawnSync(process.execPath, [bin, 'train', '--data', data, '--out', path.join(file, 'x'), ...TRAIN], { encoding: 'utf8' });
   expectError({ code: r.status ?? -1, err: r.stderr }, 2, /is a file, so no folder can be made under it$/);
+});
+
+test('runTraining itself (without the CLI\'s checks) reports an --out under a file as bad input', async () => {
+  const { runTraining } = await import('../../src/train/run.js');
+  const { DEFAULT_RUN_OPTIONS } = await import('../../src/train/options.js');
+  const file = path.join(dir, 'c-file');
+  fs.writeFileSync(file, 'x');
+  await assert.rejects(runTraining({ ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(file, 'run'), data: [data] }, { log: () => {} }),
+    (e: unknown) => e instanceof InputError && /^--out .*c-file\/run: cannot create the run folder: a part of the path is a file, not a folder \(ENOTDIR\)$/.test(e.message));
 });
