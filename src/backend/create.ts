@@ -4,7 +4,7 @@
  */
 import type { Backend } from './backend.js';
 import { createCpuBackend } from './cpu/cpu-backend.js';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 
 /** The CUDA-only settings (`--verbose-kernels`, `--strict-kernels`, `--kernel-cache-dir`, `--tf32`). */
 export interface CudaOptions {
@@ -37,9 +37,19 @@ export function cudaOptionsFromFlags(values: Record<string, unknown>): CudaOptio
   return o;
 }
 
+/** The most CPU threads --threads accepts (each is a worker thread with its own memory). */
+export const MAX_THREADS = 1024;
+
+/** What is wrong with a --threads value, or null when it is fine. */
+export function threadsProblem(n: number): string | null {
+  return Number.isInteger(n) && n >= 0 && n <= MAX_THREADS ? null : `an integer from 0 to ${MAX_THREADS} (0 = all cores)`;
+}
+
 type CudaFactory = (opts: CudaOptions) => Promise<Backend> | Backend;
 
 export async function createBackend(o: BackendOptions): Promise<Backend> {
+  const bad = o.threads === undefined ? null : threadsProblem(o.threads);
+  if (bad !== null) throw new InputError(`--threads must be ${bad}, got ${o.threads}`, 'use 0 for all cores, or the number of cores to use');
   if (o.device === 'cpu') return createCpuBackend(o.threads ? { threads: o.threads } : {});
   if (o.device === 'cuda') {
     let mod: { createCudaBackend?: CudaFactory };

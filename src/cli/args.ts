@@ -12,11 +12,10 @@
  * Values are converted and type-checked here ("--lr expects a number, got 'abc'"); unknown flags are rejected
  * with the closest known name. Every problem is a UsageError (exit code 2).
  */
-import { DistilleryError } from '../util/errors.js';
+import { InputError } from '../util/errors.js';
 
 /** Bad usage or bad input: the CLI prints message and hint and exits with code 2. */
-export class UsageError extends DistilleryError {
-  readonly exitCode = 2;
+export class UsageError extends InputError {
   constructor(message: string, hint?: string) {
     super(message, hint);
     this.name = 'UsageError';

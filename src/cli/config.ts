@@ -8,6 +8,9 @@ import * as path from 'node:path';
 import { parseDocument } from 'yaml';
 import { UsageError } from './args.js';
 
+/** How many alias expansions a config may make: plenty for hand-written files, far below an alias bomb. */
+const MAX_ALIAS_COUNT = 100;
+
 /** Parses config text; `file` decides the format by its extension and names the file in errors. */
 export function parseConfigText(text: string, file: string): Record<string, unknown> {
   const ext = path.extname(file).toLowerCase();
@@ -25,7 +28,13 @@ export function parseConfigText(text: string, file: string): Record<string, unkn
       const line = e.linePos?.[0]?.line;
       throw new UsageError(`${file}${line !== undefined ? `:${line}` : ''}: not valid YAML (${e.message.split('\n')[0]})`, 'fix the syntax: one "key: value" per line');
     }
-    value = doc.toJS();
+    try {
+      value = doc.toJS({ maxAliasCount: MAX_ALIAS_COUNT });
+    } catch (e) {
+      // The yaml package refuses alias expansions beyond maxAliasCount ("billion laughs") with a ReferenceError.
+      throw new UsageError(`${file}: too many YAML alias expansions (${(e as Error).message})`,
+        'a run config needs no anchors or aliases (&name / *name): write the settings out');
+    }
   } else {
     throw new UsageError(`--config ${file}: unsupported file type '${ext || '(none)'}'`, 'use a .yaml, .yml or .json file');
   }

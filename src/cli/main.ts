@@ -2,7 +2,8 @@
  * The `distillery` command line: dispatches to a command, prints its errors, and returns the exit code
  * (bin/distillery.js sets process.exitCode from it).
  *
- * Exit codes: 0 success; 2 bad usage or input (UsageError: unknown command or option, bad value, missing file);
+ * Exit codes: 0 success; 2 bad usage or input (UsageError, InputError: unknown command or option, bad value, missing
+ * or unreadable file, an --out that is a file);
  * 1 a failure while running (any other DistilleryError, printed as `error: <message>` and `  hint: <hint>`
  * without a stack). Anything else is a bug: its stack is printed, exit 1.
  */
@@ -11,7 +12,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { didYouMean, UsageError, type Io } from './args.js';
 import type { Command, Deps } from './command.js';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import { trainCommand, distillCommand } from './commands/train.js';
 import { generateCommand } from './commands/generate.js';
 import { evalCommand } from './commands/eval.js';
@@ -78,7 +79,7 @@ export function reportError(e: unknown, io: Io): number {
   if (e instanceof DistilleryError) {
     io.err(`error: ${e.message}\n`);
     if (e.hint) io.err(`  hint: ${e.hint}\n`);
-    return e instanceof UsageError ? 2 : 1;
+    return e instanceof InputError ? 2 : 1;
   }
   io.err(`${e instanceof Error ? (e.stack ?? String(e)) : String(e)}\n`);
   return 1;

@@ -7,8 +7,10 @@
  * (`gradAccum`), kebab-case (`grad-accum`) or snake_case (`grad_accum`). Every error names the setting the
  * way the user wrote it (`--lr`, or `lr in run.yaml`), says what is wrong and how to fix it.
  */
+import * as path from 'node:path';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
 import { presetConfig } from '../model/config.js';
+import { threadsProblem } from '../backend/create.js';
 import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
@@ -32,6 +34,8 @@ const unitHalfOpen: Check = (v) => (v >= 0 && v < 1 ? null : '>= 0 and < 1');
 const unitOpen: Check = (v) => (v > 0 && v < 1 ? null : 'strictly between 0 and 1');
 
 const D = DEFAULT_RUN_OPTIONS;
+/** The largest vocabulary the BPE trainer makes (token ids below 2^20). */
+const MAX_BPE_VOCAB = 1048575;
 const def = (f: keyof typeof D): string => String(D[f]);
 
 function spec(field: Field, kind: FlagSpec['kind'], description: string, extra: Partial<FlagSpec> & { check?: Check; distillOnly?: boolean } = {}): FieldSpec {
@@ -48,12 +52,12 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('data', 'list', "training text: .txt/.md (one document per file), .jsonl ({\"text\"} or {\"messages\"}), folders, or 'builtin:docs'; repeatable", { metavar: '<file>...' }),
   spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
   spec('tokenizer', 'string', "tokenizer.json to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
-  spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 ? null : 'an integer >= 256 (the 256 byte tokens)') }),
+  spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 && v <= MAX_BPE_VOCAB ? null : `an integer from 256 (the 256 byte tokens) to ${MAX_BPE_VOCAB}`) }),
   spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, or a config.json', { metavar: '<preset|config.json>' }),
   spec('init', 'string', 'start from this checkpoint folder instead of random weights', { metavar: '<dir>' }),
   spec('teacher', 'string', 'teacher checkpoint folder (distill: required)', { metavar: '<dir>', distillOnly: true }),
   spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
-  spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: nonNegInt }),
+  spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: threadsProblem }),
   spec('batch', 'integer', 'sequences per micro-batch', { check: positiveInt }),
   spec('seq', 'integer', 'tokens per sequence (context length)', { check: positiveInt }),
   spec('steps', 'integer', 'optimizer steps', { check: positiveInt }),
@@ -96,7 +100,38 @@ export function runFlags(mode: 'train' | 'distill'): FlagSpec[] {
 export interface FsProbe {
   exists(p: string): boolean;
   isDirectory(p: string): boolean;
+  /** Whether this process may create files in the existing folder p (absent: assumed yes). */
+  writable?(p: string): boolean;
 }
+
+/**
+ * Checks that `out` can be the run folder: it and every existing folder above it are folders (not files), and
+ * the nearest existing one is writable. Throws a UsageError naming the culprit.
+ */
+export function checkOutDir(fs: FsProbe, out: string, label: string): void {
+  const parts: string[] = [];
+  const start = path.normalize(out).replace(/(.)[\\/]+$/, '$1');
+  for (let p = start; ; ) {
+    parts.push(p);
+    const up = path.dirname(p);
+    if (up === p) break;
+    p = up;
+  }
+  // From the root down: the first component that is a file is the problem; the last existing folder must be writable.
+  let lastDir: string | null = null;
+  for (const p of parts.reverse()) {
+    if (!fs.exists(p)) break;
+    if (!fs.isDirectory(p)) {
+      throw new UsageError(p === start ? `${label} ${out} is a file, not a folder` : `${label} ${out}: ${p} is a file, so no folder can be made under it`,
+        'pass a folder path for the run (it is created if missing), e.g. --out runs/my-run');
+    }
+    lastDir = p;
+  }
+  if (lastDir !== null && fs.writable && !fs.writable(lastDir)) {
+    throw new UsageError(`${label} ${out}: no permission to write in ${lastDir}`, 'choose a folder you can write to, or fix its permissions');
+  }
+}
+
 
 export interface ResolveInput {
   mode: 'train' | 'distill';
@@ -171,6 +206,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   if (typeof merged.out !== 'string' || merged.out === '') {
     throw new UsageError(`${mode}: no output folder given (--out)`, 'pass --out <dir>, e.g. --out runs/my-run, or set out: in the config file');
   }
+  checkOutDir(fs, merged.out, labelOf('out'));
   const data = merged.data as string[] | undefined;
   if (!data || data.length === 0) {
     throw new UsageError(`${mode}: no training data given (--data)`, `pass --data <file> (repeatable; .txt, .md, .jsonl or a folder) or --data ${BUILTIN_DATA}`);

@@ -8,11 +8,12 @@
  *   (`<|im_start|>{role}\n{content}<|im_end|>\n` per message). A bad line throws a DistilleryError naming
  *   `file:line` and what is wrong.
  * - A directory is expanded to the `.txt`, `.md` and `.jsonl` files under it (recursively, sorted by path).
- * Documents that are empty (or whitespace only) are dropped.
+ * Documents that are empty (or whitespace only) are dropped. A file that cannot be read, a broken symbolic link, a
+ * link loop or a link that leads back into a folder being listed is an InputError (exit code 2) naming the path.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 
 export interface ChatMessage {
   role: string;
@@ -26,22 +27,62 @@ export function renderChatML(messages: readonly ChatMessage[]): string {
 
 const DATA_EXT = new Set(['.txt', '.md', '.jsonl']);
 
-function expand(p: string, out: string[]): void {
+/** Why `p` cannot be followed: a broken symbolic link (to what), a link loop, or another file system error. */
+function statProblem(p: string, e: unknown, inFolder: string | null): InputError {
+  const code = (e as NodeJS.ErrnoException).code;
+  const where = inFolder === null ? `data file ${p}` : `data folder ${inFolder}: ${p}`;
+  let isLink = false, target = '';
+  try { isLink = fs.lstatSync(p).isSymbolicLink(); if (isLink) target = fs.readlinkSync(p); } catch { /* absent */ }
+  if (code === 'ENOENT' && isLink) {
+    return new InputError(`${where} is a broken symbolic link (to ${target}, which does not exist)`, 'fix or remove the link');
+  }
+  if (code === 'ENOENT') return new InputError(`${where} does not exist`, 'check the path in your data settings');
+  if (code === 'ELOOP') return new InputError(`${where} is a symbolic link loop (it never reaches a file)`, 'fix or remove the link');
+  if (code === 'EACCES' || code === 'EPERM') return new InputError(`${where} cannot be read: permission denied`, 'check its permissions (and those of its folders)');
+  return new InputError(`${where} cannot be read (${code ?? (e as Error).message})`, 'check the path and the file');
+}
+
+function expand(p: string, out: string[], inFolder: string | null, seen: Set<string>): void {
   let st: fs.Stats;
   try {
     st = fs.statSync(p);
-  } catch {
-    throw new DistilleryError(`data file ${p} does not exist`, 'check the path in your data settings');
+  } catch (e) {
+    throw statProblem(p, e, inFolder);
   }
   if (st.isDirectory()) {
-    const names = fs.readdirSync(p).sort();
+    // A link back to a folder being listed (a/b/up -> ..) would make the walk endless.
+    let real = p;
+    try { real = fs.realpathSync(p); } catch (e) { throw statProblem(p, e, inFolder); }
+    if (seen.has(real)) {
+      throw new InputError(`data folder ${inFolder ?? p}: ${p} leads back into a folder already being read (a symbolic link cycle)`,
+        'remove the link, or pass the folders you want explicitly');
+    }
+    seen.add(real);
+    let names: string[];
+    try { names = fs.readdirSync(p).sort(); } catch (e) { throw statProblem(p, e, inFolder); }
     for (const n of names) {
       const q = path.join(p, n);
-      if (fs.statSync(q).isDirectory()) expand(q, out);
+      let qs: fs.Stats;
+      try { qs = fs.statSync(q); } catch (e) { throw statProblem(q, e, inFolder ?? p); }
+      if (qs.isDirectory()) expand(q, out, inFolder ?? p, seen);
       else if (DATA_EXT.has(path.extname(n).toLowerCase())) out.push(q);
     }
+    seen.delete(real);
   } else {
     out.push(p);
+  }
+}
+
+/** Reads one data file as text, or says in one sentence why it cannot be read. */
+function readDataFile(f: string): string {
+  try {
+    return fs.readFileSync(f, 'utf8');
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    const why = code === 'EACCES' || code === 'EPERM' ? 'permission denied' : code === 'EISDIR' ? 'it is a folder'
+      : code === 'EIO' ? 'input/output error' : code ?? (e as Error).message;
+    throw new InputError(`cannot read data file ${f}: ${why}`, code === 'EACCES' || code === 'EPERM'
+      ? 'check its permissions (e.g. chmod a+r), or leave it out of --data' : 'check the file, or leave it out of --data');
   }
 }
 
@@ -85,10 +126,10 @@ export function parseJsonlRecord(line: string, where: string): string {
 export function loadDocuments(paths: string[]): string[] {
   if (paths.length === 0) throw new DistilleryError('no data files given', 'pass at least one .txt, .md or .jsonl file or folder');
   const files: string[] = [];
-  for (const p of paths) expand(p, files);
+  for (const p of paths) expand(p, files, null, new Set());
   const docs: string[] = [];
   for (const f of files) {
-    const text = fs.readFileSync(f, 'utf8').replace(/^\uFEFF/, '').replace(/\r\n?/g, '\n');
+    const text = readDataFile(f).replace(/^\uFEFF/, '').replace(/\r\n?/g, '\n');
     if (path.extname(f).toLowerCase() === '.jsonl') {
       const lines = text.split('\n');
       lines.forEach((line, i) => {

@@ -13,7 +13,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, fileError } from '../util/errors.js';
 
 function tmpSuffix(): string {
   return `${process.pid}-${randomBytes(4).toString('hex')}`;
@@ -57,11 +57,7 @@ export function writeFileAtomicWith(file: string, write: (fd: number) => void): 
   } catch (e) {
     if (fd !== undefined) try { fs.closeSync(fd); } catch { /* ignore */ }
     try { fs.rmSync(tmp, { force: true }); } catch { /* ignore */ }
-    if (e instanceof DistilleryError) throw e;
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOSPC') throw new DistilleryError(`cannot write ${file}: disk full`, 'free disk space and retry; the previous file is unchanged');
-    if (code === 'EACCES' || code === 'EPERM') throw new DistilleryError(`cannot write ${file}: permission denied`, 'choose a folder you can write to');
-    throw e;
+    throw fileError(e, `cannot write ${file}`, 'the previous file is unchanged; free disk space (or choose a folder you can write to) and retry');
   }
   fsyncDir(dir);
 }
@@ -160,6 +156,8 @@ function swapIn(abs: string, tmp: string): void {
   if (hadOld) fs.rmSync(old, { recursive: true, force: true });
 }
 
+const REPLACE_HINT = 'the previous folder is unchanged; free disk space (or fix permissions) and retry';
+
 /**
  * Builds a new directory with `fill(tmpDir)` and swaps it in place of `finalDir` only once `fill` has succeeded.
  * On any error the temp directory is removed and the previous `finalDir` (if any) is left byte-identical.
@@ -171,7 +169,7 @@ export async function replaceDirAtomic(finalDir: string, fill: (tmpDir: string) 
     swapIn(abs, tmp);
   } catch (e) {
     fs.rmSync(tmp, { recursive: true, force: true });
-    throw e;
+    throw fileError(e, `cannot write ${finalDir}`, REPLACE_HINT);
   }
 }
 
@@ -183,6 +181,6 @@ export function replaceDirAtomicSync(finalDir: string, fill: (tmpDir: string) =>
     swapIn(abs, tmp);
   } catch (e) {
     fs.rmSync(tmp, { recursive: true, force: true });
-    throw e;
+    throw fileError(e, `cannot write ${finalDir}`, REPLACE_HINT);
   }
 }

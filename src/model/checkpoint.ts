@@ -33,7 +33,13 @@ export function readCheckpoint(dir: string): LoadedCheckpoint {
       'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
   }
   const tokenizerJson = loaded.tokenizerJson ?? null;
-  return { config, weights, tokenizerJson, tokenizer: tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null };
+  const tokenizer = tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null;
+  if (tokenizer && tokenizer.vocabSize > config.vocabSize) {
+    // Its ids at or above vocab_size have no embedding row: encoding text could index past the model.
+    throw new DistilleryError(`${dir}: tokenizer.json has ${tokenizer.vocabSize} tokens but config.json's vocab_size is ${config.vocabSize}`,
+      'the tokenizer does not belong to this model: put back the tokenizer.json it was trained with');
+  }
+  return { config, weights, tokenizerJson, tokenizer };
 }
 
 /** Loads a checkpoint folder into a new Transformer on the backend. */

@@ -88,6 +88,16 @@ export function initialWeights(layout: ParamLayout, c: ModelConfig, rng: Rng, st
   return w;
 }
 
+/** A flat float32 buffer of n parameters, or a DistilleryError naming the size when it cannot be had. */
+export function allocateWeights(n: number, what: string): Float32Array {
+  try {
+    return new Float32Array(n);
+  } catch {
+    throw new DistilleryError(`${what}: cannot allocate ${(n * 4 / 2 ** 30).toFixed(2)} GiB for ${n} float32 parameters`,
+      'check vocab_size and the other sizes in config.json; a model this large needs --device cuda and a GPU that holds it');
+  }
+}
+
 /**
  * Places named tensors (from a safetensors file) into a flat weight array, checking names and shapes.
  * A tied model ignores a `lm_head.weight` it is given; an untied one requires it.
@@ -97,8 +107,8 @@ export function packWeights(
   named: Map<string, { shape: number[]; data: Float32Array }>,
   source: string,
 ): Float32Array {
-  const w = new Float32Array(layout.total);
-  const known = new Set(layout.tensors.map((t) => t.name));
+  // Names and shapes first: a config.json that does not match its weights (e.g. vocab_size 1e9) is reported
+  // before the flat buffer it implies is allocated.
   for (const t of layout.tensors) {
     const src = named.get(t.name);
     if (!src) {
@@ -110,8 +120,10 @@ export function packWeights(
         `${source}: tensor "${t.name}" has shape [${src.shape.join(', ')}] but config.json implies [${t.shape.join(', ')}]`,
         'the checkpoint and config.json disagree: use the config.json saved with these weights');
     }
-    w.set(src.data, t.offset);
   }
+  const w = allocateWeights(layout.total, source);
+  for (const t of layout.tensors) w.set(named.get(t.name)!.data, t.offset);
+  const known = new Set(layout.tensors.map((t) => t.name));
   for (const name of named.keys()) {
     if (!known.has(name) && name !== 'lm_head.weight' && !name.endsWith('rotary_emb.inv_freq')) {
       throw new DistilleryError(`${source}: unexpected tensor "${name}" not described by config.json`,

@@ -4,9 +4,11 @@
  * Vocabulary layout: ids 0..255 are the 256 byte tokens (id = byte value), then one id per learned merge in merge
  * order, then the special tokens (as `added_tokens`, special: true). Texts are NFC-normalized, special tokens are cut
  * out of the training text, the rest is pre-tokenized with the GPT-2 pattern, and identical pre-tokens are counted
- * once with their frequency. Each step merges the most frequent adjacent pair (ties: smallest left id, then right id);
- * pair counts are updated incrementally, only for the words that contain the merged pair, with a lazy max-heap,
- * so a few MB of text trains in seconds.
+ * once with their frequency. Each step merges the most frequent adjacent pair (ties: smallest left id, then right id).
+ * Pair counts are updated incrementally with a lazy max-heap, and each pair keeps the positions where it occurs
+ * (symbols live in flat doubly linked lists), so a merge costs time in proportion to its occurrences, not to the
+ * length of the words that hold them: training is near-linear even on one long run of text without whitespace
+ * (a minified file, a long line of letters), where rescanning whole words per merge was quadratic.
  * Training stops at `vocabSize` (bytes + merges + special tokens) or when no pair occurs `minFrequency` times.
  */
 import { DistilleryError } from '../util/errors.js';
@@ -65,6 +67,18 @@ class PairHeap {
   }
 }
 
+/** A growable list of symbol positions. */
+class PositionList {
+  private a = new Int32Array(4);
+  private n = 0;
+  push(v: number): void {
+    if (this.n === this.a.length) { const b = new Int32Array(this.n * 2); b.set(this.a); this.a = b; }
+    this.a[this.n++] = v;
+  }
+  view(): Int32Array { return this.a.subarray(0, this.n); }
+  sorted(): Int32Array { return this.a.slice(0, this.n).sort(); }
+}
+
 function escapeRegex(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\/-]/g, '\\$&');
 }
@@ -96,39 +110,70 @@ export function trainBpe(texts: Iterable<string>, opts: TrainBpeOptions): Tokeni
     }
   }
 
-  // 2. Words as byte-id sequences.
-  const words: number[][] = [];
-  const counts: number[] = [];
+  // 2. Symbols: every distinct word's bytes, laid out one after another in flat arrays, chained as doubly linked
+  //    lists (next/prev; -1 ends a word) so a merge rewrites its occurrence in O(1) whatever the word's length.
+  const wordStart: number[] = [];
+  const wordCount: number[] = [];
+  let total = 0;
+  const wordBytes: Buffer[] = [];
   for (const [w, c] of wordCounts) {
     const bytes = Buffer.from(w, 'utf8');
     if (bytes.length < 2) continue; // no pairs; still encodable through the byte tokens
-    words.push(Array.from(bytes));
-    counts.push(c);
+    wordStart.push(total);
+    wordCount.push(c);
+    wordBytes.push(bytes);
+    total += bytes.length;
   }
+  wordCounts.clear();
+  const sym = new Int32Array(total), next = new Int32Array(total), prev = new Int32Array(total);
+  for (let wi = 0, o = 0; wi < wordBytes.length; wi++) {
+    const bytes = wordBytes[wi]!;
+    for (let i = 0; i < bytes.length; i++, o++) {
+      sym[o] = bytes[i]!;
+      prev[o] = i === 0 ? -1 : o - 1;
+      next[o] = i === bytes.length - 1 ? -1 : o + 1;
+    }
+  }
+  wordBytes.length = 0;
+  const starts = Int32Array.from(wordStart);
+  /** The count of the word that holds symbol position `pos` (binary search over the words' starts). */
+  const weightAt = (pos: number): number => {
+    let lo = 0, hi = starts.length - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (starts[mid]! <= pos) lo = mid; else hi = mid - 1;
+    }
+    return wordCount[lo]!;
+  };
   const tokens: string[] = BYTE_TO_CHAR.slice();
   const tokenIds = new Map<string, number>(tokens.map((t, i) => [t, i]));
   const merges: Array<[string, string]> = [];
 
+  // Pair counts (weighted by word counts) and, per pair, the positions of its left symbol where it may occur
+  // (appended when a pair appears; checked when the pair is merged, since later merges may have used them).
   const pairCounts = new Map<number, number>();
-  const where = new Map<number, Set<number>>();
-  const addPairs = (wi: number, w: number[], sign: number, touched: Set<number> | null): void => {
-    const c = counts[wi]! * sign;
-    for (let i = 0; i + 1 < w.length; i++) {
-      const k = w[i]! * KEY_MUL + w[i + 1]!;
-      pairCounts.set(k, (pairCounts.get(k) ?? 0) + c);
-      if (sign > 0) {
-        let s = where.get(k);
-        if (!s) { s = new Set(); where.set(k, s); }
-        s.add(wi);
-      }
-      if (touched) touched.add(k);
-    }
+  const where = new Map<number, PositionList>();
+  let touched = new Set<number>();
+  const add = (key: number, weight: number, pos: number): void => {
+    pairCounts.set(key, (pairCounts.get(key) ?? 0) + weight);
+    let l = where.get(key);
+    if (!l) { l = new PositionList(); where.set(key, l); }
+    l.push(pos);
+    touched.add(key);
   };
-  words.forEach((w, wi) => addPairs(wi, w, 1, null));
+  const remove = (key: number, weight: number): void => {
+    pairCounts.set(key, (pairCounts.get(key) ?? 0) - weight);
+    touched.add(key);
+  };
+  for (let wi = 0; wi < starts.length; wi++) {
+    const end = wi + 1 < starts.length ? starts[wi + 1]! : total;
+    for (let i = starts[wi]!; i + 1 < end; i++) add(sym[i]! * KEY_MUL + sym[i + 1]!, wordCount[wi]!, i);
+  }
   const heap = new PairHeap();
   for (const [k, c] of pairCounts) heap.push(c, k);
 
-  // 3. Merge loop.
+  // 3. Merge loop. Within a word, occurrences are merged left to right (a run "aaa" becomes "aa a"), as a scan
+  //    of the word would; only a pair of two equal symbols can overlap itself, so only its positions are sorted.
   while (tokens.length < bpeTarget && heap.size > 0) {
     const [c, key] = heap.pop();
     const actual = pairCounts.get(key) ?? 0;
@@ -146,24 +191,31 @@ export function trainBpe(texts: Iterable<string>, opts: TrainBpeOptions): Tokeni
       tokenIds.set(merged, newId);
     }
     merges.push([tokens[a]!, tokens[b]!]);
-    const touched = new Set<number>();
-    for (const wi of where.get(key) ?? []) {
-      const w = words[wi]!;
-      let has = false;
-      for (let i = 0; i + 1 < w.length; i++) if (w[i] === a && w[i + 1] === b) { has = true; break; }
-      if (!has) continue;
-      addPairs(wi, w, -1, touched);
-      const nw: number[] = [];
-      for (let i = 0; i < w.length; i++) {
-        if (i + 1 < w.length && w[i] === a && w[i + 1] === b) { nw.push(newId); i++; } else nw.push(w[i]!);
-      }
-      words[wi] = nw;
-      addPairs(wi, nw, 1, touched);
-    }
+    const list = where.get(key);
     where.delete(key);
+    touched = new Set<number>();
+    if (list) {
+      const positions = a === b ? list.sorted() : list.view();
+      for (let n = 0; n < positions.length; n++) {
+        const i = positions[n]!;
+        if (sym[i] !== a) continue;
+        const j = next[i]!;
+        if (j < 0 || sym[j] !== b) continue;
+        const w = weightAt(i);
+        const p = prev[i]!, q = next[j]!;
+        if (p >= 0) remove(sym[p]! * KEY_MUL + a, w);
+        remove(key, w);
+        if (q >= 0) remove(b * KEY_MUL + sym[q]!, w);
+        sym[i] = newId; sym[j] = -1;
+        next[i] = q;
+        if (q >= 0) prev[q] = i;
+        if (p >= 0) add(sym[p]! * KEY_MUL + newId, w, p);
+        if (q >= 0) add(newId * KEY_MUL + sym[q]!, w, i);
+      }
+    }
     for (const k of touched) {
       const n = pairCounts.get(k) ?? 0;
-      if (n <= 0) { pairCounts.delete(k); continue; }
+      if (n <= 0) { pairCounts.delete(k); where.delete(k); continue; }
       heap.push(n, k);
     }
   }

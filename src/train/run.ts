@@ -4,7 +4,7 @@
  *
  * Run folder layout (`out`):
  *   metrics.jsonl            one JSON object per step ({"step", "loss", ...}) and per evaluation ({"step", "val_loss", ...})
- *   loss.svg                 train and validation loss curves
+ *   loss.svg                 train and validation loss curves, titled with the run's name (distill: objective, CE, agreement)
  *   summary.json             initial and final losses, tokens/s, timings, how the run ended
  *   tokenizer.json           the tokenizer the run used (trained on the data when none was given)
  *   checkpoints/latest/      exact-resume checkpoint, replaced atomically: model/ (HF folder, float32, with the
@@ -35,10 +35,10 @@ import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocuments } from './run-folder.js';
-import { lineChartSvg } from '../report/svg-plot.js';
+import { lossPlotSvg } from '../report/loss-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { AdamW } from './optimizer.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
@@ -118,7 +118,12 @@ export interface RunHooks {
 export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<RunSummary> {
   const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
-  fs.mkdirSync(out, { recursive: true });
+  try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
+    const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
+    // A path that cannot be a folder, or one the user may not write, is bad input (exit 2); a full disk is not.
+    const input = ['ENOTDIR', 'EEXIST', 'EACCES', 'EPERM', 'EROFS'].includes(String((e as NodeJS.ErrnoException).code));
+    throw input && f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+  }
   const lock = lockRunFolder(out);
   try {
     checkNoSymlinks(out);
@@ -139,7 +144,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       if (!fs.existsSync(statePath)) {
         throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
       }
-      saved = JSON.parse(fs.readFileSync(statePath, 'utf8')) as SavedState;
+      saved = readSavedState(statePath);
       checkResumeCompatible(saved.options, o, log);
     }
 
@@ -161,6 +166,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
+  checkSeqFits(o, teacherCk, initCk);
   const docs = readData(o, log);
   const dataHash = hashDocuments(docs);
   if (saved) {
@@ -223,11 +229,17 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     log(`resumed from ${latest} at step ${step}`);
   } else {
     student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
-    writeFileAtomic(metricsPath, '');
+    try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
-  const appendMetric = (m: Record<string, unknown>): void => appendNoFollow(metricsPath, JSON.stringify(m) + '\n');
+  const appendMetric = (m: Record<string, unknown>): void => {
+    try { appendNoFollow(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
+      if (e instanceof DistilleryError) throw e;
+      throw fileError(e, `cannot append to ${metricsPath}`,
+        `free disk space, then continue with --resume${fs.existsSync(latest) ? ` (the last checkpoint, ${latest}, is intact)` : ''}`);
+    }
+  };
   if (!saved) {
     const e = evaluate();
     if (e) {
@@ -386,7 +398,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     if (!o.quiet) progress.done();
-    writeLossSvg(out, metricsPath, o.mode);
+    // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
+    try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
   let finalDir: string | null = null;
   if (status === 'completed') {
@@ -510,19 +523,22 @@ function chooseTokenizer(o: RunOptions, docs: string[], resumePath: string | nul
   return tok;
 }
 
+function readModelJson(file: string): ModelConfig {
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
+  }
+  return parseHfConfig(j as Record<string, unknown>);
+}
+
 /** The student's config: --init's, a config.json, or a preset sized to the tokenizer (the teacher's vocab_size when distilling). */
 export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 'eosId'>, teacher: Pick<LoadedCheckpoint, 'config'> | null,
   init: Pick<LoadedCheckpoint, 'config'> | null): ModelConfig {
   let cfg: ModelConfig;
   const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
   if (init) cfg = init.config;
-  else if (o.model.endsWith('.json')) {
-    let j: unknown;
-    try { j = JSON.parse(fs.readFileSync(o.model, 'utf8')); } catch (e) {
-      throw new DistilleryError(`cannot read model config ${o.model}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
-    }
-    cfg = parseHfConfig(j as Record<string, unknown>);
-  } else cfg = presetConfig(o.model, vocab);
+  else if (o.model.endsWith('.json')) cfg = readModelJson(o.model);
+  else cfg = presetConfig(o.model, vocab);
   if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
   if (teacher && teacher.config.vocabSize !== cfg.vocabSize) {
     throw new DistilleryError(
@@ -530,6 +546,23 @@ export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 
       'distillation compares the models token by token: give the student the teacher\'s vocab_size and tokenizer');
   }
   return cfg;
+}
+
+/**
+ * Refuses a --seq longer than the student's (or teacher's) max_position_embeddings before the data is packed into
+ * windows of that length (an absurd --seq would otherwise fail allocating them).
+ */
+function checkSeqFits(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): void {
+  let student: ModelConfig;
+  if (init) student = init.config;
+  else if (o.model.endsWith('.json')) student = readModelJson(o.model);
+  else student = presetConfig(o.model, 256);
+  for (const [who, c] of [['the model', student], ['the teacher', teacher?.config]] as const) {
+    if (c && o.seq > c.maxPositionEmbeddings) {
+      throw new InputError(`--seq ${o.seq} exceeds ${who}'s max_position_embeddings (${c.maxPositionEmbeddings})`,
+        `use --seq ${c.maxPositionEmbeddings} or less`);
+    }
+  }
 }
 
 /** On a GPU, refuses a job whose allocations cannot fit, naming the largest --seq that would (before any allocation). */
@@ -543,6 +576,27 @@ function checkDeviceMemory(backend: Backend, j: JobMemory): void {
   throw new DistilleryError(
     `this job needs about ${formatGiB(need)} on the device (${describeJob(j)}) but ${formatGiB(mem.free)} of ${formatGiB(mem.total)} is free`,
     fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
+}
+
+/** Reads a checkpoint's state.json, refusing one that is not what saveLatest writes (one sentence, no stack). */
+function readSavedState(file: string): SavedState {
+  const bad = (why: string): DistilleryError => new DistilleryError(`--resume: the checkpoint state ${file} is corrupt (${why})`,
+    'the checkpoint cannot be resumed: start a new run in another --out folder, or restore the file from a backup');
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    const f = fileError(e, `--resume: cannot read ${file}`, 'check the file and its permissions');
+    throw f instanceof DistilleryError ? f : bad((e as Error).message);
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw bad('not a JSON object');
+  const s = j as Record<string, unknown>;
+  if (s.version !== 1) throw bad(`unknown version ${JSON.stringify(s.version)}`);
+  for (const k of ['step', 'optimizerStep', 'tokensTrained'] as const) {
+    if (!(Number.isInteger(s[k]) && (s[k] as number) >= 0)) throw bad(`"${k}" must be an integer >= 0, got ${JSON.stringify(s[k])}`);
+  }
+  for (const k of ['loader', 'options'] as const) {
+    if (typeof s[k] !== 'object' || s[k] === null) throw bad(`"${k}" is missing`);
+  }
+  return j as SavedState;
 }
 
 /** Options that may change between a checkpoint and its resume (they don't change what is computed). */
@@ -607,12 +661,6 @@ export function readMetrics(file: string): Array<Record<string, number>> {
 }
 
 function writeLossSvg(out: string, metricsPath: string, mode: string): void {
-  const rows = readMetrics(metricsPath);
-  const trainPts = rows.filter((r) => r.loss !== undefined).map((r) => [r.step!, r.loss!] as [number, number]);
-  const valPts = rows.filter((r) => r.val_loss !== undefined).map((r) => [r.step!, r.val_loss!] as [number, number]);
-  const svg = lineChartSvg([
-    { name: 'train loss', color: '#1f77b4', points: trainPts },
-    { name: 'validation loss', color: '#d62728', points: valPts },
-  ], { title: `${mode} loss`, xLabel: 'step', yLabel: 'loss' });
+  const svg = lossPlotSvg(readMetrics(metricsPath), { mode, runName: path.basename(out) });
   writeFileAtomic(path.join(out, 'loss.svg'), svg);
 }

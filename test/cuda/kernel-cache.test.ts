@@ -1,8 +1,11 @@
 /**
  * Kernel cache tests with a fake compiler (no NVRTC needed): key formula, disk round trip, corrupt / truncated /
  * foreign files recompiled and rewritten, atomic writes, sealed misses (logged; thrown in strict mode),
- * verbose compile lines, counters, parallel pre-warm, an unwritable cache folder.
+ * verbose compile lines, counters, parallel pre-warm, an unwritable cache folder, entries that are not regular
+ * files (a FIFO, a symbolic link to /dev/zero) skipped at once, reads bounded by the header's length.
  */
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, lstatSync, symlinkSync } from 'node:fs';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readdirSync, readFileSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
@@ -10,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DistilleryError } from '../../src/util/errors.js';
 import {
-  KernelCache, cacheKey, decodeEntry, defaultCacheDir, defaultStrict, writeFileAtomic,
+  KernelCache, MAX_ENTRY_BYTES, cacheKey, decodeEntry, defaultCacheDir, defaultStrict, encodeEntry, readEntryFile, writeFileAtomic,
 } from '../../src/backend/cuda/kernel-cache.js';
 import { rmsnormForward, ropeForward, addKernel } from '../../src/backend/cuda/kernels/index.js';
 import { FakeCompiler } from './helpers.js';
@@ -189,4 +192,66 @@ test('defaults: cache folder and strict mode from the environment', () => {
   assert.equal(defaultStrict({ NODE_ENV: 'test' }), true);
   assert.equal(defaultStrict({ DISTILLERY_STRICT_KERNELS: '1' }), true);
   assert.equal(defaultStrict({}), false);
+});
+
+const canFifo = (): boolean => {
+  if (process.platform === 'win32') return false;
+  try { execFileSync('mkfifo', ['--version'], { stdio: 'ignore' }); return true; } catch { return false; }
+};
+
+test('an entry that is a FIFO is skipped at once (not read, so it cannot block), then replaced by a real entry', { skip: canFifo() ? false : 'no mkfifo', timeout: 20_000 }, async () => {
+  const dir = tmp();
+  const { cache, lines, compiler } = mk(dir);
+  const p = join(dir, `${cache.keyOf(specA)}.cubin`);
+  execFileSync('mkfifo', [p]);
+  // A writer that holds the FIFO open for 4 s without writing: a plain read would block until it gives up.
+  const holder = spawn('sh', ['-c', `sleep 4 > '${p}'`], { stdio: 'ignore' });
+  try {
+    const t0 = performance.now();
+    await cache.prewarm([specA]);
+    const ms = performance.now() - t0;
+    assert.ok(ms < 2000, `pre-warm took ${ms.toFixed(0)} ms`);
+    assert.equal(compiler.calls, 1);
+    assert.equal(cache.counters.diskRejected, 1);
+    assert.ok(lines.some((l) => /ignoring .*: a FIFO \(named pipe\), not a regular file; recompiling/.test(l)), lines.join('\n'));
+    assert.ok(lstatSync(p).isFile(), 'the FIFO was replaced by a regular file');
+    assert.ok('payload' in decodeEntry(cache.keyOf(specA), readFileSync(p)));
+  } finally { holder.kill('SIGKILL'); }
+});
+
+test('an entry that is a symbolic link to /dev/zero is skipped at once (links are never followed)', { skip: existsSync('/dev/zero') ? false : 'no /dev/zero', timeout: 20_000 }, async () => {
+  const dir = tmp();
+  const { cache, lines } = mk(dir);
+  const p = join(dir, `${cache.keyOf(specA)}.cubin`);
+  symlinkSync('/dev/zero', p);
+  const t0 = performance.now();
+  await cache.prewarm([specA]);
+  assert.ok(performance.now() - t0 < 2000);
+  assert.equal(cache.counters.diskRejected, 1);
+  assert.ok(lines.some((l) => /ignoring .*: a symbolic link/.test(l)), lines.join('\n'));
+  assert.ok(lstatSync(p).isFile(), 'the link itself was replaced, /dev/zero untouched');
+  // A link to a valid entry is not followed either.
+  const q = join(dir, `${cache.keyOf(specB)}.cubin`);
+  const real = join(dir, 'elsewhere.bin');
+  writeFileSync(real, encodeEntry(cache.keyOf(specB), new Uint8Array([1, 2, 3])));
+  symlinkSync(real, q);
+  assert.deepEqual(readEntryFile(q, cache.keyOf(specB)), { bad: 'a symbolic link (the cache reads only regular files, never through links)', skipped: true });
+  assert.ok('payload' in readEntryFile(real, cache.keyOf(specB)));
+});
+
+test('reads are bounded by the header: a huge declared length is refused without reading it', () => {
+  const dir = tmp();
+  const key = 'c'.repeat(64);
+  const p = join(dir, `${key}.cubin`);
+  const f = encodeEntry(key, new Uint8Array(16));
+  f.writeBigUInt64LE(BigInt(MAX_ENTRY_BYTES) + 1n, 72);
+  writeFileSync(p, f);
+  const r = readEntryFile(p, key);
+  assert.ok('bad' in r && /more than the \d+-byte limit/.test(r.bad), JSON.stringify(r));
+  // A length that disagrees with the file's size (a file still growing, or cut) is refused too.
+  f.writeBigUInt64LE(1000n, 72);
+  writeFileSync(p, f);
+  const r2 = readEntryFile(p, key);
+  assert.ok('bad' in r2 && /payload length 1000 but 16 bytes present/.test(r2.bad), JSON.stringify(r2));
+  assert.deepEqual(readEntryFile(join(dir, 'absent.cubin'), key), { missing: true });
 });

@@ -3,6 +3,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import * as fs from 'node:fs';
 import { tmpdir } from 'node:os';
 import * as path from 'node:path';
@@ -47,6 +48,26 @@ test('kernels list shows entries and flags corrupt files', async () => {
   assert.equal(code, 0);
   assert.match(text, new RegExp(`^${good} +\\d+ +\\S+Z$`, 'm'));
   assert.match(text, new RegExp(`^${bad} .*CORRUPT: truncated header`, 'm'));
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('kernels list shows what it skipped and why (a FIFO, a symbolic link to /dev/zero), without opening them', { skip: process.platform === 'win32' || !fs.existsSync('/dev/zero') ? 'needs /dev/zero and mkfifo' : false, timeout: 20_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(tmpdir(), 'dk-list-'));
+  const good = 'a'.repeat(64), fifo = 'd'.repeat(64), zero = 'e'.repeat(64);
+  fs.writeFileSync(path.join(dir, `${good}.cubin`), encodeEntry(good, new Uint8Array([1, 2, 3])));
+  execFileSync('mkfifo', [path.join(dir, `${fifo}.cubin`)]);
+  fs.symlinkSync('/dev/zero', path.join(dir, `${zero}.cubin`));
+  const t0 = performance.now();
+  const { code, text } = await capture(() => kernelsCommand('list', { cacheDir: dir }));
+  assert.ok(performance.now() - t0 < 2000);
+  assert.equal(code, 0);
+  assert.match(text, new RegExp(`^${good} +\\d+ +\\S+Z$`, 'm'));
+  assert.match(text, new RegExp(`^${fifo}\\.cubin .*SKIPPED: a FIFO \\(named pipe\\), not a regular file$`, 'm'));
+  assert.match(text, new RegExp(`^${zero}\\.cubin .*SKIPPED: a symbolic link, not a regular file$`, 'm'));
+  assert.match(text, /^# 2 skipped: not regular files/m);
+  const json = await capture(() => kernelsCommand('list', { cacheDir: dir, json: true }));
+  const entries = (JSON.parse(json.text) as { entries: Array<{ key: string; skipped?: boolean }> }).entries;
+  assert.deepEqual(entries.filter((e) => e.skipped).map((e) => e.key), [`${fifo}.cubin`, `${zero}.cubin`]);
   fs.rmSync(dir, { recursive: true, force: true });
 });
 

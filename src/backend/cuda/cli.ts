@@ -7,7 +7,8 @@
  *          NVRTC, the source hash), baked parameters. No GPU, no NVRTC needed.
  * - warm:  compiles that plan into the disk cache with NVRTC (no GPU needed given --arch), one line per compile
  *          with its milliseconds, then the totals.
- * - list:  the disk cache's entries: key, size, date; corrupt/foreign files are flagged.
+ * - list:  the disk cache's entries: key, size, date; corrupt/foreign files are flagged, and what is not a regular
+ *          file (a symbolic link, a FIFO, a device) is listed as skipped without being opened.
  * - audit: runs the job's real step code (StepRunner.trainStep with gradient accumulation over full and partial
  *          micro-batches, StepRunner.evaluate over padded and short batches, Generator.generate with other prompt
  *          lengths) at shapes OTHER than the plan's placeholders, on a trace backend, and checks every kernel it
@@ -27,7 +28,7 @@ import { StepRunner, type Batch } from '../../train/step.js';
 import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
 import { DistilleryError } from '../../util/errors.js';
 import { planKernels } from './plan.js';
-import { cacheKey, compileOptions, decodeEntry, defaultCacheDir, KernelCache } from './kernel-cache.js';
+import { cacheKey, compileOptions, defaultCacheDir, fileKind, KernelCache, readEntryFile } from './kernel-cache.js';
 import { tryNvrtc, type KernelCompiler } from './ffi/nvrtc.js';
 import type { KernelSpec } from './kernels/spec.js';
 
@@ -156,22 +157,33 @@ function listCmd(a: Args): number {
     out(`kernel cache ${dir}: empty (no such folder)`);
     return 0;
   }
-  const rows: Array<{ key: string; bytes: number; date: string; ok: boolean; problem?: string }> = [];
+  type Row = { key: string; bytes: number; date: string; ok: boolean; skipped?: boolean; problem?: string };
+  const rows: Row[] = [];
   for (const n of names.sort()) {
     const p = path.join(dir, n);
-    const st = fs.statSync(p);
-    if (!st.isFile()) continue;
-    const m = /^([0-9a-f]{64})\.cubin$/.exec(n);
+    let st: fs.Stats;
+    try { st = fs.lstatSync(p); } catch { continue; } // removed meanwhile
     const date = st.mtime.toISOString().replace(/\.\d+Z$/, 'Z');
+    if (!st.isFile()) {
+      // Never opened: a FIFO would block, a link to /dev/zero would read forever. Shown, so the user can remove it.
+      if (!st.isDirectory()) rows.push({ key: n, bytes: 0, date, ok: false, skipped: true, problem: `a ${fileKind(st)}, not a regular file` });
+      continue;
+    }
+    const m = /^([0-9a-f]{64})\.cubin$/.exec(n);
     if (!m) { rows.push({ key: n, bytes: st.size, date, ok: false, problem: n.includes('.tmp-') ? 'leftover temp file' : 'not a cache entry' }); continue; }
-    const r = decodeEntry(m[1]!, fs.readFileSync(p));
-    rows.push({ key: m[1]!, bytes: st.size, date, ok: !('bad' in r), ...('bad' in r ? { problem: r.bad } : {}) });
+    const r = readEntryFile(p, m[1]!);
+    if ('missing' in r) continue;
+    rows.push({ key: m[1]!, bytes: st.size, date, ok: !('bad' in r), ...('bad' in r ? { problem: r.bad, ...(r.skipped ? { skipped: true } : {}) } : {}) });
   }
   if (a.json === true) { out(JSON.stringify({ dir, entries: rows })); return 0; }
   out(`# kernel cache ${dir}: ${rows.length} files, ${rows.reduce((s, r) => s + r.bytes, 0)} bytes`);
-  for (const r of rows) out(`${r.key}  ${String(r.bytes).padStart(8)}  ${r.date}${r.ok ? '' : `  CORRUPT: ${r.problem}`}`);
-  const bad = rows.filter((r) => !r.ok).length;
+  for (const r of rows) {
+    out(`${r.key}  ${String(r.bytes).padStart(8)}  ${r.date}${r.ok ? '' : `  ${r.skipped ? 'SKIPPED' : 'CORRUPT'}: ${r.problem}`}`);
+  }
+  const skipped = rows.filter((r) => r.skipped).length;
+  const bad = rows.filter((r) => !r.ok && !r.skipped).length;
   if (bad) out(`# ${bad} corrupt or foreign file(s): the cache ignores and rewrites them; delete them to reclaim space`);
+  if (skipped) out(`# ${skipped} skipped: not regular files (links, FIFOs, devices); the cache never reads them and replaces a link or FIFO named like an entry when it compiles that kernel; delete them`);
   return 0;
 }
 

@@ -8,8 +8,11 @@
  * - Tiers: memory → disk → compile. Disk lives in $DISTILLERY_CACHE_DIR, else $XDG_CACHE_HOME/distillery/kernels,
  *   else ~/.cache/distillery/kernels. One file per key, `<key>.cubin`, written atomically (temp + rename), with
  *   a header [magic 8 | key 64 | payload length u64 | sha256(payload) 32 | payload]. A corrupt, truncated or
- *   foreign file is reported, recompiled and rewritten: never trusted, never a crash. Disk errors (read-only
- *   cache folder) degrade to memory-only with one warning.
+ *   foreign file is reported, recompiled and rewritten: never trusted, never a crash. Only regular files are read
+ *   (opened with O_NOFOLLOW | O_NONBLOCK, then fstat'ed: a FIFO, a device or a symbolic link — e.g. one to
+ *   /dev/zero — is reported and skipped instead of blocking or reading forever), and a read is bounded by the
+ *   header's declared payload length (at most MAX_ENTRY_BYTES), which must match the file's size. Disk errors
+ *   (read-only cache folder) degrade to memory-only with one warning.
  * - `prewarm(specs)` loads or compiles every missing kernel (compiles run in parallel), then `seal()`s.
  *   After the seal, a `get()` that misses prints `[kernel-cache] miss after pre-warm: <kernel> <params>` and,
  *   in strict mode, throws. Strict is the default when NODE_ENV=test or DISTILLERY_STRICT_KERNELS=1.
@@ -88,14 +91,79 @@ export function encodeEntry(key: string, payload: Uint8Array): Buffer {
 /** The payload, or the reason the file cannot be trusted. */
 export function decodeEntry(key: string, file: Buffer): { payload: Uint8Array } | { bad: string } {
   if (file.length < HEADER_BYTES) return { bad: `truncated header (${file.length} bytes)` };
-  if (!file.subarray(0, 8).equals(CACHE_MAGIC)) return { bad: 'not a distillery kernel file (bad magic)' };
-  const k = file.toString('ascii', 8, 72);
-  if (k !== key) return { bad: `holds key ${k.slice(0, 16)}…, expected ${key.slice(0, 16)}…` };
-  const len = file.readBigUInt64LE(72);
-  if (len !== BigInt(file.length - HEADER_BYTES)) return { bad: `payload length ${len} but ${file.length - HEADER_BYTES} bytes present` };
+  const h = checkHeader(key, file.subarray(0, HEADER_BYTES), file.length);
+  if ('bad' in h) return h;
   const payload = file.subarray(HEADER_BYTES);
   if (!createHash('sha256').update(payload).digest().equals(file.subarray(80, 112))) return { bad: 'checksum mismatch' };
   return { payload: new Uint8Array(payload) };
+}
+
+/** The largest payload a cache entry may declare (a CUBIN is kilobytes to a few megabytes). */
+export const MAX_ENTRY_BYTES = 256 * 1024 * 1024;
+
+/** What kind of file system object `st` is, for messages. */
+export function fileKind(st: fs.Stats): string {
+  if (st.isFile()) return 'regular file';
+  if (st.isDirectory()) return 'directory';
+  if (st.isSymbolicLink()) return 'symbolic link';
+  if (st.isFIFO()) return 'FIFO (named pipe)';
+  if (st.isSocket()) return 'socket';
+  if (st.isCharacterDevice()) return 'character device';
+  if (st.isBlockDevice()) return 'block device';
+  return 'special file';
+}
+
+/** Result of reading one cache file: its payload, why it cannot be used, or that there is none. */
+export type EntryRead = { payload: Uint8Array } | { bad: string; skipped?: true } | { missing: true };
+
+/**
+ * Reads the cache entry at `p` for `key` safely: a symbolic link or anything but a regular file is refused without
+ * reading it (`skipped`), and no more bytes are read than the header declares (and the file holds).
+ */
+export function readEntryFile(p: string, key: string): EntryRead {
+  let fd: number;
+  try {
+    fd = fs.openSync(p, fs.constants.O_RDONLY | (fs.constants.O_NOFOLLOW ?? 0) | (fs.constants.O_NONBLOCK ?? 0));
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') return { missing: true };
+    if (code === 'ELOOP') return { bad: 'a symbolic link (the cache reads only regular files, never through links)', skipped: true };
+    return { bad: `cannot be opened (${code ?? (e as Error).message})`, skipped: true };
+  }
+  try {
+    const st = fs.fstatSync(fd);
+    if (!st.isFile()) return { bad: `a ${fileKind(st)}, not a regular file`, skipped: true };
+    const header = Buffer.alloc(HEADER_BYTES);
+    const got = fs.readSync(fd, header, 0, HEADER_BYTES, 0);
+    if (got < HEADER_BYTES) return { bad: `truncated header (${got} bytes)` };
+    const h = checkHeader(key, header, st.size);
+    if ('bad' in h) return h;
+    const payload = Buffer.alloc(h.length);
+    let off = 0;
+    while (off < h.length) {
+      const n = fs.readSync(fd, payload, off, h.length - off, HEADER_BYTES + off);
+      if (n === 0) break;
+      off += n;
+    }
+    if (off !== h.length) return { bad: `payload length ${h.length} but only ${off} bytes could be read` };
+    if (!createHash('sha256').update(payload).digest().equals(header.subarray(80, 112))) return { bad: 'checksum mismatch' };
+    return { payload: new Uint8Array(payload) };
+  } catch (e) {
+    return { bad: `cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})` };
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** Checks an entry's header against the key and the file's size; the declared payload length, or the reason. */
+function checkHeader(key: string, header: Buffer, fileBytes: number): { length: number } | { bad: string } {
+  if (!header.subarray(0, 8).equals(CACHE_MAGIC)) return { bad: 'not a distillery kernel file (bad magic)' };
+  const k = header.toString('ascii', 8, 72);
+  if (k !== key) return { bad: `holds key ${k.slice(0, 16)}…, expected ${key.slice(0, 16)}…` };
+  const len = header.readBigUInt64LE(72);
+  if (len > BigInt(MAX_ENTRY_BYTES)) return { bad: `declares a payload of ${len} bytes (more than the ${MAX_ENTRY_BYTES}-byte limit)` };
+  if (len !== BigInt(fileBytes - HEADER_BYTES)) return { bad: `payload length ${len} but ${fileBytes - HEADER_BYTES} bytes present` };
+  return { length: Number(len) };
 }
 
 export interface KernelCacheOptions {
@@ -220,9 +288,8 @@ export class KernelCache {
   private readDisk(key: string): Uint8Array | null {
     if (this.dir === null) return null;
     const p = this.path(key);
-    let file: Buffer;
-    try { file = fs.readFileSync(p); } catch { return null; }
-    const r = decodeEntry(key, file);
+    const r = readEntryFile(p, key);
+    if ('missing' in r) return null;
     if ('bad' in r) {
       this.counters.diskRejected++;
       this.log(`[kernel-cache] ignoring ${p}: ${r.bad}; recompiling`);

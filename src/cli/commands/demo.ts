@@ -3,6 +3,9 @@
  * distill a student from it, train the same student without a teacher, and compare their validation loss.
  */
 import { formatHelp, parseArgs, UsageError, type FlagSpec } from '../args.js';
+import { threadsProblem } from '../../backend/create.js';
+import { checkOutDir } from '../options.js';
+import { realFs } from './train.js';
 import type { Command, Deps } from '../command.js';
 
 const FLAGS: FlagSpec[] = [
@@ -32,9 +35,12 @@ export const demoCommand: Command = {
     if (parsed.help) { io.out(help()); return 0; }
     if (parsed.positionals.length) throw new UsageError(`demo: unexpected argument '${parsed.positionals[0]}'`, 'the output folder goes after --out');
     const threads = (parsed.values.threads as number | undefined) ?? 0;
-    if (threads < 0) throw new UsageError(`--threads must be >= 0, got ${threads}`, 'use 0 for all cores');
+    const threadsBad = threadsProblem(threads);
+    if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${threads}`, 'use 0 for all cores');
+    const out = (parsed.values.out as string | undefined) ?? 'runs/demo';
+    checkOutDir(realFs, out, '--out');
     await (deps.runDemo ?? defaultRunDemo)({
-      out: (parsed.values.out as string | undefined) ?? 'runs/demo',
+      out,
       quick: parsed.values.quick === true,
       threads,
       log: (line) => io.err(`${line}\n`),

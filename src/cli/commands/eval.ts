@@ -6,7 +6,7 @@
  */
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
+import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
 import type { LossSpec } from '../../backend/backend.js';
 import { readCheckpoint } from '../../model/checkpoint.js';
 import { describeBaked } from '../../model/config.js';
@@ -71,7 +71,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
   }
   if (o.maxChars < 0) throw new UsageError(`--max-chars must be >= 0, got ${o.maxChars}`, 'use 0 for no cap');
-  if (o.threads < 0) throw new UsageError(`--threads must be >= 0, got ${o.threads}`, 'use 0 for all cores');
+  const threadsBad = threadsProblem(o.threads);
+  if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
   if (data.includes('builtin:docs') && data.length > 1) throw new UsageError("--data: 'builtin:docs' cannot be combined with other data files", 'use either builtin:docs or your own files');
   for (const d of data) {
     if (d !== 'builtin:docs' && !realFs.exists(d)) throw new UsageError(`--data: data file ${d} does not exist`, 'check the path');

@@ -7,7 +7,7 @@
 import * as fs from 'node:fs';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { createBackend, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
+import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
 import { readCheckpoint } from '../../model/checkpoint.js';
 import { describeBaked, eosIds } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
@@ -100,7 +100,8 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
   if (!(o.topP > 0 && o.topP <= 1)) throw new UsageError(`--top-p must be in (0, 1], got ${o.topP}`, 'use 1 to turn nucleus sampling off, or e.g. 0.9');
-  if (!(o.threads >= 0)) throw new UsageError(`--threads must be >= 0, got ${o.threads}`, 'use 0 for all cores');
+  const threadsBad = threadsProblem(o.threads);
+  if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
   return o;
 }
 

@@ -14,6 +14,7 @@ import { CUDA_FLAGS } from './generate.js';
 export const realFs: FsProbe = {
   exists: (p) => fs.existsSync(p),
   isDirectory: (p) => { try { return fs.statSync(p).isDirectory(); } catch { return false; } },
+  writable: (p) => { try { fs.accessSync(p, fs.constants.W_OK | fs.constants.X_OK); return true; } catch { return false; } },
 };
 
 async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string) => void; backendOptions?: CudaOptions }): Promise<unknown> {
