@@ -466,16 +466,14 @@ export function readMoments(file: string, parameters: number): { m: Float32Array
 
 /** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
 function appendNoFollow(file: string, text: string): void {
-  let fd: number;
   try {
-    fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, 0o644);
+    fs.appendFileSync(file, text, { flag: fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, mode: 0o644 });
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ELOOP') {
       throw new DistilleryError(`${file} became a symbolic link during the run; distillery does not write through links`, 'remove the link and resume with --resume');
     }
     throw e;
   }
-  try { fs.writeSync(fd, text); } finally { fs.closeSync(fd); }
 }
 
 function fmt(x: number): string {
