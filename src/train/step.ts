@@ -53,18 +53,42 @@ export class StepRunner {
   private readonly stats: Buf;
   private readonly n: number;
 
-  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec) {
+  /**
+   * The vocabulary rows the loss runs over: the tokenizer's real tokens (Tokenizer.vocabSize). Rows past it are
+   * embedding padding (a vocab_size rounded up, e.g. Qwen2.5-7B's 152064 for 151665 tokens) and are excluded.
+   * Defaults to the student's vocab_size.
+   */
+  readonly lossVocab: number;
+
+  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, lossVocab?: number) {
     this.be = student.backend;
+    const vs = student.config.vocabSize, vt = teacher?.config.vocabSize;
+    if (lossVocab !== undefined) {
+      if (!(Number.isInteger(lossVocab) && lossVocab > 0)) throw new DistilleryError(`lossVocab must be a positive integer, got ${lossVocab}`);
+      for (const [who, v] of [['student', vs], ['teacher', vt]] as const) {
+        if (v !== undefined && v < lossVocab) {
+          throw new DistilleryError(`the ${who}'s vocab_size (${v}) is smaller than the tokenizer (${lossVocab} tokens)`,
+            `use a ${who} whose vocab_size covers the tokenizer`);
+        }
+      }
+    }
     if (teacher) {
-      if (teacher.config.vocabSize !== student.config.vocabSize) {
+      if (vt !== vs && lossVocab === undefined) {
         throw new DistilleryError(
-          `teacher and student vocabularies differ: teacher vocab_size ${teacher.config.vocabSize}, student ${student.config.vocabSize}`,
+          `teacher and student vocabularies differ: teacher vocab_size ${vt}, student ${vs}`,
           'distillation compares the two models token by token: give the student the teacher\'s tokenizer and vocab_size');
       }
       if (teacher.backend !== student.backend) throw new DistilleryError('teacher and student must use the same backend');
       if (teacher.batch < student.batch || teacher.seq < student.seq) {
         throw new DistilleryError('the teacher was allocated for smaller batches than the student');
       }
+    }
+    this.lossVocab = lossVocab ?? vs;
+    // TODO(lead): the chunked LM head + loss runs over the first lossVocab rows; until then, refuse padded rows.
+    if (this.lossVocab < vs || (vt !== undefined && this.lossVocab < vt)) {
+      throw new DistilleryError(
+        `a loss over the first ${this.lossVocab} vocabulary rows (student vocab_size ${vs}${vt !== undefined ? `, teacher ${vt}` : ''}: padded embedding rows) is not yet supported`,
+        'use models whose vocab_size equals the tokenizer\'s size for now');
     }
     if (spec.kind !== 'none' && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs a teacher`, 'pass --teacher <checkpoint folder> or use --loss none');

@@ -17,10 +17,12 @@ import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
 import { CUDA_FLAGS, requireModelDir } from './generate.js';
 import { realFs } from './train.js';
+import { resolveModelArg } from '../model-ref.js';
+import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 
 const FLAGS: FlagSpec[] = [
-  { name: 'model', kind: 'string', metavar: '<dir>', description: 'checkpoint folder to evaluate (required)' },
-  { name: 'teacher', kind: 'string', metavar: '<dir>', description: 'teacher checkpoint: also report top-1 agreement and KL(teacher ‖ model)' },
+  { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
+  { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
   { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
@@ -101,15 +103,30 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
 }
 
 /** Evaluates as described in the module comment. */
-export async function evaluate(o: EvalOptions): Promise<EvalResult> {
-  requireModelDir(o.model, '--model');
-  if (o.teacher !== undefined) requireModelDir(o.teacher, '--teacher');
-  const studentCk = readCheckpoint(o.model);
+export async function evaluate(o: EvalOptions, log: (line: string) => void = () => {}): Promise<EvalResult> {
+  const modelDir = resolveModelArg(o.model, '--model');
+  requireModelDir(modelDir, '--model');
+  const teacherDir = o.teacher !== undefined ? resolveModelArg(o.teacher, '--teacher') : undefined;
+  if (teacherDir !== undefined) requireModelDir(teacherDir, '--teacher');
+  const studentCk = readCheckpoint(modelDir);
   if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.seq > studentCk.config.maxPositionEmbeddings) {
     throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
   }
-  const teacherCk = o.teacher !== undefined ? readCheckpoint(o.teacher) : null;
+  const teacherCk = teacherDir !== undefined ? readCheckpoint(teacherDir) : null;
+  let lossVocab: number | undefined;
+  if (teacherCk) {
+    // Agreement and KL compare the two models id by id: they must share one tokenizer, not just a vocabulary size.
+    if (teacherCk.tokenizer) {
+      assertSameTokenizer({ name: 'teacher', tokenizer: teacherCk.tokenizer, from: teacherDir }, { name: 'model', tokenizer: studentCk.tokenizer, from: modelDir },
+        'agreement and KL compare the two models token by token: evaluate against a teacher with the model\'s tokenizer');
+    } else {
+      log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the model's tokenizer`);
+    }
+    const lv = lossVocabulary(studentCk.tokenizer.vocabSize, [{ name: 'teacher', vocabSize: teacherCk.config.vocabSize }, { name: 'model', vocabSize: studentCk.config.vocabSize }]);
+    if (lv.note) log(lv.note);
+    lossVocab = lv.lossVocab;
+  }
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
   try {
@@ -129,7 +146,7 @@ export async function evaluate(o: EvalOptions): Promise<EvalResult> {
     const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
     if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
     const packed = packDocuments(tok, readDocs(o), { seqLen: o.seq, eosId });
-    const runner = new StepRunner(student.model, teacher?.model ?? null, spec);
+    const runner = new StepRunner(student.model, teacher?.model ?? null, spec, lossVocab);
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
     if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
@@ -171,7 +188,7 @@ export const evalCommand: Command = {
     if (parsed.help) { io.out(help()); return 0; }
     if (parsed.positionals.length) throw new UsageError(`eval: unexpected argument '${parsed.positionals[0]}'`, `data files go after --data: --data ${parsed.positionals.join(' ')}`);
     const o = evalOptions(parsed.values);
-    const r = await evaluate(o);
+    const r = await evaluate(o, (line) => io.err(`${line}\n`));
     io.out(o.json ? JSON.stringify(r) + '\n' : formatEval(r));
     return 0;
   },

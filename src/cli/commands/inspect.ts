@@ -12,6 +12,7 @@ import { parseHfConfig, parameterCount, type ModelConfig } from '../../model/con
 import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js';
 import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
+import { resolveModelArg } from '../model-ref.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -85,7 +86,8 @@ function tensorTable(shards: Shard[], io: Io): { bytes: number; numel: number; c
 }
 
 /** Prints the report for a model folder or a .safetensors file. */
-export function inspect(target: string, io: Io): void {
+export function inspect(arg: string, io: Io): void {
+  const target = resolveModelArg(arg, 'inspect');
   if (!fs.existsSync(target)) throw new UsageError(`inspect: ${target} does not exist`, 'pass a checkpoint folder or a .safetensors file');
   if (!fs.statSync(target).isDirectory()) {
     const shard = { file: target, tensors: readSafetensorsHeader(target).tensors };
@@ -124,7 +126,7 @@ export function inspect(target: string, io: Io): void {
 }
 
 const help = (): string => formatHelp({
-  usage: 'distillery inspect <dir | file.safetensors>',
+  usage: 'distillery inspect <dir | hub id | file.safetensors>',
   description: 'Shows a checkpoint: config summary, parameter count, tokenizer, and each tensor\'s name, dtype and shape (read from the safetensors header, no full load), with the total bytes.',
   flags: FLAGS,
   examples: ['distillery inspect runs/demo/teacher/final', 'distillery inspect model.safetensors'],
