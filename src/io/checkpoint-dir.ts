@@ -254,10 +254,10 @@ export function loadModelDir(dir: string): LoadedModelDir {
 }
 
 /** The tokenizer and generation files of a model folder (everything but config.json and the weights). */
-export function readModelDirExtras(dir: string): Pick<LoadedModelDir, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'> {
+export function readModelDirExtras(dir: string, opts: { tokenizerJson?: boolean } = {}): Pick<LoadedModelDir, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'> {
   const out: Pick<LoadedModelDir, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'> = {};
   const tokPath = path.join(dir, 'tokenizer.json');
-  if (fs.existsSync(tokPath)) out.tokenizerJson = readJson(tokPath, 'tokenizer.json');
+  if (opts.tokenizerJson !== false && fs.existsSync(tokPath)) out.tokenizerJson = readJson(tokPath, 'tokenizer.json');
   const tcPath = path.join(dir, 'tokenizer_config.json');
   if (fs.existsSync(tcPath)) out.tokenizerConfig = readJson(tcPath, 'tokenizer_config.json');
   const fromConfig = out.tokenizerConfig ? chatTemplateFromConfig(out.tokenizerConfig.chat_template) : null;

@@ -396,7 +396,7 @@ function modelExtras(o: RunOptions, teacher: LoadedCheckpoint | null, init: Load
   if (init && (init.tokenizerJson || init.tokenizerConfig)) return of(init, `the --init checkpoint ${o.init}`);
   if (o.tokenizer) {
     const dir = fs.existsSync(o.tokenizer) && fs.statSync(o.tokenizer).isDirectory() ? o.tokenizer : path.dirname(o.tokenizer);
-    const x = readModelDirExtras(dir);
+    const x = readModelDirExtras(dir, { tokenizerJson: false });
     if (x.tokenizerConfig || x.chatTemplate) {
       return { tokenizerConfig: x.tokenizerConfig ?? null, chatTemplate: x.chatTemplate ?? null, generationConfig: x.generationConfig ?? null, from: `${dir} (--tokenizer)` };
     }

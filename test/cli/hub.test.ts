@@ -76,6 +76,12 @@ test('inspect, generate and eval take a Hub id from the local cache (refs/main; 
   const i = await run(['inspect', 'Tiny/qwen-test']);
   assert.equal(i.code, 0, i.err);
   assert.match(i.out, new RegExp(`^folder +${snap.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`, 'm'));
+  assert.match(i.out, /^chat template {2}ChatML$/m, 'writeCheckpoint gave the ChatML tokenizer its template');
+  // kernels plan reads the snapshot's config.json for a Hub id.
+  let kargs: Record<string, unknown> = {};
+  const k = await run(['kernels', 'plan', '--model', 'Tiny/qwen-test'], { kernelsCommand: async (_s: string, a: Record<string, unknown>) => { kargs = a; return 0; } });
+  assert.equal(k.code, 0, k.err);
+  assert.equal(kargs.model, snap);
   const byId = await run(['generate', '--model', 'Tiny/qwen-test@dev', '--prompt', 'The teacher', '--max-new-tokens', '6', '--threads', '1']);
   const byDir = await run(['generate', '--model', snapDev, '--prompt', 'The teacher', '--max-new-tokens', '6', '--threads', '1']);
   assert.equal(byId.code, 0, byId.err);

@@ -13,6 +13,8 @@ import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js'
 import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { resolveModelArg } from '../model-ref.js';
+import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
+import { chatFormatOf } from '../../tokenizer/chat.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -117,8 +119,17 @@ export function inspect(arg: string, io: Io): void {
   } else {
     io.out('tokenizer      none (no tokenizer.json)\n');
   }
+  const extras = readModelDirExtras(target, { tokenizerJson: false });
+  const chat = chatFormatOf(extras.chatTemplate, target);
+  io.out(`chat template  ${extras.chatTemplate === undefined ? 'none (--chat and chat data use plain ChatML)'
+    : chat.kind === 'chatml' ? `ChatML${chat.defaultSystem !== null ? ` (default system prompt ${JSON.stringify(chat.defaultSystem)})` : ''}`
+      : 'not ChatML (--chat and chat data are refused)'}\n`);
+  const eos = generationEosIds(extras.generationConfig, path.join(target, 'generation_config.json'));
+  if (eos.length) io.out(`eos ids        ${eos.join(', ')} (generation_config.json)\n`);
+  const shards = shardsOf(target);
+  if (shards.length > 1) io.out(`weights        ${shards.length} shards (model.safetensors.index.json)\n`);
   io.out('\n');
-  const t = tensorTable(shardsOf(target), io);
+  const t = tensorTable(shards, io);
   io.out(`\n${t.count} tensors, ${t.numel} elements, ${t.bytes} bytes (${humanBytes(t.bytes)}) in total\n`);
   if (t.numel !== params) {
     io.err(`warning: the tensors hold ${t.numel} elements but the config implies ${params} parameters\n`);
