@@ -134,10 +134,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
   const extras = modelExtras(o, teacherCk, initCk);
   const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from) : DEFAULT_CHAT_FORMAT;
-  const docs = readData(o, log, chat);
-  const chosen = chooseTokenizer(o, docs, saved ? path.join(out, 'tokenizer.json') : null, teacherCk, initCk, log);
+  // The tokenizers are checked before the data is read (unless one has to be trained on it).
+  let docsRead: string[] | null = null;
+  const getDocs = (): string[] => (docsRead ??= readData(o, log, chat));
+  const chosen = chooseTokenizer(o, getDocs, saved ? path.join(out, 'tokenizer.json') : null, teacherCk, initCk, log);
   const tokenizer = chosen.tokenizer;
   checkSameTokenizer(o, chosen, teacherCk, initCk, log);
+  const docs = getDocs();
   if (!saved) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
@@ -342,7 +345,7 @@ function readData(o: RunOptions, log: (s: string) => void, chat: ChatFormat): st
 }
 
 /** The run's tokenizer and where it came from (the name it has in identity errors). */
-function chooseTokenizer(o: RunOptions, docs: string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
+function chooseTokenizer(o: RunOptions, docs: () => string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
   init: LoadedCheckpoint | null, log: (s: string) => void): NamedTokenizer & { role: 'resume' | 'tokenizer' | 'teacher' | 'init' | 'trained' } {
   if (resumePath) return { name: 'run', tokenizer: Tokenizer.fromFile(resumePath), from: resumePath, role: 'resume' };
   if (o.tokenizer) return { name: 'data', tokenizer: Tokenizer.fromFile(o.tokenizer), from: `--tokenizer ${o.tokenizer}`, role: 'tokenizer' };
@@ -351,8 +354,9 @@ function chooseTokenizer(o: RunOptions, docs: string[], resumePath: string | nul
     return { name: 'teacher', tokenizer: teacher.tokenizer, from: `--teacher ${o.teacher}`, role: 'teacher' };
   }
   if (init?.tokenizer) return { name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}`, role: 'init' };
+  const d = docs();
   const t0 = Date.now();
-  const tok = trainBpe(docs, { vocabSize: o.vocabSize, specialTokens: SPECIAL_TOKENS });
+  const tok = trainBpe(d, { vocabSize: o.vocabSize, specialTokens: SPECIAL_TOKENS });
   log(`tokenizer: trained a byte-level BPE of ${tok.vocabSize} tokens on the data in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
   return { name: 'data', tokenizer: tok, from: 'trained on the data', role: 'trained' };
 }
