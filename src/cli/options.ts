@@ -48,7 +48,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('out', 'string', 'run folder: metrics, plots, checkpoints, final model (required)', { metavar: '<dir>' }),
   spec('data', 'list', "training text: .txt/.md (one document per file), .jsonl ({\"text\"} or {\"messages\"}), folders, or 'builtin:docs'; repeatable", { metavar: '<file>...' }),
   spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
-  spec('tokenizer', 'string', "tokenizer.json to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
+  spec('tokenizer', 'string', "tokenizer.json (or a folder with one, or a Hub id in the local HF cache) to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
   spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 ? null : 'an integer >= 256 (the 256 byte tokens)') }),
   spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
   spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
@@ -194,7 +194,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   }
 
   // Paths. A model argument that is not on disk but looks like a Hub id is looked up in the local HF cache.
-  const fromHub = (field: 'model' | 'teacher' | 'init'): void => {
+  const fromHub = (field: 'model' | 'teacher' | 'init' | 'tokenizer'): void => {
     const v = merged[field];
     if (typeof v !== 'string' || fs.exists(v) || !looksLikeHubId(v) || !fs.hubModel) return;
     if (field === 'model' && isPreset(v)) return;
@@ -203,7 +203,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     // --model takes the architecture only: the snapshot's config.json.
     merged[field] = field === 'model' ? `${r.dir}/config.json` : r.dir;
   };
-  fromHub('model'); fromHub('teacher'); fromHub('init');
+  fromHub('model'); fromHub('teacher'); fromHub('init'); fromHub('tokenizer');
   const model = merged.model as string;
   if (!isPreset(model)) {
     if (!fs.exists(model)) {

@@ -18,7 +18,8 @@ const HUB_ID = /^([A-Za-z0-9][A-Za-z0-9._-]*)\/([A-Za-z0-9][A-Za-z0-9._-]*)(?:@(
 /** True when s has the shape of a Hub model id (it may still be a local path: callers check the disk first). */
 export function looksLikeHubId(s: string): boolean {
   const m = HUB_ID.exec(s);
-  return m !== null && !s.includes('..') && !(m[3] ?? '').endsWith('/');
+  // A file name (config.json, model.safetensors) is a path the user mistyped, not a repository.
+  return m !== null && !s.includes('..') && !(m[3] ?? '').endsWith('/') && !/\.(json|safetensors|txt|jsonl|md)$/i.test(m[2]!);
 }
 
 /** The hub cache folders to search, in order (see the module comment); duplicates removed. */

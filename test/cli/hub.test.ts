@@ -59,7 +59,7 @@ async function run(argv: string[], deps = {}) {
 
 test('Hub ids: shape, cache folder order, refs/main, @branch, @commit prefix', () => {
   for (const ok of ['Qwen/Qwen2.5-0.5B', 'meta-llama/Llama-3.2-1B@main', 'a/b@0123abc']) assert.ok(looksLikeHubId(ok), ok);
-  for (const no of ['qwen2.5-0.5b', 'runs/a/final', '/abs/x', './a/b', 'a/b@', 'a/../b', 'a/b@x/../y']) assert.ok(!looksLikeHubId(no), no);
+  for (const no of ['qwen2.5-0.5b', 'runs/a/final', '/abs/x', './a/b', 'a/b@', 'a/../b', 'a/b@x/../y', 'configs/student.json', 'x/model.safetensors']) assert.ok(!looksLikeHubId(no), no);
   assert.deepEqual(hubCacheDirs({ HF_HUB_CACHE: '/c1', HF_HOME: '/h', XDG_CACHE_HOME: '/x' }, '/home/u'),
     ['/c1', '/h/hub', '/x/huggingface/hub', '/home/u/.cache/huggingface/hub']);
   assert.deepEqual(hubCacheDirs({}, '/home/u'), ['/home/u/.cache/huggingface/hub']);
@@ -103,13 +103,14 @@ test('an id that is not cached: exit 2, one sentence with where it looked and th
   assert.match(d.err, /^error: --teacher: Qwen\/Not-There is not a local folder/);
 });
 
-test('distill/train resolve --teacher, --init and --model Hub ids to the cached snapshot (--model: its config.json)', async () => {
+test('distill/train resolve --teacher, --init, --tokenizer and --model Hub ids to the cached snapshot (--model: its config.json)', async () => {
   let got: RunOptions | null = null;
   const deps = { runTraining: async (o: RunOptions) => { got = o; return {}; } };
-  const r = await run(['distill', '--teacher', 'Tiny/qwen-test', '--init', 'Tiny/qwen-test@dev', '--data', dataFile, '--out', path.join(dir, 'o')], deps);
+  const r = await run(['distill', '--teacher', 'Tiny/qwen-test', '--init', 'Tiny/qwen-test@dev', '--tokenizer', 'Tiny/qwen-test', '--data', dataFile, '--out', path.join(dir, 'o')], deps);
   assert.equal(r.code, 0, r.err);
   assert.equal(got!.teacher, snap);
   assert.equal(got!.init, snapDev);
+  assert.equal(got!.tokenizer, snap);
   const t = await run(['train', '--model', 'Tiny/qwen-test', '--data', dataFile, '--out', path.join(dir, 'o')], deps);
   assert.equal(t.code, 0, t.err);
   assert.equal(got!.model, path.join(snap, 'config.json'));

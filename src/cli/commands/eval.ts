@@ -19,6 +19,7 @@ import { CUDA_FLAGS, requireModelDir } from './generate.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
+import { chatFormatOf, renderChat, type ChatFormat } from '../../tokenizer/chat.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
@@ -80,9 +81,10 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   return o;
 }
 
-function readDocs(o: EvalOptions): string[] {
+function readDocs(o: EvalOptions, chat: ChatFormat): string[] {
   if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents;
-  const docs = loadDocuments(o.data);
+  // Chat lines are rendered as in training: with the model's chat template (ChatML).
+  const docs = loadDocuments(o.data, { renderChat: (m) => renderChat(chat, m) });
   if (o.maxChars <= 0) return docs;
   const kept: string[] = [];
   let n = 0;
@@ -145,7 +147,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const tok = student.tokenizer;
     const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
     if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
-    const packed = packDocuments(tok, readDocs(o), { seqLen: o.seq, eosId });
+    const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`)), { seqLen: o.seq, eosId });
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, lossVocab);
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
