@@ -29,7 +29,7 @@ import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
-import { assertSameTokenizer, lossVocabulary, type NamedTokenizer } from '../tokenizer/identity.js';
+import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
 import { chatFormatOf, renderChat, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
 import { loadDocuments, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Window, type LoaderState } from '../data/index.js';
@@ -383,6 +383,9 @@ function checkSameTokenizer(o: RunOptions, chosen: ReturnType<typeof chooseToken
   const all = [...others.filter((t) => t.name === 'teacher'), ...(chosen.role === 'teacher' ? [chosen] : []), ...others.filter((t) => t.name !== 'teacher'),
     ...(chosen.role !== 'teacher' ? [chosen] : [])];
   for (let i = 1; i < all.length; i++) assertSameTokenizer(all[0]!, all[i]!, advice);
+  if (all.length > 1) {
+    log(`tokenizer: ${chosen.tokenizer.vocabSize} tokens, identity ${tokenizerHash(chosen.tokenizer).slice(0, 16)}: the same for ${all.map((t) => t.name).join(', ')}`);
+  }
 }
 
 interface ModelExtras {

@@ -25,6 +25,7 @@ import { StepRunner } from '../../src/train/step.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { tinyTokenizer, TEXT } from '../cli/fixtures.js';
+import { tokenizerHash } from '../../src/tokenizer/identity.js';
 
 type Json = Record<string, unknown>;
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-tokid-'));
@@ -101,8 +102,10 @@ test('distill: the same tokenizer with reordered JSON keys is accepted; chat tem
     generationConfig: { eos_token_id: [tok.tokenToId('<|im_end|>'), tok.tokenToId('<|endoftext|>')], temperature: 0.7 },
   });
   fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(src));
-  const s = await runTraining(opts(dir, { teacher, tokenizer: path.join(dir, 'tokenizer.json'), alpha: 0.5 }), { log: () => {} });
+  const lines: string[] = [];
+  const s = await runTraining(opts(dir, { teacher, tokenizer: path.join(dir, 'tokenizer.json'), alpha: 0.5 }), { log: (l) => lines.push(l) });
   assert.equal(s.status, 'completed');
+  assert.ok(lines.includes(`tokenizer: ${tok.vocabSize} tokens, identity ${tokenizerHash(reordered).slice(0, 16)}: the same for teacher, data`), lines.join('\n'));
   const tc = JSON.parse(fs.readFileSync(path.join(s.finalDir!, 'tokenizer_config.json'), 'utf8')) as Json;
   assert.equal(tc.chat_template, template);
   assert.equal(tc.eos_token, '<|im_end|>');

@@ -15,6 +15,7 @@ import { DistilleryError } from '../../util/errors.js';
 import { resolveModelArg } from '../model-ref.js';
 import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
 import { chatFormatOf } from '../../tokenizer/chat.js';
+import { tokenizerHash } from '../../tokenizer/identity.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -115,7 +116,7 @@ export function inspect(arg: string, io: Io): void {
   if (fs.existsSync(tokPath)) {
     const tok = Tokenizer.fromFile(tokPath);
     const eos = tok.eosId !== undefined ? `, eos ${tok.idToToken(tok.eosId) ?? '?'} (id ${tok.eosId})` : '';
-    io.out(`tokenizer      ${tok.vocabSize} tokens${eos}\n`);
+    io.out(`tokenizer      ${tok.vocabSize} tokens${eos}, identity ${tokenizerHash(tok).slice(0, 16)} (sha256 of its canonical form)\n`);
   } else {
     io.out('tokenizer      none (no tokenizer.json)\n');
   }
