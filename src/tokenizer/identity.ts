@@ -9,7 +9,9 @@
  *   - the added tokens, by id, with their flags (special, lstrip, rstrip, normalized, single_word);
  *   - the BPE model's options (type, ignore_merges, byte_fallback, unk_token, prefixes/suffixes, dropout, fuse_unk),
  *     absent and default values being equal;
- *   - the normalizer, the pre-tokenizer and the decoder (JSON, objects compared key-order-independently).
+ *   - the normalizer, the pre-tokenizer and the decoder (JSON, objects compared key-order-independently; options
+ *     that change neither ids nor text, like ByteLevel's trim_offsets, are left out, and later-added options
+ *     take their defaults when absent).
  * The post-processor, truncation, padding and version fields are not compared: distillery does not apply them.
  *
  * `tokenizerHash` is a SHA-256 of that canonical form; `tokenizerDifference` names the FIRST difference
@@ -75,6 +77,25 @@ const MODEL_DEFAULTS: Json = {
   fuse_unk: false, byte_fallback: false, ignore_merges: false,
 };
 
+/**
+ * Pre-tokenizer / decoder steps with fields that do not change ids or text dropped and defaults filled in, so that
+ * files written by different `tokenizers` versions compare equal: ByteLevel's `trim_offsets` only moves offsets,
+ * its `use_regex` (added in later versions) defaults to true, and the ByteLevel decoder ignores its options.
+ */
+function canonStep(v: unknown, decoder: boolean): unknown {
+  if (Array.isArray(v)) return v.map((x) => canonStep(x, decoder));
+  if (typeof v !== 'object' || v === null) return v;
+  const o: Json = {};
+  for (const [k, x] of Object.entries(v as Json)) o[k] = canonStep(x, decoder);
+  if (o.type === 'ByteLevel') {
+    if (decoder) return { type: 'ByteLevel' };
+    delete o.trim_offsets;
+    if (o.use_regex === undefined || o.use_regex === null) o.use_regex = true;
+  }
+  if (o.type === 'Split' && (o.invert === undefined || o.invert === null)) o.invert = false;
+  return o;
+}
+
 const cache = new WeakMap<object, CanonicalTokenizer>();
 
 /** The canonical form of a parsed tokenizer.json (or of a Tokenizer's source file); cached per object. */
@@ -113,7 +134,7 @@ export function canonicalTokenizer(src: Tokenizer | Readonly<Json>): CanonicalTo
   const norm = (x: unknown): unknown => (x === undefined ? null : x);
   const c: Omit<CanonicalTokenizer, 'hash'> = {
     tokens, size, merges, added, model: opts,
-    normalizer: norm(json.normalizer), preTokenizer: norm(json.pre_tokenizer), decoder: norm(json.decoder),
+    normalizer: norm(json.normalizer), preTokenizer: canonStep(norm(json.pre_tokenizer), false), decoder: canonStep(norm(json.decoder), true),
   };
   const h = createHash('sha256');
   // Native JSON.stringify of the id-indexed array (holes become null) and of the pairs: fast on 150k-token files.

@@ -399,8 +399,9 @@ interface ModelExtras {
 /** tokenizer_config.json, chat template and generation_config.json of the teacher, else --init, else next to --tokenizer. */
 function modelExtras(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelExtras | null {
   const of = (ck: LoadedCheckpoint, from: string): ModelExtras => ({ tokenizerConfig: ck.tokenizerConfig, chatTemplate: ck.chatTemplate, generationConfig: ck.generationConfig, from });
-  if (teacher && (teacher.tokenizerJson || teacher.tokenizerConfig)) return of(teacher, `the teacher ${o.teacher}`);
-  if (init && (init.tokenizerJson || init.tokenizerConfig)) return of(init, `the --init checkpoint ${o.init}`);
+  // Only from a checkpoint whose tokenizer.json is there (and so checked to be the run's).
+  if (teacher?.tokenizerJson) return of(teacher, `the teacher ${o.teacher}`);
+  if (init?.tokenizerJson) return of(init, `the --init checkpoint ${o.init}`);
   if (o.tokenizer) {
     const dir = fs.existsSync(o.tokenizer) && fs.statSync(o.tokenizer).isDirectory() ? o.tokenizer : path.dirname(o.tokenizer);
     const x = readModelDirExtras(dir, { tokenizerJson: false });

@@ -43,9 +43,15 @@ test('the same tokenizer with reordered JSON keys and merges as pairs instead of
   const b = reverseKeys(a) as Json;
   const model = b.model as Json;
   model.merges = (model.merges as unknown[]).map((m) => (typeof m === 'string' ? [m.slice(0, m.indexOf(' ', 1)), m.slice(m.indexOf(' ', 1) + 1)] : m));
-  // Defaults written out explicitly are the same as absent ones.
+  // Defaults written out explicitly are the same as absent ones; ByteLevel's trim_offsets (offsets only) and the
+  // ByteLevel decoder's options do not matter.
   model.ignore_merges = model.ignore_merges ?? false;
   model.dropout = null;
+  const pre = b.pre_tokenizer as Json;
+  assert.equal(pre.type, 'ByteLevel');
+  pre.trim_offsets = !pre.trim_offsets;
+  delete pre.use_regex;
+  b.decoder = { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: false };
   assert.notEqual(JSON.stringify(a), JSON.stringify(b), 'the test must actually change the file text');
   assert.equal(tokenizerHash(a), tokenizerHash(b));
   assert.equal(tokenizerDifference(a, b), null);
@@ -106,6 +112,10 @@ test('an added token\'s special flag, the normalizer and the pre-tokenizer are p
   norm.normalizer = { type: 'NFKC' };
   assert.deepEqual(a.normalizer, { type: 'NFC' });
   assert.equal(tokenizerDifference(a, norm, ['teacher', 'student']), 'normalizer.type: teacher "NFC" vs student "NFKC"');
+
+  const noRegex = structuredClone(a);
+  (noRegex.pre_tokenizer as Json).use_regex = false;
+  assert.equal(tokenizerDifference(a, noRegex, ['teacher', 'student']), 'pre_tokenizer.use_regex: teacher true vs student false');
 
   const pre = structuredClone(a);
   const steps = JSON.stringify(pre.pre_tokenizer);
