@@ -31,6 +31,8 @@ export interface JobShape {
   train?: boolean;
   /** Generation with a KV cache of this many positions (prefill + decode); 0 = none. */
   generateLen?: number;
+  /** The vocabulary rows the loss runs over (StepRunner's lossVocab: the tokenizer's size); default the student's vocab_size. */
+  lossVocab?: number;
 }
 
 function placeholderBatch(b: number, t: number, vocab: number): Batch {
@@ -47,8 +49,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
     runs.push((be) => {
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
-      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL);
-      const batch = placeholderBatch(j.batch, j.seq, j.student.vocabSize);
+      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, j.lossVocab);
+      const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);

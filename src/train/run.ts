@@ -174,7 +174,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures({ student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-      loss: spec, adam, train: true, evaluate: true }));
+      loss: spec, adam, train: true, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
   }
   const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
   const teacher = teacherCk

@@ -135,7 +135,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, evaluate: true }));
+        loss: spec, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
     }
     const load = (ck: typeof studentCk, label: string): Transformer => {
       const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label });
