@@ -2,7 +2,7 @@
 Usage: python3 check.py <dir written by make.js>   (prints one line per case; exits 1 on a mismatch)"""
 import json, sys, os
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 root = sys.argv[1]
 man = json.load(open(os.path.join(root, 'manifest.json')))
@@ -22,4 +22,12 @@ for t in man['texts']:
     good = ids == t['ids']
     ok &= good
     print(f"hf-compat tokenizer {t['text'][:30]!r}: {'OK' if good else 'MISMATCH ' + str(ids) + ' vs ' + str(t['ids'])}")
+if 'chat' in man:
+    # The exported tokenizer_config.json carries a chat template: apply_chat_template must render as distillery does.
+    ch = man['chat']
+    at = AutoTokenizer.from_pretrained(os.path.join(root, ch['dir']))
+    got = at.apply_chat_template(ch['messages'], tokenize=False, add_generation_prompt=True)
+    good = got == ch['rendered']
+    ok &= good
+    print(f"hf-compat chat template: {'OK' if good else 'MISMATCH ' + repr(got) + ' vs ' + repr(ch['rendered'])}")
 sys.exit(0 if ok else 1)

@@ -12,6 +12,7 @@ import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
 import { presetConfig } from '../model/config.js';
 import { threadsProblem } from '../backend/create.js';
 import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
+import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
 type Check = (v: number) => string | null;
@@ -51,11 +52,11 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('out', 'string', 'run folder: metrics, plots, checkpoints, final model (required)', { metavar: '<dir>' }),
   spec('data', 'list', "training text: .txt/.md (one document per file), .jsonl ({\"text\"} or {\"messages\"}), folders, or 'builtin:docs'; repeatable", { metavar: '<file>...' }),
   spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
-  spec('tokenizer', 'string', "tokenizer.json to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
+  spec('tokenizer', 'string', "tokenizer.json (or a folder with one, or a Hub id in the local HF cache) to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
   spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 && v <= MAX_BPE_VOCAB ? null : `an integer from 256 (the 256 byte tokens) to ${MAX_BPE_VOCAB}`) }),
-  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, or a config.json', { metavar: '<preset|config.json>' }),
-  spec('init', 'string', 'start from this checkpoint folder instead of random weights', { metavar: '<dir>' }),
-  spec('teacher', 'string', 'teacher checkpoint folder (distill: required)', { metavar: '<dir>', distillOnly: true }),
+  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
+  spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
+  spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: required)', { metavar: '<dir|hub id>', distillOnly: true }),
   spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
   spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: threadsProblem }),
   spec('batch', 'integer', 'sequences per micro-batch', { check: positiveInt }),
@@ -102,6 +103,8 @@ export interface FsProbe {
   isDirectory(p: string): boolean;
   /** Whether this process may create files in the existing folder p (absent: assumed yes). */
   writable?(p: string): boolean;
+  /** Looks a Hub id (Qwen/Qwen2.5-0.5B) up in the local Hugging Face cache; absent: Hub ids are not resolved. */
+  hubModel?(id: string): HubResolution;
 }
 
 /**
@@ -233,6 +236,17 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   }
 
   // Paths.
+  // Paths. A model argument that is not on disk but looks like a Hub id is looked up in the local HF cache.
+  const fromHub = (field: 'model' | 'teacher' | 'init' | 'tokenizer'): void => {
+    const v = merged[field];
+    if (typeof v !== 'string' || fs.exists(v) || !looksLikeHubId(v) || !fs.hubModel) return;
+    if (field === 'model' && isPreset(v)) return;
+    const r = fs.hubModel(v);
+    if (!r.ok) throw new UsageError(`${labelOf(field)}: ${r.message}`, r.hint);
+    // --model takes the architecture only: the snapshot's config.json.
+    merged[field] = field === 'model' ? `${r.dir}/config.json` : r.dir;
+  };
+  fromHub('model'); fromHub('teacher'); fromHub('init'); fromHub('tokenizer');
   const model = merged.model as string;
   if (!isPreset(model)) {
     if (!fs.exists(model)) {

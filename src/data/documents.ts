@@ -5,7 +5,8 @@
  *   line endings normalized to `\n`). Blank lines inside a file do not split it: a file is the unit of context.
  * - JSON Lines (`.jsonl`): one document per non-blank line, either `{"text": "..."}` or a chat
  *   `{"messages": [{"role": "user", "content": "..."}, ...]}` rendered with ChatML
- *   (`<|im_start|>{role}\n{content}<|im_end|>\n` per message). A bad line throws a DistilleryError naming
+ *   (`<|im_start|>{role}\n{content}<|im_end|>\n` per message), or with the renderer a run passes (its model's chat
+ *   format, src/tokenizer/chat.ts). A bad line throws a DistilleryError naming
  *   `file:line` and what is wrong.
  * - A directory is expanded to the `.txt`, `.md` and `.jsonl` files under it (recursively, sorted by path).
  * Documents that are empty (or whitespace only) are dropped. A file that cannot be read, a broken symbolic link, a
@@ -86,8 +87,11 @@ function readDataFile(f: string): string {
   }
 }
 
+/** Renders a conversation into one document (default: renderChatML; a run passes its model's chat format). */
+export type ChatRenderer = (messages: readonly ChatMessage[]) => string;
+
 /** Parses one JSONL line into a document; `where` is `file:line` for errors. */
-export function parseJsonlRecord(line: string, where: string): string {
+export function parseJsonlRecord(line: string, where: string, render: ChatRenderer = renderChatML): string {
   let j: unknown;
   try {
     j = JSON.parse(line);
@@ -116,14 +120,19 @@ export function parseJsonlRecord(line: string, where: string): string {
       }
       return { role: mo.role, content: mo.content };
     });
-    return renderChatML(msgs);
+    try {
+      return render(msgs);
+    } catch (e) {
+      if (e instanceof DistilleryError) throw new DistilleryError(`${where}: ${e.message}`, e.hint);
+      throw e;
+    }
   }
   throw new DistilleryError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
     'write {"text": "..."} or {"messages": [...]} on each line');
 }
 
 /** Loads documents from text / JSONL files or directories (see the module comment for the rules). */
-export function loadDocuments(paths: string[]): string[] {
+export function loadDocuments(paths: string[], opts: { renderChat?: ChatRenderer } = {}): string[] {
   if (paths.length === 0) throw new DistilleryError('no data files given', 'pass at least one .txt, .md or .jsonl file or folder');
   const files: string[] = [];
   for (const p of paths) expand(p, files, null, new Set());
@@ -134,7 +143,7 @@ export function loadDocuments(paths: string[]): string[] {
       const lines = text.split('\n');
       lines.forEach((line, i) => {
         if (line.trim() === '') return;
-        const d = parseJsonlRecord(line, `${f}:${i + 1}`);
+        const d = parseJsonlRecord(line, `${f}:${i + 1}`, opts.renderChat);
         if (d.trim() !== '') docs.push(d);
       });
     } else if (text.trim() !== '') {

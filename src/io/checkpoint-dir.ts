@@ -1,16 +1,25 @@
 /**
- * Hugging Face model folders: `config.json`, `model.safetensors` (or sharded `model-0000x-of-0000y.safetensors` with
- * `model.safetensors.index.json` when loading), `tokenizer.json` and `tokenizer_config.json`.
+ * Hugging Face model folders: `config.json`, `model.safetensors` (or shards `model-00001-of-00003.safetensors` ...
+ * with `model.safetensors.index.json`), `tokenizer.json`, `tokenizer_config.json` (with its `chat_template`, or a
+ * `chat_template.jinja` file) and `generation_config.json`.
  *
  * `saveModelDir` writes the whole folder atomically (`replaceDirAtomic`): either the new folder is complete or the
- * previous one is still there byte-for-byte. `loadModelDir` reads it back, with a DistilleryError for a missing
- * folder, a missing or malformed file, or a tensor missing from a shard.
+ * previous one is still there byte-for-byte. Weights above `maxShardBytes` (default 50 GB, transformers 5's
+ * `save_pretrained` default; transformers 4 used 5 GB) are split as transformers splits them: tensors in order, a
+ * new shard when the next tensor would overflow the current one, a tensor larger than the limit alone in its shard;
+ * the index holds `metadata.total_size` (bytes of tensor data) and `weight_map` (tensor → shard file).
+ * `loadModelDir` reads either layout back, with a DistilleryError for a missing folder, a missing or malformed
+ * file, a missing shard, or a tensor the index lists that its shard lacks.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError } from '../util/errors.js';
 import { recoverDir, replaceDirAtomic, replaceDirAtomicSync } from './atomic.js';
 import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
+import { CHATML_TEMPLATE, chatTemplateFromConfig } from '../tokenizer/chat.js';
+
+/** transformers 5's default `max_shard_size` ("50GB", decimal units). */
+export const DEFAULT_MAX_SHARD_BYTES = 50e9;
 
 export interface SaveModelDirOptions {
   /** The config.json object (written with `torch_dtype` set to match `dtype`). */
@@ -22,8 +31,12 @@ export interface SaveModelDirOptions {
   tokenizerJson?: object | string;
   /** tokenizer_config.json; a minimal one is derived from tokenizerJson when omitted. */
   tokenizerConfig?: object;
-  /** Extra files by relative path (e.g. 'generation_config.json', 'distillery/state.json'). */
+  /** generation_config.json (bos/eos ids, sampling defaults); not written when omitted. */
+  generationConfig?: object;
+  /** Extra files by relative path (e.g. 'distillery/state.json'). */
   extraFiles?: Record<string, string | Uint8Array>;
+  /** Split the weights into shards of at most this many bytes (default DEFAULT_MAX_SHARD_BYTES). */
+  maxShardBytes?: number;
 }
 
 export interface LoadedModelDir {
@@ -33,8 +46,14 @@ export interface LoadedModelDir {
   tokenizerJson?: Record<string, unknown>;
   /** Parsed tokenizer_config.json, when present. */
   tokenizerConfig?: Record<string, unknown>;
+  /** The chat template: tokenizer_config.json's `chat_template`, else chat_template.jinja, when present. */
+  chatTemplate?: string;
+  /** Parsed generation_config.json, when present. */
+  generationConfig?: Record<string, unknown>;
   /** `__metadata__` of model.safetensors (of the first shard when sharded). */
   metadata: Record<string, string>;
+  /** The shard files when the weights are sharded (in index order), else null. */
+  shards: string[] | null;
 }
 
 /** Guesses eos/pad token strings from a tokenizer.json's added tokens. */
@@ -48,10 +67,17 @@ function guessSpecialTokens(tok: Record<string, unknown>): { eos: string | null;
   return { eos, pad, bos };
 }
 
-/** A minimal tokenizer_config.json for transformers' PreTrainedTokenizerFast. */
+/**
+ * A minimal tokenizer_config.json for transformers' PreTrainedTokenizerFast, with a ChatML `chat_template` when the
+ * tokenizer has the <|im_start|> and <|im_end|> tokens (so transformers.js can apply_chat_template).
+ */
 export function minimalTokenizerConfig(tokenizerJson: Record<string, unknown>, maxLength?: number): Record<string, unknown> {
   const { eos, pad, bos } = guessSpecialTokens(tokenizerJson);
+  const added = Array.isArray(tokenizerJson.added_tokens) ? (tokenizerJson.added_tokens as Array<{ content?: unknown }>) : [];
+  const names = new Set(added.map((t) => String(t.content)));
+  const chatml = names.has('<|im_start|>') && names.has('<|im_end|>');
   return {
+    ...(chatml ? { chat_template: CHATML_TEMPLATE } : {}),
     tokenizer_class: 'PreTrainedTokenizerFast',
     bos_token: bos,
     eos_token: eos,
@@ -73,10 +99,54 @@ function safeRelPath(rel: string): string {
   return norm;
 }
 
+/**
+ * Groups tensors (in order) into shards of at most maxBytes, as transformers does: a new shard starts when the next
+ * tensor would overflow the current one; a tensor larger than maxBytes gets a shard of its own.
+ */
+export function planShards(sizes: ReadonlyArray<{ name: string; bytes: number }>, maxBytes: number): string[][] {
+  if (!(maxBytes > 0)) throw new DistilleryError(`maxShardBytes must be > 0, got ${maxBytes}`);
+  const shards: string[][] = [];
+  let cur: string[] = [], curBytes = 0;
+  for (const { name, bytes } of sizes) {
+    if (cur.length > 0 && curBytes + bytes > maxBytes) { shards.push(cur); cur = []; curBytes = 0; }
+    cur.push(name);
+    curBytes += bytes;
+  }
+  if (cur.length > 0) shards.push(cur);
+  return shards;
+}
+
+/** `model-00002-of-00003.safetensors` (1-based i). */
+export function shardFileName(i: number, n: number): string {
+  return `model-${String(i).padStart(5, '0')}-of-${String(n).padStart(5, '0')}.safetensors`;
+}
+
+function writeWeights(tmp: string, opts: SaveModelDirOptions): void {
+  const esize = opts.dtype === 'bf16' ? 2 : 4;
+  const sizes = [...opts.tensors.entries()].map(([name, t]) => ({ name, bytes: t.data.length * esize }));
+  const shards = planShards(sizes, opts.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES);
+  const meta = { dtype: opts.dtype, metadata: { format: 'pt' } };
+  if (shards.length <= 1) {
+    writeSafetensors(path.join(tmp, 'model.safetensors'), opts.tensors, meta);
+    return;
+  }
+  const weightMap: Record<string, string> = {};
+  shards.forEach((names, i) => {
+    const file = shardFileName(i + 1, shards.length);
+    writeSafetensors(path.join(tmp, file), new Map(names.map((n) => [n, opts.tensors.get(n)!])), meta);
+    for (const n of names) weightMap[n] = file;
+  });
+  const sorted: Record<string, string> = {};
+  for (const k of Object.keys(weightMap).sort()) sorted[k] = weightMap[k]!;
+  const index = { metadata: { total_size: sizes.reduce((a, s) => a + s.bytes, 0) }, weight_map: sorted };
+  fs.writeFileSync(path.join(tmp, 'model.safetensors.index.json'), JSON.stringify(index, null, 2) + '\n');
+}
+
 function fill(tmp: string, opts: SaveModelDirOptions): void {
   const config: Record<string, unknown> = { ...opts.config, torch_dtype: opts.dtype === 'bf16' ? 'bfloat16' : 'float32' };
   fs.writeFileSync(path.join(tmp, 'config.json'), JSON.stringify(config, null, 2) + '\n');
-  writeSafetensors(path.join(tmp, 'model.safetensors'), opts.tensors, { dtype: opts.dtype, metadata: { format: 'pt' } });
+  writeWeights(tmp, opts);
+  if (opts.generationConfig) fs.writeFileSync(path.join(tmp, 'generation_config.json'), JSON.stringify(opts.generationConfig, null, 2) + '\n');
   if (opts.tokenizerJson !== undefined) {
     const text = typeof opts.tokenizerJson === 'string' ? opts.tokenizerJson : JSON.stringify(opts.tokenizerJson);
     fs.writeFileSync(path.join(tmp, 'tokenizer.json'), text);
@@ -144,6 +214,7 @@ export function loadModelDir(dir: string): LoadedModelDir {
   const index = path.join(dir, 'model.safetensors.index.json');
   let tensors: Map<string, Tensor>;
   let metadata: Record<string, string> = {};
+  let shards: string[] | null = null;
   if (fs.existsSync(single)) {
     const f = readSafetensors(single);
     tensors = f.tensors;
@@ -161,6 +232,7 @@ export function loadModelDir(dir: string): LoadedModelDir {
       byShard.get(shard)!.add(name);
     }
     tensors = new Map();
+    shards = [...byShard.keys()];
     let firstShard = true;
     for (const [shard, names] of [...byShard.entries()].sort((a, b) => a[0].localeCompare(b[0]))) {
       const p = path.join(dir, safeRelPath(shard));
@@ -177,10 +249,41 @@ export function loadModelDir(dir: string): LoadedModelDir {
     throw new DistilleryError(`model folder ${dir} has no model.safetensors`,
       'distillery reads safetensors weights; convert pytorch_model.bin with save_pretrained(safe_serialization=True)');
   }
-  const out: LoadedModelDir = { config, tensors, metadata };
+  const out: LoadedModelDir = { config, tensors, metadata, shards, ...readModelDirExtras(dir) };
+  return out;
+}
+
+/** The tokenizer and generation files of a model folder (everything but config.json and the weights). */
+export function readModelDirExtras(dir: string, opts: { tokenizerJson?: boolean } = {}): Pick<LoadedModelDir, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'> {
+  const out: Pick<LoadedModelDir, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'> = {};
   const tokPath = path.join(dir, 'tokenizer.json');
-  if (fs.existsSync(tokPath)) out.tokenizerJson = readJson(tokPath, 'tokenizer.json');
+  if (opts.tokenizerJson !== false && fs.existsSync(tokPath)) out.tokenizerJson = readJson(tokPath, 'tokenizer.json');
   const tcPath = path.join(dir, 'tokenizer_config.json');
   if (fs.existsSync(tcPath)) out.tokenizerConfig = readJson(tcPath, 'tokenizer_config.json');
+  const fromConfig = out.tokenizerConfig ? chatTemplateFromConfig(out.tokenizerConfig.chat_template) : null;
+  if (fromConfig !== null) out.chatTemplate = fromConfig;
+  else {
+    const jinja = path.join(dir, 'chat_template.jinja');
+    if (fs.existsSync(jinja)) out.chatTemplate = fs.readFileSync(jinja, 'utf8');
+  }
+  const genPath = path.join(dir, 'generation_config.json');
+  if (fs.existsSync(genPath)) out.generationConfig = readJson(genPath, 'generation_config.json');
   return out;
+}
+
+/**
+ * The end-of-sequence ids of a generation_config.json (`eos_token_id`: an id or a list of ids; absent or null: none).
+ * `file` names it in errors.
+ */
+export function generationEosIds(gen: Record<string, unknown> | undefined | null, file: string): number[] {
+  const v = gen?.eos_token_id;
+  if (v === undefined || v === null) return [];
+  const list = Array.isArray(v) ? v : [v];
+  for (const x of list) {
+    if (!(Number.isInteger(x) && (x as number) >= 0)) {
+      throw new DistilleryError(`${file}: eos_token_id must be a token id or a list of token ids, got ${JSON.stringify(v)}`,
+        'fix generation_config.json (e.g. "eos_token_id": [151645, 151643])');
+    }
+  }
+  return list as number[];
 }

@@ -1,14 +1,15 @@
 /**
- * Model folders ↔ Transformers: reads an HF folder (config.json + model.safetensors + tokenizer.json) into a
- * Transformer on any backend, and writes a Transformer back out in the same layout, readable by HF
- * transformers' Qwen2ForCausalLM / LlamaForCausalLM.
+ * Model folders ↔ Transformers: reads an HF folder (config.json + model.safetensors or its shards + tokenizer.json,
+ * tokenizer_config.json, generation_config.json) into a Transformer on any backend, and writes a Transformer back
+ * out in the same layout, readable by HF transformers' Qwen2ForCausalLM / LlamaForCausalLM and by transformers.js
+ * (a tokenizer_config.json with a chat_template, a generation_config.json with the eos ids).
  */
 import type { Backend } from '../backend/backend.js';
 import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
 import { packWeights, unpackWeights, parameterLayout, type ParamLayout } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
-import { loadModelDir, saveModelDirSync } from '../io/checkpoint-dir.js';
+import { loadModelDir, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 
 export interface LoadedCheckpoint {
@@ -16,6 +17,14 @@ export interface LoadedCheckpoint {
   weights: Float32Array;
   tokenizer: Tokenizer | null;
   tokenizerJson: Record<string, unknown> | null;
+  /** tokenizer_config.json, when the folder has one. */
+  tokenizerConfig: Record<string, unknown> | null;
+  /** The chat template (tokenizer_config.json's chat_template, else chat_template.jinja), when there is one. */
+  chatTemplate: string | null;
+  /** generation_config.json, when the folder has one. */
+  generationConfig: Record<string, unknown> | null;
+  /** End-of-sequence ids of generation_config.json (empty without one). */
+  generationEosIds: number[];
 }
 
 /**
@@ -33,13 +42,26 @@ export function readCheckpoint(dir: string): LoadedCheckpoint {
       'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
   }
   const tokenizerJson = loaded.tokenizerJson ?? null;
-  const tokenizer = tokenizerJson ? Tokenizer.fromJSON(tokenizerJson) : null;
+  let tokenizer: Tokenizer | null = null;
+  if (tokenizerJson) {
+    try {
+      tokenizer = Tokenizer.fromJSON(tokenizerJson);
+    } catch (e) {
+      if (e instanceof DistilleryError) throw new DistilleryError(`${dir}/${e.message}`, e.hint);
+      throw e;
+    }
+  }
   if (tokenizer && tokenizer.vocabSize > config.vocabSize) {
     // Its ids at or above vocab_size have no embedding row: encoding text could index past the model.
     throw new DistilleryError(`${dir}: tokenizer.json has ${tokenizer.vocabSize} tokens but config.json's vocab_size is ${config.vocabSize}`,
       'the tokenizer does not belong to this model: put back the tokenizer.json it was trained with');
   }
-  return { config, weights, tokenizerJson, tokenizer };
+  const generationConfig = loaded.generationConfig ?? null;
+  return {
+    config, weights, tokenizerJson, tokenizer, tokenizerConfig: loaded.tokenizerConfig ?? null,
+    chatTemplate: loaded.chatTemplate ?? null, generationConfig,
+    generationEosIds: generationEosIds(generationConfig, `${dir}/generation_config.json`),
+  };
 }
 
 /** Loads a checkpoint folder into a new Transformer on the backend. */
@@ -64,7 +86,18 @@ export function firstNonFinite(layout: ParamLayout, weights: Float32Array): { na
 export interface SaveCheckpointOptions {
   dtype: 'f32' | 'bf16';
   tokenizerJson?: object | null | undefined;
+  /**
+   * tokenizer_config.json to write (e.g. the one that came with the teacher); default: a minimal one. Either way it
+   * gets `chatTemplate` (or keeps its own chat_template; or ChatML when the tokenizer has the ChatML tokens).
+   */
+  tokenizerConfig?: Record<string, unknown> | null | undefined;
+  /** The chat template to carry (e.g. the teacher's chat_template.jinja); written into tokenizer_config.json. */
+  chatTemplate?: string | null | undefined;
+  /** generation_config.json to write; default: bos/eos ids of the config (written when the config has an eos id). */
+  generationConfig?: Record<string, unknown> | null | undefined;
   extraFiles?: Record<string, string | Uint8Array>;
+  /** Shard the weights above this many bytes (default: transformers 5's 50 GB). */
+  maxShardBytes?: number;
 }
 
 /** Writes weights (flat, layout order) and config as an HF model folder, atomically. */
@@ -72,9 +105,28 @@ export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float
   const tensors = unpackWeights(parameterLayout(config), weights);
   const hf = toHfConfig(config);
   hf.torch_dtype = opts.dtype === 'bf16' ? 'bfloat16' : 'float32';
+  let tokenizerConfig: Record<string, unknown> | undefined;
+  if (opts.tokenizerJson) {
+    const tj = opts.tokenizerJson as Record<string, unknown>;
+    tokenizerConfig = { ...(opts.tokenizerConfig ?? minimalTokenizerConfig(tj, config.maxPositionEmbeddings)) };
+    if (opts.chatTemplate) tokenizerConfig.chat_template = opts.chatTemplate;
+    else if (tokenizerConfig.chat_template === undefined || tokenizerConfig.chat_template === null) {
+      const chat = minimalTokenizerConfig(tj).chat_template;
+      if (chat !== undefined) tokenizerConfig.chat_template = chat;
+    }
+  }
+  let generationConfig = opts.generationConfig ?? undefined;
+  if (!generationConfig && config.eosTokenId !== undefined) {
+    generationConfig = {
+      ...(config.bosTokenId !== undefined ? { bos_token_id: config.bosTokenId } : {}), eos_token_id: config.eosTokenId,
+    };
+  }
   saveModelDirSync(dir, {
     config: hf, tensors, dtype: opts.dtype,
     ...(opts.tokenizerJson ? { tokenizerJson: opts.tokenizerJson } : {}),
+    ...(tokenizerConfig ? { tokenizerConfig } : {}),
+    ...(generationConfig ? { generationConfig } : {}),
     ...(opts.extraFiles ? { extraFiles: opts.extraFiles } : {}),
+    ...(opts.maxShardBytes !== undefined ? { maxShardBytes: opts.maxShardBytes } : {}),
   });
 }

@@ -339,6 +339,11 @@ export class Tokenizer {
     return structuredClone(this.json);
   }
 
+  /** The parsed tokenizer.json object itself (no copy: do not modify it). For identity checks (identity.ts). */
+  sourceJson(): Readonly<Json> {
+    return this.json;
+  }
+
   tokenToId(token: string): number | undefined {
     return this.vocab.get(token);
   }

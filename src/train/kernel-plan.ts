@@ -61,7 +61,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
       const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab });
-      const batch = placeholderBatch(j.batch, j.seq, j.student.vocabSize);
+      const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);

@@ -19,6 +19,13 @@
  * weights). A run that meets a non-finite loss or weights stops, naming the step of the last good checkpoint.
  * SIGINT / SIGTERM end the current step, write a checkpoint, the summary and the plot; the summary's `signal` says
  * which (the CLI exits 130 / 143).
+ *
+ * Tokenizer identity: the teacher, the student's --init checkpoint and the data (--tokenizer, or the run folder's
+ * on --resume) must use one tokenizer (src/tokenizer/identity.ts), or the run is refused before anything is
+ * computed. The models' vocab_size may differ (padded embedding rows) as long as each covers the tokenizer; the
+ * distillation loss then runs over the tokenizer's real tokens (StepRunner's lossVocab) and the log says so.
+ * The chat template, tokenizer_config.json and generation_config.json of the teacher (else of --init, else next to
+ * --tokenizer) render the data's chat lines and are carried into the checkpoints and the final model.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -30,6 +37,9 @@ import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
+import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
+import { chatFormatOf, renderChat, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { readModelDirExtras } from '../io/checkpoint-dir.js';
 import { loadDocuments, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Window, type LoaderState } from '../data/index.js';
 import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
@@ -167,7 +177,15 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
   checkSeqFits(o, teacherCk, initCk);
-  const docs = readData(o, log);
+  const extras = modelExtras(o, teacherCk, initCk);
+  const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from) : DEFAULT_CHAT_FORMAT;
+  // The tokenizers are checked before the data is read (unless one has to be trained on it).
+  let docsRead: string[] | null = null;
+  const getDocs = (): string[] => (docsRead ??= readData(o, log, chat));
+  const chosen = chooseTokenizer(o, getDocs, saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
+  const tokenizer = chosen.tokenizer;
+  checkSameTokenizer(o, chosen, teacherCk, initCk, log);
+  const docs = getDocs();
   const dataHash = hashDocuments(docs);
   if (saved) {
     if (saved.dataHash === undefined) {
@@ -177,7 +195,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
     }
   }
-  const tokenizer = chooseTokenizer(o, docs, saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
   if (!saved) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
@@ -192,10 +209,21 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
       'use a config.json whose vocab_size covers the tokenizer');
   }
+  // Distillation compares the models over the tokenizer's real tokens; padding rows past them are left out.
+  let lossVocab: number | undefined;
+  if (teacherCk) {
+    const lv = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: teacherCk.config.vocabSize }, { name: 'student', vocabSize: cfg.vocabSize }]);
+    if (lv.note) log(lv.note);
+    lossVocab = lv.lossVocab;
+  }
+  const carry = {
+    tokenizerJson: tokenizer.toJSON(), tokenizerConfig: extras?.tokenizerConfig ?? null, chatTemplate: extras?.chatTemplate ?? null,
+    generationConfig: extras?.generationConfig ?? null,
+  };
   // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
-  const job = runJobShape(o, cfg, teacherCk?.config ?? null);
+  const job = runJobShape(o, cfg, teacherCk?.config ?? null, lossVocab);
   const spec: LossSpec = job.loss!, adam = job.adam!;
-  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true });
+  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
@@ -205,7 +233,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' })
     : null;
   if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
-  const runner = new StepRunner(student, teacher, spec);
+  const runner = new StepRunner(student, teacher, spec, { lossVocab });
   const opt = new AdamW(student, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
@@ -266,7 +294,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const weights = Float32Array.from(student.getWeights());
     const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
     replaceDirAtomicSync(latest, (tmp) => {
-      writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', tokenizerJson: tokenizer.toJSON() });
+      writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', ...carry });
       hooks.duringCheckpointWrite?.(tmp, step);
       writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
         ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
@@ -404,7 +432,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
-    writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON() });
+    writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, ...carry });
   }
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
@@ -467,7 +495,9 @@ export function readMoments(file: string, parameters: number): { m: Float32Array
 /** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
 function appendNoFollow(file: string, text: string): void {
   try {
-    fs.appendFileSync(file, text, { flag: fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW, mode: 0o644 });
+    // Node takes numeric open flags here (as in fs.openSync); its typings only list the string ones.
+    const flag = (fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW) as unknown as string;
+    fs.appendFileSync(file, text, { flag, mode: 0o644 });
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'ELOOP') {
       throw new DistilleryError(`${file} became a symbolic link during the run; distillery does not write through links`, 'remove the link and resume with --resume');
@@ -489,14 +519,14 @@ function loadTeacher(o: RunOptions): LoadedCheckpoint {
   return readCheckpoint(o.teacher);
 }
 
-function readData(o: RunOptions, log: (s: string) => void): string[] {
+function readData(o: RunOptions, log: (s: string) => void, chat: ChatFormat): string[] {
   if (o.data.length === 1 && o.data[0] === 'builtin:docs') {
     const corpus = loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {});
     log(`data: builtin:docs — ${corpus.documents.length} documentation comments (${corpus.totalChars} characters) from TypeScript ${corpus.typescriptVersion}'s ${corpus.files.length} lib .d.ts files`);
     return corpus.documents;
   }
   if (o.data.length === 0) throw new DistilleryError('no training data given', 'pass --data <file> (text or .jsonl), or --data builtin:docs');
-  let docs = loadDocuments(o.data);
+  let docs = loadDocuments(o.data, { renderChat: (msgs) => renderChat(chat, msgs) });
   if (o.maxChars > 0) {
     const kept: string[] = [];
     let n = 0;
@@ -506,19 +536,72 @@ function readData(o: RunOptions, log: (s: string) => void): string[] {
   return docs;
 }
 
-function chooseTokenizer(o: RunOptions, docs: string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
-  init: LoadedCheckpoint | null, log: (s: string) => void): Tokenizer {
-  if (resumePath) return Tokenizer.fromFile(resumePath);
-  if (o.tokenizer) return Tokenizer.fromFile(o.tokenizer);
+/** The run's tokenizer and where it came from (the name it has in identity errors). */
+function chooseTokenizer(o: RunOptions, docs: () => string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
+  init: LoadedCheckpoint | null, log: (s: string) => void): NamedTokenizer & { role: 'resume' | 'tokenizer' | 'teacher' | 'init' | 'trained' } {
+  if (resumePath) return { name: 'run', tokenizer: Tokenizer.fromFile(resumePath), from: resumePath, role: 'resume' };
+  if (o.tokenizer) return { name: 'data', tokenizer: Tokenizer.fromFile(o.tokenizer), from: `--tokenizer ${o.tokenizer}`, role: 'tokenizer' };
   if (teacher) {
     if (!teacher.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it or pass --tokenizer');
-    return teacher.tokenizer;
+    return { name: 'teacher', tokenizer: teacher.tokenizer, from: `--teacher ${o.teacher}`, role: 'teacher' };
   }
-  if (init?.tokenizer) return init.tokenizer;
+  if (init?.tokenizer) return { name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}`, role: 'init' };
+  const d = docs();
   const t0 = Date.now();
-  const tok = trainBpe(docs, { vocabSize: o.vocabSize, specialTokens: SPECIAL_TOKENS });
+  const tok = trainBpe(d, { vocabSize: o.vocabSize, specialTokens: SPECIAL_TOKENS });
   log(`tokenizer: trained a byte-level BPE of ${tok.vocabSize} tokens on the data in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
-  return tok;
+  return { name: 'data', tokenizer: tok, from: 'trained on the data', role: 'trained' };
+}
+
+/**
+ * Refuses a teacher or an --init checkpoint whose tokenizer is not the run's (see identity.ts): same size is not
+ * enough. A checkpoint without a tokenizer.json cannot be checked: the log says so.
+ */
+function checkSameTokenizer(o: RunOptions, chosen: ReturnType<typeof chooseTokenizer>, teacher: LoadedCheckpoint | null,
+  init: LoadedCheckpoint | null, log: (s: string) => void): void {
+  const advice = o.mode === 'distill'
+    ? 'distillation compares the two models token by token, so the teacher, the student (--init) and the data must use one tokenizer: use checkpoints trained with the same tokenizer, or drop --tokenizer to use the teacher\'s'
+    : '--init continues a model trained with its own tokenizer; tokenizing the data with another would change what every token id means: drop --tokenizer to use the checkpoint\'s';
+  const others: NamedTokenizer[] = [];
+  if (teacher && chosen.role !== 'teacher') {
+    if (teacher.tokenizer) others.push({ name: 'teacher', tokenizer: teacher.tokenizer, from: `--teacher ${o.teacher}` });
+    else log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the run's tokenizer (${chosen.from})`);
+  }
+  if (init && chosen.role !== 'init') {
+    if (init.tokenizer) others.push({ name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}` });
+    else log(`warning: the --init checkpoint ${o.init} has no tokenizer.json: cannot check that it uses the run's tokenizer (${chosen.from})`);
+  }
+  // The teacher first: "teacher vs student", "teacher vs data", then "student vs data".
+  const all = [...others.filter((t) => t.name === 'teacher'), ...(chosen.role === 'teacher' ? [chosen] : []), ...others.filter((t) => t.name !== 'teacher'),
+    ...(chosen.role !== 'teacher' ? [chosen] : [])];
+  for (let i = 1; i < all.length; i++) assertSameTokenizer(all[0]!, all[i]!, advice);
+  if (all.length > 1) {
+    log(`tokenizer: ${chosen.tokenizer.vocabSize} tokens, identity ${tokenizerHash(chosen.tokenizer).slice(0, 16)}: the same for ${all.map((t) => t.name).join(', ')}`);
+  }
+}
+
+interface ModelExtras {
+  tokenizerConfig: Record<string, unknown> | null;
+  chatTemplate: string | null;
+  generationConfig: Record<string, unknown> | null;
+  /** For messages: 'the teacher runs/t'. */
+  from: string;
+}
+
+/** tokenizer_config.json, chat template and generation_config.json of the teacher, else --init, else next to --tokenizer. */
+function modelExtras(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelExtras | null {
+  const of = (ck: LoadedCheckpoint, from: string): ModelExtras => ({ tokenizerConfig: ck.tokenizerConfig, chatTemplate: ck.chatTemplate, generationConfig: ck.generationConfig, from });
+  // Only from a checkpoint whose tokenizer.json is there (and so checked to be the run's).
+  if (teacher?.tokenizerJson) return of(teacher, `the teacher ${o.teacher}`);
+  if (init?.tokenizerJson) return of(init, `the --init checkpoint ${o.init}`);
+  if (o.tokenizer) {
+    const dir = fs.existsSync(o.tokenizer) && fs.statSync(o.tokenizer).isDirectory() ? o.tokenizer : path.dirname(o.tokenizer);
+    const x = readModelDirExtras(dir, { tokenizerJson: false });
+    if (x.tokenizerConfig || x.chatTemplate) {
+      return { tokenizerConfig: x.tokenizerConfig ?? null, chatTemplate: x.chatTemplate ?? null, generationConfig: x.generationConfig ?? null, from: `${dir} (--tokenizer)` };
+    }
+  }
+  return null;
 }
 
 function readModelJson(file: string): ModelConfig {
@@ -538,11 +621,7 @@ export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 
   else if (o.model.endsWith('.json')) cfg = readModelJson(o.model);
   else cfg = presetConfig(o.model, vocab);
   if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
-  if (teacher && teacher.config.vocabSize !== cfg.vocabSize) {
-    throw new DistilleryError(
-      `teacher and student vocabularies differ: teacher vocab_size ${teacher.config.vocabSize}, student ${cfg.vocabSize}`,
-      'distillation compares the models token by token: give the student the teacher\'s vocab_size and tokenizer');
-  }
+  // The teacher's and the student's vocab_size may differ (padded rows): lossVocabulary checks both cover the tokenizer.
   return cfg;
 }
 

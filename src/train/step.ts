@@ -51,11 +51,27 @@ export class NonFiniteLossError extends DistilleryError {
 export class StepRunner {
   private readonly head: ChunkedHead;
 
+  /**
+   * `opts.lossVocab`: the vocabulary rows the loss runs over, the tokenizer's real tokens (Tokenizer.vocabSize).
+   * Rows past it are embedding padding (a vocab_size rounded up, e.g. Qwen2.5-7B's 152064 for 151665 tokens) and
+   * get neither probability nor gradient (src/train/head.ts). Default: the student's vocab_size.
+   */
   constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, opts: HeadOptions = {}) {
+    const vs = student.config.vocabSize, vt = teacher?.config.vocabSize;
+    const lv = opts.lossVocab;
+    if (lv !== undefined) {
+      if (!(Number.isInteger(lv) && lv > 0)) throw new DistilleryError(`lossVocab must be a positive integer, got ${lv}`);
+      for (const [who, v] of [['student', vs], ['teacher', vt]] as const) {
+        if (v !== undefined && v < lv) {
+          throw new DistilleryError(`the ${who}'s vocab_size (${v}) is smaller than the tokenizer (${lv} tokens)`,
+            `use a ${who} whose vocab_size covers the tokenizer`);
+        }
+      }
+    }
     if (teacher) {
-      if (teacher.config.vocabSize !== student.config.vocabSize && opts.lossVocab === undefined) {
+      if (vt !== vs && lv === undefined) {
         throw new DistilleryError(
-          `teacher and student vocabularies differ: teacher vocab_size ${teacher.config.vocabSize}, student ${student.config.vocabSize}`,
+          `teacher and student vocabularies differ: teacher vocab_size ${vt}, student ${vs}`,
           'distillation compares the two models token by token: give the student the teacher\'s tokenizer and vocab_size');
       }
       if (teacher.backend !== student.backend) throw new DistilleryError('teacher and student must use the same backend');
@@ -68,6 +84,9 @@ export class StepRunner {
     }
     this.head = new ChunkedHead(student, teacher, spec, student.batch * student.seq, opts);
   }
+
+  /** The vocabulary rows the loss runs over. */
+  get lossVocab(): number { return this.head.lossVocab; }
 
   /** Rows of logits the LM head computes at a time, and the vocabulary rows the loss runs over. */
   get headShape(): { chunkRows: number; lossVocab: number } {

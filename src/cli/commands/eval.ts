@@ -18,10 +18,13 @@ import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
 import { CUDA_FLAGS, requireModelDir } from './generate.js';
 import { realFs } from './train.js';
+import { resolveModelArg } from '../model-ref.js';
+import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
+import { chatFormatOf, renderChat, type ChatFormat } from '../../tokenizer/chat.js';
 
 const FLAGS: FlagSpec[] = [
-  { name: 'model', kind: 'string', metavar: '<dir>', description: 'checkpoint folder to evaluate (required)' },
-  { name: 'teacher', kind: 'string', metavar: '<dir>', description: 'teacher checkpoint: also report top-1 agreement and KL(teacher ‖ model)' },
+  { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
+  { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
   { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
@@ -80,9 +83,10 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   return o;
 }
 
-function readDocs(o: EvalOptions): string[] {
+function readDocs(o: EvalOptions, chat: ChatFormat): string[] {
   if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents;
-  const docs = loadDocuments(o.data);
+  // Chat lines are rendered as in training: with the model's chat template (ChatML).
+  const docs = loadDocuments(o.data, { renderChat: (m) => renderChat(chat, m) });
   if (o.maxChars <= 0) return docs;
   const kept: string[] = [];
   let n = 0;
@@ -104,23 +108,38 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
 
 /** Evaluates; `log` gets the baked-parameter line of each model (the CLI sends it to stderr). */
 export async function evaluate(o: EvalOptions, log: (line: string) => void = () => {}): Promise<EvalResult> {
-  requireModelDir(o.model, '--model');
-  if (o.teacher !== undefined) requireModelDir(o.teacher, '--teacher');
-  const studentCk = readCheckpoint(o.model);
+  const modelDir = resolveModelArg(o.model, '--model');
+  requireModelDir(modelDir, '--model');
+  const teacherDir = o.teacher !== undefined ? resolveModelArg(o.teacher, '--teacher') : undefined;
+  if (teacherDir !== undefined) requireModelDir(teacherDir, '--teacher');
+  const studentCk = readCheckpoint(modelDir);
   if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.seq > studentCk.config.maxPositionEmbeddings) {
     throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
   }
-  const teacherCk = o.teacher !== undefined ? readCheckpoint(o.teacher) : null;
+  const teacherCk = teacherDir !== undefined ? readCheckpoint(teacherDir) : null;
   log(`model: ${describeBaked(studentCk.config)}`);
   if (teacherCk) log(`teacher: ${describeBaked(teacherCk.config)}`);
+  let lossVocab: number | undefined;
+  if (teacherCk) {
+    // Agreement and KL compare the two models id by id: they must share one tokenizer, not just a vocabulary size.
+    if (teacherCk.tokenizer) {
+      assertSameTokenizer({ name: 'teacher', tokenizer: teacherCk.tokenizer, from: teacherDir }, { name: 'model', tokenizer: studentCk.tokenizer, from: modelDir },
+        'agreement and KL compare the two models token by token: evaluate against a teacher with the model\'s tokenizer');
+    } else {
+      log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the model's tokenizer`);
+    }
+    const lv = lossVocabulary(studentCk.tokenizer.vocabSize, [{ name: 'teacher', vocabSize: teacherCk.config.vocabSize }, { name: 'model', vocabSize: studentCk.config.vocabSize }]);
+    if (lv.note) log(lv.note);
+    lossVocab = lv.lossVocab;
+  }
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
   try {
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, evaluate: true }));
+        loss: spec, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
     }
     const load = (ck: typeof studentCk, label: string): Transformer => {
       const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label });
@@ -132,8 +151,8 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const tok = student.tokenizer;
     const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
     if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
-    const packed = packDocuments(tok, readDocs(o), { seqLen: o.seq, eosId });
-    const runner = new StepRunner(student.model, teacher?.model ?? null, spec);
+    const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`)), { seqLen: o.seq, eosId });
+    const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
     if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }

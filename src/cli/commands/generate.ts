@@ -1,6 +1,7 @@
 /**
- * `distillery generate`: loads a checkpoint folder, encodes the prompt (optionally wrapped in ChatML), and
- * streams the decoded text as tokens arrive, stopping at the tokenizer's end-of-sequence token (and at
+ * `distillery generate`: loads a checkpoint folder (or a Hub id from the local HF cache), encodes the prompt
+ * (optionally wrapped in the model's ChatML chat template), and streams the decoded text as tokens arrive,
+ * stopping at the tokenizer's end-of-sequence token, the config's and generation_config.json's eos ids (and at
  * `<|im_end|>` with --chat) or after --max-new-tokens. Greedy by default (--temperature 0), so the output
  * is deterministic; with a temperature > 0 it is reproducible from --seed.
  */
@@ -16,15 +17,17 @@ import { jobClosures } from '../../train/kernel-plan.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
+import { chatFormatOf, renderChat } from '../../tokenizer/chat.js';
+import { resolveModelArg } from '../model-ref.js';
 
 const FLAGS: FlagSpec[] = [
-  { name: 'model', kind: 'string', metavar: '<dir>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) (required)' },
+  { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) or a Hub id in the local HF cache (required)' },
   { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (required)' },
   { name: 'max-new-tokens', kind: 'integer', description: 'most tokens to generate', defaultText: '64' },
   { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
   { name: 'seed', kind: 'integer', description: 'random seed for sampling', defaultText: String(DEFAULT_RUN_OPTIONS.seed) },
-  { name: 'chat', kind: 'boolean', description: 'wrap the prompt as a ChatML user turn and open the assistant turn' },
+  { name: 'chat', kind: 'boolean', description: "wrap the prompt as a user turn in the model's ChatML chat template and open the assistant turn" },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
 ];
@@ -113,8 +116,9 @@ export function requireModelDir(dir: string, flag: string): void {
 
 /** Runs generation, writing text to io.out as it is produced; returns the generated ids. */
 export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
-  requireModelDir(o.model, '--model');
-  const ck = readCheckpoint(o.model);
+  const dir = resolveModelArg(o.model, '--model');
+  requireModelDir(dir, '--model');
+  const ck = readCheckpoint(dir);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
@@ -123,7 +127,12 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     if (tokenizer.tokenToId('<|im_start|>') === undefined) {
       io.err('warning: --chat: this tokenizer has no <|im_start|> token; the ChatML markers are encoded as plain text\n');
     }
-    text = chatPrompt(o.prompt);
+    const format = chatFormatOf(ck.chatTemplate, `${o.model}'s tokenizer_config.json`);
+    if (format.kind !== 'chatml') {
+      throw new UsageError(`--chat: the chat template of ${o.model} is not ChatML (it does not write <|im_start|> and <|im_end|>); distillery renders ChatML only`,
+        'render the prompt with the model\'s template yourself (e.g. apply_chat_template in Python) and pass it with --prompt, without --chat');
+    }
+    text = renderChat(format, [{ role: 'user', content: o.prompt }], { addGenerationPrompt: true });
   }
   const prompt = tokenizer.encode(text);
   if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
@@ -143,6 +152,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     const stopIds = new Set<number>();
     if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
     for (const id of eosIds(config)) stopIds.add(id);
+    for (const id of ck.generationEosIds) stopIds.add(id);
     const imEnd = tokenizer.tokenToId('<|im_end|>');
     if (o.chat && imEnd !== undefined) stopIds.add(imEnd);
     const gen = new Generator(model, maxLen);

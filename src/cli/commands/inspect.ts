@@ -13,6 +13,10 @@ import { describeRope } from '../../backend/rope.js';
 import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js';
 import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
+import { resolveModelArg } from '../model-ref.js';
+import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
+import { chatFormatOf } from '../../tokenizer/chat.js';
+import { tokenizerHash } from '../../tokenizer/identity.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -87,7 +91,8 @@ function tensorTable(shards: Shard[], io: Io): { bytes: number; numel: number; c
 }
 
 /** Prints the report for a model folder or a .safetensors file. */
-export function inspect(target: string, io: Io): void {
+export function inspect(arg: string, io: Io): void {
+  const target = resolveModelArg(arg, 'inspect');
   if (!fs.existsSync(target)) throw new UsageError(`inspect: ${target} does not exist`, 'pass a checkpoint folder or a .safetensors file');
   if (!fs.statSync(target).isDirectory()) {
     const shard = { file: target, tensors: readSafetensorsHeader(target).tensors };
@@ -113,12 +118,21 @@ export function inspect(target: string, io: Io): void {
   if (fs.existsSync(tokPath)) {
     const tok = Tokenizer.fromFile(tokPath);
     const eos = tok.eosId !== undefined ? `, eos ${tok.idToToken(tok.eosId) ?? '?'} (id ${tok.eosId})` : '';
-    io.out(`tokenizer      ${tok.vocabSize} tokens${eos}\n`);
+    io.out(`tokenizer      ${tok.vocabSize} tokens${eos}, identity ${tokenizerHash(tok).slice(0, 16)} (sha256 of its canonical form)\n`);
   } else {
     io.out('tokenizer      none (no tokenizer.json)\n');
   }
+  const extras = readModelDirExtras(target, { tokenizerJson: false });
+  const chat = chatFormatOf(extras.chatTemplate, target);
+  io.out(`chat template  ${extras.chatTemplate === undefined ? 'none (--chat and chat data use plain ChatML)'
+    : chat.kind === 'chatml' ? `ChatML${chat.defaultSystem !== null ? ` (default system prompt ${JSON.stringify(chat.defaultSystem)})` : ''}`
+      : 'not ChatML (--chat and chat data are refused)'}\n`);
+  const eos = generationEosIds(extras.generationConfig, path.join(target, 'generation_config.json'));
+  if (eos.length) io.out(`eos ids        ${eos.join(', ')} (generation_config.json)\n`);
+  const shards = shardsOf(target);
+  if (shards.length > 1) io.out(`weights        ${shards.length} shards (model.safetensors.index.json)\n`);
   io.out('\n');
-  const t = tensorTable(shardsOf(target), io);
+  const t = tensorTable(shards, io);
   io.out(`\n${t.count} tensors, ${t.numel} elements, ${t.bytes} bytes (${humanBytes(t.bytes)}) in total\n`);
   if (t.numel !== params) {
     io.err(`warning: the tensors hold ${t.numel} elements but the config implies ${params} parameters\n`);
@@ -126,7 +140,7 @@ export function inspect(target: string, io: Io): void {
 }
 
 const help = (): string => formatHelp({
-  usage: 'distillery inspect <dir | file.safetensors>',
+  usage: 'distillery inspect <dir | hub id | file.safetensors>',
   description: 'Shows a checkpoint: config summary, parameter count, tokenizer, and each tensor\'s name, dtype and shape (read from the safetensors header, no full load), with the total bytes.',
   flags: FLAGS,
   examples: ['distillery inspect runs/demo/teacher/final', 'distillery inspect model.safetensors'],

@@ -7,6 +7,7 @@
 import { didYouMean, formatHelp, kebabToCamel, parseArgs, UsageError, type FlagSpec } from '../args.js';
 import type { Command, Deps } from '../command.js';
 import { importOptional } from '../optional-import.js';
+import { resolveModelArg } from '../model-ref.js';
 
 export const SUBCOMMANDS: Readonly<Record<string, string>> = {
   plan: 'list the kernels a run with these settings would launch (no GPU needed)',
@@ -16,8 +17,8 @@ export const SUBCOMMANDS: Readonly<Record<string, string>> = {
 };
 
 const FLAGS: FlagSpec[] = [
-  { name: 'model', kind: 'string', metavar: '<preset|config.json|dir>', description: 'student architecture or checkpoint folder the kernels are for' },
-  { name: 'teacher', kind: 'string', metavar: '<preset|config.json|dir>', description: 'teacher architecture or checkpoint (distillation kernels)' },
+  { name: 'model', kind: 'string', metavar: '<preset|config.json|dir|hub id>', description: 'student architecture or checkpoint folder the kernels are for' },
+  { name: 'teacher', kind: 'string', metavar: '<preset|config.json|dir|hub id>', description: 'teacher architecture or checkpoint (distillation kernels)' },
   { name: 'batch', kind: 'integer', description: 'micro-batch size' },
   { name: 'seq', kind: 'integer', description: 'sequence length' },
   { name: 'loss', kind: 'string', choices: ['none', 'kl', 'reverse-kl', 'jsd'], description: 'loss kind (none = plain training)' },
@@ -75,6 +76,8 @@ export const kernelsCommand: Command = {
     }
     const args: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(parsed.values)) args[kebabToCamel(k)] = v;
+    // A Hub id (Qwen/Qwen2.5-0.5B) names its snapshot folder in the local Hugging Face cache.
+    for (const k of ['model', 'teacher'] as const) if (typeof args[k] === 'string') args[k] = resolveModelArg(args[k], `--${k}`);
     if (args.kernelCacheDir !== undefined) {
       if (args.cacheDir !== undefined && args.cacheDir !== args.kernelCacheDir) {
         throw new UsageError('kernels: --cache-dir and --kernel-cache-dir name different folders', 'pass only one of them');

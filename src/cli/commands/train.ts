@@ -10,11 +10,13 @@ import { resolveRunOptions, runFlags, type FsProbe } from '../options.js';
 import type { RunOptions } from '../../train/options.js';
 import { CUDA_FLAG_NAMES, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
 import { CUDA_FLAGS } from './generate.js';
+import { resolveHubModel } from '../../io/hf-cache.js';
 
 export const realFs: FsProbe = {
   exists: (p) => fs.existsSync(p),
   isDirectory: (p) => { try { return fs.statSync(p).isDirectory(); } catch { return false; } },
   writable: (p) => { try { fs.accessSync(p, fs.constants.W_OK | fs.constants.X_OK); return true; } catch { return false; } },
+  hubModel: (id) => resolveHubModel(id),
 };
 
 async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string) => void; backendOptions?: CudaOptions }): Promise<unknown> {
