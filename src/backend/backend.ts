@@ -174,10 +174,13 @@ export interface Backend {
    * weights[i] multiplies row i's gradient (0 masks padding; typically 1/number-of-counted-tokens).
    * dlogits (may alias logits) is OVERWRITTEN with weights[i] · d(loss_i)/d(logits_i).
    * Targets may be -1 only where weights[i] is 0 (padding).
+   * `ld` (default vocab): the row stride of logits, teacher and dlogits. The loss runs over the first `vocab`
+   * columns of each row; with dlogits, columns [vocab, ld) are written as 0. (The chunked head pads rows to an
+   * aligned width so the LM-head GEMMs stay fast when the loss vocabulary is odd, e.g. Qwen's 151665 real tokens.)
    */
   lossForward(
     stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
-    n: number, vocab: number, spec: LossSpec,
+    n: number, vocab: number, spec: LossSpec, ld?: number,
   ): void;
   // ---- optimizer ------------------------------------------------------------------------------------
   /** Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment). */

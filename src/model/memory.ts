@@ -7,7 +7,7 @@
 import type { ModelConfig } from './config.js';
 import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
-import { headFloats } from '../train/head.js';
+import { headFloats, headWidth } from '../train/head.js';
 
 export interface JobMemory {
   student: ModelConfig;
@@ -36,7 +36,8 @@ function activationFloats(c: ModelConfig, b: number, t: number, training: boolea
 export function estimateJobBytes(j: JobMemory): number {
   const p = parameterLayout(j.student).total;
   let floats = p * (j.training ? 4 : 1) + activationFloats(j.student, j.batch, j.seq, j.training);
-  floats += headFloats(j.batch * j.seq, j.lossVocab ?? j.student.vocabSize, Boolean(j.teacher)); // logits chunks, loss rows
+  const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
+  floats += headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher)); // logits chunks, loss rows
   if (j.teacher) floats += parameterLayout(j.teacher).total + activationFloats(j.teacher, j.batch, j.seq, false);
   return floats * F;
 }

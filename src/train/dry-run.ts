@@ -14,7 +14,7 @@ import { parseHfConfig, parameterCount, type ModelConfig } from '../model/config
 import { estimateJobBytes, formatGiB } from '../model/memory.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError } from '../util/errors.js';
-import { headChunkRows } from './head.js';
+import { headChunkRows, headWidth } from './head.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import type { RunOptions } from './options.js';
 import { studentConfig } from './run.js';
@@ -85,7 +85,7 @@ export async function dryRun(o: RunOptions): Promise<DryRunReport> {
   return {
     mode: o.mode, device: o.device, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
-    head_chunk_rows: headChunkRows(n, lossVocab), loss_vocab: lossVocab,
+    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(teacher ? [teacher.config.vocabSize] : []))), loss_vocab: lossVocab,
     device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
   };
 }

@@ -29,6 +29,18 @@ export interface HeadOptions {
   chunkFloats?: number | undefined;
 }
 
+/**
+ * Columns of the LM-head GEMM for a loss over the first lossVocab rows: lossVocab rounded up to a multiple of 16
+ * when both heads have that many rows and some padding is excluded anyway (an odd leading dimension such as Qwen's 151665 real tokens made cuBLAS's
+ * TF32 GEMMs 1.7-2.7x slower on the H100, measured), else lossVocab. The loss ignores the extra columns and gives
+ * them no gradient.
+ */
+export function headWidth(lossVocab: number, ...vocabs: number[]): number {
+  if (vocabs.every((v) => v === lossVocab)) return lossVocab; // no padding rows: the whole head
+  const aligned = Math.ceil(lossVocab / 16) * 16;
+  return vocabs.every((v) => v >= aligned) ? aligned : lossVocab;
+}
+
 /** Rows per chunk for n tokens over a vocabulary of v: at least 1, at most n. */
 export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
   return Math.max(1, Math.min(n, Math.floor(chunkFloats / v)));
@@ -37,12 +49,15 @@ export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_C
 /** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,
  * weights, stats). The memory estimate (src/model/memory.ts) uses the same numbers. */
 export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
+  // v: the GEMM width (headWidth).
   const r = headChunkRows(n, v, chunkFloats);
   return r * v * (withTeacher ? 2 : 1) + n * (2 + LOSS_STATS);
 }
 
 export class ChunkedHead {
   readonly lossVocab: number;
+  /** Columns of each logits row: lossVocab, or lossVocab rounded up for the GEMMs (headWidth). */
+  readonly width: number;
   readonly chunkRows: number;
   private readonly be: Backend;
   private readonly zs: Buf;
@@ -61,9 +76,10 @@ export class ChunkedHead {
         'the tokenizer must fit in both models\' embeddings');
     }
     this.lossVocab = lv;
-    this.chunkRows = headChunkRows(maxRows, lv, opts.chunkFloats);
-    this.zs = this.be.alloc(this.chunkRows * lv, 'student logits (one chunk of rows)');
-    this.zt = teacher ? this.be.alloc(this.chunkRows * lv, 'teacher logits (one chunk of rows)') : null;
+    this.width = headWidth(lv, vs, vt);
+    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats);
+    this.zs = this.be.alloc(this.chunkRows * this.width, 'student logits (one chunk of rows)');
+    this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)') : null;
     this.targets = this.be.allocInt(maxRows, 'loss targets');
     this.weights = this.be.alloc(maxRows, 'loss token weights');
     this.stats = this.be.alloc(maxRows * LOSS_STATS, 'loss statistics');
@@ -75,7 +91,7 @@ export class ChunkedHead {
    * Returns the per-row statistics [n, LOSS_STATS] on the host.
    */
   run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean): Float32Array | Float64Array {
-    const be = this.be, V = this.lossVocab, C = this.student.config.hiddenSize, R = this.chunkRows;
+    const be = this.be, V = this.width, C = this.student.config.hiddenSize, R = this.chunkRows;
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');
     const Ct = this.teacher?.config.hiddenSize ?? 0;
@@ -99,7 +115,7 @@ export class ChunkedHead {
         be.matmulForward(zt, be.view(ht, r0 * Ct, rows * Ct), wt, null, rows, Ct, V);
       }
       be.lossForward(be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), grad ? zs : null, zs, zt,
-        be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, V, this.spec);
+        be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, this.lossVocab, this.spec, V);
       if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, zs, hsRows, ws, rows, C, V);
     }
     return be.download(be.view(this.stats, 0, n * LOSS_STATS));

@@ -189,6 +189,16 @@ parity('loss in place (dlogits aliases logits)', 2e-5, (r) => ({
   arrays: { st: rand(r, 4 * 4), z: rand(r, 4 * 500, 5), zt: rand(r, 4 * 500, 5), y: ids(r, 4, 500), w: new Float32Array([1, 1, 1, 1]) },
   compare: ['st', 'z'], op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, 4, 500, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 }),
 }));
+parity('loss over the first 2990 of 3008-float rows, in place (padded head width: ld > vocab)', 2e-5, (r) => {
+  const n = 5, V = 2990, LD = 3008;
+  const targets = ids(r, n, V); targets[1] = -1;
+  const weights = Float32Array.from({ length: n }, (_, i) => (i === 1 ? 0 : 1 / 4));
+  return {
+    arrays: { st: rand(r, n * 4), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
+    compare: ['st', 'z'],
+    op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, n, V, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 }, LD),
+  };
+});
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

@@ -88,3 +88,19 @@ test('values a schedule may change (lr, loss alpha, temperature, beta, AdamW bet
   const kl = planKernels(jobClosures({ student, teacher, batch: 2, seq: 8, train: true, loss: { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0.5 } }));
   assert.ok(kl.some((s) => s.family === 'loss' && !a.includes(s.id)));
 });
+
+test('--tf32 attention on tensor cores: prepare() plans what the backend launches (attention_fwd_mma), zero misses in strict mode', async () => {
+  for (const attention of ['mma', 'simt'] as const) {
+    const lines: string[] = [];
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
+    const b = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, attention, log: (l) => lines.push(l) });
+    const step = allOpsStep(QWEN_LIKE);
+    await b.prepare([step]);
+    step(b);
+    assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
+    const planned = planKernels([step], { attention }).map((s) => s.family);
+    assert.equal(planned.includes('attention_fwd_mma'), attention === 'mma');
+    assert.equal(planned.includes('attention_fwd'), attention === 'simt');
+    b.dispose();
+  }
+});

@@ -126,6 +126,7 @@ test('padded embeddings: the loss runs over the real tokens only, padding rows g
     const runner = new StepRunner(m, t, spec, { lossVocab: real });
     assert.deepEqual(runner.headShape, { chunkRows: n, lossVocab: real });
     const head = new ChunkedHead(m, t, spec, n, { lossVocab: real, chunkFloats: 3 * real });
+    assert.equal(head.width, 16, 'the GEMMs run 16 columns (13 rounded up), the loss 13');
     const got = chunkedPass(m, t, head, ids, targets, w, b, s);
 
     const mc = new Transformer(be, { ...sCfg, vocabSize: real }, { batch: b, seq: s, training: true });
@@ -151,5 +152,27 @@ test('chunk rows: bounded by the chunk size, at least 1, at most the rows (15193
   try {
     const m = new Transformer(be, cfgOf(), { batch: 1, seq: 4, training: true });
     assert.throws(() => new ChunkedHead(m, null, specs[0]!, 4, { lossVocab: 14 }), /loss vocabulary \(14 tokens\)/);
+  } finally { be.dispose(); }
+});
+
+test('lossForward with a row stride (ld > vocab) equals the loss on compact rows; columns past the vocabulary get zero gradient', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const n = 3, V = 7, LD = 10, rng = new Rng(11);
+    const z = Float64Array.from({ length: n * LD }, () => rng.normal() * 3), zt = Float64Array.from({ length: n * LD }, () => rng.normal() * 3);
+    const compact = (a: Float64Array): Float64Array => Float64Array.from({ length: n * V }, (_, i) => a[Math.floor(i / V) * LD + (i % V)]!);
+    const spec: LossSpec = { kind: 'jsd', alpha: 0.6, temperature: 1.7, beta: 0.3 };
+    const tg = be.allocInt(n, 't'); be.uploadInt(tg, Int32Array.from([2, -1, 6]));
+    const wb = be.alloc(n, 'w'); be.upload(wb, [0.5, 0, 0.25]);
+    const run = (zz: Float64Array, tt: Float64Array, ld: number): { st: Float64Array; dz: Float64Array } => {
+      const zb = be.alloc(zz.length, 'z'), tb = be.alloc(tt.length, 'zt'), st = be.alloc(n * LOSS_STATS, 'st');
+      be.upload(zb, zz); be.upload(tb, tt);
+      be.lossForward(st, zb, zb, tb, tg, wb, n, V, spec, ld);
+      return { st: Float64Array.from(be.download(st)), dz: Float64Array.from(be.download(zb)) };
+    };
+    const strided = run(z, zt, LD), plain = run(compact(z), compact(zt), V);
+    assert.deepEqual(strided.st, plain.st);
+    assert.deepEqual(compact(strided.dz), plain.dz);
+    for (let i = 0; i < n; i++) for (let j = V; j < LD; j++) assert.equal(strided.dz[i * LD + j], 0, `row ${i} column ${j}`);
   } finally { be.dispose(); }
 });

@@ -541,7 +541,7 @@ export class CpuBackend implements Backend {
 
   lossForward(
     stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
-    n: number, vocab: number, spec: LossSpec,
+    n: number, vocab: number, spec: LossSpec, ld: number = vocab,
   ): void {
     const st = this.f(stats, 'loss stats'), z = this.f(logits, 'loss logits'), w = this.f(weights, 'loss weights');
     const dz = dlogits === null ? null : this.f(dlogits, 'loss dlogits');
@@ -549,16 +549,18 @@ export class CpuBackend implements Backend {
     const y = this.i(targets, 'loss targets');
     check(spec.kind === 'none' || zt !== null, `cpu backend: lossForward: kind '${spec.kind}' needs teacher logits`);
     check(spec.kind === 'none' || spec.temperature > 0, `cpu backend: lossForward: temperature must be > 0, got ${spec.temperature}`);
-    this.need(st, n * LOSS_STATS, 'lossForward', 'stats'); this.need(z, n * vocab, 'lossForward', 'logits');
+    check(Number.isInteger(ld) && ld >= vocab, `cpu backend: lossForward: row stride ${ld} below the vocabulary ${vocab}`);
+    const rows = n > 0 ? (n - 1) * ld + vocab : 0;
+    this.need(st, n * LOSS_STATS, 'lossForward', 'stats'); this.need(z, rows, 'lossForward', 'logits');
     this.need(w, n, 'lossForward', 'weights'); this.need(y, n, 'lossForward', 'targets');
-    if (dz !== null) this.need(dz, n * vocab, 'lossForward', 'dlogits');
-    if (zt !== null) this.need(zt, n * vocab, 'lossForward', 'teacher');
+    if (dz !== null) this.need(dz, n * ld, 'lossForward', 'dlogits');
+    if (zt !== null) this.need(zt, rows, 'lossForward', 'teacher');
     const s: LossSpec = { kind: spec.kind, alpha: spec.alpha, temperature: spec.temperature, beta: spec.beta };
     if (!this.parallel(n * vocab * 16) || n < 2) {
-      lossRows(st, dz, z, zt, y, w, vocab, s, 0, n);
+      lossRows(st, dz, z, zt, y, w, vocab, s, 0, n, ld);
       return;
     }
-    this.getPool().run({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, spec: s, r0: 0, r1: n },
+    this.getPool().run({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, ld, spec: s, r0: 0, r1: n },
       'rows', splitRange(n, this.chunkCount(n * vocab * 16)));
   }
 

@@ -44,7 +44,7 @@ export interface AttnBackwardTask {
 export interface LossTask {
   op: 'loss';
   stats: FArr; dlogits: FArr | null; logits: FArr; teacher: FArr | null; targets: Int32Array; weights: FArr;
-  vocab: number; spec: LossSpec; r0: number; r1: number;
+  vocab: number; ld: number; spec: LossSpec; r0: number; r1: number;
 }
 /**
  * An elementwise op over elements [i0, i1) (each element depends on its own inputs only, so any split gives
@@ -127,7 +127,7 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       }
       return;
     case 'loss':
-      lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1);
+      lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1, x.ld);
       return;
     case 'ew': {
       const a = x.i0, b = x.i1, n = b - a;

@@ -90,9 +90,9 @@ export interface DeviceParts {
   /** Floats of attention backward's dK/dV partials (default DEFAULT_ATTN_DKV_FLOATS). */
   attnDkvFloats?: number;
   /**
-   * EXPERIMENTAL: 'mma' runs the training attention forward on TF32 tensor cores (attention_fwd_mma, ~1e-3 relative)
-   * where the head dim allows (multiple of 8, ≤ 128). Default 'simt' (fp32). Trace mode, and so the pre-warm plan,
-   * always plans 'simt': use 'mma' only with a non-strict kernel cache (tests).
+   * 'mma' runs the training attention forward on TF32 tensor cores (attention_fwd_mma, ~1e-3 relative) where the
+   * head dim allows (multiple of 8, ≤ 128); createCudaBackend picks it with --tf32. Default 'simt' (fp32). prepare()
+   * traces with the same choice, so the pre-warm plan holds exactly the kernels this backend launches.
    */
   attention?: 'simt' | 'mma';
   /** Floats of the column-reduction partials (default DEFAULT_COLSUM_FLOATS). */
@@ -102,6 +102,9 @@ export interface DeviceParts {
   /** Op-level GPU profile printed on dispose (default: DISTILLERY_CUDA_PROFILE=1). See profile.ts. */
   profile?: boolean;
 }
+
+/** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
+export interface TraceOptions { attention?: 'simt' | 'mma' }
 
 export class CudaBackend implements Backend {
   readonly name: string;
@@ -136,16 +139,17 @@ export class CudaBackend implements Backend {
   /** The op profiler (device mode with the profile on); null otherwise, and then each op pays one null check. */
   private readonly prof: OpProfiler | null = null;
 
-  constructor(mode: 'trace');
+  constructor(mode: 'trace', trace?: TraceOptions);
   constructor(mode: 'device', parts: DeviceParts);
-  constructor(mode: CudaMode, parts?: DeviceParts) {
+  constructor(mode: CudaMode, partsOrTrace?: DeviceParts | TraceOptions) {
     this.mode = mode;
+    const parts = mode === 'device' ? partsOrTrace as DeviceParts | undefined : undefined;
     this.dev = parts ?? null;
     if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
     this.dsumFloats = parts?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
-    this.attnImpl = parts?.attention ?? 'simt';
+    this.attnImpl = (mode === 'trace' ? (partsOrTrace as TraceOptions | undefined)?.attention : parts?.attention) ?? 'simt';
     this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
@@ -296,7 +300,7 @@ export class CudaBackend implements Backend {
   async prepare(runs: ReadonlyArray<(b: Backend) => void>): Promise<void> {
     if (!this.dev) return;
     const t0 = Date.now();
-    const specs = planKernels(runs);
+    const specs = planKernels(runs, { attention: this.attnImpl });
     await this.dev.cache.prewarm(specs);
     this.dev.log?.(`[kernel-cache] pre-warm: ${specs.length} kernels ready in ${Date.now() - t0} ms; cache sealed`);
   }
@@ -590,11 +594,13 @@ export class CudaBackend implements Backend {
 
   // ---- loss -----------------------------------------------------------------------------------------
   lossForward(stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
-    n: number, vocab: number, spec: LossSpec): void {
-    this.need(stats, n * LOSS_STATS, 'lossForward'); this.need(logits, n * vocab, 'lossForward');
+    n: number, vocab: number, spec: LossSpec, ld: number = vocab): void {
+    if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`lossForward: row stride ${ld} below the vocabulary ${vocab}`);
+    const rows = n > 0 ? (n - 1) * ld + vocab : 0;
+    this.need(stats, n * LOSS_STATS, 'lossForward'); this.need(logits, rows, 'lossForward');
     this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
-    if (dlogits) this.need(dlogits, n * vocab, 'lossForward');
-    if (teacher) this.need(teacher, n * vocab, 'lossForward');
+    if (dlogits) this.need(dlogits, n * ld, 'lossForward');
+    if (teacher) this.need(teacher, rows, 'lossForward');
     const dist = spec.kind !== 'none';
     if (dist && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');
@@ -602,7 +608,7 @@ export class CudaBackend implements Backend {
     if (n <= 0) return;
     // Baked: what shapes the code. Temperature, alpha and beta are arguments, so a schedule never recompiles.
     const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, block: LOSS_BLOCK });
-    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab),
+    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab), I(ld),
       F(dist ? spec.temperature : 1), F(dist ? spec.alpha : 0), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
 
@@ -621,4 +627,4 @@ export class CudaBackend implements Backend {
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
 
 /** A backend that records kernel specs without a GPU (see plan.ts). */
-export function createTraceBackend(): CudaBackend { return new CudaBackend('trace'); }
+export function createTraceBackend(trace?: TraceOptions): CudaBackend { return new CudaBackend('trace', trace); }

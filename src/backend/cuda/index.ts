@@ -35,7 +35,7 @@ export interface CudaBackendOptions {
   /** Floats of attention backward's D scratch and dK/dV partials (defaults DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS; tests shrink them). */
   attnDsumFloats?: number;
   attnDkvFloats?: number;
-  /** EXPERIMENTAL training attention forward on TF32 tensor cores (see DeviceParts.attention); default 'simt'. */
+  /** Training attention forward on TF32 tensor cores (see DeviceParts.attention); default: 'mma' with tf32, else 'simt'. */
   attention?: 'simt' | 'mma';
 }
 
@@ -55,7 +55,8 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     driver, cublas, cache, tf32: o.tf32 ?? false, log,
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
-    ...(o.attention !== undefined ? { attention: o.attention } : {}),
+    // --tf32 already trades ~1e-3 relative error for tensor cores in the GEMMs; the attention forward follows it.
+    attention: o.attention ?? (o.tf32 ? 'mma' : 'simt'),
   });
 }
 

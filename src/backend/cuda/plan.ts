@@ -11,10 +11,10 @@
  */
 import { createHash } from 'node:crypto';
 import type { Backend } from '../backend.js';
-import { CudaBackend } from './cuda-backend.js';
+import { CudaBackend, type TraceOptions } from './cuda-backend.js';
 import type { KernelSpec } from './kernels/spec.js';
 
-export interface PlanOptions {
+export interface PlanOptions extends TraceOptions {
   /** Called with the trace backend after each closure (e.g. to report launch counts). */
   onTraced?: (b: CudaBackend, index: number) => void;
 }
@@ -22,7 +22,7 @@ export interface PlanOptions {
 export function planKernels(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions = {}): KernelSpec[] {
   const out = new Map<string, KernelSpec>();
   runs.forEach((run, i) => {
-    const b = new CudaBackend('trace');
+    const b = new CudaBackend('trace', opts.attention !== undefined ? { attention: opts.attention } : {});
     try {
       run(b);
       for (const spec of b.traced.values()) {

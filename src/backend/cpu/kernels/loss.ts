@@ -49,7 +49,7 @@ function expRow(e: Float64Array, z: ArrayLike<number>, zo: number, vocab: number
  */
 export function lossRows(
   stats: FArr, dlogits: FArr | null, logits: FArr, teacher: FArr | null, targets: Int32Array, weights: FArr,
-  vocab: number, spec: LossSpec, r0: number, r1: number,
+  vocab: number, spec: LossSpec, r0: number, r1: number, ld: number = vocab,
 ): void {
   const kind = spec.kind;
   if (kind !== 'none' && teacher === null) throw new RangeError(`lossForward: loss kind '${kind}' needs teacher logits`);
@@ -61,12 +61,12 @@ export function lossRows(
   const grad = new Float64Array(vocab);
   const logB = Math.log(beta), log1mB = Math.log(1 - beta);
   for (let i = r0; i < r1; i++) {
-    const zo = i * vocab, so = i * LOSS_STATS;
+    const zo = i * ld, so = i * LOSS_STATS;
     const y = targets[i], w = weights[i];
     if (y === -1) {
       if (w !== 0) throw new RangeError(`lossForward: row ${i} has target -1 (padding) but weight ${w} (must be 0)`);
       for (let s = 0; s < LOSS_STATS; s++) stats[so + s] = 0;
-      if (dlogits !== null) dlogits.fill(0, zo, zo + vocab);
+      if (dlogits !== null) dlogits.fill(0, zo, zo + ld);
       continue;
     }
     if (y < 0 || y >= vocab) throw new RangeError(`lossForward: row ${i} target ${y} outside [0, ${vocab})`);
@@ -126,6 +126,9 @@ export function lossRows(
     stats[so + STAT_CE] = ce;
     stats[so + STAT_DIV] = div;
     stats[so + STAT_AGREE] = agree;
-    if (dlogits !== null) for (let j = 0; j < vocab; j++) dlogits[zo + j] = w * grad[j];
+    if (dlogits !== null) {
+      for (let j = 0; j < vocab; j++) dlogits[zo + j] = w * grad[j];
+      if (ld > vocab) dlogits.fill(0, zo + vocab, zo + ld); // columns past the loss vocabulary get no gradient
+    }
   }
 }

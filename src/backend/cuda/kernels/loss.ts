@@ -31,15 +31,15 @@ function generate(p: Readonly<LossP>): string {
   lines.push(`#define BLOCK ${p.block}
 ${reductionHelpers()}
 extern "C" __global__ void loss(float* stats, float* dlogits, const float* logits, const float* teacher,
-                                const int* targets, const float* weights, int n, int V,
+                                const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
   int row = blockIdx.x;
   if (row >= n) return;
-  const float* z = logits + (long long)row * V;
+  const float* z = logits + (long long)row * LD;
   int y = targets[row];
   if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
     if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
-    ${p.withGrad ? 'for (int j = threadIdx.x; j < V; j += BLOCK) dlogits[(long long)row * V + j] = 0.0f;' : ''}
+    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) dlogits[(long long)row * LD + j] = 0.0f;' : ''}
     return;
   }
   /* read z[y] before any thread may overwrite logits (dlogits may alias logits) */
@@ -49,7 +49,7 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
   for (int j = threadIdx.x; j < V; j += BLOCK) { float x = z[j]; if (x > bestS) { bestS = x; argS = j; } }
   mx = blockMax(bestS);`);
   if (dist) {
-    lines.push(`  const float* zt = teacher + (long long)row * V;
+    lines.push(`  const float* zt = teacher + (long long)row * LD;
   float bestT = NEG_INF;
   int argT = V;
   for (int j = threadIdx.x; j < V; j += BLOCK) { float x = zt[j]; if (x > bestT) { bestT = x; argT = j; } }
@@ -98,7 +98,8 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
     const distGrad = !dist ? '' : p.kind === 'kl' ? '(q - pp)'
       : p.kind === 'reverse-kl' ? 'q * (lq - lp - divRaw)' : `q * ((1.0f - BETA) * (lq - lm) - qg)`;
     lines.push(`  float w = weights[row];
-  float* g = dlogits + (long long)row * V;
+  float* g = dlogits + (long long)row * LD;
+  for (int j = V + threadIdx.x; j < LD; j += BLOCK) g[j] = 0.0f; /* columns past the loss vocabulary: no gradient */
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float x = z[j];
     float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
