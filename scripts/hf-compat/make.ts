@@ -1,5 +1,6 @@
 /**
- * Writes small checkpoints (Qwen2 tied with biases, Qwen2 untied, Llama without biases, llama3 / yarn / linear
+ * Writes small checkpoints (Qwen2 tied with biases, Qwen2 untied, Llama without biases, Llama with attention_bias
+ * (q/k/v AND o_proj biases, as transformers' LlamaAttention has them), llama3 / yarn / linear
  * RoPE scaling; f32 and bf16; one sharded into model-0000x-of-0000y.safetensors + model.safetensors.index.json) with
  * random weights, plus the logits distillery's CPU backend computes for fixed token ids, the ids our tokenizer gives
  * for a few texts, and our ChatML rendering of a conversation. check.py then loads each folder with HF transformers
@@ -37,6 +38,8 @@ const cases: Array<[string, ModelConfig, 'f32' | 'bf16', number?]> = [
   ['llama-llama3-f32', { ...base, architecture: 'llama', qkvBias: false, rope: { type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 64 } }, 'f32'],
   ['qwen2-yarn-bf16', { ...base, tieWordEmbeddings: false, rope: { type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true } }, 'bf16'],
   ['qwen2-yarn-custom-f32', { ...base, rope: { type: 'yarn', theta: 1e4, factor: 8, originalMaxPositionEmbeddings: 32, betaFast: 16, betaSlow: 2, attentionFactor: 1.25, truncate: false } }, 'f32'],
+  // attention_bias true: q/k/v biases and o_proj.bias (transformers reads a missing o_proj.bias as zeros, so the
+  // weights perturbed below make this case fail if it is not written).
   ['llama-linear-f32', { ...base, architecture: 'llama', qkvBias: true, rope: { type: 'linear', theta: 1e4, factor: 4 } }, 'f32'],
   // Shards of at most 64 KiB: several files and an index, as save_pretrained(max_shard_size=...) writes them.
   ['qwen2-untied-sharded-f32', { ...base, tieWordEmbeddings: false }, 'f32', 65536],

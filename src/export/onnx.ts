@@ -284,7 +284,7 @@ export function buildOnnxModel(config: ModelConfig, weights: Float32Array, opts:
     const scores = g.op1('Mul', [g.op1('MatMul', [qg, kg]), scale]); // [B, KVH, rep, S, T]
     const probs = g.op1('Softmax', [g.op1('Where', [allowed, scores, minusInf])], { axis: { i: -1 } });
     const ctx = g.op1('Transpose', [g.op1('MatMul', [probs, vg])], { perm: { ints: [0, 3, 1, 2, 4] } }); // [B, S, KVH, rep, D]
-    const attn = linear(g.op1('Reshape', [ctx, g.i64([-1, H * D])]), w.wo);
+    const attn = linear(g.op1('Reshape', [ctx, g.i64([-1, H * D])]), w.wo, w.bo);
     x = g.op1('Add', [x, attn]);
     const h2 = rmsnorm(x, w.ln2);
     const gate = linear(h2, w.wGate);

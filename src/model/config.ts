@@ -1,6 +1,7 @@
 /**
  * Model configuration in the Hugging Face `config.json` vocabulary, for the Qwen2 and Llama families.
- * Both run from the same code: Qwen2 has Q/K/V biases, Llama does not (`attention_bias`).
+ * Both run from the same code: Qwen2 has Q/K/V biases and no O bias; Llama has Q/K/V AND O biases when
+ * `attention_bias` is true and none otherwise (transformers' LlamaAttention gives o_proj `bias=attention_bias`).
  *
  * Reading (parseHfConfig) accepts both layouts transformers writes: 4.x (`rope_theta` and `rope_scaling` at the top
  * level, `torch_dtype`) and 5.x (`rope_parameters: {rope_type, rope_theta, ...}`, `dtype`, `layer_types`,
@@ -30,7 +31,10 @@ export interface ModelConfig {
   rmsNormEps: number;
   tieWordEmbeddings: boolean;
   maxPositionEmbeddings: number;
-  /** Q, K and V projections have biases (Qwen2: true; Llama: false). The O projection never has one. */
+  /**
+   * Q, K and V projections have biases (Qwen2: always; Llama: `attention_bias`). Whether the O projection has one
+   * follows from this and the architecture: see oProjBias (Llama's attention_bias covers o_proj too, Qwen2 never).
+   */
   qkvBias: boolean;
   /** Token ids, carried through to config.json (transformers 5 may write a list of eos ids). */
   bosTokenId?: number | undefined;
@@ -38,6 +42,16 @@ export interface ModelConfig {
 }
 
 type Json = Record<string, unknown>;
+
+/**
+ * The O projection (`self_attn.o_proj.bias`, [hidden_size]) has a bias: Llama with attention_bias true
+ * (transformers' LlamaAttention builds all four projections with `bias=config.attention_bias`). Qwen2's o_proj
+ * never has one, whatever its Q/K/V biases. Derived rather than stored so that a config cannot describe a
+ * combination transformers cannot write (a Llama with Q/K/V biases but no O bias, or the reverse).
+ */
+export function oProjBias(c: ModelConfig): boolean {
+  return c.architecture === 'llama' && c.qkvBias;
+}
 
 /** The eos ids of a config (none, one, or transformers 5's list). */
 export function eosIds(c: ModelConfig): number[] {
@@ -301,11 +315,12 @@ export function parseHfConfig(j: Json): ModelConfig {
 
 /**
  * One line with every baked number of a model, e.g.
- * `qwen2 theta 1000000 rope default eps 1e-6 head_dim 64 qkv_bias yes tied yes`.
+ * `qwen2 theta 1000000 rope default eps 1e-6 head_dim 64 qkv_bias yes tied yes`; a Llama with attention_bias
+ * true adds `o_bias yes` after `qkv_bias yes` (its O projection has a bias too).
  */
 export function describeBaked(c: ModelConfig): string {
   return `${c.architecture} ${describeRope(c.rope)} eps ${c.rmsNormEps.toExponential()} head_dim ${c.headDim} ` +
-    `qkv_bias ${c.qkvBias ? 'yes' : 'no'} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
+    `qkv_bias ${c.qkvBias ? 'yes' : 'no'}${oProjBias(c) ? ' o_bias yes' : ''} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
 }
 
 /** Checks the invariants the model code relies on. */
@@ -378,6 +393,7 @@ export function toHfConfig(c: ModelConfig): Json {
     return { architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...common, use_sliding_window: false,
       sliding_window: c.maxPositionEmbeddings, max_window_layers: c.numLayers };
   }
+  // attention_bias covers q/k/v AND o_proj in LlamaAttention (oProjBias).
   return { architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common, attention_bias: c.qkvBias,
     mlp_bias: false, pretraining_tp: 1 };
 }
@@ -385,7 +401,7 @@ export function toHfConfig(c: ModelConfig): Json {
 /** Number of trainable parameters (tied embeddings counted once). */
 export function parameterCount(c: ModelConfig): number {
   const C = c.hiddenSize, kv = c.numKvHeads * c.headDim, q = c.numHeads * c.headDim;
-  const attn = C * q + C * kv * 2 + q * C + (c.qkvBias ? q + 2 * kv : 0);
+  const attn = C * q + C * kv * 2 + q * C + (c.qkvBias ? q + 2 * kv : 0) + (oProjBias(c) ? C : 0);
   const mlp = 3 * C * c.intermediateSize;
   const perLayer = attn + mlp + 2 * C;
   return c.vocabSize * C * (c.tieWordEmbeddings ? 1 : 2) + c.numLayers * perLayer + C;

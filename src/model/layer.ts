@@ -10,7 +10,7 @@ import type { LayerTensors, TensorInfo } from './params.js';
 
 /** Views of one layer's weights inside the flat parameter buffer. */
 export interface LayerWeights {
-  ln1: Buf; wq: Buf; bq: Buf | null; wk: Buf; bk: Buf | null; wv: Buf; bv: Buf | null; wo: Buf;
+  ln1: Buf; wq: Buf; bq: Buf | null; wk: Buf; bk: Buf | null; wv: Buf; bv: Buf | null; wo: Buf; bo: Buf | null;
   ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
 }
 
@@ -18,7 +18,7 @@ export function layerWeights(be: Backend, params: Buf, w: LayerTensors): LayerWe
   const p = (t: TensorInfo): Buf => be.view(params, t.offset, t.size);
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
   return {
-    ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv), wo: p(w.wo),
+    ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv), wo: p(w.wo), bo: o(w.bo),
     ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
   };
 }
@@ -45,7 +45,7 @@ export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: La
   be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0);
   be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
   attend(a.q, a.k, a.v, a.att);
-  be.matmulForward(a.h, a.att, w.wo, null, N, Q, C);
+  be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
   be.add(a.h, a.h, a.x, N * C);
   be.rmsnormForward(a.ln2, a.rstd2, a.h, w.ln2, N, C, c.rmsNormEps);
   be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);

@@ -3,7 +3,7 @@
  * optimizer, gradient zeroing and global-norm clipping are single calls. Each tensor has its Hugging Face name,
  * its shape, its offset into the flat buffer, and whether weight decay applies (matrices yes; norms, biases no).
  */
-import type { ModelConfig } from './config.js';
+import { oProjBias, type ModelConfig } from './config.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
 
@@ -21,7 +21,9 @@ export interface TensorInfo {
 /** Offsets of one layer's tensors inside the flat buffer. */
 export interface LayerTensors {
   ln1: TensorInfo; wq: TensorInfo; bq: TensorInfo | null; wk: TensorInfo; bk: TensorInfo | null;
-  wv: TensorInfo; bv: TensorInfo | null; wo: TensorInfo; ln2: TensorInfo;
+  wv: TensorInfo; bv: TensorInfo | null; wo: TensorInfo;
+  /** o_proj's bias: Llama with attention_bias true only (oProjBias). */
+  bo: TensorInfo | null; ln2: TensorInfo;
   wGate: TensorInfo; wUp: TensorInfo; wDown: TensorInfo;
 }
 
@@ -58,11 +60,12 @@ export function parameterLayout(c: ModelConfig): ParamLayout {
     const wv = add(`${p}self_attn.v_proj.weight`, [KV, C], 'normal');
     const bv = c.qkvBias ? add(`${p}self_attn.v_proj.bias`, [KV], 'zeros') : null;
     const wo = add(`${p}self_attn.o_proj.weight`, [C, Q], 'normal-residual');
+    const bo = oProjBias(c) ? add(`${p}self_attn.o_proj.bias`, [C], 'zeros') : null;
     const ln2 = add(`${p}post_attention_layernorm.weight`, [C], 'ones');
     const wGate = add(`${p}mlp.gate_proj.weight`, [I, C], 'normal');
     const wUp = add(`${p}mlp.up_proj.weight`, [I, C], 'normal');
     const wDown = add(`${p}mlp.down_proj.weight`, [C, I], 'normal-residual');
-    layers.push({ ln1, wq, bq, wk, bk, wv, bv, wo, ln2, wGate, wUp, wDown });
+    layers.push({ ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wGate, wUp, wDown });
   }
   const finalNorm = add('model.norm.weight', [C], 'ones');
   const lmHead = c.tieWordEmbeddings ? null : add('lm_head.weight', [c.vocabSize, C], 'normal');

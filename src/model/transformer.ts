@@ -256,7 +256,7 @@ export class Transformer {
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
       be.zero(datt);
-      be.matmulBackward(datt, this.gr(w.wo), null, dx, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
+      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dx, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);

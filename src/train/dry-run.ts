@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { parseHfConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { oProjBias, parseHfConfig, parameterCount, type ModelConfig } from '../model/config.js';
 import { estimateJobBytes, formatGiB } from '../model/memory.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError } from '../util/errors.js';
@@ -60,7 +60,7 @@ function describeModel(c: ModelConfig): Record<string, unknown> {
   return {
     architecture: c.architecture, parameters: parameterCount(c), vocab_size: c.vocabSize, hidden_size: c.hiddenSize,
     intermediate_size: c.intermediateSize, layers: c.numLayers, heads: c.numHeads, kv_heads: c.numKvHeads, head_dim: c.headDim,
-    rms_norm_eps: c.rmsNormEps, qkv_bias: c.qkvBias, tied_embeddings: c.tieWordEmbeddings,
+    rms_norm_eps: c.rmsNormEps, qkv_bias: c.qkvBias, o_bias: oProjBias(c), tied_embeddings: c.tieWordEmbeddings,
   };
 }
 

@@ -18,7 +18,7 @@ import type { DistillKind, LossSpec } from '../../src/backend/backend.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
-import { toHfConfig, type ModelConfig } from '../../src/model/config.js';
+import { oProjBias, toHfConfig, type ModelConfig } from '../../src/model/config.js';
 import { describeRope, yarnMscale, type RopeSpec } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { writeCheckpoint } from '../../src/model/checkpoint.js';
@@ -81,7 +81,7 @@ function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConf
     numHeads, numKvHeads: nKv, headDim,
     rope: randomRope(r, pick([1e4, 5e5, 1e6, Math.round(1000 + r() * 1e6)]), Math.max(maxSeq, 64)),
     rmsNormEps: pick([1e-5, 1e-6, Number((10 ** -(4 + 3 * r())).toPrecision(3))]),
-    tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3, // HF Qwen2 always has Q/K/V biases
+    tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3, // HF Qwen2 always has Q/K/V biases; a Llama's also gives o_proj one
   };
 }
 
@@ -100,7 +100,7 @@ function randomCase(seed: number, vocab: number): Case {
 }
 
 function describeCase(c: Case): string {
-  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? 'bias' : 'nobias'}`;
+  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}`;
   return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 

@@ -134,6 +134,8 @@ const cases: Array<{ name: string; c: ModelConfig; external: boolean }> = [
     name: 'llama-llama3', external: false,
     c: config({ architecture: 'llama', qkvBias: false, rope: { type: 'llama3', theta: 1e4, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 32 } }),
   },
+  // Llama attention_bias: q/k/v AND o_proj biases (the o_proj Gemm carries its bias).
+  { name: 'llama-attention-bias', external: false, c: config({ architecture: 'llama', qkvBias: true, tieWordEmbeddings: false }) },
 ];
 
 for (const { name, c, external } of cases) {

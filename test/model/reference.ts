@@ -69,7 +69,9 @@ export function referenceLogits(c: ModelConfig, layout: ParamLayout, w: ArrayLik
         }
       }
     }
-    const o = linear(att, N, nH * hd, get(`${p}self_attn.o_proj.weight`), C, null);
+    // transformers: LlamaAttention's o_proj has bias=attention_bias like q/k/v; Qwen2Attention's o_proj has none.
+    const oBias = c.architecture === 'llama' && c.qkvBias ? get(`${p}self_attn.o_proj.bias`) : null;
+    const o = linear(att, N, nH * hd, get(`${p}self_attn.o_proj.weight`), C, oBias);
     const hres = x.map((xv, i) => xv + o[i]!);
     const h2 = rmsnorm(hres, N, get(`${p}post_attention_layernorm.weight`));
     const g = linear(h2, N, C, get(`${p}mlp.gate_proj.weight`), I, null);

@@ -52,6 +52,8 @@ const configs: Array<[string, ModelConfig]> = [
   ['yarn rope scaling (attention factor 1.3)', tinyConfig({ numHeads: 2, numKvHeads: 2, headDim: 8,
     rope: { type: 'yarn', theta: 1e4, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.3, truncate: true } })],
   ['linear rope scaling', tinyConfig({ numHeads: 2, numKvHeads: 1, headDim: 4, rope: { type: 'linear', theta: 1e4, factor: 3 } })],
+  // transformers' Llama attention_bias: biases on q/k/v AND o_proj (the reference adds o_proj.bias by that rule).
+  ['llama attention_bias (q/k/v and o biases), GQA, untied', tinyConfig({ architecture: 'llama', qkvBias: true, tieWordEmbeddings: false })],
 ];
 
 for (const [name, cfg] of configs) {
@@ -94,7 +96,7 @@ const specs: LossSpec[] = [
 ];
 
 for (const spec of specs) {
-  for (const [name, cfg] of [configs[0]!, configs[2]!, ...(spec.kind === 'none' ? [configs[3]!, configs[4]!] : [])]) {
+  for (const [name, cfg] of [configs[0]!, configs[2]!, configs[6]!, ...(spec.kind === 'none' ? [configs[3]!, configs[4]!] : [])]) {
     test(`every parameter's gradient matches central finite differences (float64), loss ${spec.kind}, ${name}`, () => {
       const be = createCpuBackend({ dtype: 'f64', threads: 1 });
       try {
@@ -151,10 +153,10 @@ for (const spec of specs) {
   }
 }
 
-test('KV-cache generation reproduces the full forward pass logits at every position (plain, llama3 and yarn RoPE)', () => {
+test('KV-cache generation reproduces the full forward pass logits at every position (plain, llama3 and yarn RoPE, llama o bias)', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   try {
-    for (const cfg of [tinyConfig({ rope: { type: 'default', theta: 100 } }), configs[3]![1], configs[4]![1]]) {
+    for (const cfg of [tinyConfig({ rope: { type: 'default', theta: 100 } }), configs[3]![1], configs[4]![1], configs[6]![1]]) {
     const T = 9;
     const m = new Transformer(be, cfg, { batch: 1, seq: T, training: false });
     m.setWeights(randomWeights(m, 8));

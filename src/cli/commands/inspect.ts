@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
-import { describeBaked, parseHfConfig, parameterCount, type ModelConfig } from '../../model/config.js';
+import { describeBaked, oProjBias, parseHfConfig, parameterCount, type ModelConfig } from '../../model/config.js';
 import { describeRope } from '../../backend/rope.js';
 import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js';
 import { Tokenizer } from '../../tokenizer/bpe.js';
@@ -69,6 +69,7 @@ function describeConfig(c: ModelConfig): string[] {
     `rms norm eps   ${c.rmsNormEps}`,
     `tied embedding ${c.tieWordEmbeddings ? 'yes' : 'no'}`,
     `qkv bias       ${c.qkvBias ? 'yes' : 'no'}`,
+    `o bias         ${oProjBias(c) ? 'yes' : 'no'}`,
     `baked          ${describeBaked(c)}`,
   ];
 }
