@@ -28,8 +28,10 @@ function activationFloats(c: ModelConfig, b: number, t: number, training: boolea
   const perLayer = N * (4 * C + 2 * Q + 2 * KV + 3 * I + 2) + b * c.numHeads * t; // + attention lse (linear in t)
   const layers = training ? c.numLayers * perLayer : perLayer + N * C;
   const final = N * (2 * C + 1); // final x, norm, rstd (logits live in the step's chunked head)
-  const scratch = training ? N * (3 * C + 2 * Q + 3 * KV + 3 * I) : 0;
-  return layers + final + scratch;
+  // Gradient scratch: dHidden, dx, dln (C); dq, dq pre-rope, datt (Q); dk, dv, dk pre-rope (KV); dact, dgate, dup (I).
+  const scratch = training ? N * (3 * C + 3 * Q + 3 * KV + 3 * I) : 0;
+  const ids = N; // the int32 token ids (4 bytes each, as a float)
+  return layers + final + scratch + ids;
 }
 
 /** Bytes of the job's allocations on the backend. */

@@ -5,7 +5,8 @@
  *
  * The report comes from the same code the run uses: the student config from studentConfig(), the job from
  * runJobShape(), the device memory from estimateJobBytes() (what Transformer, AdamW and StepRunner allocate), and,
- * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend (the pre-warm set).
+ * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend with the attention the
+ * run's backend would pick (attentionFor(--tf32)): the pre-warm set.
  */
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -17,7 +18,7 @@ import { DistilleryError } from '../util/errors.js';
 import { headChunkRows, headWidth } from './head.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import type { RunOptions } from './options.js';
-import { studentConfig } from './run.js';
+import { runLossVocab, studentConfig } from './run.js';
 
 export interface DryRunKernel { family: string; params: Record<string, string | number | boolean>; source_sha256: string }
 
@@ -65,20 +66,23 @@ function describeModel(c: ModelConfig): Record<string, unknown> {
 }
 
 /** Plans the job of `o` as described in the module comment. */
-export async function dryRun(o: RunOptions): Promise<DryRunReport> {
+export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Promise<DryRunReport> {
   const teacher = o.mode === 'distill' && o.teacher ? readFolderHeader(o.teacher, 'teacher') : null;
   if (o.mode === 'distill' && !teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder>');
   const init = o.init ? readFolderHeader(o.init, '--init') : null;
   // The tokenizer the run would use: --tokenizer, the teacher's, --init's; else one trained to --vocab-size.
   const tok = o.tokenizer ? Tokenizer.fromFile(o.tokenizer) : teacher?.tokenizer ?? init?.tokenizer ?? null;
   const cfg = studentConfig(o, tok ?? { vocabSize: o.vocabSize, eosId: undefined }, teacher, init);
-  const job = runJobShape(o, cfg, teacher?.config ?? null);
+  const { lossVocab: jobLossVocab } = runLossVocab(tok?.vocabSize ?? o.vocabSize, cfg, teacher?.config ?? null);
+  const job = runJobShape(o, cfg, teacher?.config ?? null, jobLossVocab);
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: teacher?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
-    kernels = planKernels(jobClosures(job)).map((s) => ({
+    const { attentionFor } = await import('../backend/cuda/cuda-backend.js');
+    // The attention forward the run's backend would launch (createCudaBackend's rule), so the plan is its pre-warm.
+    kernels = planKernels(jobClosures(job), { attention: attentionFor(opts.tf32 === true) }).map((s) => ({
       family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),
     }));
   }

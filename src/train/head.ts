@@ -90,11 +90,35 @@ export class ChunkedHead {
    * head gradient is accumulated and dL/d(hidden) is written into student.hiddenGrad() (zeroed here first).
    * Returns the per-row statistics [n, LOSS_STATS] on the host.
    */
+  /**
+   * Every target is a token of the loss vocabulary, or -1 (padding) with weight 0. Checked on the host for every
+   * backend: the CUDA loss kernel reads any negative target as padding and does not range-check (an id past the
+   * vocabulary would read another row's logits), where the CPU kernel throws.
+   */
+  private checkTargets(targets: Int32Array, weights: Float32Array | Float64Array, n: number): void {
+    if (targets.length < n || weights.length < n) {
+      throw new DistilleryError(`the loss head got ${targets.length} targets and ${weights.length} weights for ${n} rows`);
+    }
+    const lv = this.lossVocab;
+    for (let i = 0; i < n; i++) {
+      const y = targets[i]!;
+      if (y >= 0 && y < lv) continue;
+      if (y === -1) {
+        if (weights[i] === 0) continue;
+        throw new DistilleryError(`loss target of row ${i} is -1 (padding) but its weight is ${weights[i]} (must be 0)`,
+          'padding positions need token weight 0 (mask them out)');
+      }
+      throw new DistilleryError(`loss target of row ${i} is ${y}, outside the loss vocabulary [0, ${lv}) (or -1 for padding)`,
+        `token ids must come from the tokenizer the run uses (${lv} tokens)`);
+    }
+  }
+
   run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean): Float32Array | Float64Array {
     const be = this.be, V = this.width, C = this.student.config.hiddenSize, R = this.chunkRows;
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');
     const Ct = this.teacher?.config.hiddenSize ?? 0;
+    this.checkTargets(targets, weights, n);
     be.uploadInt(this.targets, targets.subarray(0, n));
     be.upload(this.weights, weights.subarray(0, n));
     const ws = be.view(this.student.headWeight(), 0, V * C);

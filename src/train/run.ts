@@ -210,12 +210,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       'use a config.json whose vocab_size covers the tokenizer');
   }
   // Distillation compares the models over the tokenizer's real tokens; padding rows past them are left out.
-  let lossVocab: number | undefined;
-  if (teacherCk) {
-    const lv = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: teacherCk.config.vocabSize }, { name: 'student', vocabSize: cfg.vocabSize }]);
-    if (lv.note) log(lv.note);
-    lossVocab = lv.lossVocab;
-  }
+  const lv = runLossVocab(tokenizer.vocabSize, cfg, teacherCk?.config ?? null);
+  if (lv.note) log(lv.note);
+  const lossVocab = lv.lossVocab;
   const carry = {
     tokenizerJson: tokenizer.toJSON(), tokenizerConfig: extras?.tokenizerConfig ?? null, chatTemplate: extras?.chatTemplate ?? null,
     generationConfig: extras?.generationConfig ?? null,
@@ -321,7 +318,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     }
     if (v.best) {
       writeCheckpoint(bestDir, cfg, student.getWeights(), {
-        dtype: o.saveDtype, tokenizerJson: tokenizer.toJSON(),
+        dtype: o.saveDtype, ...carry,
         extraFiles: { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' },
       });
     }
@@ -610,6 +607,17 @@ function readModelJson(file: string): ModelConfig {
     throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
   }
   return parseHfConfig(j as Record<string, unknown>);
+}
+
+/**
+ * The vocabulary rows the loss runs over: with a teacher, the tokenizer's real tokens (lossVocabulary checks that the
+ * teacher's and the student's vocab_size both cover them; padding rows past them are left out); without one, undefined
+ * (the student's whole vocab_size). The run and --dry-run both call this, so they cannot disagree.
+ */
+export function runLossVocab(tokenizerSize: number, student: Pick<ModelConfig, 'vocabSize'>, teacher: Pick<ModelConfig, 'vocabSize'> | null):
+  { lossVocab: number | undefined; note: string | null } {
+  if (!teacher) return { lossVocab: undefined, note: null };
+  return lossVocabulary(tokenizerSize, [{ name: 'teacher', vocabSize: teacher.vocabSize }, { name: 'student', vocabSize: student.vocabSize }]);
 }
 
 /** The student's config: --init's, a config.json, or a preset sized to the tokenizer (the teacher's vocab_size when distilling). */

@@ -67,3 +67,58 @@ test('--dry-run on the CPU: no kernels; without --json a readable report; --json
   assert.match(bad.err, /--json goes with --dry-run/);
   assert.equal(fs.existsSync(out), false);
 });
+
+/** A teacher folder whose config.json has `vocab` rows (padding past the tokenizer's tokens) and the tiny tokenizer. */
+function paddedTeacher(name: string, vocab: number): { folder: string; cfg: ModelConfig } {
+  const folder = path.join(dir, name);
+  fs.mkdirSync(folder, { recursive: true });
+  const cfg = tinyConfig(vocab, { hiddenSize: 32, intermediateSize: 48, headDim: 8 });
+  fs.writeFileSync(path.join(folder, 'config.json'), JSON.stringify(toHfConfig(cfg)));
+  fs.writeFileSync(path.join(folder, 'tokenizer.json'), JSON.stringify(tinyTokenizer().toJSON()));
+  return { folder, cfg };
+}
+
+test('distill --dry-run: a teacher padded past the tokenizer plans the loss over the tokenizer\'s real tokens (as the run does)', async () => {
+  const size = tinyTokenizer().vocabSize;
+  const { folder, cfg } = paddedTeacher('teacher-padded', size + 20);
+  const r = await run(['distill', '--teacher', folder, '--data', data, '--out', path.join(dir, 'run3'), '--model', 'tiny', '--batch', '2', '--seq', '16',
+    '--dry-run', '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { loss_vocab: number; device_bytes: number };
+  assert.equal(j.loss_vocab, size);
+  const { presetConfig } = await import('../../src/model/config.js');
+  const student = presetConfig('tiny', cfg.vocabSize);
+  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: cfg, batch: 2, seq: 16, training: true, lossVocab: size }));
+});
+
+test('distill --dry-run --device cuda: a student and a teacher of different vocab_size plan (loss over the tokenizer\'s tokens)', async () => {
+  const size = tinyTokenizer().vocabSize;
+  const { folder, cfg } = paddedTeacher('teacher-padded2', size + 20);
+  const studentCfg = tinyConfig(size + 8, { hiddenSize: 32, intermediateSize: 48, headDim: 8 });
+  const studentJson = path.join(dir, 'student-padded.json');
+  fs.writeFileSync(studentJson, JSON.stringify(toHfConfig(studentCfg)));
+  const r = await run(['distill', '--teacher', folder, '--data', data, '--out', path.join(dir, 'run4'), '--model', studentJson, '--batch', '2', '--seq', '16',
+    '--loss', 'kl', '--device', 'cuda', '--dry-run', '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { loss_vocab: number; kernels: Array<{ family: string; params: Record<string, unknown> }> };
+  assert.equal(j.loss_vocab, size);
+  const plan = planKernels(jobClosures({ student: studentCfg, teacher: cfg, batch: 2, seq: 16, train: true, evaluate: true, lossVocab: size,
+    loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 } }));
+  assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
+});
+
+test('distill --dry-run --device cuda --tf32 plans the tensor-core attention forward the run pre-warms; without --tf32 the fp32 one', async () => {
+  const base = ['distill', '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run5'), '--model', 'tiny', '--batch', '2', '--seq', '16',
+    '--device', 'cuda', '--dry-run', '--json'];
+  const families = async (argv: string[]): Promise<string[]> => {
+    const r = await run(argv);
+    assert.equal(r.code, 0, r.err);
+    return (JSON.parse(r.out) as { kernels: Array<{ family: string }> }).kernels.map((k) => k.family);
+  };
+  const tf32 = await families([...base, '--tf32']);
+  assert.ok(tf32.includes('attention_fwd_mma'), tf32.join(' '));
+  assert.ok(!tf32.includes('attention_fwd'), tf32.join(' '));
+  const fp32 = await families(base);
+  assert.ok(fp32.includes('attention_fwd'), fp32.join(' '));
+  assert.ok(!fp32.includes('attention_fwd_mma'), fp32.join(' '));
+});

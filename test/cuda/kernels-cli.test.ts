@@ -111,3 +111,44 @@ test('the kernels command accepts --beta1/--beta2/--adam-eps and --kernel-cache-
   assert.deepEqual(calls[1], ['list', { cacheDir: '/tmp/a' }]);
   await assert.rejects(kernelsCli.run(['list', '--cache-dir', '/tmp/a', '--kernel-cache-dir', '/tmp/b'], io, deps), UsageError);
 });
+
+test('kernels plan|audit: a teacher and a student of different vocab_size plan the loss over the smaller (the run\'s loss vocabulary)', async () => {
+  const { presetConfig, toHfConfig } = await import('../../src/model/config.js');
+  const dir = fs.mkdtempSync(path.join(tmpdir(), 'dk-vocab-'));
+  try {
+    const tfile = path.join(dir, 'teacher.json');
+    fs.writeFileSync(tfile, JSON.stringify(toHfConfig(presetConfig('small', 320))));
+    const args = { model: 'tiny', vocabSize: 300, teacher: tfile, loss: 'kl', batch: 2, seq: 8 };
+    const job = jobFromArgs(args);
+    assert.equal(job.student.vocabSize, 300);
+    assert.equal(job.teacher?.vocabSize, 320);
+    assert.equal(job.lossVocab, 300);
+    const plan = await capture(() => kernelsCommand('plan', args));
+    assert.equal(plan.code, 0, plan.text);
+    assert.match(plan.text, /^loss +[0-9a-f]{16} +kind=kl /m);
+    const audit = await capture(() => kernelsCommand('audit', args));
+    assert.equal(audit.code, 0, audit.text);
+    assert.match(audit.text, /^audit: OK: /m);
+    // Same vocab_size: no loss vocabulary of its own (the whole vocabulary).
+    assert.equal(jobFromArgs({ model: 'tiny', teacher: 'small', vocabSize: 300 }).lossVocab, undefined);
+  } finally { fs.rmSync(dir, { recursive: true, force: true }); }
+});
+
+test('kernels plan|audit --tf32: the tensor-core attention forward (what a --tf32 run pre-warms) instead of the fp32 one', async () => {
+  const families = async (args: Record<string, unknown>): Promise<string[]> => {
+    const r = await capture(() => kernelsCommand('plan', { ...args, json: true }));
+    assert.equal(r.code, 0, r.text);
+    return (JSON.parse(r.text) as { kernels: Array<{ family: string }> }).kernels.map((k) => k.family);
+  };
+  const tf32 = await families({ model: 'tiny', tf32: true });
+  assert.ok(tf32.includes('attention_fwd_mma') && !tf32.includes('attention_fwd'), tf32.join(' '));
+  const fp32 = await families({ model: 'tiny' });
+  assert.ok(fp32.includes('attention_fwd') && !fp32.includes('attention_fwd_mma'), fp32.join(' '));
+  const audit = await capture(() => kernelsCommand('audit', { model: 'tiny', tf32: true }));
+  assert.equal(audit.code, 0, audit.text);
+  // The command line accepts --tf32 and forwards it.
+  const calls: Array<[string, Record<string, unknown>]> = [];
+  const deps = { kernelsCommand: (sub: string, a: Record<string, unknown>) => { calls.push([sub, a]); return Promise.resolve(0); } };
+  assert.equal(await kernelsCli.run(['plan', '--tf32'], { out: () => {}, err: () => {} }, deps), 0);
+  assert.deepEqual(calls[0], ['plan', { tf32: true }]);
+});

@@ -104,3 +104,21 @@ test('--tf32 attention on tensor cores: prepare() plans what the backend launche
     b.dispose();
   }
 });
+
+test('prewarm() plans with the backend\'s attention choice: a tensor-core (--tf32) backend launches nothing unplanned', async () => {
+  const { prewarm } = await import('../../src/backend/cuda/index.js');
+  const { attentionFor } = await import('../../src/backend/cuda/cuda-backend.js');
+  assert.equal(attentionFor(true), 'mma');
+  assert.equal(attentionFor(false), 'simt');
+  for (const tf32 of [true, false]) {
+    const lines: string[] = [];
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: (l) => lines.push(l) });
+    const b = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, attention: attentionFor(tf32), log: (l) => lines.push(l) });
+    assert.equal(b.attention, attentionFor(tf32));
+    const step = allOpsStep(QWEN_LIKE);
+    await prewarm(b, [step]);
+    step(b);
+    assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
+    b.dispose();
+  }
+});

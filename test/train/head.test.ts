@@ -176,3 +176,34 @@ test('lossForward with a row stride (ld > vocab) equals the loss on compact rows
     for (let i = 0; i < n; i++) for (let j = V; j < LD; j++) assert.equal(strided.dz[i * LD + j], 0, `row ${i} column ${j}`);
   } finally { be.dispose(); }
 });
+
+test('targets are checked on the host for every backend: in [0, lossVocab), or -1 only with weight 0; the error names the row', async () => {
+  const { DistilleryError } = await import('../../src/util/errors.js');
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const b = 2, s = 3, n = b * s, real = 13;
+    const spec: LossSpec = { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0.5 };
+    const m = new Transformer(be, cfgOf({ vocabSize: 16 }), { batch: b, seq: s, training: true });
+    const t = new Transformer(be, cfgOf({ vocabSize: 20 }), { batch: b, seq: s, training: false });
+    m.setWeights(weightsOf(m, 1)); t.setWeights(weightsOf(t, 2));
+    const head = new ChunkedHead(m, t, spec, n, { lossVocab: real });
+    const ids = Int32Array.from({ length: n }, (_, i) => i);
+    const run = (targets: number[], w: number[]): Float64Array | Float32Array => {
+      const ht = t.forwardHidden(ids, b, s), hs = m.forwardHidden(ids, b, s);
+      return head.run(hs, ht, Int32Array.from(targets), Float64Array.from(w), n, true);
+    };
+    const ones = new Array<number>(n).fill(1 / n);
+    // Valid: real tokens, and padding (-1) at weight 0.
+    const ok = run([0, 12, 3, -1, 5, -1], [1, 1, 1, 0, 1, 0]);
+    assert.ok(Array.from(ok).every(Number.isFinite));
+    const bad: Array<[number[], number[], RegExp]> = [
+      [[0, 1, 2, 3, 4, 13], ones, /row 5 is 13, outside the loss vocabulary \[0, 13\)/], // a padding row of the student's embeddings
+      [[0, 1, 2, 16, 4, 5], ones, /row 3 is 16, outside/], // past the student's vocab_size (inside the teacher's)
+      [[0, -2, 2, 3, 4, 5], ones, /row 1 is -2, outside/],
+      [[0, 1, -1, 3, 4, 5], ones, /row 2 is -1 \(padding\) but its weight is/],
+    ];
+    for (const [targets, w, re] of bad) {
+      assert.throws(() => run(targets, w), (e: unknown) => e instanceof DistilleryError && re.test(e.message), `${targets.join(',')}`);
+    }
+  } finally { be.dispose(); }
+});

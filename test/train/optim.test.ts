@@ -115,7 +115,21 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
     new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
     new StepRunner(m, t, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
     const est = estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true });
-    assert.ok(Math.abs(est - floats * 4) <= 0.01 * floats * 4, `estimate ${est} vs allocated ${floats * 4} bytes`);
+    // Exact: every float (and int32 token id / target) the job allocates, no more, no fewer.
+    assert.equal(est, floats * 4, `estimate ${est} vs allocated ${floats * 4} bytes`);
+    // Plain training of a model whose query width differs from its hidden size (GQA, headDim·heads ≠ C), and a
+    // distillation over a loss vocabulary smaller than a padded teacher's vocab_size: exact too.
+    for (const job of [
+      { student: { ...student, numHeads: 4, numKvHeads: 2, headDim: 24 }, teacher: null, lossVocab: undefined },
+      { student, teacher: { ...teacher, vocabSize: 317 }, lossVocab: 300 },
+    ]) {
+      floats = 0;
+      const s = new Transformer(counting, job.student, { batch: 2, seq: 7, training: true });
+      const tt = job.teacher ? new Transformer(counting, job.teacher, { batch: 2, seq: 7, training: false }) : null;
+      new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+      new StepRunner(s, tt, tt ? { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 } : noneLoss, { lossVocab: job.lossVocab });
+      assert.equal(estimateJobBytes({ student: job.student, teacher: job.teacher, batch: 2, seq: 7, training: true, lossVocab: job.lossVocab }), floats * 4);
+    }
     const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
     assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);
   } finally { cpu.dispose(); }

@@ -114,6 +114,13 @@ test('distill: the same tokenizer with reordered JSON keys is accepted; chat tem
   // The resumable checkpoint's model folder carries them too.
   const ltc = JSON.parse(fs.readFileSync(path.join(s.out, 'checkpoints', 'latest', 'model', 'tokenizer_config.json'), 'utf8')) as Json;
   assert.equal(ltc.chat_template, template);
+  // So does best/ (the lowest validation loss): the same tokenizer_config.json and generation_config.json as final/.
+  const bestDir = path.join(s.out, 'checkpoints', 'best');
+  assert.ok(fs.existsSync(path.join(bestDir, 'best.json')), 'an evaluation ran and wrote best/');
+  for (const f of ['tokenizer_config.json', 'generation_config.json']) {
+    assert.ok(fs.existsSync(path.join(bestDir, f)), `best/${f} is written`);
+    assert.deepEqual(JSON.parse(fs.readFileSync(path.join(bestDir, f), 'utf8')), JSON.parse(fs.readFileSync(path.join(s.finalDir!, f), 'utf8')), f);
+  }
 });
 
 test('distill: a teacher with padded vocabulary rows passes the identity and size checks; the log names the real tokens; lossVocab reaches StepRunner', async () => {

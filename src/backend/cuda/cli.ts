@@ -28,6 +28,7 @@ import { StepRunner, type Batch } from '../../train/step.js';
 import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
 import { DistilleryError } from '../../util/errors.js';
 import { planKernels } from './plan.js';
+import { attentionFor } from './cuda-backend.js';
 import { cacheKey, compileOptions, defaultCacheDir, fileKind, KernelCache, readEntryFile } from './kernel-cache.js';
 import { tryNvrtc, type KernelCompiler } from './ffi/nvrtc.js';
 import type { KernelSpec } from './kernels/spec.js';
@@ -81,11 +82,19 @@ export function jobFromArgs(a: Args): JobShape {
     kind, alpha: num(a, 'alpha', D.alpha), temperature: num(a, 'temperature', D.temperature), beta: num(a, 'beta', D.beta),
   };
   const batch = num(a, 'batch', D.batch), seq = num(a, 'seq', D.seq);
+  // A teacher and a student of different vocab_size (padding rows): the loss runs over the rows both have, as a
+  // run's does over the tokenizer's real tokens (which the smaller vocab_size covers).
+  const lossVocab = teacher && teacher.vocabSize !== student.vocabSize ? Math.min(teacher.vocabSize, student.vocabSize) : undefined;
   return {
-    student, teacher, batch, seq, loss, train: true, evaluate: true,
+    student, teacher, batch, seq, loss, train: true, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}),
     adam: adamFromArgs(a),
     generateLen: Math.min(student.maxPositionEmbeddings, Math.max(seq, 2)),
   };
+}
+
+/** The attention forward the job's backend runs: --tf32 picks the tensor-core one, as createCudaBackend does. */
+export function planOptionsFromArgs(a: Args): { attention: 'simt' | 'mma' } {
+  return { attention: attentionFor(a.tf32 === true) };
 }
 
 const sourceHash = (s: KernelSpec): string => createHash('sha256').update(s.source()).digest('hex');
@@ -102,7 +111,7 @@ function describeJob(j: JobShape): string {
 
 function planCmd(a: Args): number {
   const job = jobFromArgs(a);
-  const specs = planKernels(jobClosures(job));
+  const specs = planKernels(jobClosures(job), planOptionsFromArgs(a));
   const arch = str(a, 'arch') ?? 'sm_90';
   const nvrtc = tryNvrtc();
   const key = (s: KernelSpec): string => (nvrtc ? cacheKey(s.source(), compileOptions(arch), arch, nvrtc) : sourceHash(s));
@@ -130,7 +139,7 @@ async function detectArch(): Promise<string | null> {
 
 async function warmCmd(a: Args, compiler: KernelCompiler | null = tryNvrtc()): Promise<number> {
   const job = jobFromArgs(a);
-  const specs = planKernels(jobClosures(job));
+  const specs = planKernels(jobClosures(job), planOptionsFromArgs(a));
   if (!compiler) throw new DistilleryError('kernels warm: NVRTC (libnvrtc) was not found', 'install NVRTC (e.g. Debian libnvrtc11.2 or the CUDA toolkit) or set DISTILLERY_CUDA_LIB_DIR');
   const arch = str(a, 'arch') ?? await detectArch();
   if (!arch) throw new DistilleryError('kernels warm: no GPU found to take the architecture from', 'pass --arch, e.g. --arch sm_90 (H100) or --arch sm_80 (A100)');
@@ -203,12 +212,14 @@ function batchOf(b: number, t: number, vocab: number, seed: number, padRows: num
  * with a longer prompt and several decode steps.
  */
 export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
-  const V = j.student.vocabSize;
+  // Token ids the loss can score: below the loss vocabulary when the models' vocab_size differ.
+  const V = j.lossVocab ?? j.student.vocabSize;
   const runs: Array<(b: Backend) => void> = [];
   runs.push((be) => {
     const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: true });
     const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
-    const runner = new StepRunner(student, teacher, j.loss ?? { kind: 'none', alpha: 0, temperature: 1, beta: 0 });
+    const runner = new StepRunner(student, teacher, j.loss ?? { kind: 'none', alpha: 0, temperature: 1, beta: 0 },
+      j.lossVocab !== undefined ? { lossVocab: j.lossVocab } : {});
     const opt = new AdamW(student, j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
     const bs = Math.max(1, j.batch - 1), ts = Math.max(1, j.seq - 3);
     runner.trainStep([batchOf(j.batch, j.seq, V, 1, 0), batchOf(bs, ts, V, 2, 0)], opt, 3e-4, 1);
@@ -227,16 +238,17 @@ export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
 }
 
 /** Kernels traced by `runs` that are not in `plan` (by source hash, i.e. by cache key). */
-export function notInPlan(plan: readonly KernelSpec[], runs: ReadonlyArray<(b: Backend) => void>): { traced: KernelSpec[]; missing: KernelSpec[] } {
+export function notInPlan(plan: readonly KernelSpec[], runs: ReadonlyArray<(b: Backend) => void>,
+  opts: { attention?: 'simt' | 'mma' } = {}): { traced: KernelSpec[]; missing: KernelSpec[] } {
   const have = new Set(plan.map(sourceHash));
-  const traced = planKernels(runs);
+  const traced = planKernels(runs, opts);
   return { traced, missing: traced.filter((s) => !have.has(sourceHash(s))) };
 }
 
 function auditCmd(a: Args): number {
   const job = jobFromArgs(a);
-  const plan = planKernels(jobClosures(job));
-  const { traced, missing } = notInPlan(plan, auditClosures(job));
+  const plan = planKernels(jobClosures(job), planOptionsFromArgs(a));
+  const { traced, missing } = notInPlan(plan, auditClosures(job), planOptionsFromArgs(a));
   out(`# ${describeJob(job)}`);
   if (missing.length === 0) {
     out(`audit: OK: the ${traced.length} kernels the real step, evaluation and generation code launch at other shapes are all in the ${plan.length}-kernel plan`);

@@ -106,6 +106,15 @@ export interface DeviceParts {
 /** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
 export interface TraceOptions { attention?: 'simt' | 'mma' }
 
+/**
+ * The training attention forward a device backend runs by default: --tf32 already trades ~1e-3 relative error for
+ * tensor cores in the GEMMs, so the attention forward follows it ('mma'); else fp32 'simt'. createCudaBackend and
+ * --dry-run both use this rule, so the dry run plans exactly what the run pre-warms.
+ */
+export function attentionFor(tf32: boolean): 'simt' | 'mma' {
+  return tf32 ? 'mma' : 'simt';
+}
+
 export class CudaBackend implements Backend {
   readonly name: string;
   readonly dtype = 'f32' as const;
@@ -128,6 +137,8 @@ export class CudaBackend implements Backend {
   private dsum: CudaBuf | null = null;
   private readonly dsumFloats: number;
   private readonly attnImpl: 'simt' | 'mma';
+  /** The training attention forward this backend launches (and traces with in prepare()). */
+  get attention(): 'simt' | 'mma' { return this.attnImpl; }
   /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
   private readonly smemAllowed = new Map<unknown, number>();
   private dkvPart: CudaBuf | null = null;

@@ -6,7 +6,7 @@
  * `prewarm(backend, runs)`: plan by tracing the closures, compile what is missing, seal.
  */
 import type { Backend } from '../backend.js';
-import { CudaBackend } from './cuda-backend.js';
+import { CudaBackend, attentionFor } from './cuda-backend.js';
 import { Cublas } from './ffi/cublas.js';
 import { CudaDriver } from './ffi/driver.js';
 import { requireLibraries, systemFinderEnv, type FinderEnv } from './ffi/libfind.js';
@@ -14,7 +14,7 @@ import { Nvrtc } from './ffi/nvrtc.js';
 import { KernelCache } from './kernel-cache.js';
 import { planKernels } from './plan.js';
 
-export { CudaBackend, createTraceBackend } from './cuda-backend.js';
+export { CudaBackend, attentionFor, createTraceBackend } from './cuda-backend.js';
 export { KernelCache } from './kernel-cache.js';
 export { planKernels } from './plan.js';
 export { compileAll, representativeSpecs } from './compile-all.js';
@@ -55,15 +55,15 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     driver, cublas, cache, tf32: o.tf32 ?? false, log,
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
-    // --tf32 already trades ~1e-3 relative error for tensor cores in the GEMMs; the attention forward follows it.
-    attention: o.attention ?? (o.tf32 ? 'mma' : 'simt'),
+    attention: o.attention ?? attentionFor(o.tf32 ?? false),
   });
 }
 
 /** Traces `runs`, compiles every kernel they need that is not cached yet, and seals the cache. */
 export async function prewarm(backend: CudaBackend, runs: ReadonlyArray<(b: Backend) => void>,
   opts: { concurrency?: number } = {}): Promise<number> {
-  const specs = planKernels(runs);
+  // Trace with the backend's own attention choice (as prepare() does), so the plan holds what it launches.
+  const specs = planKernels(runs, { attention: backend.attention });
   if (backend.cache) await backend.cache.prewarm(specs, opts);
   return specs.length;
 }

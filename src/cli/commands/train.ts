@@ -67,7 +67,7 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       for (const w of warnings) io.err(`warning: ${w}\n`);
       if (parsed.values['dry-run'] === true) {
         const { dryRun, formatDryRun } = await import('../../train/dry-run.js');
-        const report = await dryRun(options);
+        const report = await dryRun(options, { tf32: parsed.values.tf32 === true });
         io.out(parsed.values.json === true ? JSON.stringify(report) + '\n' : formatDryRun(report) + '\n');
         return 0;
       }
