@@ -16,21 +16,11 @@ import { readCheckpoint, type LoadedCheckpoint } from '../../src/model/checkpoin
 import { describeBaked } from '../../src/model/config.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
+import { relErr } from '../../test/util/compare.js';
 
 const TOL = 1e-5;
 
 interface Case { name: string; dir: string; dtype: string; shards: number; ids: number[]; logits: number[] }
-
-function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  if (got.length !== ref.length) return Infinity;
-  let d = 0, m = 0;
-  for (let i = 0; i < ref.length; i++) {
-    if (!Number.isFinite(got[i]!)) return Infinity;
-    d = Math.max(d, Math.abs(got[i]! - ref[i]!));
-    m = Math.max(m, Math.abs(ref[i]!));
-  }
-  return m === 0 ? d : d / m;
-}
 
 function logitsOn(be: Backend, ck: LoadedCheckpoint, ids: number[]): Float32Array | Float64Array {
   const m = new Transformer(be, ck.config, { batch: 1, seq: ids.length, training: false });

@@ -11,6 +11,7 @@
  * and 5.x); a feature distillery does not compute is refused by name. Writing (toHfConfig) gives a config both
  * transformers 4 and 5 read as the same model.
  */
+import * as fs from 'node:fs';
 import { DistilleryError } from '../util/errors.js';
 import { describeRope, yarnMscale, type RopeSpec } from '../backend/rope.js';
 
@@ -321,6 +322,15 @@ export function parseHfConfig(j: Json): ModelConfig {
 export function describeBaked(c: ModelConfig): string {
   return `${c.architecture} ${describeRope(c.rope)} eps ${c.rmsNormEps.toExponential()} head_dim ${c.headDim} ` +
     `qkv_bias ${c.qkvBias ? 'yes' : 'no'}${oProjBias(c) ? ' o_bias yes' : ''} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
+}
+
+/** Reads and parses a config.json file; `hint` says what to pass instead when it cannot be read or parsed. */
+export function readHfConfigFile(file: string, hint: string): ModelConfig {
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, hint);
+  }
+  return parseHfConfig(j as Record<string, unknown>);
 }
 
 /** Checks the invariants the model code relies on. */

@@ -11,7 +11,7 @@
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { oProjBias, parseHfConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { oProjBias, readHfConfigFile, parameterCount, type ModelConfig } from '../model/config.js';
 import { estimateJobBytes, formatGiB } from '../model/memory.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError } from '../util/errors.js';
@@ -40,19 +40,9 @@ export interface DryRunReport {
   kernels: DryRunKernel[];
 }
 
-function readJson(file: string, what: string): Record<string, unknown> {
-  let text: string;
-  try { text = fs.readFileSync(file, 'utf8'); } catch (e) {
-    throw new DistilleryError(`cannot read ${what} ${file}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`, 'point the option at a model folder with a config.json');
-  }
-  try { return JSON.parse(text) as Record<string, unknown>; } catch (e) {
-    throw new DistilleryError(`${file} is not valid JSON: ${(e as Error).message}`, `fix or replace the ${what}`);
-  }
-}
-
 /** A model folder's config and tokenizer, without its weights. */
 function readFolderHeader(dir: string, what: string): { config: ModelConfig; tokenizer: Tokenizer | null } {
-  const config = parseHfConfig(readJson(path.join(dir, 'config.json'), `${what} config`));
+  const config = readHfConfigFile(path.join(dir, 'config.json'), `point ${what} at a model folder with a config.json`);
   const tokFile = path.join(dir, 'tokenizer.json');
   return { config, tokenizer: fs.existsSync(tokFile) ? Tokenizer.fromFile(tokFile) : null };
 }

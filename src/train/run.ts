@@ -31,7 +31,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
-import { describeBaked, parseHfConfig, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { describeBaked, readHfConfigFile, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
@@ -601,14 +601,6 @@ function modelExtras(o: RunOptions, teacher: LoadedCheckpoint | null, init: Load
   return null;
 }
 
-function readModelJson(file: string): ModelConfig {
-  let j: unknown;
-  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
-    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a valid config.json or a preset name');
-  }
-  return parseHfConfig(j as Record<string, unknown>);
-}
-
 /**
  * The vocabulary rows the loss runs over: with a teacher, the tokenizer's real tokens (lossVocabulary checks that the
  * teacher's and the student's vocab_size both cover them; padding rows past them are left out); without one, undefined
@@ -626,7 +618,7 @@ export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 
   let cfg: ModelConfig;
   const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
   if (init) cfg = init.config;
-  else if (o.model.endsWith('.json')) cfg = readModelJson(o.model);
+  else if (o.model.endsWith('.json')) cfg = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
   else cfg = presetConfig(o.model, vocab);
   if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
   // The teacher's and the student's vocab_size may differ (padded rows): lossVocabulary checks both cover the tokenizer.
@@ -640,7 +632,7 @@ export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 
 function checkSeqFits(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): void {
   let student: ModelConfig;
   if (init) student = init.config;
-  else if (o.model.endsWith('.json')) student = readModelJson(o.model);
+  else if (o.model.endsWith('.json')) student = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
   else student = presetConfig(o.model, 256);
   for (const [who, c] of [['the model', student], ['the teacher', teacher?.config]] as const) {
     if (c && o.seq > c.maxPositionEmbeddings) {

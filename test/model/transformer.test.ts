@@ -16,6 +16,7 @@ import { Generator } from '../../src/model/generate.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
 import { Rng } from '../../src/util/rng.js';
+import { LOSS_SPECS } from '../util/loss-specs.js';
 import { referenceLogits } from './reference.js';
 
 function tinyConfig(over: Partial<ModelConfig> = {}): ModelConfig {
@@ -88,12 +89,7 @@ function weightedLoss(be: Backend, m: Transformer, teacher: Transformer | null, 
   return sum;
 }
 
-const specs: LossSpec[] = [
-  { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 },
-  { kind: 'kl', alpha: 0.7, temperature: 2, beta: 0.5 },
-  { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0.5 },
-  { kind: 'jsd', alpha: 0.9, temperature: 1, beta: 0.3 },
-];
+const specs = LOSS_SPECS;
 
 for (const spec of specs) {
   for (const [name, cfg] of [configs[0]!, configs[2]!, configs[6]!, ...(spec.kind === 'none' ? [configs[3]!, configs[4]!] : [])]) {

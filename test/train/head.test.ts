@@ -15,6 +15,7 @@ import { Transformer } from '../../src/model/transformer.js';
 import { ChunkedHead, headChunkRows } from '../../src/train/head.js';
 import { StepRunner } from '../../src/train/step.js';
 import { Rng } from '../../src/util/rng.js';
+import { LOSS_SPECS } from '../util/loss-specs.js';
 
 function cfgOf(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
@@ -59,12 +60,7 @@ function maxRelDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   return d / Math.max(s, 1e-300);
 }
 
-const specs: LossSpec[] = [
-  { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 },
-  { kind: 'kl', alpha: 0.7, temperature: 2, beta: 0.5 },
-  { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0.5 },
-  { kind: 'jsd', alpha: 0.9, temperature: 1, beta: 0.3 },
-];
+const specs = LOSS_SPECS;
 
 for (const spec of specs) {
   for (const tied of [true, false]) {

@@ -22,23 +22,12 @@ import { replaceDirAtomicSync } from '../../src/io/atomic.js';
 import { main } from '../../src/cli/main.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
+import { corpusFile } from './corpus.js';
 import { capture, tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-runfolder-'));
 const quiet = { log: (): void => {} };
 
-function corpusFile(dir: string): string {
-  const words = ['the', 'model', 'learns', 'to', 'predict', 'next', 'token', 'from', 'text', 'and', 'a', 'teacher', 'helps', 'student'];
-  const rng = new Rng(3);
-  const lines: string[] = [];
-  for (let d = 0; d < 60; d++) {
-    const n = 20 + rng.int(20);
-    lines.push(Array.from({ length: n }, (_, i) => words[(i * 3 + d + rng.int(2)) % words.length]).join(' ') + '.');
-  }
-  const f = path.join(dir, 'corpus.txt');
-  fs.writeFileSync(f, lines.join('\n\n'));
-  return f;
-}
 
 function opts(dir: string, over: Partial<RunOptions>): RunOptions {
   const data = path.join(dir, 'corpus.txt');

@@ -16,23 +16,11 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { writeSafetensors } from '../../src/io/safetensors.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
+import { corpusFile } from './corpus.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-'));
 const quiet = { log: (): void => {} };
 
-/** A small text corpus file: real sentences from the doc corpus would do, but a file keeps the test self-contained. */
-function corpusFile(dir: string): string {
-  const words = ['the', 'model', 'learns', 'to', 'predict', 'next', 'token', 'from', 'text', 'and', 'a', 'teacher', 'helps', 'student'];
-  const rng = new Rng(3);
-  const lines: string[] = [];
-  for (let d = 0; d < 60; d++) {
-    const n = 20 + rng.int(20);
-    lines.push(Array.from({ length: n }, (_, i) => words[(i * 3 + d + rng.int(2)) % words.length]).join(' ') + '.');
-  }
-  const f = path.join(dir, 'corpus.txt');
-  fs.writeFileSync(f, lines.join('\n\n'));
-  return f;
-}
 
 function opts(dir: string, over: Partial<RunOptions>): RunOptions {
   return {

@@ -1,8 +1,10 @@
 /**
  * Shared comparison for tests that check one implementation against another (GPU vs CPU, ONNX vs CPU):
- * max |got − ref| / max |ref|, Infinity as soon as `got` holds a non-finite value.
+ * max |got − ref| / max |ref|, Infinity as soon as `got` holds a non-finite value or the lengths differ.
+ * Also used by scripts/hf-compat/read-hf.ts.
  */
 export function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  if (got.length !== ref.length) return Infinity;
   let d = 0, m = 0;
   for (let i = 0; i < ref.length; i++) {
     if (!Number.isFinite(got[i]!)) return Infinity;

@@ -18,7 +18,7 @@ import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, DistillKind, LossSpec } from '../backend.js';
-import { parseHfConfig, presetConfig, type ModelConfig } from '../../model/config.js';
+import { readHfConfigFile, presetConfig, type ModelConfig } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { describeRope } from '../rope.js';
@@ -48,11 +48,7 @@ export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
   if (fs.existsSync(spec) && fs.statSync(spec).isDirectory()) file = path.join(spec, 'config.json');
   else if (spec.endsWith('.json')) file = spec;
   if (file === null) return presetConfig(spec, vocab);
-  let j: unknown;
-  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
-    throw new DistilleryError(`cannot read model config ${file}: ${(e as Error).message}`, 'pass a preset name, a config.json or a checkpoint folder');
-  }
-  return parseHfConfig(j as Record<string, unknown>);
+  return readHfConfigFile(file, 'pass a preset name, a config.json or a checkpoint folder');
 }
 
 /**
