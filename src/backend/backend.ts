@@ -8,8 +8,15 @@
  * without launching anything: that is how the pre-warm set is derived from the code path a step runs.
  *
  * Conventions (every implementation must follow them; the tests check them):
- * - Buffers hold `length` float elements (float32 on the CPU and CUDA backends; the CPU backend can also run
- *   in float64, which the finite-difference tests use). IntBuf holds int32 (token ids, targets).
+ * - Buffers hold `length` float elements of the buffer's `dtype`: 'f32' (float32; the CPU backend's reference mode
+ *   keeps these in float64, which the finite-difference tests use) or 'bf16' (bfloat16: the top 16 bits of a
+ *   float32). IntBuf holds int32 (token ids, targets).
+ * - Mixed precision: ops read any float operand in either dtype unless the op says otherwise, compute in float32
+ *   (or float64), and round ONCE, to nearest even, when they store into a bf16 buffer (an accumulating op reads the
+ *   old bf16 value, adds in float, rounds the sum). The CPU backend emulates bf16 storage exactly that way (its bf16
+ *   buffers hold bf16-representable values in float arrays), so CPU and CUDA agree on what is rounded where.
+ *   The matrix products pair operands of one dtype (see matmulForward); everything saved in float32 for accuracy
+ *   (rstd, lse, loss stats and weights, the loss's logits) is documented at the op.
  * - Every BACKWARD op ACCUMULATES (+=) into all of its gradient outputs. Callers zero gradient buffers first.
  * - Every FORWARD op OVERWRITES its outputs. An output may not alias an input unless the op says so.
  * - Linear layers use the Hugging Face weight layout: weight[out, in], y = x · Wᵀ + b.
@@ -20,9 +27,17 @@ import type { RopeSpec } from './rope.js';
 
 export type { RopeSpec } from './rope.js';
 
+/** Storage type of a float buffer. */
+export type DType = 'f32' | 'bf16';
+export const DTYPES: readonly DType[] = ['f32', 'bf16'];
+/** Bytes per element of a float buffer's storage on a device (the CPU backend stores bf16 in float arrays). */
+export function dtypeBytes(d: DType): number { return d === 'bf16' ? 2 : 4; }
+
 /** A float buffer owned by a backend. Opaque: only the backend that made it can read it. */
 export interface Buf {
   readonly length: number;
+  /** Storage type of the elements (a view has its buffer's). */
+  readonly dtype: DType;
 }
 
 /** An int32 buffer owned by a backend (token ids, targets). */
@@ -70,19 +85,20 @@ export interface Backend {
   readonly dtype: 'f32' | 'f64';
 
   // ---- memory ---------------------------------------------------------------------------------------
-  /** A zero-filled float buffer of n elements. `label` names it in error messages and memory reports. */
-  alloc(n: number, label: string): Buf;
+  /** A zero-filled float buffer of n elements of `dtype` (default 'f32'). `label` names it in errors and memory reports. */
+  alloc(n: number, label: string, dtype?: DType): Buf;
   allocInt(n: number, label: string): IntBuf;
   /** A window onto [offset, offset+length) of buf, sharing its storage. */
   view(buf: Buf, offset: number, length: number): Buf;
   /** A window onto [offset, offset+length) of an int buffer, sharing its storage. */
   viewInt(buf: IntBuf, offset: number, length: number): IntBuf;
+  /** Writes src into dst from dstOffset; into a bf16 buffer the values are rounded to nearest even. */
   upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
   uploadInt(dst: IntBuf, src: Int32Array): void;
-  /** A host copy of buf (float64 or float32 per dtype; returned as a fresh array). */
+  /** A host copy of buf (float64 in the CPU reference mode, else float32 — bf16 values widen exactly). */
   download(src: Buf): Float32Array | Float64Array;
   zero(buf: Buf): void;
-  /** dst[0..src.length) = src. */
+  /** dst[0..src.length) = src, converting between dtypes (into bf16: rounded to nearest even). */
   copy(dst: Buf, src: Buf): void;
   /** Releases everything this backend allocated (worker threads too). */
   dispose(): void;
@@ -119,9 +135,16 @@ export interface Backend {
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void;
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void;
 
-  /** out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS. */
+  /**
+   * out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS (bf16 operands: tensor cores, fp32
+   * accumulation). inp and weight share one dtype (checkMatmulDtypes); out and bias may be either.
+   */
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void;
-  /** dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped). */
+  /**
+   * dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped).
+   * dout, inp and weight share one dtype (checkMatmulDtypes); the gradient outputs may be either (weight gradients
+   * are normally f32).
+   */
   matmulBackward(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
     dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
@@ -173,7 +196,8 @@ export interface Backend {
    * stats[i, :] gets LOSS_STATS floats (see STAT_*). teacher: teacher logits [n, vocab] or null.
    * weights[i] multiplies row i's gradient (0 masks padding; typically 1/number-of-counted-tokens).
    * dlogits (may alias logits) is OVERWRITTEN with weights[i] · d(loss_i)/d(logits_i).
-   * Targets may be -1 only where weights[i] is 0 (padding).
+   * Targets may be -1 only where weights[i] is 0 (padding). logits, teacher, stats and weights are f32; dlogits may
+   * be bf16 (then it must not alias logits): the LM head's backward products read it as a bf16 operand.
    * `ld` (default vocab): the row stride of logits, teacher and dlogits. The loss runs over the first `vocab`
    * columns of each row; with dlogits, columns [vocab, ld) are written as 0. (The chunked head pads rows to an
    * aligned width so the LM-head GEMMs stay fast when the loss vocabulary is odd, e.g. Qwen's 151665 real tokens.)
@@ -183,6 +207,22 @@ export interface Backend {
     n: number, vocab: number, spec: LossSpec, ld?: number,
   ): void;
   // ---- optimizer ------------------------------------------------------------------------------------
-  /** Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment). */
-  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void;
+  /**
+   * Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment: f32).
+   * `copy` (optional, usually bf16): also receives the updated parameters, converted — the compute copy of the
+   * weights that mixed-precision forward and backward passes read (one launch updates master weights and copy).
+   */
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy?: Buf | null): void;
+}
+
+/**
+ * The matrix products' dtype rule, shared by every backend so CPU and CUDA refuse the same calls: the two operands
+ * of each product have one dtype (cuBLAS multiplies bf16 by bf16 or f32 by f32, never a mix).
+ */
+export function checkMatmulDtypes(what: string, pairs: ReadonlyArray<readonly [string, Buf, string, Buf]>): void {
+  for (const [an, a, bn, b] of pairs) {
+    if (a.dtype !== b.dtype) {
+      throw new Error(`${what}: ${an} is ${a.dtype} but ${bn} is ${b.dtype}; the two operands of a matrix product must share a dtype`);
+    }
+  }
 }

@@ -121,7 +121,7 @@ export function fakeDriver(): CudaDriver & { launched: string[] } {
   const f = {
     launched, deviceName: 'fake GPU', arch: 'sm_90', ccMajor: 9, ccMinor: 0, device: 0,
     memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
-    memFree: () => {}, memsetD32: () => {}, htod: () => {}, dtoh: () => {}, dtod: () => {},
+    memFree: () => {}, memsetD32: () => {}, memsetD8: () => {}, htod: () => {}, dtoh: () => {}, dtod: () => {},
     synchronize: () => {}, release: () => {}, unloadModule: () => {},
     loadFunction: (_c: Uint8Array, entry: string) => ({ module: {}, fn: entry }),
     launch: (fn: unknown) => { launched.push(String(fn)); },

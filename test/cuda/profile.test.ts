@@ -82,7 +82,7 @@ function deviceBackend(profile: boolean | undefined, lines: string[]) {
     eventCreate: clock.eventCreate, eventRecord: clock.eventRecord, eventElapsedMs: clock.eventElapsedMs,
     eventDestroy: clock.eventDestroy,
     // each launch / GEMM / memset takes 1 ms of fake GPU time
-    launch: () => { clock.advance(1); }, memsetD32: () => { clock.advance(1); },
+    launch: () => { clock.advance(1); }, memsetD32: () => { clock.advance(1); }, memsetD8: () => { clock.advance(1); },
   });
   const cublas = Object.assign(fakeCublas(), { sgemm: () => { clock.advance(3); } });
   const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });

@@ -13,6 +13,11 @@
  * computes each output element with the same operations whatever range it falls in, so results are
  * bit-identical for every thread count (test/backend/kernels-wasm.test.ts, wasm.test.ts).
  *
+ * Mixed precision: a bf16 buffer is a float array like any other, tagged `dtype: 'bf16'`, that only ever holds
+ * bf16-representable values: every op that stores into one rounds what it wrote to nearest even (fin()), once, after
+ * computing in float32 (float64 in the reference mode), which is what the CUDA kernels do. So the CPU backend is the
+ * bf16 reference the CUDA backend's bf16 path is tested against.
+ *
  * Attention saves only each query row's log-sum-exp ([B, heads, T]); backward recomputes the probabilities row by
  * row (P = exp(S − lse)) and uses D = dout·out for rowsum(P ⊙ dP). In f32 mode it runs the WASM row kernels of
  * gemm.wat (q·k dots, P·V, and in backward the scores again, dO·Vᵀ, the dV/dK outer-product updates and dS·K)
@@ -43,8 +48,9 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWStep, Backend, Buf, IntBuf, LossSpec, RopeSpec } from '../backend.js';
-import { LOSS_STATS } from '../backend.js';
+import type { AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
+import { LOSS_STATS, checkMatmulDtypes } from '../backend.js';
+import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
 import { attentionCached, kvCacheWrite } from './kernels/attention.js';
@@ -154,6 +160,17 @@ export class CpuBackend implements Backend {
     return this.dtype === 'f64' ? new Float64Array(sab, 0, n) : new Float32Array(sab, 0, n);
   }
 
+  /** Tags a typed array with its storage dtype (every float Buf this backend hands out carries one). */
+  private tag(a: FArr, d: DType): Buf {
+    Object.defineProperty(a, 'dtype', { value: d, enumerable: false });
+    return a as unknown as Buf;
+  }
+
+  /** After an op stored into out[i0, i1): rounds that range to bf16 when out is a bf16 buffer. */
+  private fin(out: Buf | null, i0: number, i1: number): void {
+    if (out !== null && out.dtype === 'bf16') roundBf16InPlace(out as unknown as FArr, i0, i1);
+  }
+
   /** The typed array behind a Buf, checked to be one of ours. */
   private f(buf: Buf, what: string): FArr {
     if (!(buf instanceof this.Ctor)) {
@@ -253,10 +270,11 @@ export class CpuBackend implements Backend {
 
   // ---- memory -----------------------------------------------------------------------------------------
 
-  alloc(n: number, label: string): Buf {
+  alloc(n: number, label: string, dtype: DType = 'f32'): Buf {
     check(Number.isInteger(n) && n >= 0, `cpu backend: alloc('${label}'): bad size ${n}`);
+    check(dtype === 'f32' || dtype === 'bf16', `cpu backend: alloc('${label}'): unknown dtype ${String(dtype)}`);
     this.allocated += n * this.Ctor.BYTES_PER_ELEMENT;
-    return this.outOfMemoryAsError(label, n * this.Ctor.BYTES_PER_ELEMENT, () => this.shared(n));
+    return this.tag(this.outOfMemoryAsError(label, n * this.Ctor.BYTES_PER_ELEMENT, () => this.shared(n)), dtype);
   }
 
   allocInt(n: number, label: string): IntBuf {
@@ -286,7 +304,7 @@ export class CpuBackend implements Backend {
     const a = this.f(buf, 'view source');
     check(Number.isInteger(offset) && Number.isInteger(length) && offset >= 0 && length >= 0 && offset + length <= a.length,
       `cpu backend: view [${offset}, ${offset + length}) outside a buffer of ${a.length}`);
-    return a.subarray(offset, offset + length);
+    return this.tag(a.subarray(offset, offset + length), buf.dtype);
   }
 
   viewInt(buf: IntBuf, offset: number, length: number): IntBuf {
@@ -301,6 +319,7 @@ export class CpuBackend implements Backend {
     check(dstOffset >= 0 && dstOffset + src.length <= d.length,
       `cpu backend: upload of ${src.length} at ${dstOffset} overflows a buffer of ${d.length}`);
     d.set(src, dstOffset);
+    this.fin(dst, dstOffset, dstOffset + src.length);
   }
 
   uploadInt(dst: IntBuf, src: Int32Array): void {
@@ -322,6 +341,7 @@ export class CpuBackend implements Backend {
     const d = this.f(dst, 'copy destination'), s = this.f(src, 'copy source');
     this.need(d, s.length, 'copy', 'dst');
     d.set(s);
+    this.fin(dst, 0, s.length);
   }
 
   dispose(): void {
@@ -341,18 +361,21 @@ export class CpuBackend implements Backend {
     const o = this.f(out, 'add out'), x = this.f(a, 'add a'), y = this.f(b, 'add b');
     this.need(o, n, 'add', 'out'); this.need(x, n, 'add', 'a'); this.need(y, n, 'add', 'b');
     ew.add(o, x, y, n);
+    this.fin(out, 0, n);
   }
 
   accumulate(dst: Buf, src: Buf, n: number): void {
     const d = this.f(dst, 'accumulate dst'), s = this.f(src, 'accumulate src');
     this.need(d, n, 'accumulate', 'dst'); this.need(s, n, 'accumulate', 'src');
     ew.accumulate(d, s, n);
+    this.fin(dst, 0, n);
   }
 
   scale(buf: Buf, s: number, n: number): void {
     const b = this.f(buf, 'scale buf');
     this.need(b, n, 'scale', 'buf');
     ew.scale(b, s, n);
+    this.fin(buf, 0, n);
   }
 
   sumSquares(buf: Buf, n: number): number {
@@ -367,12 +390,14 @@ export class CpuBackend implements Backend {
     const o = this.f(out, 'embedding out'), t = this.f(table, 'embedding table'), d = this.i(ids, 'embedding ids');
     this.need(o, n * c, 'embeddingForward', 'out'); this.need(d, n, 'embeddingForward', 'ids');
     ew.embeddingForward(o, d, t, n, c);
+    this.fin(out, 0, n * c);
   }
 
   embeddingBackward(dtable: Buf, dout: Buf, ids: IntBuf, n: number, c: number): void {
     const t = this.f(dtable, 'embedding dtable'), g = this.f(dout, 'embedding dout'), d = this.i(ids, 'embedding ids');
     this.need(g, n * c, 'embeddingBackward', 'dout'); this.need(d, n, 'embeddingBackward', 'ids');
     ew.embeddingBackward(t, g, d, n, c);
+    this.fin(dtable, 0, t.length);
   }
 
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void {
@@ -380,6 +405,8 @@ export class CpuBackend implements Backend {
     this.need(o, n * c, 'rmsnormForward', 'out'); this.need(x, n * c, 'rmsnormForward', 'inp');
     this.need(r, n, 'rmsnormForward', 'rstd'); this.need(w, c, 'rmsnormForward', 'weight');
     ew.rmsnormForward(o, r, x, w, n, c, eps);
+    this.fin(out, 0, n * c);
+    this.fin(rstd, 0, n);
   }
 
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
@@ -388,6 +415,8 @@ export class CpuBackend implements Backend {
     for (const [a, what] of [[dx, 'dinp'], [dy, 'dout'], [x, 'inp']] as const) this.need(a, n * c, 'rmsnormBackward', what);
     this.need(dw, c, 'rmsnormBackward', 'dweight'); this.need(w, c, 'rmsnormBackward', 'weight'); this.need(r, n, 'rmsnormBackward', 'rstd');
     ew.rmsnormBackward(dx, dw, dy, x, w, r, n, c);
+    this.fin(dinp, 0, n * c);
+    this.fin(dweight, 0, c);
   }
 
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
@@ -395,10 +424,23 @@ export class CpuBackend implements Backend {
     const b = bias === null ? null : this.f(bias, 'matmul bias');
     this.need(o, n * m, 'matmulForward', 'out'); this.need(x, n * k, 'matmulForward', 'inp'); this.need(w, m * k, 'matmulForward', 'weight');
     if (b !== null) this.need(b, m, 'matmulForward', 'bias');
+    checkMatmulDtypes('matmulForward', [['inp', inp, 'weight', weight]]);
     this.gemm(o, x, w, b, n, m, k, false);
+    this.fin(out, 0, n * m);
   }
 
   matmulBackward(
+    dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
+  ): void {
+    checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
+    this.matmulBackwardF32(dinp, dweight, dbias, dout, inp, weight, n, k, m);
+    this.fin(dinp, 0, n * k);
+    this.fin(dweight, 0, m * k);
+    this.fin(dbias, 0, m);
+  }
+
+  private matmulBackwardF32(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
     dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
   ): void {
@@ -457,6 +499,7 @@ export class CpuBackend implements Backend {
     const len = b * t * heads * headDim;
     this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
     ropeForward(o, x, b, t, heads, headDim, rope, pos0);
+    this.fin(out, 0, len);
   }
 
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
@@ -464,6 +507,7 @@ export class CpuBackend implements Backend {
     const len = b * t * heads * headDim;
     this.need(dx, len, 'ropeBackward', 'dinp'); this.need(dy, len, 'ropeBackward', 'dout');
     ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0);
+    this.fin(dinp, 0, len);
   }
 
   private checkHeads(op: string, nHeads: number, nKv: number): void {
@@ -471,6 +515,12 @@ export class CpuBackend implements Backend {
   }
 
   attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+    this.attentionForwardF32(out, lse, q, k, v, b, t, nHeads, nKv, hd);
+    this.fin(out, 0, b * t * nHeads * hd);
+    this.fin(lse, 0, b * nHeads * t);
+  }
+
+  private attentionForwardF32(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads('attentionForward', nHeads, nKv);
     const o = this.f(out, 'attention out'), l = this.f(lse, 'attention lse');
     const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
@@ -488,6 +538,16 @@ export class CpuBackend implements Backend {
   }
 
   attentionBackward(
+    dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
+    b: number, t: number, nHeads: number, nKv: number, hd: number,
+  ): void {
+    this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd);
+    this.fin(dq, 0, b * t * nHeads * hd);
+    this.fin(dk, 0, b * t * nKv * hd);
+    this.fin(dv, 0, b * t * nKv * hd);
+  }
+
+  private attentionBackwardF32(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number,
   ): void {
@@ -513,6 +573,7 @@ export class CpuBackend implements Backend {
     const c = this.f(cache, 'kv cache'), s = this.f(src, 'kv source');
     this.need(c, b * tMax * nKv * hd, 'kvCacheWrite', 'cache'); this.need(s, b * t * nKv * hd, 'kvCacheWrite', 'src');
     kvCacheWrite(c, s, b, t, pos0, tMax, nKv, hd);
+    this.fin(cache, 0, b * tMax * nKv * hd);
   }
 
   attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number, nHeads: number, nKv: number, hd: number): void {
@@ -522,12 +583,14 @@ export class CpuBackend implements Backend {
     this.need(o, b * t * nHeads * hd, 'attentionCached', 'out'); this.need(qq, b * t * nHeads * hd, 'attentionCached', 'q');
     this.need(kc, b * tMax * nKv * hd, 'attentionCached', 'kCache'); this.need(vc, b * tMax * nKv * hd, 'attentionCached', 'vCache');
     attentionCached(o, qq, kc, vc, b, t, pos0, tMax, nHeads, nKv, hd);
+    this.fin(out, 0, b * t * nHeads * hd);
   }
 
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
     const o = this.f(out, 'swiglu out'), g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     this.need(o, n, 'swigluForward', 'out'); this.need(g, n, 'swigluForward', 'gate'); this.need(u, n, 'swigluForward', 'up');
     this.elementwise({ op: 'ew', fn: 'swigluF', x0: o, x1: g, x2: u, x3: null, x4: null, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
+    this.fin(out, 0, n);
   }
 
   swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
@@ -535,6 +598,8 @@ export class CpuBackend implements Backend {
     const g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     for (const [a, what] of [[dg, 'dgate'], [du, 'dup'], [dy, 'dout'], [g, 'gate'], [u, 'up']] as const) this.need(a, n, 'swigluBackward', what);
     this.elementwise({ op: 'ew', fn: 'swigluB', x0: dg, x1: du, x2: dy, x3: g, x4: u, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
+    this.fin(dgate, 0, n);
+    this.fin(dup, 0, n);
   }
 
   // ---- loss -------------------------------------------------------------------------------------------
@@ -542,6 +607,16 @@ export class CpuBackend implements Backend {
   lossForward(
     stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
     n: number, vocab: number, spec: LossSpec, ld: number = vocab,
+  ): void {
+    check(dlogits === null || dlogits.dtype === 'f32' || (dlogits as unknown) !== (logits as unknown),
+      'cpu backend: lossForward: a bf16 dlogits must not alias logits');
+    this.lossForwardF32(stats, dlogits, logits, teacher, targets, weights, n, vocab, spec, ld);
+    this.fin(dlogits, 0, n * ld);
+  }
+
+  private lossForwardF32(
+    stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
+    n: number, vocab: number, spec: LossSpec, ld: number,
   ): void {
     const st = this.f(stats, 'loss stats'), z = this.f(logits, 'loss logits'), w = this.f(weights, 'loss weights');
     const dz = dlogits === null ? null : this.f(dlogits, 'loss dlogits');
@@ -566,7 +641,17 @@ export class CpuBackend implements Backend {
 
   // ---- optimizer --------------------------------------------------------------------------------------
 
-  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy: Buf | null = null): void {
+    this.adamwF32(param, grad, m, v, n, s);
+    if (copy !== null) {
+      const c = this.f(copy, 'adamw copy');
+      this.need(c, n, 'adamw', 'copy');
+      c.set(this.f(param, 'adamw param').subarray(0, n));
+      this.fin(copy, 0, n);
+    }
+  }
+
+  private adamwF32(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
     const p = this.f(param, 'adamw param'), g = this.f(grad, 'adamw grad'), mm = this.f(m, 'adamw m'), vv = this.f(v, 'adamw v');
     for (const [a, what] of [[p, 'param'], [g, 'grad'], [mm, 'm'], [vv, 'v']] as const) this.need(a, n, 'adamw', what);
     check(s.step >= 1, `cpu backend: adamw: step must be >= 1 (1-based), got ${s.step}`);

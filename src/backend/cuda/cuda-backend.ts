@@ -16,8 +16,9 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWStep, Backend, Buf, IntBuf, LossSpec, RopeSpec } from '../backend.js';
-import { LOSS_STATS } from '../backend.js';
+import type { AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
+import { LOSS_STATS, dtypeBytes } from '../backend.js';
+import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
 import type { CudaDriver } from './ffi/driver.js';
@@ -33,7 +34,7 @@ import {
   mmaForwardSmem,
 } from './kernels/attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
@@ -69,7 +70,9 @@ export type CudaMode = 'trace' | 'device';
 
 class CudaBuf implements Buf, IntBuf {
   constructor(readonly length: number, readonly ptr: bigint, readonly label: string, readonly owner: CudaBackend,
-    readonly root: boolean) {}
+    readonly root: boolean, readonly dtype: DType = 'f32') {}
+  /** Bytes per element (int buffers are int32: 4, like f32). */
+  get elem(): number { return dtypeBytes(this.dtype); }
 }
 
 type Arg = { t: 'p'; v: bigint } | { t: 'i'; v: number } | { t: 'l'; v: number } | { t: 'f'; v: number };
@@ -239,21 +242,24 @@ export class CudaBackend implements Backend {
   }
 
   // ---- memory ---------------------------------------------------------------------------------------
-  private rawAlloc(n: number, label: string): CudaBuf {
+  private rawAlloc(n: number, label: string, dtype: DType = 'f32'): CudaBuf {
     if (this.disposed) throw new Error('CudaBackend used after dispose()');
     if (!Number.isInteger(n) || n < 0) throw new Error(`alloc(${n}, ${label}): bad length`);
+    if (dtype !== 'f32' && dtype !== 'bf16') throw new Error(`alloc(${n}, ${label}): unknown dtype ${String(dtype)}`);
+    const bytes = n * dtypeBytes(dtype);
     let ptr = 0n;
     if (this.dev) {
-      ptr = this.dev.driver.memAlloc(n * 4, `allocating ${label}`);
-      this.dev.driver.memsetD32(ptr, 0, n, `zeroing ${label}`);
+      // 256-byte aligned (cuMemAlloc), so vectorized loads of whole buffers are aligned.
+      ptr = this.dev.driver.memAlloc(Math.max(bytes, 4), `allocating ${label}`);
+      this.dev.driver.memsetD8(ptr, 0, bytes, `zeroing ${label}`);
     }
-    const b = new CudaBuf(n, ptr, label, this, true);
+    const b = new CudaBuf(n, ptr, label, this, true, dtype);
     this.allocations.push(b);
-    this.bytesAllocated += n * 4;
+    this.bytesAllocated += bytes;
     return b;
   }
 
-  alloc(n: number, label: string): Buf { return this.rawAlloc(n, label); }
+  alloc(n: number, label: string, dtype: DType = 'f32'): Buf { return this.rawAlloc(n, label, dtype); }
   allocInt(n: number, label: string): IntBuf { return this.rawAlloc(n, label); }
 
   view(buf: Buf, offset: number, length: number): Buf {
@@ -261,17 +267,17 @@ export class CudaBackend implements Backend {
     if (offset < 0 || length < 0 || offset + length > b.length) {
       throw new Error(`view [${offset}, ${offset + length}) out of range for ${b.label} (${b.length})`);
     }
-    return new CudaBuf(length, b.ptr + BigInt(offset * 4), `${b.label}[${offset}:${offset + length}]`, this, false);
+    return new CudaBuf(length, b.ptr + BigInt(offset * b.elem), `${b.label}[${offset}:${offset + length}]`, this, false, b.dtype);
   }
 
-  viewInt(buf: IntBuf, offset: number, length: number): IntBuf { return this.view(buf, offset, length); }
+  viewInt(buf: IntBuf, offset: number, length: number): IntBuf { return this.view(this.own(buf, 'viewInt'), offset, length); }
 
   upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
     const d = this.own(dst, 'upload');
     if (dstOffset + src.length > d.length) throw new Error(`upload of ${src.length} at ${dstOffset} overflows ${d.label} (${d.length})`);
     if (!this.dev || src.length === 0) return;
-    const f = src instanceof Float32Array ? src : Float32Array.from(src);
-    this.dev.driver.htod(d.ptr + BigInt(dstOffset * 4), f, f.length * 4, `uploading ${d.label}`);
+    const f = d.dtype === 'bf16' ? packBf16(src) : src instanceof Float32Array ? src : Float32Array.from(src);
+    this.dev.driver.htod(d.ptr + BigInt(dstOffset * d.elem), f, f.length * d.elem, `uploading ${d.label}`);
   }
 
   uploadInt(dst: IntBuf, src: Int32Array): void {
@@ -283,6 +289,11 @@ export class CudaBackend implements Backend {
 
   download(src: Buf): Float32Array {
     const s = this.own(src, 'download');
+    if (s.dtype === 'bf16') {
+      const h = new Uint16Array(s.length);
+      if (this.dev && s.length > 0) this.dev.driver.dtoh(h, s.ptr, s.length * 2, `downloading ${s.label}`);
+      return unpackBf16(h);
+    }
     const out = new Float32Array(s.length);
     if (this.dev && s.length > 0) this.dev.driver.dtoh(out, s.ptr, s.length * 4, `downloading ${s.label}`);
     return out;
@@ -292,7 +303,8 @@ export class CudaBackend implements Backend {
     const b = this.own(buf, 'zero');
     if (this.dev && b.length > 0) {
       this.prof?.begin();
-      this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
+      if (b.dtype === 'f32') this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
+      else this.dev.driver.memsetD8(b.ptr, 0, b.length * b.elem, `zeroing ${b.label}`);
       this.prof?.end('memset (zero)');
     }
   }
@@ -300,9 +312,13 @@ export class CudaBackend implements Backend {
   copy(dst: Buf, src: Buf): void {
     const d = this.own(dst, 'copy'), s = this.own(src, 'copy');
     if (s.length > d.length) throw new Error(`copy of ${s.label} (${s.length}) into ${d.label} (${d.length}) overflows`);
+    if (s.dtype !== d.dtype) {
+      if (s.length > 0) this.elementwise(convertKernel.make({ out: d.dtype, inp: s.dtype, block: ELEM_BLOCK }), s.length, [P(d), P(s)]);
+      return;
+    }
     if (this.dev && s.length > 0) {
       this.prof?.begin();
-      this.dev.driver.dtod(d.ptr, s.ptr, s.length * 4, `copying ${s.label} to ${d.label}`);
+      this.dev.driver.dtod(d.ptr, s.ptr, s.length * s.elem, `copying ${s.label} to ${d.label}`);
       this.prof?.end('memcpy (device to device)');
     }
   }
@@ -624,8 +640,9 @@ export class CudaBackend implements Backend {
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------
-  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
+  adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy: Buf | null = null): void {
     for (const x of [param, grad, m, v]) this.need(x, n, 'adamw');
+    if (copy !== null) throw new Error('adamw: a compute copy is not supported by the CUDA backend yet');
     const spec = adamwKernel.make({ block: ELEM_BLOCK });
     const bc1 = 1 - Math.pow(s.beta1, s.step);
     const bc2 = 1 - Math.pow(s.beta2, s.step);

@@ -41,6 +41,7 @@ export class CudaDriver {
       memcpyDtoH: l.func('int cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t bytes)'),
       memcpyDtoD: l.func('int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t bytes)'),
       memsetD32: l.func('int cuMemsetD32_v2(uint64_t dst, unsigned int value, size_t n)'),
+      memsetD8: l.func('int cuMemsetD8_v2(uint64_t dst, unsigned char value, size_t n)'),
       memGetInfo: l.func('int cuMemGetInfo_v2(_Out_ size_t *free, _Out_ size_t *total)'),
       moduleLoadData: l.func('int cuModuleLoadData(_Out_ void **module, const void *image)'),
       moduleUnload: l.func('int cuModuleUnload(void *module)'),
@@ -105,6 +106,11 @@ export class CudaDriver {
   dtod(dst: bigint, src: bigint, bytes: number, context: string): void {
     this.check(this.f.memcpyDtoD!(dst, src, bytes), `cuMemcpyDtoD(${formatBytes(bytes)})`, context);
   }
+  /** Sets n bytes at dst to value (bf16 buffers are zeroed bytewise: their length in 32-bit words may be odd). */
+  memsetD8(dst: bigint, value: number, n: number, context: string): void {
+    this.check(this.f.memsetD8!(dst, value & 0xff, n), 'cuMemsetD8', context);
+  }
+
   memsetD32(dst: bigint, value: number, n: number, context: string): void {
     this.check(this.f.memsetD32!(dst, value >>> 0, n), 'cuMemsetD32', context);
   }

@@ -4,7 +4,7 @@
  * forward/backward (atomicAdd), AdamW. Baked: block size (and AdamW's beta1, beta2, eps).
  * All use grid-stride loops with 64-bit indices.
  */
-import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
 
 type BlockP = { block: number };
 const blockSchema = { block: BLOCK_DOMAIN } as const;
@@ -33,6 +33,18 @@ export const swigluBackward = simple('swiglu_bwd', 'float* dgate, float* dup, co
     float dy = dout[i];
     dgate[i] += dy * up[i] * sg * (1.0f + g * (1.0f - sg));
     dup[i] += dy * silu;`);
+
+type ConvertP = { out: string; inp: string; block: number };
+/** out[i] = inp[i] converted between dtypes (into bf16: round to nearest even). Backend.copy across dtypes. */
+export const convertKernel = defineFamily<ConvertP>({
+  name: 'convert', schema: { out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { out: 'bf16', inp: 'f32', block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+${dtypeHelpers()}
+extern "C" __global__ void convert(${ctype(p.out)}* out, const ${ctype(p.inp)}* inp, long long n) {
+  ${loop} stf(out, i, ldf(inp, i));
+}
+`,
+});
 
 /** out[r, c] += bias[c] over n = rows·m elements (after the cuBLAS GEMM wrote out). */
 export const biasAdd = defineFamily<BlockP>({

@@ -217,3 +217,35 @@ export function blocksFor(n: number, block: number, cap = 65535 * 8): number {
 }
 
 export const BLOCK_DOMAIN: ParamDomain = { kind: 'pow2', min: 32, max: 1024 };
+
+/** The domain of a baked operand dtype: a kernel is generated (and keyed) per dtype of each float operand. */
+export const DTYPE_DOMAIN: ParamDomain = { kind: 'enum', values: ['f32', 'bf16'] };
+
+/** The C element type of a float operand of `dtype` ('bf16' is the storage type dtypeHelpers() declares). */
+export function ctype(dtype: string): string {
+  if (dtype === 'f32') return 'float';
+  if (dtype === 'bf16') return 'bf16';
+  throw new Error(`unknown operand dtype ${dtype}`);
+}
+
+/**
+ * Device helpers for mixed-precision operands, with no header (NVRTC has none by default): `bf16` is the storage
+ * type (the top 16 bits of a float32), `ldf(p, i)` reads element i of a float or bf16 array as float, `stf(p, i, v)`
+ * stores v, rounding to nearest even into bf16 (PTX cvt.rn.bf16.f32, sm_80+), and `pack2(lo, hi)` packs two floats
+ * into a bf16x2 register (lo in the low half) for mma operands. Kernels pick operand types with typedefs from
+ * ctype(), so the dtype is in the source and therefore in the cache key.
+ */
+export function dtypeHelpers(): string {
+  return `
+typedef unsigned short bf16;
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
+__device__ __forceinline__ bf16 f2bf(float f) { unsigned short r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f)); return r; }
+__device__ __forceinline__ float ldf(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ldf(const bf16* p, long long i) { return bf2f(p[i]); }
+__device__ __forceinline__ void stf(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void stf(bf16* p, long long i, float v) { p[i] = f2bf(v); }
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+`;
+}
