@@ -79,7 +79,7 @@ function fakeNvrtc(compileRc: number, destroyRc: number, log = ''): Nvrtc & { de
   return n;
 }
 
-const spec = rmsnormForward.make({ eps: 1e-6, C: 896, block: 256 });
+const spec = rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
 
 test('nvrtcDestroyProgram return code is checked and named after a successful compile', async () => {
   const n = fakeNvrtc(0, 5);
@@ -99,7 +99,7 @@ test('a compile error names the baked parameters and quotes the first log lines 
     assert.equal(e.codeName, 'NVRTC_ERROR_COMPILATION');
     assert.equal(e.call, 'nvrtcCompileProgram');
     assert.ok(e.message.includes(spec.describe()), e.message);
-    assert.match(e.message, /eps=0\.000001 C=896 block=256/);
+    assert.match(e.message, /eps=0\.000001 C=896 out=f32 inp=f32 weight=f32 block=256/);
     assert.match(e.message, /--gpu-architecture=sm_90/);
     assert.match(e.message, /problem number 1$/m);
     assert.match(e.message, /problem number 12$/m);

@@ -86,6 +86,97 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
   };
 }
 
+/**
+ * The mixed-precision (--precision bf16) data flow of notes/s3-seam: f32 residual stream, master weights, weight
+ * gradients and AdamW moments; bf16 weights copy, activations, activation gradients and dlogits. One layer forward
+ * and backward, the LM head and loss, the optimizer with its bf16 compute copy, and bf16 generation (KV cache), so the
+ * plan, the compile gates and the mutation tests see every operand-dtype combination the model launches.
+ */
+export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
+  return (b) => {
+    const n = d.B * d.T, C = d.C, H = d.hidden, V = d.vocab, qd = d.nH * d.hd, kd = d.nKv * d.hd;
+    const h16 = (len: number, label: string) => b.alloc(len, label, 'bf16');
+    const f = (len: number, label: string) => b.alloc(len, label);
+    const ids = b.allocInt(n, 'ids');
+    const table = h16(V * C, 'embed (bf16 copy)');
+    const x = f(n * C, 'x');
+    b.embeddingForward(x, ids, table, n, C);
+    const ln1 = h16(n * C, 'ln1'), rstd1 = f(n, 'rstd1'), w1 = h16(C, 'ln1 w');
+    b.rmsnormForward(ln1, rstd1, x, w1, n, C, d.eps);
+    const q = h16(n * qd, 'q'), k = h16(n * kd, 'k'), v = h16(n * kd, 'v');
+    const wq = h16(qd * C, 'wq'), bq = h16(qd, 'bq'), wk = h16(kd * C, 'wk'), bk = h16(kd, 'bk'), wv = h16(kd * C, 'wv');
+    b.matmulForward(q, ln1, wq, d.qkvBias ? bq : null, n, C, qd);
+    b.matmulForward(k, ln1, wk, d.qkvBias ? bk : null, n, C, kd);
+    b.matmulForward(v, ln1, wv, null, n, C, kd);
+    b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeForward(k, k, d.B, d.T, d.nKv, d.hd, r, 3);
+    const att = h16(n * qd, 'att'), lse = f(d.B * d.nH * d.T, 'lse');
+    b.attentionForward(att, lse, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
+    const h = f(n * C, 'h'), wo = h16(C * qd, 'wo'), bo = h16(C, 'bo');
+    b.matmulForward(h, att, wo, bo, n, qd, C);
+    b.add(h, h, x, n * C);
+    const ln2 = h16(n * C, 'ln2'), rstd2 = f(n, 'rstd2'), w2 = h16(C, 'ln2 w');
+    b.rmsnormForward(ln2, rstd2, h, w2, n, C, d.eps);
+    const gate = h16(n * H, 'gate'), up = h16(n * H, 'up'), act = h16(n * H, 'act');
+    const wg = h16(H * C, 'wg'), wu = h16(H * C, 'wu'), wd = h16(C * H, 'wd');
+    b.matmulForward(gate, ln2, wg, null, n, C, H);
+    b.matmulForward(up, ln2, wu, null, n, C, H);
+    b.swigluForward(act, gate, up, n * H);
+    const out = f(n * C, 'out');
+    b.matmulForward(out, act, wd, null, n, H, C);
+    b.add(out, out, h, n * C);
+    const lnf = h16(n * C, 'lnf'), rstdf = f(n, 'rstdf'), wf = h16(C, 'lnf w'), headW = h16(V * C, 'head');
+    b.rmsnormForward(lnf, rstdf, out, wf, n, C, d.eps);
+    const logits = f(n * V, 'logits'), teacher = f(n * V, 'teacher'), dlogits = h16(n * V, 'dlogits');
+    b.matmulForward(logits, lnf, headW, null, n, C, V);
+    b.matmulForward(teacher, lnf, headW, null, n, C, V); // the bf16 teacher's head
+    const stats = f(n * 4, 'stats'), weights = f(n, 'weights'), targets = b.allocInt(n, 'targets');
+    b.lossForward(stats, dlogits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, V, d.loss);
+    const dHidden = f(n * C, 'dHidden'), dHeadW = f(V * C, 'dHeadW');
+    b.matmulBackward(dHidden, dHeadW, null, dlogits, lnf, headW, n, C, V);
+    const dx = f(n * C, 'dx'), dwf = f(C, 'dwf');
+    b.rmsnormBackward(dx, dwf, dHidden, out, wf, rstdf, n, C);
+    // layer backward
+    const dxB = h16(n * C, 'dxB'), dact = f(n * H, 'dact'), dWd = f(C * H, 'dWd');
+    b.copy(dxB, dx);
+    b.matmulBackward(dact, dWd, null, dxB, act, wd, n, H, C);
+    const dgate = h16(n * H, 'dgate'), dup = h16(n * H, 'dup');
+    b.zero(dgate); b.zero(dup);
+    b.swigluBackward(dgate, dup, dact, gate, up, n * H);
+    const dln2 = f(n * C, 'dln2'), dWg = f(H * C, 'dWg'), dWu = f(H * C, 'dWu');
+    b.matmulBackward(dln2, dWg, null, dgate, ln2, wg, n, C, H);
+    b.matmulBackward(dln2, dWu, null, dup, ln2, wu, n, C, H);
+    const dh = f(n * C, 'dh'), dw2 = f(C, 'dw2');
+    b.rmsnormBackward(dh, dw2, dln2, h, w2, rstd2, n, C);
+    const dhB = h16(n * C, 'dhB'), datt = h16(n * qd, 'datt'), dWo = f(C * qd, 'dWo'), dbo = f(C, 'dbo');
+    b.copy(dhB, dh);
+    b.matmulBackward(datt, dWo, dbo, dhB, att, wo, n, qd, C);
+    const dq = h16(n * qd, 'dq'), dk = h16(n * kd, 'dk'), dv = h16(n * kd, 'dv');
+    b.attentionBackward(dq, dk, dv, datt, q, k, v, att, lse, d.B, d.T, d.nH, d.nKv, d.hd);
+    const dqPre = h16(n * qd, 'dqPre'), dkPre = h16(n * kd, 'dkPre');
+    b.ropeBackward(dqPre, dq, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
+    for (const r of scaledRopes(d.theta)) b.ropeBackward(dkPre, dk, d.B, d.T, d.nKv, d.hd, r, 3);
+    const dln1 = f(n * C, 'dln1'), dWq = f(qd * C, 'dWq'), dbq = f(qd, 'dbq'), dWk = f(kd * C, 'dWk'), dbk = f(kd, 'dbk'), dWv = f(kd * C, 'dWv');
+    b.matmulBackward(dln1, dWq, d.qkvBias ? dbq : null, dqPre, ln1, wq, n, C, qd);
+    b.matmulBackward(dln1, dWk, d.qkvBias ? dbk : null, dkPre, ln1, wk, n, C, kd);
+    b.matmulBackward(dln1, dWv, null, dv, ln1, wv, n, C, kd);
+    const dw1 = f(C, 'dw1');
+    b.rmsnormBackward(dx, dw1, dln1, x, w1, rstd1, n, C);
+    const dtable = f(V * C, 'dtable');
+    b.embeddingBackward(dtable, dx, ids, n, C);
+    b.sumSquares(dWq, dWq.length);
+    // optimizer: f32 master params, grads and moments over the flat buffer; the bf16 compute copy in the same launch
+    const np = wq.length + 3, master = f(np, 'master'), grad = f(np, 'grad'), m = f(np, 'm'), vv = f(np, 'v'), copy = h16(np, 'params bf16');
+    b.adamw(master, grad, m, vv, np, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 }, copy);
+    // generation in bf16: KV cache, cached attention
+    const tMax = d.T + 4;
+    const kc = h16(d.B * tMax * kd, 'kc'), vc = h16(d.B * tMax * kd, 'vc');
+    b.kvCacheWrite(kc, k, d.B, d.T, 0, tMax, d.nKv, d.hd);
+    b.kvCacheWrite(vc, v, d.B, d.T, 0, tMax, d.nKv, d.hd);
+    b.attentionCached(att, q, kc, vc, d.B, d.T, 0, tMax, d.nH, d.nKv, d.hd);
+  };
+}
+
 /** A deterministic fake compiler: CUBIN = "CUBIN" + sha256(source + options). Counts calls and concurrency. */
 export class FakeCompiler implements KernelCompiler {
   version = 'fake-1.0';
@@ -130,8 +221,15 @@ export function fakeDriver(): CudaDriver & { launched: string[] } {
   return f as unknown as CudaDriver & { launched: string[] };
 }
 
-export function fakeCublas(): Cublas {
-  return { sgemm: () => {}, setWorkspace: () => {}, setMathMode: () => {}, destroy: () => {} } as unknown as Cublas;
+/** A fake cuBLAS; `calls` records each GEMM: 'sgemm' or 'gemmEx A/B→C' with the cudaDataType_t numbers. */
+export function fakeCublas(): Cublas & { calls: string[] } {
+  const calls: string[] = [];
+  return {
+    calls,
+    sgemm: () => { calls.push('sgemm'); },
+    gemmEx: (...a: unknown[]) => { calls.push(`gemmEx ${String(a[6])}/${String(a[9])}→${String(a[12])}`); },
+    setWorkspace: () => {}, setMathMode: () => {}, destroy: () => {},
+  } as unknown as Cublas & { calls: string[] };
 }
 
 /** Mulberry32: a small seeded RNG for test inputs. */
@@ -163,12 +261,16 @@ export function realPlans(): KernelSpec[] {
   ]);
 }
 
-/** What the compile gates compile: the real plans, the representative set and the all-ops toy steps, deduplicated by source. */
+/**
+ * What the compile gates compile: the real plans, the representative set and the all-ops toy steps (f32 and the bf16
+ * data flow), deduplicated by source.
+ */
 export function gateSpecs(): { plans: KernelSpec[]; specs: KernelSpec[] } {
   const plans = realPlans();
   const seen = new Set<string>();
   const specs: KernelSpec[] = [];
-  for (const s of [...plans, ...representativeSpecs(), ...planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE)])]) {
+  const toy = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE), allOpsStepBf16(QWEN_LIKE), allOpsStepBf16(LLAMA_LIKE)]);
+  for (const s of [...plans, ...representativeSpecs(), ...toy]) {
     const h = createHash('sha256').update(s.source()).digest('hex');
     if (!seen.has(h)) { seen.add(h); specs.push(s); }
   }

@@ -18,9 +18,9 @@ import {
 import { rmsnormForward, ropeForward, addKernel } from '../../src/backend/cuda/kernels/index.js';
 import { FakeCompiler } from './helpers.js';
 
-const specA = rmsnormForward.make({ eps: 1e-6, C: 896, block: 256 });
-const specB = rmsnormForward.make({ eps: 1e-5, C: 896, block: 256 });
-const specC = ropeForward.make({ headDim: 64, theta: 1e6, block: 256 });
+const specA = rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
+const specB = rmsnormForward.make({ eps: 1e-5, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
+const specC = ropeForward.make({ headDim: 64, theta: 1e6, out: 'f32', inp: 'f32', block: 256 });
 const tmp = () => mkdtempSync(join(tmpdir(), 'distillery-kc-'));
 
 function mk(dir: string | null, extra: Partial<ConstructorParameters<typeof KernelCache>[0]> = {}) {
@@ -144,7 +144,7 @@ test('after seal a miss is logged by name and thrown in strict mode', async () =
   cache.get(specA);
   assert.throws(() => cache.get(specB), (e: unknown) => e instanceof DistilleryError && /not pre-warmed/.test(e.message));
   assert.ok(lines.includes(`[kernel-cache] miss after pre-warm: ${specB.describe()}`), lines.join('\n'));
-  assert.match(lines.find((l) => l.includes('miss after'))!, /^\[kernel-cache\] miss after pre-warm: rmsnorm_fwd eps=0\.00001 C=896 block=256$/);
+  assert.match(lines.find((l) => l.includes('miss after'))!, /^\[kernel-cache\] miss after pre-warm: rmsnorm_fwd eps=0\.00001 C=896 out=f32 inp=f32 weight=f32 block=256$/);
   assert.equal(cache.counters.missesAfterSeal, 1);
 });
 
@@ -169,7 +169,7 @@ test('verbose prints one compile line per compile with the key and time', async 
 test('pre-warm compiles in parallel and counts', async () => {
   const compiler = new FakeCompiler(20);
   const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
-  const specs = [32, 64, 128, 256, 512, 1024].map((b) => addKernel.make({ block: b }));
+  const specs = [32, 64, 128, 256, 512, 1024].map((b) => addKernel.make({ out: 'f32', a: 'f32', b: 'f32', block: b }));
   await cache.prewarm(specs, { concurrency: 4 });
   assert.ok(compiler.maxInFlight > 1, `max in flight ${compiler.maxInFlight}`);
   assert.equal(cache.counters.compiled, 6);

@@ -57,21 +57,21 @@ for (const fam of ALL_FAMILIES) {
 }
 
 test('the historical bug: RMSNorm eps 1e-5 and 1e-6 are different kernels', () => {
-  const a = rmsnormForward.make({ eps: 1e-5, C: 896, block: 256 });
-  const b = rmsnormForward.make({ eps: 1e-6, C: 896, block: 256 });
+  const a = rmsnormForward.make({ eps: 1e-5, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
+  const b = rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
   assert.notEqual(key(a.source()), key(b.source()));
   assert.match(a.source(), /#define EPS 0\.0000099999997473\d*f|#define EPS 9\.99999974737\d*e-6f/);
 });
 
 test('make() rejects undeclared, missing and out-of-domain parameters', () => {
-  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896, block: 256, extra: 1 } as never), /undeclared/);
-  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896 } as never), /missing/);
-  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896, block: 100 }), /power of two/);
-  assert.throws(() => rmsnormForward.make({ eps: Number.NaN, C: 896, block: 256 }), /finite/);
+  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256, extra: 1 } as never), /undeclared/);
+  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32' } as never), /missing/);
+  assert.throws(() => rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 100 }), /power of two/);
+  assert.throws(() => rmsnormForward.make({ eps: Number.NaN, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 }), /finite/);
 });
 
 test('identical parameters give the identical (memoized) spec', () => {
-  assert.equal(rmsnormForward.make({ eps: 1e-6, C: 64, block: 256 }), rmsnormForward.make({ C: 64, block: 256, eps: 1e-6 }));
+  assert.equal(rmsnormForward.make({ eps: 1e-6, C: 64, out: 'f32', inp: 'f32', weight: 'f32', block: 256 }), rmsnormForward.make({ C: 64, block: 256, eps: 1e-6, weight: 'f32', inp: 'f32', out: 'f32' }));
 });
 
 test('RoPE kernels: every parameter of a real scaled config reaches the key exactly when it changes the math', () => {

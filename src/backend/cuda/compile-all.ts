@@ -44,21 +44,27 @@ export async function compileAll(specs: readonly KernelSpec[], archs: readonly s
 /**
  * A representative spec set: every family's example plus variants over the parameters real models use
  * (Qwen2.5-0.5B: C 896, headDim 64, theta 1e6, eps 1e-6; Llama: C 2048/4096, headDim 128, theta 5e5/1e4,
- * eps 1e-5; every loss kind with and without gradient).
+ * eps 1e-5; every loss kind with and without gradient), in float32 and in the bf16 operand dtypes of the mixed-precision
+ * data flow (bf16 activations and weights, f32 residual stream and gradients).
  */
 export function representativeSpecs(): KernelSpec[] {
   const specs: KernelSpec[] = [];
   for (const f of ALL_FAMILIES) specs.push(f.make(f.example));
   const byName = new Map(ALL_FAMILIES.map((f) => [f.name, f]));
   const mk = (name: string, p: Record<string, number | string | boolean>): void => { specs.push(byName.get(name)!.make(p)); };
+  const F = 'f32', B = 'bf16';
   for (const [eps, C] of [[1e-6, 896], [1e-5, 2048], [1e-5, 4096], [1e-6, 64]] as const) {
-    mk('rmsnorm_fwd', { eps, C, block: 256 });
-    mk('rmsnorm_bwd', { C, block: 256 });
-    mk('rmsnorm_dweight', { C, block: 256 });
+    for (const [act, w] of [[F, F], [B, B]] as const) {
+      mk('rmsnorm_fwd', { eps, C, out: act, inp: F, weight: w, block: 256 });
+      mk('rmsnorm_bwd', { C, dinp: F, dout: F, inp: F, weight: w, block: 256 });
+      mk('rmsnorm_dweight', { C, dout: F, inp: F, block: 256 });
+    }
   }
   for (const [headDim, theta] of [[64, 1e6], [128, 5e5], [128, 1e4], [16, 1e4]] as const) {
-    mk('rope_fwd', { headDim, theta, block: 256 });
-    mk('rope_bwd', { headDim, theta, block: 256 });
+    for (const d of [F, B]) {
+      mk('rope_fwd', { headDim, theta, out: d, inp: d, block: 256 });
+      mk('rope_bwd', { headDim, theta, out: d, inp: d, block: 256 });
+    }
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) mk(fam, { headDim, block: 128 });
   }
   // every head dim configs use (Llama/Qwen 64, 128; Phi-style 80, 96; small 32; 256, which opts in to > 48 KiB shared memory)
@@ -75,12 +81,13 @@ export function representativeSpecs(): KernelSpec[] {
     [{ type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: yarnMscale(4), truncate: true }, 128],
     [{ type: 'linear', theta: 1e4, factor: 2 }, 128],
   ];
-  for (const [rope, headDim] of scaled) for (const bwd of [false, true]) specs.push(ropeKernel(bwd, rope, headDim, 256));
-  for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
-    for (const withGrad of [true, false]) {
-      mk('loss', { kind, withGrad, block: 512 });
-    }
+  for (const [rope, headDim] of scaled) {
+    for (const bwd of [false, true]) for (const d of [F, B]) specs.push(ropeKernel(bwd, rope, headDim, 256, { out: d, inp: d }));
   }
-  mk('adamw', { block: 256 });
+  for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
+    mk('loss', { kind, withGrad: false, dlogits: F, block: 512 });
+    for (const dlogits of [F, B]) mk('loss', { kind, withGrad: true, dlogits, block: 512 });
+  }
+  for (const copy of ['none', F, B]) mk('adamw', { copy, block: 256 });
   return specs;
 }

@@ -8,6 +8,15 @@
  * So the set a trace records IS the set a device run asks the cache for (see plan.ts). That is what makes the
  * pre-warm complete by construction.
  *
+ * Mixed precision (see backend.ts): every kernel bakes the dtype of each float operand that may be either (f32 | bf16),
+ * taken from the buffers at the call, so a bf16 call launches (and a trace plans) its own kernel; compute is float32 and
+ * a bf16 store rounds once. Operands the seam fixes to float32 (rstd, lse, loss logits/teacher/stats/weights, AdamW's
+ * param/grad/m/v, embeddingBackward's dtable, sumSquares' partials) are checked: a bf16 buffer there is an Error naming
+ * it. Matrix products: f32 operands run cublasSgemm (TF32 tensor cores with --tf32); bf16 operands run cublasGemmEx
+ * (bf16 tensor cores, float32 accumulation and epilogue, C bf16 or f32 per the output buffer); operands of one product
+ * share a dtype (checkMatmulDtypes). A bias onto a bf16 output is filled in first and the GEMM accumulates onto it
+ * (beta 1), so the output is rounded once.
+ *
  * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's D = rowsum(dout ∘ out) and
  * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
  * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
@@ -17,12 +26,12 @@
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
 import type { AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
-import { LOSS_STATS, dtypeBytes } from '../backend.js';
+import { LOSS_STATS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
 import type { CudaDriver } from './ffi/driver.js';
-import { CUBLAS_OP_N, CUBLAS_OP_T, type Cublas } from './ffi/cublas.js';
+import { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F, type Cublas } from './ffi/cublas.js';
 import { formatBytes } from './ffi/status.js';
 import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
@@ -70,7 +79,11 @@ export type CudaMode = 'trace' | 'device';
 
 class CudaBuf implements Buf, IntBuf {
   constructor(readonly length: number, readonly ptr: bigint, readonly label: string, readonly owner: CudaBackend,
-    readonly root: boolean, readonly dtype: DType = 'f32') {}
+    readonly root: boolean, readonly dtype: DType = 'f32', base?: CudaBuf, readonly byteOffset = 0) {
+    this.base = base ?? this;
+  }
+  /** The allocation this buffer is (a view of), and its byte offset there: overlap checks work in trace mode too. */
+  readonly base: CudaBuf;
   /** Bytes per element (int buffers are int32: 4, like f32). */
   get elem(): number { return dtypeBytes(this.dtype); }
 }
@@ -81,6 +94,8 @@ const I = (v: number): Arg => ({ t: 'i', v });
 const L = (v: number): Arg => ({ t: 'l', v });
 const F = (v: number): Arg => ({ t: 'f', v });
 const MAX_ARGS = 32;
+/** The storage dtype of a float buffer (the baked operand dtype of the kernels that read or write it). */
+const D = (b: Buf): DType => b.dtype;
 
 export interface DeviceParts {
   driver: CudaDriver;
@@ -230,14 +245,24 @@ export class CudaBackend implements Backend {
     prof?.end(spec.family);
   }
 
-  /** `profKey` names the GEMM in the op profile (op and shape). */
+  /**
+   * C = op(A)·op(B) (+ C), column-major. A and B share a dtype (the callers check): f32 → cublasSgemm (the handle's
+   * math mode: TF32 with --tf32); bf16 → cublasGemmEx (bf16 tensor cores, float32 compute; C bf16 or f32 per its
+   * buffer). `profKey` names the GEMM in the op profile (op, dtype when bf16, shape).
+   */
   private gemm(transA: number, transB: number, m: number, n: number, k: number, A: Buf, lda: number, B: Buf, ldb: number,
     C: Buf, ldc: number, accumulate: boolean, what: string, profKey: string): void {
     if (!this.dev) return;
     const prof = this.prof;
     prof?.begin();
-    this.dev.cublas.sgemm(transA, transB, m, n, k, (A as CudaBuf).ptr, lda, (B as CudaBuf).ptr, ldb, (C as CudaBuf).ptr, ldc,
-      accumulate, what);
+    if (A.dtype === 'bf16') {
+      this.dev.cublas.gemmEx(transA, transB, m, n, k, (A as CudaBuf).ptr, CUDA_R_16BF, lda, (B as CudaBuf).ptr, CUDA_R_16BF, ldb,
+        (C as CudaBuf).ptr, C.dtype === 'bf16' ? CUDA_R_16BF : CUDA_R_32F, ldc, accumulate, what);
+    } else {
+      if (C.dtype !== 'f32') throw new Error(`${what}: an f32 matrix product cannot write the bf16 output ${(C as CudaBuf).label}`);
+      this.dev.cublas.sgemm(transA, transB, m, n, k, (A as CudaBuf).ptr, lda, (B as CudaBuf).ptr, ldb, (C as CudaBuf).ptr, ldc,
+        accumulate, what);
+    }
     prof?.end(profKey);
   }
 
@@ -267,7 +292,8 @@ export class CudaBackend implements Backend {
     if (offset < 0 || length < 0 || offset + length > b.length) {
       throw new Error(`view [${offset}, ${offset + length}) out of range for ${b.label} (${b.length})`);
     }
-    return new CudaBuf(length, b.ptr + BigInt(offset * b.elem), `${b.label}[${offset}:${offset + length}]`, this, false, b.dtype);
+    return new CudaBuf(length, b.ptr + BigInt(offset * b.elem), `${b.label}[${offset}:${offset + length}]`, this, false, b.dtype,
+      b.base, b.byteOffset + offset * b.elem);
   }
 
   viewInt(buf: IntBuf, offset: number, length: number): IntBuf { return this.view(this.own(buf, 'viewInt'), offset, length); }
@@ -383,6 +409,15 @@ export class CudaBackend implements Backend {
     if (n > c.length) throw new Error(`${what}: ${c.label} has ${c.length} elements, needs ${n}`);
   }
 
+  /** Operands the seam fixes to float32 (backend.ts documents which): a bf16 buffer there is refused by name. */
+  private f32Only(what: string, operands: ReadonlyArray<readonly [string, Buf | null]>): void {
+    for (const [name, b] of operands) {
+      if (b !== null && b.dtype !== 'f32') {
+        throw new Error(`${what}: ${name} (${(b as CudaBuf).label}) is ${b.dtype}, but the CUDA backend keeps ${name} in f32`);
+      }
+    }
+  }
+
   private elementwise(spec: KernelSpec, n: number, args: Arg[]): void {
     if (n <= 0) return;
     this.launch(spec, [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [...args, L(n)]);
@@ -391,24 +426,24 @@ export class CudaBackend implements Backend {
   // ---- elementwise ----------------------------------------------------------------------------------
   add(out: Buf, a: Buf, b: Buf, n: number): void {
     this.need(out, n, 'add'); this.need(a, n, 'add'); this.need(b, n, 'add');
-    this.elementwise(addKernel.make({ block: ELEM_BLOCK }), n, [P(out), P(a), P(b)]);
+    this.elementwise(addKernel.make({ out: D(out), a: D(a), b: D(b), block: ELEM_BLOCK }), n, [P(out), P(a), P(b)]);
   }
 
   accumulate(dst: Buf, src: Buf, n: number): void {
     this.need(dst, n, 'accumulate'); this.need(src, n, 'accumulate');
-    this.elementwise(accumulateKernel.make({ block: ELEM_BLOCK }), n, [P(dst), P(src)]);
+    this.elementwise(accumulateKernel.make({ dst: D(dst), src: D(src), block: ELEM_BLOCK }), n, [P(dst), P(src)]);
   }
 
   scale(buf: Buf, s: number, n: number): void {
     this.need(buf, n, 'scale');
-    this.elementwise(scaleKernel.make({ block: ELEM_BLOCK }), n, [P(buf), F(s)]);
+    this.elementwise(scaleKernel.make({ buf: D(buf), block: ELEM_BLOCK }), n, [P(buf), F(s)]);
   }
 
   sumSquares(buf: Buf, n: number): number {
     this.need(buf, n, 'sumSquares');
     if (n <= 0) return 0;
     const blocks = Math.min(this.scratchBlocks, Math.ceil(n / ELEM_BLOCK));
-    const spec = sumSquares.make({ block: ELEM_BLOCK });
+    const spec = sumSquares.make({ x: D(buf), block: ELEM_BLOCK });
     this.launch(spec, [blocks, 1, 1], ELEM_BLOCK, [P(this.partials), P(buf), L(n)]);
     if (!this.dev) return 0;
     this.dev.driver.dtoh(this.partialsHost, this.partials!.ptr, blocks * 8, 'reading sumSquares partials');
@@ -421,34 +456,37 @@ export class CudaBackend implements Backend {
   embeddingForward(out: Buf, ids: IntBuf, table: Buf, n: number, c: number): void {
     this.need(out, n * c, 'embeddingForward'); this.need(ids, n, 'embeddingForward'); this.own(table, 'embeddingForward');
     if (n * c <= 0) return;
-    this.launch(embeddingForward.make({ block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+    this.launch(embeddingForward.make({ out: D(out), table: D(table), block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(out), P(ids), P(table), L(n * c), I(c)]);
   }
 
   embeddingBackward(dtable: Buf, dout: Buf, ids: IntBuf, n: number, c: number): void {
     this.need(dout, n * c, 'embeddingBackward'); this.need(ids, n, 'embeddingBackward'); this.own(dtable, 'embeddingBackward');
+    this.f32Only('embeddingBackward', [['dtable', dtable]]);
     if (n * c <= 0) return;
-    this.launch(embeddingBackward.make({ block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+    this.launch(embeddingBackward.make({ dout: D(dout), block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(dtable), P(dout), P(ids), L(n * c), I(c)]);
   }
 
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void {
     this.need(out, n * c, 'rmsnormForward'); this.need(rstd, n, 'rmsnormForward'); this.need(inp, n * c, 'rmsnormForward');
     this.need(weight, c, 'rmsnormForward');
+    this.f32Only('rmsnormForward', [['rstd', rstd]]);
     if (n <= 0) return;
-    this.launch(rmsnormForward.make({ eps, C: c, block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK, [P(out), P(rstd), P(inp), P(weight), I(n)]);
+    this.launch(rmsnormForward.make({ eps, C: c, out: D(out), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK, [P(out), P(rstd), P(inp), P(weight), I(n)]);
   }
 
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
     this.need(dinp, n * c, 'rmsnormBackward'); this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
     this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
+    this.f32Only('rmsnormBackward', [['rstd', rstd]]);
     if (n <= 0) return;
-    this.launch(rmsnormBackward.make({ C: c, block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
+    this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
       [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
     const [R, rowsPer] = this.colChunks(n, c, 'rmsnormBackward');
-    this.launch(rmsnormWeightGrad.make({ C: c, block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), R, 1], ROW_BLOCK,
+    this.launch(rmsnormWeightGrad.make({ C: c, dout: D(dout), inp: D(inp), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), R, 1], ROW_BLOCK,
       [P(this.colPart), P(dout), P(inp), P(rstd), I(n), I(rowsPer)]);
-    this.launch(colReduce.make({ block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+    this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
   }
 
   /** Row chunks [R, rowsPer] of a two-stage column reduction over n rows of c columns (R·c fits the partials). */
@@ -463,35 +501,44 @@ export class CudaBackend implements Backend {
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
     this.need(out, n * m, 'matmulForward'); this.need(inp, n * k, 'matmulForward'); this.need(weight, m * k, 'matmulForward');
     if (bias) this.need(bias, m, 'matmulForward');
+    checkMatmulDtypes('matmulForward', [['inp', inp, 'weight', weight]]);
     if (n <= 0 || m <= 0) return;
+    // A bias onto a bf16 output is filled in first and the GEMM accumulates onto it: one rounding (see the header).
+    const fill = bias !== null && out.dtype === 'bf16';
+    const biasLaunch = (set: boolean): void => {
+      this.launch(biasAdd.make({ out: D(out), bias: D(bias!), set, block: ELEM_BLOCK }), [blocksFor(n * m, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+        [P(out), P(bias), L(n * m), I(m)]);
+    };
+    if (fill) biasLaunch(true);
     // row-major out[n,m] = inp[n,k]·W[m,k]ᵀ  ⇔  column-major outᵀ(m×n) = Wᵀ... : sgemm(T, N, m, n, k, W, k, inp, k, out, m)
-    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, false, `matmul ${n}x${k}·${m}x${k}ᵀ`,
-      `cublas matmulForward n=${n} k=${k} m=${m}`);
-    if (bias) this.launch(biasAdd.make({ block: ELEM_BLOCK }), [blocksFor(n * m, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(bias), L(n * m), I(m)]);
+    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, fill, `matmul ${n}x${k}·${m}x${k}ᵀ`,
+      `cublas matmulForward${gemmTag(inp)} n=${n} k=${k} m=${m}`);
+    if (bias && !fill) biasLaunch(false);
   }
 
   matmulBackward(dinp: Buf | null, dweight: Buf | null, dbias: Buf | null, dout: Buf, inp: Buf, weight: Buf,
     n: number, k: number, m: number): void {
     this.need(dout, n * m, 'matmulBackward'); this.need(inp, n * k, 'matmulBackward'); this.need(weight, m * k, 'matmulBackward');
+    checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
     if (n <= 0) return;
     if (dinp) {
       this.need(dinp, n * k, 'matmulBackward');
       // dinp[n,k] += dout[n,m]·W[m,k]  ⇔  col-major (k×n) += W(k×m)·dout(m×n)
       this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, true, `matmul backward (input) ${n}x${m}·${m}x${k}`,
-        `cublas matmulBackward dinp n=${n} k=${k} m=${m}`);
+        `cublas matmulBackward${gemmTag(dout)} dinp n=${n} k=${k} m=${m}`);
     }
     if (dweight) {
       this.need(dweight, m * k, 'matmulBackward');
       // dW[m,k] += doutᵀ[m,n]·inp[n,k]  ⇔  col-major (k×m) += inp(k×n)·dout(m×n)ᵀ
       this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, true, `matmul backward (weight) ${m}x${n}·${n}x${k}`,
-        `cublas matmulBackward dweight n=${n} k=${k} m=${m}`);
+        `cublas matmulBackward${gemmTag(dout)} dweight n=${n} k=${k} m=${m}`);
     }
     if (dbias) {
       this.need(dbias, m, 'matmulBackward');
       const [R, rowsPer] = this.colChunks(n, m, 'matmulBackward (bias)');
-      this.launch(biasGrad.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), R, 1], ELEM_BLOCK,
+      this.launch(biasGrad.make({ dout: D(dout), block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), R, 1], ELEM_BLOCK,
         [P(this.colPart), P(dout), I(n), I(m), I(rowsPer)]);
-      this.launch(colReduce.make({ block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(this.colPart), I(R), I(m)]);
+      this.launch(colReduce.make({ dst: D(dbias), block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(this.colPart), I(R), I(m)]);
     }
   }
 
@@ -501,7 +548,7 @@ export class CudaBackend implements Backend {
     this.need(out, n, what); this.need(inp, n, what);
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
-    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK);
+    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp) });
     this.launch(spec, [blocksFor(n / 2, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t * heads), I(t), I(heads), I(pos0)]);
   }
 
@@ -611,12 +658,14 @@ export class CudaBackend implements Backend {
 
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
     this.need(out, n, 'swigluForward'); this.need(gate, n, 'swigluForward'); this.need(up, n, 'swigluForward');
-    this.elementwise(swigluForward.make({ block: ELEM_BLOCK }), n, [P(out), P(gate), P(up)]);
+    this.elementwise(swigluForward.make({ out: D(out), gate: D(gate), up: D(up), block: ELEM_BLOCK }), n, [P(out), P(gate), P(up)]);
   }
 
   swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
     for (const x of [dgate, dup, dout, gate, up]) this.need(x, n, 'swigluBackward');
-    this.elementwise(swigluBackward.make({ block: ELEM_BLOCK }), n, [P(dgate), P(dup), P(dout), P(gate), P(up)]);
+    this.elementwise(swigluBackward.make({
+      dgate: D(dgate), dup: D(dup), dout: D(dout), gate: D(gate), up: D(up), block: ELEM_BLOCK,
+    }), n, [P(dgate), P(dup), P(dout), P(gate), P(up)]);
   }
 
   // ---- loss -----------------------------------------------------------------------------------------
@@ -628,13 +677,17 @@ export class CudaBackend implements Backend {
     this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
     if (dlogits) this.need(dlogits, n * ld, 'lossForward');
     if (teacher) this.need(teacher, rows, 'lossForward');
+    this.f32Only('lossForward', [['logits', logits], ['teacher', teacher], ['stats', stats], ['weights', weights]]);
+    if (dlogits !== null && dlogits.dtype !== 'f32' && overlaps(dlogits as CudaBuf, logits as CudaBuf)) {
+      throw new Error(`lossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the f32 logits (${(logits as CudaBuf).label})`);
+    }
     const dist = spec.kind !== 'none';
     if (dist && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');
     }
     if (n <= 0) return;
     // Baked: what shapes the code. Temperature, alpha and beta are arguments, so a schedule never recompiles.
-    const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, block: LOSS_BLOCK });
+    const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', block: LOSS_BLOCK });
     this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab), I(ld),
       F(dist ? spec.temperature : 1), F(dist ? spec.alpha : 0), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
@@ -642,17 +695,30 @@ export class CudaBackend implements Backend {
   // ---- optimizer ------------------------------------------------------------------------------------
   adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy: Buf | null = null): void {
     for (const x of [param, grad, m, v]) this.need(x, n, 'adamw');
-    if (copy !== null) throw new Error('adamw: a compute copy is not supported by the CUDA backend yet');
-    const spec = adamwKernel.make({ block: ELEM_BLOCK });
+    this.f32Only('adamw', [['param', param], ['grad', grad], ['m', m], ['v', v]]);
+    if (copy !== null) {
+      this.need(copy, n, 'adamw');
+      if (overlaps(copy as CudaBuf, param as CudaBuf)) throw new Error('adamw: the compute copy may not alias param');
+    }
+    const spec = adamwKernel.make({ copy: copy === null ? 'none' : D(copy), block: ELEM_BLOCK });
     const bc1 = 1 - Math.pow(s.beta1, s.step);
     const bc2 = 1 - Math.pow(s.beta2, s.step);
     if (n <= 0) return;
     this.launch(spec, [blocksFor(Math.ceil(n / 4), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(param), P(grad), P(m), P(v), L(n), F(s.beta1), F(s.beta2), F(s.eps), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
+      [P(param), P(grad), P(m), P(v), P(copy), L(n), F(s.beta1), F(s.beta2), F(s.eps), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
   }
 }
 
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
+
+/** The profile key's dtype tag of a matrix product: '' for f32 (the keys as before), ' bf16' for bf16 operands. */
+function gemmTag(a: Buf): string { return a.dtype === 'f32' ? '' : ` ${a.dtype}`; }
+
+/** Whether two buffers' storage overlaps (views of one allocation with intersecting byte ranges; both modes). */
+function overlaps(a: CudaBuf, b: CudaBuf): boolean {
+  if (a.base !== b.base) return false;
+  return a.byteOffset < b.byteOffset + b.length * b.elem && b.byteOffset < a.byteOffset + a.length * a.elem;
+}
 
 /** A backend that records kernel specs without a GPU (see plan.ts). */
 export function createTraceBackend(trace?: TraceOptions): CudaBackend { return new CudaBackend('trace', trace); }

@@ -1,38 +1,68 @@
 /**
  * Elementwise and reduction kernels: add, accumulate, scale, sum of squares (per-block double partials summed
- * on the host), matmul bias add and bias-gradient column reduction, SwiGLU forward/backward, embedding
- * forward/backward (atomicAdd), AdamW. Baked: block size (and AdamW's beta1, beta2, eps).
+ * on the host), convert (copy across dtypes), matmul bias add/fill and bias-gradient column reduction, SwiGLU
+ * forward/backward, embedding forward/backward (atomicAdd), AdamW (with its optional compute copy).
+ * Baked: block size and the dtype ('f32' | 'bf16', DTYPE_DOMAIN) of every float operand that may be either (the
+ * generated signature says `float*` or `bf16*`, so the dtype is in the source and the key). Operands read through
+ * ldf() and written through stf() (dtypeHelpers): compute is float32, a bf16 store rounds once to nearest even; an
+ * accumulating store (+=) reads the old value, adds in float and rounds the sum. Fixed-dtype operands (the column
+ * partials, sum-of-squares partials, embedding_bwd's dtable, AdamW's param/grad/m/v) stay `float`; CudaBackend
+ * refuses a bf16 buffer there by name.
  * All use grid-stride loops with 64-bit indices.
  */
-import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers, type KernelFamily } from './spec.js';
 
-type BlockP = { block: number };
-const blockSchema = { block: BLOCK_DOMAIN } as const;
 const loop = 'for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)';
+const T = (d: string): string => ctype(d);
 
-function simple(name: string, sig: string, body: string) {
-  return defineFamily<BlockP>({
-    name, schema: blockSchema, example: { block: 256 },
-    generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void ${name}(${sig}, long long n) {
+/**
+ * An elementwise family over float operands of baked dtypes. `ops` names the operands in signature order (out
+ * first) with `const` for inputs; `body` uses ldf/stf on them; `extra` is appended to the signature (e.g. a scale).
+ */
+function typed<P extends Record<string, string | number>>(name: string, ops: ReadonlyArray<{ name: string; const: boolean }>,
+  extra: string, example: P, body: string): KernelFamily<P> {
+  const schema: Record<string, typeof DTYPE_DOMAIN> = {};
+  for (const o of ops) schema[o.name] = DTYPE_DOMAIN;
+  return defineFamily<P>({
+    name, schema: { ...schema, block: BLOCK_DOMAIN } as never, example,
+    generate: (p) => {
+      const sig = ops.map((o) => `${o.const ? 'const ' : ''}${T(p[o.name] as string)}* ${o.name}`).join(', ');
+      return `#define BLOCK ${p.block}
+${dtypeHelpers()}
+extern "C" __global__ void ${name}(${sig}${extra}, long long n) {
   ${loop} {
     ${body}
   }
 }
-`,
+`;
+    },
   });
 }
 
-export const addKernel = simple('add', 'float* out, const float* a, const float* b', 'out[i] = a[i] + b[i];');
-export const accumulateKernel = simple('accumulate', 'float* dst, const float* src', 'dst[i] += src[i];');
-export const scaleKernel = simple('scale', 'float* buf, float s', 'buf[i] *= s;');
-export const swigluForward = simple('swiglu_fwd', 'float* out, const float* gate, const float* up',
-  'float g = gate[i]; out[i] = g / (1.0f + expf(-g)) * up[i];');
-export const swigluBackward = simple('swiglu_bwd', 'float* dgate, float* dup, const float* dout, const float* gate, const float* up',
-  `float g = gate[i]; float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
-    float dy = dout[i];
-    dgate[i] += dy * up[i] * sg * (1.0f + g * (1.0f - sg));
-    dup[i] += dy * silu;`);
+type AddP = { out: string; a: string; b: string; block: number };
+/** out = a + b (out may alias a or b). */
+export const addKernel = typed<AddP>('add', [{ name: 'out', const: false }, { name: 'a', const: true }, { name: 'b', const: true }], '',
+  { out: 'f32', a: 'bf16', b: 'f32', block: 256 }, 'stf(out, i, ldf(a, i) + ldf(b, i));');
+type AccP = { dst: string; src: string; block: number };
+export const accumulateKernel = typed<AccP>('accumulate', [{ name: 'dst', const: false }, { name: 'src', const: true }], '',
+  { dst: 'f32', src: 'bf16', block: 256 }, 'stf(dst, i, ldf(dst, i) + ldf(src, i));');
+type ScaleP = { buf: string; block: number };
+export const scaleKernel = typed<ScaleP>('scale', [{ name: 'buf', const: false }], ', float s', { buf: 'bf16', block: 256 },
+  'stf(buf, i, ldf(buf, i) * s);');
+type SwiFP = { out: string; gate: string; up: string; block: number };
+export const swigluForward = typed<SwiFP>('swiglu_fwd',
+  [{ name: 'out', const: false }, { name: 'gate', const: true }, { name: 'up', const: true }], '',
+  { out: 'bf16', gate: 'bf16', up: 'bf16', block: 256 },
+  'float g = ldf(gate, i); stf(out, i, g / (1.0f + expf(-g)) * ldf(up, i));');
+type SwiBP = { dgate: string; dup: string; dout: string; gate: string; up: string; block: number };
+export const swigluBackward = typed<SwiBP>('swiglu_bwd',
+  [{ name: 'dgate', const: false }, { name: 'dup', const: false }, { name: 'dout', const: true }, { name: 'gate', const: true },
+    { name: 'up', const: true }], '',
+  { dgate: 'bf16', dup: 'bf16', dout: 'f32', gate: 'bf16', up: 'bf16', block: 256 },
+  `float g = ldf(gate, i); float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
+    float dy = ldf(dout, i);
+    stf(dgate, i, ldf(dgate, i) + dy * ldf(up, i) * sg * (1.0f + g * (1.0f - sg)));
+    stf(dup, i, ldf(dup, i) + dy * silu);`);
 
 type ConvertP = { out: string; inp: string; block: number };
 /** out[i] = inp[i] converted between dtypes (into bf16: round to nearest even). Backend.copy across dtypes. */
@@ -46,103 +76,129 @@ extern "C" __global__ void convert(${ctype(p.out)}* out, const ${ctype(p.inp)}* 
 `,
 });
 
-/** out[r, c] += bias[c] over n = rows·m elements (after the cuBLAS GEMM wrote out). */
-export const biasAdd = defineFamily<BlockP>({
-  name: 'bias_add', schema: blockSchema, example: { block: 256 },
+type BiasP = { out: string; bias: string; set: boolean; block: number };
+/**
+ * After (set false) or before (set true) the cuBLAS GEMM that writes out[n·m]: set false adds, out[r, c] += bias[c];
+ * set true fills, out[r, c] = bias[c], and the GEMM then accumulates onto it (beta 1), so a bf16 out is rounded
+ * once (GEMM + bias in float32) rather than twice.
+ */
+export const biasAdd = defineFamily<BiasP>({
+  name: 'bias_add', schema: { out: DTYPE_DOMAIN, bias: DTYPE_DOMAIN, set: { kind: 'bool' }, block: BLOCK_DOMAIN },
+  example: { out: 'bf16', bias: 'bf16', set: true, block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void bias_add(float* out, const float* bias, long long n, int m) {
-  ${loop} out[i] += bias[i % m];
+${dtypeHelpers()}
+extern "C" __global__ void bias_add(${T(p.out)}* out, const ${T(p.bias)}* bias, long long n, int m) {
+  ${loop} stf(out, i, ${p.set ? '' : 'ldf(out, i) + '}ldf(bias, i % m));
 }
 `,
 });
 
+type BiasGradP = { dout: string; block: number };
 /**
  * Stage 1 of the bias gradient. Grid (ceil(m / block), R): part[y·m + c] = Σ of dout[r, c] over rows
- * [y·rowsPer, (y+1)·rowsPer); col_reduce adds the R partials (in order) into dbias. Deterministic.
+ * [y·rowsPer, (y+1)·rowsPer) (float32 partials); col_reduce adds the R partials (in order) into dbias. Deterministic.
  */
-export const biasGrad = defineFamily<BlockP>({
-  name: 'bias_grad', schema: blockSchema, example: { block: 256 },
+export const biasGrad = defineFamily<BiasGradP>({
+  name: 'bias_grad', schema: { dout: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dout: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void bias_grad(float* part, const float* dout, int rows, int m, int rowsPer) {
+${dtypeHelpers()}
+extern "C" __global__ void bias_grad(float* part, const ${T(p.dout)}* dout, int rows, int m, int rowsPer) {
   int c = blockIdx.x * BLOCK + threadIdx.x;
   if (c >= m) return;
   int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);
   float acc = 0.0f;
-  for (int r = r0; r < r1; r++) acc += dout[(long long)r * m + c];
+  for (int r = r0; r < r1; r++) acc += ldf(dout, (long long)r * m + c);
   part[(long long)blockIdx.y * m + c] = acc;
 }
 `,
 });
 
+type ColP = { dst: string; block: number };
 /** Stage 2 of the column reductions: dst[c] += Σ_{y < R} part[y·m + c], y in order; grid ceil(m / block). */
-export const colReduce = defineFamily<BlockP>({
-  name: 'col_reduce', schema: blockSchema, example: { block: 256 },
+export const colReduce = defineFamily<ColP>({
+  name: 'col_reduce', schema: { dst: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dst: 'f32', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void col_reduce(float* dst, const float* part, int R, int m) {
+${dtypeHelpers()}
+extern "C" __global__ void col_reduce(${T(p.dst)}* dst, const float* part, int R, int m) {
   int c = blockIdx.x * BLOCK + threadIdx.x;
   if (c >= m) return;
   float acc = 0.0f;
   for (int y = 0; y < R; y++) acc += part[(long long)y * m + c];
-  dst[c] += acc;
+  stf(dst, c, ldf(dst, c) + acc);
 }
 `,
 });
 
+type SumSqP = { x: string; block: number };
 /** partials[blockIdx.x] = Σ x² over the block's grid-stride share, in double; the host sums the partials. */
-export const sumSquares = defineFamily<BlockP>({
-  name: 'sum_squares', schema: blockSchema, example: { block: 256 },
+export const sumSquares = defineFamily<SumSqP>({
+  name: 'sum_squares', schema: { x: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { x: 'f32', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 ${reductionHelpers()}
-extern "C" __global__ void sum_squares(double* partials, const float* x, long long n) {
+${dtypeHelpers()}
+extern "C" __global__ void sum_squares(double* partials, const ${T(p.x)}* x, long long n) {
   double acc = 0.0;
-  ${loop} { double v = (double)x[i]; acc += v * v; }
+  ${loop} { double v = (double)ldf(x, i); acc += v * v; }
   acc = blockSumD(acc);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 `,
 });
 
+type EmbFP = { out: string; table: string; block: number };
 /** out[i, j] = table[ids[i], j]; n·c elements. */
-export const embeddingForward = defineFamily<BlockP>({
-  name: 'embedding_fwd', schema: blockSchema, example: { block: 256 },
+export const embeddingForward = defineFamily<EmbFP>({
+  name: 'embedding_fwd', schema: { out: DTYPE_DOMAIN, table: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { out: 'f32', table: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void embedding_fwd(float* out, const int* ids, const float* table, long long n, int c) {
+${dtypeHelpers()}
+extern "C" __global__ void embedding_fwd(${T(p.out)}* out, const int* ids, const ${T(p.table)}* table, long long n, int c) {
   ${loop} {
     long long row = i / c;
     int j = (int)(i % c);
-    out[i] = table[(long long)ids[row] * c + j];
+    stf(out, i, ldf(table, (long long)ids[row] * c + j));
   }
 }
 `,
 });
 
-/** dtable[ids[i], j] += dout[i, j] (atomicAdd: repeated ids collide). */
-export const embeddingBackward = defineFamily<BlockP>({
-  name: 'embedding_bwd', schema: blockSchema, example: { block: 256 },
+type EmbBP = { dout: string; block: number };
+/** dtable[ids[i], j] += dout[i, j] (atomicAdd on a float32 dtable: repeated ids collide). */
+export const embeddingBackward = defineFamily<EmbBP>({
+  name: 'embedding_bwd', schema: { dout: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dout: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void embedding_bwd(float* dtable, const float* dout, const int* ids, long long n, int c) {
+${dtypeHelpers()}
+extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout, const int* ids, long long n, int c) {
   ${loop} {
     long long row = i / c;
     int j = (int)(i % c);
-    atomicAdd(&dtable[(long long)ids[row] * c + j], dout[i]);
+    atomicAdd(&dtable[(long long)ids[row] * c + j], ldf(dout, i));
   }
 }
 `,
 });
 
-type AdamP = { block: number };
+type AdamP = { copy: string; block: number };
+
+/** The dtypes AdamW's optional compute copy may have ('none': no copy). */
+export const ADAMW_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 
 /**
- * AdamW. Baked: the block size. Runtime arguments (a schedule or a resumed run may change any of them without a
- * compile): beta1, beta2, eps, lr, weightDecay, gradScale and the bias corrections bc1 = 1 - beta1^step,
- * bc2 = 1 - beta2^step (computed on the host).
+ * AdamW over float32 param/grad/m/v. Baked: the block size and the compute copy's dtype (`copy`: 'none', 'f32' or
+ * 'bf16'; with one, the same launch stores the updated parameter into copy[i], rounded once into bf16). Runtime
+ * arguments (a schedule or a resumed run may change any of them without a compile): beta1, beta2, eps, lr,
+ * weightDecay, gradScale and the bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (computed on the host).
  * param = param · (1 - lr · weightDecay) - lr · m̂ / (sqrt(v̂) + eps)   (as the CPU backend)
  */
 export const adamwKernel = defineFamily<AdamP>({
   name: 'adamw',
-  schema: { block: BLOCK_DOMAIN },
-  example: { block: 256 },
-  generate: (p) => `#define BLOCK ${p.block}
+  schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
+  example: { copy: 'bf16', block: 256 },
+  generate: (p) => {
+    const cp = p.copy !== 'none';
+    const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
+    return `#define BLOCK ${p.block}
+${dtypeHelpers()}
 struct AdamConst { float beta1, beta2, eps, lr, wd, gradScale, bc1, bc2; };
 __device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, const AdamConst& k) {
   float g = gr * k.gradScale;
@@ -152,8 +208,9 @@ __device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v,
   v = vi;
   p = p * (1.0f - k.lr * k.wd) - k.lr * (mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps);
 }
-/* float4 over the first n/4·4 elements when all four pointers are 16-byte aligned (views may not be), then scalar. */
-extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, long long n,
+/* float4 over the first n/4·4 elements when param/grad/m/v are 16-byte aligned (views may not be), then scalar.
+   The copy (if any) is stored per element (its own alignment does not matter). */
+extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, ${cp ? `${ctype(p.copy)}* copy` : 'void* nocopy'}, long long n,
                                  float beta1, float beta2, float eps, float lr, float wd, float gradScale, float bc1, float bc2) {
   const AdamConst k = { beta1, beta2, eps, lr, wd, gradScale, bc1, bc2 };
   const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
@@ -170,8 +227,10 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
     reinterpret_cast<float4*>(param)[i] = p4;
     reinterpret_cast<float4*>(m)[i] = m4;
     reinterpret_cast<float4*>(v)[i] = v4;
+    ${st('4 * i', 'p4.x')} ${st('4 * i + 1', 'p4.y')} ${st('4 * i + 2', 'p4.z')} ${st('4 * i + 3', 'p4.w')}
   }
-  for (long long i = nv * 4 + start; i < n; i += stride) adamwOne(param[i], grad[i], m[i], v[i], k);
+  for (long long i = nv * 4 + start; i < n; i += stride) { adamwOne(param[i], grad[i], m[i], v[i], k); ${st('i', 'param[i]')} }
 }
-`,
+`;
+  },
 });

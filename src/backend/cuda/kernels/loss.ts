@@ -1,6 +1,8 @@
 /**
  * The fused per-token loss (and its gradient): one block per row, block reductions over the vocabulary.
- * Baked (they shape the code): kind, withGrad, block size. The teacher is read iff kind != 'none'.
+ * Baked (they shape the code): kind, withGrad, the dtype of dlogits ('f32' | 'bf16': the gradient is computed in float32
+ * and rounded once; a bf16 dlogits must not alias the f32 logits, CudaBackend refuses that), block size. logits,
+ * teacher, stats and weights are float32. The teacher is read iff kind != 'none'.
  * Runtime arguments (a schedule may change them every step without a compile): temperature, alpha, beta.
  *
  * Formulas (z: student logits, zt: teacher logits, T: temperature, y: target; s = z/T, u = zt/T,
@@ -16,11 +18,11 @@
  * stats row: [loss, CE, DIV, agree]; a padding row (y = -1, weight 0) gets zero stats and a zero gradient.
  * Same math as the CPU backend (src/backend/cpu/kernels/loss.ts), there in float64.
  */
-import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
 
 export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
-export type LossP = { kind: string; withGrad: boolean; block: number };
+export type LossP = { kind: string; withGrad: boolean; dlogits: string; block: number };
 
 function generate(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none';
@@ -30,7 +32,8 @@ function generate(p: Readonly<LossP>): string {
   const logm = `(BETA <= 0.0f ? lq : BETA >= 1.0f ? lp : fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
   lines.push(`#define BLOCK ${p.block}
 ${reductionHelpers()}
-extern "C" __global__ void loss(float* stats, float* dlogits, const float* logits, const float* teacher,
+${dtypeHelpers()}
+extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const float* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
   int row = blockIdx.x;
@@ -39,7 +42,7 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
   int y = targets[row];
   if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
     if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
-    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) dlogits[(long long)row * LD + j] = 0.0f;' : ''}
+    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
     return;
   }
   /* read z[y] before any thread may overwrite logits (dlogits may alias logits) */
@@ -98,8 +101,8 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
     const distGrad = !dist ? '' : p.kind === 'kl' ? '(q - pp)'
       : p.kind === 'reverse-kl' ? 'q * (lq - lp - divRaw)' : `q * ((1.0f - BETA) * (lq - lm) - qg)`;
     lines.push(`  float w = weights[row];
-  float* g = dlogits + (long long)row * LD;
-  for (int j = V + threadIdx.x; j < LD; j += BLOCK) g[j] = 0.0f; /* columns past the loss vocabulary: no gradient */
+  ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
+  for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* columns past the loss vocabulary: no gradient */
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float x = z[j];
     float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
@@ -108,7 +111,7 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
     float q = expf(lq), pp = expf(lp);
     ${p.kind === 'jsd' ? `float lm = ${logm};` : '(void)pp;'}
     float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * ${distGrad};` : 'float d = ceg;'}
-    g[j] = w * d;
+    stf(g, j, w * d);
   }`);
   }
   lines.push('}\n');
@@ -118,8 +121,8 @@ extern "C" __global__ void loss(float* stats, float* dlogits, const float* logit
 export const lossKernel = defineFamily<LossP>({
   name: 'loss',
   schema: {
-    kind: { kind: 'enum', values: LOSS_KINDS }, withGrad: { kind: 'bool' }, block: BLOCK_DOMAIN,
+    kind: { kind: 'enum', values: LOSS_KINDS }, withGrad: { kind: 'bool' }, dlogits: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
   },
-  example: { kind: 'jsd', withGrad: true, block: 256 },
+  example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', block: 256 },
   generate,
 });

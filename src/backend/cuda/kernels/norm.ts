@@ -1,81 +1,92 @@
 /**
  * RMSNorm kernels: forward (saves rstd), input backward, and the weight-gradient column reduction.
- * Baked: eps (forward only), C (row width), block size.
+ * Baked: eps (forward only), C (row width), block size, and the dtype ('f32' | 'bf16') of every float operand that
+ * may be either: out, inp, weight (forward); dinp, dout, inp, weight (backward); dout, inp (weight gradient).
+ * rstd and the column partials are always float32. Compute is float32; bf16 stores round once (dinp += reads the
+ * old value, adds in float, rounds the sum).
  */
-import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype as T, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
-type NormP = { eps: number; C: number; block: number };
+type NormP = { eps: number; C: number; out: string; inp: string; weight: string; block: number };
 
 /** Grid: one block per row. out/rstd/inp/weight, n rows. */
 export const rmsnormForward = defineFamily<NormP>({
   name: 'rmsnorm_fwd',
-  schema: { eps: { kind: 'float', min: 0 }, C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
-  example: { eps: 1e-6, C: 896, block: 256 },
+  schema: {
+    eps: { kind: 'float', min: 0 }, C: { kind: 'int', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN,
+    block: BLOCK_DOMAIN,
+  },
+  example: { eps: 1e-6, C: 896, out: 'bf16', inp: 'f32', weight: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
 #define EPS ${f32(p.eps)}
 ${reductionHelpers()}
-extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* w, int n) {
+${dtypeHelpers()}
+extern "C" __global__ void rmsnorm_fwd(${T(p.out)}* out, float* rstd, const ${T(p.inp)}* inp, const ${T(p.weight)}* w, int n) {
   int row = blockIdx.x;
   if (row >= n) return;
-  const float* x = inp + (long long)row * C;
-  float* y = out + (long long)row * C;
+  const ${T(p.inp)}* x = inp + (long long)row * C;
+  ${T(p.out)}* y = out + (long long)row * C;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < C; i += BLOCK) { float v = x[i]; ss += v * v; }
+  for (int i = threadIdx.x; i < C; i += BLOCK) { float v = ldf(x, i); ss += v * v; }
   ss = blockSum(ss);
   float r = 1.0f / sqrtf(ss / (float)C + EPS);
   if (threadIdx.x == 0) rstd[row] = r;
-  for (int i = threadIdx.x; i < C; i += BLOCK) y[i] = x[i] * r * w[i];
+  for (int i = threadIdx.x; i < C; i += BLOCK) stf(y, i, ldf(x, i) * r * ldf(w, i));
 }
 `,
 });
 
-type NormBwdP = { C: number; block: number };
+type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number };
 
 /** Grid: one block per row. dinp += d(out)/d(inp)ᵀ dout. */
 export const rmsnormBackward = defineFamily<NormBwdP>({
   name: 'rmsnorm_bwd',
-  schema: { C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
-  example: { C: 896, block: 256 },
+  schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { C: 896, dinp: 'f32', dout: 'f32', inp: 'f32', weight: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
 ${reductionHelpers()}
-extern "C" __global__ void rmsnorm_bwd(float* dinp, const float* dout, const float* inp, const float* w,
+${dtypeHelpers()}
+extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp, const ${T(p.weight)}* w,
                                        const float* rstd, int n) {
   int row = blockIdx.x;
   if (row >= n) return;
   const long long base = (long long)row * C;
   float r = rstd[row];
   float dot = 0.0f;
-  for (int i = threadIdx.x; i < C; i += BLOCK) dot += dout[base + i] * w[i] * inp[base + i];
+  for (int i = threadIdx.x; i < C; i += BLOCK) dot += ldf(dout, base + i) * ldf(w, i) * ldf(inp, base + i);
   dot = blockSum(dot);
   float k = dot * r * r * r / (float)C;
   for (int i = threadIdx.x; i < C; i += BLOCK) {
-    dinp[base + i] += r * w[i] * dout[base + i] - inp[base + i] * k;
+    stf(dinp, base + i, ldf(dinp, base + i) + (r * ldf(w, i) * ldf(dout, base + i) - ldf(inp, base + i) * k));
   }
 }
 `,
 });
 
+type NormDwP = { C: number; dout: string; inp: string; block: number };
+
 /**
  * Stage 1 of the weight gradient. Grid (ceil(C / block), R): block (x, y) sums rows [y·rowsPer, (y+1)·rowsPer) of
- * dout ⊙ inp · rstd for its columns into part[y·C + col]; col_reduce then adds Σ_y part[y, col] (in y order) into
- * dweight. Deterministic.
+ * dout ⊙ inp · rstd for its columns into part[y·C + col] (float32); col_reduce then adds Σ_y part[y, col] (in y order)
+ * into dweight. Deterministic.
  */
-export const rmsnormWeightGrad = defineFamily<NormBwdP>({
+export const rmsnormWeightGrad = defineFamily<NormDwP>({
   name: 'rmsnorm_dweight',
-  schema: { C: { kind: 'int', min: 1 }, block: BLOCK_DOMAIN },
-  example: { C: 896, block: 256 },
+  schema: { C: { kind: 'int', min: 1 }, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { C: 896, dout: 'f32', inp: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
-extern "C" __global__ void rmsnorm_dweight(float* part, const float* dout, const float* inp, const float* rstd, int n, int rowsPer) {
+${dtypeHelpers()}
+extern "C" __global__ void rmsnorm_dweight(float* part, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp, const float* rstd, int n, int rowsPer) {
   int col = blockIdx.x * BLOCK + threadIdx.x;
   if (col >= C) return;
   int r0 = blockIdx.y * rowsPer, r1 = min(n, r0 + rowsPer);
   float acc = 0.0f;
   for (int row = r0; row < r1; row++) {
     long long i = (long long)row * C + col;
-    acc += dout[i] * inp[i] * rstd[row];
+    acc += ldf(dout, i) * ldf(inp, i) * rstd[row];
   }
   part[(long long)blockIdx.y * C + col] = acc;
 }

@@ -7,27 +7,35 @@
  *   The inverse frequencies are computed on the host by ropeInvFreq (the same float64 function the CPU backend
  *   uses) and baked into the source as a double table, with yarn's attention factor as ATTN; so the kernel source,
  *   and therefore its cache key, changes with every parameter that changes the math.
- * Only the final rotation is float32.
+ * Only the final rotation is float32. Every family also bakes the dtypes ('f32' | 'bf16') of `out` and `inp` (out may
+ * alias inp: both must then have one dtype); a bf16 store rounds once (the backward's += reads, adds in float, rounds).
  */
 import { ropeInvFreq, yarnMscale, type RopeSpec } from '../../rope.js';
-import { BLOCK_DOMAIN, defineFamily, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema } from './spec.js';
+import {
+  BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
+} from './spec.js';
 
-type RopeP = { headDim: number; theta: number; block: number };
-const schema = { headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, block: BLOCK_DOMAIN } as const;
+type RopeP = { headDim: number; theta: number; out: string; inp: string; block: number };
+const schema = {
+  headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
+} as const;
+/** The operand dtypes of one rope launch. */
+export interface RopeDtypes { out: string; inp: string }
 
 /** The grid-stride loop shared by every kind: FREQ(i) and ATTN are defined by the caller's prelude. */
-function ropeBody(name: string, backward: boolean, headDim: number, block: number, prelude: string): string {
+function ropeBody(name: string, backward: boolean, headDim: number, block: number, dt: RopeDtypes, prelude: string): string {
   const body = backward
-    ? `out[base + i] += y1 * c + y2 * s;
-    out[base + i + HALF] += -y1 * s + y2 * c;`
-    : `out[base + i] = y1 * c - y2 * s;
-    out[base + i + HALF] = y2 * c + y1 * s;`;
+    ? `stf(out, base + i, ldf(out, base + i) + (y1 * c + y2 * s));
+    stf(out, base + i + HALF, ldf(out, base + i + HALF) + (-y1 * s + y2 * c));`
+    : `stf(out, base + i, y1 * c - y2 * s);
+    stf(out, base + i + HALF, y2 * c + y1 * s);`;
   return `#define BLOCK ${block}
 #define HD ${headDim}
 #define HALF ${headDim / 2}
 ${prelude}
+${dtypeHelpers()}
 /* rows = B*T*heads; row r has position pos0 + (r / heads) % T. out may alias inp (forward). */
-extern "C" __global__ void ${name}(float* out, const float* inp, long long rows, int T, int heads, int pos0) {
+extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
@@ -37,8 +45,8 @@ extern "C" __global__ void ${name}(float* out, const float* inp, long long rows,
     float c = (float)(ATTN * cos(ang));
     float s = (float)(ATTN * sin(ang));
     long long base = row * HD;
-    float y1 = inp[base + i];
-    float y2 = inp[base + i + HALF];
+    float y1 = ldf(inp, base + i);
+    float y2 = ldf(inp, base + i + HALF);
     ${body}
   }
 }
@@ -46,41 +54,41 @@ extern "C" __global__ void ${name}(float* out, const float* inp, long long rows,
 }
 
 function plainSource(name: string, backward: boolean, p: Readonly<RopeP>): string {
-  return ropeBody(name, backward, p.headDim, p.block, `#define THETA ${f64(p.theta)}
+  return ropeBody(name, backward, p.headDim, p.block, p, `#define THETA ${f64(p.theta)}
 #define FREQ(i) pow(THETA, -2.0 * (double)(i) / (double)HD)
 #define ATTN 1.0`);
 }
 
 /** A prelude with the inverse-frequency table of `rope` and its attention factor. */
-function tableSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number): string {
+function tableSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
   const inv = ropeInvFreq(rope, headDim);
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
-  return ropeBody(name, backward, headDim, block, `__constant__ double ${name}_inv_freq[HALF] = { ${table} };
+  return ropeBody(name, backward, headDim, block, dt, `__constant__ double ${name}_inv_freq[HALF] = { ${table} };
 #define FREQ(i) ${name}_inv_freq[i]
 #define ATTN ${f64(attn)}`);
 }
 
 export const ropeForward = defineFamily<RopeP>({
-  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, block: 256 },
+  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', block: 256 },
   generate: (p) => plainSource('rope_fwd', false, p),
 });
 
 /** dinp += Rᵀ dout (out = dinp, inp = dout in the generated signature). */
 export const ropeBackward = defineFamily<RopeP>({
-  name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, block: 256 },
+  name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', block: 256 },
   generate: (p) => plainSource('rope_bwd', true, p),
 });
 
 // ---- scaled kinds -------------------------------------------------------------------------------------------
 
-type LinearP = { headDim: number; theta: number; factor: number; block: number };
+type LinearP = { headDim: number; theta: number; factor: number; out: string; inp: string; block: number };
 const linearSchema = { ...schema, factor: { kind: 'float', min: 1e-6 } } as const;
 const linearRope = (p: Readonly<LinearP>): RopeSpec => ({ type: 'linear', theta: p.theta, factor: p.factor });
 
 type Llama3P = {
   headDim: number; theta: number; factor: number; lowFreqFactor: number; highFreqFactor: number;
-  originalMaxPositionEmbeddings: number; block: number;
+  originalMaxPositionEmbeddings: number; out: string; inp: string; block: number;
 };
 const llama3Schema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, lowFreqFactor: { kind: 'float', min: 1e-6 },
@@ -92,12 +100,12 @@ const llama3Rope = (p: Readonly<Llama3P>): RopeSpec => ({
 });
 // Llama 3.2 1B/3B: theta 500000, factor 32, low 1, high 4, original context 8192.
 const llama3Example: Llama3P = {
-  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, block: 256,
+  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, out: 'bf16', inp: 'bf16', block: 256,
 };
 
 type YarnP = {
   headDim: number; theta: number; factor: number; originalMaxPositionEmbeddings: number; betaFast: number; betaSlow: number;
-  attentionFactor: number; truncate: boolean; block: number;
+  attentionFactor: number; truncate: boolean; out: string; inp: string; block: number;
 };
 const yarnSchema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, originalMaxPositionEmbeddings: { kind: 'int', min: 1 },
@@ -112,10 +120,10 @@ const yarnRope = (p: Readonly<YarnP>): RopeSpec => ({
 // (with truncation a small change of beta_slow can land on the same integer bound: same math, same kernel).
 const yarnExample: YarnP = {
   headDim: 64, theta: 1000000, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1,
-  attentionFactor: yarnMscale(4), truncate: false, block: 256,
+  attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', block: 256,
 };
 
-function scaledPair<P extends ParamRecord & { headDim: number; block: number }>(
+function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; block: number }>(
   kind: string, s: Schema<P>, example: P,
   toRope: (p: Readonly<P>) => RopeSpec,
 ): [KernelFamily<P>, KernelFamily<P>] {
@@ -123,33 +131,38 @@ function scaledPair<P extends ParamRecord & { headDim: number; block: number }>(
     const name = `rope_${kind}_${backward ? 'bwd' : 'fwd'}`;
     return defineFamily<P>({
       name, schema: s, example,
-      generate: (p) => tableSource(name, backward, toRope(p), p.headDim, p.block),
+      generate: (p) => tableSource(name, backward, toRope(p), p.headDim, p.block, p),
     });
   };
   return [make(false), make(true)];
 }
 
 export const [ropeLinearForward, ropeLinearBackward] = scaledPair<LinearP>(
-  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, block: 256 }, linearRope);
+  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', block: 256 }, linearRope);
 export const [ropeLlama3Forward, ropeLlama3Backward] = scaledPair<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
 export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
 
-/** The kernel spec that rotates (forward) or back-propagates (backward) with this RoPE. */
-export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number): KernelSpec {
+/**
+ * The kernel spec that rotates (forward) or back-propagates (backward) with this RoPE. `dt`: the dtypes of out and inp
+ * (default both f32).
+ */
+export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number,
+  dt: RopeDtypes = { out: 'f32', inp: 'f32' }): KernelSpec {
+  const { out, inp } = dt;
   switch (rope.type) {
     case 'default':
-      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, block });
+      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, out, inp, block });
     case 'linear':
-      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, block });
+      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, block });
     case 'llama3':
       return (backward ? ropeLlama3Backward : ropeLlama3Forward).make({
         headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
-        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, block,
+        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, block,
       });
     case 'yarn':
       return (backward ? ropeYarnBackward : ropeYarnForward).make({
         headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
-        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, block,
+        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, block,
       });
   }
 }
