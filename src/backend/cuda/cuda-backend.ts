@@ -677,10 +677,10 @@ export class CudaBackend implements Backend {
     this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
     if (dlogits) this.need(dlogits, n * ld, 'lossForward');
     if (teacher) this.need(teacher, rows, 'lossForward');
-    this.f32Only('lossForward', [['logits', logits], ['teacher', teacher], ['stats', stats], ['weights', weights]]);
     if (dlogits !== null && dlogits.dtype !== 'f32' && overlaps(dlogits as CudaBuf, logits as CudaBuf)) {
-      throw new Error(`lossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the f32 logits (${(logits as CudaBuf).label})`);
+      throw new Error(`lossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the logits (${(logits as CudaBuf).label})`);
     }
+    this.f32Only('lossForward', [['logits', logits], ['teacher', teacher], ['stats', stats], ['weights', weights]]);
     const dist = spec.kind !== 'none';
     if (dist && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');

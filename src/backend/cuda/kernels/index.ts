@@ -10,7 +10,7 @@ import {
   kvCacheWrite,
 } from './attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
@@ -30,7 +30,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel,
+  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel, convertKernel,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
