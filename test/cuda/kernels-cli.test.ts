@@ -27,7 +27,7 @@ test('kernels plan prints one line per kernel with family, key prefix and baked 
   const { code, text } = await capture(() => kernelsCommand('plan', { model: 'tiny', teacher: 'small', loss: 'jsd', beta: 0.25, batch: 2, seq: 16 }));
   assert.equal(code, 0);
   assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=f32 block=512$/m);
-  assert.match(text, /^rmsnorm_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 block=256$/m);
+  assert.match(text, /^rmsnorm_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 out=f32 inp=f32 weight=f32 block=256$/m);
   assert.match(text, /^attention_cached /m);
 });
 
