@@ -133,6 +133,13 @@ parity('swiglu fwd (all bf16)', (r) => ({
   arrays: { o: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, bf16: ['o', 'g', 'u'], compare: ['o'],
   op: (b, x) => b.swigluForward(x.o!, x.g!, x.u!, N),
 }));
+parity('swiglu fwd and add on misaligned bf16 views (the scalar path of the 128-bit kernels)', (r) => ({
+  arrays: { o: rand(r, N), g: rand(r, N, 4), u: rand(r, N), s: rand(r, N) }, bf16: ['o', 'g', 'u', 's'], compare: ['o', 's'],
+  op: (b, x) => {
+    b.swigluForward(b.view(x.o!, 1, N - 9), b.view(x.g!, 3, N - 9), b.view(x.u!, 5, N - 9), N - 9);
+    b.add(b.view(x.s!, 2, N - 9), b.view(x.s!, 2, N - 9), b.view(x.o!, 7, N - 9), N - 9);
+  },
+}));
 parity('swiglu bwd (dgate/dup bf16 accumulate, dout f32)', (r) => ({
   arrays: { dg: rand(r, N), du: rand(r, N), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, bf16: ['dg', 'du', 'g', 'u'],
   compare: ['dg', 'du'], op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N),

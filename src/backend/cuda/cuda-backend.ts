@@ -395,7 +395,7 @@ export class CudaBackend implements Backend {
   synchronize(): void { this.dev?.driver.synchronize('synchronizing'); }
 
   memoryReport(): string {
-    const lines = this.allocations.filter((b) => b.root).map((b) => `${b.label}: ${formatBytes(b.length * 4)}`);
+    const lines = this.allocations.filter((b) => b.root).map((b) => `${b.label}: ${formatBytes(b.length * b.elem)}`);
     return `${formatBytes(this.bytesAllocated)} in ${lines.length} buffers\n${lines.join('\n')}`;
   }
 
@@ -418,9 +418,14 @@ export class CudaBackend implements Backend {
     }
   }
 
+  /**
+   * The vectorized elementwise kernels (kernels/elementwise.ts `typed`): 8 elements per thread step when every operand
+   * is 16-byte aligned (the kernel checks the same), so the grid is sized for n/8; else for n (scalar loop).
+   */
   private elementwise(spec: KernelSpec, n: number, args: Arg[]): void {
     if (n <= 0) return;
-    this.launch(spec, [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [...args, L(n)]);
+    const aligned = args.every((a) => a.t !== 'p' || (a.v & 15n) === 0n);
+    this.launch(spec, [blocksFor(aligned ? Math.ceil(n / 8) : n, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [...args, L(n)]);
   }
 
   // ---- elementwise ----------------------------------------------------------------------------------

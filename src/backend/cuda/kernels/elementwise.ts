@@ -8,6 +8,8 @@
  * accumulating store (+=) reads the old value, adds in float and rounds the sum. Fixed-dtype operands (the column
  * partials, sum-of-squares partials, embedding_bwd's dtable, AdamW's param/grad/m/v) stay `float`; CudaBackend
  * refuses a bf16 buffer there by name.
+ * add, accumulate, scale, swiglu_fwd/bwd and convert run 8 elements per step with 128-bit loads and stores when every
+ * operand is 16-byte aligned (checked at run time: views may not be), then scalar for the rest.
  * All use grid-stride loops with 64-bit indices.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers, type KernelFamily } from './spec.js';
@@ -15,23 +17,71 @@ import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductio
 const loop = 'for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)';
 const T = (d: string): string => ctype(d);
 
+/** How an elementwise body reads (`L(op)`) and writes (`S(op, value)`) element i of an operand. */
+type Access = { L: (op: string) => string; S: (op: string, v: string) => string };
+type Op = { name: string; role: 'in' | 'out' | 'inout' };
+
 /**
- * An elementwise family over float operands of baked dtypes. `ops` names the operands in signature order (out
- * first) with `const` for inputs; `body` uses ldf/stf on them; `extra` is appended to the signature (e.g. a scale).
+ * 8-wide loads and stores for the vectorized elementwise path: 8 floats are two float4 (32 bytes), 8 bf16 one uint4
+ * (16 bytes; element 2k is the low half of word k, and pack2 puts its first argument there). g indexes groups of 8.
  */
-function typed<P extends Record<string, string | number>>(name: string, ops: ReadonlyArray<{ name: string; const: boolean }>,
-  extra: string, example: P, body: string): KernelFamily<P> {
+function vecHelpers(): string {
+  return `
+__device__ __forceinline__ void ld8(const float* p, long long g, float* v) {
+  const float4 x = reinterpret_cast<const float4*>(p)[2 * g], y = reinterpret_cast<const float4*>(p)[2 * g + 1];
+  v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
+}
+__device__ __forceinline__ void ld8(const bf16* p, long long g, float* v) {
+  const uint4 x = reinterpret_cast<const uint4*>(p)[g];
+  const unsigned w[4] = { x.x, x.y, x.z, x.w };
+  #pragma unroll
+  for (int k = 0; k < 4; k++) { v[2 * k] = __uint_as_float(w[k] << 16); v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u); }
+}
+__device__ __forceinline__ void st8(float* p, long long g, const float* v) {
+  reinterpret_cast<float4*>(p)[2 * g] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[2 * g + 1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void st8(bf16* p, long long g, const float* v) {
+  reinterpret_cast<uint4*>(p)[g] = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+`;
+}
+
+/**
+ * An elementwise family over float operands of baked dtypes. `ops` names the operands in signature order with their
+ * role ('in': read, 'out': written, 'inout': read and written); `body(access)` reads and writes element i through
+ * the access functions; `extra` is appended to the signature (e.g. a scale). When every operand pointer is 16-byte
+ * aligned (whole buffers are; views may not be), the grid-stride loop runs over groups of 8 elements with 128-bit
+ * loads and stores (ld8/st8, float math per element, one rounding per bf16 store), then a scalar loop does the rest.
+ */
+function typed<P extends Record<string, string | number>>(name: string, ops: readonly Op[], extra: string, example: P,
+  body: (a: Access) => string): KernelFamily<P> {
   const schema: Record<string, typeof DTYPE_DOMAIN> = {};
   for (const o of ops) schema[o.name] = DTYPE_DOMAIN;
+  const scalar = body({ L: (o) => `ldf(${o}, i)`, S: (o, v) => `stf(${o}, i, ${v});` });
+  const vector = body({ L: (o) => `${o}_v[j]`, S: (o, v) => `${o}_v[j] = ${v};` });
   return defineFamily<P>({
     name, schema: { ...schema, block: BLOCK_DOMAIN } as never, example,
     generate: (p) => {
-      const sig = ops.map((o) => `${o.const ? 'const ' : ''}${T(p[o.name] as string)}* ${o.name}`).join(', ');
+      const sig = ops.map((o) => `${o.role === 'in' ? 'const ' : ''}${T(p[o.name] as string)}* ${o.name}`).join(', ');
+      const aligned = ops.map((o) => `reinterpret_cast<unsigned long long>(${o.name})`).join(' | ');
       return `#define BLOCK ${p.block}
 ${dtypeHelpers()}
+${vecHelpers()}
 extern "C" __global__ void ${name}(${sig}${extra}, long long n) {
-  ${loop} {
-    ${body}
+  const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+  const long long nv = ((${aligned}) & 15ull) == 0 ? n / 8 : 0;
+  for (long long grp = start; grp < nv; grp += stride) {
+    float ${ops.map((o) => `${o.name}_v[8]`).join(', ')};
+    ${ops.filter((o) => o.role !== 'out').map((o) => `ld8(${o.name}, grp, ${o.name}_v);`).join(' ')}
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+      ${vector}
+    }
+    ${ops.filter((o) => o.role !== 'in').map((o) => `st8(${o.name}, grp, ${o.name}_v);`).join(' ')}
+  }
+  for (long long i = nv * 8 + start; i < n; i += stride) {
+    ${scalar}
   }
 }
 `;
@@ -39,42 +89,36 @@ extern "C" __global__ void ${name}(${sig}${extra}, long long n) {
   });
 }
 
+const IN = (name: string): Op => ({ name, role: 'in' });
+const OUT = (name: string): Op => ({ name, role: 'out' });
+const INOUT = (name: string): Op => ({ name, role: 'inout' });
+
 type AddP = { out: string; a: string; b: string; block: number };
 /** out = a + b (out may alias a or b). */
-export const addKernel = typed<AddP>('add', [{ name: 'out', const: false }, { name: 'a', const: true }, { name: 'b', const: true }], '',
-  { out: 'f32', a: 'bf16', b: 'f32', block: 256 }, 'stf(out, i, ldf(a, i) + ldf(b, i));');
+export const addKernel = typed<AddP>('add', [OUT('out'), IN('a'), IN('b')], '', { out: 'f32', a: 'bf16', b: 'f32', block: 256 },
+  ({ L, S }) => S('out', `${L('a')} + ${L('b')}`));
 type AccP = { dst: string; src: string; block: number };
-export const accumulateKernel = typed<AccP>('accumulate', [{ name: 'dst', const: false }, { name: 'src', const: true }], '',
-  { dst: 'f32', src: 'bf16', block: 256 }, 'stf(dst, i, ldf(dst, i) + ldf(src, i));');
+export const accumulateKernel = typed<AccP>('accumulate', [INOUT('dst'), IN('src')], '', { dst: 'f32', src: 'bf16', block: 256 },
+  ({ L, S }) => S('dst', `${L('dst')} + ${L('src')}`));
 type ScaleP = { buf: string; block: number };
-export const scaleKernel = typed<ScaleP>('scale', [{ name: 'buf', const: false }], ', float s', { buf: 'bf16', block: 256 },
-  'stf(buf, i, ldf(buf, i) * s);');
+export const scaleKernel = typed<ScaleP>('scale', [INOUT('buf')], ', float s', { buf: 'bf16', block: 256 },
+  ({ L, S }) => S('buf', `${L('buf')} * s`));
 type SwiFP = { out: string; gate: string; up: string; block: number };
-export const swigluForward = typed<SwiFP>('swiglu_fwd',
-  [{ name: 'out', const: false }, { name: 'gate', const: true }, { name: 'up', const: true }], '',
+export const swigluForward = typed<SwiFP>('swiglu_fwd', [OUT('out'), IN('gate'), IN('up')], '',
   { out: 'bf16', gate: 'bf16', up: 'bf16', block: 256 },
-  'float g = ldf(gate, i); stf(out, i, g / (1.0f + expf(-g)) * ldf(up, i));');
+  ({ L, S }) => `float g = ${L('gate')}; ${S('out', `g / (1.0f + expf(-g)) * ${L('up')}`)}`);
 type SwiBP = { dgate: string; dup: string; dout: string; gate: string; up: string; block: number };
-export const swigluBackward = typed<SwiBP>('swiglu_bwd',
-  [{ name: 'dgate', const: false }, { name: 'dup', const: false }, { name: 'dout', const: true }, { name: 'gate', const: true },
-    { name: 'up', const: true }], '',
+export const swigluBackward = typed<SwiBP>('swiglu_bwd', [INOUT('dgate'), INOUT('dup'), IN('dout'), IN('gate'), IN('up')], '',
   { dgate: 'bf16', dup: 'bf16', dout: 'f32', gate: 'bf16', up: 'bf16', block: 256 },
-  `float g = ldf(gate, i); float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
-    float dy = ldf(dout, i);
-    stf(dgate, i, ldf(dgate, i) + dy * ldf(up, i) * sg * (1.0f + g * (1.0f - sg)));
-    stf(dup, i, ldf(dup, i) + dy * silu);`);
+  ({ L, S }) => `float g = ${L('gate')}; float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
+      float dy = ${L('dout')};
+      ${S('dgate', `${L('dgate')} + dy * ${L('up')} * sg * (1.0f + g * (1.0f - sg))`)}
+      ${S('dup', `${L('dup')} + dy * silu`)}`);
 
 type ConvertP = { out: string; inp: string; block: number };
 /** out[i] = inp[i] converted between dtypes (into bf16: round to nearest even). Backend.copy across dtypes. */
-export const convertKernel = defineFamily<ConvertP>({
-  name: 'convert', schema: { out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { out: 'bf16', inp: 'f32', block: 256 },
-  generate: (p) => `#define BLOCK ${p.block}
-${dtypeHelpers()}
-extern "C" __global__ void convert(${ctype(p.out)}* out, const ${ctype(p.inp)}* inp, long long n) {
-  ${loop} stf(out, i, ldf(inp, i));
-}
-`,
-});
+export const convertKernel = typed<ConvertP>('convert', [OUT('out'), IN('inp')], '', { out: 'bf16', inp: 'f32', block: 256 },
+  ({ L, S }) => S('out', L('inp')));
 
 type BiasP = { out: string; bias: string; set: boolean; block: number };
 /**
