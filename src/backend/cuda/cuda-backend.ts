@@ -642,13 +642,14 @@ export class CudaBackend implements Backend {
   // ---- optimizer ------------------------------------------------------------------------------------
   adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy: Buf | null = null): void {
     for (const x of [param, grad, m, v]) this.need(x, n, 'adamw');
-    if (copy !== null) throw new Error('adamw: a compute copy is not supported by the CUDA backend yet');
+
     const spec = adamwKernel.make({ block: ELEM_BLOCK });
     const bc1 = 1 - Math.pow(s.beta1, s.step);
     const bc2 = 1 - Math.pow(s.beta2, s.step);
     if (n <= 0) return;
     this.launch(spec, [blocksFor(Math.ceil(n / 4), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(param), P(grad), P(m), P(v), L(n), F(s.beta1), F(s.beta2), F(s.eps), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
+    if (copy !== null) { this.need(copy, n, 'adamw'); this.copy(copy, this.view(param, 0, n)); }
   }
 }
 
