@@ -119,7 +119,7 @@ test('memory estimate equals the bytes a bf16 (and an fp32) job allocates, at de
     }
     const e = (precision: Precision) => estimateJobBytes({ student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936),
       batch: 8, seq: 1024, training: true, precision });
-    assert.ok(e('bf16') < 0.7 * e('fp32'), `bf16 ${e('bf16')} vs fp32 ${e('fp32')} bytes`);
+    assert.ok(e('bf16') < 0.75 * e('fp32'), `bf16 ${e('bf16')} vs fp32 ${e('fp32')} bytes`);
   } finally { cpu.dispose(); }
 });
 
