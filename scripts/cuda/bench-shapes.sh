@@ -5,7 +5,7 @@
 # (nvidia-smi memory.used, sampled every 100 ms while each process runs, minus what was in use before it started).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like device-run.sh.
 # Env: SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
-#      PEER_STEPS (10), PEER_MODES ("eager compile"), PRECISION (distillery flags, default "--tf32"),
+#      PEER_STEPS (10), PEER_MODES ("eager compile"), PRECISION (distillery flags, default "--precision bf16"),
 #      PROFILE (0/1: one more distillery run per shape with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT).
 # Output: $OUT/bench.txt (the table and every raw line) and $OUT/bench.json.
 set -uo pipefail
@@ -14,7 +14,7 @@ out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/bench.txt"; : > "$txt"
 say() { echo "$*" | tee -a "$txt"; }
 SHAPES=${SHAPES:-8x1024 16x1024}; STEPS=${STEPS:-12}; PEER_STEPS=${PEER_STEPS:-10}; PEER_MODES=${PEER_MODES:-eager compile}
-read -r -a prec <<< "${PRECISION:---tf32}"
+read -r -a prec <<< "${PRECISION:---precision bf16}"
 work=/tmp/distillery-bench; mkdir -p "$work"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 

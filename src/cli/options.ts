@@ -58,6 +58,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
   spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: required)', { metavar: '<dir|hub id>', distillOnly: true }),
   spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
+  spec('precision', 'string', 'storage and matrix-product precision: auto (bf16 on cuda, fp32 on cpu), bf16 (fp32 master weights), tf32, fp32', { choices: ['auto', 'bf16', 'tf32', 'fp32'] }),
   spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: threadsProblem }),
   spec('batch', 'integer', 'sequences per micro-batch', { check: positiveInt }),
   spec('seq', 'integer', 'tokens per sequence (context length)', { check: positiveInt }),

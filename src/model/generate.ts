@@ -4,7 +4,7 @@
  * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature,
  * top-p) happens on the host from the last position's logits.
  */
-import type { Backend, Buf, IntBuf } from '../backend/backend.js';
+import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
@@ -44,14 +44,16 @@ export class Generator {
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, T = maxLen;
     this.kCache = []; this.vCache = [];
     for (let l = 0; l < c.numLayers; l++) {
-      this.kCache.push(be.alloc(T * KV, `KV cache (layer ${l} keys)`));
-      this.vCache.push(be.alloc(T * KV, `KV cache (layer ${l} values)`));
+      this.kCache.push(be.alloc(T * KV, `KV cache (layer ${l} keys)`, model.compute));
+      this.vCache.push(be.alloc(T * KV, `KV cache (layer ${l} values)`, model.compute));
     }
-    const a = (n: number, what: string): Buf => be.alloc(n, `generation ${what}`);
+    // Buffers that feed matrix products or attention in the model's compute dtype (as Transformer's activations).
+    const A = model.compute;
+    const a = (n: number, what: string, d: DType = 'f32'): Buf => be.alloc(n, `generation ${what}`, d);
     this.ids = be.allocInt(T, 'generation token ids');
-    this.x = a(T * C, 'x'); this.h = a(T * C, 'h'); this.ln = a(T * C, 'norm'); this.rstd = a(T, 'rstd');
-    this.q = a(T * Q, 'q'); this.k = a(T * KV, 'k'); this.v = a(T * KV, 'v'); this.att = a(T * Q, 'attention');
-    this.gate = a(T * I, 'gate'); this.up = a(T * I, 'up'); this.act = a(T * I, 'swiglu');
+    this.x = a(T * C, 'x'); this.h = a(T * C, 'h'); this.ln = a(T * C, 'norm', A); this.rstd = a(T, 'rstd');
+    this.q = a(T * Q, 'q', A); this.k = a(T * KV, 'k', A); this.v = a(T * KV, 'v', A); this.att = a(T * Q, 'attention', A);
+    this.gate = a(T * I, 'gate', A); this.up = a(T * I, 'up', A); this.act = a(T * I, 'swiglu', A);
     this.logits = a(c.vocabSize, 'logits');
   }
 
@@ -74,7 +76,7 @@ export class Generator {
     const x = vw(this.x, t * C), h = vw(this.h, t * C), ln = vw(this.ln, t * C), rstd = vw(this.rstd, t);
     const q = vw(this.q, t * Q), k = vw(this.k, t * KV), v = vw(this.v, t * KV), att = vw(this.att, t * Q);
     const gate = vw(this.gate, t * I), up = vw(this.up, t * I), act = vw(this.act, t * I);
-    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.params, ti.offset, ti.size) : null);
+    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
     be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
     const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act };

@@ -5,6 +5,7 @@
  * through allocation into one message with the largest sequence length that fits.
  */
 import type { ModelConfig } from './config.js';
+import type { Precision } from './transformer.js';
 import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
 import { headFloats, headWidth } from '../train/head.js';
@@ -18,30 +19,41 @@ export interface JobMemory {
   training: boolean;
   /** Vocabulary rows the loss runs over (default: the student's vocab_size). */
   lossVocab?: number | undefined;
+  /** Both models' precision (default fp32). */
+  precision?: Precision;
 }
 
 const F = 4; // bytes per float32
 
-/** Floats one Transformer allocates for activations (and gradient scratch when training). */
-function activationFloats(c: ModelConfig, b: number, t: number, training: boolean): number {
+/**
+ * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
+ * of the buffers that feed matrix products (4 in fp32, 2 in bf16; see Transformer's module comment).
+ */
+function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number): number {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  const perLayer = N * (4 * C + 2 * Q + 2 * KV + 3 * I + 2) + b * c.numHeads * t; // + attention lse (linear in t)
-  const layers = training ? c.numLayers * perLayer : perLayer + N * C;
-  const final = N * (2 * C + 1); // final x, norm, rstd (logits live in the step's chunked head)
-  // Gradient scratch: dHidden, dx, dln (C); dq, dq pre-rope, datt (Q); dk, dv, dk pre-rope (KV); dact, dgate, dup (I).
-  const scratch = training ? N * (3 * C + 3 * Q + 3 * KV + 3 * I) : 0;
-  const ids = N; // the int32 token ids (4 bytes each, as a float)
+  // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and one
+  // SwiGLU output (I) shared by all layers (the backward recomputes it).
+  const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a;
+  const layers = (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
+  const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
+  // Gradient scratch: dHidden, dx, dln (C) and dact (I) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV),
+  // dgate, dup (I) in the compute dtype, and in bf16 the converted dx (C).
+  const scratch = training ? N * (3 * C + I) * F + N * (3 * Q + 3 * KV + 2 * I + (a === F ? 0 : C)) * a : 0;
+  const ids = N * 4; // the int32 token ids
   return layers + final + scratch + ids;
 }
 
 /** Bytes of the job's allocations on the backend. */
 export function estimateJobBytes(j: JobMemory): number {
+  const a = j.precision === 'bf16' ? 2 : F;
   const p = parameterLayout(j.student).total;
-  let floats = p * (j.training ? 4 : 1) + activationFloats(j.student, j.batch, j.seq, j.training);
+  // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
+  let bytes = p * (j.training ? 4 * F + (a === F ? 0 : a) : a) + activationBytes(j.student, j.batch, j.seq, j.training, a);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
-  floats += headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher)); // logits chunks, loss rows
-  if (j.teacher) floats += parameterLayout(j.teacher).total + activationFloats(j.teacher, j.batch, j.seq, false);
-  return floats * F;
+  // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
+  bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), undefined, j.training && a !== F);
+  if (j.teacher) bytes += parameterLayout(j.teacher).total * a + activationBytes(j.teacher, j.batch, j.seq, false, a);
+  return bytes;
 }
 
 /** The largest sequence length (≤ seq) whose estimate fits in `bytes`, or 0 if none does. */

@@ -6,8 +6,17 @@
  * nothing. Layer l:  h = x + o_proj(attn(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)));  x' = h + down(silu(gate(ln2 h)) * up(ln2 h)).
  * The model owns parameters (one flat buffer, see params.ts), gradients (same layout) and activations; the
  * optimizer state belongs to the trainer, the KV cache to the generator.
+ *
+ * Precision ('fp32' | 'bf16'): in bf16 the matrix products run on bf16 operands with fp32 accumulation. A training
+ * model keeps fp32 master weights (`params`, what the optimizer updates and checkpoints hold) and a bf16 compute copy
+ * (`weights`, what forward and backward read; AdamW refreshes it in the same launch); an inference model (teacher,
+ * evaluation, generation) holds its weights once, in bf16. Activations that feed a matrix product or attention
+ * (norm outputs, q/k/v, attention output, gate/up/SwiGLU, and their gradients) are bf16; the residual stream, its
+ * gradient, norm statistics, attention's lse, logits and all weight gradients stay fp32. Before a product that reads
+ * the fp32 residual gradient, it is converted into a bf16 scratch (dxB). In fp32 every buffer is fp32 and
+ * `weights` is `params`.
  */
-import type { Backend, Buf, IntBuf } from '../backend/backend.js';
+import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { ModelConfig } from './config.js';
 import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
@@ -22,7 +31,16 @@ export interface TransformerOptions {
   training: boolean;
   /** Label prefix for allocations (error messages and memory reports). */
   label?: string;
+  /** 'fp32' (default) or 'bf16' (see the module comment). */
+  precision?: Precision;
 }
+
+/** Storage precision of a model's weights and activations. */
+export type Precision = 'fp32' | 'bf16';
+export const PRECISIONS: readonly Precision[] = ['fp32', 'bf16'];
+
+/** The dtype of the buffers a model of this precision multiplies. */
+export function computeDtype(p: Precision): DType { return p === 'bf16' ? 'bf16' : 'f32'; }
 
 interface LayerActs {
   x: Buf; // layer input (residual stream) [N, C]
@@ -37,6 +55,8 @@ interface GradScratch {
   /** dL/d(final norm output) [N, C]: the LM head (in the step, chunk by chunk) accumulates into it. */
   dHidden: Buf;
   dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; dqPre: Buf; dkPre: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
+  /** dx converted to the compute dtype, as a matrix-product operand (dx itself in fp32). */
+  dxB: Buf;
 }
 
 export class Transformer {
@@ -46,13 +66,20 @@ export class Transformer {
   readonly batch: number;
   readonly seq: number;
   readonly training: boolean;
+  readonly precision: Precision;
+  /** The dtype of activations that feed matrix products, and of `weights`. */
+  readonly compute: DType;
+  /** The parameters: fp32 master weights when training (what the optimizer updates), else the only copy. */
   readonly params: Buf;
+  /** The weights forward and backward read: `params`, or its bf16 compute copy when training in bf16. */
+  readonly weights: Buf;
   readonly grads: Buf | null;
   /**
    * Full logits [batch·seq, vocab] for `forward()`, allocated on its first call. Training and evaluation never
    * allocate them: the step runs the LM head and the loss a chunk of rows at a time (src/train/head.ts).
    */
   private logitsBuf: Buf | null = null;
+  private dlogitsBuf: Buf | null = null;
 
   private readonly ids: IntBuf;
   private readonly acts: LayerActs[];
@@ -83,17 +110,25 @@ export class Transformer {
     const lab = opts.label ?? 'model';
     const c = config, N = batch * seq, C = c.hiddenSize;
     const Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-    this.params = backend.alloc(this.layout.total, `${lab} parameters`);
+    const precision = opts.precision ?? 'fp32';
+    if (!PRECISIONS.includes(precision)) throw new DistilleryError(`unknown precision ${String(precision)}`, `use one of ${PRECISIONS.join(', ')}`);
+    this.precision = precision;
+    const A = this.compute = computeDtype(precision);
+    this.params = backend.alloc(this.layout.total, `${lab} parameters`, training ? 'f32' : A);
+    this.weights = this.params.dtype === A ? this.params : backend.alloc(this.layout.total, `${lab} ${A} weights`, A);
     this.grads = training ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
-    this.layerW = this.layout.layers.map((w) => layerWeights(backend, this.params, w));
+    this.layerW = this.layout.layers.map((w) => layerWeights(backend, this.weights, w));
+    // SwiGLU's output is not kept per layer: the backward recomputes it from gate and up (one elementwise pass per
+    // layer) into this one buffer, which saves numLayers · N · intermediate elements (1.9 GB for Qwen2.5-0.5B at 8×1024).
+    const actShared = backend.alloc(N * I, `${lab} activations (swiglu, recomputed in backward)`, A);
     const makeActs = (i: number): LayerActs => {
-      const a = (n: number, what: string): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`);
+      const a = (n: number, what: string, d: DType = 'f32'): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`, d);
       return {
-        x: a(N * C, 'x'), ln1: a(N * C, 'ln1'), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q'), k: a(N * KV, 'k'),
-        v: a(N * KV, 'v'), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out'),
-        h: a(N * C, 'h'), ln2: a(N * C, 'ln2'), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate'), up: a(N * I, 'up'),
-        act: a(N * I, 'swiglu'),
+        x: a(N * C, 'x'), ln1: a(N * C, 'ln1', A), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q', A), k: a(N * KV, 'k', A),
+        v: a(N * KV, 'v', A), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out', A),
+        h: a(N * C, 'h'), ln2: a(N * C, 'ln2', A), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate', A), up: a(N * I, 'up', A),
+        act: actShared,
       };
     };
     // Inference keeps one set of activations for all layers; x alternates between two buffers.
@@ -105,25 +140,27 @@ export class Transformer {
       for (let l = 0; l < c.numLayers; l++) this.acts.push({ ...shared, x: l % 2 === 0 ? shared.x : other });
     }
     this.xFinal = backend.alloc(N * C, `${lab} activations (final x)`);
-    this.lnf = backend.alloc(N * C, `${lab} activations (final norm)`);
+    this.lnf = backend.alloc(N * C, `${lab} activations (final norm)`, A);
     this.rstdf = backend.alloc(N, `${lab} activations (final rstd)`);
     this.label = lab;
-    this.g = training
-      ? {
+    const gs = (n: number, what: string, d: DType = 'f32'): Buf => backend.alloc(n, `${lab} grad scratch ${what}`, d);
+    if (training) {
+      const dx = gs(N * C, 'dx');
+      this.g = {
         dHidden: backend.alloc(N * C, `${lab} grad of the final norm output`),
-        dx: backend.alloc(N * C, `${lab} grad scratch dx`), dln: backend.alloc(N * C, `${lab} grad scratch dln`),
-        dq: backend.alloc(N * Q, `${lab} grad scratch dq`), dk: backend.alloc(N * KV, `${lab} grad scratch dk`),
-        dv: backend.alloc(N * KV, `${lab} grad scratch dv`), dqPre: backend.alloc(N * Q, `${lab} grad scratch dq pre-rope`),
-        dkPre: backend.alloc(N * KV, `${lab} grad scratch dk pre-rope`), datt: backend.alloc(N * Q, `${lab} grad scratch datt`),
-        dact: backend.alloc(N * I, `${lab} grad scratch dact`), dgate: backend.alloc(N * I, `${lab} grad scratch dgate`),
-        dup: backend.alloc(N * I, `${lab} grad scratch dup`),
-      }
-      : null;
+        dx, dln: gs(N * C, 'dln'), dq: gs(N * Q, 'dq', A), dk: gs(N * KV, 'dk', A), dv: gs(N * KV, 'dv', A),
+        dqPre: gs(N * Q, 'dq pre-rope', A), dkPre: gs(N * KV, 'dk pre-rope', A), datt: gs(N * Q, 'datt', A),
+        dact: gs(N * I, 'dact'), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
+        dxB: A === 'f32' ? dx : gs(N * C, `dx (${A})`, A),
+      };
+    } else {
+      this.g = null;
+    }
   }
 
-  /** A view of one parameter tensor (or its gradient). */
+  /** A view of one tensor of the weights forward and backward read (`weights`: the compute copy in bf16 training). */
   p(t: TensorInfo): Buf {
-    return this.backend.view(this.params, t.offset, t.size);
+    return this.backend.view(this.weights, t.offset, t.size);
   }
   private gr(t: TensorInfo): Buf {
     return this.backend.view(this.grads!, t.offset, t.size);
@@ -141,6 +178,12 @@ export class Transformer {
       throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     }
     this.backend.upload(this.params, w);
+    this.syncWeights();
+  }
+
+  /** Refreshes the compute copy from the master weights (after anything but AdamW wrote `params`). */
+  syncWeights(): void {
+    if (this.weights !== this.params) this.backend.copy(this.weights, this.params);
   }
 
   getWeights(): Float32Array | Float64Array {
@@ -217,9 +260,17 @@ export class Transformer {
     if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
-    const N = b * t, C = this.config.hiddenSize, dh = this.v(this.g.dHidden, N * C);
+    const N = b * t, C = this.config.hiddenSize, dh = this.v(this.g.dHidden, N * C), V = this.config.vocabSize;
     this.backend.zero(dh);
-    this.backend.matmulBackward(dh, this.headGrad(), null, this.v(dlogits, N * this.config.vocabSize),
+    let dz = this.v(dlogits, N * V);
+    if (dz.dtype !== this.compute) {
+      // A bf16 model's head products take bf16 operands (tools and tests only: the step's chunked head does this itself).
+      this.dlogitsBuf ??= this.backend.alloc(this.batch * this.seq * V, `${this.label} dlogits (${this.compute})`, this.compute);
+      const conv = this.v(this.dlogitsBuf, N * V);
+      this.backend.copy(conv, dz);
+      dz = conv;
+    }
+    this.backend.matmulBackward(dh, this.headGrad(), null, dz,
       this.v(this.lnf, N * C), this.headWeight(), N, C, this.config.vocabSize);
     this.backwardHidden();
   }
@@ -245,7 +296,11 @@ export class Transformer {
       // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
       const dact = this.v(g.dact, N * I), dgate = this.v(g.dgate, N * I), dup = this.v(g.dup, N * I);
       be.zero(dact);
-      be.matmulBackward(dact, this.gr(w.wDown), null, dx, act, this.p(w.wDown), N, I, C);
+      // The residual gradient as a matrix-product operand: dx itself in fp32, its bf16 conversion in bf16.
+      const dxOp = g.dxB === g.dx ? dx : this.v(g.dxB, N * C);
+      if (dxOp !== dx) be.copy(dxOp, dx);
+      be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
+      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C);
       be.zero(dgate); be.zero(dup);
       be.swigluBackward(dgate, dup, dact, gate, up, N * I);
       be.zero(dln);
@@ -256,7 +311,8 @@ export class Transformer {
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
       be.zero(datt);
-      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dx, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
+      if (dxOp !== dx) be.copy(dxOp, dx);
+      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);

@@ -8,6 +8,7 @@
  * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend with the attention the
  * run's backend would pick (attentionFor(--tf32)): the pre-warm set.
  */
+import { resolvePrecision } from './precision.js';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -25,6 +26,8 @@ export interface DryRunKernel { family: string; params: Record<string, string | 
 export interface DryRunReport {
   mode: 'train' | 'distill';
   device: 'cpu' | 'cuda';
+  /** What the run would store and multiply in (--precision; auto = bf16 on cuda, fp32 on cpu). */
+  precision: 'bf16' | 'tf32' | 'fp32';
   batch: number;
   seq: number;
   student: Record<string, unknown>;
@@ -64,20 +67,22 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
   const tok = o.tokenizer ? Tokenizer.fromFile(o.tokenizer) : teacher?.tokenizer ?? init?.tokenizer ?? null;
   const cfg = studentConfig(o, tok ?? { vocabSize: o.vocabSize, eosId: undefined }, teacher, init);
   const { lossVocab: jobLossVocab } = runLossVocab(tok?.vocabSize ?? o.vocabSize, cfg, teacher?.config ?? null);
-  const job = runJobShape(o, cfg, teacher?.config ?? null, jobLossVocab);
+  const prec = resolvePrecision(o.precision, opts.tf32, o.device);
+  const job = runJobShape(o, cfg, teacher?.config ?? null, jobLossVocab, prec.model);
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
-  const bytes = estimateJobBytes({ student: cfg, teacher: teacher?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab });
+  const bytes = estimateJobBytes({ student: cfg, teacher: teacher?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab,
+    precision: prec.model });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
     const { attentionFor } = await import('../backend/cuda/cuda-backend.js');
     // The attention forward the run's backend would launch (createCudaBackend's rule), so the plan is its pre-warm.
-    kernels = planKernels(jobClosures(job), { attention: attentionFor(opts.tf32 === true) }).map((s) => ({
+    kernels = planKernels(jobClosures(job), { attention: attentionFor(prec.tf32) }).map((s) => ({
       family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),
     }));
   }
   return {
-    mode: o.mode, device: o.device, batch: o.batch, seq: o.seq, student: describeModel(cfg),
+    mode: o.mode, device: o.device, precision: prec.name, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
     head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(teacher ? [teacher.config.vocabSize] : []))), loss_vocab: lossVocab,
     device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
@@ -88,7 +93,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
 export function formatDryRun(r: DryRunReport): string {
   const m = (x: Record<string, unknown>): string => `${x.architecture} ${(Number(x.parameters) / 1e6).toFixed(1)}M parameters, vocab ${String(x.vocab_size)}`;
   const lines = [
-    `dry run: ${r.mode} on ${r.device}, batch ${r.batch} × seq ${r.seq}, loss ${r.loss}`,
+    `dry run: ${r.mode} on ${r.device} (${r.precision}), batch ${r.batch} × seq ${r.seq}, loss ${r.loss}`,
     `student   ${m(r.student)}`,
     ...(r.teacher ? [`teacher   ${m(r.teacher)}`] : []),
     `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,

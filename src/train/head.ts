@@ -48,10 +48,11 @@ export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_C
 
 /** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,
  * weights, stats). The memory estimate (src/model/memory.ts) uses the same numbers. */
-export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
-  // v: the GEMM width (headWidth).
+export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS,
+  bf16Grad = false): number {
+  // v: the GEMM width (headWidth). A bf16 student's dlogits chunk: half a float per element.
   const r = headChunkRows(n, v, chunkFloats);
-  return r * v * (withTeacher ? 2 : 1) + n * (2 + LOSS_STATS);
+  return r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0) + n * (2 + LOSS_STATS);
 }
 
 export class ChunkedHead {
@@ -61,6 +62,8 @@ export class ChunkedHead {
   readonly chunkRows: number;
   private readonly be: Backend;
   private readonly zs: Buf;
+  /** dlogits of a bf16 student (a bf16 operand of the head's backward products); null: written over zs in place. */
+  private readonly dz: Buf | null;
   private readonly zt: Buf | null;
   private readonly targets: IntBuf;
   private readonly weights: Buf;
@@ -80,6 +83,8 @@ export class ChunkedHead {
     this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats);
     this.zs = this.be.alloc(this.chunkRows * this.width, 'student logits (one chunk of rows)');
     this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)') : null;
+    this.dz = student.compute === 'f32' || !student.training ? null
+      : this.be.alloc(this.chunkRows * this.width, 'student dlogits (one chunk of rows)', student.compute);
     this.targets = this.be.allocInt(maxRows, 'loss targets');
     this.weights = this.be.alloc(maxRows, 'loss token weights');
     this.stats = this.be.alloc(maxRows * LOSS_STATS, 'loss statistics');
@@ -138,9 +143,10 @@ export class ChunkedHead {
         zt = be.view(this.zt, 0, rows * V);
         be.matmulForward(zt, be.view(ht, r0 * Ct, rows * Ct), wt, null, rows, Ct, V);
       }
-      be.lossForward(be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), grad ? zs : null, zs, zt,
+      const dz = this.dz ? be.view(this.dz, 0, rows * V) : zs;
+      be.lossForward(be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), grad ? dz : null, zs, zt,
         be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, this.lossVocab, this.spec, V);
-      if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, zs, hsRows, ws, rows, C, V);
+      if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
     }
     return be.download(be.view(this.stats, 0, n * LOSS_STATS));
   }

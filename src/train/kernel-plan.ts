@@ -8,7 +8,7 @@
  */
 import type { Backend, LossSpec } from '../backend/backend.js';
 import type { ModelConfig } from '../model/config.js';
-import { Transformer } from '../model/transformer.js';
+import { Transformer, type Precision } from '../model/transformer.js';
 import { Generator } from '../model/generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
 import { StepRunner, type Batch } from './step.js';
@@ -33,15 +33,18 @@ export interface JobShape {
   generateLen?: number;
   /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
   lossVocab?: number | undefined;
+  /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
+  precision?: Precision;
 }
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
-export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelConfig | null, lossVocab?: number): JobShape {
+export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelConfig | null, lossVocab?: number,
+  precision: Precision = 'fp32'): JobShape {
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
   return {
-    student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab,
+    student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };
 }
@@ -58,8 +61,9 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   const runs: Array<(b: Backend) => void> = [];
   if (j.train || j.evaluate) {
     runs.push((be) => {
-      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train) });
-      const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
+      const precision = j.precision ?? 'fp32';
+      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision });
+      const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
       const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab });
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
@@ -70,7 +74,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   if (j.generateLen && j.generateLen > 1) {
     const len = j.generateLen;
     runs.push((be) => {
-      const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false });
+      const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false, precision: j.precision ?? 'fp32' });
       const g = new Generator(m, len);
       g.step(Int32Array.from([0, 1].slice(0, Math.min(2, len - 1)))); // prefill
       g.step(Int32Array.of(2 % j.student.vocabSize)); // decode

@@ -34,13 +34,14 @@ export class AdamW {
   /** Applies one update with learning rate lr; gradients are multiplied by gradScale first. */
   update(lr: number, gradScale: number): void {
     this.step++;
-    const be = this.be, g = this.model.grads!, p = this.model.params;
+    const be = this.be, g = this.model.grads!, p = this.model.params, w = this.model.weights;
     for (const t of this.model.layout.tensors) {
       const view = (b: Buf): Buf => be.view(b, t.offset, t.size);
+      // A bf16 model's compute copy is refreshed in the same launch (fp32: the weights are the parameters).
       be.adamw(view(p), view(g), view(this.m), view(this.v), t.size, {
         lr, beta1: this.opts.beta1, beta2: this.opts.beta2, eps: this.opts.eps,
         weightDecay: t.decay ? this.opts.weightDecay : 0, step: this.step, gradScale,
-      });
+      }, w === p ? null : view(w));
     }
   }
 }

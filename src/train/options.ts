@@ -4,6 +4,7 @@
  * runTraining (run.ts) consumes it.
  */
 import type { DistillKind } from '../backend/backend.js';
+import type { PrecisionFlag } from './precision.js';
 
 export interface RunOptions {
   /** 'train': next-token cross-entropy only. 'distill': online teacher + the distillation loss. */
@@ -25,6 +26,8 @@ export interface RunOptions {
   /** Teacher checkpoint folder (distill). */
   teacher?: string | undefined;
   device: 'cpu' | 'cuda';
+  /** Storage and product precision (src/train/precision.ts): auto = bf16 on CUDA, fp32 on the CPU. */
+  precision: PrecisionFlag;
   /** CPU threads for matrix products (0 = all cores). */
   threads: number;
   batch: number;
@@ -67,6 +70,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   vocabSize: 512,
   model: 'tiny',
   device: 'cpu',
+  precision: 'auto',
   threads: 0,
   batch: 8,
   seq: 64,

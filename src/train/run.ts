@@ -54,6 +54,7 @@ import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
+import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
 
 export interface RunSummary {
@@ -159,10 +160,12 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     }
 
     // The backend first: a missing GPU is reported before any data work is done.
-    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, device: o.device, threads: o.threads });
+    // The precision first too: a contradictory --precision / --tf32 is a usage error before anything runs.
+    const prec = resolvePrecision(o.precision, hooks.backendOptions?.tf32, o.device);
+    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads });
     const ownBackend = !hooks.backend;
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved);
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec);
     } finally {
       if (ownBackend) backend.dispose();
     }
@@ -172,7 +175,7 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
-  latest: string, saved: SavedState | null): Promise<RunSummary> {
+  latest: string, saved: SavedState | null, prec: ResolvedPrecision): Promise<RunSummary> {
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
@@ -218,22 +221,23 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     generationConfig: extras?.generationConfig ?? null,
   };
   // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
-  const job = runJobShape(o, cfg, teacherCk?.config ?? null, lossVocab);
+  const precision = prec.model;
+  const job = runJobShape(o, cfg, teacherCk?.config ?? null, lossVocab, precision);
   const spec: LossSpec = job.loss!, adam = job.adam!;
-  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab });
+  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
   }
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student' });
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision });
   const teacher = teacherCk
-    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher' })
+    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision })
     : null;
   if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
   const runner = new StepRunner(student, teacher, spec, { lossVocab });
   const opt = new AdamW(student, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
-  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}`);
+  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
   log(`student: ${describeBaked(cfg)}`);
   if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);
 

@@ -42,14 +42,15 @@ test('distill --dry-run --json --device cuda: memory and the pre-warm plan from 
     '--loss', 'jsd', '--device', 'cuda', '--dry-run', '--json']);
   assert.equal(r.code, 0, r.err);
   assert.equal(fs.existsSync(out), false, 'a dry run creates no run folder');
-  const j = JSON.parse(r.out) as { device_bytes: number; kernels: Array<{ family: string; params: Record<string, unknown> }>; loss_vocab: number; teacher: { parameters: number } };
+  const j = JSON.parse(r.out) as { device_bytes: number; kernels: Array<{ family: string; params: Record<string, unknown> }>; loss_vocab: number; teacher: { parameters: number }; precision: string };
   assert.equal(j.loss_vocab, tcfg.vocabSize);
+  assert.equal(j.precision, 'bf16', 'bf16 is the CUDA default');
   // The student is the 'tiny' preset sized to the teacher's vocabulary.
   const { presetConfig } = await import('../../src/model/config.js');
   const student = presetConfig('tiny', tcfg.vocabSize);
-  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: tcfg, batch: 2, seq: 16, training: true }));
+  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: tcfg, batch: 2, seq: 16, training: true, precision: 'bf16' }));
   const plan = planKernels(jobClosures({ student, teacher: tcfg, batch: 2, seq: 16, train: true, evaluate: true,
-    loss: { kind: 'jsd', alpha: 0.5, temperature: 1, beta: 0.5 } }));
+    loss: { kind: 'jsd', alpha: 0.5, temperature: 1, beta: 0.5 }, precision: 'bf16' }));
   assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
   assert.ok(j.kernels.some((k) => k.family === 'loss' && k.params.kind === 'jsd'));
 });
@@ -103,11 +104,11 @@ test('distill --dry-run --device cuda: a student and a teacher of different voca
   const j = JSON.parse(r.out) as { loss_vocab: number; kernels: Array<{ family: string; params: Record<string, unknown> }> };
   assert.equal(j.loss_vocab, size);
   const plan = planKernels(jobClosures({ student: studentCfg, teacher: cfg, batch: 2, seq: 16, train: true, evaluate: true, lossVocab: size,
-    loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 } }));
+    loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, precision: 'bf16' }));
   assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
 });
 
-test('distill --dry-run --device cuda --tf32 plans the tensor-core attention forward the run pre-warms; without --tf32 the fp32 one', async () => {
+test('distill --dry-run --device cuda --tf32 plans the tensor-core attention forward the run pre-warms; --precision fp32 the fp32 one', async () => {
   const base = ['distill', '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run5'), '--model', 'tiny', '--batch', '2', '--seq', '16',
     '--device', 'cuda', '--dry-run', '--json'];
   const families = async (argv: string[]): Promise<string[]> => {
@@ -118,7 +119,10 @@ test('distill --dry-run --device cuda --tf32 plans the tensor-core attention for
   const tf32 = await families([...base, '--tf32']);
   assert.ok(tf32.includes('attention_fwd_mma'), tf32.join(' '));
   assert.ok(!tf32.includes('attention_fwd'), tf32.join(' '));
-  const fp32 = await families(base);
+  const fp32 = await families([...base, '--precision', 'fp32']);
+  const contra = await run([...base, '--precision', 'bf16', '--tf32']);
+  assert.equal(contra.code, 2);
+  assert.match(contra.err, /--tf32 contradicts --precision bf16/);
   assert.ok(fp32.includes('attention_fwd'), fp32.join(' '));
   assert.ok(!fp32.includes('attention_fwd_mma'), fp32.join(' '));
 });

@@ -250,15 +250,18 @@ export const LLAMA_1B_LIKE: ModelConfig = {
   rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 131072, qkvBias: false,
 };
 
-/** The real plans: what `distillery distill/train/generate/eval` pre-warm for these models. */
+/**
+ * The real plans: what `distillery distill/train/generate/eval` pre-warm for these models, in fp32 and in bf16 (the
+ * CUDA default precision).
+ */
 export function realPlans(): KernelSpec[] {
-  return planKernels([
+  return planKernels((['fp32', 'bf16'] as const).flatMap((precision) => [
     ...jobClosures({
       student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256,
-      loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256,
+      loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256, precision,
     }),
-    ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512 }),
-  ]);
+    ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512, precision }),
+  ]));
 }
 
 /**

@@ -23,6 +23,7 @@ import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { describeRope } from '../rope.js';
 import { jobClosures, type JobShape } from '../../train/kernel-plan.js';
+import { resolvePrecision, type PrecisionFlag, type ResolvedPrecision } from '../../train/precision.js';
 import { DEFAULT_RUN_OPTIONS as D } from '../../train/options.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
@@ -83,14 +84,19 @@ export function jobFromArgs(a: Args): JobShape {
   const lossVocab = teacher && teacher.vocabSize !== student.vocabSize ? Math.min(teacher.vocabSize, student.vocabSize) : undefined;
   return {
     student, teacher, batch, seq, loss, train: true, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}),
-    adam: adamFromArgs(a),
+    adam: adamFromArgs(a), precision: precisionFromArgs(a).model,
     generateLen: Math.min(student.maxPositionEmbeddings, Math.max(seq, 2)),
   };
 }
 
+/** --precision / --tf32 as a CUDA run resolves them (auto = bf16). */
+function precisionFromArgs(a: Args): ResolvedPrecision {
+  return resolvePrecision(str(a, 'precision') as PrecisionFlag | undefined, a.tf32 === true ? true : undefined, 'cuda');
+}
+
 /** The attention forward the job's backend runs: --tf32 picks the tensor-core one, as createCudaBackend does. */
 export function planOptionsFromArgs(a: Args): { attention: 'simt' | 'mma' } {
-  return { attention: attentionFor(a.tf32 === true) };
+  return { attention: attentionFor(precisionFromArgs(a).tf32) };
 }
 
 const sourceHash = (s: KernelSpec): string => createHash('sha256').update(s.source()).digest('hex');

@@ -32,7 +32,8 @@ const FLAGS: FlagSpec[] = [
   { name: 'arch', kind: 'string', metavar: '<sm_XX>', description: 'GPU architecture for keys and compiles (warm: default the GPU\'s; plan: sm_90)' },
   { name: 'cache-dir', kind: 'string', metavar: '<dir>', description: 'kernel cache folder (default: the CUDA backend\'s)' },
   { name: 'kernel-cache-dir', kind: 'string', metavar: '<dir>', description: 'same as --cache-dir (the name train, distill, eval and generate use)' },
-  { name: 'tf32', kind: 'boolean', description: 'plan for a run with --tf32 (its attention forward runs on TF32 tensor cores: attention_fwd_mma)' },
+  { name: 'precision', kind: 'string', choices: ['auto', 'bf16', 'tf32', 'fp32'], description: 'plan for a run with this --precision (auto = bf16, as a CUDA run)' },
+  { name: 'tf32', kind: 'boolean', description: 'plan for a run with --tf32 (= --precision tf32: its attention forward runs on TF32 tensor cores: attention_fwd_mma)' },
   { name: 'json', kind: 'boolean', description: 'machine-readable output' },
   { name: 'verbose', kind: 'boolean', description: 'one line per kernel' },
 ];
