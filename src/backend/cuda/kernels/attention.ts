@@ -722,7 +722,7 @@ export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_FWD_KT}
 #define VSTR (BK + 8)
-extern "C" __global__ void __launch_bounds__(NT) attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
+extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
                                                                    const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;  /* [BK][STR]; the Q tile [BQ][STR] is staged here first */
@@ -837,7 +837,7 @@ export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
 #define KTSTR (KT + 8)
-extern "C" __global__ void __launch_bounds__(NT) attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
+extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
     const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;   /* [KT][STR] */
@@ -944,7 +944,7 @@ export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; 
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
 #define QTSTR (QT + 8)
-extern "C" __global__ void __launch_bounds__(NT) attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
+extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
     const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
