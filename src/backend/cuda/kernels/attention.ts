@@ -19,6 +19,32 @@
  *   diagonal down of each query head of its split of the GQA group, dK += Σ dS_ij q_i, dV += Σ P_ij dout_i in
  *   registers (a warp owns 32/NW keys, a lane owns head dims); S > 1 writes per-split partials that
  *   attention_dkv_reduce sums in split order. No atomics anywhere: the backward is bit-for-bit deterministic.
+ * Every float operand of these SIMT kernels (q, k, v, out, dout, dq, dk, dv, the KV caches) is f32 or bf16, baked per
+ * operand (DTYPE_DOMAIN params; ldf/stf from spec.ts): tiles are staged as float, math is fp32, a bf16 output is
+ * rounded once (a gradient: read, add in float, round). lse and the D scratch are always f32.
+ *
+ * bf16 TENSOR-CORE FLASH ATTENTION (training; used by CudaBackend whenever q, k, v (and dout) are bf16 and the head
+ * dim is a multiple of 16 up to 128; FlashAttention-2 style; mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 by
+ * inline PTX, fp32 accumulation, header-free). All three kernels: 128 threads = 4 warps, each warp owns 16 rows (query
+ * rows, or keys for dK/dV), operands staged in dynamic shared memory as bf16 with rows padded by 8 elements (16 bytes:
+ * conflict-free 32-bit fragment loads), the operands that a product runs over keys/queries staged transposed (no
+ * ldmatrix, no shuffles: an accumulator pair packs straight into the next product's A fragment). Row tiles are read
+ * from global memory with 16-byte loads (the backend checks 16-byte alignment of q, k, v, dout).
+ * - attention_fwd_bf16: grid (ceil(T/64), nH, B); Q fragments in registers; key tiles of 64 (K row-major, V
+ *   transposed: 2·(64·(HD+8) + HD·72) bytes: 18 KiB at hd 64, 35 KiB at hd 128); S = Q·Kᵀ, online softmax in the log2
+ *   domain on the fragments (quad shuffles), P → bf16 A fragments, O += P·V; causal: tiles above the diagonal skipped,
+ *   only the diagonal tile masked. out f32 or bf16, lse f32 (natural log).
+ * - attention_bwd_pre (the SIMT pre-pass, bf16 dout/out) → D; attention_bwd_dq_bf16: grid (ceil(T/64), nH, B); Q and
+ *   dout fragments in registers, key tiles of 64 (32 at hd > 64: registers), K row-major + transposed and V
+ *   row-major; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
+ * - attention_bwd_dkv_bf16: grid (ceil(T/64), nKv·S, B); the block's 64 keys (K, V row-major in shared memory, A
+ *   fragments re-read per k-step) walk the query tiles (64 rows, 32 at hd > 64; Q, dout row-major + transposed, lse
+ *   and D) from the diagonal down, for each query head of its GQA split in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
+ *   dK += dSᵀ·Q; S = 1 adds into dk/dv (f32 or bf16), S > 1 writes f32 partials for attention_dkv_reduce (same
+ *   split rule and fixed-order sum as the SIMT path: deterministic, atomic-free).
+ * ptxas (nvcc 13, sm_90): forward 121 / 168 registers (hd 64 / 128), dQ 146 / 175, dK/dV 199 / 238; no spills.
+ * Shared memory: faSmem() (dK/dV at hd 64: 55808 bytes, hd 128: 72960: opted in above 48 KiB).
+ * Not yet done (bench first): ldmatrix / cp.async double buffering, skipping fully masked atoms on the diagonal.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
