@@ -7,7 +7,8 @@
  * through per-warp slots and rebuild the 16×16 A and 16×8 B tiles from the 32 lanes' registers with the PTX ISA
  * fragment layouts (g = lane >> 2, t = lane & 3: A a0 (g, 2t..2t+1) a1 (g+8, ..) a2 (g, 2t+8..) a3 (g+8, 2t+8..);
  * B b0 (k 2t..2t+1, n g) b1 (k 2t+8.., n g); C c0 c1 (g, 2t..) c2 c3 (g+8, 2t..)), so a wrong fragment index in a kernel
- * gives wrong numbers here. The inline PTX (mma, cvt.rn.bf16) is replaced by host equivalents (round to nearest even).
+ * gives wrong numbers here; ldmatrix.x2.trans likewise (lane 8m + r addresses row r of matrix m, lane 4r + w receives
+ * elements [2w][r], [2w+1][r]). The inline PTX (mma, ldmatrix, cvt.rn.bf16) is replaced by host equivalents.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -103,6 +104,18 @@ inline void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
   auto dot = [&](int row, int col) { float s = 0; for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col]; return s; };
   c[0] += dot(g, 2 * t); c[1] += dot(g, 2 * t + 1); c[2] += dot(g + 8, 2 * t); c[3] += dot(g + 8, 2 * t + 1);
 }
+const void* g_xp[32][32];
+/* ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 8m + r address row r of matrix m; lane 4r + w receives word w of
+   row r of the TRANSPOSED matrix m, i.e. elements [2w][r] (low half) and [2w + 1][r] of the stored matrix */
+inline void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xp[w][l] = p; warpsync();
+  int r = l >> 2, c = l & 3;
+  auto M = [&](int m, int row, int col) -> unsigned { return ((const bf16*)g_xp[w][m * 8 + row])[col]; };
+  b0 = M(0, 2 * c, r) | (M(0, 2 * c + 1, r) << 16);
+  b1 = M(1, 2 * c, r) | (M(1, 2 * c + 1, r) << 16);
+  warpsync();
+}
 template <class F> void launch(dim3e grid, int block, size_t smem, F f) {
   gridDim = grid;
   std::vector<unsigned char> sm(smem + 16);
@@ -138,6 +151,7 @@ function hostify(src: string): string {
   s = s.replace(/__device__ __forceinline__ unsigned pack2\(float lo, float hi\) \{\n[^\n]*\n\}\n/,
     'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
   s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
+  s = s.replace(/\/\* ldmatrix\.x2\.trans of two 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
   s = s.replace('extern __shared__ __align__(16) unsigned char smraw[];', 'unsigned char* smraw = g_smem;');
   s = s.replace('extern __shared__ float smem[];', 'float* smem = (float*)g_smem;');
   assert.doesNotMatch(s, /asm\(/, 'inline PTX left after hostify');

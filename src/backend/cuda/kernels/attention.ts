@@ -27,24 +27,24 @@
  * dim is a multiple of 16 up to 128; FlashAttention-2 style; mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 by
  * inline PTX, fp32 accumulation, header-free). All three kernels: 128 threads = 4 warps, each warp owns 16 rows (query
  * rows, or keys for dK/dV), operands staged in dynamic shared memory as bf16 with rows padded by 8 elements (16 bytes:
- * conflict-free 32-bit fragment loads), the operands that a product runs over keys/queries staged transposed (no
- * ldmatrix, no shuffles: an accumulator pair packs straight into the next product's A fragment). Row tiles are read
- * from global memory with 16-byte loads (the backend checks 16-byte alignment of q, k, v, dout).
- * - attention_fwd_bf16: grid (ceil(T/64), nH, B); Q fragments in registers; key tiles of 64 (K row-major, V
- *   transposed: 2·(64·(HD+8) + HD·72) bytes: 18 KiB at hd 64, 35 KiB at hd 128); S = Q·Kᵀ, online softmax in the log2
+ * conflict-free 32-bit fragment loads and ldmatrix rows), all row-major: where a product runs over keys or queries
+ * (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) its B fragments come from ldmatrix.x2.trans; no shuffles: an accumulator pair packs straight
+ * into the next product's A fragment. Row tiles are read from global memory with 16-byte loads and stored to shared
+ * memory with 16-byte stores (the backend checks 16-byte alignment of q, k, v, dout).
+ * - attention_fwd_bf16: grid (ceil(T/64), nH, B); Q fragments in registers; key tiles of 64 (K and V: 4·64·(HD+8)
+ *   bytes: 18 KiB at hd 64, 34 KiB at hd 128); S = Q·Kᵀ, online softmax in the log2
  *   domain on the fragments (quad shuffles), P → bf16 A fragments, O += P·V; causal: tiles above the diagonal skipped,
  *   only the diagonal tile masked. out f32 or bf16, lse f32 (natural log).
  * - attention_bwd_pre (the SIMT pre-pass, bf16 dout/out) → D; attention_bwd_dq_bf16: grid (ceil(T/64), nH, B); Q and
- *   dout fragments in registers, key tiles of 64 (32 at hd > 64: registers), K row-major + transposed and V
- *   row-major; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
+ *   dout fragments in registers, key tiles of 64 (32 at hd > 64: registers) of K and V; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
  * - attention_bwd_dkv_bf16: grid (ceil(T/64), nKv·S, B); the block's 64 keys (K, V row-major in shared memory, A
- *   fragments re-read per k-step) walk the query tiles (64 rows, 32 at hd > 64; Q, dout row-major + transposed, lse
- *   and D) from the diagonal down, for each query head of its GQA split in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
+ *   fragments re-read per k-step) walk the query tiles (64 rows, 32 at hd > 64; Q, dout, lse and D) from the diagonal down, for each query head of its GQA split in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
  *   dK += dSᵀ·Q; S = 1 adds into dk/dv (f32 or bf16), S > 1 writes f32 partials for attention_dkv_reduce (same
  *   split rule and fixed-order sum as the SIMT path: deterministic, atomic-free).
- * ptxas (nvcc 13, sm_90): forward 121 / 168 registers (hd 64 / 128), dQ 146 / 175, dK/dV 199 / 238; no spills.
- * Shared memory: faSmem() (dK/dV at hd 64: 55808 bytes, hd 128: 72960: opted in above 48 KiB).
- * Not yet done (bench first): ldmatrix / cp.async double buffering, skipping fully masked atoms on the diagonal.
+ * ptxas (nvcc 13, sm_90): forward 186 / 246 registers (hd 64 / 128), dQ 136 / 220, dK/dV 192 / 234; no spills.
+ * Shared memory: faSmem() (forward and dQ 18432 / 34816 bytes, dK/dV 37376 / 52480: opted in above 48 KiB).
+ * Not yet done (bench first): cp.async double buffering, ldmatrix for the A/B fragments read with 32-bit loads,
+ * skipping fully masked atoms on the diagonal tile, 8-warp blocks.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
@@ -659,9 +659,9 @@ export type FaKind = 'fwd' | 'dq' | 'dkv';
 export function faSmem(kind: FaKind, hd: number): number {
   const str = hd + 8, it = faInnerTile(hd);
   switch (kind) {
-    case 'fwd': return 2 * (FA_FWD_KT * str + hd * (FA_FWD_KT + 8));
-    case 'dq': return 2 * Math.max(2 * it * str + hd * (it + 8), 2 * FA_QUERY_TILE * str);
-    case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 2 * it * str + 2 * hd * (it + 8)) + 8 * it;
+    case 'fwd': return 2 * (2 * FA_FWD_KT * str);
+    case 'dq': return 2 * Math.max(2 * it * str, 2 * FA_QUERY_TILE * str);
+    case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 2 * it * str) + 8 * it;
   }
 }
 
@@ -673,8 +673,10 @@ export function faSmem(kind: FaKind, hd: number): number {
  * (row g+8, same). So the C fragments of two adjacent n-atoms (8 columns each) are, packed pairwise to bf16, exactly
  * the A fragment of one 16-wide k-step: P and dS go from the accumulators to the next product without shuffles.
  * Tiles in shared memory are bf16, row stride (cols + 8): a fragment load (row g, 32-bit word t) hits 32 distinct banks.
- * A B operand B[k][n] is read from an [n][k] tile (k contiguous): K for S = Q·Kᵀ, V for dP = dO·Vᵀ, Kᵀ/Vᵀ/Qᵀ/dOᵀ
- * (staged transposed) where the product runs over keys or queries.
+ * A B operand B[k][n] is read from an [n][k] tile (k contiguous) with 32-bit loads (fragB: K for S = Q·Kᵀ, V for
+ * dP = dO·Vᵀ, Q and dout for the dK/dV kernel's Sᵀ and dPᵀ), or from a row-major [k][n] tile with ldmatrix .trans
+ * (fragBt: V for O += P·V, K for dQ += dS·K, dout and Q for dV += Pᵀ·dO and dK += dSᵀ·Q): .x2 .trans hands lane
+ * (g, t) the elements [2t][g], [2t+1][g] of each 8×8 matrix, exactly b0 (keys 0..7) and b1 (keys 8..15).
  */
 function faPrelude(hd: number): string {
   return `#define HD ${hd}
@@ -710,26 +712,28 @@ __device__ __forceinline__ void fragB(unsigned& b0, unsigned& b1, const bf16* sh
   b0 = ld32(sh + (n0 + g) * str + c + 2 * t);
   b1 = ld32(sh + (n0 + g) * str + c + 2 * t + 8);
 }
+/* ldmatrix.x2.trans of two 8×8 bf16 matrices whose rows lanes 0..7 and 8..15 address (16-byte aligned rows) */
+__device__ __forceinline__ void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
+  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %2; cvt.u32.u64 s, a; "
+               "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [s]; }"
+               : "=r"(b0), "=r"(b1) : "l"(p));
+}
+/* the B fragment B[k][n] = sh[k0 + k][n0 + n] (k 0..15, n 0..7) of a row-major [k][n] bf16 tile of row stride str */
+__device__ __forceinline__ void fragBt(unsigned& b0, unsigned& b1, const bf16* sh, int str, int k0, int n0) {
+  ldsmT2(b0, b1, sh + (k0 + (threadIdx.x & 15)) * str + n0);
+}
 /* the A fragment of a k-step from the C fragments of n-atoms lo (cols 0..7) and hi (cols 8..15), rounded to bf16 */
 __device__ __forceinline__ void packA(unsigned* a, const float* lo, const float* hi) {
   a[0] = pack2(lo[0], lo[1]); a[1] = pack2(lo[2], lo[3]); a[2] = pack2(hi[0], hi[1]); a[3] = pack2(hi[2], hi[3]);
 }
 /* rows [r0, r0 + nrows) of a bf16 matrix (row r at base + r·stride, HD elements, 16-byte aligned) into the row-major
-   tile sh[nrows][STR] and/or the transposed tile sht[HD][tstr] (either may be null); zeros past T */
-__device__ __forceinline__ void stageRows(bf16* sh, bf16* sht, int tstr, const bf16* base, long long stride, int r0, int nrows, int T) {
+   tile sh[nrows][STR], 16 bytes per load and store; zeros past T */
+__device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long stride, int r0, int nrows, int T) {
   for (int x = threadIdx.x; x < nrows * (HD / 8); x += NT) {
     const int r = x / (HD / 8), c = (x - r * (HD / 8)) * 8;
     uint4 val = make_uint4(0u, 0u, 0u, 0u);
     if (r0 + r < T) val = *(const uint4*)(base + (long long)(r0 + r) * stride + c);
-    if (sh) *(uint4*)(sh + r * STR + c) = val;
-    if (sht) {
-      const unsigned w[4] = {val.x, val.y, val.z, val.w};
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        sht[(c + 2 * e) * tstr + r] = (bf16)(w[e] & 0xffffu);
-        sht[(c + 2 * e + 1) * tstr + r] = (bf16)(w[e] >> 16);
-      }
-    }
+    *(uint4*)(sh + r * STR + c) = val;
   }
 }`;
 }
@@ -737,7 +741,7 @@ __device__ __forceinline__ void stageRows(bf16* sh, bf16* sht, int tstr, const b
 /**
  * bf16 tensor-core training forward (q, k, v bf16; out f32 or bf16; lse f32, natural log). Grid (ceil(T / 64), nH, B),
  * block 128, dynamic shared memory faSmem('fwd'). A warp owns 16 query rows: Q as A fragments in registers, O as
- * HD/8 accumulator tiles. Per key tile of 64 (K row-major, V transposed in shared memory): S = Q·Kᵀ (8 n-atoms ×
+ * HD/8 accumulator tiles. Per key tile of 64 (K and V row-major in shared memory): S = Q·Kᵀ (8 n-atoms ×
  * HD/16 k-steps), online softmax in the log2 domain on the accumulators (a row's scores live in one quad: max and sum
  * by two xor-shuffles), P packed to bf16 A fragments in registers, O += P·V. Tiles above the diagonal are never
  * visited; only the diagonal tile is masked.
@@ -747,19 +751,18 @@ export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_FWD_KT}
-#define VSTR (BK + 8)
 extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
                                                                    const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;  /* [BK][STR]; the Q tile [BQ][STR] is staged here first */
-  bf16* Vt = Ks + BK * STR; /* [HD][VSTR]: the V tile, transposed */
+  bf16* Vs = Ks + BK * STR; /* [BK][STR] */
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
   const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
   const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
-  stageRows(Ks, 0, 0, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRows(Ks, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   __syncthreads();
   const int rw = warp * 16; /* the warp's first row in the tile */
   unsigned qa[KS][4];
@@ -772,8 +775,8 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
   for (int j0 = 0; j0 < iEnd; j0 += BK) {
     __syncthreads(); /* the Q staging / previous K and V tiles are no longer read */
-    stageRows(Ks, 0, 0, kb, ks, j0, BK, T);
-    stageRows(0, Vt, VSTR, vb, ks, j0, BK, T);
+    stageRows(Ks, kb, ks, j0, BK, T);
+    stageRows(Vs, vb, ks, j0, BK, T);
     __syncthreads();
     float sc[BK / 8][4];
 #pragma unroll
@@ -827,7 +830,7 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
 #pragma unroll
       for (int n = 0; n < NO; n++) {
         unsigned b0, b1;
-        fragB(b0, b1, Vt, VSTR, 8 * n, 16 * kk);
+        fragBt(b0, b1, Vs, STR, 16 * kk, 8 * n);
         mma16(o[n], pa, b0, b1);
       }
     }
@@ -854,7 +857,7 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
  * bf16 tensor-core dQ (q, k, v, dout bf16; dq f32 or bf16, accumulated: read, add, store). Grid (ceil(T / 64), nH, B),
  * block 128, dynamic shared memory faSmem('dq'); D = rowsum(dout ∘ out) comes from attention_bwd_pre. A warp owns 16
  * query rows (Q and dout as A fragments in registers, dQ as accumulators); per key tile (64 keys, 32 at hd > 64: K
- * row-major and transposed, V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
+ * and V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
  * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end.
  */
 export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>({
@@ -862,13 +865,11 @@ export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
-#define KTSTR (KT + 8)
 extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
     const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;   /* [KT][STR] */
   bf16* Vs = Ks + KT * STR;  /* [KT][STR] */
-  bf16* Kt = Vs + KT * STR;  /* [HD][KTSTR]: the K tile, transposed */
   bf16* Qst = (bf16*)smraw;  /* staging before the key loop: Q [BQ][STR], then dout [BQ][STR] */
   bf16* Dst = Qst + BQ * STR;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
@@ -877,8 +878,8 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
   const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
-  stageRows(Qst, 0, 0, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
-  stageRows(Dst, 0, 0, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRows(Qst, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRows(Dst, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   __syncthreads();
   const int rw = warp * 16;
   unsigned qa[KS][4], da[KS][4];
@@ -894,8 +895,8 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
   for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
   for (int j0 = 0; j0 < iEnd; j0 += KT) {
     __syncthreads(); /* the staging / previous K and V tiles are no longer read */
-    stageRows(Ks, Kt, KTSTR, kb, ks, j0, KT, T);
-    stageRows(Vs, 0, 0, vb, ks, j0, KT, T);
+    stageRows(Ks, kb, ks, j0, KT, T);
+    stageRows(Vs, vb, ks, j0, KT, T);
     __syncthreads();
     float sc[KT / 8][4], dp[KT / 8][4];
 #pragma unroll
@@ -931,7 +932,7 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
 #pragma unroll
       for (int n = 0; n < NO; n++) {
         unsigned b0, b1;
-        fragB(b0, b1, Kt, KTSTR, 8 * n, 16 * kk);
+        fragBt(b0, b1, Ks, STR, 16 * kk, 8 * n);
         mma16(acc[n], sa, b0, b1);
       }
     }
@@ -961,7 +962,7 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
  * 128, dynamic shared memory faSmem('dkv'). The block's 64 keys of one kv head (K and V row-major in shared memory; a
  * warp owns 16 keys, dK and dV as accumulators) walk the query tiles (64 rows, 32 at hd > 64) from the diagonal down,
  * for each query head of the block's split of the GQA group in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ·scale − lse),
- * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major and transposed). S = 1 adds scale·dK and
+ * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major). S = 1 adds scale·dK and
  * dV into dk/dv; S > 1 writes per-split f32 partials that attention_dkv_reduce sums in split order (as attention_bwd_dkv).
  */
 export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt }>({
@@ -969,7 +970,6 @@ export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; 
   generate: (p) => `${faPrelude(p.headDim)}
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
-#define QTSTR (QT + 8)
 extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
     const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -977,9 +977,7 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
   bf16* Vs = Ks + BKV * STR;    /* [BKV][STR] */
   bf16* Qs = Vs + BKV * STR;    /* [QT][STR] */
   bf16* Os = Qs + QT * STR;     /* [QT][STR] dout */
-  bf16* Qt = Os + QT * STR;     /* [HD][QTSTR] Q transposed */
-  bf16* Ot = Qt + HD * QTSTR;   /* [HD][QTSTR] dout transposed */
-  float* Ls = (float*)(Ot + HD * QTSTR); /* [QT] lse · log2(e) */
+  float* Ls = (float*)(Os + QT * STR); /* [QT] lse · log2(e) */
   float* Dm = Ls + QT;          /* [QT] D */
   /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
   const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
@@ -987,8 +985,8 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
   const int j0 = blockIdx.x * BKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  stageRows(Ks, 0, 0, k + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
-  stageRows(Vs, 0, 0, v + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
+  stageRows(Ks, k + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
+  stageRows(Vs, v + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
   const int rw = warp * 16;
   const int jA = j0 + rw + g, jB = jA + 8; /* the keys of this lane's accumulator elements 0, 1 and 2, 3 */
   float adk[NO][4], adv[NO][4];
@@ -1006,8 +1004,8 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
     /* only query rows i >= j0 see any of the block's keys */
     for (int i0 = j0; i0 < T; i0 += QT) {
       __syncthreads(); /* K and V staged; the previous Q and dout tiles are no longer read */
-      stageRows(Qs, Qt, QTSTR, qb, qs, i0, QT, T);
-      stageRows(Os, Ot, QTSTR, ob, qs, i0, QT, T);
+      stageRows(Qs, qb, qs, i0, QT, T);
+      stageRows(Os, ob, qs, i0, QT, T);
       for (int x = threadIdx.x; x < QT; x += NT) {
         const int i = i0 + x;
         Ls[x] = i < T ? lb[i] * LOG2E : 0.0f;
@@ -1056,9 +1054,9 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
 #pragma unroll
         for (int n = 0; n < NO; n++) {
           unsigned b0, b1;
-          fragB(b0, b1, Ot, QTSTR, 8 * n, 16 * kk);
+          fragBt(b0, b1, Os, STR, 16 * kk, 8 * n);
           mma16(adv[n], pa, b0, b1);
-          fragB(b0, b1, Qt, QTSTR, 8 * n, 16 * kk);
+          fragBt(b0, b1, Qs, STR, 16 * kk, 8 * n);
           mma16(adk[n], sa, b0, b1);
         }
       }
