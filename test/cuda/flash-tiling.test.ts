@@ -11,7 +11,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   ATTN_KEY_TILE, MMA_KEY_TILE, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, mmaForwardSmem, attentionBackwardKv, attentionBackwardPre, attentionForward, attnTile,
+  attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim,
 } from '../../src/backend/cuda/kernels/attention.js';
+import type { KernelFamily, ParamRecord } from '../../src/backend/cuda/kernels/spec.js';
 import { ATTN_BLOCK, CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
@@ -178,13 +180,24 @@ for (const [B, T, nH, nKv, HD] of [[1, 1, 2, 1, 64], [2, 31, 4, 2, 64], [1, 70, 
 }
 
 test('the training attention kernels use no atomics (a deterministic backward by construction) and no [T, T] state', () => {
+  const families: Array<KernelFamily<ParamRecord>> = [attentionForward, attentionBackwardPre, attentionBackward, attentionBackwardKv,
+    attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16] as unknown as Array<KernelFamily<ParamRecord>>;
+  let checked = 0;
   for (const hd of [32, 64, 80, 96, 128, 256]) {
-    for (const f of [attentionForward, attentionBackwardPre, attentionBackward, attentionBackwardKv]) {
-      const src = f.make({ headDim: hd, block: f === attentionBackwardPre ? 256 : ATTN_BLOCK }).source();
-      assert.doesNotMatch(src, /atomic/i, `${f.name} hd ${hd}`);
-      assert.doesNotMatch(src, /\bprobs\b|T \* T/, `${f.name} hd ${hd}`);
+    for (const f of families) {
+      if (f.name.endsWith('_bf16') && !bf16MmaHeadDim(hd)) continue;
+      for (const dt of ['f32', 'bf16']) {
+        const p: ParamRecord = { headDim: hd };
+        if ('block' in f.schema) p.block = f === (attentionBackwardPre as unknown) ? 256 : ATTN_BLOCK;
+        for (const k of Object.keys(f.schema)) if (k !== 'headDim' && k !== 'block') p[k] = dt;
+        const src = f.make(p).source();
+        assert.doesNotMatch(src, /atomic/i, `${f.name} hd ${hd}`);
+        assert.doesNotMatch(src, /\bprobs\b|T \* T/, `${f.name} hd ${hd}`);
+        checked++;
+      }
     }
   }
+  assert.ok(checked >= 50);
 });
 
 test('device launches on a fake driver: each tiled kernel gets its dynamic shared memory, opted in once above 48 KiB', () => {

@@ -177,6 +177,30 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
   };
 }
 
+/**
+ * The attention ops of a bf16 (mixed-precision) step, as the model runs them: q, k, v, the attention output and its
+ * gradients bf16 (lse f32), then bf16 generation (bf16 KV caches). With a head dim the tensor-core kernels take
+ * (multiple of 16, at most 128) the plan holds attention_fwd_bf16 / attention_bwd_dq_bf16 / attention_bwd_dkv_bf16;
+ * with another (e.g. 40) the SIMT kernels with bf16 operands. Kept apart from allOpsStep (non-attention bf16 ops
+ * have their own step) so the trace, plan and compile-gate tests see every attention kernel a bf16 run launches.
+ */
+export function attentionOpsBf16(d: ToyDims): (b: Backend) => void {
+  return (b) => {
+    const n = d.B * d.T;
+    const q = b.alloc(n * d.nH * d.hd, 'q', 'bf16'), k = b.alloc(n * d.nKv * d.hd, 'k', 'bf16'), v = b.alloc(n * d.nKv * d.hd, 'v', 'bf16');
+    const lse = b.alloc(d.B * d.nH * d.T, 'lse'), att = b.alloc(n * d.nH * d.hd, 'att', 'bf16');
+    b.attentionForward(att, lse, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
+    const dq = b.alloc(q.length, 'dq', 'bf16'), dk = b.alloc(k.length, 'dk', 'bf16'), dv = b.alloc(v.length, 'dv', 'bf16');
+    const datt = b.alloc(att.length, 'datt', 'bf16');
+    b.attentionBackward(dq, dk, dv, datt, q, k, v, att, lse, d.B, d.T, d.nH, d.nKv, d.hd);
+    const tMax = d.T + 4;
+    const kc = b.alloc(d.B * tMax * d.nKv * d.hd, 'kc', 'bf16'), vc = b.alloc(d.B * tMax * d.nKv * d.hd, 'vc', 'bf16');
+    b.kvCacheWrite(kc, k, d.B, d.T, 0, tMax, d.nKv, d.hd);
+    b.kvCacheWrite(vc, v, d.B, d.T, 0, tMax, d.nKv, d.hd);
+    b.attentionCached(att, q, kc, vc, d.B, d.T, 0, tMax, d.nH, d.nKv, d.hd);
+  };
+}
+
 /** A deterministic fake compiler: CUBIN = "CUBIN" + sha256(source + options). Counts calls and concurrency. */
 export class FakeCompiler implements KernelCompiler {
   version = 'fake-1.0';
@@ -272,7 +296,8 @@ export function gateSpecs(): { plans: KernelSpec[]; specs: KernelSpec[] } {
   const plans = realPlans();
   const seen = new Set<string>();
   const specs: KernelSpec[] = [];
-  const toy = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE), allOpsStepBf16(QWEN_LIKE), allOpsStepBf16(LLAMA_LIKE)]);
+  const bf16Attention = [QWEN_LIKE, LLAMA_LIKE, { ...QWEN_LIKE, hd: 128, nH: 12 }, { ...QWEN_LIKE, hd: 40 }].map(attentionOpsBf16);
+  const toy = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE), allOpsStepBf16(QWEN_LIKE), allOpsStepBf16(LLAMA_LIKE), ...bf16Attention]);
   for (const s of [...plans, ...representativeSpecs(), ...toy]) {
     const h = createHash('sha256').update(s.source()).digest('hex');
     if (!seen.has(h)) { seen.add(h); specs.push(s); }

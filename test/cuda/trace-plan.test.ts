@@ -10,12 +10,13 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
 import { DistilleryError } from '../../src/util/errors.js';
-import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, fakeCublas, fakeDriver } from './helpers.js';
+import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 test('the trace backend records every kernel family the steps (fp32 and the bf16 data flow) use, and downloads zeros', () => {
   const b = createTraceBackend();
   allOpsStep(QWEN_LIKE)(b);
   allOpsStepBf16(QWEN_LIKE)(b);
+  attentionOpsBf16(QWEN_LIKE)(b);
   const families = new Set([...b.traced.values()].map((s) => s.family));
   for (const f of ALL_FAMILIES) if (!EXPERIMENTAL_FAMILIES.has(f.name)) assert.ok(families.has(f.name), `traced ${f.name}`);
   const x = b.alloc(4, 'x');

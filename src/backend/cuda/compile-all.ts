@@ -54,6 +54,15 @@ export function representativeSpecs(): KernelSpec[] {
   const mk = (name: string, p: Record<string, number | string | boolean>): void => { specs.push(byName.get(name)!.make(p)); };
   const F = 'f32', B = 'bf16';
   // bf16 operand variants at one shape each (the bf16 toy steps and real bf16 plans add the others; the gates stay fast)
+  // the SIMT attention kernels in f32 and with every float operand bf16 (the fallback for head dims the tensor-core
+  // kernels do not take)
+  const attn = (name: string, headDim: number): void => {
+    for (const dt of ['f32', 'bf16']) {
+      const p: Record<string, number | string | boolean> = { headDim, block: 128 };
+      for (const k of Object.keys(byName.get(name)!.schema)) if (k !== 'headDim' && k !== 'block') p[k] = dt;
+      mk(name, p);
+    }
+  };
   for (const [eps, C] of [[1e-6, 896], [1e-5, 2048], [1e-5, 4096], [1e-6, 64]] as const) {
     for (const [act, w] of C === 896 ? [[F, F], [B, B]] as const : [[F, F]] as const) {
       mk('rmsnorm_fwd', { eps, C, out: act, inp: F, weight: w, block: 256 });
@@ -66,14 +75,28 @@ export function representativeSpecs(): KernelSpec[] {
       mk('rope_fwd', { headDim, theta, out: d, inp: d, block: 256 });
       mk('rope_bwd', { headDim, theta, out: d, inp: d, block: 256 });
     }
-    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) mk(fam, { headDim, block: 128 });
+    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) attn(fam, headDim);
   }
   // every head dim configs use (Llama/Qwen 64, 128; Phi-style 80, 96; small 32; 256, which opts in to > 48 KiB shared memory)
   for (const headDim of [32, 80, 96, 256]) {
-    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) mk(fam, { headDim, block: 128 });
+    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) attn(fam, headDim);
   }
-  for (const headDim of [64, 128, 80]) mk('attention_bwd_pre', { headDim, block: 256 });
+  for (const headDim of [64, 128, 80]) {
+    for (const dt of ['f32', 'bf16']) mk('attention_bwd_pre', { headDim, block: 256, dout: dt, out: dt });
+  }
   for (const headDim of [32, 64, 80, 96, 128]) mk('attention_fwd_mma', { headDim });
+  // bf16 tensor-core flash attention: every head dim it takes, bf16 and f32 outputs / gradients
+  for (const headDim of [16, 32, 48, 64, 80, 96, 112, 128]) {
+    for (const dt of ['f32', 'bf16']) {
+      mk('attention_fwd_bf16', { headDim, out: dt });
+      mk('attention_bwd_dq_bf16', { headDim, dq: dt });
+      mk('attention_bwd_dkv_bf16', { headDim, dk: dt, dv: dt });
+    }
+  }
+  for (const dt of ['f32', 'bf16']) {
+    mk('attention_dkv_reduce', { block: 256, dk: dt, dv: dt });
+    mk('kv_cache_write', { block: 256, cache: dt, src: dt });
+  }
   // Scaled RoPE as real checkpoints set it: Llama 3.1 8B (llama3, factor 8), Llama 3.2 1B (factor 32, head dim 64),
   // Qwen2.5 long context (yarn, factor 4 over 32768), and a linear factor.
   const scaled: Array<[RopeSpec, number]> = [

@@ -38,8 +38,9 @@ import { blocksFor } from './kernels/spec.js';
 import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv,
-  attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma, attnTile, kvCacheWrite,
+  ATTN_KEY_TILE, FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT,
+  attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv, attentionBackwardPre, attentionCached,
+  attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, attnTile, bf16MmaHeadDim, faSmem, kvCacheWrite,
   mmaForwardSmem,
 } from './kernels/attention.js';
 import {
@@ -583,16 +584,38 @@ export class CudaBackend implements Backend {
     this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
     this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
     this.need(lse, b * nHeads * t, 'attentionForward');
+    this.f32Only('attentionForward', [['lse', lse]]);
     if (b * t <= 0) return;
-    if (this.attnImpl === 'mma' && hd % 8 === 0 && hd <= MMA_MAX_HEAD_DIM) {
-      this.launch(attentionForwardMma.make({ headDim: hd }), [Math.ceil(t / MMA_QUERY_TILE), nHeads, b], 128,
-        [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], mmaForwardSmem(hd));
+    const args = [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)];
+    // bf16 q, k, v: tensor cores (bf16 mma, fp32 accumulation) wherever the head dim fits, whatever `attention` says.
+    if (this.bf16Mma(hd, q, k, v)) {
+      this.aligned16('attentionForward', q, k, v);
+      this.launch(attentionForwardBf16.make({ headDim: hd, out: out.dtype }), [Math.ceil(t / FA_QUERY_TILE), nHeads, b], FA_THREADS,
+        args, faSmem('fwd', hd));
+      return;
+    }
+    if (this.attnImpl === 'mma' && hd % 8 === 0 && hd <= MMA_MAX_HEAD_DIM && [out, q, k, v].every((x) => x.dtype === 'f32')) {
+      this.launch(attentionForwardMma.make({ headDim: hd }), [Math.ceil(t / MMA_QUERY_TILE), nHeads, b], 128, args, mmaForwardSmem(hd));
       return;
     }
     const tl = this.tile('fwd', hd);
-    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK }), [Math.ceil(t / tl.tq), nHeads, b],
-      ATTN_BLOCK, [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)], tl.smem);
+    this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
+      [Math.ceil(t / tl.tq), nHeads, b], ATTN_BLOCK, args, tl.smem);
   }
+
+  /** Whether the bf16 tensor-core attention kernels run for these operands: all bf16 and a head dim they take. */
+  private bf16Mma(hd: number, ...xs: Buf[]): boolean {
+    return bf16MmaHeadDim(hd) && xs.every((x) => x.dtype === 'bf16');
+  }
+
+  /** The tensor-core kernels stage rows with 16-byte loads: their bf16 operands must start 16-byte aligned. */
+  private aligned16(what: string, ...xs: Buf[]): void {
+    for (const x of xs) {
+      const c = this.own(x, what);
+      if (c.ptr % 16n !== 0n) throw new Error(`${what}: ${c.label} is not 16-byte aligned (a view at an odd offset); the bf16 tensor-core attention needs aligned rows`);
+    }
+  }
+
 
   attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number): void {
@@ -601,8 +624,12 @@ export class CudaBackend implements Backend {
       this.need(x, b * t * n * hd, 'attentionBackward');
     }
     this.need(lse, b * nHeads * t, 'attentionBackward');
+    this.f32Only('attentionBackward', [['lse', lse]]);
     if (b * t <= 0) return;
-    const tq = this.tile('dq', hd), tkv = this.tile('dkv', hd);
+    // bf16 q, k, v and dout: the tensor-core dQ and dK/dV kernels; else the SIMT ones (any operand dtypes).
+    const mma = this.bf16Mma(hd, q, k, v, dout);
+    if (mma) this.aligned16('attentionBackward', q, k, v, dout);
+    const tq = mma ? null : this.tile('dq', hd), tkv = mma ? null : this.tile('dkv', hd);
     // Deterministic, atomic-free: D = rowsum(dout ∘ out) into the backend's scratch, dq per query tile, dk/dv per
     // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
     // bPer batches; larger batches run in chunks over views.
@@ -617,10 +644,17 @@ export class CudaBackend implements Backend {
     const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
     const S = G > 1 && dkvFit >= 1 ? G : 1;
     if (S > 1) bPer = Math.min(bPer, dkvFit);
-    const fpre = attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK });
-    const fq = attentionBackward.make({ headDim: hd, block: ATTN_BLOCK });
-    const fkv = attentionBackwardKv.make({ headDim: hd, block: ATTN_BLOCK });
-    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK });
+    const fpre = attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
+    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype });
+    const [fq, qGrid, qBlock, qSmem] = mma
+      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
+      : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
+        Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
+    const [fkv, kvGrid, kvBlock, kvSmem] = mma
+      ? [attentionBackwardDkvBf16.make({ headDim: hd, dk: dk.dtype, dv: dv.dtype }), Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
+      : [attentionBackwardKv.make({
+        headDim: hd, block: ATTN_BLOCK, dk: dk.dtype, dv: dv.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype,
+      }), Math.ceil(t / ATTN_KEY_TILE), ATTN_BLOCK, tkv!.smem];
     const qn = t * nHeads * hd, kn = t * nKv * hd, ln = nHeads * t;
     for (let b0 = 0; b0 < b; b0 += bPer) {
       const bc = Math.min(bPer, b - b0);
@@ -628,12 +662,12 @@ export class CudaBackend implements Backend {
       const rows = bc * t * nHeads;
       this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
         [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
-      this.launch(fq, [Math.ceil(t / tq.tq), nHeads, bc], ATTN_BLOCK,
+      this.launch(fq, [qGrid, nHeads, bc], qBlock,
         [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)],
-        tq.smem);
-      this.launch(fkv, [Math.ceil(t / ATTN_KEY_TILE), nKv * S, bc], ATTN_BLOCK,
+        qSmem);
+      this.launch(fkv, [kvGrid, nKv * S, bc], kvBlock,
         [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)),
-          P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], tkv.smem);
+          P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], kvSmem);
       if (S > 1) {
         this.launch(fred, [blocksFor(bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);
@@ -646,7 +680,7 @@ export class CudaBackend implements Backend {
     if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
     const n = b * t * nKv * hd;
     if (n <= 0) return;
-    this.launch(kvCacheWrite.make({ block: ELEM_BLOCK }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+    this.launch(kvCacheWrite.make({ block: ELEM_BLOCK, cache: cache.dtype, src: src.dtype }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(cache), P(src), I(b), I(t), I(pos0), I(tMax), I(nKv * hd)]);
   }
 
@@ -657,7 +691,8 @@ export class CudaBackend implements Backend {
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
     if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
     if (b * t <= 0) return;
-    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK }), [t, nHeads, b], ATTN_BLOCK,
+    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype }),
+      [t, nHeads, b], ATTN_BLOCK,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(pos0), I(tMax), I(nHeads), I(nKv)]);
   }
 

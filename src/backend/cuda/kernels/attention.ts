@@ -19,10 +19,38 @@
  *   diagonal down of each query head of its split of the GQA group, dK += Σ dS_ij q_i, dV += Σ P_ij dout_i in
  *   registers (a warp owns 32/NW keys, a lane owns head dims); S > 1 writes per-split partials that
  *   attention_dkv_reduce sums in split order. No atomics anywhere: the backward is bit-for-bit deterministic.
+ * Every float operand of these SIMT kernels (q, k, v, out, dout, dq, dk, dv, the KV caches) is f32 or bf16, baked per
+ * operand (DTYPE_DOMAIN params; ldf/stf from spec.ts): tiles are staged as float, math is fp32, a bf16 output is
+ * rounded once (a gradient: read, add in float, round). lse and the D scratch are always f32.
+ *
+ * bf16 TENSOR-CORE FLASH ATTENTION (training; used by CudaBackend whenever q, k, v (and dout) are bf16 and the head
+ * dim is a multiple of 16 up to 128; FlashAttention-2 style; mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 by
+ * inline PTX, fp32 accumulation, header-free). All three kernels: 128 threads = 4 warps, each warp owns 16 rows (query
+ * rows, or keys for dK/dV), operands staged in dynamic shared memory as bf16 with rows padded by 8 elements (16 bytes:
+ * conflict-free 32-bit fragment loads and ldmatrix rows), all row-major: where a product runs over keys or queries
+ * (P·V, dS·K, Pᵀ·dO, dSᵀ·Q) its B fragments come from ldmatrix.x2.trans; no shuffles: an accumulator pair packs straight
+ * into the next product's A fragment. Row tiles are read from global memory with 16-byte loads and stored to shared
+ * memory with 16-byte stores (the backend checks 16-byte alignment of q, k, v, dout).
+ * - attention_fwd_bf16: grid (ceil(T/64), nH, B); Q fragments in registers; key tiles of 64 (K and V: 4·64·(HD+8)
+ *   bytes: 18 KiB at hd 64, 34 KiB at hd 128); S = Q·Kᵀ, online softmax in the log2
+ *   domain on the fragments (quad shuffles), P → bf16 A fragments, O += P·V; causal: tiles above the diagonal skipped,
+ *   only the diagonal tile masked. out f32 or bf16, lse f32 (natural log).
+ * - attention_bwd_pre (the SIMT pre-pass, bf16 dout/out) → D; attention_bwd_dq_bf16: grid (ceil(T/64), nH, B); Q and
+ *   dout fragments in registers, key tiles of 64 (32 at hd > 64: registers) of K and V; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
+ * - attention_bwd_dkv_bf16: grid (ceil(T/64), nKv·S, B); the block's 64 keys (K, V row-major in shared memory, A
+ *   fragments re-read per k-step) walk the query tiles (64 rows, 32 at hd > 64; Q, dout, lse and D) from the diagonal down, for each query head of its GQA split in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
+ *   dK += dSᵀ·Q; S = 1 adds into dk/dv (f32 or bf16), S > 1 writes f32 partials for attention_dkv_reduce (same
+ *   split rule and fixed-order sum as the SIMT path: deterministic, atomic-free).
+ * ptxas (nvcc 13, sm_90): forward 186 / 246 registers (hd 64 / 128), dQ 136 / 220, dK/dV 192 / 234; no spills.
+ * Shared memory: faSmem() (forward and dQ 18432 / 34816 bytes, dK/dV 37376 / 52480: opted in above 48 KiB).
+ * Not yet done (bench first): cp.async double buffering, ldmatrix for the A/B fragments read with 32-bit loads,
+ * skipping fully masked atoms on the diagonal tile, 8-warp blocks.
  */
-import { BLOCK_DOMAIN, defineFamily, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
 type AttnP = { headDim: number; block: number };
+/** An operand dtype ('f32' | 'bf16'): baked, so it is in the source and the cache key. */
+type Dt = 'f32' | 'bf16';
 const schema = { headDim: { kind: 'int', min: 1, max: 1024 }, block: BLOCK_DOMAIN } as const;
 /** Keys per tile (one per lane). */
 const KT = 32;
@@ -90,7 +118,7 @@ function prelude(p: Readonly<AttnP>): string {
 #define HD ${p.headDim}
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
 #define PER_THREAD ${Math.ceil(p.headDim / p.block)}
-${reductionHelpers()}`;
+${reductionHelpers()}${dtypeHelpers()}`;
 }
 
 function tiledPrelude(p: Readonly<AttnP>, kind: AttnTileKind): string {
@@ -107,22 +135,25 @@ function tiledPrelude(p: Readonly<AttnP>, kind: AttnTileKind): string {
 #define SMEM_BYTES ${t.smem}
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
 #define FULL 0xffffffffu
-${reductionHelpers()}
-/* rows [r0, r0 + nrows) of a [*, stride]-strided matrix (row t at base + t·stride) into sh[nrows][HDP]; 0 past T */
-__device__ __forceinline__ void loadRows(float* sh, const float* base, long long stride, int r0, int nrows, int T) {
+${reductionHelpers()}${dtypeHelpers()}
+/* rows [r0, r0 + nrows) of a [*, stride]-strided matrix (row t at base + t·stride; float or bf16) into float
+   sh[nrows][HDP]; 0 past T */
+template <typename E>
+__device__ __forceinline__ void loadRows(float* sh, const E* base, long long stride, int r0, int nrows, int T) {
   for (int x = threadIdx.x; x < nrows * HD; x += BLOCK) {
     int r = x / HD, d = x - r * HD;
-    sh[r * HDP + d] = (r0 + r < T) ? base[(long long)(r0 + r) * stride + d] : 0.0f;
+    sh[r * HDP + d] = (r0 + r < T) ? ldf(base, (long long)(r0 + r) * stride + d) : 0.0f;
   }
 }`;
 }
 
 /** Grid (ceil(T / attnQueryTile('fwd')), nH, B), block = params.block, dynamic shared memory attnTile('fwd').smem. */
-export const attentionForward = defineFamily<AttnP>({
-  name: 'attention_fwd', schema: trainSchema, example: { headDim: 64, block: 128 },
+export const attentionForward = defineFamily<AttnP & { out: Dt; q: Dt; k: Dt; v: Dt }>({
+  name: 'attention_fwd', schema: { ...trainSchema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, k: DTYPE_DOMAIN, v: DTYPE_DOMAIN },
+  example: { headDim: 64, block: 128, out: 'f32', q: 'f32', k: 'f32', v: 'f32' },
   generate: (p) => `${tiledPrelude(p, 'fwd')}
-extern "C" __global__ void attention_fwd(float* out, float* lse, const float* q, const float* k,
-                                                                  const float* v, int T, int nH, int nKv) {
+extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const ${ctype(p.q)}* q, const ${ctype(p.k)}* k,
+                                         const ${ctype(p.v)}* v, int T, int nH, int nKv) {
   extern __shared__ float smem[];
   float* Qs = smem;            /* [TQ][HDP] */
   float* KV = smem + TQ * HDP; /* [KT][HDP]: the K tile, then the V tile */
@@ -130,9 +161,9 @@ extern "C" __global__ void attention_fwd(float* out, float* lse, const float* q,
   const int i0 = blockIdx.x * TQ, iEnd = min(T, i0 + TQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const float* qb = q + ((long long)b * T * nH + h) * HD;
-  const float* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const float* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  const ${ctype(p.q)}* qb = q + ((long long)b * T * nH + h) * HD;
+  const ${ctype(p.k)}* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const ${ctype(p.v)}* vb = v + ((long long)b * T * nKv + kvh) * HD;
   loadRows(Qs, qb, qs, i0, TQ, T);
   float m[RPW], l[RPW], acc[RPW][DCH];
 #pragma unroll
@@ -192,11 +223,11 @@ extern "C" __global__ void attention_fwd(float* out, float* lse, const float* q,
     const int i = i0 + warp * RPW + rr;
     if (i < T) {
       const float inv = 1.0f / l[rr];
-      float* oi = out + ((long long)b * T + i) * qs + (long long)h * HD;
+      const long long oi = ((long long)b * T + i) * qs + (long long)h * HD;
 #pragma unroll
       for (int dc = 0; dc < DCH; dc++) {
         int d = lane + 32 * dc;
-        if (d < HD) oi[d] = acc[rr][dc] * inv;
+        if (d < HD) stf(out, oi + d, acc[rr][dc] * inv);
       }
       if (lane == 0) lb[i] = m[rr] + logf(l[rr]);
     }
@@ -209,18 +240,18 @@ extern "C" __global__ void attention_fwd(float* out, float* lse, const float* q,
  * Grid-stride, a warp per (b, t, h) row, grid blocksFor(rows·32, block): D[(b·nH + h)·T + t] = Σ_d dout·out over the
  * row's head dims (a fixed-order warp sum). The first stage of the backward.
  */
-export const attentionBackwardPre = defineFamily<AttnP>({
-  name: 'attention_bwd_pre', schema, example: { headDim: 64, block: 256 },
+export const attentionBackwardPre = defineFamily<AttnP & { dout: Dt; out: Dt }>({
+  name: 'attention_bwd_pre', schema: { ...schema, dout: DTYPE_DOMAIN, out: DTYPE_DOMAIN },
+  example: { headDim: 64, block: 256, dout: 'f32', out: 'f32' },
   generate: (p) => `${prelude(p)}
-extern "C" __global__ void attention_bwd_pre(float* dsum, const float* dout, const float* out, long long rows, int T, int nH) {
+extern "C" __global__ void attention_bwd_pre(float* dsum, const ${ctype(p.dout)}* dout, const ${ctype(p.out)}* out, long long rows,
+                                             int T, int nH) {
   const int lane = threadIdx.x & 31;
   const long long step = ((long long)gridDim.x * BLOCK) >> 5;
   /* r is the same for the 32 lanes of a warp (BLOCK is a multiple of 32), so the loop is warp-uniform */
   for (long long r = ((long long)blockIdx.x * BLOCK + threadIdx.x) >> 5; r < rows; r += step) {
-    const float* a = dout + r * HD;
-    const float* o = out + r * HD;
     float s = 0.0f;
-    for (int d = lane; d < HD; d += 32) s += a[d] * o[d];
+    for (int d = lane; d < HD; d += 32) s += ldf(dout, r * HD + d) * ldf(out, r * HD + d);
     s = warpSum(s);
     if (lane == 0) {
       const int h = (int)(r % nH);
@@ -238,11 +269,13 @@ extern "C" __global__ void attention_bwd_pre(float* dsum, const float* dout, con
  * Grid (ceil(T / attnQueryTile('dq')), nH, B), dynamic shared memory attnTile('dq').smem.
  * dq += scale · Σ_j dS_ij k_j with P_ij = exp(scale·q_i·k_j − lse_i), dS_ij = P_ij (dout_i·v_j − D_i).
  */
-export const attentionBackward = defineFamily<AttnP>({
-  name: 'attention_bwd', schema: trainSchema, example: { headDim: 64, block: 128 },
+export const attentionBackward = defineFamily<AttnP & { dq: Dt; dout: Dt; q: Dt; k: Dt; v: Dt }>({
+  name: 'attention_bwd',
+  schema: { ...trainSchema, dq: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, q: DTYPE_DOMAIN, k: DTYPE_DOMAIN, v: DTYPE_DOMAIN },
+  example: { headDim: 64, block: 128, dq: 'f32', dout: 'f32', q: 'f32', k: 'f32', v: 'f32' },
   generate: (p) => `${tiledPrelude(p, 'dq')}
-extern "C" __global__ void attention_bwd(float* dq, const float* dsum, const float* lse,
-    const float* dout, const float* q, const float* k, const float* v, int T, int nH, int nKv) {
+extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, const float* lse, const ${ctype(p.dout)}* dout,
+    const ${ctype(p.q)}* q, const ${ctype(p.k)}* k, const ${ctype(p.v)}* v, int T, int nH, int nKv) {
   extern __shared__ float smem[];
   float* Qs = smem;            /* [TQ][HDP] */
   float* Ds = Qs + TQ * HDP;   /* [TQ][HDP] dout rows */
@@ -251,8 +284,8 @@ extern "C" __global__ void attention_bwd(float* dq, const float* dsum, const flo
   const int i0 = blockIdx.x * TQ, iEnd = min(T, i0 + TQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const float* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const float* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  const ${ctype(p.k)}* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const ${ctype(p.v)}* vb = v + ((long long)b * T * nKv + kvh) * HD;
   const float* lb = lse + ((long long)b * nH + h) * T;
   const float* db = dsum + ((long long)b * nH + h) * T;
   loadRows(Qs, q + ((long long)b * T * nH + h) * HD, qs, i0, TQ, T);
@@ -314,11 +347,11 @@ extern "C" __global__ void attention_bwd(float* dq, const float* dsum, const flo
   for (int rr = 0; rr < RPW; rr++) {
     const int i = i0 + warp * RPW + rr;
     if (i < T) {
-      float* dqi = dq + ((long long)b * T + i) * qs + (long long)h * HD;
+      const long long qi = ((long long)b * T + i) * qs + (long long)h * HD;
 #pragma unroll
       for (int dc = 0; dc < DCH; dc++) {
         int d = lane + 32 * dc;
-        if (d < HD) dqi[d] += acc[rr][dc];
+        if (d < HD) stf(dq, qi + d, ldf(dq, qi + d) + acc[rr][dc]);
       }
     }
   }
@@ -332,12 +365,15 @@ extern "C" __global__ void attention_bwd(float* dq, const float* dsum, const flo
  * q·k and lse and dS from dout·v and D. S splits the kv head's query-head group across blocks: S = 1 adds into
  * dk/dv directly; S > 1 writes per-split partials to `part` and attention_dkv_reduce adds them in split order.
  */
-export const attentionBackwardKv = defineFamily<AttnP>({
-  name: 'attention_bwd_dkv', schema: trainSchema, example: { headDim: 64, block: 128 },
+export const attentionBackwardKv = defineFamily<AttnP & { dk: Dt; dv: Dt; dout: Dt; q: Dt; k: Dt; v: Dt }>({
+  name: 'attention_bwd_dkv',
+  schema: { ...trainSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, q: DTYPE_DOMAIN, k: DTYPE_DOMAIN, v: DTYPE_DOMAIN },
+  example: { headDim: 64, block: 128, dk: 'f32', dv: 'f32', dout: 'f32', q: 'f32', k: 'f32', v: 'f32' },
   generate: (p) => `${tiledPrelude(p, 'dkv')}
 #define KPW (KT / NW)
-extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, const float* dsum,
-    const float* lse, const float* dout, const float* q, const float* k, const float* v, int T, int nH, int nKv) {
+extern "C" __global__ void attention_bwd_dkv(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part, const float* dsum,
+    const float* lse, const ${ctype(p.dout)}* dout, const ${ctype(p.q)}* q, const ${ctype(p.k)}* k, const ${ctype(p.v)}* v,
+    int T, int nH, int nKv) {
   extern __shared__ float smem[];
   float* Ks = smem;               /* [KT][HDP] */
   float* Vs = Ks + KT * HDP;      /* [KT][HDP] */
@@ -362,8 +398,8 @@ extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, 
   const int j = j0 + lane;
   for (int g = g0; g < g1; g++) {
     const int h = kvh * G + g;
-    const float* qb = q + ((long long)b * T * nH + h) * HD;
-    const float* db = dout + ((long long)b * T * nH + h) * HD;
+    const ${ctype(p.q)}* qb = q + ((long long)b * T * nH + h) * HD;
+    const ${ctype(p.dout)}* db = dout + ((long long)b * T * nH + h) * HD;
     const float* lb = lse + ((long long)b * nH + h) * T;
     const float* sb = dsum + ((long long)b * nH + h) * T;
     /* only query rows i >= j0 see any of the block's keys */
@@ -419,7 +455,7 @@ extern "C" __global__ void attention_bwd_dkv(float* dk, float* dv, float* part, 
 #pragma unroll
         for (int dc = 0; dc < DCH; dc++) {
           const int d = lane + 32 * dc;
-          if (d < HD) { dk[off + d] += adk[kk][dc]; dv[off + d] += adv[kk][dc]; }
+          if (d < HD) { stf(dk, off + d, ldf(dk, off + d) + adk[kk][dc]); stf(dv, off + d, ldf(dv, off + d) + adv[kk][dc]); }
         }
       } else {
         /* partials [b][kvh][s][j][HD] (dk), then the same again for dv; attention_dkv_reduce sums s in order */
@@ -600,16 +636,474 @@ extern "C" __global__ void attention_fwd_mma(float* out, float* lse, const float
 `,
 });
 
+// ---- bf16 tensor-core flash attention (training) ------------------------------------------------------------------
+
+/** Head dims of the bf16 tensor-core kernels: multiples of 16 (the mma k step) up to 128 (fragments in registers). */
+export const BF16_MMA_MAX_HEAD_DIM = 128;
+/** Whether the bf16 tensor-core kernels take this head dim (else the SIMT kernels run, in any dtype). */
+export function bf16MmaHeadDim(hd: number): boolean { return Number.isInteger(hd) && hd >= 16 && hd <= BF16_MMA_MAX_HEAD_DIM && hd % 16 === 0; }
+const faSchema = { headDim: { kind: 'int', min: 16, max: BF16_MMA_MAX_HEAD_DIM, step: 16 } } as const;
+/** Threads per block of the bf16 tensor-core kernels: 4 warps, each owning 16 query rows (fwd, dQ) or 16 keys (dK/dV). */
+export const FA_THREADS = 128;
+/** Query rows per block of attention_fwd_bf16 and attention_bwd_dq_bf16 (the grid's x is ceil(T / this)). */
+export const FA_QUERY_TILE = 64;
+/** Keys per block of attention_bwd_dkv_bf16 (the grid's x is ceil(T / this)). */
+export const FA_KEY_TILE = 64;
+/** Keys per staged tile of the forward. */
+const FA_FWD_KT = 64;
+/** Keys per staged tile of the dQ kernel, and query rows per staged tile of the dK/dV kernel (registers bound them at hd > 64). */
+function faInnerTile(hd: number): number { return hd > 64 ? 32 : 64; }
+
+export type FaKind = 'fwd' | 'dq' | 'dkv';
+/** Dynamic shared memory of a bf16 tensor-core kernel, bytes (above 48 KiB the backend opts in). */
+export function faSmem(kind: FaKind, hd: number): number {
+  const str = hd + 8, it = faInnerTile(hd);
+  switch (kind) {
+    case 'fwd': return 2 * (2 * FA_FWD_KT * str);
+    case 'dq': return 2 * Math.max(2 * it * str, 2 * FA_QUERY_TILE * str);
+    case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 2 * it * str) + 8 * it;
+  }
+}
+
+/**
+ * Shared device code of the bf16 tensor-core kernels. mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments
+ * (PTX ISA; g = lane >> 2, t = lane & 3; a register holds two bf16, the lower column / k index in its low half):
+ * A (16×16, row-major) a0 (row g, cols 2t, 2t+1) a1 (row g+8, same) a2 (row g, cols 2t+8, 2t+9) a3 (row g+8, same);
+ * B (16×8, k × n) b0 (k 2t, 2t+1; n g) b1 (k 2t+8, 2t+9; n g); C (16×8, f32) c0, c1 (row g, cols 2t, 2t+1), c2, c3
+ * (row g+8, same). So the C fragments of two adjacent n-atoms (8 columns each) are, packed pairwise to bf16, exactly
+ * the A fragment of one 16-wide k-step: P and dS go from the accumulators to the next product without shuffles.
+ * Tiles in shared memory are bf16, row stride (cols + 8): a fragment load (row g, 32-bit word t) hits 32 distinct banks.
+ * A B operand B[k][n] is read from an [n][k] tile (k contiguous) with 32-bit loads (fragB: K for S = Q·Kᵀ, V for
+ * dP = dO·Vᵀ, Q and dout for the dK/dV kernel's Sᵀ and dPᵀ), or from a row-major [k][n] tile with ldmatrix .trans
+ * (fragBt: V for O += P·V, K for dQ += dS·K, dout and Q for dV += Pᵀ·dO and dK += dSᵀ·Q): .x2 .trans hands lane
+ * (g, t) the elements [2t][g], [2t+1][g] of each 8×8 matrix, exactly b0 (keys 0..7) and b1 (keys 8..15).
+ */
+function faPrelude(hd: number): string {
+  return `#define HD ${hd}
+#define NT ${FA_THREADS}
+#define KS (HD / 16)
+#define NO (HD / 8)
+#define STR (HD + 8)
+#define SCALE ${f32(1 / Math.sqrt(hd))}
+#define SCALE_LOG2 ${f32(Math.LOG2E / Math.sqrt(hd))}
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define NEG_INF __int_as_float(0xff800000)
+#define FULL 0xffffffffu
+${dtypeHelpers()}
+__device__ __forceinline__ unsigned ld32(const bf16* p) { return *(const unsigned*)p; }
+/* c += a · b on one m16n8k16 tile, fp32 accumulation */
+__device__ __forceinline__ void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* the A fragment of rows r..r+15, cols c..c+15 of a row-major bf16 tile of row stride str */
+__device__ __forceinline__ void fragA(unsigned* a, const bf16* sh, int str, int r, int c) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  a[0] = ld32(sh + (r + g) * str + c + 2 * t);
+  a[1] = ld32(sh + (r + g + 8) * str + c + 2 * t);
+  a[2] = ld32(sh + (r + g) * str + c + 2 * t + 8);
+  a[3] = ld32(sh + (r + g + 8) * str + c + 2 * t + 8);
+}
+/* the B fragment B[k][n] = sh[n0 + n][c + k] (k 0..15, n 0..7) of an [n][k] bf16 tile of row stride str */
+__device__ __forceinline__ void fragB(unsigned& b0, unsigned& b1, const bf16* sh, int str, int n0, int c) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  b0 = ld32(sh + (n0 + g) * str + c + 2 * t);
+  b1 = ld32(sh + (n0 + g) * str + c + 2 * t + 8);
+}
+/* ldmatrix.x2.trans of two 8×8 bf16 matrices whose rows lanes 0..7 and 8..15 address (16-byte aligned rows) */
+__device__ __forceinline__ void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
+  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %2; cvt.u32.u64 s, a; "
+               "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [s]; }"
+               : "=r"(b0), "=r"(b1) : "l"(p));
+}
+/* the B fragment B[k][n] = sh[k0 + k][n0 + n] (k 0..15, n 0..7) of a row-major [k][n] bf16 tile of row stride str */
+__device__ __forceinline__ void fragBt(unsigned& b0, unsigned& b1, const bf16* sh, int str, int k0, int n0) {
+  ldsmT2(b0, b1, sh + (k0 + (threadIdx.x & 15)) * str + n0);
+}
+/* the A fragment of a k-step from the C fragments of n-atoms lo (cols 0..7) and hi (cols 8..15), rounded to bf16 */
+__device__ __forceinline__ void packA(unsigned* a, const float* lo, const float* hi) {
+  a[0] = pack2(lo[0], lo[1]); a[1] = pack2(lo[2], lo[3]); a[2] = pack2(hi[0], hi[1]); a[3] = pack2(hi[2], hi[3]);
+}
+/* rows [r0, r0 + nrows) of a bf16 matrix (row r at base + r·stride, HD elements, 16-byte aligned) into the row-major
+   tile sh[nrows][STR], 16 bytes per load and store; zeros past T */
+__device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long stride, int r0, int nrows, int T) {
+  for (int x = threadIdx.x; x < nrows * (HD / 8); x += NT) {
+    const int r = x / (HD / 8), c = (x - r * (HD / 8)) * 8;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + r < T) val = *(const uint4*)(base + (long long)(r0 + r) * stride + c);
+    *(uint4*)(sh + r * STR + c) = val;
+  }
+}`;
+}
+
+/**
+ * bf16 tensor-core training forward (q, k, v bf16; out f32 or bf16; lse f32, natural log). Grid (ceil(T / 64), nH, B),
+ * block 128, dynamic shared memory faSmem('fwd'). A warp owns 16 query rows: Q as A fragments in registers, O as
+ * HD/8 accumulator tiles. Per key tile of 64 (K and V row-major in shared memory): S = Q·Kᵀ (8 n-atoms ×
+ * HD/16 k-steps), online softmax in the log2 domain on the accumulators (a row's scores live in one quad: max and sum
+ * by two xor-shuffles), P packed to bf16 A fragments in registers, O += P·V. Tiles above the diagonal are never
+ * visited; only the diagonal tile is masked.
+ */
+export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
+  name: 'attention_fwd_bf16', schema: { ...faSchema, out: DTYPE_DOMAIN }, example: { headDim: 64, out: 'bf16' },
+  generate: (p) => `${faPrelude(p.headDim)}
+#define BQ ${FA_QUERY_TILE}
+#define BK ${FA_FWD_KT}
+extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
+                                                                   const bf16* v, int T, int nH, int nKv) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* Ks = (bf16*)smraw;  /* [BK][STR]; the Q tile [BQ][STR] is staged here first */
+  bf16* Vs = Ks + BK * STR; /* [BK][STR] */
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
+  const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  stageRows(Ks, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  __syncthreads();
+  const int rw = warp * 16; /* the warp's first row in the tile */
+  unsigned qa[KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; s++) fragA(qa[s], Ks, STR, rw, 16 * s);
+  const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }
+  float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
+  for (int j0 = 0; j0 < iEnd; j0 += BK) {
+    __syncthreads(); /* the Q staging / previous K and V tiles are no longer read */
+    stageRows(Ks, kb, ks, j0, BK, T);
+    stageRows(Vs, vb, ks, j0, BK, T);
+    __syncthreads();
+    float sc[BK / 8][4];
+#pragma unroll
+    for (int n = 0; n < BK / 8; n++) {
+      sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < KS; s++) {
+        unsigned b0, b1;
+        fragB(b0, b1, Ks, STR, 8 * n, 16 * s);
+        mma16(sc[n], qa[s], b0, b1);
+      }
+    }
+    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row */
+    const bool diag = j0 + BK - 1 > i0 + rw;
+    float mxA = NEG_INF, mxB = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < BK / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = sc[n][e] * SCALE_LOG2;
+        if (diag && j0 + 8 * n + 2 * t + (e & 1) > (e < 2 ? iA : iB)) x = NEG_INF;
+        sc[n][e] = x;
+        if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
+      }
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 1)); mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 1)); mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 2));
+    /* key 0 is in the first tile and valid for every row, so the new maxima are finite */
+    const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+    const float aA = exp2f(mA - nA), aB = exp2f(mB - nB); /* 0 on the first tile */
+    float sA = 0.0f, sB = 0.0f;
+#pragma unroll
+    for (int n = 0; n < BK / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float pe = exp2f(sc[n][e] - (e < 2 ? nA : nB)); /* 0 for masked keys */
+        sc[n][e] = pe;
+        if (e < 2) sA += pe; else sB += pe;
+      }
+    }
+    sA += __shfl_xor_sync(FULL, sA, 1); sA += __shfl_xor_sync(FULL, sA, 2);
+    sB += __shfl_xor_sync(FULL, sB, 1); sB += __shfl_xor_sync(FULL, sB, 2);
+    lA = lA * aA + sA; lB = lB * aB + sB; mA = nA; mB = nB;
+#pragma unroll
+    for (int n = 0; n < NO; n++) { o[n][0] *= aA; o[n][1] *= aA; o[n][2] *= aB; o[n][3] *= aB; }
+    /* O += P·V: k-step kk covers keys j0 + 16kk .. + 15 (atoms 2kk, 2kk + 1) */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      unsigned pa[4];
+      packA(pa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+        unsigned b0, b1;
+        fragBt(b0, b1, Vs, STR, 16 * kk, 8 * n);
+        mma16(o[n], pa, b0, b1);
+      }
+    }
+  }
+  if (iA < T) {
+    const float inv = 1.0f / lA;
+    const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) { stf(out, oa + 8 * n + 2 * t, o[n][0] * inv); stf(out, oa + 8 * n + 2 * t + 1, o[n][1] * inv); }
+    if (t == 0) lse[((long long)b * nH + h) * T + iA] = (mA + log2f(lA)) * LN2;
+  }
+  if (iB < T) {
+    const float inv = 1.0f / lB;
+    const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) { stf(out, ob + 8 * n + 2 * t, o[n][2] * inv); stf(out, ob + 8 * n + 2 * t + 1, o[n][3] * inv); }
+    if (t == 0) lse[((long long)b * nH + h) * T + iB] = (mB + log2f(lB)) * LN2;
+  }
+}
+`,
+});
+
+/**
+ * bf16 tensor-core dQ (q, k, v, dout bf16; dq f32 or bf16, accumulated: read, add, store). Grid (ceil(T / 64), nH, B),
+ * block 128, dynamic shared memory faSmem('dq'); D = rowsum(dout ∘ out) comes from attention_bwd_pre. A warp owns 16
+ * query rows (Q and dout as A fragments in registers, dQ as accumulators); per key tile (64 keys, 32 at hd > 64: K
+ * and V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
+ * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end.
+ */
+export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>({
+  name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN }, example: { headDim: 64, dq: 'bf16' },
+  generate: (p) => `${faPrelude(p.headDim)}
+#define BQ ${FA_QUERY_TILE}
+#define KT ${faInnerTile(p.headDim)}
+extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
+    const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* Ks = (bf16*)smraw;   /* [KT][STR] */
+  bf16* Vs = Ks + KT * STR;  /* [KT][STR] */
+  bf16* Qst = (bf16*)smraw;  /* staging before the key loop: Q [BQ][STR], then dout [BQ][STR] */
+  bf16* Dst = Qst + BQ * STR;
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
+  const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  stageRows(Qst, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRows(Dst, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  __syncthreads();
+  const int rw = warp * 16;
+  unsigned qa[KS][4], da[KS][4];
+#pragma unroll
+  for (int s = 0; s < KS; s++) { fragA(qa[s], Qst, STR, rw, 16 * s); fragA(da[s], Dst, STR, rw, 16 * s); }
+  const int iA = i0 + rw + g, iB = iA + 8;
+  const float* lb = lse + ((long long)b * nH + h) * T;
+  const float* db = dsum + ((long long)b * nH + h) * T;
+  const float lA = iA < T ? lb[iA] * LOG2E : 0.0f, lB = iB < T ? lb[iB] * LOG2E : 0.0f;
+  const float dA = iA < T ? db[iA] : 0.0f, dB = iB < T ? db[iB] : 0.0f;
+  float acc[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
+  for (int j0 = 0; j0 < iEnd; j0 += KT) {
+    __syncthreads(); /* the staging / previous K and V tiles are no longer read */
+    stageRows(Ks, kb, ks, j0, KT, T);
+    stageRows(Vs, vb, ks, j0, KT, T);
+    __syncthreads();
+    float sc[KT / 8][4], dp[KT / 8][4];
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; }
+#pragma unroll
+      for (int s = 0; s < KS; s++) {
+        unsigned b0, b1;
+        fragB(b0, b1, Ks, STR, 8 * n, 16 * s);
+        mma16(sc[n], qa[s], b0, b1);
+        fragB(b0, b1, Vs, STR, 8 * n, 16 * s);
+        mma16(dp[n], da[s], b0, b1);
+      }
+    }
+    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); rows past T and keys past the row are 0 */
+    const bool full = j0 + KT - 1 <= i0 + rw && i0 + rw + 15 < T;
+#pragma unroll
+    for (int n = 0; n < KT / 8; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int i = e < 2 ? iA : iB;
+        float pe = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? lA : lB));
+        if (!full && (j0 + 8 * n + 2 * t + (e & 1) > i || i >= T)) pe = 0.0f;
+        sc[n][e] = pe * (dp[n][e] - (e < 2 ? dA : dB));
+      }
+    }
+    /* dQ += dS·K: k-step kk covers keys j0 + 16kk .. + 15 */
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+      unsigned sa[4];
+      packA(sa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+        unsigned b0, b1;
+        fragBt(b0, b1, Ks, STR, 16 * kk, 8 * n);
+        mma16(acc[n], sa, b0, b1);
+      }
+    }
+  }
+  if (iA < T) {
+    const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const long long x = oa + 8 * n + 2 * t;
+      stf(dq, x, ldf(dq, x) + acc[n][0] * SCALE); stf(dq, x + 1, ldf(dq, x + 1) + acc[n][1] * SCALE);
+    }
+  }
+  if (iB < T) {
+    const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const long long x = ob + 8 * n + 2 * t;
+      stf(dq, x, ldf(dq, x) + acc[n][2] * SCALE); stf(dq, x + 1, ldf(dq, x + 1) + acc[n][3] * SCALE);
+    }
+  }
+}
+`,
+});
+
+/**
+ * bf16 tensor-core dK/dV (q, k, v, dout bf16; dk, dv f32 or bf16, accumulated). Grid (ceil(T / 64), nKv·S, B), block
+ * 128, dynamic shared memory faSmem('dkv'). The block's 64 keys of one kv head (K and V row-major in shared memory; a
+ * warp owns 16 keys, dK and dV as accumulators) walk the query tiles (64 rows, 32 at hd > 64) from the diagonal down,
+ * for each query head of the block's split of the GQA group in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ·scale − lse),
+ * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major). S = 1 adds scale·dK and
+ * dV into dk/dv; S > 1 writes per-split f32 partials that attention_dkv_reduce sums in split order (as attention_bwd_dkv).
+ */
+export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt }>({
+  name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN }, example: { headDim: 64, dk: 'bf16', dv: 'bf16' },
+  generate: (p) => `${faPrelude(p.headDim)}
+#define BKV ${FA_KEY_TILE}
+#define QT ${faInnerTile(p.headDim)}
+extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
+    const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
+  bf16* Vs = Ks + BKV * STR;    /* [BKV][STR] */
+  bf16* Qs = Vs + BKV * STR;    /* [QT][STR] */
+  bf16* Os = Qs + QT * STR;     /* [QT][STR] dout */
+  float* Ls = (float*)(Os + QT * STR); /* [QT] lse · log2(e) */
+  float* Dm = Ls + QT;          /* [QT] D */
+  /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
+  const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
+  const int g0 = s * G / S, g1 = (s + 1) * G / S;
+  const int j0 = blockIdx.x * BKV;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  stageRows(Ks, k + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
+  stageRows(Vs, v + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
+  const int rw = warp * 16;
+  const int jA = j0 + rw + g, jB = jA + 8; /* the keys of this lane's accumulator elements 0, 1 and 2, 3 */
+  float adk[NO][4], adv[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) { adk[n][e] = 0.0f; adv[n][e] = 0.0f; }
+  }
+  for (int hg = g0; hg < g1; hg++) {
+    const int h = kvh * G + hg;
+    const bf16* qb = q + ((long long)b * T * nH + h) * HD;
+    const bf16* ob = dout + ((long long)b * T * nH + h) * HD;
+    const float* lb = lse + ((long long)b * nH + h) * T;
+    const float* db = dsum + ((long long)b * nH + h) * T;
+    /* only query rows i >= j0 see any of the block's keys */
+    for (int i0 = j0; i0 < T; i0 += QT) {
+      __syncthreads(); /* K and V staged; the previous Q and dout tiles are no longer read */
+      stageRows(Qs, qb, qs, i0, QT, T);
+      stageRows(Os, ob, qs, i0, QT, T);
+      for (int x = threadIdx.x; x < QT; x += NT) {
+        const int i = i0 + x;
+        Ls[x] = i < T ? lb[i] * LOG2E : 0.0f;
+        Dm[x] = i < T ? db[i] : 0.0f;
+      }
+      __syncthreads();
+      float sc[QT / 8][4], dp[QT / 8][4];
+#pragma unroll
+      for (int n = 0; n < QT / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; }
+      }
+#pragma unroll
+      for (int ss = 0; ss < KS; ss++) {
+        unsigned ka[4], va[4];
+        fragA(ka, Ks, STR, rw, 16 * ss);
+        fragA(va, Vs, STR, rw, 16 * ss);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++) {
+          unsigned b0, b1;
+          fragB(b0, b1, Qs, STR, 8 * n, 16 * ss);
+          mma16(sc[n], ka, b0, b1);
+          fragB(b0, b1, Os, STR, 8 * n, 16 * ss);
+          mma16(dp[n], va, b0, b1);
+        }
+      }
+      /* element e of atom n: key e < 2 ? jA : jB, query i0 + 8n + 2t + (e & 1); queries past T or before the key are 0 */
+      const bool full = j0 + rw + 15 <= i0 && i0 + QT <= T;
+#pragma unroll
+      for (int n = 0; n < QT / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int ci = 8 * n + 2 * t + (e & 1), i = i0 + ci;
+          float pe = exp2f(sc[n][e] * SCALE_LOG2 - Ls[ci]);
+          if (!full && ((e < 2 ? jA : jB) > i || i >= T)) pe = 0.0f;
+          sc[n][e] = pe;
+          dp[n][e] = pe * (dp[n][e] - Dm[ci]);
+        }
+      }
+      /* dV += Pᵀ·dO, dK += dSᵀ·Q: k-step kk covers queries i0 + 16kk .. + 15 */
+#pragma unroll
+      for (int kk = 0; kk < QT / 16; kk++) {
+        unsigned pa[4], sa[4];
+        packA(pa, sc[2 * kk], sc[2 * kk + 1]);
+        packA(sa, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+          unsigned b0, b1;
+          fragBt(b0, b1, Os, STR, 16 * kk, 8 * n);
+          mma16(adv[n], pa, b0, b1);
+          fragBt(b0, b1, Qs, STR, 16 * kk, 8 * n);
+          mma16(adk[n], sa, b0, b1);
+        }
+      }
+    }
+  }
+  const long long half = (long long)gridDim.z * gridDim.y * T * HD;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int j = r == 0 ? jA : jB;
+    if (j < T) {
+      const long long off = ((long long)b * T + j) * ks + (long long)kvh * HD;
+      /* partials [b][kvh][s][j][HD] (dk), then the same again for dv; attention_dkv_reduce sums s in order */
+      const long long po = ((((long long)b * nKv + kvh) * S + s) * T + j) * HD;
+#pragma unroll
+      for (int n = 0; n < NO; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int d = 8 * n + 2 * t + e;
+          const float vk = adk[n][2 * r + e] * SCALE, vv = adv[n][2 * r + e];
+          if (S == 1) {
+            stf(dk, off + d, ldf(dk, off + d) + vk);
+            stf(dv, off + d, ldf(dv, off + d) + vv);
+          } else {
+            part[po + d] = vk;
+            part[half + po + d] = vv;
+          }
+        }
+      }
+    }
+  }
+}
+`,
+});
+
 type BlockP = { block: number };
 
 /**
  * Grid-stride over n = B·T·nKv·hd elements of dk/dv ([b][j][kvh][d]): dk += Σ_{s<S} part_dk[b][kvh][s][j][d],
  * dv likewise (part_dv follows part_dk), s in order: the fixed-order second stage of attention_bwd_dkv with S > 1.
  */
-export const attentionDkvReduce = defineFamily<BlockP>({
-  name: 'attention_dkv_reduce', schema: { block: BLOCK_DOMAIN }, example: { block: 256 },
+export const attentionDkvReduce = defineFamily<BlockP & { dk: Dt; dv: Dt }>({
+  name: 'attention_dkv_reduce', schema: { block: BLOCK_DOMAIN, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN },
+  example: { block: 256, dk: 'f32', dv: 'f32' },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void attention_dkv_reduce(float* dk, float* dv, const float* part, long long n, int T, int nKv, int S, int hd) {
+${dtypeHelpers()}
+extern "C" __global__ void attention_dkv_reduce(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, const float* part, long long n, int T, int nKv,
+                                                int S, int hd) {
   const long long half = n * S;
   for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
     int d = (int)(i % hd);
@@ -621,49 +1115,53 @@ extern "C" __global__ void attention_dkv_reduce(float* dk, float* dv, const floa
     long long base = (((b * nKv + kvh) * S) * T + j) * hd + d, st = (long long)T * hd;
     float sk = 0.0f, sv = 0.0f;
     for (int s = 0; s < S; s++) { sk += part[base + s * st]; sv += part[half + base + s * st]; }
-    dk[i] += sk;
-    dv[i] += sv;
+    stf(dk, i, ldf(dk, i) + sk);
+    stf(dv, i, ldf(dv, i) + sv);
   }
 }
 `,
 });
 
 /** Grid-stride over B·t·rowElems. cache[b, pos0+tt, :] = src[b, tt, :] with rowElems = nKv·hd. */
-export const kvCacheWrite = defineFamily<BlockP>({
-  name: 'kv_cache_write', schema: { block: BLOCK_DOMAIN }, example: { block: 256 },
+export const kvCacheWrite = defineFamily<BlockP & { cache: Dt; src: Dt }>({
+  name: 'kv_cache_write', schema: { block: BLOCK_DOMAIN, cache: DTYPE_DOMAIN, src: DTYPE_DOMAIN },
+  example: { block: 256, cache: 'f32', src: 'f32' },
   generate: (p) => `#define BLOCK ${p.block}
-extern "C" __global__ void kv_cache_write(float* cache, const float* src, int B, int t, int pos0, int tMax, int rowElems) {
+${dtypeHelpers()}
+extern "C" __global__ void kv_cache_write(${ctype(p.cache)}* cache, const ${ctype(p.src)}* src, int B, int t, int pos0, int tMax,
+                                          int rowElems) {
   long long total = (long long)B * t * rowElems;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int e = (int)(idx % rowElems);
     long long bt = idx / rowElems;
     int tt = (int)(bt % t);
     long long b = bt / t;
-    cache[(b * tMax + pos0 + tt) * rowElems + e] = src[idx];
+    stf(cache, (b * tMax + pos0 + tt) * rowElems + e, ldf(src, idx));
   }
 }
 `,
 });
 
 /** Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i. */
-export const attentionCached = defineFamily<AttnP>({
-  name: 'attention_cached', schema, example: { headDim: 64, block: 128 },
+export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt }>({
+  name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN },
+  example: { headDim: 64, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32' },
   generate: (p) => `${prelude(p)}
-extern "C" __global__ void attention_cached(float* out, const float* q, const float* kc, const float* vc,
-                                            int t, int pos0, int tMax, int nH, int nKv) {
+extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
+                                            const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv) {
   int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int kvh = h / (nH / nKv);
   int L = pos0 + i + 1;
   __shared__ float qs[HD];
   __shared__ float ws[BLOCK];
   const long long qoff = (((long long)b * t + i) * nH + h) * HD;
-  for (int d = threadIdx.x; d < HD; d += BLOCK) qs[d] = q[qoff + d];
+  for (int d = threadIdx.x; d < HD; d += BLOCK) qs[d] = ldf(q, qoff + d);
   __syncthreads();
   float mx = NEG_INF;
   for (int j = threadIdx.x; j < L; j += BLOCK) {
-    const float* kj = kc + (((long long)b * tMax + j) * nKv + kvh) * HD;
+    const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
     float s = 0.0f;
-    for (int d = 0; d < HD; d++) s += qs[d] * kj[d];
+    for (int d = 0; d < HD; d++) s += qs[d] * ldf(kc, kj + d);
     mx = fmaxf(mx, s * SCALE);
   }
   mx = blockMax(mx);
@@ -674,9 +1172,9 @@ extern "C" __global__ void attention_cached(float* out, const float* q, const fl
     int j = j0 + threadIdx.x;
     float w = 0.0f;
     if (j < L) {
-      const float* kj = kc + (((long long)b * tMax + j) * nKv + kvh) * HD;
+      const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
       float s = 0.0f;
-      for (int d = 0; d < HD; d++) s += qs[d] * kj[d];
+      for (int d = 0; d < HD; d++) s += qs[d] * ldf(kc, kj + d);
       w = expf(s * SCALE - mx);
     }
     sum += w;
@@ -687,7 +1185,7 @@ extern "C" __global__ void attention_cached(float* out, const float* q, const fl
       int d = threadIdx.x + r * BLOCK;
       if (d < HD) {
         float a = 0.0f;
-        for (int jj = 0; jj < cnt; jj++) a += ws[jj] * vc[(((long long)b * tMax + j0 + jj) * nKv + kvh) * HD + d];
+        for (int jj = 0; jj < cnt; jj++) a += ws[jj] * ldf(vc, (((long long)b * tMax + j0 + jj) * nKv + kvh) * HD + d);
         acc[r] += a;
       }
     }
@@ -697,7 +1195,7 @@ extern "C" __global__ void attention_cached(float* out, const float* q, const fl
   float inv = 1.0f / sum;
   for (int r = 0; r < PER_THREAD; r++) {
     int d = threadIdx.x + r * BLOCK;
-    if (d < HD) out[qoff + d] = acc[r] * inv;
+    if (d < HD) stf(out, qoff + d, acc[r] * inv);
   }
 }
 `,

@@ -6,8 +6,8 @@ import {
   ropeYarnForward,
 } from './rope.js';
 import {
-  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, attentionForwardMma,
-  kvCacheWrite,
+  attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv, attentionBackwardPre, attentionCached,
+  attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, kvCacheWrite,
 } from './attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
@@ -29,6 +29,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, rmsnormBackward, rmsnormWeightGrad, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
+  attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel, convertKernel,
 ];

@@ -1,0 +1,195 @@
+/**
+ * GPU-only (skips cleanly without libcuda or a GPU): bf16 attention on the CUDA backend.
+ * - The tensor-core kernels (attention_fwd_bf16, attention_bwd_dq_bf16, attention_bwd_dkv_bf16; bf16 q, k, v, dout,
+ *   the output and gradients bf16 as the model stores them, or f32) against the float64 definition
+ *   (test/backend/reference.ts) computed from the SAME bf16-rounded inputs, and against the CPU backend's bf16
+ *   emulation: out max |error| ≤ 1e-2 · max |out|, lse ≤ 1e-3 absolute, dq/dk/dv (the gradient added to non-zero start
+ *   values, start values subtracted) relative Frobenius ≤ 2e-2. Head dims 64 and 128, GQA groups 1, 2, 7,
+ *   T = 1, 15, 64, 65, 130, 1024 (none of the 64-row tiles' edge cases left out), B = 2.
+ * - The backward accumulates (a second run adds the same f32 gradient again), is bit-for-bit deterministic (two runs
+ *   from the same start give identical bits), and the tensor-core kernels really ran (launch counts).
+ * - The SIMT fallback with bf16 operands for head dims the tensor-core kernels do not take (40, 72), and bf16
+ *   generation (kvCacheWrite into bf16 caches, attentionCached) against the CPU backend.
+ * Every case prints its errors on stderr.
+ *
+ * Run on a GPU machine: npm run build && node --test dist/test/cuda/flash-attention-bf16.test.js
+ */
+import { test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Backend, Buf, DType } from '../../src/backend/backend.js';
+import { roundBf16 } from '../../src/backend/bf16.js';
+import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { createCudaBackend } from '../../src/backend/cuda/index.js';
+import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention.js';
+import { rng } from './helpers.js';
+import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
+
+let cuda: CudaBackend | null = null;
+let reason = '';
+try { cuda = createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-flash-bf16-')) }); } catch (e) { reason = (e as Error).message; }
+const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const cpu = cuda ? new CpuBackend({ dtype: 'f32', threads: 8 }) : null;
+after(() => { cuda?.dispose(); cpu?.dispose(); });
+
+/** Bounds (see the header): forward out relative to max |out|, lse absolute, gradients relative Frobenius. */
+const TOL_OUT = 1e-2, TOL_LSE = 1e-3, TOL_GRAD = 2e-2;
+
+/** bf16-representable uniform values in [-scale, scale). */
+function randBf16(r: () => number, n: number, scale: number): Float64Array {
+  const a = new Float64Array(n);
+  for (let i = 0; i < n; i++) a[i] = roundBf16((r() * 2 - 1) * scale);
+  return a;
+}
+
+interface Inputs { q: Float64Array; k: Float64Array; v: Float64Array; dout: Float64Array; g0q: Float64Array; g0k: Float64Array; g0v: Float64Array }
+interface Result { out: Float64Array; lse: Float64Array; dq: Float64Array; dk: Float64Array; dv: Float64Array }
+
+function inputs(seed: number, B: number, T: number, nH: number, nKv: number, hd: number): Inputs {
+  const r = rng(seed);
+  const qn = B * T * nH * hd, kn = B * T * nKv * hd;
+  // q scaled by 3: softmax rows far from uniform and from one-hot; non-zero gradient start values (accumulation)
+  return {
+    q: randBf16(r, qn, 3), k: randBf16(r, kn, 1), v: randBf16(r, kn, 1), dout: randBf16(r, qn, 1),
+    g0q: randBf16(r, qn, 0.1), g0k: randBf16(r, kn, 0.1), g0v: randBf16(r, kn, 0.1),
+  };
+}
+
+function up(b: Backend, a: ArrayLike<number>, label: string, dtype: DType): Buf { const x = b.alloc(a.length, label, dtype); b.upload(x, a); return x; }
+const f64 = (a: Float32Array | Float64Array): Float64Array => Float64Array.from(a);
+
+interface Opts { out: DType; grad: DType; backwardRuns?: number }
+
+/** Forward, then `backwardRuns` backward calls accumulating into gradients that start at g0. */
+function run(b: Backend, x: Inputs, B: number, T: number, nH: number, nKv: number, hd: number, o: Opts): Result {
+  const q = up(b, x.q, 'q', 'bf16'), k = up(b, x.k, 'k', 'bf16'), v = up(b, x.v, 'v', 'bf16'), dout = up(b, x.dout, 'dout', 'bf16');
+  const out = up(b, randBf16(rng(7), x.q.length, 5), 'out', o.out), lse = up(b, randBf16(rng(8), B * nH * T, 5), 'lse', 'f32'); // overwritten
+  const dq = up(b, x.g0q, 'dq', o.grad), dk = up(b, x.g0k, 'dk', o.grad), dv = up(b, x.g0v, 'dv', o.grad);
+  b.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd);
+  for (let i = 0; i < (o.backwardRuns ?? 1); i++) b.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd);
+  return { out: f64(b.download(out)), lse: f64(b.download(lse)), dq: f64(b.download(dq)), dk: f64(b.download(dk)), dv: f64(b.download(dv)) };
+}
+
+function maxRel(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let m = 0, r = 0;
+  for (let i = 0; i < ref.length; i++) { m = Math.max(m, Math.abs(got[i]! - ref[i]!)); r = Math.max(r, Math.abs(ref[i]!)); }
+  return r === 0 ? m : m / r;
+}
+function maxAbs(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let m = 0;
+  for (let i = 0; i < ref.length; i++) m = Math.max(m, Math.abs(got[i]! - ref[i]!));
+  return m;
+}
+function frob(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let d = 0, n = 0;
+  for (let i = 0; i < ref.length; i++) { d += (got[i]! - ref[i]!) ** 2; n += ref[i]! ** 2; }
+  return n === 0 ? Math.sqrt(d) : Math.sqrt(d / n);
+}
+const minus = (a: Float64Array, b: Float64Array): Float64Array => a.map((y, i) => y - b[i]!);
+
+/** Checks a result (gradients with their start values subtracted) against reference out, lse and gradients. */
+function check(name: string, what: string, got: Result, x: Inputs, ref: { out: ArrayLike<number>; lse: ArrayLike<number>; dq: ArrayLike<number>; dk: ArrayLike<number>; dv: ArrayLike<number> }): void {
+  const e = {
+    out: maxRel(got.out, ref.out), lse: maxAbs(got.lse, ref.lse),
+    dq: frob(minus(got.dq, x.g0q), ref.dq), dk: frob(minus(got.dk, x.g0k), ref.dk), dv: frob(minus(got.dv, x.g0v), ref.dv),
+  };
+  process.stderr.write(`[flash-attention-bf16] ${name} vs ${what}: out ${e.out.toExponential(2)} lse ${e.lse.toExponential(2)} `
+    + `dq ${e.dq.toExponential(2)} dk ${e.dk.toExponential(2)} dv ${e.dv.toExponential(2)}\n`);
+  assert.ok(e.out <= TOL_OUT, `${name}: out vs ${what}: ${e.out} > ${TOL_OUT}`);
+  assert.ok(e.lse <= TOL_LSE, `${name}: lse vs ${what}: ${e.lse} > ${TOL_LSE}`);
+  for (const k of ['dq', 'dk', 'dv'] as const) assert.ok(e[k] <= TOL_GRAD, `${name}: ${k} vs ${what}: ${e[k]} > ${TOL_GRAD}`);
+}
+
+function bitIdentical(name: string, a: Result, b: Result): void {
+  for (const k of ['out', 'lse', 'dq', 'dk', 'dv'] as const) {
+    let diff = 0;
+    for (let i = 0; i < a[k].length; i++) if (!Object.is(a[k][i], b[k][i])) diff++;
+    assert.equal(diff, 0, `${name}: ${k} differs between two identical runs in ${diff} elements (must be deterministic)`);
+  }
+}
+
+const MMA_FAMILIES = ['attention_fwd_bf16', 'attention_bwd_dq_bf16', 'attention_bwd_dkv_bf16'];
+const launched = (f: string): number => cuda!.launches.get(f) ?? 0;
+
+function sweep(B: number, T: number, nH: number, nKv: number, hd: number, o: Opts & { ref64: boolean }): void {
+  const name = `B=${B} T=${T} heads ${nH}/${nKv} hd ${hd} out ${o.out} grads ${o.grad}`;
+  test(`bf16 attention ${name}`, { skip, timeout: 600_000 }, () => {
+    const x = inputs(B * 1000003 + T * 7919 + nH * 101 + nKv * 13 + hd, B, T, nH, nKv, hd);
+    const before = MMA_FAMILIES.map(launched), simtBefore = launched('attention_fwd');
+    const got = run(cuda!, x, B, T, nH, nKv, hd, o);
+    const mma = bf16MmaHeadDim(hd);
+    MMA_FAMILIES.forEach((f, i) => assert.equal(launched(f) > before[i]!, mma, `${name}: ${f} launched`));
+    assert.equal(launched('attention_fwd') > simtBefore, !mma, `${name}: SIMT forward launched`);
+    // the CPU backend's bf16 emulation (same bf16 inputs and output dtypes)
+    const c = run(cpu!, x, B, T, nH, nKv, hd, o);
+    check(name, 'cpu bf16', got, x, { out: c.out, lse: c.lse, dq: minus(c.dq, x.g0q), dk: minus(c.dk, x.g0k), dv: minus(c.dv, x.g0v) });
+    if (o.ref64) {
+      const [out, lse] = attentionRef(x.q, x.k, x.v, B, T, nH, nKv, hd);
+      const [dq, dk, dv] = attentionBackwardRef(x.dout, x.q, x.k, x.v, B, T, nH, nKv, hd);
+      check(name, 'float64 definition', got, x, { out, lse, dq, dk, dv });
+    }
+    bitIdentical(name, got, run(cuda!, x, B, T, nH, nKv, hd, o));
+  });
+}
+
+for (const hd of [64, 128]) {
+  for (const T of [1, 15, 64, 65, 130, 1024]) {
+    for (const [nH, nKv] of [[2, 2], [4, 2], [14, 2]] as const) {
+      if (T === 1024 && nH === 4) continue; // long sequences: groups 1 and 7
+      sweep(2, T, nH, nKv, hd, { out: 'bf16', grad: 'bf16', ref64: T <= 130 });
+    }
+  }
+  // f32 output and gradients (the kernels' other store path)
+  sweep(2, 130, 14, 2, hd, { out: 'f32', grad: 'f32', ref64: true });
+}
+// the SIMT fallback with bf16 operands: head dims that are not a multiple of 16
+for (const hd of [40, 72]) {
+  sweep(2, 97, 14, 2, hd, { out: 'bf16', grad: 'bf16', ref64: true });
+  sweep(2, 65, 4, 2, hd, { out: 'f32', grad: 'f32', ref64: true });
+}
+
+test('bf16 attention backward accumulates: a second call adds the same (f32) gradient again', { skip, timeout: 300_000 }, () => {
+  for (const hd of [64, 128, 40]) {
+    const B = 2, T = 130, nH = 14, nKv = 2, x = inputs(hd, B, T, nH, nKv, hd);
+    const one = run(cuda!, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32' });
+    const two = run(cuda!, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32', backwardRuns: 2 });
+    for (const k of ['dq', 'dk', 'dv'] as const) {
+      const g0 = k === 'dq' ? x.g0q : k === 'dk' ? x.g0k : x.g0v;
+      const once = minus(one[k], g0), twice = minus(two[k], g0);
+      const e = maxRel(twice, once.map((y) => 2 * y));
+      process.stderr.write(`[flash-attention-bf16] accumulate hd ${hd} ${k}: ${e.toExponential(2)}\n`);
+      assert.ok(e <= 1e-5, `hd ${hd} ${k}: two backward calls are not twice one (${e})`);
+      assert.ok(maxAbs(once, new Float64Array(once.length)) > 0, `hd ${hd} ${k}: a non-zero gradient`);
+    }
+  }
+});
+
+test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match the CPU backend', { skip, timeout: 300_000 }, () => {
+  for (const hd of [64, 128, 40]) {
+    const B = 2, t0 = 37, t1 = 5, nH = 14, nKv = 2, tMax = 48;
+    const run1 = (b: Backend): Float64Array => {
+      const kc = b.alloc(B * tMax * nKv * hd, 'kc', 'bf16'), vc = b.alloc(B * tMax * nKv * hd, 'vc', 'bf16');
+      const outs: number[] = [];
+      let pos = 0;
+      for (const [t, seed] of [[t0, 1], [t1, 2]] as const) {
+        const rr = rng(seed * 977 + hd);
+        const q = up(b, randBf16(rr, B * t * nH * hd, 3), 'q', 'bf16');
+        const k = up(b, randBf16(rr, B * t * nKv * hd, 1), 'k', 'f32'), v = up(b, randBf16(rr, B * t * nKv * hd, 1), 'v', 'bf16');
+        b.kvCacheWrite(kc, k, B, t, pos, tMax, nKv, hd);
+        b.kvCacheWrite(vc, v, B, t, pos, tMax, nKv, hd);
+        const out = b.alloc(B * t * nH * hd, 'out', 'bf16');
+        b.attentionCached(out, q, kc, vc, B, t, pos, tMax, nH, nKv, hd);
+        outs.push(...b.download(out));
+        pos += t;
+      }
+      return Float64Array.from(outs);
+    };
+    const got = run1(cuda!), ref = run1(cpu!);
+    const e = maxRel(got, ref);
+    process.stderr.write(`[flash-attention-bf16] cached hd ${hd} vs cpu bf16: ${e.toExponential(2)}\n`);
+    assert.ok(e <= TOL_OUT, `cached attention hd ${hd}: ${e} > ${TOL_OUT}`);
+  }
+});
