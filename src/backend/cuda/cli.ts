@@ -217,9 +217,11 @@ export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
   // Token ids the loss can score: below the loss vocabulary when the models' vocab_size differ.
   const V = j.lossVocab ?? j.student.vocabSize;
   const runs: Array<(b: Backend) => void> = [];
+  // The run's precision: it picks every operand dtype, so the kernels (a bf16 run launches bf16 variants).
+  const precision = j.precision ?? 'fp32';
   runs.push((be) => {
-    const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: true });
-    const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false }) : null;
+    const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: true, precision });
+    const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
     const runner = new StepRunner(student, teacher, j.loss ?? { kind: 'none', alpha: 0, temperature: 1, beta: 0 },
       j.lossVocab !== undefined ? { lossVocab: j.lossVocab } : {});
     const opt = new AdamW(student, j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
@@ -230,7 +232,7 @@ export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
   });
   const len = Math.min(j.student.maxPositionEmbeddings, Math.max(8, Math.min(j.seq, 64)));
   runs.push((be) => {
-    const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false });
+    const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false, precision });
     const g = new Generator(m, len);
     const promptLen = Math.max(1, len - 4);
     g.generate(Array.from({ length: promptLen }, (_, i) => (i * 13 + 5) % V), { temperature: 0.7, topP: 0.9, maxNewTokens: 3, seed: 1 });

@@ -124,7 +124,8 @@ type BiasP = { out: string; bias: string; set: boolean; block: number };
 /**
  * After (set false) or before (set true) the cuBLAS GEMM that writes out[n·m]: set false adds, out[r, c] += bias[c];
  * set true fills, out[r, c] = bias[c], and the GEMM then accumulates onto it (beta 1), so a bf16 out is rounded
- * once (GEMM + bias in float32) rather than twice.
+ * once (GEMM + bias in float32) rather than twice (exactly so for a bf16 bias, as the data flow has; an f32 bias is
+ * rounded to bf16 by the fill).
  */
 export const biasAdd = defineFamily<BiasP>({
   name: 'bias_add', schema: { out: DTYPE_DOMAIN, bias: DTYPE_DOMAIN, set: { kind: 'bool' }, block: BLOCK_DOMAIN },
