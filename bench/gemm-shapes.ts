@@ -6,6 +6,8 @@
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import type { Buf, DType } from '../src/backend/backend.js';
+import { presetConfig } from '../src/model/config.js';
+import { Transformer } from '../src/model/transformer.js';
 
 const be = createCudaBackend({ log: () => {} });
 const N = 8192, REPS = 20;
@@ -30,5 +32,18 @@ for (const [name, k, m] of shapes) {
     row.push(`${inDt}->${outDt}${bias ? '+bias' : ''} ${us.toFixed(1)} us ${(2 * N * k * m / us / 1e6).toFixed(0)} TF/s`);
   }
   console.log(`${name.padEnd(26)} ${row.join(' | ')}`);
+}
+
+// The same products as a model runs them: the teacher's (Qwen2.5-1.5B-shaped) whole forward at 8×1024, profiled, so the
+// per-op GPU times can be set beside the isolated ones above (DISTILLERY_CUDA_PROFILE=1 prints the table on dispose).
+if (process.argv.includes('--model')) {
+  const t = new Transformer(be, presetConfig('qwen2.5-1.5b', 151936), { batch: 8, seq: 1024, training: false, precision: 'bf16', label: 'teacher' });
+  const ids = Int32Array.from({ length: N }, (_, i) => (i * 7919) % 151936);
+  for (let i = 0; i < 3; i++) t.forwardHidden(ids, 8, 1024);
+  be.synchronize();
+  const t0 = process.hrtime.bigint();
+  t.forwardHidden(ids, 8, 1024);
+  be.synchronize();
+  console.log(`teacher forward (bf16, 8x1024): ${(Number(process.hrtime.bigint() - t0) / 1e6).toFixed(1)} ms`);
 }
 be.dispose();
