@@ -9,7 +9,7 @@ import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';
 
-const be = createCudaBackend({ log: () => {} });
+const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]')) process.stderr.write(`${l}\n`); } });
 const N = 8192, REPS = 20;
 const shapes: Array<[string, number, number]> = [
   ['teacher q/o 1536x1536', 1536, 1536], ['teacher k/v 1536x256', 1536, 256], ['teacher gate/up 1536x8960', 1536, 8960],
@@ -36,6 +36,23 @@ for (const [name, k, m] of shapes) {
 
 // The same products as a model runs them: the teacher's (Qwen2.5-1.5B-shaped) whole forward at 8×1024, profiled, so the
 // per-op GPU times can be set beside the isolated ones above (DISTILLERY_CUDA_PROFILE=1 prints the table on dispose).
+if (process.argv.includes('--attn')) {
+  // o_proj after attention: the product of an attention output (bf16) into an f32 residual, against the same product
+  // of a random bf16 matrix (the step profile showed the in-model o_proj 8x slower than this benchmark's).
+  const T = 1024, B = 8, nH = 12, nKv = 2, hd = 128, Q = nH * hd, C = 1536;
+  const rnd = (n: number): Float32Array => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 12.9898) * 0.5);
+  const q = be.alloc(N * Q, 'q', 'bf16'), k = be.alloc(N * nKv * hd, 'k', 'bf16'), v = be.alloc(N * nKv * hd, 'v', 'bf16');
+  be.upload(q, rnd(N * Q)); be.upload(k, rnd(N * nKv * hd)); be.upload(v, rnd(N * nKv * hd));
+  const att = be.alloc(N * Q, 'att', 'bf16'), lse = be.alloc(B * nH * T, 'lse'), wo = be.alloc(C * Q, 'wo', 'bf16'), h = be.alloc(N * C, 'h');
+  const h16 = be.alloc(N * C, 'h16', 'bf16'), r16 = be.alloc(N * Q, 'rand', 'bf16');
+  be.upload(wo, rnd(C * Q)); be.upload(r16, rnd(N * Q));
+  be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd);
+  console.log(`o_proj attention output -> f32: ${time(() => be.matmulForward(h, att, wo, null, N, Q, C)).toFixed(1)} us`);
+  console.log(`o_proj random bf16      -> f32: ${time(() => be.matmulForward(h, r16, wo, null, N, Q, C)).toFixed(1)} us`);
+  console.log(`o_proj attention output -> bf16: ${time(() => be.matmulForward(h16, att, wo, null, N, Q, C)).toFixed(1)} us`);
+  console.log(`attention then o_proj -> f32: ${time(() => { be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd); be.matmulForward(h, att, wo, null, N, Q, C); }).toFixed(1)} us`);
+  console.log(`attention alone: ${time(() => be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd)).toFixed(1)} us`);
+}
 if (process.argv.includes('--model')) {
   const t = new Transformer(be, presetConfig('qwen2.5-1.5b', 151936), { batch: 8, seq: 1024, training: false, precision: 'bf16', label: 'teacher' });
   const ids = Int32Array.from({ length: N }, (_, i) => (i * 7919) % 151936);

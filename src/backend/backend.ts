@@ -137,7 +137,8 @@ export interface Backend {
 
   /**
    * out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS (bf16 operands: tensor cores, fp32
-   * accumulation). inp and weight share one dtype (checkMatmulDtypes); out and bias may be either.
+   * accumulation). inp and weight share one dtype (checkMatmulDtypes); out and bias may be either. Into a bf16 out
+   * with a bias, the product is rounded, then the bias added and the sum rounded (the GEMM's store, then a bias add).
    */
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void;
   /**

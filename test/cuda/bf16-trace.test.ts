@@ -40,8 +40,8 @@ test('the plan of the bf16 data flow holds bf16 variants of every non-attention 
   }
   assert.ok(bf.some((s) => s.id === 'loss kind=jsd withGrad=true dlogits=bf16 block=512'));
   assert.ok(bf.some((s) => s.id === 'adamw copy=bf16 block=256'));
-  assert.ok(bf.some((s) => s.id === 'bias_add out=bf16 bias=bf16 set=true block=256'), 'a bias onto a bf16 output is filled before the GEMM');
-  assert.ok(bf.some((s) => s.id === 'bias_add out=f32 bias=bf16 set=false block=256'), 'a bf16 bias onto an f32 output is added after');
+  assert.ok(bf.some((s) => s.id === 'bias_add out=bf16 bias=bf16 block=256'), 'a bias onto a bf16 output is added after the GEMM');
+  assert.ok(bf.some((s) => s.id === 'bias_add out=f32 bias=bf16 block=256'), 'a bf16 bias onto an f32 output is added after the GEMM');
   const f32 = planKernels([allOpsStep(QWEN_LIKE), allOpsStep(LLAMA_LIKE)]);
   assert.deepEqual(f32.filter((s) => s.id.includes('bf16')).map((s) => s.id), [], 'the fp32 path launches no bf16 kernel');
 });

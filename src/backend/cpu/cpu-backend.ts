@@ -425,7 +425,14 @@ export class CpuBackend implements Backend {
     this.need(o, n * m, 'matmulForward', 'out'); this.need(x, n * k, 'matmulForward', 'inp'); this.need(w, m * k, 'matmulForward', 'weight');
     if (b !== null) this.need(b, m, 'matmulForward', 'bias');
     checkMatmulDtypes('matmulForward', [['inp', inp, 'weight', weight]]);
-    this.gemm(o, x, w, b, n, m, k, false);
+    if (b !== null && out.dtype === 'bf16') {
+      // As the CUDA backend: the product is stored (rounded), then the bias added and the sum rounded.
+      this.gemm(o, x, w, null, n, m, k, false);
+      this.fin(out, 0, n * m);
+      for (let r = 0; r < n; r++) for (let c = 0; c < m; c++) o[r * m + c] = o[r * m + c]! + b[c]!;
+    } else {
+      this.gemm(o, x, w, b, n, m, k, false);
+    }
     this.fin(out, 0, n * m);
   }
 

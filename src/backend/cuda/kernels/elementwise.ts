@@ -120,20 +120,21 @@ type ConvertP = { out: string; inp: string; block: number };
 export const convertKernel = typed<ConvertP>('convert', [OUT('out'), IN('inp')], '', { out: 'bf16', inp: 'f32', block: 256 },
   ({ L, S }) => S('out', L('inp')));
 
-type BiasP = { out: string; bias: string; set: boolean; block: number };
+type BiasP = { out: string; bias: string; block: number };
 /**
- * After (set false) or before (set true) the cuBLAS GEMM that writes out[n·m]: set false adds, out[r, c] += bias[c];
- * set true fills, out[r, c] = bias[c], and the GEMM then accumulates onto it (beta 1), so a bf16 out is rounded
- * once (GEMM + bias in float32) rather than twice (exactly so for a bf16 bias, as the data flow has; an f32 bias is
- * rounded to bf16 by the fill).
+ * After the cuBLAS GEMM that wrote out[rows, m]: out[r, c] += bias[c] (in float; a bf16 out rounds the sum). Grid
+ * (ceil(m / block), Y): thread column c reads bias[c] once and walks rows y, y + Y, ... (no per-element modulo).
  */
 export const biasAdd = defineFamily<BiasP>({
-  name: 'bias_add', schema: { out: DTYPE_DOMAIN, bias: DTYPE_DOMAIN, set: { kind: 'bool' }, block: BLOCK_DOMAIN },
-  example: { out: 'bf16', bias: 'bf16', set: true, block: 256 },
+  name: 'bias_add', schema: { out: DTYPE_DOMAIN, bias: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { out: 'bf16', bias: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 ${dtypeHelpers()}
-extern "C" __global__ void bias_add(${T(p.out)}* out, const ${T(p.bias)}* bias, long long n, int m) {
-  ${loop} stf(out, i, ${p.set ? '' : 'ldf(out, i) + '}ldf(bias, i % m));
+extern "C" __global__ void bias_add(${T(p.out)}* out, const ${T(p.bias)}* bias, int rows, int m) {
+  const int c = blockIdx.x * BLOCK + threadIdx.x;
+  if (c >= m) return;
+  const float b = ldf(bias, c);
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) { const long long i = (long long)r * m + c; stf(out, i, ldf(out, i) + b); }
 }
 `,
 });
