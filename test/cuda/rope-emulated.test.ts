@@ -2,8 +2,8 @@
  * No GPU (needs g++; skips without it; about a second): the RoPE kernels as CudaBackend launches them. A device-mode
  * CudaBackend over a fake driver records each rope launch (its generated source, grid, block and argument slots);
  * the GENERATED source is compiled for the host (the bf16 helpers' inline PTX replaced by host round-to-nearest-even)
- * and every (block, thread) of the recorded grid runs sequentially, then again with a one-block grid (the grid-stride
- * loop). The result is compared with the CPU backend (the float64-angle reference, bf16 emulated) for every kind, odd
+ * and every (block, thread) of the recorded grid runs sequentially, then, where that grid has several blocks, again
+ * with one block (the grid-stride loop). The result is compared with the CPU backend (the float64-angle reference, bf16 emulated) for every kind, odd
  * shapes (HD/2 odd, heads not a multiple of the kernel's head group), both dtypes, forward out of place (out filled
  * with NaN: a pair no thread covers stays NaN) and in place, and backward accumulating into nonzero dinp (a pair two
  * threads cover is added twice). Bounds: f32 outputs 1e-6 absolute (values of order 1: float32 rounding of c, s and
@@ -193,7 +193,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
       const rows = Number(c.launch.slots.readBigInt64LE(16));
       assert.deepEqual([rows, c.launch.slots.readInt32LE(24), c.launch.slots.readInt32LE(32), c.launch.slots.readInt32LE(40)], [B * T, T, H, pos0],
         'arguments (rows of B·T, T, heads, pos0)');
-      for (const grid of [c.launch.grid[0]!, 1]) {
+      for (const grid of new Set([c.launch.grid[0]!, 1])) {
         const outPath = join(dir, 'out.bin'), inpPath = join(dir, 'inp.bin');
         writeOperand(outPath, c.outInit, c.out);
         if (c.op !== 'fwd-inplace') writeOperand(inpPath, c.inpInit, c.inp);
@@ -210,7 +210,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
         runs++;
       }
     }
-    assert.equal(runs, ropes.length * shapes.length * ops.length * 2);
+    assert.ok(runs > cases.length, 'some launches ran again on one block');
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
