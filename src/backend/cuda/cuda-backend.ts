@@ -554,7 +554,8 @@ export class CudaBackend implements Backend {
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
     const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp) });
-    this.launch(spec, [blocksFor(n / 2, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t * heads), I(t), I(heads), I(pos0)]);
+    // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
+    this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t), I(t), I(heads), I(pos0)]);
   }
 
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {

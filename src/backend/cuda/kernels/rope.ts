@@ -1,14 +1,23 @@
 /**
  * Rotary embedding (rotate-half layout) forward and backward, one family pair per RoPE kind (src/backend/rope.ts).
  *
- * - rope_fwd / rope_bwd (plain RoPE). Baked: headDim, theta, block. The angle is computed in double in the kernel
- *   (theta^(-2i/headDim) and position · frequency), matching a float64 host reference.
+ * - rope_fwd / rope_bwd (plain RoPE). Baked: headDim, theta, block.
  * - rope_linear_*, rope_llama3_*, rope_yarn_* (scaled RoPE). Baked: headDim, the kind's every parameter, block.
- *   The inverse frequencies are computed on the host by ropeInvFreq (the same float64 function the CPU backend
- *   uses) and baked into the source as a double table, with yarn's attention factor as ATTN; so the kernel source,
- *   and therefore its cache key, changes with every parameter that changes the math.
- * Only the final rotation is float32. Every family also bakes the dtypes ('f32' | 'bf16') of `out` and `inp` (out may
- * alias inp: both must then have one dtype); a bf16 store rounds once (the backward's += reads, adds in float, rounds).
+ * Every kind bakes its inverse frequencies, computed on the host by ropeInvFreq (the same float64 function the CPU
+ * backend uses), into the source as a double table, with yarn's attention factor as ATTN; so the kernel source, and
+ * therefore its cache key, changes with every parameter that changes the math. The angle (position · frequency) and
+ * its cos and sin are double; only the final rotation is float32. Every family also bakes the dtypes ('f32' | 'bf16')
+ * of `out` and `inp` (out may alias inp: both must then have one dtype); a bf16 store rounds once (the backward's +=
+ * reads, adds in float, rounds).
+ *
+ * Launch (CudaBackend.rope): one thread per (token row r of the B·T rows, pair i < HALF), a grid-stride loop over
+ * rows·HALF: idx ↦ (r = idx / HALF, i = idx % HALF), a bijection of [0, rows·HALF) onto the (r, i) pairs, so any grid
+ * covers each pair exactly once. The thread computes the angle's (c, s) once (position pos0 + r % T) and rotates pair
+ * i of every head of row r: elements r·heads·HD + h·HD + {i, i + HALF}, h < heads — which are all the elements of the
+ * tensor, each touched by exactly one thread (once per pair, once per head). Heads go in groups of HU: the group's
+ * inputs (and the backward's old outputs) are read before any of its stores, so that the loads overlap (the compiler
+ * may not reorder them across the stores since out may alias inp); reading first is also what makes the forward
+ * in place correct, as every element read is written only by the same thread.
  */
 import { ropeInvFreq, yarnMscale, type RopeSpec } from '../../rope.js';
 import {
@@ -22,52 +31,62 @@ const schema = {
 /** The operand dtypes of one rope launch. */
 export interface RopeDtypes { out: string; inp: string }
 
-/** The grid-stride loop shared by every kind: FREQ(i) and ATTN are defined by the caller's prelude. */
-function ropeBody(name: string, backward: boolean, headDim: number, block: number, dt: RopeDtypes, prelude: string): string {
-  const body = backward
-    ? `stf(out, base + i, ldf(out, base + i) + (y1 * c + y2 * s));
-    stf(out, base + i + HALF, ldf(out, base + i + HALF) + (-y1 * s + y2 * c));`
-    : `stf(out, base + i, y1 * c - y2 * s);
-    stf(out, base + i + HALF, y2 * c + y1 * s);`;
+/** Heads per group in the kernel's head loop (loads of a group are issued before its stores). */
+const HEAD_GROUP = 4;
+
+/**
+ * The kernel of every kind, with `rope`'s inverse-frequency table and attention factor baked. Arguments:
+ * (out, inp, rows = B·T, T, heads, pos0); launch rows·HD/2 threads or fewer (grid-stride loop).
+ */
+function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
+  const inv = ropeInvFreq(rope, headDim);
+  const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
+  const table = Array.from(inv, (v) => f64(v)).join(', ');
+  const load = backward
+    ? `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF); o1[u] = ldf(out, e); o2[u] = ldf(out, e + HALF);`
+    : `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF);`;
+  const store = backward
+    ? `stf(out, e, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, e + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
+    : `stf(out, e, y1[u] * c - y2[u] * s); stf(out, e + HALF, y2[u] * c + y1[u] * s);`;
   return `#define BLOCK ${block}
 #define HD ${headDim}
 #define HALF ${headDim / 2}
-${prelude}
+#define HU ${HEAD_GROUP}
+__device__ const double ${name}_inv_freq[HALF] = { ${table} };
+#define ATTN ${f64(attn)}
 ${dtypeHelpers()}
-/* rows = B*T*heads; row r has position pos0 + (r / heads) % T. out may alias inp (forward). */
+/* rows = B*T token rows of heads*HD elements; row r has position pos0 + r % T. One thread per (row, pair i), all heads.
+   out may alias inp. */
 extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
     long long row = idx / HALF;
-    int t = (int)((row / heads) % T);
-    double ang = (double)(pos0 + t) * FREQ(i);
-    float c = (float)(ATTN * cos(ang));
-    float s = (float)(ATTN * sin(ang));
-    long long base = row * HD;
-    float y1 = ldf(inp, base + i);
-    float y2 = ldf(inp, base + i + HALF);
-    ${body}
+    int t = (int)(row % T);
+    double ang = (double)(pos0 + t) * ${name}_inv_freq[i];
+    double sd, cd;
+    sincos(ang, &sd, &cd);
+    float c = (float)(ATTN * cd);
+    float s = (float)(ATTN * sd);
+    long long base = row * heads * HD + i;
+    for (int h0 = 0; h0 < heads; h0 += HU) {
+      float y1[HU], y2[HU]${backward ? ', o1[HU], o2[HU]' : ''};
+#pragma unroll
+      for (int u = 0; u < HU; u++) {
+        if (h0 + u < heads) { long long e = base + (long long)(h0 + u) * HD; ${load} }
+      }
+#pragma unroll
+      for (int u = 0; u < HU; u++) {
+        if (h0 + u < heads) { long long e = base + (long long)(h0 + u) * HD; ${store} }
+      }
+    }
   }
 }
 `;
 }
 
-function plainSource(name: string, backward: boolean, p: Readonly<RopeP>): string {
-  return ropeBody(name, backward, p.headDim, p.block, p, `#define THETA ${f64(p.theta)}
-#define FREQ(i) pow(THETA, -2.0 * (double)(i) / (double)HD)
-#define ATTN 1.0`);
-}
-
-/** A prelude with the inverse-frequency table of `rope` and its attention factor. */
-function tableSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
-  const inv = ropeInvFreq(rope, headDim);
-  const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
-  const table = Array.from(inv, (v) => f64(v)).join(', ');
-  return ropeBody(name, backward, headDim, block, dt, `__constant__ double ${name}_inv_freq[HALF] = { ${table} };
-#define FREQ(i) ${name}_inv_freq[i]
-#define ATTN ${f64(attn)}`);
-}
+const plainSource = (name: string, backward: boolean, p: Readonly<RopeP>): string =>
+  ropeSource(name, backward, { type: 'default', theta: p.theta }, p.headDim, p.block, p);
 
 export const ropeForward = defineFamily<RopeP>({
   name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', block: 256 },
@@ -131,7 +150,7 @@ function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp:
     const name = `rope_${kind}_${backward ? 'bwd' : 'fwd'}`;
     return defineFamily<P>({
       name, schema: s, example,
-      generate: (p) => tableSource(name, backward, toRope(p), p.headDim, p.block, p),
+      generate: (p) => ropeSource(name, backward, toRope(p), p.headDim, p.block, p),
     });
   };
   return [make(false), make(true)];
