@@ -45,11 +45,12 @@ export const ADD_NORM_MAX_REGS = 32;
 
 /**
  * Grid: one block per row. The residual add fused with the norm that reads it: sum = a + b, then rmsnorm_fwd over
- * the stored sum (a bf16 sum is rounded before the norm reads it). Each thread holds its elements of the row
- * (i = threadIdx.x + j·BLOCK) in registers between the two passes, so the sum is read from a and b once and never
- * re-read; the per-thread order of the sum of squares and the per-element float ops are rmsnorm_fwd's, so with the
- * same block the results are bit-identical to add followed by rmsnorm_fwd. Rows wider than ADD_NORM_MAX_REGS·BLOCK
- * re-read the sum each thread stored itself. sum may alias a or b (each element is read, then written, by one thread).
+ * the stored sum (a bf16 sum is rounded before the norm reads it). Each thread loads all its elements of the row
+ * (i = threadIdx.x + j·BLOCK) into registers, then stores the sums and keeps them there for the norm, so a and b are
+ * read once and the sum is never re-read; the per-thread order of the sum of squares and the per-element float ops
+ * are rmsnorm_fwd's, so with the same block the results are bit-identical to add followed by rmsnorm_fwd. Rows wider
+ * than ADD_NORM_MAX_REGS·BLOCK re-read the sum each thread stored itself. sum may alias a or b, exactly (each element
+ * is read, then written, by one thread); the backend refuses partial overlaps.
  */
 export const addRmsnormForward = defineFamily<AddNormP>({
   name: 'add_rmsnorm_fwd',
@@ -90,14 +91,16 @@ ${norm}
     const guard = p.C % p.block === 0 ? '' : 'if (i < C) ';
     return `${head}
   float v[${nv}];
+  // every load before the first store: sum may alias a or b, which would otherwise serialize each load behind a store
 #pragma unroll
   for (int j = 0; j < ${nv}; j++) {
     int i = threadIdx.x + j * BLOCK;
-    ${guard}{
-      float s = ldf(a, base + i) + ldf(b, base + i);
-      stf(sum, base + i, s);
-      v[j] = ${stored('s')}; ss += v[j] * v[j];
-    }
+    ${guard}v[j] = ldf(a, base + i) + ldf(b, base + i);
+  }
+#pragma unroll
+  for (int j = 0; j < ${nv}; j++) {
+    int i = threadIdx.x + j * BLOCK;
+    ${guard}{ stf(sum, base + i, v[j]); v[j] = ${stored('v[j]')}; ss += v[j] * v[j]; }
   }
 ${norm}
 #pragma unroll
