@@ -5,7 +5,7 @@
 # (nvidia-smi memory.used, sampled every 100 ms while each process runs, minus what was in use before it started).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like device-run.sh.
 # Env: SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
-#      PEER_STEPS (10), PEER_MODES ("eager compile"), PRECISION (distillery flags, default "--precision bf16"),
+#      PEER_STEPS (10), PEER_MODES ("eager compile"; "none": distillery only), PRECISION (distillery flags, default "--precision bf16"),
 #      PROFILE (0/1: one more distillery run per shape with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT).
 # Output: $OUT/bench.txt (the table and every raw line) and $OUT/bench.json.
 set -uo pipefail
@@ -66,6 +66,7 @@ for shape in $SHAPES; do
   fi
   peers=""
   for mode in $PEER_MODES; do
+    [ "$mode" = none ] && continue
     run_peer() { PYTHONUNBUFFERED=1 timeout 420 python3 .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b \
       --batch "$B" --seq "$S" --mode "$mode" --steps "$PEER_STEPS" > "$work/peer-$mode-$shape.log" 2>&1; }
     read -r prc pmib < <(peak_of run_peer)

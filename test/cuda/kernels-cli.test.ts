@@ -150,7 +150,7 @@ test('kernels plan|audit --tf32: the tensor-core attention forward (what a --tf3
   };
   const tf32 = await families({ model: 'tiny', tf32: true });
   assert.ok(tf32.includes('attention_fwd_mma') && !tf32.includes('attention_fwd'), tf32.join(' '));
-  const fp32 = await families({ model: 'tiny' });
+  const fp32 = await families({ model: 'tiny', precision: 'fp32' });
   assert.ok(fp32.includes('attention_fwd') && !fp32.includes('attention_fwd_mma'), fp32.join(' '));
   const audit = await capture(() => kernelsCommand('audit', { model: 'tiny', tf32: true }));
   assert.equal(audit.code, 0, audit.text);

@@ -536,7 +536,7 @@ export class CudaBackend implements Backend {
     if (fill) biasLaunch(true);
     // row-major out[n,m] = inp[n,k]·W[m,k]ᵀ  ⇔  column-major outᵀ(m×n) = Wᵀ... : sgemm(T, N, m, n, k, W, k, inp, k, out, m)
     this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, fill, `matmul ${n}x${k}·${m}x${k}ᵀ`,
-      `cublas matmulForward${gemmTag(inp)} n=${n} k=${k} m=${m}`);
+      `cublas matmulForward${gemmTag(inp)}${out.dtype !== inp.dtype ? `->${out.dtype}` : ''}${fill ? '+bias' : ''} n=${n} k=${k} m=${m}`);
     if (bias && !fill) biasLaunch(false);
   }
 

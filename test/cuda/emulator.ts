@@ -1,0 +1,163 @@
+/**
+ * The host emulator of the generated CUDA kernels (opt-in tests: DISTILLERY_EMULATE_CUDA=1, g++ with C++20): the
+ * source of a kernel spec compiled for the host with a SIMT emulation header (threads with real barriers, warp
+ * shuffles, mma.m16n8k16 and ldmatrix.trans from the PTX fragment layouts). Used by flash-emulated.test.ts and
+ * loss-emulated.test.ts; `workDir()` is removed by `cleanUp()`.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
+
+export function gxx(): boolean {
+  try { execFileSync('g++', ['--version'], { stdio: 'ignore' }); return true; } catch { return false; }
+}
+export const skip = process.env.DISTILLERY_EMULATE_CUDA !== '1' ? 'opt-in: DISTILLERY_EMULATE_CUDA=1 runs the CUDA kernels on a host emulator (about a minute)'
+  : gxx() ? false : 'g++ not found';
+
+export const EMU = String.raw`// Host emulation of the CUDA subset the attention kernels use: a block = BLOCK std::threads, __syncthreads = a
+// block barrier, shuffles and mma.m16n8k16 = warp barriers + exchange slots, fragment layouts per the PTX ISA.
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <barrier>
+#include <vector>
+#include <algorithm>
+#include <memory>
+using std::min; using std::max;
+struct dim3e { unsigned x, y, z; };
+thread_local dim3e threadIdx, blockIdx;
+dim3e gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(x)
+#define __shared__ static
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+inline unsigned fbits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+typedef unsigned short bf16;
+inline bf16 f2bf_host(float f) {
+  unsigned u = fbits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (bf16)(u >> 16);
+}
+unsigned char* g_smem;
+std::barrier<>* g_block_bar;
+std::barrier<>* g_warp_bar[32];
+float g_xf[32][32];
+unsigned g_xu[32][32][6];
+float g_xc[32][32][4];
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xf[w][l] = v; warpsync(); float r = g_xf[w][l ^ o]; warpsync(); return r;
+}
+inline float __shfl_sync(unsigned, float v, int src) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xf[w][l] = v; warpsync(); float r = g_xf[w][src & 31]; warpsync(); return r;
+}
+inline float lo16(unsigned r) { return __uint_as_float((r & 0xffffu) << 16); }
+inline float hi16(unsigned r) { return __uint_as_float(r & 0xffff0000u); }
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, layouts from the PTX ISA */
+inline void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  for (int i = 0; i < 4; i++) g_xu[w][l][i] = a[i];
+  g_xu[w][l][4] = b0; g_xu[w][l][5] = b1;
+  warpsync();
+  float A[16][16], B[16][8];
+  for (int L = 0; L < 32; L++) {
+    int g = L >> 2, t = L & 3; unsigned* r = g_xu[w][L];
+    A[g][2 * t] = lo16(r[0]); A[g][2 * t + 1] = hi16(r[0]);
+    A[g + 8][2 * t] = lo16(r[1]); A[g + 8][2 * t + 1] = hi16(r[1]);
+    A[g][2 * t + 8] = lo16(r[2]); A[g][2 * t + 9] = hi16(r[2]);
+    A[g + 8][2 * t + 8] = lo16(r[3]); A[g + 8][2 * t + 9] = hi16(r[3]);
+    B[2 * t][g] = lo16(r[4]); B[2 * t + 1][g] = hi16(r[4]);
+    B[2 * t + 8][g] = lo16(r[5]); B[2 * t + 9][g] = hi16(r[5]);
+  }
+  warpsync();
+  int g = l >> 2, t = l & 3;
+  auto dot = [&](int row, int col) { float s = 0; for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col]; return s; };
+  c[0] += dot(g, 2 * t); c[1] += dot(g, 2 * t + 1); c[2] += dot(g + 8, 2 * t); c[3] += dot(g + 8, 2 * t + 1);
+}
+const void* g_xp[32][32];
+/* ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 8m + r address row r of matrix m; lane 4r + w receives word w of
+   row r of the TRANSPOSED matrix m, i.e. elements [2w][r] (low half) and [2w + 1][r] of the stored matrix */
+inline void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xp[w][l] = p; warpsync();
+  int r = l >> 2, c = l & 3;
+  auto M = [&](int m, int row, int col) -> unsigned { return ((const bf16*)g_xp[w][m * 8 + row])[col]; };
+  b0 = M(0, 2 * c, r) | (M(0, 2 * c + 1, r) << 16);
+  b1 = M(1, 2 * c, r) | (M(1, 2 * c + 1, r) << 16);
+  warpsync();
+}
+template <class F> void launch(dim3e grid, int block, size_t smem, F f) {
+  gridDim = grid;
+  std::vector<unsigned char> sm(smem + 16);
+  g_smem = sm.data();
+  for (unsigned z = 0; z < grid.z; z++) for (unsigned y = 0; y < grid.y; y++) for (unsigned x = 0; x < grid.x; x++) {
+    std::barrier<> bb(block);
+    std::vector<std::unique_ptr<std::barrier<>>> wb;
+    for (int w = 0; w < block / 32; w++) { wb.emplace_back(new std::barrier<>(32)); g_warp_bar[w] = wb.back().get(); }
+    g_block_bar = &bb;
+    memset(sm.data(), 0xcd, sm.size()); /* garbage, as on a GPU */
+    std::vector<std::thread> th;
+    for (int i = 0; i < block; i++) th.emplace_back([=] { threadIdx = {(unsigned)i, 0, 0}; blockIdx = {x, y, z}; f(); });
+    for (auto& t : th) t.join();
+  }
+}
+template <class T> std::vector<T> readf(const char* dir, const char* name, size_t n) {
+  std::vector<T> v(n);
+  char p[512]; snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE* f = fopen(p, "rb"); if (!f) { fprintf(stderr, "no %s\n", p); exit(2); }
+  if (fread(v.data(), sizeof(T), n, f) != n) { fprintf(stderr, "short %s\n", p); exit(2); }
+  fclose(f); return v;
+}
+template <class T> void writef(const char* dir, const char* name, const std::vector<T>& v) {
+  char p[512]; snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE* f = fopen(p, "wb"); fwrite(v.data(), sizeof(T), v.size(), f); fclose(f);
+}
+`;
+
+/** The generated source with its inline PTX and CUDA-only declarations replaced by host equivalents. */
+export function hostify(src: string): string {
+  let s = src;
+  s = s.replace(/__device__ __forceinline__ bf16 f2bf\(float f\) \{[^\n]*\n/, '__device__ __forceinline__ bf16 f2bf(float f) { return f2bf_host(f); }\n');
+  s = s.replace(/__device__ __forceinline__ unsigned pack2\(float lo, float hi\) \{\n[^\n]*\n\}\n/,
+    'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
+  s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
+  s = s.replace(/\/\* ldmatrix\.x2\.trans of two 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
+  s = s.replace('extern __shared__ __align__(16) unsigned char smraw[];', 'unsigned char* smraw = g_smem;');
+  s = s.replace('extern __shared__ float smem[];', 'float* smem = (float*)g_smem;');
+  assert.doesNotMatch(s, /asm\(/, 'inline PTX left after hostify');
+  return s;
+}
+
+let dir = '';
+let built = 0;
+export function workDir(): string {
+  if (!dir) dir = mkdtempSync(join(tmpdir(), 'dk-emu-'));
+  return dir;
+}
+export function build(spec: KernelSpec, main: string): string {
+  const exe = join(workDir(), `k${built++}`);
+  writeFileSync(join(workDir(), 'emu.h'), EMU);
+  writeFileSync(`${exe}.cpp`, `#include "emu.h"\n${hostify(spec.source())}\n${main}`);
+  execFileSync('g++', ['-std=c++20', '-O1', '-pthread', '-w', '-o', exe, `${exe}.cpp`]);
+  return exe;
+}
+
+
+/** Removes the work folder. */
+export function cleanUp(): void { if (dir) rmSync(dir, { recursive: true, force: true }); dir = ''; }

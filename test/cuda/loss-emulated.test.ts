@@ -1,0 +1,72 @@
+/**
+ * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the GENERATED fused loss kernel (src/backend/cuda/kernels/loss.ts: the one-pass
+ * online statistics of 'none', 'kl' and 'reverse-kl', and the multi-pass 'jsd') compiled for the host on the emulator of
+ * ./emulator.ts and compared with the CPU backend's float64 loss (stats and dlogits), for random models and for nearly
+ * identical ones (a small divergence: the case where subtracting two log-sum-exps would cancel), with a padding row,
+ * a row stride past the loss vocabulary, and f32 and bf16 dlogits.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { lossKernel, LOSS_KINDS } from '../../src/backend/cuda/kernels/loss.js';
+import { lossRows } from '../../src/backend/cpu/kernels/loss.js';
+import { roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
+import { build, cleanUp, skip, workDir } from './emulator.js';
+import { rng } from './helpers.js';
+
+const n = 6, V = 1000, LD = 1008, BLOCK = 128;
+
+function readF32(name: string): Float32Array {
+  const b = readFileSync(join(workDir(), name));
+  return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+}
+
+for (const close of [false, true]) {
+  test(`emulated CUDA: fused loss, every kind, ${close ? 'nearly identical' : 'random'} models, vs the CPU backend in float64`, { skip, timeout: 300_000 }, () => {
+    const r = rng(close ? 5 : 3);
+    const z = Float32Array.from({ length: n * LD }, () => (r() - 0.5) * 12);
+    const zt = Float32Array.from({ length: n * LD }, (_, i) => (close ? z[i]! + (r() - 0.5) * 0.02 : (r() - 0.5) * 12));
+    const y = Int32Array.from({ length: n }, (_, i) => (i === 3 ? -1 : Math.floor(r() * V)));
+    const w = Float32Array.from({ length: n }, (_, i) => (i === 3 ? 0 : 0.25));
+    for (const [f, a] of [['z', z], ['zt', zt], ['y', y], ['w', w]] as const) writeFileSync(join(workDir(), f), a);
+    for (const kind of LOSS_KINDS) {
+      for (const dt of ['f32', 'bf16'] as const) {
+        const spec = lossKernel.make({ kind, withGrad: true, dlogits: dt, block: BLOCK });
+        const T = dt === 'bf16' ? 'bf16' : 'float';
+        const exe = build(spec, `int main() { const char* d = "${workDir()}";
+  auto z = readf<float>(d, "z", ${n * LD}); auto zt = readf<float>(d, "zt", ${n * LD});
+  auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
+  std::vector<float> st(${n * 4}); std::vector<${T}> g(${n * LD});
+  launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { loss(st.data(), g.data(), z.data(), zt.data(), y.data(), w.data(), ${n}, ${V}, ${LD}, 2.0f, 0.6f, 0.3f); });
+  writef(d, "st", st); writef(d, "g", g); }`);
+        execFileSync(exe);
+        const st = readF32('st');
+        const gb = readFileSync(join(workDir(), 'g'));
+        const g = dt === 'bf16' ? unpackBf16(new Uint16Array(gb.buffer.slice(gb.byteOffset, gb.byteOffset + gb.length))) : readF32('g');
+        const rst = new Float64Array(n * 4), rg = new Float64Array(n * LD);
+        const spec64 = { kind, alpha: 0.6, temperature: 2, beta: 0.3 };
+        lossRows(rst, rg, Float64Array.from(z), Float64Array.from(zt), y, Float64Array.from(w), V, spec64, 0, n, LD);
+        let es = 0, eg = 0, mg = 0;
+        for (let i = 0; i < n; i++) {
+          // Relative, with an absolute floor of 1e-6: a divergence near 1e-5 (nearly identical models) is the difference of
+          // float32 sums whose rounding alone is ~1e-7 absolute.
+          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[4 * i + c]! - rst[4 * i + c]!) / Math.max(5e-4, Math.abs(rst[4 * i + c]!)));
+          if (kind !== 'none') assert.equal(st[4 * i + 3], rst[4 * i + 3], `${kind} row ${i}: agreement`);
+        }
+        for (let i = 0; i < n * LD; i++) {
+          const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;
+          eg = Math.max(eg, Math.abs(g[i]! - want)); mg = Math.max(mg, Math.abs(rg[i]!));
+        }
+        process.stderr.write(`[loss-emulated] ${close ? 'close' : 'random'} ${kind} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
+        assert.ok(es <= 2e-3, `${kind} ${dt}: stats relative error ${es}`);
+        assert.ok(eg / mg <= (dt === 'bf16' ? 8e-3 : 1e-5), `${kind} ${dt}: dlogits error ${eg / mg}`);
+        for (let i = 3 * LD; i < 4 * LD; i++) assert.equal(g[i], 0, 'the padding row has no gradient');
+        for (let c = V; c < LD; c++) assert.equal(g[c], 0, 'columns past the loss vocabulary have no gradient');
+      }
+    }
+  });
+}
+
+test('emulated CUDA: loss clean up', { skip }, () => { cleanUp(); });
