@@ -134,6 +134,13 @@ export interface Backend {
   /** out = inp / rms(inp) * weight per row; rstd[i] = 1/sqrt(mean(inp[i]^2) + eps) is saved for backward. */
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void;
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void;
+  /**
+   * The residual add fused with the norm that reads it: sum = a + b (n·c elements; the residual stream, normally f32),
+   * then rmsnormForward(out, rstd, sum, weight, n, c, eps) over the stored sum. Results are identical to `add`
+   * followed by `rmsnormForward`: the sum is rounded to sum's dtype first and the norm reads that stored value.
+   * sum may alias a or b (the same buffer, exactly); out may not overlap sum, a or b. rstd is f32.
+   */
+  addRmsnormForward(sum: Buf, out: Buf, rstd: Buf, a: Buf, b: Buf, weight: Buf, n: number, c: number, eps: number): void;
 
   /**
    * out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS (bf16 operands: tensor cores, fp32

@@ -8,7 +8,7 @@ import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
-import { layerForward } from './layer.js';
+import { inputNorm, layerForward, type NextNorm } from './layer.js';
 
 export interface SamplingOptions {
   /** 0 means greedy. */
@@ -80,18 +80,21 @@ export class Generator {
     be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
     const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act };
+    const finalNorm: NextNorm = { weight: p(L.finalNorm)!, out: ln, rstd };
+    inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, t);
     for (let l = 0; l < c.numLayers; l++) {
       const kc = this.kCache[l]!, vc = this.vCache[l]!;
+      // The layer's closing add forms the next layer's input norm (or the final norm) in the one norm buffer.
+      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
       // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
       layerForward(be, c, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.attentionCached(aa, qq, kc, vc, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
-      });
+      }, next);
     }
-    // Only the last position's logits are needed.
-    const xLast = be.view(this.x, (t - 1) * C, C), lnLast = be.view(this.ln, 0, C);
-    be.rmsnormForward(lnLast, be.view(this.rstd, 0, 1), xLast, p(L.finalNorm)!, 1, C, c.rmsNormEps);
+    // The final norm covers every position (fused with the last layer's add); only the last position's logits are needed.
+    const lnLast = be.view(this.ln, (t - 1) * C, C);
     be.matmulForward(this.logits, lnLast, p(L.lmHead ?? L.embed)!, null, 1, C, c.vocabSize);
     this.pos += t;
     return be.download(this.logits);

@@ -1,8 +1,9 @@
 /**
  * One decoder layer's forward pass, shared by training/evaluation (Transformer.forward, which saves attention's
  * per-row log-sum-exp for backward) and generation (Generator.step, which attends through a KV cache). The caller
- * passes the attention step; everything around it (norms, projections, rotary embedding, residuals, SwiGLU MLP)
- * is this one function, so the two paths cannot drift apart.
+ * passes the attention step and the norm that reads the layer's output (the next layer's input norm or the final
+ * norm, fused with the closing residual add); everything around the attention (norms, projections, rotary embedding,
+ * residuals, SwiGLU MLP) is this one function, so the two paths cannot drift apart.
  */
 import type { Backend, Buf } from '../backend/backend.js';
 import type { ModelConfig } from './config.js';
@@ -25,20 +26,38 @@ export function layerWeights(be: Backend, params: Buf, w: LayerTensors): LayerWe
 
 /** Activation buffers of one layer call, each already a view of exactly b·t rows. */
 export interface LayerActivations {
-  x: Buf; ln1: Buf; rstd1: Buf; q: Buf; k: Buf; v: Buf; att: Buf; h: Buf; ln2: Buf; rstd2: Buf;
+  /** The layer's input (residual stream) and its input norm: ln1 = rmsnorm(x)·w.ln1 with rstd1, formed BEFORE the call. */
+  x: Buf; ln1: Buf; rstd1: Buf;
+  q: Buf; k: Buf; v: Buf; att: Buf; h: Buf; ln2: Buf; rstd2: Buf;
   gate: Buf; up: Buf; act: Buf;
   /** The layer's output (the next layer's x). It may alias x (x is last read when h is formed), never h. */
   out: Buf;
 }
 
+/**
+ * The norm that reads a layer's output: the next layer's ln1, or the final norm after the last layer. The layer's
+ * closing residual add is fused with it (one launch, the residual read once): out = rmsnorm(layer out)·weight, rstd.
+ * out may be the layer's own ln1 or ln2 buffer (both are dead by then), never its x, h or out.
+ */
+export interface NextNorm { weight: Buf; out: Buf; rstd: Buf }
+
 /** Computes att [b·t, nHeads·hd] from q (rotated), k (rotated) and v. */
 export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
 
-/** out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x))); positions start at pos0. */
+/** The first layer's input norm (every later layer's comes out of the previous layer's closing add): a.ln1, a.rstd1 from a.x. */
+export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<LayerActivations, 'x' | 'ln1' | 'rstd1'>, n: number): void {
+  be.rmsnormForward(a.ln1, a.rstd1, a.x, w.ln1, n, c.hiddenSize, c.rmsNormEps);
+}
+
+/**
+ * out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(q(ln1)), rope(k(ln1)), v(ln1))); positions start at pos0.
+ * Expects a.ln1/a.rstd1 to hold x's norm already (inputNorm, or the previous layer's `next`); forms `next` from out.
+ * Both residual adds are fused with the norm that reads their sum (Backend.addRmsnormForward), which stores exactly
+ * what add followed by rmsnormForward would: x, h, ln1, ln2, rstd1, rstd2 and out are what backward reads.
+ */
 export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: LayerActivations,
-  b: number, t: number, pos0: number, attend: AttentionStep): void {
+  b: number, t: number, pos0: number, attend: AttentionStep, next: NextNorm): void {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  be.rmsnormForward(a.ln1, a.rstd1, a.x, w.ln1, N, C, c.rmsNormEps);
   be.matmulForward(a.q, a.ln1, w.wq, w.bq, N, C, Q);
   be.matmulForward(a.k, a.ln1, w.wk, w.bk, N, C, KV);
   be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
@@ -46,11 +65,10 @@ export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: La
   be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
   attend(a.q, a.k, a.v, a.att);
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
-  be.add(a.h, a.h, a.x, N * C);
-  be.rmsnormForward(a.ln2, a.rstd2, a.h, w.ln2, N, C, c.rmsNormEps);
+  be.addRmsnormForward(a.h, a.ln2, a.rstd2, a.h, a.x, w.ln2, N, C, c.rmsNormEps);
   be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);
   be.matmulForward(a.up, a.ln2, w.wUp, null, N, C, I);
   be.swigluForward(a.act, a.gate, a.up, N * I);
   be.matmulForward(a.out, a.act, w.wDown, null, N, I, C);
-  be.add(a.out, a.out, a.h, N * C);
+  be.addRmsnormForward(a.out, next.out, next.rstd, a.out, a.h, next.weight, N, C, c.rmsNormEps);
 }

@@ -20,7 +20,7 @@ import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { ModelConfig } from './config.js';
 import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { layerForward, layerWeights, type LayerWeights } from './layer.js';
+import { inputNorm, layerForward, layerWeights, type LayerWeights, type NextNorm } from './layer.js';
 
 export interface TransformerOptions {
   /** Largest batch a forward call will get. */
@@ -235,19 +235,24 @@ export class Transformer {
     const L = this.layout;
     be.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
     be.embeddingForward(this.v(this.acts[0]!.x, N * C), this.ids, this.p(L.embed), N, C);
+    const a0 = this.acts[0]!;
+    inputNorm(be, c, this.layerW[0]!, { x: this.v(a0.x, N * C), ln1: this.v(a0.ln1, N * C), rstd1: this.v(a0.rstd1, N) }, N);
+    const hidden = this.v(this.lnf, N * C);
     for (let l = 0; l < c.numLayers; l++) {
-      const a = this.acts[l]!;
-      const xNext = l + 1 < c.numLayers ? this.acts[l + 1]!.x : this.xFinal;
+      const a = this.acts[l]!, an = this.acts[l + 1];
+      // The layer's output is the next layer's x (or xFinal); its norm, fused with the closing add, that layer's ln1 (or lnf).
+      const xNext = an ? an.x : this.xFinal;
+      const next: NextNorm = an
+        ? { weight: this.layerW[l + 1]!.ln1, out: this.v(an.ln1, N * C), rstd: this.v(an.rstd1, N) }
+        : { weight: this.p(L.finalNorm), out: hidden, rstd: this.v(this.rstdf, N) };
       const lse = this.v(a.lse, b * c.numHeads * t);
       layerForward(be, c, this.layerW[l]!, {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
         act: this.v(a.act, N * I), out: this.v(xNext, N * C),
-      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim));
+      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
     }
-    const hidden = this.v(this.lnf, N * C);
-    be.rmsnormForward(hidden, this.v(this.rstdf, N), this.v(this.xFinal, N * C), this.p(L.finalNorm), N, C, c.rmsNormEps);
     this.lastShape = { b, t };
     return hidden;
   }

@@ -162,6 +162,18 @@ parity('rmsnorm bwd (f32 dinp/dweight/dout/inp, bf16 weight)', (r) => ({
   bf16: ['o', 'w'], compare: ['di', 'dw'],
   op: (b, x) => { b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 7, 300, 1e-6); b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 7, 300); },
 }));
+parity('add + rmsnorm fwd fused (f32 residual h += x in place, bf16 out and weight: the model\'s ln2)', (r) => ({
+  arrays: { h: rand(r, 7 * 300), x: rand(r, 7 * 300, 3), o: rand(r, 7 * 300), rs: rand(r, 7), w: rand(r, 300) }, bf16: ['o', 'w'],
+  compare: ['h', 'o', 'rs'], op: (b, x) => b.addRmsnormForward(x.h!, x.o!, x.rs!, x.h!, x.x!, x.w!, 7, 300, 1e-6),
+}));
+parity('add + rmsnorm fwd fused (bf16 sum rounded before the norm reads it, bf16 + f32 inputs, f32 out and weight), C past the registers', (r) => ({
+  arrays: { s: rand(r, 3 * 9000), a: rand(r, 3 * 9000, 3), c: rand(r, 3 * 9000), o: rand(r, 3 * 9000), rs: rand(r, 3), w: rand(r, 9000) },
+  bf16: ['s', 'a'], compare: ['s', 'o', 'rs'], op: (b, x) => b.addRmsnormForward(x.s!, x.o!, x.rs!, x.a!, x.c!, x.w!, 3, 9000, 1e-5),
+}));
+parity('add + rmsnorm fwd fused (bf16 sum aliasing bf16 a, bf16 out), registers', (r) => ({
+  arrays: { a: rand(r, 7 * 300, 3), c: rand(r, 7 * 300), o: rand(r, 7 * 300), rs: rand(r, 7), w: rand(r, 300) },
+  bf16: ['a', 'o', 'w'], compare: ['a', 'o', 'rs'], op: (b, x) => b.addRmsnormForward(x.a!, x.o!, x.rs!, x.a!, x.c!, x.w!, 7, 300, 1e-5),
+}));
 const RB = 2, RT = 5, RH = 3, RD = 8, RN = RB * RT * RH * RD;
 parity('rope fwd in place (bf16), far positions', (r) => ({
   arrays: { q: rand(r, RN) }, bf16: ['q'], compare: ['q'], op: (b, x) => b.ropeForward(x.q!, x.q!, RB, RT, RH, RD, plainRope(1e6), 3000),

@@ -34,7 +34,7 @@ test('trace: a matrix product with operands of two dtypes throws, naming both op
 test('the plan of the bf16 data flow holds bf16 variants of every non-attention family it launches; the f32 step none', () => {
   const bf = planKernels([allOpsStepBf16(QWEN_LIKE)]);
   const bf16Families = new Set(bf.filter((s) => / \w+=bf16/.test(s.id)).map((s) => s.family));
-  for (const f of ['embedding_fwd', 'rmsnorm_fwd', 'rmsnorm_bwd', 'bias_add', 'rope_fwd', 'rope_bwd', 'rope_linear_fwd', 'rope_yarn_bwd',
+  for (const f of ['embedding_fwd', 'rmsnorm_fwd', 'add_rmsnorm_fwd', 'rmsnorm_bwd', 'bias_add', 'rope_fwd', 'rope_bwd', 'rope_linear_fwd', 'rope_yarn_bwd',
     'swiglu_fwd', 'swiglu_bwd', 'bias_grad', 'loss', 'adamw', 'convert']) {
     assert.ok(bf16Families.has(f), `bf16 variant of ${f} planned (got ${[...bf16Families].join(', ')})`);
   }

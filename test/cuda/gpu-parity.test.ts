@@ -86,6 +86,30 @@ parity('rmsnorm fwd', 1e-5, (r) => ({
   arrays: { o: rand(r, 7 * 300), rs: rand(r, 7), i: rand(r, 7 * 300, 3), w: rand(r, 300) }, compare: ['o', 'rs'],
   op: (b, x) => b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 7, 300, 1e-6),
 }));
+// the fused residual add + norm: sum aliasing a (the model's h += x), a row slice per thread in registers with a ragged
+// last slice (C 300), an exact one (C 512), the register limit (C 8192 = 32 × 256) and the re-reading path past it (C 9000)
+for (const [rows, C] of [[7, 300], [5, 512], [3, 8192], [3, 9000]] as const) {
+  parity(`add + rmsnorm fwd fused, sum aliasing a, C ${C}`, 1e-5, (r) => ({
+    arrays: { h: rand(r, rows * C, 3), x: rand(r, rows * C), o: rand(r, rows * C), rs: rand(r, rows), w: rand(r, C) }, compare: ['h', 'o', 'rs'],
+    op: (b, x) => b.addRmsnormForward(x.h!, x.o!, x.rs!, x.h!, x.x!, x.w!, rows, C, 1e-6),
+  }));
+}
+test('cuda: addRmsnormForward stores bit-for-bit what add then rmsnormForward store (same block, same float ops), sum aliasing b', { skip }, () => {
+  const r = rng(4242);
+  for (const [rows, C] of [[7, 300], [3, 9000]] as const) {
+    const a = rand(r, rows * C, 3), h = rand(r, rows * C), w = rand(r, C);
+    const g = cuda!;
+    const up = (data: Float32Array, label: string): Buf => { const x = g.alloc(data.length, label); g.upload(x, data); return x; };
+    const A0 = up(a, 'a0'), S0 = up(h, 's0'), W = up(w, 'w'), O0 = g.alloc(rows * C, 'o0'), R0 = g.alloc(rows, 'r0');
+    g.add(S0, A0, S0, rows * C);
+    g.rmsnormForward(O0, R0, S0, W, rows, C, 1e-5);
+    const A = up(a, 'a'), S = up(h, 's'), O = g.alloc(rows * C, 'o'), R = g.alloc(rows, 'r');
+    g.addRmsnormForward(S, O, R, A, S, W, rows, C, 1e-5);
+    assert.deepEqual(g.download(S), g.download(S0), `sum C ${C}`);
+    assert.deepEqual(g.download(O), g.download(O0), `out C ${C}`);
+    assert.deepEqual(g.download(R), g.download(R0), `rstd C ${C}`);
+  }
+});
 parity('rmsnorm bwd', 1e-5, (r) => {
   const i = rand(r, 7 * 300, 3);
   const rs = new Float32Array(7);

@@ -57,6 +57,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const g = b.alloc(n * d.hidden, 'g'), u = b.alloc(n * d.hidden, 'u'), h = b.alloc(n * d.hidden, 'h');
     b.swigluForward(h, g, u, n * d.hidden);
     b.add(x, x, y, n * d.C);
+    const r2 = b.alloc(n * d.C, 'r2');
+    b.addRmsnormForward(x, y, rstd, x, r2, w, n, d.C, d.eps);
     const logits = b.alloc(n * d.vocab, 'logits'), teacher = b.alloc(n * d.vocab, 'teacher');
     const stats = b.alloc(n * 4, 'stats'), weights = b.alloc(n, 'weights'), targets = b.allocInt(n, 'targets');
     b.lossForward(stats, logits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, d.vocab, d.loss);
@@ -114,9 +116,8 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
     b.attentionForward(att, lse, q, k, v, d.B, d.T, d.nH, d.nKv, d.hd);
     const h = f(n * C, 'h'), wo = h16(C * qd, 'wo'), bo = h16(C, 'bo');
     b.matmulForward(h, att, wo, bo, n, qd, C);
-    b.add(h, h, x, n * C);
     const ln2 = h16(n * C, 'ln2'), rstd2 = f(n, 'rstd2'), w2 = h16(C, 'ln2 w');
-    b.rmsnormForward(ln2, rstd2, h, w2, n, C, d.eps);
+    b.addRmsnormForward(h, ln2, rstd2, h, x, w2, n, C, d.eps);
     const gate = h16(n * H, 'gate'), up = h16(n * H, 'up'), act = h16(n * H, 'act');
     const wg = h16(H * C, 'wg'), wu = h16(H * C, 'wu'), wd = h16(C * H, 'wd');
     b.matmulForward(gate, ln2, wg, null, n, C, H);
@@ -124,9 +125,8 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
     b.swigluForward(act, gate, up, n * H);
     const out = f(n * C, 'out');
     b.matmulForward(out, act, wd, null, n, H, C);
-    b.add(out, out, h, n * C);
     const lnf = h16(n * C, 'lnf'), rstdf = f(n, 'rstdf'), wf = h16(C, 'lnf w'), headW = h16(V * C, 'head');
-    b.rmsnormForward(lnf, rstdf, out, wf, n, C, d.eps);
+    b.addRmsnormForward(out, lnf, rstdf, out, h, wf, n, C, d.eps);
     const logits = f(n * V, 'logits'), teacher = f(n * V, 'teacher'), dlogits = h16(n * V, 'dlogits');
     b.matmulForward(logits, lnf, headW, null, n, C, V);
     b.matmulForward(teacher, lnf, headW, null, n, C, V); // the bf16 teacher's head

@@ -409,6 +409,20 @@ export class CpuBackend implements Backend {
     this.fin(rstd, 0, n);
   }
 
+  addRmsnormForward(sum: Buf, out: Buf, rstd: Buf, a: Buf, b: Buf, weight: Buf, n: number, c: number, eps: number): void {
+    const o = this.f(out, 'addRmsnorm out'), s = this.f(sum, 'addRmsnorm sum');
+    for (const x of [sum, a, b]) {
+      const y = this.f(x, 'addRmsnorm input');
+      if (y.buffer === o.buffer && y.byteOffset < o.byteOffset + o.byteLength && o.byteOffset < y.byteOffset + y.byteLength) {
+        throw new DistilleryError('cpu backend: addRmsnormForward: out may not overlap sum, a or b');
+      }
+    }
+    this.need(s, n * c, 'addRmsnormForward', 'sum');
+    // The two ops in sequence: the norm reads the stored (for a bf16 sum: rounded) residual, exactly as unfused.
+    this.add(sum, a, b, n * c);
+    this.rmsnormForward(out, rstd, sum, weight, n, c, eps);
+  }
+
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
     const dx = this.f(dinp, 'rmsnorm dinp'), dw = this.f(dweight, 'rmsnorm dweight'), dy = this.f(dout, 'rmsnorm dout');
     const x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight'), r = this.f(rstd, 'rmsnorm rstd');

@@ -66,10 +66,14 @@ export function representativeSpecs(): KernelSpec[] {
   for (const [eps, C] of [[1e-6, 896], [1e-5, 2048], [1e-5, 4096], [1e-6, 64]] as const) {
     for (const [act, w] of C === 896 ? [[F, F], [B, B]] as const : [[F, F]] as const) {
       mk('rmsnorm_fwd', { eps, C, out: act, inp: F, weight: w, block: 256 });
+      mk('add_rmsnorm_fwd', { eps, C, sum: F, out: act, a: F, b: F, weight: w, block: 256 });
       mk('rmsnorm_bwd', { C, dinp: F, dout: F, inp: F, weight: w, block: 256 });
       mk('rmsnorm_dweight', { C, dout: F, inp: F, block: 256 });
     }
   }
+  // the fused add + norm: a bf16 sum (rounded before the norm reads it), and rows past the register path (C > 8192)
+  mk('add_rmsnorm_fwd', { eps: 1e-6, C: 896, sum: B, out: F, a: B, b: F, weight: F, block: 256 });
+  mk('add_rmsnorm_fwd', { eps: 1e-5, C: 16384, sum: F, out: B, a: F, b: F, weight: B, block: 256 });
   for (const [headDim, theta] of [[64, 1e6], [128, 5e5], [128, 1e4], [16, 1e4]] as const) {
     for (const d of headDim === 64 ? [F, B] : [F]) {
       mk('rope_fwd', { headDim, theta, out: d, inp: d, block: 256 });

@@ -37,7 +37,7 @@ import { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F, type Cublas } from '
 import { formatBytes } from './ffi/status.js';
 import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
-import { rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
+import { addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import {
   ATTN_KEY_TILE, FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT,
@@ -482,6 +482,24 @@ export class CudaBackend implements Backend {
     this.f32Only('rmsnormForward', [['rstd', rstd]]);
     if (n <= 0) return;
     this.launch(rmsnormForward.make({ eps, C: c, out: D(out), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK, [P(out), P(rstd), P(inp), P(weight), I(n)]);
+  }
+
+  addRmsnormForward(sum: Buf, out: Buf, rstd: Buf, a: Buf, b: Buf, weight: Buf, n: number, c: number, eps: number): void {
+    for (const x of [sum, out, a, b]) this.need(x, n * c, 'addRmsnormForward');
+    this.need(rstd, n, 'addRmsnormForward'); this.need(weight, c, 'addRmsnormForward');
+    this.f32Only('addRmsnormForward', [['rstd', rstd]]);
+    for (const [name, x] of [['a', a], ['b', b]] as const) {
+      const s = sum as CudaBuf, y = x as CudaBuf;
+      if (overlaps(s, y) && !(s.byteOffset === y.byteOffset && s.dtype === y.dtype)) {
+        throw new Error(`addRmsnormForward: sum (${s.label}) overlaps ${name} (${y.label}) without being the same buffer`);
+      }
+    }
+    for (const [name, x] of [['sum', sum], ['a', a], ['b', b]] as const) {
+      if (overlaps(out as CudaBuf, x as CudaBuf)) throw new Error(`addRmsnormForward: out (${(out as CudaBuf).label}) may not overlap ${name}`);
+    }
+    if (n <= 0) return;
+    const spec = addRmsnormForward.make({ eps, C: c, sum: D(sum), out: D(out), a: D(a), b: D(b), weight: D(weight), block: ROW_BLOCK });
+    this.launch(spec, [n, 1, 1], ROW_BLOCK, [P(sum), P(out), P(rstd), P(a), P(b), P(weight), I(n)]);
   }
 
   rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {

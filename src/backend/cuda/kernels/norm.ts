@@ -1,7 +1,8 @@
 /**
- * RMSNorm kernels: forward (saves rstd), input backward, and the weight-gradient column reduction.
- * Baked: eps (forward only), C (row width), block size, and the dtype ('f32' | 'bf16') of every float operand that
- * may be either: out, inp, weight (forward); dinp, dout, inp, weight (backward); dout, inp (weight gradient).
+ * RMSNorm kernels: forward (saves rstd), the residual add fused with the forward, input backward, and the
+ * weight-gradient column reduction.
+ * Baked: eps (forwards only), C (row width), block size, and the dtype ('f32' | 'bf16') of every float operand that
+ * may be either: out, inp, weight (forward); sum, out, a, b, weight (fused add); dinp, dout, inp, weight (backward); dout, inp (weight gradient).
  * rstd and the column partials are always float32. Compute is float32; bf16 stores round once (dinp += reads the
  * old value, adds in float, rounds the sum).
  */
@@ -35,6 +36,81 @@ extern "C" __global__ void rmsnorm_fwd(${T(p.out)}* out, float* rstd, const ${T(
   for (int i = threadIdx.x; i < C; i += BLOCK) stf(y, i, ldf(x, i) * r * ldf(w, i));
 }
 `,
+});
+
+type AddNormP = { eps: number; C: number; sum: string; out: string; a: string; b: string; weight: string; block: number };
+
+/** Elements per thread up to which add_rmsnorm_fwd keeps its row slice in registers (C ≤ 8192 at block 256). */
+export const ADD_NORM_MAX_REGS = 32;
+
+/**
+ * Grid: one block per row. The residual add fused with the norm that reads it: sum = a + b, then rmsnorm_fwd over
+ * the stored sum (a bf16 sum is rounded before the norm reads it). Each thread loads all its elements of the row
+ * (i = threadIdx.x + j·BLOCK) into registers, then stores the sums and keeps them there for the norm, so a and b are
+ * read once and the sum is never re-read; the per-thread order of the sum of squares and the per-element float ops
+ * are rmsnorm_fwd's, so with the same block the results are bit-identical to add followed by rmsnorm_fwd. Rows wider
+ * than ADD_NORM_MAX_REGS·BLOCK re-read the sum each thread stored itself. sum may alias a or b, exactly (each element
+ * is read, then written, by one thread); the backend refuses partial overlaps.
+ */
+export const addRmsnormForward = defineFamily<AddNormP>({
+  name: 'add_rmsnorm_fwd',
+  schema: {
+    eps: { kind: 'float', min: 0 }, C: { kind: 'int', min: 1 }, sum: DTYPE_DOMAIN, out: DTYPE_DOMAIN, a: DTYPE_DOMAIN, b: DTYPE_DOMAIN,
+    weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
+  },
+  example: { eps: 1e-6, C: 896, sum: 'f32', out: 'bf16', a: 'f32', b: 'f32', weight: 'bf16', block: 256 },
+  generate: (p) => {
+    const nv = Math.ceil(p.C / p.block);
+    // The value the norm reads: what was stored into sum.
+    const stored = (v: string): string => (p.sum === 'bf16' ? `bf2f(f2bf(${v}))` : v);
+    const head = `#define BLOCK ${p.block}
+#define C ${p.C}
+#define EPS ${f32(p.eps)}
+${reductionHelpers()}
+${dtypeHelpers()}
+extern "C" __global__ void add_rmsnorm_fwd(${T(p.sum)}* sum, ${T(p.out)}* out, float* rstd, const ${T(p.a)}* a, const ${T(p.b)}* b,
+                                           const ${T(p.weight)}* w, int n) {
+  int row = blockIdx.x;
+  if (row >= n) return;
+  const long long base = (long long)row * C;
+  float ss = 0.0f;`;
+    const norm = `  ss = blockSum(ss);
+  float r = 1.0f / sqrtf(ss / (float)C + EPS);
+  if (threadIdx.x == 0) rstd[row] = r;`;
+    if (nv > ADD_NORM_MAX_REGS) {
+      return `${head}
+  for (int i = threadIdx.x; i < C; i += BLOCK) {
+    stf(sum, base + i, ldf(a, base + i) + ldf(b, base + i));
+    float v = ldf(sum, base + i); ss += v * v;
+  }
+${norm}
+  for (int i = threadIdx.x; i < C; i += BLOCK) stf(out, base + i, ldf(sum, base + i) * r * ldf(w, i));
+}
+`;
+    }
+    const guard = p.C % p.block === 0 ? '' : 'if (i < C) ';
+    return `${head}
+  float v[${nv}];
+  // every load before the first store: sum may alias a or b, which would otherwise serialize each load behind a store
+#pragma unroll
+  for (int j = 0; j < ${nv}; j++) {
+    int i = threadIdx.x + j * BLOCK;
+    ${guard}v[j] = ldf(a, base + i) + ldf(b, base + i);
+  }
+#pragma unroll
+  for (int j = 0; j < ${nv}; j++) {
+    int i = threadIdx.x + j * BLOCK;
+    ${guard}{ stf(sum, base + i, v[j]); v[j] = ${stored('v[j]')}; ss += v[j] * v[j]; }
+  }
+${norm}
+#pragma unroll
+  for (int j = 0; j < ${nv}; j++) {
+    int i = threadIdx.x + j * BLOCK;
+    ${guard}stf(out, base + i, v[j] * r * ldf(w, i));
+  }
+}
+`;
+  },
 });
 
 type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number };
