@@ -12,7 +12,7 @@ import { LOSS_STATS } from '../../src/backend/backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
-import { ChunkedHead, headChunkRows } from '../../src/train/head.js';
+import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headChunkRows } from '../../src/train/head.js';
 import { StepRunner } from '../../src/train/step.js';
 import { Rng } from '../../src/util/rng.js';
 import { LOSS_SPECS } from '../util/loss-specs.js';
@@ -140,8 +140,9 @@ test('padded embeddings: the loss runs over the real tokens only, padding rows g
   } finally { be.dispose(); }
 });
 
-test('chunk rows: bounded by the chunk size, at least 1, at most the rows (151936-token vocabulary: 441 rows per 256 MiB)', () => {
-  assert.equal(headChunkRows(8192, 151936), 441);
+test('chunk rows: bounded by the chunk size, at least 1, at most the rows (151936-token vocabulary: 883 rows per 512 MiB of float32 logits)', () => {
+  assert.equal(headChunkRows(8192, 151936), Math.floor(DEFAULT_HEAD_CHUNK_FLOATS / 151936));
+  assert.equal(DEFAULT_HEAD_CHUNK_FLOATS, 128 * 2 ** 20);
   assert.equal(headChunkRows(10, 300), 10);
   assert.equal(headChunkRows(10, 300, 100), 1);
   const be = createCpuBackend({ dtype: 'f32', threads: 1 });
