@@ -6,12 +6,16 @@
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
 
+/** The bf16 bit pattern of the float32 with bits u: round to nearest even; NaN stays a quiet NaN, ±Inf and overflow give ±Inf. */
+function bf16OfBits(u: number): number {
+  if ((u & 0x7fffffff) > 0x7f800000) return ((u >>> 16) | 0x40) & 0xffff;
+  return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
 /** The bf16 bit pattern of x (rounded to nearest even; NaN stays a quiet NaN, ±Inf and overflow give ±Inf). */
 export function toBf16Bits(x: number): number {
   f32[0] = x;
-  const u = u32[0]!;
-  if ((u & 0x7fffffff) > 0x7f800000) return ((u >>> 16) | 0x40) & 0xffff;
-  return ((u + 0x7fff + ((u >>> 16) & 1)) >>> 16) & 0xffff;
+  return bf16OfBits(u32[0]!);
 }
 
 /** The float value of a bf16 bit pattern (exact). */
@@ -27,10 +31,7 @@ export function roundBf16(x: number): number { return fromBf16Bits(toBf16Bits(x)
 export function roundBf16InPlace(a: Float32Array | Float64Array, i0 = 0, i1 = a.length): void {
   if (a instanceof Float32Array) {
     const u = new Uint32Array(a.buffer, a.byteOffset, a.length);
-    for (let i = i0; i < i1; i++) {
-      const x = u[i]!;
-      u[i] = (x & 0x7fffffff) > 0x7f800000 ? (x | 0x400000) & 0xffff0000 : ((x + 0x7fff + ((x >>> 16) & 1)) & 0xffff0000) >>> 0;
-    }
+    for (let i = i0; i < i1; i++) u[i] = bf16OfBits(u[i]!) << 16;
     return;
   }
   for (let i = i0; i < i1; i++) a[i] = roundBf16(a[i]!);
@@ -41,10 +42,7 @@ export function packBf16(src: ArrayLike<number>): Uint16Array {
   const out = new Uint16Array(src.length);
   if (src instanceof Float32Array) {
     const u = new Uint32Array(src.buffer, src.byteOffset, src.length);
-    for (let i = 0; i < src.length; i++) {
-      const x = u[i]!;
-      out[i] = (x & 0x7fffffff) > 0x7f800000 ? (x >>> 16) | 0x40 : (x + 0x7fff + ((x >>> 16) & 1)) >>> 16;
-    }
+    for (let i = 0; i < src.length; i++) out[i] = bf16OfBits(u[i]!);
     return out;
   }
   for (let i = 0; i < src.length; i++) out[i] = toBf16Bits(src[i]!);

@@ -23,8 +23,8 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { plainRope } from '../../src/backend/rope.js';
-import { relErr } from '../util/compare.js';
-import { rng, scaledRopes } from './helpers.js';
+import { relErr, relFrob as frob } from '../util/compare.js';
+import { rand, rng, scaledRopes } from './helpers.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -49,11 +49,6 @@ function load(b: Backend, arrays: Arrays, bf16: readonly string[]): Bufs {
   return out;
 }
 
-function rand(r: () => number, n: number, scale = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
-  return a;
-}
 
 /** One bf16 ulp at |x| (the spacing of bf16 values there: 8 significant bits). */
 function bf16Ulp(x: number): number {
@@ -76,11 +71,6 @@ function ulpErr(got: ArrayLike<number>, ref: ArrayLike<number>, floor: number): 
   return worst;
 }
 
-function frob(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let d = 0, s = 0;
-  for (let i = 0; i < ref.length; i++) { d += (got[i]! - ref[i]!) ** 2; s += ref[i]! ** 2; }
-  return Math.sqrt(d / s);
-}
 
 interface Case {
   arrays: Arrays;

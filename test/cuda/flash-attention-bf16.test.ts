@@ -20,12 +20,12 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Backend, Buf, DType } from '../../src/backend/backend.js';
-import { roundBf16 } from '../../src/backend/bf16.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention.js';
-import { rng } from './helpers.js';
+import { randBf16, rng } from './helpers.js';
+import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 
 let cuda: CudaBackend | null = null;
@@ -38,12 +38,6 @@ after(() => { cuda?.dispose(); cpu?.dispose(); });
 /** Bounds (see the header): forward out relative to max |out|, lse absolute, gradients relative Frobenius. */
 const TOL_OUT = 1e-2, TOL_LSE = 1e-3, TOL_GRAD = 2e-2;
 
-/** bf16-representable uniform values in [-scale, scale). */
-function randBf16(r: () => number, n: number, scale: number): Float64Array {
-  const a = new Float64Array(n);
-  for (let i = 0; i < n; i++) a[i] = roundBf16((r() * 2 - 1) * scale);
-  return a;
-}
 
 interface Inputs { q: Float64Array; k: Float64Array; v: Float64Array; dout: Float64Array; g0q: Float64Array; g0k: Float64Array; g0v: Float64Array }
 interface Result { out: Float64Array; lse: Float64Array; dq: Float64Array; dk: Float64Array; dv: Float64Array }
@@ -73,20 +67,10 @@ function run(b: Backend, x: Inputs, B: number, T: number, nH: number, nKv: numbe
   return { out: f64(b.download(out)), lse: f64(b.download(lse)), dq: f64(b.download(dq)), dk: f64(b.download(dk)), dv: f64(b.download(dv)) };
 }
 
-function maxRel(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let m = 0, r = 0;
-  for (let i = 0; i < ref.length; i++) { m = Math.max(m, Math.abs(got[i]! - ref[i]!)); r = Math.max(r, Math.abs(ref[i]!)); }
-  return r === 0 ? m : m / r;
-}
 function maxAbs(got: ArrayLike<number>, ref: ArrayLike<number>): number {
   let m = 0;
   for (let i = 0; i < ref.length; i++) m = Math.max(m, Math.abs(got[i]! - ref[i]!));
   return m;
-}
-function frob(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let d = 0, n = 0;
-  for (let i = 0; i < ref.length; i++) { d += (got[i]! - ref[i]!) ** 2; n += ref[i]! ** 2; }
-  return n === 0 ? Math.sqrt(d) : Math.sqrt(d / n);
 }
 const minus = (a: Float64Array, b: Float64Array): Float64Array => a.map((y, i) => y - b[i]!);
 

@@ -21,7 +21,7 @@ import type { Backend, Buf } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { rng } from './helpers.js';
+import { rand, rng } from './helpers.js';
 import { relErr } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 
@@ -38,11 +38,6 @@ after(() => { cuda?.dispose(); cpu32?.dispose(); cpu64?.dispose(); });
 /** Tolerances (max relative error): forward out and lse, backward dq/dk/dv (long sums over keys, queries and heads). */
 const TOL_FWD = 2e-5, TOL_BWD = 1e-4;
 
-function rand(r: () => number, n: number, scale = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
-  return a;
-}
 
 interface Inputs { q: Float32Array; k: Float32Array; v: Float32Array; dout: Float32Array; g0q: Float32Array; g0k: Float32Array; g0v: Float32Array }
 interface Result { out: Float64Array; lse: Float64Array; dq: Float64Array; dk: Float64Array; dv: Float64Array }

@@ -15,14 +15,15 @@ import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { packBf16, roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
+import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import {
   FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv,
   attentionForward, attentionForwardBf16, attnTile, faSmem,
 } from '../../src/backend/cuda/kernels/attention.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
-import { rng } from './helpers.js';
+import { randBf16, rng } from './helpers.js';
+import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 
 type Dt = 'f32' | 'bf16';
@@ -31,19 +32,6 @@ const wr = (name: string, a: ArrayLike<number>, dt: Dt): void => writeFileSync(j
 function rd(name: string, dt: Dt): Float32Array {
   const b = readFileSync(join(workDir(), name));
   return dt === 'bf16' ? unpackBf16(new Uint16Array(b.buffer, b.byteOffset, b.length / 2)) : new Float32Array(b.buffer, b.byteOffset, b.length / 4).slice();
-}
-function randBf16(r: () => number, n: number, scale: number): Float64Array {
-  return Float64Array.from({ length: n }, () => roundBf16((r() * 2 - 1) * scale));
-}
-function frob(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let d = 0, n = 0;
-  for (let i = 0; i < ref.length; i++) { d += (got[i]! - ref[i]!) ** 2; n += ref[i]! ** 2; }
-  return n === 0 ? Math.sqrt(d) : Math.sqrt(d / n);
-}
-function maxRel(got: ArrayLike<number>, ref: ArrayLike<number>): number {
-  let m = 0, r = 0;
-  for (let i = 0; i < ref.length; i++) { m = Math.max(m, Math.abs(got[i]! - ref[i]!)); r = Math.max(r, Math.abs(ref[i]!)); }
-  return r === 0 ? m : m / r;
 }
 
 const loadAll = `auto q = readf<bf16>(d, "q.bin", (size_t)B*T*nH*HD); auto k = readf<bf16>(d, "k.bin", (size_t)B*T*nKv*HD);

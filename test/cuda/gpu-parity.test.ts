@@ -18,7 +18,7 @@ import type { Backend, Buf, IntBuf, LossSpec } from '../../src/backend/backend.j
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { QWEN_LIKE, allOpsStep, rng, scaledRopes } from './helpers.js';
+import { QWEN_LIKE, allOpsStep, rand, rng, scaledRopes } from './helpers.js';
 import { relErr } from '../util/compare.js';
 import { plainRope } from '../../src/backend/rope.js';
 
@@ -43,11 +43,6 @@ function load(b: Backend, arrays: Arrays): Bufs {
   return out;
 }
 
-function rand(r: () => number, n: number, scale = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
-  return a;
-}
 
 function record(name: string, err: number, tol: number): void {
   const f = process.env.DISTILLERY_PARITY_TABLE;

@@ -4,6 +4,7 @@
  * running the device-mode code path without a GPU, and a seeded RNG.
  */
 import { createHash } from 'node:crypto';
+import { roundBf16 } from '../../src/backend/bf16.js';
 import type { Backend, LossSpec } from '../../src/backend/backend.js';
 import type { KernelCompiler } from '../../src/backend/cuda/ffi/nvrtc.js';
 import type { CudaDriver } from '../../src/backend/cuda/ffi/driver.js';
@@ -257,6 +258,18 @@ export function fakeCublas(): Cublas & { calls: string[] } {
 }
 
 /** Mulberry32: a small seeded RNG for test inputs. */
+/** n uniform values in [-scale, scale) from r. */
+export function rand(r: () => number, n: number, scale = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = (r() * 2 - 1) * scale;
+  return a;
+}
+
+/** n bf16-representable uniform values in [-scale, scale) from r. */
+export function randBf16(r: () => number, n: number, scale: number): Float64Array {
+  return Float64Array.from({ length: n }, () => roundBf16((r() * 2 - 1) * scale));
+}
+
 export function rng(seed: number): () => number {
   let a = seed >>> 0;
   return () => {

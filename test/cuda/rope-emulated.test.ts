@@ -22,7 +22,7 @@ import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { dtypeHelpers } from '../../src/backend/cuda/kernels/spec.js';
 import { plainRope, type RopeSpec } from '../../src/backend/rope.js';
-import { FakeCompiler, fakeCublas, fakeDriver, rng, scaledRopes } from './helpers.js';
+import { FakeCompiler, fakeCublas, fakeDriver, rand, rng, scaledRopes } from './helpers.js';
 
 function gxx(): boolean {
   try { execFileSync('g++', ['--version'], { stdio: 'ignore' }); return true; } catch { return false; }
@@ -105,11 +105,6 @@ interface Shape { B: number; T: number; H: number; hd: number; pos0: number }
 type Op = 'fwd' | 'fwd-inplace' | 'bwd';
 interface Case { rope: RopeSpec; s: Shape; op: Op; out: DType; inp: DType; launch: Launch; outInit: Float32Array; inpInit: Float32Array; ref: ArrayLike<number> }
 
-function rand(r: () => number, n: number): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = r() * 2 - 1;
-  return a;
-}
 
 function apply(b: Backend, c: Omit<Case, 'launch' | 'ref'>): { out: Buf; inp: Buf } {
   const { B, T, H, hd, pos0 } = c.s;

@@ -13,3 +13,10 @@ export function relErr(got: ArrayLike<number>, ref: ArrayLike<number>): number {
   }
   return m === 0 ? d : d / m;
 }
+
+/** Relative Frobenius error ‖got − ref‖ / ‖ref‖ (the absolute norm when ref is all zeros). */
+export function relFrob(got: ArrayLike<number>, ref: ArrayLike<number>): number {
+  let d = 0, n = 0;
+  for (let i = 0; i < ref.length; i++) { d += (got[i]! - ref[i]!) ** 2; n += ref[i]! ** 2; }
+  return n === 0 ? Math.sqrt(d) : Math.sqrt(d / n);
+}
