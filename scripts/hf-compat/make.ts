@@ -27,7 +27,7 @@ const tok = trainBpe(corpus.documents, { vocabSize: 400, specialTokens: ['<|endo
 const texts = ['Returns the number of elements in the array.', 'naïve café — 東京 🚀 <|im_start|>user\nhi<|im_end|>', '  for (let i = 0; i < n; i++) {\n\treturn x;\n}'];
 const base: ModelConfig = {
   architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 64, intermediateSize: 160, numLayers: 2, numHeads: 4,
-  numKvHeads: 2, headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
+  numKvHeads: 2, headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true, qkNorm: false, noRopeLayers: [],
 };
 const cases: Array<[string, ModelConfig, 'f32' | 'bf16', number?]> = [
   ['qwen2-tied-f32', base, 'f32'],

@@ -1,7 +1,10 @@
 /**
- * Model configuration in the Hugging Face `config.json` vocabulary, for the Qwen2 and Llama families.
- * Both run from the same code: Qwen2 has Q/K/V biases and no O bias; Llama has Q/K/V AND O biases when
- * `attention_bias` is true and none otherwise (transformers' LlamaAttention gives o_proj `bias=attention_bias`).
+ * Model configuration in the Hugging Face `config.json` vocabulary, for the Qwen2, Llama, Qwen3 and SmolLM3 families.
+ * All run from the same code: Qwen2 has Q/K/V biases and no O bias; Llama, Qwen3 and SmolLM3 have Q/K/V AND O biases
+ * when `attention_bias` is true and none otherwise (their attention builds all four projections with
+ * `bias=attention_bias`). Qwen3 adds a per-head RMSNorm on queries and keys (`q_norm`, `k_norm`, weight [head_dim],
+ * the model's eps) after the projections and before RoPE, and its head_dim defaults to 128 (not hidden / heads).
+ * SmolLM3 is Llama with RoPE switched off on the layers where `no_rope_layers[l]` is 0 (default: every 4th layer).
  *
  * Reading (parseHfConfig) accepts both layouts transformers writes: 4.x (`rope_theta` and `rope_scaling` at the top
  * level, `torch_dtype`) and 5.x (`rope_parameters: {rope_type, rope_theta, ...}`, `dtype`, `layer_types`,
@@ -17,8 +20,12 @@ import { describeRope, yarnMscale, type RopeSpec } from '../backend/rope.js';
 
 export type { RopeSpec } from '../backend/rope.js';
 
+/** The model families distillery runs (transformers' `model_type`). */
+export type Architecture = 'qwen2' | 'llama' | 'qwen3' | 'smollm3';
+export const ARCHITECTURES: readonly Architecture[] = ['qwen2', 'llama', 'qwen3', 'smollm3'];
+
 export interface ModelConfig {
-  architecture: 'qwen2' | 'llama';
+  architecture: Architecture;
   vocabSize: number;
   hiddenSize: number;
   intermediateSize: number;
@@ -37,6 +44,13 @@ export interface ModelConfig {
    * follows from this and the architecture: see oProjBias (Llama's attention_bias covers o_proj too, Qwen2 never).
    */
   qkvBias: boolean;
+  /**
+   * Per-head RMSNorm on queries and keys after their projections, before RoPE (Qwen3: `self_attn.q_norm.weight` and
+   * `self_attn.k_norm.weight`, [head_dim] each, eps rms_norm_eps).
+   */
+  qkNorm: boolean;
+  /** Layers (0-based, ascending) whose attention applies no rotary embedding (SmolLM3's NoPE layers); empty for the others. */
+  noRopeLayers: number[];
   /** Token ids, carried through to config.json (transformers 5 may write a list of eos ids). */
   bosTokenId?: number | undefined;
   eosTokenId?: number | number[] | undefined;
@@ -45,13 +59,18 @@ export interface ModelConfig {
 type Json = Record<string, unknown>;
 
 /**
- * The O projection (`self_attn.o_proj.bias`, [hidden_size]) has a bias: Llama with attention_bias true
- * (transformers' LlamaAttention builds all four projections with `bias=config.attention_bias`). Qwen2's o_proj
+ * The O projection (`self_attn.o_proj.bias`, [hidden_size]) has a bias: Llama, Qwen3 or SmolLM3 with attention_bias
+ * true (their attention builds all four projections with `bias=config.attention_bias`). Qwen2's o_proj
  * never has one, whatever its Q/K/V biases. Derived rather than stored so that a config cannot describe a
  * combination transformers cannot write (a Llama with Q/K/V biases but no O bias, or the reverse).
  */
 export function oProjBias(c: ModelConfig): boolean {
-  return c.architecture === 'llama' && c.qkvBias;
+  return c.architecture !== 'qwen2' && c.qkvBias;
+}
+
+/** Layer l applies RoPE to its queries and keys (every layer but SmolLM3's NoPE layers). */
+export function usesRope(c: ModelConfig, l: number): boolean {
+  return !c.noRopeLayers.includes(l);
 }
 
 /** The eos ids of a config (none, one, or transformers 5's list). */
@@ -75,7 +94,48 @@ const HF_DEFAULTS = {
     num_key_value_heads: null, max_position_embeddings: 2048, rms_norm_eps: 1e-6, tie_word_embeddings: false,
     rope_theta: 10000, bos_token_id: 1, eos_token_id: 2,
   },
+  // Qwen3Config: head_dim is a field of its own (128), not hidden_size // num_attention_heads.
+  qwen3: {
+    vocab_size: 151936, hidden_size: 4096, intermediate_size: 22016, num_hidden_layers: 32, num_attention_heads: 32,
+    num_key_value_heads: 32, max_position_embeddings: 32768, rms_norm_eps: 1e-6, tie_word_embeddings: false,
+    rope_theta: 10000, bos_token_id: null, eos_token_id: null,
+  },
+  // SmolLM3Config (default_theta 2e6; tied embeddings; no head_dim field: LlamaAttention derives it).
+  smollm3: {
+    vocab_size: 128256, hidden_size: 2048, intermediate_size: 11008, num_hidden_layers: 36, num_attention_heads: 16,
+    num_key_value_heads: 4, max_position_embeddings: 32768, rms_norm_eps: 1e-6, tie_word_embeddings: true,
+    rope_theta: 2000000, bos_token_id: 128000, eos_token_id: 128001,
+  },
 } as const;
+
+/** head_dim's default where config.json has none (null: hidden_size // num_attention_heads, as transformers derives it). */
+const HEAD_DIM_DEFAULT: Record<Architecture, number | null> = { qwen2: null, llama: null, qwen3: 128, smollm3: null };
+
+/**
+ * Families transformers has that distillery does not run, by model_type: refused naming the family (and why),
+ * never read as the nearest family they resemble.
+ */
+const REFUSED_FAMILIES: Record<string, string> = {
+  qwen2_moe: 'Qwen2-MoE (mixture-of-experts MLP layers)',
+  qwen3_moe: 'Qwen3-MoE (mixture-of-experts MLP layers)',
+  qwen3_next: 'Qwen3-Next (linear-attention and mixture-of-experts layers)',
+  qwen3_5: 'Qwen3.5 (linear-attention layers)',
+  qwen3_5_text: 'Qwen3.5 (linear-attention layers)',
+  qwen3_5_moe: 'Qwen3.5-MoE (linear-attention and mixture-of-experts layers)',
+  qwen2_vl: 'Qwen2-VL (a vision-language model)',
+  qwen2_5_vl: 'Qwen2.5-VL (a vision-language model)',
+  qwen3_vl: 'Qwen3-VL (a vision-language model)',
+  gemma: 'Gemma (GeGLU MLP, scaled embeddings, (1 + w) norms)',
+  gemma2: 'Gemma 2 (logit soft-capping, sliding-window layers, extra norms)',
+  gemma3: 'Gemma 3 (sliding-window layers, q/k norms with (1 + w), extra norms)',
+  gemma3_text: 'Gemma 3 (sliding-window layers, q/k norms with (1 + w), extra norms)',
+  phi: 'Phi (LayerNorm, partial rotary, parallel attention and MLP)',
+  phi3: 'Phi-3 (fused qkv and gate_up projections, sliding window)',
+  mistral: 'Mistral (sliding-window attention)',
+  mixtral: 'Mixtral (mixture-of-experts MLP layers)',
+  olmo2: 'OLMo 2 (norms after attention and MLP, q/k norms over all heads)',
+  llama4: 'Llama 4 (mixture-of-experts, chunked attention)',
+};
 
 const shown = (v: unknown): string => (typeof v === 'string' ? `${JSON.stringify(v)} (a string)` : JSON.stringify(v) ?? String(v));
 
@@ -242,16 +302,51 @@ function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
   }
 }
 
+/**
+ * SmolLM3's NoPE layers as transformers derives them: `no_rope_layers` is a list (at least num_hidden_layers long) with
+ * 1 where a layer uses RoPE and 0 where it does not; absent or null, every `no_rope_layer_interval`-th layer (default
+ * 4: layers 3, 7, 11, ...) has none. Returns the indices of the layers WITHOUT RoPE.
+ */
+function parseNoRopeLayers(j: Json, numLayers: number): number[] {
+  const v = j.no_rope_layers;
+  if (v === undefined || v === null) {
+    const every = int(j, 'no_rope_layer_interval', 4);
+    if (every < 1) throw new DistilleryError(`config.json: "no_rope_layer_interval" must be at least 1, got ${every}`, 'SmolLM3 uses 4');
+    const out: number[] = [];
+    for (let l = 0; l < numLayers; l++) if ((l + 1) % every === 0) out.push(l);
+    return out;
+  }
+  if (!Array.isArray(v) || !v.every((x) => x === 0 || x === 1 || typeof x === 'boolean')) {
+    typeError('no_rope_layers', 'a list of 0 (no RoPE) and 1 (RoPE), one per layer', v);
+  }
+  const flags = v as Array<number | boolean>;
+  if (flags.length < numLayers) {
+    throw new DistilleryError(`config.json: "no_rope_layers" lists ${flags.length} layers but num_hidden_layers is ${numLayers}`,
+      'give one 0/1 entry per layer (1: the layer uses RoPE)');
+  }
+  const out: number[] = [];
+  for (let l = 0; l < numLayers; l++) if (!flags[l]) out.push(l);
+  return out;
+}
+
 /** Parses and validates an HF-style config.json object. Throws DistilleryError naming the bad field. */
 export function parseHfConfig(j: Json): ModelConfig {
   const archs = Array.isArray(j.architectures) ? (j.architectures as unknown[]).map(String) : [];
   const modelType = typeof j.model_type === 'string' ? j.model_type : '';
-  let architecture: 'qwen2' | 'llama';
-  if (modelType === 'qwen2' || archs.some((a) => a.startsWith('Qwen2'))) architecture = 'qwen2';
-  else if (modelType === 'llama' || archs.some((a) => a.startsWith('Llama'))) architecture = 'llama';
+  // transformers picks the config class by model_type; without one, the causal-LM class name decides (exact names only:
+  // Qwen2MoeForCausalLM is not Qwen2).
+  const BY_CLASS: Record<string, Architecture> = {
+    Qwen2ForCausalLM: 'qwen2', LlamaForCausalLM: 'llama', Qwen3ForCausalLM: 'qwen3', SmolLM3ForCausalLM: 'smollm3',
+  };
+  const supported = 'distillery runs the Qwen2 (Qwen2.5), Llama (Llama 3.x), Qwen3 (dense) and SmolLM3 families: model_type "qwen2", "llama", "qwen3" or "smollm3"';
+  if (REFUSED_FAMILIES[modelType]) {
+    throw new DistilleryError(`config.json: model_type ${JSON.stringify(modelType)} is ${REFUSED_FAMILIES[modelType]}, which distillery does not run`, supported);
+  }
+  let architecture: Architecture;
+  if ((ARCHITECTURES as readonly string[]).includes(modelType)) architecture = modelType as Architecture;
+  else if (modelType === '' && archs.some((a) => BY_CLASS[a])) architecture = BY_CLASS[archs.find((a) => BY_CLASS[a])!]!;
   else {
-    throw new DistilleryError(`config.json: unsupported model_type ${JSON.stringify(modelType)}`,
-      'distillery runs the Qwen2 and Llama families: set "model_type" to "qwen2" or "llama"');
+    throw new DistilleryError(`config.json: unsupported model_type ${JSON.stringify(modelType)}${archs.length ? ` (architectures ${archs.join(', ')})` : ''}`, supported);
   }
   const D = HF_DEFAULTS[architecture];
   // Features of the HF families that this implementation does not compute: refuse them rather than run a
@@ -262,7 +357,7 @@ export function parseHfConfig(j: Json): ModelConfig {
   if (bool(j, 'use_sliding_window', false)) {
     throw new DistilleryError('config.json: "use_sliding_window": true is not supported', 'distillery implements full causal attention; set it to false');
   }
-  if (architecture === 'llama' && bool(j, 'mlp_bias', false)) {
+  if (architecture !== 'qwen2' && bool(j, 'mlp_bias', false)) {
     throw new DistilleryError('config.json: "mlp_bias": true is not supported', 'distillery\'s MLP projections have no biases');
   }
   const attentionBias = j.attention_bias === undefined || j.attention_bias === null ? undefined : bool(j, 'attention_bias', false);
@@ -298,13 +393,23 @@ export function parseHfConfig(j: Json): ModelConfig {
     numLayers,
     numHeads,
     numKvHeads: nullable('num_key_value_heads', numHeads, D.num_key_value_heads),
-    headDim: nullable('head_dim', Math.floor(hiddenSize / numHeads), null),
+    headDim: nullable('head_dim', Math.floor(hiddenSize / numHeads), HEAD_DIM_DEFAULT[architecture]),
     rope: parseRope(j, maxPositionEmbeddings, D.rope_theta),
     rmsNormEps: num(j, 'rms_norm_eps', D.rms_norm_eps),
     tieWordEmbeddings: bool(j, 'tie_word_embeddings', D.tie_word_embeddings),
     maxPositionEmbeddings,
     qkvBias: attentionBias ?? architecture === 'qwen2',
+    qkNorm: architecture === 'qwen3',
+    noRopeLayers: architecture === 'smollm3' ? parseNoRopeLayers(j, numLayers) : [],
   };
+  if (architecture !== 'smollm3') {
+    for (const k of ['no_rope_layers', 'no_rope_layer_interval']) {
+      if (j[k] !== undefined && j[k] !== null) {
+        throw new DistilleryError(`config.json: "${k}" is set but model_type ${JSON.stringify(architecture)} has no NoPE layers`,
+          'transformers ignores it for this family; remove it, or use model_type "smollm3"');
+      }
+    }
+  }
   const bos = tokenIds(j, 'bos_token_id', D.bos_token_id);
   if (Array.isArray(bos)) typeError('bos_token_id', 'a token id', j.bos_token_id);
   if (bos !== undefined) cfg.bosTokenId = bos;
@@ -316,12 +421,13 @@ export function parseHfConfig(j: Json): ModelConfig {
 
 /**
  * One line with every baked number of a model, e.g.
- * `qwen2 theta 1000000 rope default eps 1e-6 head_dim 64 qkv_bias yes tied yes`; a Llama with attention_bias
- * true adds `o_bias yes` after `qkv_bias yes` (its O projection has a bias too).
+ * `qwen2 theta 1000000 rope default eps 1e-6 head_dim 64 qkv_bias yes tied yes`; an attention_bias model other than
+ * Qwen2 adds `o_bias yes` (its O projection has a bias too), Qwen3 `qk_norm yes`, SmolLM3 `no_rope_layers 3,7,...`.
  */
 export function describeBaked(c: ModelConfig): string {
   return `${c.architecture} ${describeRope(c.rope)} eps ${c.rmsNormEps.toExponential()} head_dim ${c.headDim} ` +
-    `qkv_bias ${c.qkvBias ? 'yes' : 'no'}${oProjBias(c) ? ' o_bias yes' : ''} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
+    `qkv_bias ${c.qkvBias ? 'yes' : 'no'}${oProjBias(c) ? ' o_bias yes' : ''}${c.qkNorm ? ' qk_norm yes' : ''}` +
+    `${c.noRopeLayers.length ? ` no_rope_layers ${c.noRopeLayers.join(',')}` : ''} tied ${c.tieWordEmbeddings ? 'yes' : 'no'}`;
 }
 
 /** Reads and parses a config.json file; `hint` says what to pass instead when it cannot be read or parsed. */
@@ -349,6 +455,13 @@ export function validateConfig(c: ModelConfig): void {
   if (c.headDim % 2 !== 0) bad(`head_dim (${c.headDim}) must be even for rotary embeddings`);
   if (!(c.rope.theta > 0)) bad(`rope_theta must be positive, got ${c.rope.theta}`);
   if (!(c.rmsNormEps > 0 && c.rmsNormEps < 1)) bad(`rms_norm_eps must be in (0, 1), got ${c.rmsNormEps}`);
+  if (c.qkNorm !== (c.architecture === 'qwen3')) bad(`q/k norms are Qwen3's (architecture ${c.architecture})`);
+  if (c.noRopeLayers.length > 0 && c.architecture !== 'smollm3') bad(`NoPE layers are SmolLM3's (architecture ${c.architecture})`);
+  c.noRopeLayers.forEach((l, i) => {
+    if (!Number.isInteger(l) || l < 0 || l >= c.numLayers || (i > 0 && l <= c.noRopeLayers[i - 1]!)) {
+      bad(`no-RoPE layers must be ascending layer indices below ${c.numLayers}, got [${c.noRopeLayers.join(', ')}]`);
+    }
+  });
 }
 
 /** The scaling block of a RoPE as transformers names it (rope_type and the kind's parameters; no theta). */
@@ -370,7 +483,7 @@ function ropeBlock(r: RopeSpec): Json {
 }
 
 /**
- * The config.json object HF transformers reads for this config (Qwen2ForCausalLM or LlamaForCausalLM). RoPE is
+ * The config.json object HF transformers reads for this config (Qwen2/Llama/Qwen3/SmolLM3ForCausalLM). RoPE is
  * written for both majors: transformers 4 reads the top-level rope_theta and rope_scaling (null without scaling);
  * transformers 5 prefers rope_scaling when set and otherwise reads rope_parameters, taking theta from either.
  */
@@ -399,44 +512,74 @@ export function toHfConfig(c: ModelConfig): Json {
     bos_token_id: c.bosTokenId ?? null,
     eos_token_id: c.eosTokenId ?? null,
   };
-  if (c.architecture === 'qwen2') {
-    return { architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...common, use_sliding_window: false,
-      sliding_window: c.maxPositionEmbeddings, max_window_layers: c.numLayers };
+  switch (c.architecture) {
+    case 'qwen2':
+      return { architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', ...common, use_sliding_window: false,
+        sliding_window: c.maxPositionEmbeddings, max_window_layers: c.numLayers };
+    // attention_bias covers q/k/v AND o_proj in these families (oProjBias).
+    case 'llama':
+      return { architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common, attention_bias: c.qkvBias,
+        mlp_bias: false, pretraining_tp: 1 };
+    case 'qwen3':
+      return { architectures: ['Qwen3ForCausalLM'], model_type: 'qwen3', ...common, attention_bias: c.qkvBias,
+        use_sliding_window: false, sliding_window: null, max_window_layers: c.numLayers,
+        layer_types: Array.from({ length: c.numLayers }, () => 'full_attention') };
+    case 'smollm3':
+      return { architectures: ['SmolLM3ForCausalLM'], model_type: 'smollm3', ...common, attention_bias: c.qkvBias,
+        mlp_bias: false, use_sliding_window: false, sliding_window: null,
+        no_rope_layers: Array.from({ length: c.numLayers }, (_, l) => (usesRope(c, l) ? 1 : 0)),
+        layer_types: Array.from({ length: c.numLayers }, () => 'full_attention') };
   }
-  // attention_bias covers q/k/v AND o_proj in LlamaAttention (oProjBias).
-  return { architectures: ['LlamaForCausalLM'], model_type: 'llama', ...common, attention_bias: c.qkvBias,
-    mlp_bias: false, pretraining_tp: 1 };
 }
 
 /** Number of trainable parameters (tied embeddings counted once). */
 export function parameterCount(c: ModelConfig): number {
   const C = c.hiddenSize, kv = c.numKvHeads * c.headDim, q = c.numHeads * c.headDim;
-  const attn = C * q + C * kv * 2 + q * C + (c.qkvBias ? q + 2 * kv : 0) + (oProjBias(c) ? C : 0);
+  const attn = C * q + C * kv * 2 + q * C + (c.qkvBias ? q + 2 * kv : 0) + (oProjBias(c) ? C : 0) + (c.qkNorm ? 2 * c.headDim : 0);
   const mlp = 3 * C * c.intermediateSize;
   const perLayer = attn + mlp + 2 * C;
   return c.vocabSize * C * (c.tieWordEmbeddings ? 1 : 2) + c.numLayers * perLayer + C;
 }
 
-/** Named shapes used by the CLI and benchmarks (Qwen2.5 family shapes; tiny ones for CPU work). */
+/** A named shape: hidden, intermediate, layers, heads, kv heads, and for Qwen3 its family traits. */
+interface Preset { shape: [number, number, number, number, number]; qwen3?: { tied: boolean } }
+
+/**
+ * Named shapes used by the CLI and benchmarks: tiny ones for CPU work, the Qwen2.5 shapes, and the published Qwen3
+ * dense shapes (head_dim 128, q/k norms, no biases, theta 1e6, 40960 positions; 0.6B to 4B tie their embeddings,
+ * 8B does not).
+ */
+const PRESETS: Record<string, Preset> = {
+  'tiny': { shape: [64, 176, 2, 4, 2] },
+  'small': { shape: [128, 352, 4, 4, 2] },
+  'base': { shape: [256, 704, 6, 8, 2] },
+  'qwen2.5-0.5b': { shape: [896, 4864, 24, 14, 2] },
+  'qwen2.5-1.5b': { shape: [1536, 8960, 28, 12, 2] },
+  'qwen3-0.6b': { shape: [1024, 3072, 28, 16, 8], qwen3: { tied: true } },
+  'qwen3-1.7b': { shape: [2048, 6144, 28, 16, 8], qwen3: { tied: true } },
+  'qwen3-4b': { shape: [2560, 9728, 36, 32, 8], qwen3: { tied: true } },
+  'qwen3-8b': { shape: [4096, 12288, 36, 32, 8], qwen3: { tied: false } },
+};
+
+export const PRESET_NAMES: readonly string[] = Object.keys(PRESETS);
+
 export function presetConfig(name: string, vocabSize: number): ModelConfig {
-  const shapes: Record<string, [number, number, number, number, number]> = {
-    // hidden, intermediate, layers, heads, kv heads
-    'tiny': [64, 176, 2, 4, 2],
-    'small': [128, 352, 4, 4, 2],
-    'base': [256, 704, 6, 8, 2],
-    'qwen2.5-0.5b': [896, 4864, 24, 14, 2],
-    'qwen2.5-1.5b': [1536, 8960, 28, 12, 2],
-  };
-  const s = shapes[name];
+  const s = PRESETS[name];
   if (!s) {
-    throw new DistilleryError(`unknown model preset "${name}"`, `use one of: ${Object.keys(shapes).join(', ')}, or a config.json`);
+    throw new DistilleryError(`unknown model preset "${name}"`, `use one of: ${PRESET_NAMES.join(', ')}, or a config.json`);
   }
-  const [hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads] = s;
-  const cfg: ModelConfig = {
-    architecture: 'qwen2', vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads,
-    headDim: hiddenSize / numHeads, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
-    maxPositionEmbeddings: 32768, qkvBias: true,
-  };
+  const [hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads] = s.shape;
+  const cfg: ModelConfig = s.qwen3
+    ? {
+      architecture: 'qwen3', vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads, headDim: 128,
+      rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: s.qwen3.tied, maxPositionEmbeddings: 40960,
+      qkvBias: false, qkNorm: true, noRopeLayers: [],
+    }
+    : {
+      architecture: 'qwen2', vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads,
+      headDim: hiddenSize / numHeads, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+      maxPositionEmbeddings: 32768, qkvBias: true, qkNorm: false, noRopeLayers: [],
+    };
   validateConfig(cfg);
   return cfg;
 }

@@ -8,7 +8,7 @@ import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, type NextNorm } from './layer.js';
+import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 
 export interface SamplingOptions {
   /** 0 means greedy. */
@@ -32,6 +32,8 @@ export class Generator {
   private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
   private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
   private readonly logits: Buf;
+  /** Qwen3's q/k norm inputs and rstds, [maxLen] rows (null without q/k norms). */
+  private readonly qkn: QkNormActivations | null;
   private pos = 0;
 
   /** maxLen: the longest prompt + generated sequence this generator will hold (the KV cache size). */
@@ -55,6 +57,10 @@ export class Generator {
     this.q = a(T * Q, 'q', A); this.k = a(T * KV, 'k', A); this.v = a(T * KV, 'v', A); this.att = a(T * Q, 'attention', A);
     this.gate = a(T * I, 'gate', A); this.up = a(T * I, 'up', A); this.act = a(T * I, 'swiglu', A);
     this.logits = a(c.vocabSize, 'logits');
+    this.qkn = c.qkNorm ? {
+      qRaw: a(T * Q, 'q before q_norm', A), kRaw: a(T * KV, 'k before k_norm', A),
+      rstdQ: a(T * c.numHeads, 'q_norm rstd'), rstdK: a(T * c.numKvHeads, 'k_norm rstd'),
+    } : null;
   }
 
   reset(): void {
@@ -79,7 +85,11 @@ export class Generator {
     const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
     be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
-    const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act };
+    const qkNorm = this.qkn && {
+      qRaw: vw(this.qkn.qRaw, t * Q), kRaw: vw(this.qkn.kRaw, t * KV),
+      rstdQ: vw(this.qkn.rstdQ, t * c.numHeads), rstdK: vw(this.qkn.rstdK, t * c.numKvHeads),
+    };
+    const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act, qkNorm };
     const finalNorm: NextNorm = { weight: p(L.finalNorm)!, out: ln, rstd };
     inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, t);
     for (let l = 0; l < c.numLayers; l++) {
@@ -87,7 +97,7 @@ export class Generator {
       // The layer's closing add forms the next layer's input norm (or the final norm) in the one norm buffer.
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
       // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
-      layerForward(be, c, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.attentionCached(aa, qq, kc, vc, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);

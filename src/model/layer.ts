@@ -6,12 +6,15 @@
  * residuals, SwiGLU MLP) is this one function, so the two paths cannot drift apart.
  */
 import type { Backend, Buf } from '../backend/backend.js';
-import type { ModelConfig } from './config.js';
+import { usesRope, type ModelConfig } from './config.js';
 import type { LayerTensors, TensorInfo } from './params.js';
 
 /** Views of one layer's weights inside the flat parameter buffer. */
 export interface LayerWeights {
-  ln1: Buf; wq: Buf; bq: Buf | null; wk: Buf; bk: Buf | null; wv: Buf; bv: Buf | null; wo: Buf; bo: Buf | null;
+  ln1: Buf; wq: Buf; bq: Buf | null; wk: Buf; bk: Buf | null; wv: Buf; bv: Buf | null;
+  /** Qwen3's per-head q/k norm weights [head_dim]; null without q/k norms. */
+  qNorm: Buf | null; kNorm: Buf | null;
+  wo: Buf; bo: Buf | null;
   ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
 }
 
@@ -19,7 +22,8 @@ export function layerWeights(be: Backend, params: Buf, w: LayerTensors): LayerWe
   const p = (t: TensorInfo): Buf => be.view(params, t.offset, t.size);
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
   return {
-    ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv), wo: p(w.wo), bo: o(w.bo),
+    ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv),
+    qNorm: o(w.qNorm), kNorm: o(w.kNorm), wo: p(w.wo), bo: o(w.bo),
     ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
   };
 }
@@ -32,7 +36,16 @@ export interface LayerActivations {
   gate: Buf; up: Buf; act: Buf;
   /** The layer's output (the next layer's x). It may alias x (x is last read when h is formed), never h. */
   out: Buf;
+  /** With q/k norms (Qwen3): what the norms read and save for backward; null otherwise. */
+  qkNorm: QkNormActivations | null;
 }
+
+/**
+ * Qwen3's per-head q/k RMSNorm state: the projections' outputs before the norm ([b·t, nHeads·hd] and [b·t, nKv·hd],
+ * the norms' inputs) and one rstd per (token, head) row ([b·t·nHeads], [b·t·nKv], f32). q and k hold the normed
+ * (then rotated) values.
+ */
+export interface QkNormActivations { qRaw: Buf; kRaw: Buf; rstdQ: Buf; rstdK: Buf }
 
 /**
  * The norm that reads a layer's output: the next layer's ln1, or the final norm after the last layer. The layer's
@@ -50,19 +63,29 @@ export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<
 }
 
 /**
- * out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(q(ln1)), rope(k(ln1)), v(ln1))); positions start at pos0.
+ * out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(qn(q(ln1))), rope(kn(k(ln1))), v(ln1))); positions start at
+ * pos0. qn and kn are Qwen3's per-head q/k norms (identity elsewhere); rope is skipped on SmolLM3's NoPE layers.
  * Expects a.ln1/a.rstd1 to hold x's norm already (inputNorm, or the previous layer's `next`); forms `next` from out.
  * Both residual adds are fused with the norm that reads their sum (Backend.addRmsnormForward), which stores exactly
  * what add followed by rmsnormForward would: x, h, ln1, ln2, rstd1, rstd2 and out are what backward reads.
  */
-export function layerForward(be: Backend, c: ModelConfig, w: LayerWeights, a: LayerActivations,
+export function layerForward(be: Backend, c: ModelConfig, layer: number, w: LayerWeights, a: LayerActivations,
   b: number, t: number, pos0: number, attend: AttentionStep, next: NextNorm): void {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  be.matmulForward(a.q, a.ln1, w.wq, w.bq, N, C, Q);
-  be.matmulForward(a.k, a.ln1, w.wk, w.bk, N, C, KV);
+  const qn = a.qkNorm;
+  if (c.qkNorm && !qn) throw new Error('layerForward: a model with q/k norms needs their activations');
+  // With q/k norms the projections write the norms' inputs; each (token, head) row of hd is normed into q / k.
+  be.matmulForward(qn ? qn.qRaw : a.q, a.ln1, w.wq, w.bq, N, C, Q);
+  be.matmulForward(qn ? qn.kRaw : a.k, a.ln1, w.wk, w.bk, N, C, KV);
   be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
-  be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0);
-  be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
+  if (qn) {
+    be.rmsnormForward(a.q, qn.rstdQ, qn.qRaw, w.qNorm!, N * c.numHeads, c.headDim, c.rmsNormEps);
+    be.rmsnormForward(a.k, qn.rstdK, qn.kRaw, w.kNorm!, N * c.numKvHeads, c.headDim, c.rmsNormEps);
+  }
+  if (usesRope(c, layer)) {
+    be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0);
+    be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
+  }
   attend(a.q, a.k, a.v, a.att);
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
   be.addRmsnormForward(a.h, a.ln2, a.rstd2, a.h, a.x, w.ln2, N, C, c.rmsNormEps);

@@ -33,7 +33,9 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and one
   // SwiGLU output (I) shared by all layers (the backward recomputes it).
-  const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a;
+  // Qwen3's q/k norms add their inputs (Q, KV; compute dtype) and one f32 rstd per (token, head).
+  const qkn = c.qkNorm ? N * (c.numHeads + c.numKvHeads) * F + N * (Q + KV) * a : 0;
+  const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a + qkn;
   const layers = (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
   const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
   // Gradient scratch: dHidden, dx, dln (C) and dact (I) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV),

@@ -1,5 +1,5 @@
 /**
- * Parameter layout: every trainable tensor of a Qwen2/Llama model lives in ONE flat buffer (as in llm.c), so the
+ * Parameter layout: every trainable tensor of a Qwen2/Llama/Qwen3/SmolLM3 model lives in ONE flat buffer (as in llm.c), so the
  * optimizer, gradient zeroing and global-norm clipping are single calls. Each tensor has its Hugging Face name,
  * its shape, its offset into the flat buffer, and whether weight decay applies (matrices yes; norms, biases no).
  */
@@ -21,7 +21,10 @@ export interface TensorInfo {
 /** Offsets of one layer's tensors inside the flat buffer. */
 export interface LayerTensors {
   ln1: TensorInfo; wq: TensorInfo; bq: TensorInfo | null; wk: TensorInfo; bk: TensorInfo | null;
-  wv: TensorInfo; bv: TensorInfo | null; wo: TensorInfo;
+  wv: TensorInfo; bv: TensorInfo | null;
+  /** Qwen3's per-head q/k RMSNorm weights ([head_dim] each); null without q/k norms. */
+  qNorm: TensorInfo | null; kNorm: TensorInfo | null;
+  wo: TensorInfo;
   /** o_proj's bias: Llama with attention_bias true only (oProjBias). */
   bo: TensorInfo | null; ln2: TensorInfo;
   wGate: TensorInfo; wUp: TensorInfo; wDown: TensorInfo;
@@ -61,11 +64,13 @@ export function parameterLayout(c: ModelConfig): ParamLayout {
     const bv = c.qkvBias ? add(`${p}self_attn.v_proj.bias`, [KV], 'zeros') : null;
     const wo = add(`${p}self_attn.o_proj.weight`, [C, Q], 'normal-residual');
     const bo = oProjBias(c) ? add(`${p}self_attn.o_proj.bias`, [C], 'zeros') : null;
+    const qNorm = c.qkNorm ? add(`${p}self_attn.q_norm.weight`, [c.headDim], 'ones') : null;
+    const kNorm = c.qkNorm ? add(`${p}self_attn.k_norm.weight`, [c.headDim], 'ones') : null;
     const ln2 = add(`${p}post_attention_layernorm.weight`, [C], 'ones');
     const wGate = add(`${p}mlp.gate_proj.weight`, [I, C], 'normal');
     const wUp = add(`${p}mlp.up_proj.weight`, [I, C], 'normal');
     const wDown = add(`${p}mlp.down_proj.weight`, [C, I], 'normal-residual');
-    layers.push({ ln1, wq, bq, wk, bk, wv, bv, wo, bo, ln2, wGate, wUp, wDown });
+    layers.push({ ln1, wq, bq, wk, bk, wv, bv, qNorm, kNorm, wo, bo, ln2, wGate, wUp, wDown });
   }
   const finalNorm = add('model.norm.weight', [C], 'ones');
   const lmHead = c.tieWordEmbeddings ? null : add('lm_head.weight', [c.vocabSize, C], 'normal');

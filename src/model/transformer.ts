@@ -3,7 +3,8 @@
  *
  * Explicit forward and backward per layer, llm.c style: every activation the backward pass needs is kept in a
  * buffer allocated up front (sized from config, batch and sequence length), so a training step allocates
- * nothing. Layer l:  h = x + o_proj(attn(rope(q(ln1 x)), rope(k(ln1 x)), v(ln1 x)));  x' = h + down(silu(gate(ln2 h)) * up(ln2 h)).
+ * nothing. Layer l:  h = x + o_proj(attn(rope(qn(q(ln1 x))), rope(kn(k(ln1 x))), v(ln1 x)));  x' = h + down(silu(gate(ln2 h)) * up(ln2 h)),
+ * with qn/kn Qwen3's per-head q/k RMSNorms (identity in the other families) and no rope on SmolLM3's NoPE layers.
  * The model owns parameters (one flat buffer, see params.ts), gradients (same layout) and activations; the
  * optimizer state belongs to the trainer, the KV cache to the generator.
  *
@@ -17,10 +18,10 @@
  * `weights` is `params`.
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
-import type { ModelConfig } from './config.js';
+import { usesRope, type ModelConfig } from './config.js';
 import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, layerWeights, type LayerWeights, type NextNorm } from './layer.js';
+import { inputNorm, layerForward, layerWeights, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 
 export interface TransformerOptions {
   /** Largest batch a forward call will get. */
@@ -49,6 +50,8 @@ interface LayerActs {
   lse: Buf;
   h: Buf; // residual after attention [N, C]
   ln2: Buf; rstd2: Buf; gate: Buf; up: Buf; act: Buf;
+  /** Qwen3's q/k norm inputs and rstds (null without q/k norms). */
+  qkn: QkNormActivations | null;
 }
 
 interface GradScratch {
@@ -129,6 +132,10 @@ export class Transformer {
         v: a(N * KV, 'v', A), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out', A),
         h: a(N * C, 'h'), ln2: a(N * C, 'ln2', A), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate', A), up: a(N * I, 'up', A),
         act: actShared,
+        qkn: c.qkNorm ? {
+          qRaw: a(N * Q, 'q before q_norm', A), kRaw: a(N * KV, 'k before k_norm', A),
+          rstdQ: a(N * c.numHeads, 'q_norm rstd'), rstdK: a(N * c.numKvHeads, 'k_norm rstd'),
+        } : null,
       };
     };
     // Inference keeps one set of activations for all layers; x alternates between two buffers.
@@ -170,6 +177,14 @@ export class Transformer {
   }
   private v(buf: Buf, n: number): Buf {
     return this.backend.view(buf, 0, n);
+  }
+  /** Views of a layer's q/k norm state for N tokens. */
+  private qknViews(q: QkNormActivations | null, N: number): QkNormActivations | null {
+    const c = this.config;
+    return q && {
+      qRaw: this.v(q.qRaw, N * c.numHeads * c.headDim), kRaw: this.v(q.kRaw, N * c.numKvHeads * c.headDim),
+      rstdQ: this.v(q.rstdQ, N * c.numHeads), rstdK: this.v(q.rstdK, N * c.numKvHeads),
+    };
   }
 
   /** Uploads a full flat weight array (layout order). */
@@ -246,11 +261,11 @@ export class Transformer {
         ? { weight: this.layerW[l + 1]!.ln1, out: this.v(an.ln1, N * C), rstd: this.v(an.rstd1, N) }
         : { weight: this.p(L.finalNorm), out: hidden, rstd: this.v(this.rstdf, N) };
       const lse = this.v(a.lse, b * c.numHeads * t);
-      layerForward(be, c, this.layerW[l]!, {
+      layerForward(be, c, l, this.layerW[l]!, {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
-        act: this.v(a.act, N * I), out: this.v(xNext, N * C),
+        act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N),
       }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
     }
     this.lastShape = { b, t };
@@ -321,12 +336,25 @@ export class Transformer {
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
-      be.zero(dqPre); be.zero(dkPre);
-      be.ropeBackward(dqPre, dq, b, t, c.numHeads, c.headDim, c.rope, 0);
-      be.ropeBackward(dkPre, dk, b, t, c.numKvHeads, c.headDim, c.rope, 0);
+      // Back through RoPE (not on NoPE layers) and the q/k norms (Qwen3) to the projections' outputs. gq/gk hold the
+      // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
+      let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
+      if (usesRope(c, l)) {
+        be.zero(fq); be.zero(fk);
+        be.ropeBackward(fq, gq, b, t, c.numHeads, c.headDim, c.rope, 0);
+        be.ropeBackward(fk, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0);
+        [gq, fq, gk, fk] = [fq, gq, fk, gk];
+      }
+      const qn = this.qknViews(a.qkn, N);
+      if (qn) {
+        be.zero(fq); be.zero(fk);
+        be.rmsnormBackward(fq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim);
+        be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
+        [gq, fq, gk, fk] = [fq, gq, fk, gk];
+      }
       be.zero(dln);
-      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), dqPre, ln1, this.p(w.wq), N, C, Q);
-      be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), dkPre, ln1, this.p(w.wk), N, C, KV);
+      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q);
+      be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
       be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
       be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);
     }

@@ -31,7 +31,7 @@ export function tinyTokenizer(): Tokenizer {
 export function tinyConfig(vocabSize: number, over: Partial<ModelConfig> = {}): ModelConfig {
   return {
     architecture: 'qwen2', vocabSize, hiddenSize: 16, intermediateSize: 32, numLayers: 2, numHeads: 4, numKvHeads: 2,
-    headDim: 4, rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: true, ...over,
+    headDim: 4, rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: true, qkNorm: false, noRopeLayers: [], ...over,
   };
 }
 

@@ -284,7 +284,7 @@ export function rng(seed: number): () => number {
 export const LLAMA_1B_LIKE: ModelConfig = {
   architecture: 'llama', vocabSize: 128256, hiddenSize: 2048, intermediateSize: 8192, numLayers: 16, numHeads: 16, numKvHeads: 8,
   headDim: 128, rope: { type: 'llama3', theta: 5e5, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 },
-  rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 131072, qkvBias: false,
+  rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 131072, qkvBias: false, qkNorm: false, noRopeLayers: [],
 };
 
 /**

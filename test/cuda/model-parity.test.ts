@@ -39,11 +39,11 @@ after(() => { cuda?.dispose(); cpu?.dispose(); });
 
 const QWEN: ModelConfig = {
   architecture: 'qwen2', vocabSize: 300, hiddenSize: 64, intermediateSize: 176, numLayers: 2, numHeads: 4, numKvHeads: 2,
-  headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true,
+  headDim: 16, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 256, qkvBias: true, qkNorm: false, noRopeLayers: [],
 };
 const LLAMA: ModelConfig = {
   architecture: 'llama', vocabSize: 300, hiddenSize: 128, intermediateSize: 344, numLayers: 2, numHeads: 8, numKvHeads: 2,
-  headDim: 16, rope: { type: 'default', theta: 5e5 }, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: false,
+  headDim: 16, rope: { type: 'default', theta: 5e5 }, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: false, qkNorm: false, noRopeLayers: [],
 };
 const LLAMA_TEACHER: ModelConfig = { ...LLAMA, hiddenSize: 192, numHeads: 6, numKvHeads: 3, headDim: 32, numLayers: 3, intermediateSize: 512 };
 const B = 2, T = 24;

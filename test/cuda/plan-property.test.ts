@@ -75,13 +75,18 @@ function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConf
   const numHeads = nKv * pick([1, 2, 3]);
   const headDim = pick([4, 8, 12, 16, 32]);
   const hiddenSize = pick([numHeads * headDim, 8 * Math.ceil((numHeads * headDim) / 8) + 8, 24, 40]);
-  const architecture = r() < 0.5 ? 'qwen2' : 'llama';
+  const architecture = pick(['qwen2', 'llama', 'qwen3', 'smollm3'] as const);
+  const numLayers = pick([1, 2, 3]);
+  // SmolLM3: a random subset of layers without RoPE (possibly none, possibly all).
+  const noRopeLayers = architecture === 'smollm3' ? Array.from({ length: numLayers }, (_, l) => l).filter(() => r() < 0.5) : [];
   return {
-    architecture, vocabSize: vocab, hiddenSize, intermediateSize: pick([16, 40, 64, 2 * hiddenSize + 8]), numLayers: pick([1, 2]),
+    architecture, vocabSize: vocab, hiddenSize, intermediateSize: pick([16, 40, 64, 2 * hiddenSize + 8]), numLayers,
     numHeads, numKvHeads: nKv, headDim,
     rope: randomRope(r, pick([1e4, 5e5, 1e6, Math.round(1000 + r() * 1e6)]), Math.max(maxSeq, 64)),
     rmsNormEps: pick([1e-5, 1e-6, Number((10 ** -(4 + 3 * r())).toPrecision(3))]),
-    tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3, // HF Qwen2 always has Q/K/V biases; a Llama's also gives o_proj one
+    // HF Qwen2 always has Q/K/V biases; the other families' attention_bias also gives o_proj one.
+    tieWordEmbeddings: r() < 0.5, maxPositionEmbeddings: Math.max(maxSeq, 64), qkvBias: architecture === 'qwen2' ? true : r() < 0.3,
+    qkNorm: architecture === 'qwen3', noRopeLayers,
   };
 }
 
@@ -100,7 +105,7 @@ function randomCase(seed: number, vocab: number): Case {
 }
 
 function describeCase(c: Case): string {
-  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}`;
+  const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
   return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 

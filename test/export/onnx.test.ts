@@ -61,7 +61,7 @@ function config(over: Partial<ModelConfig>): ModelConfig {
   return {
     architecture: 'qwen2', vocabSize: 61, hiddenSize: 32, intermediateSize: 40, numLayers: 2, numHeads: 4,
     numKvHeads: 2, headDim: 8, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
-    maxPositionEmbeddings: 128, qkvBias: true, bosTokenId: 1, eosTokenId: 2, ...over,
+    maxPositionEmbeddings: 128, qkvBias: true, qkNorm: false, noRopeLayers: [], bosTokenId: 1, eosTokenId: 2, ...over,
   };
 }
 

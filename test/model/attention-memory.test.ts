@@ -16,7 +16,7 @@ import { Rng } from '../../src/util/rng.js';
 
 const LONG: ModelConfig = {
   architecture: 'qwen2', vocabSize: 50, hiddenSize: 16, intermediateSize: 24, numLayers: 1, numHeads: 2, numKvHeads: 1,
-  headDim: 8, rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 8192, qkvBias: true,
+  headDim: 8, rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 8192, qkvBias: true, qkNorm: false, noRopeLayers: [],
 };
 
 /** A backend that counts allocated elements and remembers the largest single allocation. */

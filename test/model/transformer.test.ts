@@ -23,7 +23,7 @@ function tinyConfig(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
     architecture: 'qwen2', vocabSize: 13, hiddenSize: 8, intermediateSize: 12, numLayers: 2, numHeads: 4,
     numKvHeads: 2, headDim: 2, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
-    maxPositionEmbeddings: 64, qkvBias: true, ...over,
+    maxPositionEmbeddings: 64, qkvBias: true, qkNorm: false, noRopeLayers: [], ...over,
   };
 }
 

@@ -21,7 +21,7 @@ import { Rng } from '../../src/util/rng.js';
 
 const CFG: ModelConfig = {
   architecture: 'qwen2', vocabSize: 37, hiddenSize: 32, intermediateSize: 48, numLayers: 2, numHeads: 4, numKvHeads: 2,
-  headDim: 8, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 64, qkvBias: true,
+  headDim: 8, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 64, qkvBias: true, qkNorm: false, noRopeLayers: [],
 };
 const TEACHER: ModelConfig = { ...CFG, hiddenSize: 48, intermediateSize: 64, numLayers: 3, numHeads: 6, headDim: 8, tieWordEmbeddings: false };
 const KL: LossSpec = { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 };
