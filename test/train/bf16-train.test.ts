@@ -108,14 +108,18 @@ test('memory estimate equals the bytes a bf16 (and an fp32) job allocates, at de
     },
   }) as Backend;
   try {
-    const student = presetConfig('tiny', 300), teacher = presetConfig('small', 300);
-    for (const precision of ['bf16', 'fp32'] as const) {
-      bytes = 0;
-      const m = new Transformer(counting, student, { batch: 3, seq: 10, training: true, precision });
-      const t = new Transformer(counting, teacher, { batch: 3, seq: 10, training: false, precision });
-      new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
-      new StepRunner(m, t, KL);
-      assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision }), bytes, precision);
+    // Qwen2 shapes, and Qwen3 ones (q/k norm inputs and rstds; head_dim 16 with a query width ≠ hidden).
+    const qwen3 = (c: ModelConfig): ModelConfig => ({ ...c, architecture: 'qwen3', qkNorm: true, qkvBias: false, headDim: 16 });
+    const pairs = [[presetConfig('tiny', 300), presetConfig('small', 300)], [qwen3(presetConfig('tiny', 300)), qwen3(presetConfig('small', 300))]] as const;
+    for (const [student, teacher] of pairs) {
+      for (const precision of ['bf16', 'fp32'] as const) {
+        bytes = 0;
+        const m = new Transformer(counting, student, { batch: 3, seq: 10, training: true, precision });
+        const t = new Transformer(counting, teacher, { batch: 3, seq: 10, training: false, precision });
+        new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+        new StepRunner(m, t, KL);
+        assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision }), bytes, `${student.architecture} ${precision}`);
+      }
     }
     const e = (precision: Precision) => estimateJobBytes({ student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936),
       batch: 8, seq: 1024, training: true, precision });
