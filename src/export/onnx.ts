@@ -36,6 +36,7 @@ import type { ModelConfig } from '../model/config.js';
 import { validateConfig } from '../model/config.js';
 import { parameterLayout, type TensorInfo } from '../model/params.js';
 import { DistilleryError } from '../util/errors.js';
+import { writeAll } from '../io/atomic.js';
 import { ropeAttentionFactor, ropeInvFreq } from '../backend/rope.js';
 import { Message } from './protobuf.js';
 
@@ -313,10 +314,7 @@ function writeChunks(file: string, chunks: Uint8Array[]): void {
   const tmp = `${file}.tmp-${process.pid}`;
   const fd = fs.openSync(tmp, 'w');
   try {
-    for (const ch of chunks) {
-      let off = 0;
-      while (off < ch.length) off += fs.writeSync(fd, ch, off, ch.length - off);
-    }
+    for (const ch of chunks) writeAll(fd, ch);
   } finally {
     fs.closeSync(fd);
   }

@@ -62,10 +62,17 @@ export function writeFileAtomicWith(file: string, write: (fd: number) => void): 
   fsyncDir(dir);
 }
 
-/** Writes all of `data` to an open file descriptor (loops over short writes). */
-export function writeAll(fd: number, data: Uint8Array): void {
+/**
+ * The most bytes one read or write system call is asked for. Node refuses a length above 2^31 − 1 (ERR_OUT_OF_RANGE),
+ * and a float32 tensor or checkpoint passes that from 537M parameters (Qwen3-0.6B's); Linux itself moves at most
+ * 0x7ffff000 bytes per call. 1 GiB keeps every call well inside both.
+ */
+export const MAX_IO_BYTES = 1 << 30;
+
+/** Writes all of `data` to an open file descriptor (loops over short writes, at most `maxChunk` bytes per call). */
+export function writeAll(fd: number, data: Uint8Array, maxChunk = MAX_IO_BYTES): void {
   let off = 0;
-  while (off < data.byteLength) off += fs.writeSync(fd, data, off, data.byteLength - off);
+  while (off < data.byteLength) off += fs.writeSync(fd, data, off, Math.min(maxChunk, data.byteLength - off));
 }
 
 /** Atomically replaces `file` with `data` (string is written as UTF-8). */

@@ -11,7 +11,7 @@
  */
 import * as fs from 'node:fs';
 import { DistilleryError } from '../util/errors.js';
-import { writeAll, writeFileAtomicWith } from './atomic.js';
+import { MAX_IO_BYTES, writeAll, writeFileAtomicWith } from './atomic.js';
 
 export type SafetensorsDtype = 'F32' | 'F16' | 'BF16';
 
@@ -60,10 +60,11 @@ function corrupt(file: string, problem: string): DistilleryError {
     'the file is truncated or corrupt; re-download or re-save it');
 }
 
-function readExactly(fd: number, buf: Uint8Array, position: number, file: string): void {
+/** Fills buf from the file at `position` (loops over short reads, at most `maxChunk` bytes per call: see MAX_IO_BYTES). */
+export function readExactly(fd: number, buf: Uint8Array, position: number, file: string, maxChunk = MAX_IO_BYTES): void {
   let off = 0;
   while (off < buf.byteLength) {
-    const n = fs.readSync(fd, buf, off, buf.byteLength - off, position + off);
+    const n = fs.readSync(fd, buf, off, Math.min(maxChunk, buf.byteLength - off), position + off);
     if (n === 0) throw corrupt(file, `unexpected end of file at byte ${position + off}`);
     off += n;
   }

@@ -92,3 +92,35 @@ test('recoverDir restores <dir>.old after a crash between the renames, and remov
   assert.equal(fs.existsSync(`${final}.old`), false);
   assert.equal(fs.existsSync(`${final}.tmp-999999999-dead`), false);
 });
+
+test('writeAll and readExactly move at most maxChunk bytes per system call (Node refuses a length of 2^31 or more: a 2.4 GB f32 checkpoint)', async () => {
+  const { default: fsCjs } = await import('node:fs');
+  const { syncBuiltinESMExports } = await import('node:module');
+  const { writeAll, MAX_IO_BYTES } = await import('../../src/io/atomic.js');
+  const { readExactly } = await import('../../src/io/safetensors.js');
+  assert.ok(MAX_IO_BYTES < 2 ** 31 - 1, 'the default chunk is below the limit');
+  const data = Uint8Array.from({ length: 100 }, (_, i) => (i * 7 + 3) & 255);
+  const file = path.join(root, 'chunked.bin');
+  const lengths: number[] = [];
+  const origWrite = fsCjs.writeSync, origRead = fsCjs.readSync;
+  // Spy on the calls the modules make (their `import * as fs` sees the patched functions after the sync).
+  const spy = (orig: (...x: unknown[]) => number) => (...a: unknown[]): number => { lengths.push(a[3] as number); return orig(...a); };
+  fsCjs.writeSync = spy(origWrite as (...x: unknown[]) => number) as typeof origWrite;
+  fsCjs.readSync = spy(origRead as (...x: unknown[]) => number) as typeof origRead;
+  syncBuiltinESMExports();
+  let back: Uint8Array;
+  try {
+    const fd = fs.openSync(file, 'w');
+    try { writeAll(fd, data, 7); } finally { fs.closeSync(fd); }
+    assert.deepEqual(lengths, [...Array(14).fill(7), 2], 'writes of 7 bytes, then the rest');
+    lengths.length = 0;
+    back = new Uint8Array(100);
+    const rfd = fs.openSync(file, 'r');
+    try { readExactly(rfd, back, 0, file, 30); } finally { fs.closeSync(rfd); }
+    assert.deepEqual(lengths, [30, 30, 30, 10], 'reads of 30 bytes, then the rest');
+  } finally {
+    fsCjs.writeSync = origWrite; fsCjs.readSync = origRead;
+    syncBuiltinESMExports();
+  }
+  assert.deepEqual(Buffer.from(back), Buffer.from(data));
+});
