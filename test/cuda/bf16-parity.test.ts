@@ -152,6 +152,11 @@ parity('rmsnorm bwd (f32 dinp/dweight/dout/inp, bf16 weight)', (r) => ({
   bf16: ['o', 'w'], compare: ['di', 'dw'],
   op: (b, x) => { b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 7, 300, 1e-6); b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 7, 300); },
 }));
+parity('per-head q norm fwd + bwd, all bf16 but rstd (Qwen3: 2050 rows of head_dim 128, warp per row)', (r) => ({
+  arrays: { o: rand(r, 2050 * 128), di: rand(r, 2050 * 128), dw: rand(r, 128), d: rand(r, 2050 * 128), i: rand(r, 2050 * 128, 3), w: rand(r, 128), rs: rand(r, 2050) },
+  bf16: ['o', 'di', 'd', 'i', 'w'], compare: ['o', 'rs', 'di', 'dw'],
+  op: (b, x) => { b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 2050, 128, 1e-6); b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 2050, 128); },
+}));
 parity('add + rmsnorm fwd fused (f32 residual h += x in place, bf16 out and weight: the model\'s ln2)', (r) => ({
   arrays: { h: rand(r, 7 * 300), x: rand(r, 7 * 300, 3), o: rand(r, 7 * 300), rs: rand(r, 7), w: rand(r, 300) }, bf16: ['o', 'w'],
   compare: ['h', 'o', 'rs'], op: (b, x) => b.addRmsnormForward(x.h!, x.o!, x.rs!, x.h!, x.x!, x.w!, 7, 300, 1e-6),

@@ -114,6 +114,15 @@ parity('rmsnorm bwd', 1e-5, (r) => {
     op: (b, x) => b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 7, 300),
   };
 });
+// Qwen3's per-head q/k norms: many short rows (warp-per-row kernels, C ≤ 256), a ragged width and head_dim 128, with
+// more rows than the backward's 1024 blocks × 8 warps take in one sweep (the grid-stride loop and the partials).
+for (const [rows, C] of [[37, 40], [9001, 128]] as const) {
+  parity(`rmsnorm fwd + bwd, warp per row (${rows} rows of ${C})`, 1e-5, (r) => ({
+    arrays: { o: rand(r, rows * C), rs: rand(r, rows), i: rand(r, rows * C, 3), w: rand(r, C), di: rand(r, rows * C), dw: rand(r, C), d: rand(r, rows * C) },
+    compare: ['o', 'rs', 'di', 'dw'],
+    op: (b, x) => { b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, rows, C, 1e-6); b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, rows, C); },
+  }));
+}
 parity('matmul fwd + bias', 1e-5, (r) => ({
   arrays: { o: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70), bias: rand(r, 45) }, compare: ['o'],
   op: (b, x) => b.matmulForward(x.o!, x.i!, x.w!, x.bias!, 33, 70, 45),

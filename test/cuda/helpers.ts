@@ -51,6 +51,10 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const q = b.alloc(n * d.nH * d.hd, 'q'), k = b.alloc(n * d.nKv * d.hd, 'k'), v = b.alloc(n * d.nKv * d.hd, 'v');
     const wq = b.alloc(d.nH * d.hd * d.C, 'wq'), bq = b.alloc(d.nH * d.hd, 'bq');
     b.matmulForward(q, y, wq, d.qkvBias ? bq : null, n, d.C, d.nH * d.hd);
+    // Qwen3's per-head q norm (rows of head_dim: the warp-per-row norm kernels), forward and backward.
+    const qn = b.alloc(q.length, 'q normed'), rq = b.alloc(n * d.nH, 'rstd q'), wqn = b.alloc(d.hd, 'q_norm'), dwqn = b.alloc(d.hd, 'dq_norm');
+    b.rmsnormForward(qn, rq, q, wqn, n * d.nH, d.hd, d.eps);
+    b.rmsnormBackward(q, dwqn, qn, q, wqn, rq, n * d.nH, d.hd);
     b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
     for (const r of scaledRopes(d.theta)) b.ropeForward(k, k, d.B, d.T, d.nKv, d.hd, r, 3);
     const lse = b.alloc(d.B * d.nH * d.T, 'lse'), att = b.alloc(n * d.nH * d.hd, 'att');

@@ -71,6 +71,11 @@ export function representativeSpecs(): KernelSpec[] {
       mk('rmsnorm_dweight', { C, dout: F, inp: F, block: 256 });
     }
   }
+  // warp-per-row norms (Qwen3's per-head q/k norms at head_dim 128 in bf16; a ragged 40 in f32)
+  for (const [C, d] of [[128, B], [40, F]] as const) {
+    mk('rmsnorm_rows_fwd', { eps: 1e-6, C, out: d, inp: d, weight: d });
+    mk('rmsnorm_rows_bwd', { C, dinp: d, dout: d, inp: d, weight: d });
+  }
   // the fused add + norm: a bf16 sum (rounded before the norm reads it), and rows past the register path (C > 8192)
   mk('add_rmsnorm_fwd', { eps: 1e-6, C: 896, sum: B, out: F, a: B, b: F, weight: F, block: 256 });
   mk('add_rmsnorm_fwd', { eps: 1e-5, C: 16384, sum: F, out: B, a: F, b: F, weight: B, block: 256 });

@@ -37,7 +37,9 @@ import { CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F, type Cublas } from '
 import { formatBytes } from './ffi/status.js';
 import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
-import { addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormWeightGrad } from './kernels/norm.js';
+import {
+  addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, rmsnormWeightGrad, ROWS_NORM_MAX_C, ROWS_NORM_WARPS,
+} from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import {
   ATTN_KEY_TILE, FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT,
@@ -74,6 +76,8 @@ export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
 export const COLSUM_MAX_CHUNKS = 64;
+/** Blocks of the warp-per-row norm backward (rmsnorm_rows_bwd): its weight-gradient partials are this many rows of C. */
+export const ROWS_NORM_MAX_BLOCKS = 1024;
 export const COLSUM_MIN_ROWS = 16;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
@@ -481,6 +485,12 @@ export class CudaBackend implements Backend {
     this.need(weight, c, 'rmsnormForward');
     this.f32Only('rmsnormForward', [['rstd', rstd]]);
     if (n <= 0) return;
+    if (c <= ROWS_NORM_MAX_C) {
+      // Short rows (Qwen3's per-head q/k norms): one warp per row.
+      this.launch(rmsnormRowsForward.make({ eps, C: c, out: D(out), inp: D(inp), weight: D(weight) }), [Math.ceil(n / ROWS_NORM_WARPS), 1, 1],
+        32 * ROWS_NORM_WARPS, [P(out), P(rstd), P(inp), P(weight), I(n)]);
+      return;
+    }
     this.launch(rmsnormForward.make({ eps, C: c, out: D(out), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK, [P(out), P(rstd), P(inp), P(weight), I(n)]);
   }
 
@@ -507,6 +517,14 @@ export class CudaBackend implements Backend {
     this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
     this.f32Only('rmsnormBackward', [['rstd', rstd]]);
     if (n <= 0) return;
+    if (c <= ROWS_NORM_MAX_C) {
+      // Short rows: one warp per row, dinp and each block's weight-gradient partial in one pass; R depends on n and c only.
+      const R = Math.min(Math.ceil(n / ROWS_NORM_WARPS), ROWS_NORM_MAX_BLOCKS, Math.floor(this.colsumFloats / c));
+      this.launch(rmsnormRowsBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight) }), [R, 1, 1], 32 * ROWS_NORM_WARPS,
+        [P(dinp), P(this.colPart), P(dout), P(inp), P(weight), P(rstd), I(n)]);
+      this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+      return;
+    }
     this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
       [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
     const [R, rowsPer] = this.colChunks(n, c, 'rmsnormBackward');

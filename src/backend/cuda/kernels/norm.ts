@@ -168,3 +168,108 @@ extern "C" __global__ void rmsnorm_dweight(float* part, const ${T(p.dout)}* dout
 }
 `,
 });
+
+/** Widest row the warp-per-row norms take (Qwen3's per-head q/k norms: head_dim 128); wider rows use one block per row. */
+export const ROWS_NORM_MAX_C = 256;
+/** Rows (warps) per block of the warp-per-row norms. */
+export const ROWS_NORM_WARPS = 8;
+
+type RowsNormP = { eps: number; C: number; out: string; inp: string; weight: string };
+
+/**
+ * Grid: ceil(n / ROWS_NORM_WARPS) blocks of 32·ROWS_NORM_WARPS threads; one warp per row (C ≤ ROWS_NORM_MAX_C, each lane
+ * keeps its ≤ 8 elements in registers). rmsnorm_fwd for many short rows (Qwen3's q/k norms: b·t·heads rows of
+ * head_dim), where a block per row would leave most of its threads idle.
+ */
+export const rmsnormRowsForward = defineFamily<RowsNormP>({
+  name: 'rmsnorm_rows_fwd',
+  schema: { eps: { kind: 'float', min: 0 }, C: { kind: 'int', min: 1, max: ROWS_NORM_MAX_C }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN },
+  example: { eps: 1e-6, C: 128, out: 'bf16', inp: 'bf16', weight: 'bf16' },
+  generate: (p) => `#define C ${p.C}
+#define NV ${Math.ceil(p.C / 32)}
+#define WARPS ${ROWS_NORM_WARPS}
+#define EPS ${f32(p.eps)}
+#define BLOCK (32 * WARPS)
+${reductionHelpers()}
+${dtypeHelpers()}
+extern "C" __global__ void rmsnorm_rows_fwd(${T(p.out)}* out, float* rstd, const ${T(p.inp)}* inp, const ${T(p.weight)}* w, int n) {
+  const int row = blockIdx.x * WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  if (row >= n) return;  // the whole warp leaves together
+  const long long base = (long long)row * C;
+  float v[NV];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NV; j++) {
+    const int i = lane + 32 * j;
+    v[j] = i < C ? ldf(inp, base + i) : 0.0f;
+    ss += v[j] * v[j];
+  }
+  ss = warpSum(ss);
+  const float r = 1.0f / sqrtf(ss / (float)C + EPS);
+  if (lane == 0) rstd[row] = r;
+#pragma unroll
+  for (int j = 0; j < NV; j++) {
+    const int i = lane + 32 * j;
+    if (i < C) stf(out, base + i, v[j] * r * ldf(w, i));
+  }
+}
+`,
+});
+
+type RowsNormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string };
+
+/**
+ * Grid: R blocks of 32·ROWS_NORM_WARPS threads (R fixed by the host from n and C, so the result is deterministic); warp w
+ * of block b takes rows b·WARPS + w, then every R·WARPS-th row after it. Per row: dinp += d(out)/d(inp)ᵀ dout (as
+ * rmsnorm_bwd); over its rows each lane sums dout ⊙ inp · rstd for its columns, the block adds its warps' sums in
+ * warp order into part[b·C + col], and col_reduce adds Σ_b part[b, col] into dweight.
+ */
+export const rmsnormRowsBackward = defineFamily<RowsNormBwdP>({
+  name: 'rmsnorm_rows_bwd',
+  schema: { C: { kind: 'int', min: 1, max: ROWS_NORM_MAX_C }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN },
+  example: { C: 128, dinp: 'bf16', dout: 'bf16', inp: 'bf16', weight: 'bf16' },
+  generate: (p) => `#define C ${p.C}
+#define NV ${Math.ceil(p.C / 32)}
+#define WARPS ${ROWS_NORM_WARPS}
+#define BLOCK (32 * WARPS)
+${reductionHelpers()}
+${dtypeHelpers()}
+extern "C" __global__ void rmsnorm_rows_bwd(${T(p.dinp)}* dinp, float* part, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp,
+                                            const ${T(p.weight)}* w, const float* rstd, int n) {
+  __shared__ float sh[WARPS][C];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float wv[NV], dw[NV];
+#pragma unroll
+  for (int j = 0; j < NV; j++) { const int i = lane + 32 * j; wv[j] = i < C ? ldf(w, i) : 0.0f; dw[j] = 0.0f; }
+  for (int row = blockIdx.x * WARPS + warp; row < n; row += gridDim.x * WARPS) {
+    const long long base = (long long)row * C;
+    const float r = rstd[row];
+    float g[NV], x[NV];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = lane + 32 * j;
+      g[j] = i < C ? ldf(dout, base + i) : 0.0f;
+      x[j] = i < C ? ldf(inp, base + i) : 0.0f;
+      dot += g[j] * wv[j] * x[j];
+      dw[j] += g[j] * x[j] * r;
+    }
+    dot = warpSum(dot);
+    const float k = dot * r * r * r / (float)C;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = lane + 32 * j;
+      if (i < C) stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NV; j++) { const int i = lane + 32 * j; if (i < C) sh[warp][i] = dw[j]; }
+  __syncthreads();
+  for (int i = threadIdx.x; i < C; i += BLOCK) {
+    float s = 0.0f;
+    for (int k = 0; k < WARPS; k++) s += sh[k][i];
+    part[(long long)blockIdx.x * C + i] = s;
+  }
+}
+`,
+});
