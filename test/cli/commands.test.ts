@@ -276,3 +276,30 @@ test('kernels: dispatches to kernelsCommand with camelCase args; clear message w
   assert.equal(missing.code, 1);
   assert.match(missing.err, /not available in this build/);
 });
+
+test('inspect, eval and generate a Qwen3 and a SmolLM3 checkpoint: q/k norm tensors, NoPE layers, the baked line', async () => {
+  const q3 = path.join(dir, 'qwen3'), smol = path.join(dir, 'smollm3');
+  const c3 = writeTinyCheckpoint(q3, 5, { architecture: 'qwen3', qkvBias: false, qkNorm: true, headDim: 8 });
+  const cs = writeTinyCheckpoint(smol, 6, { architecture: 'smollm3', qkvBias: true, noRopeLayers: [1] });
+  const r3 = await run(['inspect', q3]);
+  assert.equal(r3.code, 0, r3.err);
+  assert.equal(Number(/^parameters\s+(\d+)/m.exec(r3.out)![1]), parameterCount(c3));
+  assert.match(r3.out, /^architecture\s+qwen3$/m);
+  assert.match(r3.out, /^q\/k norm\s+yes/m);
+  assert.match(r3.out, /^model\.layers\.1\.self_attn\.q_norm\.weight\s+F32\s+\[8\]/m);
+  assert.match(r3.out, /^model\.layers\.0\.self_attn\.k_norm\.weight\s+F32\s+\[8\]/m);
+  assert.match(r3.out, /^baked\s+qwen3 .*head_dim 8 qkv_bias no qk_norm yes/m);
+  const rs = await run(['inspect', smol]);
+  assert.equal(rs.code, 0, rs.err);
+  assert.equal(Number(/^parameters\s+(\d+)/m.exec(rs.out)![1]), parameterCount(cs));
+  assert.match(rs.out, /^no-RoPE layers 1$/m);
+  assert.match(rs.out, /^o bias\s+yes$/m);
+  assert.match(rs.out, /^baked\s+smollm3 .* o_bias yes no_rope_layers 1 /m);
+  for (const m of [q3, smol]) {
+    const e = await run(['eval', '--model', m, '--data', dataFile, '--seq', '16']);
+    assert.equal(e.code, 0, e.err);
+    assert.match(e.out, /loss/);
+    const g = await run(['generate', '--model', m, '--prompt', 'The model', '--max-new-tokens', '4', '--temperature', '0']);
+    assert.equal(g.code, 0, g.err);
+  }
+});

@@ -70,6 +70,8 @@ function describeConfig(c: ModelConfig): string[] {
     `tied embedding ${c.tieWordEmbeddings ? 'yes' : 'no'}`,
     `qkv bias       ${c.qkvBias ? 'yes' : 'no'}`,
     `o bias         ${oProjBias(c) ? 'yes' : 'no'}`,
+    `q/k norm       ${c.qkNorm ? 'yes (per head, [head_dim] weights)' : 'no'}`,
+    ...(c.architecture === 'smollm3' ? [`no-RoPE layers ${c.noRopeLayers.length ? c.noRopeLayers.join(', ') : 'none'}`] : []),
     `baked          ${describeBaked(c)}`,
   ];
 }
