@@ -354,6 +354,10 @@ export function parseHfConfig(j: Json): ModelConfig {
   if (j.hidden_act !== undefined && j.hidden_act !== 'silu') {
     throw new DistilleryError(`config.json: "hidden_act" ${shown(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu');
   }
+  if (num(j, 'attention_dropout', 0) !== 0) {
+    throw new DistilleryError(`config.json: "attention_dropout" ${shown(j.attention_dropout)} is not supported`,
+      'transformers drops attention probabilities in training with it; distillery computes attention without dropout: set it to 0.0');
+  }
   if (bool(j, 'use_sliding_window', false)) {
     throw new DistilleryError('config.json: "use_sliding_window": true is not supported', 'distillery implements full causal attention; set it to false');
   }

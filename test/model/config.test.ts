@@ -43,6 +43,10 @@ test('features distillery does not compute are refused, naming the key', () => {
     [{ num_key_value_heads: 3 }, /multiple of num_key_value_heads/],
     [{ hidden_size: 'big' }, /hidden_size/],
     [{ model_type: 'gpt2', architectures: ['GPT2LMHeadModel'] }, /model_type/],
+    [{ attention_dropout: 0.1 }, /attention_dropout/],
+    // a family that resembles one distillery runs is refused naming it, not read as that family
+    [{ model_type: 'qwen2_moe', architectures: ['Qwen2MoeForCausalLM'] }, /Qwen2-MoE/],
+    [{ model_type: '', architectures: ['Qwen2MoeForCausalLM'] }, /unsupported model_type/],
   ];
   for (const [patch, re] of cases) {
     assert.throws(() => parseHfConfig({ ...qwen, ...patch }), (e: unknown) => e instanceof DistilleryError && re.test(e.message), JSON.stringify(patch));
