@@ -1,5 +1,6 @@
 /**
- * An independent float64 reference of the Qwen2/Llama forward pass, written the plain way (nested loops over
+ * An independent float64 reference of the Qwen2/Llama/Qwen3/SmolLM3 forward pass (Qwen3: RMSNorm over each head's
+ * slice of q and k with [head_dim] weights, before RoPE; SmolLM3: no RoPE on the layers noRopeLayers lists), written the plain way (nested loops over
  * named tensors, no backend, no shared kernels) for the model tests to compare against.
  */
 import type { ModelConfig } from '../../src/model/config.js';
@@ -48,7 +49,21 @@ export function referenceLogits(c: ModelConfig, layout: ParamLayout, w: ArrayLik
     const q = linear(h1, N, C, get(`${p}self_attn.q_proj.weight`), nH * hd, opt(`${p}self_attn.q_proj.bias`));
     const k = linear(h1, N, C, get(`${p}self_attn.k_proj.weight`), nKv * hd, opt(`${p}self_attn.k_proj.bias`));
     const v = linear(h1, N, C, get(`${p}self_attn.v_proj.weight`), nKv * hd, opt(`${p}self_attn.v_proj.bias`));
-    rope(q, nH); rope(k, nKv);
+    if (c.qkNorm) {
+      // transformers' Qwen3Attention: q_norm(q_proj(x).view(..., head_dim)), one RMSNorm per (token, head) row.
+      const headNorm = (x: Mat, heads: number, g: Mat): void => {
+        for (let r = 0; r < N * heads; r++) {
+          let ss = 0;
+          for (let d = 0; d < hd; d++) ss += x[r * hd + d]! ** 2;
+          const inv = 1 / Math.sqrt(ss / hd + c.rmsNormEps);
+          for (let d = 0; d < hd; d++) x[r * hd + d] = x[r * hd + d]! * inv * g[d]!;
+        }
+      };
+      headNorm(q, nH, get(`${p}self_attn.q_norm.weight`));
+      headNorm(k, nKv, get(`${p}self_attn.k_norm.weight`));
+    }
+    // SmolLM3Attention: `if self.use_rope` (config.no_rope_layers[layer_idx] == 1).
+    if (!c.noRopeLayers.includes(l)) { rope(q, nH); rope(k, nKv); }
     const att = new Float64Array(N * nH * hd);
     for (let bb = 0; bb < b; bb++) for (let h = 0; h < nH; h++) {
       const kh = Math.floor(h / (nH / nKv));
@@ -69,8 +84,8 @@ export function referenceLogits(c: ModelConfig, layout: ParamLayout, w: ArrayLik
         }
       }
     }
-    // transformers: LlamaAttention's o_proj has bias=attention_bias like q/k/v; Qwen2Attention's o_proj has none.
-    const oBias = c.architecture === 'llama' && c.qkvBias ? get(`${p}self_attn.o_proj.bias`) : null;
+    // transformers: Llama/Qwen3/SmolLM3 attention's o_proj has bias=attention_bias like q/k/v; Qwen2Attention's has none.
+    const oBias = c.architecture !== 'qwen2' && c.qkvBias ? get(`${p}self_attn.o_proj.bias`) : null;
     const o = linear(att, N, nH * hd, get(`${p}self_attn.o_proj.weight`), C, oBias);
     const hres = x.map((xv, i) => xv + o[i]!);
     const h2 = rmsnorm(hres, N, get(`${p}post_attention_layernorm.weight`));

@@ -55,6 +55,14 @@ const configs: Array<[string, ModelConfig]> = [
   ['linear rope scaling', tinyConfig({ numHeads: 2, numKvHeads: 1, headDim: 4, rope: { type: 'linear', theta: 1e4, factor: 3 } })],
   // transformers' Llama attention_bias: biases on q/k/v AND o_proj (the reference adds o_proj.bias by that rule).
   ['llama attention_bias (q/k/v and o biases), GQA, untied', tinyConfig({ architecture: 'llama', qkvBias: true, tieWordEmbeddings: false })],
+  // Qwen3: per-head q/k norms; head_dim 6 × 2 heads = a query width of 12 against hidden 8.
+  ['qwen3 q/k norms, head_dim 6 (query width ≠ hidden), GQA, untied', tinyConfig({ architecture: 'qwen3', qkvBias: false, qkNorm: true,
+    numHeads: 2, numKvHeads: 1, headDim: 6, tieWordEmbeddings: false })],
+  ['qwen3 attention_bias (q/k/v and o), yarn', tinyConfig({ architecture: 'qwen3', qkvBias: true, qkNorm: true, numHeads: 2, numKvHeads: 2, headDim: 8,
+    rope: { type: 'yarn', theta: 1e4, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.3, truncate: true } })],
+  // SmolLM3: RoPE off on layer 1 (of 3), biases on q/k/v/o; and on every layer.
+  ['smollm3 NoPE layer 1 of 3, attention_bias', tinyConfig({ architecture: 'smollm3', qkvBias: true, numLayers: 3, noRopeLayers: [1] })],
+  ['smollm3 every layer NoPE, no biases', tinyConfig({ architecture: 'smollm3', qkvBias: false, noRopeLayers: [0, 1] })],
 ];
 
 for (const [name, cfg] of configs) {
@@ -92,7 +100,8 @@ function weightedLoss(be: Backend, m: Transformer, teacher: Transformer | null, 
 const specs = LOSS_SPECS;
 
 for (const spec of specs) {
-  for (const [name, cfg] of [configs[0]!, configs[2]!, configs[6]!, ...(spec.kind === 'none' ? [configs[3]!, configs[4]!] : [])]) {
+  for (const [name, cfg] of [configs[0]!, configs[2]!, configs[6]!, configs[7]!, configs[9]!,
+    ...(spec.kind === 'none' ? [configs[3]!, configs[4]!, configs[8]!, configs[10]!] : [])]) {
     test(`every parameter's gradient matches central finite differences (float64), loss ${spec.kind}, ${name}`, () => {
       const be = createCpuBackend({ dtype: 'f64', threads: 1 });
       try {
@@ -149,10 +158,10 @@ for (const spec of specs) {
   }
 }
 
-test('KV-cache generation reproduces the full forward pass logits at every position (plain, llama3 and yarn RoPE, llama o bias)', () => {
+test('KV-cache generation reproduces the full forward pass logits at every position (plain, llama3 and yarn RoPE, llama o bias, qwen3 q/k norms, smollm3 NoPE)', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   try {
-    for (const cfg of [tinyConfig({ rope: { type: 'default', theta: 100 } }), configs[3]![1], configs[4]![1], configs[6]![1]]) {
+    for (const cfg of [tinyConfig({ rope: { type: 'default', theta: 100 } }), configs[3]![1], configs[4]![1], configs[6]![1], configs[7]![1], configs[8]![1], configs[9]![1]]) {
     const T = 9;
     const m = new Transformer(be, cfg, { batch: 1, seq: T, training: false });
     m.setWeights(randomWeights(m, 8));
