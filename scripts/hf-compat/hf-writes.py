@@ -1,6 +1,6 @@
 """HF transformers WRITES checkpoints; distillery must read them (the direction check.py does not cover).
 
-For many configurations (Qwen2 and Llama; tied and untied; Q/K/V biases; GQA and MHA; an explicit head_dim; each
+For many configurations (Qwen2, Llama, Qwen3 (q/k norms) and SmolLM3 (NoPE layers); tied and untied; Q/K/V biases; GQA and MHA; an explicit head_dim; each
 RoPE kind distillery computes: default, linear, llama3, yarn with default and explicit parameters; f32, bf16 and
 f16 weights; sharded folders via max_shard_size) this builds a tiny random model with transformers' own classes,
 saves it with save_pretrained, and records the logits transformers computes (float32, on the CPU, from the weights
@@ -15,7 +15,8 @@ import sys
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SmolLM3Config, SmolLM3ForCausalLM)
 
 out = sys.argv[1] if len(sys.argv) > 1 else 'hf-writes-out'
 os.makedirs(out, exist_ok=True)
@@ -54,7 +55,21 @@ CASES = [
      dict(tie_word_embeddings=False, attention_bias=True, num_key_value_heads=4), LINEAR),
     ('llama-yarn-f32', 'llama', 'f32', None, dict(tie_word_embeddings=False), YARN),
     ('llama-llama3-sharded-bf16', 'llama', 'bf16', '60KB', dict(tie_word_embeddings=False), LLAMA3),
+    # Qwen3: per-head q/k RMSNorm; head_dim 32 with 4 heads (query width 128 against hidden 64), and its default 128
+    ('qwen3-tied-gqa-hd32-f32', 'qwen3', 'f32', None, dict(tie_word_embeddings=True, head_dim=32), PLAIN_1E6),
+    ('qwen3-untied-hd128-bf16', 'qwen3', 'bf16', None, dict(tie_word_embeddings=False), PLAIN_1E6),
+    ('qwen3-bias-mha-yarn-f32', 'qwen3', 'f32', None, dict(tie_word_embeddings=False, head_dim=16, attention_bias=True,
+                                                           num_key_value_heads=4), YARN),
+    ('qwen3-sharded-bf16', 'qwen3', 'bf16', '100KB', dict(tie_word_embeddings=True, head_dim=32), PLAIN_1E6),
+    # SmolLM3: RoPE off on the layers no_rope_layers marks 0 (default: every 4th)
+    ('smollm3-default-nope-f32', 'smollm3', 'f32', None, dict(num_hidden_layers=4), {'rope_type': 'default', 'rope_theta': 2000000.0}),
+    ('smollm3-list-untied-bf16', 'smollm3', 'bf16', None, dict(num_hidden_layers=3, no_rope_layers=[0, 1, 0],
+                                                               tie_word_embeddings=False), PLAIN_1E6),
+    ('smollm3-bias-sharded-f32', 'smollm3', 'f32', '100KB', dict(num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1],
+                                                                 attention_bias=True), LLAMA3),
 ]
+FAMILIES = {'qwen2': (Qwen2Config, Qwen2ForCausalLM), 'llama': (LlamaConfig, LlamaForCausalLM),
+            'qwen3': (Qwen3Config, Qwen3ForCausalLM), 'smollm3': (SmolLM3Config, SmolLM3ForCausalLM)}
 
 
 def make_config(cls, rope, **kw):
@@ -68,7 +83,7 @@ def make_config(cls, rope, **kw):
 manifest = []
 for i, (name, family, dtype, shard, over, rope) in enumerate(CASES):
     torch.manual_seed(1000 + i)
-    cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if family == 'qwen2' else (LlamaConfig, LlamaForCausalLM)
+    cls, model_cls = FAMILIES[family]
     config = make_config(cls, rope, **{**BASE, **over})
     model = model_cls(config).eval()
     with torch.no_grad():
@@ -91,6 +106,10 @@ for i, (name, family, dtype, shard, over, rope) in enumerate(CASES):
     with torch.no_grad():
         logits = model(torch.tensor([IDS])).logits[0]
     files = sorted(f for f in os.listdir(folder) if f.endswith('.safetensors'))
+    # config.json as transformers wrote it, for test/fixtures/hf-configs
+    os.makedirs(os.path.join(out, 'configs'), exist_ok=True)
+    with open(os.path.join(folder, 'config.json')) as src, open(os.path.join(out, 'configs', f'{name}.json'), 'w') as dst:
+        dst.write(src.read())
     manifest.append({'name': name, 'dir': name, 'dtype': dtype, 'shards': len(files), 'ids': IDS,
                      'logits': logits.flatten().tolist(), 'rope': rope})
     print(f'hf-writes {name}: {type(model).__name__}, {dtype}, {len(files)} safetensors file(s)')

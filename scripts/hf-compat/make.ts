@@ -43,6 +43,10 @@ const cases: Array<[string, ModelConfig, 'f32' | 'bf16', number?]> = [
   ['llama-linear-f32', { ...base, architecture: 'llama', qkvBias: true, rope: { type: 'linear', theta: 1e4, factor: 4 } }, 'f32'],
   // Shards of at most 64 KiB: several files and an index, as save_pretrained(max_shard_size=...) writes them.
   ['qwen2-untied-sharded-f32', { ...base, tieWordEmbeddings: false }, 'f32', 65536],
+  // Qwen3 (q/k norms; head_dim 32: query width 128 against hidden 64) and SmolLM3 (RoPE off on layer 1 of 3; o bias).
+  ['qwen3-hd32-untied-f32', { ...base, architecture: 'qwen3', qkvBias: false, qkNorm: true, headDim: 32, tieWordEmbeddings: false }, 'f32'],
+  ['qwen3-bias-bf16', { ...base, architecture: 'qwen3', qkvBias: true, qkNorm: true }, 'bf16'],
+  ['smollm3-nope-bias-f32', { ...base, architecture: 'smollm3', qkvBias: true, numLayers: 3, noRopeLayers: [1], rope: { type: 'default', theta: 2e6 } }, 'f32'],
 ];
 const be = createCpuBackend({ threads: 1 });
 const manifest: Array<Record<string, unknown>> = [];
