@@ -82,11 +82,25 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('temperature', 'number', 'softmax temperature of the divergence (T^2 factor applied)', { check: positive, distillOnly: true }),
   spec('beta', 'number', 'teacher weight of the JSD mixture m = beta p_t + (1 - beta) p_s', { check: unitOpen, distillOnly: true }),
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
+  spec('lossOn', 'string', 'chat data: the tokens the loss counts: the assistant replies (and their end-of-turn marker), or all', { choices: ['assistant', 'all'] }),
+  spec('chatTemplateKwargs', 'string', 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'', { metavar: '<json>' }),
   spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
   spec('overwrite', 'boolean', 'start afresh in an --out that already holds a run (deletes its checkpoints, metrics and final model)'),
   spec('quiet', 'boolean', 'no progress output'),
   spec('stopAfter', 'integer', 'stop after N steps even if --steps is larger (0 = off)', { check: nonNegInt }),
 ];
+
+/** The chat template options of `--chat-template-kwargs` (a JSON object), or a UsageError naming `label`. */
+export function parseTemplateKwargs(json: string, label = '--chat-template-kwargs'): Record<string, unknown> {
+  let v: unknown;
+  try { v = JSON.parse(json); } catch (e) {
+    throw new UsageError(`${label}: not valid JSON (${(e as Error).message})`, 'pass a JSON object, e.g. --chat-template-kwargs \'{"enable_thinking": false}\'');
+  }
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    throw new UsageError(`${label}: must be a JSON object of template variables, got ${JSON.stringify(v)}`, 'pass e.g. --chat-template-kwargs \'{"enable_thinking": false}\'');
+  }
+  return v as Record<string, unknown>;
+}
 
 const BY_FIELD = new Map(RUN_FIELDS.map((s) => [s.field, s]));
 const BY_FLAG = new Map(RUN_FIELDS.map((s) => [s.flag.name, s]));
@@ -279,6 +293,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     }
     delete merged.teacher;
   }
+
+  if (merged.chatTemplateKwargs !== undefined) parseTemplateKwargs(merged.chatTemplateKwargs as string, labelOf('chatTemplateKwargs'));
 
   const options = { ...merged, mode, out: merged.out, data: data.slice() } as RunOptions;
   return { options, warnings };

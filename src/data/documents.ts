@@ -4,10 +4,10 @@
  * - Plain text (`.txt`, `.md`, or any extension other than `.jsonl`): ONE DOCUMENT PER FILE (the whole file, with
  *   line endings normalized to `\n`). Blank lines inside a file do not split it: a file is the unit of context.
  * - JSON Lines (`.jsonl`): one document per non-blank line, either `{"text": "..."}` or a chat
- *   `{"messages": [{"role": "user", "content": "..."}, ...]}` rendered with ChatML
- *   (`<|im_start|>{role}\n{content}<|im_end|>\n` per message), or with the renderer a run passes (its model's chat
- *   format, src/tokenizer/chat.ts). A bad line throws a DistilleryError naming
- *   `file:line` and what is wrong.
+ *   `{"messages": [{"role": "user", "content": "..."}, ...], "tools": [...]?}` rendered with the renderer a run passes
+ *   (its model's chat template, src/tokenizer/chat.ts; ChatML by default), which may also give the assistant replies'
+ *   character ranges: the tokens that carry loss (loadDocs). A conversation without an assistant turn then carries no
+ *   loss: it is left out and listed. A bad line throws a DistilleryError naming `file:line` and what is wrong.
  * - A directory is expanded to the `.txt`, `.md` and `.jsonl` files under it (recursively, sorted by path).
  * Documents that are empty (or whitespace only) are dropped. A file that cannot be read, a broken symbolic link, a
  * link loop or a link that leads back into a folder being listed is an InputError (exit code 2) naming the path.
@@ -16,14 +16,25 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError, InputError } from '../util/errors.js';
 
+/** One message of a conversation: role and content, plus whatever else the line gives (tool_calls, reasoning_content, ...). */
 export interface ChatMessage {
   role: string;
-  content: string;
+  content: string | null;
+  [field: string]: unknown;
 }
 
 /** Renders chat messages in ChatML: `<|im_start|>{role}\n{content}<|im_end|>\n` per message. */
 export function renderChatML(messages: readonly ChatMessage[]): string {
-  return messages.map((m) => `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`).join('');
+  return messages.map((m) => `<|im_start|>${m.role}\n${m.content ?? ''}<|im_end|>\n`).join('');
+}
+
+/**
+ * A training document: its text and the character ranges [start, end) whose tokens carry loss (null: every token).
+ * Chat lines under `--loss-on assistant` carry the assistant replies' ranges; text documents carry null.
+ */
+export interface Doc {
+  text: string;
+  lossSpans: Array<[number, number]> | null;
 }
 
 const DATA_EXT = new Set(['.txt', '.md', '.jsonl']);
@@ -87,11 +98,14 @@ function readDataFile(f: string): string {
   }
 }
 
-/** Renders a conversation into one document (default: renderChatML; a run passes its model's chat format). */
-export type ChatRenderer = (messages: readonly ChatMessage[]) => string;
+/** Renders a conversation (with the line's `tools`, or null) into one document (default: renderChatML, no spans). */
+export type ChatRenderer = (messages: readonly ChatMessage[], tools: unknown[] | null) => string | { text: string; assistant: Array<[number, number]> };
 
-/** Parses one JSONL line into a document; `where` is `file:line` for errors. */
-export function parseJsonlRecord(line: string, where: string, render: ChatRenderer = renderChatML): string {
+/** What a JSONL line holds: text, or a conversation with its tools. */
+export type JsonlRecord = { text: string } | { messages: ChatMessage[]; tools: unknown[] | null };
+
+/** Parses one JSONL line; `where` is `file:line` for errors. */
+export function parseJsonlLine(line: string, where: string): JsonlRecord {
   let j: unknown;
   try {
     j = JSON.parse(line);
@@ -105,7 +119,7 @@ export function parseJsonlRecord(line: string, where: string, render: ChatRender
   const o = j as Record<string, unknown>;
   if ('text' in o) {
     if (typeof o.text !== 'string') throw new DistilleryError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
-    return o.text;
+    return { text: o.text };
   }
   if ('messages' in o) {
     const ms = o.messages;
@@ -114,41 +128,112 @@ export function parseJsonlRecord(line: string, where: string, render: ChatRender
     }
     const msgs: ChatMessage[] = ms.map((m, i) => {
       const mo = m as Record<string, unknown>;
-      if (typeof m !== 'object' || m === null || typeof mo.role !== 'string' || typeof mo.content !== 'string') {
+      // content may be null only beside tool_calls (an assistant turn that only calls tools)
+      const contentOk = typeof mo?.content === 'string' || (mo?.content === null && Array.isArray(mo.tool_calls));
+      if (typeof m !== 'object' || m === null || typeof mo.role !== 'string' || !contentOk) {
         throw new DistilleryError(`${where}: messages[${i}] must be {"role": string, "content": string}, got ${JSON.stringify(m)}`,
-          'give every message a string "role" and a string "content"');
+          'give every message a string "role" and a string "content" (null only with "tool_calls")');
       }
-      return { role: mo.role, content: mo.content };
+      return { ...mo, role: mo.role, content: mo.content as string | null };
     });
-    try {
-      return render(msgs);
-    } catch (e) {
-      if (e instanceof DistilleryError) throw new DistilleryError(`${where}: ${e.message}`, e.hint);
-      throw e;
+    if (o.tools !== undefined && o.tools !== null && !Array.isArray(o.tools)) {
+      throw new DistilleryError(`${where}: "tools" must be a list of tool definitions`, 'write "tools": [{"type": "function", "function": {...}}]');
     }
+    return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null };
   }
   throw new DistilleryError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
     'write {"text": "..."} or {"messages": [...]} on each line');
 }
 
-/** Loads documents from text / JSONL files or directories (see the module comment for the rules). */
-export function loadDocuments(paths: string[], opts: { renderChat?: ChatRenderer } = {}): string[] {
+/** Renders a record into a document; a renderer's errors are prefixed with `where`. */
+function recordDoc(r: JsonlRecord, where: string, render: ChatRenderer): Doc {
+  if ('text' in r) return { text: r.text, lossSpans: null };
+  let out: ReturnType<ChatRenderer>;
+  try {
+    out = render(r.messages, r.tools);
+  } catch (e) {
+    if (e instanceof DistilleryError) throw new DistilleryError(`${where}: ${e.message}`, e.hint);
+    throw e;
+  }
+  return typeof out === 'string' ? { text: out, lossSpans: null } : { text: out.text, lossSpans: out.assistant };
+}
+
+/** Parses one JSONL line into a document's text; `where` is `file:line` for errors. */
+export function parseJsonlRecord(line: string, where: string, render: ChatRenderer = renderChatML): string {
+  return recordDoc(parseJsonlLine(line, where), where, render).text;
+}
+
+export interface LoadedDocs {
+  docs: Doc[];
+  /** `file:line` of each conversation that has no assistant turn (when the renderer gives spans). */
+  noAssistant: string[];
+  /** Conversations read (chat lines). */
+  conversations: number;
+}
+
+/**
+ * Loads documents with their loss spans: text documents (and chat lines rendered to a string) carry null; chat lines
+ * whose renderer gives spans carry them (the assistant replies). Conversations without an assistant turn are listed.
+ */
+export function loadDocs(paths: string[], opts: { renderChat?: ChatRenderer } = {}): LoadedDocs {
   if (paths.length === 0) throw new DistilleryError('no data files given', 'pass at least one .txt, .md or .jsonl file or folder');
   const files: string[] = [];
   for (const p of paths) expand(p, files, null, new Set());
-  const docs: string[] = [];
+  const docs: Doc[] = [], noAssistant: string[] = [];
+  let conversations = 0;
+  const render = opts.renderChat ?? renderChatML;
   for (const f of files) {
     const text = readDataFile(f).replace(/^\uFEFF/, '').replace(/\r\n?/g, '\n');
     if (path.extname(f).toLowerCase() === '.jsonl') {
       const lines = text.split('\n');
       lines.forEach((line, i) => {
         if (line.trim() === '') return;
-        const d = parseJsonlRecord(line, `${f}:${i + 1}`, opts.renderChat);
-        if (d.trim() !== '') docs.push(d);
+        const where = `${f}:${i + 1}`;
+        const rec = parseJsonlLine(line, where);
+        const d = recordDoc(rec, where, render);
+        if ('messages' in rec) {
+          conversations++;
+          if (d.lossSpans !== null && d.lossSpans.length === 0) { noAssistant.push(where); return; }
+        }
+        if (d.text.trim() !== '') docs.push(d);
       });
     } else if (text.trim() !== '') {
-      docs.push(text);
+      docs.push({ text, lossSpans: null });
     }
   }
-  return docs;
+  return { docs, noAssistant, conversations };
+}
+
+/**
+ * Reports conversations without an assistant turn (they carry no loss and are left out): a warning naming the first
+ * few `file:line`s; an error when no conversation has one (nothing would be trained on).
+ */
+export function reportNoAssistant(l: LoadedDocs, log: (s: string) => void): void {
+  if (l.noAssistant.length === 0) return;
+  if (l.noAssistant.length === l.conversations && l.docs.length === 0) {
+    throw new DistilleryError(`none of the ${l.conversations} conversations has an assistant turn, so no token carries loss (${l.noAssistant.slice(0, 3).join(', ')}${l.noAssistant.length > 3 ? ', ...' : ''})`,
+      'add the assistant replies to the data, or pass --loss-on all to train on every token');
+  }
+  log(`warning: ${l.noAssistant.length} of ${l.conversations} conversations have no assistant turn and are left out: ${l.noAssistant.slice(0, 5).join(', ')}${l.noAssistant.length > 5 ? ', ...' : ''} (--loss-on all trains on them)`);
+}
+
+/** The documents cut to `maxChars` characters in all (0: no cap), their loss spans clipped with them. */
+export function capDocs(docs: readonly Doc[], maxChars: number): Doc[] {
+  if (maxChars <= 0) return docs.slice();
+  const kept: Doc[] = [];
+  let n = 0;
+  for (const d of docs) {
+    if (n >= maxChars) break;
+    const text = d.text.slice(0, maxChars - n);
+    const lossSpans = d.lossSpans === null ? null
+      : d.lossSpans.filter(([a]) => a < text.length).map(([a, b]): [number, number] => [a, Math.min(b, text.length)]);
+    kept.push({ text, lossSpans });
+    n += d.text.length;
+  }
+  return kept;
+}
+
+/** Loads documents from text / JSONL files or directories as plain texts (see the module comment for the rules). */
+export function loadDocuments(paths: string[], opts: { renderChat?: ChatRenderer } = {}): string[] {
+  return loadDocs(paths, opts).docs.map((d) => d.text);
 }

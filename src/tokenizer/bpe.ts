@@ -381,6 +381,11 @@ export class Tokenizer {
 
   /** Encodes text with no added-token matching (normalize, pre-tokenize, BPE). */
   private encodeOrdinary(text: string, out: number[]): void {
+    for (const p of this.pieces(text)) { const ids = this.pieceIds(p); for (let i = 0; i < ids.length; i++) out.push(ids[i]!); }
+  }
+
+  /** The pre-tokens of text: normalized, then split by the pre-tokenizer steps (empty pieces dropped). */
+  private pieces(text: string): string[] {
     for (const f of this.norms) text = f(text);
     let pieces = [text];
     for (const step of this.steps) {
@@ -388,16 +393,79 @@ export class Tokenizer {
       for (const p of pieces) applyStep(step, p, next);
       pieces = next;
     }
-    for (const p of pieces) {
-      if (!p) continue;
-      let ids = this.cache.get(p);
-      if (!ids) {
-        ids = this.bpe(p);
-        if (this.cache.size >= 100_000) this.cache.clear();
-        this.cache.set(p, ids);
-      }
-      for (let i = 0; i < ids.length; i++) out.push(ids[i]!);
+    return pieces.filter((p) => p !== '');
+  }
+
+  /** The ids of one pre-token (cached). */
+  private pieceIds(p: string): number[] {
+    let ids = this.cache.get(p);
+    if (!ids) {
+      ids = this.bpe(p);
+      if (this.cache.size >= 100_000) this.cache.clear();
+      this.cache.set(p, ids);
     }
+    return ids;
+  }
+
+  /**
+   * encode() with each token's [start, end) range in `text` (UTF-16 indices): an added token covers its match; a BPE
+   * token covers the characters its bytes belong to (a token holding part of a multi-byte character covers that whole
+   * character). The ids are encode()'s. Where the normalizer changes a run of text, or the pre-tokens do not spell it
+   * back, every token of that run gets the whole run's range.
+   */
+  encodeWithOffsets(text: string, opts: EncodeOptions = {}): { ids: number[]; offsets: Array<[number, number]> } {
+    const ids: number[] = [], offsets: Array<[number, number]> = [];
+    const ordinary = (seg: string, base: number): void => {
+      const pieces = this.pieces(seg);
+      const n0 = ids.length;
+      for (const p of pieces) { const pi = this.pieceIds(p); for (let i = 0; i < pi.length; i++) ids.push(pi[i]!); }
+      let pos = 0;
+      const mapped: Array<[number, number]> = [];
+      for (const p of pieces) {
+        if (!seg.startsWith(p, pos)) break;
+        // byte → character index within the piece
+        const bytes = Buffer.byteLength(p, 'utf8');
+        const charOf = new Int32Array(bytes + 1);
+        let b = 0;
+        for (let c = 0; c < p.length;) {
+          const cp = p.codePointAt(c)!;
+          const len = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+          for (let k = 0; k < len; k++) charOf[b + k] = c;
+          b += len;
+          c += cp > 0xffff ? 2 : 1;
+        }
+        charOf[bytes] = p.length;
+        const endOf = (byteEnd: number): number => { // the character after the one holding byte byteEnd − 1
+          const c = charOf[byteEnd - 1]!;
+          return c + (p.codePointAt(c)! > 0xffff ? 2 : 1);
+        };
+        let at = 0;
+        for (const id of this.pieceIds(p)) {
+          const n = this.idTokens[id]?.length ?? 0; // byte-level: one vocabulary character per byte
+          mapped.push([base + pos + charOf[at]!, base + pos + endOf(Math.min(bytes, at + Math.max(n, 1)))]);
+          at += n;
+        }
+        if (at !== bytes) { mapped.length = 0; break; }
+        pos += p.length;
+      }
+      if (mapped.length === ids.length - n0) offsets.push(...mapped);
+      else for (let i = n0; i < ids.length; i++) offsets.push([base, base + seg.length]);
+    };
+    const re = opts.allowSpecial === false ? this.addedReNonSpecial : this.addedReAll;
+    let last = 0;
+    if (re) {
+      re.lastIndex = 0;
+      for (const m of text.matchAll(re)) {
+        if (m.index > last) ordinary(text.slice(last, m.index), last);
+        let content: string | undefined;
+        for (let g = 1; g < m.length; g++) if (m[g] !== undefined) { content = m[g]; break; }
+        ids.push(this.vocab.get(content!)!);
+        offsets.push([m.index, m.index + m[0].length]);
+        last = m.index + m[0].length;
+      }
+    }
+    if (last < text.length) ordinary(text.slice(last), last);
+    return { ids, offsets };
   }
 
   /** BPE of one pre-token. */

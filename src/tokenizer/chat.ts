@@ -1,30 +1,50 @@
 /**
- * Chat formats. A Hub model's chat template (tokenizer_config.json `chat_template`, or a chat_template.jinja file)
- * is a Jinja program; distillery does not run Jinja, it recognizes the ChatML family and renders that itself:
+ * Chat templates, run as Jinja. A model's chat template (tokenizer_config.json `chat_template`, or a
+ * chat_template.jinja file) is rendered with @huggingface/jinja (the engine transformers.js runs
+ * `apply_chat_template` with), with the variables transformers passes: `messages` (as given: tool_calls,
+ * reasoning_content and any other fields included), `add_generation_prompt`, `bos_token`, `eos_token` (from
+ * tokenizer_config.json), `tools` where the data has them, and the user's template options (`--chat-template-kwargs`,
+ * e.g. `{"enable_thinking": false}`) as further top-level variables; `raise_exception(msg)` and `strftime_now(fmt)` are
+ * defined as in transformers. A model without a template renders with CHATML_TEMPLATE.
  *
- *   [<|im_start|>system\n{default system prompt}<|im_end|>\n]   when the template has a literal default system turn
- *   <|im_start|>{role}\n{content}<|im_end|>\n                   per message
- *   <|im_start|>assistant\n                                      with a generation prompt
- *
- * A template is ChatML when it writes both `<|im_start|>` and `<|im_end|>` (Qwen2/2.5/3 and most small chat models).
- * Its default system prompt is taken when the template holds it as one literal string
- * (`'<|im_start|>system\n...<|im_end|>\n'`, as Qwen2.5's does) and is used when a conversation has no system turn.
- * Template extras (tools, reasoning blocks) are not rendered. Any other template (Llama 3 headers, ...) is
- * reported as such, and rendering chat with it is refused with a clear error: nothing is silently re-formatted.
- *
- * Exports carry CHATML_TEMPLATE (a plain ChatML Jinja template, no default system prompt) when the tokenizer has
- * the ChatML tokens and no template came with the model, so transformers.js can `apply_chat_template`.
+ * Assistant spans (the tokens the loss counts on chat data, renderChatWithSpans): where the template marks the
+ * assistant's output with `{% generation %}...{% endgeneration %}` (transformers' `return_assistant_tokens_mask`), the
+ * marked text; otherwise each assistant message's text found by rendering prefixes: the conversation up to it with a
+ * generation prompt, then with it; what it adds is the reply and its end-of-turn marker (trailing whitespace after the
+ * marker excluded). Where the prefixes do not render as prefixes of the whole conversation (Qwen3's template drops
+ * the reasoning of earlier turns), the reply is located in the whole rendering: the longest tail (whole lines) of
+ * what its own prefix rendering added that appears after the previous span (holding the reply's content).
  */
+import { Template } from '@huggingface/jinja';
 import { DistilleryError } from '../util/errors.js';
 
+/** One message of a conversation: role and content, plus whatever else the data gives (tool_calls, reasoning_content, ...). */
 export interface ChatMessage {
   role: string;
-  content: string;
+  content: string | null;
+  [field: string]: unknown;
 }
 
-export type ChatFormat =
-  | { kind: 'chatml'; defaultSystem: string | null; template: string | null; from: string }
-  | { kind: 'other'; template: string; from: string };
+export interface ChatFormat {
+  /** The Jinja source. */
+  template: string;
+  /** Where it came from (for errors), e.g. `runs/t/final's tokenizer_config.json`. */
+  from: string;
+  /** No template came with the model: the default ChatML one. */
+  isDefault: boolean;
+  bosToken: string;
+  eosToken: string;
+}
+
+export interface ChatRenderOptions {
+  addGenerationPrompt?: boolean;
+  /** The conversation's tool definitions (transformers passes `tools` only when given). */
+  tools?: unknown[] | null;
+  /** Template options (`--chat-template-kwargs`), top-level variables such as enable_thinking. */
+  kwargs?: Record<string, unknown>;
+  /** The clock strftime_now reads (tests fix it; default now). */
+  now?: Date;
+}
 
 /** A plain ChatML template (Jinja, as transformers / transformers.js `apply_chat_template` run it). */
 export const CHATML_TEMPLATE = [
@@ -36,35 +56,180 @@ export const CHATML_TEMPLATE = [
   "{%- endif -%}",
 ].join('\n');
 
-/** ChatML with no default system prompt: what distillery uses when a model comes with no template. */
-export const DEFAULT_CHAT_FORMAT: ChatFormat = { kind: 'chatml', defaultSystem: null, template: null, from: 'the default ChatML format' };
+/** The default ChatML format (models without a template). */
+export const DEFAULT_CHAT_FORMAT: ChatFormat = { template: CHATML_TEMPLATE, from: 'the default ChatML template', isDefault: true, bosToken: '', eosToken: '' };
 
-function unescapeJinjaString(s: string): string {
-  return s.replace(/\\(n|t|r|'|"|\\)/g, (_, c: string) => (c === 'n' ? '\n' : c === 't' ? '\t' : c === 'r' ? '\r' : c));
-}
-
-/** Classifies a chat template (null/undefined: none, the default ChatML). `from` names where it came from. */
-export function chatFormatOf(template: string | null | undefined, from: string): ChatFormat {
-  if (template === null || template === undefined || template === '') return DEFAULT_CHAT_FORMAT;
-  if (!template.includes('<|im_start|>') || !template.includes('<|im_end|>')) return { kind: 'other', template, from };
-  const m = /<\|im_start\|>system\\n([^'"+{}%]*?)<\|im_end\|>/.exec(template);
-  return { kind: 'chatml', defaultSystem: m ? unescapeJinjaString(m[1]!) : null, template, from };
+/** A special token as tokenizer_config.json writes it: a string or an AddedToken object `{content: ...}`. */
+function tokenString(v: unknown): string {
+  if (typeof v === 'string') return v;
+  if (v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string') return (v as { content: string }).content;
+  return '';
 }
 
 /**
- * Renders a conversation (the data's `{"messages": [...]}` lines, generate --chat). Throws a DistilleryError for a
- * template that is not ChatML.
+ * The chat format of a model: its template (null/undefined/empty: the default ChatML one) with the bos/eos token
+ * strings of its tokenizer_config.json. `from` names where the template came from.
  */
-export function renderChat(format: ChatFormat, messages: readonly ChatMessage[], opts: { addGenerationPrompt?: boolean } = {}): string {
-  if (format.kind !== 'chatml') {
-    throw new DistilleryError(`the chat template of ${format.from} is not ChatML (it does not write <|im_start|> and <|im_end|>); distillery renders ChatML only`,
-      'render the conversations with the model\'s own template beforehand (e.g. apply_chat_template in Python) and pass them as {"text": ...} lines or a plain prompt');
+export function chatFormatOf(template: string | null | undefined, from: string, tokenizerConfig?: Record<string, unknown> | null): ChatFormat {
+  const bosToken = tokenString(tokenizerConfig?.bos_token), eosToken = tokenString(tokenizerConfig?.eos_token);
+  if (template === null || template === undefined || template === '') return { ...DEFAULT_CHAT_FORMAT, bosToken, eosToken };
+  return { template, from, isDefault: false, bosToken, eosToken };
+}
+
+/** A short description for `inspect`. */
+export function describeChatFormat(f: ChatFormat): string {
+  if (f.isDefault) return 'none (chat renders with plain ChatML)';
+  const kind = /\{%-?\s*generation\s*-?%\}/.test(f.template) ? ', marks assistant output ({% generation %})' : '';
+  const family = f.template.includes('<|im_start|>') ? 'ChatML-style' : f.template.includes('<|start_header_id|>') ? 'Llama 3-style' : 'Jinja';
+  return `${family} Jinja template (${f.template.length} characters${kind})`;
+}
+
+const MONTHS = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August', 'September', 'October', 'November', 'December'];
+const DAYS = ['Sunday', 'Monday', 'Tuesday', 'Wednesday', 'Thursday', 'Friday', 'Saturday'];
+
+/** Python's datetime.strftime for the directives chat templates use (local time, English names). */
+export function strftime(d: Date, fmt: string): string {
+  const p2 = (n: number): string => String(n).padStart(2, '0');
+  return fmt.replace(/%([a-zA-Z%])/g, (m, c: string) => {
+    switch (c) {
+      case 'd': return p2(d.getDate());
+      case 'm': return p2(d.getMonth() + 1);
+      case 'Y': return String(d.getFullYear());
+      case 'y': return p2(d.getFullYear() % 100);
+      case 'B': return MONTHS[d.getMonth()]!;
+      case 'b': return MONTHS[d.getMonth()]!.slice(0, 3);
+      case 'A': return DAYS[d.getDay()]!;
+      case 'a': return DAYS[d.getDay()]!.slice(0, 3);
+      case 'H': return p2(d.getHours());
+      case 'M': return p2(d.getMinutes());
+      case 'S': return p2(d.getSeconds());
+      case '%': return '%';
+      default: return m;
+    }
+  });
+}
+
+const compiled = new Map<string, Template>();
+
+/**
+ * The engine declares raise_exception and strftime_now itself (its own clock, its own error); the template's calls are
+ * renamed to ours, so that a refusal is reported as one and strftime_now reads the render's clock (tests fix it).
+ */
+const OWN_GLOBALS = /\b(raise_exception|strftime_now)\b/g;
+
+function compile(f: ChatFormat, source: string): Template {
+  let t = compiled.get(source);
+  if (!t) {
+    try {
+      t = new Template(source.replace(OWN_GLOBALS, 'distillery_$1'));
+    } catch (e) {
+      throw new DistilleryError(`the chat template of ${f.from} cannot be parsed: ${(e as Error).message}`,
+        'fix the template (tokenizer_config.json "chat_template" or chat_template.jinja), or render the conversations beforehand and pass {"text": ...} lines');
+    }
+    compiled.set(source, t);
   }
-  let out = '';
-  if (format.defaultSystem !== null && messages[0]?.role !== 'system') out += `<|im_start|>system\n${format.defaultSystem}<|im_end|>\n`;
-  for (const m of messages) out += `<|im_start|>${m.role}\n${m.content}<|im_end|>\n`;
-  if (opts.addGenerationPrompt) out += '<|im_start|>assistant\n';
-  return out;
+  return t;
+}
+
+function run(f: ChatFormat, source: string, messages: readonly ChatMessage[], o: ChatRenderOptions): string {
+  const t = compile(f, source);
+  const now = o.now ?? new Date();
+  const vars: Record<string, unknown> = {
+    ...(o.kwargs ?? {}),
+    messages: messages.map((m) => ({ ...m })),
+    add_generation_prompt: o.addGenerationPrompt ?? false,
+    bos_token: f.bosToken, eos_token: f.eosToken,
+    distillery_raise_exception: (msg: unknown): never => {
+      throw new DistilleryError(`the chat template of ${f.from} refused the conversation: ${String(msg)}`,
+        'check the conversation\'s roles and order against what the model\'s template accepts');
+    },
+    distillery_strftime_now: (fmt: unknown): string => strftime(now, String(fmt)),
+  };
+  if (o.tools) vars.tools = o.tools;
+  try {
+    return t.render(vars);
+  } catch (e) {
+    if (e instanceof DistilleryError) throw e;
+    throw new DistilleryError(`the chat template of ${f.from} failed on a conversation: ${(e as Error).message}`,
+      'check the conversation (roles, content types, tool calls) against what the template expects');
+  }
+}
+
+/** Renders a conversation with the format's template (the data's chat lines, generate --chat). */
+export function renderChat(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): string {
+  return run(format, format.template, messages, opts);
+}
+
+const GEN_OPEN = /\{%(-?)\s*generation\s*(-?)%\}/g;
+const GEN_CLOSE = /\{%(-?)\s*endgeneration\s*(-?)%\}/g;
+const MARK_OPEN = '\u0002', MARK_CLOSE = '\u0003';
+
+/** A rendering and the [start, end) character ranges of the assistant's replies in it (see the module comment). */
+export interface RenderedChat { text: string; assistant: Array<[number, number]> }
+
+export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): RenderedChat {
+  const marked = GEN_OPEN.test(format.template);
+  GEN_OPEN.lastIndex = 0;
+  const clean = !JSON.stringify(messages).includes(MARK_OPEN) && !JSON.stringify(messages).includes(MARK_CLOSE);
+  if (marked && clean) {
+    // Each marker becomes an `if` block that prints a sentinel character: block tags keep the marker's whitespace
+    // control (its `-`, trim_blocks and lstrip_blocks act as they would on {% generation %}).
+    const source = format.template
+      .replace(GEN_OPEN, (_m, a: string, b: string) => `{%${a} if true ${b}%}${MARK_OPEN}{% endif %}`)
+      .replace(GEN_CLOSE, (_m, a: string, b: string) => `{%${a} if true ${b}%}${MARK_CLOSE}{% endif %}`);
+    const raw = run(format, source, messages, opts);
+    let text = '';
+    const assistant: Array<[number, number]> = [];
+    let open = -1;
+    for (const ch of raw) {
+      if (ch === MARK_OPEN) open = text.length;
+      else if (ch === MARK_CLOSE) { if (open >= 0 && text.length > open) assistant.push([open, text.length]); open = -1; } else text += ch;
+    }
+    return { text, assistant };
+  }
+  const text = run(format, format.template, messages, opts);
+  const assistant: Array<[number, number]> = [];
+  let cursor = 0;
+  messages.forEach((m, i) => {
+    if (m.role !== 'assistant') return;
+    const before = run(format, format.template, messages.slice(0, i), { ...opts, addGenerationPrompt: true });
+    const upto = run(format, format.template, messages.slice(0, i + 1), { ...opts, addGenerationPrompt: false });
+    // Where the reply starts in `upto`: after the generation prompt; or, when the reply does not begin with it (Qwen3
+    // with enable_thinking off prompts an empty think block, a reply with reasoning fills it), after the role header:
+    // the first line of what the prompt and the reply share.
+    let start = -1;
+    if (upto.startsWith(before)) start = before.length;
+    else {
+      const base = run(format, format.template, messages.slice(0, i), { ...opts, addGenerationPrompt: false });
+      if (upto.startsWith(base)) {
+        const p = before.slice(base.length), r = upto.slice(base.length);
+        let k = 0;
+        while (k < p.length && k < r.length && p[k] === r[k]) k++;
+        const nl = p.slice(0, k).indexOf('\n');
+        start = base.length + (nl >= 0 ? nl + 1 : k);
+      }
+    }
+    const added = start >= 0 ? upto.slice(start) : null;
+    let span: [number, number] | null = null;
+    if (added !== null && text.startsWith(upto) && start >= cursor) {
+      span = [start, start + added.trimEnd().length];
+    } else if (added !== null) {
+      // Not prefix-stable (the template renders a turn differently once later turns follow it, e.g. Qwen3 drops the
+      // reasoning of earlier turns): the longest tail of the reply's own rendering (whole lines, through its end
+      // marker) found in the whole text after the previous span. The tail must hold the reply's content; a reply
+      // without content (a tool call) needs a tail of two lines or more.
+      const content = typeof m.content === 'string' ? m.content.trim() : '';
+      const lines = added.trimEnd().split('\n');
+      for (let k = 0; k < lines.length && !span; k++) {
+        const tail = lines.slice(k).join('\n');
+        if (content ? !tail.includes(content) : lines.length - k < 2) break;
+        const at = text.indexOf(tail, cursor);
+        if (at >= 0) span = [at, at + tail.length];
+      }
+    }
+    if (span && span[1] > span[0]) { assistant.push(span); cursor = span[1]; }
+  });
+  return { text, assistant };
 }
 
 /** A tokenizer_config.json `chat_template` value: a string, or a list of {name, template} (the 'default' one). */
@@ -76,4 +241,17 @@ export function chatTemplateFromConfig(v: unknown): string | null {
     return d && typeof d.template === 'string' ? d.template : null;
   }
   return null;
+}
+
+/**
+ * The renderer a run gives the data loader: the model's template with the run's template options; under
+ * `lossOn: 'assistant'` it also gives the assistant replies' spans (the tokens the loss counts).
+ */
+export function chatRenderer(format: ChatFormat, o: { lossOn: 'assistant' | 'all'; kwargs?: Record<string, unknown> | undefined }):
+  (messages: readonly ChatMessage[], tools: unknown[] | null) => string | RenderedChat {
+  const base: ChatRenderOptions = o.kwargs ? { kwargs: o.kwargs } : {};
+  return (messages, tools) => {
+    const opts = tools ? { ...base, tools } : base;
+    return o.lossOn === 'assistant' ? renderChatWithSpans(format, messages, opts) : renderChat(format, messages, opts);
+  };
 }

@@ -55,6 +55,10 @@ export interface RunOptions {
   beta: number;
   /** Storage dtype of the final model's weights (checkpoints for resume are always f32). */
   saveDtype: 'f32' | 'bf16';
+  /** Chat data: the loss counts the assistant replies only ('assistant'), or every token ('all'). */
+  lossOn: 'assistant' | 'all';
+  /** Chat template options as JSON (e.g. '{"enable_thinking": false}'): extra variables of the model's template. */
+  chatTemplateKwargs?: string;
   /** Continue from <out>/checkpoints/latest. */
   resume: boolean;
   /** Start afresh in a run folder that already holds a run, deleting its checkpoints, metrics and final model. */
@@ -94,6 +98,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   temperature: 2.0,
   beta: 0.5,
   saveDtype: 'f32',
+  lossOn: 'assistant',
   resume: false,
   overwrite: false,
   quiet: false,

@@ -127,6 +127,16 @@ export function clearRun(out: string): void {
 }
 
 /** SHA-256 over the training documents (length-prefixed, so document boundaries count), as hex. */
+/**
+ * The data hash of documents with loss spans: hashDocuments of the texts when no document has spans (what earlier
+ * versions recorded), else the texts and their spans.
+ */
+export function hashDocs(docs: ReadonlyArray<{ text: string; lossSpans: ReadonlyArray<readonly [number, number]> | null }>): string {
+  const texts = docs.map((d) => d.text);
+  if (docs.every((d) => d.lossSpans === null)) return hashDocuments(texts);
+  return createHash('sha256').update(hashDocuments(texts)).update(JSON.stringify(docs.map((d) => d.lossSpans))).digest('hex');
+}
+
 export function hashDocuments(docs: readonly string[]): string {
   const h = createHash('sha256');
   const len = Buffer.alloc(8);

@@ -38,13 +38,15 @@ import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
 import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
-import { chatFormatOf, renderChat, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { parseTemplateKwargs } from '../cli/options.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { loadDocuments, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Window, type LoaderState } from '../data/index.js';
+import { capDocs, loadDocs, reportNoAssistant, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Doc, type Window, type LoaderState } from '../data/index.js';
 import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
-import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocuments } from './run-folder.js';
+import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocs } from './run-folder.js';
+import { UsageError } from '../cli/args.js';
 import { lossPlotSvg } from '../report/loss-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
@@ -73,7 +75,11 @@ export interface RunSummary {
   finalValPerplexity: number;
   /** Student-teacher top-1 agreement on validation (distill only). */
   finalAgreement: number | null;
+  /** Tokens trained on: those the loss counted (on chat data under --loss-on assistant, the assistant replies'). */
   tokensTrained: number;
+  /** The packed data: its tokens and those that carry loss (fewer than all on chat data under --loss-on assistant). */
+  dataTokens: number;
+  dataLossTokens: number;
   seconds: number;
   /** Training tokens per second of step time (evaluation and checkpoint writes excluded). */
   tokensPerSecond: number;
@@ -181,15 +187,19 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
   checkSeqFits(o, teacherCk, initCk);
   const extras = modelExtras(o, teacherCk, initCk);
-  const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from) : DEFAULT_CHAT_FORMAT;
+  const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
   // The tokenizers are checked before the data is read (unless one has to be trained on it).
-  let docsRead: string[] | null = null;
-  const getDocs = (): string[] => (docsRead ??= readData(o, log, chat));
-  const chosen = chooseTokenizer(o, getDocs, saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
+  let docsRead: Doc[] | null = null;
+  const getDocs = (): Doc[] => (docsRead ??= readData(o, log, chat));
+  const chosen = chooseTokenizer(o, () => getDocs().map((d) => d.text), saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
   const tokenizer = chosen.tokenizer;
   checkSameTokenizer(o, chosen, teacherCk, initCk, log);
   const docs = getDocs();
-  const dataHash = hashDocuments(docs);
+  const dataHash = hashDocs(docs);
+  if (saved && (saved.options as Partial<RunOptions> | undefined)?.lossOn !== undefined && saved.options.lossOn !== o.lossOn) {
+    throw new UsageError(`--resume: the run was started with --loss-on ${saved.options.lossOn}, not ${o.lossOn}`,
+      `resume with --loss-on ${saved.options.lossOn}, or start a new run (--overwrite, or another --out)`);
+  }
   if (saved) {
     if (saved.dataHash === undefined) {
       log('warning: --resume: the checkpoint records no hash of its training data (an older version wrote it): a changed data file cannot be detected');
@@ -205,6 +215,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
   if (val.length === 0) log('warning: no validation windows (dataset too small or --val-fraction 0): validation loss is not measured');
   log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq}`);
+  if (docs.some((d) => d.lossSpans !== null)) {
+    log(`data: the loss counts ${packed.targetTokens} of ${packed.totalTokens} tokens (the assistant replies; --loss-on all counts every token)` +
+      (packed.emptyWindows ? `; ${packed.emptyWindows} windows without an assistant token left out` : ''));
+  }
 
   // ---- models ----------------------------------------------------------------------------------------
   const cfg = studentConfig(o, tokenizer, teacherCk, initCk);
@@ -361,7 +375,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       initialTrainLoss, finalTrainLoss: finalTrainLossOf(),
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
-      tokensTrained, seconds: (Date.now() - started) / 1000,
+      tokensTrained, dataTokens: packed.totalTokens, dataLossTokens: packed.targetTokens, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
@@ -520,21 +534,17 @@ function loadTeacher(o: RunOptions): LoadedCheckpoint {
   return readCheckpoint(o.teacher);
 }
 
-function readData(o: RunOptions, log: (s: string) => void, chat: ChatFormat): string[] {
+function readData(o: RunOptions, log: (s: string) => void, chat: ChatFormat): Doc[] {
   if (o.data.length === 1 && o.data[0] === 'builtin:docs') {
     const corpus = loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {});
     log(`data: builtin:docs — ${corpus.documents.length} documentation comments (${corpus.totalChars} characters) from TypeScript ${corpus.typescriptVersion}'s ${corpus.files.length} lib .d.ts files`);
-    return corpus.documents;
+    return corpus.documents.map((text) => ({ text, lossSpans: null }));
   }
   if (o.data.length === 0) throw new DistilleryError('no training data given', 'pass --data <file> (text or .jsonl), or --data builtin:docs');
-  let docs = loadDocuments(o.data, { renderChat: (msgs) => renderChat(chat, msgs) });
-  if (o.maxChars > 0) {
-    const kept: string[] = [];
-    let n = 0;
-    for (const d of docs) { if (n >= o.maxChars) break; kept.push(d.slice(0, o.maxChars - n)); n += d.length; }
-    docs = kept;
-  }
-  return docs;
+  const kwargs = o.chatTemplateKwargs !== undefined ? parseTemplateKwargs(o.chatTemplateKwargs) : undefined;
+  const loaded = loadDocs(o.data, { renderChat: chatRenderer(chat, { lossOn: o.lossOn ?? 'assistant', kwargs }) });
+  reportNoAssistant(loaded, log);
+  return capDocs(loaded.docs, o.maxChars);
 }
 
 /** The run's tokenizer and where it came from (the name it has in identity errors). */

@@ -76,7 +76,7 @@ test('inspect, generate and eval take a Hub id from the local cache (refs/main; 
   const i = await run(['inspect', 'Tiny/qwen-test']);
   assert.equal(i.code, 0, i.err);
   assert.match(i.out, new RegExp(`^folder +${snap.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`, 'm'));
-  assert.match(i.out, /^chat template {2}ChatML$/m, 'writeCheckpoint gave the ChatML tokenizer its template');
+  assert.match(i.out, /^chat template {2}ChatML-style Jinja template/m, 'writeCheckpoint gave the ChatML tokenizer its template');
   // kernels plan reads the snapshot's config.json for a Hub id.
   let kargs: Record<string, unknown> = {};
   const k = await run(['kernels', 'plan', '--model', 'Tiny/qwen-test'], { kernelsCommand: async (_s: string, a: Record<string, unknown>) => { kargs = a; return 0; } });
@@ -146,7 +146,7 @@ test('distill and eval --teacher refuse a teacher whose tokenizer has the same s
   assert.match(d.err, /hint: distillation compares the two models token by token/);
 });
 
-test('generate stops at generation_config.json\'s eos ids; --chat refuses a non-ChatML template (exit 2)', async () => {
+test('generate stops at generation_config.json\'s eos ids; --chat renders with any template, reports its refusals (exit 1) and bad options (exit 2)', async () => {
   const flat = path.join(dir, 'flat');
   writeTinyCheckpoint(flat, 1, {}, true); // every logit 0: greedy always picks id 0
   const tok = tinyTokenizer();
@@ -168,6 +168,13 @@ test('generate stops at generation_config.json\'s eos ids; --chat refuses a non-
   tc.chat_template = "{% for m in messages %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}{% endfor %}";
   fs.writeFileSync(path.join(flat, 'tokenizer_config.json'), JSON.stringify(tc));
   const chat = await run([...argv, '--chat']);
-  assert.equal(chat.code, 2);
-  assert.match(chat.err, /--chat: the chat template of .* is not ChatML/);
+  assert.equal(chat.code, 0, chat.err);
+  tc.chat_template = "{{ raise_exception('System turns are not supported') }}";
+  fs.writeFileSync(path.join(flat, 'tokenizer_config.json'), JSON.stringify(tc));
+  const refused = await run([...argv, '--chat']);
+  assert.equal(refused.code, 1);
+  assert.match(refused.err, /refused the conversation: System turns are not supported/);
+  const badKw = await run([...argv, '--chat', '--chat-template-kwargs', 'nope']);
+  assert.equal(badKw.code, 2);
+  assert.match(badKw.err, /--chat-template-kwargs: not valid JSON/);
 });

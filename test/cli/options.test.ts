@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { parseArgs } from '../../src/cli/args.js';
+import { parseArgs, UsageError } from '../../src/cli/args.js';
 import { configKeyToField, resolveRunOptions, runFlags, RUN_FIELDS, type FsProbe } from '../../src/cli/options.js';
 import { loadConfigFile, parseConfigText } from '../../src/cli/config.js';
 import { DEFAULT_RUN_OPTIONS } from '../../src/train/options.js';
@@ -35,11 +35,11 @@ test('defaults come from DEFAULT_RUN_OPTIONS; mode, out and data from the comman
 
 test('every RunOptions field has a flag, in kebab-case', () => {
   const fields = RUN_FIELDS.map((f) => f.field).sort();
-  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher'].sort();
+  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher', 'chatTemplateKwargs'].sort();
   assert.deepEqual(fields, expected);
   const names = runFlags('distill').map((f) => f.name);
   for (const n of ['grad-accum', 'lr', 'min-lr-ratio', 'eval-every', 'save-every', 'val-fraction', 'loss', 'alpha', 'temperature',
-    'beta', 'save-dtype', 'vocab-size', 'max-chars', 'device', 'threads', 'resume', 'quiet', 'stop-after', 'data', 'out', 'config', 'teacher']) {
+    'beta', 'save-dtype', 'loss-on', 'chat-template-kwargs', 'vocab-size', 'max-chars', 'device', 'threads', 'resume', 'quiet', 'stop-after', 'data', 'out', 'config', 'teacher']) {
     assert.ok(names.includes(n), `--${n} missing`);
   }
 });
@@ -193,4 +193,15 @@ test('distill warns when --beta is set but the loss is not jsd', () => {
   const r = resolve('distill', ['--out', 'o', '--data', 'a.txt', '--teacher', 'teacher', '--beta', '0.2']);
   assert.match(r.warnings.join('\n'), /--beta has no effect with --loss kl/);
   assert.deepEqual(resolve('distill', ['--out', 'o', '--data', 'a.txt', '--teacher', 'teacher', '--beta', '0.2', '--loss', 'jsd']).warnings, []);
+});
+
+test('--chat-template-kwargs must be a JSON object (exit 2 naming the flag); --loss-on takes assistant or all', () => {
+  assert.equal(resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--chat-template-kwargs', '{"enable_thinking": false}']).options.chatTemplateKwargs, '{"enable_thinking": false}');
+  assert.throws(() => resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--chat-template-kwargs', '{enable_thinking: false}']),
+    (e: unknown) => e instanceof UsageError && /--chat-template-kwargs: not valid JSON/.test(e.message));
+  assert.throws(() => resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--chat-template-kwargs', '[1]']),
+    (e: unknown) => e instanceof UsageError && /must be a JSON object/.test(e.message));
+  assert.equal(resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--loss-on', 'all']).options.lossOn, 'all');
+  assert.equal(resolve('train', ['--out', 'runs/x', '--data', 'a.txt']).options.lossOn, 'assistant');
+  assert.throws(() => resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--loss-on', 'user']), UsageError);
 });

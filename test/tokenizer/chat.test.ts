@@ -1,71 +1,152 @@
 /**
- * Chat formats (src/tokenizer/chat.ts) against a Jinja engine (@huggingface/jinja, the one transformers.js runs
- * `apply_chat_template` with): distillery's ChatML rendering equals the engine's rendering of the exported
- * CHATML_TEMPLATE and of a template with a literal default system turn (Qwen2.5's style), with and without a
- * generation prompt and a system message; Qwen3's real template is ChatML without a default system prompt; a Llama 3
- * style template is not ChatML and rendering with it is refused; the data loader uses the renderer it is given.
+ * Chat templates run as Jinja (src/tokenizer/chat.ts) against fixtures rendered by the Python side
+ * (test/fixtures/chat-templates/expected.json, written by scripts/hf-compat/chat-fixtures.py: transformers'
+ * apply_chat_template where it ran, else jinja2 in transformers' settings; its "source" says which): the real Qwen3,
+ * Llama 3.2 Instruct and SmolLM3 templates over conversations with and without a system turn, multi-turn, Qwen3
+ * reasoning, a tool call with tools, and enable_thinking on and off. The text must be equal; where the fixture has
+ * transformers' token ids, our tokenizer's ids of our text must be equal; where it has transformers' assistant mask
+ * (templates with {% generation %}), the tokens our spans select must be equal. Also: spans of templates without
+ * markers, raise_exception, template options, and the data loader.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { Template } from '@huggingface/jinja';
-import { CHATML_TEMPLATE, chatFormatOf, renderChat, type ChatMessage } from '../../src/tokenizer/chat.js';
-import { loadDocuments } from '../../src/data/documents.js';
+import { fileURLToPath } from 'node:url';
+import { CHATML_TEMPLATE, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
+import { loadDocs, loadDocuments } from '../../src/data/documents.js';
+import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { qwenTokenizerPath } from './qwen.js';
 
-const convs: ChatMessage[][] = [
-  [{ role: 'user', content: 'What is distillation?' }],
-  [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello!\nHow can I help?' }, { role: 'user', content: 'Explain KL.' }],
-  [{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'Why?' }],
-];
+const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/chat-templates');
+interface Spec {
+  now: string;
+  conversations: Record<string, { messages: ChatMessage[]; tools?: unknown[] }>;
+  templates: Record<string, { file: string; bos_token: string | null; eos_token: string | null; kwargs: Array<Record<string, unknown>> }>;
+}
+interface Case { template: string; conversation: string; kwargs: Record<string, unknown>; add_generation_prompt: boolean; text?: string; ids?: number[]; assistant_mask?: number[]; error?: string }
+const spec = JSON.parse(fs.readFileSync(path.join(FIX, 'conversations.json'), 'utf8')) as Spec;
+const expected = JSON.parse(fs.readFileSync(path.join(FIX, 'expected.json'), 'utf8')) as { source: string; cases: Case[] };
+const [y, mo, d] = spec.now.split('-').map(Number) as [number, number, number];
+const NOW = new Date(y, mo - 1, d);
+const tok = Tokenizer.fromFile(qwenTokenizerPath());
 
-function jinja(template: string, messages: ChatMessage[], addGenerationPrompt: boolean): string {
-  return new Template(template).render({ messages, add_generation_prompt: addGenerationPrompt, bos_token: '', eos_token: '' });
+function formatOf(name: string) {
+  const t = spec.templates[name]!;
+  return chatFormatOf(fs.readFileSync(path.join(FIX, t.file), 'utf8'), `fixture ${name}`, { bos_token: t.bos_token, eos_token: t.eos_token });
 }
 
-/** A ChatML template with a default system turn written as one literal string, as Qwen2.5's template does. */
-const WITH_SYSTEM = [
-  "{%- if messages[0]['role'] == 'system' -%}",
-  "{%- else -%}{{- '<|im_start|>system\\nYou are a careful assistant; answer in one line.<|im_end|>\\n' -}}{%- endif -%}",
-  "{%- for message in messages -%}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}{%- endfor -%}",
-  "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}",
-].join('\n');
+/** The end-of-turn marker of a template family. */
+const endMarker = (name: string): string => (name.startsWith('llama') ? '<|eot_id|>' : '<|im_end|>');
 
-test('ChatML rendering equals the Jinja engine on the exported template and on a template with a default system turn', () => {
-  for (const template of [CHATML_TEMPLATE, WITH_SYSTEM]) {
-    const f = chatFormatOf(template, 'test');
-    assert.equal(f.kind, 'chatml');
-    for (const msgs of convs) {
-      for (const gen of [false, true]) {
-        assert.equal(renderChat(f, msgs, { addGenerationPrompt: gen }), jinja(template, msgs, gen), `${template === CHATML_TEMPLATE ? 'plain' : 'system'} ${JSON.stringify(msgs)} ${gen}`);
-      }
+test(`chat templates render as the fixtures (${expected.source}): text, ids, assistant spans`, () => {
+  assert.ok(expected.cases.length >= 20, 'the fixtures hold the cases');
+  let ids = 0, masks = 0;
+  for (const c of expected.cases) {
+    const f = formatOf(c.template), conv = spec.conversations[c.conversation]!;
+    const opts = { addGenerationPrompt: c.add_generation_prompt, kwargs: c.kwargs, tools: conv.tools ?? null, now: NOW };
+    const what = `${c.template} / ${c.conversation} / ${JSON.stringify(c.kwargs)}`;
+    if (c.error !== undefined) {
+      assert.throws(() => renderChat(f, conv.messages, opts), DistilleryError, what);
+      continue;
+    }
+    assert.equal(renderChat(f, conv.messages, opts), c.text, what);
+    const r = renderChatWithSpans(f, conv.messages, opts);
+    assert.equal(r.text, c.text, `${what} (with spans)`);
+    const replies = conv.messages.filter((m) => m.role === 'assistant');
+    assert.equal(r.assistant.length, replies.length, `${what}: one span per assistant reply`);
+    r.assistant.forEach(([a, b], i) => {
+      const s = r.text.slice(a, b);
+      assert.ok(s.trimEnd().endsWith(endMarker(c.template)), `${what}: span ${i} ends with the end-of-turn marker: ${JSON.stringify(s)}`);
+      const content = (replies[i]!.content ?? '').trim();
+      if (content) assert.ok(s.includes(content), `${what}: span ${i} holds the reply ${JSON.stringify(content)}: ${JSON.stringify(s)}`);
+    });
+    if (c.ids) {
+      assert.deepEqual(tok.encode(r.text), c.ids, `${what}: token ids`);
+      ids++;
+    }
+    if (c.assistant_mask) {
+      const e = tok.encodeWithOffsets(r.text);
+      const ours = e.offsets.map(([s]) => (r.assistant.some(([a, b]) => s >= a && s < b) ? 1 : 0));
+      assert.deepEqual(ours, c.assistant_mask, `${what}: assistant mask`);
+      masks++;
     }
   }
-  const f = chatFormatOf(WITH_SYSTEM, 'test');
-  assert.equal(f.kind === 'chatml' ? f.defaultSystem : null, 'You are a careful assistant; answer in one line.');
+  if (expected.source.startsWith('transformers')) assert.ok(ids > 0 && masks > 0, 'transformers fixtures carry ids and masks');
 });
 
-test('Qwen3\'s real chat template is ChatML without a default system prompt; a Llama 3 template is not ChatML', () => {
-  const tc = JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as { chat_template: string };
-  const q = chatFormatOf(tc.chat_template, 'Qwen3');
-  assert.equal(q.kind, 'chatml');
-  assert.equal(q.kind === 'chatml' ? q.defaultSystem : 'x', null);
-  const llama = "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}{% endfor %}";
-  const l = chatFormatOf(llama, 'runs/llama/tokenizer_config.json');
-  assert.equal(l.kind, 'other');
-  assert.throws(() => renderChat(l, convs[0]!), (e: unknown) => e instanceof DistilleryError && /runs\/llama\/tokenizer_config\.json is not ChatML/.test(e.message));
-  assert.equal(chatFormatOf(undefined, 'x').kind, 'chatml');
+test('templates without generation markers: spans from prefix renderings (ChatML), located where prefixes differ (Qwen3)', () => {
+  const conv: ChatMessage[] = [
+    { role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello!' }, { role: 'user', content: 'Bye' }, { role: 'assistant', content: 'See you.' },
+  ];
+  const chatml = renderChatWithSpans(chatFormatOf(null, 'x'), conv);
+  assert.deepEqual(chatml.assistant.map(([a, b]) => chatml.text.slice(a, b)), ['Hello!<|im_end|>', 'See you.<|im_end|>']);
+  // Qwen3 drops earlier turns' reasoning, so the conversation up to a reply is not a prefix of the whole one.
+  const q3 = formatOf('qwen3');
+  const withReasoning: ChatMessage[] = [
+    { role: 'user', content: 'Q1' }, { role: 'assistant', content: 'A1', reasoning_content: 'r1' }, { role: 'user', content: 'Q2' },
+    { role: 'assistant', content: 'A2', reasoning_content: 'r2' },
+  ];
+  const r = renderChatWithSpans(q3, withReasoning);
+  const spans = r.assistant.map(([a, b]) => r.text.slice(a, b));
+  assert.equal(spans.length, 2);
+  assert.ok(spans[0]!.startsWith('A1') || spans[0]!.includes('A1<|im_end|>'), spans[0]);
+  assert.ok(spans[1]!.includes('r2') && spans[1]!.endsWith('A2<|im_end|>'), `the last reply keeps its reasoning: ${spans[1]}`);
+  // No assistant turn: no span.
+  assert.deepEqual(renderChatWithSpans(q3, [{ role: 'user', content: 'Hi' }]).assistant, []);
 });
 
-test('the data loader renders chat lines with the renderer it is given', () => {
+test('raise_exception in a template is a DistilleryError with its message; a template that does not parse names its source', () => {
+  const f = chatFormatOf("{%- if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with a user turn') }}{% endif %}", 'runs/m tokenizer_config.json');
+  assert.throws(() => renderChat(f, [{ role: 'assistant', content: 'x' }]),
+    (e: unknown) => e instanceof DistilleryError && /runs\/m tokenizer_config\.json refused the conversation: Conversations must start with a user turn/.test(e.message));
+  assert.throws(() => renderChat(chatFormatOf('{% for m in messages %}', 'bad.jinja'), [{ role: 'user', content: 'x' }]),
+    (e: unknown) => e instanceof DistilleryError && /bad\.jinja cannot be parsed/.test(e.message));
+});
+
+test('template options reach the template (enable_thinking off adds Qwen3\'s empty think block to the generation prompt)', () => {
+  const q3 = formatOf('qwen3');
+  const on = renderChat(q3, [{ role: 'user', content: 'Hi' }], { addGenerationPrompt: true });
+  const off = renderChat(q3, [{ role: 'user', content: 'Hi' }], { addGenerationPrompt: true, kwargs: { enable_thinking: false } });
+  assert.equal(on, '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
+  assert.equal(off, `${on}<think>\n\n</think>\n\n`);
+});
+
+test('the data loader renders chat lines with the run\'s renderer: spans under --loss-on assistant, none under all; no-assistant lines listed', () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-chat-'));
   const f = path.join(dir, 'chat.jsonl');
-  fs.writeFileSync(f, `${JSON.stringify({ messages: convs[0] })}\n`);
-  const sys = chatFormatOf(WITH_SYSTEM, 'test');
-  assert.deepEqual(loadDocuments([f], { renderChat: (m) => renderChat(sys, m) }), [jinja(WITH_SYSTEM, convs[0]!, false)]);
-  assert.deepEqual(loadDocuments([f]), [jinja(CHATML_TEMPLATE, convs[0]!, false)]);
+  const conv = { messages: [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello!' }] };
+  fs.writeFileSync(f, `${JSON.stringify(conv)}\n${JSON.stringify({ messages: [{ role: 'user', content: 'only a question' }] })}\n{"text": "plain"}\n`);
+  const fmt = chatFormatOf(CHATML_TEMPLATE, 'test');
+  const a = loadDocs([f], { renderChat: chatRenderer(fmt, { lossOn: 'assistant' }) });
+  assert.equal(a.docs.length, 2);
+  assert.deepEqual(a.docs[0]!.lossSpans!.map(([s, e]) => a.docs[0]!.text.slice(s, e)), ['Hello!<|im_end|>']);
+  assert.equal(a.docs[1]!.lossSpans, null, 'a text line carries no spans');
+  assert.deepEqual(a.noAssistant, [`${f}:2`]);
+  assert.equal(a.conversations, 2);
+  const all = loadDocs([f], { renderChat: chatRenderer(fmt, { lossOn: 'all' }) });
+  assert.equal(all.docs.length, 3);
+  assert.ok(all.docs.every((x) => x.lossSpans === null));
+  assert.deepEqual(loadDocuments([f]).slice(0, 1), ['<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n']);
   fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('encodeWithOffsets: encode()\'s ids, and each token\'s range in the text (multi-byte characters, emoji, special tokens)', () => {
+  const text = '<|im_start|>user\nnaïve café 東京 🚀 x<|im_end|>\n<|im_start|>assistant\nOK  done.\n';
+  const e = tok.encodeWithOffsets(text);
+  assert.deepEqual(e.ids, tok.encode(text));
+  let prev = 0;
+  e.offsets.forEach(([a, b], i) => {
+    assert.ok(a >= prev - 3 && b > a && b <= text.length, `token ${i}: [${a}, ${b})`);
+    prev = a;
+  });
+  // Decoding each token whose bytes are whole characters gives exactly its range's text.
+  e.ids.forEach((id, i) => {
+    const s = tok.decode([id]);
+    if (!s.includes('\uFFFD')) assert.equal(text.slice(e.offsets[i]![0], e.offsets[i]![1]), s, `token ${i}`);
+  });
+  assert.equal(e.offsets[0]![0], 0);
+  assert.equal(e.offsets[e.offsets.length - 1]![1], text.length);
 });

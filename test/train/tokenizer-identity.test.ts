@@ -143,15 +143,23 @@ test('distill: a teacher with padded vocabulary rows passes the identity and siz
     (e: unknown) => e instanceof DistilleryError && e.message === `the teacher's vocabulary (vocab_size ${tok.vocabSize - 1}) is smaller than the tokenizer (${tok.vocabSize} tokens)`);
 });
 
-test('a non-ChatML chat template refuses chat data, naming the file and line', async () => {
+test('a Llama 3-style chat template renders chat data (Jinja); a template that refuses a conversation names the file and line', async () => {
   const dir = tmp();
   const tok = tinyTokenizer();
   const llama = "{% for m in messages %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + m.content + '<|eot_id|>' }}{% endfor %}";
   const init = writeModel(path.join(dir, 'init'), tok.vocabSize, tok.toJSON(), 2, { tokenizerConfig: { chat_template: llama } });
   const data = path.join(dir, 'chat.jsonl');
+  const conv = { messages: [{ role: 'user', content: 'hi there' }, { role: 'assistant', content: 'hello, how are you?' }] };
+  fs.writeFileSync(data, `${JSON.stringify({ text: 'plain text' })}\n${Array(30).fill(JSON.stringify(conv)).join('\n')}\n`);
+  const lines: string[] = [];
+  const s = await runTraining({ ...opts(dir, { mode: 'train', init }), data: [data] }, { log: (l) => lines.push(l) });
+  assert.equal(s.status, 'completed');
+  assert.ok(s.dataLossTokens < s.dataTokens, 'only the assistant replies (and the plain text line) carry loss');
+  const refusing = writeModel(path.join(dir, 'refusing'), tok.vocabSize, tok.toJSON(), 2,
+    { tokenizerConfig: { chat_template: "{% if messages[-1].role == 'user' %}{{ raise_exception('the last turn must be the assistant') }}{% endif %}" } });
   fs.writeFileSync(data, `${JSON.stringify({ text: 'plain text' })}\n${JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] })}\n`);
-  await assert.rejects(runTraining({ ...opts(dir, { mode: 'train', init }), data: [data] }, { log: () => {} }),
-    (e: unknown) => e instanceof DistilleryError && e.message.startsWith(`${data}:2: the chat template of the --init checkpoint ${init} is not ChatML`));
+  await assert.rejects(runTraining({ ...opts(dir, { mode: 'train', init: refusing, out: path.join(dir, 'r2') }), data: [data] }, { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && e.message.startsWith(`${data}:2: the chat template of the --init checkpoint ${refusing} refused the conversation: the last turn must be the assistant`));
 });
 
 test('StepRunner: different vocab sizes need lossVocab; lossVocab above a model\'s vocab is refused; below runs over the first rows', () => {

@@ -12,7 +12,7 @@ import { readCheckpoint } from '../../model/checkpoint.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
-import { loadDocCorpus, loadDocuments, packDocuments, type Window } from '../../data/index.js';
+import { capDocs, loadDocCorpus, loadDocs, packDocuments, reportNoAssistant, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -20,7 +20,8 @@ import { CUDA_FLAGS, requireModelDir } from './generate.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
-import { chatFormatOf, renderChat, type ChatFormat } from '../../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
+import { parseTemplateKwargs } from '../options.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
@@ -32,6 +33,8 @@ const FLAGS: FlagSpec[] = [
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
   { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
+  { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the tokens the loss counts (the assistant replies, as in training, or all)', defaultText: 'assistant' },
+  { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
   ...CUDA_FLAGS,
 ];
 
@@ -45,10 +48,13 @@ export interface EvalOptions {
   device: 'cpu' | 'cuda';
   threads: number;
   json: boolean;
+  lossOn: 'assistant' | 'all';
+  chatTemplateKwargs?: Record<string, unknown> | undefined;
   cuda?: CudaOptions;
 }
 
 export interface EvalResult {
+  /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). */
   tokens: number;
   windows: number;
   loss: number;
@@ -69,6 +75,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
     maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
     threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
+    lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant',
+    ...(typeof v['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: parseTemplateKwargs(v['chat-template-kwargs']) } : {}),
   };
   for (const [k, x] of [['--seq', o.seq], ['--batch', o.batch]] as const) {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
@@ -83,15 +91,12 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   return o;
 }
 
-function readDocs(o: EvalOptions, chat: ChatFormat): string[] {
-  if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents;
-  // Chat lines are rendered as in training: with the model's chat template (ChatML).
-  const docs = loadDocuments(o.data, { renderChat: (m) => renderChat(chat, m) });
-  if (o.maxChars <= 0) return docs;
-  const kept: string[] = [];
-  let n = 0;
-  for (const d of docs) { if (n >= o.maxChars) break; kept.push(d.slice(0, o.maxChars - n)); n += d.length; }
-  return kept;
+function readDocs(o: EvalOptions, chat: ChatFormat, log: (line: string) => void): Doc[] {
+  if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents.map((text) => ({ text, lossSpans: null }));
+  // Chat lines are rendered as in training: with the model's chat template, the loss on the tokens --loss-on names.
+  const loaded = loadDocs(o.data, { renderChat: chatRenderer(chat, { lossOn: o.lossOn, kwargs: o.chatTemplateKwargs }) });
+  reportNoAssistant(loaded, log);
+  return capDocs(loaded.docs, o.maxChars);
 }
 
 /** Groups windows into batches of up to b rows (the last one may be smaller). */
@@ -151,7 +156,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const tok = student.tokenizer;
     const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
     if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
-    const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`)), { seqLen: o.seq, eosId });
+    const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig), log), { seqLen: o.seq, eosId });
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
@@ -166,7 +171,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
 export function formatEval(r: EvalResult): string {
   const lines = [
     `windows     ${r.windows}`,
-    `tokens      ${r.tokens}`,
+    `tokens      ${r.tokens}  (tokens the loss counted)`,
     `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
     `perplexity  ${r.perplexity.toFixed(3)}`,
   ];

@@ -1,8 +1,8 @@
 /**
  * `distillery generate`: loads a checkpoint folder (or a Hub id from the local HF cache), encodes the prompt
- * (optionally wrapped in the model's ChatML chat template), and streams the decoded text as tokens arrive,
+ * (optionally rendered as a user turn with the model's own chat template, run as Jinja), and streams the decoded text as tokens arrive,
  * stopping at the tokenizer's end-of-sequence token, the config's and generation_config.json's eos ids (and at
- * `<|im_end|>` with --chat) or after --max-new-tokens. Greedy by default (--temperature 0), so the output
+ * `<|im_end|>` or `<|eot_id|>` with --chat) or after --max-new-tokens. Greedy by default (--temperature 0), so the output
  * is deterministic; with a temperature > 0 it is reproducible from --seed.
  */
 import * as fs from 'node:fs';
@@ -18,6 +18,7 @@ import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { chatFormatOf, renderChat } from '../../tokenizer/chat.js';
+import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 
 const FLAGS: FlagSpec[] = [
@@ -27,7 +28,8 @@ const FLAGS: FlagSpec[] = [
   { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
   { name: 'seed', kind: 'integer', description: 'random seed for sampling', defaultText: String(DEFAULT_RUN_OPTIONS.seed) },
-  { name: 'chat', kind: 'boolean', description: "wrap the prompt as a user turn in the model's ChatML chat template and open the assistant turn" },
+  { name: 'chat', kind: 'boolean', description: "render the prompt as a user turn with the model's chat template (Jinja) and open the assistant turn" },
+  { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'with --chat: template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
 ];
@@ -49,14 +51,10 @@ export interface GenerateOptions {
   topP: number;
   seed: number;
   chat: boolean;
+  chatTemplateKwargs?: string | undefined;
   device: 'cpu' | 'cuda';
   threads: number;
   cuda?: CudaOptions;
-}
-
-/** The ChatML prompt for one user turn, ending where the assistant's reply begins. */
-export function chatPrompt(text: string): string {
-  return `<|im_start|>user\n${text}<|im_end|>\n<|im_start|>assistant\n`;
 }
 
 /**
@@ -93,10 +91,12 @@ function num(v: unknown, d: number): number { return typeof v === 'number' ? v :
 export function generateOptions(values: Record<string, unknown>): GenerateOptions {
   if (typeof values.model !== 'string') throw new UsageError('generate: no model given (--model)', 'pass --model <checkpoint folder>, e.g. --model runs/demo/final');
   if (typeof values.prompt !== 'string') throw new UsageError('generate: no prompt given (--prompt)', "pass --prompt 'Once upon a time'");
+  if (typeof values['chat-template-kwargs'] === 'string') parseTemplateKwargs(values['chat-template-kwargs']); // fails early, exit 2
   const o: GenerateOptions = {
     model: values.model, prompt: values.prompt,
     maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
     seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
+    ...(typeof values['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: values['chat-template-kwargs'] } : {}),
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
   };
@@ -124,15 +124,9 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   let text = o.prompt;
   if (o.chat) {
-    if (tokenizer.tokenToId('<|im_start|>') === undefined) {
-      io.err('warning: --chat: this tokenizer has no <|im_start|> token; the ChatML markers are encoded as plain text\n');
-    }
-    const format = chatFormatOf(ck.chatTemplate, `${o.model}'s tokenizer_config.json`);
-    if (format.kind !== 'chatml') {
-      throw new UsageError(`--chat: the chat template of ${o.model} is not ChatML (it does not write <|im_start|> and <|im_end|>); distillery renders ChatML only`,
-        'render the prompt with the model\'s template yourself (e.g. apply_chat_template in Python) and pass it with --prompt, without --chat');
-    }
-    text = renderChat(format, [{ role: 'user', content: o.prompt }], { addGenerationPrompt: true });
+    const format = chatFormatOf(ck.chatTemplate, `${o.model}'s tokenizer_config.json`, ck.tokenizerConfig);
+    const kwargs = o.chatTemplateKwargs !== undefined ? parseTemplateKwargs(o.chatTemplateKwargs) : undefined;
+    text = renderChat(format, [{ role: 'user', content: o.prompt }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) });
   }
   const prompt = tokenizer.encode(text);
   if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
@@ -153,8 +147,11 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
     for (const id of eosIds(config)) stopIds.add(id);
     for (const id of ck.generationEosIds) stopIds.add(id);
-    const imEnd = tokenizer.tokenToId('<|im_end|>');
-    if (o.chat && imEnd !== undefined) stopIds.add(imEnd);
+    // With --chat, the end-of-turn markers of the ChatML and Llama 3 templates end the reply too.
+    for (const marker of o.chat ? ['<|im_end|>', '<|eot_id|>'] : []) {
+      const id = tokenizer.tokenToId(marker);
+      if (id !== undefined) stopIds.add(id);
+    }
     const gen = new Generator(model, maxLen);
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {

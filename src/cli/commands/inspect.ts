@@ -15,7 +15,7 @@ import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { resolveModelArg } from '../model-ref.js';
 import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
-import { chatFormatOf } from '../../tokenizer/chat.js';
+import { chatFormatOf, describeChatFormat } from '../../tokenizer/chat.js';
 import { tokenizerHash } from '../../tokenizer/identity.js';
 
 const FLAGS: FlagSpec[] = [];
@@ -126,10 +126,8 @@ export function inspect(arg: string, io: Io): void {
     io.out('tokenizer      none (no tokenizer.json)\n');
   }
   const extras = readModelDirExtras(target, { tokenizerJson: false });
-  const chat = chatFormatOf(extras.chatTemplate, target);
-  io.out(`chat template  ${extras.chatTemplate === undefined ? 'none (--chat and chat data use plain ChatML)'
-    : chat.kind === 'chatml' ? `ChatML${chat.defaultSystem !== null ? ` (default system prompt ${JSON.stringify(chat.defaultSystem)})` : ''}`
-      : 'not ChatML (--chat and chat data are refused)'}\n`);
+  const chat = chatFormatOf(extras.chatTemplate, target, extras.tokenizerConfig);
+  io.out(`chat template  ${describeChatFormat(chat)}\n`);
   const eos = generationEosIds(extras.generationConfig, path.join(target, 'generation_config.json'));
   if (eos.length) io.out(`eos ids        ${eos.join(', ')} (generation_config.json)\n`);
   const shards = shardsOf(target);
