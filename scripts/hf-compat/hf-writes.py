@@ -35,6 +35,7 @@ YARN = {'rope_type': 'yarn', 'rope_theta': 1000000.0, 'factor': 4.0, 'original_m
 YARN_CUSTOM = {'rope_type': 'yarn', 'rope_theta': 10000.0, 'factor': 8.0, 'original_max_position_embeddings': 32,
                'beta_fast': 16.0, 'beta_slow': 2.0, 'attention_factor': 1.25, 'truncate': False}
 
+NO_IDS = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6)
 
@@ -61,11 +62,12 @@ CASES = [
     ('qwen3-bias-mha-yarn-f32', 'qwen3', 'f32', None, dict(tie_word_embeddings=False, head_dim=16, attention_bias=True,
                                                            num_key_value_heads=4), YARN),
     ('qwen3-sharded-bf16', 'qwen3', 'bf16', '100KB', dict(tie_word_embeddings=True, head_dim=32), PLAIN_1E6),
-    # SmolLM3: RoPE off on the layers no_rope_layers marks 0 (default: every 4th)
-    ('smollm3-default-nope-f32', 'smollm3', 'f32', None, dict(num_hidden_layers=4), {'rope_type': 'default', 'rope_theta': 2000000.0}),
-    ('smollm3-list-untied-bf16', 'smollm3', 'bf16', None, dict(num_hidden_layers=3, no_rope_layers=[0, 1, 0],
+    # SmolLM3: RoPE off on the layers no_rope_layers marks 0 (default: every 4th); its default pad/bos/eos ids (128004, ...)
+    # lie outside this vocabulary
+    ('smollm3-default-nope-f32', 'smollm3', 'f32', None, dict(num_hidden_layers=4, **NO_IDS), {'rope_type': 'default', 'rope_theta': 2000000.0}),
+    ('smollm3-list-untied-bf16', 'smollm3', 'bf16', None, dict(num_hidden_layers=3, no_rope_layers=[0, 1, 0], **NO_IDS,
                                                                tie_word_embeddings=False), PLAIN_1E6),
-    ('smollm3-bias-sharded-f32', 'smollm3', 'f32', '100KB', dict(num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1],
+    ('smollm3-bias-sharded-f32', 'smollm3', 'f32', '100KB', dict(num_hidden_layers=4, no_rope_layers=[1, 0, 1, 1], **NO_IDS,
                                                                  attention_bias=True), LLAMA3),
 ]
 FAMILIES = {'qwen2': (Qwen2Config, Qwen2ForCausalLM), 'llama': (LlamaConfig, LlamaForCausalLM),

@@ -515,6 +515,8 @@ export function toHfConfig(c: ModelConfig): Json {
     // null, not absent: LlamaConfig's defaults are 1 and 2.
     bos_token_id: c.bosTokenId ?? null,
     eos_token_id: c.eosTokenId ?? null,
+    // null, not absent: SmolLM3Config's default (128004) lies outside a smaller vocabulary and transformers refuses it.
+    pad_token_id: null,
   };
   switch (c.architecture) {
     case 'qwen2':

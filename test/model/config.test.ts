@@ -205,3 +205,26 @@ test('describeBaked: one line with theta and scaling, eps, head_dim, Q/K/V bias,
     'llama theta 500000 rope llama3 factor 32 low_freq_factor 1 high_freq_factor 4 original_max_position_embeddings 8192 eps 1e-5 head_dim 64 qkv_bias no tied yes');
   assert.match(describeBaked(parseHfConfig(fixture('qwen2.5-7b-yarn.v5'))), /^qwen2 theta 1000000 rope yarn factor 4 original_max_position_embeddings 32768 beta_fast 32 beta_slow 1 attention_factor 1\.13863 eps 1e-6 head_dim 128 qkv_bias yes tied no$/);
 });
+
+test('config.json files transformers 5.17 wrote for Qwen3 and SmolLM3 parse as those families (test/fixtures/hf-configs/transformers-5.17)', async () => {
+  const fsm = await import('node:fs');
+  const pathm = await import('node:path');
+  const { fileURLToPath } = await import('node:url');
+  const dir = pathm.resolve(pathm.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/hf-configs/transformers-5.17');
+  const files = fsm.readdirSync(dir).filter((f) => f.endsWith('.json'));
+  assert.ok(files.some((f) => f.startsWith('qwen3')), 'Qwen3 fixtures present');
+  for (const f of files) {
+    const j = JSON.parse(fsm.readFileSync(pathm.join(dir, f), 'utf8')) as Record<string, unknown>;
+    const c = parseHfConfig(j);
+    assert.equal(c.architecture, j.model_type, f);
+    assert.equal(c.headDim, (j.head_dim as number | undefined) ?? (j.hidden_size as number) / (j.num_attention_heads as number), f);
+    assert.equal(c.qkNorm, j.model_type === 'qwen3', f);
+    assert.equal(c.qkvBias, j.attention_bias === true, f);
+    if (j.model_type === 'smollm3') {
+      const flags = j.no_rope_layers as number[];
+      assert.deepEqual(c.noRopeLayers, flags.map((x, l) => (x ? -1 : l)).filter((l) => l >= 0), f);
+    }
+    // what we write back reads as the same model
+    assert.deepEqual(parseHfConfig(toHfConfig(c)), c, `${f} round trip`);
+  }
+});

@@ -63,7 +63,9 @@ test(`chat templates render as the fixtures (${expected.source}): text, ids, ass
       const content = (replies[i]!.content ?? '').trim();
       if (content) assert.ok(s.includes(content), `${what}: span ${i} holds the reply ${JSON.stringify(content)}: ${JSON.stringify(s)}`);
     });
-    if (c.ids) {
+    // transformers registers the fixture's bos/eos strings as special tokens of Qwen's tokenizer; where it had to add
+    // one (Llama's <|begin_of_text|>, <|eot_id|>: ids past the vocabulary), the ids compare different tokenizers.
+    if (c.ids && c.ids.every((id) => id < tok.vocabSize)) {
       assert.deepEqual(tok.encode(r.text), c.ids, `${what}: token ids`);
       ids++;
     }
