@@ -33,7 +33,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ModelConfig } from '../model/config.js';
-import { validateConfig } from '../model/config.js';
+import { usesRope, validateConfig } from '../model/config.js';
 import { parameterLayout, type TensorInfo } from '../model/params.js';
 import { DistilleryError } from '../util/errors.js';
 import { writeAll } from '../io/atomic.js';
@@ -271,8 +271,11 @@ export function buildOnnxModel(config: ModelConfig, weights: Float32Array, opts:
   for (let l = 0; l < c.numLayers; l++) {
     const w = L.layers[l]!;
     const h = rmsnorm(x, w.ln1);
-    const q = rope(g.op1('Reshape', [linear(h, w.wq, w.bq), shapeBSHD])); // [B, S, H, D]
-    const k = rope(g.op1('Reshape', [linear(h, w.wk, w.bk), shapeBSKD])); // [B, S, KVH, D]
+    // Qwen3: RMSNorm over each head's last axis (q_norm / k_norm) before RoPE; SmolLM3's NoPE layers: no RoPE.
+    const headNorm = (x: string, t: TensorInfo | null): string => (t ? rmsnorm(x, t) : x);
+    const maybeRope = usesRope(c, l) ? rope : (x: string): string => x;
+    const q = maybeRope(headNorm(g.op1('Reshape', [linear(h, w.wq, w.bq), shapeBSHD]), w.qNorm)); // [B, S, H, D]
+    const k = maybeRope(headNorm(g.op1('Reshape', [linear(h, w.wk, w.bk), shapeBSKD]), w.kNorm)); // [B, S, KVH, D]
     const v = g.op1('Reshape', [linear(h, w.wv, w.bv), shapeBSKD]);
     const kT = g.op1('Transpose', [k], { perm: { ints: [0, 2, 1, 3] } }); // [B, KVH, S, D]
     const vT = g.op1('Transpose', [v], { perm: { ints: [0, 2, 1, 3] } });
@@ -305,7 +308,7 @@ export function buildOnnxModel(config: ModelConfig, weights: Float32Array, opts:
     .int(1, ONNX_IR_VERSION)
     .string(2, 'distillery')
     .string(3, '0.1.0')
-    .message(7, g.graph(c.architecture === 'qwen2' ? 'Qwen2ForCausalLM' : 'LlamaForCausalLM'))
+    .message(7, g.graph(({ qwen2: 'Qwen2ForCausalLM', llama: 'LlamaForCausalLM', qwen3: 'Qwen3ForCausalLM', smollm3: 'SmolLM3ForCausalLM' } as const)[c.architecture]))
     .message(8, new Message().string(1, '').int(2, ONNX_OPSET));
   return { model, externalData: sink ? sink.chunks : null };
 }

@@ -136,6 +136,10 @@ const cases: Array<{ name: string; c: ModelConfig; external: boolean }> = [
   },
   // Llama attention_bias: q/k/v AND o_proj biases (the o_proj Gemm carries its bias).
   { name: 'llama-attention-bias', external: false, c: config({ architecture: 'llama', qkvBias: true, tieWordEmbeddings: false }) },
+  // Qwen3: q_norm / k_norm over each head before RoPE; head_dim 16 × 4 heads = a query width of 64 against hidden 32.
+  { name: 'qwen3-qk-norm', external: false, c: config({ architecture: 'qwen3', qkvBias: false, qkNorm: true, headDim: 16, tieWordEmbeddings: false }) },
+  // SmolLM3: no RoPE on layer 1 (the graph must leave that layer's q and k unrotated).
+  { name: 'smollm3-nope', external: false, c: config({ architecture: 'smollm3', qkvBias: false, noRopeLayers: [1], rope: { type: 'default', theta: 2e6 } }) },
 ];
 
 for (const { name, c, external } of cases) {
