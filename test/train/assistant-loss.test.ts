@@ -17,6 +17,10 @@ import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { runTraining, type RunSummary } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
 import { DistilleryError } from '../../src/util/errors.js';
+import { writeCheckpoint } from '../../src/model/checkpoint.js';
+import { parseHfConfig } from '../../src/model/config.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { Rng } from '../../src/util/rng.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-aloss-'));
@@ -71,7 +75,7 @@ function opts(dir: string, data: string, over: Partial<RunOptions> = {}): RunOpt
   } as RunOptions;
 }
 
-test('a run on chat data: the log and summary count the assistant tokens; the loss differs from --loss-on all; user text does not change the count', async () => {
+test('train and distill on chat data: the log and summary count the assistant tokens; the loss differs from --loss-on all; user text does not change the count', async () => {
   const dir = tmp();
   const data = writeChat(dir, conversations());
   const logs: string[] = [];
@@ -101,6 +105,19 @@ test('a run on chat data: the log and summary count the assistant tokens; the lo
   const longer = await runTraining(opts(dir, writeChat(dir, conversations(' (a much longer question, padded with words)'), 'long.jsonl'), { model: cfg }), { log: () => {} });
   assert.equal(longer.dataLossTokens, a.dataLossTokens);
   assert.ok(longer.dataTokens > a.dataTokens);
+  // distill: a Qwen3 teacher over the same tokenizer (its chat template, Qwen3's): the same assistant tokens carry the
+  // cross-entropy and the KL term.
+  const teacherDir = path.join(dir, 'teacher');
+  const tcfg = parseHfConfig(JSON.parse(fs.readFileSync(cfg, 'utf8')) as Record<string, unknown>);
+  const teacherCfg = { ...tcfg, hiddenSize: 24, intermediateSize: 40 };
+  writeCheckpoint(teacherDir, teacherCfg, initialWeights(parameterLayout(teacherCfg), teacherCfg, new Rng(5), 0.2), {
+    dtype: 'f32', tokenizerJson: JSON.parse(fs.readFileSync(qwenTokenizerPath(), 'utf8')) as object,
+    tokenizerConfig: JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>,
+  });
+  const kd = await runTraining(opts(dir, data, { mode: 'distill', teacher: teacherDir, model: cfg, tokenizer: undefined }), { log: () => {} });
+  assert.equal(kd.status, 'completed');
+  assert.equal(kd.dataLossTokens, want);
+  assert.ok(kd.finalAgreement !== null && Number.isFinite(kd.finalAgreement));
 });
 
 test('conversations without an assistant turn are reported; data with none is refused with the --loss-on all hint', async () => {
