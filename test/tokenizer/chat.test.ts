@@ -1,7 +1,7 @@
 /**
  * Chat templates run as Jinja (src/tokenizer/chat.ts) against fixtures rendered by the Python side
  * (test/fixtures/chat-templates/expected.json, written by scripts/hf-compat/chat-fixtures.py: transformers'
- * apply_chat_template where it ran, else jinja2 in transformers' settings; its "source" says which): the real Qwen3,
+ * apply_chat_template where it ran, else jinja2 in transformers' settings; its "source" says which): the real Qwen2.5, Qwen3,
  * Llama 3.2 Instruct and SmolLM3 templates over conversations with and without a system turn, multi-turn, Qwen3
  * reasoning, a tool call with tools, and enable_thinking on and off. The text must be equal; where the fixture has
  * transformers' token ids, our tokenizer's ids of our text must be equal; where it has transformers' assistant mask
