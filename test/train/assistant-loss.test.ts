@@ -21,6 +21,7 @@ import { writeCheckpoint } from '../../src/model/checkpoint.js';
 import { parseHfConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Rng } from '../../src/util/rng.js';
+import { evaluate } from '../../src/cli/commands/eval.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-aloss-'));
@@ -114,6 +115,12 @@ test('train and distill on chat data: the log and summary count the assistant to
     dtype: 'f32', tokenizerJson: JSON.parse(fs.readFileSync(qwenTokenizerPath(), 'utf8')) as object,
     tokenizerConfig: JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>,
   });
+  // eval follows the same mask: its token count is the assistant tokens of the windows it evaluates.
+  const evalOf = (lossOn: 'assistant' | 'all') => evaluate({ model: a.finalDir!, data: [data], seq: 32, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: false, lossOn });
+  const ea = await evalOf('assistant'), eall = await evalOf('all');
+  assert.equal(ea.tokens, want);
+  assert.equal(eall.tokens, a.dataTokens - 1);
+  assert.notEqual(ea.loss, eall.loss);
   const kd = await runTraining(opts(dir, data, { mode: 'distill', teacher: teacherDir, model: cfg, tokenizer: undefined }), { log: () => {} });
   assert.equal(kd.status, 'completed');
   assert.equal(kd.dataLossTokens, want);
