@@ -26,7 +26,7 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { Rng } from '../../src/util/rng.js';
-import { relErr } from '../util/compare.js';
+import { relErr, relFrob } from '../util/compare.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -75,8 +75,9 @@ function weightsFor(cfg: ModelConfig, seed: number): Float32Array {
 interface Outcome { logits: Float32Array | Float64Array; stats: Float32Array | Float64Array; grads: Float32Array | Float64Array }
 
 /** Forward (teacher too), fused loss, backward on one backend. */
-function run(be: Backend, cfg: ModelConfig, w: Float32Array, teacher: { cfg: ModelConfig; w: Float32Array } | null, spec: LossSpec): Outcome {
-  const m = new Transformer(be, cfg, { batch: B, seq: T, training: true });
+function run(be: Backend, cfg: ModelConfig, w: Float32Array, teacher: { cfg: ModelConfig; w: Float32Array } | null, spec: LossSpec,
+  precision: 'fp32' | 'bf16' = 'fp32'): Outcome {
+  const m = new Transformer(be, cfg, { batch: B, seq: T, training: true, precision });
   m.setWeights(w);
   const n = B * T, V = cfg.vocabSize;
   const ids = Int32Array.from({ length: n }, (_, i) => (i * 37 + 11) % V);
@@ -84,7 +85,7 @@ function run(be: Backend, cfg: ModelConfig, w: Float32Array, teacher: { cfg: Mod
   const weights = Float32Array.from({ length: n }, (_, i) => (targets[i]! < 0 ? 0 : 1 / n));
   let tLogits = null;
   if (teacher) {
-    const tm = new Transformer(be, teacher.cfg, { batch: B, seq: T, training: false });
+    const tm = new Transformer(be, teacher.cfg, { batch: B, seq: T, training: false, precision });
     tm.setWeights(teacher.w);
     tLogits = tm.forward(ids, B, T);
   }
@@ -150,6 +151,25 @@ test('whole model cuda vs cpu: Qwen3 (q/k norms, head_dim 32 ≠ hidden/heads, u
 
 test('whole model cuda vs cpu: SmolLM3 (NoPE layer 1 of 3, q/k/v/o biases, tied), cross-entropy', { skip, timeout: 300_000 }, async () => {
   await compare('smollm3 model', SMOLLM3, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0 });
+});
+
+test('whole model cuda vs cpu in bf16: Qwen3 (q/k norms on bf16 q and k) and SmolLM3, against the CPU backend\'s exact bf16 emulation', { skip, timeout: 300_000 }, async () => {
+  // bf16 products on tensor cores sum in another order than the CPU's: a stored bf16 value may round the other way,
+  // so the bound is a few bf16 ulps (2^-8) through two layers, not float32's.
+  const TOL = 3e-2;
+  for (const [name, cfg] of [['qwen3', QWEN3], ['smollm3', SMOLLM3]] as const) {
+    const spec: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
+    const w = weightsFor(cfg, 21);
+    // The job's own plan, plus this test's full-logits forward and backward (traced the same way).
+    await cuda!.prepare([...jobClosures({ student: cfg, teacher: null, batch: B, seq: T, loss: spec, train: true, evaluate: true, precision: 'bf16' }),
+      (b: Backend) => { run(b, cfg, w, null, spec, 'bf16'); }]);
+    const g = run(cuda!, cfg, w, null, spec, 'bf16'), r = run(cpu!, cfg, w, null, spec, 'bf16');
+    const el = relErr(g.logits, r.logits), eg = relFrob(g.grads, r.grads);
+    record(`${name} model bf16 logits`, el, TOL);
+    record(`${name} model bf16 gradients (Frobenius)`, eg, TOL);
+    assert.ok(el <= TOL, `${name} bf16 logits: relative error ${el}`);
+    assert.ok(eg <= TOL, `${name} bf16 gradients: relative error ${eg}`);
+  }
 });
 
 test('each RoPE kind (two thetas, linear, llama3, yarn) gives different CUDA logits, each matching the CPU', { skip, timeout: 300_000 }, async () => {
