@@ -9,6 +9,8 @@
 #      PEER_STUDENT=q3-0.6b), SHAPES ("8x1024 16x1024"), STEPS (distillery steps, 12; the first two are excluded from tokens/s),
 #      PEER_STEPS (10), PEER_MODES ("eager compile"; "none": distillery only), PRECISION (distillery flags, default "--precision bf16"),
 #      PROFILE (0/1: one more distillery run per shape with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT).
+#      Each distillery run prints its region timeline (DISTILLERY_CUDA_TIMELINE=1, src/backend/cuda/graphs.ts) into the table;
+#      DISTILLERY_CUDA_GRAPHS=0 in the environment runs every region as launched (no CUDA graphs), for comparison.
 # Output: $OUT/bench.txt (the table and every raw line) and $OUT/bench.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +45,7 @@ echo '[]' > "$out/bench.json"
 for shape in $SHAPES; do
   B=${shape%x*}; S=${shape#*x}
   run_ours() {
-    node bin/distillery.js distill --device cuda --teacher "$work/teacher-$TEACHER" --init "$work/student0-$STUDENT" --data builtin:docs \
+    DISTILLERY_CUDA_TIMELINE=1 node bin/distillery.js distill --device cuda --teacher "$work/teacher-$TEACHER" --init "$work/student0-$STUDENT" --data builtin:docs \
       --max-chars 3000000 --batch "$B" --seq "$S" --steps "$STEPS" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 2 \
       --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc" \
       "${prec[@]}" --out "$work/run-$STUDENT-$shape" > "$work/ours-$STUDENT-$shape.log" 2>&1
@@ -62,6 +64,7 @@ for shape in $SHAPES; do
   ' "$work/run-$STUDENT-$shape/metrics.jsonl")
   say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$STUDENT-$shape.log" | head -8 | tee -a "$txt"
+  grep -E '^\[cuda-(timeline|graphs)\]' "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"
   if [ "${PROFILE:-0}" = 1 ]; then
     rm -rf "$work/run-$STUDENT-$shape"

@@ -79,6 +79,9 @@ export interface AdamWStep {
   gradScale: number;
 }
 
+/** A tensor of a flat parameter buffer, for the one-launch AdamW update (weight decay where `decay`). */
+export interface AdamWSegment { offset: number; size: number; decay: boolean }
+
 export interface Backend {
   readonly name: string;
   /** Element type of float buffers: 'f32' normally, 'f64' for the CPU backend's reference mode. */
@@ -221,6 +224,21 @@ export interface Backend {
    * weights that mixed-precision forward and backward passes read (one launch updates master weights and copy).
    */
   adamw(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep, copy?: Buf | null): void;
+  /**
+   * AdamW over every segment (tensor) of flat buffers in one update: segment i is updated as adamw over
+   * [offset, offset + size) with weight decay s.weightDecay where `decay`, else 0. The CUDA backend runs it as one
+   * launch (adamw_multi) that reads the step's lr, gradient scale and bias corrections from device memory.
+   */
+  adamwSegments(param: Buf, grad: Buf, m: Buf, v: Buf, segments: readonly AdamWSegment[], s: AdamWStep, copy?: Buf | null): void;
+
+  // ---- captured regions -----------------------------------------------------------------------------
+  /**
+   * Runs `body` and returns what it returns. The body only issues device work: no download or other host read
+   * (sumSquares), and uploads only before its first op. The CUDA backend records the ops, replays a recorded region
+   * as a CUDA graph when it has seen the same ops with the same arguments before (src/backend/cuda/graphs.ts), and
+   * otherwise runs them as launched; the CPU backend runs the body. `label` names the region in the timeline.
+   */
+  captured<R>(label: string, body: () => R): R;
 }
 
 /**

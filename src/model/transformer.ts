@@ -91,6 +91,8 @@ export class Transformer {
   private readonly rstdf: Buf;
   private readonly g: GradScratch | null;
   private lastShape: { b: number; t: number } | null = null;
+  /** The shape of the ids stageInputs uploaded last. */
+  private staged: { b: number; t: number } | null = null;
   private readonly label: string;
   /** Views of each layer's weights (shared with the generator). */
   readonly layerW: LayerWeights[];
@@ -241,14 +243,29 @@ export class Transformer {
    * final hidden states [b·t, hidden], the LM head's input.
    */
   forwardHidden(ids: Int32Array, b: number, t: number): Buf {
-    const c = this.config, be = this.backend;
+    this.stageInputs(ids, b, t);
+    return this.forwardStaged(b, t);
+  }
+
+  /** Uploads token ids [b, t] for forwardStaged (a captured region uploads its inputs before its work). */
+  stageInputs(ids: Int32Array, b: number, t: number): void {
     if (b > this.batch || t > this.seq || b < 1 || t < 1) {
       throw new DistilleryError(`forward shape [${b}, ${t}] exceeds the allocated [${this.batch}, ${this.seq}]`);
     }
     if (ids.length < b * t) throw new DistilleryError(`forward got ${ids.length} token ids for shape [${b}, ${t}]`);
+    const N = b * t;
+    this.backend.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
+    this.staged = { b, t };
+  }
+
+  /** forwardHidden over the ids stageInputs uploaded last (same b and t): device work only. */
+  forwardStaged(b: number, t: number): Buf {
+    const c = this.config, be = this.backend;
+    if (!this.staged || this.staged.b !== b || this.staged.t !== t) {
+      throw new DistilleryError(`forwardStaged([${b}, ${t}]) without stageInputs of that shape`);
+    }
     const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
     const L = this.layout;
-    be.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
     be.embeddingForward(this.v(this.acts[0]!.x, N * C), this.ids, this.p(L.embed), N, C);
     const a0 = this.acts[0]!;
     inputNorm(be, c, this.layerW[0]!, { x: this.v(a0.x, N * C), ln1: this.v(a0.ln1, N * C), rstd1: this.v(a0.rstd1, N) }, N);

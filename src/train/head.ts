@@ -121,13 +121,30 @@ export class ChunkedHead {
   }
 
   run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean): Float32Array | Float64Array {
+    this.stage(targets, weights, n);
+    this.compute(hs, ht, n, grad);
+    return this.readStats(n);
+  }
+
+  /** Checks and uploads n rows of targets and token weights for compute() (before a captured region's work). */
+  stage(targets: Int32Array, weights: Float32Array | Float64Array, n: number): void {
+    if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
+    this.checkTargets(targets, weights, n);
+    this.be.uploadInt(this.targets, targets.subarray(0, n));
+    this.be.upload(this.weights, weights.subarray(0, n));
+  }
+
+  /** The per-row statistics [n, LOSS_STATS] of the last compute(), on the host. */
+  readStats(n: number): Float32Array | Float64Array {
+    return this.be.download(this.be.view(this.stats, 0, n * LOSS_STATS));
+  }
+
+  /** run() over the rows stage() uploaded: device work only (it fits in a captured region). */
+  compute(hs: Buf, ht: Buf | null, n: number, grad: boolean): void {
     const be = this.be, V = this.width, C = this.student.config.hiddenSize, R = this.chunkRows;
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');
     const Ct = this.teacher?.config.hiddenSize ?? 0;
-    this.checkTargets(targets, weights, n);
-    be.uploadInt(this.targets, targets.subarray(0, n));
-    be.upload(this.weights, weights.subarray(0, n));
     const ws = be.view(this.student.headWeight(), 0, V * C);
     const wt = this.teacher ? be.view(this.teacher.headWeight(), 0, V * Ct) : null;
     const dW = grad ? this.student.headGrad() : null;
@@ -150,6 +167,5 @@ export class ChunkedHead {
         be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, this.lossVocab, this.spec, V);
       if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
     }
-    return be.download(be.view(this.stats, 0, n * LOSS_STATS));
   }
 }

@@ -1,9 +1,9 @@
 /**
  * AdamW over a model's flat parameter buffer: first and second moments in the same layout, one backend
- * `adamw` call per tensor so that weight decay applies to matrices and embeddings but not to norms and biases.
+ * `adamwSegments` update over every tensor, with weight decay on matrices and embeddings but not on norms and biases.
  * Global-norm clipping is folded into the update as a gradient scale (no extra pass over the gradients).
  */
-import type { Backend, Buf } from '../backend/backend.js';
+import type { AdamWSegment, Backend, Buf } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 
 export interface AdamWOptions {
@@ -24,7 +24,11 @@ export class AdamW {
     this.be = model.backend;
     this.m = this.be.alloc(model.layout.total, 'optimizer first moment');
     this.v = this.be.alloc(model.layout.total, 'optimizer second moment');
+    this.segments = model.layout.tensors.map((t) => ({ offset: t.offset, size: t.size, decay: t.decay }));
   }
+
+  /** The tensors of the flat buffer, with weight decay on matrices and embeddings only. */
+  private readonly segments: AdamWSegment[];
 
   /** The global L2 norm of the gradients. */
   gradNorm(): number {
@@ -35,13 +39,10 @@ export class AdamW {
   update(lr: number, gradScale: number): void {
     this.step++;
     const be = this.be, g = this.model.grads!, p = this.model.params, w = this.model.weights;
-    for (const t of this.model.layout.tensors) {
-      const view = (b: Buf): Buf => be.view(b, t.offset, t.size);
-      // A bf16 model's compute copy is refreshed in the same launch (fp32: the weights are the parameters).
-      be.adamw(view(p), view(g), view(this.m), view(this.v), t.size, {
-        lr, beta1: this.opts.beta1, beta2: this.opts.beta2, eps: this.opts.eps,
-        weightDecay: t.decay ? this.opts.weightDecay : 0, step: this.step, gradScale,
-      }, w === p ? null : view(w));
-    }
+    // One update over every tensor (one launch on the GPU, whose per-step values it reads from device memory), as a
+    // captured region: the same graph replays every step. A bf16 model's compute copy is refreshed by the same update.
+    be.captured('optimizer', () => be.adamwSegments(p, g, this.m, this.v, this.segments, {
+      lr, beta1: this.opts.beta1, beta2: this.opts.beta2, eps: this.opts.eps, weightDecay: this.opts.weightDecay, step: this.step, gradScale,
+    }, w === p ? null : w));
   }
 }

@@ -1,7 +1,8 @@
 /**
  * One optimization step and one evaluation pass, for plain training and for distillation alike.
  *
- * Training step: zero gradients; for each micro-batch (gradient accumulation) run the teacher forward (if any)
+ * Training step: zero gradients; for each micro-batch (gradient accumulation) upload its inputs, then, as one captured
+ * region (Backend.captured: a CUDA graph on the GPU once the same pass repeats), run the teacher forward (if any)
  * and the student forward up to their final hidden states, the LM heads and the fused loss op chunk by chunk
  * (src/train/head.ts: the full logits never exist), and the student backward from its hidden states;
  * then the global gradient norm, clipping folded into AdamW as a gradient scale, and the update. Each token's
@@ -95,13 +96,20 @@ export class StepRunner {
 
   /** Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale. */
   private lossPass(batch: Batch, weightScale: number, grad: boolean): LossSums {
-    const n = batch.b * batch.t;
-    const ht = this.teacher ? this.teacher.forwardHidden(batch.inputs, batch.b, batch.t) : null;
-    const hs = this.student.forwardHidden(batch.inputs, batch.b, batch.t);
+    const n = batch.b * batch.t, { b, t } = batch;
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
-    const s = this.head.run(hs, ht, batch.targets, w, n, grad);
-    if (grad) this.student.backwardHidden();
+    // Inputs first, then the pass as one captured region (a CUDA graph once it repeats): forwards, head and loss, backward.
+    this.teacher?.stageInputs(batch.inputs, b, t);
+    this.student.stageInputs(batch.inputs, b, t);
+    this.head.stage(batch.targets, w, n);
+    this.student.backend.captured(grad ? 'training pass' : 'evaluation pass', () => {
+      const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;
+      const hs = this.student.forwardStaged(b, t);
+      this.head.compute(hs, ht, n, grad);
+      if (grad) this.student.backwardHidden();
+    });
+    const s = this.head.readStats(n);
     const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     for (let i = 0; i < n; i++) {
       const m = batch.mask[i]!;

@@ -235,19 +235,60 @@ export class FakeCompiler implements KernelCompiler {
 }
 
 /** Device-mode plumbing without a GPU: records loads and launches, allocates nothing. */
-export function fakeDriver(): CudaDriver & { launched: string[] } {
+export interface FakeDriverLog {
+  /** Kernels run, in order (a graph launch appends its captured kernels). */
+  launched: string[];
+  /** Every stream call by kind: 'launch', 'capture', 'graphLaunch', 'htod', 'dtoh', 'memset', ... */
+  calls: string[];
+  /** Graphs alive (instantiated and not destroyed). */
+  liveGraphs: number;
+}
+
+/**
+ * A fake driver with a stream: work issued while capturing is kept in the graph instead of run; launching the graph
+ * runs what it holds (its kernels appended to `launched`), as cuGraphLaunch would.
+ */
+export function fakeDriver(): CudaDriver & FakeDriverLog {
   let next = 0x1000n;
-  const launched: string[] = [];
-  const f = {
-    launched, deviceName: 'fake GPU', arch: 'sm_90', ccMajor: 9, ccMinor: 0, device: 0,
-    memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
-    memFree: () => {}, memsetD32: () => {}, memsetD8: () => {}, htod: () => {}, dtoh: () => {}, dtod: () => {},
-    synchronize: () => {}, release: () => {}, unloadModule: () => {},
-    loadFunction: (_c: Uint8Array, entry: string) => ({ module: {}, fn: entry }),
-    launch: (fn: unknown) => { launched.push(String(fn)); },
-    setMaxDynamicShared: () => {},
+  let capture: Array<() => void> | null = null;
+  const graphs = new Map<number, Array<() => void>>();
+  let nextGraph = 1;
+  const log: FakeDriverLog = { launched: [], calls: [], liveGraphs: 0 };
+  const onStream = (kind: string, run: () => void = () => {}): void => {
+    log.calls.push(capture ? `capture ${kind}` : kind);
+    if (capture) capture.push(run); else run();
   };
-  return f as unknown as CudaDriver & { launched: string[] };
+  const f = Object.assign(log, {
+    deviceName: 'fake GPU', arch: 'sm_90', ccMajor: 9, ccMinor: 0, device: 0,
+    memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
+    memFree: () => {}, memsetD32: () => onStream('memset'), memsetD8: () => onStream('memset'),
+    htod: () => { if (capture) throw new Error('fake driver: htod while capturing'); onStream('htod'); },
+    dtoh: () => { if (capture) throw new Error('fake driver: dtoh while capturing'); onStream('dtoh'); },
+    dtod: () => onStream('dtod'),
+    synchronize: () => {}, streamSynchronize: () => {}, release: () => {}, unloadModule: () => {},
+    useStream: () => {}, currentStream: 'fake stream', destroyStream: () => {},
+    loadFunction: (_c: Uint8Array, entry: string) => ({ module: {}, fn: entry }),
+    launch: (fn: unknown) => onStream('launch', () => { log.launched.push(String(fn)); }),
+    setMaxDynamicShared: () => {},
+    beginCapture: () => { if (capture) throw new Error('fake driver: nested capture'); capture = []; },
+    endCapture: () => {
+      if (!capture) throw new Error('fake driver: endCapture without beginCapture');
+      const id = nextGraph++;
+      graphs.set(id, capture);
+      capture = null;
+      log.liveGraphs++;
+      return id;
+    },
+    graphLaunch: (exec: unknown) => {
+      const g = graphs.get(exec as number);
+      if (!g) throw new Error(`fake driver: no graph ${String(exec)}`);
+      onStream('graphLaunch', () => { for (const run of g) run(); });
+    },
+    graphDestroy: (exec: unknown) => { if (graphs.delete(exec as number)) log.liveGraphs--; },
+    eventCreate: () => ({}), eventRecord: () => {}, eventRecordNode: () => {}, eventQuery: () => true,
+    eventElapsedMs: () => 0, eventDestroy: () => {}, eventSynchronize: () => {},
+  });
+  return f as unknown as CudaDriver & FakeDriverLog;
 }
 
 /** A fake cuBLAS; `calls` records each GEMM: 'sgemm' or 'gemmEx A/B→C' with the cudaDataType_t numbers. */
@@ -257,7 +298,7 @@ export function fakeCublas(): Cublas & { calls: string[] } {
     calls,
     sgemm: () => { calls.push('sgemm'); },
     gemmEx: (...a: unknown[]) => { calls.push(`gemmEx ${String(a[6])}/${String(a[9])}→${String(a[12])}`); },
-    setWorkspace: () => {}, setMathMode: () => {}, destroy: () => {},
+    setWorkspace: () => {}, setMathMode: () => {}, setStream: () => {}, destroy: () => {},
   } as unknown as Cublas & { calls: string[] };
 }
 

@@ -164,7 +164,7 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
     assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
     for (const s of traced) families.add(s.family);
   }
-  for (const f of ['loss', 'adamw', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
+  for (const f of ['loss', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
   process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);

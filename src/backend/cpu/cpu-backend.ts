@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
 import { LOSS_STATS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -671,6 +671,16 @@ export class CpuBackend implements Backend {
       this.fin(copy, 0, n);
     }
   }
+
+  adamwSegments(param: Buf, grad: Buf, m: Buf, v: Buf, segments: readonly AdamWSegment[], s: AdamWStep, copy: Buf | null = null): void {
+    for (const t of segments) {
+      const vw = (b: Buf): Buf => this.view(b, t.offset, t.size);
+      this.adamw(vw(param), vw(grad), vw(m), vw(v), t.size, { ...s, weightDecay: t.decay ? s.weightDecay : 0 }, copy === null ? null : vw(copy));
+    }
+  }
+
+  /** The CPU has no graphs: the region runs as written. */
+  captured<R>(_label: string, body: () => R): R { return body(); }
 
   private adamwF32(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
     const p = this.f(param, 'adamw param'), g = this.f(grad, 'adamw grad'), mm = this.f(m, 'adamw m'), vv = this.f(v, 'adamw v');

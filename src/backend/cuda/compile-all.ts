@@ -121,6 +121,6 @@ export function representativeSpecs(): KernelSpec[] {
     mk('loss', { kind, withGrad: false, dlogits: F, block: 512 });
     for (const dlogits of [F, B]) mk('loss', { kind, withGrad: true, dlogits, block: 512 });
   }
-  for (const copy of ['none', F, B]) mk('adamw', { copy, block: 256 });
+  for (const copy of ['none', F, B]) { mk('adamw', { copy, block: 256 }); mk('adamw_multi', { copy, block: 256 }); }
   return specs;
 }

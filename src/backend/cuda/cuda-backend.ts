@@ -22,12 +22,18 @@
  * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's D = rowsum(dout ∘ out) and
  * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
  * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
- * ops never allocate. Everything runs on one stream (the legacy default stream); the only host syncs inside ops are
- * sumSquares and download, so a step could later be captured as a CUDA graph.
+ * ops never allocate (adamwSegments builds its chunk table once per segment list, outside any graph). Everything runs on
+ * one stream the backend creates; the only host syncs inside ops are sumSquares and download.
+ *
+ * Captured regions (Backend.captured, graphs.ts): inside one, every launch, GEMM, memset and copy is recorded as an op
+ * with its full arguments instead of being issued, then handed to the GraphRunner, which runs the ops, captures them
+ * into a CUDA graph, or replays that graph. Kernels are loaded from the (sealed) cache while recording, so a miss there
+ * is the same loud event as anywhere. Uploads inside a region are allowed only before its first op (they run at once,
+ * ordered before the region's work on the stream); downloads and sumSquares are refused there.
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
 import { LOSS_STATS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -53,6 +59,8 @@ import {
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
+import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
+import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
 
 /** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
 export const ELEM_BLOCK = 256;
@@ -126,6 +134,10 @@ export interface DeviceParts {
   log?: (line: string) => void;
   /** Op-level GPU profile printed on dispose (default: DISTILLERY_CUDA_PROFILE=1). See profile.ts. */
   profile?: boolean;
+  /** Replay captured regions as CUDA graphs (default on; DISTILLERY_CUDA_GRAPHS=0 turns them off). See graphs.ts. */
+  graphs?: boolean;
+  /** Print the region timeline on dispose (default: DISTILLERY_CUDA_TIMELINE=1, or with the profile). */
+  timeline?: boolean;
 }
 
 /** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
@@ -174,6 +186,17 @@ export class CudaBackend implements Backend {
   readonly scratchBlocks: number;
   /** The op profiler (device mode with the profile on); null otherwise, and then each op pays one null check. */
   private readonly prof: OpProfiler | null = null;
+  /** Captured regions and the timeline (device mode). */
+  private readonly graphs: GraphRunner | null = null;
+  private readonly printTimeline: boolean = false;
+  /** The ops of the captured region being recorded (null outside one). */
+  private rec: GraphOp[] | null = null;
+  private recLabel = '';
+  /** The mode the last captured region ran in (tests and the bench read it). */
+  lastRegionMode: RegionMode | null = null;
+  /** AdamW's per-step values in device memory (ADAMW_SCALARS floats) and the chunk tables of adamwSegments. */
+  private adamScalars: CudaBuf | null = null;
+  private readonly chunkTables = new Map<string, { buf: CudaBuf; chunks: number }>();
 
   constructor(mode: 'trace', trace?: TraceOptions);
   constructor(mode: 'device', parts: DeviceParts);
@@ -190,6 +213,7 @@ export class CudaBackend implements Backend {
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
+      parts!.driver.useStream();
       const base = koffiAddress(this.argSlots);
       for (let i = 0; i < MAX_ARGS; i++) this.argPtrs.writeBigUInt64LE(base + BigInt(i * 8), i * 8);
       this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
@@ -198,9 +222,15 @@ export class CudaBackend implements Backend {
       this.colPart = this.rawAlloc(this.colsumFloats, 'column-reduction partials');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
       this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
+      // The stream first: cublasSetStream resets the workspace.
+      this.dev.cublas.setStream(parts!.driver.currentStream);
       this.dev.cublas.setWorkspace(this.workspace.ptr, ws);
       this.dev.cublas.setMathMode(parts!.tf32 ?? false);
+      this.adamScalars = this.rawAlloc(ADAMW_SCALARS, 'AdamW step values');
       if (parts!.profile ?? profileFromEnv()) this.prof = new OpProfiler(parts!.driver);
+      const log = parts!.log ?? ((l: string) => process.stderr.write(`${l}\n`));
+      this.graphs = new GraphRunner(parts!.driver, { enabled: parts!.graphs ?? graphsFromEnv(), log, profile: this.prof });
+      this.printTimeline = parts!.timeline ?? (timelineFromEnv() || this.prof !== null);
     }
   }
 
@@ -241,16 +271,71 @@ export class CudaBackend implements Backend {
       const o = i * 8;
       switch (a.t) {
         case 'p': s.writeBigUInt64LE(a.v, o); break;
-        case 'i': s.writeInt32LE(a.v, o); break;
+        // 4-byte arguments clear the slot's upper half: a recorded op's fingerprint is its whole argument bytes.
+        case 'i': s.writeInt32LE(a.v, o); s.writeInt32LE(0, o + 4); break;
         case 'l': s.writeBigInt64LE(BigInt(a.v), o); break;
-        case 'f': s.writeFloatLE(a.v, o); break;
+        case 'f': s.writeFloatLE(a.v, o); s.writeInt32LE(0, o + 4); break;
       }
+    }
+    const driver = this.dev.driver, ptrs = this.argPtrs;
+    if (this.rec) {
+      const bytes = Buffer.from(s.subarray(0, args.length * 8));
+      const what = `launching ${spec.describe()} grid=${grid.join('x')}`;
+      this.rec.push({
+        fp: `k ${spec.id} ${grid.join(',')} ${block} ${smem} ${bytes.toString('hex')}`, key: spec.family,
+        issue: () => { bytes.copy(s); driver.launch(fn, grid, block, smem, ptrs, what); },
+      });
+      return;
     }
     const prof = this.prof;
     prof?.begin();
-    this.dev.driver.launch(fn, grid, block, smem, this.argPtrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
+    driver.launch(fn, grid, block, smem, ptrs, `launching ${spec.describe()} grid=${grid.join('x')}`);
     prof?.end(spec.family);
   }
+
+  /** Records a non-kernel op inside a captured region, or issues it now (profiled) outside one. */
+  private emit(fp: string, key: string, issue: () => void): void {
+    if (this.rec) { this.rec.push({ fp, key, issue }); return; }
+    const prof = this.prof;
+    prof?.begin();
+    issue();
+    prof?.end(key);
+  }
+
+  /** A host transfer inside a captured region: uploads only before the region's first op; nothing read back. */
+  private hostTransfer(what: string, upload: boolean): void {
+    if (this.rec === null) return;
+    if (upload && this.rec.length === 0) return;
+    throw new Error(upload
+      ? `${what} inside the captured region "${this.recLabel}" after its first GPU op: upload a region's inputs before its work`
+      : `${what} inside the captured region "${this.recLabel}": a region only issues GPU work; read results after it`);
+  }
+
+  captured<R>(label: string, body: () => R): R {
+    if (!this.dev || !this.graphs) return body();
+    if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.recLabel}"`);
+    const t0 = performance.now();
+    this.rec = [];
+    this.recLabel = label;
+    let ops: GraphOp[];
+    let out: R;
+    try {
+      out = body();
+    } finally {
+      ops = this.rec;
+      this.rec = null;
+    }
+    this.lastRegionMode = this.graphs.run(label, ops, performance.now() - t0);
+    return out;
+  }
+
+  /** Regions replayed from CUDA graphs and graphs captured so far. */
+  get graphStats(): { captures: number; replays: number; enabled: boolean } {
+    return { captures: this.graphs?.captures ?? 0, replays: this.graphs?.replays ?? 0, enabled: this.graphs?.enabled ?? false };
+  }
+
+  /** The region timeline so far (waits for the GPU); empty in trace mode. */
+  timeline(): TimelineRow[] { return this.graphs?.timeline() ?? []; }
 
   /**
    * C = op(A)·op(B) (+ C), column-major. A and B share a dtype (the callers check): f32 → cublasSgemm (the handle's
@@ -260,17 +345,16 @@ export class CudaBackend implements Backend {
   private gemm(transA: number, transB: number, m: number, n: number, k: number, A: Buf, lda: number, B: Buf, ldb: number,
     C: Buf, ldc: number, accumulate: boolean, what: string, profKey: string): void {
     if (!this.dev) return;
-    const prof = this.prof;
-    prof?.begin();
+    const cublas = this.dev.cublas;
+    const a = (A as CudaBuf).ptr, b = (B as CudaBuf).ptr, c = (C as CudaBuf).ptr;
+    const fp = `g ${A.dtype} ${C.dtype} ${transA} ${transB} ${m} ${n} ${k} ${a} ${lda} ${b} ${ldb} ${c} ${ldc} ${accumulate ? 1 : 0}`;
     if (A.dtype === 'bf16') {
-      this.dev.cublas.gemmEx(transA, transB, m, n, k, (A as CudaBuf).ptr, CUDA_R_16BF, lda, (B as CudaBuf).ptr, CUDA_R_16BF, ldb,
-        (C as CudaBuf).ptr, C.dtype === 'bf16' ? CUDA_R_16BF : CUDA_R_32F, ldc, accumulate, what);
+      const cType = C.dtype === 'bf16' ? CUDA_R_16BF : CUDA_R_32F;
+      this.emit(fp, profKey, () => cublas.gemmEx(transA, transB, m, n, k, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, c, cType, ldc, accumulate, what));
     } else {
       if (C.dtype !== 'f32') throw new Error(`${what}: an f32 matrix product cannot write the bf16 output ${(C as CudaBuf).label}`);
-      this.dev.cublas.sgemm(transA, transB, m, n, k, (A as CudaBuf).ptr, lda, (B as CudaBuf).ptr, ldb, (C as CudaBuf).ptr, ldc,
-        accumulate, what);
+      this.emit(fp, profKey, () => cublas.sgemm(transA, transB, m, n, k, a, lda, b, ldb, c, ldc, accumulate, what));
     }
-    prof?.end(profKey);
   }
 
   // ---- memory ---------------------------------------------------------------------------------------
@@ -308,6 +392,7 @@ export class CudaBackend implements Backend {
   upload(dst: Buf, src: ArrayLike<number>, dstOffset = 0): void {
     const d = this.own(dst, 'upload');
     if (dstOffset + src.length > d.length) throw new Error(`upload of ${src.length} at ${dstOffset} overflows ${d.label} (${d.length})`);
+    this.hostTransfer(`uploading ${d.label}`, true);
     if (!this.dev || src.length === 0) return;
     const f = d.dtype === 'bf16' ? packBf16(src) : src instanceof Float32Array ? src : Float32Array.from(src);
     this.dev.driver.htod(d.ptr + BigInt(dstOffset * d.elem), f, f.length * d.elem, `uploading ${d.label}`);
@@ -316,12 +401,14 @@ export class CudaBackend implements Backend {
   uploadInt(dst: IntBuf, src: Int32Array): void {
     const d = this.own(dst, 'uploadInt');
     if (src.length > d.length) throw new Error(`uploadInt of ${src.length} overflows ${d.label} (${d.length})`);
+    this.hostTransfer(`uploading ${d.label}`, true);
     if (!this.dev || src.length === 0) return;
     this.dev.driver.htod(d.ptr, src, src.length * 4, `uploading ${d.label}`);
   }
 
   download(src: Buf): Float32Array {
     const s = this.own(src, 'download');
+    this.hostTransfer(`downloading ${s.label}`, false);
     if (s.dtype === 'bf16') {
       const h = new Uint16Array(s.length);
       if (this.dev && s.length > 0) this.dev.driver.dtoh(h, s.ptr, s.length * 2, `downloading ${s.label}`);
@@ -335,10 +422,9 @@ export class CudaBackend implements Backend {
   zero(buf: Buf): void {
     const b = this.own(buf, 'zero');
     if (this.dev && b.length > 0) {
-      this.prof?.begin();
-      if (b.dtype === 'f32') this.dev.driver.memsetD32(b.ptr, 0, b.length, `zeroing ${b.label}`);
-      else this.dev.driver.memsetD8(b.ptr, 0, b.length * b.elem, `zeroing ${b.label}`);
-      this.prof?.end('memset (zero)');
+      const driver = this.dev.driver, ptr = b.ptr, what = `zeroing ${b.label}`;
+      if (b.dtype === 'f32') this.emit(`z32 ${ptr} ${b.length}`, 'memset (zero)', () => driver.memsetD32(ptr, 0, b.length, what));
+      else this.emit(`z8 ${ptr} ${b.length * b.elem}`, 'memset (zero)', () => driver.memsetD8(ptr, 0, b.length * b.elem, what));
     }
   }
 
@@ -350,9 +436,8 @@ export class CudaBackend implements Backend {
       return;
     }
     if (this.dev && s.length > 0) {
-      this.prof?.begin();
-      this.dev.driver.dtod(d.ptr, s.ptr, s.length * s.elem, `copying ${s.label} to ${d.label}`);
-      this.prof?.end('memcpy (device to device)');
+      const driver = this.dev.driver, dp = d.ptr, sp = s.ptr, bytes = s.length * s.elem, what = `copying ${s.label} to ${d.label}`;
+      this.emit(`c ${dp} ${sp} ${bytes}`, 'memcpy (device to device)', () => driver.dtod(dp, sp, bytes, what));
     }
   }
 
@@ -377,6 +462,13 @@ export class CudaBackend implements Backend {
       };
       attempt('synchronize', () => dev.driver.synchronize('finishing before dispose'));
       log(dev.cache.summary());
+      const graphs = this.graphs;
+      if (graphs) {
+        if (this.printTimeline) attempt('reading the timeline', () => log(formatTimeline(graphs.timeline())));
+        const g = this.graphStats;
+        if (g.captures > 0) log(`[cuda-graphs] ${g.captures} graphs captured, ${g.replays} replays`);
+        graphs.dispose((e) => log(`[cuda] dispose: graphs: ${e instanceof Error ? e.message : String(e)}`));
+      }
       const prof = this.prof;
       if (prof) {
         attempt('reading the op profile', () => log(this.profileTable()!));
@@ -387,6 +479,7 @@ export class CudaBackend implements Backend {
       this.modules.length = 0;
       this.fns.clear();
       attempt('destroying the cuBLAS handle', () => dev.cublas.destroy());
+      attempt('destroying the stream', () => dev.driver.destroyStream());
       attempt('releasing the CUDA context', () => dev.driver.release());
     }
     this.allocations.length = 0;
@@ -454,6 +547,7 @@ export class CudaBackend implements Backend {
   sumSquares(buf: Buf, n: number): number {
     this.need(buf, n, 'sumSquares');
     if (n <= 0) return 0;
+    this.hostTransfer('sumSquares', false);
     const blocks = Math.min(this.scratchBlocks, Math.ceil(n / ELEM_BLOCK));
     const spec = sumSquares.make({ x: D(buf), block: ELEM_BLOCK });
     this.launch(spec, [blocks, 1, 1], ELEM_BLOCK, [P(this.partials), P(buf), L(n)]);
@@ -783,9 +877,53 @@ export class CudaBackend implements Backend {
     this.launch(spec, [blocksFor(Math.ceil(n / 4), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(param), P(grad), P(m), P(v), P(copy), L(n), F(s.beta1), F(s.beta2), F(s.eps), F(s.lr), F(s.weightDecay), F(s.gradScale), F(bc1), F(bc2)]);
   }
+
+  /**
+   * One launch over every segment (adamw_multi): the chunk table is built and uploaded the first time a segment list
+   * is seen; the step's lr, gradient scale and bias corrections are uploaded into a device buffer the kernel reads (a
+   * captured optimizer region replays with each step's values: upload first, then the launch).
+   */
+  adamwSegments(param: Buf, grad: Buf, m: Buf, v: Buf, segments: readonly AdamWSegment[], s: AdamWStep, copy: Buf | null = null): void {
+    let end = 0;
+    for (const t of segments) {
+      if (!(Number.isInteger(t.offset) && Number.isInteger(t.size) && t.offset >= 0 && t.size >= 0)) {
+        throw new Error(`adamwSegments: bad segment [${t.offset}, +${t.size})`);
+      }
+      end = Math.max(end, t.offset + t.size);
+    }
+    for (const x of [param, grad, m, v]) this.need(x, end, 'adamwSegments');
+    this.f32Only('adamwSegments', [['param', param], ['grad', grad], ['m', m], ['v', v]]);
+    if (copy !== null) {
+      this.need(copy, end, 'adamwSegments');
+      if (overlaps(copy as CudaBuf, param as CudaBuf)) throw new Error('adamwSegments: the compute copy may not alias param');
+    }
+    if (!(s.step >= 1)) throw new Error(`adamwSegments: step must be >= 1 (1-based), got ${s.step}`);
+    const key = segmentsKey(segments);
+    let table = this.chunkTables.get(key);
+    if (!table) {
+      const host = adamwChunkTable(segments);
+      const buf = this.rawAlloc(Math.max(host.length, ADAMW_CHUNK_WORDS), 'AdamW chunk table');
+      // Set-up, not region work: issued at once even while a region records (it is ordered before the region's ops).
+      if (this.dev && host.length > 0) this.dev.driver.htod(buf.ptr, host, host.length * 4, 'uploading the AdamW chunk table');
+      table = { buf, chunks: host.length / ADAMW_CHUNK_WORDS };
+      this.chunkTables.set(key, table);
+    }
+    if (table.chunks === 0) return;
+    const scal = this.adamScalars ?? this.rawAlloc(ADAMW_SCALARS, 'AdamW step values');
+    this.adamScalars = scal;
+    this.upload(scal, [s.lr, s.gradScale, 1 - Math.pow(s.beta1, s.step), 1 - Math.pow(s.beta2, s.step)]);
+    const spec = adamwMultiKernel.make({ copy: copy === null ? 'none' : D(copy), block: ELEM_BLOCK });
+    this.launch(spec, [table.chunks, 1, 1], ELEM_BLOCK,
+      [P(param), P(grad), P(m), P(v), P(copy), P(table.buf), P(scal), F(s.beta1), F(s.beta2), F(s.eps), F(s.weightDecay)]);
+  }
 }
 
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
+
+/** The key of a segment list (its chunk table is built once per distinct list). */
+function segmentsKey(segs: readonly AdamWSegment[]): string {
+  return segs.map((t) => `${t.offset}:${t.size}:${t.decay ? 1 : 0}`).join(',');
+}
 
 /** The profile key's dtype tag of a matrix product: '' for f32 (the keys as before), ' bf16' for bf16 operands. */
 function gemmTag(a: Buf): string { return a.dtype === 'f32' ? '' : ` ${a.dtype}`; }

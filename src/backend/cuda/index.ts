@@ -37,6 +37,10 @@ export interface CudaBackendOptions {
   attnDkvFloats?: number;
   /** Training attention forward on TF32 tensor cores (see DeviceParts.attention); default: 'mma' with tf32, else 'simt'. */
   attention?: 'simt' | 'mma';
+  /** Replay captured regions as CUDA graphs (default on; DISTILLERY_CUDA_GRAPHS=0 turns them off). */
+  graphs?: boolean;
+  /** Op profile (default DISTILLERY_CUDA_PROFILE). */
+  profile?: boolean;
 }
 
 export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
@@ -56,6 +60,8 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
     attention: o.attention ?? attentionFor(o.tf32 ?? false),
+    ...(o.graphs !== undefined ? { graphs: o.graphs } : {}),
+    ...(o.profile !== undefined ? { profile: o.profile } : {}),
   });
 }
 

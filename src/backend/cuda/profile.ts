@@ -1,8 +1,11 @@
 /**
  * Op-level GPU profile for the CUDA backend (`DISTILLERY_CUDA_PROFILE=1`).
  *
- * Each kernel launch, cuBLAS GEMM and device memset/copy is bracketed by two CUDA events recorded on the
- * (single) stream; nothing synchronizes per op. Events come from a fixed pool: when it runs dry the profiler
+ * Each kernel launch, cuBLAS GEMM and device memset/copy issued outside a CUDA graph is bracketed by two CUDA events
+ * recorded on the backend's stream; nothing synchronizes per op. Such an op's time includes any wait for the host's
+ * next launch (a short kernel behind a slow host reads long). Ops of a replayed region run in a profiled graph with an
+ * event node between every two ops (graphs.ts): their times are the GPU's alone, which is what a GEMM timed by itself
+ * gives. Events come from a fixed pool: when it runs dry the profiler
  * synchronizes once, reads every pending pair's elapsed time into the per-key totals and recycles the events.
  * On dispose the backend prints `formatProfile(...)`: one row per op key (kernel family, or `cublas <op> <shape>`),
  * calls, total ms, % of the profiled total, sorted by time. Off by default: the backend then holds no profiler
@@ -70,6 +73,12 @@ export class OpProfiler {
     this.pending.push({ key, a, b });
   }
 
+  /** Files a time measured elsewhere (an op inside a profiled CUDA graph, src/backend/cuda/graphs.ts). */
+  add(key: string, ms: number): void {
+    const t = this.totals.get(key);
+    if (t) { t.calls++; t.ms += ms; } else this.totals.set(key, { calls: 1, ms });
+  }
+
   /** Waits for the GPU, reads every pending pair into the totals, recycles their events. */
   flush(): void {
     if (this.pending.length === 0) return;
@@ -121,7 +130,7 @@ export function formatProfile(rows: readonly ProfileRow[], wallMs?: number): str
   const fmt = (r: readonly string[]): string =>
     `[cuda-profile] ${r.map((c, i) => (i === 0 ? c.padEnd(width[i]!) : c.padStart(width[i]!))).join('  ')}`.trimEnd();
   const lines = [
-    `[cuda-profile] GPU time per op (CUDA events around each launch, GEMM, memset and copy)` +
+    `[cuda-profile] GPU time per op (CUDA events around each launch, GEMM, memset and copy; inside CUDA graphs for replayed regions)` +
       (wallMs !== undefined ? `; host wall time covered: ${wallMs.toFixed(0)} ms` : ''),
     fmt(head),
     ...body.slice(0, -1).map(fmt),

@@ -34,6 +34,7 @@ export class Cublas {
       create: l.func('int cublasCreate_v2(_Out_ void **handle)'),
       destroy: l.func('int cublasDestroy_v2(void *handle)'),
       setMathMode: l.func('int cublasSetMathMode(void *handle, int mode)'),
+      setStream: l.func('int cublasSetStream_v2(void *handle, void *stream)'),
       setWorkspace: l.func('int cublasSetWorkspace_v2(void *handle, uint64_t workspace, size_t bytes)'),
       sgemm: l.func('int cublasSgemm_v2(void *handle, int transa, int transb, int m, int n, int k, const float *alpha, uint64_t A, int lda, uint64_t B, int ldb, const float *beta, uint64_t C, int ldc)'),
       gemmEx: l.func('int cublasGemmEx(void *handle, int transa, int transb, int m, int n, int k, const float *alpha, uint64_t A, int Atype, int lda, uint64_t B, int Btype, int ldb, const float *beta, uint64_t C, int Ctype, int ldc, int computeType, int algo)'),
@@ -51,6 +52,10 @@ export class Cublas {
 
   setMathMode(tf32: boolean): void {
     this.check(this.f.setMathMode!(this.handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), 'cublasSetMathMode', 'configuring cuBLAS');
+  }
+  /** Orders cuBLAS's work on `stream` (call before setWorkspace: setting the stream resets the workspace). */
+  setStream(stream: unknown): void {
+    this.check(this.f.setStream!(this.handle, stream), 'cublasSetStream', 'giving cuBLAS the backend\'s stream');
   }
   setWorkspace(ptr: bigint, bytes: number): void {
     this.check(this.f.setWorkspace!(this.handle, ptr, bytes), 'cublasSetWorkspace', 'giving cuBLAS its workspace');

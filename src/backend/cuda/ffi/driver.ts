@@ -1,7 +1,8 @@
 /**
  * CUDA driver API bindings (koffi, libcuda.so.1). Device pointers are bigint (CUdeviceptr, 64-bit).
  * Every call is checked: a non-zero CUresult becomes a CudaError naming the code (cuGetErrorName), the call
- * and what we were doing. Everything runs on the legacy default stream (one stream, graph-capturable later).
+ * and what we were doing. Work is ordered on one stream the backend creates (`useStream`): launches, async copies and
+ * memsets, events, and the CUDA graphs captured from it (stream capture, instantiate, launch).
  */
 import koffi from 'koffi';
 import { CUDA_ERROR_FALLBACK, CudaError, formatBytes, hintFor } from './status.js';
@@ -52,6 +53,23 @@ export class CudaDriver {
       eventDestroy: l.func('int cuEventDestroy_v2(void *ev)'),
       funcSetAttribute: l.func('int cuFuncSetAttribute(void *hfunc, int attrib, int value)'),
       launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
+      streamCreate: l.func('int cuStreamCreate(_Out_ void **stream, unsigned int flags)'),
+      streamDestroy: l.func('int cuStreamDestroy_v2(void *stream)'),
+      streamSynchronize: l.func('int cuStreamSynchronize(void *stream)'),
+      memcpyHtoDAsync: l.func('int cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t bytes, void *stream)'),
+      memcpyDtoHAsync: l.func('int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t bytes, void *stream)'),
+      memcpyDtoDAsync: l.func('int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
+      memsetD32Async: l.func('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void *stream)'),
+      memsetD8Async: l.func('int cuMemsetD8Async(uint64_t dst, unsigned char value, size_t n, void *stream)'),
+      eventRecordWithFlags: l.func('int cuEventRecordWithFlags(void *ev, void *stream, unsigned int flags)'),
+      eventSynchronize: l.func('int cuEventSynchronize(void *ev)'),
+      eventQuery: l.func('int cuEventQuery(void *ev)'),
+      streamBeginCapture: l.func('int cuStreamBeginCapture_v2(void *stream, int mode)'),
+      streamEndCapture: l.func('int cuStreamEndCapture(void *stream, _Out_ void **graph)'),
+      graphInstantiate: l.func('int cuGraphInstantiateWithFlags(_Out_ void **exec, void *graph, unsigned long long flags)'),
+      graphLaunch: l.func('int cuGraphLaunch(void *exec, void *stream)'),
+      graphExecDestroy: l.func('int cuGraphExecDestroy(void *exec)'),
+      graphDestroy: l.func('int cuGraphDestroy(void *graph)'),
     };
     this.check(this.f.init!(0), 'cuInit', 'initializing the CUDA driver');
     const count = [0];
@@ -97,22 +115,43 @@ export class CudaDriver {
     return BigInt(p[0]!);
   }
   memFree(ptr: bigint): void { this.check(this.f.memFree!(ptr), 'cuMemFree', 'freeing device memory'); }
-  htod(dst: bigint, src: ArrayBufferView, bytes: number, context: string): void {
-    this.check(this.f.memcpyHtoD!(dst, src, bytes), `cuMemcpyHtoD(${formatBytes(bytes)})`, context);
+  /** The stream every op below is ordered on (null: the legacy default stream, before useStream). */
+  private stream: unknown = null;
+
+  /** Creates the backend's stream (non-blocking: nothing on the legacy stream orders against it) and uses it from now on. */
+  useStream(): void {
+    const st: unknown[] = [null];
+    this.check(this.f.streamCreate!(st, 1 /* CU_STREAM_NON_BLOCKING */), 'cuStreamCreate', 'creating the CUDA stream');
+    this.stream = st[0];
   }
+  /** The stream (for cuBLAS's cublasSetStream). */
+  get currentStream(): unknown { return this.stream; }
+  destroyStream(): void {
+    if (this.stream === null) return;
+    const st = this.stream;
+    this.stream = null;
+    this.check(this.f.streamDestroy!(st), 'cuStreamDestroy', 'destroying the CUDA stream');
+  }
+
+  /** Host to device, ordered on the stream; the host bytes are consumed before the call returns (pageable memory is staged). */
+  htod(dst: bigint, src: ArrayBufferView, bytes: number, context: string): void {
+    this.check(this.f.memcpyHtoDAsync!(dst, src, bytes, this.stream), `cuMemcpyHtoDAsync(${formatBytes(bytes)})`, context);
+  }
+  /** Device to host after everything queued before it on the stream; returns when the bytes are on the host. */
   dtoh(dst: ArrayBufferView, src: bigint, bytes: number, context: string): void {
-    this.check(this.f.memcpyDtoH!(dst, src, bytes), `cuMemcpyDtoH(${formatBytes(bytes)})`, context);
+    this.check(this.f.memcpyDtoHAsync!(dst, src, bytes, this.stream), `cuMemcpyDtoHAsync(${formatBytes(bytes)})`, context);
+    this.check(this.f.streamSynchronize!(this.stream), 'cuStreamSynchronize', context);
   }
   dtod(dst: bigint, src: bigint, bytes: number, context: string): void {
-    this.check(this.f.memcpyDtoD!(dst, src, bytes), `cuMemcpyDtoD(${formatBytes(bytes)})`, context);
+    this.check(this.f.memcpyDtoDAsync!(dst, src, bytes, this.stream), `cuMemcpyDtoDAsync(${formatBytes(bytes)})`, context);
   }
   /** Sets n bytes at dst to value (bf16 buffers are zeroed bytewise: their length in 32-bit words may be odd). */
   memsetD8(dst: bigint, value: number, n: number, context: string): void {
-    this.check(this.f.memsetD8!(dst, value & 0xff, n), 'cuMemsetD8', context);
+    this.check(this.f.memsetD8Async!(dst, value & 0xff, n, this.stream), 'cuMemsetD8Async', context);
   }
 
   memsetD32(dst: bigint, value: number, n: number, context: string): void {
-    this.check(this.f.memsetD32!(dst, value >>> 0, n), 'cuMemsetD32', context);
+    this.check(this.f.memsetD32Async!(dst, value >>> 0, n, this.stream), 'cuMemsetD32Async', context);
   }
   memInfo(): { free: number; total: number } {
     const f = [0], t = [0];
@@ -120,14 +159,47 @@ export class CudaDriver {
     return { free: Number(f[0]), total: Number(t[0]) };
   }
   synchronize(context: string): void { this.check(this.f.ctxSynchronize!(), 'cuCtxSynchronize', context); }
+  streamSynchronize(context: string): void { this.check(this.f.streamSynchronize!(this.stream), 'cuStreamSynchronize', context); }
 
-  // Events (the op profile, DISTILLERY_CUDA_PROFILE=1): recorded on the legacy default stream.
+  // CUDA graphs: capture what is issued on the stream, instantiate it once, launch it on the stream.
+  /** Starts capturing the stream (thread-local mode: other threads' unsafe calls do not invalidate it). */
+  beginCapture(context: string): void {
+    this.check(this.f.streamBeginCapture!(this.stream, 1 /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */), 'cuStreamBeginCapture', context);
+  }
+  /** Ends the capture and instantiates the graph; returns the executable graph (the graph itself is destroyed). */
+  endCapture(context: string): unknown {
+    const g: unknown[] = [null];
+    this.check(this.f.streamEndCapture!(this.stream, g), 'cuStreamEndCapture', context);
+    const exec: unknown[] = [null];
+    try {
+      this.check(this.f.graphInstantiate!(exec, g[0], 0), 'cuGraphInstantiateWithFlags', context);
+    } finally {
+      this.check(this.f.graphDestroy!(g[0]), 'cuGraphDestroy', context);
+    }
+    return exec[0];
+  }
+  graphLaunch(exec: unknown, context: string): void { this.check(this.f.graphLaunch!(exec, this.stream), 'cuGraphLaunch', context); }
+  graphDestroy(exec: unknown): void { this.check(this.f.graphExecDestroy!(exec), 'cuGraphExecDestroy', 'destroying a CUDA graph'); }
+
+  // Events (the op profile and the step timeline): recorded on the stream.
   eventCreate(): unknown {
     const ev: unknown[] = [null];
     this.check(this.f.eventCreate!(ev, 0), 'cuEventCreate', 'creating a profile event');
     return ev[0];
   }
-  eventRecord(ev: unknown): void { this.check(this.f.eventRecord!(ev, null), 'cuEventRecord', 'recording a profile event'); }
+  eventRecord(ev: unknown): void { this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', 'recording an event'); }
+  /** Inside a capture: an event-record node of the graph (CU_EVENT_RECORD_EXTERNAL), which its replays record. */
+  eventRecordNode(ev: unknown): void {
+    this.check(this.f.eventRecordWithFlags!(ev, this.stream, 1 /* CU_EVENT_RECORD_EXTERNAL */), 'cuEventRecordWithFlags', 'recording a graph event');
+  }
+  /** Whether the event has completed (CUDA_ERROR_NOT_READY: not yet). */
+  eventQuery(ev: unknown): boolean {
+    const rc = this.f.eventQuery!(ev) as number;
+    if (rc === 600) return false;
+    this.check(rc, 'cuEventQuery', 'querying an event');
+    return true;
+  }
+  eventSynchronize(ev: unknown): void { this.check(this.f.eventSynchronize!(ev), 'cuEventSynchronize', 'waiting for an event'); }
   eventElapsedMs(start: unknown, end: unknown): number {
     const ms = [0];
     this.check(this.f.eventElapsedTime!(ms, start, end), 'cuEventElapsedTime', 'reading a profile event');
@@ -156,7 +228,7 @@ export class CudaDriver {
   /** params: a buffer of pointers to each argument's storage (CUDA copies them at launch). */
   launch(fn: unknown, grid: readonly [number, number, number], block: number, shmem: number, params: Buffer, context: string): void {
     this.check(
-      this.f.launchKernel!(fn, grid[0], grid[1], grid[2], block, 1, 1, shmem, null, params, null),
+      this.f.launchKernel!(fn, grid[0], grid[1], grid[2], block, 1, 1, shmem, this.stream, params, null),
       'cuLaunchKernel', context,
     );
   }

@@ -226,6 +226,17 @@ extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout
 
 type AdamP = { copy: string; block: number };
 
+/** One element of AdamW (both AdamW kernels): the same arithmetic as the CPU backend's adamw. */
+const ADAMW_ONE = `struct AdamConst { float beta1, beta2, eps, lr, wd, gradScale, bc1, bc2; };
+__device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, const AdamConst& k) {
+  float g = gr * k.gradScale;
+  float mi = k.beta1 * m + (1.0f - k.beta1) * g;
+  float vi = k.beta2 * v + (1.0f - k.beta2) * g * g;
+  m = mi;
+  v = vi;
+  p = p * (1.0f - k.lr * k.wd) - k.lr * (mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps);
+}`;
+
 /** The dtypes AdamW's optional compute copy may have ('none': no copy). */
 export const ADAMW_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 
@@ -245,15 +256,7 @@ export const adamwKernel = defineFamily<AdamP>({
     const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
     return `#define BLOCK ${p.block}
 ${dtypeHelpers()}
-struct AdamConst { float beta1, beta2, eps, lr, wd, gradScale, bc1, bc2; };
-__device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v, const AdamConst& k) {
-  float g = gr * k.gradScale;
-  float mi = k.beta1 * m + (1.0f - k.beta1) * g;
-  float vi = k.beta2 * v + (1.0f - k.beta2) * g * g;
-  m = mi;
-  v = vi;
-  p = p * (1.0f - k.lr * k.wd) - k.lr * (mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps);
-}
+${ADAMW_ONE}
 /* float4 over the first n/4·4 elements when param/grad/m/v are 16-byte aligned (views may not be), then scalar.
    The copy (if any) is stored per element (its own alignment does not matter). */
 extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, ${cp ? `${ctype(p.copy)}* copy` : 'void* nocopy'}, long long n,
@@ -280,3 +283,77 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
 `;
   },
 });
+
+/** Elements one block of adamw_multi updates (one chunk of the table; a tensor is cut into chunks of at most this many). */
+export const ADAMW_CHUNK = 16384;
+/** Int32 words per chunk-table entry: start (low, high), length, decay flag. */
+export const ADAMW_CHUNK_WORDS = 4;
+/** Floats of the per-step values adamw_multi reads from device memory: lr, gradient scale, bias corrections 1 and 2. */
+export const ADAMW_SCALARS = 4;
+
+/**
+ * AdamW over a whole flat parameter buffer in one launch (the multi-tensor update): block b updates chunk b of a table
+ * [start_lo, start_hi, length, decay] the backend builds once from the tensors' offsets, sizes and weight-decay flags.
+ * The per-step values (lr, gradient scale, bias corrections) are read from a device buffer, so a captured graph
+ * replays with each step's values; beta1, beta2, eps and the weight decay are arguments (constant over a run). The
+ * update of each element is adamwOne, the same arithmetic as the per-tensor kernel.
+ */
+export const adamwMultiKernel = defineFamily<AdamP>({
+  name: 'adamw_multi',
+  schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
+  example: { copy: 'bf16', block: 256 },
+  generate: (p) => {
+    const cp = p.copy !== 'none';
+    const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
+    return `#define BLOCK ${p.block}
+${dtypeHelpers()}
+${ADAMW_ONE}
+extern "C" __global__ void adamw_multi(float* param, const float* grad, float* m, float* v, ${cp ? `${ctype(p.copy)}* copy` : 'void* nocopy'},
+                                       const int* chunks, const float* scal, float beta1, float beta2, float eps, float wd) {
+  const int* c = chunks + ${4} * blockIdx.x;
+  const long long s0 = (long long)(unsigned int)c[0] | ((long long)c[1] << 32);
+  const int len = c[2];
+  const AdamConst k = { beta1, beta2, eps, scal[0], c[3] ? wd : 0.0f, scal[1], scal[2], scal[3] };
+  float* P = param + s0; const float* G = grad + s0; float* M = m + s0; float* V = v + s0;
+  const bool vec = ((reinterpret_cast<unsigned long long>(P) | reinterpret_cast<unsigned long long>(G) |
+                     reinterpret_cast<unsigned long long>(M) | reinterpret_cast<unsigned long long>(V)) & 15ull) == 0;
+  const int nv = vec ? len / 4 : 0;
+  for (int i = threadIdx.x; i < nv; i += BLOCK) {
+    float4 p4 = reinterpret_cast<float4*>(P)[i], m4 = reinterpret_cast<float4*>(M)[i], v4 = reinterpret_cast<float4*>(V)[i];
+    const float4 g4 = reinterpret_cast<const float4*>(G)[i];
+    adamwOne(p4.x, g4.x, m4.x, v4.x, k);
+    adamwOne(p4.y, g4.y, m4.y, v4.y, k);
+    adamwOne(p4.z, g4.z, m4.z, v4.z, k);
+    adamwOne(p4.w, g4.w, m4.w, v4.w, k);
+    reinterpret_cast<float4*>(P)[i] = p4;
+    reinterpret_cast<float4*>(M)[i] = m4;
+    reinterpret_cast<float4*>(V)[i] = v4;
+    ${st('s0 + 4 * i', 'p4.x')} ${st('s0 + 4 * i + 1', 'p4.y')} ${st('s0 + 4 * i + 2', 'p4.z')} ${st('s0 + 4 * i + 3', 'p4.w')}
+  }
+  for (int i = nv * 4 + threadIdx.x; i < len; i += BLOCK) { adamwOne(P[i], G[i], M[i], V[i], k); ${st('s0 + i', 'P[i]')} }
+}
+`;
+  },
+});
+
+/**
+ * The chunk table of adamw_multi for tensors (offset, size, decay) of a flat buffer: each tensor cut into chunks of at
+ * most ADAMW_CHUNK elements, ADAMW_CHUNK_WORDS int32 words each. Empty tensors take no chunk.
+ */
+export function adamwChunkTable(tensors: ReadonlyArray<{ offset: number; size: number; decay: boolean }>): Int32Array {
+  let n = 0;
+  for (const t of tensors) n += Math.ceil(t.size / ADAMW_CHUNK);
+  const out = new Int32Array(n * ADAMW_CHUNK_WORDS);
+  let i = 0;
+  for (const t of tensors) {
+    for (let o = 0; o < t.size; o += ADAMW_CHUNK) {
+      const start = t.offset + o;
+      out[i++] = start % 2 ** 32 | 0;
+      out[i++] = Math.floor(start / 2 ** 32);
+      out[i++] = Math.min(ADAMW_CHUNK, t.size - o);
+      out[i++] = t.decay ? 1 : 0;
+    }
+  }
+  return out;
+}
+

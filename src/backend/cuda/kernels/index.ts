@@ -10,7 +10,7 @@ import {
   attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, kvCacheWrite,
 } from './attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
@@ -31,7 +31,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel, convertKernel,
+  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel, adamwMultiKernel, convertKernel,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */

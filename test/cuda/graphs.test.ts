@@ -1,0 +1,166 @@
+/**
+ * Captured regions and CUDA graphs without a GPU: a device-mode CudaBackend on a fake driver whose stream keeps what
+ * is issued while capturing and runs it on cuGraphLaunch. The real training step (StepRunner + AdamW) runs its pass
+ * and its optimizer as regions: eager the first time, captured the second, replayed after; a replay issues the same
+ * kernels in the same order as the eager step; what changes per step (lr, the step number, token ids) does not
+ * change the graph, while another shape or loss does; host reads inside a region are refused.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
+import { GraphRunner, formatTimeline, graphsFromEnv, type GraphOp } from '../../src/backend/cuda/graphs.js';
+import { ADAMW_CHUNK, ADAMW_CHUNK_WORDS, adamwChunkTable } from '../../src/backend/cuda/kernels/elementwise.js';
+import { presetConfig } from '../../src/model/config.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { AdamW } from '../../src/train/optimizer.js';
+import { StepRunner, type Batch } from '../../src/train/step.js';
+import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
+
+function setup(graphs = true) {
+  const driver = fakeDriver();
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+  const lines: string[] = [];
+  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, graphs, log: (l) => lines.push(l) });
+  const cfg = { ...presetConfig('tiny', 96), numLayers: 2 };
+  const student = new Transformer(be, cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
+  const teacher = new Transformer(be, cfg, { batch: 2, seq: 8, training: false, precision: 'bf16' });
+  const runner = new StepRunner(student, teacher, { kind: 'kl', temperature: 2, alpha: 0.5, beta: 0.5 });
+  const opt = new AdamW(student, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+  return { driver, be, runner, opt, lines, cfg };
+}
+
+function batch(b: number, t: number, seed: number, vocab: number): Batch {
+  const n = b * t;
+  const inputs = Int32Array.from({ length: n }, (_, i) => (i * 7 + seed) % vocab);
+  const targets = Int32Array.from({ length: n }, (_, i) => (i * 5 + seed + 1) % vocab);
+  return { inputs, targets, mask: new Float32Array(n).fill(1), b, t };
+}
+
+/** The kernels and stream calls of one training step. */
+function step(s: ReturnType<typeof setup>, lr: number, bt: Batch): { launched: string[]; calls: string[]; modes: string[] } {
+  const l0 = s.driver.launched.length, c0 = s.driver.calls.length;
+  const modes: string[] = [];
+  const orig = s.be.captured.bind(s.be);
+  s.be.captured = <R>(label: string, body: () => R): R => { const r = orig(label, body); modes.push(`${label}:${s.be.lastRegionMode}`); return r; };
+  try {
+    s.runner.trainStep([bt], s.opt, lr, 1);
+  } finally {
+    s.be.captured = orig;
+  }
+  return { launched: s.driver.launched.slice(l0), calls: s.driver.calls.slice(c0), modes };
+}
+
+test('the training step: eager, then captured, then replayed; a replay runs the eager step\'s kernels in order', () => {
+  const s = setup();
+  const v = s.cfg.vocabSize;
+  const first = step(s, 1e-3, batch(2, 8, 1, v));
+  assert.deepEqual(first.modes, ['training pass:eager', 'optimizer:eager']);
+  assert.ok(first.launched.includes('adamw_multi'), 'the optimizer is one adamw_multi launch');
+  assert.equal(first.launched.filter((k) => k.startsWith('adamw')).length, 1);
+  // Another lr and other tokens: the same regions (what changes per step travels in device buffers).
+  const second = step(s, 5e-4, batch(2, 8, 2, v));
+  assert.deepEqual(second.modes, ['training pass:capture', 'optimizer:capture']);
+  assert.ok(second.calls.some((c) => c.startsWith('capture launch')), 'the pass was captured');
+  const third = step(s, 2e-4, batch(2, 8, 3, v));
+  assert.deepEqual(third.modes, ['training pass:replay', 'optimizer:replay']);
+  assert.equal(third.calls.filter((c) => c === 'launch').length, 1, 'only sumSquares is launched outside a graph');
+  assert.equal(third.calls.filter((c) => c === 'graphLaunch').length, 2);
+  for (const r of [second, third]) assert.deepEqual(r.launched, first.launched, 'a graph runs the eager step\'s kernels, in order');
+  // Uploads come before the graph launch (token ids, targets, weights, AdamW's step values); reads after.
+  const firstGraph = third.calls.indexOf('graphLaunch');
+  assert.ok(third.calls.slice(0, firstGraph).filter((c) => c === 'htod').length >= 3);
+  assert.deepEqual(s.be.graphStats, { captures: 2, replays: 2, enabled: true });
+  s.be.dispose();
+  assert.equal(s.driver.liveGraphs, 0, 'dispose destroys every graph');
+  assert.match(s.lines.join('\n'), /\[cuda-graphs\] 2 graphs captured, 2 replays/);
+});
+
+test('another shape is another graph (eager once, then captured); the first shape still replays', () => {
+  const s = setup();
+  const v = s.cfg.vocabSize;
+  step(s, 1e-3, batch(2, 8, 1, v));
+  step(s, 1e-3, batch(2, 8, 1, v));
+  assert.deepEqual(step(s, 1e-3, batch(1, 8, 1, v)).modes, ['training pass:eager', 'optimizer:replay']);
+  assert.deepEqual(step(s, 1e-3, batch(1, 8, 1, v)).modes, ['training pass:capture', 'optimizer:replay']);
+  assert.deepEqual(step(s, 1e-3, batch(2, 8, 1, v)).modes, ['training pass:replay', 'optimizer:replay']);
+  s.be.dispose();
+});
+
+test('graphs off: every region runs as launched, with the same kernels', () => {
+  const on = setup(true), off = setup(false);
+  const v = on.cfg.vocabSize;
+  for (let i = 0; i < 3; i++) {
+    const a = step(on, 1e-3, batch(2, 8, i, v)), b = step(off, 1e-3, batch(2, 8, i, v));
+    assert.deepEqual(a.launched, b.launched);
+    assert.deepEqual(b.modes, ['training pass:eager', 'optimizer:eager']);
+  }
+  assert.equal(off.driver.calls.filter((c) => c.includes('graphLaunch')).length, 0);
+  on.be.dispose(); off.be.dispose();
+});
+
+test('inside a region: uploads only before the first op, no download or sumSquares, no nesting; a throwing body issues nothing', () => {
+  const s = setup();
+  const a = s.be.alloc(64, 'a'), ids = s.be.allocInt(4, 'ids');
+  s.be.captured('ok', () => { s.be.uploadInt(ids, new Int32Array(4)); s.be.add(a, a, a, 64); });
+  assert.throws(() => s.be.captured('late upload', () => { s.be.add(a, a, a, 64); s.be.upload(a, [1]); }),
+    /uploading a inside the captured region "late upload" after its first GPU op/);
+  assert.throws(() => s.be.captured('read', () => { s.be.add(a, a, a, 64); s.be.download(a); }), /downloading a inside the captured region "read"/);
+  assert.throws(() => s.be.captured('norm', () => s.be.sumSquares(a, 64)), /sumSquares inside the captured region "norm"/);
+  assert.throws(() => s.be.captured('outer', () => s.be.captured('inner', () => {})), /"inner" opened inside "outer"/);
+  const before = s.driver.calls.length;
+  assert.throws(() => s.be.captured('boom', () => { s.be.add(a, a, a, 64); throw new Error('boom'); }), /boom/);
+  assert.equal(s.driver.calls.length, before, 'nothing of the failed region reached the stream');
+  // After the errors the backend records again.
+  s.be.captured('ok', () => { s.be.uploadInt(ids, new Int32Array(4)); s.be.add(a, a, a, 64); });
+  assert.equal(s.be.lastRegionMode, 'capture');
+  s.be.dispose();
+});
+
+test('the region fingerprint is every argument: a changed scalar or pointer is another graph, never a stale replay', () => {
+  const s = setup();
+  const a = s.be.alloc(64, 'a'), b = s.be.alloc(64, 'b');
+  const run = (scale: number, x = a): string | null => { s.be.captured('r', () => s.be.scale(x, scale, 64)); return s.be.lastRegionMode; };
+  assert.equal(run(2), 'eager');
+  assert.equal(run(2), 'capture');
+  assert.equal(run(2), 'replay');
+  assert.equal(run(3), 'eager', 'another scale: another region');
+  assert.equal(run(2, b), 'eager', 'another buffer: another region');
+  assert.equal(run(2), 'replay');
+  s.be.dispose();
+});
+
+test('GraphRunner: a capture that fails is logged once, the region runs eagerly, and so does every later one', () => {
+  const d = fakeDriver();
+  const lines: string[] = [];
+  const r = new GraphRunner(Object.assign(d, { beginCapture: () => { throw new Error('CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED'); } }),
+    { enabled: true, log: (l) => lines.push(l), profile: null });
+  const ops: GraphOp[] = [{ fp: 'k1', key: 'k', issue: () => d.launch('k1', [1, 1, 1], 1, 0, Buffer.alloc(0), '') }];
+  assert.equal(r.run('x', ops, 0), 'eager');
+  assert.equal(r.run('x', ops, 0), 'eager');
+  assert.equal(r.run('x', ops, 0), 'eager');
+  assert.deepEqual(d.launched, ['k1', 'k1', 'k1']);
+  assert.equal(lines.filter((l) => l.includes('[cuda-graphs] capturing x failed (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)')).length, 1);
+  assert.equal(r.enabled, false);
+  const rows = r.timeline();
+  assert.equal(rows.length, 1);
+  assert.equal(rows[0]!.calls, 3);
+  assert.match(formatTimeline(rows), /\[cuda-timeline\] x +eager +3 +1 /);
+});
+
+test('graphsFromEnv: on unless DISTILLERY_CUDA_GRAPHS is 0/false/off/no', () => {
+  assert.equal(graphsFromEnv({}), true);
+  assert.equal(graphsFromEnv({ DISTILLERY_CUDA_GRAPHS: '1' }), true);
+  for (const v of ['0', 'false', 'OFF', 'no']) assert.equal(graphsFromEnv({ DISTILLERY_CUDA_GRAPHS: v }), false, v);
+});
+
+test('adamw chunk table: every element of every segment once, chunks within one tensor, starts past 2^32 split in two words', () => {
+  const segs = [{ offset: 0, size: 5, decay: true }, { offset: 5, size: 2 * ADAMW_CHUNK + 3, decay: false }, { offset: 2 ** 32 + 7, size: 10, decay: true },
+    { offset: 9, size: 0, decay: true }];
+  const t = adamwChunkTable(segs);
+  const chunks: Array<[number, number, number]> = [];
+  for (let i = 0; i < t.length; i += ADAMW_CHUNK_WORDS) chunks.push([(t[i]! >>> 0) + t[i + 1]! * 2 ** 32, t[i + 2]!, t[i + 3]!]);
+  assert.deepEqual(chunks, [
+    [0, 5, 1], [5, ADAMW_CHUNK, 0], [5 + ADAMW_CHUNK, ADAMW_CHUNK, 0], [5 + 2 * ADAMW_CHUNK, 3, 0], [2 ** 32 + 7, 10, 1],
+  ]);
+});
