@@ -29,7 +29,9 @@
  * with its full arguments instead of being issued, then handed to the GraphRunner, which runs the ops, captures them
  * into a CUDA graph, or replays that graph. Kernels are loaded from the (sealed) cache while recording, so a miss there
  * is the same loud event as anywhere. Uploads inside a region are allowed only before its first op (they run at once,
- * ordered before the region's work on the stream); downloads and sumSquares are refused there.
+ * ordered before the region's work on the stream); downloads and sumSquares are refused there. A region is handed to
+ * the runner in segments (segmentOps) as it records, so the GPU starts on the first while the host records the rest;
+ * a body that throws has issued the segments completed before the throw, as an uncaptured body would have.
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
@@ -189,9 +191,11 @@ export class CudaBackend implements Backend {
   /** Captured regions and the timeline (device mode). */
   private readonly graphs: GraphRunner | null = null;
   private readonly printTimeline: boolean = false;
-  /** The ops of the captured region being recorded (null outside one). */
-  private rec: GraphOp[] | null = null;
-  private recLabel = '';
+  /**
+   * The captured region being recorded (null outside one): its ops since the last segment was handed to the runner,
+   * the segment's index, the ops recorded in the whole region, and when the segment's recording began.
+   */
+  private rec: { label: string; ops: GraphOp[]; seg: number; total: number; t0: number } | null = null;
   /** The mode the last captured region ran in (tests and the bench read it). */
   lastRegionMode: RegionMode | null = null;
   /** AdamW's per-step values in device memory (ADAMW_SCALARS floats) and the chunk tables of adamwSegments. */
@@ -281,7 +285,7 @@ export class CudaBackend implements Backend {
     if (this.rec) {
       const bytes = Buffer.from(s.subarray(0, args.length * 8));
       const what = `launching ${spec.describe()} grid=${grid.join('x')}`;
-      this.rec.push({
+      this.record({
         fp: `k ${spec.id} ${grid.join(',')} ${block} ${smem} ${bytes.toString('hex')}`, key: spec.family,
         issue: () => { bytes.copy(s); driver.launch(fn, grid, block, smem, ptrs, what); },
       });
@@ -295,7 +299,7 @@ export class CudaBackend implements Backend {
 
   /** Records a non-kernel op inside a captured region, or issues it now (profiled) outside one. */
   private emit(fp: string, key: string, issue: () => void): void {
-    if (this.rec) { this.rec.push({ fp, key, issue }); return; }
+    if (this.rec) { this.record({ fp, key, issue }); return; }
     const prof = this.prof;
     prof?.begin();
     issue();
@@ -305,28 +309,46 @@ export class CudaBackend implements Backend {
   /** A host transfer inside a captured region: uploads only before the region's first op; nothing read back. */
   private hostTransfer(what: string, upload: boolean): void {
     if (this.rec === null) return;
-    if (upload && this.rec.length === 0) return;
+    if (upload && this.rec.total === 0) return;
     throw new Error(upload
-      ? `${what} inside the captured region "${this.recLabel}" after its first GPU op: upload a region's inputs before its work`
-      : `${what} inside the captured region "${this.recLabel}": a region only issues GPU work; read results after it`);
+      ? `${what} inside the captured region "${this.rec.label}" after its first GPU op: upload a region's inputs before its work`
+      : `${what} inside the captured region "${this.rec.label}": a region only issues GPU work; read results after it`);
+  }
+
+  /**
+   * Adds an op to the region being recorded; a full segment goes to the runner at once (run, captured or replayed),
+   * so the GPU works on it while the host records the next. Segment k holds segmentOps(k) ops: small first (the GPU
+   * waits for the first segment's recording), larger after. Segment boundaries depend only on the op count, so the
+   * same region cuts into the same segments every time.
+   */
+  private record(op: GraphOp): void {
+    const r = this.rec!;
+    r.ops.push(op);
+    r.total++;
+    if (r.ops.length >= segmentOps(r.seg)) this.flushSegment();
+  }
+
+  private flushSegment(): void {
+    const r = this.rec!;
+    if (r.ops.length === 0) return;
+    const now = performance.now();
+    this.lastRegionMode = this.graphs!.run(r.label, r.seg, r.ops, now - r.t0);
+    r.ops = [];
+    r.seg++;
+    r.t0 = performance.now();
   }
 
   captured<R>(label: string, body: () => R): R {
     if (!this.dev || !this.graphs) return body();
-    if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.recLabel}"`);
-    const t0 = performance.now();
-    this.rec = [];
-    this.recLabel = label;
-    let ops: GraphOp[];
-    let out: R;
+    if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.rec.label}"`);
+    this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now() };
     try {
-      out = body();
+      const out = body();
+      this.flushSegment();
+      return out;
     } finally {
-      ops = this.rec;
       this.rec = null;
     }
-    this.lastRegionMode = this.graphs.run(label, ops, performance.now() - t0);
-    return out;
   }
 
   /** Regions replayed from CUDA graphs and graphs captured so far. */
@@ -919,6 +941,9 @@ export class CudaBackend implements Backend {
 }
 
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
+
+/** Ops in segment k of a captured region: 32, 64, 128, 256, then 512 each. */
+export function segmentOps(k: number): number { return Math.min(512, 32 << Math.min(k, 4)); }
 
 /** The key of a segment list (its chunk table is built once per distinct list). */
 function segmentsKey(segs: readonly AdamWSegment[]): string {

@@ -13,9 +13,11 @@
  *
  * Profiling (DISTILLERY_CUDA_PROFILE=1): a replayed region runs a second graph with an event node between every two
  * ops, so each op's time is the GPU's alone (no host gap inside a graph); eager regions are profiled op by op as before.
- * Timeline (always on in device mode): two events around every region; the table separates host time recording the
- * region, host time issuing it, and GPU time from its first op's start to its last op's end. Eager GPU time minus
- * replayed GPU time of the same region is the time the GPU waited for the host.
+ * A region reaches the runner in segments as the backend records it (cuda-backend.ts segmentOps), each segment its own
+ * graph, so the GPU runs a segment while the host records the next.
+ * Timeline (always on in device mode): two events around every segment; the table sums, per region, host time
+ * recording, host time issuing, and GPU time from each segment's first op to its last. Eager GPU time minus replayed
+ * GPU time of the same region is the time the GPU waited for the host inside it.
  */
 export interface GraphOp {
   /** Every parameter of the op (equal fingerprints: the same work). */
@@ -73,7 +75,7 @@ export const GRAPHS_PER_LABEL = 4;
 
 export class GraphRunner {
   private readonly byLabel = new Map<string, Entry[]>();
-  private readonly pending: Array<{ label: string; mode: RegionMode; ops: number; recordMs: number; issueMs: number; a: unknown; b: unknown }> = [];
+  private readonly pending: Array<{ label: string; seg: number; mode: RegionMode; ops: number; recordMs: number; issueMs: number; a: unknown; b: unknown }> = [];
   private readonly freeEvents: unknown[] = [];
   private readonly allEvents: unknown[] = [];
   private readonly rows = new Map<string, TimelineRow>();
@@ -105,18 +107,23 @@ export class GraphRunner {
       const gpu = this.d.eventElapsedMs(p.a, p.b);
       const k = `${p.label}\u0000${p.mode}`;
       const r = this.rows.get(k) ?? { label: p.label, mode: p.mode, calls: 0, ops: 0, recordMs: 0, issueMs: 0, gpuMs: 0 };
-      r.calls++; r.ops += p.ops; r.recordMs += p.recordMs; r.issueMs += p.issueMs; r.gpuMs += gpu;
+      if (p.seg === 0) r.calls++;
+      r.ops += p.ops; r.recordMs += p.recordMs; r.issueMs += p.issueMs; r.gpuMs += gpu;
       this.rows.set(k, r);
       this.freeEvents.push(p.a, p.b);
     }
     this.pending.splice(0, i);
   }
 
-  /** Runs a recorded region: eagerly, by capturing it, or by launching its graph (see the file comment). */
-  run(label: string, ops: readonly GraphOp[], recordMs: number): RegionMode {
+  /**
+   * Runs segment `seg` of a recorded region: eagerly, by capturing it, or by launching its graph (see the file
+   * comment). Each segment is its own graph; the timeline sums a region's segments under its label.
+   */
+  run(label: string, seg: number, ops: readonly GraphOp[], recordMs: number): RegionMode {
     this.collect();
-    let entries = this.byLabel.get(label);
-    if (!entries) this.byLabel.set(label, entries = []);
+    const slot = `${label}#${seg}`;
+    let entries = this.byLabel.get(slot);
+    if (!entries) this.byLabel.set(slot, entries = []);
     const fp = ops.map((o) => o.fp).join('\n');
     let e = entries.find((x) => x.fp === fp);
     if (!e) {
@@ -150,7 +157,7 @@ export class GraphRunner {
       if (mode === 'replay') this.replays++;
     }
     this.d.eventRecord(b);
-    this.pending.push({ label, mode, ops: ops.length, recordMs, issueMs: performance.now() - t0, a, b });
+    this.pending.push({ label, seg, mode, ops: ops.length, recordMs, issueMs: performance.now() - t0, a, b });
     return mode;
   }
 
