@@ -3,6 +3,8 @@
  * each matmulForward of the Qwen2.5-1.5B teacher and 0.5B student layers in bf16 (with and without a bias, into a bf16
  * and an f32 output) and in fp32/TF32, timed over repeated launches with one synchronize; prints µs per call and
  * TFLOP/s, so a slow cuBLAS choice for one shape shows up by itself rather than inside a step profile.
+ * `--random` fills the operands with random values (all-zero operands run faster); `--model` / `--model-only` add / run
+ * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import type { Buf, DType } from '../src/backend/backend.js';
@@ -23,10 +25,20 @@ const time = (f: () => void): number => {
   be.synchronize();
   return Number(process.hrtime.bigint() - t0) / 1e3 / REPS;
 };
-for (const [name, k, m] of shapes) {
+// --random: random inputs and weights (tensor cores on all-zero data draw less power and run faster than on real data).
+const random = process.argv.includes('--random');
+const fill = (b: Buf, n: number): void => {
+  if (!random) return;
+  const a = new Float32Array(n);
+  let x = 12345;
+  for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
+  be.upload(b, a);
+};
+for (const [name, k, m] of process.argv.includes('--model-only') ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
+    fill(x, N * k); fill(w, m * k);
     const b: Buf | null = bias ? be.alloc(m, 'b', inDt) : null;
     const us = time(() => be.matmulForward(o, x, w, b, N, k, m));
     row.push(`${inDt}->${outDt}${bias ? '+bias' : ''} ${us.toFixed(1)} us ${(2 * N * k * m / us / 1e6).toFixed(0)} TF/s`);
@@ -53,7 +65,7 @@ if (process.argv.includes('--attn')) {
   console.log(`attention then o_proj -> f32: ${time(() => { be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd); be.matmulForward(h, att, wo, null, N, Q, C); }).toFixed(1)} us`);
   console.log(`attention alone: ${time(() => be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd)).toFixed(1)} us`);
 }
-if (process.argv.includes('--model')) {
+if (process.argv.includes('--model') || process.argv.includes('--model-only')) {
   const t = new Transformer(be, presetConfig('qwen2.5-1.5b', 151936), { batch: 8, seq: 1024, training: false, precision: 'bf16', label: 'teacher' });
   const ids = Int32Array.from({ length: N }, (_, i) => (i * 7919) % 151936);
   for (let i = 0; i < 3; i++) t.forwardHidden(ids, 8, 1024);
@@ -62,5 +74,21 @@ if (process.argv.includes('--model')) {
   t.forwardHidden(ids, 8, 1024);
   be.synchronize();
   console.log(`teacher forward (bf16, 8x1024): ${(Number(process.hrtime.bigint() - t0) / 1e6).toFixed(1)} ms`);
+  // The teacher's q_proj product (8192 x 1536 -> 1536) with its weight a view into the model's flat buffer, against the
+  // same product on a fresh weight allocation, and with the model's weights filled with random values.
+  const L0 = t.layout.layers[0]!;
+  const x = be.alloc(N * 1536, 'x', 'bf16'), o = be.alloc(N * 1536, 'o', 'bf16'), o32 = be.alloc(N * 1536, 'o32'), wf = be.alloc(1536 * 1536, 'w', 'bf16');
+  const wv = be.view(t.weights, L0.wq.offset, L0.wq.size);
+  const say = (what: string, us: number): void => console.log(`${what.padEnd(48)} ${us.toFixed(1)} us`);
+  say('q_proj, fresh zero weight, zero x', time(() => be.matmulForward(o, x, wf, null, N, 1536, 1536)));
+  say('q_proj, model weight view (zero), zero x', time(() => be.matmulForward(o, x, wv, null, N, 1536, 1536)));
+  fill(x, N * 1536); fill(wf, 1536 * 1536);
+  const rnd = new Float32Array(L0.wq.size);
+  for (let i = 0; i < rnd.length; i++) rnd[i] = Math.sin(i * 0.37) * 0.05;
+  be.upload(t.weights, rnd, L0.wq.offset);
+  say('q_proj, fresh weight, x (random with --random)', time(() => be.matmulForward(o, x, wf, null, N, 1536, 1536)));
+  say('q_proj, model weight view (sin), x', time(() => be.matmulForward(o, x, wv, null, N, 1536, 1536)));
+  say('q_proj, model weight view (sin), x -> f32', time(() => be.matmulForward(o32, x, wv, null, N, 1536, 1536)));
+  say('q_proj, fresh weight, x -> f32', time(() => be.matmulForward(o32, x, wf, null, N, 1536, 1536)));
 }
 be.dispose();
