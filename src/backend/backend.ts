@@ -154,11 +154,12 @@ export interface Backend {
   /**
    * dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped).
    * dout, inp and weight share one dtype (checkMatmulDtypes); the gradient outputs may be either (weight gradients
-   * are normally f32).
+   * are normally f32). With `dinpAccumulate` false, dinp is overwritten (dinp = dout · weight: the product's own store,
+   * no zeroing pass and no read of the old values); the weight and bias gradients always accumulate.
    */
   matmulBackward(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
-    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate?: boolean,
   ): void;
 
   /**
@@ -198,8 +199,8 @@ export interface Backend {
 
   /** out = silu(gate) * up (n elements). */
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void;
-  /** dgate += ..., dup += ... */
-  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void;
+  /** dgate += ..., dup += ... (with `accumulate` false: dgate = ..., dup = ..., overwritten) */
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number, accumulate?: boolean): void;
 
   // ---- loss -----------------------------------------------------------------------------------------
   /**

@@ -332,24 +332,22 @@ export class Transformer {
       const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
       // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
       const dact = this.v(g.dact, N * I), dgate = this.v(g.dgate, N * I), dup = this.v(g.dup, N * I);
-      be.zero(dact);
       // The residual gradient as a matrix-product operand: dx itself in fp32, its bf16 conversion in bf16.
       const dxOp = g.dxB === g.dx ? dx : this.v(g.dxB, N * C);
       if (dxOp !== dx) be.copy(dxOp, dx);
       be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
-      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C);
-      be.zero(dgate); be.zero(dup);
-      be.swigluBackward(dgate, dup, dact, gate, up, N * I);
-      be.zero(dln);
-      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I);
+      // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
+      // zeroed and accumulated into.
+      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false);
+      be.swigluBackward(dgate, dup, dact, gate, up, N * I, false);
+      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false);
       be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I);
       be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
-      be.zero(datt);
       if (dxOp !== dx) be.copy(dxOp, dx);
-      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C);
+      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
@@ -369,8 +367,7 @@ export class Transformer {
         be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
-      be.zero(dln);
-      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q);
+      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
       be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
       be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
       be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);

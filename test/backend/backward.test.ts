@@ -150,3 +150,29 @@ test('loss forward overwrites dlogits (does not accumulate)', () => {
   assert.deepEqual(be.download(d2), be.download(d1));
   be.dispose();
 });
+
+test('overwrite mode: matmulBackward with dinpAccumulate false and swigluBackward with accumulate false ignore what the output held', () => {
+  const be = f64(), rng = new Rng(5);
+  const n = 6, k = 5, m = 4;
+  const dout = bufOf(be, randn(rng, n * m)), inp = bufOf(be, randn(rng, n * k)), w = bufOf(be, randn(rng, m * k));
+  // reference: float64 sums of dout · W
+  const d = be.download(dout), W = be.download(w);
+  const want = new Float64Array(n * k);
+  for (let i = 0; i < n; i++) for (let j = 0; j < k; j++) { let s = 0; for (let c = 0; c < m; c++) s += d[i * m + c]! * W[c * k + j]!; want[i * k + j] = s; }
+  const dinp = bufOf(be, randn(rng, n * k).map((x) => 100 * x)), dw = be.alloc(m * k, 'dw');
+  be.matmulBackward(dinp, dw, null, dout, inp, w, n, k, m, false);
+  const got = be.download(dinp);
+  for (let i = 0; i < n * k; i++) assert.ok(Math.abs(got[i]! - want[i]!) < 1e-12, `dinp[${i}] ${got[i]} vs ${want[i]}`);
+  const dw1 = Float64Array.from(be.download(dw));
+  be.matmulBackward(dinp, dw, null, dout, inp, w, n, k, m, false);
+  assert.deepEqual([...be.download(dinp)], [...got], 'overwritten again, not accumulated');
+  const dw2 = be.download(dw);
+  for (let i = 0; i < m * k; i++) assert.ok(Math.abs(dw2[i]! - 2 * dw1[i]!) < 1e-12, 'the weight gradient still accumulates');
+  const N = 9, g = bufOf(be, randn(rng, N)), u = bufOf(be, randn(rng, N)), dy = bufOf(be, randn(rng, N));
+  const dg = bufOf(be, randn(rng, N).map((x) => 50 * x)), du = bufOf(be, randn(rng, N).map((x) => 50 * x));
+  const dg0 = be.alloc(N, 'dg0'), du0 = be.alloc(N, 'du0');
+  be.swigluBackward(dg, du, dy, g, u, N, false);
+  be.swigluBackward(dg0, du0, dy, g, u, N);
+  assert.deepEqual([...be.download(dg)], [...be.download(dg0)]);
+  assert.deepEqual([...be.download(du)], [...be.download(du0)]);
+});

@@ -138,6 +138,10 @@ export function hostify(src: string): string {
     'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
   s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
   s = s.replace(/\/\* ldmatrix\.x2\.trans of two 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
+  // cp.async: a synchronous 16-byte copy (zeros when !ok); commit and wait do nothing (the barriers that follow remain).
+  s = s.replace(/\/\* cp\.async \(sm_80\+\)[\s\S]*?\/\* end cp\.async \*\/\n/,
+    'inline void cpAsync16(bf16* d, const bf16* s, bool ok) { for (int i = 0; i < 8; i++) d[i] = ok ? s[i] : bf16{}; }\n' +
+    'inline void cpCommit() {}\ntemplate <int N> inline void cpWait() {}\n');
   s = s.replace('extern __shared__ __align__(16) unsigned char smraw[];', 'unsigned char* smraw = g_smem;');
   s = s.replace('extern __shared__ float smem[];', 'float* smem = (float*)g_smem;');
   assert.doesNotMatch(s, /asm\(/, 'inline PTX left after hostify');

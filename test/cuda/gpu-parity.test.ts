@@ -74,6 +74,11 @@ parity('swiglu bwd', 1e-5, (r) => ({
   arrays: { dg: rand(r, N), du: rand(r, N), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['dg', 'du'],
   op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N),
 }));
+// overwrite mode: dgate/dup start with values the op must ignore (the CPU zeroes then accumulates; CUDA stores)
+parity('swiglu bwd, overwriting', 1e-5, (r) => ({
+  arrays: { dg: rand(r, N, 50), du: rand(r, N, 50), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['dg', 'du'],
+  op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N, false),
+}));
 const ids = (r: () => number, n: number, v: number) => Int32Array.from({ length: n }, () => Math.floor(r() * v));
 parity('embedding fwd', 1e-5, (r) => ({ arrays: { o: rand(r, 9 * 40), ids: ids(r, 9, 11), t: rand(r, 11 * 40) }, compare: ['o'], op: (b, x) => b.embeddingForward(x.o!, x.ids!, x.t!, 9, 40) }));
 parity('embedding bwd', 1e-5, (r) => ({ arrays: { dt: rand(r, 5 * 40), d: rand(r, 30 * 40), ids: ids(r, 30, 5) }, compare: ['dt'], op: (b, x) => b.embeddingBackward(x.dt!, x.d!, x.ids!, 30, 40) }));
@@ -152,6 +157,10 @@ test('cuda (--tf32) vs cpu: matrix products within the documented reduced-precis
 parity('matmul bwd', 1e-5, (r) => ({
   arrays: { di: rand(r, 33 * 70), dw: rand(r, 45 * 70), db: rand(r, 45), d: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70) },
   compare: ['di', 'dw', 'db'], op: (b, x) => b.matmulBackward(x.di!, x.dw!, x.db!, x.d!, x.i!, x.w!, 33, 70, 45),
+}));
+parity('matmul bwd, dinp overwritten (dweight, dbias accumulate)', 1e-5, (r) => ({
+  arrays: { di: rand(r, 33 * 70, 50), dw: rand(r, 45 * 70), db: rand(r, 45), d: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70) },
+  compare: ['di', 'dw', 'db'], op: (b, x) => b.matmulBackward(x.di!, x.dw!, x.db!, x.d!, x.i!, x.w!, 33, 70, 45, false),
 }));
 const RB = 2, RT = 5, RH = 3, RD = 8;
 parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3) }));

@@ -76,6 +76,7 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     b.matmulBackward(dy, dwq, d.qkvBias ? dbq : null, dq, y, wq, n, d.C, d.nH * d.hd);
     const dg = b.alloc(g.length, 'dg'), du = b.alloc(u.length, 'du');
     b.swigluBackward(dg, du, h, g, u, n * d.hidden);
+    b.swigluBackward(dg, du, h, g, u, n * d.hidden, false);
     const dx = b.alloc(x.length, 'dx'), dw = b.alloc(d.C, 'dw');
     b.rmsnormBackward(dx, dw, dy, x, w, rstd, n, d.C);
     const dtable = b.alloc(table.length, 'dtable');
@@ -85,6 +86,7 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     b.sumSquares(dtable, table.length);
     const m = b.alloc(w.length, 'm'), vv = b.alloc(w.length, 'v');
     b.adamw(w, dw, m, vv, w.length, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 });
+    b.adamwSegments(w, dw, m, vv, [{ offset: 0, size: w.length, decay: true }], { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 });
     // generation
     const tMax = d.T + 4;
     const kc = b.alloc(d.B * tMax * d.nKv * d.hd, 'kc'), vc = b.alloc(d.B * tMax * d.nKv * d.hd, 'vc');

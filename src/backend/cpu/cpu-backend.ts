@@ -452,9 +452,11 @@ export class CpuBackend implements Backend {
 
   matmulBackward(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
-    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate = true,
   ): void {
     checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
+    // Overwrite = accumulate into zeros: the same sums (0 + x is exact), one rounding into a bf16 dinp.
+    if (!dinpAccumulate && dinp !== null) this.f(dinp, 'matmul dinp').subarray(0, n * k).fill(0);
     this.matmulBackwardF32(dinp, dweight, dbias, dout, inp, weight, n, k, m);
     this.fin(dinp, 0, n * k);
     this.fin(dweight, 0, m * k);
@@ -614,10 +616,11 @@ export class CpuBackend implements Backend {
     this.fin(out, 0, n);
   }
 
-  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number, accumulate = true): void {
     const dg = this.f(dgate, 'swiglu dgate'), du = this.f(dup, 'swiglu dup'), dy = this.f(dout, 'swiglu dout');
     const g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     for (const [a, what] of [[dg, 'dgate'], [du, 'dup'], [dy, 'dout'], [g, 'gate'], [u, 'up']] as const) this.need(a, n, 'swigluBackward', what);
+    if (!accumulate) { dg.subarray(0, n).fill(0); du.subarray(0, n).fill(0); }
     this.elementwise({ op: 'ew', fn: 'swigluB', x0: dg, x1: du, x2: dy, x3: g, x4: u, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
     this.fin(dgate, 0, n);
     this.fin(dup, 0, n);

@@ -57,7 +57,7 @@ import {
 } from './kernels/attention.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
-  sumSquares, swigluBackward, swigluForward,
+  sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
@@ -674,14 +674,14 @@ export class CudaBackend implements Backend {
   }
 
   matmulBackward(dinp: Buf | null, dweight: Buf | null, dbias: Buf | null, dout: Buf, inp: Buf, weight: Buf,
-    n: number, k: number, m: number): void {
+    n: number, k: number, m: number, dinpAccumulate = true): void {
     this.need(dout, n * m, 'matmulBackward'); this.need(inp, n * k, 'matmulBackward'); this.need(weight, m * k, 'matmulBackward');
     checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
     if (n <= 0) return;
     if (dinp) {
       this.need(dinp, n * k, 'matmulBackward');
       // dinp[n,k] += dout[n,m]·W[m,k]  ⇔  col-major (k×n) += W(k×m)·dout(m×n)
-      this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, true, `matmul backward (input) ${n}x${m}·${m}x${k}`,
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_N, k, n, m, weight, k, dout, m, dinp, k, dinpAccumulate, `matmul backward (input) ${n}x${m}·${m}x${k}`,
         `cublas matmulBackward${gemmTag(dout)} dinp n=${n} k=${k} m=${m}`);
     }
     if (dweight) {
@@ -853,9 +853,9 @@ export class CudaBackend implements Backend {
     this.elementwise(swigluForward.make({ out: D(out), gate: D(gate), up: D(up), block: ELEM_BLOCK }), n, [P(out), P(gate), P(up)]);
   }
 
-  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number): void {
+  swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number, accumulate = true): void {
     for (const x of [dgate, dup, dout, gate, up]) this.need(x, n, 'swigluBackward');
-    this.elementwise(swigluBackward.make({
+    this.elementwise((accumulate ? swigluBackward : swigluBackwardSet).make({
       dgate: D(dgate), dup: D(dup), dout: D(dout), gate: D(gate), up: D(up), block: ELEM_BLOCK,
     }), n, [P(dgate), P(dup), P(dout), P(gate), P(up)]);
   }

@@ -659,7 +659,7 @@ export type FaKind = 'fwd' | 'dq' | 'dkv';
 export function faSmem(kind: FaKind, hd: number): number {
   const str = hd + 8, it = faInnerTile(hd);
   switch (kind) {
-    case 'fwd': return 2 * (2 * FA_FWD_KT * str);
+    case 'fwd': return 2 * (4 * FA_FWD_KT * str); // K and V, double-buffered
     case 'dq': return 2 * Math.max(2 * it * str, 2 * FA_QUERY_TILE * str);
     case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 2 * it * str) + 8 * it;
   }
@@ -735,6 +735,23 @@ __device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long 
     if (r0 + r < T) val = *(const uint4*)(base + (long long)(r0 + r) * stride + c);
     *(uint4*)(sh + r * STR + c) = val;
   }
+}
+/* cp.async (sm_80+): 16 bytes global -> shared without a register round trip, zero-filled when !ok; a group of them
+   completes in order of cpCommit, cpWait<N> waits until at most N groups are pending (then __syncthreads shows them) */
+__device__ __forceinline__ void cpAsync16(bf16* dst, const bf16* src, bool ok) {
+  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %0; cvt.u32.u64 s, a; "
+               "cp.async.cg.shared.global [s], [%1], 16, %2; }" :: "l"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cpCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cpWait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+/* end cp.async */
+/* stageRows with cp.async: issued now, complete after cpWait and a barrier */
+__device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long long stride, int r0, int nrows, int T) {
+  for (int x = threadIdx.x; x < nrows * (HD / 8); x += NT) {
+    const int r = x / (HD / 8), c = (x - r * (HD / 8)) * 8;
+    const bool ok = r0 + r < T;
+    cpAsync16(sh + r * STR + c, base + (long long)(ok ? r0 + r : 0) * stride + c, ok);
+  }
 }`;
 }
 
@@ -754,30 +771,49 @@ export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
 extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
                                                                    const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
-  bf16* Ks = (bf16*)smraw;  /* [BK][STR]; the Q tile [BQ][STR] is staged here first */
-  bf16* Vs = Ks + BK * STR; /* [BK][STR] */
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
-  const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
+  /* two buffers of a K tile and a V tile ([BK][STR] each): tile j + 1 loads (cp.async) while tile j is used; the Q
+     tile [BQ][STR] is staged in buffer 1 first */
+  bf16* buf = (bf16*)smraw;
+  /* heaviest first: the grid (query tiles, heads, batches) is walked so that all (head, batch) pairs of the last query
+     tile (the most keys under the causal mask) start first and the first tiles come last, so no long block is the tail */
+  const int hb = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+  const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
   const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
-  stageRows(Ks, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRows(buf + 2 * BK * STR, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
+  stageRowsAsync(buf, kb, ks, 0, BK, T);
+  stageRowsAsync(buf + BK * STR, vb, ks, 0, BK, T);
+  cpCommit();
   __syncthreads();
   const int rw = warp * 16; /* the warp's first row in the tile */
   unsigned qa[KS][4];
 #pragma unroll
-  for (int s = 0; s < KS; s++) fragA(qa[s], Ks, STR, rw, 16 * s);
+  for (int s = 0; s < KS; s++) fragA(qa[s], buf + 2 * BK * STR, STR, rw, 16 * s);
+  __syncthreads(); /* Q is in registers: buffer 1 is free for tile 1 */
+  const int nTiles = (iEnd + BK - 1) / BK;
   const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
   float o[NO][4];
 #pragma unroll
   for (int n = 0; n < NO; n++) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
-  for (int j0 = 0; j0 < iEnd; j0 += BK) {
-    __syncthreads(); /* the Q staging / previous K and V tiles are no longer read */
-    stageRows(Ks, kb, ks, j0, BK, T);
-    stageRows(Vs, vb, ks, j0, BK, T);
-    __syncthreads();
+  for (int jt = 0; jt < nTiles; jt++) {
+    const int j0 = jt * BK;
+    if (jt + 1 < nTiles) {
+      bf16* nb = buf + ((jt + 1) & 1) * 2 * BK * STR;
+      stageRowsAsync(nb, kb, ks, j0 + BK, BK, T);
+      stageRowsAsync(nb + BK * STR, vb, ks, j0 + BK, BK, T);
+      cpCommit();
+      cpWait<1>();
+    } else {
+      cpWait<0>();
+    }
+    __syncthreads(); /* tile jt is in shared memory for every warp */
+    const bf16* Ks = buf + (jt & 1) * 2 * BK * STR;
+    const bf16* Vs = Ks + BK * STR;
     float sc[BK / 8][4];
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
@@ -834,6 +870,7 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
         mma16(o[n], pa, b0, b1);
       }
     }
+    __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
   if (iA < T) {
     const float inv = 1.0f / lA;

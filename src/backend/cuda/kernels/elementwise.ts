@@ -115,6 +115,14 @@ export const swigluBackward = typed<SwiBP>('swiglu_bwd', [INOUT('dgate'), INOUT(
       ${S('dgate', `${L('dgate')} + dy * ${L('up')} * sg * (1.0f + g * (1.0f - sg))`)}
       ${S('dup', `${L('dup')} + dy * silu`)}`);
 
+/** swiglu_bwd that overwrites: dgate = dy·up·σ(g)(1 + g(1 − σ(g))), dup = dy·silu(g) (no zeroing pass, no read of dgate/dup). */
+export const swigluBackwardSet = typed<SwiBP>('swiglu_bwd_set', [OUT('dgate'), OUT('dup'), IN('dout'), IN('gate'), IN('up')], '',
+  { dgate: 'bf16', dup: 'bf16', dout: 'f32', gate: 'bf16', up: 'bf16', block: 256 },
+  ({ L, S }) => `float g = ${L('gate')}; float sg = 1.0f / (1.0f + expf(-g)); float silu = g * sg;
+      float dy = ${L('dout')};
+      ${S('dgate', `dy * ${L('up')} * sg * (1.0f + g * (1.0f - sg))`)}
+      ${S('dup', `dy * silu`)}`);
+
 type ConvertP = { out: string; inp: string; block: number };
 /** out[i] = inp[i] converted between dtypes (into bf16: round to nearest even). Backend.copy across dtypes. */
 export const convertKernel = typed<ConvertP>('convert', [OUT('out'), IN('inp')], '', { out: 'bf16', inp: 'f32', block: 256 },

@@ -11,7 +11,7 @@ import {
 } from './attention.js';
 import {
   accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
-  sumSquares, swigluBackward, swigluForward,
+  sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
 
@@ -31,7 +31,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, embeddingForward, embeddingBackward, lossKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, adamwKernel, adamwMultiKernel, convertKernel,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
