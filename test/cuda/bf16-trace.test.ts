@@ -144,7 +144,7 @@ test('the model\'s bf16 job (train + eval + generation) pre-warmed from its trac
   for (const run of runs) run(b);
   assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
   const planned = planKernels(runs).map((s) => s.id);
-  assert.ok(planned.includes('adamw copy=bf16 block=256') && planned.some((id) => /^loss kind=kl withGrad=true dlogits=bf16 /.test(id)), planned.join('\n'));
+  assert.ok(planned.includes('adamw_multi copy=bf16 block=256') && planned.some((id) => /^loss kind=kl withGrad=true dlogits=bf16 /.test(id)), planned.join('\n'));
   assert.ok(cublas.calls.length > 10 && cublas.calls.every((c) => c.startsWith('gemmEx 14/14')), cublas.calls.join(', '));
   b.dispose();
 });

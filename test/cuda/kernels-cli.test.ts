@@ -29,7 +29,7 @@ test('kernels plan prints one line per kernel with family, key prefix and baked 
   // the default precision (auto: bf16, as a CUDA run) plans the bf16 operand variants...
   assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=bf16 block=512$/m);
   assert.match(text, /^rmsnorm_rows_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 out=bf16 inp=f32 weight=bf16$/m);
-  assert.match(text, /^adamw +[0-9a-f]{16} +copy=bf16 block=256$/m);
+  assert.match(text, /^adamw_multi +[0-9a-f]{16} +copy=bf16 block=256$/m);
   assert.match(text, /^attention_cached /m);
   // ...and --precision fp32 the f32 ones
   const fp = await capture(() => kernelsCommand('plan', { model: 'tiny', teacher: 'small', loss: 'jsd', beta: 0.25, batch: 2, seq: 16, precision: 'fp32' }));
@@ -93,7 +93,7 @@ test('--beta1/--beta2/--adam-eps are validated and are runtime arguments: the sa
   assert.deepEqual(adamFromArgs({}), { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
   const job = jobFromArgs({ model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 });
   assert.deepEqual(job.adam, { beta1: 0.8, beta2: 0.999, eps: 1e-6, weightDecay: D.weightDecay });
-  const adamLine = (t: string): string => /^adamw .*$/m.exec(t)?.[0] ?? '';
+  const adamLine = (t: string): string => /^adamw_multi .*$/m.exec(t)?.[0] ?? '';
   const dflt = await capture(() => kernelsCommand('plan', { model: 'tiny' }));
   const custom = await capture(() => kernelsCommand('plan', { model: 'tiny', beta1: 0.8, beta2: 0.999, adamEps: 1e-6 }));
   assert.match(adamLine(dflt.text), /block=256$/);
