@@ -303,3 +303,30 @@ test('inspect, eval and generate a Qwen3 and a SmolLM3 checkpoint: q/k norm tens
     assert.equal(g.code, 0, g.err);
   }
 });
+
+test('eval and generate --precision: bf16 (CPU-emulated, as CUDA computes it) within the documented bound of fp32; bad values exit 2', async () => {
+  const args = ['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--seq', '16', '--threads', '1', '--json'];
+  const f = await run(args);
+  const b = await run([...args, '--precision', 'bf16']);
+  assert.equal(b.code, 0, b.err);
+  assert.match(b.err, /^precision: bf16$/m);
+  assert.match(f.err, /^precision: fp32$/m, 'auto is fp32 on the CPU');
+  const jf = JSON.parse(f.out) as { loss: number; kl: number; agreement: number; precision: string };
+  const jb = JSON.parse(b.out) as typeof jf;
+  assert.equal(jb.precision, 'bf16');
+  assert.notEqual(jb.loss, jf.loss, 'bf16 storage changes the numbers');
+  // docs/cli.md: eval in bf16 stays within 1% of the fp32 loss and 0.02 nats of its KL.
+  assert.ok(Math.abs(jb.loss - jf.loss) <= 0.01 * jf.loss, `bf16 loss ${jb.loss} vs fp32 ${jf.loss}`);
+  assert.ok(Math.abs(jb.kl - jf.kl) <= 0.02, `bf16 KL ${jb.kl} vs fp32 ${jf.kl}`);
+  const g = ['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '8', '--threads', '1', '--precision', 'bf16'];
+  const g1 = await run(g), g2 = await run(g);
+  assert.equal(g1.code, 0, g1.err);
+  assert.match(g1.err, /^precision: bf16$/m);
+  assert.equal(g1.out, g2.out, 'bf16 greedy generation is deterministic');
+  const bad = await run([...args, '--precision', 'fp8']);
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /--precision/);
+  const clash = await run([...args, '--precision', 'bf16', '--tf32']);
+  assert.equal(clash.code, 2, clash.err);
+  assert.match(clash.err, /--tf32 contradicts --precision bf16/);
+});

@@ -16,7 +16,8 @@ import { capDocs, loadDocCorpus, loadDocs, packDocuments, reportNoAssistant, typ
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
-import { CUDA_FLAGS, requireModelDir } from './generate.js';
+import { CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
+import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
@@ -35,6 +36,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
   { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the tokens the loss counts (the assistant replies, as in training, or all)', defaultText: 'assistant' },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
+  PRECISION_FLAG,
   ...CUDA_FLAGS,
 ];
 
@@ -50,6 +52,8 @@ export interface EvalOptions {
   json: boolean;
   lossOn: 'assistant' | 'all';
   chatTemplateKwargs?: Record<string, unknown> | undefined;
+  /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
+  precision?: PrecisionFlag | undefined;
   cuda?: CudaOptions;
 }
 
@@ -63,6 +67,8 @@ export interface EvalResult {
   agreement?: number;
   /** With a teacher: mean KL(p_teacher ‖ p_student) at temperature 1, nats per token. */
   kl?: number;
+  /** The precision the models ran in: bf16, tf32 or fp32. */
+  precision: string;
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
@@ -77,6 +83,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
     lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant',
     ...(typeof v['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: parseTemplateKwargs(v['chat-template-kwargs']) } : {}),
+    ...(typeof v.precision === 'string' ? { precision: v.precision as PrecisionFlag } : {}),
   };
   for (const [k, x] of [['--seq', o.seq], ['--batch', o.batch]] as const) {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
@@ -139,15 +146,17 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     lossVocab = lv.lossVocab;
   }
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
-  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
+  const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
+  log(`precision: ${prec.name}`);
+  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, evaluate: true, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
+        loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
     }
     const load = (ck: typeof studentCk, label: string): Transformer => {
-      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label });
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model });
       m.setWeights(ck.weights);
       return m;
     };
@@ -159,7 +168,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig), log), { seqLen: o.seq, eosId });
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
-    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity };
+    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name };
     if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
     return res;
   } finally {
@@ -177,6 +186,7 @@ export function formatEval(r: EvalResult): string {
   ];
   if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
+  lines.push(`precision   ${r.precision}`);
   return lines.join('\n') + '\n';
 }
 

@@ -5,6 +5,7 @@
  * `<|im_end|>` or `<|eot_id|>` with --chat) or after --max-new-tokens. Greedy by default (--temperature 0), so the output
  * is deterministic; with a temperature > 0 it is reproducible from --seed.
  */
+import { resolvePrecision, PRECISION_CHOICES, type PrecisionFlag } from '../../train/precision.js';
 import * as fs from 'node:fs';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
@@ -34,6 +35,15 @@ const FLAGS: FlagSpec[] = [
   { name: 'threads', kind: 'integer', description: 'CPU threads (0 = all cores)', defaultText: '0' },
 ];
 
+/**
+ * --precision for eval and generate, as train and distill read it (src/train/precision.ts): auto is bf16 on CUDA (bf16
+ * weights and activations, bf16 tensor-core products with fp32 accumulation), fp32 on the CPU.
+ */
+export const PRECISION_FLAG: FlagSpec = {
+  name: 'precision', kind: 'string', choices: [...PRECISION_CHOICES],
+  description: 'storage and matrix-product precision: auto (bf16 on cuda, fp32 on cpu), bf16, tf32 (cuda), fp32', defaultText: 'auto',
+};
+
 /** CUDA-only flags (train, distill, generate, eval): see CudaOptions in src/backend/create.ts. */
 export const CUDA_FLAGS: FlagSpec[] = [
   { name: 'verbose-kernels', kind: 'boolean', description: 'CUDA: print one line per kernel compile' },
@@ -41,7 +51,7 @@ export const CUDA_FLAGS: FlagSpec[] = [
   { name: 'kernel-cache-dir', kind: 'string', metavar: '<dir>', description: 'CUDA: kernel cache folder (default: $DISTILLERY_CACHE_DIR or ~/.cache/distillery/kernels)' },
   { name: 'tf32', kind: 'boolean', description: 'CUDA: TF32 tensor-core matrix products (faster, ~1e-3 relative error)' },
 ];
-FLAGS.push(...CUDA_FLAGS);
+FLAGS.push(PRECISION_FLAG, ...CUDA_FLAGS);
 
 export interface GenerateOptions {
   model: string;
@@ -54,6 +64,8 @@ export interface GenerateOptions {
   chatTemplateKwargs?: string | undefined;
   device: 'cpu' | 'cuda';
   threads: number;
+  /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
+  precision?: PrecisionFlag | undefined;
   cuda?: CudaOptions;
 }
 
@@ -99,6 +111,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     ...(typeof values['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: values['chat-template-kwargs'] } : {}),
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
+    ...(typeof values.precision === 'string' ? { precision: values.precision as PrecisionFlag } : {}),
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
@@ -135,13 +148,15 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     throw new UsageError(`the prompt is ${prompt.length} tokens; the model holds at most ${limit} positions`, 'shorten --prompt');
   }
   const maxLen = Math.min(limit, prompt.length + o.maxNewTokens);
-  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda });
+  const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
+  io.err(`precision: ${prec.name}\n`);
+  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel generation launches (prefill + decode), then seal, before any weights.
     if (backend.prepare) {
-      await backend.prepare(jobClosures({ student: config, batch: 1, seq: 1, generateLen: Math.max(2, maxLen) }));
+      await backend.prepare(jobClosures({ student: config, batch: 1, seq: 1, generateLen: Math.max(2, maxLen), precision: prec.model }));
     }
-    const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate' });
+    const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate', precision: prec.model });
     model.setWeights(ck.weights);
     const stopIds = new Set<number>();
     if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
