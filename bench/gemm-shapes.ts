@@ -4,7 +4,8 @@
  * and an f32 output) and in fp32/TF32, timed over repeated launches with one synchronize; prints µs per call and
  * TFLOP/s, so a slow cuBLAS choice for one shape shows up by itself rather than inside a step profile.
  * `--random` fills the operands with random values (all-zero operands run faster); `--model` / `--model-only` add / run
- * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1).
+ * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1); `--attn-shapes` times the training attention kernels
+ * at the job's shapes (beside scripts/cuda/sdpa-times.py).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import type { Buf, DType } from '../src/backend/backend.js';
@@ -34,7 +35,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of process.argv.includes('--model-only') ? [] : shapes) {
+for (const [name, k, m] of process.argv.includes('--model-only') || process.argv.includes('--attn-shapes') ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -44,6 +45,25 @@ for (const [name, k, m] of process.argv.includes('--model-only') ? [] : shapes) 
     row.push(`${inDt}->${outDt}${bias ? '+bias' : ''} ${us.toFixed(1)} us ${(2 * N * k * m / us / 1e6).toFixed(0)} TF/s`);
   }
   console.log(`${name.padEnd(26)} ${row.join(' | ')}`);
+}
+
+// --attn-shapes: the training attention kernels alone at the job's shapes (forward; backward = D, dQ, dK/dV), timed over
+// repeated launches, with TFLOP/s by the causal count (forward 2·B·H·T²·hd, backward 2.5× that), beside sdpa-times.py.
+if (process.argv.includes('--attn-shapes')) {
+  for (const [name, B, T, nH, nKv, hd] of [['qwen2.5-1.5b teacher', 8, 1024, 12, 2, 128], ['qwen2.5-0.5b student', 8, 1024, 14, 2, 64],
+    ['qwen3 (16/8 heads, hd 128)', 8, 1024, 16, 8, 128]] as Array<[string, number, number, number, number, number]>) {
+    const n = B * T, rnd = (len: number): Float32Array => Float32Array.from({ length: len }, (_, i) => Math.sin(i * 12.9898) * 0.5);
+    const q = be.alloc(n * nH * hd, 'q', 'bf16'), k = be.alloc(n * nKv * hd, 'k', 'bf16'), v = be.alloc(n * nKv * hd, 'v', 'bf16');
+    be.upload(q, rnd(n * nH * hd)); be.upload(k, rnd(n * nKv * hd)); be.upload(v, rnd(n * nKv * hd));
+    const out = be.alloc(n * nH * hd, 'out', 'bf16'), lse = be.alloc(B * nH * T, 'lse'), dout = be.alloc(n * nH * hd, 'dout', 'bf16');
+    be.upload(dout, rnd(n * nH * hd));
+    const dq = be.alloc(n * nH * hd, 'dq', 'bf16'), dk = be.alloc(n * nKv * hd, 'dk', 'bf16'), dv = be.alloc(n * nKv * hd, 'dv', 'bf16');
+    const flops = 2 * B * nH * T * T * hd;
+    const f = time(() => be.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd));
+    const bw = time(() => be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd));
+    console.log(`[attention] ${name}: B=${B} T=${T} H=${nH} KV=${nKv} hd=${hd}: forward ${f.toFixed(1)} us (${(flops / f / 1e6).toFixed(0)} TFLOP/s), ` +
+      `backward ${bw.toFixed(1)} us (${(2.5 * flops / bw / 1e6).toFixed(0)} TFLOP/s)`);
+  }
 }
 
 // The same products as a model runs them: the teacher's (Qwen2.5-1.5B-shaped) whole forward at 8×1024, profiled, so the

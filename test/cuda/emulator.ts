@@ -141,6 +141,7 @@ export function hostify(src: string): string {
   // cp.async: a synchronous 16-byte copy (zeros when !ok); commit and wait do nothing (the barriers that follow remain).
   s = s.replace(/\/\* cp\.async \(sm_80\+\)[\s\S]*?\/\* end cp\.async \*\/\n/,
     'inline void cpAsync16(bf16* d, const bf16* s, bool ok) { for (int i = 0; i < 8; i++) d[i] = ok ? s[i] : bf16{}; }\n' +
+    'inline void cpAsync4(float* d, const float* s, bool ok) { *d = ok ? *s : 0.0f; }\n' +
     'inline void cpCommit() {}\ntemplate <int N> inline void cpWait() {}\n');
   s = s.replace('extern __shared__ __align__(16) unsigned char smraw[];', 'unsigned char* smraw = g_smem;');
   s = s.replace('extern __shared__ float smem[];', 'float* smem = (float*)g_smem;');

@@ -80,8 +80,10 @@ export const DEFAULT_ATTN_DSUM = 1 << 22;
  * Attention backward's dK/dV partials (two floats per batch·query head·position·head dim): with room for at least
  * one batch, attention_bwd_dkv splits each kv head's query-head group over blocks and attention_dkv_reduce sums the
  * splits in order; without room it runs unsplit (one block per key tile and kv head). Larger batches run in chunks.
+ * 16 Mi floats (64 MiB) hold the 8 × 1024 batch of a 14-head, head-dim-64 student (Qwen2.5-0.5B) in one launch: with
+ * 4 Mi the backward ran in 4 chunks of 2 sequences, each too small to fill an H100 (732 µs per layer, measured).
  */
-export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
+export const DEFAULT_ATTN_DKV_FLOATS = 1 << 24;
 /** Column-reduction partials (rmsnorm_dweight, bias_grad → col_reduce): R row chunks × C columns, R ≤ COLSUM_MAX_CHUNKS. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */

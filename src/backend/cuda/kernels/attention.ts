@@ -660,8 +660,8 @@ export function faSmem(kind: FaKind, hd: number): number {
   const str = hd + 8, it = faInnerTile(hd);
   switch (kind) {
     case 'fwd': return 2 * (4 * FA_FWD_KT * str); // K and V, double-buffered
-    case 'dq': return 2 * Math.max(2 * it * str, 2 * FA_QUERY_TILE * str);
-    case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 2 * it * str) + 8 * it;
+    case 'dq': return 2 * Math.max(4 * it * str, 2 * FA_QUERY_TILE * str); // K and V double-buffered, or the Q/dout staging
+    case 'dkv': return 2 * (2 * FA_KEY_TILE * str + 4 * it * str) + 16 * it; // Q, dout, lse and D double-buffered
   }
 }
 
@@ -741,6 +741,11 @@ __device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long 
 __device__ __forceinline__ void cpAsync16(bf16* dst, const bf16* src, bool ok) {
   asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %0; cvt.u32.u64 s, a; "
                "cp.async.cg.shared.global [s], [%1], 16, %2; }" :: "l"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+/* 4 bytes (a float), zero-filled when !ok */
+__device__ __forceinline__ void cpAsync4(float* dst, const float* src, bool ok) {
+  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %0; cvt.u32.u64 s, a; "
+               "cp.async.ca.shared.global [s], [%1], 4, %2; }" :: "l"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void cpCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cpWait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
@@ -905,8 +910,7 @@ export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>
 extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
     const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
-  bf16* Ks = (bf16*)smraw;   /* [KT][STR] */
-  bf16* Vs = Ks + KT * STR;  /* [KT][STR] */
+  bf16* buf = (bf16*)smraw;  /* two buffers of a K and a V tile ([KT][STR] each), loaded with cp.async one tile ahead */
   bf16* Qst = (bf16*)smraw;  /* staging before the key loop: Q [BQ][STR], then dout [BQ][STR] */
   bf16* Dst = Qst + BQ * STR;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
@@ -922,6 +926,11 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
   unsigned qa[KS][4], da[KS][4];
 #pragma unroll
   for (int s = 0; s < KS; s++) { fragA(qa[s], Qst, STR, rw, 16 * s); fragA(da[s], Dst, STR, rw, 16 * s); }
+  __syncthreads(); /* Q and dout are in registers: the staging area takes the K and V tiles */
+  stageRowsAsync(buf, kb, ks, 0, KT, T);
+  stageRowsAsync(buf + KT * STR, vb, ks, 0, KT, T);
+  cpCommit();
+  const int nTiles = (iEnd + KT - 1) / KT;
   const int iA = i0 + rw + g, iB = iA + 8;
   const float* lb = lse + ((long long)b * nH + h) * T;
   const float* db = dsum + ((long long)b * nH + h) * T;
@@ -930,11 +939,20 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
   float acc[NO][4];
 #pragma unroll
   for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
-  for (int j0 = 0; j0 < iEnd; j0 += KT) {
-    __syncthreads(); /* the staging / previous K and V tiles are no longer read */
-    stageRows(Ks, kb, ks, j0, KT, T);
-    stageRows(Vs, vb, ks, j0, KT, T);
-    __syncthreads();
+  for (int jt = 0; jt < nTiles; jt++) {
+    const int j0 = jt * KT;
+    if (jt + 1 < nTiles) {
+      bf16* nb = buf + ((jt + 1) & 1) * 2 * KT * STR;
+      stageRowsAsync(nb, kb, ks, j0 + KT, KT, T);
+      stageRowsAsync(nb + KT * STR, vb, ks, j0 + KT, KT, T);
+      cpCommit();
+      cpWait<1>();
+    } else {
+      cpWait<0>();
+    }
+    __syncthreads(); /* tile jt is in shared memory for every warp */
+    const bf16* Ks = buf + (jt & 1) * 2 * KT * STR;
+    const bf16* Vs = Ks + KT * STR;
     float sc[KT / 8][4], dp[KT / 8][4];
 #pragma unroll
     for (int n = 0; n < KT / 8; n++) {
@@ -973,6 +991,7 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
         mma16(acc[n], sa, b0, b1);
       }
     }
+    __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
   if (iA < T) {
     const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
@@ -1012,10 +1031,9 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
   bf16* Vs = Ks + BKV * STR;    /* [BKV][STR] */
-  bf16* Qs = Vs + BKV * STR;    /* [QT][STR] */
-  bf16* Os = Qs + QT * STR;     /* [QT][STR] dout */
-  float* Ls = (float*)(Os + QT * STR); /* [QT] lse · log2(e) */
-  float* Dm = Ls + QT;          /* [QT] D */
+  /* two buffers of a query tile: Q [QT][STR], dout [QT][STR]; then two of lse [QT] and D [QT] (cp.async one tile ahead) */
+  bf16* qbuf = Vs + BKV * STR;
+  float* lbuf = (float*)(qbuf + 4 * QT * STR);
   /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
   const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
   const int g0 = s * G / S, g1 = (s + 1) * G / S;
@@ -1032,23 +1050,33 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
 #pragma unroll
     for (int e = 0; e < 4; e++) { adk[n][e] = 0.0f; adv[n][e] = 0.0f; }
   }
-  for (int hg = g0; hg < g1; hg++) {
-    const int h = kvh * G + hg;
-    const bf16* qb = q + ((long long)b * T * nH + h) * HD;
-    const bf16* ob = dout + ((long long)b * T * nH + h) * HD;
-    const float* lb = lse + ((long long)b * nH + h) * T;
-    const float* db = dsum + ((long long)b * nH + h) * T;
-    /* only query rows i >= j0 see any of the block's keys */
-    for (int i0 = j0; i0 < T; i0 += QT) {
-      __syncthreads(); /* K and V staged; the previous Q and dout tiles are no longer read */
-      stageRows(Qs, qb, qs, i0, QT, T);
-      stageRows(Os, ob, qs, i0, QT, T);
-      for (int x = threadIdx.x; x < QT; x += NT) {
-        const int i = i0 + x;
-        Ls[x] = i < T ? lb[i] * LOG2E : 0.0f;
-        Dm[x] = i < T ? db[i] : 0.0f;
-      }
-      __syncthreads();
+  /* the block's work: for each query head of its split, the query tiles from the key tile's diagonal down (only rows
+     i >= j0 see any of its keys), one sequence so the next tile loads while this one is used, across head boundaries */
+  const int perHead = j0 < T ? (T - j0 + QT - 1) / QT : 0, nTiles = (g1 - g0) * perHead;
+  /* issues the loads of tile it into buffer it & 1 */
+  auto issue = [&](int it) {
+    const int h = kvh * G + g0 + it / perHead, i0 = j0 + (it % perHead) * QT;
+    bf16* qd = qbuf + (it & 1) * 2 * QT * STR;
+    float* ld = lbuf + (it & 1) * 2 * QT;
+    stageRowsAsync(qd, q + ((long long)b * T * nH + h) * HD, qs, i0, QT, T);
+    stageRowsAsync(qd + QT * STR, dout + ((long long)b * T * nH + h) * HD, qs, i0, QT, T);
+    for (int x = threadIdx.x; x < QT; x += NT) {
+      const bool ok = i0 + x < T;
+      cpAsync4(ld + x, lse + ((long long)b * nH + h) * T + (ok ? i0 + x : 0), ok);
+      cpAsync4(ld + QT + x, dsum + ((long long)b * nH + h) * T + (ok ? i0 + x : 0), ok);
+    }
+    cpCommit();
+  };
+  if (nTiles > 0) issue(0);
+  for (int it = 0; it < nTiles; it++) {
+    const int i0 = j0 + (it % perHead) * QT;
+    if (it + 1 < nTiles) { issue(it + 1); cpWait<1>(); } else cpWait<0>();
+    __syncthreads(); /* tile it (and, the first time, K and V) is in shared memory for every warp */
+    {
+      const bf16* Qs = qbuf + (it & 1) * 2 * QT * STR;
+      const bf16* Os = Qs + QT * STR;
+      const float* Ls = lbuf + (it & 1) * 2 * QT; /* lse (natural log) */
+      const float* Dm = Ls + QT;                  /* D */
       float sc[QT / 8][4], dp[QT / 8][4];
 #pragma unroll
       for (int n = 0; n < QT / 8; n++) {
@@ -1076,7 +1104,7 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int ci = 8 * n + 2 * t + (e & 1), i = i0 + ci;
-          float pe = exp2f(sc[n][e] * SCALE_LOG2 - Ls[ci]);
+          float pe = exp2f(sc[n][e] * SCALE_LOG2 - Ls[ci] * LOG2E);
           if (!full && ((e < 2 ? jA : jB) > i || i >= T)) pe = 0.0f;
           sc[n][e] = pe;
           dp[n][e] = pe * (dp[n][e] - Dm[ci]);
@@ -1098,6 +1126,7 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
         }
       }
     }
+    __syncthreads(); /* every warp is done with buffer it & 1 before tile it + 2 is loaded into it */
   }
   const long long half = (long long)gridDim.z * gridDim.y * T * HD;
 #pragma unroll
