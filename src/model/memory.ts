@@ -38,9 +38,9 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a + qkn;
   const layers = (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
   const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
-  // Gradient scratch: dHidden, dx, dln (C) and dact (I) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV),
-  // dgate, dup (I) in the compute dtype, and in bf16 the converted dx (C).
-  const scratch = training ? N * (3 * C + I) * F + N * (3 * Q + 3 * KV + 2 * I + (a === F ? 0 : C)) * a : 0;
+  // Gradient scratch: dHidden, dx, dln (C) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV), dact, dgate,
+  // dup (I) in the compute dtype, and in bf16 the converted dx (C).
+  const scratch = training ? N * 3 * C * F + N * (3 * Q + 3 * KV + 3 * I + (a === F ? 0 : C)) * a : 0;
   const ids = N * 4; // the int32 token ids
   return layers + final + scratch + ids;
 }

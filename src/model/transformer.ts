@@ -159,7 +159,7 @@ export class Transformer {
         dHidden: backend.alloc(N * C, `${lab} grad of the final norm output`),
         dx, dln: gs(N * C, 'dln'), dq: gs(N * Q, 'dq', A), dk: gs(N * KV, 'dk', A), dv: gs(N * KV, 'dv', A),
         dqPre: gs(N * Q, 'dq pre-rope', A), dkPre: gs(N * KV, 'dk pre-rope', A), datt: gs(N * Q, 'datt', A),
-        dact: gs(N * I, 'dact'), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
+        dact: gs(N * I, 'dact', A), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
         dxB: A === 'f32' ? dx : gs(N * C, `dx (${A})`, A),
       };
     } else {

@@ -10,6 +10,8 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
 import { DistilleryError } from '../../src/util/errors.js';
+import type { Backend } from '../../src/backend/backend.js';
+import { formatBytes } from '../../src/backend/cuda/ffi/status.js';
 import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 test('the trace backend records every kernel family the steps (fp32 and the bf16 data flow) use, and downloads zeros', () => {
@@ -123,4 +125,25 @@ test('prewarm() plans with the backend\'s attention choice: a tensor-core (--tf3
     assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
     b.dispose();
   }
+});
+
+test('prepare sizes the attention backward scratch from the traced run: D down to the need, dK/dV partials up to it', async () => {
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
+  const b = deviceBackend(cache);
+  const B = 2, T = 64, nH = 4, nKv = 2, hd = 16;
+  const step = (x: Backend): void => {
+    const q = x.alloc(B * T * nH * hd, 'q', 'bf16'), k = x.alloc(B * T * nKv * hd, 'k', 'bf16'), v = x.alloc(B * T * nKv * hd, 'v', 'bf16');
+    const o = x.alloc(B * T * nH * hd, 'o', 'bf16'), lse = x.alloc(B * nH * T, 'lse');
+    const dq = x.alloc(B * T * nH * hd, 'dq', 'bf16'), dk = x.alloc(B * T * nKv * hd, 'dk', 'bf16'), dv = x.alloc(B * T * nKv * hd, 'dv', 'bf16');
+    x.attentionBackward(dq, dk, dv, o, q, k, v, o, lse, B, T, nH, nKv, hd);
+  };
+  const before = b.bytesInUse;
+  await b.prepare([step]);
+  const sizes = new Map(b.memoryReport().split('\n').slice(1).map((l) => l.split(': ') as [string, string]));
+  assert.equal(sizes.get('attention backward scratch'), formatBytes(4 * B * nH * T), 'D: one float per batch · head · position');
+  assert.equal(sizes.get('attention backward dK/dV partials'), formatBytes(4 * 2 * B * nH * T * hd), 'dK/dV partials: the whole batch, split');
+  assert.ok(b.bytesInUse < before, 'this small run needs less than the defaults');
+  step(b);
+  assert.equal(cache.counters.missesAfterSeal, 0);
+  b.dispose();
 });

@@ -80,10 +80,14 @@ export const DEFAULT_ATTN_DSUM = 1 << 22;
  * Attention backward's dK/dV partials (two floats per batch·query head·position·head dim): with room for at least
  * one batch, attention_bwd_dkv splits each kv head's query-head group over blocks and attention_dkv_reduce sums the
  * splits in order; without room it runs unsplit (one block per key tile and kv head). Larger batches run in chunks.
- * 16 Mi floats (64 MiB) hold the 8 × 1024 batch of a 14-head, head-dim-64 student (Qwen2.5-0.5B) in one launch: with
- * 4 Mi the backward ran in 4 chunks of 2 sequences, each too small to fill an H100 (732 µs per layer, measured).
+ * prepare() resizes both scratches to what the traced run needs (the D scratch down, the partials up to
+ * MAX_ATTN_DKV_FLOATS), unless the backend was given explicit sizes: the 8 × 1024 batch of a 14-head, head-dim-64
+ * student (Qwen2.5-0.5B) needs 14.7 Mi floats of partials; with 4 Mi its backward ran in 4 chunks of 2 sequences, each
+ * too small to fill an H100 (732 µs per layer against 511 µs in one launch, measured).
  */
-export const DEFAULT_ATTN_DKV_FLOATS = 1 << 24;
+export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
+/** The most floats prepare() gives the dK/dV partials when the traced run needs more than the default (larger runs chunk). */
+export const MAX_ATTN_DKV_FLOATS = 1 << 25;
 /** Column-reduction partials (rmsnorm_dweight, bias_grad → col_reduce): R row chunks × C columns, R ≤ COLSUM_MAX_CHUNKS. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
@@ -176,14 +180,18 @@ export class CudaBackend implements Backend {
   private readonly partialsHost: Float64Array;
   private workspace: CudaBuf | null = null;
   private dsum: CudaBuf | null = null;
-  private readonly dsumFloats: number;
+  private dsumFloats: number;
   private readonly attnImpl: 'simt' | 'mma';
   /** The training attention forward this backend launches (and traces with in prepare()). */
   get attention(): 'simt' | 'mma' { return this.attnImpl; }
   /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
   private readonly smemAllowed = new Map<unknown, number>();
   private dkvPart: CudaBuf | null = null;
-  private readonly dkvFloats: number;
+  private dkvFloats: number;
+  /** Whether the attention scratch sizes were given (tests): prepare() then keeps them. */
+  private readonly scratchGiven: boolean;
+  /** The largest attention-backward scratch a call asked for (both modes): D floats, dK/dV partial floats. */
+  readonly scratchNeed = { dsum: 0, dkv: 0 };
   private colPart: CudaBuf | null = null;
   private readonly colsumFloats: number;
   private disposed = false;
@@ -216,6 +224,7 @@ export class CudaBackend implements Backend {
     this.dsumFloats = parts?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
     this.attnImpl = (mode === 'trace' ? (partsOrTrace as TraceOptions | undefined)?.attention : parts?.attention) ?? 'simt';
     this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
+    this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
@@ -469,9 +478,33 @@ export class CudaBackend implements Backend {
   async prepare(runs: ReadonlyArray<(b: Backend) => void>): Promise<void> {
     if (!this.dev) return;
     const t0 = Date.now();
-    const specs = planKernels(runs, { attention: this.attnImpl });
+    const need = { dsum: 0, dkv: 0 };
+    const specs = planKernels(runs, {
+      attention: this.attnImpl,
+      onTraced: (b) => { need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv); },
+    });
+    this.sizeScratch(need);
     await this.dev.cache.prewarm(specs);
     this.dev.log?.(`[kernel-cache] pre-warm: ${specs.length} kernels ready in ${Date.now() - t0} ms; cache sealed`);
+  }
+
+  /**
+   * Sizes the attention backward's scratch to what the traced run needs (before any graph holds its address): the D
+   * scratch to the need (at most the default), the dK/dV partials to the need (at most MAX_ATTN_DKV_FLOATS).
+   */
+  private sizeScratch(need: { dsum: number; dkv: number }): void {
+    if (!this.dev || this.scratchGiven || (this.graphs?.captures ?? 0) > 0 || need.dsum === 0) return;
+    const dsum = Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv = Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS);
+    const swap = (old: CudaBuf | null, n: number, label: string): CudaBuf => {
+      if (old) {
+        this.allocations.splice(this.allocations.indexOf(old), 1);
+        this.bytesAllocated -= old.length * old.elem;
+        this.dev!.driver.memFree(old.ptr);
+      }
+      return this.rawAlloc(n, label);
+    };
+    if (dsum !== this.dsumFloats) { this.dsum = swap(this.dsum, dsum, 'attention backward scratch'); this.dsumFloats = dsum; }
+    if (dkv !== this.dkvFloats) { this.dkvPart = swap(this.dkvPart, dkv, 'attention backward dK/dV partials'); this.dkvFloats = dkv; }
   }
 
   dispose(): void {
@@ -788,6 +821,8 @@ export class CudaBackend implements Backend {
     // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
     // bPer batches; larger batches run in chunks over views.
     const perBatch = nHeads * t;
+    this.scratchNeed.dsum = Math.max(this.scratchNeed.dsum, perBatch * b);
+    if (nHeads > nKv) this.scratchNeed.dkv = Math.max(this.scratchNeed.dkv, 2 * nHeads * t * hd * b);
     let bPer = Math.min(b, Math.floor(this.dsumFloats / perBatch));
     if (bPer < 1) {
       throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.dsumFloats}-float scratch`,
