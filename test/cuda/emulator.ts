@@ -102,6 +102,17 @@ inline void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
   b1 = M(1, 2 * c, r) | (M(1, 2 * c + 1, r) << 16);
   warpsync();
 }
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16 (not transposed): lanes 8m + r address row r of matrix m; lane 4g + t
+   receives elements [g][2t] (low half) and [g][2t + 1] of matrix m in register m */
+inline void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const bf16* p) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xp[w][l] = p; warpsync();
+  int g = l >> 2, t = l & 3;
+  auto M = [&](int m, int row, int col) -> unsigned { return ((const bf16*)g_xp[w][m * 8 + row])[col]; };
+  unsigned* r[4] = {&r0, &r1, &r2, &r3};
+  for (int m = 0; m < 4; m++) *r[m] = M(m, g, 2 * t) | (M(m, g, 2 * t + 1) << 16);
+  warpsync();
+}
 template <class F> void launch(dim3e grid, int block, size_t smem, F f) {
   gridDim = grid;
   std::vector<unsigned char> sm(smem + 16);
@@ -138,6 +149,7 @@ export function hostify(src: string): string {
     'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
   s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
   s = s.replace(/\/\* ldmatrix\.x2\.trans of two 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
+  s = s.replace(/\/\* ldmatrix\.x4 \(not transposed\)[\s\S]*?\n\}\n/, '');
   // cp.async: a synchronous 16-byte copy (zeros when !ok); commit and wait do nothing (the barriers that follow remain).
   s = s.replace(/\/\* cp\.async \(sm_80\+\)[\s\S]*?\/\* end cp\.async \*\/\n/,
     'inline void cpAsync16(bf16* d, const bf16* s, bool ok) { for (int i = 0; i < 8; i++) d[i] = ok ? s[i] : bf16{}; }\n' +

@@ -673,7 +673,7 @@ export function faSmem(kind: FaKind, hd: number): number {
  * (row g+8, same). So the C fragments of two adjacent n-atoms (8 columns each) are, packed pairwise to bf16, exactly
  * the A fragment of one 16-wide k-step: P and dS go from the accumulators to the next product without shuffles.
  * Tiles in shared memory are bf16, row stride (cols + 8): a fragment load (row g, 32-bit word t) hits 32 distinct banks.
- * A B operand B[k][n] is read from an [n][k] tile (k contiguous) with 32-bit loads (fragB: K for S = Q·Kᵀ, V for
+ * A B operand B[k][n] is read from an [n][k] tile (k contiguous) with ldmatrix, two n-atoms at a time (fragB2: K for S = Q·Kᵀ, V for
  * dP = dO·Vᵀ, Q and dout for the dK/dV kernel's Sᵀ and dPᵀ), or from a row-major [k][n] tile with ldmatrix .trans
  * (fragBt: V for O += P·V, K for dQ += dS·K, dout and Q for dV += Pᵀ·dO and dK += dSᵀ·Q): .x2 .trans hands lane
  * (g, t) the elements [2t][g], [2t+1][g] of each 8×8 matrix, exactly b0 (keys 0..7) and b1 (keys 8..15).
@@ -706,11 +706,19 @@ __device__ __forceinline__ void fragA(unsigned* a, const bf16* sh, int str, int 
   a[2] = ld32(sh + (r + g) * str + c + 2 * t + 8);
   a[3] = ld32(sh + (r + g + 8) * str + c + 2 * t + 8);
 }
-/* the B fragment B[k][n] = sh[n0 + n][c + k] (k 0..15, n 0..7) of an [n][k] bf16 tile of row stride str */
-__device__ __forceinline__ void fragB(unsigned& b0, unsigned& b1, const bf16* sh, int str, int n0, int c) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  b0 = ld32(sh + (n0 + g) * str + c + 2 * t);
-  b1 = ld32(sh + (n0 + g) * str + c + 2 * t + 8);
+/* ldmatrix.x4 (not transposed) of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address (16-byte aligned rows):
+   lane (g, t) receives elements [g][2t] (low half) and [g][2t + 1] of each matrix m in register m */
+__device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const bf16* p) {
+  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %4; cvt.u32.u64 s, a; "
+               "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [s]; }"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "l"(p));
+}
+/* the B fragments B[k][n] = sh[n0 + n][c + k] (k 0..15, n 0..7) of two adjacent n-atoms of an [n][k] bf16 tile of row
+   stride str (rows n0 .. n0 + 15, k-step c) in one ldmatrix.x4: b[0] (k 2t, 2t+1; n g), b[1] (k 2t+8, 2t+9) for atom n0,
+   b[2], b[3] for atom n0 + 8 */
+__device__ __forceinline__ void fragB2(unsigned* b, const bf16* sh, int str, int n0, int c) {
+  const int l = threadIdx.x & 31, m = l >> 3;
+  ldsm4(b[0], b[1], b[2], b[3], sh + (n0 + (l & 7) + 8 * (m >> 1)) * str + c + 8 * (m & 1));
 }
 /* ldmatrix.x2.trans of two 8×8 bf16 matrices whose rows lanes 0..7 and 8..15 address (16-byte aligned rows) */
 __device__ __forceinline__ void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
@@ -821,13 +829,15 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
     const bf16* Vs = Ks + BK * STR;
     float sc[BK / 8][4];
 #pragma unroll
-    for (int n = 0; n < BK / 8; n++) {
-      sc[n][0] = 0.0f; sc[n][1] = 0.0f; sc[n][2] = 0.0f; sc[n][3] = 0.0f;
+    for (int n = 0; n < BK / 8; n += 2) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; sc[n + 1][e] = 0.0f; }
 #pragma unroll
       for (int s = 0; s < KS; s++) {
-        unsigned b0, b1;
-        fragB(b0, b1, Ks, STR, 8 * n, 16 * s);
-        mma16(sc[n], qa[s], b0, b1);
+        unsigned bb[4];
+        fragB2(bb, Ks, STR, 8 * n, 16 * s);
+        mma16(sc[n], qa[s], bb[0], bb[1]);
+        mma16(sc[n + 1], qa[s], bb[2], bb[3]);
       }
     }
     /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row */
@@ -955,16 +965,18 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
     const bf16* Vs = Ks + KT * STR;
     float sc[KT / 8][4], dp[KT / 8][4];
 #pragma unroll
-    for (int n = 0; n < KT / 8; n++) {
+    for (int n = 0; n < KT / 8; n += 2) {
 #pragma unroll
-      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; }
+      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; sc[n + 1][e] = 0.0f; dp[n + 1][e] = 0.0f; }
 #pragma unroll
       for (int s = 0; s < KS; s++) {
-        unsigned b0, b1;
-        fragB(b0, b1, Ks, STR, 8 * n, 16 * s);
-        mma16(sc[n], qa[s], b0, b1);
-        fragB(b0, b1, Vs, STR, 8 * n, 16 * s);
-        mma16(dp[n], da[s], b0, b1);
+        unsigned bb[4];
+        fragB2(bb, Ks, STR, 8 * n, 16 * s);
+        mma16(sc[n], qa[s], bb[0], bb[1]);
+        mma16(sc[n + 1], qa[s], bb[2], bb[3]);
+        fragB2(bb, Vs, STR, 8 * n, 16 * s);
+        mma16(dp[n], da[s], bb[0], bb[1]);
+        mma16(dp[n + 1], da[s], bb[2], bb[3]);
       }
     }
     /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); rows past T and keys past the row are 0 */
@@ -1089,12 +1101,14 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
         fragA(ka, Ks, STR, rw, 16 * ss);
         fragA(va, Vs, STR, rw, 16 * ss);
 #pragma unroll
-        for (int n = 0; n < QT / 8; n++) {
-          unsigned b0, b1;
-          fragB(b0, b1, Qs, STR, 8 * n, 16 * ss);
-          mma16(sc[n], ka, b0, b1);
-          fragB(b0, b1, Os, STR, 8 * n, 16 * ss);
-          mma16(dp[n], va, b0, b1);
+        for (int n = 0; n < QT / 8; n += 2) {
+          unsigned bb[4];
+          fragB2(bb, Qs, STR, 8 * n, 16 * ss);
+          mma16(sc[n], ka, bb[0], bb[1]);
+          mma16(sc[n + 1], ka, bb[2], bb[3]);
+          fragB2(bb, Os, STR, 8 * n, 16 * ss);
+          mma16(dp[n], va, bb[0], bb[1]);
+          mma16(dp[n + 1], va, bb[2], bb[3]);
         }
       }
       /* element e of atom n: key e < 2 ? jA : jB, query i0 + 8n + 2t + (e & 1); queries past T or before the key are 0 */
