@@ -8,11 +8,16 @@
  * at the job's shapes (beside scripts/cuda/sdpa-times.py).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
+import { MAX_ATTN_DKV_FLOATS } from '../src/backend/cuda/cuda-backend.js';
 import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';
 
-const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]')) process.stderr.write(`${l}\n`); } });
+// The attention backward's dK/dV partials at their largest (a run sizes them in prepare(); this script does not prepare).
+const be = createCudaBackend({
+  log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); },
+  attnDkvFloats: MAX_ATTN_DKV_FLOATS,
+});
 const N = 8192, REPS = 20;
 const shapes: Array<[string, number, number]> = [
   ['teacher q/o 1536x1536', 1536, 1536], ['teacher k/v 1536x256', 1536, 256], ['teacher gate/up 1536x8960', 1536, 8960],
