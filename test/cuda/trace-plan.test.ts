@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CudaBackend, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
@@ -145,5 +145,32 @@ test('prepare sizes the attention backward scratch from the traced run: D down t
   assert.ok(b.bytesInUse < before, 'this small run needs less than the defaults');
   step(b);
   assert.equal(cache.counters.missesAfterSeal, 0);
+  b.dispose();
+});
+
+test('the plan takes the branch the prepared device takes: a dK/dV split that only the sized scratch allows is pre-warmed (strict, zero misses)', async () => {
+  // One sequence of 33000 positions, 4 query heads on 2 kv heads, head dim 16: 4.2 Mi floats of dK/dV partials. The
+  // default scratch (4 Mi) cannot hold them, so a trace at default sizes runs dK/dV unsplit (no attention_dkv_reduce);
+  // prepare() sizes the partials to the need, the device splits the GQA group and sums the splits with
+  // attention_dkv_reduce. Found on the H100 at 8 x 4096 (a miss after seal); the plan must trace with the device's sizes.
+  const B = 1, T = 33000, nH = 4, nKv = 2, hd = 16;
+  const step = (x: Backend): void => {
+    const q = x.alloc(B * T * nH * hd, 'q', 'bf16'), k = x.alloc(B * T * nKv * hd, 'k', 'bf16'), v = x.alloc(B * T * nKv * hd, 'v', 'bf16');
+    const o = x.alloc(B * T * nH * hd, 'o', 'bf16'), lse = x.alloc(B * nH * T, 'lse');
+    const dq = x.alloc(B * T * nH * hd, 'dq', 'bf16'), dk = x.alloc(B * T * nKv * hd, 'dk', 'bf16'), dv = x.alloc(B * T * nKv * hd, 'dv', 'bf16');
+    x.attentionBackward(dq, dk, dv, o, q, k, v, o, lse, B, T, nH, nKv, hd);
+  };
+  assert.ok(2 * nH * T * hd > DEFAULT_ATTN_DKV_FLOATS, 'the case needs more partials than the default');
+  const atDefaults = planKernels([step], { attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS }).map((s) => s.family);
+  assert.ok(!atDefaults.includes('attention_dkv_reduce'), 'at the default sizes the trace does not split');
+  const lines: string[] = [];
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
+  const b = deviceBackend(cache, (l) => lines.push(l));
+  await b.prepare([step]);
+  step(b);
+  assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
+  assert.ok((b.launches.get('attention_dkv_reduce') ?? 0) > 0, 'the prepared device splits');
+  // What a dry run or `kernels plan` lists (planKernels without sizes) is what the prepared device launched.
+  assert.deepEqual(planKernels([step]).map((s) => s.id).sort(), b.planFor([step]).map((s) => s.id).sort());
   b.dispose();
 });

@@ -149,7 +149,27 @@ export interface DeviceParts {
 }
 
 /** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
-export interface TraceOptions { attention?: 'simt' | 'mma' }
+export interface TraceOptions {
+  attention?: 'simt' | 'mma';
+  /**
+   * The attention backward's scratch sizes (floats) of the device backend the trace stands for: whether dK/dV splits
+   * over the GQA group (attention_dkv_reduce) and how the batch is chunked depend on them, so a plan traced with other
+   * sizes than the device has can miss kernels. planKernels derives them (attentionScratchSizes) when not given.
+   */
+  attnDsumFloats?: number;
+  attnDkvFloats?: number;
+}
+
+/**
+ * The attention backward's scratch sizes for a run whose traced calls needed `need` (floats: D for every batch · head ·
+ * position, dK/dV partials for the whole batch): the D scratch down to the need (at most DEFAULT_ATTN_DSUM), the
+ * partials up to it (at most MAX_ATTN_DKV_FLOATS; beyond that the batch runs in chunks). null: the run has no
+ * attention backward (the defaults stay). The one rule prepare() applies and planKernels plans with.
+ */
+export function attentionScratchSizes(need: { dsum: number; dkv: number }): { dsum: number; dkv: number } | null {
+  if (need.dsum === 0) return null;
+  return { dsum: Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv: Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS) };
+}
 
 /**
  * The training attention forward a device backend runs by default: --tf32 already trades ~1e-3 relative error for
@@ -221,9 +241,11 @@ export class CudaBackend implements Backend {
     if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
-    this.dsumFloats = parts?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
+    // The attention scratch sizes: a device's, or the device's a trace stands for (TraceOptions).
+    const sizes: { attnDsumFloats?: number | undefined; attnDkvFloats?: number | undefined } | undefined = partsOrTrace;
+    this.dsumFloats = sizes?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
     this.attnImpl = (mode === 'trace' ? (partsOrTrace as TraceOptions | undefined)?.attention : parts?.attention) ?? 'simt';
-    this.dkvFloats = parts?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
+    this.dkvFloats = sizes?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
@@ -474,27 +496,36 @@ export class CudaBackend implements Backend {
     }
   }
 
-  /** Pre-warm: traces the runs on a separate trace backend, compiles every kernel they need (in parallel), seals. */
+  /** Pre-warm: plan (planFor), compile every kernel the plan holds (in parallel), seal. */
   async prepare(runs: ReadonlyArray<(b: Backend) => void>): Promise<void> {
     if (!this.dev) return;
     const t0 = Date.now();
-    const need = { dsum: 0, dkv: 0 };
-    const specs = planKernels(runs, {
-      attention: this.attnImpl,
-      onTraced: (b) => { need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv); },
-    });
-    this.sizeScratch(need);
+    const specs = this.planFor(runs);
     await this.dev.cache.prewarm(specs);
     this.dev.log?.(`[kernel-cache] pre-warm: ${specs.length} kernels ready in ${Date.now() - t0} ms; cache sealed`);
   }
 
   /**
-   * Sizes the attention backward's scratch to what the traced run needs (before any graph holds its address): the D
-   * scratch to the need (at most the default), the dK/dV partials to the need (at most MAX_ATTN_DKV_FLOATS).
+   * The kernels `runs` launch on this backend: sizes the attention scratch for them first when it may (not given
+   * explicitly, no graph holds the old address yet: attentionScratchSizes), then traces with this backend's attention
+   * implementation and scratch sizes, so the plan takes the same branches the device will.
    */
-  private sizeScratch(need: { dsum: number; dkv: number }): void {
-    if (!this.dev || this.scratchGiven || (this.graphs?.captures ?? 0) > 0 || need.dsum === 0) return;
-    const dsum = Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv = Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS);
+  planFor(runs: ReadonlyArray<(b: Backend) => void>): KernelSpec[] {
+    if (this.dev && !this.scratchGiven && (this.graphs?.captures ?? 0) === 0) {
+      const need = { dsum: 0, dkv: 0 };
+      planKernels(runs, {
+        attention: this.attnImpl, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats,
+        onTraced: (b) => { need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv); },
+      });
+      const sizes = attentionScratchSizes(need);
+      if (sizes) this.sizeScratch(sizes);
+    }
+    return planKernels(runs, { attention: this.attnImpl, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats });
+  }
+
+  /** Reallocates the attention backward's scratch at the given sizes (floats). */
+  private sizeScratch({ dsum, dkv }: { dsum: number; dkv: number }): void {
+    if (!this.dev) return;
     const swap = (old: CudaBuf | null, n: number, label: string): CudaBuf => {
       if (old) {
         this.allocations.splice(this.allocations.indexOf(old), 1);

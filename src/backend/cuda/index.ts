@@ -12,7 +12,6 @@ import { CudaDriver } from './ffi/driver.js';
 import { requireLibraries, systemFinderEnv, type FinderEnv } from './ffi/libfind.js';
 import { Nvrtc } from './ffi/nvrtc.js';
 import { KernelCache } from './kernel-cache.js';
-import { planKernels } from './plan.js';
 
 export { CudaBackend, attentionFor, createTraceBackend } from './cuda-backend.js';
 export { KernelCache } from './kernel-cache.js';
@@ -69,7 +68,8 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
 export async function prewarm(backend: CudaBackend, runs: ReadonlyArray<(b: Backend) => void>,
   opts: { concurrency?: number } = {}): Promise<number> {
   // Trace with the backend's own attention choice (as prepare() does), so the plan holds what it launches.
-  const specs = planKernels(runs, { attention: backend.attention });
+  // The backend's own plan: its attention implementation and its attention scratch, sized for these runs.
+  const specs = backend.planFor(runs);
   if (backend.cache) await backend.cache.prewarm(specs, opts);
   return specs.length;
 }

@@ -11,7 +11,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Backend } from '../backend.js';
-import { CudaBackend, type TraceOptions } from './cuda-backend.js';
+import { CudaBackend, attentionScratchSizes, type TraceOptions } from './cuda-backend.js';
 import type { KernelSpec } from './kernels/spec.js';
 
 export interface PlanOptions extends TraceOptions {
@@ -19,17 +19,39 @@ export interface PlanOptions extends TraceOptions {
   onTraced?: (b: CudaBackend, index: number) => void;
 }
 
+/**
+ * Without scratch sizes in `opts`, the runs are traced twice: once to learn the attention scratch they need, then with
+ * the sizes a prepared device gives them (attentionScratchSizes), as CudaBackend.planFor does: a dry run or
+ * `kernels plan` lists what the run will launch.
+ */
 export function planKernels(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions = {}): KernelSpec[] {
+  if (opts.attnDsumFloats === undefined && opts.attnDkvFloats === undefined) {
+    const need = { dsum: 0, dkv: 0 };
+    traceRuns(runs, { ...(opts.attention !== undefined ? { attention: opts.attention } : {}) }, (b) => {
+      need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv);
+    });
+    const sizes = attentionScratchSizes(need);
+    if (sizes) opts = { ...opts, attnDsumFloats: sizes.dsum, attnDkvFloats: sizes.dkv };
+  }
+  return traceRuns(runs, opts, opts.onTraced);
+}
+
+function traceRuns(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions, onTraced?: (b: CudaBackend, i: number) => void): KernelSpec[] {
   const out = new Map<string, KernelSpec>();
+  const trace: TraceOptions = {
+    ...(opts.attention !== undefined ? { attention: opts.attention } : {}),
+    ...(opts.attnDsumFloats !== undefined ? { attnDsumFloats: opts.attnDsumFloats } : {}),
+    ...(opts.attnDkvFloats !== undefined ? { attnDkvFloats: opts.attnDkvFloats } : {}),
+  };
   runs.forEach((run, i) => {
-    const b = new CudaBackend('trace', opts.attention !== undefined ? { attention: opts.attention } : {});
+    const b = new CudaBackend('trace', trace);
     try {
       run(b);
       for (const spec of b.traced.values()) {
         const h = createHash('sha256').update(spec.source()).digest('hex');
         if (!out.has(h)) out.set(h, spec);
       }
-      opts.onTraced?.(b, i);
+      onTraced?.(b, i);
     } finally {
       b.dispose();
     }
