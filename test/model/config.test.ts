@@ -228,3 +228,24 @@ test('config.json files transformers 5.17 wrote for Qwen3 and SmolLM3 parse as t
     assert.deepEqual(parseHfConfig(toHfConfig(c)), c, `${f} round trip`);
   }
 });
+
+test('parameterCount equals the tensors parameterLayout enumerates for every preset and every transformers-written Qwen3 / SmolLM3 config, and the released sizes', async () => {
+  const { parameterLayout } = await import('../../src/model/params.js');
+  const { PRESET_NAMES } = await import('../../src/model/config.js');
+  for (const name of PRESET_NAMES) {
+    const c = presetConfig(name, 151936);
+    assert.equal(parameterCount(c), parameterLayout(c).total, name);
+  }
+  const dir = new URL('../../../test/fixtures/hf-configs/transformers-5.17/', import.meta.url);
+  const { readdirSync } = await import('node:fs');
+  const files = readdirSync(dir).filter((f) => /^(qwen3|smollm3)-.*\.json$/.test(f));
+  assert.ok(files.length >= 7, files.join(', '));
+  for (const f of files) {
+    const c = parseHfConfig(JSON.parse(readFileSync(new URL(f, dir), 'utf8')) as Record<string, unknown>);
+    assert.equal(parameterCount(c), parameterLayout(c).total, f);
+  }
+  // The released checkpoints' sizes (tied embeddings counted once; Qwen3-8B unties them).
+  const released: Array<[string, number]> = [['qwen2.5-0.5b', 494_032_768], ['qwen2.5-1.5b', 1_543_714_304], ['qwen3-0.6b', 596_049_920],
+    ['qwen3-4b', 4_022_468_096], ['qwen3-8b', 8_190_735_360]];
+  for (const [name, n] of released) assert.equal(parameterCount(presetConfig(name, 151936)), n, name);
+});

@@ -141,3 +141,18 @@ test('conversations without an assistant turn are reported; data with none is re
   await assert.rejects(runTraining(opts(dir, none, { model: cfg, steps: 1 }), { log: () => {} }),
     (e: unknown) => e instanceof DistilleryError && /none of the 24 conversations has an assistant turn/.test(e.message) && /--loss-on all/.test(e.hint ?? ''));
 });
+
+test('--resume refuses another --loss-on (the windows would carry other tokens) and names the one to use', async () => {
+  const dir = tmp();
+  const data = writeChat(dir, conversations());
+  const out = path.join(dir, 'run');
+  const a = await runTraining(opts(dir, data, { out, steps: 4, stopAfter: 2 }), { log: () => {} });
+  assert.equal(a.status, 'stopped');
+  await assert.rejects(runTraining(opts(dir, data, { out, steps: 4, resume: true, lossOn: 'all' }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /--resume: the run was started with --loss-on assistant, not all/.test(e.message)
+      && /resume with --loss-on assistant/.test(e.hint ?? ''));
+  // the same --loss-on resumes
+  const b = await runTraining(opts(dir, data, { out, steps: 4, resume: true }), { log: () => {} });
+  assert.equal(b.status, 'completed');
+  assert.equal(b.steps, 4);
+});
