@@ -127,16 +127,21 @@ test('prewarm() plans with the backend\'s attention choice: a tensor-core (--tf3
   }
 });
 
-test('prepare sizes the attention backward scratch from the traced run: D down to the need, dK/dV partials up to it', async () => {
-  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
-  const b = deviceBackend(cache);
-  const B = 2, T = 64, nH = 4, nKv = 2, hd = 16;
-  const step = (x: Backend): void => {
+/** A run of one bf16 attention backward over fresh buffers (B sequences of T, nH query heads on nKv, head dim hd). */
+function attentionBackwardRun(B: number, T: number, nH: number, nKv: number, hd: number): (x: Backend) => void {
+  return (x) => {
     const q = x.alloc(B * T * nH * hd, 'q', 'bf16'), k = x.alloc(B * T * nKv * hd, 'k', 'bf16'), v = x.alloc(B * T * nKv * hd, 'v', 'bf16');
     const o = x.alloc(B * T * nH * hd, 'o', 'bf16'), lse = x.alloc(B * nH * T, 'lse');
     const dq = x.alloc(B * T * nH * hd, 'dq', 'bf16'), dk = x.alloc(B * T * nKv * hd, 'dk', 'bf16'), dv = x.alloc(B * T * nKv * hd, 'dv', 'bf16');
     x.attentionBackward(dq, dk, dv, o, q, k, v, o, lse, B, T, nH, nKv, hd);
   };
+}
+
+test('prepare sizes the attention backward scratch from the traced run: D down to the need, dK/dV partials up to it', async () => {
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
+  const b = deviceBackend(cache);
+  const B = 2, T = 64, nH = 4, nKv = 2, hd = 16;
+  const step = attentionBackwardRun(B, T, nH, nKv, hd);
   const before = b.bytesInUse;
   await b.prepare([step]);
   const sizes = new Map(b.memoryReport().split('\n').slice(1).map((l) => l.split(': ') as [string, string]));
@@ -154,12 +159,7 @@ test('the plan takes the branch the prepared device takes: a dK/dV split that on
   // prepare() sizes the partials to the need, the device splits the GQA group and sums the splits with
   // attention_dkv_reduce. Found on the H100 at 8 x 4096 (a miss after seal); the plan must trace with the device's sizes.
   const B = 1, T = 33000, nH = 4, nKv = 2, hd = 16;
-  const step = (x: Backend): void => {
-    const q = x.alloc(B * T * nH * hd, 'q', 'bf16'), k = x.alloc(B * T * nKv * hd, 'k', 'bf16'), v = x.alloc(B * T * nKv * hd, 'v', 'bf16');
-    const o = x.alloc(B * T * nH * hd, 'o', 'bf16'), lse = x.alloc(B * nH * T, 'lse');
-    const dq = x.alloc(B * T * nH * hd, 'dq', 'bf16'), dk = x.alloc(B * T * nKv * hd, 'dk', 'bf16'), dv = x.alloc(B * T * nKv * hd, 'dv', 'bf16');
-    x.attentionBackward(dq, dk, dv, o, q, k, v, o, lse, B, T, nH, nKv, hd);
-  };
+  const step = attentionBackwardRun(B, T, nH, nKv, hd);
   assert.ok(2 * nH * T * hd > DEFAULT_ATTN_DKV_FLOATS, 'the case needs more partials than the default');
   const atDefaults = planKernels([step], { attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS }).map((s) => s.family);
   assert.ok(!atDefaults.includes('attention_dkv_reduce'), 'at the default sizes the trace does not split');

@@ -255,19 +255,29 @@ export const ADAMW_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16']
  * weightDecay, gradScale and the bias corrections bc1 = 1 - beta1^step, bc2 = 1 - beta2^step (computed on the host).
  * param = param · (1 - lr · weightDecay) - lr · m̂ / (sqrt(v̂) + eps)   (as the CPU backend)
  */
-export const adamwKernel = defineFamily<AdamP>({
-  name: 'adamw',
-  schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
-  example: { copy: 'bf16', block: 256 },
-  generate: (p) => {
-    const cp = p.copy !== 'none';
-    const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
-    return `#define BLOCK ${p.block}
+/**
+ * An AdamW family (both share the schema, the element update and the compute copy's store): `body(p, copyParam, st)`
+ * writes the kernel after the common prelude; copyParam is the copy's parameter declaration, st(idx, v) its store.
+ */
+function adamwFamily(name: string, body: (p: AdamP, copyParam: string, st: (idx: string, v: string) => string) => string) {
+  return defineFamily<AdamP>({
+    name,
+    schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
+    example: { copy: 'bf16', block: 256 },
+    generate: (p) => {
+      const cp = p.copy !== 'none';
+      const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
+      return `#define BLOCK ${p.block}
 ${dtypeHelpers()}
 ${ADAMW_ONE}
-/* float4 over the first n/4·4 elements when param/grad/m/v are 16-byte aligned (views may not be), then scalar.
+${body(p, cp ? `${ctype(p.copy)}* copy` : 'void* nocopy', st)}`;
+    },
+  });
+}
+
+export const adamwKernel = adamwFamily('adamw', (_p, copyParam, st) => `/* float4 over the first n/4·4 elements when param/grad/m/v are 16-byte aligned (views may not be), then scalar.
    The copy (if any) is stored per element (its own alignment does not matter). */
-extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, ${cp ? `${ctype(p.copy)}* copy` : 'void* nocopy'}, long long n,
+extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, ${copyParam}, long long n,
                                  float beta1, float beta2, float eps, float lr, float wd, float gradScale, float bc1, float bc2) {
   const AdamConst k = { beta1, beta2, eps, lr, wd, gradScale, bc1, bc2 };
   const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
@@ -288,9 +298,7 @@ extern "C" __global__ void adamw(float* param, const float* grad, float* m, floa
   }
   for (long long i = nv * 4 + start; i < n; i += stride) { adamwOne(param[i], grad[i], m[i], v[i], k); ${st('i', 'param[i]')} }
 }
-`;
-  },
-});
+`);
 
 /** Elements one block of adamw_multi updates (one chunk of the table; a tensor is cut into chunks of at most this many). */
 export const ADAMW_CHUNK = 16384;
@@ -306,17 +314,7 @@ export const ADAMW_SCALARS = 4;
  * replays with each step's values; beta1, beta2, eps and the weight decay are arguments (constant over a run). The
  * update of each element is adamwOne, the same arithmetic as the per-tensor kernel.
  */
-export const adamwMultiKernel = defineFamily<AdamP>({
-  name: 'adamw_multi',
-  schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
-  example: { copy: 'bf16', block: 256 },
-  generate: (p) => {
-    const cp = p.copy !== 'none';
-    const st = (idx: string, v: string): string => (cp ? `stf(copy, ${idx}, ${v});` : '');
-    return `#define BLOCK ${p.block}
-${dtypeHelpers()}
-${ADAMW_ONE}
-extern "C" __global__ void adamw_multi(float* param, const float* grad, float* m, float* v, ${cp ? `${ctype(p.copy)}* copy` : 'void* nocopy'},
+export const adamwMultiKernel = adamwFamily('adamw_multi', (_p, copyParam, st) => `extern "C" __global__ void adamw_multi(float* param, const float* grad, float* m, float* v, ${copyParam},
                                        const int* chunks, const float* scal, float beta1, float beta2, float eps, float wd) {
   const int* c = chunks + ${4} * blockIdx.x;
   const long long s0 = (long long)(unsigned int)c[0] | ((long long)c[1] << 32);
@@ -340,9 +338,7 @@ extern "C" __global__ void adamw_multi(float* param, const float* grad, float* m
   }
   for (int i = nv * 4 + threadIdx.x; i < len; i += BLOCK) { adamwOne(P[i], G[i], M[i], V[i], k); ${st('s0 + i', 'P[i]')} }
 }
-`;
-  },
-});
+`);
 
 /**
  * The chunk table of adamw_multi for tensors (offset, size, decay) of a flat buffer: each tensor cut into chunks of at
