@@ -174,3 +174,15 @@ test('the plan takes the branch the prepared device takes: a dK/dV split that on
   assert.deepEqual(planKernels([step]).map((s) => s.id).sort(), b.planFor([step]).map((s) => s.id).sort());
   b.dispose();
 });
+
+test('a second prepare() for a larger run sizes from the defaults, not from the scratch the first one shrank', async () => {
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+  const b = deviceBackend(cache);
+  await b.prepare([attentionBackwardRun(8, 64, 4, 2, 16)]); // D scratch shrunk to 8 · 4 · 64 floats
+  const big = attentionBackwardRun(1, 4096, 4, 2, 16); // needs 4 · 4096 floats of D in one sequence
+  await b.prepare([big]);
+  big(b);
+  const sizes = new Map(b.memoryReport().split('\n').slice(1).map((l) => l.split(': ') as [string, string]));
+  assert.equal(sizes.get('attention backward scratch'), formatBytes(4 * 4 * 4096));
+  b.dispose();
+});

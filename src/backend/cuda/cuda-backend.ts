@@ -31,7 +31,8 @@
  * is the same loud event as anywhere. Uploads inside a region are allowed only before its first op (they run at once,
  * ordered before the region's work on the stream); downloads and sumSquares are refused there. A region is handed to
  * the runner in segments (segmentOps) as it records, so the GPU starts on the first while the host records the rest;
- * a body that throws has issued the segments completed before the throw, as an uncaptured body would have.
+ * a body that throws has issued every op recorded before the throw (the full segments through the runner, the rest
+ * as launched), as an uncaptured body would have.
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
@@ -379,6 +380,12 @@ export class CudaBackend implements Backend {
       const out = body();
       this.flushSegment();
       return out;
+    } catch (err) {
+      // The ops recorded before the throw run as launched, as an uncaptured body would have issued them.
+      const pending = this.rec?.ops ?? [];
+      this.rec = null;
+      for (const op of pending) op.issue();
+      throw err;
     } finally {
       this.rec = null;
     }
@@ -513,8 +520,9 @@ export class CudaBackend implements Backend {
   planFor(runs: ReadonlyArray<(b: Backend) => void>): KernelSpec[] {
     if (this.dev && !this.scratchGiven && (this.graphs?.captures ?? 0) === 0) {
       const need = { dsum: 0, dkv: 0 };
+      // The needs are traced at the default sizes (as planKernels does), not at sizes an earlier prepare() chose.
       planKernels(runs, {
-        attention: this.attnImpl, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats,
+        attention: this.attnImpl, attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS,
         onTraced: (b) => { need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv); },
       });
       const sizes = attentionScratchSizes(need);
