@@ -59,6 +59,27 @@ export interface LossSpec {
   beta: number;
 }
 
+/**
+ * A sparse teacher distribution for n rows (src/cache): `slots` entries per row, row-major [n, slots].
+ * ids: token ids, -1 for an empty slot, unique within a row. prob: the slot's weight π in the estimate (a sample
+ * cache: count / N of N draws from the teacher; a top-K cache: the teacher's probability). logq: log q_t(id), the
+ * teacher's log-probability at the cache's temperature. tail: [n], the teacher's probability outside the slots (a
+ * top-K cache's remaining mass), or -1 where the row has no tail bucket. argmax: [n], the teacher's most likely id.
+ * Every float is f32. At most MAX_SPARSE_SLOTS slots.
+ */
+export interface SparseTargets {
+  slots: number;
+  ids: IntBuf;
+  prob: Buf;
+  logq: Buf;
+  tail: Buf;
+  argmax: IntBuf;
+  /** Rows may carry a tail bucket (a top-K cache): the CUDA backend then runs the kernel that sums Q_s outside the slots. */
+  withTail?: boolean;
+}
+/** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
+export const MAX_SPARSE_SLOTS = 256;
+
 /** Number of floats per row that lossForward writes into `stats`. */
 export const LOSS_STATS = 4;
 /** Column indices of the per-token stats row written by lossForward. */
@@ -216,6 +237,15 @@ export interface Backend {
    */
   lossForward(
     stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
+    n: number, vocab: number, spec: LossSpec, ld?: number,
+  ): void;
+  /**
+   * The fused per-token loss against a sparse teacher (a teacher cache, src/cache) instead of teacher logits: the same
+   * stats row and gradient conventions as lossForward, with the divergence estimated from the row's slots (see
+   * src/backend/cpu/kernels/sparse-loss.ts for the estimator and its gradient). spec.kind must not be 'none'.
+   */
+  sparseLossForward(
+    stats: Buf, dlogits: Buf | null, logits: Buf, targets: IntBuf, weights: Buf, sparse: SparseTargets,
     n: number, vocab: number, spec: LossSpec, ld?: number,
   ): void;
   // ---- optimizer ------------------------------------------------------------------------------------

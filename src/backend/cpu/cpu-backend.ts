@@ -48,14 +48,15 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
-import { LOSS_STATS, checkMatmulDtypes } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseTargets } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
 import { attentionCached, kvCacheWrite } from './kernels/attention.js';
 import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
+import { sparseLossRows } from './kernels/sparse-loss.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
@@ -661,6 +662,34 @@ export class CpuBackend implements Backend {
     }
     this.getPool().run({ op: 'loss', stats: st, dlogits: dz, logits: z, teacher: zt, targets: y, weights: w, vocab, ld, spec: s, r0: 0, r1: n },
       'rows', splitRange(n, this.chunkCount(n * vocab * 16)));
+  }
+
+  sparseLossForward(
+    stats: Buf, dlogits: Buf | null, logits: Buf, targets: IntBuf, weights: Buf, sparse: SparseTargets,
+    n: number, vocab: number, spec: LossSpec, ld: number = vocab,
+  ): void {
+    check(dlogits === null || dlogits.dtype === 'f32' || (dlogits as unknown) !== (logits as unknown),
+      'cpu backend: sparseLossForward: a bf16 dlogits must not alias logits');
+    check(spec.kind !== 'none', 'cpu backend: sparseLossForward: the sparse loss needs a distillation kind (kl, reverse-kl or jsd)');
+    check(spec.temperature > 0, `cpu backend: sparseLossForward: temperature must be > 0, got ${spec.temperature}`);
+    check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sparseLossForward: row stride ${ld} below the vocabulary ${vocab}`);
+    const S = sparse.slots;
+    check(Number.isInteger(S) && S >= 1 && S <= MAX_SPARSE_SLOTS, `cpu backend: sparseLossForward: ${S} slots per row (1 to ${MAX_SPARSE_SLOTS})`);
+    const st = this.f(stats, 'loss stats'), z = this.f(logits, 'loss logits'), w = this.f(weights, 'loss weights');
+    const dz = dlogits === null ? null : this.f(dlogits, 'loss dlogits');
+    const y = this.i(targets, 'loss targets');
+    const sp = {
+      slots: S, ids: this.i(sparse.ids, 'sparse ids'), prob: this.f(sparse.prob, 'sparse prob'), logq: this.f(sparse.logq, 'sparse logq'),
+      tail: this.f(sparse.tail, 'sparse tail'), argmax: this.i(sparse.argmax, 'sparse argmax'),
+    };
+    const rows = n > 0 ? (n - 1) * ld + vocab : 0;
+    this.need(st, n * LOSS_STATS, 'sparseLossForward', 'stats'); this.need(z, rows, 'sparseLossForward', 'logits');
+    this.need(w, n, 'sparseLossForward', 'weights'); this.need(y, n, 'sparseLossForward', 'targets');
+    if (dz !== null) this.need(dz, n * ld, 'sparseLossForward', 'dlogits');
+    for (const [a, what] of [[sp.ids, 'ids'], [sp.prob, 'prob'], [sp.logq, 'logq']] as const) this.need(a, n * S, 'sparseLossForward', what);
+    this.need(sp.tail, n, 'sparseLossForward', 'tail'); this.need(sp.argmax, n, 'sparseLossForward', 'argmax');
+    sparseLossRows(st, dz, z, y, w, sp, vocab, { kind: spec.kind, alpha: spec.alpha, temperature: spec.temperature, beta: spec.beta }, 0, n, ld);
+    this.fin(dlogits, 0, n * ld);
   }
 
   // ---- optimizer --------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec } from '../backend.js';
-import { LOSS_STATS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseTargets } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -61,6 +61,7 @@ import {
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
+import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
@@ -958,6 +959,36 @@ export class CudaBackend implements Backend {
     const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', block: LOSS_BLOCK });
     this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab), I(ld),
       F(dist ? spec.temperature : 1), F(dist ? spec.alpha : 0), F(spec.kind === 'jsd' ? spec.beta : 0)]);
+  }
+
+  sparseLossForward(stats: Buf, dlogits: Buf | null, logits: Buf, targets: IntBuf, weights: Buf, sparse: SparseTargets,
+    n: number, vocab: number, spec: LossSpec, ld: number = vocab): void {
+    if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`sparseLossForward: row stride ${ld} below the vocabulary ${vocab}`);
+    if (spec.kind === 'none') throw new DistilleryError('the sparse loss needs a distillation kind', 'use --loss kl, reverse-kl or jsd with a teacher cache');
+    const S = sparse.slots;
+    if (!(Number.isInteger(S) && S >= 1 && S <= MAX_SPARSE_SLOTS && S <= LOSS_BLOCK)) {
+      throw new DistilleryError(`sparseLossForward: ${S} slots per row (1 to ${MAX_SPARSE_SLOTS})`);
+    }
+    const rows = n > 0 ? (n - 1) * ld + vocab : 0;
+    this.need(stats, n * LOSS_STATS, 'sparseLossForward'); this.need(logits, rows, 'sparseLossForward');
+    this.need(targets, n, 'sparseLossForward'); this.need(weights, n, 'sparseLossForward');
+    if (dlogits) this.need(dlogits, n * ld, 'sparseLossForward');
+    for (const b of [sparse.ids, sparse.prob, sparse.logq]) this.need(b, n * S, 'sparseLossForward');
+    this.need(sparse.tail, n, 'sparseLossForward'); this.need(sparse.argmax, n, 'sparseLossForward');
+    if (dlogits !== null && dlogits.dtype !== 'f32' && overlaps(dlogits as CudaBuf, logits as CudaBuf)) {
+      throw new Error(`sparseLossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the logits (${(logits as CudaBuf).label})`);
+    }
+    this.f32Only('sparseLossForward', [['logits', logits], ['stats', stats], ['weights', weights], ['prob', sparse.prob], ['logq', sparse.logq], ['tail', sparse.tail]]);
+    // A top-K cache's rows carry a tail bucket (the caller says so by its tail values): the kernel that marks the slots.
+    const withTail = sparse.withTail === true;
+    if (withTail && vocab > SPARSE_TAIL_MAX_VOCAB) {
+      throw new DistilleryError(`a top-K teacher cache over ${vocab} tokens is more than the CUDA sparse loss covers (${SPARSE_TAIL_MAX_VOCAB})`,
+        'use a sample cache (--sparse sample:N) for this vocabulary');
+    }
+    if (n <= 0) return;
+    const k = sparseLossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', withTail, block: LOSS_BLOCK });
+    this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(targets), P(weights), P(sparse.ids), P(sparse.prob),
+      P(sparse.logq), P(sparse.tail), P(sparse.argmax), I(n), I(vocab), I(ld), I(S), F(spec.temperature), F(spec.alpha), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import {
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
+import { sparseLossKernel } from './sparse-loss.js';
 
 export * from './spec.js';
 export * from './norm.js';
@@ -21,6 +22,7 @@ export * from './rope.js';
 export * from './attention.js';
 export * from './elementwise.js';
 export * from './loss.js';
+export * from './sparse-loss.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyFamily = KernelFamily<any>;
@@ -31,7 +33,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, adamwKernel, adamwMultiKernel, convertKernel,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */

@@ -1,0 +1,73 @@
+/**
+ * The sparse teacher of a batch, on the host and on the device: the SparseTargets a backend's sparseLossForward reads
+ * ([rows, slots] ids, weights π, log q_t; per row the tail mass and the teacher's argmax).
+ */
+import type { Backend, SparseTargets } from '../backend/backend.js';
+import type { SparseEntry, SparseRep } from './sparse.js';
+import { sparseSlots } from './sparse.js';
+
+export interface SparseHost {
+  slots: number;
+  ids: Int32Array;
+  prob: Float64Array;
+  logq: Float64Array;
+  tail: Float64Array;
+  argmax: Int32Array;
+}
+
+export function allocSparseHost(rows: number, slots: number): SparseHost {
+  return {
+    slots, ids: new Int32Array(rows * slots).fill(-1), prob: new Float64Array(rows * slots), logq: new Float64Array(rows * slots),
+    tail: new Float64Array(rows).fill(-1), argmax: new Int32Array(rows),
+  };
+}
+
+/** Row `row` of h from a SparseEntry of representation `rep` (empty slots: id −1, π 0), or a row with no slots when null. */
+export function setSparseRow(h: SparseHost, row: number, e: SparseEntry | null, rep: SparseRep): void {
+  const S = h.slots, o = row * S;
+  h.ids.fill(-1, o, o + S); h.prob.fill(0, o, o + S); h.logq.fill(0, o, o + S);
+  if (e === null) { h.tail[row] = -1; h.argmax[row] = -1; return; }
+  if (e.ids.length > S) throw new RangeError(`a sparse row has ${e.ids.length} ids for ${S} slots`);
+  const n = rep.kind === 'sample' ? rep.n : 0;
+  for (let k = 0; k < e.ids.length; k++) {
+    h.ids[o + k] = e.ids[k]!;
+    h.logq[o + k] = e.logq[k]!;
+    h.prob[o + k] = rep.kind === 'sample' ? e.counts[k]! / n : Math.exp(e.logq[k]!);
+  }
+  h.tail[row] = e.tail;
+  h.argmax[row] = e.argmax;
+}
+
+/** Device buffers for up to `rows` rows of a representation's slots. */
+export class SparseDevice {
+  readonly targets: SparseTargets;
+  constructor(private readonly be: Backend, readonly rows: number, readonly rep: SparseRep) {
+    const S = sparseSlots(rep);
+    this.targets = {
+      slots: S, ids: be.allocInt(rows * S, 'teacher cache ids'), prob: be.alloc(rows * S, 'teacher cache weights'),
+      logq: be.alloc(rows * S, 'teacher cache log-probabilities'), tail: be.alloc(rows, 'teacher cache tail mass'),
+      argmax: be.allocInt(rows, 'teacher cache argmax'), withTail: rep.kind === 'top',
+    };
+  }
+
+  /** Uploads the first n rows of h (before a captured region's work). */
+  stage(h: SparseHost, n: number): void {
+    const S = this.targets.slots, be = this.be, t = this.targets;
+    if (h.slots !== S) throw new RangeError(`sparse rows of ${h.slots} slots for buffers of ${S}`);
+    if (n > this.rows) throw new RangeError(`${n} sparse rows for buffers of ${this.rows}`);
+    be.uploadInt(t.ids, h.ids.subarray(0, n * S));
+    be.upload(t.prob, h.prob.subarray(0, n * S));
+    be.upload(t.logq, h.logq.subarray(0, n * S));
+    be.upload(t.tail, h.tail.subarray(0, n));
+    be.uploadInt(t.argmax, h.argmax.subarray(0, n));
+  }
+
+  /** A view of rows [r0, r0 + rows). */
+  view(r0: number, rows: number): SparseTargets {
+    const S = this.targets.slots, be = this.be, t = this.targets;
+    return {
+      slots: S, ids: be.viewInt(t.ids, r0 * S, rows * S), prob: be.view(t.prob, r0 * S, rows * S), logq: be.view(t.logq, r0 * S, rows * S),
+      tail: be.view(t.tail, r0, rows), argmax: be.viewInt(t.argmax, r0, rows), withTail: t.withTail === true,
+    };
+  }
+}
