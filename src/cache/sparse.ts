@@ -12,7 +12,6 @@
  */
 import { MAX_SPARSE_SLOTS } from '../backend/backend.js';
 import { UsageError } from '../cli/args.js';
-import type { Rng } from '../util/rng.js';
 
 export type SparseRep = { kind: 'sample'; n: number } | { kind: 'top'; k: number };
 
@@ -45,11 +44,13 @@ export interface SparseEntry {
 }
 
 /**
- * The sparse teacher of one row of logits z[off .. off + vocab) at temperature T. `rng` draws the samples (unused for
- * top-K). Ids come out ascending for samples and by descending probability (ties: lower id first) for top-K.
+ * The sparse teacher of one row of logits z[off .. off + vocab) at temperature T. `uniform(k)` is the k-th of the
+ * row's N uniforms in [0, 1) (sample caches use cacheUniform: the same draws wherever and whenever the row is
+ * computed); unused for top-K. Ids come out ascending for samples and by descending probability (ties: lower id
+ * first) for top-K.
  */
-export function sparseRow(z: ArrayLike<number>, off: number, vocab: number, T: number, rep: SparseRep, rng: Rng | null,
-  scratch?: Float64Array): SparseEntry {
+export function sparseRow(z: ArrayLike<number>, off: number, vocab: number, T: number, rep: SparseRep,
+  uniform: ((k: number) => number) | null, scratch?: Float64Array): SparseEntry {
   const invT = 1 / T;
   let mx = -Infinity, argmax = 0, best = -Infinity;
   for (let j = 0; j < vocab; j++) {
@@ -74,7 +75,7 @@ export function sparseRow(z: ArrayLike<number>, off: number, vocab: number, T: n
   }
   // N sorted uniforms against the cumulative distribution: one pass over the vocabulary.
   const u: number[] = [];
-  for (let i = 0; i < rep.n; i++) u.push(rng!.next() * sum);
+  for (let i = 0; i < rep.n; i++) u.push(uniform!(i) * sum);
   u.sort((a, b) => a - b);
   const ids: number[] = [], counts: number[] = [];
   let c = 0, ui = 0, last = -1;
@@ -93,6 +94,25 @@ export function sparseRow(z: ArrayLike<number>, off: number, vocab: number, T: n
     else { ids.push(last); counts.push(1); }
   }
   return { ids, counts, logq: ids.map(logq), tail: -1, argmax };
+}
+
+function fmix32(h: number): number {
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}
+
+/**
+ * The k-th uniform in [0, 1) of a cache row: a counter-based hash of (seed, window, position, k) (murmur3's
+ * finalizer chained over the counters), so a row's samples do not depend on the order rows are computed in, and a
+ * cache job that continues after an interruption draws what the uninterrupted job would have.
+ */
+export function cacheUniform(seed: number, window: number, pos: number, k: number): number {
+  let h = fmix32((seed >>> 0) ^ 0x9e3779b9);
+  h = fmix32(h ^ Math.imul(window + 1, 0x9e3779b1));
+  h = fmix32(h ^ Math.imul(pos + 1, 0x85ebca77));
+  h = fmix32(h ^ Math.imul(k + 1, 0xc2b2ae3d));
+  return (h + 0.5) / 4294967296;
 }
 
 /** The k largest entries of e[0..n) by value (ties: lower index first), in that order. */

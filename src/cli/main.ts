@@ -20,9 +20,10 @@ import { inspectCommand } from './commands/inspect.js';
 import { demoCommand } from './commands/demo.js';
 import { kernelsCommand } from './commands/kernels.js';
 import { exportCommand } from './commands/export.js';
+import { teacherCacheCommand } from './commands/teacher-cache.js';
 
 export const COMMANDS: readonly Command[] = [
-  trainCommand, distillCommand, generateCommand, evalCommand, inspectCommand, demoCommand, kernelsCommand, exportCommand,
+  trainCommand, distillCommand, teacherCacheCommand, generateCommand, evalCommand, inspectCommand, demoCommand, kernelsCommand, exportCommand,
 ];
 
 /** The version field of distillery's package.json (found upward from this file, in src/ or dist/src/). */

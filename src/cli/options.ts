@@ -56,7 +56,8 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 && v <= MAX_BPE_VOCAB ? null : `an integer from 256 (the 256 byte tokens) to ${MAX_BPE_VOCAB}`) }),
   spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
   spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
-  spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: required)', { metavar: '<dir|hub id>', distillOnly: true }),
+  spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: this or --teacher-cache)', { metavar: '<dir|hub id>', distillOnly: true }),
+  spec('teacherCache', 'string', 'distill from a teacher cache (distillery teacher-cache) instead of running a teacher', { metavar: '<dir>', distillOnly: true }),
   spec('device', 'string', 'where to compute', { choices: ['cpu', 'cuda'] }),
   spec('precision', 'string', 'storage and matrix-product precision: auto (bf16 on cuda, fp32 on cpu), bf16 (fp32 master weights), tf32, fp32', { choices: ['auto', 'bf16', 'tf32', 'fp32'] }),
   spec('threads', 'integer', 'CPU threads for matrix products (0 = all cores)', { check: threadsProblem }),
@@ -279,10 +280,19 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
 
   // Mode-specific.
   if (mode === 'distill') {
-    if (merged.teacher === undefined) {
-      throw new UsageError('distill needs a teacher (--teacher)', 'pass --teacher <checkpoint folder> (a Hugging Face folder with config.json and model.safetensors)');
+    if (merged.teacher !== undefined && merged.teacherCache !== undefined) {
+      throw new UsageError(`${labelOf('teacher')} and ${labelOf('teacherCache')}: distill from one of them`,
+        'drop --teacher to train from the cache alone (the cache holds what the student needs of the teacher)');
     }
-    checkModelDir(fs, merged.teacher as string, labelOf('teacher'));
+    if (merged.teacher === undefined && merged.teacherCache === undefined) {
+      throw new UsageError('distill needs a teacher (--teacher) or a teacher cache (--teacher-cache)', 'pass --teacher <checkpoint folder> (a Hugging Face folder with config.json and model.safetensors), or --teacher-cache <folder> made by `distillery teacher-cache`');
+    }
+    if (merged.teacher !== undefined) checkModelDir(fs, merged.teacher as string, labelOf('teacher'));
+    else {
+      const c = merged.teacherCache as string;
+      if (!fs.exists(c) || !fs.isDirectory(c)) throw new UsageError(`${labelOf('teacherCache')}: ${c} is not a folder`, 'pass the --out folder of `distillery teacher-cache`');
+      if (!fs.exists(`${c}/manifest.json`)) throw new UsageError(`${labelOf('teacherCache')}: ${c} has no manifest.json`, 'pass the --out folder of `distillery teacher-cache`');
+    }
     if (label.has('beta') && merged.loss !== 'jsd') {
       warnings.push(`${labelOf('beta')} has no effect with --loss ${String(merged.loss)}: it only weighs the JSD mixture (--loss jsd)`);
     }
@@ -292,6 +302,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
       warnings.push(`${given.join(', ')} ${given.length === 1 ? 'has' : 'have'} no effect with 'train' (plain next-token training); use 'distillery distill' to distill from a teacher`);
     }
     delete merged.teacher;
+    delete merged.teacherCache;
   }
 
   if (merged.chatTemplateKwargs !== undefined) parseTemplateKwargs(merged.chatTemplateKwargs as string, labelOf('chatTemplateKwargs'));

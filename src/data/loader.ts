@@ -25,6 +25,8 @@ export interface Batch {
   mask: Float32Array;
   /** Number of counted targets in the batch. */
   tokens: number;
+  /** The windows' ids (Window.id; −1 where a window has none), one per row. */
+  windows: Int32Array;
 }
 
 export interface BatchLoaderOptions {
@@ -86,17 +88,19 @@ export class BatchLoader {
   next(): Batch {
     const B = this.batchSize, T = this.seqLen, n = this.windows.length;
     const inputs = new Int32Array(B * T), targets = new Int32Array(B * T), mask = new Float32Array(B * T);
+    const windows = new Int32Array(B);
     let tokens = 0;
     for (let b = 0; b < B; b++) {
       if (this.pos.index >= n) { this.pos.epoch++; this.pos.index = 0; }
       const w = this.windows[this.epochOrder(this.pos.epoch)[this.pos.index]!]!;
       this.pos.index++;
+      windows[b] = w.id ?? -1;
       inputs.set(w.inputs, b * T);
       targets.set(w.targets, b * T);
       mask.set(w.mask, b * T);
       for (let t = 0; t < T; t++) tokens += w.mask[t]!;
     }
-    return { inputs, targets, mask, tokens };
+    return { inputs, targets, mask, tokens, windows };
   }
 
   /** The serializable position (a copy). */

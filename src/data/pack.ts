@@ -28,6 +28,8 @@ export interface Window {
   targets: Int32Array;
   /** 1 where the target counts, 0 on padding. */
   mask: Float32Array;
+  /** The window's index in the packed data (packDocuments sets it): a teacher cache's key for it. */
+  id?: number;
 }
 
 export interface PackOptions {
@@ -102,7 +104,7 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     // With loss spans, a window may hold no counted target (a long user turn): it would only cost a step.
     if (k === 0 && spanned) { emptyWindows++; continue; }
     targetTokens += k;
-    windows.push({ inputs, targets, mask });
+    windows.push({ inputs, targets, mask, id: windows.length });
   }
   if (windows.length === 0 && spanned) {
     throw new DistilleryError('no token of the data carries loss (no assistant reply in any window)', 'check the chat data, or pass --loss-on all to train on every token');

@@ -21,6 +21,8 @@ export interface JobMemory {
   lossVocab?: number | undefined;
   /** Both models' precision (default fp32). */
   precision?: Precision;
+  /** Distilling from a teacher cache with this many slots per position (its sparse rows on the device), no teacher. */
+  teacherCacheSlots?: number | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -55,6 +57,8 @@ export function estimateJobBytes(j: JobMemory): number {
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), undefined, j.training && a !== F);
   if (j.teacher) bytes += parameterLayout(j.teacher).total * a + activationBytes(j.teacher, j.batch, j.seq, false, a);
+  // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
+  if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   return bytes;
 }
 

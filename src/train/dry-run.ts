@@ -20,6 +20,8 @@ import { headChunkRows, headWidth } from './head.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import type { RunOptions } from './options.js';
 import { runLossVocab, studentConfig } from './run.js';
+import { readManifest, TEACHER_DIR } from '../cache/store.js';
+import { parseSparse, sparseSlots } from '../cache/sparse.js';
 
 export interface DryRunKernel { family: string; params: Record<string, string | number | boolean>; source_sha256: string }
 
@@ -41,6 +43,8 @@ export interface DryRunReport {
   device_gib: string;
   /** The pre-warm plan: every kernel the job launches (empty on the CPU, which compiles nothing). */
   kernels: DryRunKernel[];
+  /** Distilling from a teacher cache: what it holds and its size on disk (no teacher in memory). */
+  teacher_cache: { path: string; sparse: string; temperature: number; windows: number; bytes: number; bytes_per_token: number | null } | null;
 }
 
 /** A model folder's config and tokenizer, without its weights. */
@@ -60,18 +64,26 @@ function describeModel(c: ModelConfig): Record<string, unknown> {
 
 /** Plans the job of `o` as described in the module comment. */
 export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Promise<DryRunReport> {
-  const teacher = o.mode === 'distill' && o.teacher ? readFolderHeader(o.teacher, 'teacher') : null;
-  if (o.mode === 'distill' && !teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder>');
+  const manifest = o.mode === 'distill' && o.teacherCache ? readManifest(o.teacherCache) : null;
+  if (o.mode === 'distill' && o.teacherCache && !manifest) {
+    throw new DistilleryError(`--teacher-cache ${o.teacherCache}: no manifest.json there`, 'pass the --out folder of `distillery teacher-cache`');
+  }
+  const teacher = o.mode === 'distill' && o.teacher ? readFolderHeader(o.teacher, 'teacher')
+    : manifest ? readFolderHeader(path.join(o.teacherCache!, TEACHER_DIR), 'the teacher cache\'s teacher') : null;
+  if (o.mode === 'distill' && !teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder> or --teacher-cache <folder>');
+  const cacheRep = manifest ? parseSparse(manifest.sparse) : undefined;
+  // With a cache, the teacher decides the tokenizer and vocabulary but is not in memory.
+  const inMemory = manifest ? null : teacher?.config ?? null;
   const init = o.init ? readFolderHeader(o.init, '--init') : null;
   // The tokenizer the run would use: --tokenizer, the teacher's, --init's; else one trained to --vocab-size.
   const tok = o.tokenizer ? Tokenizer.fromFile(o.tokenizer) : teacher?.tokenizer ?? init?.tokenizer ?? null;
   const cfg = studentConfig(o, tok ?? { vocabSize: o.vocabSize, eosId: undefined }, teacher, init);
   const { lossVocab: jobLossVocab } = runLossVocab(tok?.vocabSize ?? o.vocabSize, cfg, teacher?.config ?? null);
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
-  const job = runJobShape(o, cfg, teacher?.config ?? null, jobLossVocab, prec.model);
+  const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep);
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
-  const bytes = estimateJobBytes({ student: cfg, teacher: teacher?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab,
-    precision: prec.model });
+  const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
+    precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
@@ -84,8 +96,12 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
   return {
     mode: o.mode, device: o.device, precision: prec.name, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
-    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(teacher ? [teacher.config.vocabSize] : []))), loss_vocab: lossVocab,
+    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : []))), loss_vocab: lossVocab,
     device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
+    teacher_cache: manifest ? {
+      path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,
+      bytes: manifest.shards.reduce((a, x) => a + x.bytes, 0), bytes_per_token: manifest.bytes_per_token,
+    } : null,
   };
 }
 
@@ -96,6 +112,8 @@ export function formatDryRun(r: DryRunReport): string {
     `dry run: ${r.mode} on ${r.device} (${r.precision}), batch ${r.batch} × seq ${r.seq}, loss ${r.loss}`,
     `student   ${m(r.student)}`,
     ...(r.teacher ? [`teacher   ${m(r.teacher)}`] : []),
+    ...(r.teacher_cache ? [`cache     ${r.teacher_cache.path}: ${r.teacher_cache.sparse} at temperature ${r.teacher_cache.temperature}, ` +
+      `${(r.teacher_cache.bytes / 2 ** 20).toFixed(2)} MiB on disk, ${r.teacher_cache.bytes_per_token ?? '?'} bytes per token (no teacher in memory)`] : []),
     `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,
     `LM head   ${r.head_chunk_rows} rows of logits at a time over ${r.loss_vocab} vocabulary rows`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',

@@ -20,6 +20,8 @@ import type { Backend, Buf, IntBuf, LossSpec } from '../backend/backend.js';
 import { LOSS_STATS } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 import { DistilleryError } from '../util/errors.js';
+import type { SparseRep } from '../cache/sparse.js';
+import { SparseDevice, type SparseHost } from '../cache/targets.js';
 
 /** Default bound on one chunk of logits, in floats. */
 export const DEFAULT_HEAD_CHUNK_FLOATS = 128 * 2 ** 20;
@@ -29,6 +31,8 @@ export interface HeadOptions {
   lossVocab?: number | undefined;
   /** Floats of one chunk of logits (default DEFAULT_HEAD_CHUNK_FLOATS). */
   chunkFloats?: number | undefined;
+  /** Distill from a teacher cache of this representation (src/cache): no teacher model, the sparse loss. */
+  sparse?: SparseRep | undefined;
 }
 
 /**
@@ -70,6 +74,8 @@ export class ChunkedHead {
   private readonly targets: IntBuf;
   private readonly weights: Buf;
   private readonly stats: Buf;
+  /** The sparse teacher's device buffers (a cached distillation), else null. */
+  private readonly sparse: SparseDevice | null;
 
   constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec,
     readonly maxRows: number, opts: HeadOptions = {}) {
@@ -90,7 +96,12 @@ export class ChunkedHead {
     this.targets = this.be.allocInt(maxRows, 'loss targets');
     this.weights = this.be.alloc(maxRows, 'loss token weights');
     this.stats = this.be.alloc(maxRows * LOSS_STATS, 'loss statistics');
+    if (opts.sparse && teacher) throw new DistilleryError('a loss head takes a teacher model or a teacher cache, not both');
+    this.sparse = opts.sparse ? new SparseDevice(this.be, maxRows, opts.sparse) : null;
   }
+
+  /** Whether the head distills from a teacher cache (stage() then needs the batch's sparse rows). */
+  get sparseTeacher(): boolean { return this.sparse !== null; }
 
   /**
    * Head + loss over n rows of hidden states (the models' last forwardHidden outputs). With `grad`, the student's
@@ -120,18 +131,23 @@ export class ChunkedHead {
     }
   }
 
-  run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean): Float32Array | Float64Array {
-    this.stage(targets, weights, n);
+  run(hs: Buf, ht: Buf | null, targets: Int32Array, weights: Float32Array | Float64Array, n: number, grad: boolean,
+    sparse?: SparseHost): Float32Array | Float64Array {
+    this.stage(targets, weights, n, sparse);
     this.compute(hs, ht, n, grad);
     return this.readStats(n);
   }
 
   /** Checks and uploads n rows of targets and token weights for compute() (before a captured region's work). */
-  stage(targets: Int32Array, weights: Float32Array | Float64Array, n: number): void {
+  stage(targets: Int32Array, weights: Float32Array | Float64Array, n: number, sparse?: SparseHost): void {
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     this.checkTargets(targets, weights, n);
     this.be.uploadInt(this.targets, targets.subarray(0, n));
     this.be.upload(this.weights, weights.subarray(0, n));
+    if (this.sparse) {
+      if (!sparse) throw new DistilleryError('a loss head over a teacher cache needs the batch\'s sparse teacher rows');
+      this.sparse.stage(sparse, n);
+    }
   }
 
   /** The per-row statistics [n, LOSS_STATS] of the last compute(), on the host. */
@@ -163,8 +179,9 @@ export class ChunkedHead {
         be.matmulForward(zt, be.view(ht, r0 * Ct, rows * Ct), wt, null, rows, Ct, V);
       }
       const dz = this.dz ? be.view(this.dz, 0, rows * V) : zs;
-      be.lossForward(be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), grad ? dz : null, zs, zt,
-        be.viewInt(this.targets, r0, rows), be.view(this.weights, r0, rows), rows, this.lossVocab, this.spec, V);
+      const st = be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), y = be.viewInt(this.targets, r0, rows), w = be.view(this.weights, r0, rows);
+      if (this.sparse) be.sparseLossForward(st, grad ? dz : null, zs, y, w, this.sparse.view(r0, rows), rows, this.lossVocab, this.spec, V);
+      else be.lossForward(st, grad ? dz : null, zs, zt, y, w, rows, this.lossVocab, this.spec, V);
       if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
     }
   }

@@ -13,6 +13,9 @@ import { Generator } from '../model/generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
 import { StepRunner, type Batch } from './step.js';
 import { DEFAULT_RUN_OPTIONS as D, type RunOptions } from './options.js';
+import { sparseSlots, type SparseRep } from '../cache/sparse.js';
+import { allocSparseHost } from '../cache/targets.js';
+import { TeacherPass } from '../cache/teacher-pass.js';
 
 const NO_DISTILL: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
 
@@ -35,25 +38,40 @@ export interface JobShape {
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
   precision?: Precision;
+  /** Distill from a teacher cache of this representation instead of a teacher model (the sparse loss). */
+  teacherCache?: SparseRep | undefined;
+  /** The teacher-cache job: the teacher's forward and LM head over batches of this shape (no student step). */
+  cacheTeacher?: boolean;
 }
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
 export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelConfig | null, lossVocab?: number,
-  precision: Precision = 'fp32'): JobShape {
+  precision: Precision = 'fp32', teacherCache?: SparseRep): JobShape {
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
   return {
-    student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision,
+    student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };
 }
 
-function placeholderBatch(b: number, t: number, vocab: number): Batch {
+function placeholderBatch(b: number, t: number, vocab: number, cache?: SparseRep): Batch {
   const n = b * t;
   const inputs = Int32Array.from({ length: n }, (_, i) => (i * 7919) % vocab);
   const targets = Int32Array.from({ length: n }, (_, i) => (i * 104729 + 1) % vocab);
-  return { inputs, targets, mask: new Float32Array(n).fill(1), b, t };
+  const batch: Batch = { inputs, targets, mask: new Float32Array(n).fill(1), b, t };
+  if (cache) {
+    // Every row's slots full of distinct ids, a tail where the representation has one.
+    const S = sparseSlots(cache), h = allocSparseHost(n, S);
+    for (let r = 0; r < n; r++) {
+      for (let k = 0; k < S; k++) { h.ids[r * S + k] = (r + k) % vocab; h.prob[r * S + k] = 1 / S; h.logq[r * S + k] = -Math.log(S + 1); }
+      h.tail[r] = cache.kind === 'top' ? 1 / (S + 1) : -1;
+      h.argmax[r] = r % vocab;
+    }
+    batch.sparse = h;
+  }
+  return batch;
 }
 
 /** The closures of a job (see the module comment). */
@@ -64,11 +82,19 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const precision = j.precision ?? 'fp32';
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
-      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab });
-      const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize);
+      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache });
+      const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
+    });
+  }
+  if (j.cacheTeacher) {
+    runs.push((be) => {
+      if (!j.teacher) throw new Error('a teacher-cache job needs the teacher\'s config');
+      const m = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision: j.precision ?? 'fp32' });
+      const pass = new TeacherPass(m, j.lossVocab ?? j.teacher.vocabSize);
+      pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => undefined);
     });
   }
   if (j.generateLen && j.generateLen > 1) {

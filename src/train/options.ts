@@ -25,6 +25,8 @@ export interface RunOptions {
   init?: string | undefined;
   /** Teacher checkpoint folder (distill). */
   teacher?: string | undefined;
+  /** A teacher cache folder (distillery teacher-cache) to distill from instead of a teacher model (distill). */
+  teacherCache?: string | undefined;
   device: 'cpu' | 'cuda';
   /** Storage and product precision (src/train/precision.ts): auto = bf16 on CUDA, fp32 on the CPU. */
   precision: PrecisionFlag;

@@ -38,10 +38,8 @@ import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
 import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
-import { chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
-import { parseTemplateKwargs } from '../cli/options.js';
-import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { capDocs, loadDocs, reportNoAssistant, packDocuments, splitTrainVal, BatchLoader, loadDocCorpus, type Doc, type Window, type LoaderState } from '../data/index.js';
+import { chatFormatOf, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { packDocuments, splitTrainVal, BatchLoader, type Doc, type Window, type LoaderState } from '../data/index.js';
 import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
@@ -56,6 +54,10 @@ import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
+import { loadTeacher, modelExtras, readData } from './run-data.js';
+import { TeacherCache } from '../cache/store.js';
+import { allocSparseHost, type SparseHost } from '../cache/targets.js';
+import { sparseSlots } from '../cache/sparse.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
 
@@ -183,7 +185,9 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
   latest: string, saved: SavedState | null, prec: ResolvedPrecision): Promise<RunSummary> {
   // ---- data and tokenizer ----------------------------------------------------------------------------
-  const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? loadTeacher(o) : null;
+  // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
+  const cache = o.mode === 'distill' && o.teacherCache ? TeacherCache.open(o.teacherCache) : null;
+  const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? (cache ? cache.teacherHeader() : loadTeacher(o)) : null;
   const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
   checkSeqFits(o, teacherCk, initCk);
   const extras = modelExtras(o, teacherCk, initCk);
@@ -213,6 +217,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
   const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
+  if (cache) {
+    cache.checkRun({
+      tokenizerSha256: tokenizerHash(tokenizer), dataSha256: dataHash, seq: o.seq, temperature: o.temperature, lossOn: o.lossOn ?? 'assistant',
+      windows: packed.windows.length, lossVocab: tokenizer.vocabSize,
+    });
+  }
   if (val.length === 0) log('warning: no validation windows (dataset too small or --val-fraction 0): validation loss is not measured');
   log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq}`);
   if (docs.some((d) => d.lossSpans !== null)) {
@@ -236,22 +246,31 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   };
   // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
   const precision = prec.model;
-  const job = runJobShape(o, cfg, teacherCk?.config ?? null, lossVocab, precision);
+  const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
   const spec: LossSpec = job.loss!, adam = job.adam!;
-  checkDeviceMemory(backend, { student: cfg, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
+  checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
   }
   const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision });
-  const teacher = teacherCk
+  const teacher = teacherCk && !cache
     ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision })
     : null;
   if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
-  const runner = new StepRunner(student, teacher, spec, { lossVocab });
+  const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
+  /** A batch's sparse teacher rows from the cache (null without one). */
+  const sparseOf = (windows: Int32Array, mask: Float32Array): SparseHost | undefined => {
+    if (!cache) return undefined;
+    const h = allocSparseHost(windows.length * o.seq, sparseSlots(cache.rep));
+    cache.fillBatch(h, windows, mask, o.seq);
+    return h;
+  };
+  const distilling = teacher !== null || cache !== null;
   const opt = new AdamW(student, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
+  if (cache) log(cache.describe());
   log(`student: ${describeBaked(cfg)}`);
   if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);
 
@@ -275,6 +294,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
+  for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
   const appendMetric = (m: Record<string, unknown>): void => {
     try { appendNoFollow(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
@@ -287,7 +307,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const e = evaluate();
     if (e) {
       initialValLoss = e.meanLoss; initialValCe = e.meanCe;
-      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(teacher ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
+      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
       log(`step 0: validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})`);
     }
   }
@@ -374,10 +394,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       mode: o.mode, out, finalDir, steps: step,
       initialTrainLoss, finalTrainLoss: finalTrainLossOf(),
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
-      finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: teacher && lastEval ? lastEval.agreement : null,
+      finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: distilling && lastEval ? lastEval.agreement : null,
       tokensTrained, dataTokens: packed.totalTokens, dataLossTokens: packed.targetTokens, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
-      parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : null, status,
+      parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal,
     };
@@ -389,7 +409,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const micro: Batch[] = [];
       for (let a = 0; a < o.gradAccum; a++) {
         const b = loader.next();
-        micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq });
+        micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) });
       }
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
@@ -407,13 +427,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       recent.push(r.loss); if (recent.length > 10) recent.shift();
       const secs = (Date.now() - started) / 1000;
       const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
-      appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(teacher ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
+      appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
       if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
       const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
       if (step % o.evalEvery === 0 || last) {
         lastEval = evaluate();
         if (lastEval) {
-          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(teacher ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
+          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
           if (!o.quiet) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
           afterEval(lastEval.meanLoss);
         }
@@ -521,30 +541,17 @@ function appendNoFollow(file: string, text: string): void {
   }
 }
 
+/** Where the teacher came from, for messages: --teacher DIR or --teacher-cache DIR. */
+function teacherFrom(o: RunOptions): string {
+  return o.teacherCache ? `--teacher-cache ${o.teacherCache}` : `--teacher ${o.teacher}`;
+}
+
 function fmt(x: number): string {
   return Number.isFinite(x) ? x.toFixed(4) : 'n/a';
 }
 
 function describe(c: ModelConfig): string {
   return `${c.architecture} ${c.numLayers}L × ${c.hiddenSize} (${c.numHeads} heads, ${c.numKvHeads} kv), vocab ${c.vocabSize}, ${(parameterCount(c) / 1e6).toFixed(2)}M parameters`;
-}
-
-function loadTeacher(o: RunOptions): LoadedCheckpoint {
-  if (!o.teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder>');
-  return readCheckpoint(o.teacher);
-}
-
-function readData(o: RunOptions, log: (s: string) => void, chat: ChatFormat): Doc[] {
-  if (o.data.length === 1 && o.data[0] === 'builtin:docs') {
-    const corpus = loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {});
-    log(`data: builtin:docs — ${corpus.documents.length} documentation comments (${corpus.totalChars} characters) from TypeScript ${corpus.typescriptVersion}'s ${corpus.files.length} lib .d.ts files`);
-    return corpus.documents.map((text) => ({ text, lossSpans: null }));
-  }
-  if (o.data.length === 0) throw new DistilleryError('no training data given', 'pass --data <file> (text or .jsonl), or --data builtin:docs');
-  const kwargs = o.chatTemplateKwargs !== undefined ? parseTemplateKwargs(o.chatTemplateKwargs) : undefined;
-  const loaded = loadDocs(o.data, { renderChat: chatRenderer(chat, { lossOn: o.lossOn ?? 'assistant', kwargs }) });
-  reportNoAssistant(loaded, log);
-  return capDocs(loaded.docs, o.maxChars);
 }
 
 /** The run's tokenizer and where it came from (the name it has in identity errors). */
@@ -554,7 +561,7 @@ function chooseTokenizer(o: RunOptions, docs: () => string[], resumePath: string
   if (o.tokenizer) return { name: 'data', tokenizer: Tokenizer.fromFile(o.tokenizer), from: `--tokenizer ${o.tokenizer}`, role: 'tokenizer' };
   if (teacher) {
     if (!teacher.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it or pass --tokenizer');
-    return { name: 'teacher', tokenizer: teacher.tokenizer, from: `--teacher ${o.teacher}`, role: 'teacher' };
+    return { name: 'teacher', tokenizer: teacher.tokenizer, from: teacherFrom(o), role: 'teacher' };
   }
   if (init?.tokenizer) return { name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}`, role: 'init' };
   const d = docs();
@@ -575,7 +582,7 @@ function checkSameTokenizer(o: RunOptions, chosen: ReturnType<typeof chooseToken
     : '--init continues a model trained with its own tokenizer; tokenizing the data with another would change what every token id means: drop --tokenizer to use the checkpoint\'s';
   const others: NamedTokenizer[] = [];
   if (teacher && chosen.role !== 'teacher') {
-    if (teacher.tokenizer) others.push({ name: 'teacher', tokenizer: teacher.tokenizer, from: `--teacher ${o.teacher}` });
+    if (teacher.tokenizer) others.push({ name: 'teacher', tokenizer: teacher.tokenizer, from: teacherFrom(o) });
     else log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the run's tokenizer (${chosen.from})`);
   }
   if (init && chosen.role !== 'init') {
@@ -589,30 +596,6 @@ function checkSameTokenizer(o: RunOptions, chosen: ReturnType<typeof chooseToken
   if (all.length > 1) {
     log(`tokenizer: ${chosen.tokenizer.vocabSize} tokens, identity ${tokenizerHash(chosen.tokenizer).slice(0, 16)}: the same for ${all.map((t) => t.name).join(', ')}`);
   }
-}
-
-interface ModelExtras {
-  tokenizerConfig: Record<string, unknown> | null;
-  chatTemplate: string | null;
-  generationConfig: Record<string, unknown> | null;
-  /** For messages: 'the teacher runs/t'. */
-  from: string;
-}
-
-/** tokenizer_config.json, chat template and generation_config.json of the teacher, else --init, else next to --tokenizer. */
-function modelExtras(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelExtras | null {
-  const of = (ck: LoadedCheckpoint, from: string): ModelExtras => ({ tokenizerConfig: ck.tokenizerConfig, chatTemplate: ck.chatTemplate, generationConfig: ck.generationConfig, from });
-  // Only from a checkpoint whose tokenizer.json is there (and so checked to be the run's).
-  if (teacher?.tokenizerJson) return of(teacher, `the teacher ${o.teacher}`);
-  if (init?.tokenizerJson) return of(init, `the --init checkpoint ${o.init}`);
-  if (o.tokenizer) {
-    const dir = fs.existsSync(o.tokenizer) && fs.statSync(o.tokenizer).isDirectory() ? o.tokenizer : path.dirname(o.tokenizer);
-    const x = readModelDirExtras(dir, { tokenizerJson: false });
-    if (x.tokenizerConfig || x.chatTemplate) {
-      return { tokenizerConfig: x.tokenizerConfig ?? null, chatTemplate: x.chatTemplate ?? null, generationConfig: x.generationConfig ?? null, from: `${dir} (--tokenizer)` };
-    }
-  }
-  return null;
 }
 
 /**
@@ -694,7 +677,7 @@ function readSavedState(file: string): SavedState {
 const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
 
 function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
-  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'vocabSize', 'maxChars'];
+  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars'];
   for (const k of keys) {
     if (JSON.stringify(a[k]) !== JSON.stringify(b[k])) {
       throw new DistilleryError(`--resume: option "${k}" was ${JSON.stringify(a[k])} in the checkpoint but is ${JSON.stringify(b[k])} now`,
@@ -711,8 +694,8 @@ function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) =>
 }
 
 /** Validation batches, each padded to the full batch size (masked rows) so evaluation runs the training shapes. */
-export function makeEvalBatches(val: Window[], batch: number, maxBatches: number): Batch[] {
-  const out: Batch[] = [];
+export function makeEvalBatches(val: Window[], batch: number, maxBatches: number): Array<Batch & { windows: Int32Array }> {
+  const out: Array<Batch & { windows: Int32Array }> = [];
   if (val.length === 0) return out;
   const T = val[0]!.inputs.length;
   for (let i = 0; i < val.length; i += batch) {
@@ -720,8 +703,9 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
     const rows = val.slice(i, i + batch);
     const b = batch;
     const inputs = new Int32Array(b * T), targets = new Int32Array(b * T).fill(-1), mask = new Float32Array(b * T);
-    rows.forEach((w, r) => { inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); });
-    out.push({ inputs, targets, mask, b, t: T });
+    const windows = new Int32Array(b).fill(-1);
+    rows.forEach((w, r) => { inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); windows[r] = w.id ?? -1; });
+    out.push({ inputs, targets, mask, b, t: T, windows });
   }
   return out;
 }

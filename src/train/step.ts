@@ -15,6 +15,7 @@ import type { Transformer } from '../model/transformer.js';
 import type { AdamW } from './optimizer.js';
 import { DistilleryError } from '../util/errors.js';
 import { ChunkedHead, type HeadOptions } from './head.js';
+import type { SparseHost } from '../cache/targets.js';
 
 /** b sequences of t tokens: inputs, next-token targets (−1 on padding) and a 0/1 mask of counted tokens. */
 export interface Batch {
@@ -23,6 +24,8 @@ export interface Batch {
   mask: Float32Array;
   b: number;
   t: number;
+  /** The sparse teacher of every row (b·t rows), for a runner over a teacher cache. */
+  sparse?: SparseHost | undefined;
 }
 
 /** Token-weighted sums over a set of batches. */
@@ -80,8 +83,11 @@ export class StepRunner {
         throw new DistilleryError('the teacher was allocated for smaller batches than the student');
       }
     }
-    if (spec.kind !== 'none' && !teacher) {
-      throw new DistilleryError(`loss kind "${spec.kind}" needs a teacher`, 'pass --teacher <checkpoint folder> or use --loss none');
+    if (spec.kind !== 'none' && !teacher && !opts.sparse) {
+      throw new DistilleryError(`loss kind "${spec.kind}" needs a teacher`, 'pass --teacher <checkpoint folder> (or --teacher-cache <folder>), or use --loss none');
+    }
+    if (opts.sparse && spec.kind === 'none') {
+      throw new DistilleryError('a teacher cache needs a distillation loss', 'use --loss kl, reverse-kl or jsd with --teacher-cache');
     }
     this.head = new ChunkedHead(student, teacher, spec, student.batch * student.seq, opts);
   }
@@ -102,7 +108,7 @@ export class StepRunner {
     // Inputs first, then the pass as one captured region (a CUDA graph once it repeats): forwards, head and loss, backward.
     this.teacher?.stageInputs(batch.inputs, b, t);
     this.student.stageInputs(batch.inputs, b, t);
-    this.head.stage(batch.targets, w, n);
+    this.head.stage(batch.targets, w, n, batch.sparse);
     this.student.backend.captured(grad ? 'training pass' : 'evaluation pass', () => {
       const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;
       const hs = this.student.forwardStaged(b, t);

@@ -49,7 +49,7 @@ function sparse(be: Backend, c: Case, spec: LossSpec, entries: SparseEntry[], re
 }
 
 function entriesOf(c: Case, T: number, rep: SparseRep, rng: Rng | null): SparseEntry[] {
-  return Array.from({ length: c.n }, (_, i) => sparseRow(c.zt, i * c.V, c.V, T, rep, rng));
+  return Array.from({ length: c.n }, (_, i) => sparseRow(c.zt, i * c.V, c.V, T, rep, rng ? () => rng.next() : null));
 }
 
 /** Float64 softmax of a row at temperature T. */
@@ -198,7 +198,7 @@ test('sparse loss: padding rows get zero stats and gradient; a mask weight scale
 test('sparse rows: samples count N draws over distinct ascending ids; top-K is by probability; --sparse parses and refuses', () => {
   const rng = new Rng(4);
   const z = randn(rng, 50, 3);
-  const e = sparseRow(z, 0, 50, 2, { kind: 'sample', n: 16 }, rng);
+  const e = sparseRow(z, 0, 50, 2, { kind: 'sample', n: 16 }, () => rng.next());
   assert.equal(e.counts.reduce((a, b) => a + b, 0), 16);
   for (let k = 1; k < e.ids.length; k++) assert.ok(e.ids[k]! > e.ids[k - 1]!);
   let best = 0;

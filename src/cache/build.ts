@@ -1,0 +1,275 @@
+/**
+ * `distillery teacher-cache`: runs the teacher once over the packed windows of the data (the same tokenizer, chat
+ * rendering, packing and window ids as `distill`) and stores the sparse representation of its next-token distribution
+ * at every counted position (src/cache/sparse.ts, format.ts), shard by shard (src/cache/store.ts).
+ *
+ * Continuing: the manifest is written before the first shard with what the cache is of; a rerun of the same command
+ * verifies the shards already listed (size and SHA-256; a damaged or missing one is computed again) and computes the
+ * rest. Sample draws are a hash of (seed, window, position, draw), so a continued cache equals an uninterrupted one.
+ * A rerun with other parameters (another teacher, data, seq, temperature, representation, ...) is refused with what
+ * differs, unless --overwrite.
+ */
+import { createHash } from 'node:crypto';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import type { Backend } from '../backend/backend.js';
+import { createBackend, type CudaOptions } from '../backend/create.js';
+import { readCheckpoint } from '../model/checkpoint.js';
+import { parameterCount, toHfConfig } from '../model/config.js';
+import { Transformer, type Precision } from '../model/transformer.js';
+import { packDocuments } from '../data/index.js';
+import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
+import { lossVocabulary, tokenizerHash } from '../tokenizer/identity.js';
+import { writeFileAtomic } from '../io/atomic.js';
+import { Progress } from '../report/progress.js';
+import { DistilleryError, InputError, fileError } from '../util/errors.js';
+import { jobClosures } from '../train/kernel-plan.js';
+import { resolvePrecision, type PrecisionFlag } from '../train/precision.js';
+import { modelExtras, readData } from '../train/run-data.js';
+import { hashDocs, lockRunFolder } from '../train/run-folder.js';
+import { encodeWindow, recordLayout } from './format.js';
+import { cacheUniform, formatSparse, sparseRow, type SparseEntry, type SparseRep } from './sparse.js';
+import {
+  CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
+  type CacheIdentity, type CacheManifest, type ShardInfo,
+} from './store.js';
+import { TeacherPass } from './teacher-pass.js';
+
+export interface CacheJobOptions {
+  teacher: string;
+  data: string[];
+  out: string;
+  seq: number;
+  /** Windows per teacher forward. */
+  batch: number;
+  sparse: SparseRep;
+  temperature: number;
+  /** Seed of the sample draws (and the split distill would use with it). */
+  seed: number;
+  valFraction: number;
+  lossOn: 'assistant' | 'all';
+  chatTemplateKwargs?: string | undefined;
+  maxChars: number;
+  device: 'cpu' | 'cuda';
+  precision: PrecisionFlag;
+  threads: number;
+  /** Windows per shard file. */
+  shardWindows: number;
+  overwrite: boolean;
+  quiet: boolean;
+}
+
+export const DEFAULT_SHARD_WINDOWS = 256;
+
+export interface CacheJobSummary {
+  out: string;
+  windows: number;
+  /** Counted positions (those the distillation loss reads) and the shards' bytes. */
+  positions: number;
+  bytes: number;
+  bytesPerToken: number;
+  shardsWritten: number;
+  shardsKept: number;
+  seconds: number;
+  /** Teacher tokens (every position of every window computed in this call) per second. */
+  tokensPerSecond: number;
+  complete: boolean;
+  signal: 'SIGINT' | 'SIGTERM' | null;
+}
+
+export interface CacheJobHooks {
+  log?: (line: string) => void;
+  backend?: Backend;
+  backendOptions?: CudaOptions;
+  /** Called after each shard is listed in the manifest (tests stop a job here, as a kill between shards would). */
+  afterShard?: (index: number) => void;
+}
+
+/** SHA-256 of a checkpoint's weights as loaded (float32, the layout's order): the teacher's identity in the manifest. */
+export function weightsHash(w: Float32Array): string {
+  return createHash('sha256').update(new Uint8Array(w.buffer, w.byteOffset, w.byteLength)).digest('hex');
+}
+
+export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks = {}): Promise<CacheJobSummary> {
+  const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
+  const out = path.resolve(o.out);
+  try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
+    const f = fileError(e, `--out ${o.out}: cannot create the cache folder`, 'pass a folder path you can write to');
+    throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+  }
+  const lock = lockRunFolder(out);
+  try {
+    const existing = readManifest(out);
+    if (!existing) {
+      const foreign = fs.readdirSync(out).filter((f) => f !== 'run.lock');
+      if (foreign.length && !o.overwrite) {
+        throw new DistilleryError(`--out ${out} holds files that are not a teacher cache (${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''})`,
+          'use an empty or new folder for the cache');
+      }
+    }
+    const prec = resolvePrecision(o.precision, undefined, o.device);
+    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads });
+    try {
+      return await buildWith(o, hooks, backend, log, out, existing, prec.model);
+    } finally {
+      if (!hooks.backend) backend.dispose();
+    }
+  } finally {
+    lock.release();
+  }
+}
+
+async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Backend, log: (s: string) => void, out: string,
+  existing: CacheManifest | null, precision: Precision): Promise<CacheJobSummary> {
+  const started = Date.now();
+  const ck = readCheckpoint(o.teacher);
+  if (!ck.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it');
+  const tokenizer = ck.tokenizer;
+  if (o.seq > ck.config.maxPositionEmbeddings) {
+    throw new InputError(`--seq ${o.seq} exceeds the teacher's max_position_embeddings (${ck.config.maxPositionEmbeddings})`, `use --seq ${ck.config.maxPositionEmbeddings} or less`);
+  }
+  const extras = modelExtras({ teacher: o.teacher }, ck, null);
+  const chat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
+  const docs = readData(o, log, chat);
+  const dataHash = hashDocs(docs);
+  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
+  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
+  const windows = packed.windows;
+  if (windows.length === 0) throw new DistilleryError('the data packs into no windows', `add data, or lower --seq (${o.seq})`);
+  const { lossVocab, note } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: ck.config.vocabSize }]);
+  if (note) log(note);
+  const rep = o.sparse;
+  const identity: CacheIdentity = {
+    teacher: {
+      path: path.resolve(o.teacher), architecture: ck.config.architecture, parameters: parameterCount(ck.config), vocab_size: ck.config.vocabSize,
+      weights_sha256: weightsHash(ck.weights), config: toHfConfig(ck.config) as Record<string, unknown>,
+    },
+    tokenizer_sha256: tokenizerHash(tokenizer),
+    data: {
+      files: o.data, sha256: dataHash, documents: docs.length, tokens: packed.totalTokens, loss_tokens: packed.targetTokens,
+      max_chars: o.maxChars, loss_on: o.lossOn, chat_template_kwargs: o.chatTemplateKwargs ?? null,
+    },
+    seq: o.seq, packing: PACKING, windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
+    temperature: o.temperature, sparse: formatSparse(rep), loss_vocab: lossVocab, sample_seed: o.seed, precision,
+  };
+  // Continue a cache of the same identity; refuse another unless --overwrite.
+  const done = new Map<number, ShardInfo>();
+  let shardWindows = o.shardWindows;
+  if (existing) {
+    const diffs = identityDifferences(existing, identity);
+    if (diffs.length && !o.overwrite) {
+      throw new DistilleryError(`--out ${out} holds a teacher cache of other settings (${diffs.join('; ')})`,
+        'rerun with the settings it was made with to continue it, use another --out, or --overwrite to replace it');
+    }
+    if (diffs.length) {
+      for (const s of existing.shards) fs.rmSync(path.join(out, s.file), { force: true });
+      log(`--overwrite: removed the previous cache's ${existing.shards.length} shards in ${out}`);
+    } else {
+      shardWindows = existing.windows_per_shard;
+      for (const s of existing.shards) {
+        const file = path.join(out, s.file);
+        const ok = fs.existsSync(file) && fs.statSync(file).size === s.bytes && sha256(fs.readFileSync(file)) === s.sha256;
+        if (ok) done.set(Math.floor(s.first_window / shardWindows), s);
+        else log(`teacher cache: shard ${s.file} is missing or damaged; computing it again`);
+      }
+      if (done.size) log(`teacher cache: continuing ${out}: ${done.size} shards verified`);
+    }
+  }
+  const nShards = Math.ceil(windows.length / shardWindows);
+  // Leftovers of an interrupted write, and shards the manifest does not list, go.
+  for (const f of fs.readdirSync(out)) {
+    if (f.startsWith('.') && f.includes('.tmp')) fs.rmSync(path.join(out, f), { force: true });
+    if (/^shard-\d+\.bin$/.test(f) && ![...done.values()].some((s) => s.file === f)) fs.rmSync(path.join(out, f), { force: true });
+  }
+  const manifestOf = (complete: boolean): CacheManifest => {
+    const shards = [...done.entries()].sort((a, b) => a[0] - b[0]).map(([, s]) => s);
+    const pos = shards.reduce((a, s) => a + s.positions, 0), bytes = shards.reduce((a, s) => a + s.bytes, 0);
+    return {
+      format: CACHE_FORMAT, version: CACHE_VERSION, ...identity, windows_per_shard: shardWindows, shards, complete,
+      bytes_per_token: pos > 0 ? +(bytes / pos).toFixed(2) : null,
+    };
+  };
+  writeTeacherHeader(out, ck);
+  writeManifest(out, manifestOf(done.size === nShards));
+
+  const B = o.batch, T = o.seq;
+  const todo = Array.from({ length: nShards }, (_, i) => i).filter((i) => !done.has(i));
+  let teacher: Transformer | null = null, pass: TeacherPass | null = null;
+  if (todo.length) {
+    if (backend.prepare) {
+      await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: true }));
+    }
+    teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision });
+    teacher.setWeights(ck.weights);
+    pass = new TeacherPass(teacher, lossVocab);
+    log(`teacher cache: ${formatSparse(rep)} at temperature ${o.temperature} over ${windows.length} windows of ${T} ` +
+      `(${packed.targetTokens} counted positions), ${nShards} shards of ${shardWindows} windows; teacher ${ck.config.architecture} ` +
+      `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision})`);
+  }
+  const lay = recordLayout(rep, lossVocab);
+  let signal: 'SIGINT' | 'SIGTERM' | null = null;
+  const onSignal = (s: NodeJS.Signals): void => {
+    if (signal !== null) process.exit(s === 'SIGINT' ? 130 : 143);
+    signal = s === 'SIGINT' ? 'SIGINT' : 'SIGTERM';
+    log(`\n${s}: finishing the current shard (send it again to stop at once; rerunning the command continues)`);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr,
+    [...done.values()].reduce((a, s) => a + s.windows, 0));
+  let written = 0, computedTokens = 0, passSeconds = 0;
+  const scratch = new Float64Array(lossVocab);
+  try {
+    for (const si of todo) {
+      const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
+      const entries: SparseEntry[][] = Array.from({ length: w1 - w0 }, () => []);
+      for (let b0 = w0; b0 < w1; b0 += B) {
+        const nb = Math.min(B, w1 - b0);
+        const ids = new Int32Array(B * T);
+        for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
+        const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
+        const t0 = process.hrtime.bigint();
+        pass!.run(ids, B, T, (z, r0, rows) => {
+          for (let r = r0; r < r0 + rows; r++) {
+            if (!counted(r)) continue;
+            const wi = b0 + Math.floor(r / T), pos = r % T;
+            entries[wi - w0]!.push(sparseRow(z, (r - r0) * pass!.width, lossVocab, o.temperature, rep,
+              (k) => cacheUniform(o.seed, wi, pos, k), scratch));
+          }
+        }, (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
+        passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
+        computedTokens += nb * T;
+      }
+      const records = entries.map((e) => encodeWindow(lay, e));
+      const bytes = shardBytes(w0, records, entries.map((e) => e.length));
+      const file = shardName(si);
+      try { writeFileAtomic(path.join(out, file), bytes); } catch (e) {
+        throw fileError(e, `cannot write the shard ${path.join(out, file)}`, 'free disk space, then rerun the command: it continues where it stopped');
+      }
+      done.set(si, { file, first_window: w0, windows: w1 - w0, positions: entries.reduce((a, e) => a + e.length, 0), bytes: bytes.length, sha256: sha256(bytes) });
+      writeManifest(out, manifestOf(done.size === nShards));
+      written++;
+      hooks.afterShard?.(si);
+      if (!o.quiet) progress.update([...done.values()].reduce((a, s) => a + s.windows, 0), { 'tok/s': Math.round(computedTokens / Math.max(passSeconds, 1e-9)) });
+      await new Promise<void>((resolve) => setImmediate(resolve)); // let a signal in
+      if (signal !== null) break;
+    }
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    if (!o.quiet) progress.done();
+  }
+  const m = manifestOf(done.size === nShards);
+  const positions = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
+  const summary: CacheJobSummary = {
+    out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: written,
+    shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: computedTokens / Math.max(passSeconds, 1e-9),
+    complete: m.complete, signal,
+  };
+  log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +
+    `${(bytes / 2 ** 20).toFixed(2)} MiB, ${summary.bytesPerToken.toFixed(1)} bytes per token (${formatSparse(rep)}); ` +
+    `${written} shards written${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s`);
+  if (signal !== null) log(`${signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
+  return summary;
+}

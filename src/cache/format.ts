@@ -1,0 +1,131 @@
+/**
+ * The bytes of a teacher cache's windows: one record per packed window, holding the sparse teacher of each counted
+ * position (mask > 0) in order, bit-packed:
+ *
+ *   sample:N   per position: (distinct ids − 1) in b_N bits, the teacher's argmax id in b_V bits, then per distinct id:
+ *              the id (b_V bits), count − 1 (b_N bits), −log q_t quantized (16 bits)
+ *   top:K      per position: K × [id (b_V bits), −log q_t quantized (16 bits)], then the tail mass as −log r (16 bits;
+ *              absent when K covers the vocabulary); the argmax is the first id
+ *
+ * b_V = bits of the largest id (18 for Qwen's 151936 rows), b_N = bits of N − 1. A log-probability is stored as
+ * round(−log q · 2048) in 16 bits: steps of 1/2048 nat (a relative error of q under 0.025%) down to q = e^−32; the
+ * code 65535 means 0 (a tail the teacher gives no mass). A record is padded to a whole byte.
+ *
+ * Worst case per position for sample:16 over a 151936-token vocabulary: 4 + 18 + 16 × (18 + 4 + 16) = 630 bits, 79
+ * bytes; on real text most draws repeat a few tokens, so the mean is far lower (the cache job prints it).
+ */
+import type { SparseEntry, SparseRep } from './sparse.js';
+
+export const LOGQ_SCALE = 2048;
+export const LOGQ_ZERO = 65535;
+
+/** Bits needed to store integers 0..maxValue (at least 1). */
+export function bitsFor(maxValue: number): number {
+  let b = 1;
+  while (2 ** b <= maxValue) b++;
+  return b;
+}
+
+export function quantizeLogq(l: number): number {
+  if (l === -Infinity) return LOGQ_ZERO;
+  return Math.min(LOGQ_ZERO - 1, Math.max(0, Math.round(-l * LOGQ_SCALE)));
+}
+export function dequantizeLogq(q: number): number { return q === LOGQ_ZERO ? -Infinity : -q / LOGQ_SCALE; }
+
+export class BitWriter {
+  private buf = new Uint8Array(1024);
+  private bit = 0;
+  /** Appends the low `bits` bits of v (v < 2^bits, bits ≤ 32), least significant bit first. */
+  write(v: number, bits: number): void {
+    if (!(Number.isInteger(v) && v >= 0 && v < 2 ** bits)) throw new RangeError(`BitWriter: ${v} does not fit in ${bits} bits`);
+    const need = ((this.bit + bits + 7) >> 3) + 8;
+    if (need > this.buf.length) {
+      const nb = new Uint8Array(Math.max(need, this.buf.length * 2));
+      nb.set(this.buf);
+      this.buf = nb;
+    }
+    for (let left = bits; left > 0;) {
+      const byte = this.bit >> 3, off = this.bit & 7, take = Math.min(8 - off, left);
+      this.buf[byte]! |= (v % 2 ** take) << off;
+      v = Math.floor(v / 2 ** take);
+      this.bit += take; left -= take;
+    }
+  }
+  /** The bytes written (the last one zero-padded). */
+  bytes(): Uint8Array { return this.buf.slice(0, (this.bit + 7) >> 3); }
+}
+
+export class BitReader {
+  private bit = 0;
+  constructor(private readonly buf: Uint8Array) {}
+  read(bits: number): number {
+    let v = 0, scale = 1;
+    for (let left = bits; left > 0;) {
+      const byte = this.bit >> 3, off = this.bit & 7, take = Math.min(8 - off, left);
+      if (byte >= this.buf.length) throw new RangeError('BitReader: read past the end of the record');
+      v += ((this.buf[byte]! >> off) & ((1 << take) - 1)) * scale;
+      scale *= 2 ** take;
+      this.bit += take; left -= take;
+    }
+    return v;
+  }
+  get bitsRead(): number { return this.bit; }
+}
+
+/** The per-cache constants of the encoding. */
+export interface RecordLayout { rep: SparseRep; vocab: number; idBits: number; countBits: number; hasTail: boolean }
+
+export function recordLayout(rep: SparseRep, vocab: number): RecordLayout {
+  return {
+    rep, vocab, idBits: bitsFor(vocab - 1), countBits: rep.kind === 'sample' ? bitsFor(rep.n - 1) : 0,
+    hasTail: rep.kind === 'top' && rep.k < vocab,
+  };
+}
+
+/** The record of one window: its counted positions' entries, in order. */
+export function encodeWindow(lay: RecordLayout, entries: readonly SparseEntry[]): Uint8Array {
+  const w = new BitWriter();
+  for (const e of entries) {
+    if (lay.rep.kind === 'sample') {
+      const n = e.ids.length;
+      if (n < 1 || n > lay.rep.n) throw new RangeError(`a sample row has ${n} distinct ids (1 to ${lay.rep.n})`);
+      w.write(n - 1, lay.countBits);
+      w.write(e.argmax, lay.idBits);
+      for (let k = 0; k < n; k++) {
+        w.write(e.ids[k]!, lay.idBits);
+        w.write(e.counts[k]! - 1, lay.countBits);
+        w.write(quantizeLogq(e.logq[k]!), 16);
+      }
+    } else {
+      const K = Math.min(lay.rep.k, lay.vocab);
+      if (e.ids.length !== K) throw new RangeError(`a top-K row has ${e.ids.length} ids, expected ${K}`);
+      for (let k = 0; k < K; k++) { w.write(e.ids[k]!, lay.idBits); w.write(quantizeLogq(e.logq[k]!), 16); }
+      if (lay.hasTail) w.write(quantizeLogq(e.tail > 0 ? Math.log(e.tail) : -Infinity), 16);
+    }
+  }
+  return w.bytes();
+}
+
+/** The entries of a record of `positions` counted positions (what encodeWindow wrote, with log-probabilities dequantized). */
+export function decodeWindow(lay: RecordLayout, rec: Uint8Array, positions: number): SparseEntry[] {
+  const r = new BitReader(rec);
+  const out: SparseEntry[] = [];
+  for (let p = 0; p < positions; p++) {
+    if (lay.rep.kind === 'sample') {
+      const n = r.read(lay.countBits) + 1;
+      const argmax = r.read(lay.idBits);
+      const ids: number[] = [], counts: number[] = [], logq: number[] = [];
+      for (let k = 0; k < n; k++) { ids.push(r.read(lay.idBits)); counts.push(r.read(lay.countBits) + 1); logq.push(dequantizeLogq(r.read(16))); }
+      out.push({ ids, counts, logq, tail: -1, argmax });
+    } else {
+      const K = Math.min(lay.rep.k, lay.vocab);
+      const ids: number[] = [], logq: number[] = [];
+      for (let k = 0; k < K; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(16))); }
+      const tail = lay.hasTail ? Math.exp(dequantizeLogq(r.read(16))) : -1;
+      out.push({ ids, counts: [], logq, tail, argmax: ids[0]! });
+    }
+  }
+  if ((r.bitsRead + 7) >> 3 !== rec.length) throw new RangeError(`a window record holds ${rec.length} bytes, its ${positions} positions ${(r.bitsRead + 7) >> 3}`);
+  for (const e of out) for (const id of e.ids) if (id >= lay.vocab) throw new RangeError(`a record holds token id ${id}, past the vocabulary (${lay.vocab})`);
+  return out;
+}
