@@ -46,7 +46,7 @@ export interface CacheDryRun {
 
 /** The largest record of one position, in bits (see src/cache/format.ts). */
 export function maxBitsPerPosition(l: RecordLayout): number {
-  if (l.rep.kind === 'sample') return l.countBits + l.idBits + l.rep.n * (l.idBits + l.countBits + 16);
+  if (l.rep.kind === 'sample') return l.countBits + l.idBits + l.rep.n * (l.idBits + 16);
   return Math.min(l.rep.k, l.vocab) * (l.idBits + 16) + (l.hasTail ? 16 : 0);
 }
 

@@ -2,8 +2,9 @@
  * The bytes of a teacher cache's windows: one record per packed window, holding the sparse teacher of each counted
  * position (mask > 0) in order, bit-packed:
  *
- *   sample:N   per position: (distinct ids − 1) in b_N bits, the teacher's argmax id in b_V bits, then per distinct id:
- *              the id (b_V bits), count − 1 (b_N bits), −log q_t quantized (16 bits)
+ *   sample:N   per position: (distinct ids − 1) in b_N bits, the teacher's argmax id in b_V bits, then per distinct id
+ *              drawn: the id (b_V bits) and −log q_t quantized (16 bits). The loss weighs a drawn id by
+ *              q_t / P(drawn in N draws) (src/cache/targets.ts, sampleWeight), which needs q_t, not the count.
  *   top:K      per position: K × [id (b_V bits), −log q_t quantized (16 bits)], then the tail mass as −log r (16 bits;
  *              absent when K covers the vocabulary); the argmax is the first id
  *
@@ -11,8 +12,9 @@
  * round(−log q · 2048) in 16 bits: steps of 1/2048 nat (a relative error of q under 0.025%) down to q = e^−32; the
  * code 65535 means 0 (a tail the teacher gives no mass). A record is padded to a whole byte.
  *
- * Worst case per position for sample:16 over a 151936-token vocabulary: 4 + 18 + 16 × (18 + 4 + 16) = 630 bits, 79
- * bytes; on real text most draws repeat a few tokens, so the mean is far lower (the cache job prints it).
+ * Worst case per position for sample:32 over a 151936-token vocabulary: 5 + 18 + 32 × (18 + 16) = 1111 bits, 139
+ * bytes (every draw a different token); a teacher that is sure of a few tokens repeats draws, so the mean is lower:
+ * the cache job, its manifest and `distillery inspect` give it.
  */
 import type { SparseEntry, SparseRep } from './sparse.js';
 
@@ -93,7 +95,6 @@ export function encodeWindow(lay: RecordLayout, entries: readonly SparseEntry[])
       w.write(e.argmax, lay.idBits);
       for (let k = 0; k < n; k++) {
         w.write(e.ids[k]!, lay.idBits);
-        w.write(e.counts[k]! - 1, lay.countBits);
         w.write(quantizeLogq(e.logq[k]!), 16);
       }
     } else {
@@ -114,9 +115,9 @@ export function decodeWindow(lay: RecordLayout, rec: Uint8Array, positions: numb
     if (lay.rep.kind === 'sample') {
       const n = r.read(lay.countBits) + 1;
       const argmax = r.read(lay.idBits);
-      const ids: number[] = [], counts: number[] = [], logq: number[] = [];
-      for (let k = 0; k < n; k++) { ids.push(r.read(lay.idBits)); counts.push(r.read(lay.countBits) + 1); logq.push(dequantizeLogq(r.read(16))); }
-      out.push({ ids, counts, logq, tail: -1, argmax });
+      const ids: number[] = [], logq: number[] = [];
+      for (let k = 0; k < n; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(16))); }
+      out.push({ ids, counts: [], logq, tail: -1, argmax });
     } else {
       const K = Math.min(lay.rep.k, lay.vocab);
       const ids: number[] = [], logq: number[] = [];

@@ -1,9 +1,13 @@
 /**
  * Sparse representations of a teacher's next-token distribution q_t = softmax(z / T), one per position:
  *
- * - `sample:N` (the default, N = 16): N tokens drawn independently from q_t, kept as the distinct ids with their counts
- *   c (Σ c = N) and log q_t of each. The sparse loss weights slot k by π_k = c_k / N (importance weight π_k / q_t(k)),
- *   an unbiased estimate of every divergence and of its gradient (Anshumann et al., "Sparse Logit Sampling", 2025).
+ * - `sample:N` (the default, N = 32): N draws from q_t by systematic sampling (one uniform u, the points (i + u) / N
+ *   of the cumulative distribution, i < N: each draw is distributed as q_t), kept as the distinct ids drawn with
+ *   log q_t of each. A token is drawn with probability exactly min(1, N·q_t), so the sparse loss weighs a drawn id k
+ *   by π_k = q_t(k) / min(1, N·q_t(k)) = max(q_t(k), 1/N) (the Horvitz–Thompson weight), and Σ_k (π_k / q_t(k)) h_k
+ *   is an unbiased estimate of every divergence Σ_j h_j and of its gradient (sampling the teacher for unbiased sparse
+ *   targets: Anshumann et al., "Sparse Logit Sampling", ACL 2025). Every token of probability ≥ 1/N is always kept
+ *   at its own probability: the estimate's variance comes from the tokens below 1/N only.
  * - `top:K`: the K most likely tokens with their probabilities, and the mass r the teacher puts on every other token
  *   (the loss treats it as one bucket: exact when K covers the vocabulary, biased otherwise, as in the tools that store
  *   top-K lists).
@@ -15,7 +19,7 @@ import { UsageError } from '../cli/args.js';
 
 export type SparseRep = { kind: 'sample'; n: number } | { kind: 'top'; k: number };
 
-export const DEFAULT_SPARSE: SparseRep = { kind: 'sample', n: 16 };
+export const DEFAULT_SPARSE: SparseRep = { kind: 'sample', n: 32 };
 
 export function formatSparse(r: SparseRep): string { return r.kind === 'sample' ? `sample:${r.n}` : `top:${r.k}`; }
 
@@ -33,10 +37,10 @@ export function parseSparse(s: string): SparseRep {
 /** Slots per position of a representation (the most distinct ids a row can have). */
 export function sparseSlots(r: SparseRep): number { return r.kind === 'sample' ? r.n : r.k; }
 
-/** One position's sparse teacher: ids with their weight π (count/N or probability) and log q_t, tail r (−1: none), argmax. */
+/** One position's sparse teacher: ids with log q_t, the tail mass r (−1: none) and the teacher's argmax. */
 export interface SparseEntry {
   ids: number[];
-  /** sample: the counts (π = count / N); top: unused (π = exp(logq)). */
+  /** sample: how often each id was drawn (not stored: the loss weighs by q_t / P(drawn)); top: empty. */
   counts: number[];
   logq: number[];
   tail: number;
@@ -44,8 +48,8 @@ export interface SparseEntry {
 }
 
 /**
- * The sparse teacher of one row of logits z[off .. off + vocab) at temperature T. `uniform(k)` is the k-th of the
- * row's N uniforms in [0, 1) (sample caches use cacheUniform: the same draws wherever and whenever the row is
+ * The sparse teacher of one row of logits z[off .. off + vocab) at temperature T. `uniform(0)` is the row's uniform
+ * in [0, 1) of the systematic draws (sample caches use cacheUniform: the same draws wherever and whenever the row is
  * computed); unused for top-K. Ids come out ascending for samples and by descending probability (ties: lower id
  * first) for top-K.
  */
@@ -73,10 +77,9 @@ export function sparseRow(z: ArrayLike<number>, off: number, vocab: number, T: n
     const tail = k >= vocab ? -1 : Math.max(0, (sum - mass) / sum);
     return { ids, counts: [], logq: ids.map(logq), tail, argmax };
   }
-  // N sorted uniforms against the cumulative distribution: one pass over the vocabulary.
-  const u: number[] = [];
-  for (let i = 0; i < rep.n; i++) u.push(uniform!(i) * sum);
-  u.sort((a, b) => a - b);
+  // Systematic sampling: the N points (i + u) / N of the cumulative distribution, one pass over the vocabulary.
+  const u0 = uniform!(0), u: number[] = [];
+  for (let i = 0; i < rep.n; i++) u.push(((i + u0) / rep.n) * sum);
   const ids: number[] = [], counts: number[] = [];
   let c = 0, ui = 0, last = -1;
   for (let j = 0; j < vocab && ui < u.length; j++) {

@@ -22,6 +22,16 @@ export function allocSparseHost(rows: number, slots: number): SparseHost {
   };
 }
 
+/**
+ * The weight π of a token drawn by a sample:N cache: q_t / P(drawn) with P(drawn) = min(1, N·q_t) under systematic
+ * sampling (src/cache/sparse.ts), i.e. max(q_t, 1/N). Its importance weight π / q_t = 1 / P(drawn) makes
+ * Σ_k a_k h_k an unbiased estimate of Σ_j h_j (Horvitz–Thompson); a token of q_t ≥ 1/N is always drawn and weighs
+ * exactly its probability.
+ */
+export function sampleWeight(logq: number, n: number): number {
+  return Math.max(Math.exp(logq), 1 / n);
+}
+
 /** Row `row` of h from a SparseEntry of representation `rep` (empty slots: id −1, π 0), or a row with no slots when null. */
 export function setSparseRow(h: SparseHost, row: number, e: SparseEntry | null, rep: SparseRep): void {
   const S = h.slots, o = row * S;
@@ -32,7 +42,7 @@ export function setSparseRow(h: SparseHost, row: number, e: SparseEntry | null, 
   for (let k = 0; k < e.ids.length; k++) {
     h.ids[o + k] = e.ids[k]!;
     h.logq[o + k] = e.logq[k]!;
-    h.prob[o + k] = rep.kind === 'sample' ? e.counts[k]! / n : Math.exp(e.logq[k]!);
+    h.prob[o + k] = rep.kind === 'sample' ? sampleWeight(e.logq[k]!, n) : Math.exp(e.logq[k]!);
   }
   h.tail[row] = e.tail;
   h.argmax[row] = e.argmax;

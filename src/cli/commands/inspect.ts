@@ -17,6 +17,7 @@ import { resolveModelArg } from '../model-ref.js';
 import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
 import { chatFormatOf, describeChatFormat } from '../../tokenizer/chat.js';
 import { tokenizerHash } from '../../tokenizer/identity.js';
+import { readManifest } from '../../cache/store.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -104,6 +105,7 @@ export function inspect(arg: string, io: Io): void {
     io.out(`\n${t.count} tensors, ${t.numel} elements (${humanCount(t.numel)}), ${t.bytes} bytes (${humanBytes(t.bytes)})\n`);
     return;
   }
+  if (fs.existsSync(path.join(target, 'manifest.json'))) { inspectCache(target, io); return; }
   const cfgPath = path.join(target, 'config.json');
   if (!fs.existsSync(cfgPath)) throw new UsageError(`inspect: ${target} has no config.json`, 'pass a Hugging Face model folder (config.json + model.safetensors) or a .safetensors file');
   let raw: Record<string, unknown>;
@@ -140,9 +142,27 @@ export function inspect(arg: string, io: Io): void {
   }
 }
 
+/** A teacher cache folder (distillery teacher-cache): what it is of, its representation and its size per token. */
+function inspectCache(dir: string, io: Io): void {
+  const m = readManifest(dir)!;
+  const pos = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
+  const written = m.shards.reduce((a, s) => a + s.windows, 0);
+  const lines = [
+    `teacher cache  ${dir} (${m.complete ? 'complete' : `incomplete: ${written} of ${m.windows} windows; rerun its teacher-cache command to finish`})`,
+    `sparse         ${m.sparse} at temperature ${m.temperature} (${m.sparse.startsWith('sample') ? 'unbiased: draws from the teacher' : 'top-K and the rest\'s mass: biased'}), sampling seed ${m.sample_seed}`,
+    `size           ${bytes} bytes (${humanBytes(bytes)}) in ${m.shards.length} shards; ${pos} positions, ${pos ? (bytes / pos).toFixed(1) : '?'} bytes per token`,
+    `teacher        ${m.teacher.architecture} ${humanCount(m.teacher.parameters)} parameters, vocab ${m.teacher.vocab_size}, weights sha256 ${m.teacher.weights_sha256.slice(0, 16)} (${m.teacher.path}), ${m.precision}`,
+    `tokenizer      identity ${m.tokenizer_sha256.slice(0, 16)}; loss over ${m.loss_vocab} tokens`,
+    `data           ${m.data.files.join(', ')}: ${m.data.documents} documents, ${m.data.tokens} tokens (${m.data.loss_tokens} counted, --loss-on ${m.data.loss_on}), sha256 ${m.data.sha256.slice(0, 16)}${m.data.max_chars ? `, --max-chars ${m.data.max_chars}` : ''}`,
+    `windows        ${m.windows} of --seq ${m.seq} (distill with --seq ${m.seq} --temperature ${m.temperature}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,
+  ];
+  for (const l of lines) io.out(l + '\n');
+}
+
 const help = (): string => formatHelp({
-  usage: 'distillery inspect <dir | hub id | file.safetensors>',
-  description: 'Shows a checkpoint: config summary, parameter count, tokenizer, and each tensor\'s name, dtype and shape (read from the safetensors header, no full load), with the total bytes.',
+  usage: 'distillery inspect <dir | hub id | file.safetensors | teacher cache dir>',
+  description: 'Shows a checkpoint: config summary, parameter count, tokenizer, and each tensor\'s name, dtype and shape (read from the safetensors header, no full load), with the total bytes. ' +
+    'A teacher cache folder: what it is of, its representation, its size and bytes per token.',
   flags: FLAGS,
   examples: ['distillery inspect runs/demo/teacher/final', 'distillery inspect model.safetensors'],
 });

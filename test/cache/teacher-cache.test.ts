@@ -1,0 +1,228 @@
+/**
+ * The teacher cache as an artifact: the record encoding round-trips (ids, counts, quantized log-probabilities, tails);
+ * the job stores, for every counted position, exactly the sparse row of the teacher's own logits (recomputed here with
+ * a plain forward); a job stopped after a shard, or killed with SIGKILL, continues on rerun into the bytes of an
+ * uninterrupted job; a damaged shard is named and recomputed; a cache of other settings is refused with what differs;
+ * distill --teacher-cache refuses a cache that does not match the run, trains with no teacher, and resumes bit-exactly.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { buildTeacherCache, type CacheJobOptions } from '../../src/cache/build.js';
+import { decodeWindow, encodeWindow, recordLayout, bitsFor, LOGQ_SCALE } from '../../src/cache/format.js';
+import { cacheUniform, sparseRow, type SparseEntry, type SparseRep } from '../../src/cache/sparse.js';
+import { TeacherCache, readManifest } from '../../src/cache/store.js';
+import { loadTransformer } from '../../src/model/checkpoint.js';
+import { packDocuments } from '../../src/data/index.js';
+import { runTraining } from '../../src/train/run.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { DistilleryError } from '../../src/util/errors.js';
+import { Rng } from '../../src/util/rng.js';
+import { TEXT, tempDir, tinyTokenizer, writeTinyCheckpoint } from '../cli/fixtures.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const CLI = path.resolve(here, '../../../bin/distillery.js');
+
+function writeData(dir: string, copies = 12): string {
+  const file = path.join(dir, 'data.txt');
+  // One document: a few hundred tokens of the fixture sentences.
+  fs.writeFileSync(file, Array.from({ length: copies }, (_, i) => TEXT[i % TEXT.length]).join(' '));
+  return file;
+}
+
+function jobOptions(teacher: string, data: string, out: string, over: Partial<CacheJobOptions> = {}): CacheJobOptions {
+  return {
+    teacher, data: [data], out, seq: 8, batch: 3, sparse: { kind: 'sample', n: 6 }, temperature: 2, seed: 5, valFraction: 0.2,
+    lossOn: 'assistant', maxChars: 0, device: 'cpu', precision: 'fp32', threads: 1, shardWindows: 4, overwrite: false, quiet: true, ...over,
+  };
+}
+
+function shardFiles(dir: string): Map<string, Buffer> {
+  return new Map(fs.readdirSync(dir).filter((f) => f.endsWith('.bin')).sort().map((f) => [f, fs.readFileSync(path.join(dir, f))]));
+}
+
+test('cache records: sample and top-K rows round-trip (ids, counts, tails; log-probabilities to 1/4096 nat)', () => {
+  const rng = new Rng(3);
+  for (const rep of [{ kind: 'sample', n: 16 }, { kind: 'top', k: 5 }, { kind: 'top', k: 40 }] as SparseRep[]) {
+    const V = rep.kind === 'top' && rep.k === 40 ? 40 : 151936;
+    const lay = recordLayout(rep, V);
+    assert.equal(lay.idBits, bitsFor(V - 1));
+    const entries: SparseEntry[] = [];
+    for (let p = 0; p < 7; p++) {
+      const z = Float64Array.from({ length: Math.min(V, 500) }, () => rng.normal() * 3);
+      const e = sparseRow(z, 0, z.length, 2, rep, () => rng.next());
+      // spread the ids over the whole vocabulary (the bits an id takes)
+      if (V > 500) e.ids = e.ids.map((id) => (rep.kind === 'sample' ? id * 300 : id + V - 500));
+      if (rep.kind === 'sample') e.argmax = V - 1;
+      entries.push(e);
+    }
+    const rec = encodeWindow(lay, entries);
+    const back = decodeWindow(lay, rec, entries.length);
+    entries.forEach((e, p) => {
+      const b = back[p]!;
+      assert.deepEqual(b.ids, e.ids);
+      assert.equal(b.argmax, rep.kind === 'top' ? e.ids[0] : e.argmax);
+      e.logq.forEach((l, k) => assert.ok(Math.abs(b.logq[k]! - l) <= 0.5 / LOGQ_SCALE + 1e-12, `logq ${b.logq[k]} vs ${l}`));
+      if (e.tail < 0) assert.equal(b.tail, -1);
+      else assert.ok(Math.abs(Math.log(b.tail) - Math.log(e.tail)) <= 0.5 / LOGQ_SCALE + 1e-12);
+    });
+    assert.throws(() => decodeWindow(lay, rec.subarray(0, rec.length - 2), entries.length), /past the end|holds/);
+  }
+});
+
+test('teacher-cache: every counted position holds the sparse row of the teacher\'s own logits; the manifest says what the cache is of', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 11);
+  const data = writeData(dir);
+  const out = path.join(dir, 'cache');
+  const logs: string[] = [];
+  const s = await buildTeacherCache(jobOptions(teacherDir, data, out), { log: (l) => logs.push(l) });
+  assert.ok(s.complete);
+  assert.ok(logs.some((l) => /bytes per token \(sample:6\)/.test(l)), logs.join('\n'));
+  const m = readManifest(out)!;
+  assert.equal(m.sparse, 'sample:6'); assert.equal(m.temperature, 2); assert.equal(m.seq, 8);
+  assert.equal(m.shards.length, Math.ceil(m.windows / 4));
+  assert.equal(m.shards.reduce((a, x) => a + x.positions, 0), m.data.loss_tokens);
+  // Recompute: the teacher's logits for every window, then the sparse row with the cache's draws.
+  const tok = tinyTokenizer();
+  const packed = packDocuments(tok, [fs.readFileSync(data, 'utf8')], { seqLen: 8, eosId: tok.eosId ?? tok.tokenToId('<|endoftext|>')! });
+  assert.equal(packed.windows.length, m.windows);
+  const be = createCpuBackend({ threads: 1 });
+  const { model } = loadTransformer(be, teacherDir, { batch: 1, seq: 8, training: false });
+  const cache = TeacherCache.open(out);
+  const V = tok.vocabSize;
+  for (const w of packed.windows) {
+    const z = be.download(model.forward(w.inputs, 1, 8));
+    const got = cache.entries(w.id!);
+    let k = 0;
+    for (let p = 0; p < 8; p++) {
+      if (w.mask[p] === 0) continue;
+      const want = sparseRow(z, p * model.config.vocabSize, V, 2, { kind: 'sample', n: 6 }, (i) => cacheUniform(5, w.id!, p, i));
+      const g = got[k++]!;
+      assert.deepEqual(g.ids, want.ids, `window ${w.id} position ${p}`);
+      assert.equal(g.argmax, want.argmax);
+      g.logq.forEach((l, i) => assert.ok(Math.abs(l - want.logq[i]!) <= 0.5 / LOGQ_SCALE + 1e-6));
+    }
+    assert.equal(k, got.length);
+  }
+  be.dispose();
+  // The teacher's header travels with the cache: config, tokenizer.
+  const header = cache.teacherHeader();
+  assert.equal(header.config.vocabSize, model.config.vocabSize);
+  assert.equal(header.tokenizer!.vocabSize, V);
+});
+
+test('teacher-cache: a job stopped after a shard, with a torn temp file and a damaged shard, continues into the bytes of an uninterrupted job', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 12);
+  const data = writeData(dir);
+  const whole = path.join(dir, 'whole'), part = path.join(dir, 'part');
+  await buildTeacherCache(jobOptions(teacherDir, data, whole), { log: () => {} });
+  class Stop extends Error {}
+  await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, part), { log: () => {}, afterShard: (i) => { if (i === 1) throw new Stop(); } }), Stop);
+  let m = readManifest(part)!;
+  assert.equal(m.complete, false);
+  assert.equal(m.shards.length, 2);
+  assert.throws(() => TeacherCache.open(part), /incomplete \(8 of \d+ windows written\)/);
+  // A torn write and a damaged listed shard.
+  fs.writeFileSync(path.join(part, '.shard-00002.bin.tmp-123'), 'torn');
+  const s1 = path.join(part, 'shard-00001.bin');
+  const bytes = fs.readFileSync(s1); bytes[bytes.length - 1]! ^= 0xff; fs.writeFileSync(s1, bytes);
+  const logs: string[] = [];
+  const s = await buildTeacherCache(jobOptions(teacherDir, data, part), { log: (l) => logs.push(l) });
+  assert.ok(s.complete);
+  assert.ok(logs.some((l) => /shard shard-00001\.bin is missing or damaged; computing it again/.test(l)), logs.join('\n'));
+  assert.equal(s.shardsKept, 1);
+  assert.deepEqual(shardFiles(part), shardFiles(whole));
+  assert.ok(!fs.readdirSync(part).some((f) => f.includes('.tmp')));
+  m = readManifest(part)!;
+  assert.deepEqual(m.shards, readManifest(whole)!.shards);
+  // A reader names a shard damaged after the fact.
+  const s0 = path.join(part, 'shard-00000.bin');
+  const b0 = fs.readFileSync(s0); b0[20]! ^= 1; fs.writeFileSync(s0, b0);
+  assert.throws(() => TeacherCache.open(part).entries(0), (e: unknown) => e instanceof DistilleryError && /shard-00000\.bin is damaged \(its SHA-256/.test(e.message));
+  // Other settings into the same folder are refused, naming what differs.
+  await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, whole, { temperature: 1, sparse: { kind: 'top', k: 4 } }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /--temperature: 2 vs 1; --sparse: sample:6 vs top:4/.test(e.message));
+});
+
+test('teacher-cache: kill -9 mid-job loses at most the shard in progress; rerunning the command completes the same cache', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 13);
+  const data = writeData(dir, 200);
+  const args = (out: string): string[] => [CLI, 'teacher-cache', '--teacher', teacherDir, '--data', data, '--out', out, '--seq', '8',
+    '--batch', '2', '--sparse', 'sample:8', '--shard-windows', '2', '--threads', '1', '--quiet'];
+  const whole = path.join(dir, 'whole'), killed = path.join(dir, 'killed');
+  const runToEnd = (out: string): Promise<number> => new Promise((resolve) => {
+    const p = spawn(process.execPath, args(out), { stdio: 'ignore' });
+    p.on('exit', (code) => resolve(code ?? -1));
+  });
+  assert.equal(await runToEnd(whole), 0);
+  const total = readManifest(whole)!.shards.length;
+  // Kill once the manifest lists a few shards.
+  const p = spawn(process.execPath, args(killed), { stdio: 'ignore' });
+  const exited = new Promise<void>((resolve) => p.on('exit', () => resolve()));
+  for (let i = 0; i < 2000; i++) {
+    const m = fs.existsSync(path.join(killed, 'manifest.json')) ? readManifest(killed) : null;
+    if (m && m.shards.length >= 3) break;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  p.kill('SIGKILL');
+  await exited;
+  const m = readManifest(killed)!;
+  assert.ok(m.shards.length >= 3 && m.shards.length < total, `killed after ${m.shards.length} of ${total} shards`);
+  assert.equal(await runToEnd(killed), 0);
+  assert.deepEqual(shardFiles(killed), shardFiles(whole));
+});
+
+function runOpts(dir: string, data: string, over: Partial<RunOptions>): RunOptions {
+  return {
+    ...DEFAULT_RUN_OPTIONS, mode: 'distill', out: path.join(dir, 'run'), data: [data], model: path.join(dir, 'student.json'),
+    batch: 3, seq: 8, steps: 6, warmup: 1, evalEvery: 3, saveEvery: 3, seed: 5, valFraction: 0.2, threads: 1, quiet: true,
+    loss: 'kl', alpha: 0.8, temperature: 2, ...over,
+  };
+}
+
+test('distill --teacher-cache: refuses a cache made for other settings; trains without a teacher; resumes bit-exactly', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 14);
+  fs.writeFileSync(path.join(dir, 'student.json'), JSON.stringify({
+    architectures: ['Qwen2ForCausalLM'], model_type: 'qwen2', vocab_size: tinyTokenizer().vocabSize, hidden_size: 8, intermediate_size: 16,
+    num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 256, rms_norm_eps: 1e-6, rope_theta: 10000,
+    tie_word_embeddings: true,
+  }));
+  const data = writeData(dir, 24);
+  const cacheDir = path.join(dir, 'cache');
+  await buildTeacherCache(jobOptions(teacherDir, data, cacheDir, { sparse: { kind: 'top', k: 5 } }), { log: () => {} });
+  for (const [over, re] of [
+    [{ temperature: 1 }, /--temperature \(2 in the cache, 1 for this run\)/],
+    [{ seq: 16 }, /--seq \(8 in the cache, 16 for this run\)/],
+    [{ data: [path.join(dir, 'other.txt')] }, /data \(sha256 .* for this run\)/],
+  ] as Array<[Partial<RunOptions>, RegExp]>) {
+    fs.writeFileSync(path.join(dir, 'other.txt'), TEXT.join('\n') + ' more');
+    await assert.rejects(runTraining(runOpts(dir, data, { teacherCache: cacheDir, overwrite: true, ...over }), { log: () => {} }),
+      (e: unknown) => e instanceof DistilleryError && re.test(e.message), String(re));
+  }
+  const logs: string[] = [];
+  const full = await runTraining(runOpts(dir, data, { teacherCache: cacheDir, out: path.join(dir, 'full') }), { log: (l) => logs.push(l) });
+  assert.equal(full.status, 'completed');
+  assert.ok(logs.some((l) => /teacher cache .*top:5 at temperature 2/.test(l)), logs.join('\n'));
+  assert.ok(Number.isFinite(full.finalValLoss) && full.finalAgreement !== null);
+  const metrics = fs.readFileSync(path.join(dir, 'full', 'metrics.jsonl'), 'utf8');
+  assert.match(metrics, /"val_div":/);
+  // stop after 3 steps, resume: the same weights as the uninterrupted run
+  const part = path.join(dir, 'part');
+  await runTraining(runOpts(dir, data, { teacherCache: cacheDir, out: part, stopAfter: 3 }), { log: () => {} });
+  const resumed = await runTraining(runOpts(dir, data, { teacherCache: cacheDir, out: part, resume: true }), { log: () => {} });
+  assert.equal(resumed.status, 'completed');
+  assert.deepEqual(fs.readFileSync(path.join(part, 'final', 'model.safetensors')), fs.readFileSync(path.join(dir, 'full', 'final', 'model.safetensors')));
+  assert.equal(resumed.finalValLoss, full.finalValLoss);
+});
