@@ -58,6 +58,7 @@ float g_xf[32][32];
 unsigned g_xu[32][32][6];
 float g_xc[32][32][4];
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }
 inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;

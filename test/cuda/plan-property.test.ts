@@ -32,6 +32,8 @@ import { jobClosures } from '../../src/train/kernel-plan.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
 import { Rng } from '../../src/util/rng.js';
 import { rng as mulberry } from './helpers.js';
+import { buildTeacherCache } from '../../src/cache/build.js';
+import { formatSparse, type SparseRep } from '../../src/cache/sparse.js';
 
 const CASES = Number(process.env.DISTILLERY_PROPERTY_CASES ?? 40);
 let dir = '';
@@ -90,7 +92,12 @@ function randomConfig(r: () => number, vocab: number, maxSeq: number): ModelConf
   };
 }
 
-interface Case { student: ModelConfig; teacher: ModelConfig | null; batch: number; seq: number; gradAccum: number; kind: DistillKind; alpha: number; temperature: number; beta: number; prompt: number }
+interface Case {
+  student: ModelConfig; teacher: ModelConfig | null; batch: number; seq: number; gradAccum: number; kind: DistillKind; alpha: number;
+  temperature: number; beta: number; prompt: number;
+  /** Distill from a teacher cache of this representation (made by the real cache job on the trace backend first). */
+  cache: SparseRep | null;
+}
 
 function randomCase(seed: number, vocab: number): Case {
   const r = mulberry(seed);
@@ -101,12 +108,13 @@ function randomCase(seed: number, vocab: number): Case {
     student, teacher: kind === 'none' ? null : randomConfig(r, vocab, seq), batch, seq, gradAccum: r() < 0.3 ? 2 : 1,
     kind, alpha: Number(r().toFixed(3)), temperature: Number((0.5 + 3 * r()).toFixed(2)), beta: Number(r().toFixed(2)),
     prompt: 1 + Math.floor(r() * 30),
+    cache: kind === 'none' || r() < 0.5 ? null : r() < 0.5 ? { kind: 'sample', n: 1 + Math.floor(r() * 40) } : { kind: 'top', k: 1 + Math.floor(r() * 40) },
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -120,16 +128,27 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     teacherDir = path.join(caseDir, 'teacher');
     writeCheckpoint(teacherDir, c.teacher, initialWeights(parameterLayout(c.teacher), c.teacher, new Rng(i)), { dtype: 'f32', tokenizerJson: tok.toJSON() });
   }
-  const options: RunOptions = {
-    ...DEFAULT_RUN_OPTIONS, mode: c.teacher ? 'distill' : 'train', out: path.join(caseDir, 'run'), data: [dataPath], tokenizer: tokPath,
-    model: cfgPath, teacher: teacherDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
-    saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
-    valFraction: 0.2, seed: i,
-  };
   const trace = new CudaBackend('trace');
   let prepared = 0;
   const realPrepare = trace.prepare.bind(trace);
   trace.prepare = async (runs) => { prepared++; const before = trace.traced.size; await realPrepare(runs); assert.equal(trace.traced.size, before, 'prepare() recorded kernels into the runtime set'); };
+  let cacheDir: string | undefined;
+  if (c.cache && teacherDir) {
+    // The real cache job, on the same trace backend: its kernels are part of the runtime set.
+    cacheDir = path.join(caseDir, 'cache');
+    await buildTeacherCache({
+      teacher: teacherDir, data: [dataPath], out: cacheDir, seq: c.seq, batch: c.batch, sparse: c.cache, temperature: c.temperature, seed: i,
+      valFraction: 0.2, lossOn: 'assistant', maxChars: 0, device: 'cuda', precision: 'fp32', threads: 1, shardWindows: 64, overwrite: false, quiet: true,
+    }, { backend: trace, log: () => {} });
+    assert.equal(prepared, 1, 'the cache job calls prepare() once');
+    prepared = 0;
+  }
+  const options: RunOptions = {
+    ...DEFAULT_RUN_OPTIONS, mode: c.teacher ? 'distill' : 'train', out: path.join(caseDir, 'run'), data: [dataPath], tokenizer: tokPath,
+    model: cfgPath, teacher: cacheDir ? undefined : teacherDir, teacherCache: cacheDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
+    saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
+    valFraction: 0.2, seed: i,
+  };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
   assert.equal(prepared, 1, 'runTraining calls prepare() once');
@@ -146,10 +165,12 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
-  return planKernels(jobClosures({
-    student: c.student, teacher: c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
-    adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
-  }));
+  // The cache job's plan (the teacher's forward and head) and the cached run's (no teacher, the sparse loss).
+  const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: true }) : [];
+  return planKernels([...cacheJob, ...jobClosures({
+    student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
+    adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
+  })]);
 }
 
 test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runTraining + Generator.generate on a trace backend)`, { timeout: 120_000 }, async () => {
@@ -164,7 +185,7 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
     assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
     for (const s of traced) families.add(s.family);
   }
-  for (const f of ['loss', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
+  for (const f of ['loss', 'sparse_loss', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
   process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);
@@ -183,4 +204,16 @@ test('property check has teeth: the plan of a config with another eps, theta or 
     const plan = new Set(planFor({ ...c, student: other }, options).map(hash));
     assert.ok(traced.some((s) => !plan.has(hash(s))), 'a plan for a different model should not cover this run');
   }
+});
+
+test('property check has teeth for cached runs: a plan that leaves out the teacher cache (or the cache job) misses runtime kernels', async () => {
+  let seed = 1;
+  while (!(randomCase(seed, tok.vocabSize).cache)) seed++;
+  const c = randomCase(seed, tok.vocabSize);
+  const { traced, options } = await runtimeSet(c, 998);
+  assert.ok(traced.some((s) => s.family === 'sparse_loss'), 'the cached run launched the sparse loss');
+  const full = new Set(planFor(c, options).map(hash));
+  assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
+  const noCache = new Set(planFor({ ...c, cache: null, teacher: null }, options).map(hash));
+  assert.ok(traced.some((s) => !noCache.has(hash(s))), 'a plan without the cache should not cover a cached run');
 });

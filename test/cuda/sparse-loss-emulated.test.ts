@@ -1,0 +1,85 @@
+/**
+ * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the GENERATED sparse loss kernel (src/backend/cuda/kernels/sparse-loss.ts)
+ * compiled for the host on the emulator of ./emulator.ts and compared with the CPU backend's float64 sparse loss
+ * (stats and dlogits) over the same float32 inputs: sample rows (no tail) and top-K rows (a tail bucket, and one row
+ * whose slots cover no tail), every divergence, f32 dlogits aliasing the logits and bf16 dlogits, a padding row and a
+ * row stride past the loss vocabulary.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { sparseLossKernel } from '../../src/backend/cuda/kernels/sparse-loss.js';
+import { sparseLossRows } from '../../src/backend/cpu/kernels/sparse-loss.js';
+import { sparseRow, type SparseRep } from '../../src/cache/sparse.js';
+import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
+import { roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
+import { build, cleanUp, skip, workDir } from './emulator.js';
+import { rng } from './helpers.js';
+
+const n = 6, V = 700, LD = 704, BLOCK = 128, S = 12;
+
+function readF32(name: string): Float32Array {
+  const b = readFileSync(join(workDir(), name));
+  return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+}
+
+for (const rep of [{ kind: 'sample', n: S }, { kind: 'top', k: S }] as SparseRep[]) {
+  test(`emulated CUDA: sparse loss over ${rep.kind} rows, every kind, vs the CPU backend in float64`, { skip, timeout: 300_000 }, () => {
+    const r = rng(rep.kind === 'top' ? 9 : 8);
+    const z = Float32Array.from({ length: n * LD }, () => (r() - 0.5) * 10);
+    const zt = Float64Array.from({ length: n * V }, () => (r() - 0.5) * 10);
+    const y = Int32Array.from({ length: n }, (_, i) => (i === 3 ? -1 : Math.floor(r() * V)));
+    const w = Float32Array.from({ length: n }, (_, i) => (i === 3 ? 0 : 0.25));
+    const h = allocSparseHost(n, S);
+    for (let i = 0; i < n; i++) {
+      const e = sparseRow(zt, i * V, V, 2, rep, () => r());
+      if (i === 5 && rep.kind === 'top') e.tail = -1; // a row with no tail bucket
+      setSparseRow(h, i, e, rep);
+    }
+    // The kernel reads float32: the reference gets the same rounded values.
+    const prob = Float32Array.from(h.prob), logq = Float32Array.from(h.logq), tail = Float32Array.from(h.tail);
+    for (const [f, a] of [['z', z], ['y', y], ['w', w], ['ids', h.ids], ['prob', prob], ['logq', logq], ['tail', tail], ['am', h.argmax]] as const) {
+      writeFileSync(join(workDir(), f), a);
+    }
+    for (const kind of ['kl', 'reverse-kl', 'jsd'] as const) {
+      for (const dt of ['f32', 'bf16'] as const) {
+        const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: dt, withTail: rep.kind === 'top', block: BLOCK });
+        const T = dt === 'bf16' ? 'bf16' : 'float';
+        // f32: dlogits aliases the logits (the head's in-place case)
+        const exe = build(spec, `int main() { const char* d = "${workDir()}";
+  auto z = readf<float>(d, "z", ${n * LD}); auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
+  auto ids = readf<int>(d, "ids", ${n * S}); auto prob = readf<float>(d, "prob", ${n * S}); auto logq = readf<float>(d, "logq", ${n * S});
+  auto tail = readf<float>(d, "tail", ${n}); auto am = readf<int>(d, "am", ${n});
+  std::vector<float> st(${n * 4}); std::vector<${T}> g(${n * LD});
+  ${dt === 'f32' ? 'float* gp = z.data();' : `${T}* gp = g.data();`}
+  launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { sparse_loss(st.data(), gp, z.data(), y.data(), w.data(), ids.data(), prob.data(), logq.data(), tail.data(), am.data(), ${n}, ${V}, ${LD}, ${S}, 2.0f, 0.6f, 0.3f); });
+  writef(d, "st", st); ${dt === 'f32' ? 'writef(d, "g", z);' : 'writef(d, "g", g);'} }`);
+        execFileSync(exe);
+        const st = readF32('st');
+        const gb = readFileSync(join(workDir(), 'g'));
+        const g = dt === 'bf16' ? unpackBf16(new Uint16Array(gb.buffer.slice(gb.byteOffset, gb.byteOffset + gb.length))) : readF32('g');
+        const rst = new Float64Array(n * 4), rg = new Float64Array(n * LD);
+        const sp = { slots: S, ids: h.ids, prob: Float64Array.from(prob), logq: Float64Array.from(logq), tail: Float64Array.from(tail), argmax: h.argmax };
+        sparseLossRows(rst, rg, Float64Array.from(z), y, Float64Array.from(w), sp, V, { kind, alpha: 0.6, temperature: 2, beta: 0.3 }, 0, n, LD);
+        let es = 0, eg = 0, mg = 0;
+        for (let i = 0; i < n; i++) {
+          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[4 * i + c]! - rst[4 * i + c]!) / Math.max(5e-4, Math.abs(rst[4 * i + c]!)));
+          assert.equal(st[4 * i + 3], rst[4 * i + 3], `${kind} row ${i}: agreement`);
+        }
+        for (let i = 0; i < n * LD; i++) {
+          const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;
+          eg = Math.max(eg, Math.abs(g[i]! - want)); mg = Math.max(mg, Math.abs(rg[i]!));
+        }
+        process.stderr.write(`[sparse-loss-emulated] ${rep.kind} ${kind} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
+        assert.ok(es <= 2e-3, `${kind} ${dt}: stats relative error ${es}`);
+        assert.ok(eg / mg <= (dt === 'bf16' ? 8e-3 : 2e-5), `${kind} ${dt}: dlogits error ${eg / mg}`);
+        for (let i = 3 * LD; i < 4 * LD; i++) assert.equal(g[i], 0, 'the padding row has no gradient');
+        for (let c = V; c < LD; c++) assert.equal(g[c], 0, 'columns past the loss vocabulary have no gradient');
+      }
+    }
+  });
+}
+
+test('emulated CUDA: sparse loss clean up', { skip }, () => { cleanUp(); });
