@@ -214,6 +214,6 @@ test('property check has teeth for cached runs: a plan that leaves out the teach
   assert.ok(traced.some((s) => s.family === 'sparse_loss'), 'the cached run launched the sparse loss');
   const full = new Set(planFor(c, options).map(hash));
   assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
-  const noCache = new Set(planFor({ ...c, cache: null, teacher: null }, options).map(hash));
+  const noCache = new Set(planFor({ ...c, cache: null }, options).map(hash)); // planned as an online distillation
   assert.ok(traced.some((s) => !noCache.has(hash(s))), 'a plan without the cache should not cover a cached run');
 });
