@@ -345,6 +345,12 @@ export function realPlans(): KernelSpec[] {
       loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256, precision,
     }),
     ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512, precision }),
+    // a teacher-cache job and distillations from sample and top-K caches
+    ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: true, precision }),
+    ...(['sample', 'top'] as const).flatMap((kind) => jobClosures({
+      student: presetConfig('qwen2.5-0.5b', 151936), batch: 4, seq: 256, loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true,
+      evaluate: true, precision, teacherCache: kind === 'sample' ? { kind, n: 32 } : { kind, k: 64 },
+    })),
   ]));
 }
 
