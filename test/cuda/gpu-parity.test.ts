@@ -21,6 +21,8 @@ import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { QWEN_LIKE, allOpsStep, rand, rng, scaledRopes } from './helpers.js';
 import { relErr } from '../util/compare.js';
 import { plainRope } from '../../src/backend/rope.js';
+import { formatSparse, sparseRow, sparseSlots, type SparseRep } from '../../src/cache/sparse.js';
+import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -236,6 +238,34 @@ parity('loss over the first 2990 of 3008-float rows, in place (padded head width
     op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, n, V, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 }, LD),
   };
 });
+// The sparse loss of a teacher cache: sample rows (no tail) and top-K rows (a tail bucket, one row without), in place.
+for (const [rep, spec] of [
+  [{ kind: 'sample', n: 32 }, { kind: 'kl', alpha: 0.6, temperature: 2, beta: 0 }], [{ kind: 'sample', n: 7 }, { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0 }],
+  [{ kind: 'top', k: 20 }, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 }], [{ kind: 'top', k: 64 }, { kind: 'kl', alpha: 1, temperature: 1, beta: 0 }],
+] as Array<[SparseRep, LossSpec]>) {
+  parity(`sparse loss ${formatSparse(rep)} ${spec.kind} a=${spec.alpha} T=${spec.temperature} b=${spec.beta}, in place over padded rows`, 2e-5, (r) => {
+    const n = 6, V = 2990, LD = 3008, S = sparseSlots(rep);
+    const targets = ids(r, n, V); targets[2] = -1;
+    const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
+    const zt = Float64Array.from(rand(r, n * V, 6));
+    const h = allocSparseHost(n, S);
+    for (let i = 0; i < n; i++) {
+      const e = sparseRow(zt, i * V, V, spec.temperature, rep, () => r());
+      if (i === 4 && rep.kind === 'top') e.tail = -1;
+      setSparseRow(h, i, e, rep);
+    }
+    return {
+      arrays: {
+        st: rand(r, n * 4), z: rand(r, n * LD, 6), y: targets, w: weights, ids: h.ids, prob: Float32Array.from(h.prob), logq: Float32Array.from(h.logq),
+        tail: Float32Array.from(h.tail), am: h.argmax,
+      },
+      compare: ['st', 'z'],
+      op: (b, x) => b.sparseLossForward(x.st!, x.z!, x.z!, x.y!, x.w!, {
+        slots: S, ids: x.ids!, prob: x.prob!, logq: x.logq!, tail: x.tail!, argmax: x.am!, withTail: rep.kind === 'top',
+      }, n, V, spec, LD),
+    };
+  });
+}
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

@@ -67,6 +67,13 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const logits = b.alloc(n * d.vocab, 'logits'), teacher = b.alloc(n * d.vocab, 'teacher');
     const stats = b.alloc(n * 4, 'stats'), weights = b.alloc(n, 'weights'), targets = b.allocInt(n, 'targets');
     b.lossForward(stats, logits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, d.vocab, d.loss);
+    // the sparse loss of a teacher cache (sample and top-K rows)
+    if (d.loss.kind !== 'none') {
+      for (const withTail of [false, true]) {
+        const sp = { slots: 4, ids: b.allocInt(n * 4, 'ids'), prob: b.alloc(n * 4, 'prob'), logq: b.alloc(n * 4, 'logq'), tail: b.alloc(n, 'tail'), argmax: b.allocInt(n, 'argmax'), withTail };
+        b.sparseLossForward(stats, logits, logits, targets, weights, sp, n, d.vocab, d.loss);
+      }
+    }
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
     b.attentionBackward(dq, dk, dv, datt, q, k, v, att, lse, d.B, d.T, d.nH, d.nKv, d.hd);
