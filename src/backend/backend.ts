@@ -77,6 +77,18 @@ export interface SparseTargets {
   /** Rows may carry a tail bucket (a top-K cache): the CUDA backend then runs the kernel that sums Q_s outside the slots. */
   withTail?: boolean;
 }
+/**
+ * What sparseTeacherRows writes for n rows: ids [n, slots] (−1 past a row's ids), logq [n, slots] (log q_t of each
+ * id), tail [n] (a top-K row's remaining mass, −1 for sample rows and when K covers the vocabulary), argmax [n].
+ */
+export interface SparseRowsOut {
+  slots: number;
+  ids: IntBuf;
+  logq: Buf;
+  tail: Buf;
+  argmax: IntBuf;
+}
+
 /** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
 export const MAX_SPARSE_SLOTS = 256;
 
@@ -121,6 +133,8 @@ export interface Backend {
   uploadInt(dst: IntBuf, src: Int32Array): void;
   /** A host copy of buf (float64 in the CPU reference mode, else float32 — bf16 values widen exactly). */
   download(src: Buf): Float32Array | Float64Array;
+  /** A host copy of an int buffer. */
+  downloadInt(src: IntBuf): Int32Array;
   zero(buf: Buf): void;
   /** dst[0..src.length) = src, converting between dtypes (into bf16: rounded to nearest even). */
   copy(dst: Buf, src: Buf): void;
@@ -248,6 +262,15 @@ export interface Backend {
     stats: Buf, dlogits: Buf | null, logits: Buf, targets: IntBuf, weights: Buf, sparse: SparseTargets,
     n: number, vocab: number, spec: LossSpec, ld?: number,
   ): void;
+  /**
+   * The sparse rows of a teacher's logits (the teacher-cache job; src/backend/cpu/kernels/sparse-rows.ts is the
+   * reference): each of n rows of logits [n, ld] over the first `vocab` columns, at temperature T, becomes 'sample' —
+   * the distinct ids of out.slots systematic draws at the points (i + uniforms[row]) / slots of the cumulative
+   * distribution, ascending — or 'top' — the out.slots most likely ids, by descending probability (ties: lower id),
+   * with the remaining mass. logits and uniforms are f32.
+   */
+  sparseTeacherRows(out: SparseRowsOut, logits: Buf, uniforms: Buf, n: number, vocab: number, temperature: number,
+    kind: 'sample' | 'top', ld?: number): void;
   // ---- optimizer ------------------------------------------------------------------------------------
   /**
    * Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment: f32).

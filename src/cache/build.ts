@@ -28,7 +28,7 @@ import { resolvePrecision, type PrecisionFlag } from '../train/precision.js';
 import { modelExtras, readData } from '../train/run-data.js';
 import { hashDocs, lockRunFolder } from '../train/run-folder.js';
 import { encodeWindow, recordLayout } from './format.js';
-import { cacheUniform, formatSparse, sparseRow, type SparseEntry, type SparseRep } from './sparse.js';
+import { cacheUniform, formatSparse, type SparseEntry, type SparseRep } from './sparse.js';
 import {
   CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
@@ -198,11 +198,11 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   let teacher: Transformer | null = null, pass: TeacherPass | null = null;
   if (todo.length) {
     if (backend.prepare) {
-      await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: true }));
+      await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: rep }));
     }
     teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision });
     teacher.setWeights(ck.weights);
-    pass = new TeacherPass(teacher, lossVocab);
+    pass = new TeacherPass(teacher, lossVocab, o.temperature, rep);
     log(`teacher cache: ${formatSparse(rep)} at temperature ${o.temperature} over ${windows.length} windows of ${T} ` +
       `(${packed.targetTokens} counted positions), ${nShards} shards of ${shardWindows} windows; teacher ${ck.config.architecture} ` +
       `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision})`);
@@ -219,7 +219,6 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr,
     [...done.values()].reduce((a, s) => a + s.windows, 0));
   let written = 0, computedTokens = 0, passSeconds = 0;
-  const scratch = new Float64Array(lossVocab);
   try {
     for (const si of todo) {
       const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
@@ -230,13 +229,12 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
         for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
         const t0 = process.hrtime.bigint();
-        pass!.run(ids, B, T, (z, r0, rows) => {
-          for (let r = r0; r < r0 + rows; r++) {
-            if (!counted(r)) continue;
-            const wi = b0 + Math.floor(r / T), pos = r % T;
-            entries[wi - w0]!.push(sparseRow(z, (r - r0) * pass!.width, lossVocab, o.temperature, rep,
-              (k) => cacheUniform(o.seed, wi, pos, k), scratch));
-          }
+        // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
+        pass!.run(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0), (rowsOut, r0) => {
+          rowsOut.forEach((e, k) => {
+            const r = r0 + k;
+            if (counted(r)) entries[b0 + Math.floor(r / T) - w0]!.push(e);
+          });
         }, (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
         passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
         computedTokens += nb * T;

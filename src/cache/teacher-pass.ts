@@ -1,39 +1,51 @@
 /**
  * The teacher's side of a teacher-cache job: the forward over a batch of windows (one captured region: a CUDA graph
- * once the shape repeats), then the LM head chunk by chunk over the loss vocabulary; each chunk of logits is handed
- * to the caller on the host, which keeps the sparse representation of its rows. The full [tokens, vocab] logits never
- * exist: one chunk of rows at a time (src/train/head.ts sizes them).
+ * once the shape repeats), then, chunk by chunk of rows, the LM head over the loss vocabulary and the sparse rows of
+ * those logits on the device (Backend.sparseTeacherRows: the systematic draws, or the top K), of which only the small
+ * result comes to the host. The full [tokens, vocab] logits never exist: one chunk of rows at a time
+ * (src/train/head.ts sizes them), and on the GPU no logits cross the bus for a sample cache.
  *
  * The kernel plan of the job (src/train/kernel-plan.ts, `cacheTeacher`) runs this same class on the tracing backend.
  */
-import type { Buf } from '../backend/backend.js';
+import type { Buf, SparseRowsOut } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 import { DistilleryError } from '../util/errors.js';
 import { headChunkRows, headWidth } from '../train/head.js';
+import type { SparseEntry, SparseRowRep } from '../backend/cpu/kernels/sparse-rows.js';
 
 export class TeacherPass {
   readonly width: number;
   readonly chunkRows: number;
+  readonly slots: number;
   private readonly z: Buf;
+  private readonly u: Buf;
+  private readonly out: SparseRowsOut;
 
-  constructor(readonly teacher: Transformer, readonly lossVocab: number, chunkFloats?: number) {
-    const v = teacher.config.vocabSize;
+  constructor(readonly teacher: Transformer, readonly lossVocab: number, readonly temperature: number, readonly rep: SparseRowRep,
+    chunkFloats?: number) {
+    const v = teacher.config.vocabSize, be = teacher.backend;
     if (!(Number.isInteger(lossVocab) && lossVocab >= 1 && lossVocab <= v)) {
       throw new DistilleryError(`the loss vocabulary (${lossVocab}) must be between 1 and the teacher's vocab_size (${v})`);
     }
     this.width = headWidth(lossVocab, v);
     this.chunkRows = headChunkRows(teacher.batch * teacher.seq, this.width, chunkFloats);
-    this.z = teacher.backend.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)');
+    this.slots = rep.kind === 'sample' ? rep.n : Math.min(rep.k, lossVocab);
+    const R = this.chunkRows, S = this.slots;
+    this.z = be.alloc(R * this.width, 'teacher logits (one chunk of rows)');
+    this.u = be.alloc(R, 'teacher cache uniforms');
+    this.out = {
+      slots: S, ids: be.allocInt(R * S, 'teacher cache ids'), logq: be.alloc(R * S, 'teacher cache log-probabilities'),
+      tail: be.alloc(R, 'teacher cache tail mass'), argmax: be.allocInt(R, 'teacher cache argmax'),
+    };
   }
 
   /**
-   * Runs the teacher over ids [b, t] and calls onChunk(logits, r0, rows) for each chunk of rows; `logits` is the host
-   * copy of rows [r0, r0 + rows), row stride `width`, of which the first lossVocab columns are the distribution's.
-   * `wanted(r0, rows)` false skips a chunk's product (no counted position in it).
+   * Runs the teacher over ids [b, t]; for each chunk of rows that `wanted(r0, rows)` asks for, computes their sparse rows
+   * (row r's draws from uniform(r)) and calls onRows(entries, r0) with one SparseEntry per row of the chunk.
    */
-  run(ids: Int32Array, b: number, t: number, onChunk: (logits: Float32Array | Float64Array, r0: number, rows: number) => void,
-    wanted: (r0: number, rows: number) => boolean = () => true): void {
-    const m = this.teacher, be = m.backend, C = m.config.hiddenSize, V = this.width, n = b * t;
+  run(ids: Int32Array, b: number, t: number, uniform: (row: number) => number,
+    onRows: (entries: SparseEntry[], r0: number) => void, wanted: (r0: number, rows: number) => boolean = () => true): void {
+    const m = this.teacher, be = m.backend, C = m.config.hiddenSize, V = this.width, n = b * t, S = this.slots;
     m.stageInputs(ids, b, t);
     const hidden = be.captured('teacher cache pass', () => m.forwardStaged(b, t));
     const w = be.view(m.headWeight(), 0, V * C);
@@ -42,7 +54,22 @@ export class TeacherPass {
       if (!wanted(r0, rows)) continue;
       const z = be.view(this.z, 0, rows * V);
       be.matmulForward(z, be.view(hidden, r0 * C, rows * C), w, null, rows, C, V);
-      onChunk(be.download(z), r0, rows);
+      be.upload(this.u, Float32Array.from({ length: rows }, (_, i) => uniform(r0 + i)));
+      be.sparseTeacherRows(this.out, z, this.u, rows, this.lossVocab, this.temperature, this.rep.kind, V);
+      const idsH = be.downloadInt(be.viewInt(this.out.ids, 0, rows * S));
+      const lq = be.download(be.view(this.out.logq, 0, rows * S)), tail = be.download(be.view(this.out.tail, 0, rows));
+      const am = be.downloadInt(be.viewInt(this.out.argmax, 0, rows));
+      const entries: SparseEntry[] = [];
+      for (let r = 0; r < rows; r++) {
+        const e: SparseEntry = { ids: [], counts: [], logq: [], tail: tail[r]!, argmax: am[r]! };
+        for (let k = 0; k < S; k++) {
+          const id = idsH[r * S + k]!;
+          if (id < 0) break;
+          e.ids.push(id); e.logq.push(lq[r * S + k]!);
+        }
+        entries.push(e);
+      }
+      onRows(entries, r0);
     }
   }
 }

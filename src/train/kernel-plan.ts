@@ -40,8 +40,8 @@ export interface JobShape {
   precision?: Precision;
   /** Distill from a teacher cache of this representation instead of a teacher model (the sparse loss). */
   teacherCache?: SparseRep | undefined;
-  /** The teacher-cache job: the teacher's forward and LM head over batches of this shape (no student step). */
-  cacheTeacher?: boolean;
+  /** The teacher-cache job of this representation: the teacher's forward, LM head and sparse rows (no student step). */
+  cacheTeacher?: SparseRep | undefined;
 }
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
@@ -93,8 +93,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
     runs.push((be) => {
       if (!j.teacher) throw new Error('a teacher-cache job needs the teacher\'s config');
       const m = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision: j.precision ?? 'fp32' });
-      const pass = new TeacherPass(m, j.lossVocab ?? j.teacher.vocabSize);
-      pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => undefined);
+      const pass = new TeacherPass(m, j.lossVocab ?? j.teacher.vocabSize, 1, j.cacheTeacher!);
+      pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => 0.5, () => undefined);
     });
   }
   if (j.generateLen && j.generateLen > 1) {

@@ -68,6 +68,14 @@ inline float __shfl_sync(unsigned, float v, int src) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xf[w][l] = v; warpsync(); float r = g_xf[w][src & 31]; warpsync(); return r;
 }
+inline float __shfl_up_sync(unsigned, float v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xf[w][l] = v; warpsync(); float r = l >= o ? g_xf[w][l - o] : v; warpsync(); return r;
+}
+inline int __shfl_up_sync(unsigned, int v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xu[w][l][0] = (unsigned)v; warpsync(); int r = l >= o ? (int)g_xu[w][l - o][0] : v; warpsync(); return r;
+}
 inline float lo16(unsigned r) { return __uint_as_float((r & 0xffffu) << 16); }
 inline float hi16(unsigned r) { return __uint_as_float(r & 0xffff0000u); }
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, layouts from the PTX ISA */

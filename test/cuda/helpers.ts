@@ -73,6 +73,9 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
         const sp = { slots: 4, ids: b.allocInt(n * 4, 'ids'), prob: b.alloc(n * 4, 'prob'), logq: b.alloc(n * 4, 'logq'), tail: b.alloc(n, 'tail'), argmax: b.allocInt(n, 'argmax'), withTail };
         b.sparseLossForward(stats, logits, logits, targets, weights, sp, n, d.vocab, d.loss);
       }
+      // a teacher-cache job's sparse rows of the logits (sample rows on the device)
+      const rowsOut = { slots: 4, ids: b.allocInt(n * 4, 'ids'), logq: b.alloc(n * 4, 'logq'), tail: b.alloc(n, 'tail'), argmax: b.allocInt(n, 'argmax') };
+      b.sparseTeacherRows(rowsOut, teacher, b.alloc(n, 'uniforms'), n, d.vocab, 2, 'sample');
     }
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');
@@ -353,7 +356,8 @@ export function realPlans(): KernelSpec[] {
     }),
     ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512, precision }),
     // a teacher-cache job and distillations from sample and top-K caches
-    ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: true, precision }),
+    ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: { kind: 'sample', n: 32 }, precision }),
+    ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: { kind: 'top', k: 64 }, precision }),
     ...(['sample', 'top'] as const).flatMap((kind) => jobClosures({
       student: presetConfig('qwen2.5-0.5b', 151936), batch: 4, seq: 256, loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true,
       evaluate: true, precision, teacherCache: kind === 'sample' ? { kind, n: 32 } : { kind, k: 64 },

@@ -166,7 +166,7 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
   // The cache job's plan (the teacher's forward and head) and the cached run's (no teacher, the sparse loss).
-  const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: true }) : [];
+  const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: c.cache }) : [];
   return planKernels([...cacheJob, ...jobClosures({
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,

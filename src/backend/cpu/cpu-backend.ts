@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -57,6 +57,7 @@ import { attentionCached, kvCacheWrite } from './kernels/attention.js';
 import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
+import { sparseRow } from './kernels/sparse-rows.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
@@ -327,6 +328,10 @@ export class CpuBackend implements Backend {
     const d = this.i(dst, 'uploadInt destination');
     check(src.length <= d.length, `cpu backend: uploadInt of ${src.length} overflows a buffer of ${d.length}`);
     d.set(src);
+  }
+
+  downloadInt(src: IntBuf): Int32Array {
+    return Int32Array.from(this.i(src, 'downloadInt source'));
   }
 
   download(src: Buf): Float32Array | Float64Array {
@@ -690,6 +695,28 @@ export class CpuBackend implements Backend {
     this.need(sp.tail, n, 'sparseLossForward', 'tail'); this.need(sp.argmax, n, 'sparseLossForward', 'argmax');
     sparseLossRows(st, dz, z, y, w, sp, vocab, { kind: spec.kind, alpha: spec.alpha, temperature: spec.temperature, beta: spec.beta }, 0, n, ld);
     this.fin(dlogits, 0, n * ld);
+  }
+
+  sparseTeacherRows(out: SparseRowsOut, logits: Buf, uniforms: Buf, n: number, vocab: number, temperature: number,
+    kind: 'sample' | 'top', ld: number = vocab): void {
+    const S = out.slots;
+    check(Number.isInteger(S) && S >= 1 && S <= MAX_SPARSE_SLOTS, `cpu backend: sparseTeacherRows: ${S} slots per row (1 to ${MAX_SPARSE_SLOTS})`);
+    check(temperature > 0, `cpu backend: sparseTeacherRows: temperature must be > 0, got ${temperature}`);
+    check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sparseTeacherRows: row stride ${ld} below the vocabulary ${vocab}`);
+    const z = this.f(logits, 'sparse rows logits'), u = this.f(uniforms, 'sparse rows uniforms');
+    const ids = this.i(out.ids, 'sparse rows ids'), lq = this.f(out.logq, 'sparse rows logq'), tail = this.f(out.tail, 'sparse rows tail');
+    const am = this.i(out.argmax, 'sparse rows argmax');
+    this.need(z, n > 0 ? (n - 1) * ld + vocab : 0, 'sparseTeacherRows', 'logits'); this.need(u, n, 'sparseTeacherRows', 'uniforms');
+    this.need(ids, n * S, 'sparseTeacherRows', 'ids'); this.need(lq, n * S, 'sparseTeacherRows', 'logq');
+    this.need(tail, n, 'sparseTeacherRows', 'tail'); this.need(am, n, 'sparseTeacherRows', 'argmax');
+    const scratch = new Float64Array(vocab);
+    const rep = kind === 'sample' ? { kind, n: S } as const : { kind, k: S } as const;
+    for (let i = 0; i < n; i++) {
+      const e = sparseRow(z, i * ld, vocab, temperature, rep, () => u[i]!, scratch);
+      ids.fill(-1, i * S, i * S + S); lq.fill(0, i * S, i * S + S);
+      for (let k = 0; k < e.ids.length; k++) { ids[i * S + k] = e.ids[k]!; lq[i * S + k] = e.logq[k]!; }
+      tail[i] = e.tail; am[i] = e.argmax;
+    }
   }
 
   // ---- optimizer --------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -62,6 +62,8 @@ import {
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
+import { sampleRowsKernel } from './kernels/sparse-rows.js';
+import { sparseRow } from '../cpu/kernels/sparse-rows.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
@@ -467,6 +469,14 @@ export class CudaBackend implements Backend {
     this.hostTransfer(`uploading ${d.label}`, true);
     if (!this.dev || src.length === 0) return;
     this.dev.driver.htod(d.ptr, src, src.length * 4, `uploading ${d.label}`);
+  }
+
+  downloadInt(src: IntBuf): Int32Array {
+    const s = this.own(src, 'downloadInt');
+    this.hostTransfer(`downloading ${s.label}`, false);
+    const out = new Int32Array(s.length);
+    if (this.dev && s.length > 0) this.dev.driver.dtoh(out, s.ptr, s.length * 4, `downloading ${s.label}`);
+    return out;
   }
 
   download(src: Buf): Float32Array {
@@ -989,6 +999,39 @@ export class CudaBackend implements Backend {
     const k = sparseLossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', withTail, block: LOSS_BLOCK });
     this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(targets), P(weights), P(sparse.ids), P(sparse.prob),
       P(sparse.logq), P(sparse.tail), P(sparse.argmax), I(n), I(vocab), I(ld), I(S), F(spec.temperature), F(spec.alpha), F(spec.kind === 'jsd' ? spec.beta : 0)]);
+  }
+
+  /**
+   * Sample rows: the sample_rows kernel (one block per row). Top-K rows are selected on the host (the logits rows are
+   * downloaded and src/backend/cpu/kernels/sparse-rows.ts picks them): correct, but bound by the transfer and the host,
+   * so a top-K cache job on the GPU is far slower than a sample one.
+   */
+  sparseTeacherRows(out: SparseRowsOut, logits: Buf, uniforms: Buf, n: number, vocab: number, temperature: number,
+    kind: 'sample' | 'top', ld: number = vocab): void {
+    const S = out.slots;
+    if (!(Number.isInteger(S) && S >= 1 && S <= MAX_SPARSE_SLOTS)) throw new DistilleryError(`sparseTeacherRows: ${S} slots per row (1 to ${MAX_SPARSE_SLOTS})`);
+    if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`sparseTeacherRows: row stride ${ld} below the vocabulary ${vocab}`);
+    if (!(temperature > 0)) throw new DistilleryError(`sparseTeacherRows: temperature must be > 0, got ${temperature}`);
+    this.need(logits, n > 0 ? (n - 1) * ld + vocab : 0, 'sparseTeacherRows'); this.need(uniforms, n, 'sparseTeacherRows');
+    this.need(out.ids, n * S, 'sparseTeacherRows'); this.need(out.logq, n * S, 'sparseTeacherRows');
+    this.need(out.tail, n, 'sparseTeacherRows'); this.need(out.argmax, n, 'sparseTeacherRows');
+    this.f32Only('sparseTeacherRows', [['logits', logits], ['uniforms', uniforms], ['logq', out.logq], ['tail', out.tail]]);
+    if (n <= 0) return;
+    if (kind === 'sample') {
+      this.launch(sampleRowsKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK, [P(logits), P(uniforms), P(out.ids), P(out.logq),
+        P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
+      return;
+    }
+    const z = this.download(this.view(logits, 0, n * ld)), u = this.download(this.view(uniforms, 0, n));
+    const ids = new Int32Array(n * S).fill(-1), lq = new Float32Array(n * S), tail = new Float32Array(n), am = new Int32Array(n);
+    const scratch = new Float64Array(vocab);
+    for (let i = 0; i < n; i++) {
+      const e = sparseRow(z, i * ld, vocab, temperature, { kind: 'top', k: S }, () => u[i]!, scratch);
+      for (let k = 0; k < e.ids.length; k++) { ids[i * S + k] = e.ids[k]!; lq[i * S + k] = e.logq[k]!; }
+      tail[i] = e.tail; am[i] = e.argmax;
+    }
+    this.uploadInt(this.viewInt(out.ids, 0, n * S), ids); this.upload(this.view(out.logq, 0, n * S), lq);
+    this.upload(this.view(out.tail, 0, n), tail); this.uploadInt(this.viewInt(out.argmax, 0, n), am);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------

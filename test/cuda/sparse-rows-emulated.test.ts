@@ -1,0 +1,57 @@
+/**
+ * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the GENERATED sample_rows kernel (src/backend/cuda/kernels/sparse-rows.ts:
+ * a teacher cache's systematic draws on the device) compiled for the host on the emulator of ./emulator.ts and compared
+ * with the CPU backend's float64 rows (src/backend/cpu/kernels/sparse-rows.ts): the same distinct ids in the same
+ * order, log-probabilities to float32 rounding, the argmax; for random, peaked and flat rows, a vocabulary that is not
+ * a multiple of the block (empty chunks), from 1 to 200 draws, and uniforms at the ends of [0, 1).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { sampleRowsKernel } from '../../src/backend/cuda/kernels/sparse-rows.js';
+import { sparseRow } from '../../src/backend/cpu/kernels/sparse-rows.js';
+import { build, cleanUp, skip, workDir } from './emulator.js';
+import { rng } from './helpers.js';
+
+const n = 8, V = 700, LD = 704, BLOCK = 128, T = 1.5;
+
+test('emulated CUDA: sample_rows equals the float64 systematic draws (ids, order, log q, argmax)', { skip, timeout: 300_000 }, () => {
+  const r = rng(21);
+  const z = new Float32Array(n * LD);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < LD; j++) z[i * LD + j] = (r() - 0.5) * (i === 1 ? 30 : 8);
+    if (i === 2) z[i * LD + 345] = 40; // one token takes nearly all the mass
+    if (i === 3) z.fill(0.25, i * LD, i * LD + LD); // flat: the first maximum is the argmax
+    if (i === 4) { z[i * LD + 699] = 30; z[i * LD + 698] = 29.5; } // the mass at the very end of the vocabulary
+  }
+  const u = Float32Array.from({ length: n }, (_, i) => (i === 5 ? 0 : i === 6 ? 0.99999994 : r()));
+  writeFileSync(join(workDir(), 'z'), z); writeFileSync(join(workDir(), 'u'), u);
+  const exe = build(sampleRowsKernel.make({ block: BLOCK }), `int main(int argc, char** argv) { const char* d = "${workDir()}";
+  const int S = atoi(argv[1]);
+  auto z = readf<float>(d, "z", ${n * LD}); auto u = readf<float>(d, "u", ${n});
+  std::vector<int> ids(${n} * S), am(${n}); std::vector<float> lq(${n} * S), tl(${n});
+  launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { sample_rows(z.data(), u.data(), ids.data(), lq.data(), tl.data(), am.data(), ${n}, ${V}, ${LD}, S, ${T}f); });
+  writef(d, "ids", ids); writef(d, "lq", lq); writef(d, "tl", tl); writef(d, "am", am); }`);
+  for (const S of [1, 7, 32, 200]) {
+    execFileSync(exe, [String(S)]);
+    const rd = (f: string): Buffer => readFileSync(join(workDir(), f));
+    const b = rd('ids'), ids = new Int32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+    const bl = rd('lq'), lq = new Float32Array(bl.buffer.slice(bl.byteOffset, bl.byteOffset + bl.length));
+    const bt = rd('tl'), tl = new Float32Array(bt.buffer.slice(bt.byteOffset, bt.byteOffset + bt.length));
+    const ba = rd('am'), am = new Int32Array(ba.buffer.slice(ba.byteOffset, ba.byteOffset + ba.length));
+    for (let i = 0; i < n; i++) {
+      const want = sparseRow(z, i * LD, V, T, { kind: 'sample', n: S }, () => u[i]!);
+      const got = [...ids.subarray(i * S, i * S + S)];
+      assert.deepEqual(got.filter((x) => x >= 0), want.ids, `S=${S} row ${i}: ids`);
+      assert.ok(got.slice(want.ids.length).every((x) => x === -1), `S=${S} row ${i}: unused slots are -1`);
+      want.logq.forEach((l, k) => assert.ok(Math.abs(lq[i * S + k]! - l) <= 2e-5 * Math.max(1, Math.abs(l)), `S=${S} row ${i}: log q ${lq[i * S + k]} vs ${l}`));
+      assert.equal(am[i], want.argmax, `S=${S} row ${i}: argmax`);
+      assert.equal(tl[i], -1);
+    }
+    process.stderr.write(`[sparse-rows-emulated] S=${S}: ${n} rows equal the float64 draws\n`);
+  }
+});
+
+test('emulated CUDA: sample_rows clean up', { skip }, () => { cleanUp(); });
