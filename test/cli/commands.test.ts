@@ -39,7 +39,7 @@ async function run(argv: string[], deps = {}) {
 test('--help lists every command; --version prints package.json\'s version', async () => {
   const h = await run(['--help']);
   assert.equal(h.code, 0);
-  for (const c of ['train', 'distill', 'generate', 'eval', 'inspect', 'demo', 'kernels']) assert.match(h.out, new RegExp(`\\n {2}${c} `));
+  for (const c of ['train', 'distill', 'teacher-cache', 'generate', 'eval', 'inspect', 'demo', 'kernels']) assert.match(h.out, new RegExp(`\\n {2}${c} `));
   const pkg = JSON.parse(fs.readFileSync('package.json', 'utf8')) as { version: string };
   const v = await run(['--version']);
   assert.equal(v.code, 0);
@@ -50,7 +50,7 @@ test('--help lists every command; --version prints package.json\'s version', asy
 });
 
 test('each command has --help (exit 0, its usage line)', async () => {
-  for (const c of ['train', 'distill', 'generate', 'eval', 'inspect', 'demo', 'kernels']) {
+  for (const c of ['train', 'distill', 'teacher-cache', 'generate', 'eval', 'inspect', 'demo', 'kernels']) {
     const r = await run([c, '--help']);
     assert.equal(r.code, 0, c);
     assert.match(r.out, new RegExp(`^usage: distillery ${c}`), c);

@@ -35,7 +35,7 @@ test('defaults come from DEFAULT_RUN_OPTIONS; mode, out and data from the comman
 
 test('every RunOptions field has a flag, in kebab-case', () => {
   const fields = RUN_FIELDS.map((f) => f.field).sort();
-  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher', 'chatTemplateKwargs'].sort();
+  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher', 'teacherCache', 'chatTemplateKwargs'].sort();
   assert.deepEqual(fields, expected);
   const names = runFlags('distill').map((f) => f.name);
   for (const n of ['grad-accum', 'lr', 'min-lr-ratio', 'eval-every', 'save-every', 'val-fraction', 'loss', 'alpha', 'temperature',
@@ -160,7 +160,21 @@ test('warmup must be below steps, naming both settings', () => {
 test('required settings: --out, --data, and --teacher for distill', () => {
   usageError(() => resolve('train', ['--data', 'a.txt']), /train: no output folder given \(--out\)/, /--out <dir>/);
   usageError(() => resolve('train', ['--out', 'o']), /train: no training data given \(--data\)/, /builtin:docs/);
-  usageError(() => resolve('distill', ['--out', 'o', '--data', 'a.txt']), /^distill needs a teacher \(--teacher\)$/, /--teacher <checkpoint folder>/);
+  usageError(() => resolve('distill', ['--out', 'o', '--data', 'a.txt']), /^distill needs a teacher \(--teacher\) or a teacher cache \(--teacher-cache\)$/,
+    /--teacher <checkpoint folder>.*--teacher-cache <folder>/);
+});
+
+test('--teacher-cache: a cache folder instead of --teacher (not both); a folder without manifest.json is refused; train ignores it', () => {
+  const probe = fakeFs(['a.txt', 'teacher/config.json', 'cache/manifest.json'], ['teacher', 'cache', 'empty']);
+  const base = ['--out', 'o', '--data', 'a.txt'];
+  assert.equal(resolve('distill', [...base, '--teacher-cache', 'cache'], undefined, probe).options.teacherCache, 'cache');
+  usageError(() => resolve('distill', [...base, '--teacher-cache', 'cache', '--teacher', 'teacher'], undefined, probe),
+    /--teacher and --teacher-cache: distill from one of them/, /drop --teacher/);
+  usageError(() => resolve('distill', [...base, '--teacher-cache', 'empty'], undefined, probe), /--teacher-cache: empty has no manifest\.json/, /distillery teacher-cache/);
+  usageError(() => resolve('distill', [...base, '--teacher-cache', 'gone'], undefined, probe), /--teacher-cache: gone is not a folder/);
+  const t = resolve('train', [...base, '--teacher-cache', 'cache'], undefined, probe);
+  assert.equal(t.options.teacherCache, undefined);
+  assert.match(t.warnings.join('\n'), /--teacher-cache has no effect with 'train'/);
 });
 
 test('paths: missing data files, teacher and init folders, tokenizer and model', () => {

@@ -1,0 +1,69 @@
+/**
+ * The teacher-cache command line: usage errors (exit 2), the job's --json summary, --dry-run (memory, kernel plan, the
+ * cache's largest size: at least what the job then writes), `inspect` of a cache folder, and `distill --teacher-cache
+ * --dry-run --json` (no teacher in memory, the cache's size).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { main } from '../../src/cli/main.js';
+import { capture, tempDir, TEXT, writeTinyCheckpoint } from '../cli/fixtures.js';
+
+async function run(argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  const io = capture();
+  const code = await main(argv, io);
+  return { code, out: io.stdout(), err: io.stderr() };
+}
+
+test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, and distill --teacher-cache --dry-run', async () => {
+  const dir = tempDir();
+  const teacher = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacher, 3);
+  const data = path.join(dir, 'data.txt');
+  fs.writeFileSync(data, Array.from({ length: 10 }, (_, i) => TEXT[i % TEXT.length]).join(' '));
+  const out = path.join(dir, 'cache');
+  const base = ['teacher-cache', '--teacher', teacher, '--data', data, '--out', out, '--seq', '8', '--threads', '1'];
+  for (const [argv, re] of [
+    [['teacher-cache', '--data', data, '--out', out], /no teacher given \(--teacher\)/],
+    [['teacher-cache', '--teacher', teacher, '--out', out], /no data given \(--data\)/],
+    [[...base, '--sparse', 'random:3'], /--sparse "random:3": expected sample:N or top:K/],
+    [[...base, '--sparse', 'top:300'], /N, K from 1 to 256/],
+    [[...base, '--temperature', '0'], /--temperature must be > 0/],
+    [['teacher-cache', '--teacher', teacher, '--data', path.join(dir, 'nope.txt'), '--out', out], /data file .*nope\.txt does not exist/],
+  ] as Array<[string[], RegExp]>) {
+    const r = await run(argv);
+    assert.equal(r.code, 2, `${argv.join(' ')}: ${r.err}`);
+    assert.match(r.err, re);
+  }
+  const dry = await run([...base, '--dry-run', '--json', '--sparse', 'sample:8']);
+  assert.equal(dry.code, 0, dry.err);
+  const plan = JSON.parse(dry.out) as { windows: number; counted_positions: number; max_disk_bytes: number; max_bytes_per_token: number; kernels: unknown[]; device_bytes: number };
+  assert.ok(plan.windows > 0 && plan.counted_positions > 0 && plan.device_bytes > 0);
+  assert.deepEqual(plan.kernels, []);
+  const job = await run([...base, '--json', '--quiet', '--sparse', 'sample:8']);
+  assert.equal(job.code, 0, job.err);
+  const s = JSON.parse(job.out) as { complete: boolean; bytes: number; windows: number; positions: number; bytesPerToken: number };
+  assert.ok(s.complete);
+  assert.equal(s.windows, plan.windows);
+  assert.equal(s.positions, plan.counted_positions);
+  assert.ok(s.bytes <= plan.max_disk_bytes, `${s.bytes} bytes written, the dry run's bound was ${plan.max_disk_bytes}`);
+  assert.ok(s.bytesPerToken <= plan.max_bytes_per_token + 1e-9 + 9 * s.windows / s.positions);
+  const insp = await run(['inspect', out]);
+  assert.equal(insp.code, 0, insp.err);
+  assert.match(insp.out, /teacher cache .* \(complete\)/);
+  assert.match(insp.out, /sample:8 at temperature 2 \(unbiased/);
+  assert.match(insp.out, /bytes per token/);
+  const cfg = path.join(dir, 'student.json');
+  fs.copyFileSync(path.join(teacher, 'config.json'), cfg);
+  const d = await run(['distill', '--teacher-cache', out, '--data', data, '--seq', '8', '--model', cfg, '--out', path.join(dir, 'run'), '--dry-run', '--json']);
+  assert.equal(d.code, 0, d.err);
+  const r = JSON.parse(d.out) as { teacher_cache: { sparse: string; bytes: number } | null; device_bytes: number };
+  assert.equal(r.teacher_cache?.sparse, 'sample:8');
+  assert.equal(r.teacher_cache?.bytes, s.bytes);
+  // A cached run holds no teacher: less memory than the same run with the teacher.
+  const live = await run(['distill', '--teacher', teacher, '--data', data, '--seq', '8', '--model', cfg, '--out', path.join(dir, 'run'), '--dry-run', '--json']);
+  assert.ok(r.device_bytes < (JSON.parse(live.out) as { device_bytes: number }).device_bytes);
+  const both = await run(['distill', '--teacher-cache', out, '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run')]);
+  assert.equal(both.code, 2);
+});
