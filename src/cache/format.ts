@@ -17,6 +17,7 @@
  * the cache job, its manifest and `distillery inspect` give it.
  */
 import type { SparseEntry, SparseRep } from './sparse.js';
+import type { SparseHost } from './targets.js';
 
 export const LOGQ_SCALE = 2048;
 export const LOGQ_ZERO = 65535;
@@ -59,17 +60,21 @@ export class BitWriter {
 
 export class BitReader {
   private bit = 0;
-  constructor(private readonly buf: Uint8Array) {}
+  private readonly end: number;
+  private readonly buf: Uint8Array;
+  constructor(buf: Uint8Array) {
+    // Three zero bytes past the end, so a field near the end reads four bytes without a bounds test per byte.
+    this.buf = new Uint8Array(buf.length + 3);
+    this.buf.set(buf);
+    this.end = buf.length * 8;
+  }
+  /** The next `bits` bits (≤ 25: a field starts at most 7 bits into its first byte, and four bytes hold 32). */
   read(bits: number): number {
-    let v = 0, scale = 1;
-    for (let left = bits; left > 0;) {
-      const byte = this.bit >> 3, off = this.bit & 7, take = Math.min(8 - off, left);
-      if (byte >= this.buf.length) throw new RangeError('BitReader: read past the end of the record');
-      v += ((this.buf[byte]! >> off) & ((1 << take) - 1)) * scale;
-      scale *= 2 ** take;
-      this.bit += take; left -= take;
-    }
-    return v;
+    if (this.bit + bits > this.end) throw new RangeError('BitReader: read past the end of the record');
+    const b = this.bit >> 3, off = this.bit & 7, u = this.buf;
+    const word = (u[b]! | (u[b + 1]! << 8) | (u[b + 2]! << 16) | (u[b + 3]! << 24)) >>> off;
+    this.bit += bits;
+    return bits === 32 ? word >>> 0 : word & ((1 << bits) - 1);
   }
   get bitsRead(): number { return this.bit; }
 }
@@ -78,6 +83,7 @@ export class BitReader {
 export interface RecordLayout { rep: SparseRep; vocab: number; idBits: number; countBits: number; hasTail: boolean }
 
 export function recordLayout(rep: SparseRep, vocab: number): RecordLayout {
+  if (!(Number.isInteger(vocab) && vocab >= 1 && vocab <= 2 ** 25)) throw new RangeError(`a teacher cache covers vocabularies of 1 to 2^25 tokens, not ${vocab}`);
   return {
     rep, vocab, idBits: bitsFor(vocab - 1), countBits: rep.kind === 'sample' ? bitsFor(rep.n - 1) : 0,
     hasTail: rep.kind === 'top' && rep.k < vocab,
@@ -129,4 +135,40 @@ export function decodeWindow(lay: RecordLayout, rec: Uint8Array, positions: numb
   if ((r.bitsRead + 7) >> 3 !== rec.length) throw new RangeError(`a window record holds ${rec.length} bytes, its ${positions} positions ${(r.bitsRead + 7) >> 3}`);
   for (const e of out) for (const id of e.ids) if (id >= lay.vocab) throw new RangeError(`a record holds token id ${id}, past the vocabulary (${lay.vocab})`);
   return out;
+}
+
+/**
+ * decodeWindow straight into the rows of a batch's SparseHost (row rows[p] gets counted position p; the weights π of
+ * src/cache/targets.ts): what a cached run does every step, without the intermediate objects.
+ */
+export function decodeWindowInto(lay: RecordLayout, rec: Uint8Array, rows: ArrayLike<number>, h: SparseHost): void {
+  const r = new BitReader(rec), S = h.slots, V = lay.vocab;
+  const bad = (why: string): RangeError => new RangeError(why);
+  for (let p = 0; p < rows.length; p++) {
+    const row = rows[p]!, o = row * S;
+    let n: number;
+    if (lay.rep.kind === 'sample') {
+      const invN = 1 / lay.rep.n;
+      n = r.read(lay.countBits) + 1;
+      if (n > S) throw bad(`a record holds ${n} ids for ${S} slots`);
+      h.argmax[row] = r.read(lay.idBits);
+      for (let k = 0; k < n; k++) {
+        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(16));
+        if (id >= V) throw bad(`a record holds token id ${id}, past the vocabulary (${V})`);
+        h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = Math.max(Math.exp(l), invN); // sampleWeight(l, N)
+      }
+      h.tail[row] = -1;
+    } else {
+      n = Math.min(lay.rep.k, V);
+      for (let k = 0; k < n; k++) {
+        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(16));
+        if (id >= V) throw bad(`a record holds token id ${id}, past the vocabulary (${V})`);
+        h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = Math.exp(l);
+      }
+      h.tail[row] = lay.hasTail ? Math.exp(dequantizeLogq(r.read(16))) : -1;
+      h.argmax[row] = h.ids[o]!;
+    }
+    for (let k = o + n; k < o + S; k++) { h.ids[k] = -1; h.prob[k] = 0; h.logq[k] = 0; }
+  }
+  if ((r.bitsRead + 7) >> 3 !== rec.length) throw bad(`a window record holds ${rec.length} bytes, its ${rows.length} positions ${(r.bitsRead + 7) >> 3}`);
 }

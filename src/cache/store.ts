@@ -20,7 +20,7 @@ import type { LoadedCheckpoint } from '../model/checkpoint.js';
 import { readHfConfigFile, toHfConfig, type ModelConfig } from '../model/config.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError, fileError } from '../util/errors.js';
-import { decodeWindow, recordLayout, type RecordLayout } from './format.js';
+import { decodeWindow, decodeWindowInto, recordLayout, type RecordLayout } from './format.js';
 import { formatSparse, parseSparse, type SparseEntry, type SparseRep } from './sparse.js';
 import { setSparseRow, type SparseHost } from './targets.js';
 
@@ -269,21 +269,23 @@ export class TeacherCache {
    * differ from the cache's is refused (the data or --loss-on changed under the cache).
    */
   fillBatch(host: SparseHost, ids: ArrayLike<number>, mask: Float32Array, t: number): void {
+    const rows: number[] = [];
     for (let b = 0; b < ids.length; b++) {
       const w = ids[b]!;
-      if (w < 0) { for (let p = 0; p < t; p++) setSparseRow(host, b * t + p, null, this.rep); continue; }
-      const ents = this.entries(w);
-      let k = 0;
+      rows.length = 0;
       for (let p = 0; p < t; p++) {
-        const counted = mask[b * t + p]! > 0;
-        if (counted && k >= ents.length) break;
-        setSparseRow(host, b * t + p, counted ? ents[k++]! : null, this.rep);
+        if (w >= 0 && mask[b * t + p]! > 0) rows.push(b * t + p);
+        else setSparseRow(host, b * t + p, null, this.rep);
       }
-      let counted = 0;
-      for (let p = 0; p < t; p++) if (mask[b * t + p]! > 0) counted++;
-      if (counted !== ents.length) {
-        throw new DistilleryError(`window ${w} has ${counted} counted positions but the teacher cache holds ${ents.length}`,
+      if (w < 0) continue;
+      const i = this.shardOf(w), sh = this.shard(i), k = w - this.manifest.shards[i]!.first_window;
+      if (rows.length !== sh.positions[k]) {
+        throw new DistilleryError(`window ${w} has ${rows.length} counted positions but the teacher cache holds ${sh.positions[k]}`,
           'the data changed since the cache was made: make a new cache');
+      }
+      try { decodeWindowInto(this.layout, sh.records[k]!, rows, host); } catch (e) {
+        throw new DistilleryError(`the teacher cache's shard ${this.manifest.shards[i]!.file} holds an unreadable record for window ${w} (${(e as Error).message})`,
+          'rerun teacher-cache into a new folder');
       }
     }
   }
