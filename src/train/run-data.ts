@@ -44,10 +44,10 @@ export interface ModelExtras {
 }
 
 /** tokenizer_config.json, chat template and generation_config.json of the teacher, else --init, else next to --tokenizer. */
-export function modelExtras(o: Pick<RunOptions, 'teacher' | 'init' | 'tokenizer'>, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelExtras | null {
+export function modelExtras(o: Pick<RunOptions, 'teacher' | 'teacherCache' | 'init' | 'tokenizer'>, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): ModelExtras | null {
   const of = (ck: LoadedCheckpoint, from: string): ModelExtras => ({ tokenizerConfig: ck.tokenizerConfig, chatTemplate: ck.chatTemplate, generationConfig: ck.generationConfig, from });
   // Only from a checkpoint whose tokenizer.json is there (and so checked to be the run's).
-  if (teacher?.tokenizerJson) return of(teacher, `the teacher ${o.teacher}`);
+  if (teacher?.tokenizerJson) return of(teacher, o.teacherCache ? `the teacher of the cache ${o.teacherCache}` : `the teacher ${o.teacher}`);
   if (init?.tokenizerJson) return of(init, `the --init checkpoint ${o.init}`);
   if (o.tokenizer) {
     const dir = fs.existsSync(o.tokenizer) && fs.statSync(o.tokenizer).isDirectory() ? o.tokenizer : path.dirname(o.tokenizer);

@@ -226,3 +226,25 @@ test('distill --teacher-cache: refuses a cache made for other settings; trains w
   assert.deepEqual(fs.readFileSync(path.join(part, 'final', 'model.safetensors')), fs.readFileSync(path.join(dir, 'full', 'final', 'model.safetensors')));
   assert.equal(resumed.finalValLoss, full.finalValLoss);
 });
+
+test('teacher-cache on chat data: only the assistant positions are cached; distill --teacher-cache trains on them and refuses another --loss-on', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 15);
+  const chat = path.join(dir, 'chat.jsonl');
+  fs.writeFileSync(chat, Array.from({ length: 12 }, (_, i) => JSON.stringify({ messages: [
+    { role: 'user', content: TEXT[i % TEXT.length] }, { role: 'assistant', content: TEXT[(i + 1) % TEXT.length] },
+  ] })).join('\n') + '\n');
+  fs.writeFileSync(path.join(dir, 'student.json'), fs.readFileSync(path.join(teacherDir, 'config.json')));
+  const cacheDir = path.join(dir, 'cache');
+  await buildTeacherCache(jobOptions(teacherDir, chat, cacheDir), { log: () => {} });
+  const m = readManifest(cacheDir)!;
+  assert.equal(m.data.loss_on, 'assistant');
+  assert.ok(m.data.loss_tokens > 0 && m.data.loss_tokens < m.data.tokens, `${m.data.loss_tokens} of ${m.data.tokens} tokens counted`);
+  assert.equal(m.shards.reduce((a, x) => a + x.positions, 0), m.data.loss_tokens);
+  const ok = await runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'run') }), { log: () => {} });
+  assert.equal(ok.status, 'completed');
+  assert.equal(ok.dataLossTokens, m.data.loss_tokens);
+  await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'all'), lossOn: 'all' }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /--loss-on \(assistant in the cache, all for this run\)/.test(e.message));
+});
