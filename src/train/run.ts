@@ -39,8 +39,8 @@ import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
 import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
-import { packDocuments, splitTrainVal, BatchLoader, type Doc, type Window, type LoaderState } from '../data/index.js';
-import { readSafetensors, writeSafetensors } from '../io/safetensors.js';
+import { packDocuments, splitTrainVal, BatchLoader, type Doc, type Window } from '../data/index.js';
+import { writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocs } from './run-folder.js';
@@ -55,6 +55,7 @@ import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import { loadTeacher, modelExtras, readData } from './run-data.js';
+import { checkResumeCompatible, readMetrics, readMoments, readSavedState, truncateMetrics, type SavedState } from './run-state.js';
 import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
@@ -104,20 +105,6 @@ export interface RunSummary {
 export const VAL_RISE_WARN = 3;
 
 export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
-
-interface SavedState {
-  version: 1;
-  step: number;
-  optimizerStep: number;
-  loader: LoaderState;
-  tokensTrained: number;
-  initialTrainLoss: number;
-  initialValLoss: number;
-  initialValCe: number;
-  options: RunOptions;
-  /** SHA-256 of the training documents (hashDocuments); absent in checkpoints of older versions. */
-  dataHash?: string;
-}
 
 export interface RunHooks {
   /** Messages for the user (default: stderr). */
@@ -501,32 +488,6 @@ function resumeTokenizerPath(out: string, latest: string, log: (s: string) => vo
   return path.join(out, 'tokenizer.json');
 }
 
-/** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */
-export function readMoments(file: string, parameters: number): { m: Float32Array; v: Float32Array } {
-  const hint = 'the checkpoint is damaged: restore it, or start afresh with --overwrite';
-  if (!fs.existsSync(file)) throw new DistilleryError(`${file} is missing (the optimizer state of the checkpoint)`, hint);
-  const f = readSafetensors(file);
-  const names = [...f.tensors.keys()].sort();
-  if (names.length !== 2 || names[0] !== 'm' || names[1] !== 'v') {
-    throw new DistilleryError(`${file}: expected the tensors "m" and "v", found ${names.length ? names.map((n) => `"${n}"`).join(', ') : 'none'}`, hint);
-  }
-  const get = (name: 'm' | 'v'): Float32Array => {
-    const t = f.tensors.get(name)!;
-    if (t.dtype !== 'F32') throw new DistilleryError(`${file}: tensor "${name}" is ${t.dtype}, expected F32`, hint);
-    if (t.data.length !== parameters) {
-      throw new DistilleryError(`${file}: tensor "${name}" has ${t.data.length} values but the model has ${parameters} parameters`, hint);
-    }
-    for (let i = 0; i < t.data.length; i++) {
-      const x = t.data[i]!;
-      if (!Number.isFinite(x) || (name === 'v' && x < 0)) {
-        throw new DistilleryError(`${file}: tensor "${name}" holds an invalid value (${x} at element ${i})`, hint);
-      }
-    }
-    return t.data;
-  };
-  return { m: get('m'), v: get('v') };
-}
-
 /** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
 function appendNoFollow(file: string, text: string): void {
   try {
@@ -652,47 +613,6 @@ function checkDeviceMemory(backend: Backend, j: JobMemory): void {
     fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
 }
 
-/** Reads a checkpoint's state.json, refusing one that is not what saveLatest writes (one sentence, no stack). */
-function readSavedState(file: string): SavedState {
-  const bad = (why: string): DistilleryError => new DistilleryError(`--resume: the checkpoint state ${file} is corrupt (${why})`,
-    'the checkpoint cannot be resumed: start a new run in another --out folder, or restore the file from a backup');
-  let j: unknown;
-  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
-    const f = fileError(e, `--resume: cannot read ${file}`, 'check the file and its permissions');
-    throw f instanceof DistilleryError ? f : bad((e as Error).message);
-  }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw bad('not a JSON object');
-  const s = j as Record<string, unknown>;
-  if (s.version !== 1) throw bad(`unknown version ${JSON.stringify(s.version)}`);
-  for (const k of ['step', 'optimizerStep', 'tokensTrained'] as const) {
-    if (!(Number.isInteger(s[k]) && (s[k] as number) >= 0)) throw bad(`"${k}" must be an integer >= 0, got ${JSON.stringify(s[k])}`);
-  }
-  for (const k of ['loader', 'options'] as const) {
-    if (typeof s[k] !== 'object' || s[k] === null) throw bad(`"${k}" is missing`);
-  }
-  return j as SavedState;
-}
-
-/** Options that may change between a checkpoint and its resume (they don't change what is computed). */
-const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
-
-function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
-  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars'];
-  for (const k of keys) {
-    if (JSON.stringify(a[k]) !== JSON.stringify(b[k])) {
-      throw new DistilleryError(`--resume: option "${k}" was ${JSON.stringify(a[k])} in the checkpoint but is ${JSON.stringify(b[k])} now`,
-        'resume with the same options, or start a new run in another --out folder');
-    }
-  }
-  if (JSON.stringify(a.data) !== JSON.stringify(b.data)) {
-    throw new DistilleryError('--resume: the data files differ from the checkpoint\'s', 'resume with the same --data');
-  }
-  // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
-  const changed = (Object.keys(b) as Array<keyof RunOptions>)
-    .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && JSON.stringify(a[k]) !== JSON.stringify(b[k]));
-  for (const k of changed) log(`warning: --resume with ${String(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
-}
-
 /** Validation batches, each padded to the full batch size (masked rows) so evaluation runs the training shapes. */
 export function makeEvalBatches(val: Window[], batch: number, maxBatches: number): Array<Batch & { windows: Int32Array }> {
   const out: Array<Batch & { windows: Int32Array }> = [];
@@ -708,31 +628,6 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
     out.push({ inputs, targets, mask, b, t: T, windows });
   }
   return out;
-}
-
-/** Keeps only the metrics lines up to `step` (a resumed run rewrites what came after its checkpoint). */
-function truncateMetrics(file: string, step: number): void {
-  if (!fs.lstatSync(file, { throwIfNoEntry: false })?.isFile()) return;
-  const keep = fs.readFileSync(file, 'utf8').split('\n').filter((l) => {
-    if (!l.trim()) return false;
-    try { return (JSON.parse(l) as { step: number }).step <= step; } catch { return false; }
-  });
-  writeFileAtomic(file, keep.map((l) => l + '\n').join(''));
-}
-
-/** The rows of metrics.jsonl; a missing file or a symbolic link gives none, a line that is not JSON is skipped. */
-export function readMetrics(file: string): Array<Record<string, number>> {
-  const st = fs.lstatSync(file, { throwIfNoEntry: false });
-  if (!st || !st.isFile()) return [];
-  const rows: Array<Record<string, number>> = [];
-  for (const l of fs.readFileSync(file, 'utf8').split('\n')) {
-    if (!l.trim()) continue;
-    try {
-      const r = JSON.parse(l) as unknown;
-      if (typeof r === 'object' && r !== null && typeof (r as { step?: unknown }).step === 'number') rows.push(r as Record<string, number>);
-    } catch { /* a torn or foreign line */ }
-  }
-  return rows;
 }
 
 function writeLossSvg(out: string, metricsPath: string, mode: string): void {

@@ -1,0 +1,118 @@
+/**
+ * What a run keeps to resume and what it reads back: the state.json of checkpoints/latest (step, optimizer step, data
+ * position, options, the data's hash), the AdamW moments, the options that may and may not change on --resume, and
+ * metrics.jsonl (read to restore the validation watch and the recent losses, truncated to the checkpoint's step).
+ */
+import * as fs from 'node:fs';
+import type { LoaderState } from '../data/index.js';
+import { readSafetensors } from '../io/safetensors.js';
+import { writeFileAtomic } from '../io/atomic.js';
+import { DistilleryError, fileError } from '../util/errors.js';
+import type { RunOptions } from './options.js';
+
+export interface SavedState {
+  version: 1;
+  step: number;
+  optimizerStep: number;
+  loader: LoaderState;
+  tokensTrained: number;
+  initialTrainLoss: number;
+  initialValLoss: number;
+  initialValCe: number;
+  options: RunOptions;
+  /** SHA-256 of the training documents (hashDocuments); absent in checkpoints of older versions. */
+  dataHash?: string;
+}
+
+/** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */
+export function readMoments(file: string, parameters: number): { m: Float32Array; v: Float32Array } {
+  const hint = 'the checkpoint is damaged: restore it, or start afresh with --overwrite';
+  if (!fs.existsSync(file)) throw new DistilleryError(`${file} is missing (the optimizer state of the checkpoint)`, hint);
+  const f = readSafetensors(file);
+  const names = [...f.tensors.keys()].sort();
+  if (names.length !== 2 || names[0] !== 'm' || names[1] !== 'v') {
+    throw new DistilleryError(`${file}: expected the tensors "m" and "v", found ${names.length ? names.map((n) => `"${n}"`).join(', ') : 'none'}`, hint);
+  }
+  const get = (name: 'm' | 'v'): Float32Array => {
+    const t = f.tensors.get(name)!;
+    if (t.dtype !== 'F32') throw new DistilleryError(`${file}: tensor "${name}" is ${t.dtype}, expected F32`, hint);
+    if (t.data.length !== parameters) {
+      throw new DistilleryError(`${file}: tensor "${name}" has ${t.data.length} values but the model has ${parameters} parameters`, hint);
+    }
+    for (let i = 0; i < t.data.length; i++) {
+      const x = t.data[i]!;
+      if (!Number.isFinite(x) || (name === 'v' && x < 0)) {
+        throw new DistilleryError(`${file}: tensor "${name}" holds an invalid value (${x} at element ${i})`, hint);
+      }
+    }
+    return t.data;
+  };
+  return { m: get('m'), v: get('v') };
+}
+
+/** Reads a checkpoint's state.json, refusing one that is not what saveLatest writes (one sentence, no stack). */
+export function readSavedState(file: string): SavedState {
+  const bad = (why: string): DistilleryError => new DistilleryError(`--resume: the checkpoint state ${file} is corrupt (${why})`,
+    'the checkpoint cannot be resumed: start a new run in another --out folder, or restore the file from a backup');
+  let j: unknown;
+  try { j = JSON.parse(fs.readFileSync(file, 'utf8')); } catch (e) {
+    const f = fileError(e, `--resume: cannot read ${file}`, 'check the file and its permissions');
+    throw f instanceof DistilleryError ? f : bad((e as Error).message);
+  }
+  if (typeof j !== 'object' || j === null || Array.isArray(j)) throw bad('not a JSON object');
+  const s = j as Record<string, unknown>;
+  if (s.version !== 1) throw bad(`unknown version ${JSON.stringify(s.version)}`);
+  for (const k of ['step', 'optimizerStep', 'tokensTrained'] as const) {
+    if (!(Number.isInteger(s[k]) && (s[k] as number) >= 0)) throw bad(`"${k}" must be an integer >= 0, got ${JSON.stringify(s[k])}`);
+  }
+  for (const k of ['loader', 'options'] as const) {
+    if (typeof s[k] !== 'object' || s[k] === null) throw bad(`"${k}" is missing`);
+  }
+  return j as SavedState;
+}
+
+/** Options that may change between a checkpoint and its resume (they don't change what is computed). */
+const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
+
+export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
+  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars'];
+  for (const k of keys) {
+    if (JSON.stringify(a[k]) !== JSON.stringify(b[k])) {
+      throw new DistilleryError(`--resume: option "${k}" was ${JSON.stringify(a[k])} in the checkpoint but is ${JSON.stringify(b[k])} now`,
+        'resume with the same options, or start a new run in another --out folder');
+    }
+  }
+  if (JSON.stringify(a.data) !== JSON.stringify(b.data)) {
+    throw new DistilleryError('--resume: the data files differ from the checkpoint\'s', 'resume with the same --data');
+  }
+  // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
+  const changed = (Object.keys(b) as Array<keyof RunOptions>)
+    .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && JSON.stringify(a[k]) !== JSON.stringify(b[k]));
+  for (const k of changed) log(`warning: --resume with ${String(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
+}
+
+/** Keeps only the metrics lines up to `step` (a resumed run rewrites what came after its checkpoint). */
+export function truncateMetrics(file: string, step: number): void {
+  if (!fs.lstatSync(file, { throwIfNoEntry: false })?.isFile()) return;
+  const keep = fs.readFileSync(file, 'utf8').split('\n').filter((l) => {
+    if (!l.trim()) return false;
+    try { return (JSON.parse(l) as { step: number }).step <= step; } catch { return false; }
+  });
+  writeFileAtomic(file, keep.map((l) => l + '\n').join(''));
+}
+
+/** The rows of metrics.jsonl; a missing file or a symbolic link gives none, a line that is not JSON is skipped. */
+export function readMetrics(file: string): Array<Record<string, number>> {
+  const st = fs.lstatSync(file, { throwIfNoEntry: false });
+  if (!st || !st.isFile()) return [];
+  const rows: Array<Record<string, number>> = [];
+  for (const l of fs.readFileSync(file, 'utf8').split('\n')) {
+    if (!l.trim()) continue;
+    try {
+      const r = JSON.parse(l) as unknown;
+      if (typeof r === 'object' && r !== null && typeof (r as { step?: unknown }).step === 'number') rows.push(r as Record<string, number>);
+    } catch { /* a torn or foreign line */ }
+  }
+  return rows;
+}
+
