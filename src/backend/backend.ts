@@ -27,6 +27,12 @@ import type { RopeSpec } from './rope.js';
 
 export type { RopeSpec } from './rope.js';
 
+/**
+ * Per-sequence start positions for the generation ops (ropeForward, kvCacheWrite, attentionCached): an int buffer of
+ * B positions, one per sequence of the batch, read on the device (so a captured decode step replays with new ones).
+ */
+export interface SeqPositions { readonly seqPositions: IntBuf }
+
 /** Storage type of a float buffer. */
 export type DType = 'f32' | 'bf16';
 export const DTYPES: readonly DType[] = ['f32', 'bf16'];
@@ -199,11 +205,12 @@ export interface Backend {
 
   /**
    * Rotary embedding, rotate-half (NeoX / HF Llama, Qwen2) layout, in [B, T, heads, headDim].
-   * Position of row t is pos0 + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
+   * Position of row t is pos0 + t; with per-sequence start positions (a SeqPositions int buffer [B], batched generation
+   * of prompts of different lengths), row t of sequence b is at pos0[b] + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
    * sin are multiplied by ropeAttentionFactor(rope) (src/backend/rope.ts: plain, linear, llama3 and yarn RoPE as
    * HF transformers computes them). out may alias inp.
    */
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void;
   /** dinp += Rᵀ dout. */
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
 
@@ -224,13 +231,19 @@ export interface Backend {
     b: number, t: number, nHeads: number, nKv: number, hd: number,
   ): void;
 
-  /** Writes rows [pos0, pos0+t) of a KV cache laid out [B, tMax, nKv, hd] from src [B, t, nKv, hd]. */
-  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void;
+  /**
+   * Writes rows [pos0, pos0+t) of a KV cache laid out [B, tMax, nKv, hd] from src [B, t, nKv, hd] (per-sequence start
+   * positions: sequence b's rows [pos0[b], pos0[b]+t)). Every row written must lie inside the cache (the caller keeps
+   * the positions below tMax − t + 1; a backend reading positions from device memory cannot check them).
+   */
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nKv: number, hd: number): void;
   /**
    * Inference attention against a KV cache: queries q [B, t, nHeads, hd] at positions pos0..pos0+t-1 attend
    * causally to cache rows 0..pos0+t-1 (the caller has written them with kvCacheWrite). out: [B, t, nHeads, hd].
+   * With per-sequence start positions, sequence b's queries are at pos0[b]..pos0[b]+t-1 and attend to its rows
+   * 0..pos0[b]+i.
    */
-  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number, nHeads: number, nKv: number, hd: number): void;
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nHeads: number, nKv: number, hd: number): void;
 
   /** out = silu(gate) * up (n elements). */
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void;

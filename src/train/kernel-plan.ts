@@ -10,6 +10,7 @@ import type { Backend, LossSpec } from '../backend/backend.js';
 import type { ModelConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
 import { Generator } from '../model/generate.js';
+import { BatchGenerator } from '../model/batch-generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
 import { StepRunner, type Batch } from './step.js';
 import { DEFAULT_RUN_OPTIONS as D, type RunOptions } from './options.js';
@@ -34,6 +35,8 @@ export interface JobShape {
   train?: boolean;
   /** Generation with a KV cache of this many positions (prefill + decode); 0 = none. */
   generateLen?: number;
+  /** Batched generation of this many sequences (prompts of different lengths; src/model/batch-generate.ts), with generateLen. */
+  generateBatch?: number;
   /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
@@ -95,6 +98,15 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const m = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision: j.precision ?? 'fp32' });
       const pass = new TeacherPass(m, j.lossVocab ?? j.teacher.vocabSize, 1, j.cacheTeacher!);
       pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => 0.5, () => undefined);
+    });
+  }
+  if (j.generateLen && j.generateLen > 2 && j.generateBatch && j.generateBatch > 1) {
+    const len = j.generateLen, B = j.generateBatch;
+    runs.push((be) => {
+      const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false, precision: j.precision ?? 'fp32' });
+      const g = new BatchGenerator(m, B, len);
+      g.prefill(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2)))); // prompts of two lengths
+      g.decode(new Int32Array(B).fill(2 % j.student.vocabSize)); // one token per sequence, each at its own position
     });
   }
   if (j.generateLen && j.generateLen > 1) {

@@ -266,6 +266,23 @@ for (const [rep, spec] of [
     };
   });
 }
+// Batched generation: the generation ops at per-sequence start positions (decode: one token per sequence).
+parity('rope, KV cache write and cached attention at per-sequence positions (batched decode)', 1e-5, (r) => {
+  const B = 4, t = 1, H = 14, KV = 2, hd = 64, tMax = 40;
+  const pos = Int32Array.from([0, 9, 38, 21]);
+  const rope = { type: 'llama3', theta: 500000, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 } as const;
+  return {
+    arrays: { q: rand(r, B * t * H * hd), k: rand(r, B * t * KV * hd), kc: rand(r, B * tMax * KV * hd), vc: rand(r, B * tMax * KV * hd), o: rand(r, B * t * H * hd), pos },
+    compare: ['q', 'kc', 'o'],
+    op: (b, x) => {
+      const seq = { seqPositions: x.pos! };
+      b.ropeForward(x.q!, x.q!, B, t, H, hd, rope, seq);
+      b.ropeForward(x.k!, x.k!, B, t, KV, hd, rope, seq);
+      b.kvCacheWrite(x.kc!, x.k!, B, t, seq, tMax, KV, hd);
+      b.attentionCached(x.o!, x.q!, x.kc!, x.vc!, B, t, seq, tMax, H, KV, hd);
+    },
+  };
+});
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

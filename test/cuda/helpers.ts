@@ -354,6 +354,8 @@ export function realPlans(): KernelSpec[] {
       student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256,
       loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, generateLen: 256, precision,
     }),
+    // batched generation (per-sequence positions)
+    ...jobClosures({ student: presetConfig('qwen2.5-0.5b', 151936), batch: 1, seq: 1, generateLen: 384, generateBatch: 8, precision }),
     ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512, precision }),
     // a teacher-cache job and distillations from sample and top-K caches
     ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: { kind: 'sample', n: 32 }, precision }),

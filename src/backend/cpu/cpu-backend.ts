@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -523,12 +523,25 @@ export class CpuBackend implements Backend {
     }
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
     const len = b * t * heads * headDim;
     this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
-    ropeForward(o, x, b, t, heads, headDim, rope, pos0);
+    const per = t * heads * headDim;
+    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * per, bi * per + per), x.subarray(bi * per, bi * per + per), 1, t, heads, headDim, rope, p),
+      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p));
     this.fin(out, 0, len);
+  }
+
+  /**
+   * Runs `one` per sequence with its start position (per-sequence positions: sequence b at pos[b], on the subarrays of
+   * that sequence), or `all` once with the scalar start position.
+   */
+  private perSequence(pos0: number | SeqPositions, b: number, op: string, one: (bi: number, p: number) => void, all: (p: number) => void): void {
+    if (typeof pos0 === 'number') { all(pos0); return; }
+    const pos = this.i(pos0.seqPositions, `${op} positions`);
+    this.need(pos, b, op, 'positions');
+    for (let bi = 0; bi < b; bi++) one(bi, pos[bi]!);
   }
 
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
@@ -598,20 +611,25 @@ export class CpuBackend implements Backend {
     this.getPool().run(task, 'rows', splitRange(groups, this.chunkCount(3 * b * nHeads * t * t * hd)));
   }
 
-  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nKv: number, hd: number): void {
     const c = this.f(cache, 'kv cache'), s = this.f(src, 'kv source');
     this.need(c, b * tMax * nKv * hd, 'kvCacheWrite', 'cache'); this.need(s, b * t * nKv * hd, 'kvCacheWrite', 'src');
-    kvCacheWrite(c, s, b, t, pos0, tMax, nKv, hd);
+    const cs = tMax * nKv * hd, ss = t * nKv * hd;
+    this.perSequence(pos0, b, 'kvCacheWrite', (bi, p) => kvCacheWrite(c.subarray(bi * cs, bi * cs + cs), s.subarray(bi * ss, bi * ss + ss), 1, t, p, tMax, nKv, hd),
+      (p) => kvCacheWrite(c, s, b, t, p, tMax, nKv, hd));
     this.fin(cache, 0, b * tMax * nKv * hd);
   }
 
-  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number, nHeads: number, nKv: number, hd: number): void {
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads('attentionCached', nHeads, nKv);
     const o = this.f(out, 'attention out'), qq = this.f(q, 'attention q');
     const kc = this.f(kCache, 'k cache'), vc = this.f(vCache, 'v cache');
     this.need(o, b * t * nHeads * hd, 'attentionCached', 'out'); this.need(qq, b * t * nHeads * hd, 'attentionCached', 'q');
     this.need(kc, b * tMax * nKv * hd, 'attentionCached', 'kCache'); this.need(vc, b * tMax * nKv * hd, 'attentionCached', 'vCache');
-    attentionCached(o, qq, kc, vc, b, t, pos0, tMax, nHeads, nKv, hd);
+    const qs = t * nHeads * hd, cs = tMax * nKv * hd;
+    this.perSequence(pos0, b, 'attentionCached',
+      (bi, p) => attentionCached(o.subarray(bi * qs, bi * qs + qs), qq.subarray(bi * qs, bi * qs + qs), kc.subarray(bi * cs, bi * cs + cs), vc.subarray(bi * cs, bi * cs + cs), 1, t, p, tMax, nHeads, nKv, hd),
+      (p) => attentionCached(o, qq, kc, vc, b, t, p, tMax, nHeads, nKv, hd));
     this.fin(out, 0, b * t * nHeads * hd);
   }
 

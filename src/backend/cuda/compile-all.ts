@@ -59,7 +59,7 @@ export function representativeSpecs(): KernelSpec[] {
   const attn = (name: string, headDim: number): void => {
     for (const dt of ['f32', 'bf16']) {
       const p: Record<string, number | string | boolean> = { headDim, block: 128 };
-      for (const k of Object.keys(byName.get(name)!.schema)) if (k !== 'headDim' && k !== 'block') p[k] = dt;
+      for (const k of Object.keys(byName.get(name)!.schema)) if (k !== 'headDim' && k !== 'block') p[k] = k === 'seqPos' ? false : dt;
       mk(name, p);
     }
   };
@@ -81,8 +81,8 @@ export function representativeSpecs(): KernelSpec[] {
   mk('add_rmsnorm_fwd', { eps: 1e-5, C: 16384, sum: F, out: B, a: F, b: F, weight: B, block: 256 });
   for (const [headDim, theta] of [[64, 1e6], [128, 5e5], [128, 1e4], [16, 1e4]] as const) {
     for (const d of headDim === 64 ? [F, B] : [F]) {
-      mk('rope_fwd', { headDim, theta, out: d, inp: d, block: 256 });
-      mk('rope_bwd', { headDim, theta, out: d, inp: d, block: 256 });
+      mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256 });
+      mk('rope_bwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256 });
     }
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) attn(fam, headDim);
   }
@@ -104,7 +104,8 @@ export function representativeSpecs(): KernelSpec[] {
   }
   for (const dt of ['f32', 'bf16']) {
     mk('attention_dkv_reduce', { block: 256, dk: dt, dv: dt });
-    mk('kv_cache_write', { block: 256, cache: dt, src: dt });
+    mk('kv_cache_write', { block: 256, cache: dt, src: dt, seqPos: false });
+    mk('kv_cache_write', { block: 256, cache: dt, src: dt, seqPos: true });
   }
   // Scaled RoPE as real checkpoints set it: Llama 3.1 8B (llama3, factor 8), Llama 3.2 1B (factor 32, head dim 64),
   // Qwen2.5 long context (yarn, factor 4 over 32768), and a linear factor.

@@ -36,7 +36,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -784,18 +784,21 @@ export class CudaBackend implements Backend {
     }
   }
 
-  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
     const n = b * t * heads * headDim;
     this.need(out, n, what); this.need(inp, n, what);
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
-    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp) });
+    const seq = typeof pos0 !== 'number';
+    if (seq) this.need(pos0.seqPositions, b, what);
+    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp), seqPos: seq });
     // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
-    this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(out), P(inp), L(b * t), I(t), I(heads), I(pos0)]);
+    this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
     this.rope(true, out, inp, b, t, heads, headDim, rope, pos0);
   }
 
@@ -914,25 +917,30 @@ export class CudaBackend implements Backend {
     }
   }
 
-  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number, tMax: number, nKv: number, hd: number): void {
+  kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nKv: number, hd: number): void {
     this.need(cache, b * tMax * nKv * hd, 'kvCacheWrite'); this.need(src, b * t * nKv * hd, 'kvCacheWrite');
-    if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    // Per-sequence positions live on the device: the caller keeps them inside the cache (Backend.kvCacheWrite).
+    const seq = typeof pos0 !== 'number';
+    if (seq) this.need(pos0.seqPositions, b, 'kvCacheWrite');
+    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
     const n = b * t * nKv * hd;
     if (n <= 0) return;
-    this.launch(kvCacheWrite.make({ block: ELEM_BLOCK, cache: cache.dtype, src: src.dtype }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(cache), P(src), I(b), I(t), I(pos0), I(tMax), I(nKv * hd)]);
+    this.launch(kvCacheWrite.make({ block: ELEM_BLOCK, cache: cache.dtype, src: src.dtype, seqPos: seq }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(cache), P(src), I(b), I(t), I(seq ? 0 : pos0), I(tMax), I(nKv * hd), ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 
-  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number, tMax: number,
+  attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,
     nHeads: number, nKv: number, hd: number): void {
     this.checkHeads(nHeads, nKv);
     this.need(out, b * t * nHeads * hd, 'attentionCached'); this.need(q, b * t * nHeads * hd, 'attentionCached');
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
-    if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
+    const seq = typeof pos0 !== 'number';
+    if (seq) this.need(pos0.seqPositions, b, 'attentionCached');
+    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
     if (b * t <= 0) return;
-    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype }),
+    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
       [t, nHeads, b], ATTN_BLOCK,
-      [P(out), P(q), P(kCache), P(vCache), I(t), I(pos0), I(tMax), I(nHeads), I(nKv)]);
+      [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {

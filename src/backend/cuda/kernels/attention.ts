@@ -1202,36 +1202,42 @@ extern "C" __global__ void attention_dkv_reduce(${ctype(p.dk)}* dk, ${ctype(p.dv
 `,
 });
 
-/** Grid-stride over B·t·rowElems. cache[b, pos0+tt, :] = src[b, tt, :] with rowElems = nKv·hd. */
-export const kvCacheWrite = defineFamily<BlockP & { cache: Dt; src: Dt }>({
-  name: 'kv_cache_write', schema: { block: BLOCK_DOMAIN, cache: DTYPE_DOMAIN, src: DTYPE_DOMAIN },
-  example: { block: 256, cache: 'f32', src: 'f32' },
+/**
+ * Grid-stride over B·t·rowElems. cache[b, pos0+tt, :] = src[b, tt, :] with rowElems = nKv·hd; with `seqPos`, sequence b
+ * starts at seqPos[b] (batched generation of prompts of different lengths) instead of pos0.
+ */
+export const kvCacheWrite = defineFamily<BlockP & { cache: Dt; src: Dt; seqPos: boolean }>({
+  name: 'kv_cache_write', schema: { block: BLOCK_DOMAIN, cache: DTYPE_DOMAIN, src: DTYPE_DOMAIN, seqPos: { kind: 'bool' } },
+  example: { block: 256, cache: 'f32', src: 'f32', seqPos: false },
   generate: (p) => `#define BLOCK ${p.block}
 ${dtypeHelpers()}
 extern "C" __global__ void kv_cache_write(${ctype(p.cache)}* cache, const ${ctype(p.src)}* src, int B, int t, int pos0, int tMax,
-                                          int rowElems) {
+                                          int rowElems${p.seqPos ? ', const int* seqPos' : ''}) {
   long long total = (long long)B * t * rowElems;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int e = (int)(idx % rowElems);
     long long bt = idx / rowElems;
     int tt = (int)(bt % t);
     long long b = bt / t;
-    stf(cache, (b * tMax + pos0 + tt) * rowElems + e, ldf(src, idx));
+    stf(cache, (b * tMax + ${p.seqPos ? 'seqPos[b]' : 'pos0'} + tt) * rowElems + e, ldf(src, idx));
   }
 }
 `,
 });
 
-/** Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i. */
-export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt }>({
-  name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN },
-  example: { headDim: 64, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32' },
+/**
+ * Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i; with `seqPos`, sequence b's
+ * queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths).
+ */
+export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean }>({
+  name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN, seqPos: { kind: 'bool' } },
+  example: { headDim: 64, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false },
   generate: (p) => `${prelude(p)}
 extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
-                                            const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv) {
+                                            const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv${p.seqPos ? ', const int* seqPos' : ''}) {
   int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int kvh = h / (nH / nKv);
-  int L = pos0 + i + 1;
+  int L = ${p.seqPos ? 'seqPos[b]' : 'pos0'} + i + 1;
   __shared__ float qs[HD];
   __shared__ float ws[BLOCK];
   const long long qoff = (((long long)b * t + i) * nH + h) * HD;

@@ -24,12 +24,16 @@ import {
   BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
 } from './spec.js';
 
-type RopeP = { headDim: number; theta: number; out: string; inp: string; block: number };
+type RopeP = { headDim: number; theta: number; out: string; inp: string; seqPos: boolean; block: number };
 const schema = {
-  headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
+  headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, seqPos: { kind: 'bool' },
+  block: BLOCK_DOMAIN,
 } as const;
-/** The operand dtypes of one rope launch. */
-export interface RopeDtypes { out: string; inp: string }
+/**
+ * The operand dtypes of one rope launch, and whether it reads per-sequence start positions (`seqPos`: an int array of B
+ * positions, row r of sequence r / T at seqPos[r / T] + r % T; batched generation of prompts of different lengths).
+ */
+export interface RopeDtypes { out: string; inp: string; seqPos?: boolean }
 
 /** Heads per group in the kernel's head loop (loads of a group are issued before its stores). */
 const HEAD_GROUP = 4;
@@ -39,6 +43,7 @@ const HEAD_GROUP = 4;
  * (out, inp, rows = B·T, T, heads, pos0); launch rows·HD/2 threads or fewer (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
+  const seq = dt.seqPos === true;
   const inv = ropeInvFreq(rope, headDim);
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
@@ -55,15 +60,15 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
 __device__ const double ${name}_inv_freq[HALF] = { ${table} };
 #define ATTN ${f64(attn)}
 ${dtypeHelpers()}
-/* rows = B*T token rows of heads*HD elements; row r has position pos0 + r % T. One thread per (row, pair i), all heads.
+/* rows = B*T token rows of heads*HD elements; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T. One thread per (row, pair i), all heads.
    out may alias inp. */
-extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0) {
+extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0${seq ? ', const int* seqPos' : ''}) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
     long long row = idx / HALF;
     int t = (int)(row % T);
-    double ang = (double)(pos0 + t) * ${name}_inv_freq[i];
+    double ang = (double)(${seq ? '(void)pos0, seqPos[row / T]' : 'pos0'} + t) * ${name}_inv_freq[i];
     double sd, cd;
     sincos(ang, &sd, &cd);
     float c = (float)(ATTN * cd);
@@ -89,25 +94,25 @@ const plainSource = (name: string, backward: boolean, p: Readonly<RopeP>): strin
   ropeSource(name, backward, { type: 'default', theta: p.theta }, p.headDim, p.block, p);
 
 export const ropeForward = defineFamily<RopeP>({
-  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', block: 256 },
+  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', seqPos: false, block: 256 },
   generate: (p) => plainSource('rope_fwd', false, p),
 });
 
 /** dinp += Rᵀ dout (out = dinp, inp = dout in the generated signature). */
 export const ropeBackward = defineFamily<RopeP>({
-  name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', block: 256 },
+  name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', seqPos: false, block: 256 },
   generate: (p) => plainSource('rope_bwd', true, p),
 });
 
 // ---- scaled kinds -------------------------------------------------------------------------------------------
 
-type LinearP = { headDim: number; theta: number; factor: number; out: string; inp: string; block: number };
+type LinearP = { headDim: number; theta: number; factor: number; out: string; inp: string; seqPos: boolean; block: number };
 const linearSchema = { ...schema, factor: { kind: 'float', min: 1e-6 } } as const;
 const linearRope = (p: Readonly<LinearP>): RopeSpec => ({ type: 'linear', theta: p.theta, factor: p.factor });
 
 type Llama3P = {
   headDim: number; theta: number; factor: number; lowFreqFactor: number; highFreqFactor: number;
-  originalMaxPositionEmbeddings: number; out: string; inp: string; block: number;
+  originalMaxPositionEmbeddings: number; out: string; inp: string; seqPos: boolean; block: number;
 };
 const llama3Schema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, lowFreqFactor: { kind: 'float', min: 1e-6 },
@@ -119,12 +124,12 @@ const llama3Rope = (p: Readonly<Llama3P>): RopeSpec => ({
 });
 // Llama 3.2 1B/3B: theta 500000, factor 32, low 1, high 4, original context 8192.
 const llama3Example: Llama3P = {
-  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, out: 'bf16', inp: 'bf16', block: 256,
+  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, out: 'bf16', inp: 'bf16', seqPos: false, block: 256,
 };
 
 type YarnP = {
   headDim: number; theta: number; factor: number; originalMaxPositionEmbeddings: number; betaFast: number; betaSlow: number;
-  attentionFactor: number; truncate: boolean; out: string; inp: string; block: number;
+  attentionFactor: number; truncate: boolean; out: string; inp: string; seqPos: boolean; block: number;
 };
 const yarnSchema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, originalMaxPositionEmbeddings: { kind: 'int', min: 1 },
@@ -139,10 +144,10 @@ const yarnRope = (p: Readonly<YarnP>): RopeSpec => ({
 // (with truncation a small change of beta_slow can land on the same integer bound: same math, same kernel).
 const yarnExample: YarnP = {
   headDim: 64, theta: 1000000, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1,
-  attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', block: 256,
+  attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', seqPos: false, block: 256,
 };
 
-function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; block: number }>(
+function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; block: number }>(
   kind: string, s: Schema<P>, example: P,
   toRope: (p: Readonly<P>) => RopeSpec,
 ): [KernelFamily<P>, KernelFamily<P>] {
@@ -157,7 +162,7 @@ function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp:
 }
 
 export const [ropeLinearForward, ropeLinearBackward] = scaledPair<LinearP>(
-  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', block: 256 }, linearRope);
+  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', seqPos: false, block: 256 }, linearRope);
 export const [ropeLlama3Forward, ropeLlama3Backward] = scaledPair<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
 export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
 
@@ -167,21 +172,21 @@ export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yar
  */
 export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number,
   dt: RopeDtypes = { out: 'f32', inp: 'f32' }): KernelSpec {
-  const { out, inp } = dt;
+  const { out, inp } = dt, seqPos = dt.seqPos === true;
   switch (rope.type) {
     case 'default':
-      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, out, inp, block });
+      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, out, inp, seqPos, block });
     case 'linear':
-      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, block });
+      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block });
     case 'llama3':
       return (backward ? ropeLlama3Backward : ropeLlama3Forward).make({
         headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
-        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, block,
+        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, seqPos, block,
       });
     case 'yarn':
       return (backward ? ropeYarnBackward : ropeYarnForward).make({
         headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
-        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, block,
+        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, seqPos, block,
       });
   }
 }

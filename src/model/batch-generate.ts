@@ -1,0 +1,176 @@
+/**
+ * Batched generation with a KV cache of [batch, maxLen]: prompts of different lengths in one batch.
+ *
+ * Prefill: the prompts, right-padded to the longest, run as one [B, P] forward from position 0 (a padded row's keys and
+ * values land in the cache past its prompt, where nothing attends to them: a query attends causally to rows up to its
+ * own position, and the sequence's first decode step overwrites the first padded row). The logits of each sequence's
+ * last prompt token are gathered (one row per sequence) and go through the LM head as one product.
+ * Decode: one token per sequence per step, each at its own position — the generation ops read per-sequence start
+ * positions from a device buffer (Backend SeqPositions), uploaded each step — so sequences of different lengths advance
+ * together. Stop tokens end a sequence (it keeps a slot in the batch until every sequence ends or the budget is spent).
+ *
+ * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
+ * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
+ */
+import type { Backend, Buf, DType, IntBuf, SeqPositions } from '../backend/backend.js';
+import type { Transformer } from './transformer.js';
+import { Rng } from '../util/rng.js';
+import { DistilleryError } from '../util/errors.js';
+import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
+import { sample, type SamplingOptions } from './generate.js';
+
+/** The seed sequence b of a batch draws from (so an unbatched generation with this seed reproduces it). */
+export function seedOf(seed: number, b: number): number {
+  return (Math.imul(seed ^ 0x5bd1e995, 0x9e3779b1) + Math.imul(b + 1, 0x85ebca6b)) >>> 0;
+}
+
+export interface BatchResult {
+  /** The generated ids of each sequence (stop token excluded). */
+  tokens: number[][];
+  /** Why each sequence ended: a stop token, or the length budget. */
+  finish: Array<'stop' | 'length'>;
+}
+
+export class BatchGenerator {
+  private readonly m: Transformer;
+  private readonly be: Backend;
+  private readonly kCache: Buf[];
+  private readonly vCache: Buf[];
+  private readonly ids: IntBuf;
+  private readonly positions: SeqPositions;
+  private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
+  private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
+  private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
+  private readonly last: Buf;
+  private readonly logits: Buf;
+  private readonly qkn: QkNormActivations | null;
+  /** Tokens held by each sequence (its next position). */
+  private lens: Int32Array;
+
+  /** batch sequences of at most maxLen tokens each (prompt + generated): the KV cache is [batch, maxLen]. */
+  constructor(model: Transformer, readonly batch: number, readonly maxLen: number) {
+    const c = model.config, be = model.backend;
+    if (!(Number.isInteger(batch) && batch >= 1)) throw new DistilleryError(`the generation batch must be a positive integer, got ${batch}`);
+    if (maxLen > c.maxPositionEmbeddings) {
+      throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
+    }
+    this.m = model; this.be = be;
+    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, R = batch * maxLen;
+    this.kCache = []; this.vCache = [];
+    for (let l = 0; l < c.numLayers; l++) {
+      this.kCache.push(be.alloc(R * KV, `KV cache (layer ${l} keys)`, model.compute));
+      this.vCache.push(be.alloc(R * KV, `KV cache (layer ${l} values)`, model.compute));
+    }
+    const A = model.compute;
+    const a = (n: number, what: string, d: DType = 'f32'): Buf => be.alloc(n, `batched generation ${what}`, d);
+    this.ids = be.allocInt(R, 'batched generation token ids');
+    this.positions = { seqPositions: be.allocInt(batch, 'batched generation positions') };
+    this.x = a(R * C, 'x'); this.h = a(R * C, 'h'); this.ln = a(R * C, 'norm', A); this.rstd = a(R, 'rstd');
+    this.q = a(R * Q, 'q', A); this.k = a(R * KV, 'k', A); this.v = a(R * KV, 'v', A); this.att = a(R * Q, 'attention', A);
+    this.gate = a(R * I, 'gate', A); this.up = a(R * I, 'up', A); this.act = a(R * I, 'swiglu', A);
+    this.last = a(batch * C, 'last positions', A);
+    this.logits = a(batch * c.vocabSize, 'logits');
+    this.qkn = c.qkNorm ? {
+      qRaw: a(R * Q, 'q before q_norm', A), kRaw: a(R * KV, 'k before k_norm', A),
+      rstdQ: a(R * c.numHeads, 'q_norm rstd'), rstdK: a(R * c.numKvHeads, 'k_norm rstd'),
+    } : null;
+    this.lens = new Int32Array(batch);
+  }
+
+  /** Runs [b, t] tokens through the layers from pos0 (a number: every sequence; SeqPositions: each its own). */
+  private layers(tokens: Int32Array, b: number, t: number, pos0: number | SeqPositions): void {
+    const c = this.m.config, be = this.be, L = this.m.layout, n = b * t;
+    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+    const vw = (buf: Buf, k: number): Buf => be.view(buf, 0, k);
+    const x = vw(this.x, n * C), ln = vw(this.ln, n * C), rstd = vw(this.rstd, n);
+    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
+    be.uploadInt(this.ids, tokens);
+    be.embeddingForward(x, this.ids, p(L.embed)!, n, C);
+    const qkNorm = this.qkn && {
+      qRaw: vw(this.qkn.qRaw, n * Q), kRaw: vw(this.qkn.kRaw, n * KV),
+      rstdQ: vw(this.qkn.rstdQ, n * c.numHeads), rstdK: vw(this.qkn.rstdK, n * c.numKvHeads),
+    };
+    const bufs = {
+      ln1: ln, rstd1: rstd, q: vw(this.q, n * Q), k: vw(this.k, n * KV), v: vw(this.v, n * KV), att: vw(this.att, n * Q), h: vw(this.h, n * C),
+      ln2: ln, rstd2: rstd, gate: vw(this.gate, n * I), up: vw(this.up, n * I), act: vw(this.act, n * I), qkNorm,
+    };
+    inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, n);
+    for (let l = 0; l < c.numLayers; l++) {
+      const kc = this.kCache[l]!, vc = this.vCache[l]!;
+      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, b, t, pos0, (qq, kk, vv, aa) => {
+        be.kvCacheWrite(kc, kk, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+        be.kvCacheWrite(vc, vv, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
+        be.attentionCached(aa, qq, kc, vc, b, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
+      }, next);
+    }
+  }
+
+  /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the host. */
+  private headOf(rows: number[]): Float32Array | Float64Array {
+    const c = this.m.config, be = this.be, C = c.hiddenSize, L = this.m.layout, b = rows.length;
+    rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.ln, r * C, C)));
+    const w = be.view(this.m.weights, (L.lmHead ?? L.embed).offset, (L.lmHead ?? L.embed).size);
+    const z = be.view(this.logits, 0, b * c.vocabSize);
+    be.matmulForward(z, be.view(this.last, 0, b * C), w, null, b, C, c.vocabSize);
+    return be.download(z);
+  }
+
+  /** Prefill of the prompts (one per sequence, 1 ≤ length ≤ maxLen): the logits [B, vocab] of each last prompt token. */
+  prefill(prompts: ReadonlyArray<ArrayLike<number>>): Float32Array | Float64Array {
+    const B = prompts.length;
+    if (B < 1 || B > this.batch) throw new DistilleryError(`${B} prompts for a generation batch of ${this.batch}`);
+    const P = Math.max(...prompts.map((p) => p.length));
+    if (prompts.some((p) => p.length < 1)) throw new DistilleryError('generation needs at least one prompt token per sequence');
+    if (P > this.maxLen) throw new DistilleryError(`a prompt of ${P} tokens exceeds the generator's ${this.maxLen}`, 'shorten the prompt or raise the length limit');
+    const ids = new Int32Array(B * P);
+    prompts.forEach((p, b) => { for (let i = 0; i < P; i++) ids[b * P + i] = p[Math.min(i, p.length - 1)]!; }); // pad with the last token
+    this.layers(ids, B, P, 0);
+    this.lens = Int32Array.from(prompts, (p) => p.length);
+    return this.headOf(prompts.map((p, b) => b * P + p.length - 1));
+  }
+
+  /** One decode step: token ids[b] of every sequence at its own next position; the logits [B, vocab]. */
+  decode(tokens: Int32Array): Float32Array | Float64Array {
+    const B = tokens.length;
+    if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
+    for (let b = 0; b < B; b++) {
+      if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
+    }
+    this.be.uploadInt(this.positions.seqPositions, this.lens);
+    this.layers(tokens, B, 1, this.positions);
+    for (let b = 0; b < B; b++) this.lens[b]!++;
+    return this.headOf(Array.from({ length: B }, (_, b) => b));
+  }
+
+  /**
+   * Generates up to opts.maxNewTokens after each prompt (every prompt length + maxNewTokens ≤ maxLen). Sequence b
+   * samples with Rng(seedOf(opts.seed ?? 0, b)); a stop id ends it (not included).
+   */
+  generate(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions): BatchResult {
+    const B = prompts.length, V = this.m.config.vocabSize;
+    const longest = Math.max(...prompts.map((p) => p.length));
+    if (longest + opts.maxNewTokens > this.maxLen) {
+      throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
+        'lower the number of new tokens or shorten the prompts');
+    }
+    const rngs = prompts.map((_, b) => new Rng(seedOf(opts.seed ?? 0, b)));
+    const tokens: number[][] = prompts.map(() => []);
+    const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
+    const done = new Uint8Array(B);
+    let logits = this.prefill(prompts);
+    for (let step = 0; step < opts.maxNewTokens; step++) {
+      const next = new Int32Array(B);
+      for (let b = 0; b < B; b++) {
+        if (done[b]) { next[b] = tokens[b]!.at(-1) ?? 0; continue; }
+        const id = sample(logits.subarray(b * V, (b + 1) * V), opts.temperature, opts.topP, rngs[b]!);
+        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; next[b] = id; continue; }
+        tokens[b]!.push(id);
+        next[b] = id;
+      }
+      if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
+      logits = this.decode(next);
+    }
+    return { tokens, finish };
+  }
+}

@@ -1,0 +1,70 @@
+/**
+ * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the generation kernels with per-sequence start positions (batched generation
+ * of prompts of different lengths: rope_fwd, kv_cache_write and attention_cached with `seqPos`) compiled for the host on
+ * the emulator of ./emulator.ts and compared with the CPU backend in float64 on the same inputs (the CPU's per-sequence
+ * ops equal its scalar ops sequence by sequence: test/model/batch-generate.test.ts).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ropeKernel } from '../../src/backend/cuda/kernels/rope.js';
+import { attentionCached, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { build, cleanUp, skip, workDir } from './emulator.js';
+import { rng } from './helpers.js';
+
+const B = 3, t = 1, H = 6, KV = 2, HD = 64, tMax = 20, POS = [0, 7, 19];
+
+function readF32(name: string): Float32Array {
+  const b = readFileSync(join(workDir(), name));
+  return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+}
+
+test('emulated CUDA: rope, KV cache write and cached attention at per-sequence positions equal the CPU backend', { skip, timeout: 300_000 }, () => {
+  const r = rng(4);
+  const q = Float32Array.from({ length: B * t * H * HD }, () => r() - 0.5);
+  const kv = Float32Array.from({ length: B * t * KV * HD }, () => r() - 0.5);
+  const kc = Float32Array.from({ length: B * tMax * KV * HD }, () => r() - 0.5);
+  const vc = Float32Array.from({ length: B * tMax * KV * HD }, () => r() - 0.5);
+  const pos = Int32Array.from(POS);
+  for (const [f, a] of [['q', q], ['kv', kv], ['kc', kc], ['vc', vc], ['pos', pos]] as const) writeFileSync(join(workDir(), f), a);
+  const rope = { type: 'llama3', theta: 500000, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 } as const;
+  const rk = ropeKernel(false, rope, HD, 128, { out: 'f32', inp: 'f32', seqPos: true });
+  const exeRope = build(rk, `int main() { const char* d = "${workDir()}";
+  auto q = readf<float>(d, "q", ${q.length}); auto pos = readf<int>(d, "pos", ${B});
+  launch({4, 1, 1}, 128, 0, [&] { ${rk.family}(q.data(), q.data(), ${B * t}LL, ${t}, ${H}, 0, pos.data()); });
+  writef(d, "q_rot", q); }`);
+  execFileSync(exeRope);
+  const kw = kvCacheWrite.make({ block: 128, cache: 'f32', src: 'f32', seqPos: true });
+  const exeKv = build(kw, `int main() { const char* d = "${workDir()}";
+  auto kv = readf<float>(d, "kv", ${kv.length}); auto kc = readf<float>(d, "kc", ${kc.length}); auto pos = readf<int>(d, "pos", ${B});
+  launch({2, 1, 1}, 128, 0, [&] { kv_cache_write(kc.data(), kv.data(), ${B}, ${t}, 0, ${tMax}, ${KV * HD}, pos.data()); });
+  writef(d, "kc_out", kc); }`);
+  execFileSync(exeKv);
+  const ac = attentionCached.make({ headDim: HD, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
+  const exeAtt = build(ac, `int main() { const char* d = "${workDir()}";
+  auto q = readf<float>(d, "q_rot", ${q.length}); auto kc = readf<float>(d, "kc_out", ${kc.length}); auto vc = readf<float>(d, "vc", ${vc.length});
+  auto pos = readf<int>(d, "pos", ${B}); std::vector<float> out(${q.length});
+  launch({${t}, ${H}, ${B}}, 128, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, pos.data()); });
+  writef(d, "att", out); }`);
+  execFileSync(exeAtt);
+  // The CPU backend, float64, the same inputs.
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
+  const seqPositions = be.allocInt(B, 'pos'); be.uploadInt(seqPositions, pos);
+  const Q = up(q), KC = up(kc), VC = up(vc), OUT = be.alloc(q.length, 'out');
+  be.ropeForward(Q, Q, B, t, H, HD, rope, { seqPositions });
+  be.kvCacheWrite(KC, up(kv), B, t, { seqPositions }, tMax, KV, HD);
+  be.attentionCached(OUT, Q, KC, VC, B, t, { seqPositions }, tMax, H, KV, HD);
+  const err = (a: ArrayLike<number>, b: ArrayLike<number>): number => { let e = 0; for (let i = 0; i < a.length; i++) e = Math.max(e, Math.abs(a[i]! - b[i]!)); return e; };
+  const eRope = err(readF32('q_rot'), be.download(Q)), eKv = err(readF32('kc_out'), be.download(KC)), eAtt = err(readF32('att'), be.download(OUT));
+  process.stderr.write(`[seqpos-emulated] rope ${eRope.toExponential(2)} kv ${eKv.toExponential(2)} attention ${eAtt.toExponential(2)}\n`);
+  assert.ok(eRope <= 1e-6, `rope ${eRope}`);
+  assert.equal(eKv, 0, 'the cache write is a copy');
+  assert.ok(eAtt <= 1e-5, `attention ${eAtt}`);
+  be.dispose();
+});
+
+test('emulated CUDA: seqpos clean up', { skip }, () => { cleanUp(); });

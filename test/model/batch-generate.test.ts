@@ -1,0 +1,110 @@
+/**
+ * Batched generation (src/model/batch-generate.ts) against the unbatched Generator and the full forward, on the CPU
+ * backend in float64: prompts of different lengths in one batch give, token for token, what each prompt gives alone
+ * (greedy; sampled with the per-sequence seeds; stop tokens per sequence), and every step's logits are the full
+ * forward's logits of the sequence so far at its last position — for plain, llama3 and yarn RoPE, GQA, Qwen3's q/k norms
+ * and SmolLM3's NoPE layers. Also the per-sequence positions of the generation ops themselves, against the scalar ones.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import type { Backend } from '../../src/backend/backend.js';
+import type { ModelConfig } from '../../src/model/config.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { Generator } from '../../src/model/generate.js';
+import { BatchGenerator, seedOf } from '../../src/model/batch-generate.js';
+import { Rng } from '../../src/util/rng.js';
+import { assertClose, randn } from '../backend/helpers.js';
+
+const V = 97;
+function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
+  return {
+    architecture: 'qwen2', vocabSize: V, hiddenSize: 24, intermediateSize: 40, numLayers: 2, numHeads: 6, numKvHeads: 2, headDim: 4,
+    rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 64, qkvBias: true, qkNorm: false,
+    noRopeLayers: [], ...over,
+  };
+}
+const CONFIGS: Array<[string, ModelConfig]> = [
+  ['qwen2', cfg()],
+  ['llama3 rope, tied', cfg({ architecture: 'llama', qkvBias: false, tieWordEmbeddings: true,
+    rope: { type: 'llama3', theta: 500000, factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 16 } })],
+  ['qwen3 q/k norms, yarn', cfg({ architecture: 'qwen3', qkvBias: false, qkNorm: true,
+    rope: { type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 16, betaFast: 32, betaSlow: 1, attentionFactor: 1.2, truncate: true } })],
+  ['smollm3 NoPE layer', cfg({ architecture: 'smollm3', qkvBias: false, noRopeLayers: [1] })],
+];
+
+function model(be: Backend, c: ModelConfig, seed: number): Transformer {
+  const m = new Transformer(be, c, { batch: 1, seq: 32, training: false });
+  m.setWeights(initialWeights(parameterLayout(c), c, new Rng(seed), 0.5));
+  return m;
+}
+
+const PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7, 8, 9], [40, 41, 42], [7, 7, 7, 7, 7]];
+
+for (const [name, c] of CONFIGS) {
+  test(`batched generation (${name}): each sequence equals its unbatched generation and the full forward's logits`, () => {
+    const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+    const m = model(be, c, 3);
+    const full = new Transformer(be, c, { batch: 1, seq: 32, training: false });
+    full.setWeights(m.getWeights());
+    const g = new BatchGenerator(m, PROMPTS.length, 24);
+    // Greedy, with a stop id that ends sequence 0 early.
+    const solo = new Generator(m, 24);
+    const first = solo.generate(PROMPTS[0]!, { temperature: 0, topP: 1, maxNewTokens: 10 });
+    const stopIds = [first[3]!];
+    const batched = g.generate(PROMPTS, { temperature: 0, topP: 1, maxNewTokens: 10, stopIds });
+    PROMPTS.forEach((p, b) => {
+      const alone = solo.generate(p, { temperature: 0, topP: 1, maxNewTokens: 10, stopIds });
+      assert.deepEqual(batched.tokens[b], alone, `sequence ${b}`);
+      assert.equal(batched.finish[b], alone.length < 10 ? 'stop' : 'length');
+    });
+    assert.equal(batched.finish[0], 'stop');
+    // Sampled: sequence b draws with seedOf(seed, b).
+    const sampled = g.generate(PROMPTS, { temperature: 1.3, topP: 0.9, maxNewTokens: 8, seed: 11 });
+    PROMPTS.forEach((p, b) => assert.deepEqual(sampled.tokens[b], solo.generate(p, { temperature: 1.3, topP: 0.9, maxNewTokens: 8, seed: seedOf(11, b) }), `sampled ${b}`));
+    // Logits: prefill and two decode steps against the full forward of each sequence so far.
+    const seqs = PROMPTS.map((p) => [...p]);
+    let logits = g.prefill(PROMPTS);
+    for (let step = 0; step < 3; step++) {
+      seqs.forEach((s, b) => {
+        const z = be.download(full.forward(Int32Array.from(s), 1, s.length));
+        assertClose(logits.subarray(b * V, (b + 1) * V), z.subarray((s.length - 1) * V, s.length * V), 1e-9, 1e-10, `${name} step ${step} sequence ${b}`);
+      });
+      const next = Int32Array.from(seqs, (s, b) => (s.length * 13 + b) % V);
+      seqs.forEach((s, b) => s.push(next[b]!));
+      logits = g.decode(next);
+    }
+    be.dispose();
+  });
+}
+
+test('generation ops with per-sequence positions equal the scalar ops run sequence by sequence (rope, KV cache write, cached attention)', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const rng = new Rng(9);
+  const B = 3, t = 2, H = 4, KV = 2, hd = 8, tMax = 12, pos = [0, 5, 9];
+  const rope = { type: 'default', theta: 10000 } as const;
+  const seqPositions = be.allocInt(B, 'positions'); be.uploadInt(seqPositions, Int32Array.from(pos));
+  const x = randn(rng, B * t * H * hd), kv = randn(rng, B * t * KV * hd), cache0 = randn(rng, B * tMax * KV * hd), vcache0 = randn(rng, B * tMax * KV * hd);
+  const buf = (a: ArrayLike<number>): ReturnType<Backend['alloc']> => { const b = be.alloc(a.length, 'x'); be.upload(b, a); return b; };
+  // per-sequence
+  const xr = buf(x), kc = buf(cache0), vc = buf(vcache0), out = be.alloc(B * t * H * hd, 'out');
+  be.ropeForward(xr, xr, B, t, H, hd, rope, { seqPositions });
+  be.kvCacheWrite(kc, buf(kv), B, t, { seqPositions }, tMax, KV, hd);
+  be.kvCacheWrite(vc, buf(kv.map((v) => -v)), B, t, { seqPositions }, tMax, KV, hd);
+  be.attentionCached(out, xr, kc, vc, B, t, { seqPositions }, tMax, H, KV, hd);
+  // scalar, one sequence at a time
+  for (let b = 0; b < B; b++) {
+    const xs = buf(x.subarray(b * t * H * hd, (b + 1) * t * H * hd));
+    const kcs = buf(cache0.subarray(b * tMax * KV * hd, (b + 1) * tMax * KV * hd)), vcs = buf(vcache0.subarray(b * tMax * KV * hd, (b + 1) * tMax * KV * hd));
+    const os = be.alloc(t * H * hd, 'o');
+    be.ropeForward(xs, xs, 1, t, H, hd, rope, pos[b]!);
+    be.kvCacheWrite(kcs, buf(kv.subarray(b * t * KV * hd, (b + 1) * t * KV * hd)), 1, t, pos[b]!, tMax, KV, hd);
+    be.kvCacheWrite(vcs, buf(kv.subarray(b * t * KV * hd, (b + 1) * t * KV * hd).map((v) => -v)), 1, t, pos[b]!, tMax, KV, hd);
+    be.attentionCached(os, xs, kcs, vcs, 1, t, pos[b]!, tMax, H, KV, hd);
+    assert.deepEqual([...be.download(be.view(xr, b * t * H * hd, t * H * hd))], [...be.download(xs)], `rope ${b}`);
+    assert.deepEqual([...be.download(be.view(kc, b * tMax * KV * hd, tMax * KV * hd))], [...be.download(kcs)], `k cache ${b}`);
+    assert.deepEqual([...be.download(be.view(out, b * t * H * hd, t * H * hd))], [...be.download(os)], `attention ${b}`);
+  }
+  be.dispose();
+});
