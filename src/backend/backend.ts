@@ -33,6 +33,9 @@ export type { RopeSpec } from './rope.js';
  */
 export interface SeqPositions { readonly seqPositions: IntBuf }
 
+/** Sampling settings of Backend.sampleTokens: temperature (0 = greedy), top-k (0 = off), top-p (1 = off). */
+export interface SampleParams { temperature: number; topK: number; topP: number }
+
 /** Storage type of a float buffer. */
 export type DType = 'f32' | 'bf16';
 export const DTYPES: readonly DType[] = ['f32', 'bf16'];
@@ -284,6 +287,14 @@ export interface Backend {
    */
   sparseTeacherRows(out: SparseRowsOut, logits: Buf, uniforms: Buf, n: number, vocab: number, temperature: number,
     kind: 'sample' | 'top', ld?: number): void;
+  /**
+   * Samples one token per row of logits [n, ld] over the first `vocab` columns into out[n]: greedy at temperature 0,
+   * else from softmax(z / temperature) cut to the top-k logits and the top-p nucleus (thresholds on logit values, ties
+   * kept), drawn with uniforms[row] by inverse CDF in index order (src/backend/cpu/kernels/sample.ts is the reference).
+   * No logits leave the device. logits and uniforms are f32.
+   */
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number): void;
+
   // ---- optimizer ------------------------------------------------------------------------------------
   /**
    * Decoupled-weight-decay Adam with bias correction over n elements (param, grad, first and second moment: f32).

@@ -16,6 +16,7 @@
  */
 import { MAX_SPARSE_SLOTS } from '../backend/backend.js';
 import { UsageError } from '../cli/args.js';
+import { hashUniform } from '../util/rng.js';
 
 export { sparseRow, type SparseEntry } from '../backend/cpu/kernels/sparse-rows.js';
 
@@ -39,21 +40,11 @@ export function parseSparse(s: string): SparseRep {
 /** Slots per position of a representation (the most distinct ids a row can have). */
 export function sparseSlots(r: SparseRep): number { return r.kind === 'sample' ? r.n : r.k; }
 
-function fmix32(h: number): number {
-  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
-  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
-  return (h ^ (h >>> 16)) >>> 0;
-}
-
 /**
- * The k-th uniform in [0, 1) of a cache row: a counter-based hash of (seed, window, position, k) (murmur3's
- * finalizer chained over the counters), so a row's samples do not depend on the order rows are computed in, and a
- * cache job that continues after an interruption draws what the uninterrupted job would have.
+ * The k-th uniform in [0, 1) of a cache row: hashUniform(seed, window, position, k), so a row's samples do not depend
+ * on the order rows are computed in, and a cache job that continues after an interruption draws what the uninterrupted
+ * job would have.
  */
 export function cacheUniform(seed: number, window: number, pos: number, k: number): number {
-  let h = fmix32((seed >>> 0) ^ 0x9e3779b9);
-  h = fmix32(h ^ Math.imul(window + 1, 0x9e3779b1));
-  h = fmix32(h ^ Math.imul(pos + 1, 0x85ebca77));
-  h = fmix32(h ^ Math.imul(k + 1, 0xc2b2ae3d));
-  return (h + 0.5) / 4294967296;
+  return hashUniform(seed, window, pos, k);
 }

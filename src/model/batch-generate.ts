@@ -12,9 +12,9 @@
  * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
-import type { Backend, Buf, DType, IntBuf, SeqPositions } from '../backend/backend.js';
+import type { Backend, Buf, DType, IntBuf, SampleParams, SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
-import { Rng } from '../util/rng.js';
+import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 import { sample, type SamplingOptions } from './generate.js';
@@ -43,6 +43,8 @@ export class BatchGenerator {
   private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
   private readonly last: Buf;
   private readonly logits: Buf;
+  private readonly uniforms: Buf;
+  private readonly sampled: IntBuf;
   private readonly qkn: QkNormActivations | null;
   /** Tokens held by each sequence (its next position). */
   private lens: Int32Array;
@@ -70,6 +72,8 @@ export class BatchGenerator {
     this.gate = a(R * I, 'gate', A); this.up = a(R * I, 'up', A); this.act = a(R * I, 'swiglu', A);
     this.last = a(batch * C, 'last positions', A);
     this.logits = a(batch * c.vocabSize, 'logits');
+    this.uniforms = a(batch, 'sampling uniforms');
+    this.sampled = be.allocInt(batch, 'batched generation sampled ids');
     this.qkn = c.qkNorm ? {
       qRaw: a(R * Q, 'q before q_norm', A), kRaw: a(R * KV, 'k before k_norm', A),
       rstdQ: a(R * c.numHeads, 'q_norm rstd'), rstdK: a(R * c.numKvHeads, 'k_norm rstd'),
@@ -106,18 +110,36 @@ export class BatchGenerator {
     }
   }
 
-  /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the host. */
-  private headOf(rows: number[]): Float32Array | Float64Array {
+  /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the device. */
+  private logitsOf(rows: number[]): Buf {
     const c = this.m.config, be = this.be, C = c.hiddenSize, L = this.m.layout, b = rows.length;
     rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.ln, r * C, C)));
     const w = be.view(this.m.weights, (L.lmHead ?? L.embed).offset, (L.lmHead ?? L.embed).size);
     const z = be.view(this.logits, 0, b * c.vocabSize);
     be.matmulForward(z, be.view(this.last, 0, b * C), w, null, b, C, c.vocabSize);
-    return be.download(z);
+    return z;
+  }
+
+  /** The same, on the host. */
+  private headOf(rows: number[]): Float32Array | Float64Array {
+    return this.be.download(this.logitsOf(rows));
+  }
+
+  /** The rows' tokens sampled on the device (Backend.sampleTokens) with the given uniforms: only the ids come back. */
+  private sampleOf(rows: number[], s: SampleParams, uniforms: number[]): Int32Array {
+    const z = this.logitsOf(rows), be = this.be, b = rows.length;
+    be.upload(this.uniforms, uniforms);
+    be.sampleTokens(this.sampled, z, this.uniforms, b, this.m.config.vocabSize, s);
+    return be.downloadInt(be.viewInt(this.sampled, 0, b));
   }
 
   /** Prefill of the prompts (one per sequence, 1 ≤ length ≤ maxLen): the logits [B, vocab] of each last prompt token. */
   prefill(prompts: ReadonlyArray<ArrayLike<number>>): Float32Array | Float64Array {
+    return this.headOf(this.prefillRows(prompts));
+  }
+
+  /** prefill's work up to the logits: the rows of each sequence's last prompt token. */
+  private prefillRows(prompts: ReadonlyArray<ArrayLike<number>>): number[] {
     const B = prompts.length;
     if (B < 1 || B > this.batch) throw new DistilleryError(`${B} prompts for a generation batch of ${this.batch}`);
     const P = Math.max(...prompts.map((p) => p.length));
@@ -127,11 +149,16 @@ export class BatchGenerator {
     prompts.forEach((p, b) => { for (let i = 0; i < P; i++) ids[b * P + i] = p[Math.min(i, p.length - 1)]!; }); // pad with the last token
     this.layers(ids, B, P, 0);
     this.lens = Int32Array.from(prompts, (p) => p.length);
-    return this.headOf(prompts.map((p, b) => b * P + p.length - 1));
+    return prompts.map((p, b) => b * P + p.length - 1);
   }
 
   /** One decode step: token ids[b] of every sequence at its own next position; the logits [B, vocab]. */
   decode(tokens: Int32Array): Float32Array | Float64Array {
+    return this.headOf(this.decodeRows(tokens));
+  }
+
+  /** decode's work up to the logits. */
+  private decodeRows(tokens: Int32Array): number[] {
     const B = tokens.length;
     if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
     for (let b = 0; b < B; b++) {
@@ -140,7 +167,41 @@ export class BatchGenerator {
     this.be.uploadInt(this.positions.seqPositions, this.lens);
     this.layers(tokens, B, 1, this.positions);
     for (let b = 0; b < B; b++) this.lens[b]!++;
-    return this.headOf(Array.from({ length: B }, (_, b) => b));
+    return Array.from({ length: B }, (_, b) => b);
+  }
+
+  /**
+   * generate with the sampling on the device: no logits leave it, only one id per sequence per step. Sequence b's draw
+   * at step i uses the uniform hashUniform(seed, sequence0 + b, i, 0), so a sequence draws the same tokens in any batch
+   * that gives it the same sequence number (sequence0: the batch's first; default 0). topK: 0 = off.
+   */
+  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { topK?: number; sequence0?: number }): BatchResult {
+    const B = prompts.length;
+    const longest = Math.max(...prompts.map((p) => p.length));
+    if (longest + opts.maxNewTokens > this.maxLen) {
+      throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
+        'lower the number of new tokens or shorten the prompts');
+    }
+    const s: SampleParams = { temperature: opts.temperature, topK: opts.topK ?? 0, topP: opts.topP };
+    const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0;
+    const tokens: number[][] = prompts.map(() => []);
+    const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
+    const done = new Uint8Array(B);
+    let rows = this.prefillRows(prompts);
+    for (let step = 0; step < opts.maxNewTokens; step++) {
+      const ids = this.sampleOf(rows, s, Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0)));
+      const next = new Int32Array(B);
+      for (let b = 0; b < B; b++) {
+        const id = ids[b]!;
+        next[b] = done[b] ? (tokens[b]!.at(-1) ?? 0) : id;
+        if (done[b]) continue;
+        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; continue; }
+        tokens[b]!.push(id);
+      }
+      if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
+      rows = this.decodeRows(next);
+    }
+    return { tokens, finish };
   }
 
   /**

@@ -105,8 +105,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
     runs.push((be) => {
       const m = new Transformer(be, j.student, { batch: 1, seq: 1, training: false, precision: j.precision ?? 'fp32' });
       const g = new BatchGenerator(m, B, len);
-      g.prefill(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2)))); // prompts of two lengths
-      g.decode(new Int32Array(B).fill(2 % j.student.vocabSize)); // one token per sequence, each at its own position
+      // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device
+      g.generateOnDevice(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
     });
   }
   if (j.generateLen && j.generateLen > 1) {

@@ -83,3 +83,22 @@ export interface RngState {
 function rotl(x: number, k: number): number {
   return ((x << k) | (x >>> (32 - k))) >>> 0;
 }
+
+function fmix32(h: number): number {
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}
+
+/**
+ * A uniform in [0, 1) that is a pure function of (seed, a, b, c): murmur3's finalizer chained over the counters.
+ * Counter-based draws (a teacher cache's samples, the device sampler's per-sequence, per-step uniforms) do not depend
+ * on the order in which they are made, so work split, batched or resumed differently draws the same numbers.
+ */
+export function hashUniform(seed: number, a: number, b: number, c: number): number {
+  let h = fmix32((seed >>> 0) ^ 0x9e3779b9);
+  h = fmix32(h ^ Math.imul(a + 1, 0x9e3779b1));
+  h = fmix32(h ^ Math.imul(b + 1, 0x85ebca77));
+  h = fmix32(h ^ Math.imul(c + 1, 0xc2b2ae3d));
+  return (h + 0.5) / 4294967296;
+}

@@ -44,6 +44,7 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned fbits(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline unsigned __float_as_uint(float f) { return fbits(f); }
 typedef unsigned short bf16;
 inline bf16 f2bf_host(float f) {
   unsigned u = fbits(f);

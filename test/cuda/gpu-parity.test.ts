@@ -283,6 +283,22 @@ parity('rope, KV cache write and cached attention at per-sequence positions (bat
     },
   };
 });
+// The device sampler: the same ids as the CPU's float64 sampler (compared as floats: equal or not).
+parity('sampleTokens (greedy, temperature, top-k, top-p) over 3001 logits', 0, (r) => {
+  const n = 12, V = 3001;
+  const z = rand(r, n * V, 6), u = Float32Array.from({ length: n }, () => r());
+  return {
+    arrays: { z, u, a: new Int32Array(n), b: new Int32Array(n), c: new Int32Array(n), o: new Float32Array(3 * n) },
+    compare: ['o'],
+    op: (be, x) => {
+      be.sampleTokens(x.a!, x.z!, x.u!, n, V, { temperature: 0, topK: 0, topP: 1 });
+      be.sampleTokens(x.b!, x.z!, x.u!, n, V, { temperature: 1.2, topK: 0, topP: 0.9 });
+      be.sampleTokens(x.c!, x.z!, x.u!, n, V, { temperature: 0.8, topK: 40, topP: 1 });
+      const ids = [...be.downloadInt(x.a!), ...be.downloadInt(x.b!), ...be.downloadInt(x.c!)];
+      be.upload(x.o!, ids);
+    },
+  };
+});
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

@@ -14,7 +14,8 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { Generator } from '../../src/model/generate.js';
 import { BatchGenerator, seedOf } from '../../src/model/batch-generate.js';
-import { Rng } from '../../src/util/rng.js';
+import { Rng, hashUniform } from '../../src/util/rng.js';
+import { sampleRow } from '../../src/backend/cpu/kernels/sample.js';
 import { assertClose, randn } from '../backend/helpers.js';
 
 const V = 97;
@@ -106,5 +107,32 @@ test('generation ops with per-sequence positions equal the scalar ops run sequen
     assert.deepEqual([...be.download(be.view(kc, b * tMax * KV * hd, tMax * KV * hd))], [...be.download(kcs)], `k cache ${b}`);
     assert.deepEqual([...be.download(be.view(out, b * t * H * hd, t * H * hd))], [...be.download(os)], `attention ${b}`);
   }
+  be.dispose();
+});
+
+test('batched generation with device sampling: greedy equals host greedy; sampled draws follow the full forward and do not depend on the batch', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const c = CONFIGS[0]![1];
+  const m = model(be, c, 5);
+  const full = new Transformer(be, c, { batch: 1, seq: 32, training: false });
+  full.setWeights(m.getWeights());
+  const g = new BatchGenerator(m, PROMPTS.length, 24);
+  const greedyHost = g.generate(PROMPTS, { temperature: 0, topP: 1, maxNewTokens: 6 });
+  assert.deepEqual(g.generateOnDevice(PROMPTS, { temperature: 0, topP: 1, maxNewTokens: 6 }).tokens, greedyHost.tokens);
+  const opts = { temperature: 1.1, topP: 0.9, topK: 20, maxNewTokens: 7, seed: 99 };
+  const batched = g.generateOnDevice(PROMPTS, opts);
+  const one = new BatchGenerator(m, 1, 24);
+  PROMPTS.forEach((p, b) => {
+    assert.deepEqual(one.generateOnDevice([p], { ...opts, sequence0: b }).tokens[0], batched.tokens[b], `sequence ${b} alone`);
+    // each draw is the sampler's pick from the full forward's logits with the sequence's uniform for that step
+    const seq = [...p];
+    batched.tokens[b]!.forEach((id, step) => {
+      const z = be.download(full.forward(Int32Array.from(seq), 1, seq.length));
+      assert.equal(id, sampleRow(z, (seq.length - 1) * V, V, opts, hashUniform(99, b, step, 0)), `sequence ${b} step ${step}`);
+      seq.push(id);
+    });
+  });
+  // the draws vary with the seed
+  assert.notDeepEqual(g.generateOnDevice(PROMPTS, { ...opts, seed: 100 }).tokens, batched.tokens);
   be.dispose();
 });

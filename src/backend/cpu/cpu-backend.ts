@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -58,6 +58,7 @@ import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
+import { sampleRow } from './kernels/sample.js';
 import { ropeBackward, ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
@@ -735,6 +736,14 @@ export class CpuBackend implements Backend {
       for (let k = 0; k < e.ids.length; k++) { ids[i * S + k] = e.ids[k]!; lq[i * S + k] = e.logq[k]!; }
       tail[i] = e.tail; am[i] = e.argmax;
     }
+  }
+
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab): void {
+    const o = this.i(out, 'sampled tokens'), z = this.f(logits, 'sampling logits'), u = this.f(uniforms, 'sampling uniforms');
+    check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
+    this.need(o, n, 'sampleTokens', 'out'); this.need(u, n, 'sampleTokens', 'uniforms');
+    this.need(z, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens', 'logits');
+    for (let i = 0; i < n; i++) o[i] = sampleRow(z, i * ld, vocab, s, u[i]!);
   }
 
   // ---- optimizer --------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -63,6 +63,7 @@ import {
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
 import { sampleRowsKernel } from './kernels/sparse-rows.js';
+import { sampleTokensKernel } from './kernels/sample.js';
 import { sparseRow } from '../cpu/kernels/sparse-rows.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
@@ -1040,6 +1041,16 @@ export class CudaBackend implements Backend {
     }
     this.uploadInt(this.viewInt(out.ids, 0, n * S), ids); this.upload(this.view(out.logq, 0, n * S), lq);
     this.upload(this.view(out.tail, 0, n), tail); this.uploadInt(this.viewInt(out.argmax, 0, n), am);
+  }
+
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab): void {
+    if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
+    if (!(Number.isInteger(s.topK) && s.topK >= 0) || !(s.topP > 0 && s.topP <= 1)) throw new DistilleryError(`sampleTokens: top-k ${s.topK}, top-p ${s.topP}`);
+    this.need(out, n, 'sampleTokens'); this.need(uniforms, n, 'sampleTokens'); this.need(logits, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens');
+    this.f32Only('sampleTokens', [['logits', logits], ['uniforms', uniforms]]);
+    if (n <= 0) return;
+    this.launch(sampleTokensKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK,
+      [P(out), P(logits), P(uniforms), I(n), I(vocab), I(ld), F(s.temperature), I(s.topK), F(s.topP)]);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------

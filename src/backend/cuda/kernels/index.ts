@@ -16,6 +16,7 @@ import {
 import { lossKernel } from './loss.js';
 import { sparseLossKernel } from './sparse-loss.js';
 import { sampleRowsKernel } from './sparse-rows.js';
+import { sampleTokensKernel } from './sample.js';
 
 export * from './spec.js';
 export * from './norm.js';
@@ -25,6 +26,7 @@ export * from './elementwise.js';
 export * from './loss.js';
 export * from './sparse-loss.js';
 export * from './sparse-rows.js';
+export * from './sample.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyFamily = KernelFamily<any>;
@@ -35,7 +37,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */

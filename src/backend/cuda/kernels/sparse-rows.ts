@@ -15,10 +15,9 @@ import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 
 export type SampleRowsP = { block: number };
 
-function generate(p: Readonly<SampleRowsP>): string {
-  return `#define BLOCK ${p.block}
-${reductionHelpers()}
-/* Exclusive prefix sums over the block (thread order); every thread gets the block's total. */
+/** Block-wide exclusive prefix sums (float and int) in thread order; every thread also gets the block's total. */
+export function scanHelpers(): string {
+  return `/* Exclusive prefix sums over the block (thread order); every thread gets the block's total. */
 __device__ float blockScanF(float v, float* total) {
   __shared__ float ws[BLOCK / 32];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -47,7 +46,13 @@ __device__ int blockScanI(int v, int* total) {
   *total = tot;
   return before + x - v;
 }
-extern "C" __global__ void sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
+`;
+}
+
+function generate(p: Readonly<SampleRowsP>): string {
+  return `#define BLOCK ${p.block}
+${reductionHelpers()}
+${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
                                        int n, int V, int LD, int S, float TEMP) {
   const int row = blockIdx.x;
   if (row >= n) return;

@@ -1,0 +1,99 @@
+/**
+ * Token sampling on the device (batched generation): one block per row of logits, the rule of the CPU reference
+ * (src/backend/cpu/kernels/sample.ts):
+ *   1. the row's maximum and first argmax (greedy when TEMP ≤ 0: done);
+ *   2. top-k: the k-th largest logit by bisection on the order-preserving 32-bit keys of the floats (32 passes counting
+ *      keys ≥ mid: exact, ties kept);
+ *   3. top-p: the largest key whose kept mass Σ e^{(z−M)/T} (keys ≥ it and ≥ the top-k key) reaches TOPP · the top-k
+ *      mass, by the same bisection over masses (32 passes);
+ *   4. the draw: r = u · kept mass; each thread sums the kept mass of its contiguous chunk of the vocabulary, a block scan
+ *      gives the chunks' starts, and the one thread whose chunk holds r walks it (the last chunk with mass also takes an
+ *      r that rounding put at or past the total) and writes the token.
+ * Nothing but the sampled ids leaves the device. Baked: block size. Runtime: TEMP, TOPK, TOPP and the row uniforms.
+ */
+import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
+import { scanHelpers } from './sparse-rows.js';
+
+export type SampleTokensP = { block: number };
+
+function generate(p: Readonly<SampleTokensP>): string {
+  return `#define BLOCK ${p.block}
+${reductionHelpers()}
+${scanHelpers()}
+/* float -> unsigned with the same order (negative floats reversed below the positive ones) */
+__device__ __forceinline__ unsigned fkey(float x) {
+  const unsigned u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+extern "C" __global__ void sample_tokens(int* out, const float* logits, const float* uniforms, int n, int V, int LD,
+                                         float TEMP, int TOPK, float TOPP) {
+  const int row = blockIdx.x;
+  if (row >= n) return;
+  const float* z = logits + (long long)row * LD;
+  float m = NEG_INF;
+  int am = V;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  const float M = blockMax(m);
+  const int AM = blockArgMax(m, am);
+  if (!(TEMP > 0.0f)) { if (threadIdx.x == 0) out[row] = AM; return; }
+  const float INV_T = 1.0f / TEMP;
+  unsigned theta = 0u;
+  if (TOPK > 0 && TOPK < V) {
+    unsigned lo = 0u, hi = 0xffffffffu;
+    while (lo < hi) {
+      const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
+      float c = 0.0f;
+      for (int j = threadIdx.x; j < V; j += BLOCK) c += fkey(z[j]) >= mid ? 1.0f : 0.0f;
+      if (blockSum(c) >= (float)TOPK) lo = mid; else hi = mid - 1u;
+    }
+    theta = lo;
+  }
+  if (TOPP < 1.0f) {
+    float mk = 0.0f;
+    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
+    const float target = TOPP * blockSum(mk);
+    unsigned lo = theta, hi = 0xffffffffu;
+    while (lo < hi) {
+      const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
+      float s = 0.0f;
+      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
+      if (blockSum(s) >= target) lo = mid; else hi = mid - 1u;
+    }
+    theta = lo;
+  }
+  /* the draw over the kept tokens, in index order */
+  const int C = (V + BLOCK - 1) / BLOCK;
+  const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
+  float cs = 0.0f;
+  for (int j = j0; j < j1; j++) { const float x = z[j]; if (fkey(x) >= theta) cs += expf((x - M) * INV_T); }
+  float total;
+  const float start = blockScanF(cs, &total);
+  __shared__ float starts[BLOCK + 1];
+  starts[threadIdx.x] = start;
+  if (threadIdx.x == 0) starts[BLOCK] = total;
+  const float lastWithMass = blockMax(cs > 0.0f ? (float)threadIdx.x : -1.0f);
+  __syncthreads();
+  const float end = (float)threadIdx.x == lastWithMass ? INFINITY : starts[threadIdx.x + 1];
+  const float r = uniforms[row] * total;
+  if (cs > 0.0f && r >= start && r < end) {
+    float acc = start;
+    int last = -1, pick = -1;
+    for (int j = j0; j < j1; j++) {
+      const float x = z[j];
+      if (fkey(x) < theta) continue;
+      acc += expf((x - M) * INV_T);
+      last = j;
+      if (acc > r) { pick = j; break; }
+    }
+    out[row] = pick >= 0 ? pick : last;
+  }
+}
+`;
+}
+
+export const sampleTokensKernel = defineFamily<SampleTokensP>({
+  name: 'sample_tokens',
+  schema: { block: BLOCK_DOMAIN },
+  example: { block: 512 },
+  generate,
+});
