@@ -10,21 +10,25 @@ import * as fs from 'node:fs';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
-import { readCheckpoint } from '../../model/checkpoint.js';
+import { readCheckpoint, type LoadedCheckpoint } from '../../model/checkpoint.js';
+import { BatchGenerator } from '../../model/batch-generate.js';
 import { describeBaked, eosIds } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { jobClosures } from '../../train/kernel-plan.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
-import { DistilleryError } from '../../util/errors.js';
+import { DistilleryError, InputError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
-import { chatFormatOf, renderChat } from '../../tokenizer/chat.js';
+import { chatFormatOf, renderChat, type ChatMessage } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) or a Hub id in the local HF cache (required)' },
-  { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (required)' },
+  { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (this or --prompts)' },
+  { name: 'prompts', kind: 'string', metavar: '<file.jsonl>', description: 'many prompts, one JSON object per line ({"prompt"} or {"text"}: text to continue; {"messages"}: a conversation, rendered with the chat template and an open assistant turn), generated in batches; one JSON line per prompt to stdout' },
+  { name: 'batch', kind: 'integer', description: 'with --prompts: sequences generated together (prompts of different lengths share a batch)', defaultText: '8' },
+  { name: 'top-k', kind: 'integer', description: 'with --prompts: keep the k most likely tokens (0 = off)', defaultText: '0' },
   { name: 'max-new-tokens', kind: 'integer', description: 'most tokens to generate', defaultText: '64' },
   { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
@@ -55,7 +59,12 @@ FLAGS.push(PRECISION_FLAG, ...CUDA_FLAGS);
 
 export interface GenerateOptions {
   model: string;
+  /** One prompt (streamed), or '' with `prompts`. */
   prompt: string;
+  /** A JSONL file of prompts, generated in batches of `batch` (src/model/batch-generate.ts). */
+  prompts?: string | undefined;
+  batch: number;
+  topK: number;
   maxNewTokens: number;
   temperature: number;
   topP: number;
@@ -102,10 +111,19 @@ function num(v: unknown, d: number): number { return typeof v === 'number' ? v :
 /** Validates parsed flags into GenerateOptions (pure). */
 export function generateOptions(values: Record<string, unknown>): GenerateOptions {
   if (typeof values.model !== 'string') throw new UsageError('generate: no model given (--model)', 'pass --model <checkpoint folder>, e.g. --model runs/demo/final');
-  if (typeof values.prompt !== 'string') throw new UsageError('generate: no prompt given (--prompt)', "pass --prompt 'Once upon a time'");
+  if (typeof values.prompt === 'string' && typeof values.prompts === 'string') {
+    throw new UsageError('generate: --prompt and --prompts: pass one of them', '--prompt continues one text; --prompts reads a JSONL file of them');
+  }
+  if (typeof values.prompt !== 'string' && typeof values.prompts !== 'string') {
+    throw new UsageError('generate: no prompt given (--prompt or --prompts)', "pass --prompt 'Once upon a time', or --prompts prompts.jsonl");
+  }
+  if (typeof values.prompts === 'string' && !fs.existsSync(values.prompts)) {
+    throw new UsageError(`--prompts: ${values.prompts} does not exist`, 'pass a .jsonl file with one {"prompt": ...} or {"messages": [...]} per line');
+  }
   if (typeof values['chat-template-kwargs'] === 'string') parseTemplateKwargs(values['chat-template-kwargs']); // fails early, exit 2
   const o: GenerateOptions = {
-    model: values.model, prompt: values.prompt,
+    model: values.model, prompt: typeof values.prompt === 'string' ? values.prompt : '',
+    prompts: typeof values.prompts === 'string' ? values.prompts : undefined, batch: num(values.batch, 8), topK: num(values['top-k'], 0),
     maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
     seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
     ...(typeof values['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: values['chat-template-kwargs'] } : {}),
@@ -116,6 +134,8 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
   if (!(o.topP > 0 && o.topP <= 1)) throw new UsageError(`--top-p must be in (0, 1], got ${o.topP}`, 'use 1 to turn nucleus sampling off, or e.g. 0.9');
+  if (!(Number.isInteger(o.batch) && o.batch > 0)) throw new UsageError(`--batch must be a positive integer, got ${o.batch}`, 'e.g. --batch 8');
+  if (!(Number.isInteger(o.topK) && o.topK >= 0)) throw new UsageError(`--top-k must be an integer >= 0, got ${o.topK}`, 'use 0 to turn it off, or e.g. 50');
   const threadsBad = threadsProblem(o.threads);
   if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
   return o;
@@ -135,6 +155,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
+  if (o.prompts !== undefined) return generateBatched(o, io, ck, tokenizer);
   let text = o.prompt;
   if (o.chat) {
     const format = chatFormatOf(ck.chatTemplate, `${o.model}'s tokenizer_config.json`, ck.tokenizerConfig);
@@ -158,24 +179,109 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     }
     const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate', precision: prec.model });
     model.setWeights(ck.weights);
-    const stopIds = new Set<number>();
-    if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
-    for (const id of eosIds(config)) stopIds.add(id);
-    for (const id of ck.generationEosIds) stopIds.add(id);
     // With --chat, the end-of-turn markers of the ChatML and Llama 3 templates end the reply too.
-    for (const marker of o.chat ? ['<|im_end|>', '<|eot_id|>'] : []) {
-      const id = tokenizer.tokenToId(marker);
-      if (id !== undefined) stopIds.add(id);
-    }
+    const stopIds = stopIdsOf(ck, tokenizer, o.chat);
     const gen = new Generator(model, maxLen);
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {
-      temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds: [...stopIds], seed: o.seed,
+      temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
     }, (id) => { const s = dec.push(id); if (s) io.out(s); });
     const rest = dec.flush();
     if (rest) io.out(rest);
     io.out('\n');
     return ids;
+  } finally {
+    backend.dispose();
+  }
+}
+
+/** The end-of-sequence ids generation stops at: the tokenizer's, the config's, generation_config.json's (and the chat markers). */
+function stopIdsOf(ck: LoadedCheckpoint, tokenizer: Tokenizer, chat: boolean): number[] {
+  const stopIds = new Set<number>();
+  if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
+  for (const id of eosIds(ck.config)) stopIds.add(id);
+  for (const id of ck.generationEosIds) stopIds.add(id);
+  for (const marker of chat ? ['<|im_end|>', '<|eot_id|>'] : []) {
+    const id = tokenizer.tokenToId(marker);
+    if (id !== undefined) stopIds.add(id);
+  }
+  return [...stopIds];
+}
+
+interface PromptLine { index: number; text: string; chat: boolean }
+
+/** Reads --prompts: {"prompt"} / {"text"} lines are text, {"messages"} lines conversations; a bad line is named. */
+function readPrompts(file: string): Array<{ index: number; prompt?: string; messages?: ChatMessage[] }> {
+  const out: Array<{ index: number; prompt?: string; messages?: ChatMessage[] }> = [];
+  fs.readFileSync(file, 'utf8').split('\n').forEach((line, i) => {
+    if (!line.trim()) return;
+    let j: unknown;
+    try { j = JSON.parse(line); } catch (e) {
+      throw new InputError(`--prompts ${file}:${i + 1}: not valid JSON (${(e as Error).message})`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
+    }
+    const r = j as { prompt?: unknown; text?: unknown; messages?: unknown };
+    const text = typeof r.prompt === 'string' ? r.prompt : typeof r.text === 'string' ? r.text : undefined;
+    if (text !== undefined) out.push({ index: out.length, prompt: text });
+    else if (Array.isArray(r.messages)) out.push({ index: out.length, messages: r.messages as ChatMessage[] });
+    else throw new InputError(`--prompts ${file}:${i + 1}: no "prompt", "text" or "messages"`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
+  });
+  if (out.length === 0) throw new InputError(`--prompts ${file} holds no prompts`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
+  return out;
+}
+
+/**
+ * --prompts: every prompt tokenized (conversations rendered with the chat template and an open assistant turn, --chat
+ * renders text prompts as a user turn), generated `batch` at a time with the device sampler (prompt i draws with
+ * sequence number i, so the output does not depend on --batch), one JSON line per prompt, in order.
+ */
+async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint, tokenizer: Tokenizer): Promise<number[]> {
+  const config = ck.config;
+  const lines = readPrompts(o.prompts!);
+  const kwargs = o.chatTemplateKwargs !== undefined ? parseTemplateKwargs(o.chatTemplateKwargs) : undefined;
+  const anyChat = o.chat || lines.some((l) => l.messages);
+  const format = anyChat ? chatFormatOf(ck.chatTemplate, `${o.model}'s tokenizer_config.json`, ck.tokenizerConfig) : null;
+  const encoded = lines.map((l) => {
+    const msgs = l.messages ?? (o.chat ? [{ role: 'user', content: l.prompt! }] : null);
+    const text = msgs ? renderChat(format!, msgs, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : l.prompt!;
+    const ids = tokenizer.encode(text);
+    if (ids.length === 0) throw new InputError(`--prompts ${o.prompts}: prompt ${l.index + 1} is empty after tokenization`, 'remove the empty prompt');
+    return { ...l, chat: msgs !== null, text, ids } as PromptLine & { ids: number[] };
+  });
+  const longest = Math.max(...encoded.map((e) => e.ids.length));
+  const limit = config.maxPositionEmbeddings;
+  if (longest + o.maxNewTokens > limit) {
+    throw new UsageError(`the longest prompt (${longest} tokens) and --max-new-tokens ${o.maxNewTokens} pass the model's ${limit} positions`, 'lower --max-new-tokens or shorten the prompts');
+  }
+  const B = Math.min(o.batch, encoded.length), maxLen = longest + o.maxNewTokens;
+  const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
+  io.err(`precision: ${prec.name}; ${encoded.length} prompts in batches of ${B}, up to ${o.maxNewTokens} new tokens each\n`);
+  const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
+  try {
+    if (backend.prepare) {
+      await backend.prepare(jobClosures({ student: config, batch: 1, seq: 1, generateLen: Math.max(3, maxLen), generateBatch: Math.max(2, B), precision: prec.model }));
+    }
+    const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate', precision: prec.model });
+    model.setWeights(ck.weights);
+    const gen = new BatchGenerator(model, B, maxLen);
+    const all: number[] = [];
+    const t0 = Date.now();
+    let generated = 0;
+    for (let i0 = 0; i0 < encoded.length; i0 += B) {
+      const group = encoded.slice(i0, i0 + B);
+      const r = gen.generateOnDevice(group.map((e) => e.ids), {
+        temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, seed: o.seed, sequence0: i0,
+        stopIds: stopIdsOf(ck, tokenizer, group.some((e) => e.chat)),
+      });
+      group.forEach((e, k) => {
+        const ids = r.tokens[k]!;
+        generated += ids.length;
+        all.push(...ids);
+        io.out(JSON.stringify({ index: e.index, prompt: e.text, completion: tokenizer.decode(ids, { skipSpecialTokens: true }), tokens: ids.length, finish_reason: r.finish[k] }) + '\n');
+      });
+    }
+    const s = (Date.now() - t0) / 1000;
+    io.err(`generated ${generated} tokens for ${encoded.length} prompts in ${s.toFixed(2)}s (${Math.round(generated / Math.max(s, 1e-9))} tokens/s)\n`);
+    return all;
   } finally {
     backend.dispose();
   }
@@ -188,6 +294,7 @@ const help = (): string => formatHelp({
   examples: [
     "distillery generate --model runs/demo/final --prompt 'The tokenizer'",
     "distillery generate --model qwen-0.5b --chat --prompt 'What is distillation?' --temperature 0.7 --top-p 0.9 --seed 7",
+    'distillery generate --model runs/demo/final --prompts prompts.jsonl --batch 16 --temperature 0.8 --top-k 50 > completions.jsonl',
   ],
 });
 

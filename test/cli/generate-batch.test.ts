@@ -1,0 +1,54 @@
+/**
+ * `generate --prompts file.jsonl --batch N`: one JSON line per prompt, in order; the output does not depend on --batch
+ * (greedy and sampled); a greedy completion equals `--prompt`'s streamed one; chat lines use the template; bad input is
+ * a usage or input error (exit 2) naming the line.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { main } from '../../src/cli/main.js';
+import { capture, tempDir, writeTinyCheckpoint } from './fixtures.js';
+
+async function run(argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  const io = capture();
+  const code = await main(argv, io);
+  return { code, out: io.stdout(), err: io.stderr() };
+}
+
+test('generate --prompts: JSON lines in order, independent of --batch, greedy equal to --prompt; bad input exits 2', async () => {
+  const dir = tempDir();
+  const model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 8);
+  const file = path.join(dir, 'prompts.jsonl');
+  fs.writeFileSync(file, [
+    { prompt: 'The teacher' }, { text: 'A' }, { messages: [{ role: 'user', content: 'the student learns' }] }, { prompt: 'Distillation trains a small model on the' },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  const base = ['generate', '--model', model, '--prompts', file, '--max-new-tokens', '6', '--threads', '1'];
+  for (const extra of [[], ['--temperature', '1.2', '--top-k', '20', '--top-p', '0.9', '--seed', '3']]) {
+    const a = await run([...base, ...extra, '--batch', '1']), b = await run([...base, ...extra, '--batch', '4']);
+    assert.equal(a.code, 0, a.err); assert.equal(b.code, 0, b.err);
+    assert.equal(a.out, b.out, `--batch changes nothing (${extra.join(' ') || 'greedy'})`);
+    const rows = a.out.trim().split('\n').map((l) => JSON.parse(l) as { index: number; prompt: string; completion: string; tokens: number; finish_reason: string });
+    assert.deepEqual(rows.map((r) => r.index), [0, 1, 2, 3]);
+    assert.match(rows[2]!.prompt, /<\|im_start\|>user\nthe student learns<\|im_end\|>\n<\|im_start\|>assistant\n$/);
+    for (const r of rows) assert.ok(['stop', 'length'].includes(r.finish_reason) && r.tokens <= 6);
+    if (extra.length === 0) {
+      const one = await run(['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '6', '--threads', '1']);
+      assert.equal(one.out, rows[0]!.completion + '\n');
+    }
+  }
+  const bad = path.join(dir, 'bad.jsonl');
+  fs.writeFileSync(bad, '{"prompt": "ok"}\n{"nothing": 1}\n');
+  for (const [argv, re] of [
+    [['generate', '--model', model, '--prompts', bad], /bad\.jsonl:2: no "prompt", "text" or "messages"/],
+    [['generate', '--model', model, '--prompts', file, '--prompt', 'x'], /--prompt and --prompts: pass one of them/],
+    [['generate', '--model', model, '--prompts', path.join(dir, 'none.jsonl')], /--prompts: .*none\.jsonl does not exist/],
+    [[...base, '--batch', '0'], /--batch must be a positive integer/],
+    [[...base, '--top-k', '-1'], /--top-k must be an integer >= 0/],
+  ] as Array<[string[], RegExp]>) {
+    const r = await run(argv);
+    assert.equal(r.code, 2, r.err);
+    assert.match(r.err, re);
+  }
+});
