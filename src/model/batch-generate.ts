@@ -83,12 +83,17 @@ export class BatchGenerator {
 
   /** Runs [b, t] tokens through the layers from pos0 (a number: every sequence; SeqPositions: each its own). */
   private layers(tokens: Int32Array, b: number, t: number, pos0: number | SeqPositions): void {
+    this.be.uploadInt(this.ids, tokens);
+    this.layersStaged(b, t, pos0);
+  }
+
+  /** layers() over the token ids already uploaded: device work only (it fits in a captured region). */
+  private layersStaged(b: number, t: number, pos0: number | SeqPositions): void {
     const c = this.m.config, be = this.be, L = this.m.layout, n = b * t;
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
     const vw = (buf: Buf, k: number): Buf => be.view(buf, 0, k);
     const x = vw(this.x, n * C), ln = vw(this.ln, n * C), rstd = vw(this.rstd, n);
     const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
-    be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, n, C);
     const qkNorm = this.qkn && {
       qRaw: vw(this.qkn.qRaw, n * Q), kRaw: vw(this.qkn.kRaw, n * KV),
@@ -187,9 +192,9 @@ export class BatchGenerator {
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
     const done = new Uint8Array(B);
-    let rows = this.prefillRows(prompts);
+    const uniformsAt = (step: number): number[] => Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0));
+    let ids = this.sampleOf(this.prefillRows(prompts), s, uniformsAt(0));
     for (let step = 0; step < opts.maxNewTokens; step++) {
-      const ids = this.sampleOf(rows, s, Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0)));
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
         const id = ids[b]!;
@@ -199,9 +204,32 @@ export class BatchGenerator {
         tokens[b]!.push(id);
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
-      rows = this.decodeRows(next);
+      ids = this.decodeSampled(next, s, uniformsAt(step + 1));
     }
     return { tokens, finish };
+  }
+
+  /**
+   * One decode step sampled on the device: the inputs (ids, positions, uniforms) are uploaded, then the layers, the LM
+   * head and the sampler run as one captured region — a CUDA graph replayed every step, since only device buffers change
+   * between steps — and only the B sampled ids come back.
+   */
+  private decodeSampled(tokens: Int32Array, s: SampleParams, uniforms: number[]): Int32Array {
+    const B = tokens.length, be = this.be;
+    if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
+    for (let b = 0; b < B; b++) {
+      if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
+    }
+    be.uploadInt(this.positions.seqPositions, this.lens);
+    be.uploadInt(this.ids, tokens);
+    be.upload(this.uniforms, uniforms);
+    const rows = Array.from({ length: B }, (_, b) => b);
+    be.captured('decode step', () => {
+      this.layersStaged(B, 1, this.positions);
+      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, this.m.config.vocabSize, s);
+    });
+    for (let b = 0; b < B; b++) this.lens[b]!++;
+    return be.downloadInt(be.viewInt(this.sampled, 0, B));
   }
 
   /**

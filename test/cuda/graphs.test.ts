@@ -16,6 +16,7 @@ import { Transformer } from '../../src/model/transformer.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
+import { BatchGenerator } from '../../src/model/batch-generate.js';
 
 function setup(graphs = true) {
   const driver = fakeDriver();
@@ -183,4 +184,17 @@ test('adamw chunk table: every element of every segment once, chunks within one 
   assert.deepEqual(chunks, [
     [0, 5, 1], [5, ADAMW_CHUNK, 0], [5 + ADAMW_CHUNK, ADAMW_CHUNK, 0], [5 + 2 * ADAMW_CHUNK, 3, 0], [2 ** 32 + 7, 10, 1],
   ]);
+});
+
+test('batched generation: the device-sampled decode step is one region, captured on its second step and replayed after (positions, ids and uniforms travel in device buffers)', () => {
+  const s = setup();
+  const m = new Transformer(s.be, s.cfg, { batch: 1, seq: 1, training: false, precision: 'bf16' });
+  const g = new BatchGenerator(m, 3, 16);
+  const before = { ...s.be.graphStats };
+  g.generateOnDevice([[1, 2, 3], [4], [5, 6]], { temperature: 0.9, topP: 0.9, topK: 5, maxNewTokens: 6, seed: 1 });
+  const after = s.be.graphStats;
+  // 5 decode steps: eager, capture, then 3 replays (of its segments)
+  assert.ok(after.captures > before.captures, JSON.stringify(after));
+  assert.ok(after.replays - before.replays >= 3 * (after.captures - before.captures), JSON.stringify({ before, after }));
+  s.be.dispose();
 });
