@@ -82,6 +82,12 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('alpha', 'number', 'weight of the divergence; (1 - alpha) weighs the cross-entropy', { check: unitClosed, distillOnly: true }),
   spec('temperature', 'number', 'softmax temperature of the divergence (T^2 factor applied)', { check: positive, distillOnly: true }),
   spec('beta', 'number', 'teacher weight of the JSD mixture m = beta p_t + (1 - beta) p_s', { check: unitOpen, distillOnly: true }),
+  spec('onPolicy', 'number', 'on-policy distillation (GKD): the fraction of steps trained on the student\'s own completions of the data\'s prompts, scored by the teacher (0 = off; needs --teacher)', { check: unitClosed, distillOnly: true }),
+  spec('promptLen', 'integer', 'on-policy: the longest prompt taken from a window (chat: the tokens before its first assistant token; 0 = half the window)', { check: nonNegInt, distillOnly: true }),
+  spec('genLen', 'integer', 'on-policy: the most tokens the student writes per prompt (0 = the rest of the window)', { check: nonNegInt, distillOnly: true }),
+  spec('genTemperature', 'number', 'on-policy sampling temperature (0 = greedy)', { check: nonNeg, distillOnly: true }),
+  spec('genTopP', 'number', 'on-policy nucleus sampling: keep the most likely tokens up to this probability (1 = off)', { check: (v) => (v > 0 && v <= 1 ? null : 'in (0, 1]'), distillOnly: true }),
+  spec('genTopK', 'integer', 'on-policy top-k sampling (0 = off)', { check: nonNegInt, distillOnly: true }),
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
   spec('lossOn', 'string', 'chat data: the tokens the loss counts: the assistant replies (and their end-of-turn marker), or all', { choices: ['assistant', 'all'] }),
   spec('chatTemplateKwargs', 'string', 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'', { metavar: '<json>' }),
@@ -292,6 +298,13 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
       const c = merged.teacherCache as string;
       if (!fs.exists(c) || !fs.isDirectory(c)) throw new UsageError(`${labelOf('teacherCache')}: ${c} is not a folder`, 'pass the --out folder of `distillery teacher-cache`');
       if (!fs.exists(`${c}/manifest.json`)) throw new UsageError(`${labelOf('teacherCache')}: ${c} has no manifest.json`, 'pass the --out folder of `distillery teacher-cache`');
+    }
+    if ((merged.onPolicy as number) > 0 && merged.teacherCache !== undefined) {
+      throw new UsageError(`${labelOf('onPolicy')} needs a live teacher: it scores the student's own completions, which no cache holds`,
+        'pass --teacher <checkpoint folder> instead of --teacher-cache, or drop --on-policy');
+    }
+    if ((merged.onPolicy as number) > 0 && (merged.seq as number) < 3) {
+      throw new UsageError(`${labelOf('onPolicy')} needs windows of at least 3 tokens (a prompt and a completion), got --seq ${String(merged.seq)}`, 'raise --seq');
     }
     if (label.has('beta') && merged.loss !== 'jsd') {
       warnings.push(`${labelOf('beta')} has no effect with --loss ${String(merged.loss)}: it only weighs the JSD mixture (--loss jsd)`);

@@ -29,6 +29,8 @@ export interface BatchResult {
   tokens: number[][];
   /** Why each sequence ended: a stop token, or the length budget. */
   finish: Array<'stop' | 'length'>;
+  /** The stop id that ended each sequence (null: the length budget). */
+  stops: Array<number | null>;
 }
 
 export class BatchGenerator {
@@ -191,6 +193,7 @@ export class BatchGenerator {
     const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0;
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
+    const stops: Array<number | null> = prompts.map(() => null);
     const done = new Uint8Array(B);
     const uniformsAt = (step: number): number[] => Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0));
     let ids = this.sampleOf(this.prefillRows(prompts), s, uniformsAt(0));
@@ -200,13 +203,13 @@ export class BatchGenerator {
         const id = ids[b]!;
         next[b] = done[b] ? (tokens[b]!.at(-1) ?? 0) : id;
         if (done[b]) continue;
-        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; continue; }
+        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; continue; }
         tokens[b]!.push(id);
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
       ids = this.decodeSampled(next, s, uniformsAt(step + 1));
     }
-    return { tokens, finish };
+    return { tokens, finish, stops };
   }
 
   /**
@@ -246,6 +249,7 @@ export class BatchGenerator {
     const rngs = prompts.map((_, b) => new Rng(seedOf(opts.seed ?? 0, b)));
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
+    const stops: Array<number | null> = prompts.map(() => null);
     const done = new Uint8Array(B);
     let logits = this.prefill(prompts);
     for (let step = 0; step < opts.maxNewTokens; step++) {
@@ -253,13 +257,13 @@ export class BatchGenerator {
       for (let b = 0; b < B; b++) {
         if (done[b]) { next[b] = tokens[b]!.at(-1) ?? 0; continue; }
         const id = sample(logits.subarray(b * V, (b + 1) * V), opts.temperature, opts.topP, rngs[b]!);
-        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; next[b] = id; continue; }
+        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; next[b] = id; continue; }
         tokens[b]!.push(id);
         next[b] = id;
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
       logits = this.decode(next);
     }
-    return { tokens, finish };
+    return { tokens, finish, stops };
   }
 }

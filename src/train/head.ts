@@ -76,6 +76,8 @@ export class ChunkedHead {
   private readonly stats: Buf;
   /** The sparse teacher's device buffers (a cached distillation), else null. */
   private readonly sparse: SparseDevice | null;
+  /** Per-row statistics of the teacher's own cross-entropy against the targets (compute's teacherCe), with a teacher. */
+  private readonly teacherStats: Buf | null;
 
   constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec,
     readonly maxRows: number, opts: HeadOptions = {}) {
@@ -98,6 +100,7 @@ export class ChunkedHead {
     this.stats = this.be.alloc(maxRows * LOSS_STATS, 'loss statistics');
     if (opts.sparse && teacher) throw new DistilleryError('a loss head takes a teacher model or a teacher cache, not both');
     this.sparse = opts.sparse ? new SparseDevice(this.be, maxRows, opts.sparse) : null;
+    this.teacherStats = teacher ? this.be.alloc(maxRows * LOSS_STATS, 'teacher cross-entropy statistics') : null;
   }
 
   /** Whether the head distills from a teacher cache (stage() then needs the batch's sparse rows). */
@@ -155,8 +158,18 @@ export class ChunkedHead {
     return this.be.download(this.be.view(this.stats, 0, n * LOSS_STATS));
   }
 
+  /** The teacher's per-row statistics of the last compute(…, teacherCe = true): column STAT_CE is −log p_teacher(target). */
+  readTeacherStats(n: number): Float32Array | Float64Array {
+    if (!this.teacherStats) throw new DistilleryError('the teacher\'s cross-entropy needs a loss head with a teacher');
+    return this.be.download(this.be.view(this.teacherStats, 0, n * LOSS_STATS));
+  }
+
   /** run() over the rows stage() uploaded: device work only (it fits in a captured region). */
-  compute(hs: Buf, ht: Buf | null, n: number, grad: boolean): void {
+  /**
+   * `teacherCe`: also the teacher's own cross-entropy against the targets (a plain loss over its logits, no gradient),
+   * for readTeacherStats: how likely the teacher finds the tokens (on-policy batches: the student's samples).
+   */
+  compute(hs: Buf, ht: Buf | null, n: number, grad: boolean, teacherCe = false): void {
     const be = this.be, V = this.width, C = this.student.config.hiddenSize, R = this.chunkRows;
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');
@@ -182,6 +195,10 @@ export class ChunkedHead {
       const st = be.view(this.stats, r0 * LOSS_STATS, rows * LOSS_STATS), y = be.viewInt(this.targets, r0, rows), w = be.view(this.weights, r0, rows);
       if (this.sparse) be.sparseLossForward(st, grad ? dz : null, zs, y, w, this.sparse.view(r0, rows), rows, this.lossVocab, this.spec, V);
       else be.lossForward(st, grad ? dz : null, zs, zt, y, w, rows, this.lossVocab, this.spec, V);
+      if (teacherCe && zt && this.teacherStats) {
+        be.lossForward(be.view(this.teacherStats, r0 * LOSS_STATS, rows * LOSS_STATS), null, zt, null, y, w, rows, this.lossVocab,
+          { kind: 'none', alpha: 0, temperature: 1, beta: 0 }, V);
+      }
       if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
     }
   }

@@ -37,6 +37,8 @@ export interface JobShape {
   generateLen?: number;
   /** Batched generation of this many sequences (prompts of different lengths; src/model/batch-generate.ts), with generateLen. */
   generateBatch?: number;
+  /** On-policy distillation: the student generates (batched, seq long) and the step measures the teacher's cross-entropy. */
+  onPolicy?: boolean;
   /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
@@ -55,6 +57,7 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
+    ...(o.mode === 'distill' && o.onPolicy > 0 ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };
 }
@@ -89,6 +92,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
+      // an on-policy step also measures the teacher's cross-entropy of the student's samples
+      if (j.train && j.onPolicy && teacher) runner.trainStep([{ ...batch, teacherCe: true }], new AdamW(student, adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
     });
   }

@@ -57,6 +57,16 @@ export interface RunOptions {
   beta: number;
   /** Storage dtype of the final model's weights (checkpoints for resume are always f32). */
   saveDtype: 'f32' | 'bf16';
+  /** On-policy distillation (GKD): the fraction λ of steps trained on the student's own completions (0 = off). */
+  onPolicy: number;
+  /** On-policy: the longest prompt taken from a window (0 = half the window). */
+  promptLen: number;
+  /** On-policy: the most tokens the student writes per prompt (0 = the rest of the window). */
+  genLen: number;
+  /** On-policy sampling: temperature (0 = greedy), top-p (1 = off), top-k (0 = off). */
+  genTemperature: number;
+  genTopP: number;
+  genTopK: number;
   /** Chat data: the loss counts the assistant replies only ('assistant'), or every token ('all'). */
   lossOn: 'assistant' | 'all';
   /** Chat template options as JSON (e.g. '{"enable_thinking": false}'): extra variables of the model's template. */
@@ -99,6 +109,12 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   alpha: 0.5,
   temperature: 2.0,
   beta: 0.5,
+  onPolicy: 0,
+  promptLen: 0,
+  genLen: 0,
+  genTemperature: 1,
+  genTopP: 1,
+  genTopK: 0,
   saveDtype: 'f32',
   lossOn: 'assistant',
   resume: false,

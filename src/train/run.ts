@@ -31,7 +31,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
-import { describeBaked, readHfConfigFile, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { describeBaked, eosIds, readHfConfigFile, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
@@ -55,6 +55,8 @@ import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import { loadTeacher, modelExtras, readData } from './run-data.js';
+import { isOnPolicyStep, onPolicyMicroBatch, type OnPolicyOptions } from './on-policy.js';
+import { BatchGenerator } from '../model/batch-generate.js';
 import { checkResumeCompatible, readMetrics, readMoments, readSavedState, truncateMetrics, type SavedState } from './run-state.js';
 import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
@@ -256,6 +258,18 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const distilling = teacher !== null || cache !== null;
   const opt = new AdamW(student, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
+  // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
+  const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
+    fraction: o.onPolicy, promptLen: o.promptLen || Math.max(1, Math.floor(o.seq / 2)), genLen: o.genLen || o.seq,
+    temperature: o.genTemperature, topP: o.genTopP, topK: o.genTopK,
+  } : null;
+  if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
+  const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
+  const genStopIds = [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])];
+  if (onPolicy) {
+    log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
+      `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);
+  }
   log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
   if (cache) log(cache.describe());
   log(`student: ${describeBaked(cfg)}`);
@@ -394,10 +408,20 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   try {
     while (step < o.steps) {
       const micro: Batch[] = [];
+      const onPolicyStep = onPolicy !== null && isOnPolicyStep(o.seed, step, onPolicy.fraction);
+      let generated = 0;
+      const genStart = process.hrtime.bigint();
       for (let a = 0; a < o.gradAccum; a++) {
         const b = loader.next();
-        micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) });
+        if (onPolicyStep) {
+          const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a, genStopIds, eosId);
+          micro.push(g.batch);
+          generated += g.generated;
+        } else {
+          micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) });
+        }
       }
+      const genSeconds = onPolicyStep ? Number(process.hrtime.bigint() - genStart) / 1e9 : 0;
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
       const stepStart = process.hrtime.bigint();
@@ -414,7 +438,16 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       recent.push(r.loss); if (recent.length > 10) recent.shift();
       const secs = (Date.now() - started) / 1000;
       const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
-      appendMetric({ step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2) });
+      appendMetric({
+        step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
+        ...(onPolicy ? {
+          on_policy: onPolicyStep ? 1 : 0,
+          ...(onPolicyStep ? {
+            gen_len: +(generated / (o.batch * o.gradAccum)).toFixed(2), gen_tokens_per_s: Math.round(generated / Math.max(genSeconds, 1e-9)),
+            teacher_loglik: r.teacherLogLik ?? null,
+          } : {}),
+        } : {}),
+      });
       if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
       const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
       if (step % o.evalEvery === 0 || last) {

@@ -26,6 +26,8 @@ export interface Batch {
   t: number;
   /** The sparse teacher of every row (b·t rows), for a runner over a teacher cache. */
   sparse?: SparseHost | undefined;
+  /** Also measure the teacher's cross-entropy of the targets (LossSums.teacherCe): on-policy batches, the student's samples. */
+  teacherCe?: boolean | undefined;
 }
 
 /** Token-weighted sums over a set of batches. */
@@ -35,6 +37,9 @@ export interface LossSums {
   ce: number;
   div: number;
   agree: number;
+  /** Σ −log p_teacher(target) over the batches that asked for it (Batch.teacherCe), and their tokens. */
+  teacherCe?: number;
+  teacherCeTokens?: number;
 }
 
 export interface StepResult {
@@ -43,6 +48,8 @@ export interface StepResult {
   div: number;
   gradNorm: number;
   tokens: number;
+  /** The teacher's mean log-likelihood of the targets of the batches that asked for it (on-policy: the student's samples). */
+  teacherLogLik?: number;
 }
 
 /** Thrown when a step's loss or gradient is NaN or infinite; the weights are left as before the step. */
@@ -112,11 +119,17 @@ export class StepRunner {
     this.student.backend.captured(grad ? 'training pass' : 'evaluation pass', () => {
       const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;
       const hs = this.student.forwardStaged(b, t);
-      this.head.compute(hs, ht, n, grad);
+      this.head.compute(hs, ht, n, grad, batch.teacherCe === true && ht !== null);
       if (grad) this.student.backwardHidden();
     });
     const s = this.head.readStats(n);
     const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    if (batch.teacherCe === true && this.teacher) {
+      const ts = this.head.readTeacherStats(n);
+      let ce = 0, tok = 0;
+      for (let i = 0; i < n; i++) { const m = batch.mask[i]!; if (m !== 0) { ce += m * ts[i * LOSS_STATS + STAT_CE]!; tok += m; } }
+      sums.teacherCe = ce; sums.teacherCeTokens = tok;
+    }
     for (let i = 0; i < n; i++) {
       const m = batch.mask[i]!;
       if (m === 0) continue;
@@ -144,7 +157,10 @@ export class StepRunner {
     if (!Number.isFinite(gradNorm)) throw new NonFiniteLossError('the gradient norm', gradNorm);
     const scale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
     optimizer.update(lr, scale);
-    return { loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens };
+    return {
+      loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens,
+      ...(acc.teacherCeTokens ? { teacherLogLik: -acc.teacherCe! / acc.teacherCeTokens } : {}),
+    };
   }
 
   /** Mean loss, cross-entropy, divergence and teacher agreement over the given batches (no gradients). */
@@ -161,4 +177,5 @@ export class StepRunner {
 
 function addSums(a: LossSums, b: LossSums): void {
   a.tokens += b.tokens; a.loss += b.loss; a.ce += b.ce; a.div += b.div; a.agree += b.agree;
+  if (b.teacherCe !== undefined) { a.teacherCe = (a.teacherCe ?? 0) + b.teacherCe; a.teacherCeTokens = (a.teacherCeTokens ?? 0) + b.teacherCeTokens!; }
 }

@@ -172,6 +172,11 @@ test('--teacher-cache: a cache folder instead of --teacher (not both); a folder 
     /--teacher and --teacher-cache: distill from one of them/, /drop --teacher/);
   usageError(() => resolve('distill', [...base, '--teacher-cache', 'empty'], undefined, probe), /--teacher-cache: empty has no manifest\.json/, /distillery teacher-cache/);
   usageError(() => resolve('distill', [...base, '--teacher-cache', 'gone'], undefined, probe), /--teacher-cache: gone is not a folder/);
+  usageError(() => resolve('distill', [...base, '--teacher-cache', 'cache', '--on-policy', '0.5'], undefined, probe),
+    /--on-policy needs a live teacher: it scores the student's own completions/, /--teacher <checkpoint folder> instead of --teacher-cache/);
+  usageError(() => resolve('distill', [...base, '--teacher', 'teacher', '--on-policy', '1', '--seq', '2'], undefined, probe), /--on-policy needs windows of at least 3 tokens/);
+  usageError(() => resolve('distill', [...base, '--teacher', 'teacher', '--on-policy', '1.5'], undefined, probe), /--on-policy must be between 0 and 1/);
+  assert.equal(resolve('distill', [...base, '--teacher', 'teacher', '--on-policy', '0.5', '--gen-top-k', '50'], undefined, probe).options.genTopK, 50);
   const t = resolve('train', [...base, '--teacher-cache', 'cache'], undefined, probe);
   assert.equal(t.options.teacherCache, undefined);
   assert.match(t.warnings.join('\n'), /--teacher-cache has no effect with 'train'/);

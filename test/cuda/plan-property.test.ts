@@ -97,9 +97,18 @@ interface Case {
   temperature: number; beta: number; prompt: number;
   /** Distill from a teacher cache of this representation (made by the real cache job on the trace backend first). */
   cache: SparseRep | null;
+  /** On-policy distillation (λ = 1: every step generates with the student). */
+  onPolicy: boolean;
 }
 
 function randomCase(seed: number, vocab: number): Case {
+  const c = randomCaseBase(seed, vocab);
+  // a third of the live-teacher distillations are on-policy (seq ≥ 3: a prompt and a completion)
+  if (c.teacher && !c.cache && c.seq >= 3 && seed % 3 === 0) c.onPolicy = true;
+  return c;
+}
+
+function randomCaseBase(seed: number, vocab: number): Case {
   const r = mulberry(seed);
   const seq = 4 + Math.floor(r() * 21), batch = 1 + Math.floor(r() * 3);
   const kind = (['none', 'kl', 'reverse-kl', 'jsd'] as const)[Math.floor(r() * 4)]!;
@@ -109,12 +118,13 @@ function randomCase(seed: number, vocab: number): Case {
     kind, alpha: Number(r().toFixed(3)), temperature: Number((0.5 + 3 * r()).toFixed(2)), beta: Number(r().toFixed(2)),
     prompt: 1 + Math.floor(r() * 30),
     cache: kind === 'none' || r() < 0.5 ? null : r() < 0.5 ? { kind: 'sample', n: 1 + Math.floor(r() * 40) } : { kind: 'top', k: 1 + Math.floor(r() * 40) },
+    onPolicy: false,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -147,7 +157,7 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     ...DEFAULT_RUN_OPTIONS, mode: c.teacher ? 'distill' : 'train', out: path.join(caseDir, 'run'), data: [dataPath], tokenizer: tokPath,
     model: cfgPath, teacher: cacheDir ? undefined : teacherDir, teacherCache: cacheDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
     saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
-    valFraction: 0.2, seed: i,
+    valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
@@ -170,6 +180,7 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
   return planKernels([...cacheJob, ...jobClosures({
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
+    ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
   })]);
 }
 
@@ -185,7 +196,7 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
     assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
     for (const s of traced) families.add(s.family);
   }
-  for (const f of ['loss', 'sparse_loss', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
+  for (const f of ['loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
   process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);

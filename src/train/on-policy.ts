@@ -1,0 +1,82 @@
+/**
+ * On-policy distillation (GKD, Agarwal et al. 2024): for a fraction λ of the steps the student writes the text it is
+ * trained on. Each window of the step's batch gives a prompt — on chat data the tokens before the window's first counted
+ * (assistant) token, on text data its first `promptLen` tokens (at most promptLen either way, at least one) — the student
+ * continues every prompt (src/model/batch-generate.ts, sampled on the device with the generation settings), and the
+ * batch the step trains on is prompt + completion with the loss on the completion only: the teacher scores the same
+ * tokens (a live teacher) and the divergence runs over the generated positions. A completion that ended at a stop token
+ * keeps it (the student chose to stop; the teacher grades that too).
+ *
+ * Which steps are on-policy and what the student draws are pure functions of (seed, step): a resumed run draws what the
+ * uninterrupted one did, with nothing more in the checkpoint than the step.
+ */
+import type { BatchGenerator } from '../model/batch-generate.js';
+import { hashUniform } from '../util/rng.js';
+import type { Batch } from './step.js';
+
+export interface OnPolicyOptions {
+  /** λ: the fraction of steps that train on the student's own completions (0 = off). */
+  fraction: number;
+  /** Tokens the student writes per prompt (at most; fewer where the window has no room). */
+  genLen: number;
+  /** The longest prompt taken from a window. */
+  promptLen: number;
+  temperature: number;
+  topP: number;
+  topK: number;
+}
+
+/** Whether step `step` (0-based) trains on-policy: a hash of (seed, step) below λ. */
+export function isOnPolicyStep(seed: number, step: number, fraction: number): boolean {
+  return fraction > 0 && hashUniform(seed, step, 0x6b64, 1) < fraction;
+}
+
+/** The prompts of a batch's b windows of t tokens (see the module comment). */
+export function promptsOf(inputs: Int32Array, mask: Float32Array, b: number, t: number, promptLen: number): number[][] {
+  const out: number[][] = [];
+  for (let r = 0; r < b; r++) {
+    let first = t;
+    for (let p = 0; p < t; p++) if (mask[r * t + p]! > 0) { first = p; break; }
+    // mask[p] counts target p (the token at p + 1): the prompt ends with the token whose successor is the first counted one.
+    const chat = first > 0;
+    const len = Math.max(1, Math.min(promptLen, chat ? first + 1 : promptLen, t - 1));
+    out.push(Array.from(inputs.subarray(r * t, r * t + len)));
+  }
+  return out;
+}
+
+/**
+ * The training batch of prompt + completion (stop token kept where one ended it), padded with `padId` to t: targets are
+ * the next tokens, counted (mask 1) where they are completion tokens.
+ */
+export function onPolicyBatch(prompts: number[][], completions: number[][], stops: Array<number | null>, t: number, padId: number): Batch {
+  const b = prompts.length, n = b * t;
+  const inputs = new Int32Array(n).fill(padId), targets = new Int32Array(n).fill(-1), mask = new Float32Array(n);
+  for (let r = 0; r < b; r++) {
+    const stop = stops[r];
+    const seq = [...prompts[r]!, ...completions[r]!, ...(stop !== null && stop !== undefined ? [stop] : [])].slice(0, t + 1);
+    const L = prompts[r]!.length;
+    for (let p = 0; p < Math.min(seq.length, t); p++) inputs[r * t + p] = seq[p]!;
+    for (let p = L - 1; p + 1 < seq.length && p < t; p++) { targets[r * t + p] = seq[p + 1]!; mask[r * t + p] = 1; }
+  }
+  return { inputs, targets, mask, b, t, teacherCe: true };
+}
+
+export interface OnPolicyResult { batch: Batch; generated: number }
+
+/**
+ * The on-policy batch of one micro-batch: prompts from its windows, completions from the student (sequence numbers
+ * step·b + row, so the draws are a function of the step), the batch over them.
+ */
+export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, window: { inputs: Int32Array; mask: Float32Array; b: number; t: number },
+  seed: number, step: number, micro: number, stopIds: number[], padId: number): OnPolicyResult {
+  const { b, t } = window;
+  const prompts = promptsOf(window.inputs, window.mask, b, t, o.promptLen);
+  const room = t - Math.max(...prompts.map((p) => p.length));
+  const r = gen.generateOnDevice(prompts, {
+    temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: Math.max(1, Math.min(o.genLen, room)), seed,
+    sequence0: (step * 64 + micro) * b, stopIds,
+  });
+  const batch = onPolicyBatch(prompts, r.tokens, r.stops, t, padId);
+  return { batch, generated: r.tokens.reduce((a, x) => a + x.length, 0) + r.stops.filter((x) => x !== null).length };
+}
