@@ -58,7 +58,8 @@ export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloa
   bf16Grad = false): number {
   // v: the GEMM width (headWidth). A bf16 student's dlogits chunk: half a float per element.
   const r = headChunkRows(n, v, chunkFloats);
-  return r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0) + n * (2 + LOSS_STATS);
+  // With a teacher, a second stats row per token: the teacher's own cross-entropy (on-policy batches).
+  return r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0) + n * (2 + LOSS_STATS) + (withTeacher ? n * LOSS_STATS : 0);
 }
 
 export class ChunkedHead {

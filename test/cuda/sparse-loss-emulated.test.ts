@@ -82,4 +82,39 @@ for (const rep of [{ kind: 'sample', n: S }, { kind: 'top', k: S }] as SparseRep
   });
 }
 
+test('emulated CUDA: sparse loss at the extremes stays finite and equals the float64 loss (a slot of q_t < e^-88, the other tokens 120 nats below the slots)', { skip, timeout: 300_000 }, () => {
+  const n2 = 2, V2 = 300, S2 = 4;
+  const z = new Float32Array(n2 * V2).fill(-120); // far below the slots
+  for (let k = 0; k < S2; k++) { z[k * 7] = 2 - k; z[V2 + k * 5] = 1 + k; }
+  const y = Int32Array.from([0, 5]), w = Float32Array.from([0.5, 0.5]);
+  const ids = Int32Array.from([0, 7, 14, 21, 0, 5, 10, 15]);
+  const logq = Float32Array.from([-0.1, -3, -95, -6, -0.5, -1.5, -2.5, -3.5]); // one slot of log q_t = -95 (expf(95) overflows)
+  const prob = Float32Array.from(logq, (l, k) => (k === 2 ? 1e-30 : Math.exp(l)));
+  const tail = Float32Array.from([1e-3, 2e-3]), am = Int32Array.from([0, 15]);
+  for (const [f, a] of [['z2', z], ['y2', y], ['w2', w], ['ids2', ids], ['prob2', prob], ['logq2', logq], ['tail2', tail], ['am2', am]] as const) writeFileSync(join(workDir(), f), a);
+  for (const kind of ['kl', 'reverse-kl', 'jsd'] as const) {
+    const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: 'f32', withTail: true, block: BLOCK });
+    const exe = build(spec, `int main() { const char* d = "${workDir()}";
+  auto z = readf<float>(d, "z2", ${n2 * V2}); auto y = readf<int>(d, "y2", ${n2}); auto w = readf<float>(d, "w2", ${n2});
+  auto ids = readf<int>(d, "ids2", ${n2 * S2}); auto prob = readf<float>(d, "prob2", ${n2 * S2}); auto logq = readf<float>(d, "logq2", ${n2 * S2});
+  auto tail = readf<float>(d, "tail2", ${n2}); auto am = readf<int>(d, "am2", ${n2});
+  std::vector<float> st(${n2 * 4}), g(${n2 * V2});
+  launch({${n2}, 1, 1}, ${BLOCK}, 0, [&] { sparse_loss(st.data(), g.data(), z.data(), y.data(), w.data(), ids.data(), prob.data(), logq.data(), tail.data(), am.data(), ${n2}, ${V2}, ${V2}, ${S2}, 1.0f, 1.0f, 0.5f); });
+  writef(d, "st2", st); writef(d, "g2", g); }`);
+    execFileSync(exe);
+    const st = readF32('st2'), g = readF32('g2');
+    const rst = new Float64Array(n2 * 4), rg = new Float64Array(n2 * V2);
+    sparseLossRows(rst, rg, Float64Array.from(z), y, Float64Array.from(w),
+      { slots: S2, ids, prob: Float64Array.from(prob), logq: Float64Array.from(logq), tail: Float64Array.from(tail), argmax: am }, V2,
+      { kind, alpha: 1, temperature: 1, beta: 0.5 }, 0, n2, V2);
+    assert.ok([...st, ...g].every(Number.isFinite), `${kind}: finite stats and gradient`);
+    let es = 0, eg = 0, mg = 0;
+    for (let i = 0; i < n2; i++) es = Math.max(es, Math.abs(st[4 * i + 2]! - rst[4 * i + 2]!) / Math.max(1e-3, Math.abs(rst[4 * i + 2]!)));
+    for (let i = 0; i < n2 * V2; i++) { eg = Math.max(eg, Math.abs(g[i]! - rg[i]!)); mg = Math.max(mg, Math.abs(rg[i]!)); }
+    let wi = 0; for (let i = 0; i < n2 * V2; i++) if (Math.abs(g[i]! - rg[i]!) > Math.abs(g[wi]! - rg[wi]!)) wi = i;
+    process.stderr.write(`[sparse-loss-emulated] extremes ${kind}: divergence ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)} (worst element ${wi}: ${g[wi]} vs ${rg[wi]})\n`);
+    assert.ok(es <= 2e-3 && eg / mg <= 1e-4, `${kind}: divergence ${es}, gradient ${eg / mg}`);
+  }
+});
+
 test('emulated CUDA: sparse loss clean up', { skip }, () => { cleanUp(); });

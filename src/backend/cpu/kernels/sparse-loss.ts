@@ -103,13 +103,12 @@ export function sparseLossRows(
       const t = sparseTerm(kind, beta, ls, lt);
       div += a * t.h;
       gammaSum += a * t.dh;
-      if (tail >= 0) inSlots[id] = 1;
+      inSlots[id] = 1;
     }
     let gammaTail = 0, Qs = 0;
     if (tail >= 0) {
       // The student's mass outside the slots, summed over those tokens (not 1 − Σ slots: no cancellation).
       for (let j = 0; j < vocab; j++) if (inSlots[j] === 0) Qs += qsRow[j]!;
-      for (let k = 0; k < S; k++) { const id = sp.ids[base + k]!; if (id >= 0) inSlots[id] = 0; }
       const t = sparseTerm(kind, beta, Qs > 0 ? Math.log(Qs) : -Infinity, tail > 0 ? Math.log(tail) : -Infinity);
       div += t.h;
       gammaTail = t.dh;
@@ -120,13 +119,15 @@ export function sparseLossRows(
     stats[so + STAT_CE] = ce;
     stats[so + STAT_DIV] = div;
     stats[so + STAT_AGREE] = best === sp.argmax[i] ? 1 : 0;
-    if (dlogits === null) continue;
+    if (dlogits === null) { for (let k = 0; k < S; k++) { const id = sp.ids[base + k]!; if (id >= 0) inSlots[id] = 0; } continue; }
     // CE gradient (1 − α)(p − onehot(y)), then the divergence's α T [γ [slots] + γ_r q_s/Q_s [others] − Γ q_s].
+    // Each token's own term (never a huge tail rate added and then subtracted at a slot: that cancels when Q_s is tiny).
     const Gamma = gammaSum + gammaTail;
     const tailRate = gammaTail !== 0 && Qs > 0 ? gammaTail / Qs : 0;
     const gs = alpha * T, cp = (1 - alpha) / s1;
     for (let j = 0; j < vocab; j++) {
-      grad[j] = cp * Math.exp(logits[zo + j]! - mx) + gs * (tailRate - Gamma) * qsRow[j]!;
+      const tailPart = inSlots[j] === 0 ? tailRate * qsRow[j]! : 0;
+      grad[j] = cp * Math.exp(logits[zo + j]! - mx) + gs * (tailPart - Gamma * qsRow[j]!);
     }
     grad[y]! -= 1 - alpha;
     for (let k = 0; k < S; k++) {
@@ -135,7 +136,8 @@ export function sparseLossRows(
       const pi = sp.prob[base + k]!, lt = sp.logq[base + k]!;
       const a = pi === 0 ? 0 : pi / Math.exp(lt);
       const t = sparseTerm(kind, beta, logits[zo + id]! * invT - lseT, lt);
-      grad[id]! += gs * (a * t.dh - tailRate * qsRow[id]!);
+      grad[id]! += gs * a * t.dh;
+      inSlots[id] = 0;
     }
     for (let j = 0; j < vocab; j++) dlogits[zo + j] = w * grad[j]!;
     if (ld > vocab) dlogits.fill(0, zo + vocab, zo + ld);

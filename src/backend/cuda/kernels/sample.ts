@@ -6,9 +6,9 @@
  *      keys ≥ mid: exact, ties kept);
  *   3. top-p: the largest key whose kept mass Σ e^{(z−M)/T} (keys ≥ it and ≥ the top-k key) reaches TOPP · the top-k
  *      mass, by the same bisection over masses (32 passes);
- *   4. the draw: r = u · kept mass; each thread sums the kept mass of its contiguous chunk of the vocabulary, a block scan
- *      gives the chunks' starts, and the one thread whose chunk holds r walks it (the last chunk with mass also takes an
- *      r that rounding put at or past the total) and writes the token.
+ *   4. the draw: r = u · kept mass; each thread sums the kept mass of its contiguous chunk of the vocabulary in double, a
+ *      block scan gives the chunks' (monotone) starts, and the one thread whose chunk holds r walks it in double (the last
+ *      chunk with mass also takes an r that rounding put at or past the total) and writes the token.
  * Nothing but the sampled ids leaves the device. Baked: block size. Runtime: TEMP, TOPK, TOPP and the row uniforms.
  */
 import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
@@ -61,27 +61,22 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
     }
     theta = lo;
   }
-  /* the draw over the kept tokens, in index order */
+  /* the draw over the kept tokens, in index order: chunk masses and the walk in double (chunkRange: monotone ranges,
+     the last chunk with mass owns what rounding puts past the total) */
   const int C = (V + BLOCK - 1) / BLOCK;
   const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
-  float cs = 0.0f;
-  for (int j = j0; j < j1; j++) { const float x = z[j]; if (fkey(x) >= theta) cs += expf((x - M) * INV_T); }
-  float total;
-  const float start = blockScanF(cs, &total);
-  __shared__ float starts[BLOCK + 1];
-  starts[threadIdx.x] = start;
-  if (threadIdx.x == 0) starts[BLOCK] = total;
-  const float lastWithMass = blockMax(cs > 0.0f ? (float)threadIdx.x : -1.0f);
-  __syncthreads();
-  const float end = (float)threadIdx.x == lastWithMass ? INFINITY : starts[threadIdx.x + 1];
-  const float r = uniforms[row] * total;
-  if (cs > 0.0f && r >= start && r < end) {
-    float acc = start;
+  double cs = 0.0;
+  for (int j = j0; j < j1; j++) { const float x = z[j]; if (fkey(x) >= theta) cs += (double)expf((x - M) * INV_T); }
+  double start, end, total;
+  chunkRange(cs, &start, &end, &total);
+  const double r = (double)uniforms[row] * total;
+  if (end > start && r >= start && r < end) {
+    double acc = start;
     int last = -1, pick = -1;
     for (int j = j0; j < j1; j++) {
       const float x = z[j];
       if (fkey(x) < theta) continue;
-      acc += expf((x - M) * INV_T);
+      acc += (double)expf((x - M) * INV_T);
       last = j;
       if (acc > r) { pick = j; break; }
     }

@@ -40,7 +40,8 @@ function generate(p: Readonly<SparseLossP>): string {
   const grad = !p.withGrad ? '' : `
   const float w = weights[row];
   const float Gamma = gS + gT;
-  const float tailRate = (gT != 0.0f && Qs > 0.0f) ? gT / Qs : 0.0f;
+  const bool tailOn = gT != 0.0f && logQs > NEG_INF; /* γ_r q_s(j) / Q_s = γ_r exp(log q_s(j) − log Q_s) */
+  (void)Qs;
   float dk = 0.0f;
   if (id >= 0) {
     const float ceg = expf(zk - lse1) - (id == y ? 1.0f : 0.0f);
@@ -51,8 +52,10 @@ function generate(p: Readonly<SparseLossP>): string {
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     const float x = z[j];
     const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
-    const float qs = expf(x * INV_T - lseS);
-    stf(dlogits, (long long)row * LD + j, w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * (tailRate - Gamma) * qs));
+    const float lq = x * INV_T - lseS;
+    const float qs = expf(lq);
+    const float tailPart = tailOn ? gT * expf(lq - logQs) : 0.0f;
+    stf(dlogits, (long long)row * LD + j, w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * (tailPart - Gamma * qs)));
   }
   __syncthreads();
   if (id >= 0) stf(dlogits, (long long)row * LD + id, dk);`;
@@ -80,6 +83,7 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   float zk = 0.0f, pi = 0.0f, lt = 0.0f;
   if ((int)threadIdx.x < S) {
     id = ids[(long long)row * S + threadIdx.x];
+    if (id >= V) id = -1; /* never on the host's data (the cache decoder refuses it): no read or write past the row */
     if (id >= 0) { zk = z[id]; pi = prob[(long long)row * S + threadIdx.x]; lt = logq[(long long)row * S + threadIdx.x]; }
   }
   const float tl = tail[row];
@@ -92,15 +96,18 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
     __syncthreads();
   }` : ''}
   /* one pass: online sums at T = 1 and at T${tail ? ', and at T over the tokens outside the slots' : ''} */
-  float m = NEG_INF, s1 = 0.0f, ss = 0.0f${tail ? ', so = 0.0f' : ''};
+  float m = NEG_INF, s1 = 0.0f, ss = 0.0f${tail ? ', mo = NEG_INF, so = 0.0f' : ''};
   int argS = V;
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     const float x = z[j];
-    if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; ${tail ? 'so *= r; ' : ''}m = x; argS = j; }
+    if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; m = x; argS = j; }
     s1 += expf(x - m);
     const float e = expf((x - m) * INV_T);
     ss += e;
-    ${tail ? 'if (hasTail && !((inSlots[j >> 5] >> (j & 31)) & 1u)) so += e;' : ''}
+    ${tail ? `if (hasTail && !((inSlots[j >> 5] >> (j & 31)) & 1u)) {
+      if (x > mo) { so *= expf((mo - x) * INV_T); mo = x; }
+      so += expf((x - mo) * INV_T);
+    }` : ''}
   }
   const float M = blockMax(m);
   const float lse1 = M + logf(blockSum(s1 * expf(m - M)));
@@ -113,16 +120,19 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   if (id >= 0) {
     const float ls = zk * INV_T - lseS;
     qsk = expf(ls);
-    a = pi == 0.0f ? 0.0f : pi * expf(-lt);
+    a = pi == 0.0f ? 0.0f : expf(logf(pi) - lt); /* pi / q_t without overflowing expf(-lt) */
     term(ls, lt, BETA, h, dh);
   }
   const float divS = blockSum(a * h);
   const float gS = blockSum(a * dh);
-  float gT = 0.0f, Qs = 0.0f, divT = 0.0f;
-  ${tail ? `const float soB = blockSum(so * expf((m - M) * INV_T));
+  float gT = 0.0f, Qs = 0.0f, logQs = NEG_INF, divT = 0.0f;
+  ${tail ? `const float MO = blockMax(mo);
+  const float soB = blockSum(MO == NEG_INF ? 0.0f : so * expf((mo - MO) * INV_T));
   if (hasTail) {
-    Qs = soB / ssB;
-    term(Qs > 0.0f ? logf(Qs) : NEG_INF, tl > 0.0f ? logf(tl) : NEG_INF, BETA, divT, gT);
+    /* log Q_s = (MO − M)/T + log(soB) − log(ssB): finite however far below the slots the other tokens sit */
+    logQs = soB > 0.0f ? (MO - M) * INV_T + logf(soB) - logf(ssB) : NEG_INF;
+    Qs = expf(logQs);
+    term(logQs, tl > 0.0f ? logf(tl) : NEG_INF, BETA, divT, gT);
   }` : '(void)tl;'}
   const float div = TEMP * TEMP * (divS + divT);
   const float lossv = (1.0f - ALPHA) * ce + ALPHA * div;
