@@ -64,7 +64,7 @@ __device__ void chunkRange(double cs, double* start, double* end, double* total)
   if (threadIdx.x == 0) for (int i = 1; i <= BLOCK; i++) if (starts[i] < starts[i - 1]) starts[i] = starts[i - 1];
   __syncthreads();
   *start = starts[threadIdx.x];
-  *end = cs > 0.0 ? ((float)threadIdx.x == lastWithMass ? INFINITY : starts[threadIdx.x + 1]) : *start;
+  *end = cs > 0.0 ? ((float)threadIdx.x == lastWithMass ? (double)__int_as_float(0x7f800000) : starts[threadIdx.x + 1]) : *start;
   __syncthreads();
 }
 `;
