@@ -80,3 +80,38 @@ export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, wind
   const batch = onPolicyBatch(prompts, r.tokens, r.stops, t, padId);
   return { batch, generated: r.tokens.reduce((a, x) => a + x.length, 0) + r.stops.filter((x) => x !== null).length };
 }
+
+/** How a student does on its own samples, as the teacher sees them. */
+export interface OwnSampleScore {
+  /** The teacher's mean log-probability of the student's sampled tokens (higher: text the teacher finds likely). */
+  teacherLogLik: number;
+  /** The mean reverse KL(student ‖ teacher) at T = 1 over the sampled positions. */
+  reverseKl: number;
+  /** Mean tokens sampled per prompt. */
+  genLen: number;
+  tokens: number;
+}
+
+/**
+ * Samples completions of `prompts` from the student (batched, on the device, temperature 1 unless given) and scores
+ * them: the teacher's log-likelihood of the sampled tokens and the reverse KL from the student to the teacher at each
+ * sampled position. `runner` is a StepRunner(student, teacher, reverse-kl at T = 1, α = 1); batches of runner's batch.
+ */
+export function scoreOwnSamples(gen: BatchGenerator, runner: { evaluate(b: Batch[]): { div: number; tokens: number; teacherCe?: number; teacherCeTokens?: number } },
+  prompts: number[][], t: number, genLen: number, seed: number, stopIds: number[], padId: number, batch: number,
+  sampling: { temperature: number; topP: number; topK: number } = { temperature: 1, topP: 1, topK: 0 }): OwnSampleScore {
+  let div = 0, tokens = 0, ce = 0, ceTokens = 0, generated = 0;
+  for (let i0 = 0; i0 < prompts.length; i0 += batch) {
+    const group = prompts.slice(i0, i0 + batch);
+    while (group.length < batch) group.push(group[group.length - 1]!); // a full batch (the extra rows are not counted)
+    const real = Math.min(batch, prompts.length - i0);
+    const room = t - Math.max(...group.map((p) => p.length));
+    const r = gen.generateOnDevice(group, { ...sampling, maxNewTokens: Math.max(1, Math.min(genLen, room)), seed, sequence0: i0, stopIds });
+    const b = onPolicyBatch(group, r.tokens, r.stops, t, padId);
+    for (let row = real; row < batch; row++) { b.mask.fill(0, row * t, row * t + t); b.targets.fill(-1, row * t, row * t + t); }
+    const e = runner.evaluate([b]);
+    div += e.div; tokens += e.tokens; ce += e.teacherCe ?? 0; ceTokens += e.teacherCeTokens ?? 0;
+    for (let row = 0; row < real; row++) generated += r.tokens[row]!.length + (r.stops[row] !== null ? 1 : 0);
+  }
+  return { teacherLogLik: -ce / Math.max(ceTokens, 1), reverseKl: div / Math.max(tokens, 1), genLen: generated / prompts.length, tokens };
+}
