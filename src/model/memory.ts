@@ -23,6 +23,8 @@ export interface JobMemory {
   precision?: Precision;
   /** Distilling from a teacher cache with this many slots per position (its sparse rows on the device), no teacher. */
   teacherCacheSlots?: number | undefined;
+  /** On-policy distillation: the student's batched generator for `batch` sequences of `seq` tokens (its KV cache and buffers). */
+  onPolicy?: boolean | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -59,7 +61,21 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.teacher) bytes += parameterLayout(j.teacher).total * a + activationBytes(j.teacher, j.batch, j.seq, false, a);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
+  if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);
   return bytes;
+}
+
+/**
+ * Bytes a BatchGenerator (src/model/batch-generate.ts) allocates for `batch` sequences of `maxLen` tokens, with `a`
+ * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row,
+ * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids.
+ */
+export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number): number {
+  const R = batch * maxLen, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
+  const kv = 2 * c.numLayers * R * KV * a;
+  const acts = R * (2 * C + 1) * F + R * (C + 2 * Q + 2 * KV + 3 * I) * a;
+  const qkn = c.qkNorm ? R * (Q + KV) * a + R * (c.numHeads + c.numKvHeads) * F : 0;
+  return kv + acts + qkn + R * F /* ids */ + batch * F /* positions */ + batch * C * a + batch * c.vocabSize * F + 2 * batch * F;
 }
 
 /** The largest sequence length (≤ seq) whose estimate fits in `bytes`, or 0 if none does. */

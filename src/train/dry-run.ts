@@ -83,7 +83,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
   const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep);
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
-    precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined });
+    precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0 });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');

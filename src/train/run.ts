@@ -237,7 +237,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const precision = prec.model;
   const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
   const spec: LossSpec = job.loss!, adam = job.adam!;
-  checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
+  checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
+    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));

@@ -11,6 +11,7 @@ import type { Backend } from '../../src/backend/backend.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
+import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { lrAt } from '../../src/train/schedule.js';
@@ -129,6 +130,16 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
       new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
       new StepRunner(s, tt, tt ? { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 } : noneLoss, { lossVocab: job.lossVocab });
       assert.equal(estimateJobBytes({ student: job.student, teacher: job.teacher, batch: 2, seq: 7, training: true, lossVocab: job.lossVocab }), floats * 4);
+    }
+    // On-policy: the student's batched generator too (fp32 and Qwen3's q/k norms).
+    for (const sc of [student, { ...student, architecture: 'qwen3' as const, qkNorm: true }]) {
+      floats = 0;
+      const s = new Transformer(counting, sc, { batch: 2, seq: 7, training: true });
+      const tt = new Transformer(counting, teacher, { batch: 2, seq: 7, training: false });
+      new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+      new StepRunner(s, tt, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
+      new BatchGenerator(s, 2, 7);
+      assert.equal(estimateJobBytes({ student: sc, teacher, batch: 2, seq: 7, training: true, onPolicy: true }), floats * 4, `on-policy ${sc.architecture}`);
     }
     const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
     assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);
