@@ -17,6 +17,8 @@ import { AdamW } from '../../src/train/optimizer.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
+import { TeacherPass } from '../../src/cache/teacher-pass.js';
+import { allocSparseHost } from '../../src/cache/targets.js';
 
 function setup(graphs = true) {
   const driver = fakeDriver();
@@ -196,5 +198,34 @@ test('batched generation: the device-sampled decode step is one region, captured
   // 5 decode steps: eager, capture, then 3 replays (of its segments)
   assert.ok(after.captures > before.captures, JSON.stringify(after));
   assert.ok(after.replays - before.replays >= 3 * (after.captures - before.captures), JSON.stringify({ before, after }));
+  s.be.dispose();
+});
+
+test('a cached distillation step (the sparse loss) and a teacher-cache pass run as regions: eager, captured, replayed, nothing illegal inside', () => {
+  const s = setup();
+  const cfg = s.cfg, v = cfg.vocabSize;
+  const student = new Transformer(s.be, cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
+  const rep = { kind: 'sample', n: 4 } as const;
+  const runner = new StepRunner(student, null, { kind: 'kl', temperature: 2, alpha: 0.5, beta: 0.5 }, { sparse: rep });
+  const opt = new AdamW(student, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+  const cached = (seed: number): Batch => {
+    const b = batch(2, 8, seed, v), h = allocSparseHost(16, 4);
+    for (let r = 0; r < 16; r++) { for (let k = 0; k < 4; k++) { h.ids[r * 4 + k] = (r + k + seed) % v; h.prob[r * 4 + k] = 0.25; h.logq[r * 4 + k] = -1.5; } h.argmax[r] = r % v; }
+    return { ...b, sparse: h };
+  };
+  const modes: string[] = [];
+  const orig = s.be.captured.bind(s.be);
+  s.be.captured = <R>(label: string, body: () => R): R => { const r = orig(label, body); modes.push(`${label}:${s.be.lastRegionMode}`); return r; };
+  for (let i = 0; i < 3; i++) runner.trainStep([cached(i)], opt, 1e-3, 1);
+  assert.deepEqual(modes.filter((m) => m.startsWith('training pass')), ['training pass:eager', 'training pass:capture', 'training pass:replay']);
+  assert.ok(s.driver.launched.includes('sparse_loss'));
+  // the teacher-cache job's pass: the forward is a region, the sparse rows come out after it
+  const teacher = new Transformer(s.be, cfg, { batch: 2, seq: 8, training: false, precision: 'bf16' });
+  const pass = new TeacherPass(teacher, v, 2, rep);
+  modes.length = 0;
+  for (let i = 0; i < 3; i++) pass.run(batch(2, 8, i, v).inputs, 2, 8, () => 0.5, () => undefined);
+  assert.deepEqual(modes, ['teacher cache pass:eager', 'teacher cache pass:capture', 'teacher cache pass:replay']);
+  assert.ok(s.driver.launched.includes('sample_rows'));
+  s.be.captured = orig;
   s.be.dispose();
 });
