@@ -17,7 +17,7 @@
  * the cache job, its manifest and `distillery inspect` give it.
  */
 import type { SparseEntry, SparseRep } from './sparse.js';
-import type { SparseHost } from './targets.js';
+import { sampleWeight, type SparseHost } from './targets.js';
 
 export const LOGQ_SCALE = 2048;
 export const LOGQ_ZERO = 65535;
@@ -148,14 +148,14 @@ export function decodeWindowInto(lay: RecordLayout, rec: Uint8Array, rows: Array
     const row = rows[p]!, o = row * S;
     let n: number;
     if (lay.rep.kind === 'sample') {
-      const invN = 1 / lay.rep.n;
+      const N = lay.rep.n;
       n = r.read(lay.countBits) + 1;
       if (n > S) throw bad(`a record holds ${n} ids for ${S} slots`);
       h.argmax[row] = r.read(lay.idBits);
       for (let k = 0; k < n; k++) {
         const id = r.read(lay.idBits), l = dequantizeLogq(r.read(16));
         if (id >= V) throw bad(`a record holds token id ${id}, past the vocabulary (${V})`);
-        h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = Math.max(Math.exp(l), invN); // sampleWeight(l, N)
+        h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = sampleWeight(l, N);
       }
       h.tail[row] = -1;
     } else {

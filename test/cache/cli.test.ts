@@ -7,14 +7,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { main } from '../../src/cli/main.js';
-import { capture, tempDir, TEXT, writeTinyCheckpoint } from '../cli/fixtures.js';
+import { runCli, tempDir, TEXT, writeTinyCheckpoint } from '../cli/fixtures.js';
 
-async function run(argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const io = capture();
-  const code = await main(argv, io);
-  return { code, out: io.stdout(), err: io.stderr() };
-}
+const run = runCli;
 
 test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, and distill --teacher-cache --dry-run', async () => {
   const dir = tempDir();

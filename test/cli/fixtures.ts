@@ -8,6 +8,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import assert from 'node:assert/strict';
 import { UsageError, type Io } from '../../src/cli/args.js';
+import { main } from '../../src/cli/main.js';
 import { writeCheckpoint } from '../../src/model/checkpoint.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
@@ -47,6 +48,13 @@ export function writeTinyCheckpoint(dir: string, seed = 1, over: Partial<ModelCo
   if (flat) weights.fill(0, layout.finalNorm.offset, layout.finalNorm.offset + layout.finalNorm.size);
   writeCheckpoint(dir, config, weights, { dtype: 'f32', tokenizerJson: tok.toJSON() });
   return config;
+}
+
+/** Runs the CLI in-process: its exit code and what it printed. */
+export async function runCli(argv: string[]): Promise<{ code: number; out: string; err: string }> {
+  const io = capture();
+  const code = await main(argv, io);
+  return { code, out: io.stdout(), err: io.stderr() };
 }
 
 export function tempDir(): string {

@@ -7,14 +7,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { main } from '../../src/cli/main.js';
-import { capture, tempDir, writeTinyCheckpoint } from './fixtures.js';
+import { runCli, tempDir, writeTinyCheckpoint } from './fixtures.js';
 
-async function run(argv: string[]): Promise<{ code: number; out: string; err: string }> {
-  const io = capture();
-  const code = await main(argv, io);
-  return { code, out: io.stdout(), err: io.stderr() };
-}
+const run = runCli;
 
 test('generate --prompts: JSON lines in order, independent of --batch, greedy equal to --prompt; bad input exits 2', async () => {
   const dir = tempDir();

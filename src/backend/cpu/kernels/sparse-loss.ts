@@ -66,6 +66,7 @@ export function sparseLossRows(
   const grad = new Float64Array(vocab);
   const qsRow = new Float64Array(vocab);
   const inSlots = new Uint8Array(vocab);
+  const gammaK = new Float64Array(S); // a_k ∂h_k/∂ℓ_s of each slot: the value pass computes it, the gradient pass reuses it
   for (let i = r0; i < r1; i++) {
     const zo = i * ld, so = i * LOSS_STATS;
     const y = targets[i]!, w = weights[i]!;
@@ -102,7 +103,8 @@ export function sparseLossRows(
       const ls = logits[zo + id]! * invT - lseT;
       const t = sparseTerm(kind, beta, ls, lt);
       div += a * t.h;
-      gammaSum += a * t.dh;
+      gammaK[k] = a * t.dh;
+      gammaSum += gammaK[k]!;
       inSlots[id] = 1;
     }
     let gammaTail = 0, Qs = 0;
@@ -133,10 +135,7 @@ export function sparseLossRows(
     for (let k = 0; k < S; k++) {
       const id = sp.ids[base + k]!;
       if (id < 0) continue;
-      const pi = sp.prob[base + k]!, lt = sp.logq[base + k]!;
-      const a = pi === 0 ? 0 : pi / Math.exp(lt);
-      const t = sparseTerm(kind, beta, logits[zo + id]! * invT - lseT, lt);
-      grad[id]! += gs * a * t.dh;
+      grad[id]! += gs * gammaK[k]!;
       inSlots[id] = 0;
     }
     for (let j = 0; j < vocab; j++) dlogits[zo + j] = w * grad[j]!;

@@ -24,6 +24,18 @@ export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
 export type LossP = { kind: string; withGrad: boolean; dlogits: string; block: number };
 
+/**
+ * A loss kernel's padding row (target < 0): zero stats and, with a gradient, a zero dlogits row, then return (the
+ * condition is uniform per block, so returning before any barrier is safe). Shared by loss and sparse_loss.
+ */
+export function paddingRow(withGrad: boolean): string {
+  return `if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
+    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
+    ${withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
+    return;
+  }`;
+}
+
 function generate(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none';
   const jsd = dist && p.kind === 'jsd';
@@ -40,11 +52,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
   int y = targets[row];
-  if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
-    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
-    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
-    return;
-  }
+  ${paddingRow(p.withGrad)}
   /* read z[y] before any thread may overwrite logits (dlogits may alias logits) */
   float zy = z[y];
   float mx = NEG_INF, bestS = NEG_INF;
@@ -154,11 +162,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
   const int y = targets[row];
-  if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
-    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
-    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
-    return;
-  }
+  ${paddingRow(p.withGrad)}
   const float zy = z[y]; /* read before any thread may overwrite logits (an f32 dlogits may alias logits) */
   ${dist ? 'const float INV_T = 1.0f / TEMP;' : '(void)TEMP;'}
   float m = NEG_INF, s1 = 0.0f${dist ? ', ss = 0.0f' : ''};

@@ -11,6 +11,7 @@
  * which cancels in float32), block size. Runtime: temperature, alpha, beta.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
+import { paddingRow } from './loss.js';
 
 /** The largest vocabulary the tail bitmap covers (32 KiB of shared memory). */
 export const SPARSE_TAIL_MAX_VOCAB = 262144;
@@ -41,7 +42,6 @@ function generate(p: Readonly<SparseLossP>): string {
   const float w = weights[row];
   const float Gamma = gS + gT;
   const bool tailOn = gT != 0.0f && logQs > NEG_INF; /* γ_r q_s(j) / Q_s = γ_r exp(log q_s(j) − log Q_s) */
-  (void)Qs;
   float dk = 0.0f;
   if (id >= 0) {
     const float ceg = expf(zk - lse1) - (id == y ? 1.0f : 0.0f);
@@ -71,11 +71,7 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
   const int y = targets[row];
-  if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
-    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
-    ${p.withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
-    return;
-  }
+  ${paddingRow(p.withGrad)}
   const float INV_T = 1.0f / TEMP;
   const float zy = z[y];
   /* this thread's slot, read before any write */
@@ -125,13 +121,12 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   }
   const float divS = blockSum(a * h);
   const float gS = blockSum(a * dh);
-  float gT = 0.0f, Qs = 0.0f, logQs = NEG_INF, divT = 0.0f;
+  float gT = 0.0f, logQs = NEG_INF, divT = 0.0f;
   ${tail ? `const float MO = blockMax(mo);
   const float soB = blockSum(MO == NEG_INF ? 0.0f : so * expf((mo - MO) * INV_T));
   if (hasTail) {
     /* log Q_s = (MO − M)/T + log(soB) − log(ssB): finite however far below the slots the other tokens sit */
     logQs = soB > 0.0f ? (MO - M) * INV_T + logf(soB) - logf(ssB) : NEG_INF;
-    Qs = expf(logQs);
     term(logQs, tl > 0.0f ? logf(tl) : NEG_INF, BETA, divT, gT);
   }` : '(void)tl;'}
   const float div = TEMP * TEMP * (divS + divT);

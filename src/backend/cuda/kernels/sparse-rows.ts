@@ -70,6 +70,30 @@ __device__ void chunkRange(double cs, double* start, double* end, double* total)
 `;
 }
 
+/**
+ * The walk of a thread's chunk over its points [ilo, ihi): `onHit` runs (with j) for each distinct token a point lands
+ * on, `onLeftover` (with lastMass) once for points past the chunk's running sum; `init` declares extra state. Generated
+ * twice: counting the distinct ids, then writing them at the thread's offset.
+ */
+function walk(onHit: string, onLeftover: string, init: string): string {
+  return `  if (ilo < ihi) {
+    double c = start;
+    int i = ilo, last = -1, lastMass = -1${init};
+    for (int j = j0; j < j1 && i < ihi; j++) {
+      const float e = expf((z[j] - M) * INV_T);
+      c += (double)e;
+      if (e > 0.0f) lastMass = j;
+      bool hit = false;
+      while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
+      if (hit && j != last) {
+        ${onHit}
+        last = j;
+      }
+    }
+    if (i < ihi && lastMass >= 0 && lastMass != last) { ${onLeftover} }
+  }`;
+}
+
 function generate(p: Readonly<SampleRowsP>): string {
   return `#define BLOCK ${p.block}
 ${reductionHelpers()}
@@ -101,37 +125,11 @@ ${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, cons
     for (int i = ilo; i < S; i++) { if (((double)i + u) * step >= end) { ihi = i; break; } }
   }
   int cnt = 0;
-  if (ilo < ihi) {
-    double c = start;
-    int i = ilo, last = -1, lastMass = -1;
-    for (int j = j0; j < j1 && i < ihi; j++) {
-      const float e = expf((z[j] - M) * INV_T);
-      c += (double)e;
-      if (e > 0.0f) lastMass = j;
-      bool hit = false;
-      while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
-      if (hit && j != last) { cnt++; last = j; }
-    }
-    if (i < ihi && lastMass >= 0 && lastMass != last) cnt++;
-  }
+${walk('cnt++;', 'cnt++;', '')}
   int distinct;
   const int off = blockScanI(cnt, &distinct);
-  if (ilo < ihi) {
-    double c = start;
-    int i = ilo, last = -1, lastMass = -1, k = off;
-    for (int j = j0; j < j1 && i < ihi; j++) {
-      const float e = expf((z[j] - M) * INV_T);
-      c += (double)e;
-      if (e > 0.0f) lastMass = j;
-      bool hit = false;
-      while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
-      if (hit && j != last) {
-        if (k < S) { ids[(long long)row * S + k] = j; logq[(long long)row * S + k] = z[j] * INV_T - lse; }
-        k++; last = j;
-      }
-    }
-    if (i < ihi && lastMass >= 0 && lastMass != last && k < S) { ids[(long long)row * S + k] = lastMass; logq[(long long)row * S + k] = z[lastMass] * INV_T - lse; }
-  }
+${walk('if (k < S) { ids[(long long)row * S + k] = j; logq[(long long)row * S + k] = z[j] * INV_T - lse; }\n        k++;',
+    'if (k < S) { ids[(long long)row * S + k] = lastMass; logq[(long long)row * S + k] = z[lastMass] * INV_T - lse; }', ', k = off')}
   for (int k = min(distinct, S) + threadIdx.x; k < S; k += BLOCK) { ids[(long long)row * S + k] = -1; logq[(long long)row * S + k] = 0.0f; }
   if (threadIdx.x == 0) { tail[row] = -1.0f; argmax[row] = AM; }
 }
