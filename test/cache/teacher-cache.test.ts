@@ -10,9 +10,10 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { createHash } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
-import { buildTeacherCache, type CacheJobOptions } from '../../src/cache/build.js';
+import { buildTeacherCache, weightsHash, type CacheJobOptions } from '../../src/cache/build.js';
 import { decodeWindow, encodeWindow, recordLayout, bitsFor, LOGQ_SCALE } from '../../src/cache/format.js';
 import { cacheUniform, sparseRow, type SparseEntry, type SparseRep } from '../../src/cache/sparse.js';
 import { TeacherCache, readManifest } from '../../src/cache/store.js';
@@ -44,6 +45,16 @@ function jobOptions(teacher: string, data: string, out: string, over: Partial<Ca
 function shardFiles(dir: string): Map<string, Buffer> {
   return new Map(fs.readdirSync(dir).filter((f) => f.endsWith('.bin')).sort().map((f) => [f, fs.readFileSync(path.join(dir, f))]));
 }
+
+test('weightsHash: hashing in chunks (any chunk size, any sub-array offset) gives the SHA-256 of the float32 bytes', () => {
+  // The chunked walk exists because a 1.5B-parameter teacher's 6 GB does not fit one Uint8Array view (V8's limit).
+  const backing = new Float32Array(1003);
+  const rng = new Rng(7);
+  for (let i = 0; i < backing.length; i++) backing[i] = rng.normal();
+  const w = backing.subarray(3, 1000);
+  const expect = createHash('sha256').update(Buffer.from(w.buffer, w.byteOffset, w.byteLength)).digest('hex');
+  for (const chunk of [4, 12, 1000, 3988, 3989, 1 << 28]) assert.equal(weightsHash(w, chunk), expect, `chunk ${chunk}`);
+});
 
 test('cache records: sample and top-K rows round-trip (ids, counts, tails; log-probabilities to 1/4096 nat)', () => {
   const rng = new Rng(3);
