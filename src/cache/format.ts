@@ -3,24 +3,27 @@
  * position (mask > 0) in order, bit-packed:
  *
  *   sample:N   per position: (distinct ids − 1) in b_N bits, the teacher's argmax id in b_V bits, then per distinct id
- *              drawn: the id (b_V bits) and −log q_t quantized (16 bits). The loss weighs a drawn id by
+ *              drawn: the id (b_V bits) and −log q_t quantized (12 bits). The loss weighs a drawn id by
  *              q_t / P(drawn in N draws) (src/cache/targets.ts, sampleWeight), which needs q_t, not the count.
- *   top:K      per position: K × [id (b_V bits), −log q_t quantized (16 bits)], then the tail mass as −log r (16 bits;
+ *   top:K      per position: K × [id (b_V bits), −log q_t quantized (12 bits)], then the tail mass as −log r (12 bits;
  *              absent when K covers the vocabulary); the argmax is the first id
  *
  * b_V = bits of the largest id (18 for Qwen's 151936 rows), b_N = bits of N − 1. A log-probability is stored as
- * round(−log q · 2048) in 16 bits: steps of 1/2048 nat (a relative error of q under 0.025%) down to q = e^−32; the
- * code 65535 means 0 (a tail the teacher gives no mass). A record is padded to a whole byte.
+ * round(−log q · 128) in 12 bits: steps of 1/128 nat (q within 0.4% of the teacher's; for the forward KL the gradient
+ * does not depend on it at all — a drawn id's weight q / (1 − (1 − q)^N) moves by well under 0.4%) down to q = e^−32;
+ * the code 4095 means 0 (a tail the teacher gives no mass). A record is padded to a whole byte.
  *
- * Worst case per position for sample:32 over a 151936-token vocabulary: 5 + 18 + 32 × (18 + 16) = 1111 bits, 139
- * bytes (every draw a different token); a teacher that is sure of a few tokens repeats draws, so the mean is lower:
- * the cache job, its manifest and `distillery inspect` give it.
+ * Worst case per position for the default sample:24 over a 151936-token vocabulary: 5 + 18 + 24 × (18 + 12) = 743
+ * bits, 93 bytes (every draw a different token); a teacher that is sure of a few tokens repeats draws, so the mean is
+ * lower: the cache job, its manifest and `distillery inspect` give it.
  */
 import type { SparseEntry, SparseRep } from './sparse.js';
 import { sampleWeight, type SparseHost } from './targets.js';
 
-export const LOGQ_SCALE = 2048;
-export const LOGQ_ZERO = 65535;
+/** Bits of a stored log-probability, its steps per nat, and the code of probability 0. */
+export const LOGQ_BITS = 12;
+export const LOGQ_SCALE = 128;
+export const LOGQ_ZERO = 2 ** LOGQ_BITS - 1;
 
 /** Bits needed to store integers 0..maxValue (at least 1). */
 export function bitsFor(maxValue: number): number {
@@ -101,13 +104,13 @@ export function encodeWindow(lay: RecordLayout, entries: readonly SparseEntry[])
       w.write(e.argmax, lay.idBits);
       for (let k = 0; k < n; k++) {
         w.write(e.ids[k]!, lay.idBits);
-        w.write(quantizeLogq(e.logq[k]!), 16);
+        w.write(quantizeLogq(e.logq[k]!), LOGQ_BITS);
       }
     } else {
       const K = Math.min(lay.rep.k, lay.vocab);
       if (e.ids.length !== K) throw new RangeError(`a top-K row has ${e.ids.length} ids, expected ${K}`);
-      for (let k = 0; k < K; k++) { w.write(e.ids[k]!, lay.idBits); w.write(quantizeLogq(e.logq[k]!), 16); }
-      if (lay.hasTail) w.write(quantizeLogq(e.tail > 0 ? Math.log(e.tail) : -Infinity), 16);
+      for (let k = 0; k < K; k++) { w.write(e.ids[k]!, lay.idBits); w.write(quantizeLogq(e.logq[k]!), LOGQ_BITS); }
+      if (lay.hasTail) w.write(quantizeLogq(e.tail > 0 ? Math.log(e.tail) : -Infinity), LOGQ_BITS);
     }
   }
   return w.bytes();
@@ -122,13 +125,13 @@ export function decodeWindow(lay: RecordLayout, rec: Uint8Array, positions: numb
       const n = r.read(lay.countBits) + 1;
       const argmax = r.read(lay.idBits);
       const ids: number[] = [], logq: number[] = [];
-      for (let k = 0; k < n; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(16))); }
+      for (let k = 0; k < n; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(LOGQ_BITS))); }
       out.push({ ids, counts: [], logq, tail: -1, argmax });
     } else {
       const K = Math.min(lay.rep.k, lay.vocab);
       const ids: number[] = [], logq: number[] = [];
-      for (let k = 0; k < K; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(16))); }
-      const tail = lay.hasTail ? Math.exp(dequantizeLogq(r.read(16))) : -1;
+      for (let k = 0; k < K; k++) { ids.push(r.read(lay.idBits)); logq.push(dequantizeLogq(r.read(LOGQ_BITS))); }
+      const tail = lay.hasTail ? Math.exp(dequantizeLogq(r.read(LOGQ_BITS))) : -1;
       out.push({ ids, counts: [], logq, tail, argmax: ids[0]! });
     }
   }
@@ -153,7 +156,7 @@ export function decodeWindowInto(lay: RecordLayout, rec: Uint8Array, rows: Array
       if (n > S) throw bad(`a record holds ${n} ids for ${S} slots`);
       h.argmax[row] = r.read(lay.idBits);
       for (let k = 0; k < n; k++) {
-        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(16));
+        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(LOGQ_BITS));
         if (id >= V) throw bad(`a record holds token id ${id}, past the vocabulary (${V})`);
         h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = sampleWeight(l, N);
       }
@@ -161,11 +164,11 @@ export function decodeWindowInto(lay: RecordLayout, rec: Uint8Array, rows: Array
     } else {
       n = Math.min(lay.rep.k, V);
       for (let k = 0; k < n; k++) {
-        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(16));
+        const id = r.read(lay.idBits), l = dequantizeLogq(r.read(LOGQ_BITS));
         if (id >= V) throw bad(`a record holds token id ${id}, past the vocabulary (${V})`);
         h.ids[o + k] = id; h.logq[o + k] = l; h.prob[o + k] = Math.exp(l);
       }
-      h.tail[row] = lay.hasTail ? Math.exp(dequantizeLogq(r.read(16))) : -1;
+      h.tail[row] = lay.hasTail ? Math.exp(dequantizeLogq(r.read(LOGQ_BITS))) : -1;
       h.argmax[row] = h.ids[o]!;
     }
     for (let k = o + n; k < o + S; k++) { h.ids[k] = -1; h.prob[k] = 0; h.logq[k] = 0; }

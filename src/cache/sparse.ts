@@ -22,7 +22,7 @@ export { sparseRow, type SparseEntry } from '../backend/cpu/kernels/sparse-rows.
 
 export type SparseRep = { kind: 'sample'; n: number } | { kind: 'top'; k: number };
 
-export const DEFAULT_SPARSE: SparseRep = { kind: 'sample', n: 32 };
+export const DEFAULT_SPARSE: SparseRep = { kind: 'sample', n: 24 };
 
 export function formatSparse(r: SparseRep): string { return r.kind === 'sample' ? `sample:${r.n}` : `top:${r.k}`; }
 

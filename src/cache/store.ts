@@ -25,7 +25,7 @@ import { formatSparse, parseSparse, type SparseEntry, type SparseRep } from './s
 import { setSparseRow, type SparseHost } from './targets.js';
 
 export const CACHE_FORMAT = 'distillery-teacher-cache';
-export const CACHE_VERSION = 1;
+export const CACHE_VERSION = 2; // 2: log-probabilities in 12 bits (1/128 nat), default sample:24
 const MAGIC = 'DSTLTC01';
 
 /** What a cache is of: everything that decides its content (the job refuses to continue a cache of other parameters). */
@@ -130,7 +130,10 @@ export function readManifest(dir: string): CacheManifest | null {
   if (typeof j !== 'object' || j === null) throw bad('not a JSON object');
   const m = j as Partial<CacheManifest>;
   if (m.format !== CACHE_FORMAT) throw bad(`format ${JSON.stringify(m.format)}`);
-  if (m.version !== CACHE_VERSION) throw bad(`version ${JSON.stringify(m.version)}; this distillery reads version ${CACHE_VERSION}`);
+  if (m.version !== CACHE_VERSION) {
+    throw new DistilleryError(`${file}: a teacher cache of format version ${JSON.stringify(m.version)}; this distillery reads version ${CACHE_VERSION}`,
+      'rebuild it: rerun `distillery teacher-cache` into a new --out folder');
+  }
   for (const k of ['seq', 'windows', 'loss_vocab', 'temperature', 'windows_per_shard'] as const) {
     if (typeof m[k] !== 'number' || !(m[k] > 0)) throw bad(`"${k}" must be a positive number`);
   }

@@ -17,7 +17,7 @@ import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
-import { sample, type SamplingOptions } from './generate.js';
+import { sample, samplingVocab, type SamplingOptions } from './generate.js';
 
 /** The seed sequence b of a batch draws from (so an unbatched generation with this seed reproduces it). */
 export function seedOf(seed: number, b: number): number {
@@ -133,10 +133,10 @@ export class BatchGenerator {
   }
 
   /** The rows' tokens sampled on the device (Backend.sampleTokens) with the given uniforms: only the ids come back. */
-  private sampleOf(rows: number[], s: SampleParams, uniforms: number[]): Int32Array {
+  private sampleOf(rows: number[], s: SampleParams, sv: number, uniforms: number[]): Int32Array {
     const z = this.logitsOf(rows), be = this.be, b = rows.length;
     be.upload(this.uniforms, uniforms);
-    be.sampleTokens(this.sampled, z, this.uniforms, b, this.m.config.vocabSize, s);
+    be.sampleTokens(this.sampled, z, this.uniforms, b, sv, s, this.m.config.vocabSize);
     return be.downloadInt(be.viewInt(this.sampled, 0, b));
   }
 
@@ -190,13 +190,13 @@ export class BatchGenerator {
         'lower the number of new tokens or shorten the prompts');
     }
     const s: SampleParams = { temperature: opts.temperature, topK: opts.topK ?? 0, topP: opts.topP };
-    const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0;
+    const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0, sv = samplingVocab(opts, this.m.config.vocabSize);
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
     const stops: Array<number | null> = prompts.map(() => null);
     const done = new Uint8Array(B);
     const uniformsAt = (step: number): number[] => Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0));
-    let ids = this.sampleOf(this.prefillRows(prompts), s, uniformsAt(0));
+    let ids = this.sampleOf(this.prefillRows(prompts), s, sv, uniformsAt(0));
     for (let step = 0; step < opts.maxNewTokens; step++) {
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
@@ -207,7 +207,7 @@ export class BatchGenerator {
         tokens[b]!.push(id);
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
-      ids = this.decodeSampled(next, s, uniformsAt(step + 1));
+      ids = this.decodeSampled(next, s, sv, uniformsAt(step + 1));
     }
     return { tokens, finish, stops };
   }
@@ -217,7 +217,7 @@ export class BatchGenerator {
    * head and the sampler run as one captured region — a CUDA graph replayed every step, since only device buffers change
    * between steps — and only the B sampled ids come back.
    */
-  private decodeSampled(tokens: Int32Array, s: SampleParams, uniforms: number[]): Int32Array {
+  private decodeSampled(tokens: Int32Array, s: SampleParams, sv: number, uniforms: number[]): Int32Array {
     const B = tokens.length, be = this.be;
     if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
     for (let b = 0; b < B; b++) {
@@ -229,7 +229,7 @@ export class BatchGenerator {
     const rows = Array.from({ length: B }, (_, b) => b);
     be.captured('decode step', () => {
       this.layersStaged(B, 1, this.positions);
-      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, this.m.config.vocabSize, s);
+      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize);
     });
     for (let b = 0; b < B; b++) this.lens[b]!++;
     return be.downloadInt(be.viewInt(this.sampled, 0, B));
@@ -240,7 +240,7 @@ export class BatchGenerator {
    * samples with Rng(seedOf(opts.seed ?? 0, b)); a stop id ends it (not included).
    */
   generate(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions): BatchResult {
-    const B = prompts.length, V = this.m.config.vocabSize;
+    const B = prompts.length, V = this.m.config.vocabSize, sv = samplingVocab(opts, V);
     const longest = Math.max(...prompts.map((p) => p.length));
     if (longest + opts.maxNewTokens > this.maxLen) {
       throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
@@ -256,7 +256,7 @@ export class BatchGenerator {
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
         if (done[b]) { next[b] = tokens[b]!.at(-1) ?? 0; continue; }
-        const id = sample(logits.subarray(b * V, (b + 1) * V), opts.temperature, opts.topP, rngs[b]!);
+        const id = sample(logits.subarray(b * V, b * V + sv), opts.temperature, opts.topP, rngs[b]!);
         if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; next[b] = id; continue; }
         tokens[b]!.push(id);
         next[b] = id;

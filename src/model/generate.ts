@@ -19,6 +19,19 @@ export interface SamplingOptions {
   /** Stop when one of these ids is produced (it is not included in the output). */
   stopIds?: number[];
   seed?: number;
+  /**
+   * Only ids below this are drawn (default: the model's vocab_size): the tokenizer's tokens. A checkpoint's embedding
+   * rows past its tokenizer are padding — no text decodes them and the loss never scores them — yet their logits are
+   * not −∞ (a randomly initialised model draws them often).
+   */
+  vocab?: number;
+}
+
+/** The sampling vocabulary of opts over a model of vocab_size V (checked: 1 ≤ vocab ≤ V). */
+export function samplingVocab(opts: { vocab?: number }, V: number): number {
+  const v = opts.vocab ?? V;
+  if (!(Number.isInteger(v) && v >= 1 && v <= V)) throw new DistilleryError(`the sampling vocabulary (${v}) must be between 1 and the model's vocab_size (${V})`);
+  return v;
 }
 
 export class Generator {
@@ -115,9 +128,10 @@ export class Generator {
     this.reset();
     const rng = new Rng(opts.seed ?? 0);
     const out: number[] = [];
+    const sv = samplingVocab(opts, this.m.config.vocabSize);
     let logits = this.step(Int32Array.from(prompt));
     for (let i = 0; i < opts.maxNewTokens; i++) {
-      const id = sample(logits, opts.temperature, opts.topP, rng);
+      const id = sample(logits.subarray(0, sv), opts.temperature, opts.topP, rng);
       if (opts.stopIds?.includes(id)) break;
       out.push(id);
       onToken?.(id);

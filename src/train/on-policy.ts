@@ -24,6 +24,8 @@ export interface OnPolicyOptions {
   temperature: number;
   topP: number;
   topK: number;
+  /** The ids the student may write: the tokenizer's (the loss vocabulary), never the embedding's padding rows. */
+  vocab: number;
 }
 
 /** Whether step `step` (0-based) trains on-policy: a hash of (seed, step) below λ. */
@@ -74,7 +76,7 @@ export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, wind
   const prompts = promptsOf(window.inputs, window.mask, b, t, o.promptLen);
   const room = t - Math.max(...prompts.map((p) => p.length));
   const r = gen.generateOnDevice(prompts, {
-    temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: Math.max(1, Math.min(o.genLen, room)), seed,
+    temperature: o.temperature, topP: o.topP, topK: o.topK, vocab: o.vocab, maxNewTokens: Math.max(1, Math.min(o.genLen, room)), seed,
     sequence0: (step * 64 + micro) * b, stopIds,
   });
   const batch = onPolicyBatch(prompts, r.tokens, r.stops, t, padId);

@@ -39,7 +39,7 @@ import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
 import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
-import { packDocuments, splitTrainVal, BatchLoader, type Doc, type Window } from '../data/index.js';
+import { packDocuments, splitTrainVal, BatchLoader, type Doc, type LoaderState, type Window } from '../data/index.js';
 import { writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
@@ -262,7 +262,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
   const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
     fraction: o.onPolicy, promptLen: o.promptLen || Math.max(1, Math.floor(o.seq / 2)), genLen: o.genLen || o.seq,
-    temperature: o.genTemperature, topP: o.genTopP, topK: o.genTopK,
+    temperature: o.genTemperature, topP: o.genTopP, topK: o.genTopK, vocab: lossVocab ?? tokenizer.vocabSize,
   } : null;
   if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
   const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
@@ -325,7 +325,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
     if (!Number.isFinite(lossNow)) return `the weights after step ${step} give a non-finite loss (${lossNow})`;
     const state: SavedState = {
-      version: 1, step, optimizerStep: opt.step, loader: loader.state(), tokensTrained,
+      version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash,
     };
     const weights = Float32Array.from(student.getWeights());
@@ -375,6 +375,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let status = 'completed';
   let signal: 'SIGINT' | 'SIGTERM' | null = null;
   let lastEval = null as ReturnType<typeof evaluate>;
+  /** The next step's batches when they were built ahead (see lookAhead), with the loader position before them. */
+  let ahead = null as { step: number; micro: Batch[]; loaderBefore: LoaderState } | null;
   const finalTrainLossOf = (): number => (recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN);
   /** Ends a failed run: the summary says why, the error names the last good checkpoint. */
   const fail = (atStep: number, why: string, hint: string | undefined): DistilleryError => {
@@ -406,28 +408,39 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
   };
+  /** An off-policy step's micro-batches (with a teacher cache, its sparse rows decoded on the host). */
+  const offPolicyMicro = (): Batch[] => Array.from({ length: o.gradAccum }, () => {
+    const b = loader.next();
+    return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) };
+  });
+  // With a teacher cache, the next step's batches are built while the device runs this one (decoding its sparse rows
+  // is host work, ~10 ms per 8×1024 batch, that would otherwise leave the GPU idle); a checkpoint records the loader
+  // position before them, so --resume replays exactly the batches that come next.
+  const lookAhead = (nextStep: number): void => {
+    if (!cache || nextStep >= o.steps || (onPolicy !== null && isOnPolicyStep(o.seed, nextStep, onPolicy.fraction))) return;
+    const loaderBefore = loader.state();
+    ahead = { step: nextStep, micro: offPolicyMicro(), loaderBefore };
+  };
   try {
     while (step < o.steps) {
-      const micro: Batch[] = [];
+      let micro: Batch[] = [];
       const onPolicyStep = onPolicy !== null && isOnPolicyStep(o.seed, step, onPolicy.fraction);
       let generated = 0;
       const genStart = process.hrtime.bigint();
-      for (let a = 0; a < o.gradAccum; a++) {
+      if (ahead !== null && ahead.step === step) { micro = ahead.micro; ahead = null; }
+      else if (!onPolicyStep) micro = offPolicyMicro();
+      for (let a = 0; a < o.gradAccum && onPolicyStep; a++) {
         const b = loader.next();
-        if (onPolicyStep) {
-          const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a, genStopIds, eosId);
-          micro.push(g.batch);
-          generated += g.generated;
-        } else {
-          micro.push({ inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) });
-        }
+        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a, genStopIds, eosId);
+        micro.push(g.batch);
+        generated += g.generated;
       }
       const genSeconds = onPolicyStep ? Number(process.hrtime.bigint() - genStart) / 1e9 : 0;
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
       const stepStart = process.hrtime.bigint();
       try {
-        r = runner.trainStep(micro, opt, lr, o.clip);
+        r = runner.trainStep(micro, opt, lr, o.clip, () => lookAhead(step + 1));
         stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
       } catch (e) {
         if (e instanceof NonFiniteLossError) throw fail(step + 1, e.message, e.hint);

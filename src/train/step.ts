@@ -108,7 +108,7 @@ export class StepRunner {
   }
 
   /** Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale. */
-  private lossPass(batch: Batch, weightScale: number, grad: boolean): LossSums {
+  private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void): LossSums {
     const n = batch.b * batch.t, { b, t } = batch;
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
@@ -122,6 +122,8 @@ export class StepRunner {
       this.head.compute(hs, ht, n, grad, batch.teacherCe === true && ht !== null);
       if (grad) this.student.backwardHidden();
     });
+    // The pass is queued on the device (asynchronous on CUDA); host work that does not touch it overlaps it here.
+    whileQueued?.();
     const s = this.head.readStats(n);
     const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     if (batch.teacherCe === true && this.teacher) {
@@ -143,14 +145,18 @@ export class StepRunner {
     return sums;
   }
 
-  /** One optimizer step over the micro-batches (gradient accumulation when there are several). */
-  trainStep(micro: Batch[], optimizer: AdamW, lr: number, clip: number): StepResult {
+  /**
+   * One optimizer step over the micro-batches (gradient accumulation when there are several). `whileQueued` runs once,
+   * after the last micro-batch's pass is queued and before its results are read: host work (the next batch) that
+   * overlaps the device's.
+   */
+  trainStep(micro: Batch[], optimizer: AdamW, lr: number, clip: number, whileQueued?: () => void): StepResult {
     let total = 0;
     for (const b of micro) for (let i = 0; i < b.b * b.t; i++) total += b.mask[i]!;
     if (total === 0) throw new DistilleryError('a training step got no counted tokens', 'check the dataset: every window is padding');
     this.student.zeroGrad();
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
-    for (const b of micro) addSums(acc, this.lossPass(b, 1 / total, true));
+    micro.forEach((b, i) => addSums(acc, this.lossPass(b, 1 / total, true, i === micro.length - 1 ? whileQueued : undefined)));
     const loss = acc.loss / acc.tokens;
     if (!Number.isFinite(loss)) throw new NonFiniteLossError('the training loss', loss);
     const gradNorm = optimizer.gradNorm();

@@ -136,3 +136,36 @@ test('batched generation with device sampling: greedy equals host greedy; sample
   assert.notDeepEqual(g.generateOnDevice(PROMPTS, { ...opts, seed: 100 }).tokens, batched.tokens);
   be.dispose();
 });
+
+test('generation draws only the tokenizer\'s ids (SamplingOptions.vocab): embedding rows past it are padding, never sampled', () => {
+  // A checkpoint's vocab_size often exceeds its tokenizer (Qwen: 151936 rows, 151669 tokens). Those rows' logits are not
+  // −∞; on a 1.5B→0.5B on-policy run on the H100 the random-init student drew one and the step failed. Here the padding
+  // rows' LM-head weights are scaled up so an unrestricted sampler prefers them.
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const c = CONFIGS[0]![1], real = 90, C = c.hiddenSize;
+  const lay = parameterLayout(c);
+  const w = initialWeights(lay, c, new Rng(8), 0.5);
+  for (let i = real * C; i < V * C; i++) w[lay.lmHead!.offset + i]! *= 1000;
+  const m = new Transformer(be, c, { batch: 1, seq: 32, training: false });
+  m.setWeights(w);
+  const g = new BatchGenerator(m, PROMPTS.length, 24), solo = new Generator(m, 24);
+  const pad = (ids: number[][]): boolean => ids.some((s) => s.some((id) => id >= real));
+  const opts = { temperature: 1, topP: 1, topK: 0, maxNewTokens: 6, seed: 3 };
+  // unrestricted (the old behaviour), every path draws padding ids
+  assert.ok(pad(g.generateOnDevice(PROMPTS, opts).tokens) && pad(g.generate(PROMPTS, opts).tokens) && pad([solo.generate(PROMPTS[1]!, opts)]));
+  // restricted: device and host sampling, batched and alone, stay below it — and greedy is the argmax of the real rows
+  for (const o of [opts, { ...opts, temperature: 0 }, { ...opts, topK: 5, topP: 0.8 }]) {
+    const r = { ...o, vocab: real };
+    assert.ok(!pad(g.generateOnDevice(PROMPTS, r).tokens) && !pad(g.generate(PROMPTS, r).tokens), JSON.stringify(o));
+    assert.ok(!pad(PROMPTS.map((p) => solo.generate(p, r))), JSON.stringify(o));
+  }
+  const z = g.prefill(PROMPTS);
+  const greedy = g.generateOnDevice(PROMPTS, { ...opts, temperature: 0, maxNewTokens: 1, vocab: real }).tokens;
+  PROMPTS.forEach((_, b) => {
+    let best = 0;
+    for (let i = 1; i < real; i++) if (z[b * V + i]! > z[b * V + best]!) best = i;
+    assert.equal(greedy[b]![0], best, `sequence ${b}`);
+  });
+  assert.throws(() => g.generate(PROMPTS, { ...opts, vocab: V + 1 }), /sampling vocabulary/);
+  be.dispose();
+});

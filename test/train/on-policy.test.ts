@@ -69,3 +69,27 @@ test('distill --on-policy: runs with a live teacher, logs the share, generated l
   assert.ok(onSteps.length > 0 && onSteps.length < half.length, `${onSteps.length} of ${half.length} on-policy`);
   assert.ok(half.filter((r) => r.on_policy === 0).every((r) => r.gen_len === undefined));
 });
+
+test('distill --on-policy with padded vocabularies (vocab_size past the tokenizer, as Qwen\'s): the student never writes a padding id', async () => {
+  // Found on the H100 (1.5B→0.5B, vocab 151936 over 151669 tokens): the random-init student drew a padding row and
+  // the step failed ("loss target ... outside the loss vocabulary"). 40 padding rows here make a draw near-certain.
+  const dir = tempDir();
+  const teacher = path.join(dir, 'teacher');
+  const real = writeTinyCheckpoint(path.join(dir, 'probe'), 1).vocabSize;
+  const cfg = writeTinyCheckpoint(teacher, 21, { vocabSize: real + 40 });
+  fs.writeFileSync(path.join(dir, 'student.json'), fs.readFileSync(path.join(teacher, 'config.json')));
+  const data = path.join(dir, 'data.txt');
+  fs.writeFileSync(data, Array.from({ length: 24 }, (_, i) => TEXT[i % TEXT.length]).join(' '));
+  const logs: string[] = [];
+  const r = await runTraining({
+    ...DEFAULT_RUN_OPTIONS, mode: 'distill', data: [data], teacher, model: path.join(dir, 'student.json'), out: path.join(dir, 'run'),
+    batch: 3, seq: 16, steps: 4, warmup: 1, evalEvery: 4, saveEvery: 4, seed: 5, threads: 1, quiet: true, loss: 'reverse-kl', alpha: 1,
+    temperature: 1, onPolicy: 1, promptLen: 4, genLen: 10, genTemperature: 1.5, genTopP: 1, genTopK: 0,
+  }, { log: (l) => logs.push(l) });
+  assert.equal(r.status, 'completed', logs.join('\n'));
+  assert.equal(cfg.vocabSize, real + 40);
+  const rows = fs.readFileSync(path.join(dir, 'run', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>)
+    .filter((x) => x.loss !== undefined);
+  assert.equal(rows.length, 4);
+  assert.ok(rows.every((x) => x.on_policy === 1 && x.gen_len! > 0 && Number.isFinite(x.loss)));
+});

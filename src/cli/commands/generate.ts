@@ -185,6 +185,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {
       temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
+      vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
     }, (id) => { const s = dec.push(id); if (s) io.out(s); });
     const rest = dec.flush();
     if (rest) io.out(rest);
@@ -270,6 +271,7 @@ async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint,
       const group = encoded.slice(i0, i0 + B);
       const r = gen.generateOnDevice(group.map((e) => e.ids), {
         temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, seed: o.seed, sequence0: i0,
+        vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
         stopIds: stopIdsOf(ck, tokenizer, group.some((e) => e.chat)),
       });
       group.forEach((e, k) => {

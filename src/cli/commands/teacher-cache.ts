@@ -83,7 +83,7 @@ const help = (): string => formatHelp({
     'then trains students without the teacher. Rerunning the same command continues an interrupted cache.',
   flags: FLAGS,
   notes: [
-    'sample:N (the default, N = 16) keeps N draws from the teacher: the distillation loss computed from them is an unbiased ' +
+    `sample:N (the default, N = ${DEFAULT_SPARSE.kind === 'sample' ? DEFAULT_SPARSE.n : 0}) keeps N draws from the teacher: the distillation loss computed from them is an unbiased ` +
       'estimate of the full one. top:K keeps the K most likely tokens and the mass of the rest (what other tools store; biased).',
     'The log, the summary and `distillery inspect <dir>` give the cache\'s bytes per token. Full reference: docs/cli.md.',
   ],
