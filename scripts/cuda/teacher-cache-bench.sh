@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The teacher-cache benchmark, run ON the GPU machine in one call (issue: distill from a teacher cache): a Qwen2.5-1.5B-
 # shaped teacher and a 0.5B-shaped student (random init, vocab 151936) at B x S:
-#   1. the cache job (distillery teacher-cache, bf16, sample:32 unless SPARSE says otherwise): teacher tokens/s, bytes per
+#   1. the cache job (distillery teacher-cache, bf16, the default --sparse unless SPARSE says otherwise): teacher tokens/s, bytes per
 #      token, peak memory — beside the PyTorch peer's teacher forward alone (scripts/cuda/teacher-forward-peer.py);
 #   2. the online distillation step and the cached one (distill --teacher-cache), tokens/s and peak memory, in strict mode.
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
