@@ -30,37 +30,52 @@ export class TeacherPass {
     this.width = headWidth(lossVocab, v);
     this.chunkRows = headChunkRows(teacher.batch * teacher.seq, this.width, chunkFloats);
     this.slots = rep.kind === 'sample' ? rep.n : Math.min(rep.k, lossVocab);
-    const R = this.chunkRows, S = this.slots;
+    // Logits for one chunk of rows; the small sparse results for every row of the batch, so the chunks run back to back
+    // on the device and the results cross the bus once per batch.
+    const R = this.chunkRows, N = teacher.batch * teacher.seq, S = this.slots;
     this.z = be.alloc(R * this.width, 'teacher logits (one chunk of rows)');
-    this.u = be.alloc(R, 'teacher cache uniforms');
+    this.u = be.alloc(N, 'teacher cache uniforms');
     this.out = {
-      slots: S, ids: be.allocInt(R * S, 'teacher cache ids'), logq: be.alloc(R * S, 'teacher cache log-probabilities'),
-      tail: be.alloc(R, 'teacher cache tail mass'), argmax: be.allocInt(R, 'teacher cache argmax'),
+      slots: S, ids: be.allocInt(N * S, 'teacher cache ids'), logq: be.alloc(N * S, 'teacher cache log-probabilities'),
+      tail: be.alloc(N, 'teacher cache tail mass'), argmax: be.allocInt(N, 'teacher cache argmax'),
     };
   }
 
   /**
    * Runs the teacher over ids [b, t]; for each chunk of rows that `wanted(r0, rows)` asks for, computes their sparse rows
-   * (row r's draws from uniform(r)) and calls onRows(entries, r0) with one SparseEntry per row of the chunk.
+   * (row r's draws from uniform(r)) and calls onRows(entries, r0) with one SparseEntry per row of the chunk. The host
+   * waits for the device once: the uniforms go up before the pass, every chunk's results come down after it.
    */
   run(ids: Int32Array, b: number, t: number, uniform: (row: number) => number,
     onRows: (entries: SparseEntry[], r0: number) => void, wanted: (r0: number, rows: number) => boolean = () => true): void {
     const m = this.teacher, be = m.backend, C = m.config.hiddenSize, V = this.width, n = b * t, S = this.slots;
-    m.stageInputs(ids, b, t);
-    const hidden = be.captured('teacher cache pass', () => m.forwardStaged(b, t));
-    const w = be.view(m.headWeight(), 0, V * C);
+    if (n > m.batch * m.seq) throw new DistilleryError(`a teacher-cache pass of ${b} × ${t} exceeds the teacher's ${m.batch} × ${m.seq}`);
+    const chunks: Array<[number, number]> = [];
     for (let r0 = 0; r0 < n; r0 += this.chunkRows) {
       const rows = Math.min(this.chunkRows, n - r0);
-      if (!wanted(r0, rows)) continue;
+      if (wanted(r0, rows)) chunks.push([r0, rows]);
+    }
+    m.stageInputs(ids, b, t);
+    be.upload(be.view(this.u, 0, n), Float32Array.from({ length: n }, (_, r) => uniform(r)));
+    const hidden = be.captured('teacher cache pass', () => m.forwardStaged(b, t));
+    const w = be.view(m.headWeight(), 0, V * C);
+    for (const [r0, rows] of chunks) {
       const z = be.view(this.z, 0, rows * V);
       be.matmulForward(z, be.view(hidden, r0 * C, rows * C), w, null, rows, C, V);
-      be.upload(this.u, Float32Array.from({ length: rows }, (_, i) => uniform(r0 + i)));
-      be.sparseTeacherRows(this.out, z, this.u, rows, this.lossVocab, this.temperature, this.rep.kind, V);
-      const idsH = be.downloadInt(be.viewInt(this.out.ids, 0, rows * S));
-      const lq = be.download(be.view(this.out.logq, 0, rows * S)), tail = be.download(be.view(this.out.tail, 0, rows));
-      const am = be.downloadInt(be.viewInt(this.out.argmax, 0, rows));
+      const o = this.out;
+      const view: SparseRowsOut = {
+        slots: S, ids: be.viewInt(o.ids, r0 * S, rows * S), logq: be.view(o.logq, r0 * S, rows * S),
+        tail: be.view(o.tail, r0, rows), argmax: be.viewInt(o.argmax, r0, rows),
+      };
+      be.sparseTeacherRows(view, z, be.view(this.u, r0, rows), rows, this.lossVocab, this.temperature, this.rep.kind, V);
+    }
+    if (chunks.length === 0) return;
+    const idsH = be.downloadInt(be.viewInt(this.out.ids, 0, n * S));
+    const lq = be.download(be.view(this.out.logq, 0, n * S)), tail = be.download(be.view(this.out.tail, 0, n));
+    const am = be.downloadInt(be.viewInt(this.out.argmax, 0, n));
+    for (const [r0, rows] of chunks) {
       const entries: SparseEntry[] = [];
-      for (let r = 0; r < rows; r++) {
+      for (let r = r0; r < r0 + rows; r++) {
         const e: SparseEntry = { ids: [], counts: [], logq: [], tail: tail[r]!, argmax: am[r]! };
         for (let k = 0; k < S; k++) {
           const id = idsH[r * S + k]!;
