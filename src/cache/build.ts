@@ -33,7 +33,7 @@ import {
   CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
-import { TeacherPass } from './teacher-pass.js';
+import { TeacherPass, type PassRows } from './teacher-pass.js';
 
 export interface CacheJobOptions {
   teacher: string;
@@ -229,22 +229,34 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     for (const si of todo) {
       const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
       const entries: SparseEntry[][] = Array.from({ length: w1 - w0 }, () => []);
+      // Batch k's pass is queued before batch k − 1's rows are sorted into entries on the host: the two overlap.
+      const t0 = process.hrtime.bigint();
+      const take = (h: PassRows | null, b0: number, nb: number): void => {
+        if (!h) return;
+        const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
+        TeacherPass.entries(h, (rowsOut, r0) => {
+          rowsOut.forEach((e, k) => {
+            const r = r0 + k;
+            if (counted(r)) entries[b0 + Math.floor(r / T) - w0]!.push(e);
+          });
+        });
+      };
+      let prev: [number, number] | null = null;
       for (let b0 = w0; b0 < w1; b0 += B) {
         const nb = Math.min(B, w1 - b0);
         const ids = new Int32Array(B * T);
         for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
-        const t0 = process.hrtime.bigint();
+        const done = pass!.collect();
         // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
-        pass!.run(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0), (rowsOut, r0) => {
-          rowsOut.forEach((e, k) => {
-            const r = r0 + k;
-            if (counted(r)) entries[b0 + Math.floor(r / T) - w0]!.push(e);
-          });
-        }, (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
-        passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
+        pass!.start(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0),
+          (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
+        if (prev) take(done, prev[0], prev[1]);
+        prev = [b0, nb];
         computedTokens += nb * T;
       }
+      if (prev) take(pass!.collect(), prev[0], prev[1]);
+      passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
       const records = entries.map((e) => encodeWindow(lay, e));
       const bytes = shardBytes(w0, records, entries.map((e) => e.length));
       const file = shardName(si);
