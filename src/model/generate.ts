@@ -55,6 +55,7 @@ export class Generator {
     if (maxLen > c.maxPositionEmbeddings) {
       throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
     }
+    if (model.lora) throw new DistilleryError('generation from a model with LoRA adapters is not supported yet', 'merge the adapter into the weights first');
     this.m = model; this.be = be; this.maxLen = maxLen;
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, T = maxLen;
     this.kCache = []; this.vCache = [];

@@ -8,6 +8,7 @@
 import type { Backend, Buf, SeqPositions } from '../backend/backend.js';
 import { usesRope, type ModelConfig } from './config.js';
 import type { LayerTensors, TensorInfo } from './params.js';
+import { loraForward, type LoraAdapters, type LoraTarget, type LoraView } from './lora.js';
 
 /** Views of one layer's weights inside the flat parameter buffer. */
 export interface LayerWeights {
@@ -38,7 +39,12 @@ export interface LayerActivations {
   out: Buf;
   /** With q/k norms (Qwen3): what the norms read and save for backward; null otherwise. */
   qkNorm: QkNormActivations | null;
+  /** The layer's LoRA adapters (src/model/lora.ts), each applied right after its projection; absent without. */
+  lora?: LayerLora | null;
 }
+
+/** A layer's adapters: the model's LoraAdapters and this layer's views, by target. */
+export interface LayerLora { ad: LoraAdapters; views: Map<LoraTarget, LoraView> }
 
 /**
  * Qwen3's per-head q/k RMSNorm state: the projections' outputs before the norm ([b·t, nHeads·hd] and [b·t, nKv·hd],
@@ -75,9 +81,17 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   const qn = a.qkNorm;
   if (c.qkNorm && !qn) throw new Error('layerForward: a model with q/k norms needs their activations');
   // With q/k norms the projections write the norms' inputs; each (token, head) row of hd is normed into q / k.
+  const lo = a.lora ?? null;
+  const adapt = (target: LoraTarget, out: Buf, inp: Buf): void => {
+    const v = lo?.views.get(target);
+    if (v) loraForward(be, lo!.ad, v, out, inp, N);
+  };
   be.matmulForward(qn ? qn.qRaw : a.q, a.ln1, w.wq, w.bq, N, C, Q);
+  adapt('q_proj', qn ? qn.qRaw : a.q, a.ln1);
   be.matmulForward(qn ? qn.kRaw : a.k, a.ln1, w.wk, w.bk, N, C, KV);
+  adapt('k_proj', qn ? qn.kRaw : a.k, a.ln1);
   be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
+  adapt('v_proj', a.v, a.ln1);
   if (qn) {
     be.rmsnormForward(a.q, qn.rstdQ, qn.qRaw, w.qNorm!, N * c.numHeads, c.headDim, c.rmsNormEps);
     be.rmsnormForward(a.k, qn.rstdK, qn.kRaw, w.kNorm!, N * c.numKvHeads, c.headDim, c.rmsNormEps);
@@ -88,10 +102,14 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   }
   attend(a.q, a.k, a.v, a.att);
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
+  adapt('o_proj', a.h, a.att);
   be.addRmsnormForward(a.h, a.ln2, a.rstd2, a.h, a.x, w.ln2, N, C, c.rmsNormEps);
   be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);
+  adapt('gate_proj', a.gate, a.ln2);
   be.matmulForward(a.up, a.ln2, w.wUp, null, N, C, I);
+  adapt('up_proj', a.up, a.ln2);
   be.swigluForward(a.act, a.gate, a.up, N * I);
   be.matmulForward(a.out, a.act, w.wDown, null, N, I, C);
+  adapt('down_proj', a.out, a.act);
   be.addRmsnormForward(a.out, next.out, next.rstd, a.out, a.h, next.weight, N, C, c.rmsNormEps);
 }

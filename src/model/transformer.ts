@@ -18,10 +18,12 @@
  * `weights` is `params`.
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
+import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
 import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, layerWeights, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
+import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
+import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
 
 export interface TransformerOptions {
   /** Largest batch a forward call will get. */
@@ -34,6 +36,12 @@ export interface TransformerOptions {
   label?: string;
   /** 'fp32' (default) or 'bf16' (see the module comment). */
   precision?: Precision;
+  /**
+   * LoRA adapters on the projections (src/model/lora.ts). A training model with adapters trains only them: its base
+   * weights are frozen — held once, in the compute dtype, with no gradients (nor optimizer state: `trainable()` is the
+   * adapters).
+   */
+  lora?: LoraLayout | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -76,7 +84,10 @@ export class Transformer {
   readonly params: Buf;
   /** The weights forward and backward read: `params`, or its bf16 compute copy when training in bf16. */
   readonly weights: Buf;
+  /** Gradients of the base weights: null for an inference model, and for a training model with LoRA (frozen base). */
   readonly grads: Buf | null;
+  /** The LoRA adapters (null without). */
+  readonly lora: LoraAdapters | null;
   /**
    * Full logits [batch·seq, vocab] for `forward()`, allocated on its first call. Training and evaluation never
    * allocate them: the step runs the LM head and the loss a chunk of rows at a time (src/train/head.ts).
@@ -119,9 +130,11 @@ export class Transformer {
     if (!PRECISIONS.includes(precision)) throw new DistilleryError(`unknown precision ${String(precision)}`, `use one of ${PRECISIONS.join(', ')}`);
     this.precision = precision;
     const A = this.compute = computeDtype(precision);
-    this.params = backend.alloc(this.layout.total, `${lab} parameters`, training ? 'f32' : A);
+    const trainBase = training && !opts.lora;
+    this.params = backend.alloc(this.layout.total, `${lab} parameters${opts.lora ? ' (frozen)' : ''}`, trainBase ? 'f32' : A);
     this.weights = this.params.dtype === A ? this.params : backend.alloc(this.layout.total, `${lab} ${A} weights`, A);
-    this.grads = training ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
+    this.grads = trainBase ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
+    this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
     this.layerW = this.layout.layers.map((w) => layerWeights(backend, this.weights, w));
     // SwiGLU's output is not kept per layer: the backward recomputes it from gate and up (one elementwise pass per
@@ -171,11 +184,21 @@ export class Transformer {
   p(t: TensorInfo): Buf {
     return this.backend.view(this.weights, t.offset, t.size);
   }
-  private gr(t: TensorInfo): Buf {
-    return this.backend.view(this.grads!, t.offset, t.size);
+  /** A tensor's gradient; null for a frozen base (LoRA). */
+  private gr(t: TensorInfo): Buf | null {
+    return this.grads ? this.backend.view(this.grads, t.offset, t.size) : null;
   }
   private grOpt(t: TensorInfo | null): Buf | null {
     return t ? this.gr(t) : null;
+  }
+  /** What the optimizer trains: the adapters with LoRA, else the parameters. */
+  trainable(): Trainable {
+    return this.lora ?? this;
+  }
+  /** Layer l's adapters for layerForward (null without LoRA). */
+  private layerLora(l: number): LayerLora | null {
+    if (!this.lora) return null;
+    return { ad: this.lora, views: new Map(this.lora.layerViews(l).map((v) => [v.target, v])) };
   }
   private v(buf: Buf, n: number): Buf {
     return this.backend.view(buf, 0, n);
@@ -209,6 +232,7 @@ export class Transformer {
 
   zeroGrad(): void {
     if (this.grads) this.backend.zero(this.grads);
+    this.lora?.zeroGrad();
   }
 
   /** The LM head's weight [vocab, hidden] (the embedding table when tied). */
@@ -282,7 +306,7 @@ export class Transformer {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
-        act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N),
+        act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N), lora: this.layerLora(l),
       }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
     }
     this.lastShape = { b, t };
@@ -294,7 +318,7 @@ export class Transformer {
    * overwritten by the loss op). ACCUMULATES into the gradients; call zeroGrad() at the start of a step.
    */
   backward(dlogits: Buf): void {
-    if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
+    if (!this.g) throw new DistilleryError('backward() needs a model created with training: true');
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
     const N = b * t, C = this.config.hiddenSize, dh = this.v(this.g.dHidden, N * C), V = this.config.vocabSize;
@@ -317,7 +341,7 @@ export class Transformer {
    * hiddenGrad() (the LM head's backward, e.g. chunk by chunk). ACCUMULATES into the gradients.
    */
   backwardHidden(): void {
-    if (!this.grads || !this.g) throw new DistilleryError('backward() needs a model created with training: true');
+    if (!this.g) throw new DistilleryError('backward() needs a model created with training: true');
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
     const c = this.config, be = this.backend, L = this.layout, g = this.g;
@@ -328,6 +352,12 @@ export class Transformer {
     be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const a = this.acts[l]!, w = L.layers[l]!;
+      const lo = this.layerLora(l);
+      // Each adapter's backward right after its projection's: it accumulates into the input gradient the base wrote.
+      const adapt = (target: LoraTarget, dinp: Buf, dy: Buf, inp: Buf): void => {
+        const v = lo?.views.get(target);
+        if (v) loraBackward(be, lo!.ad, v, dinp, dy, inp, N);
+      };
       const ln1 = this.v(a.ln1, N * C), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);
       const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
       // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
@@ -339,15 +369,19 @@ export class Transformer {
       // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
       // zeroed and accumulated into.
       be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false);
+      adapt('down_proj', dact, dxOp, act);
       be.swigluBackward(dgate, dup, dact, gate, up, N * I, false);
       be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false);
+      adapt('gate_proj', dln, dgate, ln2);
       be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I);
+      adapt('up_proj', dln, dup, ln2);
       be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
       if (dxOp !== dx) be.copy(dxOp, dx);
       be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
+      adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
       be.zero(dq); be.zero(dk); be.zero(dv);
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
         this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
@@ -368,10 +402,14 @@ export class Transformer {
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
       be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
+      adapt('q_proj', dln, gq, ln1);
       be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
+      adapt('k_proj', dln, gk, ln1);
       be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
+      adapt('v_proj', dln, dv, ln1);
       be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);
     }
-    be.embeddingBackward(this.gr(L.embed), dx, this.ids, N, C);
+    const gEmbed = this.gr(L.embed);
+    if (gEmbed) be.embeddingBackward(gEmbed, dx, this.ids, N, C);
   }
 }

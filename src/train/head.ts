@@ -178,7 +178,8 @@ export class ChunkedHead {
     const ws = be.view(this.student.headWeight(), 0, V * C);
     const wt = this.teacher ? be.view(this.teacher.headWeight(), 0, V * Ct) : null;
     const dW = grad ? this.student.headGrad() : null;
-    if (grad && !dW) throw new DistilleryError('a training pass needs a student created with training: true');
+    if (grad && !this.student.training) throw new DistilleryError('a training pass needs a student created with training: true');
+    // dW null in a training pass: the LM head is frozen (LoRA); the hidden states' gradient still flows.
     const dWs = dW ? be.view(dW, 0, V * C) : null;
     const dh = grad ? be.view(this.student.hiddenGrad(), 0, n * C) : null;
     if (dh) be.zero(dh);
@@ -200,7 +201,7 @@ export class ChunkedHead {
         be.lossForward(be.view(this.teacherStats, r0 * LOSS_STATS, rows * LOSS_STATS), null, zt, null, y, w, rows, this.lossVocab,
           { kind: 'none', alpha: 0, temperature: 1, beta: 0 }, V);
       }
-      if (dh && dWs) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
+      if (dh) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
     }
   }
 }

@@ -4,7 +4,16 @@
  * Global-norm clipping is folded into the update as a gradient scale (no extra pass over the gradients).
  */
 import type { AdamWSegment, Backend, Buf } from '../backend/backend.js';
-import type { Transformer } from '../model/transformer.js';
+import type { TensorInfo } from '../model/params.js';
+
+/** What AdamW trains: a flat buffer of tensors (a model's parameters, or its LoRA adapters), its gradients, its compute copy. */
+export interface Trainable {
+  readonly backend: Backend;
+  readonly params: Buf;
+  readonly weights: Buf;
+  readonly grads: Buf | null;
+  readonly layout: { readonly tensors: readonly TensorInfo[]; readonly total: number };
+}
 
 export interface AdamWOptions {
   beta1: number;
@@ -20,7 +29,8 @@ export class AdamW {
   step = 0;
   private readonly be: Backend;
 
-  constructor(private readonly model: Transformer, readonly opts: AdamWOptions) {
+  constructor(private readonly model: Trainable, readonly opts: AdamWOptions) {
+    if (!model.grads) throw new Error('AdamW: the trainable has no gradients');
     this.be = model.backend;
     this.m = this.be.alloc(model.layout.total, 'optimizer first moment');
     this.v = this.be.alloc(model.layout.total, 'optimizer second moment');

@@ -430,14 +430,15 @@ export class CpuBackend implements Backend {
     this.rmsnormForward(out, rstd, sum, weight, n, c, eps);
   }
 
-  rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
-    const dx = this.f(dinp, 'rmsnorm dinp'), dw = this.f(dweight, 'rmsnorm dweight'), dy = this.f(dout, 'rmsnorm dout');
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+    // A frozen weight (dweight null): its gradient goes to scratch and is dropped.
+    const dx = this.f(dinp, 'rmsnorm dinp'), dw = dweight ? this.f(dweight, 'rmsnorm dweight') : new Float64Array(c), dy = this.f(dout, 'rmsnorm dout');
     const x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight'), r = this.f(rstd, 'rmsnorm rstd');
     for (const [a, what] of [[dx, 'dinp'], [dy, 'dout'], [x, 'inp']] as const) this.need(a, n * c, 'rmsnormBackward', what);
     this.need(dw, c, 'rmsnormBackward', 'dweight'); this.need(w, c, 'rmsnormBackward', 'weight'); this.need(r, n, 'rmsnormBackward', 'rstd');
     ew.rmsnormBackward(dx, dw, dy, x, w, r, n, c);
     this.fin(dinp, 0, n * c);
-    this.fin(dweight, 0, c);
+    if (dweight) this.fin(dweight, 0, c);
   }
 
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {

@@ -714,8 +714,9 @@ export class CudaBackend implements Backend {
     this.launch(spec, [n, 1, 1], ROW_BLOCK, [P(sum), P(out), P(rstd), P(a), P(b), P(weight), I(n)]);
   }
 
-  rmsnormBackward(dinp: Buf, dweight: Buf, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
-    this.need(dinp, n * c, 'rmsnormBackward'); this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+    // dweight null: a frozen weight (LoRA's base) — dinp only; the weight-gradient partials are not reduced.
+    this.need(dinp, n * c, 'rmsnormBackward'); if (dweight) this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
     this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
     this.f32Only('rmsnormBackward', [['rstd', rstd]]);
     if (n <= 0) return;
@@ -724,11 +725,12 @@ export class CudaBackend implements Backend {
       const R = Math.min(Math.ceil(n / ROWS_NORM_WARPS), ROWS_NORM_MAX_BLOCKS, Math.floor(this.colsumFloats / c));
       this.launch(rmsnormRowsBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight) }), [R, 1, 1], 32 * ROWS_NORM_WARPS,
         [P(dinp), P(this.colPart), P(dout), P(inp), P(weight), P(rstd), I(n)]);
-      this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+      if (dweight) this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
       return;
     }
     this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
       [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
+    if (!dweight) return;
     const [R, rowsPer] = this.colChunks(n, c, 'rmsnormBackward');
     this.launch(rmsnormWeightGrad.make({ C: c, dout: D(dout), inp: D(inp), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), R, 1], ROW_BLOCK,
       [P(this.colPart), P(dout), P(inp), P(rstd), I(n), I(rowsPer)]);
