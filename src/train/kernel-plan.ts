@@ -9,6 +9,7 @@
 import type { Backend, LossSpec } from '../backend/backend.js';
 import type { ModelConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
+import type { LoraLayout } from '../model/lora.js';
 import { Generator } from '../model/generate.js';
 import { BatchGenerator } from '../model/batch-generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
@@ -47,6 +48,8 @@ export interface JobShape {
   teacherCache?: SparseRep | undefined;
   /** The teacher-cache job of this representation: the teacher's forward, LM head and sparse rows (no student step). */
   cacheTeacher?: SparseRep | undefined;
+  /** The student trains LoRA adapters of this layout (frozen base; src/model/lora.ts). */
+  lora?: LoraLayout | undefined;
 }
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
@@ -86,14 +89,14 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   if (j.train || j.evaluate) {
     runs.push((be) => {
       const precision = j.precision ?? 'fp32';
-      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision });
+      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
       const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache });
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
-      if (j.train) runner.trainStep([batch], new AdamW(student, adam), 1e-3, 1);
+      if (j.train) runner.trainStep([batch], new AdamW(student.trainable(), adam), 1e-3, 1);
       // an on-policy step also measures the teacher's cross-entropy of the student's samples
-      if (j.train && j.onPolicy && teacher) runner.trainStep([{ ...batch, teacherCe: true }], new AdamW(student, adam), 1e-3, 1);
+      if (j.train && j.onPolicy && teacher) runner.trainStep([{ ...batch, teacherCe: true }], new AdamW(student.trainable(), adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
     });
   }

@@ -257,7 +257,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return h;
   };
   const distilling = teacher !== null || cache !== null;
-  const opt = new AdamW(student, adam);
+  const opt = new AdamW(student.trainable(), adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
   const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {

@@ -24,6 +24,7 @@ import type { ModelConfig, RopeSpec } from '../../src/model/config.js';
 import { describeRope } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
+import { LORA_TARGETS, loraLayout, type LoraSpec } from '../../src/model/lora.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { Rng } from '../../src/util/rng.js';
 import { relErr, relFrob } from '../util/compare.js';
@@ -194,3 +195,58 @@ test('each RoPE kind (two thetas, linear, llama3, yarn) gives different CUDA log
     assert.ok(e <= LOGIT_TOL, `${describeRope(cfg.rope)}: relative error ${e}`);
   });
 });
+
+/**
+ * LoRA (src/model/lora.ts): the adapted model on CUDA against the CPU — logits, loss stats and every adapter gradient
+ * (A and B of each targeted projection), the base frozen on both; pre-warmed in strict mode from the job's closures
+ * with the adapters, so the adapter path compiles nothing after the seal. fp32 at the model tolerances; bf16 against
+ * the CPU's bf16 emulation as relative Frobenius errors (bf16 products in another summation order).
+ */
+async function compareLora(name: string, cfg: ModelConfig, spec: LoraSpec, precision: 'fp32' | 'bf16'): Promise<void> {
+  const lay = loraLayout(cfg, spec);
+  const loss: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
+  await cuda!.prepare(jobClosures({ student: cfg, batch: B, seq: T, loss, train: true, evaluate: true, lora: lay, precision }));
+  const w = weightsFor(cfg, 7);
+  const rng = new Rng(21);
+  const ad = Float32Array.from({ length: lay.total }, () => rng.normal() * 0.05);
+  const one = (be: Backend): { logits: Float32Array | Float64Array; stats: Float32Array | Float64Array; grads: Float32Array | Float64Array } => {
+    const m = new Transformer(be, cfg, { batch: B, seq: T, training: true, precision, lora: lay });
+    m.setWeights(w);
+    m.lora!.setWeights(ad);
+    const n = B * T, V = cfg.vocabSize;
+    const ids = Int32Array.from({ length: n }, (_, i) => (i * 37 + 11) % V);
+    const targets = Int32Array.from({ length: n }, (_, i) => (i * 53 + 7) % V);
+    m.zeroGrad();
+    const logitsBuf = m.forward(ids, B, T);
+    const logits = be.download(logitsBuf);
+    const tg = be.allocInt(n, 'targets'); be.uploadInt(tg, targets);
+    const wb = be.alloc(n, 'weights'); be.upload(wb, new Float32Array(n).fill(1 / n));
+    const stats = be.alloc(n * LOSS_STATS, 'stats');
+    be.lossForward(stats, logitsBuf, logitsBuf, null, tg, wb, n, V, loss);
+    m.backward(logitsBuf);
+    assert.equal(m.grads, null, 'the base is frozen');
+    return { logits, stats: be.download(stats), grads: be.download(m.lora!.grads!) };
+  };
+  const g = one(cuda!), r = one(cpu!);
+  const bf16 = precision === 'bf16';
+  const err = bf16 ? relFrob : relErr, logitTol = bf16 ? 2e-2 : LOGIT_TOL, gradTol = bf16 ? 5e-2 : GRAD_TOL;
+  const problems: string[] = [];
+  const check = (what: string, e: number, tol: number): void => { record(`${name} ${what}`, e, tol); if (!(e <= tol)) problems.push(`${what}: ${e.toExponential(2)} > ${tol}`); };
+  check('logits', err(g.logits, r.logits), logitTol);
+  check('loss stats', err(g.stats, r.stats), logitTol);
+  let worst = 0, worstName = '';
+  for (const t of lay.tensors) {
+    const e = err(g.grads.subarray(t.offset, t.offset + t.size), r.grads.subarray(t.offset, t.offset + t.size));
+    if (e > worst) { worst = e; worstName = t.name; }
+  }
+  check(`adapter gradients (worst: ${worstName})`, worst, gradTol);
+  assert.ok(g.grads.some((x) => x !== 0), 'the CUDA adapter gradients are not all zero');
+  assert.deepEqual(problems, []);
+}
+
+for (const precision of ['fp32', 'bf16'] as const) {
+  test(`LoRA cuda vs cpu (${precision}): Qwen2 every projection r = 8, Qwen3 attention r = 4; adapter gradients, frozen base`, { skip, timeout: 300_000 }, async () => {
+    await compareLora(`lora qwen2 all r8 ${precision}`, QWEN, { rank: 8, alpha: 16, targets: [...LORA_TARGETS] }, precision);
+    await compareLora(`lora qwen3 q/v/o r4 ${precision}`, QWEN3, { rank: 4, alpha: 8, targets: ['q_proj', 'v_proj', 'o_proj'] }, precision);
+  });
+}
