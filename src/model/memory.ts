@@ -8,6 +8,7 @@ import type { ModelConfig } from './config.js';
 import type { Precision } from './transformer.js';
 import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
+import type { LoraLayout } from './lora.js';
 import { headFloats, headWidth } from '../train/head.js';
 
 export interface JobMemory {
@@ -25,6 +26,8 @@ export interface JobMemory {
   teacherCacheSlots?: number | undefined;
   /** On-policy distillation: the student's batched generator for `batch` sequences of `seq` tokens (its KV cache and buffers). */
   onPolicy?: boolean | undefined;
+  /** The student trains LoRA adapters of this layout: its base is frozen (compute dtype only, no gradients or moments). */
+  lora?: LoraLayout | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -54,7 +57,9 @@ export function estimateJobBytes(j: JobMemory): number {
   const a = j.precision === 'bf16' ? 2 : F;
   const p = parameterLayout(j.student).total;
   // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
-  let bytes = p * (j.training ? 4 * F + (a === F ? 0 : a) : a) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  const trainBase = j.training && !j.lora;
+  let bytes = p * (trainBase ? 4 * F + (a === F ? 0 : a) : a) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), undefined, j.training && a !== F);
@@ -63,6 +68,20 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);
   return bytes;
+}
+
+/**
+ * Bytes a model's LoRA adapters take (src/model/lora.ts, LoraAdapters, and their AdamW moments when training): the
+ * adapters (fp32 masters, gradients, two moments and a bf16 compute copy when training; the compute dtype alone
+ * otherwise), the saved t = s·(x·Aᵀ) [tokens, r] per layer and target (one set shared by the layers without
+ * training), the f32 B-product scratch [tokens, widest output] and dt [tokens, r].
+ */
+export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a: number): number {
+  const r = lay.spec.rank, P = lay.total;
+  const perLayer = lay.layers[0]?.length ?? 0;
+  const maxOut = Math.max(1, ...lay.layers.flatMap((row) => row.map((t) => t.out)));
+  const saved = (training ? lay.layers.length : 1) * perLayer * tokens * r * a;
+  return P * (training ? 4 * F + (a === F ? 0 : a) : a) + saved + tokens * maxOut * F + tokens * r * a;
 }
 
 /**

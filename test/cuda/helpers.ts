@@ -3,6 +3,7 @@
  * trace/plan tests and the compile gate exercise every kernel family), fake compiler/driver/cuBLAS objects for
  * running the device-mode code path without a GPU, and a seeded RNG.
  */
+import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { createHash } from 'node:crypto';
 import { roundBf16 } from '../../src/backend/bf16.js';
 import type { Backend, LossSpec } from '../../src/backend/backend.js';
@@ -359,6 +360,12 @@ export function realPlans(): KernelSpec[] {
     // batched generation (per-sequence positions)
     ...jobClosures({ student: presetConfig('qwen2.5-0.5b', 151936), batch: 1, seq: 1, generateLen: 384, generateBatch: 8, precision }),
     ...jobClosures({ student: LLAMA_1B_LIKE, batch: 2, seq: 512, train: true, evaluate: true, generateLen: 512, precision }),
+    // a LoRA distillation (r = 16 on every projection, frozen base)
+    ...jobClosures({
+      student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256,
+      loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, train: true, evaluate: true, precision,
+      lora: loraLayout(presetConfig('qwen2.5-0.5b', 151936), { rank: 16, alpha: 32, targets: [...LORA_TARGETS] }),
+    }),
     // a teacher-cache job and distillations from sample and top-K caches
     ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: { kind: 'sample', n: 32 }, precision }),
     ...jobClosures({ student: presetConfig('qwen2.5-1.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936), batch: 4, seq: 256, cacheTeacher: { kind: 'top', k: 64 }, precision }),

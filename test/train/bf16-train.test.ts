@@ -13,6 +13,7 @@ import { roundBf16 } from '../../src/backend/bf16.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { estimateJobBytes } from '../../src/model/memory.js';
 import { initialWeights } from '../../src/model/params.js';
+import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { Transformer, type Precision } from '../../src/model/transformer.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { resolvePrecision } from '../../src/train/precision.js';
@@ -119,6 +120,14 @@ test('memory estimate equals the bytes a bf16 (and an fp32) job allocates, at de
         new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
         new StepRunner(m, t, KL);
         assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision }), bytes, `${student.architecture} ${precision}`);
+        // the same student training LoRA adapters (frozen base in the compute dtype, adapters' masters, copy, moments)
+        bytes = 0;
+        const lora = loraLayout(student, { rank: 4, alpha: 8, targets: [...LORA_TARGETS] });
+        const ml = new Transformer(counting, student, { batch: 3, seq: 10, training: true, precision, lora });
+        const tl = new Transformer(counting, teacher, { batch: 3, seq: 10, training: false, precision });
+        new AdamW(ml.trainable(), { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+        new StepRunner(ml, tl, KL);
+        assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision, lora }), bytes, `LoRA ${student.architecture} ${precision}`);
       }
     }
     const e = (precision: Precision) => estimateJobBytes({ student: presetConfig('qwen2.5-0.5b', 151936), teacher: presetConfig('qwen2.5-1.5b', 151936),

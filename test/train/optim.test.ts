@@ -10,6 +10,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import type { Backend } from '../../src/backend/backend.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
+import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js';
@@ -140,6 +141,16 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
       new StepRunner(s, tt, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
       new BatchGenerator(s, 2, 7);
       assert.equal(estimateJobBytes({ student: sc, teacher, batch: 2, seq: 7, training: true, onPolicy: true }), floats * 4, `on-policy ${sc.architecture}`);
+    }
+    // LoRA: a frozen base (no gradients, no moments) and the adapters' own buffers, in training and in inference.
+    for (const training of [true, false]) {
+      floats = 0;
+      const lay = loraLayout(student, { rank: 4, alpha: 8, targets: training ? [...LORA_TARGETS] : ['q_proj', 'down_proj'] });
+      const s = new Transformer(counting, student, { batch: 2, seq: 7, training, lora: lay });
+      const tt = new Transformer(counting, teacher, { batch: 2, seq: 7, training: false });
+      if (training) new AdamW(s.trainable(), { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+      new StepRunner(s, tt, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
+      assert.equal(estimateJobBytes({ student, teacher, batch: 2, seq: 7, training, lora: lay }), floats * 4, `LoRA, training ${training}`);
     }
     const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
     assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);
