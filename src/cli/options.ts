@@ -54,7 +54,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('maxChars', 'integer', 'cap on characters read from the data (0 = no cap)', { check: nonNegInt }),
   spec('tokenizer', 'string', "tokenizer.json (or a folder with one, or a Hub id in the local HF cache) to use (default: the teacher's, the init checkpoint's, else a BPE trained on the data)", { metavar: '<file>' }),
   spec('vocabSize', 'integer', 'vocabulary size of a BPE trained on the data', { check: (v) => (Number.isInteger(v) && v >= 256 && v <= MAX_BPE_VOCAB ? null : `an integer from 256 (the 256 byte tokens) to ${MAX_BPE_VOCAB}`) }),
-  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
+  spec('model', 'string', 'student architecture: tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, a config.json, or a Hub id in the local HF cache (its config.json)', { metavar: '<preset|config.json|hub id>' }),
   spec('init', 'string', 'start from this checkpoint folder (or Hub id in the local HF cache) instead of random weights', { metavar: '<dir|hub id>' }),
   spec('teacher', 'string', 'teacher checkpoint folder or Hub id in the local HF cache (distill: this or --teacher-cache)', { metavar: '<dir|hub id>', distillOnly: true }),
   spec('teacherCache', 'string', 'distill from a teacher cache (distillery teacher-cache) instead of running a teacher', { metavar: '<dir>', distillOnly: true }),

@@ -548,10 +548,11 @@ export function parameterCount(c: ModelConfig): number {
 }
 
 /** A named shape: hidden, intermediate, layers, heads, kv heads, and for Qwen3 its family traits. */
-interface Preset { shape: [number, number, number, number, number]; qwen3?: { tied: boolean } }
+interface Preset { shape: [number, number, number, number, number]; qwen3?: { tied: boolean }; untied?: boolean }
 
 /**
- * Named shapes used by the CLI and benchmarks: tiny ones for CPU work, the Qwen2.5 shapes, and the published Qwen3
+ * Named shapes used by the CLI and benchmarks: tiny ones for CPU work, the Qwen2.5 shapes (0.5B to 3B tie their
+ * embeddings, 7B does not), and the published Qwen3
  * dense shapes (head_dim 128, q/k norms, no biases, theta 1e6, 40960 positions; 0.6B to 4B tie their embeddings,
  * 8B does not).
  */
@@ -561,6 +562,8 @@ const PRESETS: Record<string, Preset> = {
   'base': { shape: [256, 704, 6, 8, 2] },
   'qwen2.5-0.5b': { shape: [896, 4864, 24, 14, 2] },
   'qwen2.5-1.5b': { shape: [1536, 8960, 28, 12, 2] },
+  'qwen2.5-3b': { shape: [2048, 11008, 36, 16, 2] },
+  'qwen2.5-7b': { shape: [3584, 18944, 28, 28, 4], untied: true },
   'qwen3-0.6b': { shape: [1024, 3072, 28, 16, 8], qwen3: { tied: true } },
   'qwen3-1.7b': { shape: [2048, 6144, 28, 16, 8], qwen3: { tied: true } },
   'qwen3-4b': { shape: [2560, 9728, 36, 32, 8], qwen3: { tied: true } },
@@ -583,7 +586,7 @@ export function presetConfig(name: string, vocabSize: number): ModelConfig {
     }
     : {
       architecture: 'qwen2', vocabSize, hiddenSize, intermediateSize, numLayers, numHeads, numKvHeads,
-      headDim: hiddenSize / numHeads, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: true,
+      headDim: hiddenSize / numHeads, rope: { type: 'default', theta: 1e6 }, rmsNormEps: 1e-6, tieWordEmbeddings: !s.untied,
       maxPositionEmbeddings: 32768, qkvBias: true, qkNorm: false, noRopeLayers: [],
     };
   validateConfig(cfg);

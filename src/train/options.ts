@@ -19,7 +19,7 @@ export interface RunOptions {
   tokenizer?: string | undefined;
   /** Vocabulary size of a BPE trained on the data (when no tokenizer is given). */
   vocabSize: number;
-  /** Student architecture: a preset name (tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b) or a config.json path. */
+  /** Student architecture: a preset name (tiny, small, base, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b) or a config.json path. */
   model: string;
   /** Start from this checkpoint folder instead of random weights. */
   init?: string | undefined;

@@ -248,4 +248,7 @@ test('parameterCount equals the tensors parameterLayout enumerates for every pre
   const released: Array<[string, number]> = [['qwen2.5-0.5b', 494_032_768], ['qwen2.5-1.5b', 1_543_714_304], ['qwen3-0.6b', 596_049_920],
     ['qwen3-4b', 4_022_468_096], ['qwen3-8b', 8_190_735_360]];
   for (const [name, n] of released) assert.equal(parameterCount(presetConfig(name, 151936)), n, name);
+  // Qwen2.5-3B ties its embeddings, Qwen2.5-7B (vocab_size 152064) does not.
+  assert.equal(parameterCount(presetConfig('qwen2.5-3b', 151936)), 3_085_938_688);
+  assert.equal(parameterCount(presetConfig('qwen2.5-7b', 152064)), 7_615_616_512);
 });

@@ -1,0 +1,75 @@
+/**
+ * One distillation configuration's training step on the GPU, timed, through the library (StepRunner, AdamW, the
+ * strict pre-warm of the job's own closures) rather than the CLI: a teacher and a student of the given presets
+ * (random weights, vocab 151936, bf16), KL at T = 2 with alpha 0.5, batch × seq random tokens, the student trained
+ * fully or through LoRA adapters (frozen base). Prints one JSON line: ms/step and tokens/s over the timed steps, and
+ * the job's memory estimate. Peak device memory is measured from outside (scripts/cuda/lora-bench.sh, nvidia-smi).
+ * Usage: node dist/scripts/cuda/lora-step.js <teacher preset> <student preset> <full|lora:R> [batch] [seq] [steps]
+ */
+import { createCudaBackend } from '../../src/backend/cuda/index.js';
+import { presetConfig, type ModelConfig } from '../../src/model/config.js';
+import { parameterLayout } from '../../src/model/params.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { LORA_TARGETS, loraInitialWeights, loraLayout } from '../../src/model/lora.js';
+import { estimateJobBytes, formatGiB } from '../../src/model/memory.js';
+import { AdamW } from '../../src/train/optimizer.js';
+import { StepRunner } from '../../src/train/step.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
+import { Rng } from '../../src/util/rng.js';
+
+const [tName, sName, mode, bArg, sArg, nArg] = process.argv.slice(2);
+if (!tName || !sName || !mode || !/^(full|lora:\d+)$/.test(mode)) {
+  process.stderr.write('usage: lora-step.js <teacher preset> <student preset> <full|lora:R> [batch] [seq] [steps]\n');
+  process.exit(2);
+}
+const B = Number(bArg ?? 8), T = Number(sArg ?? 1024), steps = Number(nArg ?? 10), V = 151936, lossVocab = 151669;
+const teacherCfg = presetConfig(tName, V), studentCfg = presetConfig(sName, V);
+const rank = mode === 'full' ? 0 : Number(mode.slice(5));
+const lora = rank > 0 ? loraLayout(studentCfg, { rank, alpha: 2 * rank, targets: [...LORA_TARGETS] }) : undefined;
+const loss = { kind: 'kl' as const, alpha: 0.5, temperature: 2, beta: 0 };
+
+/** Random weights fast (xorshift, uniform with std 0.02; norms 1, biases 0), as make-teacher.ts. */
+function fastWeights(c: ModelConfig): Float32Array {
+  const layout = parameterLayout(c), w = new Float32Array(layout.total);
+  let x = 0x9e3779b9 | 0;
+  const a = 0.02 * Math.sqrt(3) / 2147483648;
+  for (const t of layout.tensors) {
+    if (t.init === 'ones') { w.fill(1, t.offset, t.offset + t.size); continue; }
+    if (t.init === 'zeros') continue;
+    for (let i = t.offset, e = t.offset + t.size; i < e; i++) { x ^= x << 13; x ^= x >>> 17; x ^= x << 5; w[i] = x * a; }
+  }
+  return w;
+}
+
+const be = createCudaBackend({ strict: true, cacheDir: process.env.DISTILLERY_CACHE_DIR ?? '/tmp/distillery-bench/kc' });
+const job = { student: studentCfg, teacher: teacherCfg, batch: B, seq: T, loss, train: true, lossVocab, precision: 'bf16' as const, lora };
+await be.prepare(jobClosures(job));
+const student = new Transformer(be, studentCfg, { batch: B, seq: T, training: true, precision: 'bf16', lora, label: 'student' });
+student.setWeights(fastWeights(studentCfg));
+if (student.lora) {
+  // B ≠ 0 (a trained adapter's cost is the same as a fresh one's; the values only need to be finite)
+  const w = loraInitialWeights(lora!, new Rng(1));
+  for (let i = 0; i < w.length; i++) if (w[i] === 0) w[i] = 1e-3;
+  student.lora.setWeights(w);
+}
+const teacher = new Transformer(be, teacherCfg, { batch: B, seq: T, training: false, precision: 'bf16', label: 'teacher' });
+teacher.setWeights(fastWeights(teacherCfg));
+const runner = new StepRunner(student, teacher, loss, { lossVocab });
+const opt = new AdamW(student.trainable(), { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.01 });
+const n = B * T;
+const batchAt = (s: number): { inputs: Int32Array; targets: Int32Array; mask: Float32Array; b: number; t: number } => ({
+  inputs: Int32Array.from({ length: n }, (_, i) => (i * 7919 + s * 104729) % lossVocab),
+  targets: Int32Array.from({ length: n }, (_, i) => (i * 15485863 + s * 31) % lossVocab),
+  mask: new Float32Array(n).fill(1), b: B, t: T,
+});
+const losses: number[] = [];
+for (let s = 0; s < 2; s++) losses.push(runner.trainStep([batchAt(s)], opt, 1e-4, 1).loss); // eager, then captured
+const t0 = process.hrtime.bigint();
+for (let s = 2; s < 2 + steps; s++) losses.push(runner.trainStep([batchAt(s)], opt, 1e-4, 1).loss);
+const sec = Number(process.hrtime.bigint() - t0) / 1e9;
+const est = estimateJobBytes({ student: studentCfg, teacher: teacherCfg, batch: B, seq: T, training: true, lossVocab, precision: 'bf16', lora });
+console.log(JSON.stringify({
+  teacher: tName, student: sName, mode, batch: B, seq: T, ms_per_step: +(1000 * sec / steps).toFixed(1), tokens_per_s: Math.round(n * steps / sec),
+  trainable_parameters: student.trainable().layout.total, estimate: formatGiB(est), loss_first: losses[0], loss_last: losses.at(-1),
+}));
+be.dispose();
