@@ -193,8 +193,9 @@ export interface Backend {
    * out[n, m] = inp[n, k] · weight[m, k]ᵀ (+ bias[m]). On CUDA: cuBLAS (bf16 operands: tensor cores, fp32
    * accumulation). inp and weight share one dtype (checkMatmulDtypes); out and bias may be either. Into a bf16 out
    * with a bias, the product is rounded, then the bias added and the sum rounded (the GEMM's store, then a bias add).
+   * With `accumulate`, out += inp · weightᵀ (the GEMM reads out and rounds the sum once; no bias).
    */
-  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void;
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number, accumulate?: boolean): void;
   /**
    * dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped).
    * dout, inp and weight share one dtype (checkMatmulDtypes); the gradient outputs may be either (weight gradients

@@ -130,8 +130,7 @@ export class LoraAdapters {
   readonly grads: Buf | null;
   /** Per layer and target, t = s·(x·Aᵀ) [tokens, r] (training: one per layer; inference: shared across layers). */
   private readonly saved: Buf[][];
-  /** s·(x·Aᵀ)·Bᵀ before it is added into the projection's output, and dt: scratch shared by every projection. */
-  readonly u: Buf;
+  /** dt = s·(dy·B) [tokens, r]: backward scratch shared by every projection. */
   readonly dt: Buf;
   private readonly views: LoraView[][];
 
@@ -140,8 +139,6 @@ export class LoraAdapters {
     this.params = be.alloc(layout.total, `${label} LoRA adapters`, training ? 'f32' : compute);
     this.weights = this.params.dtype === compute ? this.params : be.alloc(layout.total, `${label} LoRA adapters (${compute})`, compute);
     this.grads = training ? be.alloc(layout.total, `${label} LoRA gradients`) : null;
-    const maxOut = Math.max(1, ...layout.layers.flatMap((row) => row.map((t) => t.out)));
-    this.u = be.alloc(tokens * maxOut, `${label} LoRA scratch (B product, f32: added into the projection's output unrounded)`);
     this.dt = be.alloc(tokens * r, `${label} LoRA scratch (dt)`, compute);
     const shared = training ? null : layout.layers[0]?.map((t) => be.alloc(tokens * r, `${label} LoRA activations (${t.target} t)`, compute)) ?? [];
     this.saved = layout.layers.map((row, l) => row.map((t, k) => shared ? shared[k]! : be.alloc(tokens * r, `${label} LoRA activations (layer ${l} ${t.target} t)`, compute)));
@@ -171,14 +168,14 @@ export class LoraAdapters {
 
 /**
  * The adapter's share of a projection's forward: out += s·(inp·Aᵀ)·Bᵀ over n rows, keeping t = s·(inp·Aᵀ) in v.t.
- * Called right after the base projection wrote out.
+ * Called right after the base projection wrote out; the B product accumulates into out in the GEMM itself (no
+ * [tokens, out] scratch, no extra pass over the projection's output).
  */
 export function loraForward(be: Backend, ad: LoraAdapters, v: LoraView, out: Buf, inp: Buf, n: number): void {
-  const r = ad.rank, t = be.view(v.t, 0, n * r), u = be.view(ad.u, 0, n * v.out);
+  const r = ad.rank, t = be.view(v.t, 0, n * r);
   be.matmulForward(t, inp, v.a, null, n, v.in, r);
   be.scale(t, ad.scale, n * r);
-  be.matmulForward(u, t, v.b, null, n, r, v.out);
-  be.accumulate(out, u, n * v.out);
+  be.matmulForward(out, t, v.b, null, n, r, v.out, true);
 }
 
 /**

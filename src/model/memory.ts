@@ -74,14 +74,13 @@ export function estimateJobBytes(j: JobMemory): number {
  * Bytes a model's LoRA adapters take (src/model/lora.ts, LoraAdapters, and their AdamW moments when training): the
  * adapters (fp32 masters, gradients, two moments and a bf16 compute copy when training; the compute dtype alone
  * otherwise), the saved t = s·(x·Aᵀ) [tokens, r] per layer and target (one set shared by the layers without
- * training), the f32 B-product scratch [tokens, widest output] and dt [tokens, r].
+ * training) and the backward's dt [tokens, r].
  */
 export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a: number): number {
   const r = lay.spec.rank, P = lay.total;
   const perLayer = lay.layers[0]?.length ?? 0;
-  const maxOut = Math.max(1, ...lay.layers.flatMap((row) => row.map((t) => t.out)));
   const saved = (training ? lay.layers.length : 1) * perLayer * tokens * r * a;
-  return P * (training ? 4 * F + (a === F ? 0 : a) : a) + saved + tokens * maxOut * F + tokens * r * a;
+  return P * (training ? 4 * F + (a === F ? 0 : a) : a) + saved + tokens * r * a;
 }
 
 /**

@@ -78,6 +78,18 @@ test('cpu backend bf16 buffers: alloc, views keep the dtype, upload/copy round, 
         assert.equal(a16[i * m + j], roundBf16(a32[i * m + j]!), `bf16 out ${i},${j} is the f32 result rounded once`);
       }
     }
+    // Accumulating (LoRA's B product into a projection's output): out + product, rounded once into a bf16 out.
+    const prev = Array.from({ length: n * m }, () => rng.next() - 0.5);
+    const acc32 = be.alloc(n * m, 'acc32'), acc16 = be.alloc(n * m, 'acc16', 'bf16');
+    be.upload(acc32, prev); be.upload(acc16, prev);
+    be.matmulForward(acc32, x, w, null, n, k, m, true);
+    be.matmulForward(acc16, x, w, null, n, k, m, true);
+    const s32 = be.download(acc32), s16 = be.download(acc16);
+    for (let i = 0; i < n * m; i++) {
+      assert.ok(Math.abs(s32[i]! - (Math.fround(prev[i]!) + a32[i]!)) <= 1e-6, `f32 accumulate ${i}`);
+      assert.equal(s16[i], roundBf16(roundBf16(prev[i]!) + a32[i]!), `bf16 accumulate ${i}: one rounding of the sum`);
+    }
+    assert.throws(() => be.matmulForward(acc32, x, w, be.alloc(m, 'b'), n, k, m, true), /without a bias/);
     // copy converts both ways.
     const back = be.alloc(n * m, 'back');
     be.copy(back, o16);

@@ -156,6 +156,10 @@ test('cuda (--tf32) vs cpu: matrix products within the documented reduced-precis
     assert.ok(differs > 1e-6, `--tf32 gave the fp32 result (difference ${differs}): TF32 math mode not in effect`);
   } finally { tf.dispose(); }
 });
+parity('matmul fwd, accumulating into out (LoRA\'s B product)', 1e-5, (r) => ({
+  arrays: { o: rand(r, 33 * 45, 5), i: rand(r, 33 * 16), w: rand(r, 45 * 16) }, compare: ['o'],
+  op: (b, x) => b.matmulForward(x.o!, x.i!, x.w!, null, 33, 16, 45, true),
+}));
 parity('matmul bwd', 1e-5, (r) => ({
   arrays: { di: rand(r, 33 * 70), dw: rand(r, 45 * 70), db: rand(r, 45), d: rand(r, 33 * 45), i: rand(r, 33 * 70), w: rand(r, 45 * 70) },
   compare: ['di', 'dw', 'db'], op: (b, x) => b.matmulBackward(x.di!, x.dw!, x.db!, x.d!, x.i!, x.w!, 33, 70, 45),

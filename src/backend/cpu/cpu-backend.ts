@@ -441,13 +441,16 @@ export class CpuBackend implements Backend {
     if (dweight) this.fin(dweight, 0, c);
   }
 
-  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number, accumulate = false): void {
     const o = this.f(out, 'matmul out'), x = this.f(inp, 'matmul inp'), w = this.f(weight, 'matmul weight');
     const b = bias === null ? null : this.f(bias, 'matmul bias');
     this.need(o, n * m, 'matmulForward', 'out'); this.need(x, n * k, 'matmulForward', 'inp'); this.need(w, m * k, 'matmulForward', 'weight');
     if (b !== null) this.need(b, m, 'matmulForward', 'bias');
     checkMatmulDtypes('matmulForward', [['inp', inp, 'weight', weight]]);
-    if (b !== null && out.dtype === 'bf16') {
+    check(!(accumulate && b !== null), 'cpu backend: matmulForward accumulates without a bias');
+    if (accumulate) {
+      this.gemm(o, x, w, null, n, m, k, true);
+    } else if (b !== null && out.dtype === 'bf16') {
       // As the CUDA backend: the product is stored (rounded), then the bias added and the sum rounded.
       this.gemm(o, x, w, null, n, m, k, false);
       this.fin(out, 0, n * m);

@@ -746,14 +746,15 @@ export class CudaBackend implements Backend {
     return [Math.ceil(n / rowsPer), rowsPer];
   }
 
-  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number): void {
+  matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number, accumulate = false): void {
     this.need(out, n * m, 'matmulForward'); this.need(inp, n * k, 'matmulForward'); this.need(weight, m * k, 'matmulForward');
     if (bias) this.need(bias, m, 'matmulForward');
+    if (bias && accumulate) throw new Error('matmulForward: accumulates without a bias');
     checkMatmulDtypes('matmulForward', [['inp', inp, 'weight', weight]]);
     if (n <= 0 || m <= 0) return;
     // row-major out[n,m] = inp[n,k]·W[m,k]ᵀ  ⇔  column-major outᵀ(m×n) = Wᵀ... : sgemm(T, N, m, n, k, W, k, inp, k, out, m)
-    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, false, `matmul ${n}x${k}·${m}x${k}ᵀ`,
-      `cublas matmulForward${gemmTag(inp)}${out.dtype !== inp.dtype ? `->${out.dtype}` : ''} n=${n} k=${k} m=${m}`);
+    this.gemm(CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, weight, k, inp, k, out, m, accumulate, `matmul ${n}x${k}·${m}x${k}ᵀ`,
+      `cublas matmulForward${gemmTag(inp)}${out.dtype !== inp.dtype ? `->${out.dtype}` : ''}${accumulate ? ' +=' : ''} n=${n} k=${k} m=${m}`);
     if (bias) {
       // 2-D grid: x over the m columns (a bias element read once per thread), y over row groups (grid-stride).
       this.launch(biasAdd.make({ out: D(out), bias: D(bias), block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), Math.min(n, 1024), 1], ELEM_BLOCK,
