@@ -7,8 +7,8 @@
  * Usage: node dist/scripts/cuda/lora-step.js <teacher preset> <student preset> <full|lora:R> [batch] [seq] [steps]
  */
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
-import { presetConfig, type ModelConfig } from '../../src/model/config.js';
-import { parameterLayout } from '../../src/model/params.js';
+import { presetConfig } from '../../src/model/config.js';
+import { fastWeights } from './fast-weights.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { LORA_TARGETS, loraInitialWeights, loraLayout } from '../../src/model/lora.js';
 import { estimateJobBytes, formatGiB } from '../../src/model/memory.js';
@@ -27,19 +27,6 @@ const teacherCfg = presetConfig(tName, V), studentCfg = presetConfig(sName, V);
 const rank = mode === 'full' ? 0 : Number(mode.slice(5));
 const lora = rank > 0 ? loraLayout(studentCfg, { rank, alpha: 2 * rank, targets: [...LORA_TARGETS] }) : undefined;
 const loss = { kind: 'kl' as const, alpha: 0.5, temperature: 2, beta: 0 };
-
-/** Random weights fast (xorshift, uniform with std 0.02; norms 1, biases 0), as make-teacher.ts. */
-function fastWeights(c: ModelConfig): Float32Array {
-  const layout = parameterLayout(c), w = new Float32Array(layout.total);
-  let x = 0x9e3779b9 | 0;
-  const a = 0.02 * Math.sqrt(3) / 2147483648;
-  for (const t of layout.tensors) {
-    if (t.init === 'ones') { w.fill(1, t.offset, t.offset + t.size); continue; }
-    if (t.init === 'zeros') continue;
-    for (let i = t.offset, e = t.offset + t.size; i < e; i++) { x ^= x << 13; x ^= x >>> 17; x ^= x << 5; w[i] = x * a; }
-  }
-  return w;
-}
 
 const be = createCudaBackend({ strict: true, cacheDir: process.env.DISTILLERY_CACHE_DIR ?? '/tmp/distillery-bench/kc' });
 const job = { student: studentCfg, teacher: teacherCfg, batch: B, seq: T, loss, train: true, lossVocab, precision: 'bf16' as const, lora };
