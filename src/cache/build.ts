@@ -9,7 +9,7 @@
  * A rerun with other parameters (another teacher, data, seq, temperature, representation, ...) is refused with what
  * differs, unless --overwrite.
  */
-import { createHash } from 'node:crypto';
+import { weightsHash } from '../model/weights-hash.js';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend } from '../backend/backend.js';
@@ -34,6 +34,8 @@ import {
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
 import { TeacherPass, type PassRows } from './teacher-pass.js';
+
+export { weightsHash };
 
 export interface CacheJobOptions {
   teacher: string;
@@ -83,17 +85,6 @@ export interface CacheJobHooks {
   backendOptions?: CudaOptions;
   /** Called after each shard is listed in the manifest (tests stop a job here, as a kill between shards would). */
   afterShard?: (index: number) => void;
-}
-
-/** SHA-256 of a checkpoint's weights as loaded (float32, the layout's order): the teacher's identity in the manifest. */
-export function weightsHash(w: Float32Array, chunkBytes = 1 << 28): string {
-  // In chunks: one Uint8Array view of a 1.5B-parameter model's 6 GB exceeds V8's typed-array length limit.
-  const h = createHash('sha256');
-  const step = Math.max(4, chunkBytes - (chunkBytes % 4));
-  for (let off = 0; off < w.byteLength; off += step) {
-    h.update(new Uint8Array(w.buffer, w.byteOffset + off, Math.min(step, w.byteLength - off)));
-  }
-  return h.digest('hex');
 }
 
 export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks = {}): Promise<CacheJobSummary> {

@@ -13,6 +13,8 @@ import { presetConfig, PRESET_NAMES } from '../model/config.js';
 import { threadsProblem } from '../backend/create.js';
 import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
+import { parseLoraTargets } from '../model/lora.js';
+import { DistilleryError } from '../util/errors.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
 type Check = (v: number) => string | null;
@@ -91,6 +93,9 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
   spec('lossOn', 'string', 'chat data: the tokens the loss counts: the assistant replies (and their end-of-turn marker), or all', { choices: ['assistant', 'all'] }),
   spec('chatTemplateKwargs', 'string', 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'', { metavar: '<json>' }),
+  spec('loraRank', 'integer', 'LoRA: train adapters of this rank on the frozen --init model instead of every weight (0 = off); checkpoints and final/ hold a PEFT adapter folder', { check: nonNegInt }),
+  spec('loraAlpha', 'number', 'LoRA: the adapters are scaled by alpha / rank (0 = 2 × --lora-rank)', { check: nonNeg }),
+  spec('loraTargets', 'string', 'LoRA: the projections to adapt, Hugging Face names comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) or all', { metavar: '<names|all>' }),
   spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
   spec('overwrite', 'boolean', 'start afresh in an --out that already holds a run (deletes its checkpoints, metrics and final model)'),
   spec('quiet', 'boolean', 'no progress output'),
@@ -318,6 +323,25 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     delete merged.teacherCache;
   }
 
+  // LoRA adapts a pretrained model: the base is --init, frozen.
+  if ((merged.loraRank as number) > 0) {
+    if (merged.init === undefined) {
+      throw new UsageError(`${labelOf('loraRank')} trains adapters on a pretrained model, but no --init names one`,
+        'pass --init <model folder> (the base the adapters adapt), or drop --lora-rank to train every weight');
+    }
+    try { parseLoraTargets(merged.loraTargets as string); } catch (e) {
+      if (e instanceof DistilleryError) throw new UsageError(`${labelOf('loraTargets')}: ${e.message.replace(/^--lora-targets:? ?/, '')}`, e.hint);
+      throw e;
+    }
+    if (mode === 'distill' && (merged.onPolicy as number) > 0) {
+      throw new UsageError(`${labelOf('onPolicy')} with ${labelOf('loraRank')} is not supported yet: the student's generator runs full models only`,
+        'drop --on-policy, or train every weight (drop --lora-rank)');
+    }
+  } else {
+    const given = (['loraAlpha', 'loraTargets'] as const).filter((f) => label.has(f)).map((f) => labelOf(f));
+    if (given.length) warnings.push(`${given.join(', ')} ${given.length === 1 ? 'has' : 'have'} no effect without --lora-rank`);
+  }
+
   if (merged.chatTemplateKwargs !== undefined) parseTemplateKwargs(merged.chatTemplateKwargs as string, labelOf('chatTemplateKwargs'));
 
   const options = { ...merged, mode, out: merged.out, data: data.slice() } as RunOptions;
@@ -337,5 +361,9 @@ function isPreset(name: string): boolean {
 function checkModelDir(fs: FsProbe, dir: string, what: string): void {
   if (!fs.exists(dir)) throw new UsageError(`${what}: checkpoint folder ${dir} does not exist`, 'pass a folder with config.json and model.safetensors');
   if (!fs.isDirectory(dir)) throw new UsageError(`${what}: ${dir} is a file, not a checkpoint folder`, 'pass the folder that holds config.json and model.safetensors');
+  if (!fs.exists(`${dir}/config.json`) && fs.exists(`${dir}/adapter_config.json`)) {
+    throw new UsageError(`${what}: ${dir} is a LoRA adapter folder, not a model folder`,
+      `pass its base model folder; to continue training the adapter use --resume in its run folder, or make a full model with 'distillery export --merge ${dir} --out <dir>'`);
+  }
   if (!fs.exists(`${dir}/config.json`)) throw new UsageError(`${what}: ${dir} has no config.json`, 'a checkpoint folder needs config.json next to model.safetensors');
 }

@@ -100,11 +100,13 @@ export interface SaveCheckpointOptions {
   maxShardBytes?: number;
 }
 
-/** Writes weights (flat, layout order) and config as an HF model folder, atomically. */
-export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float32Array | Float64Array, opts: SaveCheckpointOptions): void {
-  const tensors = unpackWeights(parameterLayout(config), weights);
-  const hf = toHfConfig(config);
-  hf.torch_dtype = opts.dtype === 'bf16' ? 'bfloat16' : 'float32';
+/**
+ * The tokenizer_config.json and generation_config.json a model folder gets (see SaveCheckpointOptions): the given
+ * ones, a minimal tokenizer config with the chat template carried (or ChatML when the tokenizer has its tokens), and
+ * the config's bos/eos ids when no generation config is given. Shared with adapter folders (src/model/adapter.ts).
+ */
+export function sideConfigs(config: ModelConfig, opts: Pick<SaveCheckpointOptions, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'>):
+  { tokenizerConfig?: Record<string, unknown>; generationConfig?: Record<string, unknown> } {
   let tokenizerConfig: Record<string, unknown> | undefined;
   if (opts.tokenizerJson) {
     const tj = opts.tokenizerJson as Record<string, unknown>;
@@ -121,6 +123,15 @@ export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float
       ...(config.bosTokenId !== undefined ? { bos_token_id: config.bosTokenId } : {}), eos_token_id: config.eosTokenId,
     };
   }
+  return { ...(tokenizerConfig ? { tokenizerConfig } : {}), ...(generationConfig ? { generationConfig } : {}) };
+}
+
+/** Writes weights (flat, layout order) and config as an HF model folder, atomically. */
+export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float32Array | Float64Array, opts: SaveCheckpointOptions): void {
+  const tensors = unpackWeights(parameterLayout(config), weights);
+  const hf = toHfConfig(config);
+  hf.torch_dtype = opts.dtype === 'bf16' ? 'bfloat16' : 'float32';
+  const { tokenizerConfig, generationConfig } = sideConfigs(config, opts);
   saveModelDirSync(dir, {
     config: hf, tensors, dtype: opts.dtype,
     ...(opts.tokenizerJson ? { tokenizerJson: opts.tokenizerJson } : {}),

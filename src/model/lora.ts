@@ -189,20 +189,35 @@ export function loraBackward(be: Backend, ad: LoraAdapters, v: LoraView, dinp: B
   be.matmulBackward(dinp, v.ga, null, dt, inp, v.a, n, v.in, r, true);
 }
 
-/** W + s·B·A for every adapted projection: the merged flat weights of the base model (host, float32). */
+/** W + s·B·A for every adapted projection: the merged flat weights of the base model (host, float32; float64 sums). */
 export function mergeLora(base: Float32Array | Float64Array, baseLayers: LayerTensors[], lay: LoraLayout, adapter: ArrayLike<number>): Float32Array {
   const w = Float32Array.from(base), r = lay.spec.rank, s = lay.scale;
   lay.layers.forEach((row, l) => {
     for (const t of row) {
       const W = baseLayers[l]![TARGET_WEIGHT[t.target]] as TensorInfo;
+      const acc = new Float64Array(t.in);
       for (let o = 0; o < t.out; o++) {
-        for (let i = 0; i < t.in; i++) {
-          let acc = 0;
-          for (let k = 0; k < r; k++) acc += adapter[t.b.offset + o * r + k]! * adapter[t.a.offset + k * t.in + i]!;
-          w[W.offset + o * t.in + i] = w[W.offset + o * t.in + i]! + s * acc;
+        acc.fill(0);
+        // row o of B·A, k outer so the inner loop runs along contiguous rows of A
+        for (let k = 0; k < r; k++) {
+          const b = adapter[t.b.offset + o * r + k]!;
+          if (b === 0) continue;
+          const a0 = t.a.offset + k * t.in;
+          for (let i = 0; i < t.in; i++) acc[i] = acc[i]! + b * adapter[a0 + i]!;
         }
+        const w0 = W.offset + o * t.in;
+        for (let i = 0; i < t.in; i++) w[w0 + i] = w[w0 + i]! + s * acc[i]!;
       }
     }
   });
   return w;
+}
+
+/** The LoRA spec of a run's options, or null when it trains every weight (--lora-rank 0). alpha 0 means 2 × rank. */
+export function loraSpecOf(o: { loraRank?: number | undefined; loraAlpha?: number | undefined; loraTargets?: string | undefined }): LoraSpec | null {
+  const rank = o.loraRank ?? 0;
+  if (rank === 0) return null;
+  const spec: LoraSpec = { rank, alpha: o.loraAlpha || 2 * rank, targets: parseLoraTargets(o.loraTargets ?? 'all') };
+  checkLoraSpec(spec);
+  return spec;
 }

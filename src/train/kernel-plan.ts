@@ -9,7 +9,7 @@
 import type { Backend, LossSpec } from '../backend/backend.js';
 import type { ModelConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
-import type { LoraLayout } from '../model/lora.js';
+import { loraLayout, loraSpecOf, type LoraLayout } from '../model/lora.js';
 import { Generator } from '../model/generate.js';
 import { BatchGenerator } from '../model/batch-generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
@@ -58,8 +58,10 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
+  const lora = loraSpecOf(o);
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
+    ...(lora ? { lora: loraLayout(student, lora) } : {}),
     ...(o.mode === 'distill' && o.onPolicy > 0 ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };

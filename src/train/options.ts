@@ -71,6 +71,12 @@ export interface RunOptions {
   lossOn: 'assistant' | 'all';
   /** Chat template options as JSON (e.g. '{"enable_thinking": false}'): extra variables of the model's template. */
   chatTemplateKwargs?: string;
+  /** LoRA (src/model/lora.ts): train adapters of this rank on the frozen --init model (0 = train every weight). */
+  loraRank: number;
+  /** LoRA: the adapters' scale is alpha / rank (0 = 2 × rank). */
+  loraAlpha: number;
+  /** LoRA: the projections adapted, Hugging Face module names comma-separated (q_proj,v_proj), or 'all'. */
+  loraTargets: string;
   /** Continue from <out>/checkpoints/latest. */
   resume: boolean;
   /** Start afresh in a run folder that already holds a run, deleting its checkpoints, metrics and final model. */
@@ -117,6 +123,9 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   genTopK: 0,
   saveDtype: 'f32',
   lossOn: 'assistant',
+  loraRank: 0,
+  loraAlpha: 0,
+  loraTargets: 'all',
   resume: false,
   overwrite: false,
   quiet: false,

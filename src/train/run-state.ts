@@ -8,7 +8,7 @@ import type { LoaderState } from '../data/index.js';
 import { readSafetensors } from '../io/safetensors.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { DistilleryError, fileError } from '../util/errors.js';
-import type { RunOptions } from './options.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
 
 export interface SavedState {
   version: 1;
@@ -75,10 +75,13 @@ export function readSavedState(file: string): SavedState {
 const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
 
 export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
-  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars'];
+  const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars',
+    'loraRank', 'loraAlpha', 'loraTargets'];
+  // A checkpoint of an older version lacks the options added since: it ran with their defaults.
+  const val = (o: RunOptions, k: keyof RunOptions): string => JSON.stringify(o[k] ?? (DEFAULT_RUN_OPTIONS as Partial<RunOptions>)[k]);
   for (const k of keys) {
-    if (JSON.stringify(a[k]) !== JSON.stringify(b[k])) {
-      throw new DistilleryError(`--resume: option "${k}" was ${JSON.stringify(a[k])} in the checkpoint but is ${JSON.stringify(b[k])} now`,
+    if (val(a, k) !== val(b, k)) {
+      throw new DistilleryError(`--resume: option "${k}" was ${val(a, k)} in the checkpoint but is ${val(b, k)} now`,
         'resume with the same options, or start a new run in another --out folder');
     }
   }
@@ -87,7 +90,7 @@ export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: str
   }
   // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
   const changed = (Object.keys(b) as Array<keyof RunOptions>)
-    .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && JSON.stringify(a[k]) !== JSON.stringify(b[k]));
+    .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && val(a, k) !== val(b, k));
   for (const k of changed) log(`warning: --resume with ${String(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
 }
 

@@ -31,13 +31,11 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
-import { describeBaked, eosIds, readHfConfigFile, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { describeBaked, eosIds, parameterCount } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
-import { readCheckpoint, writeCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
-import { Tokenizer } from '../tokenizer/bpe.js';
-import { trainBpe } from '../tokenizer/train-bpe.js';
-import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
+import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
+import { tokenizerHash } from '../tokenizer/identity.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
 import { packDocuments, splitTrainVal, BatchLoader, type Doc, type LoaderState, type Window } from '../data/index.js';
 import { writeSafetensors } from '../io/safetensors.js';
@@ -62,7 +60,10 @@ import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
-import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
+import { checkDeviceMemory, checkSameTokenizer, checkSeqFits, chooseTokenizer, describe, resumeTokenizerPath, runLossVocab, studentConfig } from './run-models.js';
+import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
+import { loraInitialWeights } from '../model/lora.js';
+import { baseShape, weightsHash } from '../model/adapter.js';
 
 export interface RunSummary {
   mode: 'train' | 'distill';
@@ -89,6 +90,8 @@ export interface RunSummary {
   /** Training tokens per second of step time (evaluation and checkpoint writes excluded). */
   tokensPerSecond: number;
   parameters: number;
+  /** Parameters the run trained: all of them, or the LoRA adapters' (--lora-rank). */
+  trainableParameters: number;
   teacherParameters: number | null;
   /** 'completed', 'stopped' (stopAfter), 'interrupted by SIGINT|SIGTERM', or the reason it failed. */
   status: string;
@@ -106,7 +109,7 @@ export interface RunSummary {
 /** Consecutive rises of the validation loss after which the run warns (overfitting or divergence). */
 export const VAL_RISE_WARN = 3;
 
-export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
+export { SPECIAL_TOKENS, runLossVocab, studentConfig } from './run-models.js';
 
 export interface RunHooks {
   /** Messages for the user (default: stderr). */
@@ -238,12 +241,24 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
-    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision });
+    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
   }
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision });
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora });
+  // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
+  let files: StudentFiles;
+  if (job.lora) {
+    if (!initCk || !o.init) throw new UsageError('--lora-rank trains adapters on a pretrained model, but no --init names one', 'pass --init <model folder>');
+    const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights), shape: baseShape(cfg) };
+    files = loraStudentFiles(student, cfg, carry, base);
+    const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;
+    log(`LoRA: rank ${sp.rank}, alpha ${sp.alpha} (scale ${+job.lora.scale.toFixed(6)}) on ${sp.targets.join(', ')}: ${n.toLocaleString('en-US')} trainable parameters ` +
+      `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${student.compute}`);
+  } else {
+    files = fullStudentFiles(student, cfg, carry);
+  }
   const teacher = teacherCk && !cache
     ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision })
     : null;
@@ -257,7 +272,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return h;
   };
   const distilling = teacher !== null || cache !== null;
-  const opt = new AdamW(student.trainable(), adam);
+  const opt = new AdamW(files.trainable, adam);
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
   const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
@@ -279,10 +294,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let step = 0, tokensTrained = 0;
   let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;
   const metricsPath = path.join(out, 'metrics.jsonl');
+  if (job.lora) student.setWeights(initCk!.weights);
   if (saved) {
     const s = saved;
-    student.setWeights(readCheckpoint(path.join(latest, 'model')).weights);
-    const moments = readMoments(path.join(latest, 'optimizer.safetensors'), student.layout.total);
+    files.restore(path.join(latest, files.resumeDir));
+    const moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
     backend.upload(opt.m, moments.m);
     backend.upload(opt.v, moments.v);
     opt.step = s.optimizerStep;
@@ -292,7 +308,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     truncateMetrics(metricsPath, step);
     log(`resumed from ${latest} at step ${step}`);
   } else {
-    student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
+    if (student.lora) student.lora.setWeights(loraInitialWeights(student.lora.layout, new Rng(o.seed)));
+    else student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
     try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
@@ -320,7 +337,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
    * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
    */
   const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => {
-    const ss = backend.sumSquares(student.params, student.layout.total);
+    const ss = backend.sumSquares(files.trainable.params, files.trainable.layout.total);
     if (!Number.isFinite(ss)) return `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
     const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
     if (!Number.isFinite(lossNow)) return `the weights after step ${step} give a non-finite loss (${lossNow})`;
@@ -328,10 +345,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash,
     };
-    const weights = Float32Array.from(student.getWeights());
     const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
     replaceDirAtomicSync(latest, (tmp) => {
-      writeCheckpoint(path.join(tmp, 'model'), cfg, weights, { dtype: 'f32', ...carry });
+      files.writeResume(path.join(tmp, files.resumeDir));
       hooks.duringCheckpointWrite?.(tmp, step);
       writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
         ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
@@ -357,10 +373,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
     }
     if (v.best) {
-      writeCheckpoint(bestDir, cfg, student.getWeights(), {
-        dtype: o.saveDtype, ...carry,
-        extraFiles: { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' },
-      });
+      files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
     }
   };
 
@@ -401,7 +414,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: distilling && lastEval ? lastEval.agreement : null,
       tokensTrained, dataTokens: packed.totalTokens, dataLossTokens: packed.targetTokens, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
-      parameters: parameterCount(cfg), teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
+      parameters: parameterCount(cfg), trainableParameters: files.trainable.layout.total, teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal,
     };
@@ -501,7 +514,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
-    writeCheckpoint(finalDir, cfg, student.getWeights(), { dtype: o.saveDtype, ...carry });
+    files.writeUser(finalDir, o.saveDtype);
   }
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
@@ -527,14 +540,6 @@ export function divergenceWarnings(initialTrain: number, finalTrain: number, ini
   return out;
 }
 
-/** The tokenizer to resume with: the checkpoint's own copy (out/tokenizer.json only for checkpoints without one). */
-function resumeTokenizerPath(out: string, latest: string, log: (s: string) => void): string {
-  const own = path.join(latest, 'model', 'tokenizer.json');
-  if (fs.existsSync(own)) return own;
-  log(`warning: --resume: the checkpoint has no tokenizer.json of its own; using ${path.join(out, 'tokenizer.json')}`);
-  return path.join(out, 'tokenizer.json');
-}
-
 /** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
 function appendNoFollow(file: string, text: string): void {
   try {
@@ -549,115 +554,8 @@ function appendNoFollow(file: string, text: string): void {
   }
 }
 
-/** Where the teacher came from, for messages: --teacher DIR or --teacher-cache DIR. */
-function teacherFrom(o: RunOptions): string {
-  return o.teacherCache ? `--teacher-cache ${o.teacherCache}` : `--teacher ${o.teacher}`;
-}
-
 function fmt(x: number): string {
   return Number.isFinite(x) ? x.toFixed(4) : 'n/a';
-}
-
-function describe(c: ModelConfig): string {
-  return `${c.architecture} ${c.numLayers}L × ${c.hiddenSize} (${c.numHeads} heads, ${c.numKvHeads} kv), vocab ${c.vocabSize}, ${(parameterCount(c) / 1e6).toFixed(2)}M parameters`;
-}
-
-/** The run's tokenizer and where it came from (the name it has in identity errors). */
-function chooseTokenizer(o: RunOptions, docs: () => string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
-  init: LoadedCheckpoint | null, log: (s: string) => void): NamedTokenizer & { role: 'resume' | 'tokenizer' | 'teacher' | 'init' | 'trained' } {
-  if (resumePath) return { name: 'run', tokenizer: Tokenizer.fromFile(resumePath), from: resumePath, role: 'resume' };
-  if (o.tokenizer) return { name: 'data', tokenizer: Tokenizer.fromFile(o.tokenizer), from: `--tokenizer ${o.tokenizer}`, role: 'tokenizer' };
-  if (teacher) {
-    if (!teacher.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it or pass --tokenizer');
-    return { name: 'teacher', tokenizer: teacher.tokenizer, from: teacherFrom(o), role: 'teacher' };
-  }
-  if (init?.tokenizer) return { name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}`, role: 'init' };
-  const d = docs();
-  const t0 = Date.now();
-  const tok = trainBpe(d, { vocabSize: o.vocabSize, specialTokens: SPECIAL_TOKENS });
-  log(`tokenizer: trained a byte-level BPE of ${tok.vocabSize} tokens on the data in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
-  return { name: 'data', tokenizer: tok, from: 'trained on the data', role: 'trained' };
-}
-
-/**
- * Refuses a teacher or an --init checkpoint whose tokenizer is not the run's (see identity.ts): same size is not
- * enough. A checkpoint without a tokenizer.json cannot be checked: the log says so.
- */
-function checkSameTokenizer(o: RunOptions, chosen: ReturnType<typeof chooseTokenizer>, teacher: LoadedCheckpoint | null,
-  init: LoadedCheckpoint | null, log: (s: string) => void): void {
-  const advice = o.mode === 'distill'
-    ? 'distillation compares the two models token by token, so the teacher, the student (--init) and the data must use one tokenizer: use checkpoints trained with the same tokenizer, or drop --tokenizer to use the teacher\'s'
-    : '--init continues a model trained with its own tokenizer; tokenizing the data with another would change what every token id means: drop --tokenizer to use the checkpoint\'s';
-  const others: NamedTokenizer[] = [];
-  if (teacher && chosen.role !== 'teacher') {
-    if (teacher.tokenizer) others.push({ name: 'teacher', tokenizer: teacher.tokenizer, from: teacherFrom(o) });
-    else log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the run's tokenizer (${chosen.from})`);
-  }
-  if (init && chosen.role !== 'init') {
-    if (init.tokenizer) others.push({ name: 'student', tokenizer: init.tokenizer, from: `--init ${o.init}` });
-    else log(`warning: the --init checkpoint ${o.init} has no tokenizer.json: cannot check that it uses the run's tokenizer (${chosen.from})`);
-  }
-  // The teacher first: "teacher vs student", "teacher vs data", then "student vs data".
-  const all = [...others.filter((t) => t.name === 'teacher'), ...(chosen.role === 'teacher' ? [chosen] : []), ...others.filter((t) => t.name !== 'teacher'),
-    ...(chosen.role !== 'teacher' ? [chosen] : [])];
-  for (let i = 1; i < all.length; i++) assertSameTokenizer(all[0]!, all[i]!, advice);
-  if (all.length > 1) {
-    log(`tokenizer: ${chosen.tokenizer.vocabSize} tokens, identity ${tokenizerHash(chosen.tokenizer).slice(0, 16)}: the same for ${all.map((t) => t.name).join(', ')}`);
-  }
-}
-
-/**
- * The vocabulary rows the loss runs over: with a teacher, the tokenizer's real tokens (lossVocabulary checks that the
- * teacher's and the student's vocab_size both cover them; padding rows past them are left out); without one, undefined
- * (the student's whole vocab_size). The run and --dry-run both call this, so they cannot disagree.
- */
-export function runLossVocab(tokenizerSize: number, student: Pick<ModelConfig, 'vocabSize'>, teacher: Pick<ModelConfig, 'vocabSize'> | null):
-  { lossVocab: number | undefined; note: string | null } {
-  if (!teacher) return { lossVocab: undefined, note: null };
-  return lossVocabulary(tokenizerSize, [{ name: 'teacher', vocabSize: teacher.vocabSize }, { name: 'student', vocabSize: student.vocabSize }]);
-}
-
-/** The student's config: --init's, a config.json, or a preset sized to the tokenizer (the teacher's vocab_size when distilling). */
-export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 'eosId'>, teacher: Pick<LoadedCheckpoint, 'config'> | null,
-  init: Pick<LoadedCheckpoint, 'config'> | null): ModelConfig {
-  let cfg: ModelConfig;
-  const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
-  if (init) cfg = init.config;
-  else if (o.model.endsWith('.json')) cfg = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
-  else cfg = presetConfig(o.model, vocab);
-  if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
-  // The teacher's and the student's vocab_size may differ (padded rows): lossVocabulary checks both cover the tokenizer.
-  return cfg;
-}
-
-/**
- * Refuses a --seq longer than the student's (or teacher's) max_position_embeddings before the data is packed into
- * windows of that length (an absurd --seq would otherwise fail allocating them).
- */
-function checkSeqFits(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): void {
-  let student: ModelConfig;
-  if (init) student = init.config;
-  else if (o.model.endsWith('.json')) student = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
-  else student = presetConfig(o.model, 256);
-  for (const [who, c] of [['the model', student], ['the teacher', teacher?.config]] as const) {
-    if (c && o.seq > c.maxPositionEmbeddings) {
-      throw new InputError(`--seq ${o.seq} exceeds ${who}'s max_position_embeddings (${c.maxPositionEmbeddings})`,
-        `use --seq ${c.maxPositionEmbeddings} or less`);
-    }
-  }
-}
-
-/** On a GPU, refuses a job whose allocations cannot fit, naming the largest --seq that would (before any allocation). */
-function checkDeviceMemory(backend: Backend, j: JobMemory): void {
-  const mem = backend.deviceMemory?.();
-  if (!mem) return;
-  const need = estimateJobBytes(j);
-  const budget = mem.free * 0.95;
-  if (need <= budget) return;
-  const fit = largestSeqThatFits(j, budget);
-  throw new DistilleryError(
-    `this job needs about ${formatGiB(need)} on the device (${describeJob(j)}) but ${formatGiB(mem.free)} of ${formatGiB(mem.total)} is free`,
-    fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
 }
 
 /** Validation batches, each padded to the full batch size (masked rows) so evaluation runs the training shapes. */

@@ -34,6 +34,7 @@ import { Rng } from '../../src/util/rng.js';
 import { rng as mulberry } from './helpers.js';
 import { buildTeacherCache } from '../../src/cache/build.js';
 import { formatSparse, type SparseRep } from '../../src/cache/sparse.js';
+import { LORA_TARGETS, loraLayout, type LoraSpec } from '../../src/model/lora.js';
 
 const CASES = Number(process.env.DISTILLERY_PROPERTY_CASES ?? 40);
 let dir = '';
@@ -99,12 +100,20 @@ interface Case {
   cache: SparseRep | null;
   /** On-policy distillation (λ = 1: every step generates with the student). */
   onPolicy: boolean;
+  /** LoRA adapters on a frozen --init student (rank, alpha, targets), or null for full training. */
+  lora: LoraSpec | null;
 }
 
 function randomCase(seed: number, vocab: number): Case {
   const c = randomCaseBase(seed, vocab);
   // a third of the live-teacher distillations are on-policy (seq ≥ 3: a prompt and a completion)
   if (c.teacher && !c.cache && c.seq >= 3 && seed % 3 === 0) c.onPolicy = true;
+  // a third of the others train LoRA adapters (random rank, alpha and targets) on a frozen base
+  if (!c.onPolicy && seed % 3 === 1) {
+    const r = mulberry(seed * 31 + 7);
+    const targets = LORA_TARGETS.filter(() => r() < 0.6);
+    c.lora = { rank: 1 + Math.floor(r() * 8), alpha: Number((1 + 16 * r()).toFixed(2)), targets: targets.length ? targets : ['o_proj'] };
+  }
   return c;
 }
 
@@ -119,12 +128,13 @@ function randomCaseBase(seed: number, vocab: number): Case {
     prompt: 1 + Math.floor(r() * 30),
     cache: kind === 'none' || r() < 0.5 ? null : r() < 0.5 ? { kind: 'sample', n: 1 + Math.floor(r() * 40) } : { kind: 'top', k: 1 + Math.floor(r() * 40) },
     onPolicy: false,
+    lora: null,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -137,6 +147,11 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
   if (c.teacher) {
     teacherDir = path.join(caseDir, 'teacher');
     writeCheckpoint(teacherDir, c.teacher, initialWeights(parameterLayout(c.teacher), c.teacher, new Rng(i)), { dtype: 'f32', tokenizerJson: tok.toJSON() });
+  }
+  let initDir: string | undefined;
+  if (c.lora) {
+    initDir = path.join(caseDir, 'base');
+    writeCheckpoint(initDir, c.student, initialWeights(parameterLayout(c.student), c.student, new Rng(i + 1)), { dtype: 'f32', tokenizerJson: tok.toJSON() });
   }
   const trace = new CudaBackend('trace');
   let prepared = 0;
@@ -158,6 +173,7 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     model: cfgPath, teacher: cacheDir ? undefined : teacherDir, teacherCache: cacheDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
     saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
     valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
+    ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(',') } : {}),
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
@@ -181,14 +197,17 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
     ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
+    ...(c.lora ? { lora: loraLayout(c.student, c.lora) } : {}),
   })]);
 }
 
 test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runTraining + Generator.generate on a trace backend)`, { timeout: 120_000 }, async () => {
   const t0 = Date.now();
   const families = new Set<string>();
+  let loraCases = 0;
   for (let i = 0; i < CASES; i++) {
     const c = randomCase(1000 + i, tok.vocabSize);
+    if (c.lora) loraCases++;
     const { traced, options } = await runtimeSet(c, i);
     const plan = new Set(planFor(c, options).map(hash));
     const missing = traced.filter((s) => !plan.has(hash(s)));
@@ -199,7 +218,8 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
   for (const f of ['loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
-  process.stderr.write(`plan property: ${CASES} cases, ${families.size} kernel families, ${Date.now() - t0} ms\n`);
+  if (CASES >= 10) assert.ok(loraCases > 0, 'no case trained LoRA adapters');
+  process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
 });
 
 test('property check has teeth: the plan of a config with another eps, theta or RoPE kind misses runtime kernels', async () => {
@@ -227,4 +247,17 @@ test('property check has teeth for cached runs: a plan that leaves out the teach
   assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
   const noCache = new Set(planFor({ ...c, cache: null }, options).map(hash)); // planned as an online distillation
   assert.ok(traced.some((s) => !noCache.has(hash(s))), 'a plan without the cache should not cover a cached run');
+});
+
+test('property check has teeth for LoRA runs: a plan that leaves out the adapters (the lora_rank == 0 pre-warm bug) misses their kernels', async () => {
+  let seed = 1;
+  while (!(randomCase(seed, tok.vocabSize).lora)) seed++;
+  const c = randomCase(seed, tok.vocabSize);
+  const { traced, options } = await runtimeSet(c, 997);
+  assert.ok(options.loraRank > 0 && options.init !== undefined);
+  const withLora = new Set(planFor(c, options).map(hash));
+  assert.deepEqual(traced.filter((s) => !withLora.has(hash(s))).map((s) => s.describe()), []);
+  const without = new Set(planFor({ ...c, lora: null }, options).map(hash));
+  const onlyLora = traced.filter((s) => !without.has(hash(s))).map((s) => s.family);
+  assert.ok(onlyLora.includes('scale'), `a plan without the adapters covered this LoRA run (${describeCase(c)})`);
 });

@@ -8,7 +8,8 @@ import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../ar
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
 import type { LossSpec } from '../../backend/backend.js';
-import { readCheckpoint } from '../../model/checkpoint.js';
+import { readCheckpoint, type LoadedCheckpoint } from '../../model/checkpoint.js';
+import { describeMerge, readModelOrAdapter } from '../../model/adapter.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
@@ -26,6 +27,7 @@ import { parseTemplateKwargs } from '../options.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
+  { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' },
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
   { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
@@ -42,6 +44,8 @@ const FLAGS: FlagSpec[] = [
 
 export interface EvalOptions {
   model: string;
+  /** The base of a LoRA adapter folder given as `model` (default: the one the adapter names). */
+  base?: string | undefined;
   teacher?: string | undefined;
   data: string[];
   seq: number;
@@ -77,7 +81,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = v.data as string[] | undefined;
   if (!data?.length) throw new UsageError('eval: no data given (--data)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs');
   const o: EvalOptions = {
-    model: v.model, teacher: v.teacher as string | undefined, data,
+    model: v.model, teacher: v.teacher as string | undefined, data, ...(typeof v.base === 'string' ? { base: v.base } : {}),
     seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
     maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
     threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
@@ -124,7 +128,8 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   requireModelDir(modelDir, '--model');
   const teacherDir = o.teacher !== undefined ? resolveModelArg(o.teacher, '--teacher') : undefined;
   if (teacherDir !== undefined) requireModelDir(teacherDir, '--teacher');
-  const studentCk = readCheckpoint(modelDir);
+  const studentCk = readModelOrAdapter(modelDir, { base: o.base });
+  if (studentCk.adapter) log(describeMerge(studentCk.adapter));
   if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.seq > studentCk.config.maxPositionEmbeddings) {
     throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
@@ -155,7 +160,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
         loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
     }
-    const load = (ck: typeof studentCk, label: string): Transformer => {
+    const load = (ck: LoadedCheckpoint, label: string): Transformer => {
       const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model });
       m.setWeights(ck.weights);
       return m;

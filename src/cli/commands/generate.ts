@@ -10,7 +10,8 @@ import * as fs from 'node:fs';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
-import { readCheckpoint, type LoadedCheckpoint } from '../../model/checkpoint.js';
+import type { LoadedCheckpoint } from '../../model/checkpoint.js';
+import { describeMerge, readModelOrAdapter } from '../../model/adapter.js';
 import { BatchGenerator } from '../../model/batch-generate.js';
 import { describeBaked, eosIds } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
@@ -25,6 +26,7 @@ import { resolveModelArg } from '../model-ref.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) or a Hub id in the local HF cache (required)' },
+  { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' },
   { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (this or --prompts)' },
   { name: 'prompts', kind: 'string', metavar: '<file.jsonl>', description: 'many prompts, one JSON object per line ({"prompt"} or {"text"}: text to continue; {"messages"}: a conversation, rendered with the chat template and an open assistant turn), generated in batches; one JSON line per prompt to stdout' },
   { name: 'batch', kind: 'integer', description: 'with --prompts: sequences generated together (prompts of different lengths share a batch)', defaultText: '8' },
@@ -59,6 +61,8 @@ FLAGS.push(PRECISION_FLAG, ...CUDA_FLAGS);
 
 export interface GenerateOptions {
   model: string;
+  /** The base of a LoRA adapter folder given as `model` (default: the one the adapter names). */
+  base?: string | undefined;
   /** One prompt (streamed), or '' with `prompts`. */
   prompt: string;
   /** A JSONL file of prompts, generated in batches of `batch` (src/model/batch-generate.ts). */
@@ -122,7 +126,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   }
   if (typeof values['chat-template-kwargs'] === 'string') parseTemplateKwargs(values['chat-template-kwargs']); // fails early, exit 2
   const o: GenerateOptions = {
-    model: values.model, prompt: typeof values.prompt === 'string' ? values.prompt : '',
+    model: values.model, ...(typeof values.base === 'string' ? { base: values.base } : {}), prompt: typeof values.prompt === 'string' ? values.prompt : '',
     prompts: typeof values.prompts === 'string' ? values.prompts : undefined, batch: num(values.batch, 8), topK: num(values['top-k'], 0),
     maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
     seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
@@ -151,7 +155,8 @@ export function requireModelDir(dir: string, flag: string): void {
 export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   const dir = resolveModelArg(o.model, '--model');
   requireModelDir(dir, '--model');
-  const ck = readCheckpoint(dir);
+  const ck = readModelOrAdapter(dir, { base: o.base });
+  if (ck.adapter) io.err(`${describeMerge(ck.adapter)}\n`);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');

@@ -18,6 +18,7 @@ import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js
 import { chatFormatOf, describeChatFormat } from '../../tokenizer/chat.js';
 import { tokenizerHash } from '../../tokenizer/identity.js';
 import { readManifest } from '../../cache/store.js';
+import { ADAPTER_WEIGHTS, isAdapterDir, readAdapterHeader, resolveBaseDir } from '../../model/adapter.js';
 
 const FLAGS: FlagSpec[] = [];
 
@@ -106,8 +107,9 @@ export function inspect(arg: string, io: Io): void {
     return;
   }
   if (fs.existsSync(path.join(target, 'manifest.json'))) { inspectCache(target, io); return; }
+  if (isAdapterDir(target)) { inspectAdapter(target, io); return; }
   const cfgPath = path.join(target, 'config.json');
-  if (!fs.existsSync(cfgPath)) throw new UsageError(`inspect: ${target} has no config.json`, 'pass a Hugging Face model folder (config.json + model.safetensors) or a .safetensors file');
+  if (!fs.existsSync(cfgPath)) throw new UsageError(`inspect: ${target} has no config.json`, 'pass a Hugging Face model folder (config.json + model.safetensors), a LoRA adapter folder, a teacher cache or a .safetensors file');
   let raw: Record<string, unknown>;
   try {
     raw = JSON.parse(fs.readFileSync(cfgPath, 'utf8')) as Record<string, unknown>;
@@ -140,6 +142,29 @@ export function inspect(arg: string, io: Io): void {
   if (t.numel !== params) {
     io.err(`warning: the tensors hold ${t.numel} elements but the config implies ${params} parameters\n`);
   }
+}
+
+/** A LoRA adapter folder (PEFT's layout): its settings, its base and whether that is here, its tensors. Reads no weights. */
+function inspectAdapter(dir: string, io: Io): void {
+  const h = readAdapterHeader(dir);
+  const sp = h.spec;
+  io.out(`adapter        ${dir} (PEFT LoRA)\n`);
+  io.out(`lora           rank ${sp.rank}, alpha ${sp.alpha} (scale ${+(sp.alpha / sp.rank).toFixed(6)}) on ${sp.targets.join(', ')}\n`);
+  let baseDir: string | null = null;
+  try { baseDir = resolveBaseDir(h); } catch { /* reported below */ }
+  const named = h.base?.path ?? h.baseName ?? 'nothing';
+  io.out(`base           ${named}${baseDir ? (baseDir !== named ? ` (found at ${baseDir})` : '') : ' (not found here: pass --base <dir> to eval, generate and export --merge)'}\n`);
+  if (h.base) {
+    const shape = h.base.shape;
+    io.out(`base shape     ${String(shape.architecture)} ${String(shape.num_hidden_layers)}L × ${String(shape.hidden_size)}, vocab ${String(shape.vocab_size)}; weights sha256 ${h.base.weights_sha256.slice(0, 16)}\n`);
+  } else {
+    io.out('base shape     not recorded (an adapter not written by distillery: the base is checked by tensor shapes only)\n');
+  }
+  const file = path.join(dir, ADAPTER_WEIGHTS);
+  if (!fs.existsSync(file)) { io.out(`weights        missing (${ADAPTER_WEIGHTS})\n`); return; }
+  io.out('\n');
+  const t = tensorTable([{ file, tensors: readSafetensorsHeader(file).tensors }], io);
+  io.out(`\n${t.count} tensors, ${t.numel} elements (${humanCount(t.numel)} trainable parameters), ${t.bytes} bytes (${humanBytes(t.bytes)})\n`);
 }
 
 /** A teacher cache folder (distillery teacher-cache): what it is of, its representation and its size per token. */

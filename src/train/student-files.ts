@@ -1,0 +1,83 @@
+/**
+ * What a run writes of its student and reads back. A full run writes Hugging Face model folders; a LoRA run
+ * (--lora-rank) writes PEFT adapter folders (src/model/adapter.ts) that name the frozen base (--init) and the SHA-256
+ * of its weights. checkpoints/latest holds the float32 weights for --resume under model/ or adapter/; best/ and final/
+ * hold them in --save-dtype. The run's tokenizer and chat files go with every folder.
+ */
+import * as path from 'node:path';
+import type { ModelConfig } from '../model/config.js';
+import { readCheckpoint, sideConfigs, writeCheckpoint, type SaveCheckpointOptions } from '../model/checkpoint.js';
+import type { Transformer } from '../model/transformer.js';
+import { readAdapterHeader, readAdapterWeights, writeAdapter, type BaseRef } from '../model/adapter.js';
+import type { LoraAdapters } from '../model/lora.js';
+import { DistilleryError } from '../util/errors.js';
+import type { Trainable } from './optimizer.js';
+
+/** The tokenizer and chat files a run carries into the folders it writes. */
+export type Carry = Pick<SaveCheckpointOptions, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'>;
+
+export interface StudentFiles {
+  /** The folder under checkpoints/latest that holds the weights. */
+  readonly resumeDir: 'model' | 'adapter';
+  /** What the optimizer trains (and what a checkpoint's moments and finiteness check cover). */
+  readonly trainable: Trainable;
+  /** Writes the float32 weights --resume reads into `dir`. */
+  writeResume(dir: string): void;
+  /** Writes the folder users load (best/, final/) in `dtype`, with extra files (best.json). */
+  writeUser(dir: string, dtype: 'f32' | 'bf16', extraFiles?: Record<string, string>): void;
+  /** Loads the weights writeResume wrote. */
+  restore(dir: string): void;
+}
+
+/** A run that trains every weight of the student. */
+export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: Carry): StudentFiles {
+  return {
+    resumeDir: 'model',
+    trainable: student,
+    writeResume: (dir) => writeCheckpoint(dir, cfg, Float32Array.from(student.getWeights()), { dtype: 'f32', ...carry }),
+    writeUser: (dir, dtype, extraFiles) => writeCheckpoint(dir, cfg, student.getWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
+    restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
+  };
+}
+
+/** The tokenizer files of a folder, as text by file name (what writeCheckpoint writes beside the weights). */
+function carriedFiles(cfg: ModelConfig, carry: Carry): Record<string, string> {
+  const files: Record<string, string> = {};
+  const { tokenizerConfig, generationConfig } = sideConfigs(cfg, carry);
+  if (carry.tokenizerJson) files['tokenizer.json'] = JSON.stringify(carry.tokenizerJson);
+  if (tokenizerConfig) files['tokenizer_config.json'] = JSON.stringify(tokenizerConfig, null, 2) + '\n';
+  if (generationConfig) files['generation_config.json'] = JSON.stringify(generationConfig, null, 2) + '\n';
+  return files;
+}
+
+/** A LoRA run: the adapters train, the base (whose reference and hash every folder records) stays frozen. */
+export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: Carry, base: BaseRef): StudentFiles {
+  const lora: LoraAdapters | null = student.lora;
+  if (!lora) throw new Error('loraStudentFiles: the student has no adapters');
+  const files = carriedFiles(cfg, carry);
+  const write = (dir: string, dtype: 'f32' | 'bf16', extra?: Record<string, string>): void =>
+    writeAdapter(dir, lora.layout, lora.getWeights(), { dtype, base, extraFiles: { ...files, ...extra } });
+  return {
+    resumeDir: 'adapter',
+    trainable: lora,
+    writeResume: (dir) => write(dir, 'f32'),
+    writeUser: (dir, dtype, extraFiles) => write(dir, dtype, extraFiles),
+    restore: (dir) => {
+      const h = readAdapterHeader(dir);
+      if (h.base && h.base.weights_sha256 !== base.weights_sha256) {
+        throw new DistilleryError(`--resume: the checkpoint's adapter was trained on a base with other weights than --init ${base.path}`,
+          `resume with the --init the run was started with (${h.base.path})`);
+      }
+      const { weights } = readAdapterWeights(dir, h.spec, cfg);
+      if (weights.length !== lora.layout.total || h.spec.rank !== lora.rank) {
+        throw new DistilleryError(`--resume: the checkpoint's adapter (rank ${h.spec.rank}) is not the run's (rank ${lora.rank})`, 'resume with the same --lora-rank and --lora-targets');
+      }
+      lora.setWeights(weights);
+    },
+  };
+}
+
+/** checkpoints/latest/<resumeDir>. */
+export function resumeWeightsDir(latest: string, f: Pick<StudentFiles, 'resumeDir'>): string {
+  return path.join(latest, f.resumeDir);
+}
