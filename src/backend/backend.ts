@@ -171,6 +171,12 @@ export interface Backend {
   scale(buf: Buf, s: number, n: number): void;
   /** Sum of squares of the first n elements, returned to the host (used for global-norm clipping). */
   sumSquares(buf: Buf, n: number): number;
+  /**
+   * Frozen weights in NF4 (src/quant/nf4.ts): out[i] = NF4_LEVELS[code(i)] · absmax[⌊i / blockSize⌋] for i < n, the
+   * product rounded to float32 (then to out's dtype). codes holds two 4-bit codes per byte, the even element in the high
+   * nibble, four bytes per int32 word (little-endian; nf4Words). absmax is f32.
+   */
+  dequantNf4(out: Buf, codes: IntBuf, absmax: Buf, n: number, blockSize: number): void;
 
   // ---- layers ---------------------------------------------------------------------------------------
   /** out[i, :] = table[ids[i], :] for i < n; table is [vocab, c]. */

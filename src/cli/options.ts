@@ -96,6 +96,8 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('loraRank', 'integer', 'LoRA: train adapters of this rank on the frozen --init model instead of every weight (0 = off); checkpoints and final/ hold a PEFT adapter folder', { check: nonNegInt }),
   spec('loraAlpha', 'number', 'LoRA: the adapters are scaled by alpha / rank (0 = 2 × --lora-rank)', { check: nonNeg }),
   spec('loraTargets', 'string', 'LoRA: the projections to adapt, Hugging Face names comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) or all', { metavar: '<names|all>' }),
+  spec('teacherDtype', 'string', 'storage of the teacher\'s projection matrices: auto (the compute dtype) or nf4 (4-bit NormalFloat, QLoRA\'s format: about a quarter of bf16\'s memory)', { choices: ['auto', 'nf4'], distillOnly: true }),
+  spec('baseDtype', 'string', 'LoRA: storage of the frozen base\'s projection matrices: auto (the compute dtype) or nf4 (QLoRA)', { choices: ['auto', 'nf4'] }),
   spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
   spec('overwrite', 'boolean', 'start afresh in an --out that already holds a run (deletes its checkpoints, metrics and final model)'),
   spec('quiet', 'boolean', 'no progress output'),
@@ -304,6 +306,9 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
       if (!fs.exists(c) || !fs.isDirectory(c)) throw new UsageError(`${labelOf('teacherCache')}: ${c} is not a folder`, 'pass the --out folder of `distillery teacher-cache`');
       if (!fs.exists(`${c}/manifest.json`)) throw new UsageError(`${labelOf('teacherCache')}: ${c} has no manifest.json`, 'pass the --out folder of `distillery teacher-cache`');
     }
+    if (merged.teacherDtype === 'nf4' && merged.teacherCache !== undefined) {
+      throw new UsageError(`${labelOf('teacherDtype')} nf4 has no effect with --teacher-cache: no teacher is in memory`, 'drop --teacher-dtype');
+    }
     if ((merged.onPolicy as number) > 0 && merged.teacherCache !== undefined) {
       throw new UsageError(`${labelOf('onPolicy')} needs a live teacher: it scores the student's own completions, which no cache holds`,
         'pass --teacher <checkpoint folder> instead of --teacher-cache, or drop --on-policy');
@@ -338,6 +343,10 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
         'drop --on-policy, or train every weight (drop --lora-rank)');
     }
   } else {
+    if (merged.baseDtype === 'nf4') {
+      throw new UsageError(`${labelOf('baseDtype')} nf4 stores a frozen LoRA base in 4 bits, but no --lora-rank trains adapters on it`,
+        'add --lora-rank <r> (QLoRA), or drop --base-dtype: weights that train every step stay in full precision');
+    }
     const given = (['loraAlpha', 'loraTargets'] as const).filter((f) => label.has(f)).map((f) => labelOf(f));
     if (given.length) warnings.push(`${given.join(', ')} ${given.length === 1 ? 'has' : 'have'} no effect without --lora-rank`);
   }

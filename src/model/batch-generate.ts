@@ -12,6 +12,7 @@
  * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
+import type { TensorInfo } from './params.js';
 import type { Backend, Buf, DType, IntBuf, SampleParams, SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
@@ -96,7 +97,7 @@ export class BatchGenerator {
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
     const vw = (buf: Buf, k: number): Buf => be.view(buf, 0, k);
     const x = vw(this.x, n * C), ln = vw(this.ln, n * C), rstd = vw(this.rstd, n);
-    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
+    const p = (ti: TensorInfo | null): Buf | null => (ti ? this.m.p(ti) : null);
     be.embeddingForward(x, this.ids, p(L.embed)!, n, C);
     const qkNorm = this.qkn && {
       qRaw: vw(this.qkn.qRaw, n * Q), kRaw: vw(this.qkn.kRaw, n * KV),
@@ -110,6 +111,7 @@ export class BatchGenerator {
     for (let l = 0; l < c.numLayers; l++) {
       const kc = this.kCache[l]!, vc = this.vCache[l]!;
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
+      this.m.materialize(l);
       layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, b, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
@@ -120,9 +122,9 @@ export class BatchGenerator {
 
   /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the device. */
   private logitsOf(rows: number[]): Buf {
-    const c = this.m.config, be = this.be, C = c.hiddenSize, L = this.m.layout, b = rows.length;
+    const c = this.m.config, be = this.be, C = c.hiddenSize, b = rows.length;
     rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.ln, r * C, C)));
-    const w = be.view(this.m.weights, (L.lmHead ?? L.embed).offset, (L.lmHead ?? L.embed).size);
+    const w = this.m.headWeight();
     const z = be.view(this.logits, 0, b * c.vocabSize);
     be.matmulForward(z, be.view(this.last, 0, b * C), w, null, b, C, c.vocabSize);
     return z;

@@ -4,6 +4,7 @@
  * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature,
  * top-p) happens on the host from the last position's logits.
  */
+import type { TensorInfo } from './params.js';
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
@@ -96,7 +97,7 @@ export class Generator {
     const x = vw(this.x, t * C), h = vw(this.h, t * C), ln = vw(this.ln, t * C), rstd = vw(this.rstd, t);
     const q = vw(this.q, t * Q), k = vw(this.k, t * KV), v = vw(this.v, t * KV), att = vw(this.att, t * Q);
     const gate = vw(this.gate, t * I), up = vw(this.up, t * I), act = vw(this.act, t * I);
-    const p = (ti: { offset: number; size: number } | null): Buf | null => (ti ? be.view(this.m.weights, ti.offset, ti.size) : null);
+    const p = (ti: TensorInfo | null): Buf | null => (ti ? this.m.p(ti) : null);
     be.uploadInt(this.ids, tokens);
     be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
     const qkNorm = this.qkn && {
@@ -111,6 +112,7 @@ export class Generator {
       // The layer's closing add forms the next layer's input norm (or the final norm) in the one norm buffer.
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
       // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
+      this.m.materialize(l);
       layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);

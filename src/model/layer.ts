@@ -19,8 +19,8 @@ export interface LayerWeights {
   ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
 }
 
-export function layerWeights(be: Backend, params: Buf, w: LayerTensors): LayerWeights {
-  const p = (t: TensorInfo): Buf => be.view(params, t.offset, t.size);
+/** A layer's weight views, each from `p` (a view of the flat weights, or of frozen NF4 storage: src/model/frozen.ts). */
+export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors): LayerWeights {
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
   return {
     ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv),

@@ -9,6 +9,7 @@ import type { Precision } from './transformer.js';
 import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
 import type { LoraLayout } from './lora.js';
+import { nf4Plan, nf4StorageBytes, type FrozenDtype } from './frozen.js';
 import { headFloats, headWidth } from '../train/head.js';
 
 export interface JobMemory {
@@ -28,9 +29,18 @@ export interface JobMemory {
   onPolicy?: boolean | undefined;
   /** The student trains LoRA adapters of this layout: its base is frozen (compute dtype only, no gradients or moments). */
   lora?: LoraLayout | undefined;
+  /** Frozen weights in NF4 (src/model/frozen.ts): the teacher's, and the student's base under LoRA. */
+  teacherFrozen?: FrozenDtype | undefined;
+  studentFrozen?: FrozenDtype | undefined;
 }
 
-const F = 4; // bytes per float32
+const F = 4;
+
+/** Bytes of a frozen (never trained) model's weights: the compute dtype, or NF4 storage with its one-layer scratch. */
+function frozenWeightBytes(c: ModelConfig, a: number, frozen: FrozenDtype | undefined): number {
+  const layout = parameterLayout(c);
+  return frozen === 'nf4' ? nf4StorageBytes(nf4Plan(layout), a) : layout.total * a;
+} // bytes per float32
 
 /**
  * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
@@ -58,12 +68,12 @@ export function estimateJobBytes(j: JobMemory): number {
   const p = parameterLayout(j.student).total;
   // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
   const trainBase = j.training && !j.lora;
-  let bytes = p * (trainBase ? 4 * F + (a === F ? 0 : a) : a) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  let bytes = (trainBase ? p * (4 * F + (a === F ? 0 : a)) : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), undefined, j.training && a !== F);
-  if (j.teacher) bytes += parameterLayout(j.teacher).total * a + activationBytes(j.teacher, j.batch, j.seq, false, a);
+  if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);

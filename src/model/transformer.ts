@@ -24,6 +24,7 @@ import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js'
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
+import { FrozenNf4, nf4Plan, type FrozenDtype } from './frozen.js';
 
 export interface TransformerOptions {
   /** Largest batch a forward call will get. */
@@ -42,6 +43,12 @@ export interface TransformerOptions {
    * adapters).
    */
   lora?: LoraLayout | undefined;
+  /**
+   * 'nf4': the frozen weights' projection matrices in 4 bits (src/model/frozen.ts), dequantized one layer at a time for
+   * the products. Only for a model whose weights never train: an inference model, or a LoRA base. Default 'auto': the
+   * compute dtype.
+   */
+  frozenDtype?: FrozenDtype | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -88,6 +95,8 @@ export class Transformer {
   readonly grads: Buf | null;
   /** The LoRA adapters (null without). */
   readonly lora: LoraAdapters | null;
+  /** The NF4 storage of frozen weights (null unless frozenDtype 'nf4'); `params` and `weights` are then its dense part. */
+  readonly nf4: FrozenNf4 | null;
   /**
    * Full logits [batch·seq, vocab] for `forward()`, allocated on its first call. Training and evaluation never
    * allocate them: the step runs the LM head and the loss a chunk of rows at a time (src/train/head.ts).
@@ -131,12 +140,16 @@ export class Transformer {
     this.precision = precision;
     const A = this.compute = computeDtype(precision);
     const trainBase = training && !opts.lora;
-    this.params = backend.alloc(this.layout.total, `${lab} parameters${opts.lora ? ' (frozen)' : ''}`, trainBase ? 'f32' : A);
+    if (opts.frozenDtype === 'nf4' && trainBase) {
+      throw new DistilleryError('4-bit (nf4) weights are frozen: a model that trains every weight cannot store them in nf4', 'train LoRA adapters on an nf4 base (--lora-rank with --base-dtype nf4), or keep the weights in the compute dtype');
+    }
+    this.nf4 = opts.frozenDtype === 'nf4' ? new FrozenNf4(backend, this.layout, nf4Plan(this.layout), A, lab) : null;
+    this.params = this.nf4 ? this.nf4.dense : backend.alloc(this.layout.total, `${lab} parameters${opts.lora ? ' (frozen)' : ''}`, trainBase ? 'f32' : A);
     this.weights = this.params.dtype === A ? this.params : backend.alloc(this.layout.total, `${lab} ${A} weights`, A);
     this.grads = trainBase ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
-    this.layerW = this.layout.layers.map((w) => layerWeights(backend, this.weights, w));
+    this.layerW = this.layout.layers.map((w) => layerWeights((t) => this.p(t), w));
     // SwiGLU's output is not kept per layer: the backward recomputes it from gate and up (one elementwise pass per
     // layer) into this one buffer, which saves numLayers · N · intermediate elements (1.9 GB for Qwen2.5-0.5B at 8×1024).
     const actShared = backend.alloc(N * I, `${lab} activations (swiglu, recomputed in backward)`, A);
@@ -182,7 +195,15 @@ export class Transformer {
 
   /** A view of one tensor of the weights forward and backward read (`weights`: the compute copy in bf16 training). */
   p(t: TensorInfo): Buf {
+    if (this.nf4) return this.nf4.view(t);
     return this.backend.view(this.weights, t.offset, t.size);
+  }
+  /**
+   * Makes layer l's weights readable through p() / layerW[l] before the layer's products: with NF4 storage, dequantizes
+   * its matrices into the one-layer scratch (every layer's views point there); otherwise nothing.
+   */
+  materialize(l: number): void {
+    this.nf4?.materialize(l);
   }
   /** A tensor's gradient; null for a frozen base (LoRA). */
   private gr(t: TensorInfo): Buf | null {
@@ -217,6 +238,7 @@ export class Transformer {
     if (w.length !== this.layout.total) {
       throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     }
+    if (this.nf4) { this.nf4.setWeights(w); return; }
     this.backend.upload(this.params, w);
     this.syncWeights();
   }
@@ -227,6 +249,7 @@ export class Transformer {
   }
 
   getWeights(): Float32Array | Float64Array {
+    if (this.nf4) return this.nf4.getWeights();
     return this.backend.download(this.params);
   }
 
@@ -302,6 +325,7 @@ export class Transformer {
         ? { weight: this.layerW[l + 1]!.ln1, out: this.v(an.ln1, N * C), rstd: this.v(an.rstd1, N) }
         : { weight: this.p(L.finalNorm), out: hidden, rstd: this.v(this.rstdf, N) };
       const lse = this.v(a.lse, b * c.numHeads * t);
+      this.materialize(l);
       layerForward(be, c, l, this.layerW[l]!, {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
@@ -352,6 +376,7 @@ export class Transformer {
     be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const a = this.acts[l]!, w = L.layers[l]!;
+      this.materialize(l); // a frozen NF4 base: the input gradients read the layer's matrices
       const lo = this.layerLora(l);
       // Each adapter's backward right after its projection's: it accumulates into the input gradient the base wrote.
       const adapt = (target: LoraTarget, dinp: Buf, dy: Buf, inp: Buf): void => {

@@ -84,3 +84,15 @@ export function dequantizeNf4(t: Nf4Tensor, out: Float32Array = new Float32Array
 export function nf4Bytes(n: number, blockSize = NF4_DEFAULT_BLOCK): number {
   return Math.ceil(n / 2) + 4 * Math.ceil(n / blockSize);
 }
+
+/** int32 words of an NF4 tensor's codes (little-endian: byte j of word w is codes[4w + j]), zero-padded to a whole word. */
+export function nf4Words(t: Nf4Tensor): Int32Array {
+  const words = new Int32Array(nf4WordCount(t.n));
+  new Uint8Array(words.buffer).set(t.codes);
+  return words;
+}
+
+/** int32 words that hold the codes of n elements (8 per word). */
+export function nf4WordCount(n: number): number {
+  return Math.ceil(n / 8);
+}

@@ -47,6 +47,9 @@ export interface DryRunReport {
   teacher_cache: { path: string; sparse: string; temperature: number; windows: number; bytes: number; bytes_per_token: number | null } | null;
   /** LoRA (--lora-rank): the adapters trained on the frozen --init model, null when every weight trains. */
   lora: { rank: number; alpha: number; targets: string[]; trainable_parameters: number } | null;
+  /** Storage of the frozen weights' projection matrices: the teacher's and the LoRA base's ('auto': the compute dtype). */
+  teacher_dtype: 'auto' | 'nf4';
+  base_dtype: 'auto' | 'nf4';
 }
 
 /** A model folder's config and tokenizer, without its weights. */
@@ -85,7 +88,8 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
   const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep);
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
-    precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora });
+    precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora,
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
@@ -104,6 +108,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
       path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,
       bytes: manifest.shards.reduce((a, x) => a + x.bytes, 0), bytes_per_token: manifest.bytes_per_token,
     } : null,
+    teacher_dtype: job.teacherFrozen ?? 'auto', base_dtype: job.studentFrozen ?? 'auto',
     lora: job.lora ? { rank: job.lora.spec.rank, alpha: job.lora.spec.alpha, targets: [...job.lora.spec.targets], trainable_parameters: job.lora.total } : null,
   };
 }
@@ -114,10 +119,10 @@ export function formatDryRun(r: DryRunReport): string {
   const lines = [
     `dry run: ${r.mode} on ${r.device} (${r.precision}), batch ${r.batch} × seq ${r.seq}, loss ${r.loss}`,
     `student   ${m(r.student)}`,
-    ...(r.teacher ? [`teacher   ${m(r.teacher)}`] : []),
+    ...(r.teacher ? [`teacher   ${m(r.teacher)}${r.teacher_dtype === 'nf4' ? ', projection matrices in nf4' : ''}`] : []),
     ...(r.teacher_cache ? [`cache     ${r.teacher_cache.path}: ${r.teacher_cache.sparse} at temperature ${r.teacher_cache.temperature}, ` +
       `${(r.teacher_cache.bytes / 2 ** 20).toFixed(2)} MiB on disk, ${r.teacher_cache.bytes_per_token ?? '?'} bytes per token (no teacher in memory)`] : []),
-    ...(r.lora ? [`LoRA      rank ${r.lora.rank}, alpha ${r.lora.alpha} on ${r.lora.targets.join(', ')}: ${r.lora.trainable_parameters} trainable parameters (the base frozen)`] : []),
+    ...(r.lora ? [`LoRA      rank ${r.lora.rank}, alpha ${r.lora.alpha} on ${r.lora.targets.join(', ')}: ${r.lora.trainable_parameters} trainable parameters (the base frozen${r.base_dtype === 'nf4' ? ', its matrices in nf4' : ''})`] : []),
     `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,
     `LM head   ${r.head_chunk_rows} rows of logits at a time over ${r.loss_vocab} vocabulary rows`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',

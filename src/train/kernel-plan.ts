@@ -10,6 +10,7 @@ import type { Backend, LossSpec } from '../backend/backend.js';
 import type { ModelConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
 import { loraLayout, loraSpecOf, type LoraLayout } from '../model/lora.js';
+import type { FrozenDtype } from '../model/frozen.js';
 import { Generator } from '../model/generate.js';
 import { BatchGenerator } from '../model/batch-generate.js';
 import { AdamW, type AdamWOptions } from './optimizer.js';
@@ -50,6 +51,9 @@ export interface JobShape {
   cacheTeacher?: SparseRep | undefined;
   /** The student trains LoRA adapters of this layout (frozen base; src/model/lora.ts). */
   lora?: LoraLayout | undefined;
+  /** Frozen weights in NF4 (src/model/frozen.ts): the teacher's; the student's base (with `lora`, or an inference job). */
+  teacherFrozen?: FrozenDtype | undefined;
+  studentFrozen?: FrozenDtype | undefined;
 }
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
@@ -62,6 +66,8 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
     ...(lora ? { lora: loraLayout(student, lora) } : {}),
+    ...(o.mode === 'distill' && o.teacherDtype === 'nf4' && teacher ? { teacherFrozen: 'nf4' as const } : {}),
+    ...(lora && o.baseDtype === 'nf4' ? { studentFrozen: 'nf4' as const } : {}),
     ...(o.mode === 'distill' && o.onPolicy > 0 ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };
@@ -91,8 +97,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   if (j.train || j.evaluate) {
     runs.push((be) => {
       const precision = j.precision ?? 'fp32';
-      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora });
-      const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
+      const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora, frozenDtype: j.studentFrozen });
+      const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision, frozenDtype: j.teacherFrozen }) : null;
       const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache });
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };

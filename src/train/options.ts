@@ -5,6 +5,7 @@
  */
 import type { DistillKind } from '../backend/backend.js';
 import type { PrecisionFlag } from './precision.js';
+import type { FrozenDtype } from '../model/frozen.js';
 
 export interface RunOptions {
   /** 'train': next-token cross-entropy only. 'distill': online teacher + the distillation loss. */
@@ -77,6 +78,10 @@ export interface RunOptions {
   loraAlpha: number;
   /** LoRA: the projections adapted, Hugging Face module names comma-separated (q_proj,v_proj), or 'all'. */
   loraTargets: string;
+  /** Storage of the teacher's projection matrices (distill): 'auto' (the compute dtype) or 'nf4' (4 bits, QLoRA's format). */
+  teacherDtype: FrozenDtype;
+  /** Storage of a LoRA run's frozen base matrices: 'auto' (the compute dtype) or 'nf4' (QLoRA). */
+  baseDtype: FrozenDtype;
   /** Continue from <out>/checkpoints/latest. */
   resume: boolean;
   /** Start afresh in a run folder that already holds a run, deleting its checkpoints, metrics and final model. */
@@ -126,6 +131,8 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   loraRank: 0,
   loraAlpha: 0,
   loraTargets: 'all',
+  teacherDtype: 'auto',
+  baseDtype: 'auto',
   resume: false,
   overwrite: false,
   quiet: false,

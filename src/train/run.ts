@@ -241,12 +241,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
-    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora });
+    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
   }
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora });
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen });
   // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
   let files: StudentFiles;
   if (job.lora) {
@@ -255,14 +256,15 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     files = loraStudentFiles(student, cfg, carry, base);
     const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;
     log(`LoRA: rank ${sp.rank}, alpha ${sp.alpha} (scale ${+job.lora.scale.toFixed(6)}) on ${sp.targets.join(', ')}: ${n.toLocaleString('en-US')} trainable parameters ` +
-      `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${student.compute}`);
+      `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${job.studentFrozen === 'nf4' ? `nf4 (its projection matrices; the rest in ${student.compute})` : student.compute}`);
   } else {
     files = fullStudentFiles(student, cfg, carry);
   }
   const teacher = teacherCk && !cache
-    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision })
+    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen })
     : null;
   if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
+  if (teacher && job.teacherFrozen === 'nf4') log(`teacher: projection matrices in nf4 (4.5 bits per weight, blocks of 64; QLoRA's format), the rest in ${teacher.compute}`);
   const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
   /** A batch's sparse teacher rows from the cache (null without one). */
   const sparseOf = (windows: Int32Array, mask: Float32Array): SparseHost | undefined => {

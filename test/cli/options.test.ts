@@ -237,3 +237,12 @@ test('LoRA flags: --lora-rank needs --init; bad targets, an adapter folder as --
   usageError(() => resolve('train', [...base, '--init', 'ad', '--lora-rank', '8'], undefined, probe), /--init: ad is a LoRA adapter folder, not a model folder/);
   assert.deepEqual(resolve('train', [...base, '--lora-alpha', '32']).warnings, ['--lora-alpha has no effect without --lora-rank']);
 });
+
+test('--base-dtype nf4 needs --lora-rank; --teacher-dtype nf4 has nothing to quantize with --teacher-cache', () => {
+  const base = ['--out', 'runs/x', '--data', 'a.txt'];
+  usageError(() => resolve('train', [...base, '--init', 'init', '--base-dtype', 'nf4']), /--base-dtype nf4 stores a frozen LoRA base in 4 bits, but no --lora-rank/);
+  assert.equal(resolve('train', [...base, '--init', 'init', '--lora-rank', '4', '--base-dtype', 'nf4']).options.baseDtype, 'nf4');
+  assert.equal(resolve('distill', [...base, '--teacher', 'teacher', '--teacher-dtype', 'nf4']).options.teacherDtype, 'nf4');
+  const probe = fakeFs(['a.txt', 'c/manifest.json'], ['c']);
+  usageError(() => resolve('distill', [...base, '--teacher-cache', 'c', '--teacher-dtype', 'nf4'], undefined, probe), /--teacher-dtype nf4 has no effect with --teacher-cache/);
+});

@@ -102,6 +102,9 @@ interface Case {
   onPolicy: boolean;
   /** LoRA adapters on a frozen --init student (rank, alpha, targets), or null for full training. */
   lora: LoraSpec | null;
+  /** Frozen weights in NF4: the teacher's (--teacher-dtype nf4), the LoRA base's (--base-dtype nf4). */
+  teacherNf4: boolean;
+  baseNf4: boolean;
 }
 
 function randomCase(seed: number, vocab: number): Case {
@@ -113,7 +116,10 @@ function randomCase(seed: number, vocab: number): Case {
     const r = mulberry(seed * 31 + 7);
     const targets = LORA_TARGETS.filter(() => r() < 0.6);
     c.lora = { rank: 1 + Math.floor(r() * 8), alpha: Number((1 + 16 * r()).toFixed(2)), targets: targets.length ? targets : ['o_proj'] };
+    c.baseNf4 = r() < 0.5;
   }
+  // some live teachers store their matrices in NF4
+  if (c.teacher && !c.cache && seed % 4 === 2) c.teacherNf4 = true;
   return c;
 }
 
@@ -129,12 +135,14 @@ function randomCaseBase(seed: number, vocab: number): Case {
     cache: kind === 'none' || r() < 0.5 ? null : r() < 0.5 ? { kind: 'sample', n: 1 + Math.floor(r() * 40) } : { kind: 'top', k: 1 + Math.floor(r() * 40) },
     onPolicy: false,
     lora: null,
+    teacherNf4: false,
+    baseNf4: false,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -173,7 +181,8 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     model: cfgPath, teacher: cacheDir ? undefined : teacherDir, teacherCache: cacheDir, batch: c.batch, seq: c.seq, steps: 2, warmup: 0, gradAccum: c.gradAccum, evalEvery: 1, evalBatches: 2,
     saveEvery: 1000, quiet: true, loss: c.kind === 'none' ? 'kl' : c.kind, alpha: c.alpha, temperature: c.temperature, beta: c.beta,
     valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
-    ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(',') } : {}),
+    ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(','), baseDtype: c.baseNf4 ? 'nf4' : 'auto' } : {}),
+    ...(c.teacherNf4 ? { teacherDtype: 'nf4' } : {}),
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
@@ -197,7 +206,8 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
     ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
-    ...(c.lora ? { lora: loraLayout(c.student, c.lora) } : {}),
+    ...(c.lora ? { lora: loraLayout(c.student, c.lora), ...(c.baseNf4 ? { studentFrozen: 'nf4' as const } : {}) } : {}),
+    ...(c.teacherNf4 ? { teacherFrozen: 'nf4' as const } : {}),
   })]);
 }
 
@@ -215,7 +225,7 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
     assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
     for (const s of traced) families.add(s.family);
   }
-  for (const f of ['loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
+  for (const f of ['dequant_nf4', 'loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
   if (CASES >= 10) assert.ok(loraCases > 0, 'no case trained LoRA adapters');

@@ -171,3 +171,20 @@ test('LoRA distillation runs end to end; --dry-run reports the adapters and less
   assert.equal(full.lora, null);
   assert.ok(r.device_bytes < full.device_bytes, `${r.device_bytes} vs ${full.device_bytes}`);
 });
+
+test('4-bit frozen weights: an nf4 teacher distills end to end; QLoRA (an nf4 base under LoRA) trains; both estimate less memory', async () => {
+  const logs: string[] = [];
+  const d = await runTraining(opts({ mode: 'distill', out: path.join(dir, 'nf4-teacher'), teacher: base, teacherDtype: 'nf4', steps: 4 }), { log: (l: string) => { logs.push(l); } });
+  assert.equal(d.status, 'completed');
+  assert.ok(logs.some((l) => l.startsWith('teacher: projection matrices in nf4')), logs.join('\n'));
+  const q = await runTraining(lora({ out: path.join(dir, 'qlora'), baseDtype: 'nf4', steps: 6 }), quiet);
+  assert.equal(q.status, 'completed');
+  assert.ok(q.finalValLoss < q.initialValLoss, `QLoRA validation ${q.initialValLoss} → ${q.finalValLoss}`);
+  // the adapter it writes names the base as it is on disk (full precision): eval merges it onto that base
+  const e = await evaluate({ model: q.finalDir!, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+  assert.ok(Number.isFinite(e.loss));
+  const plain = await dryRun(lora({ mode: 'distill', teacher: base }));
+  const small = await dryRun(lora({ mode: 'distill', teacher: base, teacherDtype: 'nf4', baseDtype: 'nf4' }));
+  assert.equal(small.teacher_dtype, 'nf4'); assert.equal(small.base_dtype, 'nf4');
+  assert.ok(small.device_bytes < plain.device_bytes);
+});

@@ -64,6 +64,7 @@ import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
 import { runTask, splitRange, type Task } from './tasks.js';
 import { GemmKernels, WasmArena, wasmModule, type WasmModule } from './wasm.js';
+import { NF4_LEVELS } from '../../quant/nf4.js';
 
 export interface CpuBackendOptions {
   /** Element type of float buffers (default 'f32'). */
@@ -383,6 +384,16 @@ export class CpuBackend implements Backend {
     this.need(b, n, 'scale', 'buf');
     ew.scale(b, s, n);
     this.fin(buf, 0, n);
+  }
+
+  dequantNf4(out: Buf, codes: IntBuf, absmax: Buf, n: number, blockSize: number): void {
+    const o = this.f(out, 'dequantNf4 out'), c = this.i(codes, 'dequantNf4 codes'), s = this.f(absmax, 'dequantNf4 absmax');
+    this.need(o, n, 'dequantNf4', 'out'); this.need(c, Math.ceil(n / 8), 'dequantNf4', 'codes'); this.need(s, Math.ceil(n / blockSize), 'dequantNf4', 'absmax');
+    for (let i = 0; i < n; i++) {
+      const byte = (c[i >> 3]! >>> (8 * ((i >> 1) & 3))) & 0xff;
+      o[i] = Math.fround(NF4_LEVELS[(i & 1) === 0 ? byte >> 4 : byte & 15]! * s[Math.floor(i / blockSize)]!);
+    }
+    this.fin(out, 0, n);
   }
 
   sumSquares(buf: Buf, n: number): number {

@@ -50,6 +50,7 @@ import {
   addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, rmsnormWeightGrad, ROWS_NORM_MAX_C, ROWS_NORM_WARPS,
 } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
+import { dequantNf4 } from './kernels/quant.js';
 import {
   ATTN_KEY_TILE, FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT,
   attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv, attentionBackwardPre, attentionCached,
@@ -650,6 +651,14 @@ export class CudaBackend implements Backend {
   scale(buf: Buf, s: number, n: number): void {
     this.need(buf, n, 'scale');
     this.elementwise(scaleKernel.make({ buf: D(buf), block: ELEM_BLOCK }), n, [P(buf), F(s)]);
+  }
+
+  dequantNf4(out: Buf, codes: IntBuf, absmax: Buf, n: number, blockSize: number): void {
+    this.need(out, n, 'dequantNf4'); this.need(codes, Math.ceil(n / 8), 'dequantNf4'); this.need(absmax, Math.ceil(n / blockSize), 'dequantNf4');
+    this.f32Only('dequantNf4', [['absmax', absmax]]);
+    if (n <= 0) return;
+    this.launch(dequantNf4.make({ out: D(out), block: ELEM_BLOCK, nf4Block: blockSize }), [blocksFor(Math.ceil(n / 8), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(out), P(codes), P(absmax), L(n)]);
   }
 
   sumSquares(buf: Buf, n: number): number {

@@ -10,6 +10,7 @@ import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions }
 import type { LossSpec } from '../../backend/backend.js';
 import { readCheckpoint, type LoadedCheckpoint } from '../../model/checkpoint.js';
 import { describeMerge, readModelOrAdapter } from '../../model/adapter.js';
+import type { FrozenDtype } from '../../model/frozen.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
@@ -38,6 +39,8 @@ const FLAGS: FlagSpec[] = [
   { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
   { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the tokens the loss counts (the assistant replies, as in training, or all)', defaultText: 'assistant' },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
+  { name: 'model-dtype', kind: 'string', choices: ['auto', 'nf4'], defaultText: 'auto', description: 'storage of the model\'s projection matrices: auto (the compute dtype) or nf4 (4 bits, QLoRA\'s format): measures what quantization costs' },
+  { name: 'teacher-dtype', kind: 'string', choices: ['auto', 'nf4'], defaultText: 'auto', description: 'with --teacher: storage of the teacher\'s projection matrices (auto or nf4)' },
   PRECISION_FLAG,
   ...CUDA_FLAGS,
 ];
@@ -48,6 +51,9 @@ export interface EvalOptions {
   base?: string | undefined;
   teacher?: string | undefined;
   data: string[];
+  /** Storage of the model's / the teacher's projection matrices (src/model/frozen.ts; default auto: the compute dtype). */
+  modelDtype?: FrozenDtype | undefined;
+  teacherDtype?: FrozenDtype | undefined;
   seq: number;
   batch: number;
   maxChars: number;
@@ -73,6 +79,8 @@ export interface EvalResult {
   kl?: number;
   /** The precision the models ran in: bf16, tf32 or fp32. */
   precision: string;
+  /** Storage of the model's projection matrices: 'auto' (the compute dtype) or 'nf4'. */
+  modelDtype: FrozenDtype;
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
@@ -82,6 +90,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   if (!data?.length) throw new UsageError('eval: no data given (--data)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, ...(typeof v.base === 'string' ? { base: v.base } : {}),
+    ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
+    ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
     seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
     maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
     threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
@@ -158,10 +168,12 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}) }));
+        loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}),
+        studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined }));
     }
     const load = (ck: LoadedCheckpoint, label: string): Transformer => {
-      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model });
+      const frozenDtype = label === 'teacher' ? o.teacherDtype : o.modelDtype;
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype });
       m.setWeights(ck.weights);
       return m;
     };
@@ -173,7 +185,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const packed = packDocuments(tok, readDocs(o, chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig), log), { seqLen: o.seq, eosId });
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
-    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name };
+    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
     if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
     return res;
   } finally {
@@ -191,7 +203,7 @@ export function formatEval(r: EvalResult): string {
   ];
   if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
-  lines.push(`precision   ${r.precision}`);
+  lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);
   return lines.join('\n') + '\n';
 }
 

@@ -17,6 +17,7 @@ import { lossKernel } from './loss.js';
 import { sparseLossKernel } from './sparse-loss.js';
 import { sampleRowsKernel } from './sparse-rows.js';
 import { sampleTokensKernel } from './sample.js';
+import { dequantNf4 } from './quant.js';
 
 export * from './spec.js';
 export * from './norm.js';
@@ -27,6 +28,7 @@ export * from './loss.js';
 export * from './sparse-loss.js';
 export * from './sparse-rows.js';
 export * from './sample.js';
+export * from './quant.js';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyFamily = KernelFamily<any>;
@@ -38,6 +40,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  dequantNf4,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
