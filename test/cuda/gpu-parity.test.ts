@@ -23,6 +23,7 @@ import { relErr } from '../util/compare.js';
 import { plainRope } from '../../src/backend/rope.js';
 import { formatSparse, sparseRow, sparseSlots, type SparseRep } from '../../src/cache/sparse.js';
 import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
+import { nf4Words, quantizeNf4 } from '../../src/quant/nf4.js';
 
 let cuda: CudaBackend | null = null;
 let reason = '';
@@ -328,6 +329,26 @@ parity('rmsnorm bwd and matmul bwd bias over 1000 rows', 1e-5, (r) => ({
     b.matmulBackward(null, null, x.db!, x.dm!, x.mi!, x.mw!, 1000, 8, 300);
   },
 }));
+
+// NF4 frozen weights (src/model/frozen.ts): the GPU's dequantized values are the CPU's bit for bit (one float32 product,
+// f32; then one bf16 rounding), for a length that ends inside a code word and a block
+test('cuda vs cpu: dequantNf4 into f32 and bf16 is bit-identical', { skip }, () => {
+  const n = 100_003, x = rand(rng(41), n, 0.05);
+  const q = quantizeNf4(x, 64), words = nf4Words(q);
+  let worst = 0;
+  for (const d of ['f32', 'bf16'] as const) {
+    const outs = [cpu!, cuda!].map((be) => {
+      const codes = be.allocInt(words.length, 'codes'); be.uploadInt(codes, words);
+      const absmax = be.alloc(q.absmax.length, 'absmax'); be.upload(absmax, q.absmax);
+      const out = be.alloc(n, 'out', d);
+      be.dequantNf4(out, codes, absmax, n, 64);
+      return be.download(out);
+    });
+    for (let i = 0; i < n; i++) if (outs[0]![i] !== outs[1]![i]) { worst = Math.max(worst, Math.abs(outs[0]![i]! - outs[1]![i]!)); }
+  }
+  record('dequantNf4 (f32, bf16)', worst, 0);
+  assert.equal(worst, 0);
+});
 
 test('cuda vs cpu: sumSquares, copy, view, zero', { skip }, () => {
   const a = rand(rng(5), 100_003);

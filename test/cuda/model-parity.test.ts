@@ -202,15 +202,15 @@ test('each RoPE kind (two thetas, linear, llama3, yarn) gives different CUDA log
  * with the adapters, so the adapter path compiles nothing after the seal. fp32 at the model tolerances; bf16 against
  * the CPU's bf16 emulation as relative Frobenius errors (bf16 products in another summation order).
  */
-async function compareLora(name: string, cfg: ModelConfig, spec: LoraSpec, precision: 'fp32' | 'bf16'): Promise<void> {
+async function compareLora(name: string, cfg: ModelConfig, spec: LoraSpec, precision: 'fp32' | 'bf16', frozenDtype?: 'nf4'): Promise<void> {
   const lay = loraLayout(cfg, spec);
   const loss: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
-  await cuda!.prepare(jobClosures({ student: cfg, batch: B, seq: T, loss, train: true, evaluate: true, lora: lay, precision }));
+  await cuda!.prepare(jobClosures({ student: cfg, batch: B, seq: T, loss, train: true, evaluate: true, lora: lay, precision, studentFrozen: frozenDtype }));
   const w = weightsFor(cfg, 7);
   const rng = new Rng(21);
   const ad = Float32Array.from({ length: lay.total }, () => rng.normal() * 0.05);
   const one = (be: Backend): { logits: Float32Array | Float64Array; stats: Float32Array | Float64Array; grads: Float32Array | Float64Array } => {
-    const m = new Transformer(be, cfg, { batch: B, seq: T, training: true, precision, lora: lay });
+    const m = new Transformer(be, cfg, { batch: B, seq: T, training: true, precision, lora: lay, frozenDtype });
     m.setWeights(w);
     m.lora!.setWeights(ad);
     const n = B * T, V = cfg.vocabSize;
@@ -249,4 +249,24 @@ for (const precision of ['fp32', 'bf16'] as const) {
     await compareLora(`lora qwen2 all r8 ${precision}`, QWEN, { rank: 8, alpha: 16, targets: [...LORA_TARGETS] }, precision);
     await compareLora(`lora qwen3 q/v/o r4 ${precision}`, QWEN3, { rank: 4, alpha: 8, targets: ['q_proj', 'v_proj', 'o_proj'] }, precision);
   });
+  test(`QLoRA cuda vs cpu (${precision}): LoRA on an NF4 base (dequant_nf4 per layer, forward and backward), Qwen2 every projection r = 8`, { skip, timeout: 300_000 }, async () => {
+    await compareLora(`qlora qwen2 all r8 ${precision}`, QWEN, { rank: 8, alpha: 16, targets: [...LORA_TARGETS] }, precision, 'nf4');
+  });
 }
+
+test('NF4 teacher on CUDA: logits bit-identical to the CUDA model holding the dequantized weights (fp32 and bf16)', { skip, timeout: 300_000 }, async () => {
+  for (const precision of ['fp32', 'bf16'] as const) {
+    await cuda!.prepare(jobClosures({ student: QWEN3, batch: B, seq: T, evaluate: true, precision, studentFrozen: 'nf4' }));
+    const w = weightsFor(QWEN3, 9);
+    const q = new Transformer(cuda!, QWEN3, { batch: B, seq: T, training: false, precision, frozenDtype: 'nf4' });
+    q.setWeights(w);
+    const dense = new Transformer(cuda!, QWEN3, { batch: B, seq: T, training: false, precision });
+    dense.setWeights(q.getWeights());
+    const ids = Int32Array.from({ length: B * T }, (_, i) => (i * 29 + 5) % QWEN3.vocabSize);
+    const a = cuda!.download(q.forward(ids, B, T)), b = cuda!.download(dense.forward(ids, B, T));
+    let diff = 0;
+    for (let i = 0; i < a.length; i++) diff = Math.max(diff, Math.abs(a[i]! - b[i]!));
+    record(`nf4 model vs dequantized dense ${precision}`, diff, 0);
+    assert.equal(diff, 0, `${precision}: logits differ by ${diff}`);
+  }
+});
