@@ -188,6 +188,9 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
     // optimizer: f32 master params, grads and moments over the flat buffer; the bf16 compute copy in the same launch
     const np = wq.length + 3, master = f(np, 'master'), grad = f(np, 'grad'), m = f(np, 'm'), vv = f(np, 'v'), copy = h16(np, 'params bf16');
     b.adamw(master, grad, m, vv, np, { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 }, copy);
+    // frozen NF4 weights expanded into a bf16 scratch (src/model/frozen.ts)
+    const nq = wq.length, codes = b.allocInt(Math.ceil(nq / 8), 'nf4 codes'), absmax = f(Math.ceil(nq / 64), 'nf4 absmax');
+    b.dequantNf4(h16(nq, 'dequantized'), codes, absmax, nq, 64);
     // generation in bf16: KV cache, cached attention
     const tMax = d.T + 4;
     const kc = h16(d.B * tMax * kd, 'kc'), vc = h16(d.B * tMax * kd, 'vc');

@@ -54,7 +54,8 @@ export const exportCommand: Command = {
     if (v.onnx === true && v.merge === true) throw new UsageError('export: choose one of --onnx and --merge', 'merge first (--merge ... --out D), then export D with --onnx');
     if (v.onnx !== true && v.merge !== true) throw new UsageError('export: choose a format (--onnx or --merge)', `usage: ${USAGE}`);
     if (parsed.positionals.length !== 1) {
-      throw new UsageError(parsed.positionals.length === 0 ? 'export: no folder given' : `export: expected one folder, got ${parsed.positionals.length}`,
+      const what = v.merge === true ? 'adapter folder' : 'model folder';
+      throw new UsageError(parsed.positionals.length === 0 ? `export: no ${what} given` : `export: expected one ${what}, got ${parsed.positionals.length}`,
         `usage: ${USAGE}`);
     }
     const dir = parsed.positionals[0]!;
