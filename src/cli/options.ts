@@ -338,10 +338,6 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
       if (e instanceof DistilleryError) throw new UsageError(`${labelOf('loraTargets')}: ${e.message.replace(/^--lora-targets:? ?/, '')}`, e.hint);
       throw e;
     }
-    if (mode === 'distill' && (merged.onPolicy as number) > 0) {
-      throw new UsageError(`${labelOf('onPolicy')} with ${labelOf('loraRank')} is not supported yet: the student's generator runs full models only`,
-        'drop --on-policy, or train every weight (drop --lora-rank)');
-    }
   } else {
     if (merged.baseDtype === 'nf4') {
       throw new UsageError(`${labelOf('baseDtype')} nf4 stores a frozen LoRA base in 4 bits, but no --lora-rank trains adapters on it`,

@@ -59,7 +59,11 @@ export class BatchGenerator {
     if (maxLen > c.maxPositionEmbeddings) {
       throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
     }
-    if (model.lora) throw new DistilleryError('generation from a model with LoRA adapters is not supported yet', 'merge the adapter into the weights first');
+    // LoRA adapters run unmerged: their saved t = s·(x·Aᵀ) rows come from the model's own buffers (batch × seq rows).
+    if (model.lora && model.batch * model.seq < batch * maxLen) {
+      throw new DistilleryError(`generation with LoRA adapters needs a model allocated for ${batch * maxLen} rows, this one has ${model.batch * model.seq}`,
+        'create the model with batch × seq covering the generation, or merge the adapter into the weights');
+    }
     this.m = model; this.be = be;
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, R = batch * maxLen;
     this.kCache = []; this.vCache = [];
@@ -112,7 +116,7 @@ export class BatchGenerator {
       const kc = this.kCache[l]!, vc = this.vCache[l]!;
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
       this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, b, t, pos0, (qq, kk, vv, aa) => {
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.attentionCached(aa, qq, kc, vc, b, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);

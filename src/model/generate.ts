@@ -56,7 +56,11 @@ export class Generator {
     if (maxLen > c.maxPositionEmbeddings) {
       throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
     }
-    if (model.lora) throw new DistilleryError('generation from a model with LoRA adapters is not supported yet', 'merge the adapter into the weights first');
+    // LoRA adapters run unmerged: their saved t = s·(x·Aᵀ) rows come from the model's own buffers (batch × seq rows).
+    if (model.lora && model.batch * model.seq < maxLen) {
+      throw new DistilleryError(`generation with LoRA adapters needs a model allocated for ${maxLen} rows, this one has ${model.batch * model.seq}`,
+        'create the model with batch × seq covering the generation, or merge the adapter into the weights');
+    }
     this.m = model; this.be = be; this.maxLen = maxLen;
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, T = maxLen;
     this.kCache = []; this.vCache = [];
@@ -113,7 +117,7 @@ export class Generator {
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
       // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
       this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x }, 1, t, pos0, (qq, kk, vv, aa) => {
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, 1, t, pos0, (qq, kk, vv, aa) => {
         be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
         be.attentionCached(aa, qq, kc, vc, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);

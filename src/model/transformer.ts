@@ -216,8 +216,8 @@ export class Transformer {
   trainable(): Trainable {
     return this.lora ?? this;
   }
-  /** Layer l's adapters for layerForward (null without LoRA). */
-  private layerLora(l: number): LayerLora | null {
+  /** Layer l's adapters for layerForward (null without LoRA): the training step and the generators. */
+  layerLora(l: number): LayerLora | null {
     if (!this.lora) return null;
     return { ad: this.lora, views: new Map(this.lora.layerViews(l).map((v) => [v.target, v])) };
   }

@@ -225,14 +225,14 @@ test('--chat-template-kwargs must be a JSON object (exit 2 naming the flag); --l
   assert.throws(() => resolve('train', ['--out', 'runs/x', '--data', 'a.txt', '--loss-on', 'user']), UsageError);
 });
 
-test('LoRA flags: --lora-rank needs --init; bad targets, an adapter folder as --init and --on-policy are refused; alpha/targets alone warn', () => {
+test('LoRA flags: --lora-rank needs --init; bad targets and an adapter folder as --init are refused; alpha/targets alone warn', () => {
   const base = ['--out', 'runs/x', '--data', 'a.txt'];
   const ok = resolve('train', [...base, '--init', 'init', '--lora-rank', '16', '--lora-targets', 'q_proj, v_proj']).options;
   assert.equal(ok.loraRank, 16); assert.equal(ok.loraTargets, 'q_proj, v_proj'); assert.equal(ok.loraAlpha, 0);
   usageError(() => resolve('train', [...base, '--lora-rank', '8']), /--lora-rank trains adapters on a pretrained model, but no --init names one/);
   usageError(() => resolve('train', [...base, '--init', 'init', '--lora-rank', '8', '--lora-targets', 'q_proj,lm_head']), /--lora-targets: unknown projection "lm_head"/);
   usageError(() => resolve('train', [...base, '--init', 'init', '--lora-rank', '-1']), /--lora-rank must be an integer >= 0/);
-  usageError(() => resolve('distill', [...base, '--teacher', 'teacher', '--init', 'init', '--lora-rank', '8', '--on-policy', '0.5']), /--on-policy with --lora-rank is not supported yet/);
+  assert.equal(resolve('distill', [...base, '--teacher', 'teacher', '--init', 'init', '--lora-rank', '8', '--on-policy', '0.5']).options.onPolicy, 0.5);
   const probe = fakeFs(['a.txt', 'ad/adapter_config.json'], ['ad']);
   usageError(() => resolve('train', [...base, '--init', 'ad', '--lora-rank', '8'], undefined, probe), /--init: ad is a LoRA adapter folder, not a model folder/);
   assert.deepEqual(resolve('train', [...base, '--lora-alpha', '32']).warnings, ['--lora-alpha has no effect without --lora-rank']);

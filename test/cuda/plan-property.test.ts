@@ -111,8 +111,9 @@ function randomCase(seed: number, vocab: number): Case {
   const c = randomCaseBase(seed, vocab);
   // a third of the live-teacher distillations are on-policy (seq ≥ 3: a prompt and a completion)
   if (c.teacher && !c.cache && c.seq >= 3 && seed % 3 === 0) c.onPolicy = true;
-  // a third of the others train LoRA adapters (random rank, alpha and targets) on a frozen base
-  if (!c.onPolicy && seed % 3 === 1) {
+  // a third of the others, and half the on-policy runs, train LoRA adapters (random rank, alpha and targets) on a frozen
+  // base (on-policy: the student generates with its adapters unmerged)
+  if ((!c.onPolicy && seed % 3 === 1) || (c.onPolicy && seed % 2 === 0)) {
     const r = mulberry(seed * 31 + 7);
     const targets = LORA_TARGETS.filter(() => r() < 0.6);
     c.lora = { rank: 1 + Math.floor(r() * 8), alpha: Number((1 + 16 * r()).toFixed(2)), targets: targets.length ? targets : ['o_proj'] };

@@ -188,3 +188,11 @@ test('4-bit frozen weights: an nf4 teacher distills end to end; QLoRA (an nf4 ba
   assert.equal(small.teacher_dtype, 'nf4'); assert.equal(small.base_dtype, 'nf4');
   assert.ok(small.device_bytes < plain.device_bytes);
 });
+
+test('on-policy LoRA distillation: the student generates with its adapters unmerged, end to end', async () => {
+  const s = await runTraining(lora({ mode: 'distill', out: path.join(dir, 'lora-on-policy'), teacher: base, onPolicy: 1, steps: 3, seq: 16, genTemperature: 1 }), quiet);
+  assert.equal(s.status, 'completed');
+  const rows = fs.readFileSync(path.join(s.out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+  assert.ok(rows.filter((r) => r.on_policy === 1).length === 3, 'every step generated');
+  assert.ok(rows.some((r) => (r.gen_len ?? 0) > 0));
+});
