@@ -34,6 +34,7 @@ import {
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
 import { TeacherPass, type PassRows } from './teacher-pass.js';
+import type { FrozenDtype } from '../model/frozen.js';
 
 export { weightsHash };
 
@@ -54,6 +55,8 @@ export interface CacheJobOptions {
   maxChars: number;
   device: 'cpu' | 'cuda';
   precision: PrecisionFlag;
+  /** Storage of the teacher's projection matrices: the compute dtype (default), or NF4 (src/model/frozen.ts). */
+  teacherDtype?: FrozenDtype | undefined;
   threads: number;
   /** Windows per shard file. */
   shardWindows: number;
@@ -149,6 +152,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     },
     seq: o.seq, packing: PACKING, windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
     temperature: o.temperature, sparse: formatSparse(rep), loss_vocab: lossVocab, sample_seed: o.seed, precision,
+    ...(o.teacherDtype === 'nf4' ? { teacher_dtype: 'nf4' as const } : {}),
   };
   // Continue a cache of the same identity; refuse another unless --overwrite.
   const done = new Map<number, ShardInfo>();
@@ -195,14 +199,14 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   let teacher: Transformer | null = null, pass: TeacherPass | null = null;
   if (todo.length) {
     if (backend.prepare) {
-      await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: rep }));
+      await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: rep, teacherFrozen: o.teacherDtype }));
     }
-    teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision });
+    teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision, frozenDtype: o.teacherDtype });
     teacher.setWeights(ck.weights);
     pass = new TeacherPass(teacher, lossVocab, o.temperature, rep);
     log(`teacher cache: ${formatSparse(rep)} at temperature ${o.temperature} over ${windows.length} windows of ${T} ` +
       `(${packed.targetTokens} counted positions), ${nShards} shards of ${shardWindows} windows; teacher ${ck.config.architecture} ` +
-      `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision})`);
+      `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision}${o.teacherDtype === 'nf4' ? ', projection matrices in nf4' : ''})`);
   }
   const lay = recordLayout(rep, lossVocab);
   let signal: 'SIGINT' | 'SIGTERM' | null = null;

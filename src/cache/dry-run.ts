@@ -67,12 +67,12 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean } =
   const perPos = maxBitsPerPosition(lay) / 8;
   const windows = packed.windows.length, shards = Math.ceil(windows / o.shardWindows);
   const maxDisk = Math.ceil(packed.targetTokens * perPos) + windows * 9 + shards * 16;
-  const bytes = estimateJobBytes({ student: config, batch: o.batch, seq: o.seq, training: false, lossVocab, precision: prec.model });
+  const bytes = estimateJobBytes({ student: config, batch: o.batch, seq: o.seq, training: false, lossVocab, precision: prec.model, studentFrozen: o.teacherDtype });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
     const { attentionFor } = await import('../backend/cuda/cuda-backend.js');
-    kernels = planKernels(jobClosures({ student: config, teacher: config, batch: o.batch, seq: o.seq, lossVocab, precision: prec.model, cacheTeacher: o.sparse }),
+    kernels = planKernels(jobClosures({ student: config, teacher: config, batch: o.batch, seq: o.seq, lossVocab, precision: prec.model, cacheTeacher: o.sparse, teacherFrozen: o.teacherDtype }),
       { attention: attentionFor(prec.tf32) }).map((s) => ({
       family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),
     }));

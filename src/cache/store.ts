@@ -43,6 +43,8 @@ export interface CacheIdentity {
   loss_vocab: number;
   sample_seed: number;
   precision: string;
+  /** 'nf4' when the teacher's projection matrices ran in NF4 (absent: the compute dtype). */
+  teacher_dtype?: 'nf4';
 }
 
 export interface ShardInfo { file: string; first_window: number; windows: number; positions: number; bytes: number; sha256: string }
@@ -162,6 +164,7 @@ export function identityDifferences(a: CacheIdentity, b: CacheIdentity): string[
   cmp('--seed (sampling)', a.sample_seed, b.sample_seed);
   cmp('loss vocabulary', a.loss_vocab, b.loss_vocab);
   cmp('precision', a.precision, b.precision);
+  cmp('--teacher-dtype', a.teacher_dtype ?? 'auto', b.teacher_dtype ?? 'auto');
   return out;
 }
 

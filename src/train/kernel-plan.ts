@@ -111,7 +111,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   if (j.cacheTeacher) {
     runs.push((be) => {
       if (!j.teacher) throw new Error('a teacher-cache job needs the teacher\'s config');
-      const m = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision: j.precision ?? 'fp32' });
+      const m = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision: j.precision ?? 'fp32', frozenDtype: j.teacherFrozen });
       const pass = new TeacherPass(m, j.lossVocab ?? j.teacher.vocabSize, 1, j.cacheTeacher!);
       pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => 0.5, () => undefined);
     });

@@ -282,3 +282,39 @@ test('a cache of an older format version is refused by name, with what to do', (
   fs.writeFileSync(file, JSON.stringify({ format: CACHE_FORMAT, version: CACHE_VERSION - 1, seq: 8 }));
   assert.throws(() => readManifest(dir), (e: unknown) => e instanceof DistilleryError && /format version 1; this distillery reads version 2/.test(e.message) && /rebuild/.test(e.hint ?? ''));
 });
+
+test('teacher-cache --teacher-dtype nf4: the rows are the NF4 teacher\'s (its dequantized weights), the manifest records it, and another dtype is another cache', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 12);
+  const data = writeData(dir);
+  const out = path.join(dir, 'cache-nf4');
+  await buildTeacherCache(jobOptions(teacherDir, data, out, { teacherDtype: 'nf4' }), { log: () => {} });
+  const m = readManifest(out)!;
+  assert.equal(m.teacher_dtype, 'nf4');
+  const tok = tinyTokenizer();
+  const packed = packDocuments(tok, [fs.readFileSync(data, 'utf8')], { seqLen: 8, eosId: tok.eosId ?? tok.tokenToId('<|endoftext|>')! });
+  const be = createCpuBackend({ threads: 1 });
+  const { model: q } = loadTransformer(be, teacherDir, { batch: 1, seq: 8, training: false, frozenDtype: 'nf4' });
+  const { model: full } = loadTransformer(be, teacherDir, { batch: 1, seq: 8, training: false });
+  const cache = TeacherCache.open(out);
+  let differs = 0;
+  for (const w of packed.windows) {
+    const zq = be.download(q.forward(w.inputs, 1, 8)), zf = be.download(full.forward(w.inputs, 1, 8));
+    const got = cache.entries(w.id!);
+    let k = 0;
+    for (let p = 0; p < 8; p++) {
+      if (w.mask[p] === 0) continue;
+      const u = (i: number): number => cacheUniform(5, w.id!, p, i);
+      const want = sparseRow(zq, p * q.config.vocabSize, tok.vocabSize, 2, { kind: 'sample', n: 6 }, u);
+      const g = got[k++]!;
+      assert.deepEqual(g.ids, want.ids, `window ${w.id} position ${p}`);
+      const other = sparseRow(zf, p * full.config.vocabSize, tok.vocabSize, 2, { kind: 'sample', n: 6 }, u);
+      if (other.logq.some((l, i) => Math.abs(l - want.logq[i]!) > 1e-6) || other.ids.join() !== want.ids.join()) differs++;
+    }
+  }
+  assert.ok(differs > 0, 'the nf4 rows should not be the full-precision teacher\'s');
+  be.dispose();
+  await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, out), { log: () => {} }),
+    (e) => e instanceof DistilleryError && /--teacher-dtype: nf4 vs auto/.test(e.message));
+});

@@ -176,7 +176,7 @@ function inspectCache(dir: string, io: Io): void {
     `teacher cache  ${dir} (${m.complete ? 'complete' : `incomplete: ${written} of ${m.windows} windows; rerun its teacher-cache command to finish`})`,
     `sparse         ${m.sparse} at temperature ${m.temperature} (${m.sparse.startsWith('sample') ? 'unbiased: draws from the teacher' : 'top-K and the rest\'s mass: biased'}), sampling seed ${m.sample_seed}`,
     `size           ${bytes} bytes (${humanBytes(bytes)}) in ${m.shards.length} shards; ${pos} positions, ${pos ? (bytes / pos).toFixed(1) : '?'} bytes per token`,
-    `teacher        ${m.teacher.architecture} ${humanCount(m.teacher.parameters)} parameters, vocab ${m.teacher.vocab_size}, weights sha256 ${m.teacher.weights_sha256.slice(0, 16)} (${m.teacher.path}), ${m.precision}`,
+    `teacher        ${m.teacher.architecture} ${humanCount(m.teacher.parameters)} parameters, vocab ${m.teacher.vocab_size}, weights sha256 ${m.teacher.weights_sha256.slice(0, 16)} (${m.teacher.path}), ${m.precision}${m.teacher_dtype === 'nf4' ? ', projection matrices in nf4' : ''}`,
     `tokenizer      identity ${m.tokenizer_sha256.slice(0, 16)}; loss over ${m.loss_vocab} tokens`,
     `data           ${m.data.files.join(', ')}: ${m.data.documents} documents, ${m.data.tokens} tokens (${m.data.loss_tokens} counted, --loss-on ${m.data.loss_on}), sha256 ${m.data.sha256.slice(0, 16)}${m.data.max_chars ? `, --max-chars ${m.data.max_chars}` : ''}`,
     `windows        ${m.windows} of --seq ${m.seq} (distill with --seq ${m.seq} --temperature ${m.temperature}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,

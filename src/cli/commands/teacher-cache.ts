@@ -37,6 +37,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'quiet', kind: 'boolean', description: 'no progress output' },
   { name: 'dry-run', kind: 'boolean', description: 'plan the job: device memory, kernel plan, the cache\'s size on disk (tokenizes the data; reads no weights)' },
   { name: 'json', kind: 'boolean', description: 'print the summary (or the dry run) as one JSON object' },
+  { name: 'teacher-dtype', kind: 'string', choices: ['auto', 'nf4'], description: 'storage of the teacher\'s projection matrices: the compute dtype, or nf4 (4 bits, QLoRA\'s format; recorded in the manifest)', defaultText: 'auto' },
   PRECISION_FLAG,
   ...CUDA_FLAGS,
 ];
@@ -72,6 +73,7 @@ export function cacheJobOptions(v: Record<string, unknown>): CacheJobOptions {
     sparse: v.sparse === undefined ? DEFAULT_SPARSE : parseSparse(v.sparse as string), temperature, seed, valFraction,
     lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant', chatTemplateKwargs: kwargs, maxChars: int('max-chars', 0, 0),
     device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', precision: (v.precision as PrecisionFlag | undefined) ?? 'auto', threads,
+    ...(v['teacher-dtype'] === 'nf4' ? { teacherDtype: 'nf4' as const } : {}),
     shardWindows: int('shard-windows', DEFAULT_SHARD_WINDOWS, 1), overwrite: v.overwrite === true, quiet: v.quiet === true,
   };
 }
