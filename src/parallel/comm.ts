@@ -1,0 +1,44 @@
+/**
+ * The communicator seam of data-parallel runs: the collectives a step needs, on a backend's buffers. One process
+ * (LocalComm) needs none of them; HostComm (host-comm.ts) moves the data through the host over TCP (the CPU backend,
+ * and tests of the sharding logic with real processes); NCCL (the GPU path) is to come behind the same interface.
+ * Collectives are blocking and SPMD: every rank calls the same ones in the same order.
+ */
+import type { Backend, Buf } from '../backend/backend.js';
+
+export interface Communicator {
+  readonly rank: number;
+  readonly world: number;
+  /** buf[0, n) = the sum over ranks of each rank's buf[0, n). */
+  allReduceSum(be: Backend, buf: Buf, n: number): void;
+  /** Host numbers summed over ranks (token counts, loss sums). */
+  allReduceHost(x: Float64Array | number[]): Float64Array;
+  /**
+   * Every rank's shard of `shard` elements, buf[rank·shard, (rank+1)·shard), gathered into buf[0, world·shard) on every
+   * rank (ZeRO-1: the updated parameters of each rank's shard).
+   */
+  allGather(be: Backend, buf: Buf, shard: number): void;
+  /** Bytes from rank 0 to every rank (what rank 0 decided: a stop, the NCCL id). */
+  broadcast(bytes: Uint8Array): Uint8Array;
+  barrier(): void;
+  close(): void;
+}
+
+/** One process: every collective is the identity. */
+export class LocalComm implements Communicator {
+  readonly rank = 0;
+  readonly world = 1;
+  allReduceSum(): void {}
+  allReduceHost(x: Float64Array | number[]): Float64Array { return Float64Array.from(x); }
+  allGather(): void {}
+  broadcast(bytes: Uint8Array): Uint8Array { return bytes; }
+  barrier(): void {}
+  close(): void {}
+}
+
+/** The contiguous shard of a flat buffer of `total` elements that rank r owns: [r·size, min(total, (r+1)·size)). */
+export function shardOf(total: number, world: number, rank: number): { size: number; begin: number; end: number } {
+  const size = Math.ceil(total / world);
+  const begin = Math.min(total, rank * size), end = Math.min(total, begin + size);
+  return { size, begin, end };
+}

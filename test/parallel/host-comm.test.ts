@@ -1,0 +1,74 @@
+/**
+ * The host communicator (src/parallel/host-comm.ts) with real processes over TCP on this machine: sums (float32 buffers,
+ * float64 host values), gathers of shards, a broadcast of 70 kB, a barrier; the process-group variables parsed and
+ * refused by name; and a rank that dies after joining makes the others fail within the timeout, naming it.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import * as net from 'node:net';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { distEnv } from '../../src/parallel/env.js';
+import { shardOf } from '../../src/parallel/comm.js';
+import { InputError } from '../../src/util/errors.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve) => { const s = net.createServer(); s.listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => resolve(p)); }); });
+}
+
+/** Runs `world` ranks of a script; resolves with each rank's stdout lines and exit code. */
+export async function launch(script: string, world: number, extra: NodeJS.ProcessEnv = {}): Promise<Array<{ code: number | null; out: string; err: string }>> {
+  const port = await freePort();
+  return Promise.all(Array.from({ length: world }, (_, rank) => new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
+    const p = spawn(process.execPath, [script], {
+      env: { ...process.env, ...extra, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(world), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '', err = '';
+    p.stdout.on('data', (d) => { out += d; });
+    p.stderr.on('data', (d) => { err += d; });
+    p.on('close', (code) => resolve({ code, out, err }));
+  })));
+}
+
+test('process-group variables: WORLD_SIZE unset or 1 is one process; bad ranks, ports and a missing MASTER_ADDR are refused by name', () => {
+  assert.equal(distEnv({}), null);
+  assert.equal(distEnv({ WORLD_SIZE: '1' }), null);
+  assert.deepEqual(distEnv({ WORLD_SIZE: '4', RANK: '2', LOCAL_RANK: '0', MASTER_ADDR: 'node0', MASTER_PORT: '29500' }), { rank: 2, world: 4, localRank: 0, masterAddr: 'node0', masterPort: 29500 });
+  assert.equal(distEnv({ WORLD_SIZE: '2', RANK: '1', MASTER_ADDR: 'h', MASTER_PORT: '1' })!.localRank, 1);
+  for (const [env, re] of [
+    [{ WORLD_SIZE: '2', RANK: '2', MASTER_ADDR: 'h', MASTER_PORT: '1' }, /RANK=2 is not valid for a run of WORLD_SIZE 2/],
+    [{ WORLD_SIZE: '2', MASTER_ADDR: 'h', MASTER_PORT: '1' }, /RANK=\(unset\)/],
+    [{ WORLD_SIZE: '2', RANK: '0', MASTER_PORT: '1' }, /MASTER_ADDR is not set/],
+    [{ WORLD_SIZE: '2', RANK: '0', MASTER_ADDR: 'h', MASTER_PORT: '70000' }, /MASTER_PORT=70000/],
+    [{ WORLD_SIZE: 'two', RANK: '0', MASTER_ADDR: 'h', MASTER_PORT: '1' }, /WORLD_SIZE=two/],
+  ] as const) assert.throws(() => distEnv(env as NodeJS.ProcessEnv), (e) => e instanceof InputError && re.test(e.message));
+  assert.deepEqual([0, 1, 2].map((r) => shardOf(10, 3, r)), [{ size: 4, begin: 0, end: 4 }, { size: 4, begin: 4, end: 8 }, { size: 4, begin: 8, end: 10 }]);
+});
+
+test('HostComm across 3 processes: sums, float64 host sums, shard gathers, a 70 kB broadcast and a barrier', { timeout: 60_000 }, async () => {
+  const res = await launch(path.join(here, 'comm-rank.js'), 3);
+  for (const r of res) assert.equal(r.code, 0, r.err + r.out);
+  const rows = res.map((r) => JSON.parse(r.out.trim()) as { rank: number; host: number[]; summed: number[]; gathered: number[]; bcast: string; bcastLength: number });
+  for (const x of rows) {
+    assert.deepEqual(x.host, [3, 0.1 + 0.2 + 0.30000000000000004, 3e15 + 3]);
+    assert.deepEqual(x.summed, Array.from({ length: 9 }, (_, i) => 3 * ((i % 7) * 0.25) + 3));
+    assert.deepEqual(x.gathered, Array.from({ length: 13 }, (_, i) => 100 * Math.floor(i / 5) + i));
+    assert.equal(x.bcast, 'from rank 0: xxxxxxx'); assert.equal(x.bcastLength, 13 + 70_000);
+  }
+});
+
+test('a rank that dies after joining stops the others within the timeout, naming it', { timeout: 60_000 }, async () => {
+  const t0 = Date.now();
+  const res = await launch(path.join(here, 'comm-rank.js'), 3, { COMM_CASE: 'die', COMM_TIMEOUT_MS: '8000' });
+  assert.equal(res[1]!.code, 3);
+  for (const r of [res[0]!, res[2]!]) {
+    assert.equal(r.code, 1, r.err + r.out);
+    const row = JSON.parse(r.out.trim()) as { error: string };
+    assert.match(row.error, /rank 1 disconnected|rank 0 disconnected|waited 8s for the other ranks/);
+  }
+  assert.ok(Date.now() - t0 < 30_000);
+});
