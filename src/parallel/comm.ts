@@ -18,6 +18,8 @@ export interface Communicator {
    * rank (ZeRO-1: the updated parameters of each rank's shard).
    */
   allGather(be: Backend, buf: Buf, shard: number): void;
+  /** Host arrays of `shard` elements from every rank, concatenated in rank order (a checkpoint's optimizer moments). */
+  allGatherHost(x: Float32Array, shard: number): Float32Array;
   /** Bytes from rank 0 to every rank (what rank 0 decided: a stop, the NCCL id). */
   broadcast(bytes: Uint8Array): Uint8Array;
   barrier(): void;
@@ -31,6 +33,7 @@ export class LocalComm implements Communicator {
   allReduceSum(): void {}
   allReduceHost(x: Float64Array | number[]): Float64Array { return Float64Array.from(x); }
   allGather(): void {}
+  allGatherHost(x: Float32Array): Float32Array { return x.slice(); }
   broadcast(bytes: Uint8Array): Uint8Array { return bytes; }
   barrier(): void {}
   close(): void {}

@@ -98,6 +98,15 @@ export class HostComm implements Communicator {
     be.upload(buf, f.subarray(0, Math.min(total, buf.length)));
   }
 
+  allGatherHost(x: Float32Array, shard: number): Float32Array {
+    const total = this.world * shard;
+    this.room(total * 4);
+    const f = new Float32Array(this.data, 0, total);
+    f.set(x.subarray(0, Math.min(shard, x.length)), this.rank * shard);
+    this.run('allgather', shard, `gathering ${this.world} host shards of ${shard} values`);
+    return f.slice();
+  }
+
   broadcast(bytes: Uint8Array): Uint8Array {
     this.room(Math.max(4, bytes.length));
     // the length first (a float), then the bytes

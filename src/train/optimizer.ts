@@ -15,6 +15,20 @@ export interface Trainable {
   readonly layout: { readonly tensors: readonly TensorInfo[]; readonly total: number };
 }
 
+/** What a training step asks of its optimizer (AdamW; ShardedAdamW, src/parallel/data-parallel.ts, for data parallelism). */
+export interface Optimizer {
+  /** Updates applied so far. */
+  step: number;
+  /** The global L2 norm of the gradients (after summing them over ranks, when there are several). */
+  gradNorm(): number;
+  /** One update with learning rate lr, the gradients multiplied by gradScale first. */
+  update(lr: number, gradScale: number): void;
+  /** The whole first and second moments, for a checkpoint. */
+  gatherMoments(): { m: Float32Array; v: Float32Array };
+  /** Loads whole moments from a checkpoint. */
+  loadMoments(m: Float32Array, v: Float32Array): void;
+}
+
 export interface AdamWOptions {
   beta1: number;
   beta2: number;
@@ -22,7 +36,7 @@ export interface AdamWOptions {
   weightDecay: number;
 }
 
-export class AdamW {
+export class AdamW implements Optimizer {
   readonly m: Buf;
   readonly v: Buf;
   /** Number of updates applied so far (bias correction uses step + 1). */
@@ -39,6 +53,15 @@ export class AdamW {
 
   /** The tensors of the flat buffer, with weight decay on matrices and embeddings only. */
   private readonly segments: AdamWSegment[];
+
+  gatherMoments(): { m: Float32Array; v: Float32Array } {
+    return { m: Float32Array.from(this.be.download(this.m)), v: Float32Array.from(this.be.download(this.v)) };
+  }
+
+  loadMoments(m: Float32Array, v: Float32Array): void {
+    this.be.upload(this.m, m);
+    this.be.upload(this.v, v);
+  }
 
   /** The global L2 norm of the gradients. */
   gradNorm(): number {

@@ -22,6 +22,8 @@ export interface SavedState {
   options: RunOptions;
   /** SHA-256 of the training documents (hashDocuments); absent in checkpoints of older versions. */
   dataHash?: string;
+  /** The number of data-parallel processes that wrote it (absent: 1). */
+  world?: number;
 }
 
 /** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */

@@ -47,7 +47,11 @@ import { lossPlotSvg } from '../report/loss-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
-import { AdamW } from './optimizer.js';
+import { AdamW, type Optimizer } from './optimizer.js';
+import { distEnv } from '../parallel/env.js';
+import { LocalComm, type Communicator } from '../parallel/comm.js';
+import { HostComm } from '../parallel/host-comm.js';
+import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
 import type { RunOptions } from './options.js';
@@ -116,6 +120,8 @@ export interface RunHooks {
   log?: (line: string) => void;
   /** A backend to use instead of creating one (tests, benchmarks). */
   backend?: Backend;
+  /** A communicator to use instead of the one the process-group variables name (tests). */
+  comm?: Communicator;
   /** CUDA settings for the backend runTraining creates (verbose/strict kernels, cache folder, TF32). */
   backendOptions?: CudaOptions;
   /**
@@ -127,7 +133,20 @@ export interface RunHooks {
 
 /** Runs training or distillation as configured. Throws DistilleryError for bad input; never loses the last checkpoint. */
 export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<RunSummary> {
-  const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
+  // Data parallel (src/parallel): one process per rank, from RANK/WORLD_SIZE/... (torchrun's variables). Rank 0 owns
+  // the run folder (the lock, metrics, checkpoints, the final model) and the log; every rank reads.
+  const group = distEnv();
+  const comm: Communicator = hooks.comm ?? (group ? await HostComm.connect(group) : new LocalComm());
+  try {
+    return await runRank(o, hooks, comm);
+  } finally {
+    if (!hooks.comm) comm.close();
+  }
+}
+
+async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator): Promise<RunSummary> {
+  const root = comm.rank === 0;
+  const log = !root ? () => {} : hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
   try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
     const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
@@ -135,10 +154,10 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     const input = ['ENOTDIR', 'EEXIST', 'EACCES', 'EPERM', 'EROFS'].includes(String((e as NodeJS.ErrnoException).code));
     throw input && f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
   }
-  const lock = lockRunFolder(out);
+  const lock = root ? lockRunFolder(out) : null;
   try {
     checkNoSymlinks(out);
-    if (!o.resume && holdsRun(out)) {
+    if (root && !o.resume && holdsRun(out)) {
       if (!o.overwrite) {
         throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,
           'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out');
@@ -147,8 +166,12 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       log(`--overwrite: removed the previous run's files in ${out}`);
     }
     const latest = path.join(out, 'checkpoints', 'latest');
-    recoverDir(latest);
-    recoverDir(path.join(out, 'checkpoints', 'best'));
+    if (root) {
+      recoverDir(latest);
+      recoverDir(path.join(out, 'checkpoints', 'best'));
+    }
+    // every rank past here sees the folder rank 0 prepared
+    comm.barrier();
     let saved: SavedState | null = null;
     if (o.resume) {
       const statePath = path.join(latest, 'state.json');
@@ -157,6 +180,11 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
       }
       saved = readSavedState(statePath);
       checkResumeCompatible(saved.options, o, log);
+      const was = saved.world ?? 1;
+      if (was !== comm.world) {
+        throw new DistilleryError(`--resume: the checkpoint was written by a run of ${was} process${was > 1 ? 'es' : ''}, this one has ${comm.world}`,
+          `resume with WORLD_SIZE ${was} (the data order and the optimizer's shards depend on it), or start a new run in another --out`);
+      }
     }
 
     // The backend first: a missing GPU is reported before any data work is done.
@@ -165,17 +193,18 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
     const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads });
     const ownBackend = !hooks.backend;
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec);
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, comm);
     } finally {
       if (ownBackend) backend.dispose();
     }
   } finally {
-    lock.release();
+    lock?.release();
   }
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
-  latest: string, saved: SavedState | null, prec: ResolvedPrecision): Promise<RunSummary> {
+  latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator): Promise<RunSummary> {
+  const root = comm.rank === 0, world = comm.world;
   // ---- data and tokenizer ----------------------------------------------------------------------------
   // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
   const cache = o.mode === 'distill' && o.teacherCache ? TeacherCache.open(o.teacherCache) : null;
@@ -204,7 +233,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
     }
   }
-  if (!saved) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
+  if (!saved && root) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
   const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
@@ -274,7 +303,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return h;
   };
   const distilling = teacher !== null || cache !== null;
-  const opt = new AdamW(files.trainable, adam);
+  const opt: Optimizer = world > 1 ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
+  if (world > 1) log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); the optimizer's moments sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
+  /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
+  const nextBatch = (): ReturnType<BatchLoader['next']> => {
+    let mine: ReturnType<BatchLoader['next']> | null = null;
+    for (let k = 0; k < world; k++) { const b = loader.next(); if (k === comm.rank) mine = b; }
+    return mine!;
+  };
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
   const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
@@ -301,23 +337,23 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const s = saved;
     files.restore(path.join(latest, files.resumeDir));
     const moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
-    backend.upload(opt.m, moments.m);
-    backend.upload(opt.v, moments.v);
+    opt.loadMoments(moments.m, moments.v);
     opt.step = s.optimizerStep;
     loader.restore(s.loader);
     step = s.step; tokensTrained = s.tokensTrained;
     initialTrainLoss = s.initialTrainLoss; initialValLoss = s.initialValLoss; initialValCe = s.initialValCe;
-    truncateMetrics(metricsPath, step);
+    if (root) truncateMetrics(metricsPath, step);
     log(`resumed from ${latest} at step ${step}`);
   } else {
     if (student.lora) student.lora.setWeights(loraInitialWeights(student.lora.layout, new Rng(o.seed)));
     else student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
-    try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
+    if (root) try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
   const appendMetric = (m: Record<string, unknown>): void => {
+    if (!root) return;
     try { appendNoFollow(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
       if (e instanceof DistilleryError) throw e;
       throw fileError(e, `cannot append to ${metricsPath}`,
@@ -345,9 +381,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     if (!Number.isFinite(lossNow)) return `the weights after step ${step} give a non-finite loss (${lossNow})`;
     const state: SavedState = {
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
-      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash,
+      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
     };
-    const m = Float32Array.from(backend.download(opt.m)), v = Float32Array.from(backend.download(opt.v));
+    const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
+    lastGoodStep = step;
+    if (!root) return null;
     replaceDirAtomicSync(latest, (tmp) => {
       files.writeResume(path.join(tmp, files.resumeDir));
       hooks.duringCheckpointWrite?.(tmp, step);
@@ -374,7 +412,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       warn(`the validation loss has risen for ${VAL_RISE_WARN} evaluations in a row (${v.risingStreak.map(fmt).join(' → ')}, step ${step}): ` +
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
     }
-    if (v.best) {
+    if (v.best && root) {
       files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
     }
   };
@@ -420,12 +458,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal,
     };
-    writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
+    if (root) writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
   };
   /** An off-policy step's micro-batches (with a teacher cache, its sparse rows decoded on the host). */
   const offPolicyMicro = (): Batch[] => Array.from({ length: o.gradAccum }, () => {
-    const b = loader.next();
+    const b = nextBatch();
     return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) };
   });
   // With a teacher cache, the next step's batches are built while the device runs this one (decoding its sparse rows
@@ -445,8 +483,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       if (ahead !== null && ahead.step === step) { micro = ahead.micro; ahead = null; }
       else if (!onPolicyStep) micro = offPolicyMicro();
       for (let a = 0; a < o.gradAccum && onPolicyStep; a++) {
-        const b = loader.next();
-        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a, genStopIds, eosId);
+        const b = nextBatch();
+        // sampling seeded by the global micro-batch index: N ranks draw what one process with N× accumulation would
+        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a * world + comm.rank, genStopIds, eosId);
         micro.push(g.batch);
         generated += g.generated;
       }
@@ -455,7 +494,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       let r;
       const stepStart = process.hrtime.bigint();
       try {
-        r = runner.trainStep(micro, opt, lr, o.clip, () => lookAhead(step + 1));
+        r = runner.trainStep(micro, opt, lr, o.clip, () => lookAhead(step + 1), comm);
         stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
       } catch (e) {
         if (e instanceof NonFiniteLossError) throw fail(step + 1, e.message, e.hint);
@@ -477,13 +516,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
           } : {}),
         } : {}),
       });
-      if (!o.quiet) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
+      if (!o.quiet && root) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
       const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
       if (step % o.evalEvery === 0 || last) {
         lastEval = evaluate();
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
-          if (!o.quiet) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
+          if (!o.quiet && root) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
           afterEval(lastEval.meanLoss);
         }
       }
@@ -497,6 +536,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       if (o.stopAfter > 0 && step >= o.stopAfter && step < o.steps) { status = 'stopped'; break; }
       // Let a pending SIGINT / SIGTERM be delivered (the step itself runs without yielding).
       if (!last) await new Promise<void>((resolve) => setImmediate(resolve));
+      // With several ranks, rank 0's signal stops every rank at this same step.
+      if (world > 1 && !last) {
+        const s0: number = comm.broadcast(Uint8Array.of(signal === 'SIGINT' ? 1 : signal === 'SIGTERM' ? 2 : 0))[0]!;
+        signal = s0 === 1 ? 'SIGINT' : s0 === 2 ? 'SIGTERM' : null;
+      }
       if (signal !== null && !last) {
         if (!savedNow) {
           const bad = saveLatest(evaluatedNow, micro[0]!);
@@ -509,14 +553,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
-    if (!o.quiet) progress.done();
+    if (!o.quiet && root) progress.done();
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
-    try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
+    if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
-    files.writeUser(finalDir, o.saveDtype);
+    if (root) files.writeUser(finalDir, o.saveDtype);
   }
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +

@@ -12,7 +12,8 @@
 import type { LossSpec } from '../backend/backend.js';
 import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
-import type { AdamW } from './optimizer.js';
+import type { Optimizer } from './optimizer.js';
+import type { Communicator } from '../parallel/comm.js';
 import { DistilleryError } from '../util/errors.js';
 import { ChunkedHead, type HeadOptions } from './head.js';
 import type { SparseHost } from '../cache/targets.js';
@@ -150,13 +151,19 @@ export class StepRunner {
    * after the last micro-batch's pass is queued and before its results are read: host work (the next batch) that
    * overlaps the device's.
    */
-  trainStep(micro: Batch[], optimizer: AdamW, lr: number, clip: number, whileQueued?: () => void): StepResult {
+  trainStep(micro: Batch[], optimizer: Optimizer, lr: number, clip: number, whileQueued?: () => void, comm?: Communicator): StepResult {
     let total = 0;
     for (const b of micro) for (let i = 0; i < b.b * b.t; i++) total += b.mask[i]!;
+    // Data parallel: every token is weighted by 1 / (the step's counted tokens over all ranks).
+    if (comm && comm.world > 1) total = comm.allReduceHost([total])[0]!;
     if (total === 0) throw new DistilleryError('a training step got no counted tokens', 'check the dataset: every window is padding');
     this.student.zeroGrad();
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     micro.forEach((b, i) => addSums(acc, this.lossPass(b, 1 / total, true, i === micro.length - 1 ? whileQueued : undefined)));
+    if (comm && comm.world > 1) {
+      const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
+      Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[5]!, teacherCeTokens: g[6]! } : {});
+    }
     const loss = acc.loss / acc.tokens;
     if (!Number.isFinite(loss)) throw new NonFiniteLossError('the training loss', loss);
     const gradNorm = optimizer.gradNorm();

@@ -5,34 +5,14 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import * as net from 'node:net';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { distEnv } from '../../src/parallel/env.js';
 import { shardOf } from '../../src/parallel/comm.js';
 import { InputError } from '../../src/util/errors.js';
+import { launch } from './launch.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-
-export async function freePort(): Promise<number> {
-  return new Promise((resolve) => { const s = net.createServer(); s.listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => resolve(p)); }); });
-}
-
-/** Runs `world` ranks of a script; resolves with each rank's stdout lines and exit code. */
-export async function launch(script: string, world: number, extra: NodeJS.ProcessEnv = {}): Promise<Array<{ code: number | null; out: string; err: string }>> {
-  const port = await freePort();
-  return Promise.all(Array.from({ length: world }, (_, rank) => new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
-    const p = spawn(process.execPath, [script], {
-      env: { ...process.env, ...extra, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(world), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '', err = '';
-    p.stdout.on('data', (d) => { out += d; });
-    p.stderr.on('data', (d) => { err += d; });
-    p.on('close', (code) => resolve({ code, out, err }));
-  })));
-}
 
 test('process-group variables: WORLD_SIZE unset or 1 is one process; bad ranks, ports and a missing MASTER_ADDR are refused by name', () => {
   assert.equal(distEnv({}), null);

@@ -1,0 +1,76 @@
+/**
+ * Data parallelism with a sharded optimizer (ZeRO-1), over a Communicator (comm.ts):
+ *
+ * - data: rank r takes micro-batches r, r + N, r + 2N, ... of the one deterministic loader order, so N ranks at batch
+ *   b see, step for step, the batches one process sees with gradient accumulation over N micro-batches;
+ * - loss weights: every token is weighted by 1 / (the step's counted tokens over all ranks), so the summed gradients are
+ *   the single-process gradient of the global batch;
+ * - gradients: summed over ranks (all-reduce) before the global norm is taken (clipping uses it);
+ * - optimizer: each rank keeps the AdamW moments of its contiguous shard of the trainable buffer only (shardOf), updates
+ *   that shard of the parameters (and of their compute copy), then the shards are all-gathered, so every rank holds the
+ *   whole updated model. (Masters stay whole on every rank in this first version.)
+ */
+import type { Backend, AdamWSegment, Buf } from '../backend/backend.js';
+import type { AdamWOptions, Optimizer, Trainable } from '../train/optimizer.js';
+import { shardOf, type Communicator } from './comm.js';
+
+export class ShardedAdamW implements Optimizer {
+  readonly m: Buf;
+  readonly v: Buf;
+  step = 0;
+  readonly shard: { size: number; begin: number; end: number };
+  private readonly be: Backend;
+  private readonly segments: AdamWSegment[];
+
+  constructor(private readonly model: Trainable, readonly opts: AdamWOptions, readonly comm: Communicator) {
+    if (!model.grads) throw new Error('ShardedAdamW: the trainable has no gradients');
+    this.be = model.backend;
+    this.shard = shardOf(model.layout.total, comm.world, comm.rank);
+    const n = Math.max(1, this.shard.end - this.shard.begin);
+    this.m = this.be.alloc(n, `optimizer first moment (shard ${comm.rank} of ${comm.world})`);
+    this.v = this.be.alloc(n, `optimizer second moment (shard ${comm.rank} of ${comm.world})`);
+    // the tensors' parts inside the shard, relative to its start
+    const { begin, end } = this.shard;
+    this.segments = model.layout.tensors
+      .map((t) => ({ offset: Math.max(t.offset, begin), end: Math.min(t.offset + t.size, end), decay: t.decay }))
+      .filter((s) => s.end > s.offset)
+      .map((s) => ({ offset: s.offset - begin, size: s.end - s.offset, decay: s.decay }));
+  }
+
+  /** Sums the gradients over ranks, then their global L2 norm (the same on every rank). */
+  gradNorm(): number {
+    const g = this.model.grads!, n = this.model.layout.total;
+    this.comm.allReduceSum(this.be, g, n);
+    return Math.sqrt(this.be.sumSquares(g, n));
+  }
+
+  update(lr: number, gradScale: number): void {
+    this.step++;
+    const be = this.be, { begin, end, size } = this.shard, n = end - begin;
+    const p = this.model.params, w = this.model.weights, g = this.model.grads!;
+    if (n > 0) {
+      const view = (b: Buf): Buf => be.view(b, begin, n);
+      be.adamwSegments(view(p), view(g), be.view(this.m, 0, n), be.view(this.v, 0, n), this.segments, {
+        lr, beta1: this.opts.beta1, beta2: this.opts.beta2, eps: this.opts.eps, weightDecay: this.opts.weightDecay, step: this.step, gradScale,
+      }, w === p ? null : view(w));
+    }
+    this.comm.allGather(be, p, size);
+    if (w !== p) be.copy(w, p);
+  }
+
+  /** The whole moments, gathered from every rank's shard (for a checkpoint; the same on every rank). */
+  gatherMoments(): { m: Float32Array; v: Float32Array } {
+    const n = this.shard.end - this.shard.begin, total = this.model.layout.total;
+    const part = (b: Buf): Float32Array => Float32Array.from(n > 0 ? this.be.download(this.be.view(b, 0, n)) : []);
+    return {
+      m: this.comm.allGatherHost(part(this.m), this.shard.size).subarray(0, total),
+      v: this.comm.allGatherHost(part(this.v), this.shard.size).subarray(0, total),
+    };
+  }
+
+  /** Loads this rank's shard of whole moments (--resume). */
+  loadMoments(m: Float32Array, v: Float32Array): void {
+    const { begin, end } = this.shard;
+    if (end > begin) { this.be.upload(this.m, m.subarray(begin, end)); this.be.upload(this.v, v.subarray(begin, end)); }
+  }
+}

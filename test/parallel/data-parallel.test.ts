@@ -1,0 +1,77 @@
+/**
+ * Data parallelism with a sharded optimizer (src/parallel/data-parallel.ts) on the CPU, with real processes over the
+ * host communicator: 2 ranks at batch 4 train what 1 process trains with gradient accumulation over the same 8
+ * sequences (the same losses, the same weights within float32 summation order); only rank 0 writes the run folder;
+ * --resume at the same world size continues bit-exactly, and at another is refused.
+ */
+import { test, before } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { runTraining, type RunSummary } from '../../src/train/run.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { readCheckpoint } from '../../src/model/checkpoint.js';
+import { readMetrics } from '../../src/train/run-state.js';
+import { corpusFile } from '../train/corpus.js';
+import { launch } from './launch.js';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+let dir = '';
+let corpus = '';
+before(() => { dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-dp-')); corpus = corpusFile(dir); });
+
+function opts(over: Partial<RunOptions>): RunOptions {
+  return {
+    ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(dir, 'run'), data: [corpus], model: 'tiny',
+    vocabSize: 300, batch: 4, seq: 16, steps: 6, evalEvery: 3, saveEvery: 3, warmup: 1, quiet: true, threads: 1, ...over,
+  };
+}
+
+async function ranks(o: RunOptions, world: number): Promise<Array<RunSummary & { error?: string }>> {
+  const res = await launch(path.join(here, 'train-rank.js'), world, { DP_OPTS: JSON.stringify(o) });
+  return res.map((r) => {
+    const line = r.out.trim().split('\n').pop() ?? '';
+    try { return JSON.parse(line) as RunSummary & { error?: string }; } catch { return { error: `no summary (exit ${r.code}): ${r.err.slice(-400)}` } as RunSummary & { error?: string }; }
+  });
+}
+
+test('2 ranks at batch 4 train what 1 process trains with 2 accumulated micro-batches; only rank 0 writes', { timeout: 120_000 }, async () => {
+  const single = await runTraining(opts({ out: path.join(dir, 'single'), gradAccum: 2 }), { log: () => {} });
+  const [r0, r1] = await ranks(opts({ out: path.join(dir, 'dp2') }), 2);
+  assert.equal(r0!.error, undefined, r0!.error); assert.equal(r1!.error, undefined, r1!.error);
+  assert.equal(r0!.status, 'completed');
+  // the same tokens and losses, step by step (float32 summation order apart)
+  assert.equal(r0!.tokensTrained, single.tokensTrained);
+  const a = readMetrics(path.join(dir, 'single', 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+  const b = readMetrics(path.join(dir, 'dp2', 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+  assert.equal(b.length, 6);
+  a.forEach((m, i) => assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * Math.abs(m.loss!), `step ${i + 1}: loss ${m.loss} vs ${b[i]!.loss}`));
+  a.forEach((m, i) => assert.ok(Math.abs(m.grad_norm! - b[i]!.grad_norm!) <= 1e-4 * m.grad_norm!, `step ${i + 1}: grad norm ${m.grad_norm} vs ${b[i]!.grad_norm}`));
+  const w1 = readCheckpoint(path.join(dir, 'single', 'final')).weights, w2 = readCheckpoint(path.join(dir, 'dp2', 'final')).weights;
+  let worst = 0, scale = 0;
+  for (let i = 0; i < w1.length; i++) { worst = Math.max(worst, Math.abs(w1[i]! - w2[i]!)); scale = Math.max(scale, Math.abs(w1[i]!)); }
+  assert.ok(worst <= 1e-4 * scale, `weights differ by ${worst} (largest weight ${scale})`);
+  process.stderr.write(`data parallel vs accumulation: final weights differ by at most ${worst.toExponential(2)} (largest weight ${scale.toFixed(3)}); losses ${b.map((m) => m.loss!.toFixed(6)).join(' ')}\n`);
+  assert.equal(r1!.finalValLoss, r0!.finalValLoss);
+  // rank 0 wrote the folder once; rank 1 wrote nothing of its own
+  assert.deepEqual(fs.readdirSync(path.join(dir, 'dp2')).sort(), ['checkpoints', 'final', 'loss.svg', 'metrics.jsonl', 'summary.json', 'tokenizer.json']);
+  const state = JSON.parse(fs.readFileSync(path.join(dir, 'dp2', 'checkpoints', 'latest', 'state.json'), 'utf8')) as { world: number };
+  assert.equal(state.world, 2);
+});
+
+test('data-parallel resume: stopped at step 3 and resumed on 2 ranks equals the uninterrupted 2-rank run; 1 process is refused', { timeout: 120_000 }, async () => {
+  const full = await ranks(opts({ out: path.join(dir, 'dp-full') }), 2);
+  assert.equal(full[0]!.error, undefined, full[0]!.error);
+  const stopped = await ranks(opts({ out: path.join(dir, 'dp-split'), stopAfter: 3 }), 2);
+  assert.equal(stopped[0]!.status, 'stopped');
+  await assert.rejects(runTraining(opts({ out: path.join(dir, 'dp-split'), resume: true }), { log: () => {} }),
+    /the checkpoint was written by a run of 2 processes, this one has 1/);
+  const resumed = await ranks(opts({ out: path.join(dir, 'dp-split'), resume: true }), 2);
+  assert.equal(resumed[0]!.error, undefined, resumed[0]!.error);
+  const read = (run: string): Buffer => fs.readFileSync(path.join(dir, run, 'checkpoints', 'latest', 'model', 'model.safetensors'));
+  assert.ok(read('dp-full').equals(read('dp-split')), 'the resumed 2-rank run differs from the uninterrupted one');
+  const opt = (run: string): Buffer => fs.readFileSync(path.join(dir, run, 'checkpoints', 'latest', 'optimizer.safetensors'));
+  assert.ok(opt('dp-full').equals(opt('dp-split')), 'the gathered optimizer moments differ');
+});
