@@ -16,6 +16,8 @@ export interface CudaOptions {
   cacheDir?: string;
   /** CUDA: allow TF32 tensor-core GEMMs (faster, ~1e-3 relative error). */
   tf32?: boolean;
+  /** CUDA: the GPU ordinal (a data-parallel rank's LOCAL_RANK; default 0). */
+  ordinal?: number;
 }
 
 export interface BackendOptions extends CudaOptions {
@@ -45,7 +47,7 @@ export function threadsProblem(n: number): string | null {
   return Number.isInteger(n) && n >= 0 && n <= MAX_THREADS ? null : `an integer from 0 to ${MAX_THREADS} (0 = all cores)`;
 }
 
-type CudaFactory = (opts: CudaOptions) => Promise<Backend> | Backend;
+type CudaFactory = (opts: CudaOptions & { device?: number }) => Promise<Backend> | Backend;
 
 export async function createBackend(o: BackendOptions): Promise<Backend> {
   const bad = o.threads === undefined ? null : threadsProblem(o.threads);
@@ -60,10 +62,12 @@ export async function createBackend(o: BackendOptions): Promise<Backend> {
       throw new DistilleryError(`the CUDA backend could not be loaded: ${(e as Error).message}`, 'use --device cpu');
     }
     if (!mod.createCudaBackend) throw new DistilleryError('this build has no CUDA backend', 'use --device cpu');
-    const c: CudaOptions = { verbose: o.verbose ?? false };
+    // createCudaBackend (cuda/index.ts) takes the GPU ordinal as `device`
+    const c: CudaOptions & { device?: number } = { verbose: o.verbose ?? false };
     if (o.strict !== undefined) c.strict = o.strict;
     if (o.cacheDir !== undefined) c.cacheDir = o.cacheDir;
     if (o.tf32 !== undefined) c.tf32 = o.tf32;
+    if (o.ordinal !== undefined) c.device = o.ordinal;
     return await mod.createCudaBackend(c);
   }
   throw new DistilleryError(`unknown device "${String(o.device)}"`, 'use --device cpu or --device cuda');

@@ -32,6 +32,8 @@ export interface JobMemory {
   /** Frozen weights in NF4 (src/model/frozen.ts): the teacher's, and the student's base under LoRA. */
   teacherFrozen?: FrozenDtype | undefined;
   studentFrozen?: FrozenDtype | undefined;
+  /** Data-parallel processes (default 1): each keeps the AdamW moments of its shard only (src/parallel/data-parallel.ts). */
+  world?: number | undefined;
 }
 
 const F = 4;
@@ -68,7 +70,9 @@ export function estimateJobBytes(j: JobMemory): number {
   const p = parameterLayout(j.student).total;
   // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
   const trainBase = j.training && !j.lora;
-  let bytes = (trainBase ? p * (4 * F + (a === F ? 0 : a)) : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  // Training: masters and gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16.
+  const world = Math.max(1, j.world ?? 1);
+  let bytes = (trainBase ? p * (2 * F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).

@@ -38,7 +38,9 @@ export interface DryRunReport {
   /** Rows of logits computed at a time by the chunked LM head, and the vocabulary rows the loss runs over. */
   head_chunk_rows: number;
   loss_vocab: number;
-  /** Estimated peak memory of the job's allocations on the device (host memory for --device cpu), in bytes. */
+  /** Data-parallel processes (--gpus): the estimate is per process. */
+  world: number;
+  /** Estimated peak memory of the job's allocations on the device (host memory for --device cpu), in bytes (per process). */
   device_bytes: number;
   device_gib: string;
   /** The pre-warm plan: every kernel the job launches (empty on the CPU, which compiles nothing). */
@@ -68,7 +70,7 @@ function describeModel(c: ModelConfig): Record<string, unknown> {
 }
 
 /** Plans the job of `o` as described in the module comment. */
-export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Promise<DryRunReport> {
+export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: number } = {}): Promise<DryRunReport> {
   const manifest = o.mode === 'distill' && o.teacherCache ? readManifest(o.teacherCache) : null;
   if (o.mode === 'distill' && o.teacherCache && !manifest) {
     throw new DistilleryError(`--teacher-cache ${o.teacherCache}: no manifest.json there`, 'pass the --out folder of `distillery teacher-cache`');
@@ -89,7 +91,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
     precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen });
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world: opts.world });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
@@ -103,7 +105,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean } = {}): Prom
     mode: o.mode, device: o.device, precision: prec.name, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
     head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : []))), loss_vocab: lossVocab,
-    device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
+    world: opts.world ?? 1, device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
     teacher_cache: manifest ? {
       path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,
       bytes: manifest.shards.reduce((a, x) => a + x.bytes, 0), bytes_per_token: manifest.bytes_per_token,
@@ -123,7 +125,7 @@ export function formatDryRun(r: DryRunReport): string {
     ...(r.teacher_cache ? [`cache     ${r.teacher_cache.path}: ${r.teacher_cache.sparse} at temperature ${r.teacher_cache.temperature}, ` +
       `${(r.teacher_cache.bytes / 2 ** 20).toFixed(2)} MiB on disk, ${r.teacher_cache.bytes_per_token ?? '?'} bytes per token (no teacher in memory)`] : []),
     ...(r.lora ? [`LoRA      rank ${r.lora.rank}, alpha ${r.lora.alpha} on ${r.lora.targets.join(', ')}: ${r.lora.trainable_parameters} trainable parameters (the base frozen${r.base_dtype === 'nf4' ? ', its matrices in nf4' : ''})`] : []),
-    `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,
+    `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}${r.world > 1 ? ` per process of ${r.world} (the optimizer's moments sharded)` : ''}`,
     `LM head   ${r.head_chunk_rows} rows of logits at a time over ${r.loss_vocab} vocabulary rows`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',
   ];

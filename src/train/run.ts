@@ -138,13 +138,13 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
   const group = distEnv();
   const comm: Communicator = hooks.comm ?? (group ? await HostComm.connect(group) : new LocalComm());
   try {
-    return await runRank(o, hooks, comm);
+    return await runRank(o, hooks, comm, group?.localRank);
   } finally {
     if (!hooks.comm) comm.close();
   }
 }
 
-async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator): Promise<RunSummary> {
+async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, localRank: number | undefined): Promise<RunSummary> {
   const root = comm.rank === 0;
   const log = !root ? () => {} : hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
@@ -190,7 +190,9 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator): Prom
     // The backend first: a missing GPU is reported before any data work is done.
     // The precision first too: a contradictory --precision / --tf32 is a usage error before anything runs.
     const prec = resolvePrecision(o.precision, hooks.backendOptions?.tf32, o.device);
-    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads });
+    // A data-parallel rank computes on the GPU of its LOCAL_RANK (among those CUDA_VISIBLE_DEVICES shows).
+    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads,
+      ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}) });
     const ownBackend = !hooks.backend;
     try {
       return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, comm);
@@ -271,7 +273,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
     onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen });
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));

@@ -75,3 +75,25 @@ test('data-parallel resume: stopped at step 3 and resumed on 2 ranks equals the 
   const opt = (run: string): Buffer => fs.readFileSync(path.join(dir, run, 'checkpoints', 'latest', 'optimizer.safetensors'));
   assert.ok(opt('dp-full').equals(opt('dp-split')), 'the gathered optimizer moments differ');
 });
+
+test('distillery train --gpus 2 (--device cpu: 2 processes) runs the ranks and equals 1 process with 2 accumulated micro-batches; --dry-run estimates per process', { timeout: 120_000 }, async () => {
+  const { spawnSync } = await import('node:child_process');
+  const cli = path.resolve(here, '../../../bin/distillery.js');
+  const common = ['--data', corpus, '--model', 'tiny', '--vocab-size', '300', '--batch', '4', '--seq', '16', '--steps', '4', '--warmup', '1', '--eval-every', '2', '--save-every', '2', '--threads', '1', '--quiet'];
+  const r = spawnSync(process.execPath, [cli, 'train', ...common, '--gpus', '2', '--out', path.join(dir, 'cli-dp')], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stderr, /data parallel: 2 processes, each a batch of 4 × 1 per step \(a global batch of 8\)/);
+  const s = spawnSync(process.execPath, [cli, 'train', ...common, '--grad-accum', '2', '--out', path.join(dir, 'cli-single')], { encoding: 'utf8' });
+  assert.equal(s.status, 0, s.stderr);
+  const a = readMetrics(path.join(dir, 'cli-single', 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+  const b = readMetrics(path.join(dir, 'cli-dp', 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+  assert.equal(b.length, 4);
+  a.forEach((m, i) => assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * m.loss!, `step ${i + 1}: ${m.loss} vs ${b[i]!.loss}`));
+  const one = JSON.parse(spawnSync(process.execPath, [cli, 'train', ...common, '--out', path.join(dir, 'x'), '--dry-run', '--json'], { encoding: 'utf8' }).stdout) as { device_bytes: number; world: number };
+  const two = JSON.parse(spawnSync(process.execPath, [cli, 'train', ...common, '--out', path.join(dir, 'x'), '--dry-run', '--json', '--gpus', '2'], { encoding: 'utf8' }).stdout) as { device_bytes: number; world: number };
+  assert.equal(two.world, 2);
+  assert.ok(two.device_bytes < one.device_bytes);
+  const bad = spawnSync(process.execPath, [cli, 'train', ...common, '--out', path.join(dir, 'y'), '--gpus', '2'], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '2', RANK: '0' } });
+  assert.equal(bad.status, 2);
+  assert.match(bad.stderr, /--gpus 2 starts its own processes, but this one is already rank 0 of WORLD_SIZE 2/);
+});

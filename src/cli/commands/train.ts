@@ -24,13 +24,17 @@ async function defaultRunTraining(opts: RunOptions, hooks: { log: (line: string)
   return runTraining(opts, hooks);
 }
 
+const LAUNCH_FLAGS: FlagSpec[] = [
+  { name: 'gpus', kind: 'integer', description: 'data parallel on this host: N processes, one per GPU (--device cuda; with --device cpu, N CPU processes), each a batch of --batch per micro-step (default 1). Across hosts, start one process per GPU with torchrun\'s variables (RANK, WORLD_SIZE, MASTER_ADDR, ...) instead', defaultText: '1' },
+];
+
 const DRY_RUN_FLAGS: FlagSpec[] = [
   { name: 'dry-run', kind: 'boolean', description: 'plan the job without running it: estimated peak device memory and the kernel plan, from the configs alone (no weights, no GPU)' },
   { name: 'json', kind: 'boolean', description: 'with --dry-run: print one JSON object' },
 ];
 
 function makeRunCommand(mode: 'train' | 'distill'): Command {
-  const flags = [...runFlags(mode), ...CUDA_FLAGS, ...DRY_RUN_FLAGS];
+  const flags = [...runFlags(mode), ...CUDA_FLAGS, ...LAUNCH_FLAGS, ...DRY_RUN_FLAGS];
   const summary = mode === 'train'
     ? 'train a model on text (next-token cross-entropy)'
     : 'distill a teacher checkpoint into a smaller student';
@@ -62,14 +66,27 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       const configFile = parsed.values.config as string | undefined;
       const config = configFile !== undefined ? { file: configFile, values: loadConfigFile(configFile) } : undefined;
       const runValues = { ...parsed.values };
-      for (const k of [...CUDA_FLAG_NAMES, 'dry-run', 'json']) delete runValues[k];
+      for (const k of [...CUDA_FLAG_NAMES, 'dry-run', 'json', 'gpus']) delete runValues[k];
+      const gpus = (parsed.values.gpus as number | undefined) ?? 1;
+      if (!(Number.isInteger(gpus) && gpus >= 1 && gpus <= 1024)) throw new UsageError(`--gpus must be an integer from 1 to 1024, got ${gpus}`, 'e.g. --gpus 8 for every GPU of the host');
+      if (gpus > 1 && process.env.WORLD_SIZE !== undefined && process.env.WORLD_SIZE !== '1') {
+        throw new UsageError(`--gpus ${gpus} starts its own processes, but this one is already rank ${process.env.RANK ?? '?'} of WORLD_SIZE ${process.env.WORLD_SIZE}`,
+          'drop --gpus when a launcher (torchrun, Slurm) starts the ranks');
+      }
       const { options, warnings } = resolveRunOptions({ mode, flags: runValues, config, fs: realFs });
       for (const w of warnings) io.err(`warning: ${w}\n`);
       if (parsed.values['dry-run'] === true) {
         const { dryRun, formatDryRun } = await import('../../train/dry-run.js');
-        const report = await dryRun(options, { tf32: parsed.values.tf32 === true });
+        const report = await dryRun(options, { tf32: parsed.values.tf32 === true, world: gpus > 1 ? gpus : Number(process.env.WORLD_SIZE ?? 1) || 1 });
         io.out(parsed.values.json === true ? JSON.stringify(report) + '\n' : formatDryRun(report) + '\n');
         return 0;
+      }
+      if (gpus > 1 && parsed.values['dry-run'] !== true) {
+        // validated above: every rank would accept the same options; start them and wait
+        const { launchRanks, withoutGpusFlag } = await import('../../parallel/launcher.js');
+        const script = process.argv[1];
+        if (!script) throw new UsageError('--gpus: cannot find the distillery script to start the ranks with', 'start the ranks with torchrun\'s variables instead');
+        return launchRanks(script, [mode, ...withoutGpusFlag(argv)], gpus, io);
       }
       if (parsed.values.json === true) throw new UsageError('--json goes with --dry-run', `add --dry-run, or drop --json (a run's results are in ${options.out}/summary.json)`);
       const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };

@@ -1,0 +1,64 @@
+/**
+ * `distillery train|distill --gpus N` on one host: starts N processes of the same command (without --gpus), each with
+ * the process-group variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR 127.0.0.1, a free
+ * MASTER_PORT) and NCCL_NVLS_ENABLE=0, so that every rank is an ordinary rank of a launcher-started run. Rank 0's
+ * output is the command's; another rank's stderr is shown when it fails. SIGINT and SIGTERM are passed to every rank
+ * (rank 0 decides the step they stop at); a rank that fails makes the others fail at their next collective, and the
+ * launcher waits for all of them, then exits with rank 0's code (or the first failing rank's).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import * as net from 'node:net';
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => { const p = (s.address() as net.AddressInfo).port; s.close(() => resolve(p)); });
+  });
+}
+
+/** Removes `--gpus N` / `--gpus=N` from argv. */
+export function withoutGpusFlag(argv: readonly string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--gpus') { i++; continue; }
+    if (argv[i]!.startsWith('--gpus=')) continue;
+    out.push(argv[i]!);
+  }
+  return out;
+}
+
+export interface LaunchIo { err: (s: string) => void }
+
+/** Runs `script args` as `n` ranks; resolves with the exit code the launcher should return. */
+export async function launchRanks(script: string, args: readonly string[], n: number, io: LaunchIo, env: NodeJS.ProcessEnv = process.env): Promise<number> {
+  const port = await freePort();
+  const kids: ChildProcess[] = [];
+  const codes: Array<number | null> = new Array<number | null>(n).fill(null);
+  const errTail: string[] = new Array<string>(n).fill('');
+  const forward = (sig: NodeJS.Signals): void => { for (const k of kids) if (k.exitCode === null) k.kill(sig); };
+  const onInt = (): void => forward('SIGINT'), onTerm = (): void => forward('SIGTERM');
+  process.on('SIGINT', onInt);
+  process.on('SIGTERM', onTerm);
+  try {
+    await Promise.all(Array.from({ length: n }, (_, rank) => new Promise<void>((resolve) => {
+      const k = spawn(process.execPath, [script, ...args], {
+        env: {
+          ...env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
+          MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',
+        },
+        stdio: rank === 0 ? 'inherit' : ['ignore', 'ignore', 'pipe'],
+      });
+      kids.push(k);
+      k.stderr?.on('data', (d: Buffer) => { errTail[rank] = (errTail[rank] + d.toString()).slice(-4000); });
+      k.on('close', (code, sig) => { codes[rank] = code ?? (sig === 'SIGINT' ? 130 : sig === 'SIGTERM' ? 143 : 1); resolve(); });
+    })));
+  } finally {
+    process.off('SIGINT', onInt);
+    process.off('SIGTERM', onTerm);
+  }
+  for (let r = 1; r < n; r++) {
+    if (codes[r] !== 0 && codes[r] !== codes[0]) io.err(`rank ${r} exited with ${codes[r]}:\n${errTail[r]!.split('\n').slice(-12).map((l) => `  [rank ${r}] ${l}`).join('\n')}\n`);
+  }
+  return codes[0] !== 0 ? codes[0]! : codes.find((c) => c !== 0) ?? 0;
+}
