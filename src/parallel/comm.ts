@@ -45,3 +45,11 @@ export function shardOf(total: number, world: number, rank: number): { size: num
   const begin = Math.min(total, rank * size), end = Math.min(total, begin + size);
   return { size, begin, end };
 }
+
+/**
+ * Whether a run uses NCCL (src/parallel/nccl.ts) for its device collectives: a CUDA run with DISTILLERY_NCCL=1 (opt-in
+ * until the binding has run on a GPU; otherwise a CUDA run of several ranks goes through the host communicator).
+ */
+export function ncclWanted(device: 'cpu' | 'cuda', world: number, env: NodeJS.ProcessEnv = process.env): boolean {
+  return device === 'cuda' && env.DISTILLERY_NCCL === '1' && world >= 1;
+}

@@ -49,7 +49,7 @@ import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { AdamW, type Optimizer } from './optimizer.js';
 import { distEnv } from '../parallel/env.js';
-import { LocalComm, type Communicator } from '../parallel/comm.js';
+import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
 import { HostComm } from '../parallel/host-comm.js';
 import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { lrAt } from './schedule.js';
@@ -194,9 +194,17 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads,
       ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}) });
     const ownBackend = !hooks.backend;
+    // NCCL for the device collectives of a CUDA run (opt-in until it has run on a GPU: src/parallel/nccl.ts)
+    let dcomm: Communicator = comm;
+    if (!hooks.comm && ncclWanted(o.device, comm.world) && backend.name.startsWith('cuda')) {
+      const { NcclComm } = await import('../parallel/nccl.js');
+      dcomm = new NcclComm(comm, backend as unknown as ConstructorParameters<typeof NcclComm>[1]);
+      log(`data parallel: NCCL ${(dcomm as InstanceType<typeof NcclComm>).version()} for the gradients and parameters (NCCL_NVLS_ENABLE=0)`);
+    }
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, comm);
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm);
     } finally {
+      if (dcomm !== comm) dcomm.close();
       if (ownBackend) backend.dispose();
     }
   } finally {
@@ -305,7 +313,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return h;
   };
   const distilling = teacher !== null || cache !== null;
-  const opt: Optimizer = world > 1 ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
+  // A device communicator of one rank (NCCL with --gpus 1) still runs the sharded path: it must equal AdamW bit for bit.
+  const opt: Optimizer = world > 1 || !(comm instanceof LocalComm) ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
   if (world > 1) log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); the optimizer's moments sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {

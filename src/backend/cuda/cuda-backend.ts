@@ -600,6 +600,16 @@ export class CudaBackend implements Backend {
     return this.prof ? formatProfile(this.prof.rows(), this.prof.wallMs()) : null;
   }
 
+  /**
+   * A buffer as a collective operand (src/parallel/nccl.ts): its device address and dtype, and the stream every op of this
+   * backend is ordered on, so that NCCL's collectives queue behind the step's work. Not inside a captured region.
+   */
+  collectiveOperand(buf: Buf, offset = 0): { ptr: bigint; dtype: DType; elem: number; stream: unknown } {
+    const b = this.own(buf, 'collective');
+    if (!this.dev) throw new Error('collective: a trace backend has no device memory');
+    return { ptr: b.ptr + BigInt(offset * b.elem), dtype: buf.dtype, elem: b.elem, stream: this.dev.driver.currentStream };
+  }
+
   /** Waits for all queued GPU work (tests and timings; ops never need it). */
   synchronize(): void { this.dev?.driver.synchronize('synchronizing'); }
 

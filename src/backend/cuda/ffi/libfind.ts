@@ -17,12 +17,13 @@ import { basename, join } from 'node:path';
 import koffi from 'koffi';
 import { DistilleryError } from '../../../util/errors.js';
 
-export type CudaLibName = 'cuda' | 'nvrtc' | 'cublas';
+export type CudaLibName = 'cuda' | 'nvrtc' | 'cublas' | 'nccl';
 
 export const LIB_CANDIDATES: Readonly<Record<CudaLibName, readonly string[]>> = {
   cuda: ['libcuda.so.1', 'libcuda.so'],
   nvrtc: ['libnvrtc.so.13', 'libnvrtc.so.12', 'libnvrtc.so.11.2', 'libnvrtc.so'],
   cublas: ['libcublas.so.13', 'libcublas.so.12', 'libcublas.so.11', 'libcublas.so'],
+  nccl: ['libnccl.so.2', 'libnccl.so'],
 };
 
 export const DEFAULT_DIRS = [
@@ -105,6 +106,7 @@ const HUMAN: Record<CudaLibName, string> = {
   cuda: 'the NVIDIA driver library (libcuda.so.1)',
   nvrtc: 'NVRTC (libnvrtc.so)',
   cublas: 'cuBLAS (libcublas.so)',
+  nccl: 'NCCL (libnccl.so.2)',
 };
 
 /** The one-sentence error for `--device cuda` without the libraries. */
