@@ -89,3 +89,15 @@ export function resolveHubModel(id: string, env: NodeJS.ProcessEnv = process.env
     hint: `download it first (e.g. \`hf download ${owner}/${name}${rev !== undefined ? ` --revision ${rev}` : ''}\` or \`huggingface-cli download ${owner}/${name}\`), set HF_HUB_CACHE or HF_HOME to the cache that has it, or pass a local folder`,
   };
 }
+
+/**
+ * The Hub id a local cache snapshot folder is of (`…/models--Qwen--Qwen2.5-0.5B/snapshots/<commit>` → `Qwen/Qwen2.5-0.5B`),
+ * or null for any other folder: what a LoRA adapter names as its base, as PEFT does.
+ */
+export function hubIdOfSnapshot(dir: string): string | null {
+  const parts = path.resolve(dir).split(path.sep);
+  const i = parts.lastIndexOf('snapshots');
+  if (i < 1 || i !== parts.length - 2) return null;
+  const m = /^models--([^/]+?)--(.+)$/.exec(parts[i - 1]!);
+  return m ? `${m[1]}/${m[2]}` : null;
+}

@@ -69,6 +69,8 @@ export function isAdapterDir(dir: string): boolean {
 export interface WriteAdapterOptions {
   dtype: 'f32' | 'bf16';
   base: BaseRef;
+  /** adapter_config.json's base_model_name_or_path (default base.path): the Hub id when the base came from the Hub cache. */
+  baseName?: string | undefined;
   /** Files carried beside the adapter (tokenizer.json, tokenizer_config.json, generation_config.json, best.json). */
   extraFiles?: Record<string, string>;
 }
@@ -89,7 +91,7 @@ export function writeAdapter(dir: string, lay: LoraLayout, weights: ArrayLike<nu
   const tensors = new Map<string, WriteTensor>();
   for (const t of lay.tensors) tensors.set(t.name, { shape: t.shape, data: Float32Array.from({ length: t.size }, (_, i) => weights[t.offset + i]!) });
   replaceDirAtomicSync(dir, (tmp) => {
-    fs.writeFileSync(path.join(tmp, ADAPTER_CONFIG), JSON.stringify(peftAdapterConfig(lay.spec, o.base.path), null, 2) + '\n');
+    fs.writeFileSync(path.join(tmp, ADAPTER_CONFIG), JSON.stringify(peftAdapterConfig(lay.spec, o.baseName ?? o.base.path), null, 2) + '\n');
     writeSafetensors(path.join(tmp, ADAPTER_WEIGHTS), tensors, { dtype: o.dtype, metadata: { format: 'pt' } });
     fs.writeFileSync(path.join(tmp, BASE_REF), JSON.stringify(o.base, null, 2) + '\n');
     for (const [name, text] of Object.entries(o.extraFiles ?? {})) fs.writeFileSync(path.join(tmp, name), text);
@@ -123,6 +125,16 @@ export function parseAdapterConfig(c: Record<string, unknown>, file: string): Lo
   if (Array.isArray(c.modules_to_save) ? c.modules_to_save.length > 0 : c.modules_to_save !== undefined && c.modules_to_save !== null) refuse('modules_to_save (fully trained extra modules) is not supported');
   if (c.layers_to_transform !== undefined && c.layers_to_transform !== null) refuse('layers_to_transform (adapters on some layers only) is not supported');
   if (c.lora_bias === true) refuse('lora_bias is not supported');
+  // PiSSA, OLoRA, CorDA, LoftQ... saved without PEFT's conversion to plain LoRA belong to a modified base
+  if (typeof c.init_lora_weights === 'string' && c.init_lora_weights !== 'gaussian') {
+    refuse(`init_lora_weights ${JSON.stringify(c.init_lora_weights)}: an adapter saved without conversion to plain LoRA belongs to the modified base it was initialised from`,
+      'save it with PEFT\'s path_initial_model_for_weight_conversion (plain LoRA), or merge it in Python first');
+  }
+  const present = (v: unknown): boolean => v !== undefined && v !== null && v !== false && !(Array.isArray(v) && v.length === 0) &&
+    !(typeof v === 'object' && !Array.isArray(v) && Object.keys(v as object).length === 0);
+  for (const k of ['exclude_modules', 'layer_replication', 'trainable_token_indices', 'target_parameters', 'use_qalora', 'megatron_config'] as const) {
+    if (present(c[k])) refuse(`${k} is not supported`);
+  }
   const r = c.r, alpha = c.lora_alpha;
   if (!(Number.isInteger(r) && (r as number) >= 1)) refuse(`r must be a positive integer, got ${JSON.stringify(r)}`, 'the adapter config is damaged');
   if (!(typeof alpha === 'number' && alpha > 0)) refuse(`lora_alpha must be a positive number, got ${JSON.stringify(alpha)}`, 'the adapter config is damaged');
@@ -201,7 +213,14 @@ export function readAdapterWeights(dir: string, spec: LoraSpec, c: ModelConfig):
 
 /** The base folder an adapter names: --base, else base_model.json's path, else base_model_name_or_path (a folder or a cached Hub id). */
 export function resolveBaseDir(h: Omit<LoadedAdapter, 'weights'>, baseOverride?: string): string {
-  if (baseOverride !== undefined) return baseOverride;
+  if (baseOverride !== undefined) {
+    if (!fs.existsSync(baseOverride) && looksLikeHubId(baseOverride)) {
+      const r = resolveHubModel(baseOverride);
+      if (!r.ok) throw new DistilleryError(`--base: ${r.message}`, r.hint);
+      return r.dir;
+    }
+    return baseOverride;
+  }
   const tried: string[] = [];
   for (const cand of [h.base?.path, h.baseName]) {
     if (!cand) continue;

@@ -121,7 +121,10 @@ export class FrozenNf4 {
     }
   }
 
-  /** The weights as the model computes with them (dense values; matrices dequantized on the host), layout order. */
+  /**
+   * The weights, layout order: the dense tensors as stored (in the compute dtype), the matrices dequantized on the host in
+   * float32 (a bf16 model's scratch rounds them once more when it expands them).
+   */
   getWeights(): Float32Array {
     const be = this.backend, p = this.plan, out = new Float32Array(this.layout.total);
     const dense = be.download(this.dense);

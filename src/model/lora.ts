@@ -59,12 +59,12 @@ export function checkLoraSpec(s: LoraSpec): void {
   }
 }
 
-/** Parses --lora-targets: comma-separated HF names, or "all" (every projection). */
+/** Parses --lora-targets: comma-separated HF names, or "all" (every projection); the result is in LORA_TARGETS order. */
 export function parseLoraTargets(s: string): LoraTarget[] {
   if (s.trim() === 'all') return [...LORA_TARGETS];
   const out = [...new Set(s.split(',').map((x) => x.trim()).filter((x) => x.length > 0))] as LoraTarget[];
   checkLoraSpec({ rank: 1, alpha: 1, targets: out });
-  return out;
+  return LORA_TARGETS.filter((t) => out.includes(t)); // a set, in the layers' order
 }
 
 /** One adapted projection of one layer. */

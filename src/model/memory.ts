@@ -73,7 +73,7 @@ export function estimateJobBytes(j: JobMemory): number {
   // Training: masters and gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16.
   const world = Math.max(1, j.world ?? 1);
   let bytes = (trainBase ? p * (2 * F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
-  if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a);
+  if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), undefined, j.training && a !== F);
@@ -90,11 +90,12 @@ export function estimateJobBytes(j: JobMemory): number {
  * otherwise), the saved t = s·(x·Aᵀ) [tokens, r] per layer and target (one set shared by the layers without
  * training) and the backward's dt [tokens, r].
  */
-export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a: number): number {
+export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a: number, world = 1): number {
   const r = lay.spec.rank, P = lay.total;
   const perLayer = lay.layers[0]?.length ?? 0;
   const saved = (training ? lay.layers.length : 1) * perLayer * tokens * r * a;
-  return P * (training ? 4 * F + (a === F ? 0 : a) : a) + saved + tokens * r * a;
+  // training: masters and gradients whole, the moments of this rank's shard, the compute copy in bf16
+  return (training ? P * (2 * F + (a === F ? 0 : a)) + Math.ceil(P / world) * 2 * F : P * a) + saved + tokens * r * a;
 }
 
 /**

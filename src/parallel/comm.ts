@@ -22,7 +22,8 @@ export interface Communicator {
   allGatherHost(x: Float32Array, shard: number): Float32Array;
   /** Bytes from rank 0 to every rank (what rank 0 decided: a stop, the NCCL id). */
   broadcast(bytes: Uint8Array): Uint8Array;
-  barrier(): void;
+  /** Waits for every rank (`timeoutMs`: longer than a collective's, e.g. around rank 0's checkpoint writes). */
+  barrier(timeoutMs?: number): void;
   close(): void;
 }
 

@@ -1,7 +1,8 @@
 /**
  * The process group of a data-parallel run, from the variables every launcher sets (torchrun, Slurm and Kubernetes
  * wrappers, and `distillery ... --gpus N`): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT. Absent (or
- * WORLD_SIZE 1): a single process. Anything inconsistent is refused by name before any work starts.
+ * WORLD_SIZE 1): a single process. Anything inconsistent is refused by name before any work starts. distillery's
+ * rendezvous listens on MASTER_PORT + 1 (or DISTILLERY_MASTER_PORT), since torchrun's agent holds MASTER_PORT.
  */
 import { InputError } from '../util/errors.js';
 
@@ -12,6 +13,11 @@ export interface DistEnv {
   localRank: number;
   masterAddr: string;
   masterPort: number;
+  /**
+   * The port rank 0 listens on for distillery's own rendezvous: DISTILLERY_MASTER_PORT, else MASTER_PORT + 1 (torchrun's
+   * agent already serves its store on MASTER_PORT).
+   */
+  commPort: number;
 }
 
 /** The process group, or null for a single process. */
@@ -32,5 +38,7 @@ export function distEnv(env: NodeJS.ProcessEnv = process.env): DistEnv | null {
   const masterAddr = env.MASTER_ADDR ?? '';
   if (masterAddr === '') throw new InputError('MASTER_ADDR is not set for a run of several processes', 'set MASTER_ADDR to the host of rank 0 (e.g. 127.0.0.1 on one machine)');
   const masterPort = int('MASTER_PORT', env.MASTER_PORT, 1, 65535);
-  return { rank, world, localRank, masterAddr, masterPort };
+  const commPort = env.DISTILLERY_MASTER_PORT !== undefined ? int('DISTILLERY_MASTER_PORT', env.DISTILLERY_MASTER_PORT, 1, 65535)
+    : masterPort < 65535 ? masterPort + 1 : masterPort - 1;
+  return { rank, world, localRank, masterAddr, masterPort, commPort };
 }

@@ -1,34 +1,49 @@
 /**
  * The socket side of HostComm (host-comm.ts), in a worker thread so that the training loop's collectives can block
- * (Atomics.wait) while this thread's event loop does the I/O. Star topology through rank 0: rank 0 listens on
- * MASTER_PORT, every other rank connects and says its rank; a collective sends each rank's part to rank 0, which
- * combines them in rank order (deterministic) and sends the result back. Frames: u32 length, then the payload.
- * A peer that disconnects fails the collective in progress (and every later one) with its rank named.
+ * (Atomics.wait) while this thread's event loop does the I/O. Star topology through rank 0: rank 0 listens on the
+ * group's port, every other rank connects and says its rank; a collective sends each rank's part to rank 0, which
+ * combines them in rank order (deterministic) and sends the result back.
+ *
+ * Frames: u32 payload length, u8 operation, then the payload. Rank 0 checks that every rank's frame is the collective it
+ * is running, with the size it expects: ranks that diverged (another collective, another length) stop with an error
+ * instead of mixing data. Rank 0 sends results from a private copy, never from the shared buffer the main thread
+ * refills as soon as the collective returns. A peer that disconnects fails the collective in progress (and every later
+ * one) with its rank named. Closing ends the sockets gracefully (queued results are delivered first).
  */
 import * as net from 'node:net';
 import { parentPort, workerData } from 'node:worker_threads';
 
+type OpName = 'allreduce' | 'allreduce64' | 'allgather' | 'bcast' | 'barrier';
 interface Init { rank: number; world: number; addr: string; port: number; connectTimeoutMs: number }
-interface Op { op: 'allreduce' | 'allreduce64' | 'allgather' | 'bcast' | 'barrier'; data: SharedArrayBuffer; n: number }
+interface Op { op: OpName; data: SharedArrayBuffer; n: number }
+
+const OP_CODE: Record<OpName, number> = { allreduce: 1, allreduce64: 2, allgather: 3, bcast: 4, barrier: 5 };
+const HELLO = 0;
 
 const init = workerData as Init & { ctl: SharedArrayBuffer; err: SharedArrayBuffer };
 const ctl = new Int32Array(init.ctl);
 const errBytes = new Uint8Array(init.err);
 
-/** Frames arriving on one socket, handed out in order. */
+interface Frame { op: number; payload: Buffer }
+
+/** Frames arriving on one socket, handed out in order (chunks kept in a list: no quadratic re-concatenation). */
 class FrameReader {
-  private buf: Buffer = Buffer.alloc(0);
-  private readonly frames: Buffer[] = [];
-  private waiting: { resolve: (b: Buffer) => void; reject: (e: Error) => void } | null = null;
+  private chunks: Buffer[] = [];
+  private have = 0;
+  private readonly frames: Frame[] = [];
+  private waiting: { resolve: (f: Frame) => void; reject: (e: Error) => void } | null = null;
   private dead: Error | null = null;
   constructor(readonly sock: net.Socket, public who: string) {
     sock.on('data', (d: Buffer) => {
-      this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d;
-      while (this.buf.length >= 4) {
-        const len = this.buf.readUInt32LE(0);
-        if (this.buf.length < 4 + len) break;
-        this.push(this.buf.subarray(4, 4 + len));
-        this.buf = this.buf.subarray(4 + len);
+      this.chunks.push(d); this.have += d.length;
+      for (;;) {
+        if (this.have < 5) break;
+        const head = this.peek(5);
+        const len = head.readUInt32LE(0);
+        if (this.have < 5 + len) break;
+        const op = this.take(5, Buffer.alloc(5))[4]!;
+        // the payload in its own ArrayBuffer at offset 0: typed-array views of it are aligned
+        this.push({ op, payload: this.take(len, Buffer.from(new ArrayBuffer(len))) });
       }
     });
     const fail = (why: string): void => {
@@ -39,11 +54,27 @@ class FrameReader {
     sock.on('close', () => fail('disconnected (its process ended or lost the connection)'));
     sock.on('error', (e) => fail(`failed: ${e.message}`));
   }
-  private push(f: Buffer): void {
-    const copy = Buffer.from(f);
-    if (this.waiting) { const w = this.waiting; this.waiting = null; w.resolve(copy); } else this.frames.push(copy);
+  /** The first n buffered bytes, without consuming them. */
+  private peek(n: number): Buffer {
+    if (this.chunks[0]!.length >= n) return this.chunks[0]!.subarray(0, n);
+    return Buffer.concat(this.chunks, Math.min(this.have, Math.max(n, 0))).subarray(0, n);
   }
-  next(): Promise<Buffer> {
+  /** Consumes n bytes into `out`. */
+  private take(n: number, out: Buffer): Buffer {
+    let off = 0;
+    while (off < n) {
+      const c = this.chunks[0]!, k = Math.min(c.length, n - off);
+      c.copy(out, off, 0, k);
+      off += k;
+      if (k === c.length) this.chunks.shift(); else this.chunks[0] = c.subarray(k);
+    }
+    this.have -= n;
+    return out;
+  }
+  private push(f: Frame): void {
+    if (this.waiting) { const w = this.waiting; this.waiting = null; w.resolve(f); } else this.frames.push(f);
+  }
+  next(): Promise<Frame> {
     const f = this.frames.shift();
     if (f) return Promise.resolve(f);
     if (this.dead) return Promise.reject(this.dead);
@@ -51,9 +82,10 @@ class FrameReader {
   }
 }
 
-function send(sock: net.Socket, payload: Uint8Array): void {
-  const h = Buffer.alloc(4);
+function send(sock: net.Socket, op: number, payload: Uint8Array): void {
+  const h = Buffer.alloc(5);
   h.writeUInt32LE(payload.length, 0);
+  h[4] = op;
   sock.write(h);
   sock.write(payload);
 }
@@ -73,19 +105,25 @@ async function rendezvous(): Promise<void> {
       const timer = setTimeout(() => reject(new Error(`rank 0: only ${joined} of ${world - 1} ranks joined within ${connectTimeoutMs / 1000}s on port ${port}`)), connectTimeoutMs);
       server.on('connection', (sock) => {
         sock.setNoDelay(true);
-        const r = new FrameReader(sock, 'a rank');
-        void r.next().then((hello) => {
-          const who = hello.readInt32LE(0);
-          if (who < 1 || who >= world || peers[who]) { sock.destroy(); reject(new Error(`rank 0: a process announced itself as rank ${who} (WORLD_SIZE ${world}), which is already taken or out of range`)); return; }
+        const r = new FrameReader(sock, 'a connecting process');
+        // a connection that closes without a hello (a port scan, a health check) is ignored
+        r.next().then((hello) => {
+          const who = hello.op === HELLO && hello.payload.length === 4 ? hello.payload.readInt32LE(0) : -1;
+          if (who < 1 || who >= world || peers[who]) {
+            sock.destroy();
+            clearTimeout(timer);
+            reject(new Error(`rank 0: a process announced itself as rank ${who} (WORLD_SIZE ${world}), which is already taken or out of range`));
+            return;
+          }
           r.who = `rank ${who}`;
           peers[who] = r;
           joined++;
           if (joined === world - 1) { clearTimeout(timer); server.close(); resolve(); }
-        }, reject);
+        }, () => { /* closed before saying who it is */ });
       });
     });
     // everyone is here: tell each rank so (its connect loop ends)
-    for (let r = 1; r < world; r++) send(peers[r]!.sock, Buffer.from([1]));
+    for (let r = 1; r < world; r++) send(peers[r]!.sock, HELLO, Buffer.from([1]));
     return;
   }
   const deadline = Date.now() + connectTimeoutMs;
@@ -98,7 +136,7 @@ async function rendezvous(): Promise<void> {
       sock.setNoDelay(true);
       toRoot = new FrameReader(sock, 'rank 0');
       const hello = Buffer.alloc(4); hello.writeInt32LE(rank, 0);
-      send(sock, hello);
+      send(sock, HELLO, hello);
       await toRoot.next(); // the ack once all ranks joined
       return;
     } catch (e) {
@@ -109,68 +147,86 @@ async function rendezvous(): Promise<void> {
   }
 }
 
+/** The bytes each rank contributes to a collective of n elements (rank 0 checks what arrives against it). */
+function contribution(op: OpName, n: number): number {
+  return op === 'allreduce64' ? n * 8 : op === 'bcast' ? 0 : n * 4;
+}
+
+async function fromPeer(r: number, o: Op): Promise<Buffer> {
+  const f = await peers[r]!.next();
+  const want = contribution(o.op, o.n);
+  if (f.op !== OP_CODE[o.op] || f.payload.length !== want) {
+    const name = Object.entries(OP_CODE).find(([, c]) => c === f.op)?.[0] ?? `operation ${f.op}`;
+    throw new Error(`rank ${r} is out of step: it sent ${name} of ${f.payload.length} bytes while rank 0 runs ${o.op} of ${want} bytes`);
+  }
+  return f.payload;
+}
+
 async function collective(o: Op): Promise<void> {
   const { rank, world } = init;
-  const f = new Float32Array(o.data);
+  const code = OP_CODE[o.op];
   const bytes = new Uint8Array(o.data);
   if (rank === 0) {
     if (o.op === 'allreduce' || o.op === 'barrier') {
-      const acc = Float64Array.from(f.subarray(0, o.n));
+      const f = new Float32Array(o.data, 0, o.n);
+      const acc = Float64Array.from(f);
       for (let r = 1; r < world; r++) {
-        const p = await peers[r]!.next();
+        const p = await fromPeer(r, o);
         const x = new Float32Array(p.buffer, p.byteOffset, p.length / 4);
         for (let i = 0; i < o.n; i++) acc[i]! += x[i]!;
       }
-      for (let i = 0; i < o.n; i++) f[i] = acc[i]!;
-      const out = new Uint8Array(f.buffer, 0, o.n * 4);
-      for (let r = 1; r < world; r++) send(peers[r]!.sock, out);
+      const out = Buffer.from(Float32Array.from(acc).buffer); // a private copy: the shared buffer is refilled at once
+      for (let r = 1; r < world; r++) send(peers[r]!.sock, code, out);
+      f.set(new Float32Array(out.buffer, out.byteOffset, o.n));
     } else if (o.op === 'allreduce64') {
       const d = new Float64Array(o.data, 0, o.n);
       for (let r = 1; r < world; r++) {
-        const p = await peers[r]!.next();
+        const p = await fromPeer(r, o);
         const x = new Float64Array(p.buffer, p.byteOffset, p.length / 8);
         for (let i = 0; i < o.n; i++) d[i]! += x[i]!;
       }
-      const out = new Uint8Array(o.data, 0, o.n * 8);
-      for (let r = 1; r < world; r++) send(peers[r]!.sock, out);
+      const out = Buffer.from(new Uint8Array(o.data, 0, o.n * 8));
+      for (let r = 1; r < world; r++) send(peers[r]!.sock, code, out);
     } else if (o.op === 'allgather') {
-      for (let r = 1; r < world; r++) {
-        const p = await peers[r]!.next();
-        bytes.set(p, r * o.n * 4);
-      }
-      const out = new Uint8Array(o.data, 0, world * o.n * 4);
-      for (let r = 1; r < world; r++) send(peers[r]!.sock, out);
+      for (let r = 1; r < world; r++) bytes.set(await fromPeer(r, o), r * o.n * 4);
+      const out = Buffer.from(new Uint8Array(o.data, 0, world * o.n * 4));
+      for (let r = 1; r < world; r++) send(peers[r]!.sock, code, out);
     } else {
-      const out = new Uint8Array(o.data, 0, o.n);
-      for (let r = 1; r < world; r++) send(peers[r]!.sock, out);
+      for (let r = 1; r < world; r++) await fromPeer(r, o); // every rank is at this broadcast
+      const out = Buffer.from(new Uint8Array(o.data, 0, o.n));
+      for (let r = 1; r < world; r++) send(peers[r]!.sock, code, out);
     }
     return;
   }
   const root = toRoot!;
-  if (o.op === 'allreduce' || o.op === 'barrier') {
-    send(root.sock, new Uint8Array(o.data, 0, o.n * 4));
-    const p = await root.next();
-    bytes.set(p, 0);
-  } else if (o.op === 'allreduce64') {
-    send(root.sock, new Uint8Array(o.data, 0, o.n * 8));
-    const p = await root.next();
-    bytes.set(p, 0);
-  } else if (o.op === 'allgather') {
-    send(root.sock, new Uint8Array(o.data, rank * o.n * 4, o.n * 4));
-    const p = await root.next();
-    bytes.set(p, 0);
-  } else {
-    const p = await root.next();
-    bytes.set(p, 0);
-  }
+  // a non-root rank's part leaves from the shared buffer, which the main thread leaves alone until rank 0 has answered
+  if (o.op === 'allreduce' || o.op === 'barrier') send(root.sock, code, new Uint8Array(o.data, 0, o.n * 4));
+  else if (o.op === 'allreduce64') send(root.sock, code, new Uint8Array(o.data, 0, o.n * 8));
+  else if (o.op === 'allgather') send(root.sock, code, new Uint8Array(o.data, rank * o.n * 4, o.n * 4));
+  else send(root.sock, code, new Uint8Array(0));
+  const f = await root.next();
+  if (f.op !== code) throw new Error(`rank ${rank} is out of step with rank 0 (it answered another collective)`);
+  bytes.set(f.payload, 0);
 }
 
 function done(error: string | null): void {
   if (error !== null) {
-    const b = Buffer.from(error.slice(0, errBytes.length / 2), 'utf8');
-    errBytes.set(b.subarray(0, errBytes.length)); ctl[1] = Math.min(b.length, errBytes.length);
+    const b = Buffer.from(error, 'utf8').subarray(0, errBytes.length);
+    errBytes.set(b); ctl[1] = b.length;
   }
   Atomics.store(ctl, 0, error === null ? 1 : 2);
+  Atomics.notify(ctl, 0);
+}
+
+/** Ends every socket after its queued writes (the last results reach the other ranks), then reports closed. */
+async function closeAll(): Promise<void> {
+  const socks = [...peers.filter((p): p is FrameReader => p !== null).map((p) => p.sock), ...(toRoot ? [toRoot.sock] : [])];
+  await Promise.all(socks.map((s) => new Promise<void>((resolve) => {
+    if (s.destroyed) { resolve(); return; }
+    const t = setTimeout(() => { s.destroy(); resolve(); }, 30_000);
+    s.end(() => { clearTimeout(t); resolve(); });
+  })));
+  Atomics.store(ctl, 0, 3);
   Atomics.notify(ctl, 0);
 }
 
@@ -178,9 +234,7 @@ let broken: string | null = null;
 let queue = Promise.resolve();
 parentPort!.on('message', (o: Op | { op: 'close' }) => {
   if (o.op === 'close') {
-    for (const p of peers) p?.sock.destroy();
-    toRoot?.sock.destroy();
-    parentPort!.close();
+    queue = queue.then(closeAll);
     return;
   }
   queue = queue.then(async () => {
@@ -188,5 +242,9 @@ parentPort!.on('message', (o: Op | { op: 'close' }) => {
     try { await collective(o); done(null); } catch (e) { broken = (e as Error).message; done(broken); }
   });
 });
+
+// a failure of this thread itself must wake the main thread, never leave it waiting out its timeout
+process.on('uncaughtException', (e) => { broken = `the communication thread failed: ${e.message}`; done(broken); });
+process.on('unhandledRejection', (e) => { broken = `the communication thread failed: ${(e as Error)?.message ?? String(e)}`; done(broken); });
 
 rendezvous().then(() => done(null), (e: Error) => { broken = e.message; done(broken); });

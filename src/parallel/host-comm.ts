@@ -12,8 +12,17 @@ import type { DistEnv } from './env.js';
 export interface HostCommOptions {
   /** How long a rank waits for the others to join (ms). */
   connectTimeoutMs?: number;
-  /** How long a collective may wait for the other ranks before the run stops (ms). */
+  /** How long a collective may wait for the other ranks before the run stops (ms; default DISTILLERY_COMM_TIMEOUT_S, else 300 s). */
   timeoutMs?: number;
+}
+
+/** Elements per frame of a large collective (frames carry a 32-bit length; 256 MB of float32 per piece). */
+const CHUNK = 1 << 26;
+
+/** The collective timeout: DISTILLERY_COMM_TIMEOUT_S seconds, else 300. */
+export function commTimeoutMs(env: NodeJS.ProcessEnv = process.env): number {
+  const s = Number(env.DISTILLERY_COMM_TIMEOUT_S);
+  return Number.isFinite(s) && s > 0 ? s * 1000 : 300_000;
 }
 
 export class HostComm implements Communicator {
@@ -28,15 +37,15 @@ export class HostComm implements Communicator {
     this.rank = env.rank; this.world = env.world; this.ctl = new Int32Array(ctl);
   }
 
-  /** Joins the process group (rank 0 listens on MASTER_PORT; the others connect to MASTER_ADDR). */
+  /** Joins the process group (rank 0 listens on the group's port; the others connect to MASTER_ADDR). */
   static async connect(env: DistEnv, o: HostCommOptions = {}): Promise<HostComm> {
     const connectTimeoutMs = o.connectTimeoutMs ?? 120_000;
     const ctl = new SharedArrayBuffer(8), err = new SharedArrayBuffer(4096);
     const worker = new Worker(new URL('./host-comm-worker.js', import.meta.url), {
-      workerData: { rank: env.rank, world: env.world, addr: env.masterAddr, port: env.masterPort, connectTimeoutMs, ctl, err },
+      workerData: { rank: env.rank, world: env.world, addr: env.masterAddr, port: env.commPort, connectTimeoutMs, ctl, err },
     });
     worker.unref();
-    const c = new HostComm(worker, env, ctl, err, o.timeoutMs ?? 300_000);
+    const c = new HostComm(worker, env, ctl, err, o.timeoutMs ?? commTimeoutMs());
     const ctlView = new Int32Array(ctl);
     const deadline = Date.now() + connectTimeoutMs + 5_000;
     while (Atomics.load(ctlView, 0) === 0) {
@@ -52,32 +61,37 @@ export class HostComm implements Communicator {
     Atomics.store(this.ctl, 0, 0);
     if (state === 2) {
       const msg = Buffer.from(new Uint8Array(this.err, 0, this.ctl[1]!)).toString('utf8');
-      throw new DistilleryError(`rank ${this.rank}: ${what} failed: ${msg}`, 'a rank stopped or lost its connection: every rank stops; continue with --resume from the last checkpoint');
+      throw new DistilleryError(`rank ${this.rank}: ${what} failed: ${msg}`, 'a rank stopped, lost its connection or ran other steps: every rank stops; continue with --resume from the last checkpoint');
     }
   }
 
-  private run(op: string, n: number, what: string): void {
+  private run(op: string, n: number, what: string, timeoutMs = this.timeoutMs): void {
     if (this.closed) throw new DistilleryError(`rank ${this.rank}: ${what} after the communicator was closed`);
     Atomics.store(this.ctl, 0, 0);
     this.worker.postMessage({ op, data: this.data, n });
-    const r = Atomics.wait(this.ctl, 0, 0, this.timeoutMs);
+    const r = Atomics.wait(this.ctl, 0, 0, timeoutMs);
     if (r === 'timed-out') {
-      throw new DistilleryError(`rank ${this.rank}: ${what} waited ${this.timeoutMs / 1000}s for the other ranks`,
-        'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint');
+      throw new DistilleryError(`rank ${this.rank}: ${what} waited ${timeoutMs / 1000}s for the other ranks`,
+        'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
     }
     this.finish(what);
   }
 
   private room(bytes: number): void {
-    if (this.data.byteLength < bytes) this.data = new SharedArrayBuffer(Math.max(bytes, this.data.byteLength * 2));
+    if (this.data.byteLength < bytes) this.data = new SharedArrayBuffer(Math.max(bytes, Math.min(this.data.byteLength * 2, CHUNK * 8)));
   }
 
   allReduceSum(be: Backend, buf: Buf, n: number): void {
-    this.room(n * 4);
-    const f = new Float32Array(this.data, 0, n);
-    f.set(be.download(be.view(buf, 0, n)));
-    this.run('allreduce', n, `summing ${n} values over ${this.world} ranks`);
-    be.upload(buf, f);
+    // the CPU backend's float64 reference mode sums in float64
+    const wide = be.dtype === 'f64';
+    for (let off = 0; off < n; off += CHUNK) {
+      const k = Math.min(CHUNK, n - off);
+      this.room(k * (wide ? 8 : 4));
+      const f = wide ? new Float64Array(this.data, 0, k) : new Float32Array(this.data, 0, k);
+      f.set(be.download(be.view(buf, off, k)));
+      this.run(wide ? 'allreduce64' : 'allreduce', k, `summing ${n} values over ${this.world} ranks`);
+      be.upload(buf, f, off);
+    }
   }
 
   allReduceHost(x: Float64Array | number[]): Float64Array {
@@ -88,48 +102,68 @@ export class HostComm implements Communicator {
     return Float64Array.from(d);
   }
 
+  /** Gathers every rank's `shard` elements (from `mine`) into `out` (world × shard), a piece of each shard at a time. */
+  private gather(mine: (off: number, k: number) => ArrayLike<number>, shard: number, out: (r: number, off: number, piece: Float32Array) => void, what: string): void {
+    for (let off = 0; off < Math.max(shard, 1); off += CHUNK) {
+      const k = Math.min(CHUNK, shard - off);
+      if (k <= 0) break;
+      this.room(this.world * k * 4);
+      const f = new Float32Array(this.data, 0, this.world * k);
+      f.set(mine(off, k), this.rank * k);
+      this.run('allgather', k, what);
+      for (let r = 0; r < this.world; r++) out(r, off, f.subarray(r * k, (r + 1) * k));
+    }
+  }
+
   allGather(be: Backend, buf: Buf, shard: number): void {
-    const total = this.world * shard;
-    this.room(total * 4);
-    const f = new Float32Array(this.data, 0, total);
-    const mine = Math.max(0, Math.min(shard, buf.length - this.rank * shard));
-    if (mine > 0) f.set(be.download(be.view(buf, this.rank * shard, mine)), this.rank * shard);
-    this.run('allgather', shard, `gathering ${this.world} shards of ${shard} values`);
-    be.upload(buf, f.subarray(0, Math.min(total, buf.length)));
+    const len = buf.length;
+    const mineOf = (off: number, k: number): ArrayLike<number> => {
+      const begin = this.rank * shard + off, m = Math.max(0, Math.min(k, len - begin));
+      const part = new Float32Array(k);
+      if (m > 0) part.set(be.download(be.view(buf, begin, m)));
+      return part;
+    };
+    this.gather(mineOf, shard, (r, off, piece) => {
+      const begin = r * shard + off, m = Math.max(0, Math.min(piece.length, len - begin));
+      if (r !== this.rank && m > 0) be.upload(buf, piece.subarray(0, m), begin);
+    }, `gathering ${this.world} shards of ${shard} values`);
   }
 
   allGatherHost(x: Float32Array, shard: number): Float32Array {
-    const total = this.world * shard;
-    this.room(total * 4);
-    const f = new Float32Array(this.data, 0, total);
-    f.set(x.subarray(0, Math.min(shard, x.length)), this.rank * shard);
-    this.run('allgather', shard, `gathering ${this.world} host shards of ${shard} values`);
-    return f.slice();
+    const out = new Float32Array(this.world * shard);
+    this.gather((off, k) => {
+      const part = new Float32Array(k);
+      part.set(x.subarray(Math.min(off, x.length), Math.min(off + k, x.length)));
+      return part;
+    }, shard, (r, off, piece) => out.set(piece, r * shard + off), `gathering ${this.world} host shards of ${shard} values`);
+    return out;
   }
 
   broadcast(bytes: Uint8Array): Uint8Array {
-    this.room(Math.max(4, bytes.length));
-    // the length first (a float), then the bytes
-    const len = new Float32Array(this.data, 0, 1);
-    len[0] = bytes.length;
-    this.run('bcast', 4, 'broadcasting from rank 0');
-    const n = new Float32Array(this.data, 0, 1)[0]!;
-    this.room(n);
+    // the length first (a float64: exact), then the bytes
+    this.room(8);
+    new Float64Array(this.data, 0, 1)[0] = bytes.length;
+    this.run('bcast', 8, 'broadcasting from rank 0');
+    const n = new Float64Array(this.data, 0, 1)[0]!;
+    this.room(Math.max(1, n));
     if (this.rank === 0) new Uint8Array(this.data).set(bytes);
-    this.run('bcast', n, 'broadcasting from rank 0');
+    if (n > 0) this.run('bcast', n, 'broadcasting from rank 0');
     return new Uint8Array(this.data, 0, n).slice();
   }
 
-  barrier(): void {
+  barrier(timeoutMs?: number): void {
     this.room(4);
     new Float32Array(this.data, 0, 1)[0] = 1;
-    this.run('barrier', 1, 'waiting at a barrier');
+    this.run('barrier', 1, 'waiting at a barrier', timeoutMs);
   }
 
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    // end the sockets gracefully: results still queued for the other ranks are delivered before this process goes
+    Atomics.store(this.ctl, 0, 0);
     this.worker.postMessage({ op: 'close' });
+    Atomics.wait(this.ctl, 0, 0, 60_000);
     void this.worker.terminate();
   }
 }

@@ -1,7 +1,9 @@
 /**
  * `distillery train|distill --gpus N` on one host: starts N processes of the same command (without --gpus), each with
  * the process-group variables torchrun would set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR 127.0.0.1, a free
- * MASTER_PORT) and NCCL_NVLS_ENABLE=0, so that every rank is an ordinary rank of a launcher-started run. Rank 0's
+ * MASTER_PORT, which distillery's rendezvous uses itself: DISTILLERY_MASTER_PORT) and NCCL_NVLS_ENABLE=0, so that every
+ * rank is an ordinary rank of a launcher-started run; each in its own process group, so a terminal's Ctrl-C reaches the
+ * launcher only, which passes it on once. Rank 0's
  * output is the command's; another rank's stderr is shown when it fails. SIGINT and SIGTERM are passed to every rank
  * (rank 0 decides the step they stop at); a rank that fails makes the others fail at their next collective, and the
  * launcher waits for all of them, then exits with rank 0's code (or the first failing rank's).
@@ -45,9 +47,11 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
       const k = spawn(process.execPath, [script, ...args], {
         env: {
           ...env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
-          MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',
+          MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',
         },
         stdio: rank === 0 ? 'inherit' : ['ignore', 'ignore', 'pipe'],
+        // their own process group: a terminal's Ctrl-C reaches the launcher, which passes it on once
+        detached: true,
       });
       kids.push(k);
       k.stderr?.on('data', (d: Buffer) => { errTail[rank] = (errTail[rank] + d.toString()).slice(-4000); });

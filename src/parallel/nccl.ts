@@ -7,7 +7,8 @@
  * no padded buffer.
  *
  * Opt-in (DISTILLERY_NCCL=1) until it has run on a GPU: without it a CUDA run of several ranks moves its collectives
- * through the host (HostComm), which is correct and slow.
+ * through the host (HostComm), which is correct and slow. Not yet: a timeout on NCCL's own collectives (a peer that dies
+ * between two of them leaves the others waiting in NCCL; ncclCommGetAsyncError polling is to come).
  */
 import koffi from 'koffi';
 import type { Backend, Buf, DType } from '../backend/backend.js';
@@ -70,8 +71,12 @@ export class NcclComm implements Communicator {
     return v[0]!;
   }
 
+  /** Set once a call failed: close() then aborts (ncclCommAbort) instead of waiting for work that cannot finish. */
+  private failed = false;
+
   private check(rc: number, call: string): void {
     if (rc === 0) return;
+    this.failed = true;
     const why = String(this.f.errorString?.(rc) ?? `error ${rc}`);
     throw new DistilleryError(`rank ${this.rank}: ${call} failed: ${why} (ncclResult ${rc})`,
       'set NCCL_DEBUG=WARN for NCCL\'s own account; every rank stops; continue with --resume from the last checkpoint');
@@ -85,13 +90,19 @@ export class NcclComm implements Communicator {
   allGather(_be: Backend, buf: Buf, shard: number): void {
     // rank r's shard [r·shard, min(len, (r+1)·shard)) broadcast from r, all in one group (unequal last shard, in place)
     this.check(this.f.groupStart!(), 'ncclGroupStart');
-    for (let r = 0; r < this.world; r++) {
-      const begin = Math.min(buf.length, r * shard), count = Math.min(buf.length, begin + shard) - begin;
-      if (count <= 0) continue;
-      const o = this.be.collectiveOperand(buf, begin);
-      this.check(this.f.broadcast!(o.ptr, o.ptr, count, ncclDtype(o.dtype), r, this.comm, o.stream), 'ncclBroadcast');
+    let rc = 0;
+    try {
+      for (let r = 0; r < this.world && rc === 0; r++) {
+        const begin = Math.min(buf.length, r * shard), count = Math.min(buf.length, begin + shard) - begin;
+        if (count <= 0) continue;
+        const o = this.be.collectiveOperand(buf, begin);
+        rc = this.f.broadcast!(o.ptr, o.ptr, count, ncclDtype(o.dtype), r, this.comm, o.stream) as number;
+      }
+    } finally {
+      const end = this.f.groupEnd!() as number; // the group is closed whatever happened inside it
+      this.check(rc, 'ncclBroadcast');
+      this.check(end, 'ncclGroupEnd');
     }
-    this.check(this.f.groupEnd!(), 'ncclGroupEnd');
   }
 
   allReduceHost(x: Float64Array | number[]): Float64Array { return this.host.allReduceHost(x); }
@@ -101,7 +112,7 @@ export class NcclComm implements Communicator {
 
   close(): void {
     if (this.comm !== null) {
-      this.f.commDestroy!(this.comm);
+      (this.failed ? this.f.commAbort! : this.f.commDestroy!)(this.comm);
       this.comm = null;
     }
   }

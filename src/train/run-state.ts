@@ -9,6 +9,7 @@ import { readSafetensors } from '../io/safetensors.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { DistilleryError, fileError } from '../util/errors.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
+import { loraSpecOf } from '../model/lora.js';
 
 export interface SavedState {
   version: 1;
@@ -79,8 +80,13 @@ const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'st
 export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
   const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars',
     'loraRank', 'loraAlpha', 'loraTargets'];
-  // A checkpoint of an older version lacks the options added since: it ran with their defaults.
-  const val = (o: RunOptions, k: keyof RunOptions): string => JSON.stringify(o[k] ?? (DEFAULT_RUN_OPTIONS as Partial<RunOptions>)[k]);
+  // A checkpoint of an older version lacks the options added since: it ran with their defaults. The LoRA options are
+  // compared as the adapters they make (alpha 0 is 2 × rank; the order of the targets does not matter).
+  const val = (o: RunOptions, k: keyof RunOptions): string => {
+    const spec = k === 'loraAlpha' || k === 'loraTargets' ? loraSpecOf(o) : null;
+    if (spec) return JSON.stringify(k === 'loraAlpha' ? spec.alpha : spec.targets);
+    return JSON.stringify(o[k] ?? (DEFAULT_RUN_OPTIONS as Partial<RunOptions>)[k]);
+  };
   for (const k of keys) {
     if (val(a, k) !== val(b, k)) {
       throw new DistilleryError(`--resume: option "${k}" was ${val(a, k)} in the checkpoint but is ${val(b, k)} now`,

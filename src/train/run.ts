@@ -50,7 +50,7 @@ import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { AdamW, type Optimizer } from './optimizer.js';
 import { distEnv } from '../parallel/env.js';
 import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
-import { HostComm } from '../parallel/host-comm.js';
+import { HostComm, commTimeoutMs } from '../parallel/host-comm.js';
 import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { lrAt } from './schedule.js';
 import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
@@ -68,6 +68,7 @@ import { checkDeviceMemory, checkSameTokenizer, checkSeqFits, chooseTokenizer, d
 import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
 import { loraInitialWeights } from '../model/lora.js';
 import { baseShape, weightsHash } from '../model/adapter.js';
+import { hubIdOfSnapshot } from '../io/hf-cache.js';
 
 export interface RunSummary {
   mode: 'train' | 'distill';
@@ -292,7 +293,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (job.lora) {
     if (!initCk || !o.init) throw new UsageError('--lora-rank trains adapters on a pretrained model, but no --init names one', 'pass --init <model folder>');
     const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights), shape: baseShape(cfg) };
-    files = loraStudentFiles(student, cfg, carry, base);
+    // PEFT names the base by its Hub id when it came from the Hub (here: a folder of the local Hub cache)
+    files = loraStudentFiles(student, cfg, carry, base, hubIdOfSnapshot(o.init) ?? undefined);
     const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;
     log(`LoRA: rank ${sp.rank}, alpha ${sp.alpha} (scale ${+job.lora.scale.toFixed(6)}) on ${sp.targets.join(', ')}: ${n.toLocaleString('en-US')} trainable parameters ` +
       `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${job.studentFrozen === 'nf4' ? `nf4 (its projection matrices; the rest in ${student.compute})` : student.compute}`);
@@ -381,30 +383,43 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   }
 
   let lastGoodStep: number | null = saved ? saved.step : null;
+  /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
+  const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
   /**
    * Writes checkpoints/latest if the weights are good (see the module comment); `lossOnWeights` is a loss computed
    * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
    */
   const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => {
     const ss = backend.sumSquares(files.trainable.params, files.trainable.layout.total);
-    if (!Number.isFinite(ss)) return `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
-    const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
-    if (!Number.isFinite(lossNow)) return `the weights after step ${step} give a non-finite loss (${lossNow})`;
+    let why: string | null = null;
+    if (!Number.isFinite(ss)) why = `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
+    else {
+      const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
+      if (!Number.isFinite(lossNow)) why = `the weights after step ${step} give a non-finite loss (${lossNow})`;
+    }
+    // With several ranks the probe batch is each rank's own: every rank takes the same verdict (any rank's failure).
+    if (world > 1) {
+      const failed = comm.allReduceHost([why === null ? 0 : 1])[0]!;
+      if (failed > 0 && why === null) why = `the weights after step ${step} give a non-finite loss on ${failed} of ${world} ranks' batches`;
+    }
+    if (why !== null) return why;
     const state: SavedState = {
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
     };
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
     lastGoodStep = step;
-    if (!root) return null;
-    replaceDirAtomicSync(latest, (tmp) => {
-      files.writeResume(path.join(tmp, files.resumeDir));
-      hooks.duringCheckpointWrite?.(tmp, step);
-      writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
-        ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
-      ]), { dtype: 'f32' });
-      fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
-    });
+    if (root) {
+      replaceDirAtomicSync(latest, (tmp) => {
+        files.writeResume(path.join(tmp, files.resumeDir));
+        hooks.duringCheckpointWrite?.(tmp, step);
+        writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
+          ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
+        ]), { dtype: 'f32' });
+        fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
+      });
+    }
+    waitForRootIo();
     lastGoodStep = step;
     return null;
   };
@@ -423,8 +438,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       warn(`the validation loss has risen for ${VAL_RISE_WARN} evaluations in a row (${v.risingStreak.map(fmt).join(' → ')}, step ${step}): ` +
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
     }
-    if (v.best && root) {
-      files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
+    if (v.best) {
+      if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
+      waitForRootIo();
     }
   };
 
@@ -449,8 +465,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return new DistilleryError(`training stopped at step ${atStep}: ${why}`,
       `${lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
   };
+  let signalAt = 0;
   const onSignal = (s: NodeJS.Signals): void => {
-    if (signal !== null) process.exit(s === 'SIGINT' ? 130 : 143); // a second signal: stop now
+    // a second signal stops at once; one right after the first is the same stop delivered twice (a terminal's Ctrl-C
+    // reaches both a launcher and its ranks; Slurm signals every process), not a second request
+    if (signal !== null && Date.now() - signalAt > 2000) process.exit(s === 'SIGINT' ? 130 : 143);
+    if (signal !== null) return;
+    signalAt = Date.now();
     signal = s === 'SIGINT' ? 'SIGINT' : 'SIGTERM';
     log(`\n${s}: finishing the current step, then writing a checkpoint, the summary and the plot (send it again to stop at once)`);
   };
@@ -501,6 +522,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         generated += g.generated;
       }
       const genSeconds = onPolicyStep ? Number(process.hrtime.bigint() - genStart) / 1e9 : 0;
+      // the step's completions over every rank (the metrics describe the global batch)
+      if (onPolicyStep && world > 1) generated = comm.allReduceHost([generated])[0]!;
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
       const stepStart = process.hrtime.bigint();
@@ -572,6 +595,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
     if (root) files.writeUser(finalDir, o.saveDtype);
+    waitForRootIo();
   }
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +

@@ -51,12 +51,12 @@ function carriedFiles(cfg: ModelConfig, carry: Carry): Record<string, string> {
 }
 
 /** A LoRA run: the adapters train, the base (whose reference and hash every folder records) stays frozen. */
-export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: Carry, base: BaseRef): StudentFiles {
+export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: Carry, base: BaseRef, baseName?: string): StudentFiles {
   const lora: LoraAdapters | null = student.lora;
   if (!lora) throw new Error('loraStudentFiles: the student has no adapters');
   const files = carriedFiles(cfg, carry);
   const write = (dir: string, dtype: 'f32' | 'bf16', extra?: Record<string, string>): void =>
-    writeAdapter(dir, lora.layout, lora.getWeights(), { dtype, base, extraFiles: { ...files, ...extra } });
+    writeAdapter(dir, lora.layout, lora.getWeights(), { dtype, base, baseName, extraFiles: { ...files, ...extra } });
   return {
     resumeDir: 'adapter',
     trainable: lora,
@@ -69,8 +69,10 @@ export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
           `resume with the --init the run was started with (${h.base.path})`);
       }
       const { weights } = readAdapterWeights(dir, h.spec, cfg);
-      if (weights.length !== lora.layout.total || h.spec.rank !== lora.rank) {
-        throw new DistilleryError(`--resume: the checkpoint's adapter (rank ${h.spec.rank}) is not the run's (rank ${lora.rank})`, 'resume with the same --lora-rank and --lora-targets');
+      const run = lora.layout.spec;
+      if (weights.length !== lora.layout.total || h.spec.rank !== run.rank || h.spec.alpha !== run.alpha || h.spec.targets.join() !== run.targets.join()) {
+        throw new DistilleryError(`--resume: the checkpoint's adapter (rank ${h.spec.rank}, alpha ${h.spec.alpha}, ${h.spec.targets.join(',')}) is not the run's (rank ${run.rank}, alpha ${run.alpha}, ${run.targets.join(',')})`,
+          'resume with the same --lora-rank, --lora-alpha and --lora-targets');
       }
       lora.setWeights(weights);
     },

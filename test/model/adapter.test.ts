@@ -37,7 +37,13 @@ test('adapter_config.json round-trips its spec; PEFT features distillery does no
     [{ target_modules: ['q_proj', 'c_attn'] }, /target_modules names "c_attn"/],
     [{ r: 0 }, /r must be a positive integer/],
     [{ task_type: 'SEQ_CLS' }, /CAUSAL_LM/],
+    [{ init_lora_weights: 'pissa' }, /init_lora_weights "pissa": an adapter saved without conversion to plain LoRA/],
+    [{ exclude_modules: ['q_proj'] }, /exclude_modules is not supported/],
+    [{ layer_replication: [[0, 2]] }, /layer_replication is not supported/],
+    [{ trainable_token_indices: [5] }, /trainable_token_indices is not supported/],
   ];
+  // PEFT's own defaults for these fields are accepted
+  assert.doesNotThrow(() => parseAdapterConfig({ ...c, init_lora_weights: 'gaussian', exclude_modules: null, layer_replication: null, megatron_config: null, use_qalora: false }, 'f'));
   for (const [over, re] of refusals) assert.throws(() => parseAdapterConfig({ ...c, ...over }, 'f'), re, JSON.stringify(over));
 });
 
@@ -79,4 +85,12 @@ test('an adapter folder round-trips its weights exactly (f32) by PEFT\'s names; 
   fs.mkdirSync(lost);
   fs.writeFileSync(path.join(lost, 'adapter_config.json'), JSON.stringify(peftAdapterConfig({ ...spec, targets: [...spec.targets] }, path.join(dir, 'nowhere'))));
   assert.throws(() => readModelOrAdapter(lost), /which is not a model folder here/);
+});
+
+test('the Hub id of a local Hub-cache snapshot folder (what an adapter names as its base, as PEFT does)', async () => {
+  const { hubIdOfSnapshot } = await import('../../src/io/hf-cache.js');
+  assert.equal(hubIdOfSnapshot('/home/u/.cache/huggingface/hub/models--Qwen--Qwen2.5-0.5B/snapshots/7ae557604adf67be50417f59c2c2f167def9a775'), 'Qwen/Qwen2.5-0.5B');
+  assert.equal(hubIdOfSnapshot('/home/u/.cache/huggingface/hub/models--HuggingFaceTB--SmolLM3-3B/snapshots/abc/'), 'HuggingFaceTB/SmolLM3-3B');
+  assert.equal(hubIdOfSnapshot('/runs/base/final'), null);
+  assert.equal(hubIdOfSnapshot('/x/models--a--b/snapshots'), null);
 });

@@ -14,6 +14,34 @@ if (env) {
   const r = env.rank;
   try {
     if (process.env.COMM_CASE === 'die' && r === 1) process.exit(3); // a rank that dies after joining
+    if (process.env.COMM_CASE === 'big') {
+      // two large sums back to back (bigger than the socket buffers), then the same on the float64 reference backend
+      const n = 4_000_003, buf = be.alloc(n, 'big');
+      let wrong32 = 0, wrong64 = 0;
+      for (const round of [1, 2]) {
+        be.upload(buf, Float32Array.from({ length: n }, (_, i) => ((i * 7 + r * 3 + round) % 1000) * 0.5));
+        comm.allReduceSum(be, buf, n);
+        const got = be.download(buf);
+        for (let i = 0; i < n; i++) {
+          let want = 0;
+          for (let k = 0; k < env.world; k++) want += ((i * 7 + k * 3 + round) % 1000) * 0.5;
+          if (got[i] !== want) wrong32++;
+        }
+      }
+      const be64 = createCpuBackend({ threads: 1, dtype: 'f64' });
+      const m = 100_001, b64 = be64.alloc(m, 'x64');
+      be64.upload(b64, Float64Array.from({ length: m }, (_, i) => 1 / 3 + i * 1e-12 + r));
+      comm.allReduceSum(be64, b64, m);
+      const g64 = be64.download(b64);
+      for (let i = 0; i < m; i++) {
+        let want = 0;
+        for (let k = 0; k < env.world; k++) want += 1 / 3 + i * 1e-12 + k;
+        if (Math.abs(g64[i]! - want) > 1e-15 * want) wrong64++;
+      }
+      be64.dispose();
+      process.stdout.write(JSON.stringify({ rank: r, n, wrong32, wrong64 }) + '\n');
+    } else {
+    if (process.env.COMM_CASE === 'diverge') comm.allReduceHost(r === 1 ? [1, 2] : [1, 2, 3]); // rank 1 runs another step
     const host = Array.from(comm.allReduceHost([r, 0.1 * (r + 1), 1e15 + r]));
     const n = 1003, buf = be.alloc(n, 'x');
     be.upload(buf, Float32Array.from({ length: n }, (_, i) => (i % 7) * 0.25 + r));
@@ -26,6 +54,7 @@ if (env) {
     const b = comm.broadcast(r === 0 ? new TextEncoder().encode('from rank 0: ' + 'x'.repeat(70_000)) : new Uint8Array(0));
     comm.barrier();
     process.stdout.write(JSON.stringify({ rank: r, host, summed, gathered, bcast: new TextDecoder().decode(b).slice(0, 20), bcastLength: b.length }) + '\n');
+    }
   } catch (e) {
     process.stdout.write(JSON.stringify({ rank: r, error: (e as Error).message }) + '\n');
     process.exitCode = 1;

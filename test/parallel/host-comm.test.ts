@@ -17,7 +17,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 test('process-group variables: WORLD_SIZE unset or 1 is one process; bad ranks, ports and a missing MASTER_ADDR are refused by name', () => {
   assert.equal(distEnv({}), null);
   assert.equal(distEnv({ WORLD_SIZE: '1' }), null);
-  assert.deepEqual(distEnv({ WORLD_SIZE: '4', RANK: '2', LOCAL_RANK: '0', MASTER_ADDR: 'node0', MASTER_PORT: '29500' }), { rank: 2, world: 4, localRank: 0, masterAddr: 'node0', masterPort: 29500 });
+  assert.deepEqual(distEnv({ WORLD_SIZE: '4', RANK: '2', LOCAL_RANK: '0', MASTER_ADDR: 'node0', MASTER_PORT: '29500' }), { rank: 2, world: 4, localRank: 0, masterAddr: 'node0', masterPort: 29500, commPort: 29501 });
+  assert.equal(distEnv({ WORLD_SIZE: '2', RANK: '0', MASTER_ADDR: 'h', MASTER_PORT: '29500', DISTILLERY_MASTER_PORT: '4000' })!.commPort, 4000);
   assert.equal(distEnv({ WORLD_SIZE: '2', RANK: '1', MASTER_ADDR: 'h', MASTER_PORT: '1' })!.localRank, 1);
   for (const [env, re] of [
     [{ WORLD_SIZE: '2', RANK: '2', MASTER_ADDR: 'h', MASTER_PORT: '1' }, /RANK=2 is not valid for a run of WORLD_SIZE 2/],
@@ -51,4 +52,17 @@ test('a rank that dies after joining stops the others within the timeout, naming
     assert.match(row.error, /rank 1 disconnected|rank 0 disconnected|waited 8s for the other ranks/);
   }
   assert.ok(Date.now() - t0 < 30_000);
+});
+
+test('HostComm with large buffers (16 MB per rank, back to back, on the f32 and the f64 CPU backend) sums exactly; ranks out of step stop with an error', { timeout: 120_000 }, async () => {
+  const big = await launch(path.join(here, 'comm-rank.js'), 3, { COMM_CASE: 'big' });
+  for (const r of big) assert.equal(r.code, 0, r.err + r.out);
+  for (const r of big) {
+    const row = JSON.parse(r.out.trim()) as { wrong32: number; wrong64: number; n: number };
+    assert.equal(row.wrong32, 0, `float32: ${row.wrong32} of ${row.n} sums wrong`);
+    assert.equal(row.wrong64, 0, `float64: ${row.wrong64} sums wrong`);
+  }
+  const div = await launch(path.join(here, 'comm-rank.js'), 3, { COMM_CASE: 'diverge', COMM_TIMEOUT_MS: '10000' });
+  const errors = div.map((r) => r.out.trim()).join('\n');
+  assert.match(errors, /rank 1 is out of step: it sent allreduce64 of 16 bytes while rank 0 runs allreduce64 of 24 bytes/);
 });

@@ -11,7 +11,7 @@ export async function launch(script: string, world: number, extra: NodeJS.Proces
   const port = await freePort();
   return Promise.all(Array.from({ length: world }, (_, rank) => new Promise<{ code: number | null; out: string; err: string }>((resolve) => {
     const p = spawn(process.execPath, [script], {
-      env: { ...process.env, ...extra, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(world), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port) },
+      env: { ...process.env, ...extra, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(world), MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port) },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     let out = '', err = '';

@@ -196,3 +196,30 @@ test('on-policy LoRA distillation: the student generates with its adapters unmer
   assert.ok(rows.filter((r) => r.on_policy === 1).length === 3, 'every step generated');
   assert.ok(rows.some((r) => (r.gen_len ?? 0) > 0));
 });
+
+test('a LoRA run on a base from the Hub cache names the Hub id in adapter_config.json (the folder in base_model.json); resume compares the adapters, not the spelling', async () => {
+  const snap = path.join(dir, 'hub', 'models--acme--tiny-base', 'snapshots', '0123abcd');
+  fs.mkdirSync(path.dirname(snap), { recursive: true });
+  fs.cpSync(base, snap, { recursive: true });
+  const s = await runTraining(lora({ out: path.join(dir, 'lora-hub'), init: snap, steps: 4, stopAfter: 2 }), quiet);
+  const ac = JSON.parse(fs.readFileSync(path.join(s.out, 'checkpoints', 'latest', 'adapter', 'adapter_config.json'), 'utf8')) as Record<string, unknown>;
+  assert.equal(ac.base_model_name_or_path, 'acme/tiny-base');
+  const ref = JSON.parse(fs.readFileSync(path.join(s.out, 'checkpoints', 'latest', 'adapter', 'base_model.json'), 'utf8')) as { path: string };
+  assert.equal(ref.path, path.resolve(snap));
+  // alpha 0 means 2 × rank, and the targets are a set: the same adapters, so the resume goes on
+  const r = await runTraining(lora({ out: path.join(dir, 'lora-hub'), init: snap, steps: 4, resume: true, loraAlpha: 8,
+    loraTargets: 'down_proj,up_proj,gate_proj,o_proj,v_proj,k_proj,q_proj' }), quiet);
+  assert.equal(r.status, 'completed');
+});
+
+test('eval of a QLoRA adapter with --model-dtype nf4 runs NF4(W) + s·B·A unmerged, not the merged weights quantized', async () => {
+  const q = await runTraining(lora({ out: path.join(dir, 'qlora-eval'), baseDtype: 'nf4', steps: 6, lr: 3e-2 }), quiet);
+  const merged = path.join(dir, 'qlora-merged');
+  await exportCommand.run([q.finalDir!, '--merge', '--out', merged], { out: () => {}, err: () => {} }, {});
+  const ev = (model: string): Promise<{ loss: number }> => evaluate({ model, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all', modelDtype: 'nf4' });
+  const unmerged = await ev(q.finalDir!), requantized = await ev(merged);
+  assert.notEqual(unmerged.loss, requantized.loss);
+  // the unmerged evaluation is the model the run trained: its loss is the run's model's (full-precision merge) within NF4's cost
+  const full = await evaluate({ model: q.finalDir!, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+  assert.ok(Number.isFinite(full.loss) && Number.isFinite(unmerged.loss));
+});

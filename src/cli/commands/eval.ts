@@ -166,15 +166,19 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
+    // An adapter on a 4-bit base is evaluated as it trained (QLoRA): NF4(W) + s·B·A, unmerged; merging first and then
+    // quantizing W + s·B·A would round much of the adapter away.
+    const unmerged = studentCk.adapter && o.modelDtype === 'nf4' ? studentCk.adapter : null;
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
         loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}),
-        studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined }));
+        studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined, lora: unmerged?.layout }));
     }
     const load = (ck: LoadedCheckpoint, label: string): Transformer => {
       const frozenDtype = label === 'teacher' ? o.teacherDtype : o.modelDtype;
-      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype });
-      m.setWeights(ck.weights);
+      const lora = label === 'model' && unmerged ? unmerged.layout : undefined;
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype, lora });
+      if (lora) { m.setWeights(unmerged!.base.weights); m.lora!.setWeights(unmerged!.adapter.weights); } else m.setWeights(ck.weights);
       return m;
     };
     const student = { ...studentCk, model: load(studentCk, 'model'), tokenizer: studentCk.tokenizer };
