@@ -70,9 +70,11 @@ export function estimateJobBytes(j: JobMemory): number {
   const p = parameterLayout(j.student).total;
   // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
   const trainBase = j.training && !j.lora;
-  // Training: masters and gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16.
+  // Training: gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16, the masters.
   const world = Math.max(1, j.world ?? 1);
-  let bytes = (trainBase ? p * (2 * F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  // In bf16 with several ranks the fp32 masters are sharded too (Transformer masterRange).
+  const masters = world > 1 && a !== F ? Math.ceil(p / world) * F : p * F;
+  let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).

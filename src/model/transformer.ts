@@ -49,6 +49,12 @@ export interface TransformerOptions {
    * compute dtype.
    */
   frozenDtype?: FrozenDtype | undefined;
+  /**
+   * Data parallel with sharded masters (ZeRO-1, src/parallel/data-parallel.ts): a bf16 training model keeps the fp32
+   * master weights of [begin, end) of the flat layout only (the optimizer's shard of this rank); the bf16 compute copy
+   * stays whole. getWeights() is then refused: the whole masters are gathered over the ranks (ShardedAdamW.gatherMasters).
+   */
+  masterRange?: { begin: number; end: number } | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -95,6 +101,9 @@ export class Transformer {
   readonly grads: Buf | null;
   /** The LoRA adapters (null without). */
   readonly lora: LoraAdapters | null;
+  /** Where `params` starts in the flat layout, and how many elements it holds: 0 and all of them unless masters are sharded. */
+  readonly masterOffset: number;
+  readonly masterLength: number;
   /** The NF4 storage of frozen weights (null unless frozenDtype 'nf4'); `params` and `weights` are then its dense part. */
   readonly nf4: FrozenNf4 | null;
   /**
@@ -144,8 +153,12 @@ export class Transformer {
       throw new DistilleryError('4-bit (nf4) weights are frozen: a model that trains every weight cannot store them in nf4', 'train LoRA adapters on an nf4 base (--lora-rank with --base-dtype nf4), or keep the weights in the compute dtype');
     }
     this.nf4 = opts.frozenDtype === 'nf4' ? new FrozenNf4(backend, this.layout, nf4Plan(this.layout), A, lab) : null;
-    this.params = this.nf4 ? this.nf4.dense : backend.alloc(this.layout.total, `${lab} parameters${opts.lora ? ' (frozen)' : ''}`, trainBase ? 'f32' : A);
-    this.weights = this.params.dtype === A ? this.params : backend.alloc(this.layout.total, `${lab} ${A} weights`, A);
+    const mr = trainBase && A !== 'f32' && opts.masterRange && opts.masterRange.end - opts.masterRange.begin < this.layout.total ? opts.masterRange : null;
+    this.masterOffset = mr ? mr.begin : 0;
+    this.params = this.nf4 ? this.nf4.dense : mr ? backend.alloc(Math.max(1, mr.end - mr.begin), `${lab} master weights (shard ${mr.begin}..${mr.end})`)
+      : backend.alloc(this.layout.total, `${lab} parameters${opts.lora ? ' (frozen)' : ''}`, trainBase ? 'f32' : A);
+    this.masterLength = mr ? mr.end - mr.begin : this.layout.total;
+    this.weights = this.params.dtype === A && !mr ? this.params : backend.alloc(this.layout.total, `${lab} ${A} weights`, A);
     this.grads = trainBase ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
@@ -239,17 +252,27 @@ export class Transformer {
       throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     }
     if (this.nf4) { this.nf4.setWeights(w); return; }
+    if (this.masterLength < this.layout.total) {
+      // sharded masters: the compute copy whole (rounded), the masters of this rank's shard
+      this.backend.upload(this.weights, w);
+      const o = this.masterOffset, n = this.masterLength;
+      this.backend.upload(this.params, w instanceof Float32Array || w instanceof Float64Array ? w.subarray(o, o + n) : Array.prototype.slice.call(w, o, o + n) as number[]);
+      this.syncWeights();
+      return;
+    }
     this.backend.upload(this.params, w);
     this.syncWeights();
   }
 
   /** Refreshes the compute copy from the master weights (after anything but AdamW wrote `params`). */
   syncWeights(): void {
-    if (this.weights !== this.params) this.backend.copy(this.weights, this.params);
+    if (this.masterLength < this.layout.total) this.backend.copy(this.backend.view(this.weights, this.masterOffset, this.masterLength), this.backend.view(this.params, 0, this.masterLength));
+    else if (this.weights !== this.params) this.backend.copy(this.weights, this.params);
   }
 
   getWeights(): Float32Array | Float64Array {
     if (this.nf4) return this.nf4.getWeights();
+    if (this.masterLength < this.layout.total) throw new DistilleryError('this model keeps the master weights of its shard only: gather them over the ranks (ShardedAdamW.gatherMasters)');
     return this.backend.download(this.params);
   }
 

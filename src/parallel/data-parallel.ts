@@ -6,9 +6,10 @@
  * - loss weights: every token is weighted by 1 / (the step's counted tokens over all ranks), so the summed gradients are
  *   the single-process gradient of the global batch;
  * - gradients: summed over ranks (all-reduce) before the global norm is taken (clipping uses it);
- * - optimizer: each rank keeps the AdamW moments of its contiguous shard of the trainable buffer only (shardOf), updates
- *   that shard of the parameters (and of their compute copy), then the shards are all-gathered, so every rank holds the
- *   whole updated model. (Masters stay whole on every rank in this first version.)
+ * - optimizer: each rank keeps the AdamW moments of its contiguous shard of the trainable buffer only (shardOf), and a
+ *   bf16 model the fp32 masters of that shard only (Transformer masterRange); it updates that shard of the masters and of
+ *   their compute copy, then the updated shards are all-gathered (the bf16 compute copy when the masters are sharded,
+ *   else the fp32 weights), so every rank holds the whole updated model. Checkpoints gather masters and moments.
  */
 import type { Backend, AdamWSegment, Buf } from '../backend/backend.js';
 import type { AdamWOptions, Optimizer, Trainable } from '../train/optimizer.js';
@@ -19,6 +20,8 @@ export class ShardedAdamW implements Optimizer {
   readonly v: Buf;
   step = 0;
   readonly shard: { size: number; begin: number; end: number };
+  /** The model keeps the fp32 masters of this shard only (Transformer masterRange): the compute copy is what is gathered. */
+  readonly shardedMasters: boolean;
   private readonly be: Backend;
   private readonly segments: AdamWSegment[];
 
@@ -26,6 +29,10 @@ export class ShardedAdamW implements Optimizer {
     if (!model.grads) throw new Error('ShardedAdamW: the trainable has no gradients');
     this.be = model.backend;
     this.shard = shardOf(model.layout.total, comm.world, comm.rank);
+    this.shardedMasters = (model.masterLength ?? model.layout.total) < model.layout.total;
+    if (this.shardedMasters && (model.masterOffset !== this.shard.begin || model.masterLength !== this.shard.end - this.shard.begin)) {
+      throw new Error(`ShardedAdamW: the model's masters [${model.masterOffset}, +${model.masterLength}) are not rank ${comm.rank}'s shard [${this.shard.begin}, ${this.shard.end})`);
+    }
     const n = Math.max(1, this.shard.end - this.shard.begin);
     this.m = this.be.alloc(n, `optimizer first moment (shard ${comm.rank} of ${comm.world})`);
     this.v = this.be.alloc(n, `optimizer second moment (shard ${comm.rank} of ${comm.world})`);
@@ -50,12 +57,25 @@ export class ShardedAdamW implements Optimizer {
     const p = this.model.params, w = this.model.weights, g = this.model.grads!;
     if (n > 0) {
       const view = (b: Buf): Buf => be.view(b, begin, n);
-      be.adamwSegments(view(p), view(g), be.view(this.m, 0, n), be.view(this.v, 0, n), this.segments, {
+      be.adamwSegments(this.shardedMasters ? be.view(p, 0, n) : view(p), view(g), be.view(this.m, 0, n), be.view(this.v, 0, n), this.segments, {
         lr, beta1: this.opts.beta1, beta2: this.opts.beta2, eps: this.opts.eps, weightDecay: this.opts.weightDecay, step: this.step, gradScale,
       }, w === p ? null : view(w));
     }
+    if (this.shardedMasters) {
+      // every rank's updated compute copy of its shard, gathered (ZeRO-1: the masters stay sharded)
+      this.comm.allGather(be, w, size);
+      return;
+    }
     this.comm.allGather(be, p, size);
     if (w !== p) be.copy(w, p);
+  }
+
+  /** The whole fp32 master weights (for a checkpoint; the same on every rank: a collective when they are sharded). */
+  gatherMasters(): Float32Array {
+    const total = this.model.layout.total, n = this.shard.end - this.shard.begin;
+    if (!this.shardedMasters) return Float32Array.from(this.be.download(this.model.params));
+    const part = Float32Array.from(n > 0 ? this.be.download(this.be.view(this.model.params, 0, n)) : []);
+    return this.comm.allGatherHost(part, this.shard.size).subarray(0, total);
   }
 
   /** The whole moments, gathered from every rank's shard (for a checkpoint; the same on every rank). */

@@ -13,6 +13,9 @@ export interface Trainable {
   readonly weights: Buf;
   readonly grads: Buf | null;
   readonly layout: { readonly tensors: readonly TensorInfo[]; readonly total: number };
+  /** With sharded masters (data parallel): `params` holds [masterOffset, masterOffset + masterLength) of the layout only. */
+  readonly masterOffset?: number;
+  readonly masterLength?: number;
 }
 
 /** What a training step asks of its optimizer (AdamW; ShardedAdamW, src/parallel/data-parallel.ts, for data parallelism). */

@@ -32,7 +32,7 @@ import * as path from 'node:path';
 import type { Backend, LossSpec } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
 import { describeBaked, eosIds, parameterCount } from '../model/config.js';
-import { initialWeights } from '../model/params.js';
+import { initialWeights, parameterLayout } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import { tokenizerHash } from '../tokenizer/identity.js';
@@ -49,7 +49,7 @@ import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { AdamW, type Optimizer } from './optimizer.js';
 import { distEnv } from '../parallel/env.js';
-import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
+import { LocalComm, ncclWanted, shardOf, type Communicator } from '../parallel/comm.js';
 import { HostComm, commTimeoutMs } from '../parallel/host-comm.js';
 import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { lrAt } from './schedule.js';
@@ -287,7 +287,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
   }
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen });
+  // Data parallel in bf16: each rank keeps the fp32 masters of its optimizer shard only (ZeRO-1; src/parallel/data-parallel.ts).
+  const masterRange = world > 1 && !job.lora && precision === 'bf16' ? shardOf(parameterLayout(cfg).total, world, comm.rank) : undefined;
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen, masterRange });
+  /** The whole masters when this rank keeps a shard of them (a collective: every rank calls it at the same point), else undefined. */
+  const gatheredMasters = (): Float32Array | undefined => (student.masterLength < student.layout.total ? (opt as ShardedAdamW).gatherMasters() : undefined);
   // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
   let files: StudentFiles;
   if (job.lora) {
@@ -317,7 +321,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const distilling = teacher !== null || cache !== null;
   // A device communicator of one rank (NCCL with --gpus 1) still runs the sharded path: it must equal AdamW bit for bit.
   const opt: Optimizer = world > 1 || !(comm instanceof LocalComm) ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
-  if (world > 1) log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); the optimizer's moments sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
+  if (world > 1) {
+    log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); ` +
+      `the optimizer's moments${masterRange ? ' and fp32 masters' : ''} sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
+  }
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {
     let mine: ReturnType<BatchLoader['next']> | null = null;
@@ -390,7 +397,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
    * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
    */
   const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => {
-    const ss = backend.sumSquares(files.trainable.params, files.trainable.layout.total);
+    const ss = backend.sumSquares(files.trainable.params, files.trainable.masterLength ?? files.trainable.layout.total);
     let why: string | null = null;
     if (!Number.isFinite(ss)) why = `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
     else {
@@ -408,10 +415,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
     };
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
+    const masters = gatheredMasters();
     lastGoodStep = step;
     if (root) {
       replaceDirAtomicSync(latest, (tmp) => {
-        files.writeResume(path.join(tmp, files.resumeDir));
+        files.writeResume(path.join(tmp, files.resumeDir), masters);
         hooks.duringCheckpointWrite?.(tmp, step);
         writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
           ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
@@ -439,7 +447,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
     }
     if (v.best) {
-      if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
+      const masters = gatheredMasters();
+      if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' }, masters);
       waitForRootIo();
     }
   };
@@ -594,7 +603,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
-    if (root) files.writeUser(finalDir, o.saveDtype);
+    const masters = gatheredMasters();
+    if (root) files.writeUser(finalDir, o.saveDtype, undefined, masters);
     waitForRootIo();
   }
   const summary = writeSummary(finalDir);

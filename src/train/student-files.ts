@@ -21,10 +21,10 @@ export interface StudentFiles {
   readonly resumeDir: 'model' | 'adapter';
   /** What the optimizer trains (and what a checkpoint's moments and finiteness check cover). */
   readonly trainable: Trainable;
-  /** Writes the float32 weights --resume reads into `dir`. */
-  writeResume(dir: string): void;
+  /** Writes the float32 weights --resume reads into `dir` (`weights`: the whole masters when the model keeps a shard of them). */
+  writeResume(dir: string, weights?: Float32Array): void;
   /** Writes the folder users load (best/, final/) in `dtype`, with extra files (best.json). */
-  writeUser(dir: string, dtype: 'f32' | 'bf16', extraFiles?: Record<string, string>): void;
+  writeUser(dir: string, dtype: 'f32' | 'bf16', extraFiles?: Record<string, string>, weights?: Float32Array): void;
   /** Loads the weights writeResume wrote. */
   restore(dir: string): void;
 }
@@ -34,8 +34,8 @@ export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
   return {
     resumeDir: 'model',
     trainable: student,
-    writeResume: (dir) => writeCheckpoint(dir, cfg, Float32Array.from(student.getWeights()), { dtype: 'f32', ...carry }),
-    writeUser: (dir, dtype, extraFiles) => writeCheckpoint(dir, cfg, student.getWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
+    writeResume: (dir, weights) => writeCheckpoint(dir, cfg, weights ?? Float32Array.from(student.getWeights()), { dtype: 'f32', ...carry }),
+    writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.getWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
     restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
   };
 }
