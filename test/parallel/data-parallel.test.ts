@@ -164,3 +164,20 @@ test('data parallel in bf16 keeps the fp32 masters sharded (ZeRO-1): 2 ranks equ
   const read = (run: string): Buffer => fs.readFileSync(path.join(dir, run, 'checkpoints', 'latest', 'model', 'model.safetensors'));
   assert.ok(read('bf-dp2').equals(read('bf-split')), 'the resumed bf16 2-rank run differs from the uninterrupted one');
 });
+
+test('data-parallel distillation, full and LoRA: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 180_000 }, async () => {
+  const teacher = await runTraining(opts({ out: path.join(dir, 'dp-teacher'), steps: 6 }), { log: () => {} });
+  for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }]] as const) {
+    const o = (over: Partial<RunOptions>): RunOptions => opts({ mode: 'distill', teacher: teacher.finalDir!, steps: 4, ...extra, ...over });
+    await runTraining(o({ out: path.join(dir, `dpd-${name}-single`), gradAccum: 2 }), { log: () => {} });
+    const [r0] = await ranks(o({ out: path.join(dir, `dpd-${name}-2`) }), 2);
+    assert.equal(r0!.error, undefined, `${name}: ${r0!.error}`);
+    const a = readMetrics(path.join(dir, `dpd-${name}-single`, 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+    const b = readMetrics(path.join(dir, `dpd-${name}-2`, 'metrics.jsonl')).filter((m) => m.loss !== undefined);
+    assert.equal(b.length, 4);
+    a.forEach((m, i) => {
+      assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * m.loss!, `${name} step ${i + 1}: loss ${m.loss} vs ${b[i]!.loss}`);
+      assert.ok(Math.abs(m.div! - b[i]!.div!) <= 1e-4 * Math.max(1e-3, m.div!), `${name} step ${i + 1}: divergence ${m.div} vs ${b[i]!.div}`);
+    });
+  }
+});
