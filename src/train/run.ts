@@ -308,8 +308,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const teacher = teacherCk && !cache
     ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen })
     : null;
-  if (teacher && teacherCk) teacher.setWeights(teacherCk.weights);
-  if (teacher && job.teacherFrozen === 'nf4') log(`teacher: projection matrices in nf4 (4.5 bits per weight, blocks of 64; QLoRA's format), the rest in ${teacher.compute}`);
+  if (teacher && teacherCk) {
+    const t0 = Date.now();
+    if (job.teacherFrozen === 'nf4') log(`teacher: quantizing its projection matrices to nf4 (4.5 bits per weight, blocks of 64; QLoRA's format) on the host; the rest in ${teacher.compute}`);
+    teacher.setWeights(teacherCk.weights);
+    if (job.teacherFrozen === 'nf4') log(`teacher: quantized in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+  }
   const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
   /** A batch's sparse teacher rows from the cache (null without one). */
   const sparseOf = (windows: Int32Array, mask: Float32Array): SparseHost | undefined => {
@@ -352,7 +356,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   let step = 0, tokensTrained = 0;
   let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;
   const metricsPath = path.join(out, 'metrics.jsonl');
-  if (job.lora) student.setWeights(initCk!.weights);
+  if (job.lora) {
+    const t0 = Date.now();
+    student.setWeights(initCk!.weights);
+    if (job.studentFrozen === 'nf4') log(`LoRA: the base quantized to nf4 in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+  }
   if (saved) {
     const s = saved;
     files.restore(path.join(latest, files.resumeDir));

@@ -176,7 +176,7 @@ test('4-bit frozen weights: an nf4 teacher distills end to end; QLoRA (an nf4 ba
   const logs: string[] = [];
   const d = await runTraining(opts({ mode: 'distill', out: path.join(dir, 'nf4-teacher'), teacher: base, teacherDtype: 'nf4', steps: 4 }), { log: (l: string) => { logs.push(l); } });
   assert.equal(d.status, 'completed');
-  assert.ok(logs.some((l) => l.startsWith('teacher: projection matrices in nf4')), logs.join('\n'));
+  assert.ok(logs.some((l) => l.startsWith('teacher: quantizing its projection matrices to nf4') && logs.some((m) => /^teacher: quantized in [0-9.]+s$/.test(m))), logs.join('\n'));
   const q = await runTraining(lora({ out: path.join(dir, 'qlora'), baseDtype: 'nf4', steps: 6 }), quiet);
   assert.equal(q.status, 'completed');
   assert.ok(q.finalValLoss < q.initialValLoss, `QLoRA validation ${q.initialValLoss} → ${q.finalValLoss}`);
