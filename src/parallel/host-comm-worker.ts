@@ -19,6 +19,8 @@ interface Op { op: OpName; data: SharedArrayBuffer; n: number }
 
 const OP_CODE: Record<OpName, number> = { allreduce: 1, allreduce64: 2, allgather: 3, bcast: 4, barrier: 5 };
 const HELLO = 0;
+/** Rank 0's last word when the group fails: the reason, so every rank reports the root cause, not a closed socket. */
+const ABORT = 9;
 
 const init = workerData as Init & { ctl: SharedArrayBuffer; err: SharedArrayBuffer };
 const ctl = new Int32Array(init.ctl);
@@ -52,7 +54,11 @@ class FrameReader {
       if (this.waiting) { this.waiting.reject(this.dead); this.waiting = null; }
     };
     sock.on('close', () => fail('disconnected (its process ended or lost the connection)'));
-    sock.on('error', (e) => fail(`failed: ${e.message}`));
+    sock.on('error', (e) => {
+      const code = (e as NodeJS.ErrnoException).code;
+      fail(code === 'ECONNRESET' || code === 'EPIPE' || code === 'ERR_SOCKET_CLOSED' || /ended by the other party/.test(e.message)
+        ? 'disconnected (its process ended or lost the connection)' : `failed: ${e.message}`);
+    });
   }
   /** The first n buffered bytes, without consuming them. */
   private peek(n: number): Buffer {
@@ -205,6 +211,7 @@ async function collective(o: Op): Promise<void> {
   else if (o.op === 'allgather') send(root.sock, code, new Uint8Array(o.data, rank * o.n * 4, o.n * 4));
   else send(root.sock, code, new Uint8Array(0));
   const f = await root.next();
+  if (f.op === ABORT) throw new Error(`rank 0 stopped the group: ${f.payload.toString('utf8')}`);
   if (f.op !== code) throw new Error(`rank ${rank} is out of step with rank 0 (it answered another collective)`);
   bytes.set(f.payload, 0);
 }
@@ -239,7 +246,12 @@ parentPort!.on('message', (o: Op | { op: 'close' }) => {
   }
   queue = queue.then(async () => {
     if (broken !== null) { done(broken); return; }
-    try { await collective(o); done(null); } catch (e) { broken = (e as Error).message; done(broken); }
+    try { await collective(o); done(null); } catch (e) {
+      broken = (e as Error).message;
+      // rank 0 tells the ranks still connected why the group stops (they would only see a closed socket)
+      if (init.rank === 0) for (const p of peers) if (p && !p.sock.destroyed) { try { send(p.sock, ABORT, Buffer.from(broken, 'utf8')); } catch { /* gone too */ } }
+      done(broken);
+    }
   });
 });
 

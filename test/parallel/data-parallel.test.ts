@@ -134,7 +134,7 @@ test('SIGINT to a --gpus 2 run stops both ranks at the same step with a checkpoi
   const t0 = Date.now();
   const c0 = await new Promise<number | null>((r) => r0.on('close', (c) => r(c)));
   assert.equal(c0, 1, err0);
-  assert.match(err0, /rank 1 (disconnected|failed: read ECONNRESET)/);
+  assert.match(err0, /rank 1 disconnected/);
   assert.ok(Date.now() - t0 < 30_000, 'rank 0 stopped within a bounded time');
   const st = JSON.parse(fs.readFileSync(path.join(out2, 'checkpoints', 'latest', 'state.json'), 'utf8')) as { step: number };
   assert.ok(st.step >= 5 && st.step % 5 === 0, `checkpoint at step ${st.step}`);
