@@ -17,8 +17,13 @@ import { packTask, runChunks, type ChunkAxis, type ChunkedTask, type Task } from
 import type { GemmKernels, WasmMemory, WasmModule } from './wasm.js';
 
 const CTRL_DONE = 0, CTRL_ERRORS = 1, CTRL_READY = 2;
-/** How long to wait for workers to start, and for an answer to a task, before giving up. */
-const START_TIMEOUT_MS = 20_000;
+/**
+ * How long to wait for workers to start, and for an answer to a task, before giving up. Starting a worker (an isolate,
+ * the WASM module) takes well under a second on an idle machine but tens of seconds on a saturated one (a CI box of 2
+ * cores running several test processes, or ranks of a data-parallel run): the start limit only has to catch a worker
+ * that never comes up.
+ */
+const START_TIMEOUT_MS = 120_000;
 const TASK_TIMEOUT_MS = 300_000;
 
 export class WorkerPool {
