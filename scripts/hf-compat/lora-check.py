@@ -19,28 +19,28 @@ except ImportError:
 def rel(got, exp):
     return ((got - exp).norm() / exp.norm()).item()
 
+def report(name, what, measure, value, bound):
+    global ok
+    good = value <= bound
+    ok &= good
+    print(f"lora-compat {name}: {what}: {measure} {value:.2e} {'OK' if good else 'MISMATCH'}")
+
 for c in man['cases']:
     ids = torch.tensor([c['ids']])
     merged = AutoModelForCausalLM.from_pretrained(c['merged'], dtype=torch.float32).eval()
     with torch.no_grad():
         got = merged(ids).logits[0].double()
     e = rel(got, torch.tensor(c['merged_logits'], dtype=torch.float64).reshape(got.shape))
-    good = e <= 1e-5
-    ok &= good
-    print(f"lora-compat {c['name']}: transformers reads the merged export: logits relative error {e:.2e} {'OK' if good else 'MISMATCH'}")
+    report(c['name'], 'transformers reads the merged export', 'logits relative error', e, 1e-5)
     if PeftModel is not None:
         base = AutoModelForCausalLM.from_pretrained(c['base'], dtype=torch.float32).eval()
         peft = PeftModel.from_pretrained(base, c['adapter']).eval()
         with torch.no_grad():
             got = peft(ids).logits[0].double()
         e = rel(got, torch.tensor(c['lora_logits'], dtype=torch.float64).reshape(got.shape))
-        good = e <= 1e-5
-        ok &= good
-        print(f"lora-compat {c['name']}: PEFT loads the adapter on its base: logits relative error {e:.2e} {'OK' if good else 'MISMATCH'}")
+        report(c['name'], 'PEFT loads the adapter on its base', 'logits relative error', e, 1e-5)
         m = peft.merge_and_unload()
         theirs, ours = m.state_dict(), merged.state_dict()
         worst = max(((theirs[k].double() - ours[k].double()).abs().max() / ours[k].double().abs().max().clamp_min(1e-30)).item() for k in ours if k in theirs)
-        good = worst <= 1e-6
-        ok &= good
-        print(f"lora-compat {c['name']}: PEFT merge_and_unload vs distillery's export: worst relative weight difference {worst:.2e} {'OK' if good else 'MISMATCH'}")
+        report(c['name'], "PEFT merge_and_unload vs distillery's export", 'worst relative weight difference', worst, 1e-6)
 sys.exit(0 if ok else 1)

@@ -36,8 +36,6 @@ import {
 import { TeacherPass, type PassRows } from './teacher-pass.js';
 import type { FrozenDtype } from '../model/frozen.js';
 
-export { weightsHash };
-
 export interface CacheJobOptions {
   teacher: string;
   data: string[];

@@ -25,8 +25,6 @@ import { weightsHash } from './weights-hash.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 
-export { weightsHash };
-
 export const ADAPTER_CONFIG = 'adapter_config.json';
 export const ADAPTER_WEIGHTS = 'adapter_model.safetensors';
 export const BASE_REF = 'base_model.json';

@@ -10,7 +10,7 @@
  * the compute dtype, the dense tensors in the compute dtype.
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
-import type { ParamLayout, TensorInfo } from './params.js';
+import { weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { NF4_DEFAULT_BLOCK, dequantizeNf4, nf4WordCount, nf4Words, quantizeNf4 } from '../quant/nf4.js';
 import { DistilleryError } from '../util/errors.js';
 
@@ -99,8 +99,7 @@ export class FrozenNf4 {
     be.upload(this.dense, dense);
     const words = new Int32Array(p.words), scales = new Float32Array(p.blocks);
     for (const [t, q] of p.quant) {
-      const src = w instanceof Float32Array || w instanceof Float64Array ? w.subarray(t.offset, t.offset + t.size) : Array.prototype.slice.call(w, t.offset, t.offset + t.size) as number[];
-      const nf = quantizeNf4(src, p.blockSize);
+      const nf = quantizeNf4(weightSlice(w, t.offset, t.offset + t.size), p.blockSize);
       words.set(nf4Words(nf), q.word);
       scales.set(nf.absmax, q.block);
     }

@@ -36,13 +36,13 @@ export interface JobMemory {
   world?: number | undefined;
 }
 
-const F = 4;
+const F = 4; // bytes per float32
 
 /** Bytes of a frozen (never trained) model's weights: the compute dtype, or NF4 storage with its one-layer scratch. */
 function frozenWeightBytes(c: ModelConfig, a: number, frozen: FrozenDtype | undefined): number {
   const layout = parameterLayout(c);
   return frozen === 'nf4' ? nf4StorageBytes(nf4Plan(layout), a) : layout.total * a;
-} // bytes per float32
+}
 
 /**
  * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
@@ -68,11 +68,10 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
 export function estimateJobBytes(j: JobMemory): number {
   const a = j.precision === 'bf16' ? 2 : F;
   const p = parameterLayout(j.student).total;
-  // Training: fp32 master weights, gradients and two moments, plus the bf16 compute copy in bf16.
   const trainBase = j.training && !j.lora;
-  // Training: gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16, the masters.
+  // Training: gradients whole, the two moments of this rank's shard (ZeRO-1), the compute copy in bf16, and the fp32
+  // masters, sharded too in bf16 with several ranks (Transformer masterRange).
   const world = Math.max(1, j.world ?? 1);
-  // In bf16 with several ranks the fp32 masters are sharded too (Transformer masterRange).
   const masters = world > 1 && a !== F ? Math.ceil(p / world) * F : p * F;
   let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);

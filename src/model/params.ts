@@ -149,3 +149,8 @@ export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Arra
   }
   return out;
 }
+
+/** Elements [begin, end) of a flat weight array: a view of a typed array, else a copy. */
+export function weightSlice(w: ArrayLike<number>, begin: number, end: number): ArrayLike<number> {
+  return w instanceof Float32Array || w instanceof Float64Array ? w.subarray(begin, end) : Array.prototype.slice.call(w, begin, end) as number[];
+}

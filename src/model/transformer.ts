@@ -20,7 +20,7 @@
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
-import { parameterLayout, type ParamLayout, type TensorInfo } from './params.js';
+import { parameterLayout, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
@@ -256,7 +256,7 @@ export class Transformer {
       // sharded masters: the compute copy whole (rounded), the masters of this rank's shard
       this.backend.upload(this.weights, w);
       const o = this.masterOffset, n = this.masterLength;
-      this.backend.upload(this.params, w instanceof Float32Array || w instanceof Float64Array ? w.subarray(o, o + n) : Array.prototype.slice.call(w, o, o + n) as number[]);
+      this.backend.upload(this.params, weightSlice(w, o, o + n));
       this.syncWeights();
       return;
     }

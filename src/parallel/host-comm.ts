@@ -104,9 +104,8 @@ export class HostComm implements Communicator {
 
   /** Gathers every rank's `shard` elements (from `mine`) into `out` (world × shard), a piece of each shard at a time. */
   private gather(mine: (off: number, k: number) => ArrayLike<number>, shard: number, out: (r: number, off: number, piece: Float32Array) => void, what: string): void {
-    for (let off = 0; off < Math.max(shard, 1); off += CHUNK) {
+    for (let off = 0; off < shard; off += CHUNK) {
       const k = Math.min(CHUNK, shard - off);
-      if (k <= 0) break;
       this.room(this.world * k * 4);
       const f = new Float32Array(this.data, 0, this.world * k);
       f.set(mine(off, k), this.rank * k);

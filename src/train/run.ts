@@ -67,7 +67,9 @@ import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { checkDeviceMemory, checkSameTokenizer, checkSeqFits, chooseTokenizer, describe, resumeTokenizerPath, runLossVocab, studentConfig } from './run-models.js';
 import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
 import { loraInitialWeights } from '../model/lora.js';
-import { baseShape, weightsHash } from '../model/adapter.js';
+import { baseShape } from '../model/adapter.js';
+import { weightsHash } from '../model/weights-hash.js';
+import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 import { hubIdOfSnapshot } from '../io/hf-cache.js';
 
 export interface RunSummary {
@@ -199,8 +201,9 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     let dcomm: Communicator = comm;
     if (!hooks.comm && ncclWanted(o.device, comm.world) && backend.name.startsWith('cuda')) {
       const { NcclComm } = await import('../parallel/nccl.js');
-      dcomm = new NcclComm(comm, backend as unknown as ConstructorParameters<typeof NcclComm>[1]);
-      log(`data parallel: NCCL ${(dcomm as InstanceType<typeof NcclComm>).version()} for the gradients and parameters (NCCL_NVLS_ENABLE=0)`);
+      const nccl = new NcclComm(comm, backend as CudaBackend);
+      log(`data parallel: NCCL ${nccl.version()} for the gradients and parameters (NCCL_NVLS_ENABLE=0)`);
+      dcomm = nccl;
     }
     try {
       return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm);
@@ -424,7 +427,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     };
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
     const masters = gatheredMasters();
-    lastGoodStep = step;
     if (root) {
       replaceDirAtomicSync(latest, (tmp) => {
         files.writeResume(path.join(tmp, files.resumeDir), masters);

@@ -1,10 +1,8 @@
 /** Starting the ranks of a multi-process test on this machine, as torchrun would (the process-group variables). */
 import { spawn } from 'node:child_process';
-import * as net from 'node:net';
+import { freePort } from '../../src/parallel/launcher.js';
 
-export async function freePort(): Promise<number> {
-  return new Promise((resolve) => { const s = net.createServer(); s.listen(0, () => { const p = (s.address() as net.AddressInfo).port; s.close(() => resolve(p)); }); });
-}
+export { freePort };
 
 /** Runs `world` ranks of a script; resolves with each rank's stdout lines and exit code. */
 export async function launch(script: string, world: number, extra: NodeJS.ProcessEnv = {}): Promise<Array<{ code: number | null; out: string; err: string }>> {
