@@ -18,7 +18,7 @@ import { capDocs, loadDocCorpus, loadDocs, packDocuments, reportNoAssistant, typ
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
-import { CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
+import { BASE_FLAG, CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
 import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
@@ -28,7 +28,7 @@ import { parseTemplateKwargs } from '../options.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
-  { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' },
+  BASE_FLAG,
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
   { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },

@@ -24,9 +24,12 @@ import { chatFormatOf, renderChat, type ChatMessage } from '../../tokenizer/chat
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 
+/** --base: the base model of a LoRA adapter folder given as --model (eval, generate). */
+export const BASE_FLAG: FlagSpec = { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' };
+
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (config.json, model.safetensors, tokenizer.json) or a Hub id in the local HF cache (required)' },
-  { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' },
+  BASE_FLAG,
   { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (this or --prompts)' },
   { name: 'prompts', kind: 'string', metavar: '<file.jsonl>', description: 'many prompts, one JSON object per line ({"prompt"} or {"text"}: text to continue; {"messages"}: a conversation, rendered with the chat template and an open assistant turn), generated in batches; one JSON line per prompt to stdout' },
   { name: 'batch', kind: 'integer', description: 'with --prompts: sequences generated together (prompts of different lengths share a batch)', defaultText: '8' },
