@@ -126,6 +126,11 @@ export interface AdamWSegment { offset: number; size: number; decay: boolean }
 
 export interface Backend {
   readonly name: string;
+  /**
+   * Whether captured regions are recorded (CUDA: a region's body may only issue device work, see captured()) rather
+   * than simply run (CPU: host work inside a region, such as a collective through the host, happens in order).
+   */
+  readonly recordsRegions: boolean;
   /** Element type of float buffers: 'f32' normally, 'f64' for the CPU backend's reference mode. */
   readonly dtype: 'f32' | 'f64';
 

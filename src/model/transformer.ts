@@ -385,9 +385,13 @@ export class Transformer {
 
   /**
    * Backward pass for the last forward call from dL/d(final hidden), which the caller has accumulated into
-   * hiddenGrad() (the LM head's backward, e.g. chunk by chunk). ACCUMULATES into the gradients.
+   * hiddenGrad() (the LM head's backward, e.g. chunk by chunk). ACCUMULATES into the gradients. `ready` hears, as the
+   * pass goes, each range [begin, end) of trainable()'s buffer whose gradients are now final (data parallel reduces
+   * them while the rest of the pass runs: src/parallel/grad-reducer.ts): the final norm with an untied LM head (whose
+   * gradient the caller's head backward completed), each layer from the last, the embedding; with LoRA, each layer's
+   * adapters.
    */
-  backwardHidden(): void {
+  backwardHidden(ready?: (begin: number, end: number) => void): void {
     if (!this.g) throw new DistilleryError('backward() needs a model created with training: true');
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
@@ -397,6 +401,8 @@ export class Transformer {
     // Final norm.
     be.zero(dx);
     be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
+    const readyRange = ready ? gradReadyRanges(L, this.lora?.layout ?? null) : null;
+    if (readyRange?.tail) ready!(...readyRange.tail);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const a = this.acts[l]!, w = L.layers[l]!;
       this.materialize(l); // a frozen NF4 base: the input gradients read the layer's matrices
@@ -456,8 +462,33 @@ export class Transformer {
       be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
       adapt('v_proj', dln, dv, ln1);
       be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);
+      const r = readyRange?.layers[l];
+      if (r && r[1] > r[0]) ready!(...r);
     }
     const gEmbed = this.gr(L.embed);
     if (gEmbed) be.embeddingBackward(gEmbed, dx, this.ids, N, C);
+    if (readyRange?.head) ready!(...readyRange.head);
   }
+}
+
+/**
+ * The ranges of the trainable buffer whose gradients the backward pass completes, in its order: `tail` after the final
+ * norm (it and an untied LM head, the end of the buffer), `layers[l]` after layer l, `head` after the embedding (the
+ * start of the buffer; a tied LM head's gradient is the embedding's). With LoRA only the adapters train: per layer.
+ */
+export function gradReadyRanges(L: ParamLayout, lora: LoraLayout | null): {
+  tail: [number, number] | null; layers: Array<[number, number]>; head: [number, number] | null;
+} {
+  if (lora) {
+    return {
+      tail: null, head: null,
+      layers: lora.layers.map((row): [number, number] => row.length === 0 ? [0, 0] : [row[0]!.a.offset, row[row.length - 1]!.b.offset + row[row.length - 1]!.b.size]),
+    };
+  }
+  const starts = L.layers.map((w) => w.ln1.offset);
+  return {
+    tail: [L.finalNorm.offset, L.total],
+    layers: starts.map((s, l): [number, number] => [s, l + 1 < starts.length ? starts[l + 1]! : L.finalNorm.offset]),
+    head: [0, starts[0] ?? L.finalNorm.offset],
+  };
 }

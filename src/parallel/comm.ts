@@ -1,16 +1,30 @@
 /**
  * The communicator seam of data-parallel runs: the collectives a step needs, on a backend's buffers. One process
  * (LocalComm) needs none of them; HostComm (host-comm.ts) moves the data through the host over TCP (the CPU backend,
- * and tests of the sharding logic with real processes); NCCL (the GPU path) is to come behind the same interface.
- * Collectives are blocking and SPMD: every rank calls the same ones in the same order.
+ * and tests of the sharding logic with real processes); NcclComm (nccl.ts) runs them on the GPU's stream.
+ * Collectives are SPMD: every rank calls the same ones in the same order. They are blocking, but for the gradient
+ * reduction (reduceScatterStart), which returns at once and completes when waited on, so that it overlaps the backward
+ * pass (src/parallel/grad-reducer.ts).
  */
 import type { Backend, Buf } from '../backend/backend.js';
+
+/** A collective in flight: wait() blocks until it has completed (its result is then in the buffer); once only. */
+export interface CommWork { wait(): void }
+
+const DONE: CommWork = { wait(): void {} };
 
 export interface Communicator {
   readonly rank: number;
   readonly world: number;
   /** buf[0, n) = the sum over ranks of each rank's buf[0, n). */
   allReduceSum(be: Backend, buf: Buf, n: number): void;
+  /**
+   * Starts summing buf[begin, end) over ranks where each rank needs the sum only inside its own shard of `shard`
+   * elements, [rank·shard, (rank+1)·shard) (ZeRO: the gradients of the optimizer shard it updates). After wait(), the
+   * part of [begin, end) inside this rank's shard holds the sum; the rest of the range is unspecified. The range must
+   * not be written until then. Returns at once where the transport allows (the host's thread, the GPU's stream).
+   */
+  reduceScatterStart(be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork;
   /** Host numbers summed over ranks (token counts, loss sums). */
   allReduceHost(x: Float64Array | number[]): Float64Array;
   /**
@@ -32,12 +46,21 @@ export class LocalComm implements Communicator {
   readonly rank = 0;
   readonly world = 1;
   allReduceSum(): void {}
+  reduceScatterStart(): CommWork { return DONE; }
   allReduceHost(x: Float64Array | number[]): Float64Array { return Float64Array.from(x); }
   allGather(): void {}
   allGatherHost(x: Float32Array): Float32Array { return x.slice(); }
   broadcast(bytes: Uint8Array): Uint8Array { return bytes; }
   barrier(): void {}
   close(): void {}
+}
+
+/** The part of [begin, end) inside each rank's shard of `shard` elements: [r] = [from, to) (from = to where none). */
+export function shardParts(begin: number, end: number, shard: number, world: number): Array<[number, number]> {
+  return Array.from({ length: world }, (_, r): [number, number] => {
+    const from = Math.min(end, Math.max(begin, r * shard)), to = Math.max(from, Math.min(end, (r + 1) * shard));
+    return [from, to];
+  });
 }
 
 /** The contiguous shard of a flat buffer of `total` elements that rank r owns: [r·size, min(total, (r+1)·size)). */

@@ -5,7 +5,10 @@
  *   b see, step for step, the batches one process sees with gradient accumulation over N micro-batches;
  * - loss weights: every token is weighted by 1 / (the step's counted tokens over all ranks), so the summed gradients are
  *   the single-process gradient of the global batch;
- * - gradients: summed over ranks (all-reduce) before the global norm is taken (clipping uses it);
+ * - gradients: reduce-scattered (grad-reducer.ts): each rank gets the sums over ranks of its shard only, in buckets
+ *   started while the backward pass still runs where the backend runs passes inline (the CPU; a CUDA pass is a
+ *   captured region, so there the buckets go after it, on the stream); the global norm (clipping uses it) is the sum
+ *   over ranks of each shard's sum of squares;
  * - optimizer: each rank keeps the AdamW moments of its contiguous shard of the trainable buffer only (shardOf), and a
  *   bf16 model the fp32 masters of that shard only (Transformer masterRange); it updates that shard of the masters and of
  *   their compute copy, then the updated shards are all-gathered (the bf16 compute copy when the masters are sharded,
@@ -14,6 +17,7 @@
 import type { Backend, AdamWSegment, Buf } from '../backend/backend.js';
 import type { AdamWOptions, Optimizer, Trainable } from '../train/optimizer.js';
 import { shardOf, type Communicator } from './comm.js';
+import { GradReducer, gradBucketElements } from './grad-reducer.js';
 
 export class ShardedAdamW implements Optimizer {
   readonly m: Buf;
@@ -44,11 +48,28 @@ export class ShardedAdamW implements Optimizer {
       .map((s) => ({ offset: s.offset - begin, size: s.end - s.offset, decay: s.decay }));
   }
 
-  /** Sums the gradients over ranks, then their global L2 norm (the same on every rank). */
+  /** The reduction of the step in progress (beginStep), finished by gradNorm(). */
+  private reducer: GradReducer | null = null;
+  /** Elements per gradient bucket (DISTILLERY_GRAD_BUCKET_MB). */
+  bucket = gradBucketElements();
+
+  private newReducer(): GradReducer {
+    return new GradReducer(this.comm, this.be, this.model.grads!, this.model.layout.total, this.shard.size, this.bucket);
+  }
+
+  /** A new step's gradient reduction: what the last backward pass reports its final ranges to (undefined: after it). */
+  beginStep(): ((begin: number, end: number) => void) | undefined {
+    const red = this.reducer = this.newReducer();
+    return this.be.recordsRegions ? undefined : (begin, end) => red.ready(begin, end);
+  }
+
+  /** Finishes the reduction of the shard's gradients, then their global L2 norm (the same on every rank). */
   gradNorm(): number {
-    const g = this.model.grads!, n = this.model.layout.total;
-    this.comm.allReduceSum(this.be, g, n);
-    return Math.sqrt(this.be.sumSquares(g, n));
+    (this.reducer ?? this.newReducer()).finish();
+    this.reducer = null;
+    const { begin, end } = this.shard, n = end - begin;
+    const local = n > 0 ? this.be.sumSquares(this.be.view(this.model.grads!, begin, n), n) : 0;
+    return Math.sqrt(this.comm.world > 1 ? this.comm.allReduceHost([local])[0]! : local);
   }
 
   update(lr: number, gradScale: number): void {

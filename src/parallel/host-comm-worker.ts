@@ -7,17 +7,20 @@
  * Frames: u32 payload length, u8 operation, then the payload. Rank 0 checks that every rank's frame is the collective it
  * is running, with the size it expects: ranks that diverged (another collective, another length) stop with an error
  * instead of mixing data. Rank 0 sends results from a private copy, never from the shared buffer the main thread
- * refills as soon as the collective returns. A peer that disconnects fails the collective in progress (and every later
+ * refills as soon as the collective returns. A reduce-scatter (the gradient buckets) comes with its own data and report
+ * word, so the main thread can queue several and go on computing: every rank sends its whole range, rank 0 sums in rank
+ * order and sends each rank back only the part inside its shard. A peer that disconnects fails the collective in progress (and every later
  * one) with its rank named. Closing ends the sockets gracefully (queued results are delivered first).
  */
 import * as net from 'node:net';
 import { parentPort, workerData } from 'node:worker_threads';
 
-type OpName = 'allreduce' | 'allreduce64' | 'allgather' | 'bcast' | 'barrier';
+type OpName = 'allreduce' | 'allreduce64' | 'allgather' | 'bcast' | 'barrier' | 'reducescatter' | 'reducescatter64';
 interface Init { rank: number; world: number; addr: string; port: number; connectTimeoutMs: number }
-interface Op { op: OpName; data: SharedArrayBuffer; n: number }
+/** `parts` (reduce-scatter): per rank, the [from, to) of the range it gets back; `ctl`: the operation's own report word. */
+interface Op { op: OpName; data: SharedArrayBuffer; n: number; parts?: Array<[number, number]>; ctl?: SharedArrayBuffer }
 
-const OP_CODE: Record<OpName, number> = { allreduce: 1, allreduce64: 2, allgather: 3, bcast: 4, barrier: 5 };
+const OP_CODE: Record<OpName, number> = { allreduce: 1, allreduce64: 2, allgather: 3, bcast: 4, barrier: 5, reducescatter: 6, reducescatter64: 7 };
 const HELLO = 0;
 /** Rank 0's last word when the group fails: the reason, so every rank reports the root cause, not a closed socket. */
 const ABORT = 9;
@@ -155,7 +158,7 @@ async function rendezvous(): Promise<void> {
 
 /** The bytes each rank contributes to a collective of n elements (rank 0 checks what arrives against it). */
 function contribution(op: OpName, n: number): number {
-  return op === 'allreduce64' ? n * 8 : op === 'bcast' ? 0 : n * 4;
+  return op === 'allreduce64' || op === 'reducescatter64' ? n * 8 : op === 'bcast' ? 0 : n * 4;
 }
 
 async function fromPeer(r: number, o: Op): Promise<Buffer> {
@@ -173,7 +176,22 @@ async function collective(o: Op): Promise<void> {
   const code = OP_CODE[o.op];
   const bytes = new Uint8Array(o.data);
   if (rank === 0) {
-    if (o.op === 'allreduce' || o.op === 'barrier') {
+    if (o.op === 'reducescatter' || o.op === 'reducescatter64') {
+      // sum in rank order (float64, rounded once for float32), then each rank gets the part inside its shard
+      const wide = o.op === 'reducescatter64';
+      const mine = wide ? new Float64Array(o.data, 0, o.n) : new Float32Array(o.data, 0, o.n);
+      const acc = Float64Array.from(mine);
+      for (let r = 1; r < world; r++) {
+        const p = await fromPeer(r, o);
+        const x = wide ? new Float64Array(p.buffer, p.byteOffset, o.n) : new Float32Array(p.buffer, p.byteOffset, o.n);
+        for (let i = 0; i < o.n; i++) acc[i]! += x[i]!;
+      }
+      mine.set(acc);
+      for (let r = 1; r < world; r++) {
+        const [a, b] = o.parts![r]!;
+        send(peers[r]!.sock, code, new Uint8Array(mine.slice(a, b).buffer)); // a private copy
+      }
+    } else if (o.op === 'allreduce' || o.op === 'barrier') {
       const f = new Float32Array(o.data, 0, o.n);
       const acc = Float64Array.from(f);
       for (let r = 1; r < world; r++) {
@@ -206,6 +224,15 @@ async function collective(o: Op): Promise<void> {
   }
   const root = toRoot!;
   // a non-root rank's part leaves from the shared buffer, which the main thread leaves alone until rank 0 has answered
+  if (o.op === 'reducescatter' || o.op === 'reducescatter64') {
+    const size = o.op === 'reducescatter64' ? 8 : 4, [a, b] = o.parts![rank]!;
+    send(root.sock, code, new Uint8Array(o.data, 0, o.n * size));
+    const f = await root.next();
+    if (f.op === ABORT) throw new Error(`rank 0 stopped the group: ${f.payload.toString('utf8')}`);
+    if (f.op !== code || f.payload.length !== (b - a) * size) throw new Error(`rank ${rank} is out of step with rank 0 (it answered another collective)`);
+    bytes.set(f.payload, a * size);
+    return;
+  }
   if (o.op === 'allreduce' || o.op === 'barrier') send(root.sock, code, new Uint8Array(o.data, 0, o.n * 4));
   else if (o.op === 'allreduce64') send(root.sock, code, new Uint8Array(o.data, 0, o.n * 8));
   else if (o.op === 'allgather') send(root.sock, code, new Uint8Array(o.data, rank * o.n * 4, o.n * 4));
@@ -216,13 +243,14 @@ async function collective(o: Op): Promise<void> {
   bytes.set(f.payload, 0);
 }
 
-function done(error: string | null): void {
+/** Reports an operation's end on its report word (the shared one, or the operation's own). */
+function done(error: string | null, to: Int32Array = ctl): void {
   if (error !== null) {
     const b = Buffer.from(error, 'utf8').subarray(0, errBytes.length);
-    errBytes.set(b); ctl[1] = b.length;
+    errBytes.set(b); to[1] = b.length;
   }
-  Atomics.store(ctl, 0, error === null ? 1 : 2);
-  Atomics.notify(ctl, 0);
+  Atomics.store(to, 0, error === null ? 1 : 2);
+  Atomics.notify(to, 0);
 }
 
 /** Ends every socket after its queued writes (the last results reach the other ranks), then reports closed. */
@@ -239,24 +267,34 @@ async function closeAll(): Promise<void> {
 
 let broken: string | null = null;
 let queue = Promise.resolve();
+/** The report words of the operations queued and not yet reported (a failure of this thread reports on all of them). */
+const pending = new Set<Int32Array>();
 parentPort!.on('message', (o: Op | { op: 'close' }) => {
   if (o.op === 'close') {
     queue = queue.then(closeAll);
     return;
   }
+  const to = o.ctl ? new Int32Array(o.ctl) : ctl;
+  pending.add(to);
   queue = queue.then(async () => {
-    if (broken !== null) { done(broken); return; }
-    try { await collective(o); done(null); } catch (e) {
+    if (broken !== null) { done(broken, to); return; }
+    try { await collective(o); done(null, to); } catch (e) {
       broken = (e as Error).message;
       // rank 0 tells the ranks still connected why the group stops (they would only see a closed socket)
       if (init.rank === 0) for (const p of peers) if (p && !p.sock.destroyed) { try { send(p.sock, ABORT, Buffer.from(broken, 'utf8')); } catch { /* gone too */ } }
-      done(broken);
+      done(broken, to);
     }
-  });
+  }).finally(() => pending.delete(to));
 });
 
 // a failure of this thread itself must wake the main thread, never leave it waiting out its timeout
-process.on('uncaughtException', (e) => { broken = `the communication thread failed: ${e.message}`; done(broken); });
-process.on('unhandledRejection', (e) => { broken = `the communication thread failed: ${(e as Error)?.message ?? String(e)}`; done(broken); });
+function failAll(why: string): void {
+  broken = `the communication thread failed: ${why}`;
+  for (const w of pending) done(broken, w);
+  pending.clear();
+  done(broken);
+}
+process.on('uncaughtException', (e) => failAll(e.message));
+process.on('unhandledRejection', (e) => failAll((e as Error)?.message ?? String(e)));
 
 rendezvous().then(() => done(null), (e: Error) => { broken = e.message; done(broken); });

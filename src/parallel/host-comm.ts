@@ -2,11 +2,13 @@
  * A Communicator over TCP through the host (see host-comm-worker.ts for the wire): the collectives block the calling
  * thread (Atomics.wait) while a worker thread does the socket I/O, so a synchronous training step can call them like
  * NCCL's. A rank that dies or hangs fails the others' next collective within `timeoutMs`, naming what happened.
+ * The gradient reduction (reduceScatterStart) is the exception: it hands the worker a copy of the range and returns, so
+ * the sockets carry one bucket while the backward pass computes the next; its wait() blocks as the others do.
  */
 import { Worker } from 'node:worker_threads';
 import type { Backend, Buf } from '../backend/backend.js';
 import { DistilleryError } from '../util/errors.js';
-import type { Communicator } from './comm.js';
+import { shardParts, type CommWork, type Communicator } from './comm.js';
 import type { DistEnv } from './env.js';
 
 export interface HostCommOptions {
@@ -56,25 +58,34 @@ export class HostComm implements Communicator {
     return c;
   }
 
-  private finish(what: string): void {
-    const state = Atomics.load(this.ctl, 0);
-    Atomics.store(this.ctl, 0, 0);
+  private finish(what: string, ctl: Int32Array = this.ctl): void {
+    const state = Atomics.load(ctl, 0);
+    Atomics.store(ctl, 0, 0);
     if (state === 2) {
-      const msg = Buffer.from(new Uint8Array(this.err, 0, this.ctl[1]!)).toString('utf8');
+      const msg = Buffer.from(new Uint8Array(this.err, 0, ctl[1]!)).toString('utf8');
       throw new DistilleryError(`rank ${this.rank}: ${what} failed: ${msg}`, 'a rank stopped, lost its connection or ran other steps: every rank stops; continue with --resume from the last checkpoint');
     }
   }
 
   private run(op: string, n: number, what: string, timeoutMs = this.timeoutMs): void {
+    this.post({ op, data: this.data, n }, this.ctl, what);
+    this.await(this.ctl, what, timeoutMs);
+  }
+
+  /** Queues an operation on the worker; it reports on `ctl` (state: 0 queued, 1 done, 2 failed; [1] the error's length). */
+  private post(msg: Record<string, unknown>, ctl: Int32Array, what: string): void {
     if (this.closed) throw new DistilleryError(`rank ${this.rank}: ${what} after the communicator was closed`);
-    Atomics.store(this.ctl, 0, 0);
-    this.worker.postMessage({ op, data: this.data, n });
-    const r = Atomics.wait(this.ctl, 0, 0, timeoutMs);
+    Atomics.store(ctl, 0, 0);
+    this.worker.postMessage(ctl === this.ctl ? msg : { ...msg, ctl: ctl.buffer });
+  }
+
+  private await(ctl: Int32Array, what: string, timeoutMs = this.timeoutMs): void {
+    const r = Atomics.wait(ctl, 0, 0, timeoutMs);
     if (r === 'timed-out') {
       throw new DistilleryError(`rank ${this.rank}: ${what} waited ${timeoutMs / 1000}s for the other ranks`,
         'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
     }
-    this.finish(what);
+    this.finish(what, ctl);
   }
 
   private room(bytes: number): void {
@@ -92,6 +103,26 @@ export class HostComm implements Communicator {
       this.run(wide ? 'allreduce64' : 'allreduce', k, `summing ${n} values over ${this.world} ranks`);
       be.upload(buf, f, off);
     }
+  }
+
+  reduceScatterStart(be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork {
+    // f64 (the CPU backend's reference mode) sums in float64; f32 sums in float64 and rounds once, as allReduceSum does
+    const wide = be.dtype === 'f64', works: Array<() => void> = [];
+    for (let off = begin; off < end; off += CHUNK) {
+      const k = Math.min(CHUNK, end - off);
+      const data = new SharedArrayBuffer(k * (wide ? 8 : 4));
+      (wide ? new Float64Array(data) : new Float32Array(data)).set(be.download(be.view(buf, off, k)));
+      const parts = shardParts(off, off + k, shard, this.world).map(([a, b]) => [a - off, b - off]);
+      const ctl = new Int32Array(new SharedArrayBuffer(8)), what = `reducing ${end - begin} gradient values over ${this.world} ranks`;
+      this.post({ op: wide ? 'reducescatter64' : 'reducescatter', data, n: k, parts }, ctl, what);
+      works.push(() => {
+        this.await(ctl, what);
+        const [a, b] = parts[this.rank]!;
+        if (b > a) be.upload(buf, (wide ? new Float64Array(data) : new Float32Array(data)).subarray(a, b), off + a);
+      });
+    }
+    let waited = false;
+    return { wait: (): void => { if (!waited) { waited = true; for (const w of works) w(); } } };
   }
 
   allReduceHost(x: Float64Array | number[]): Float64Array {

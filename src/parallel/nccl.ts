@@ -15,7 +15,7 @@ import type { Backend, Buf, DType } from '../backend/backend.js';
 import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 import { requireLibraries } from '../backend/cuda/ffi/libfind.js';
 import { DistilleryError } from '../util/errors.js';
-import type { Communicator } from './comm.js';
+import { shardParts, type CommWork, type Communicator } from './comm.js';
 
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
@@ -47,6 +47,7 @@ export class NcclComm implements Communicator {
       commAbort: l.func('int ncclCommAbort(void *comm)'),
       allReduce: l.func('int ncclAllReduce(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int op, void *comm, void *stream)'),
       broadcast: l.func('int ncclBroadcast(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int root, void *comm, void *stream)'),
+      reduce: l.func('int ncclReduce(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int op, int root, void *comm, void *stream)'),
       groupStart: l.func('int ncclGroupStart()'),
       groupEnd: l.func('int ncclGroupEnd()'),
       errorString: l.func('const char *ncclGetErrorString(int result)'),
@@ -89,18 +90,34 @@ export class NcclComm implements Communicator {
 
   allGather(_be: Backend, buf: Buf, shard: number): void {
     // rank r's shard [r·shard, min(len, (r+1)·shard)) broadcast from r, all in one group (unequal last shard, in place)
+    this.perRank(shardParts(0, buf.length, shard, this.world), 'ncclBroadcast', (r, begin, count) => {
+      const o = this.be.collectiveOperand(buf, begin);
+      return this.f.broadcast!(o.ptr, o.ptr, count, ncclDtype(o.dtype), r, this.comm, o.stream) as number;
+    });
+  }
+
+  reduceScatterStart(_be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork {
+    // the part of the range inside rank r's shard summed into rank r (in place), one reduce per rank in one group; on
+    // the backend's stream, so the work queued after it (the norm, the update) sees the sums: nothing to wait for here
+    this.perRank(shardParts(begin, end, shard, this.world), 'ncclReduce', (r, from, count) => {
+      const o = this.be.collectiveOperand(buf, from);
+      return this.f.reduce!(o.ptr, o.ptr, count, ncclDtype(o.dtype), NCCL_SUM, r, this.comm, o.stream) as number;
+    });
+    return { wait(): void {} };
+  }
+
+  /** One call per rank's non-empty part [from, to), inside ncclGroupStart/End (closed whatever happened inside). */
+  private perRank(parts: Array<[number, number]>, call: string, one: (r: number, from: number, count: number) => number): void {
     this.check(this.f.groupStart!(), 'ncclGroupStart');
     let rc = 0;
     try {
       for (let r = 0; r < this.world && rc === 0; r++) {
-        const begin = Math.min(buf.length, r * shard), count = Math.min(buf.length, begin + shard) - begin;
-        if (count <= 0) continue;
-        const o = this.be.collectiveOperand(buf, begin);
-        rc = this.f.broadcast!(o.ptr, o.ptr, count, ncclDtype(o.dtype), r, this.comm, o.stream) as number;
+        const [from, to] = parts[r]!;
+        if (to > from) rc = one(r, from, to - from);
       }
     } finally {
-      const end = this.f.groupEnd!() as number; // the group is closed whatever happened inside it
-      this.check(rc, 'ncclBroadcast');
+      const end = this.f.groupEnd!() as number;
+      this.check(rc, call);
       this.check(end, 'ncclGroupEnd');
     }
   }

@@ -22,6 +22,11 @@ export interface Trainable {
 export interface Optimizer {
   /** Updates applied so far. */
   step: number;
+  /**
+   * Called at the start of a step's gradients (data parallel): a receiver for the ranges of the trainable buffer whose
+   * gradients the last micro-batch's backward pass has made final, or undefined.
+   */
+  beginStep?(): ((begin: number, end: number) => void) | undefined;
   /** The global L2 norm of the gradients (after summing them over ranks, when there are several). */
   gradNorm(): number;
   /** One update with learning rate lr, the gradients multiplied by gradScale first. */

@@ -109,7 +109,7 @@ export class StepRunner {
   }
 
   /** Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale. */
-  private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void): LossSums {
+  private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): LossSums {
     const n = batch.b * batch.t, { b, t } = batch;
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
@@ -121,7 +121,7 @@ export class StepRunner {
       const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;
       const hs = this.student.forwardStaged(b, t);
       this.head.compute(hs, ht, n, grad, batch.teacherCe === true && ht !== null);
-      if (grad) this.student.backwardHidden();
+      if (grad) this.student.backwardHidden(ready);
     });
     // The pass is queued on the device (asynchronous on CUDA); host work that does not touch it overlaps it here.
     whileQueued?.();
@@ -158,8 +158,13 @@ export class StepRunner {
     if (comm && comm.world > 1) total = comm.allReduceHost([total])[0]!;
     if (total === 0) throw new DistilleryError('a training step got no counted tokens', 'check the dataset: every window is padding');
     this.student.zeroGrad();
+    // Data parallel: the last micro-batch's backward pass hands its final gradients to the reduction as it goes.
+    const ready = optimizer.beginStep?.();
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
-    micro.forEach((b, i) => addSums(acc, this.lossPass(b, 1 / total, true, i === micro.length - 1 ? whileQueued : undefined)));
+    micro.forEach((b, i) => {
+      const last = i === micro.length - 1;
+      addSums(acc, this.lossPass(b, 1 / total, true, last ? whileQueued : undefined, last ? ready : undefined));
+    });
     if (comm && comm.world > 1) {
       const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
       Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[5]!, teacherCeTokens: g[6]! } : {});

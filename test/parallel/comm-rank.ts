@@ -14,7 +14,35 @@ if (env) {
   const r = env.rank;
   try {
     if (process.env.COMM_CASE === 'die' && r === 1) process.exit(3); // a rank that dies after joining
-    if (process.env.COMM_CASE === 'big') {
+    if (process.env.COMM_CASE === 'reducescatter') {
+      // three reductions of unaligned ranges in flight at once, a blocking collective queued behind them, waited in
+      // reverse order; each rank checks its shard against allReduceSum of the same values (f32) and float64 sums (f64)
+      const n = 1003, shard = Math.ceil(n / env.world), val = (i: number, k: number): number => ((i * 13 + k * 7) % 101) * 0.37 + k;
+      const buf = be.alloc(n, 'g'), ref = be.alloc(n, 'ref');
+      const mine = Float32Array.from({ length: n }, (_, i) => val(i, r));
+      be.upload(buf, mine); be.upload(ref, mine);
+      const works = [comm.reduceScatterStart(be, buf, 900, 1003, shard), comm.reduceScatterStart(be, buf, 400, 900, shard)];
+      const host = comm.allReduceHost([r + 1])[0]!;
+      works.push(comm.reduceScatterStart(be, buf, 0, 400, shard));
+      for (const w of works.reverse()) w.wait();
+      comm.allReduceSum(be, ref, n);
+      const got = be.download(buf), want = be.download(ref), lo = r * shard, hi = Math.min(n, lo + shard);
+      let wrong32 = 0;
+      for (let i = lo; i < hi; i++) if (got[i] !== want[i]) wrong32++;
+      const be64 = createCpuBackend({ threads: 1, dtype: 'f64' });
+      const b64 = be64.alloc(n, 'g64');
+      be64.upload(b64, Float64Array.from({ length: n }, (_, i) => val(i, r) / 3));
+      comm.reduceScatterStart(be64, b64, 0, n, shard).wait();
+      const g64 = be64.download(b64);
+      let wrong64 = 0;
+      for (let i = lo; i < hi; i++) {
+        let s = val(i, 0) / 3;
+        for (let k = 1; k < env.world; k++) s += val(i, k) / 3;
+        if (g64[i] !== s) wrong64++;
+      }
+      be64.dispose();
+      process.stdout.write(JSON.stringify({ rank: r, host, wrong32, wrong64, checked: hi - lo }) + '\n');
+    } else if (process.env.COMM_CASE === 'big') {
       // two large sums back to back (bigger than the socket buffers), then the same on the float64 reference backend
       const n = 4_000_003, buf = be.alloc(n, 'big');
       let wrong32 = 0, wrong64 = 0;

@@ -29,8 +29,8 @@ function opts(over: Partial<RunOptions>): RunOptions {
   };
 }
 
-async function ranks(o: RunOptions, world: number): Promise<Array<RunSummary & { error?: string }>> {
-  const res = await launch(path.join(here, 'train-rank.js'), world, { DP_OPTS: JSON.stringify(o) });
+async function ranks(o: RunOptions, world: number, env: NodeJS.ProcessEnv = {}): Promise<Array<RunSummary & { error?: string }>> {
+  const res = await launch(path.join(here, 'train-rank.js'), world, { DP_OPTS: JSON.stringify(o), ...env });
   return res.map((r) => {
     const line = r.out.trim().split('\n').pop() ?? '';
     try { return JSON.parse(line) as RunSummary & { error?: string }; } catch { return { error: `no summary (exit ${r.code}): ${r.err.slice(-400)}` } as RunSummary & { error?: string }; }
@@ -165,12 +165,13 @@ test('data parallel in bf16 keeps the fp32 masters sharded (ZeRO-1): 2 ranks equ
   assert.ok(read('bf-dp2').equals(read('bf-split')), 'the resumed bf16 2-rank run differs from the uninterrupted one');
 });
 
-test('data-parallel distillation, full and LoRA: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 180_000 }, async () => {
+test('data-parallel distillation, full and LoRA, gradients reduced in small buckets during the backward pass: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 180_000 }, async () => {
   const teacher = await runTraining(opts({ out: path.join(dir, 'dp-teacher'), steps: 6 }), { log: () => {} });
   for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }]] as const) {
     const o = (over: Partial<RunOptions>): RunOptions => opts({ mode: 'distill', teacher: teacher.finalDir!, steps: 4, ...extra, ...over });
     await runTraining(o({ out: path.join(dir, `dpd-${name}-single`), gradAccum: 2 }), { log: () => {} });
-    const [r0] = await ranks(o({ out: path.join(dir, `dpd-${name}-2`) }), 2);
+    // 0.004 MiB: buckets of 1049 gradients, several per layer's worth of parameters
+    const [r0] = await ranks(o({ out: path.join(dir, `dpd-${name}-2`) }), 2, { DISTILLERY_GRAD_BUCKET_MB: '0.004' });
     assert.equal(r0!.error, undefined, `${name}: ${r0!.error}`);
     const a = readMetrics(path.join(dir, `dpd-${name}-single`, 'metrics.jsonl')).filter((m) => m.loss !== undefined);
     const b = readMetrics(path.join(dir, `dpd-${name}-2`, 'metrics.jsonl')).filter((m) => m.loss !== undefined);

@@ -67,3 +67,15 @@ test('HostComm with large buffers (16 MB per rank, back to back, on the f32 and 
   const errors = div.map((r) => r.out.trim()).join('\n');
   assert.match(errors, /rank 1 is out of step: it sent allreduce64 of 16 bytes while rank 0 runs allreduce64 of 24 bytes/);
 });
+
+test('HostComm reduce-scatter across 3 processes: ranges in flight together with a blocking collective between them; each shard equals the all-reduce sum (f32) and the float64 sum (f64)', { timeout: 60_000 }, async () => {
+  const res = await launch(path.join(here, 'comm-rank.js'), 3, { COMM_CASE: 'reducescatter' });
+  for (const r of res) assert.equal(r.code, 0, r.err + r.out);
+  for (const r of res) {
+    const row = JSON.parse(r.out.trim()) as { rank: number; host: number; wrong32: number; wrong64: number; checked: number };
+    assert.equal(row.host, 6);
+    assert.ok(row.checked >= 333, `rank ${row.rank} checked ${row.checked}`);
+    assert.equal(row.wrong32, 0, `rank ${row.rank}: ${row.wrong32} float32 sums differ from allReduceSum`);
+    assert.equal(row.wrong64, 0, `rank ${row.rank}: ${row.wrong64} float64 sums wrong`);
+  }
+});

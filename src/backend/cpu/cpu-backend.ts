@@ -110,6 +110,7 @@ const EW_COST_SWIGLU = 64, EW_COST_ADAMW = 32;
 
 export class CpuBackend implements Backend {
   readonly name = 'cpu';
+  readonly recordsRegions = false;
   readonly dtype: 'f32' | 'f64';
   readonly threads: number;
   private readonly Ctor: Float32ArrayConstructor | Float64ArrayConstructor;

@@ -188,6 +188,7 @@ export function attentionFor(tf32: boolean): 'simt' | 'mma' {
 
 export class CudaBackend implements Backend {
   readonly name: string;
+  readonly recordsRegions = true;
   readonly dtype = 'f32' as const;
   readonly mode: CudaMode;
   /** Trace mode: every spec launched, by id, in first-launch order. */
