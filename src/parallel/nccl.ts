@@ -125,7 +125,7 @@ export class NcclComm implements Communicator {
   allReduceHost(x: Float64Array | number[]): Float64Array { return this.host.allReduceHost(x); }
   allGatherHost(x: Float32Array, shard: number): Float32Array { return this.host.allGatherHost(x, shard); }
   broadcast(bytes: Uint8Array): Uint8Array { return this.host.broadcast(bytes); }
-  barrier(): void { this.host.barrier(); }
+  barrier(timeoutMs?: number): void { this.host.barrier(timeoutMs); }
 
   close(): void {
     if (this.comm !== null) {

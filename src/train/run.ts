@@ -445,7 +445,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // Best validation checkpoint and the rising-validation warning, restored from metrics.jsonl on resume.
   const bestDir = path.join(out, 'checkpoints', 'best');
   const watch = new ValidationWatch(VAL_RISE_WARN);
-  for (const r of readMetrics(metricsPath)) if (r.val_loss !== undefined) watch.observe(r.step!, r.val_loss);
+  // The run's history (validation losses, the last step losses) as rank 0 reads it after its resume cut, the same on
+  // every rank: the others' decisions (a new best/: a collective) must not depend on a file only rank 0 writes.
+  const history = shareHistory(comm, root ? readMetrics(metricsPath) : []);
+  for (const [st, loss] of history.val) watch.observe(st, loss);
   const warnings: string[] = [];
   const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
   /** After an evaluation at `step`: best/ when the loss is the lowest so far, a warning when it kept rising. */
@@ -468,7 +471,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // Throughput counts training steps only (evaluation and checkpoint writes are excluded).
   let stepSeconds = 0;
   // The mean of the last 10 step losses (restored from metrics.jsonl on resume, so it matches an uninterrupted run).
-  const recent: number[] = readMetrics(metricsPath).filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10);
+  const recent: number[] = history.losses;
   const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
     process.stderr, startStep);
   let status = 'completed';
@@ -564,7 +567,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         ...(onPolicy ? {
           on_policy: onPolicyStep ? 1 : 0,
           ...(onPolicyStep ? {
-            gen_len: +(generated / (o.batch * o.gradAccum)).toFixed(2), gen_tokens_per_s: Math.round(generated / Math.max(genSeconds, 1e-9)),
+            gen_len: +(generated / (world * o.batch * o.gradAccum)).toFixed(2), gen_tokens_per_s: Math.round(generated / Math.max(genSeconds, 1e-9)),
             teacher_loglik: r.teacherLogLik ?? null,
           } : {}),
         } : {}),
@@ -674,6 +677,17 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
     out.push({ inputs, targets, mask, b, t: T, windows });
   }
   return out;
+}
+
+/** Validation losses by step and the last 10 step losses of metrics rows, rank 0's on every rank. */
+function shareHistory(comm: Communicator, rows: ReturnType<typeof readMetrics>): { val: Array<[number, number]>; losses: number[] } {
+  const mine = {
+    val: rows.filter((r) => r.val_loss !== undefined).map((r): [number, number] => [r.step!, r.val_loss!]),
+    losses: rows.filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10),
+  };
+  if (comm.world === 1) return mine;
+  const bytes = comm.broadcast(comm.rank === 0 ? new TextEncoder().encode(JSON.stringify(mine)) : new Uint8Array(0));
+  return JSON.parse(new TextDecoder().decode(bytes)) as typeof mine;
 }
 
 function writeLossSvg(out: string, metricsPath: string, mode: string): void {

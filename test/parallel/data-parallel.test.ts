@@ -167,7 +167,7 @@ test('data parallel in bf16 keeps the fp32 masters sharded (ZeRO-1): 2 ranks equ
 
 test('data-parallel distillation, full and LoRA, gradients reduced in small buckets during the backward pass: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 180_000 }, async () => {
   const teacher = await runTraining(opts({ out: path.join(dir, 'dp-teacher'), steps: 6 }), { log: () => {} });
-  for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }]] as const) {
+  for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }], ['on-policy', { onPolicy: 1, genTemperature: 1 }]] as const) {
     const o = (over: Partial<RunOptions>): RunOptions => opts({ mode: 'distill', teacher: teacher.finalDir!, steps: 4, ...extra, ...over });
     await runTraining(o({ out: path.join(dir, `dpd-${name}-single`), gradAccum: 2 }), { log: () => {} });
     // 0.004 MiB: buckets of 1049 gradients, several per layer's worth of parameters
@@ -179,6 +179,29 @@ test('data-parallel distillation, full and LoRA, gradients reduced in small buck
     a.forEach((m, i) => {
       assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * m.loss!, `${name} step ${i + 1}: loss ${m.loss} vs ${b[i]!.loss}`);
       assert.ok(Math.abs(m.div! - b[i]!.div!) <= 1e-4 * Math.max(1e-3, m.div!), `${name} step ${i + 1}: divergence ${m.div} vs ${b[i]!.div}`);
+      // on-policy: the mean completion length of the global batch, not its sum over ranks
+      assert.equal(b[i]!.gen_len, m.gen_len, `${name} step ${i + 1}: gen_len`);
     });
   }
+});
+
+test('data-parallel resume after a crash between checkpoints (metrics.jsonl holds evaluations past the checkpoint) completes and equals the uninterrupted run', { timeout: 180_000 }, async () => {
+  // every rank must take rank 0's history after its cut: rank 1 reading the uncut file disagreed on a new best/ (a
+  // collective) and the group stopped out of step
+  const o = (over: Partial<RunOptions>): RunOptions => opts({ evalEvery: 1, saveEvery: 4, steps: 6, ...over });
+  const full = await ranks(o({ out: path.join(dir, 'crash-full') }), 2);
+  assert.equal(full[0]!.error, undefined, full[0]!.error);
+  const stopped = await ranks(o({ out: path.join(dir, 'crash-split'), stopAfter: 4 }), 2);
+  assert.equal(stopped[0]!.status, 'stopped');
+  const fullRows = fs.readFileSync(path.join(dir, 'crash-full', 'metrics.jsonl'), 'utf8').trim().split('\n');
+  const later = fullRows.filter((l) => (JSON.parse(l) as { step: number }).step > 4);
+  assert.ok(later.some((l) => l.includes('val_loss')));
+  fs.appendFileSync(path.join(dir, 'crash-split', 'metrics.jsonl'), later.join('\n') + '\n');
+  const resumed = await ranks(o({ out: path.join(dir, 'crash-split'), resume: true }), 2);
+  for (const r of resumed) assert.equal(r.error, undefined, r.error);
+  const read = (run: string, f: string): Buffer => fs.readFileSync(path.join(dir, run, f));
+  assert.ok(read('crash-full', 'final/model.safetensors').equals(read('crash-split', 'final/model.safetensors')), 'the resumed run differs');
+  assert.deepEqual(JSON.parse(read('crash-split', 'checkpoints/best/best.json').toString()), JSON.parse(read('crash-full', 'checkpoints/best/best.json').toString()));
+  const vals = (run: string): string => JSON.stringify(readMetrics(path.join(dir, run, 'metrics.jsonl')).filter((m) => m.val_loss !== undefined).map((m) => [m.step, m.val_loss]));
+  assert.equal(vals('crash-split'), vals('crash-full'), 'each evaluation once, as in the uninterrupted run');
 });
