@@ -21,6 +21,11 @@ export interface HostCommOptions {
 /** Elements per frame of a large collective (frames carry a 32-bit length; 256 MB of float32 per piece). */
 const CHUNK = 1 << 26;
 
+/** Elements of each rank's shard per piece of a gather: rank 0's answer (every rank's piece) stays within one frame. */
+export function gatherPieceElements(world: number): number {
+  return Math.max(1, Math.floor(CHUNK / world));
+}
+
 /** The collective timeout: DISTILLERY_COMM_TIMEOUT_S seconds, else 300. */
 export function commTimeoutMs(env: NodeJS.ProcessEnv = process.env): number {
   const s = Number(env.DISTILLERY_COMM_TIMEOUT_S);
@@ -33,6 +38,8 @@ export class HostComm implements Communicator {
   private data = new SharedArrayBuffer(1 << 16);
   private readonly ctl: Int32Array;
   private closed = false;
+  /** A collective waited out its timeout: the worker is stuck behind it, so close() ends it at once. */
+  private timedOut = false;
 
   private constructor(private readonly worker: Worker, env: DistEnv, ctl: SharedArrayBuffer, private readonly err: SharedArrayBuffer,
     private readonly timeoutMs: number) {
@@ -82,6 +89,7 @@ export class HostComm implements Communicator {
   private await(ctl: Int32Array, what: string, timeoutMs = this.timeoutMs): void {
     const r = Atomics.wait(ctl, 0, 0, timeoutMs);
     if (r === 'timed-out') {
+      this.timedOut = true;
       throw new DistilleryError(`rank ${this.rank}: ${what} waited ${timeoutMs / 1000}s for the other ranks`,
         'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
     }
@@ -135,8 +143,9 @@ export class HostComm implements Communicator {
 
   /** Gathers every rank's `shard` elements (from `mine`) into `out` (world × shard), a piece of each shard at a time. */
   private gather(mine: (off: number, k: number) => ArrayLike<number>, shard: number, out: (r: number, off: number, piece: Float32Array) => void, what: string): void {
-    for (let off = 0; off < shard; off += CHUNK) {
-      const k = Math.min(CHUNK, shard - off);
+    const piece = gatherPieceElements(this.world);
+    for (let off = 0; off < shard; off += piece) {
+      const k = Math.min(piece, shard - off);
       this.room(this.world * k * 4);
       const f = new Float32Array(this.data, 0, this.world * k);
       f.set(mine(off, k), this.rank * k);
@@ -190,6 +199,7 @@ export class HostComm implements Communicator {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    if (this.timedOut) { void this.worker.terminate(); return; }
     // end the sockets gracefully: results still queued for the other ranks are delivered before this process goes
     Atomics.store(this.ctl, 0, 0);
     this.worker.postMessage({ op: 'close' });

@@ -14,6 +14,7 @@ if (env) {
   const r = env.rank;
   try {
     if (process.env.COMM_CASE === 'die' && r === 1) process.exit(3); // a rank that dies after joining
+    if (process.env.COMM_CASE === 'hang' && r === 1) { await new Promise((res) => setTimeout(res, 8000)); process.exit(3); } // one that hangs
     if (process.env.COMM_CASE === 'reducescatter') {
       // three reductions of unaligned ranges in flight at once, a blocking collective queued behind them, waited in
       // reverse order; each rank checks its shard against allReduceSum of the same values (f32) and float64 sums (f64)
@@ -84,7 +85,9 @@ if (env) {
     process.stdout.write(JSON.stringify({ rank: r, host, summed, gathered, bcast: new TextDecoder().decode(b).slice(0, 20), bcastLength: b.length }) + '\n');
     }
   } catch (e) {
-    process.stdout.write(JSON.stringify({ rank: r, error: (e as Error).message }) + '\n');
+    const t0 = Date.now();
+    if (process.env.COMM_CASE === 'hang') comm.close(); // after a timeout: at once, not behind the stuck collective
+    process.stdout.write(JSON.stringify({ rank: r, error: (e as Error).message, closeMs: Date.now() - t0 }) + '\n');
     process.exitCode = 1;
   } finally {
     comm.close();

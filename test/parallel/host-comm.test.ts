@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { distEnv } from '../../src/parallel/env.js';
 import { shardOf } from '../../src/parallel/comm.js';
 import { InputError } from '../../src/util/errors.js';
+import { gatherPieceElements } from '../../src/parallel/host-comm.js';
 import { launch } from './launch.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -77,5 +78,23 @@ test('HostComm reduce-scatter across 3 processes: ranges in flight together with
     assert.ok(row.checked >= 333, `rank ${row.rank} checked ${row.checked}`);
     assert.equal(row.wrong32, 0, `rank ${row.rank}: ${row.wrong32} float32 sums differ from allReduceSum`);
     assert.equal(row.wrong64, 0, `rank ${row.rank}: ${row.wrong64} float64 sums wrong`);
+  }
+});
+
+test('a gather\'s answer fits one frame (32-bit length) at any world size: 16 ranks of 2^26-element shards went over', () => {
+  for (const world of [1, 2, 3, 8, 16, 64, 1000]) {
+    const bytes = world * gatherPieceElements(world) * 4;
+    assert.ok(bytes < 2 ** 32, `world ${world}: ${bytes} bytes in one frame`);
+    assert.ok(gatherPieceElements(world) >= 1);
+  }
+});
+
+test('a rank that hangs: the others time out naming the wait, and close at once (not behind the stuck collective)', { timeout: 60_000 }, async () => {
+  const res = await launch(path.join(here, 'comm-rank.js'), 3, { COMM_CASE: 'hang', COMM_TIMEOUT_MS: '2000' });
+  for (const r of [res[0]!, res[2]!]) {
+    assert.equal(r.code, 1, r.err + r.out);
+    const row = JSON.parse(r.out.trim()) as { error: string; closeMs: number };
+    assert.match(row.error, /waited 2s for the other ranks/);
+    assert.ok(row.closeMs < 5000, `close took ${row.closeMs} ms`);
   }
 });
