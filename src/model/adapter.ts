@@ -124,13 +124,15 @@ export function parseAdapterConfig(c: Record<string, unknown>, file: string): Lo
   if (c.layers_to_transform !== undefined && c.layers_to_transform !== null) refuse('layers_to_transform (adapters on some layers only) is not supported');
   if (c.lora_bias === true) refuse('lora_bias is not supported');
   // PiSSA, OLoRA, CorDA, LoftQ... saved without PEFT's conversion to plain LoRA belong to a modified base
-  if (typeof c.init_lora_weights === 'string' && c.init_lora_weights !== 'gaussian') {
+  // (gaussian and EVA only choose the adapters' starting values: the base stays as it was)
+  if (typeof c.init_lora_weights === 'string' && c.init_lora_weights !== 'gaussian' && c.init_lora_weights !== 'eva') {
     refuse(`init_lora_weights ${JSON.stringify(c.init_lora_weights)}: an adapter saved without conversion to plain LoRA belongs to the modified base it was initialised from`,
       'save it with PEFT\'s path_initial_model_for_weight_conversion (plain LoRA), or merge it in Python first');
   }
   const present = (v: unknown): boolean => v !== undefined && v !== null && v !== false && !(Array.isArray(v) && v.length === 0) &&
     !(typeof v === 'object' && !Array.isArray(v) && Object.keys(v as object).length === 0);
-  for (const k of ['exclude_modules', 'layer_replication', 'trainable_token_indices', 'target_parameters', 'use_qalora', 'megatron_config'] as const) {
+  // activated LoRA (alora_invocation_tokens) applies the adapter only after its invocation tokens: another computation
+  for (const k of ['exclude_modules', 'layer_replication', 'trainable_token_indices', 'target_parameters', 'use_qalora', 'megatron_config', 'alora_invocation_tokens'] as const) {
     if (present(c[k])) refuse(`${k} is not supported`);
   }
   const r = c.r, alpha = c.lora_alpha;

@@ -44,7 +44,8 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
   process.on('SIGTERM', onTerm);
   try {
     await Promise.all(Array.from({ length: n }, (_, rank) => new Promise<void>((resolve) => {
-      const k = spawn(process.execPath, [script, ...args], {
+      // the launcher's own Node options (--max-old-space-size, ...) hold for every rank
+      const k = spawn(process.execPath, [...process.execArgv, script, ...args], {
         env: {
           ...env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
           MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',

@@ -41,9 +41,12 @@ test('adapter_config.json round-trips its spec; PEFT features distillery does no
     [{ exclude_modules: ['q_proj'] }, /exclude_modules is not supported/],
     [{ layer_replication: [[0, 2]] }, /layer_replication is not supported/],
     [{ trainable_token_indices: [5] }, /trainable_token_indices is not supported/],
+    [{ alora_invocation_tokens: [151644, 77091] }, /alora_invocation_tokens is not supported/],
   ];
   // PEFT's own defaults for these fields are accepted
-  assert.doesNotThrow(() => parseAdapterConfig({ ...c, init_lora_weights: 'gaussian', exclude_modules: null, layer_replication: null, megatron_config: null, use_qalora: false }, 'f'));
+  assert.doesNotThrow(() => parseAdapterConfig({ ...c, init_lora_weights: 'gaussian', exclude_modules: null, layer_replication: null, megatron_config: null, use_qalora: false, alora_invocation_tokens: null }, 'f'));
+  // EVA chooses the adapters' starting values only (the base is untouched): a trained EVA adapter is plain LoRA
+  assert.deepEqual(parseAdapterConfig({ ...c, init_lora_weights: 'eva' }, 'f'), parseAdapterConfig(c, 'f'));
   for (const [over, re] of refusals) assert.throws(() => parseAdapterConfig({ ...c, ...over }, 'f'), re, JSON.stringify(over));
 });
 

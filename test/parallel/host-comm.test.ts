@@ -98,3 +98,21 @@ test('a rank that hangs: the others time out naming the wait, and close at once 
     assert.ok(row.closeMs < 5000, `close took ${row.closeMs} ms`);
   }
 });
+
+test('launchRanks: each rank runs with the launcher\'s Node options and its own process-group variables', { timeout: 60_000 }, async () => {
+  const fs = await import('node:fs'), os = await import('node:os');
+  const { spawnSync } = await import('node:child_process');
+  const d = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-launch-'));
+  const rankScript = path.join(d, 'rank.mjs'), driver = path.join(d, 'driver.mjs');
+  fs.writeFileSync(rankScript, `import * as fs from 'node:fs';\nfs.writeFileSync(${JSON.stringify(d)} + '/rank' + process.env.RANK + '.json', JSON.stringify({ execArgv: process.execArgv, world: process.env.WORLD_SIZE, nvls: process.env.NCCL_NVLS_ENABLE }));\n`);
+  const launcherUrl = new URL('../../src/parallel/launcher.js', import.meta.url).href;
+  fs.writeFileSync(driver, `import { launchRanks } from ${JSON.stringify(launcherUrl)};\nprocess.exitCode = await launchRanks(${JSON.stringify(rankScript)}, [], 2, { err: (s) => process.stderr.write(s) });\n`);
+  const r = spawnSync(process.execPath, ['--max-old-space-size=333', driver], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  for (const rank of [0, 1]) {
+    const row = JSON.parse(fs.readFileSync(path.join(d, `rank${rank}.json`), 'utf8')) as { execArgv: string[]; world: string; nvls: string };
+    assert.deepEqual(row.execArgv, ['--max-old-space-size=333'], `rank ${rank}`);
+    assert.equal(row.world, '2'); assert.equal(row.nvls, '0');
+  }
+  fs.rmSync(d, { recursive: true, force: true });
+});
