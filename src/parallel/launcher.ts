@@ -49,6 +49,8 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
         env: {
           ...env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
           MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',
+          // a rank whose launcher is gone (SIGKILL) stops as on SIGTERM (src/train/stop-requests.ts)
+          DISTILLERY_LAUNCHER_PID: String(process.pid),
         },
         stdio: rank === 0 ? 'inherit' : ['ignore', 'ignore', 'pipe'],
         // their own process group: a terminal's Ctrl-C reaches the launcher, which passes it on once

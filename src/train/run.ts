@@ -59,6 +59,7 @@ import { jobClosures, runJobShape } from './kernel-plan.js';
 import { loadTeacher, modelExtras, readData } from './run-data.js';
 import { isOnPolicyStep, onPolicyMicroBatch, type OnPolicyOptions } from './on-policy.js';
 import { BatchGenerator } from '../model/batch-generate.js';
+import { StopRequests } from './stop-requests.js';
 import { checkResumeCompatible, readMetrics, readMoments, readSavedState, truncateMetrics, type SavedState } from './run-state.js';
 import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
@@ -475,7 +476,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
     process.stderr, startStep);
   let status = 'completed';
-  let signal: 'SIGINT' | 'SIGTERM' | null = null;
   let lastEval = null as ReturnType<typeof evaluate>;
   /** The next step's batches when they were built ahead (see lookAhead), with the loader position before them. */
   let ahead = null as { step: number; micro: Batch[]; loaderBefore: LoaderState } | null;
@@ -487,18 +487,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return new DistilleryError(`training stopped at step ${atStep}: ${why}`,
       `${lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
   };
-  let signalAt = 0;
-  const onSignal = (s: NodeJS.Signals): void => {
-    // a second signal stops at once; one right after the first is the same stop delivered twice (a terminal's Ctrl-C
-    // reaches both a launcher and its ranks; Slurm signals every process), not a second request
-    if (signal !== null && Date.now() - signalAt > 2000) process.exit(s === 'SIGINT' ? 130 : 143);
-    if (signal !== null) return;
-    signalAt = Date.now();
-    signal = s === 'SIGINT' ? 'SIGINT' : 'SIGTERM';
-    log(`\n${s}: finishing the current step, then writing a checkpoint, the summary and the plot (send it again to stop at once)`);
-  };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
+  const stops = new StopRequests(log);
   /** summary.json: written at the end of every run, failed ones included. */
   const writeSummary = (finalDir: string | null): RunSummary => {
     const summary: RunSummary = {
@@ -510,7 +499,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), trainableParameters: files.trainable.layout.total, teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
-      signal,
+      signal: stops.signal,
     };
     if (root) writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
@@ -594,21 +583,20 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       if (!last) await new Promise<void>((resolve) => setImmediate(resolve));
       // With several ranks, rank 0's signal stops every rank at this same step.
       if (world > 1 && !last) {
-        const s0: number = comm.broadcast(Uint8Array.of(signal === 'SIGINT' ? 1 : signal === 'SIGTERM' ? 2 : 0))[0]!;
-        signal = s0 === 1 ? 'SIGINT' : s0 === 2 ? 'SIGTERM' : null;
+        const s0: number = comm.broadcast(Uint8Array.of(stops.signal === 'SIGINT' ? 1 : stops.signal === 'SIGTERM' ? 2 : 0))[0]!;
+        stops.signal = s0 === 1 ? 'SIGINT' : s0 === 2 ? 'SIGTERM' : null;
       }
-      if (signal !== null && !last) {
+      if (stops.signal !== null && !last) {
         if (!savedNow) {
           const bad = saveLatest(evaluatedNow, micro[0]!);
           if (bad !== null) throw fail(step, bad, 'lower --lr, raise --warmup, or check the data');
         }
-        status = `interrupted by ${signal}`;
+        status = `interrupted by ${stops.signal}`;
         break;
       }
     }
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    stops.dispose();
     if (!o.quiet && root) progress.done();
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
@@ -624,7 +612,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
     `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
   for (const w of summary.warnings.slice(warnings.length)) log(`warning: ${w}`);
-  if (signal !== null) log(`${signal}: stopped after step ${step}; checkpoint ${latest} (continue with --resume)`);
+  if (stops.signal !== null) log(`${stops.signal}: stopped after step ${step}; checkpoint ${latest} (continue with --resume)`);
   return summary;
 }
 

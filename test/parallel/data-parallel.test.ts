@@ -205,3 +205,24 @@ test('data-parallel resume after a crash between checkpoints (metrics.jsonl hold
   const vals = (run: string): string => JSON.stringify(readMetrics(path.join(dir, run, 'metrics.jsonl')).filter((m) => m.val_loss !== undefined).map((m) => [m.step, m.val_loss]));
   assert.equal(vals('crash-split'), vals('crash-full'), 'each evaluation once, as in the uninterrupted run');
 });
+
+test('a --gpus 2 launcher killed with SIGKILL: its ranks stop as on SIGTERM (checkpoint, summary, lock released) instead of training on alone', { timeout: 120_000 }, async () => {
+  const { spawn } = await import('node:child_process');
+  const cli = path.resolve(here, '../../../bin/distillery.js');
+  const out = path.join(dir, 'orphans');
+  const args = ['train', '--data', corpus, '--model', 'tiny', '--vocab-size', '300', '--batch', '4', '--seq', '16', '--steps', '100000', '--warmup', '1',
+    '--eval-every', '0', '--save-every', '1000', '--threads', '1', '--quiet', '--gpus', '2', '--out', out];
+  const p = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'ignore', 'ignore'] });
+  const metrics = path.join(out, 'metrics.jsonl');
+  for (let i = 0; i < 600 && !(fs.existsSync(metrics) && readMetrics(metrics).filter((m) => m.loss !== undefined).length >= 3); i++) await new Promise((r) => setTimeout(r, 100));
+  p.kill('SIGKILL');
+  let summary: { status?: string; steps?: number } = {};
+  for (let i = 0; i < 300; i++) {
+    const f = path.join(out, 'summary.json');
+    if (fs.existsSync(f) && !fs.existsSync(path.join(out, 'run.lock'))) { summary = JSON.parse(fs.readFileSync(f, 'utf8')) as typeof summary; break; }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(summary.status, 'interrupted by SIGTERM');
+  const state = JSON.parse(fs.readFileSync(path.join(out, 'checkpoints', 'latest', 'state.json'), 'utf8')) as { step: number };
+  assert.equal(state.step, summary.steps);
+});
