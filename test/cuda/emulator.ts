@@ -60,6 +60,8 @@ unsigned g_xu[32][32][6];
 float g_xc[32][32][4];
 inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
@@ -74,6 +76,14 @@ inline float __shfl_up_sync(unsigned, float v, int o) {
   g_xf[w][l] = v; warpsync(); float r = l >= o ? g_xf[w][l - o] : v; warpsync(); return r;
 }
 double g_xdd[32][32];
+inline double __shfl_xor_sync(unsigned, double v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xdd[w][l] = v; warpsync(); double r = g_xdd[w][l ^ o]; warpsync(); return r;
+}
+inline int __shfl_xor_sync(unsigned, int v, int o) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xu[w][l][0] = (unsigned)v; warpsync(); int r = (int)g_xu[w][l ^ o][0]; warpsync(); return r;
+}
 inline double __shfl_up_sync(unsigned, double v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xdd[w][l] = v; warpsync(); double r = l >= o ? g_xdd[w][l - o] : v; warpsync(); return r;

@@ -304,6 +304,29 @@ parity('sampleTokens (greedy, temperature, top-k, top-p) over 3001 logits', 0, (
     },
   };
 });
+// A top-K teacher cache's rows on the device (top_rows): the same ids in the same order (compared as floats: equal or
+// not), log q and the tail as the CPU's float64 rows, with ties at the K-th logit (quantized logits) and a padded stride.
+parity('sparseTeacherRows top-K (K = 1, 20, 256) over 3001 logits with ties, stride 3008', 2e-6, (r) => {
+  const n = 10, V = 3001, LD = 3008, Ks = [1, 20, 256];
+  const z = rand(r, n * LD, 6).map((x, i) => (Math.floor(i / LD) % 3 === 1 ? Math.round(x * 4) / 4 : x));
+  const len = n * Ks.reduce((a, k) => a + k, 0);
+  return {
+    arrays: { z, u: new Float32Array(n), ids: new Float32Array(len), lq: new Float32Array(len), tl: new Float32Array(n * Ks.length), am: new Float32Array(n * Ks.length) },
+    compare: ['ids', 'lq', 'tl', 'am'],
+    op: (be, x) => {
+      let o = 0;
+      Ks.forEach((K, q) => {
+        const out = { slots: K, ids: be.allocInt(n * K, 'ids'), logq: be.alloc(n * K, 'logq'), tail: be.alloc(n, 'tail'), argmax: be.allocInt(n, 'argmax') };
+        be.sparseTeacherRows(out, x.z!, x.u!, n, V, 1.5, 'top', LD);
+        be.upload(x.ids!, Array.from(be.downloadInt(out.ids)), o);
+        be.upload(x.lq!, be.download(out.logq), o);
+        be.upload(x.tl!, be.download(out.tail), q * n);
+        be.upload(x.am!, Array.from(be.downloadInt(out.argmax)), q * n);
+        o += n * K;
+      });
+    },
+  };
+});
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

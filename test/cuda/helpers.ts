@@ -77,6 +77,7 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
       // a teacher-cache job's sparse rows of the logits (sample rows on the device)
       const rowsOut = { slots: 4, ids: b.allocInt(n * 4, 'ids'), logq: b.alloc(n * 4, 'logq'), tail: b.alloc(n, 'tail'), argmax: b.allocInt(n, 'argmax') };
       b.sparseTeacherRows(rowsOut, teacher, b.alloc(n, 'uniforms'), n, d.vocab, 2, 'sample');
+      b.sparseTeacherRows(rowsOut, teacher, b.alloc(n, 'uniforms'), n, d.vocab, 2, 'top');
       // batched generation's device sampler
       b.sampleTokens(b.allocInt(n, 'sampled'), teacher, b.alloc(n, 'uniforms'), n, d.vocab, { temperature: 1, topK: 4, topP: 0.9 });
     }

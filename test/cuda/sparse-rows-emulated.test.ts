@@ -3,14 +3,16 @@
  * a teacher cache's systematic draws on the device) compiled for the host on the emulator of ./emulator.ts and compared
  * with the CPU backend's float64 rows (src/backend/cpu/kernels/sparse-rows.ts): the same distinct ids in the same
  * order, log-probabilities to float32 rounding, the argmax; for random, peaked and flat rows, a vocabulary that is not
- * a multiple of the block (empty chunks), from 1 to 200 draws, and uniforms at the ends of [0, 1).
+ * a multiple of the block (empty chunks), from 1 to 200 draws, and uniforms at the ends of [0, 1). Likewise top_rows
+ * (a top-K cache): the same K ids in the same order (ties: lower id first, also when more tokens tie at the K-th
+ * logit than the K can hold), log q, the tail mass and the argmax, at K = the vocabulary too, and at Qwen's vocabulary.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { sampleRowsKernel } from '../../src/backend/cuda/kernels/sparse-rows.js';
+import { sampleRowsKernel, topRowsKernel } from '../../src/backend/cuda/kernels/sparse-rows.js';
 import { sparseRow } from '../../src/backend/cpu/kernels/sparse-rows.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
@@ -74,6 +76,61 @@ test('emulated CUDA: sample_rows at Qwen\'s vocabulary (151936 tokens, block 512
     assert.deepEqual([...ids.subarray(i * S, i * S + S)].filter((x) => x >= 0), want.ids, `row ${i}`);
   }
   process.stderr.write(`[sparse-rows-emulated] V=${V2}: ${rows} rows of ${S} draws equal the float64 draws\n`);
+});
+
+/** Runs top_rows on the emulator over rows [n, LD] of z for each S; compares every row with the float64 reference. */
+function checkTop(tag: string, z: Float32Array, rows: number, V: number, LD: number, T: number, block: number, slots: number[]): void {
+  writeFileSync(join(workDir(), `zt-${tag}`), z);
+  const exe = build(topRowsKernel.make({ block }), `int main(int argc, char** argv) { const char* d = "${workDir()}";
+  const int S = atoi(argv[1]);
+  auto z = readf<float>(d, "zt-${tag}", ${rows * LD});
+  std::vector<int> ids(${rows} * S), am(${rows}); std::vector<float> lq(${rows} * S), tl(${rows});
+  launch({${rows}, 1, 1}, ${block}, 0, [&] { top_rows(z.data(), ids.data(), lq.data(), tl.data(), am.data(), ${rows}, ${V}, ${LD}, S, ${T.toFixed(6)}f); });
+  writef(d, "tids", ids); writef(d, "tlq", lq); writef(d, "ttl", tl); writef(d, "tam", am); }`);
+  for (const S of slots) {
+    execFileSync(exe, [String(S)]);
+    const rd = (f: string): Buffer => readFileSync(join(workDir(), f));
+    const b = rd('tids'), ids = new Int32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+    const bl = rd('tlq'), lq = new Float32Array(bl.buffer.slice(bl.byteOffset, bl.byteOffset + bl.length));
+    const bt = rd('ttl'), tl = new Float32Array(bt.buffer.slice(bt.byteOffset, bt.byteOffset + bt.length));
+    const ba = rd('tam'), am = new Int32Array(ba.buffer.slice(ba.byteOffset, ba.byteOffset + ba.length));
+    for (let i = 0; i < rows; i++) {
+      const want = sparseRow(z, i * LD, V, T, { kind: 'top', k: S }, null);
+      const got = [...ids.subarray(i * S, i * S + S)];
+      assert.deepEqual(got.slice(0, want.ids.length), want.ids, `${tag} S=${S} row ${i}: ids`);
+      assert.ok(got.slice(want.ids.length).every((x) => x === -1), `${tag} S=${S} row ${i}: unused slots are -1`);
+      want.logq.forEach((l, k) => assert.ok(Math.abs(lq[i * S + k]! - l) <= 1e-6 * Math.max(1, Math.abs(l)), `${tag} S=${S} row ${i}: log q ${lq[i * S + k]} vs ${l}`));
+      assert.ok(want.tail === -1 ? tl[i] === -1 : Math.abs(tl[i]! - want.tail) <= 1e-6 * want.tail + 1e-12, `${tag} S=${S} row ${i}: tail ${tl[i]} vs ${want.tail}`);
+      assert.equal(am[i], want.argmax, `${tag} S=${S} row ${i}: argmax`);
+    }
+    process.stderr.write(`[sparse-rows-emulated] top_rows ${tag} S=${S}: ${rows} rows equal the float64 top-K\n`);
+  }
+}
+
+test('emulated CUDA: top_rows equals the float64 top-K (ids in order, ties by id, log q, tail, argmax)', { skip, timeout: 300_000 }, () => {
+  const r = rng(33);
+  const z = new Float32Array(n * LD);
+  for (let i = 0; i < n; i++) {
+    for (let j = 0; j < LD; j++) z[i * LD + j] = (r() - 0.5) * (i === 1 ? 30 : 8);
+    if (i === 2) z[i * LD + 345] = 40; // one token takes nearly all the mass
+    if (i === 3) z.fill(0.25, i * LD, i * LD + LD); // flat: every token ties, the K lowest ids win
+    if (i === 4) for (let j = 0; j < LD; j++) z[i * LD + j] = Math.round(z[i * LD + j]! * 2) / 2; // many ties at every K
+    if (i === 5) for (let j = 0; j < LD; j++) z[i * LD + j] = -Math.abs(z[i * LD + j]!) - 50; // all negative
+    if (i === 6) { z[i * LD + 699] = 30; z[i * LD + 0] = 30; } // a tie at the top: the argmax and the first id are 0
+  }
+  checkTop('small', z, n, V, LD, T, BLOCK, [1, 7, 32, 256]);
+  // K = the vocabulary: every token, no tail
+  const V3 = 200, z3 = z.subarray(0, 4 * V3);
+  checkTop('whole', Float32Array.from(z3), 4, V3, V3, 1, 64, [200, 256]);
+});
+
+test('emulated CUDA: top_rows at Qwen\'s vocabulary (151936 tokens, block 512) equals the float64 top-K', { skip, timeout: 600_000 }, () => {
+  const V2 = 151936, rows = 4, r = rng(78);
+  const z = new Float32Array(rows * V2);
+  for (let i = 0; i < z.length; i++) z[i] = ((r() + r() + r() + r() - 2) * 3.5);
+  for (let i = 0; i < V2; i += 3) z[3 * V2 + i] = Math.round(z[3 * V2 + i]! * 8) / 8; // ties in row 3
+  z[12345] = 30; z[V2 + 99] = 25;
+  checkTop('qwen', z, rows, V2, V2, 2, 512, [64]);
 });
 
 test('emulated CUDA: sample_rows clean up', { skip }, () => { cleanUp(); });

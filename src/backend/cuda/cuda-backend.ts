@@ -63,9 +63,8 @@ import {
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
-import { sampleRowsKernel } from './kernels/sparse-rows.js';
+import { sampleRowsKernel, topRowsKernel } from './kernels/sparse-rows.js';
 import { sampleTokensKernel } from './kernels/sample.js';
-import { sparseRow } from '../cpu/kernels/sparse-rows.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
@@ -1054,16 +1053,8 @@ export class CudaBackend implements Backend {
         P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
       return;
     }
-    const z = this.download(this.view(logits, 0, n * ld)), u = this.download(this.view(uniforms, 0, n));
-    const ids = new Int32Array(n * S).fill(-1), lq = new Float32Array(n * S), tail = new Float32Array(n), am = new Int32Array(n);
-    const scratch = new Float64Array(vocab);
-    for (let i = 0; i < n; i++) {
-      const e = sparseRow(z, i * ld, vocab, temperature, { kind: 'top', k: S }, () => u[i]!, scratch);
-      for (let k = 0; k < e.ids.length; k++) { ids[i * S + k] = e.ids[k]!; lq[i * S + k] = e.logq[k]!; }
-      tail[i] = e.tail; am[i] = e.argmax;
-    }
-    this.uploadInt(this.viewInt(out.ids, 0, n * S), ids); this.upload(this.view(out.logq, 0, n * S), lq);
-    this.upload(this.view(out.tail, 0, n), tail); this.uploadInt(this.viewInt(out.argmax, 0, n), am);
+    this.launch(topRowsKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK, [P(logits), P(out.ids), P(out.logq),
+      P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
   }
 
   sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab): void {

@@ -15,7 +15,7 @@ import {
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
 import { sparseLossKernel } from './sparse-loss.js';
-import { sampleRowsKernel } from './sparse-rows.js';
+import { sampleRowsKernel, topRowsKernel } from './sparse-rows.js';
 import { sampleTokensKernel } from './sample.js';
 import { dequantNf4 } from './quant.js';
 
@@ -39,7 +39,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel,
   dequantNf4,
 ];
 

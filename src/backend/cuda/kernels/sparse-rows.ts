@@ -142,3 +142,140 @@ export const sampleRowsKernel = defineFamily<SampleRowsP>({
   example: { block: 512 },
   generate,
 });
+
+/**
+ * `top_rows`: each row's K = min(S, V) most likely tokens at temperature T (ties: lower id first), in that order, with
+ * log q_t of each, the mass of every other token (the tail; −1 when the K cover the vocabulary) and the argmax, as the
+ * CPU's float64 reference (src/backend/cpu/kernels/sparse-rows.ts) computes them. One block per row:
+ *   1. maximum and argmax (first index on ties), then Σ e^{(z_j − M)/T} in double;
+ *   2. the K-th largest logit by a radix select over order-preserving 32-bit keys (4 passes of 8 bits, a 256-bin
+ *      shared histogram each): afterwards `kth` is its key, and `want` of the tokens whose key equals it belong to the K
+ *      (the others are all above);
+ *   3. the tokens above kth are collected in any order (shared atomics); of those equal to it, all of them when exactly
+ *      `want` exist, otherwise the `want` lowest ids, by a block scan over consecutive tiles in id order;
+ *   4. a bitonic sort of the K in shared memory (key descending, id ascending), then one thread per slot writes id and
+ *      log q_t; the K's mass (double) gives the tail.
+ * Ordering by the logit equals ordering by probability (exp is monotone), but for tokens whose e^{(z − M)/T} underflows
+ * to zero in float64 (a logit gap over 745·T), which the reference orders by id.
+ * Baked: block size (a power of two, at least 32). Runtime: T, S (at most MAX_SPARSE_SLOTS = 256).
+ */
+function generateTop(p: Readonly<SampleRowsP>): string {
+  return `#define BLOCK ${p.block}
+#define MAXS 256
+${reductionHelpers()}
+${scanHelpers()}
+__device__ __forceinline__ unsigned orderKey(float f) {
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+/* a before b in the top list: the larger key, then the lower id */
+__device__ __forceinline__ bool before(unsigned ka, int ia, unsigned kb, int ib) { return ka > kb || (ka == kb && ia < ib); }
+extern "C" __global__ void top_rows(const float* logits, int* ids, float* logq, float* tail, int* argmax,
+                                    int n, int V, int LD, int S, float TEMP) {
+  const int row = blockIdx.x;
+  if (row >= n) return;
+  const float* z = logits + (long long)row * LD;
+  const double INV_T = 1.0 / (double)TEMP;
+  __shared__ unsigned hist[256];
+  __shared__ unsigned ckey[MAXS];
+  __shared__ int cid[MAXS];
+  __shared__ int sel[3];
+  __shared__ int nAbove, nEqual;
+  /* 1. maximum, argmax, the sum of e in double */
+  float m = NEG_INF;
+  int am = V;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  const float M = blockMax(m);
+  const int AM = blockArgMax(m, am);
+  const double MX = (double)M * INV_T;
+  double cs = 0.0;
+  for (int j = threadIdx.x; j < V; j += BLOCK) cs += exp((double)z[j] * INV_T - MX);
+  const double total = blockSumD(cs);
+  const double lse = MX + log(total);
+  const int K = min(S, V);
+  /* 2. radix select of the K-th largest key */
+  unsigned prefix = 0u, mask = 0u;
+  int want = K, eqCount = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += BLOCK) hist[b] = 0u;
+    __syncthreads();
+    for (int j = threadIdx.x; j < V; j += BLOCK) {
+      const unsigned key = orderKey(z[j]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int c = 0, b = 255;
+      for (; b > 0; b--) { if (c + (int)hist[b] >= want) break; c += (int)hist[b]; }
+      sel[0] = b; sel[1] = want - c; sel[2] = (int)hist[b];
+    }
+    __syncthreads();
+    prefix |= (unsigned)sel[0] << shift; mask |= 255u << shift;
+    want = sel[1]; eqCount = sel[2];
+    __syncthreads();
+  }
+  const unsigned kth = prefix;
+  /* 3. collect: every key above kth, and want of those equal to it (the lowest ids) */
+  if (threadIdx.x == 0) { nAbove = 0; nEqual = 0; }
+  __syncthreads();
+  const int above = K - want;
+  for (int j = threadIdx.x; j < V; j += BLOCK) {
+    const unsigned key = orderKey(z[j]);
+    if (key > kth) { const int s = atomicAdd(&nAbove, 1); cid[s] = j; ckey[s] = key; }
+    else if (key == kth && eqCount == want) { const int s = above + atomicAdd(&nEqual, 1); cid[s] = j; ckey[s] = key; }
+  }
+  if (eqCount != want) {
+    int taken = 0;
+    for (int t0 = 0; t0 < V && taken < want; t0 += BLOCK) {
+      const int j = t0 + threadIdx.x;
+      const int eq = j < V && orderKey(z[j]) == kth ? 1 : 0;
+      int tileEq;
+      const int r = blockScanI(eq, &tileEq);
+      if (eq && taken + r < want) { cid[above + taken + r] = j; ckey[above + taken + r] = kth; }
+      taken += tileEq;
+    }
+  }
+  /* 4. bitonic sort of the K (padded to a power of two with entries that sort last) */
+  int P = 1;
+  while (P < K) P <<= 1;
+  __syncthreads();
+  for (int s = K + threadIdx.x; s < P; s += BLOCK) { ckey[s] = 0u; cid[s] = 0x7fffffff; }
+  __syncthreads();
+  for (int size = 2; size <= P; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < P; i += BLOCK) {
+        const int partner = i ^ stride;
+        if (partner > i) {
+          const bool firstHalf = (i & size) == 0;
+          const bool swap = firstHalf ? before(ckey[partner], cid[partner], ckey[i], cid[i]) : before(ckey[i], cid[i], ckey[partner], cid[partner]);
+          if (swap) {
+            const unsigned tk = ckey[i]; ckey[i] = ckey[partner]; ckey[partner] = tk;
+            const int ti = cid[i]; cid[i] = cid[partner]; cid[partner] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  double mass = 0.0;
+  for (int s = threadIdx.x; s < S; s += BLOCK) {
+    const long long o = (long long)row * S + s;
+    if (s < K) {
+      const int j = cid[s];
+      ids[o] = j;
+      logq[o] = (float)((double)z[j] * INV_T - lse);
+      mass += exp((double)z[j] * INV_T - MX);
+    } else { ids[o] = -1; logq[o] = 0.0f; }
+  }
+  mass = blockSumD(mass);
+  if (threadIdx.x == 0) { tail[row] = K >= V ? -1.0f : (float)fmax(0.0, (total - mass) / total); argmax[row] = AM; }
+}
+`;
+}
+
+export const topRowsKernel = defineFamily<SampleRowsP>({
+  name: 'top_rows',
+  schema: { block: BLOCK_DOMAIN },
+  example: { block: 512 },
+  generate: generateTop,
+});
