@@ -53,8 +53,13 @@ export class ShardedAdamW implements Optimizer {
   /** Elements per gradient bucket (DISTILLERY_GRAD_BUCKET_MB). */
   bucket = gradBucketElements();
 
+  /**
+   * A step's reduction: in buckets during the backward pass where the backend runs the pass inline (the CPU); after a
+   * recorded (captured) pass, in one range, since nothing would overlap (NCCL: one group; the host: piece by piece).
+   */
   private newReducer(): GradReducer {
-    return new GradReducer(this.comm, this.be, this.model.grads!, this.model.layout.total, this.shard.size, this.bucket);
+    const total = this.model.layout.total;
+    return new GradReducer(this.comm, this.be, this.model.grads!, total, this.shard.size, this.be.recordsRegions ? total : this.bucket);
   }
 
   /** A new step's gradient reduction: what the last backward pass reports its final ranges to (undefined: after it). */

@@ -14,6 +14,8 @@ import type { CommWork, Communicator } from './comm.js';
 
 /** Elements per bucket by default: 2^22 (16 MiB of float32; PyTorch DDP's default is 25 MB). */
 export const DEFAULT_BUCKET = 1 << 22;
+/** Buckets a step keeps in flight at most (a transport through the host holds a copy of each). */
+export const MAX_IN_FLIGHT = 4;
 
 /** Elements per bucket: DISTILLERY_GRAD_BUCKET_MB MiB of float32 gradients where set (refused unless a positive number). */
 export function gradBucketElements(env: NodeJS.ProcessEnv = process.env): number {
@@ -30,7 +32,9 @@ export class GradReducer {
   private hi = 0;
   /** Ranges started, as [begin, end), in order. */
   readonly started: Array<[number, number]> = [];
-  private readonly works: CommWork[] = [];
+  /** Buckets in flight, oldest first, with their sizes (at most MAX_IN_FLIGHT buckets' worth: bounded host copies). */
+  private readonly works: Array<{ work: CommWork; size: number }> = [];
+  private inFlight = 0;
   private finished = false;
 
   constructor(private readonly comm: Communicator, private readonly be: Backend, private readonly grads: Buf,
@@ -56,8 +60,17 @@ export class GradReducer {
   }
 
   private start(begin: number, end: number): void {
+    // a transport that copies each bucket (the host's) holds at most MAX_IN_FLIGHT buckets' worth: the oldest first
+    while (this.works.length > 0 && this.inFlight + (end - begin) > MAX_IN_FLIGHT * this.bucket) this.waitOldest();
     this.started.push([begin, end]);
-    this.works.push(this.comm.reduceScatterStart(this.be, this.grads, begin, end, this.shard));
+    this.works.push({ work: this.comm.reduceScatterStart(this.be, this.grads, begin, end, this.shard), size: end - begin });
+    this.inFlight += end - begin;
+  }
+
+  private waitOldest(): void {
+    const w = this.works.shift()!;
+    w.work.wait();
+    this.inFlight -= w.size;
   }
 
   /** Starts what is pending and every range never reported (in buckets), then waits for all of them. */
@@ -72,6 +85,6 @@ export class GradReducer {
     // from the end of the buffer down, as the backward reports them
     for (const [a, b] of gaps.reverse()) for (let e = b; e > a; e -= this.bucket) this.start(Math.max(a, e - this.bucket), e);
     this.finished = true;
-    for (const w of this.works) w.wait();
+    while (this.works.length > 0) this.waitOldest();
   }
 }

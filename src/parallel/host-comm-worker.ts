@@ -91,12 +91,13 @@ class FrameReader {
   }
 }
 
-function send(sock: net.Socket, op: number, payload: Uint8Array): void {
+/** Writes one frame; `flushed` runs once the socket has handed it to the system. */
+function send(sock: net.Socket, op: number, payload: Uint8Array, flushed?: () => void): void {
   const h = Buffer.alloc(5);
   h.writeUInt32LE(payload.length, 0);
   h[4] = op;
   sock.write(h);
-  sock.write(payload);
+  sock.write(payload, flushed);
 }
 
 /** Rank 0: a reader per peer, by rank. Others: the reader of the connection to rank 0. */
@@ -161,8 +162,13 @@ function contribution(op: OpName, n: number): number {
   return op === 'allreduce64' || op === 'reducescatter64' ? n * 8 : op === 'bcast' ? 0 : n * 4;
 }
 
+/** Rank 0: the rank whose part of a collective it is waiting for (named when the group is aborted). */
+let awaiting: number | null = null;
+
 async function fromPeer(r: number, o: Op): Promise<Buffer> {
+  awaiting = r;
   const f = await peers[r]!.next();
+  awaiting = null;
   const want = contribution(o.op, o.n);
   if (f.op !== OP_CODE[o.op] || f.payload.length !== want) {
     const name = Object.entries(OP_CODE).find(([, c]) => c === f.op)?.[0] ?? `operation ${f.op}`;
@@ -269,9 +275,19 @@ let broken: string | null = null;
 let queue = Promise.resolve();
 /** The report words of the operations queued and not yet reported (a failure of this thread reports on all of them). */
 const pending = new Set<Int32Array>();
-parentPort!.on('message', (o: Op | { op: 'close' }) => {
+parentPort!.on('message', (o: Op | { op: 'close' } | { op: 'abort'; reason: string; ctl: SharedArrayBuffer }) => {
   if (o.op === 'close') {
     queue = queue.then(closeAll);
+    return;
+  }
+  if (o.op === 'abort') {
+    // at once, not behind the collective that timed out: the reason to every rank still connected, flushed, then the ack
+    const why = `${o.reason}${awaiting !== null ? ` (rank ${awaiting} did not answer)` : ''}`;
+    broken = why;
+    const open = peers.filter((p): p is FrameReader => p !== null && !p.sock.destroyed);
+    void Promise.all(open.map((p) => new Promise<void>((resolve) => {
+      try { send(p.sock, ABORT, Buffer.from(why, 'utf8'), () => resolve()); } catch { resolve(); }
+    }))).then(() => done(why, new Int32Array(o.ctl))); // reported as an error: the main thread reads the reason back
     return;
   }
   const to = o.ctl ? new Int32Array(o.ctl) : ctl;

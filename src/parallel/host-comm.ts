@@ -90,10 +90,23 @@ export class HostComm implements Communicator {
     const r = Atomics.wait(ctl, 0, 0, timeoutMs);
     if (r === 'timed-out') {
       this.timedOut = true;
-      throw new DistilleryError(`rank ${this.rank}: ${what} waited ${timeoutMs / 1000}s for the other ranks`,
-        'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
+      const msg = this.abortGroup(`rank ${this.rank}: ${what} waited ${timeoutMs / 1000}s for the other ranks`);
+      throw new DistilleryError(msg, 'a rank died or hangs: every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
     }
     this.finish(what, ctl);
+  }
+
+  /**
+   * After a timeout on rank 0: its worker, stuck behind the collective, first tells the ranks still connected why the
+   * group stops (and which rank did not answer), so they report that rather than rank 0's disconnection.
+   */
+  private abortGroup(reason: string): string {
+    if (this.rank !== 0) return reason;
+    const ack = new Int32Array(new SharedArrayBuffer(8));
+    this.worker.postMessage({ op: 'abort', reason, ctl: ack.buffer });
+    // the worker answers with the reason as sent (naming the rank it waited for) in the error bytes
+    if (Atomics.wait(ack, 0, 0, 5_000) === 'timed-out' || Atomics.load(ack, 0) !== 2) return reason;
+    return Buffer.from(new Uint8Array(this.err, 0, ack[1]!)).toString('utf8');
   }
 
   private room(bytes: number): void {
@@ -115,8 +128,11 @@ export class HostComm implements Communicator {
 
   reduceScatterStart(be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork {
     // f64 (the CPU backend's reference mode) sums in float64; f32 sums in float64 and rounds once, as allReduceSum does
+    // A range over CHUNK values goes piece by piece, each completed before the next is copied (one piece of host
+    // memory at a time), but the last, which is left in flight.
     const wide = be.dtype === 'f64', works: Array<() => void> = [];
     for (let off = begin; off < end; off += CHUNK) {
+      for (const w of works.splice(0)) w();
       const k = Math.min(CHUNK, end - off);
       const data = new SharedArrayBuffer(k * (wide ? 8 : 4));
       (wide ? new Float64Array(data) : new Float32Array(data)).set(be.download(be.view(buf, off, k)));

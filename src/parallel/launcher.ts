@@ -44,8 +44,9 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
   process.on('SIGTERM', onTerm);
   try {
     await Promise.all(Array.from({ length: n }, (_, rank) => new Promise<void>((resolve) => {
-      // the launcher's own Node options (--max-old-space-size, ...) hold for every rank
-      const k = spawn(process.execPath, [...process.execArgv, script, ...args], {
+      // the launcher's own Node options (--max-old-space-size, ...) hold for every rank, but a debugger's or a watcher's
+      // (N ranks on one inspector port, or each waiting for a debugger)
+      const k = spawn(process.execPath, [...process.execArgv.filter((a) => !/^--(inspect|debug|watch)/.test(a)), script, ...args], {
         env: {
           ...env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: String(n), LOCAL_WORLD_SIZE: String(n),
           MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port), NCCL_NVLS_ENABLE: '0',

@@ -15,7 +15,7 @@ import { Transformer } from '../../src/model/transformer.js';
 import { loraLayout, LORA_TARGETS } from '../../src/model/lora.js';
 import { StepRunner } from '../../src/train/step.js';
 import { LocalComm, shardParts, type CommWork, type Communicator } from '../../src/parallel/comm.js';
-import { GradReducer, gradBucketElements, DEFAULT_BUCKET } from '../../src/parallel/grad-reducer.js';
+import { GradReducer, gradBucketElements, DEFAULT_BUCKET, MAX_IN_FLIGHT } from '../../src/parallel/grad-reducer.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
@@ -40,10 +40,14 @@ class RecordingComm implements Communicator {
   broadcast(b: Uint8Array): Uint8Array { return b; }
   barrier(): void {}
   close(): void {}
+  /** Elements started and not yet waited for, and the most there ever were. */
+  outstanding = 0;
+  maxOutstanding = 0;
   reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
     this.ranges.push([begin, end]);
     this.log.push(`reduce ${begin}..${end}`);
-    return { wait: () => { this.waited.push([begin, end]); } };
+    this.outstanding += end - begin; this.maxOutstanding = Math.max(this.maxOutstanding, this.outstanding);
+    return { wait: () => { this.waited.push([begin, end]); this.outstanding -= end - begin; } };
   }
 }
 
@@ -127,6 +131,13 @@ test('GradReducer: ranges never reported are reduced at finish (in buckets, from
   assertTiles(comm.ranges, 100, 'gaps');
   assert.deepEqual(comm.ranges, [[60, 100], [10, 20], [30, 60], [20, 30], [0, 10]]);
   assert.throws(() => r.ready(0, 1), /after the reduction finished/);
+  // at most MAX_IN_FLIGHT buckets' worth started and not yet waited for (the host transport copies each)
+  const c3 = new RecordingComm(2), r3 = new GradReducer(c3, be, g, 100, 50, 5);
+  for (let e = 100; e > 0; e -= 5) r3.ready(e - 5, e);
+  r3.finish();
+  assertTiles(c3.ranges, 100, 'bounded');
+  assert.equal(c3.maxOutstanding, MAX_IN_FLIGHT * 5);
+  assert.equal(c3.outstanding, 0);
   // nothing reported (a CUDA pass): the whole buffer, in buckets from the top
   const c2 = new RecordingComm(2);
   new GradReducer(c2, be, g, 100, 50, 40).finish();
