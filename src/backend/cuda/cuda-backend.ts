@@ -1032,11 +1032,7 @@ export class CudaBackend implements Backend {
       P(sparse.logq), P(sparse.tail), P(sparse.argmax), I(n), I(vocab), I(ld), I(S), F(spec.temperature), F(spec.alpha), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
 
-  /**
-   * Sample rows: the sample_rows kernel (one block per row). Top-K rows are selected on the host (the logits rows are
-   * downloaded and src/backend/cpu/kernels/sparse-rows.ts picks them): correct, but bound by the transfer and the host,
-   * so a top-K cache job on the GPU is far slower than a sample one.
-   */
+  /** Sample rows: the sample_rows kernel; top-K rows: top_rows (one block per row each; kernels/sparse-rows.ts). */
   sparseTeacherRows(out: SparseRowsOut, logits: Buf, uniforms: Buf, n: number, vocab: number, temperature: number,
     kind: 'sample' | 'top', ld: number = vocab): void {
     const S = out.slots;
