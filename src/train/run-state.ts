@@ -1,15 +1,19 @@
 /**
  * What a run keeps to resume and what it reads back: the state.json of checkpoints/latest (step, optimizer step, data
  * position, options, the data's hash), the AdamW moments, the options that may and may not change on --resume, and
- * metrics.jsonl (read to restore the validation watch and the recent losses, truncated to the checkpoint's step).
+ * metrics.jsonl (appended to without following links; read to restore the validation watch and the recent losses, rank
+ * 0's reading shared with every rank; truncated to the checkpoint's step) and the loss plot drawn from it.
  */
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import type { LoaderState } from '../data/index.js';
 import { readSafetensors } from '../io/safetensors.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { DistilleryError, fileError } from '../util/errors.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
 import { loraSpecOf } from '../model/lora.js';
+import { lossPlotSvg } from '../report/loss-plot.js';
+import type { Communicator } from '../parallel/comm.js';
 
 export interface SavedState {
   version: 1;
@@ -127,3 +131,33 @@ export function readMetrics(file: string): Array<Record<string, number>> {
   return rows;
 }
 
+/** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
+export function appendNoFollow(file: string, text: string): void {
+  try {
+    // Node takes numeric open flags here (as in fs.openSync); its typings only list the string ones.
+    const flag = (fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW) as unknown as string;
+    fs.appendFileSync(file, text, { flag, mode: 0o644 });
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ELOOP') {
+      throw new DistilleryError(`${file} became a symbolic link during the run; distillery does not write through links`, 'remove the link and resume with --resume');
+    }
+    throw e;
+  }
+}
+
+/** Validation losses by step and the last 10 step losses of metrics rows, rank 0's on every rank. */
+export function shareHistory(comm: Communicator, rows: ReturnType<typeof readMetrics>): { val: Array<[number, number]>; losses: number[] } {
+  const mine = {
+    val: rows.filter((r) => r.val_loss !== undefined).map((r): [number, number] => [r.step!, r.val_loss!]),
+    losses: rows.filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10),
+  };
+  if (comm.world === 1) return mine;
+  const bytes = comm.broadcast(comm.rank === 0 ? new TextEncoder().encode(JSON.stringify(mine)) : new Uint8Array(0));
+  return JSON.parse(new TextDecoder().decode(bytes)) as typeof mine;
+}
+
+/** loss.svg of the run folder, from its metrics.jsonl. */
+export function writeLossSvg(out: string, metricsPath: string, mode: string): void {
+  const svg = lossPlotSvg(readMetrics(metricsPath), { mode, runName: path.basename(out) });
+  writeFileAtomic(path.join(out, 'loss.svg'), svg);
+}

@@ -43,7 +43,6 @@ import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocs } from './run-folder.js';
 import { UsageError } from '../cli/args.js';
-import { lossPlotSvg } from '../report/loss-plot.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
@@ -60,7 +59,7 @@ import { loadTeacher, modelExtras, readData } from './run-data.js';
 import { isOnPolicyStep, onPolicyMicroBatch, type OnPolicyOptions } from './on-policy.js';
 import { BatchGenerator } from '../model/batch-generate.js';
 import { StopRequests } from './stop-requests.js';
-import { checkResumeCompatible, readMetrics, readMoments, readSavedState, truncateMetrics, type SavedState } from './run-state.js';
+import { appendNoFollow, checkResumeCompatible, readMetrics, readMoments, readSavedState, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
@@ -632,20 +631,6 @@ export function divergenceWarnings(initialTrain: number, finalTrain: number, ini
   return out;
 }
 
-/** Appends to a run-folder file without following a symbolic link (O_NOFOLLOW). */
-function appendNoFollow(file: string, text: string): void {
-  try {
-    // Node takes numeric open flags here (as in fs.openSync); its typings only list the string ones.
-    const flag = (fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_CREAT | fs.constants.O_NOFOLLOW) as unknown as string;
-    fs.appendFileSync(file, text, { flag, mode: 0o644 });
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ELOOP') {
-      throw new DistilleryError(`${file} became a symbolic link during the run; distillery does not write through links`, 'remove the link and resume with --resume');
-    }
-    throw e;
-  }
-}
-
 function fmt(x: number): string {
   return Number.isFinite(x) ? x.toFixed(4) : 'n/a';
 }
@@ -667,18 +652,3 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
   return out;
 }
 
-/** Validation losses by step and the last 10 step losses of metrics rows, rank 0's on every rank. */
-function shareHistory(comm: Communicator, rows: ReturnType<typeof readMetrics>): { val: Array<[number, number]>; losses: number[] } {
-  const mine = {
-    val: rows.filter((r) => r.val_loss !== undefined).map((r): [number, number] => [r.step!, r.val_loss!]),
-    losses: rows.filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10),
-  };
-  if (comm.world === 1) return mine;
-  const bytes = comm.broadcast(comm.rank === 0 ? new TextEncoder().encode(JSON.stringify(mine)) : new Uint8Array(0));
-  return JSON.parse(new TextDecoder().decode(bytes)) as typeof mine;
-}
-
-function writeLossSvg(out: string, metricsPath: string, mode: string): void {
-  const svg = lossPlotSvg(readMetrics(metricsPath), { mode, runName: path.basename(out) });
-  writeFileAtomic(path.join(out, 'loss.svg'), svg);
-}
