@@ -19,6 +19,12 @@ import { rng } from './helpers.js';
 
 const n = 8, V = 700, LD = 704, BLOCK = 128, T = 1.5;
 
+/** The rows a kernel run wrote (files <prefix>ids, lq, tl, am of the work folder). */
+function readRows(prefix: string): { ids: Int32Array; lq: Float32Array; tl: Float32Array; am: Int32Array } {
+  const rd = (f: string): ArrayBuffer => { const b = readFileSync(join(workDir(), prefix + f)); return b.buffer.slice(b.byteOffset, b.byteOffset + b.length); };
+  return { ids: new Int32Array(rd('ids')), lq: new Float32Array(rd('lq')), tl: new Float32Array(rd('tl')), am: new Int32Array(rd('am')) };
+}
+
 test('emulated CUDA: sample_rows equals the float64 systematic draws (ids, order, log q, argmax)', { skip, timeout: 300_000 }, () => {
   const r = rng(21);
   const z = new Float32Array(n * LD);
@@ -38,11 +44,7 @@ test('emulated CUDA: sample_rows equals the float64 systematic draws (ids, order
   writef(d, "ids", ids); writef(d, "lq", lq); writef(d, "tl", tl); writef(d, "am", am); }`);
   for (const S of [1, 7, 32, 200]) {
     execFileSync(exe, [String(S)]);
-    const rd = (f: string): Buffer => readFileSync(join(workDir(), f));
-    const b = rd('ids'), ids = new Int32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
-    const bl = rd('lq'), lq = new Float32Array(bl.buffer.slice(bl.byteOffset, bl.byteOffset + bl.length));
-    const bt = rd('tl'), tl = new Float32Array(bt.buffer.slice(bt.byteOffset, bt.byteOffset + bt.length));
-    const ba = rd('am'), am = new Int32Array(ba.buffer.slice(ba.byteOffset, ba.byteOffset + ba.length));
+    const { ids, lq, tl, am } = readRows('');
     for (let i = 0; i < n; i++) {
       const want = sparseRow(z, i * LD, V, T, { kind: 'sample', n: S }, () => u[i]!);
       const got = [...ids.subarray(i * S, i * S + S)];
@@ -89,11 +91,7 @@ function checkTop(tag: string, z: Float32Array, rows: number, V: number, LD: num
   writef(d, "tids", ids); writef(d, "tlq", lq); writef(d, "ttl", tl); writef(d, "tam", am); }`);
   for (const S of slots) {
     execFileSync(exe, [String(S)]);
-    const rd = (f: string): Buffer => readFileSync(join(workDir(), f));
-    const b = rd('tids'), ids = new Int32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
-    const bl = rd('tlq'), lq = new Float32Array(bl.buffer.slice(bl.byteOffset, bl.byteOffset + bl.length));
-    const bt = rd('ttl'), tl = new Float32Array(bt.buffer.slice(bt.byteOffset, bt.byteOffset + bt.length));
-    const ba = rd('tam'), am = new Int32Array(ba.buffer.slice(ba.byteOffset, ba.byteOffset + ba.length));
+    const { ids, lq, tl, am } = readRows('t');
     for (let i = 0; i < rows; i++) {
       const want = sparseRow(z, i * LD, V, T, { kind: 'top', k: S }, null);
       const got = [...ids.subarray(i * S, i * S + S)];
