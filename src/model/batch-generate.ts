@@ -187,9 +187,10 @@ export class BatchGenerator {
   /**
    * generate with the sampling on the device: no logits leave it, only one id per sequence per step. Sequence b's draw
    * at step i uses the uniform hashUniform(seed, sequence0 + b, i, 0), so a sequence draws the same tokens in any batch
-   * that gives it the same sequence number (sequence0: the batch's first; default 0). topK: 0 = off.
+   * that gives it the same sequence number (sequence0: the batch's first; default 0). topK: 0 = off. rowStopIds: each
+   * sequence's own stop ids (a text prompt beside a conversation), else stopIds for all.
    */
-  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { topK?: number; sequence0?: number }): BatchResult {
+  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { topK?: number; sequence0?: number; rowStopIds?: ReadonlyArray<readonly number[]> }): BatchResult {
     const B = prompts.length;
     const longest = Math.max(...prompts.map((p) => p.length));
     if (longest + opts.maxNewTokens > this.maxLen) {
@@ -210,7 +211,7 @@ export class BatchGenerator {
         const id = ids[b]!;
         next[b] = done[b] ? (tokens[b]!.at(-1) ?? 0) : id;
         if (done[b]) continue;
-        if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; continue; }
+        if ((opts.rowStopIds?.[b] ?? opts.stopIds)?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; continue; }
         tokens[b]!.push(id);
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;

@@ -134,6 +134,14 @@ test('batched generation with device sampling: greedy equals host greedy; sample
   });
   // the draws vary with the seed
   assert.notDeepEqual(g.generateOnDevice(PROMPTS, { ...opts, seed: 100 }).tokens, batched.tokens);
+  // each sequence's own stop ids (generate --prompts: a text prompt beside a conversation): sequence 0 stops at its
+  // third token, the others run on as they would alone
+  const stopAt = batched.tokens[0]![2]!;
+  const rows = PROMPTS.map((_, b) => (b === 0 ? [stopAt] : []));
+  const own = g.generateOnDevice(PROMPTS, { ...opts, rowStopIds: rows });
+  assert.deepEqual(own.tokens[0], batched.tokens[0]!.slice(0, batched.tokens[0]!.indexOf(stopAt)));
+  assert.equal(own.finish[0], 'stop'); assert.equal(own.stops[0], stopAt);
+  PROMPTS.forEach((_, b) => { if (b > 0) assert.deepEqual(own.tokens[b], batched.tokens[b], `sequence ${b} ignores sequence 0's stop ids`); });
   be.dispose();
 });
 

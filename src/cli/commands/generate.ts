@@ -228,6 +228,9 @@ function readPrompts(file: string): Array<{ index: number; prompt?: string; mess
     try { j = JSON.parse(line); } catch (e) {
       throw new InputError(`--prompts ${file}:${i + 1}: not valid JSON (${(e as Error).message})`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
     }
+    if (typeof j !== 'object' || j === null || Array.isArray(j)) {
+      throw new InputError(`--prompts ${file}:${i + 1}: not a JSON object`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
+    }
     const r = j as { prompt?: unknown; text?: unknown; messages?: unknown };
     const text = typeof r.prompt === 'string' ? r.prompt : typeof r.text === 'string' ? r.text : undefined;
     if (text !== undefined) out.push({ index: out.length, prompt: text });
@@ -272,6 +275,7 @@ async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint,
     const model = new Transformer(backend, config, { batch: 1, seq: 1, training: false, label: 'generate', precision: prec.model });
     model.setWeights(ck.weights);
     const gen = new BatchGenerator(model, B, maxLen);
+    const chatStops = stopIdsOf(ck, tokenizer, true), textStops = stopIdsOf(ck, tokenizer, false);
     const all: number[] = [];
     const t0 = Date.now();
     let generated = 0;
@@ -280,7 +284,8 @@ async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint,
       const r = gen.generateOnDevice(group.map((e) => e.ids), {
         temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, seed: o.seed, sequence0: i0,
         vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
-        stopIds: stopIdsOf(ck, tokenizer, group.some((e) => e.chat)),
+        // each prompt's own stop ids (a conversation's end-of-turn markers), whatever is batched beside it
+        rowStopIds: group.map((e) => (e.chat ? chatStops : textStops)),
       });
       group.forEach((e, k) => {
         const ids = r.tokens[k]!;
