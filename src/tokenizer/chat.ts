@@ -77,6 +77,14 @@ export function chatFormatOf(template: string | null | undefined, from: string, 
 }
 
 /** A short description for `inspect`. */
+/** The tokens that end a turn in the chat templates distillery runs (ChatML's, Llama 3's), by their text. */
+export const END_OF_TURN_TOKENS = ['<|im_end|>', '<|eot_id|>'] as const;
+
+/** The ids of END_OF_TURN_TOKENS that a tokenizer holds: where a generated reply stops. */
+export function endOfTurnIds(tokenizer: { tokenToId(token: string): number | undefined }): number[] {
+  return END_OF_TURN_TOKENS.map((t) => tokenizer.tokenToId(t)).filter((id): id is number => id !== undefined);
+}
+
 export function describeChatFormat(f: ChatFormat): string {
   if (f.isDefault) return 'none (chat renders with plain ChatML)';
   const kind = /\{%-?\s*generation\s*-?%\}/.test(f.template) ? ', marks assistant output ({% generation %})' : '';

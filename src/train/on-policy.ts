@@ -33,18 +33,28 @@ export function isOnPolicyStep(seed: number, step: number, fraction: number): bo
   return fraction > 0 && hashUniform(seed, step, 0x6b64, 1) < fraction;
 }
 
+/** Row r's first counted target (t when none): on chat data the start of the first assistant reply (0: text). */
+function firstCounted(mask: Float32Array, r: number, t: number): number {
+  for (let p = 0; p < t; p++) if (mask[r * t + p]! > 0) return p;
+  return t;
+}
+
 /** The prompts of a batch's b windows of t tokens (see the module comment). */
 export function promptsOf(inputs: Int32Array, mask: Float32Array, b: number, t: number, promptLen: number): number[][] {
   const out: number[][] = [];
   for (let r = 0; r < b; r++) {
-    let first = t;
-    for (let p = 0; p < t; p++) if (mask[r * t + p]! > 0) { first = p; break; }
+    const first = firstCounted(mask, r, t);
     // mask[p] counts target p (the token at p + 1): the prompt ends with the token whose successor is the first counted one.
     const chat = first > 0;
     const len = Math.max(1, Math.min(promptLen, chat ? first + 1 : promptLen, t - 1));
     out.push(Array.from(inputs.subarray(r * t, r * t + len)));
   }
   return out;
+}
+
+/** The micro-batches per step whose sequence numbers never meet the next step's (at least 64, as before). */
+export function sequenceStride(microsPerStep: number): number {
+  return Math.max(64, microsPerStep);
 }
 
 /**
@@ -67,17 +77,21 @@ export function onPolicyBatch(prompts: number[][], completions: number[][], stop
 export interface OnPolicyResult { batch: Batch; generated: number }
 
 /**
- * The on-policy batch of one micro-batch: prompts from its windows, completions from the student (sequence numbers
- * step·b + row, so the draws are a function of the step), the batch over them.
+ * The on-policy batch of one micro-batch (`micro` of the step's `microsPerStep`, over every rank): prompts from its
+ * windows, completions from the student (sequence numbers (step·stride + micro)·b + row, so the draws are a function of
+ * the step), the batch over them. A reply to a conversation also stops at the end-of-turn tokens (`turnEndIds`), as
+ * `generate --chat` does; a text continuation at `stopIds` only.
  */
 export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, window: { inputs: Int32Array; mask: Float32Array; b: number; t: number },
-  seed: number, step: number, micro: number, stopIds: number[], padId: number): OnPolicyResult {
+  seed: number, step: number, micro: { index: number; perStep: number }, stops: { stopIds: number[]; turnEndIds: number[] }, padId: number): OnPolicyResult {
   const { b, t } = window;
   const prompts = promptsOf(window.inputs, window.mask, b, t, o.promptLen);
+  const chatStops = [...new Set([...stops.stopIds, ...stops.turnEndIds])];
   const room = t - Math.max(...prompts.map((p) => p.length));
   const r = gen.generateOnDevice(prompts, {
     temperature: o.temperature, topP: o.topP, topK: o.topK, vocab: o.vocab, maxNewTokens: Math.max(1, Math.min(o.genLen, room)), seed,
-    sequence0: (step * 64 + micro) * b, stopIds,
+    sequence0: (step * sequenceStride(micro.perStep) + micro.index) * b,
+    rowStopIds: prompts.map((_, row) => (firstCounted(window.mask, row, t) > 0 ? chatStops : stops.stopIds)),
   });
   const batch = onPolicyBatch(prompts, r.tokens, r.stops, t, padId);
   return { batch, generated: r.tokens.reduce((a, x) => a + x.length, 0) + r.stops.filter((x) => x !== null).length };

@@ -36,7 +36,7 @@ import { initialWeights, parameterLayout } from '../model/params.js';
 import { Transformer } from '../model/transformer.js';
 import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import { tokenizerHash } from '../tokenizer/identity.js';
-import { chatFormatOf, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { chatFormatOf, DEFAULT_CHAT_FORMAT, endOfTurnIds, type ChatFormat } from '../tokenizer/chat.js';
 import { packDocuments, splitTrainVal, BatchLoader, type Doc, type LoaderState, type Window } from '../data/index.js';
 import { writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
@@ -346,7 +346,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   } : null;
   if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
   const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
-  const genStopIds = [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])];
+  // the student's completions end at an end-of-text id; a reply to a conversation also at the end of its turn
+  const genStops = { stopIds: [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])], turnEndIds: endOfTurnIds(tokenizer) };
   if (onPolicy) {
     log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
       `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);
@@ -527,7 +528,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       for (let a = 0; a < o.gradAccum && onPolicyStep; a++) {
         const b = nextBatch();
         // sampling seeded by the global micro-batch index: N ranks draw what one process with N× accumulation would
-        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step, a * world + comm.rank, genStopIds, eosId);
+        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step,
+          { index: a * world + comm.rank, perStep: o.gradAccum * world }, genStops, eosId);
         micro.push(g.batch);
         generated += g.generated;
       }

@@ -8,7 +8,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { isOnPolicyStep, onPolicyBatch, promptsOf } from '../../src/train/on-policy.js';
+import { isOnPolicyStep, onPolicyBatch, onPolicyMicroBatch, promptsOf, type OnPolicyOptions } from '../../src/train/on-policy.js';
+import type { BatchGenerator } from '../../src/model/batch-generate.js';
 import { runTraining } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
 import { TEXT, tempDir, writeTinyCheckpoint } from '../cli/fixtures.js';
@@ -29,6 +30,30 @@ test('on-policy batches: prompts from text and chat windows; the loss counts the
   assert.ok(on > 160 && on < 240, `${on} of 400 steps on-policy at λ = 0.5`);
   assert.ok(Array.from({ length: 50 }, (_, s) => isOnPolicyStep(3, s, 1)).every(Boolean));
   assert.ok(!Array.from({ length: 50 }, (_, s) => isOnPolicyStep(3, s, 0)).some(Boolean));
+});
+
+test('on-policy generation: a reply to a conversation also stops at the end of its turn, a text continuation does not; sequence numbers never repeat across steps', () => {
+  const t = 8;
+  const inputs = Int32Array.from([10, 11, 12, 13, 14, 15, 16, 17, 20, 21, 22, 23, 24, 25, 26, 27]);
+  const mask = Float32Array.from([1, 1, 1, 1, 1, 1, 1, 1, /* chat */ 0, 0, 0, 1, 1, 1, 0, 0]);
+  const seen: Array<{ sequence0: number; rowStopIds: number[][] }> = [];
+  const gen = {
+    generateOnDevice: (prompts: number[][], opts: { sequence0: number; rowStopIds: number[][] }) => {
+      seen.push({ sequence0: opts.sequence0, rowStopIds: opts.rowStopIds });
+      return { tokens: prompts.map(() => [1]), finish: prompts.map(() => 'length'), stops: prompts.map(() => null) };
+    },
+  } as unknown as BatchGenerator;
+  const o: OnPolicyOptions = { fraction: 1, genLen: 3, promptLen: 4, temperature: 1, topP: 1, topK: 0, vocab: 50 };
+  const stops = { stopIds: [2], turnEndIds: [7, 8] };
+  onPolicyMicroBatch(gen, o, { inputs, mask, b: 2, t }, 1, 0, { index: 0, perStep: 1 }, stops, 0);
+  assert.deepEqual(seen[0]!.rowStopIds, [[2], [2, 7, 8]]);
+  // 100 micro-batches a step (grad-accum × ranks): the last of step 0 and the first of step 1 draw with other numbers
+  onPolicyMicroBatch(gen, o, { inputs, mask, b: 2, t }, 1, 0, { index: 99, perStep: 100 }, stops, 0);
+  onPolicyMicroBatch(gen, o, { inputs, mask, b: 2, t }, 1, 1, { index: 0, perStep: 100 }, stops, 0);
+  assert.ok(seen[2]!.sequence0 >= seen[1]!.sequence0 + 2, `step 1 starts at ${seen[2]!.sequence0}, step 0 ended at ${seen[1]!.sequence0 + 1}`);
+  // up to 64 micro-batches a step: the numbers of earlier versions (a resumed run draws what it drew)
+  onPolicyMicroBatch(gen, o, { inputs, mask, b: 2, t }, 1, 3, { index: 5, perStep: 8 }, stops, 0);
+  assert.equal(seen[3]!.sequence0, (3 * 64 + 5) * 2);
 });
 
 test('distill --on-policy: runs with a live teacher, logs the share, generated length and teacher log-likelihood, and resumes bit-exactly', async () => {

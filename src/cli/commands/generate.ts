@@ -20,7 +20,7 @@ import { jobClosures } from '../../train/kernel-plan.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError, InputError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
-import { chatFormatOf, renderChat, type ChatMessage } from '../../tokenizer/chat.js';
+import { chatFormatOf, endOfTurnIds, renderChat, type ChatMessage } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 
@@ -210,10 +210,7 @@ function stopIdsOf(ck: LoadedCheckpoint, tokenizer: Tokenizer, chat: boolean): n
   if (tokenizer.eosId !== undefined) stopIds.add(tokenizer.eosId);
   for (const id of eosIds(ck.config)) stopIds.add(id);
   for (const id of ck.generationEosIds) stopIds.add(id);
-  for (const marker of chat ? ['<|im_end|>', '<|eot_id|>'] : []) {
-    const id = tokenizer.tokenToId(marker);
-    if (id !== undefined) stopIds.add(id);
-  }
+  for (const id of chat ? endOfTurnIds(tokenizer) : []) stopIds.add(id);
   return [...stopIds];
 }
 
