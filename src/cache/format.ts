@@ -10,7 +10,7 @@
  *
  * b_V = bits of the largest id (18 for Qwen's 151936 rows), b_N = bits of N − 1. A log-probability is stored as
  * round(−log q · 128) in 12 bits: steps of 1/128 nat (q within 0.4% of the teacher's; for the forward KL the gradient
- * does not depend on it at all — a drawn id's weight q / (1 − (1 − q)^N) moves by well under 0.4%) down to q = e^−32;
+ * does not depend on it at all — a drawn id's weight max(q, 1/N) moves by at most 0.4%) down to q = e^−32;
  * the code 4095 means 0 (a tail the teacher gives no mass). A record is padded to a whole byte.
  *
  * Worst case per position for the default sample:24 over a 151936-token vocabulary: 5 + 18 + 24 × (18 + 12) = 743

@@ -1,7 +1,7 @@
 /**
  * Sparse representations of a teacher's next-token distribution q_t = softmax(z / T), one per position:
  *
- * - `sample:N` (the default, N = 32): N draws from q_t by systematic sampling (one uniform u, the points (i + u) / N
+ * - `sample:N` (the default, N = 24): N draws from q_t by systematic sampling (one uniform u, the points (i + u) / N
  *   of the cumulative distribution, i < N: each draw is distributed as q_t), kept as the distinct ids drawn with
  *   log q_t of each. A token is drawn with probability exactly min(1, N·q_t), so the sparse loss weighs a drawn id k
  *   by π_k = q_t(k) / min(1, N·q_t(k)) = max(q_t(k), 1/N) (the Horvitz–Thompson weight), and Σ_k (π_k / q_t(k)) h_k

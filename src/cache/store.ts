@@ -73,8 +73,10 @@ export function writeTeacherHeader(dir: string, ck: LoadedCheckpoint): void {
   if (ck.tokenizerJson) json('tokenizer.json', ck.tokenizerJson);
   const tc = { ...(ck.tokenizerConfig ?? {}) };
   if (ck.chatTemplate) tc.chat_template = ck.chatTemplate;
-  if (ck.tokenizerConfig || ck.chatTemplate) json('tokenizer_config.json', tc);
-  if (ck.generationConfig) json('generation_config.json', ck.generationConfig);
+  // each optional file written, or removed: a header rewritten for another teacher (--overwrite) keeps nothing of the old
+  const optional = (name: string, v: unknown): void => { if (v) json(name, v); else fs.rmSync(path.join(t, name), { force: true }); };
+  optional('tokenizer_config.json', ck.tokenizerConfig || ck.chatTemplate ? tc : null);
+  optional('generation_config.json', ck.generationConfig);
 }
 
 /** The teacher of a cache as a checkpoint without weights (config, tokenizer, chat template): what a cached run reads. */
@@ -154,7 +156,7 @@ export function identityDifferences(a: CacheIdentity, b: CacheIdentity): string[
   cmp('teacher config', a.teacher.config, b.teacher.config);
   cmp('tokenizer (sha256)', a.tokenizer_sha256, b.tokenizer_sha256);
   cmp('data (sha256)', a.data.sha256, b.data.sha256);
-  cmp('data files', a.data.files, b.data.files);
+  // (the data's hash is of its documents in order: the same files named by another path are the same data)
   cmp('--loss-on', a.data.loss_on, b.data.loss_on);
   cmp('--chat-template-kwargs', a.data.chat_template_kwargs, b.data.chat_template_kwargs);
   cmp('--max-chars', a.data.max_chars, b.data.max_chars);

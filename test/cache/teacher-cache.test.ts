@@ -178,6 +178,21 @@ test('teacher-cache: a job stopped after a shard, with a torn temp file and a da
   // Other settings into the same folder are refused, naming what differs.
   await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, whole, { temperature: 1, sparse: { kind: 'top', k: 4 } }), { log: () => {} }),
     (e: unknown) => e instanceof DistilleryError && /--temperature: 2 vs 1; --sparse: sample:6 vs top:4/.test(e.message));
+  // The same data named by another path is the same data: the rerun continues (it was refused: "data files: ... vs ...").
+  const again = await buildTeacherCache(jobOptions(teacherDir, path.relative(process.cwd(), data), whole), { log: () => {} });
+  assert.ok(again.complete);
+  assert.equal(again.shardsWritten, 0);
+  // --overwrite with another teacher keeps nothing of the old one's header: its tokenizer_config.json (chat template)
+  // and generation_config.json (eos ids) would have reached every student distilled from the cache.
+  fs.writeFileSync(path.join(teacherDir, 'generation_config.json'), JSON.stringify({ eos_token_id: 3 }));
+  const other = path.join(dir, 'teacher-bare');
+  fs.mkdirSync(other);
+  for (const f of ['config.json', 'model.safetensors', 'tokenizer.json']) fs.copyFileSync(path.join(teacherDir, f), path.join(other, f));
+  const fresh = path.join(dir, 'fresh');
+  await buildTeacherCache(jobOptions(teacherDir, data, fresh), { log: () => {} });
+  assert.ok(fs.existsSync(path.join(fresh, 'teacher', 'generation_config.json')) && fs.existsSync(path.join(fresh, 'teacher', 'tokenizer_config.json')));
+  await buildTeacherCache(jobOptions(other, data, fresh, { overwrite: true }), { log: () => {} });
+  assert.deepEqual(fs.readdirSync(path.join(fresh, 'teacher')).sort(), ['config.json', 'tokenizer.json']);
 });
 
 test('teacher-cache: kill -9 mid-job loses at most the shard in progress; rerunning the command completes the same cache', async () => {
