@@ -22,6 +22,9 @@ import { compileOnigRegex } from './regex.js';
 
 type Json = Record<string, unknown>;
 
+/** A combining mark (general category M): it may compose with the character before it. */
+const MARK = /^\p{M}$/u;
+
 /** The GPT-2 pre-tokenization pattern used by ByteLevel with use_regex: true. */
 export const GPT2_PATTERN = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
@@ -387,6 +390,11 @@ export class Tokenizer {
   /** The pre-tokens of text: normalized, then split by the pre-tokenizer steps (empty pieces dropped). */
   private pieces(text: string): string[] {
     for (const f of this.norms) text = f(text);
+    return this.preTokens(text);
+  }
+
+  /** The pre-tokens of already normalized text. */
+  private preTokens(text: string): string[] {
     let pieces = [text];
     for (const step of this.steps) {
       const next: string[] = [];
@@ -394,6 +402,37 @@ export class Tokenizer {
       pieces = next;
     }
     return pieces.filter((p) => p !== '');
+  }
+
+  /**
+   * The normalized text with, per character of it, the [from, to) of the original characters it comes from. The text
+   * is normalized cluster by cluster (a character with the combining marks and Hangul vowel and final jamo after it:
+   * what canonical composition can join); where that differs from normalizing the whole text (a context-dependent
+   * lowercase), the whole text is one cluster. Characters a cluster keeps as they were map to themselves.
+   */
+  private normalizeAligned(text: string): { text: string; from: Int32Array; to: Int32Array } {
+    const whole = this.norms.reduce((t, f) => f(t), text);
+    const out: string[] = [], from: number[] = [], to: number[] = [];
+    const cluster = (a: number, b: number): void => {
+      const c = text.slice(a, b), n = this.norms.reduce((t, f) => f(t), c);
+      out.push(n);
+      for (let i = 0; i < n.length; i++) {
+        if (n === c) { from.push(a + i); to.push(a + i + 1); } else { from.push(a); to.push(b); }
+      }
+    };
+    if (whole === text) cluster(0, text.length); // nothing changed: every character maps to itself
+    else {
+      let start = 0;
+      for (let i = 0; i < text.length;) {
+        const cp = text.codePointAt(i)!, w = cp > 0xffff ? 2 : 1;
+        const joins = i > 0 && (MARK.test(String.fromCodePoint(cp)) || (cp >= 0x1160 && cp <= 0x11ff) || (cp >= 0xd7b0 && cp <= 0xd7ff));
+        if (!joins && i > start) { cluster(start, i); start = i; }
+        i += w;
+      }
+      if (text.length > start) cluster(start, text.length);
+    }
+    if (out.join('') !== whole) return { text: whole, from: new Int32Array(whole.length), to: new Int32Array(whole.length).fill(text.length) };
+    return { text: whole, from: Int32Array.from(from), to: Int32Array.from(to) };
   }
 
   /** The ids of one pre-token (cached). */
@@ -415,8 +454,12 @@ export class Tokenizer {
    */
   encodeWithOffsets(text: string, opts: EncodeOptions = {}): { ids: number[]; offsets: Array<[number, number]> } {
     const ids: number[] = [], offsets: Array<[number, number]> = [];
-    const ordinary = (seg: string, base: number): void => {
-      const pieces = this.pieces(seg);
+    const ordinary = (orig: string, base0: number): void => {
+      // the normalized text, and where each of its characters comes from (a character the normalizer changed maps to
+      // its whole cluster: a base character and the marks composed with it)
+      const al = this.normalizeAligned(orig);
+      const seg = al.text;
+      const pieces = this.preTokens(seg);
       const n0 = ids.length;
       for (const p of pieces) { const pi = this.pieceIds(p); for (let i = 0; i < pi.length; i++) ids.push(pi[i]!); }
       let pos = 0;
@@ -442,14 +485,15 @@ export class Tokenizer {
         let at = 0;
         for (const id of this.pieceIds(p)) {
           const n = this.idTokens[id]?.length ?? 0; // byte-level: one vocabulary character per byte
-          mapped.push([base + pos + charOf[at]!, base + pos + endOf(Math.min(bytes, at + Math.max(n, 1)))]);
+          const a = pos + charOf[at]!, e = pos + endOf(Math.min(bytes, at + Math.max(n, 1)));
+          mapped.push([base0 + al.from[a]!, base0 + al.to[e - 1]!]);
           at += n;
         }
         if (at !== bytes) { mapped.length = 0; break; }
         pos += p.length;
       }
       if (mapped.length === ids.length - n0) offsets.push(...mapped);
-      else for (let i = n0; i < ids.length; i++) offsets.push([base, base + seg.length]);
+      else for (let i = n0; i < ids.length; i++) offsets.push([base0, base0 + orig.length]);
     };
     const re = opts.allowSpecial === false ? this.addedReNonSpecial : this.addedReAll;
     let last = 0;

@@ -152,3 +152,29 @@ test('encodeWithOffsets: encode()\'s ids, and each token\'s range in the text (m
   assert.equal(e.offsets[0]![0], 0);
   assert.equal(e.offsets[e.offsets.length - 1]![1], text.length);
 });
+
+test('encodeWithOffsets where the normalizer changes the text (Qwen: NFC): each token keeps its own range, a composed character covers its base and marks', () => {
+  // "e" + combining acute: NFC composes it into "é". Every token used to get the whole run's range, so a reply holding
+  // one such character lost the loss on every token (they all "started" before the assistant's span).
+  const text = 'e\u0301cole caf\u00e9 \u1f71\u03b2 x';
+  const e = tok.encodeWithOffsets(text);
+  assert.deepEqual(e.ids, tok.encode(text));
+  const pieces = e.ids.map((id) => tok.decode([id]));
+  assert.equal(tok.decode(e.ids), text.normalize('NFC'));
+  // the first token starts at 0; no token spans the whole text; ranges are in order and cover it
+  assert.equal(e.offsets[0]![0], 0);
+  assert.equal(e.offsets[e.offsets.length - 1]![1], text.length);
+  e.offsets.forEach(([a, b], i) => {
+    assert.ok(b - a < text.length, `token ${i} (${JSON.stringify(pieces[i])}) spans [${a}, ${b})`);
+    if (i > 0) assert.ok(a >= e.offsets[i - 1]![0], `token ${i} starts before token ${i - 1}`);
+    // the range's text, normalized, is the token's text where the token holds whole characters
+    if (!pieces[i]!.includes('\uFFFD')) assert.equal(text.slice(a, b).normalize('NFC'), pieces[i], `token ${i}`);
+  });
+  // a chat reply with such a character: every token of the reply counts
+  const fmt = chatFormatOf(CHATML_TEMPLATE, 'test');
+  const r = renderChatWithSpans(fmt, [{ role: 'user', content: 'Say a word' }, { role: 'assistant', content: 'e\u0301cole is a French word' }]);
+  const enc = tok.encodeWithOffsets(r.text);
+  const [s0, s1] = r.assistant[0]!;
+  const counted = enc.ids.filter((_, i) => enc.offsets[i]![0] >= s0 && enc.offsets[i]![0] < s1);
+  assert.equal(tok.decode(counted), 'école is a French word<|im_end|>');
+});
