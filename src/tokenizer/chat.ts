@@ -178,7 +178,7 @@ export interface RenderedChat { text: string; assistant: Array<[number, number]>
 export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): RenderedChat {
   const marked = GEN_OPEN.test(format.template);
   GEN_OPEN.lastIndex = 0;
-  const clean = !JSON.stringify(messages).includes(MARK_OPEN) && !JSON.stringify(messages).includes(MARK_CLOSE);
+  const clean = !holdsControl(messages, MARK_OPEN) && !holdsControl(messages, MARK_CLOSE);
   if (marked && clean) {
     // Each marker becomes an `if` block that prints a sentinel character: block tags keep the marker's whitespace
     // control (its `-`, trim_blocks and lstrip_blocks act as they would on {% generation %}).
@@ -198,6 +198,7 @@ export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatM
   const text = run(format, format.template, messages, opts);
   const assistant: Array<[number, number]> = [];
   let cursor = 0;
+  let regions: Array<[number, number]> | null | undefined;
   messages.forEach((m, i) => {
     if (m.role !== 'assistant') return;
     const before = run(format, format.template, messages.slice(0, i), { ...opts, addGenerationPrompt: true });
@@ -224,20 +225,76 @@ export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatM
     } else if (added !== null) {
       // Not prefix-stable (the template renders a turn differently once later turns follow it, e.g. Qwen3 drops the
       // reasoning of earlier turns): the longest tail of the reply's own rendering (whole lines, through its end
-      // marker) found in the whole text after the previous span. The tail must hold the reply's content; a reply
-      // without content (a tool call) needs a tail of two lines or more.
-      const content = typeof m.content === 'string' ? m.content.trim() : '';
+      // marker, not starting on a blank line: that would take the role header's newline) found in the whole text, in
+      // this message's own region (between the neighbouring messages' contents, where they could be located: a user
+      // turn or another reply with the same words is never taken) and after the previous span. The tail must hold
+      // the reply's visible content (what follows its reasoning); a reply without content (a tool call) needs a tail
+      // of two lines or more.
+      regions ??= messageRegions(format, messages, opts, text);
+      const [lo, hi] = regions?.[i] ?? [0, text.length];
+      const content = typeof m.content === 'string' ? visibleContent(m.content) : '';
       const lines = added.trimEnd().split('\n');
       for (let k = 0; k < lines.length && !span; k++) {
+        if (lines[k] === '') continue;
         const tail = lines.slice(k).join('\n');
         if (content ? !tail.includes(content) : lines.length - k < 2) break;
-        const at = text.indexOf(tail, cursor);
-        if (at >= 0) span = [at, at + tail.length];
+        const at = text.indexOf(tail, Math.max(cursor, lo));
+        if (at >= 0 && at + tail.length <= hi) span = [at, at + tail.length];
       }
     }
     if (span && span[1] > span[0]) { assistant.push(span); cursor = span[1]; }
   });
   return { text, assistant };
+}
+
+/** The part of a message's content a template shows of an earlier turn: after its reasoning (`</think>`), trimmed. */
+function visibleContent(c: string): string {
+  const cut = c.lastIndexOf('</think>');
+  return (cut >= 0 ? c.slice(cut + '</think>'.length) : c).trim();
+}
+
+/** Whether any string in the messages holds the control character c (JSON writes it escaped, as \u00XX). */
+function holdsControl(messages: readonly ChatMessage[], c: string): boolean {
+  return JSON.stringify(messages).includes(`\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
+
+/** Sentinels around each message's visible content while locating the messages in a rendering. */
+const CONTENT_OPEN = '\u0004', CONTENT_CLOSE = '\u0005';
+
+/**
+ * Per message, the region of `text` (the whole conversation's rendering) it may occupy: from the end of the previous
+ * message's visible content to the start of the next one's. Found by rendering the conversation with sentinels around
+ * every visible content (after any reasoning and leading blank space, before trailing blank space); null when the
+ * template does not render each sentinel once and otherwise the same text (then no region is known).
+ */
+function messageRegions(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions, text: string): Array<[number, number]> | null {
+  if (holdsControl(messages, CONTENT_OPEN) || holdsControl(messages, CONTENT_CLOSE)) return null;
+  const marked = messages.map((m) => {
+    if (typeof m.content !== 'string') return m;
+    const c = m.content, cut = c.lastIndexOf('</think>');
+    let a = cut >= 0 ? cut + '</think>'.length : 0;
+    while (a < c.length && /\s/.test(c[a]!)) a++;
+    const b = Math.max(a, c.trimEnd().length);
+    return { ...m, content: c.slice(0, a) + CONTENT_OPEN + c.slice(a, b) + CONTENT_CLOSE + c.slice(b) };
+  });
+  let raw: string;
+  try { raw = run(format, format.template, marked, opts); } catch { return null; }
+  let out = '';
+  const opens: number[] = [], closes: number[] = [];
+  for (const ch of raw) {
+    if (ch === CONTENT_OPEN) opens.push(out.length);
+    else if (ch === CONTENT_CLOSE) closes.push(out.length);
+    else out += ch;
+  }
+  const withContent = messages.map((m, i) => (typeof m.content === 'string' ? i : -1)).filter((i) => i >= 0);
+  if (out !== text || opens.length !== withContent.length || closes.length !== withContent.length) return null;
+  const bounds = new Map<number, [number, number]>(withContent.map((i, k) => [i, [opens[k]!, closes[k]!]]));
+  return messages.map((_, i) => {
+    let lo = 0, hi = text.length;
+    for (let j = i - 1; j >= 0; j--) { const b = bounds.get(j); if (b) { lo = b[1]; break; } }
+    for (let j = i + 1; j < messages.length; j++) { const b = bounds.get(j); if (b) { hi = b[0]; break; } }
+    return [lo, hi];
+  });
 }
 
 /** A tokenizer_config.json `chat_template` value: a string, or a list of {name, template} (the 'default' one). */

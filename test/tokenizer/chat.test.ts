@@ -100,6 +100,27 @@ test('templates without generation markers: spans from prefix renderings (ChatML
   assert.deepEqual(renderChatWithSpans(q3, [{ role: 'user', content: 'Hi' }]).assistant, []);
 });
 
+test('Qwen3 multi-turn spans (not prefix-stable): each reply in its own turn, never a user turn with the same words, reasoning written in content, no header newline', () => {
+  const q3 = formatOf('qwen3');
+  const spansOf = (conv: ChatMessage[]): string[] => { const r = renderChatWithSpans(q3, conv); return r.assistant.map(([a, b]) => r.text.slice(a, b)); };
+  const u = (content: string): ChatMessage => ({ role: 'user', content }), a = (content: string): ChatMessage => ({ role: 'assistant', content });
+  // a user turn that says what the next reply says: the reply is counted, the user turn is not
+  const echo = spansOf([u('Hi'), a('A'), u('Same'), a('Same'), u('x'), a('y')]);
+  assert.deepEqual(echo.slice(0, 2), ['A<|im_end|>', 'Same<|im_end|>']);
+  assert.equal(echo.length, 3);
+  assert.ok(echo[2]!.endsWith('y<|im_end|>'));
+  // a reply the user repeats and the last reply repeats: both replies
+  const rep = spansOf([u('Hi'), a('Hello!'), u('Hello!'), a('Hello!')]);
+  assert.equal(rep.length, 2);
+  assert.equal(rep[0], 'Hello!<|im_end|>');
+  // reasoning written inside content (the usual form of Qwen3 distillation data): the earlier reply is still found
+  const think = spansOf([u('Q1'), a('<think>\nthink one\n</think>\n\nHello!'), u('Q2'), a('Bye')]);
+  assert.equal(think.length, 2);
+  assert.equal(think[0], 'Hello!<|im_end|>');
+  // no span starts with the role header's newline
+  for (const sp of [...echo, ...rep, ...think]) assert.ok(!sp.startsWith('\n'), JSON.stringify(sp));
+});
+
 test('raise_exception in a template is a DistilleryError with its message; a template that does not parse names its source', () => {
   const f = chatFormatOf("{%- if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with a user turn') }}{% endif %}", 'runs/m tokenizer_config.json');
   assert.throws(() => renderChat(f, [{ role: 'assistant', content: 'x' }]),
