@@ -49,7 +49,7 @@ export interface ChatRenderOptions {
 /** A plain ChatML template (Jinja, as transformers / transformers.js `apply_chat_template` run it). */
 export const CHATML_TEMPLATE = [
   "{%- for message in messages -%}",
-  "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}",
+  "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + '<|im_end|>\\n' -}}",
   "{%- endfor -%}",
   "{%- if add_generation_prompt -%}",
   "{{- '<|im_start|>assistant\\n' -}}",
@@ -140,6 +140,10 @@ function compile(f: ChatFormat, source: string): Template {
 }
 
 function run(f: ChatFormat, source: string, messages: readonly ChatMessage[], o: ChatRenderOptions): string {
+  if (f.isDefault && messages.some((m) => Array.isArray(m.tool_calls) && m.tool_calls.length > 0)) {
+    throw new DistilleryError(`${f.from} does not render tool calls (a message has tool_calls)`,
+      'give the model a chat template that renders them (tokenizer_config.json chat_template, e.g. Qwen2.5 Instruct\'s), or drop the tool calls');
+  }
   const t = compile(f, source);
   const now = o.now ?? new Date();
   const vars: Record<string, unknown> = {

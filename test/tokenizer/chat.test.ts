@@ -14,7 +14,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CHATML_TEMPLATE, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
+import { CHATML_TEMPLATE, DEFAULT_CHAT_FORMAT, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
 import { loadDocs, loadDocuments } from '../../src/data/documents.js';
 import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { DistilleryError } from '../../src/util/errors.js';
@@ -119,6 +119,14 @@ test('Qwen3 multi-turn spans (not prefix-stable): each reply in its own turn, ne
   assert.equal(think[0], 'Hello!<|im_end|>');
   // no span starts with the role header's newline
   for (const sp of [...echo, ...rep, ...think]) assert.ok(!sp.startsWith('\n'), JSON.stringify(sp));
+});
+
+test('the default ChatML template refuses tool calls by name (it would drop them), and renders a null content as empty', () => {
+  const call: ChatMessage = { role: 'assistant', content: null, tool_calls: [{ type: 'function', function: { name: 'w', arguments: '{}' } }] };
+  assert.throws(() => renderChat(DEFAULT_CHAT_FORMAT, [{ role: 'user', content: 'weather?' }, call]),
+    (e: unknown) => e instanceof DistilleryError && /the default ChatML template does not render tool calls/.test(e.message));
+  assert.equal(renderChat(chatFormatOf(CHATML_TEMPLATE, 'a model without a template'), [{ role: 'user', content: 'Hi' }, { role: 'assistant', content: null }]),
+    '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n');
 });
 
 test('raise_exception in a template is a DistilleryError with its message; a template that does not parse names its source', () => {
