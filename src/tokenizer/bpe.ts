@@ -22,6 +22,9 @@ import { compileOnigRegex } from './regex.js';
 
 type Json = Record<string, unknown>;
 
+/** Pre-tokens longer than this (bytes) take the heap-based BPE (bpeLong); shorter ones the simple passes. */
+const LONG_PIECE = 64;
+
 /** A combining mark (general category M): it may compose with the character before it. */
 const MARK = /^\p{M}$/u;
 
@@ -521,6 +524,7 @@ export class Tokenizer {
       const whole = this.vocab.get(bl);
       if (whole !== undefined && !this.addedById.has(whole)) return [whole];
     }
+    if (bytes.length > LONG_PIECE) return this.bpeLong(bytes);
     let syms: number[] = new Array<number>(bytes.length);
     for (let i = 0; i < bytes.length; i++) syms[i] = this.byteIds[bytes[i]!]!;
     while (syms.length > 1) {
@@ -540,6 +544,62 @@ export class Tokenizer {
       syms = next;
     }
     return syms;
+  }
+
+  /**
+   * bpe() of a long pre-token (a run of letters in a DNA file, base64, minified code) in O(n log n): the symbols in a
+   * linked list, the candidate merges in a heap by (rank, position). Popping the lowest rank, leftmost first, and
+   * skipping candidates whose symbols have since changed merges exactly what bpe()'s passes merge (each pass applies
+   * the lowest-ranked merge at every position, left to right; a merge's result only enters merges ranked after it).
+   */
+  private bpeLong(bytes: Buffer): number[] {
+    const n = bytes.length;
+    const sym = new Int32Array(n), next = new Int32Array(n), prev = new Int32Array(n);
+    for (let i = 0; i < n; i++) { sym[i] = this.byteIds[bytes[i]!]!; next[i] = i + 1; prev[i] = i - 1; }
+    next[n - 1] = -1;
+    // heap entries: rank, position, and the two symbols they were made from (to tell a stale entry)
+    const hr: number[] = [], hp: number[] = [], ha: number[] = [], hb: number[] = [];
+    const less = (i: number, j: number): boolean => hr[i]! < hr[j]! || (hr[i] === hr[j] && hp[i]! < hp[j]!);
+    const swap = (i: number, j: number): void => {
+      [hr[i], hr[j]] = [hr[j]!, hr[i]!]; [hp[i], hp[j]] = [hp[j]!, hp[i]!]; [ha[i], ha[j]] = [ha[j]!, ha[i]!]; [hb[i], hb[j]] = [hb[j]!, hb[i]!];
+    };
+    const push = (pos: number): void => {
+      const q = next[pos]!;
+      if (pos < 0 || q < 0) return;
+      const r = this.mergeRank.get(pairKey(sym[pos]!, sym[q]!));
+      if (r === undefined) return;
+      hr.push(r); hp.push(pos); ha.push(sym[pos]!); hb.push(sym[q]!);
+      for (let i = hr.length - 1; i > 0;) { const p = (i - 1) >> 1; if (!less(i, p)) break; swap(i, p); i = p; }
+    };
+    const pop = (): void => {
+      const last = hr.length - 1;
+      swap(0, last); hr.pop(); hp.pop(); ha.pop(); hb.pop();
+      for (let i = 0; ;) {
+        const l = 2 * i + 1, r = l + 1;
+        let m = i;
+        if (l < hr.length && less(l, m)) m = l;
+        if (r < hr.length && less(r, m)) m = r;
+        if (m === i) break;
+        swap(i, m); i = m;
+      }
+    };
+    const alive = new Uint8Array(n).fill(1);
+    for (let i = 0; i + 1 < n; i++) push(i);
+    while (hr.length > 0) {
+      const rank = hr[0]!, pos = hp[0]!, a = ha[0]!, b = hb[0]!;
+      pop();
+      const q = next[pos]!;
+      if (!alive[pos] || q < 0 || sym[pos] !== a || sym[q] !== b) continue; // stale
+      sym[pos] = this.mergeResult[rank]!;
+      alive[q] = 0;
+      next[pos] = next[q]!;
+      if (next[q]! >= 0) prev[next[q]!] = pos;
+      push(prev[pos]!);
+      push(pos);
+    }
+    const out: number[] = [];
+    for (let i = 0; i >= 0; i = next[i]!) out.push(sym[i]!);
+    return out;
   }
 
   decode(ids: ArrayLike<number>, opts: DecodeOptions = {}): string {
