@@ -12,6 +12,8 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { runTraining, type RunSummary } from './train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './train/options.js';
+import { holdsRun } from './train/run-folder.js';
+import { InputError } from './util/errors.js';
 
 export interface DemoOptions {
   out: string;
@@ -26,6 +28,30 @@ export interface DemoResult {
   distilled: RunSummary;
   scratch: RunSummary;
   table: string;
+}
+
+/** The file that marks a folder as the demo's: its three runs may be replaced by the next demo. */
+export const DEMO_MARKER = '.distillery-demo';
+
+/**
+ * Refuses an --out whose teacher/, distilled/ or scratch/ holds a run the demo did not make (the demo replaces its own
+ * runs; it used to replace anyone's), then marks the folder as the demo's.
+ */
+function claimDemoFolder(out: string, names: readonly string[]): void {
+  // (a folder with the report of an earlier demo, demo.txt, is the demo's too)
+  if (!fs.existsSync(path.join(out, DEMO_MARKER)) && !fs.existsSync(path.join(out, 'demo.txt'))) {
+    const taken = names.filter((n) => fs.existsSync(path.join(out, n)) && holdsRun(path.join(out, n)));
+    if (taken.length > 0) {
+      throw new InputError(`--out ${out}: ${taken.map((n) => `${n}/`).join(', ')} ${taken.length > 1 ? 'hold runs' : 'holds a run'} the demo did not make`,
+        'pick another --out: the demo replaces only its own runs');
+    }
+  }
+  fs.writeFileSync(path.join(out, DEMO_MARKER), 'made by distillery demo: its teacher/, distilled/ and scratch/ runs are replaced by the next demo\n');
+}
+
+/** A run that ended on SIGINT / SIGTERM: the demo stops after it (the next step would need its final model). */
+export class DemoInterrupted extends Error {
+  constructor(readonly signal: 'SIGINT' | 'SIGTERM', readonly stage: string) { super(`the demo stopped during its ${stage} (${signal})`); }
 }
 
 /** The recipe. Kept in one place so the README, the CLI and the tests describe the same run. */
@@ -74,13 +100,19 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const out = path.resolve(o.out);
   fs.mkdirSync(out, { recursive: true });
   const recipe = demoRecipe(out, Boolean(o.quick), o.threads ?? 0);
+  claimDemoFolder(out, ['teacher', 'distilled', 'scratch']);
   const started = Date.now();
+  const stage = async (name: string, opts: RunOptions): Promise<RunSummary> => {
+    const s = await runTraining(opts, { log });
+    if (s.signal) throw new DemoInterrupted(s.signal, name);
+    return s;
+  };
   log(`== 1/3 teacher: ${recipe.teacher.model}, ${recipe.teacher.steps} steps on builtin:docs ==`);
-  const teacher = await runTraining(recipe.teacher, { log });
+  const teacher = await stage('teacher', recipe.teacher);
   log(`== 2/3 distilled student: ${recipe.distilled.model}, ${recipe.distilled.steps} steps, ${recipe.distilled.loss} at T=${recipe.distilled.temperature}, alpha=${recipe.distilled.alpha} ==`);
-  const distilled = await runTraining(recipe.distilled, { log });
+  const distilled = await stage('distilled student', recipe.distilled);
   log(`== 3/3 scratch student: ${recipe.scratch.model}, ${recipe.scratch.steps} steps, same data and initial weights, no teacher ==`);
-  const scratch = await runTraining(recipe.scratch, { log });
+  const scratch = await stage('scratch student', recipe.scratch);
   const table = formatTable({ teacher, distilled, scratch });
   const gain = scratch.finalValCe - distilled.finalValCe;
   const verdict = gain > 0

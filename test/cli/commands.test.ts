@@ -261,6 +261,15 @@ test('demo passes --out, --quick and --threads to runDemo', async () => {
   assert.deepEqual({ ...(got as object), log: undefined }, { out: 'runs/demo', quick: false, threads: 0, log: undefined });
 });
 
+test('demo: a run interrupted by SIGINT / SIGTERM stops the demo with 130 / 143, saying so', async () => {
+  const { DemoInterrupted } = await import('../../src/demo.js');
+  for (const [sig, code] of [['SIGINT', 130], ['SIGTERM', 143]] as const) {
+    const r = await run(['demo', '--out', 'x'], { runDemo: async () => { throw new DemoInterrupted(sig, 'teacher'); } });
+    assert.equal(r.code, code);
+    assert.match(r.err, new RegExp(`the demo stopped during its teacher \\(${sig}\\)`));
+  }
+});
+
 test('kernels: dispatches to kernelsCommand with camelCase args; clear message when not in the build', async () => {
   let call: [string, Record<string, unknown>] | null = null;
   const kernelsCommand = async (sub: string, args: Record<string, unknown>) => { call = [sub, args]; return 0; };

@@ -7,7 +7,8 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { runDemo } from '../../src/demo.js';
+import { DEMO_MARKER, runDemo } from '../../src/demo.js';
+import { InputError } from '../../src/util/errors.js';
 
 test('demo (quick): three runs, a labelled table, losses fall, files written', async () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-demo-'));
@@ -25,4 +26,15 @@ test('demo (quick): three runs, a labelled table, losses fall, files written', a
   assert.equal(r.distilled.initialValCe, r.scratch.initialValCe);
   assert.ok(fs.existsSync(path.join(out, 'demo.txt')));
   assert.ok(fs.existsSync(path.join(out, 'distilled', 'final', 'model.safetensors')));
+  assert.ok(fs.existsSync(path.join(out, DEMO_MARKER)), 'the folder is marked as the demo\'s: the next demo may replace its runs');
+});
+
+test('demo --out refuses a folder whose teacher/ holds a run it did not make (it replaced it), and marks its own folder', async () => {
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-demo-'));
+  fs.mkdirSync(path.join(out, 'teacher'));
+  fs.writeFileSync(path.join(out, 'teacher', 'metrics.jsonl'), '{"step":1,"loss":2}\n');
+  await assert.rejects(runDemo({ out, quick: true, log: () => {} }),
+    (e: unknown) => e instanceof InputError && /teacher\/ holds a run the demo did not make/.test(e.message));
+  assert.equal(fs.readFileSync(path.join(out, 'teacher', 'metrics.jsonl'), 'utf8'), '{"step":1,"loss":2}\n', 'the user\'s run is untouched');
+  assert.ok(!fs.existsSync(path.join(out, DEMO_MARKER)));
 });

@@ -39,12 +39,20 @@ export const demoCommand: Command = {
     if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${threads}`, 'use 0 for all cores');
     const out = (parsed.values.out as string | undefined) ?? 'runs/demo';
     checkOutDir(realFs, out, '--out');
-    await (deps.runDemo ?? defaultRunDemo)({
-      out,
-      quick: parsed.values.quick === true,
-      threads,
-      log: (line) => io.err(`${line}\n`),
-    });
+    try {
+      await (deps.runDemo ?? defaultRunDemo)({
+        out,
+        quick: parsed.values.quick === true,
+        threads,
+        log: (line) => io.err(`${line}\n`),
+      });
+    } catch (e) {
+      // Ctrl-C / SIGTERM during a run: that run wrote its checkpoint; the demo stops there with the signal's code
+      const { DemoInterrupted } = await import('../../demo.js');
+      if (!(e instanceof DemoInterrupted)) throw e;
+      io.err(`${e.message}; run the demo again to start it afresh\n`);
+      return e.signal === 'SIGINT' ? 130 : 143;
+    }
     return 0;
   },
 };
