@@ -165,9 +165,11 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
         throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,
           'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out');
       }
-      clearRun(out);
-      log(`--overwrite: removed the previous run's files in ${out}`);
+      // the old run is removed once this one has read its data and models and is about to write (a bad input must
+      // not cost the previous run): runWithBackend calls replaceOld() before its first write
     }
+    const replaceOld = root && !o.resume && o.overwrite && holdsRun(out)
+      ? (): void => { clearRun(out); log(`--overwrite: removed the previous run's files in ${out}`); } : (): void => {};
     const latest = path.join(out, 'checkpoints', 'latest');
     if (root) {
       recoverDir(latest);
@@ -206,7 +208,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
       dcomm = nccl;
     }
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm);
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm, replaceOld);
     } finally {
       if (dcomm !== comm) dcomm.close();
       if (ownBackend) backend.dispose();
@@ -217,7 +219,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
-  latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator): Promise<RunSummary> {
+  latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator, replaceOld: () => void): Promise<RunSummary> {
   const root = comm.rank === 0, world = comm.world;
   // ---- data and tokenizer ----------------------------------------------------------------------------
   // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
@@ -247,7 +249,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
     }
   }
-  if (!saved && root) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
   const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
@@ -379,6 +380,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   } else {
     if (student.lora) student.lora.setWeights(loraInitialWeights(student.lora.layout, new Rng(o.seed)));
     else student.setWeights(initCk ? initCk.weights : initialWeights(student.layout, cfg, new Rng(o.seed)));
+    // The first writes of a new run: data, tokenizer and models are all read and checked by now.
+    replaceOld();
+    if (root) writeFileAtomic(path.join(out, 'tokenizer.json'), JSON.stringify(tokenizer.toJSON()));
     if (root) try { writeFileAtomic(metricsPath, ''); } catch (e) { throw fileError(e, `cannot write ${metricsPath}`, 'free disk space (or fix permissions) and retry'); }
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);

@@ -134,6 +134,16 @@ test('a run folder that holds a run is refused without --resume or --overwrite; 
   await assert.rejects(runTraining({ ...o, steps: 2, warmup: 0 }, quiet), isError(/already holds a run/, /--resume.*--overwrite/));
   assert.ok(fs.readFileSync(path.join(o.out, 'metrics.jsonl')).equals(metrics), 'metrics.jsonl was touched');
   assert.equal(stateOf(o.out).step, 4);
+  // --overwrite with bad input (unreadable data, a broken model config) fails before it removes anything
+  const bad = path.join(dir, 'bad.jsonl');
+  fs.writeFileSync(bad, '{"text": "fine"}\n{"oops\n');
+  const badCfg = path.join(dir, 'bad-config.json');
+  fs.writeFileSync(badCfg, JSON.stringify({ model_type: 'qwen2', hidden_size: 'big' }));
+  await assert.rejects(runTraining({ ...o, data: [bad], steps: 2, warmup: 0, overwrite: true }, quiet), /invalid JSON/);
+  await assert.rejects(runTraining({ ...o, model: badCfg, steps: 2, warmup: 0, overwrite: true }, quiet), /hidden_size/);
+  assert.ok(fs.readFileSync(path.join(o.out, 'metrics.jsonl')).equals(metrics), 'a failed --overwrite removed the previous run');
+  assert.equal(stateOf(o.out).step, 4);
+  assert.ok(fs.existsSync(path.join(o.out, 'final', 'model.safetensors')));
   const s = await runTraining({ ...o, steps: 2, warmup: 0, overwrite: true }, quiet);
   assert.equal(s.steps, 2);
   assert.equal(stateOf(o.out).step, 2);
