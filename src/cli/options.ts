@@ -140,6 +140,12 @@ export interface FsProbe {
  * Checks that `out` can be the run folder: it and every existing folder above it are folders (not files), and
  * the nearest existing one is writable. Throws a UsageError naming the culprit.
  */
+/** Whether path `p` is `dir` or lies under it (paths resolved; links not followed). */
+export function isInside(p: string, dir: string): boolean {
+  const rel = path.relative(path.resolve(dir), path.resolve(p));
+  return rel === '' || (rel !== '..' && !rel.startsWith('..' + path.sep) && !path.isAbsolute(rel));
+}
+
 export function checkOutDir(fs: FsProbe, out: string, label: string): void {
   const parts: string[] = [];
   const start = path.normalize(out).replace(/(.)[\\/]+$/, '$1');
@@ -249,6 +255,10 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   for (const d of data) {
     if (d !== BUILTIN_DATA && !fs.exists(d)) {
       throw new UsageError(`${labelOf('data')}: data file ${d} does not exist`, 'check the path (relative paths are relative to the current folder)');
+    }
+    // a run inside a data folder would become data: its metrics.jsonl read as documents by the next run (or --resume)
+    if (d !== BUILTIN_DATA && fs.isDirectory(d) && isInside(merged.out, d)) {
+      throw new UsageError(`${labelOf('out')} ${merged.out} is inside the data folder ${d}`, 'put the run outside the data, e.g. --out runs/my-run');
     }
   }
 

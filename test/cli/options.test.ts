@@ -196,6 +196,13 @@ test('paths: missing data files, teacher and init folders, tokenizer and model',
   usageError(() => resolve('train', [...base, '--data', 'a.txt', '--model', 'teacher']), /--model: teacher is a folder/, /--init teacher/);
   assert.equal(resolve('train', [...base, '--data', 'a.txt', '--model', 'my-config.json']).options.model, 'my-config.json');
   assert.equal(resolve('train', [...base, '--data', 'a.txt', '--model', 'small']).options.model, 'small');
+  // a run inside a data folder would be read as data by the next run (or its own --resume); beside it is fine
+  const withData = fakeFs(['corpus/a.txt'], ['corpus', 'corpus/sub']);
+  for (const out of ['corpus/run', 'corpus', 'corpus/sub/r', './corpus/x/../run']) {
+    usageError(() => resolve('train', ['--out', out, '--data', 'corpus'], undefined, withData), new RegExp(`^--out ${out.replace(/[.]/g, '\\.')} is inside the data folder corpus$`));
+  }
+  assert.equal(resolve('train', ['--out', 'corpus-runs/r', '--data', 'corpus'], undefined, withData).options.out, 'corpus-runs/r');
+  assert.equal(resolve('train', ['--out', '..corpus/r', '--data', 'corpus'], undefined, withData).options.out, '..corpus/r');
 });
 
 test('train warns about distillation-only settings and drops the teacher', () => {
