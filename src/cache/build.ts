@@ -99,9 +99,10 @@ export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks
   try {
     const existing = readManifest(out);
     if (!existing) {
+      // --overwrite replaces a teacher cache, never other files (a training run, a model folder): they would mix
       const foreign = fs.readdirSync(out).filter((f) => f !== 'run.lock');
-      if (foreign.length && !o.overwrite) {
-        throw new DistilleryError(`--out ${out} holds files that are not a teacher cache (${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''})`,
+      if (foreign.length) {
+        throw new InputError(`--out ${out} holds files that are not a teacher cache (${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''})`,
           'use an empty or new folder for the cache');
       }
     }

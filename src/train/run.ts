@@ -160,6 +160,14 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
   const lock = root ? lockRunFolder(out) : null;
   try {
     checkNoSymlinks(out);
+    // a model folder or a teacher cache is not a run folder: writing a run into it would replace its tokenizer.json or
+    // mix the run into it, --overwrite or not
+    const other = ['config.json', 'model.safetensors', 'model.safetensors.index.json', 'adapter_config.json', 'manifest.json']
+      .find((f) => fs.existsSync(path.join(out, f)));
+    if (root && other) {
+      throw new InputError(`--out ${out} holds ${other === 'manifest.json' ? 'a teacher cache' : 'a model'} (${other}), not a run`,
+        'pass a folder for the run, e.g. --out runs/my-run (a model to start from goes to --init)');
+    }
     if (root && !o.resume && holdsRun(out)) {
       if (!o.overwrite) {
         throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,

@@ -23,7 +23,7 @@ import { loadTransformer } from '../../src/model/checkpoint.js';
 import { packDocuments } from '../../src/data/index.js';
 import { runTraining } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
-import { DistilleryError } from '../../src/util/errors.js';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { TEXT, tempDir, tinyTokenizer, writeTinyCheckpoint } from '../cli/fixtures.js';
 
@@ -193,6 +193,10 @@ test('teacher-cache: a job stopped after a shard, with a torn temp file and a da
   assert.ok(fs.existsSync(path.join(fresh, 'teacher', 'generation_config.json')) && fs.existsSync(path.join(fresh, 'teacher', 'tokenizer_config.json')));
   await buildTeacherCache(jobOptions(other, data, fresh, { overwrite: true }), { log: () => {} });
   assert.deepEqual(fs.readdirSync(path.join(fresh, 'teacher')).sort(), ['config.json', 'tokenizer.json']);
+  // --overwrite replaces a cache, never a folder of other files (a model here): nothing is mixed into it
+  await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, other, { overwrite: true }), { log: () => {} }),
+    (e: unknown) => e instanceof InputError && /holds files that are not a teacher cache/.test(e.message));
+  assert.deepEqual(fs.readdirSync(other).sort(), ['config.json', 'model.safetensors', 'tokenizer.json']);
 });
 
 test('teacher-cache: kill -9 mid-job loses at most the shard in progress; rerunning the command completes the same cache', async () => {

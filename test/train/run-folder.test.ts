@@ -144,6 +144,13 @@ test('a run folder that holds a run is refused without --resume or --overwrite; 
   assert.ok(fs.readFileSync(path.join(o.out, 'metrics.jsonl')).equals(metrics), 'a failed --overwrite removed the previous run');
   assert.equal(stateOf(o.out).step, 4);
   assert.ok(fs.existsSync(path.join(o.out, 'final', 'model.safetensors')));
+  // a model folder as --out (its tokenizer.json would be replaced by the run's), --overwrite or not
+  const modelDir = path.join(o.out, 'final');
+  const tokBefore = fs.readFileSync(path.join(modelDir, 'tokenizer.json'));
+  for (const overwrite of [false, true]) {
+    await assert.rejects(runTraining({ ...o, out: modelDir, steps: 2, warmup: 0, overwrite }, quiet), isError(/holds a model \(config\.json\), not a run/, /--init/));
+  }
+  assert.ok(fs.readFileSync(path.join(modelDir, 'tokenizer.json')).equals(tokBefore));
   const s = await runTraining({ ...o, steps: 2, warmup: 0, overwrite: true }, quiet);
   assert.equal(s.steps, 2);
   assert.equal(stateOf(o.out).step, 2);
