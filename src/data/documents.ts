@@ -88,8 +88,12 @@ function expand(p: string, out: string[], inFolder: string | null, seen: Set<str
 /** Reads one data file as text, or says in one sentence why it cannot be read. */
 function readDataFile(f: string): string {
   try {
+    // only a regular file: a FIFO or a device would block the run (or never end)
+    const st = fs.statSync(f);
+    if (!st.isFile() && !st.isDirectory()) throw new InputError(`cannot read data file ${f}: it is not a regular file`, 'pass files or folders of them (.txt, .md, .jsonl)');
     return fs.readFileSync(f, 'utf8');
   } catch (e) {
+    if (e instanceof InputError) throw e;
     const code = (e as NodeJS.ErrnoException).code;
     const why = code === 'EACCES' || code === 'EPERM' ? 'permission denied' : code === 'EISDIR' ? 'it is a folder'
       : code === 'EIO' ? 'input/output error' : code ?? (e as Error).message;
@@ -110,38 +114,38 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
   try {
     j = JSON.parse(line);
   } catch (e) {
-    throw new DistilleryError(`${where}: invalid JSON (${(e as Error).message})`, 'each line of a .jsonl file must be one JSON object');
+    throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, 'each line of a .jsonl file must be one JSON object');
   }
   if (typeof j !== 'object' || j === null || Array.isArray(j)) {
-    throw new DistilleryError(`${where}: expected a JSON object, got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`,
+    throw new InputError(`${where}: expected a JSON object, got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`,
       'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]} on each line');
   }
   const o = j as Record<string, unknown>;
   if ('text' in o) {
-    if (typeof o.text !== 'string') throw new DistilleryError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
+    if (typeof o.text !== 'string') throw new InputError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
     return { text: o.text };
   }
   if ('messages' in o) {
     const ms = o.messages;
     if (!Array.isArray(ms) || ms.length === 0) {
-      throw new DistilleryError(`${where}: "messages" must be a non-empty array`, 'write {"messages": [{"role": "user", "content": "..."}]}');
+      throw new InputError(`${where}: "messages" must be a non-empty array`, 'write {"messages": [{"role": "user", "content": "..."}]}');
     }
     const msgs: ChatMessage[] = ms.map((m, i) => {
       const mo = m as Record<string, unknown>;
       // content may be null only beside tool_calls (an assistant turn that only calls tools)
       const contentOk = typeof mo?.content === 'string' || (mo?.content === null && Array.isArray(mo.tool_calls));
       if (typeof m !== 'object' || m === null || typeof mo.role !== 'string' || !contentOk) {
-        throw new DistilleryError(`${where}: messages[${i}] must be {"role": string, "content": string}, got ${JSON.stringify(m)}`,
+        throw new InputError(`${where}: messages[${i}] must be {"role": string, "content": string}, got ${JSON.stringify(m)}`,
           'give every message a string "role" and a string "content" (null only with "tool_calls")');
       }
       return { ...mo, role: mo.role, content: mo.content as string | null };
     });
     if (o.tools !== undefined && o.tools !== null && !Array.isArray(o.tools)) {
-      throw new DistilleryError(`${where}: "tools" must be a list of tool definitions`, 'write "tools": [{"type": "function", "function": {...}}]');
+      throw new InputError(`${where}: "tools" must be a list of tool definitions`, 'write "tools": [{"type": "function", "function": {...}}]');
     }
     return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null };
   }
-  throw new DistilleryError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
+  throw new InputError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
     'write {"text": "..."} or {"messages": [...]} on each line');
 }
 
@@ -152,7 +156,8 @@ function recordDoc(r: JsonlRecord, where: string, render: ChatRenderer): Doc {
   try {
     out = render(r.messages, r.tools);
   } catch (e) {
-    if (e instanceof DistilleryError) throw new DistilleryError(`${where}: ${e.message}`, e.hint);
+    // a conversation the template refuses or cannot render is bad input (exit 2), named by its file and line
+    if (e instanceof DistilleryError) throw new InputError(`${where}: ${e.message}`, e.hint);
     throw e;
   }
   return typeof out === 'string' ? { text: out, lossSpans: null } : { text: out.text, lossSpans: out.assistant };

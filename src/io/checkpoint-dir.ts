@@ -13,7 +13,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import { recoverDir, replaceDirAtomic, replaceDirAtomicSync } from './atomic.js';
 import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
 import { CHATML_TEMPLATE, chatTemplateFromConfig } from '../tokenizer/chat.js';
@@ -200,14 +200,14 @@ function readJson(file: string, what: string): Record<string, unknown> {
 export function loadModelDir(dir: string): LoadedModelDir {
   if (!fs.existsSync(dir) && fs.existsSync(`${path.resolve(dir)}.old`)) recoverDir(dir);
   if (!fs.existsSync(dir)) {
-    throw new DistilleryError(`model folder ${dir} does not exist`, 'pass the folder that holds config.json and model.safetensors');
+    throw new InputError(`model folder ${dir} does not exist`, 'pass the folder that holds config.json and model.safetensors');
   }
   if (!fs.statSync(dir).isDirectory()) {
-    throw new DistilleryError(`${dir} is a file, not a model folder`, 'pass the folder that holds config.json and model.safetensors');
+    throw new InputError(`${dir} is a file, not a model folder`, 'pass the folder that holds config.json and model.safetensors');
   }
   const configPath = path.join(dir, 'config.json');
   if (!fs.existsSync(configPath)) {
-    throw new DistilleryError(`model folder ${dir} has no config.json`, 'a Hugging Face model folder needs config.json next to model.safetensors');
+    throw new InputError(`model folder ${dir} has no config.json`, 'a Hugging Face model folder needs config.json next to model.safetensors');
   }
   const config = readJson(configPath, 'config.json');
   const single = path.join(dir, 'model.safetensors');

@@ -8,7 +8,8 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { BatchLoader, loadDocuments, packDocuments, splitTrainVal, type Batch } from '../../src/data/index.js';
-import { DistilleryError } from '../../src/util/errors.js';
+import { execFileSync } from 'node:child_process';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-data-'));
@@ -65,6 +66,15 @@ test('loadDocuments: bad JSONL lines name file:line and the problem', () => {
   expectError(() => loadDocuments([f5]), /:1: expected a JSON object/);
   expectError(() => loadDocuments([path.join(root, 'missing.txt')]), /does not exist/);
   expectError(() => loadDocuments([]), /no data files/);
+  // bad input: exit 2 (InputError), as docs/cli.md promises for an unreadable or malformed data file
+  for (const f of [f1, f2, f3, f4, f5]) assert.throws(() => loadDocuments([f]), (e: unknown) => e instanceof InputError);
+});
+
+test('loadDocuments: a FIFO (or another file that is not a regular one) is refused by name instead of blocking the run', () => {
+  const fifo = path.join(root, 'pipe.txt');
+  try { execFileSync('mkfifo', [fifo]); } catch { return; } // no mkfifo here
+  assert.throws(() => loadDocuments([fifo]), (e: unknown) => e instanceof InputError && /pipe\.txt: it is not a regular file/.test(e.message));
+  fs.rmSync(fifo);
 });
 
 test('packDocuments: windows of seqLen+1 with stride seqLen, EOS after each doc, padded masked tail', () => {

@@ -107,6 +107,9 @@ test('the merged export equals base + adapter: its weights are W + (alpha/r)Â·BÂ
   const a = readAdapterOnBase(s.finalDir!);
   const out = path.join(dir, 'merged');
   const io = { out: (): void => {}, err: (): void => {} };
+  // an --out under a file is a usage error before anything is read or written (it was a stack trace)
+  await assert.rejects(exportCommand.run([s.finalDir!, '--merge', '--out', path.join(s.finalDir!, 'adapter_config.json', 'sub')], io, {}),
+    (e: unknown) => e instanceof Error && e.name === 'UsageError' && /adapter_config\.json is a file, so no folder can be made under it/.test(e.message));
   assert.equal(await exportCommand.run([s.finalDir!, '--merge', '--out', out], io, {}), 0);
   const merged = readCheckpoint(out);
   assert.ok(merged.tokenizer, 'the merged folder carries the tokenizer');

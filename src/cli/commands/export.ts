@@ -17,6 +17,9 @@ import { readCheckpoint, writeCheckpoint } from '../../model/checkpoint.js';
 import { describeMerge, isAdapterDir, readModelOrAdapter } from '../../model/adapter.js';
 import { exportOnnx } from '../../export/onnx.js';
 import { humanBytes } from './inspect.js';
+import { checkOutDir } from '../options.js';
+import { realFs } from './train.js';
+import { DistilleryError, InputError, fileError } from '../../util/errors.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'onnx', kind: 'boolean', description: 'write onnx/model.onnx for transformers.js / onnxruntime into the model folder' },
@@ -68,6 +71,7 @@ export const exportCommand: Command = {
         throw new UsageError(`export --merge: --out ${out} already exists and is not an empty folder`, 'pass a new folder (nothing is overwritten)');
       }
       if (path.resolve(out) === path.resolve(dir)) throw new UsageError('export --merge: --out is the adapter folder', 'pass a new folder');
+      checkOutDir(realFs, out, 'export --merge: --out'); // a path under a file, or in a folder this user may not write
       const ck = readModelOrAdapter(dir, { base: v.base as string | undefined });
       io.err(`${describeMerge(ck.adapter!)}\n`);
       writeCheckpoint(out, ck.config, ck.weights, {
@@ -83,7 +87,13 @@ export const exportCommand: Command = {
     }
     const ext = (v['external-data'] as string | undefined) ?? 'auto';
     const { config, weights } = readCheckpoint(dir);
-    const r = exportOnnx(dir, config, weights, { externalData: ext === 'auto' ? 'auto' : ext === 'yes' });
+    let r: ReturnType<typeof exportOnnx>;
+    try { r = exportOnnx(dir, config, weights, { externalData: ext === 'auto' ? 'auto' : ext === 'yes' }); } catch (e) {
+      // the model folder may be read-only: the export writes into it (onnx/)
+      const code = (e as NodeJS.ErrnoException).code;
+      const f = fileError(e, `export --onnx: cannot write ${path.join(dir, 'onnx')}`, 'export from a copy of the model folder that you can write to');
+      throw f instanceof DistilleryError && (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') ? new InputError(f.message, f.hint) : f;
+    }
     io.out(`wrote ${r.modelFile}${r.dataFile ? ` and ${r.dataFile}` : ''} (${humanBytes(r.bytes)})\n`);
     return 0;
   },

@@ -18,7 +18,7 @@ import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { jobClosures } from '../../train/kernel-plan.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
-import { DistilleryError, InputError } from '../../util/errors.js';
+import { DistilleryError, InputError, fileError } from '../../util/errors.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { chatFormatOf, endOfTurnIds, renderChat, type ChatMessage } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
@@ -219,7 +219,15 @@ interface PromptLine { index: number; text: string; chat: boolean }
 /** Reads --prompts: {"prompt"} / {"text"} lines are text, {"messages"} lines conversations; a bad line is named. */
 function readPrompts(file: string): Array<{ index: number; prompt?: string; messages?: ChatMessage[] }> {
   const out: Array<{ index: number; prompt?: string; messages?: ChatMessage[] }> = [];
-  fs.readFileSync(file, 'utf8').split('\n').forEach((line, i) => {
+  let text: string;
+  try {
+    if (!fs.statSync(file).isFile()) throw new InputError(`--prompts ${file} is not a file`, 'pass a .jsonl file of prompts');
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    const f = fileError(e, `--prompts: cannot read ${file}`, 'check the path and its permissions');
+    throw f instanceof DistilleryError && !(f instanceof InputError) ? new InputError(f.message, f.hint) : f;
+  }
+  text.split('\n').forEach((line, i) => {
     if (!line.trim()) return;
     let j: unknown;
     try { j = JSON.parse(line); } catch (e) {
