@@ -32,7 +32,7 @@ export function parseSparse(s: string): SparseRep {
   const n = m ? Number(m[2]) : NaN;
   if (!m || !(n >= 1 && n <= MAX_SPARSE_SLOTS)) {
     throw new UsageError(`--sparse ${JSON.stringify(s)}: expected sample:N or top:K with N, K from 1 to ${MAX_SPARSE_SLOTS}`,
-      'e.g. --sparse sample:16 (the default: unbiased) or --sparse top:32');
+      'e.g. --sparse sample:24 (the default: unbiased) or --sparse top:32');
   }
   return m[1] === 'sample' ? { kind: 'sample', n } : { kind: 'top', k: n };
 }

@@ -7,7 +7,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend } from '../backend/backend.js';
-import { readHfConfigFile, presetConfig, parameterCount, type ModelConfig } from '../model/config.js';
+import { readHfConfigFile, presetConfig, parameterCount, PRESET_NAMES, type ModelConfig } from '../model/config.js';
 import type { LoadedCheckpoint } from '../model/checkpoint.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
@@ -95,14 +95,18 @@ export function runLossVocab(tokenizerSize: number, student: Pick<ModelConfig, '
   return lossVocabulary(tokenizerSize, [{ name: 'teacher', vocabSize: teacher.vocabSize }, { name: 'student', vocabSize: student.vocabSize }]);
 }
 
+/** --model: a preset by name (sized to `vocab`), else a config.json file (any file name: the options checked it exists). */
+function modelOption(model: string, vocab: number): ModelConfig {
+  return PRESET_NAMES.includes(model) ? presetConfig(model, vocab) : readHfConfigFile(model, 'pass a valid config.json or a preset name');
+}
+
 /** The student's config: --init's, a config.json, or a preset sized to the tokenizer (the teacher's vocab_size when distilling). */
 export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 'eosId'>, teacher: Pick<LoadedCheckpoint, 'config'> | null,
   init: Pick<LoadedCheckpoint, 'config'> | null): ModelConfig {
   let cfg: ModelConfig;
   const vocab = teacher ? teacher.config.vocabSize : tok.vocabSize;
   if (init) cfg = init.config;
-  else if (o.model.endsWith('.json')) cfg = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
-  else cfg = presetConfig(o.model, vocab);
+  else cfg = modelOption(o.model, vocab);
   if (cfg.eosTokenId === undefined && tok.eosId !== undefined) cfg = { ...cfg, eosTokenId: tok.eosId };
   // The teacher's and the student's vocab_size may differ (padded rows): lossVocabulary checks both cover the tokenizer.
   return cfg;
@@ -115,8 +119,7 @@ export function studentConfig(o: RunOptions, tok: Pick<Tokenizer, 'vocabSize' | 
 export function checkSeqFits(o: RunOptions, teacher: LoadedCheckpoint | null, init: LoadedCheckpoint | null): void {
   let student: ModelConfig;
   if (init) student = init.config;
-  else if (o.model.endsWith('.json')) student = readHfConfigFile(o.model, 'pass a valid config.json or a preset name');
-  else student = presetConfig(o.model, 256);
+  else student = modelOption(o.model, 256);
   for (const [who, c] of [['the model', student], ['the teacher', teacher?.config]] as const) {
     if (c && o.seq > c.maxPositionEmbeddings) {
       throw new InputError(`--seq ${o.seq} exceeds ${who}'s max_position_embeddings (${c.maxPositionEmbeddings})`,

@@ -26,6 +26,8 @@ test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, a
     [[...base, '--sparse', 'top:300'], /N, K from 1 to 256/],
     [[...base, '--temperature', '0'], /--temperature must be > 0/],
     [['teacher-cache', '--teacher', teacher, '--data', path.join(dir, 'nope.txt'), '--out', out], /data file .*nope\.txt does not exist/],
+    [['teacher-cache', '--teacher', teacher, '--data', 'builtin:docs', data, '--out', out], /'builtin:docs' cannot be combined with other data files/],
+    [['teacher-cache', '--teacher', path.join(dir, 'no-teacher'), '--data', data, '--out', out], /no-teacher/],
   ] as Array<[string[], RegExp]>) {
     const r = await run(argv);
     assert.equal(r.code, 2, `${argv.join(' ')}: ${r.err}`);

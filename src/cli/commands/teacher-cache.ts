@@ -49,6 +49,7 @@ export function cacheJobOptions(v: Record<string, unknown>): CacheJobOptions {
   if (!data?.length) throw new UsageError('teacher-cache: no data given (--data)', 'pass the data distill will train on: --data <file> (repeatable) or --data builtin:docs');
   if (typeof v.out !== 'string' || v.out === '') throw new UsageError('teacher-cache: no cache folder given (--out)', 'pass --out <dir>, e.g. --out caches/teacher-t2');
   checkOutDir(realFs, v.out, '--out');
+  if (data.includes('builtin:docs') && data.length > 1) throw new UsageError("--data: 'builtin:docs' cannot be combined with other data files", 'use either --data builtin:docs or your own files');
   for (const d of data) {
     if (d !== 'builtin:docs' && !fs.existsSync(d)) throw new UsageError(`--data: data file ${d} does not exist`, 'check the path (relative paths are relative to the current folder)');
   }
