@@ -229,7 +229,9 @@ export function capDocs(docs: readonly Doc[], maxChars: number): Doc[] {
   let n = 0;
   for (const d of docs) {
     if (n >= maxChars) break;
-    const text = d.text.slice(0, maxChars - n);
+    let text = d.text.slice(0, maxChars - n);
+    // never half a surrogate pair: it would tokenize as U+FFFD, a character the data does not hold
+    if (text.length < d.text.length && /[\ud800-\udbff]$/.test(text)) text = text.slice(0, -1);
     const lossSpans = d.lossSpans === null ? null
       : d.lossSpans.filter(([a]) => a < text.length).map(([a, b]): [number, number] => [a, Math.min(b, text.length)]);
     kept.push({ text, lossSpans });

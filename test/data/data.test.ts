@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { BatchLoader, loadDocuments, packDocuments, splitTrainVal, type Batch } from '../../src/data/index.js';
+import { BatchLoader, capDocs, loadDocuments, packDocuments, splitTrainVal, type Batch } from '../../src/data/index.js';
 import { execFileSync } from 'node:child_process';
 import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
@@ -166,4 +166,10 @@ test('BatchLoader fills batches larger than the dataset by continuing into the n
   const b = L.next();
   assert.equal(b.inputs.length, 20);
   assert.deepEqual(L.state(), { epoch: 2, index: 1, seed: 1 });
+});
+
+test('capDocs (--max-chars) never cuts a surrogate pair in half (it tokenized as U+FFFD); the spans are clipped with the text', () => {
+  assert.deepEqual(capDocs([{ text: 'ab\u{1F600}cd', lossSpans: null }], 3).map((d) => d.text), ['ab']);
+  assert.deepEqual(capDocs([{ text: 'ab\u{1F600}cd', lossSpans: null }], 4).map((d) => d.text), ['ab\u{1F600}']);
+  assert.deepEqual(capDocs([{ text: 'abcdef', lossSpans: [[1, 3], [4, 6]] }], 5), [{ text: 'abcde', lossSpans: [[1, 3], [4, 5]] }]);
 });
