@@ -13,7 +13,7 @@ import { kernelsCommand as kernelsCli } from '../../src/cli/commands/kernels.js'
 import { UsageError } from '../../src/cli/args.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { DEFAULT_RUN_OPTIONS as D } from '../../src/train/options.js';
-import { DistilleryError } from '../../src/util/errors.js';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { encodeEntry } from '../../src/backend/cuda/kernel-cache.js';
 import { tryNvrtc } from '../../src/backend/cuda/ffi/nvrtc.js';
 
@@ -106,6 +106,15 @@ test('--beta1/--beta2/--adam-eps are validated and are runtime arguments: the sa
   assert.deepEqual(notInPlan(planDefault, auditClosures(job)).missing, []);
   for (const bad of [{ beta1: 1 }, { beta2: -0.1 }, { adamEps: 0 }]) {
     assert.throws(() => jobFromArgs({ model: 'tiny', ...bad }), DistilleryError);
+  }
+  // bad flags are bad input (exit 2), with one sentence each: they failed with 1, some without a hint
+  for (const [bad, re] of [
+    [{ batch: 0 }, /--batch must be a positive integer, got 0/], [{ seq: 0 }, /--seq must be a positive integer/],
+    [{ seq: 1e8 }, /--seq 100000000 exceeds the model's max_position_embeddings/], [{ model: 'nope' }, /'nope' is neither a preset/],
+    [{ beta1: 2 }, /--beta1 must be >= 0 and < 1/], [{ teacher: 'tiny', alpha: 5 }, /--alpha out of range: 5/],
+    [{ teacher: 'tiny', temperature: 0 }, /--temperature out of range: 0/],
+  ] as Array<[Record<string, unknown>, RegExp]>) {
+    assert.throws(() => jobFromArgs({ model: 'tiny', ...bad }), (e: unknown) => e instanceof InputError && e.exitCode === 2 && re.test(e.message) && Boolean(e.hint), JSON.stringify(bad));
   }
 });
 

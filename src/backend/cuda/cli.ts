@@ -18,7 +18,7 @@ import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend, DistillKind, LossSpec } from '../backend.js';
-import { readHfConfigFile, presetConfig, type ModelConfig } from '../../model/config.js';
+import { readHfConfigFile, presetConfig, PRESET_NAMES, type ModelConfig } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { Generator } from '../../model/generate.js';
 import { describeRope } from '../rope.js';
@@ -27,7 +27,7 @@ import { resolvePrecision, type PrecisionFlag, type ResolvedPrecision } from '..
 import { DEFAULT_RUN_OPTIONS as D } from '../../train/options.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
-import { DistilleryError } from '../../util/errors.js';
+import { DistilleryError, InputError } from '../../util/errors.js';
 import { planKernels } from './plan.js';
 import { attentionFor } from './cuda-backend.js';
 import { cacheKey, compileOptions, defaultCacheDir, fileKind, KernelCache, readEntryFile } from './kernel-cache.js';
@@ -48,7 +48,10 @@ export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
   let file: string | null = null;
   if (fs.existsSync(spec) && fs.statSync(spec).isDirectory()) file = path.join(spec, 'config.json');
   else if (spec.endsWith('.json')) file = spec;
-  if (file === null) return presetConfig(spec, vocab);
+  if (file === null) {
+    if (!PRESET_NAMES.includes(spec)) throw new InputError(`--model/--teacher: '${spec}' is neither a preset, a config.json nor a checkpoint folder`, `use one of: ${PRESET_NAMES.join(', ')}`);
+    return presetConfig(spec, vocab);
+  }
   return readHfConfigFile(file, 'pass a preset name, a config.json or a checkpoint folder');
 }
 
@@ -59,9 +62,9 @@ export function resolveModelConfig(spec: string, vocab: number): ModelConfig {
 export function adamFromArgs(a: Args): AdamWOptions {
   const beta1 = num(a, 'beta1', D.beta1), beta2 = num(a, 'beta2', D.beta2), eps = num(a, 'adamEps', D.adamEps);
   for (const [flag, v] of [['--beta1', beta1], ['--beta2', beta2]] as const) {
-    if (!(v >= 0 && v < 1)) throw new DistilleryError(`${flag} must be >= 0 and < 1, got ${v}`, `pass the value the run uses (default ${flag === '--beta1' ? D.beta1 : D.beta2})`);
+    if (!(v >= 0 && v < 1)) throw new InputError(`${flag} must be >= 0 and < 1, got ${v}`, `pass the value the run uses (default ${flag === '--beta1' ? D.beta1 : D.beta2})`);
   }
-  if (!(eps > 0) || !Number.isFinite(eps)) throw new DistilleryError(`--adam-eps must be > 0, got ${eps}`, `pass the value the run uses (default ${D.adamEps})`);
+  if (!(eps > 0) || !Number.isFinite(eps)) throw new InputError(`--adam-eps must be > 0, got ${eps}`, `pass the value the run uses (default ${D.adamEps})`);
   return { beta1, beta2, eps, weightDecay: D.weightDecay };
 }
 
@@ -74,11 +77,20 @@ export function jobFromArgs(a: Args): JobShape {
   if (teacherSpec !== undefined) teacher = resolveModelConfig(teacherSpec, vocabFlag ?? 151936);
   const student = resolveModelConfig(model, vocabFlag ?? teacher?.vocabSize ?? 151936);
   const kind = (str(a, 'loss') ?? (teacher ? D.loss : 'none')) as DistillKind;
-  if (kind !== 'none' && !teacher) throw new DistilleryError(`--loss ${kind} needs a teacher`, 'pass --teacher <preset|config.json|dir>, or --loss none');
+  if (kind !== 'none' && !teacher) throw new InputError(`--loss ${kind} needs a teacher`, 'pass --teacher <preset|config.json|dir>, or --loss none');
   const loss: LossSpec = {
     kind, alpha: num(a, 'alpha', D.alpha), temperature: num(a, 'temperature', D.temperature), beta: num(a, 'beta', D.beta),
   };
   const batch = num(a, 'batch', D.batch), seq = num(a, 'seq', D.seq);
+  if (!(Number.isInteger(batch) && batch >= 1)) throw new InputError(`--batch must be a positive integer, got ${batch}`, 'pass the run\'s micro-batch size, e.g. --batch 8');
+  if (!(Number.isInteger(seq) && seq >= 1)) throw new InputError(`--seq must be a positive integer, got ${seq}`, 'pass the run\'s sequence length, e.g. --seq 1024');
+  for (const [who, c] of [['the model', student], ['the teacher', teacher]] as const) {
+    if (c && seq > c.maxPositionEmbeddings) throw new InputError(`--seq ${seq} exceeds ${who}'s max_position_embeddings (${c.maxPositionEmbeddings})`, `use --seq ${c.maxPositionEmbeddings} or less`);
+  }
+  for (const [flag, v, ok] of [['--alpha', loss.alpha, loss.alpha >= 0 && loss.alpha <= 1], ['--temperature', loss.temperature, loss.temperature > 0],
+    ['--beta', loss.beta, loss.beta >= 0 && loss.beta <= 1]] as const) {
+    if (!ok || !Number.isFinite(v)) throw new InputError(`${flag} out of range: ${v}`, 'pass the value the run uses (alpha and beta in [0, 1], temperature > 0)');
+  }
   // A teacher and a student of different vocab_size (padding rows): the loss runs over the rows both have, as a
   // run's does over the tokenizer's real tokens (which the smaller vocab_size covers).
   const lossVocab = teacher && teacher.vocabSize !== student.vocabSize ? Math.min(teacher.vocabSize, student.vocabSize) : undefined;
