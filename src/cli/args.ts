@@ -176,6 +176,9 @@ export function parseArgs(argv: readonly string[], flags: readonly FlagSpec[], c
   const unknown = (arg: string): UsageError => new UsageError(`${command}: unknown option ${arg}`,
     didYouMean(arg, [...dashed(), '--help'], `run 'distillery ${command} --help' to list the options`));
 
+  // -h / --help anywhere before `--` asks for help, whatever else the line holds (a typo, a missing value)
+  const dd = argv.indexOf('--');
+  if ((dd < 0 ? argv : argv.slice(0, dd)).some((a) => a === '-h' || a === '--help')) return { values: {}, positionals: [], help: true };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     if (arg === '--') { positionals.push(...argv.slice(i + 1)); break; }

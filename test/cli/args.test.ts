@@ -62,6 +62,9 @@ test('positionals and -- (everything after it is positional)', () => {
 test('-h and --help anywhere set help', () => {
   assert.equal(parseArgs(['--out', 'x', '-h'], FLAGS, 't').help, true);
   assert.equal(parseArgs(['--help'], FLAGS, 't').help, true);
+  // also beside a typo or a flag missing its value (they were errors instead of the help)
+  assert.equal(parseArgs(['--lrr', '1', '--help'], FLAGS, 'train').help, true);
+  assert.equal(parseArgs(['--lr', '-h'], FLAGS, 'train').help, true);
 });
 
 test('wrong types name the flag and quote the value', () => {
