@@ -80,6 +80,7 @@ test('an unreadable data file: exit 2 naming it', { skip: fs.existsSync('/proc/s
   fs.symlinkSync('/proc/self/mem', link);
   expectError(await run(['train', '--data', link, '--out', path.join(dir, 'r1'), ...TRAIN]), 2, /^error: cannot read data file .*unreadable\.txt: input\/output error$/);
   expectError(await run(['eval', '--model', model, '--data', link]), 2, /cannot read data file/);
+  expectError(await run(['eval', '--model', model, '--data', link, '--teacher-dtype', 'nf4']), 2, /--teacher-dtype goes with --teacher/);
   if (process.getuid?.() !== 0) {
     const secret = path.join(dir, 'secret.txt');
     fs.writeFileSync(secret, 'text');

@@ -41,6 +41,7 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
     [['generate', '--model', model, '--prompts', bad], /bad\.jsonl:2: no "prompt", "text" or "messages"/],
     [['generate', '--model', model, '--prompts', nul], /null\.jsonl:2: not a JSON object/],
     [['generate', '--model', model, '--prompts', dir], /--prompts .* is not a file/],
+    [['generate', '--model', model, '--prompt', 'x', '--batch', '4', '--top-k', '5'], /--batch and --top-k go with --prompts/],
     [['generate', '--model', model, '--prompts', file, '--prompt', 'x'], /--prompt and --prompts: pass one of them/],
     [['generate', '--model', model, '--prompts', path.join(dir, 'none.jsonl')], /--prompts: .*none\.jsonl does not exist/],
     [[...base, '--batch', '0'], /--batch must be a positive integer/],

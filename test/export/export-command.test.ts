@@ -49,6 +49,7 @@ test('export: usage errors', async () => {
   await assert.rejects(exportCommand.run(['--merge', '--out', 'x'], capture(), {}), (e) => e instanceof UsageError && /no adapter folder given/.test(e.message));
   await assert.rejects(exportCommand.run(['--merge', model, '--out', path.join(path.dirname(model), 'merged')], capture(), {}), (e) => e instanceof UsageError && /is not a LoRA adapter folder/.test(e.message));
   await assert.rejects(exportCommand.run(['--merge', model], capture(), {}), (e) => e instanceof UsageError && /no output folder given \(--out\)/.test(e.message));
+  await assert.rejects(exportCommand.run(['--merge', model, '--out', 'x', '--external-data', 'yes'], capture(), {}), (e) => e instanceof UsageError && /--external-data belongs to --onnx/.test(e.message));
   await assert.rejects(exportCommand.run(['--onnx', '--merge', model], capture(), {}), (e) => e instanceof UsageError && /choose one of --onnx and --merge/.test(e.message));
   await assert.rejects(exportCommand.run(['--onnx', '--out', 'x', model], capture(), {}), (e) => e instanceof UsageError && /belong to --merge/.test(e.message));
   await assert.rejects(exportCommand.run(['--onnx', '--external-data', 'maybe', model], capture(), {}), UsageError);

@@ -88,6 +88,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   if (typeof v.model !== 'string') throw new UsageError('eval: no model given (--model)', 'pass --model <checkpoint folder>');
   const data = v.data as string[] | undefined;
   if (!data?.length) throw new UsageError('eval: no data given (--data)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs');
+  if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),

@@ -65,6 +65,7 @@ export const exportCommand: Command = {
     if (v.merge === true) {
       const out = v.out as string | undefined;
       if (!out) throw new UsageError('export --merge: no output folder given (--out)', 'pass --out <dir> for the merged model folder');
+      if (v['external-data'] !== undefined) throw new UsageError('export --merge: --external-data belongs to --onnx', 'export the merged folder with --onnx afterwards');
       if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) throw new UsageError(`export --merge: ${dir} is not a folder`, 'pass a LoRA adapter folder');
       if (!isAdapterDir(dir)) throw new UsageError(`export --merge: ${dir} is not a LoRA adapter folder (no adapter_config.json)`, 'pass the final/ or checkpoints/best/ folder of a --lora-rank run, or a PEFT adapter folder');
       if (fs.existsSync(out) && (!fs.statSync(out).isDirectory() || fs.readdirSync(out).length > 0)) {

@@ -124,6 +124,11 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   if (typeof values.prompt !== 'string' && typeof values.prompts !== 'string') {
     throw new UsageError('generate: no prompt given (--prompt or --prompts)', "pass --prompt 'Once upon a time', or --prompts prompts.jsonl");
   }
+  if (typeof values.prompt === 'string') {
+    // --batch and --top-k belong to --prompts (the single prompt streams, sampled on the host): refused, not ignored
+    const stray = (['batch', 'top-k'] as const).filter((k) => values[k] !== undefined);
+    if (stray.length) throw new UsageError(`generate: ${stray.map((k) => `--${k}`).join(' and ')} ${stray.length > 1 ? 'go' : 'goes'} with --prompts`, 'put the prompt in a .jsonl file and pass --prompts, or drop the flag');
+  }
   if (typeof values.prompts === 'string' && !fs.existsSync(values.prompts)) {
     throw new UsageError(`--prompts: ${values.prompts} does not exist`, 'pass a .jsonl file with one {"prompt": ...} or {"messages": [...]} per line');
   }
