@@ -93,7 +93,7 @@ export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: str
   };
   for (const k of keys) {
     if (val(a, k) !== val(b, k)) {
-      throw new DistilleryError(`--resume: option "${k}" was ${val(a, k)} in the checkpoint but is ${val(b, k)} now`,
+      throw new DistilleryError(`--resume: ${flagName(k)} was ${val(a, k)} in the checkpoint but is ${val(b, k)} now`,
         'resume with the same options, or start a new run in another --out folder');
     }
   }
@@ -103,7 +103,12 @@ export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: str
   // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
   const changed = (Object.keys(b) as Array<keyof RunOptions>)
     .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && val(a, k) !== val(b, k));
-  for (const k of changed) log(`warning: --resume with ${String(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
+  for (const k of changed) log(`warning: --resume with ${flagName(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
+}
+
+/** The flag a run option comes from, as the user writes it: gradAccum → --grad-accum. */
+function flagName(k: keyof RunOptions): string {
+  return k === 'mode' ? 'the command (train or distill)' : `--${String(k).replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 }
 
 /** Keeps only the metrics lines up to `step` (a resumed run rewrites what came after its checkpoint). */

@@ -85,7 +85,7 @@ test('LoRA resume: stopping at step 4 and resuming gives bit-identical adapters;
   const a = await runTraining(lora({ out: path.join(dir, 'lora-split'), loraTargets: 'q_proj,v_proj', stopAfter: 4 }), quiet);
   assert.equal(a.status, 'stopped');
   await assert.rejects(runTraining(lora({ out: path.join(dir, 'lora-split'), loraTargets: 'q_proj,v_proj', loraRank: 8, resume: true }), quiet),
-    (e) => e instanceof DistilleryError && /option "loraRank" was 4 in the checkpoint but is 8 now/.test(e.message));
+    (e) => e instanceof DistilleryError && /--lora-rank was 4 in the checkpoint but is 8 now/.test(e.message));
   // another base with the same shape: the adapter was trained on other weights
   const other = path.join(dir, 'other-base');
   const ck = readCheckpoint(base);
