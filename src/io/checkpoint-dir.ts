@@ -260,12 +260,11 @@ export function readModelDirExtras(dir: string, opts: { tokenizerJson?: boolean 
   if (opts.tokenizerJson !== false && fs.existsSync(tokPath)) out.tokenizerJson = readJson(tokPath, 'tokenizer.json');
   const tcPath = path.join(dir, 'tokenizer_config.json');
   if (fs.existsSync(tcPath)) out.tokenizerConfig = readJson(tcPath, 'tokenizer_config.json');
+  // as transformers loads them: chat_template.jinja, where present, over tokenizer_config.json's chat_template
+  const jinja = path.join(dir, 'chat_template.jinja');
   const fromConfig = out.tokenizerConfig ? chatTemplateFromConfig(out.tokenizerConfig.chat_template) : null;
-  if (fromConfig !== null) out.chatTemplate = fromConfig;
-  else {
-    const jinja = path.join(dir, 'chat_template.jinja');
-    if (fs.existsSync(jinja)) out.chatTemplate = fs.readFileSync(jinja, 'utf8');
-  }
+  if (fs.existsSync(jinja)) out.chatTemplate = fs.readFileSync(jinja, 'utf8');
+  else if (fromConfig !== null) out.chatTemplate = fromConfig;
   const genPath = path.join(dir, 'generation_config.json');
   if (fs.existsSync(genPath)) out.generationConfig = readJson(genPath, 'generation_config.json');
   return out;

@@ -82,9 +82,12 @@ function parseHeader(file: string, fd: number): SafetensorsHeader {
   if (n < 2) throw corrupt(file, `header length ${n} is too small for a JSON object`);
   const hbuf = Buffer.alloc(n);
   readExactly(fd, hbuf, 8, file);
+  let text: string;
+  // strict UTF-8, as the format requires (a lenient decode turned a damaged tensor name into U+FFFD)
+  try { text = new TextDecoder('utf-8', { fatal: true }).decode(hbuf); } catch { throw corrupt(file, 'header is not valid UTF-8'); }
   let json: unknown;
   try {
-    json = JSON.parse(hbuf.toString('utf8'));
+    json = JSON.parse(text);
   } catch (e) {
     throw corrupt(file, `header is not valid JSON (${(e as Error).message})`);
   }

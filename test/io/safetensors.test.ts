@@ -161,6 +161,10 @@ test('corrupt, truncated and inconsistent files throw DistilleryError naming the
   expectCorrupt(f, /begin > end/);
   fs.writeFileSync(f, rawFile([1, 2], new Uint8Array(0)));
   expectCorrupt(f, /not a JSON object/);
+  // a header that is not valid UTF-8 (a tensor name with a lone 0xff byte): refused, not read as U+FFFD
+  const name = Buffer.from(good()); const at = name.indexOf(Buffer.from('"a"')); name[at + 1] = 0xff;
+  fs.writeFileSync(f, name);
+  expectCorrupt(f, /not valid UTF-8/);
   // A valid file with an unsupported dtype: a clear refusal, not garbage.
   fs.writeFileSync(f, rawFile({ i: { dtype: 'I64', shape: [1], data_offsets: [0, 8] } }, new Uint8Array(8)));
   assert.throws(() => readSafetensors(f), (e: unknown) => e instanceof DistilleryError && /I64/.test(e.message) && e.message.includes(f));

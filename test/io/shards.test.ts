@@ -3,8 +3,8 @@
  * documented example: sizes [6, 6, 2, 6, 2, 2] with a limit of 10 give [6], [6+2], [6+2+2]); a sharded write reads
  * back equal to the unsharded one (every tensor bit-exact, f32 and bf16), with transformers' file names and an index
  * holding metadata.total_size and weight_map; a missing shard or a tensor the index places in a shard that lacks it
- * is a clear error; the default limit is transformers 5's 50 GB. Also: chat_template.jinja is read when
- * tokenizer_config.json has no chat_template; writeCheckpoint writes a ChatML chat_template and generation_config.json.
+ * is a clear error; the default limit is transformers 5's 50 GB. Also: chat_template.jinja is read over
+ * tokenizer_config.json's chat_template (as transformers does); writeCheckpoint writes a ChatML chat_template and generation_config.json.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -78,7 +78,7 @@ test('a missing shard, or a tensor the index places in a shard that lacks it, is
   assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `model folder ${dir} is missing shard ${other}`);
 });
 
-test('chat template: tokenizer_config.json\'s, else chat_template.jinja; writeCheckpoint adds ChatML and generation_config.json', () => {
+test('chat template: chat_template.jinja, else tokenizer_config.json\'s; writeCheckpoint adds ChatML and generation_config.json', () => {
   const tok = tinyTokenizer();
   const cfg = { ...presetConfig('tiny', tok.vocabSize), eosTokenId: tok.eosId };
   const w = initialWeights(parameterLayout(cfg), cfg, new Rng(6));
@@ -94,6 +94,11 @@ test('chat template: tokenizer_config.json\'s, else chat_template.jinja; writeCh
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
   fs.writeFileSync(path.join(dir, 'chat_template.jinja'), '{{ messages[0].content }}');
   assert.equal(readCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
+  // Both: chat_template.jinja wins, as transformers loads them (the file clobbers the config's template).
+  tc.chat_template = 'FROM CONFIG';
+  fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
+  assert.equal(readCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
+  fs.rmSync(path.join(dir, 'chat_template.jinja'));
   // A list of named templates: the 'default' one.
   tc.chat_template = [{ name: 'tool_use', template: 'T' }, { name: 'default', template: 'D' }];
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
