@@ -220,30 +220,14 @@ export function loadModelDir(dir: string): LoadedModelDir {
     tensors = f.tensors;
     metadata = f.metadata;
   } else if (fs.existsSync(index)) {
-    const idx = readJson(index, 'model.safetensors.index.json');
-    const wm = idx.weight_map;
-    if (typeof wm !== 'object' || wm === null) {
-      throw new DistilleryError(`${index}: no "weight_map" object`, 'the index is corrupt; re-download the model');
-    }
-    const byShard = new Map<string, Set<string>>();
-    for (const [name, shard] of Object.entries(wm as Record<string, unknown>)) {
-      if (typeof shard !== 'string') throw new DistilleryError(`${index}: weight_map["${name}"] is not a file name`, 'the index is corrupt; re-download the model');
-      if (!byShard.has(shard)) byShard.set(shard, new Set());
-      byShard.get(shard)!.add(name);
-    }
     tensors = new Map();
-    shards = [...byShard.keys()];
+    const listed = indexedShards(dir);
+    shards = listed.map((x) => x.shard);
     let firstShard = true;
-    for (const [shard, names] of [...byShard.entries()].sort((a, b) => a[0].localeCompare(b[0]))) {
-      const p = path.join(dir, safeRelPath(shard));
-      if (!fs.existsSync(p)) throw new DistilleryError(`model folder ${dir} is missing shard ${shard}`, 'the download is incomplete; fetch the missing file');
+    for (const { path: p, names } of listed) {
       const f = readSafetensors(p, { filter: (n) => names.has(n) });
       if (firstShard) { metadata = f.metadata; firstShard = false; }
-      for (const n of names) {
-        const t = f.tensors.get(n);
-        if (!t) throw new DistilleryError(`${p}: tensor "${n}" listed in the index is not in the shard`, 'the download is corrupt; re-download the model');
-        tensors.set(n, t);
-      }
+      for (const n of names) tensors.set(n, shardTensor(f.tensors, n, p));
     }
   } else {
     throw new DistilleryError(`model folder ${dir} has no model.safetensors`,
@@ -251,6 +235,37 @@ export function loadModelDir(dir: string): LoadedModelDir {
   }
   const out: LoadedModelDir = { config, tensors, metadata, shards, ...readModelDirExtras(dir) };
   return out;
+}
+
+/**
+ * The shards model.safetensors.index.json lists, each with the tensors it must hold, in file order: the index checked
+ * (a weight_map object of file names, inside the folder, every shard present). Shared by the loader and `inspect`.
+ */
+export function indexedShards(dir: string): Array<{ shard: string; path: string; names: Set<string> }> {
+  const index = path.join(dir, 'model.safetensors.index.json');
+  const idx = readJson(index, 'model.safetensors.index.json');
+  const wm = idx.weight_map;
+  if (typeof wm !== 'object' || wm === null || Array.isArray(wm)) {
+    throw new DistilleryError(`${index}: no "weight_map" object`, 'the index is corrupt; re-download the model');
+  }
+  const byShard = new Map<string, Set<string>>();
+  for (const [name, shard] of Object.entries(wm as Record<string, unknown>)) {
+    if (typeof shard !== 'string') throw new DistilleryError(`${index}: weight_map["${name}"] is not a file name`, 'the index is corrupt; re-download the model');
+    if (!byShard.has(shard)) byShard.set(shard, new Set());
+    byShard.get(shard)!.add(name);
+  }
+  return [...byShard.entries()].sort((a, b) => a[0].localeCompare(b[0])).map(([shard, names]) => {
+    const p = path.join(dir, safeRelPath(shard));
+    if (!fs.existsSync(p)) throw new DistilleryError(`model folder ${dir} is missing shard ${shard}`, 'the download is incomplete; fetch the missing file');
+    return { shard, path: p, names };
+  });
+}
+
+/** Tensor `n` of a shard the index says holds it (an error naming both when it does not). */
+export function shardTensor<T>(tensors: ReadonlyMap<string, T>, n: string, shardPath: string): T {
+  const t = tensors.get(n);
+  if (!t) throw new DistilleryError(`${shardPath}: tensor "${n}" listed in the index is not in the shard`, 'the download is corrupt; re-download the model');
+  return t;
 }
 
 /** The tokenizer and generation files of a model folder (everything but config.json and the weights). */

@@ -19,6 +19,7 @@ import { CHATML_TEMPLATE } from '../../src/tokenizer/chat.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
+import { inspectCommand } from '../../src/cli/commands/inspect.js';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-shards-'));
 process.on('exit', () => fs.rmSync(root, { recursive: true, force: true }));
@@ -61,7 +62,7 @@ test('a sharded checkpoint reads back equal to the unsharded one (f32 and bf16),
   }
 });
 
-test('a missing shard, or a tensor the index places in a shard that lacks it, is a clear error', () => {
+test('a missing shard, or a tensor the index places in a shard that lacks it, is a clear error (loader and inspect)', async () => {
   const cfg = presetConfig('tiny', 64);
   const w = initialWeights(parameterLayout(cfg), cfg, new Rng(5));
   const dir = path.join(root, 'broken');
@@ -73,6 +74,12 @@ test('a missing shard, or a tensor the index places in a shard that lacks it, is
   // The index says tensor name0 is in `other`, which does not hold it.
   fs.writeFileSync(indexFile, JSON.stringify({ ...index, weight_map: { ...index.weight_map, [name0]: other } }));
   assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `${path.join(dir, other)}: tensor "${name0}" listed in the index is not in the shard`);
+  // `inspect` checks the index as the loader does (it listed every tensor of the shards' headers and called the folder healthy)
+  const io = { out: (): void => {}, err: (): void => {} };
+  await assert.rejects(inspectCommand.run([dir], io, {}), (e: unknown) => e instanceof DistilleryError && /listed in the index is not in the shard/.test(e.message));
+  fs.writeFileSync(indexFile, JSON.stringify({ ...index, weight_map: [] }));
+  await assert.rejects(inspectCommand.run([dir], io, {}), (e: unknown) => e instanceof DistilleryError && /no "weight_map" object/.test(e.message));
+  assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && /no "weight_map" object/.test(e.message));
   fs.writeFileSync(indexFile, JSON.stringify(index));
   fs.rmSync(path.join(dir, other));
   assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `model folder ${dir} is missing shard ${other}`);

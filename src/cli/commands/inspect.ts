@@ -14,7 +14,7 @@ import { readSafetensorsHeader, type TensorInfo } from '../../io/safetensors.js'
 import { Tokenizer } from '../../tokenizer/bpe.js';
 import { DistilleryError } from '../../util/errors.js';
 import { resolveModelArg } from '../model-ref.js';
-import { generationEosIds, readModelDirExtras } from '../../io/checkpoint-dir.js';
+import { generationEosIds, indexedShards, readModelDirExtras, shardTensor } from '../../io/checkpoint-dir.js';
 import { chatFormatOf, describeChatFormat } from '../../tokenizer/chat.js';
 import { tokenizerHash } from '../../tokenizer/identity.js';
 import { readManifest } from '../../cache/store.js';
@@ -46,14 +46,11 @@ function shardsOf(dir: string): Shard[] {
   if (fs.existsSync(single)) return [{ file: single, tensors: readSafetensorsHeader(single).tensors }];
   const index = path.join(dir, 'model.safetensors.index.json');
   if (fs.existsSync(index)) {
-    let idx: { weight_map?: Record<string, string> };
-    try {
-      idx = JSON.parse(fs.readFileSync(index, 'utf8')) as typeof idx;
-    } catch (e) {
-      throw new DistilleryError(`${index}: not valid JSON (${(e as Error).message})`, 'the index is corrupt; re-download the model');
-    }
-    const files = [...new Set(Object.values(idx.weight_map ?? {}))].sort();
-    return files.map((f) => { const p = path.join(dir, f); return { file: p, tensors: readSafetensorsHeader(p).tensors }; });
+    // the index checked as the loader checks it: each shard holds exactly what the index says it holds
+    return indexedShards(dir).map(({ path: p, names }) => {
+      const all = readSafetensorsHeader(p).tensors;
+      return { file: p, tensors: new Map([...names].map((n) => [n, shardTensor(all, n, p)])) };
+    });
   }
   throw new DistilleryError(`${dir} has no model.safetensors (or model.safetensors.index.json)`, 'inspect a Hugging Face model folder or a .safetensors file');
 }
