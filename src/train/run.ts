@@ -215,9 +215,13 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
       log(`data parallel: NCCL ${nccl.version()} for the gradients and parameters (NCCL_NVLS_ENABLE=0)`);
       dcomm = nccl;
     }
+    // Signals are taken from here to the end (the first writes, the step-0 evaluation, final/ and the summary
+    // included): a Ctrl-C anywhere stops at the next safe point instead of killing a write half done.
+    const stops = new StopRequests(log);
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm, replaceOld);
+      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm, replaceOld, stops);
     } finally {
+      stops.dispose();
       if (dcomm !== comm) dcomm.close();
       if (ownBackend) backend.dispose();
     }
@@ -227,7 +231,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
-  latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator, replaceOld: () => void): Promise<RunSummary> {
+  latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator, replaceOld: () => void, stops: StopRequests): Promise<RunSummary> {
   const root = comm.rank === 0, world = comm.world;
   // ---- data and tokenizer ----------------------------------------------------------------------------
   // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
@@ -499,7 +503,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     return new DistilleryError(`training stopped at step ${atStep}: ${why}`,
       `${lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
   };
-  const stops = new StopRequests(log);
   /** summary.json: written at the end of every run, failed ones included. */
   const writeSummary = (finalDir: string | null): RunSummary => {
     const summary: RunSummary = {
@@ -609,7 +612,6 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       }
     }
   } finally {
-    stops.dispose();
     if (!o.quiet && root) progress.done();
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }

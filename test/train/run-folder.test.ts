@@ -322,6 +322,27 @@ test('SIGINT / SIGTERM during training: a second run is refused meanwhile; the s
   }
 });
 
+test('a signal during the step-0 evaluation or while final/ is written is taken, not fatal: the run stops at a safe point with its files whole', async () => {
+  const dir = tmp();
+  // during the initial evaluation (no handler was installed yet: Node's default would kill the process, leaving a
+  // folder that neither --resume nor a new run accepts): the run stops after its first step, with a checkpoint
+  const o = opts(dir, { steps: 50, evalEvery: 25, saveEvery: 25, warmup: 1 });
+  let sent = false;
+  const s = await runTraining(o, { log: (l) => { if (!sent && /^step 0: validation loss/.test(l)) { sent = true; process.emit('SIGINT', 'SIGINT'); } } });
+  assert.equal(s.status, 'interrupted by SIGINT');
+  assert.equal(s.steps, 1);
+  assert.equal(stateOf(o.out).step, 1);
+  // at the last step (the loop is over; final/ and the summary follow): both are written whole, the signal recorded
+  const f = opts(dir, { out: path.join(dir, 'final-sig'), steps: 3, evalEvery: 3, saveEvery: 3, warmup: 1, quiet: false });
+  let fired = false;
+  const s2 = await runTraining(f, { log: (l) => { if (!fired && /^step 3: validation loss/.test(l)) { fired = true; process.emit('SIGINT', 'SIGINT'); } } });
+  assert.ok(fired);
+  assert.ok(fs.existsSync(path.join(f.out, 'final', 'model.safetensors')));
+  assert.equal(summaryOf(f.out).steps, s2.steps);
+  assert.equal(s2.signal, 'SIGINT');
+  assert.equal(process.listenerCount('SIGINT'), 0, 'the handlers are removed when the run ends');
+});
+
 // ---- 12 (part): best/ and the rising-validation warning --------------------------------------------------
 
 test('checkpoints/best holds the model of the lowest validation loss after a step (its weights as saved then)', async () => {
