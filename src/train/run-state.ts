@@ -150,11 +150,16 @@ export function appendNoFollow(file: string, text: string): void {
   }
 }
 
-/** Validation losses by step and the last 10 step losses of metrics rows, rank 0's on every rank. */
-export function shareHistory(comm: Communicator, rows: ReturnType<typeof readMetrics>): { val: Array<[number, number]>; losses: number[] } {
+/**
+ * Validation losses by step and the last 10 step losses of metrics rows, and the step of the model checkpoints/best
+ * holds: rank 0's on every rank.
+ */
+export function shareHistory(comm: Communicator, rows: ReturnType<typeof readMetrics>, bestStep: number | null):
+  { val: Array<[number, number]>; losses: number[]; bestStep: number | null } {
   const mine = {
     val: rows.filter((r) => r.val_loss !== undefined).map((r): [number, number] => [r.step!, r.val_loss!]),
     losses: rows.filter((r) => r.loss !== undefined).map((r) => r.loss!).slice(-10),
+    bestStep,
   };
   if (comm.world === 1) return mine;
   const bytes = comm.broadcast(comm.rank === 0 ? new TextEncoder().encode(JSON.stringify(mine)) : new Uint8Array(0));

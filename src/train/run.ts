@@ -387,7 +387,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     loader.restore(s.loader);
     step = s.step; tokensTrained = s.tokensTrained;
     initialTrainLoss = s.initialTrainLoss; initialValLoss = s.initialValLoss; initialValCe = s.initialValCe;
-    if (root) truncateMetrics(metricsPath, step);
+    if (root) {
+      truncateMetrics(metricsPath, step);
+      // a best/ saved after the checkpoint (the run went on, then crashed) belongs to steps this run does again, maybe
+      // otherwise (a lower --lr after a divergence): it goes, as their metrics rows do
+      const b = bestStepOnDisk(out);
+      if (b !== null && b > step) fs.rmSync(path.join(out, 'checkpoints', 'best'), { recursive: true, force: true });
+    }
     log(`resumed from ${latest} at step ${step}`);
   } else {
     if (student.lora) student.lora.setWeights(loraInitialWeights(student.lora.layout, new Rng(o.seed)));
@@ -464,8 +470,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const watch = new ValidationWatch(VAL_RISE_WARN);
   // The run's history (validation losses, the last step losses) as rank 0 reads it after its resume cut, the same on
   // every rank: the others' decisions (a new best/: a collective) must not depend on a file only rank 0 writes.
-  const history = shareHistory(comm, root ? readMetrics(metricsPath) : []);
+  const history = shareHistory(comm, root ? readMetrics(metricsPath) : [], root ? bestStepOnDisk(out) : null);
   for (const [st, loss] of history.val) watch.observe(st, loss);
+  // the replayed best must be the model best/ holds; where it is not (best/ went with a crash's steps), none is known
+  // yet and the next evaluation writes best/ afresh
+  if (watch.bestStep !== history.bestStep) { watch.bestStep = null; watch.bestLoss = null; }
   const warnings: string[] = [];
   const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
   /** After an evaluation at `step`: best/ when the loss is the lowest so far, a warning when it kept rising. */
@@ -645,6 +654,14 @@ export function divergenceWarnings(initialTrain: number, finalTrain: number, ini
     out.push(`the final validation loss ${fmt(finalVal)} is well above the initial ${fmt(initialVal)}: the trained model is worse than the untrained one`);
   }
   return out;
+}
+
+/** The step of the model checkpoints/best holds (best.json), null when there is none. */
+function bestStepOnDisk(out: string): number | null {
+  try {
+    const b = JSON.parse(fs.readFileSync(path.join(out, 'checkpoints', 'best', 'best.json'), 'utf8')) as { step?: unknown };
+    return typeof b.step === 'number' ? b.step : null;
+  } catch { return null; }
 }
 
 function fmt(x: number): string {

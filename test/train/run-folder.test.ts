@@ -343,6 +343,26 @@ test('a signal during the step-0 evaluation or while final/ is written is taken,
   assert.equal(process.listenerCount('SIGINT'), 0, 'the handlers are removed when the run ends');
 });
 
+test('a crash after best/ was saved past the checkpoint, then --resume with another --lr: best/, the summary and metrics.jsonl agree', async () => {
+  const dir = tmp();
+  const o = opts(dir, { steps: 20, evalEvery: 5, saveEvery: 10, warmup: 1, lr: 0.02 });
+  // the state a crash at step 17 leaves: latest at step 10, best/ of step 15 (better than anything), its metrics rows
+  await runTraining({ ...o, stopAfter: 10 }, quiet);
+  const best = path.join(o.out, 'checkpoints', 'best');
+  fs.rmSync(best, { recursive: true, force: true });
+  fs.cpSync(path.join(o.out, 'checkpoints', 'latest', 'model'), best, { recursive: true });
+  fs.writeFileSync(path.join(best, 'best.json'), JSON.stringify({ step: 15, val_loss: 0.001 }));
+  fs.appendFileSync(path.join(o.out, 'metrics.jsonl'), JSON.stringify({ step: 15, val_loss: 0.001 }) + '\n');
+  // resumed with a higher --lr (what the divergence hint advises): its steps are new, best/ of step 15 is not of them
+  const s = await runTraining({ ...o, resume: true, lr: 0.5 }, quiet);
+  const info = JSON.parse(fs.readFileSync(path.join(best, 'best.json'), 'utf8')) as { step: number; val_loss: number };
+  assert.notEqual(info.val_loss, 0.001, 'best/ of the crashed steps stayed');
+  assert.equal(s.bestStep, info.step, 'the summary names the model best/ holds');
+  const row = fs.readFileSync(path.join(o.out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>)
+    .find((r) => r.step === info.step && r.val_loss !== undefined);
+  assert.equal(row?.val_loss, info.val_loss, `metrics.jsonl has the evaluation of step ${info.step}`);
+});
+
 // ---- 12 (part): best/ and the rising-validation warning --------------------------------------------------
 
 test('checkpoints/best holds the model of the lowest validation loss after a step (its weights as saved then)', async () => {
