@@ -471,20 +471,27 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // The run's history (validation losses, the last step losses) as rank 0 reads it after its resume cut, the same on
   // every rank: the others' decisions (a new best/: a collective) must not depend on a file only rank 0 writes.
   const history = shareHistory(comm, root ? readMetrics(metricsPath) : [], root ? bestStepOnDisk(out) : null);
-  for (const [st, loss] of history.val) watch.observe(st, loss);
+  const warnings: string[] = [];
+  const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
+  /** The validation loss at `at` observed; the rising-loss warning it makes, if any (with what best/ holds before it). */
+  const observe = (at: number, valLoss: number): { best: boolean; warning: string | null } => {
+    const bestBefore = watch.bestStep, bestLossBefore = watch.bestLoss;
+    const v = watch.observe(at, valLoss);
+    return {
+      best: v.best,
+      warning: v.risingStreak ? `the validation loss has risen for ${VAL_RISE_WARN} evaluations in a row (${v.risingStreak.map(fmt).join(' → ')}, step ${at}): ` +
+        `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}` : null,
+    };
+  };
+  // the evaluations before the checkpoint, replayed: their warnings stay in the summary (logged when they were made)
+  for (const [st, loss] of history.val) { const w = observe(st, loss).warning; if (w) warnings.push(w); }
   // the replayed best must be the model best/ holds; where it is not (best/ went with a crash's steps), none is known
   // yet and the next evaluation writes best/ afresh
   if (watch.bestStep !== history.bestStep) { watch.bestStep = null; watch.bestLoss = null; }
-  const warnings: string[] = [];
-  const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
   /** After an evaluation at `step`: best/ when the loss is the lowest so far, a warning when it kept rising. */
   const afterEval = (valLoss: number): void => {
-    const bestBefore = watch.bestStep, bestLossBefore = watch.bestLoss;
-    const v = watch.observe(step, valLoss);
-    if (v.risingStreak) {
-      warn(`the validation loss has risen for ${VAL_RISE_WARN} evaluations in a row (${v.risingStreak.map(fmt).join(' → ')}, step ${step}): ` +
-        `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}`);
-    }
+    const v = observe(step, valLoss);
+    if (v.warning) warn(v.warning);
     if (v.best) {
       const masters = gatheredMasters();
       if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' }, masters);
@@ -625,6 +632,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
+  // the summary's final validation figures are of the weights the run ends with, also when it evaluated nothing
+  // (a --resume of a finished run, a stop before its first evaluation): they were null then
+  if (lastEval === null) lastEval = evaluate();
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');

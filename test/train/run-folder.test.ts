@@ -406,4 +406,14 @@ test('a validation loss that rises for 3 evaluations is a warning in the log and
   assert.equal(warned, longest >= 3, `validation losses ${vals.join(', ')}; warnings ${JSON.stringify(s.warnings)}`);
   assert.ok(longest >= 3, `this recipe should make the validation loss rise: ${vals.join(', ')}`);
   assert.ok(lines.some((l) => /^warning: the validation loss has risen/.test(l)));
+  // the same run stopped after its warning and resumed: the summary keeps the warning made before the checkpoint
+  const o2 = opts(dir, { out: path.join(dir, 'rise-split'), steps: 20, lr: 1, warmup: 0, evalEvery: 2, saveEvery: 2 });
+  const whole = s.warnings.filter((w) => /risen for/.test(w)).map((w) => w.replace(s.out, o2.out));
+  await runTraining({ ...o2, stopAfter: 18 }, quiet);
+  const r = await runTraining({ ...o2, resume: true }, quiet);
+  assert.deepEqual(r.warnings.filter((w) => /risen for/.test(w)), whole);
+  // a --resume of a run that had finished: its final validation figures stay (they were null)
+  const again = await runTraining({ ...o2, resume: true }, quiet);
+  assert.equal(again.finalValLoss, r.finalValLoss);
+  assert.equal(summaryOf(o2.out).finalValCe, r.finalValCe);
 });
