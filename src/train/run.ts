@@ -509,6 +509,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     process.stderr, startStep);
   let status = 'completed';
   let lastEval = null as ReturnType<typeof evaluate>;
+  let lastEvalStep = -1;
   /** The next step's batches when they were built ahead (see lookAhead), with the loader position before them. */
   let ahead = null as { step: number; micro: Batch[]; loaderBefore: LoaderState } | null;
   const finalTrainLossOf = (): number => (recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN);
@@ -595,15 +596,19 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       });
       if (!o.quiet && root) progress.update(step, { loss: r.loss, 'tok/s': Math.round(tps), lr: lr.toExponential(2) });
       const last = step === o.steps || (o.stopAfter > 0 && step >= o.stopAfter);
-      if (step % o.evalEvery === 0 || last) {
+      // evaluations on their schedule and after the final step, not at a --stop-after stop: a stopped-and-resumed run
+      // then evaluates (and picks best/) as the uninterrupted one does; the stop's checkpoint is checked on a batch
+      const evalNow = step % o.evalEvery === 0 || step === o.steps;
+      if (evalNow) {
         lastEval = evaluate();
+        lastEvalStep = step;
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
           if (!o.quiet && root) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
           afterEval(lastEval.meanLoss);
         }
       }
-      const evaluatedNow = lastEval !== null && (step % o.evalEvery === 0 || last) ? lastEval.meanLoss : null;
+      const evaluatedNow = lastEval !== null && evalNow ? lastEval.meanLoss : null;
       let savedNow = false;
       if (step % o.saveEvery === 0 || last) {
         const bad = saveLatest(evaluatedNow, micro[0]!);
@@ -632,9 +637,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
-  // the summary's final validation figures are of the weights the run ends with, also when it evaluated nothing
-  // (a --resume of a finished run, a stop before its first evaluation): they were null then
-  if (lastEval === null) lastEval = evaluate();
+  // the summary's final validation figures are of the weights the run ends with, also when it did not evaluate them
+  // (a --stop-after or a signal between evaluations, a --resume of a finished run): not a metrics row, not a best/
+  if (lastEval === null || lastEvalStep !== step) lastEval = evaluate();
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');

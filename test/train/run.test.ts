@@ -45,7 +45,7 @@ test('training on text: loss falls; the run folder has metrics, the SVG curve, t
   assert.ok(fs.readFileSync(path.join(s.out, 'loss.svg'), 'utf8').includes('<path'));
 });
 
-test('resume: stopping at step 4 and resuming gives bit-identical weights to an uninterrupted run', async () => {
+test('resume: stopping at step 4 (or 3, off the evaluation schedule) and resuming gives bit-identical weights, evaluations and best/ to an uninterrupted run', async () => {
   const dir = tmp();
   const full = await runTraining(opts(dir, { out: path.join(dir, 'full'), steps: 8, gradAccum: 2 }), quiet);
   const a = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 8, gradAccum: 2, stopAfter: 4 }), quiet);
@@ -58,6 +58,19 @@ test('resume: stopping at step 4 and resuming gives bit-identical weights to an 
   assert.equal(w1.length, w2.length);
   assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)), 'resumed weights differ from the uninterrupted run');
   assert.equal(b.finalValLoss, full.finalValLoss);
+  // the evaluations, best/ and the summary's best are the uninterrupted run's too (a --stop-after stop made an extra
+  // evaluation: a metrics row, a best/ candidate of its own)
+  const vals = (d: string): string => JSON.stringify(fs.readFileSync(path.join(d, 'metrics.jsonl'), 'utf8').trim().split('\n')
+    .map((l) => JSON.parse(l) as Record<string, number>).filter((r) => r.val_loss !== undefined).map((r) => [r.step, r.val_loss]));
+  assert.equal(vals(b.out), vals(full.out));
+  assert.equal(b.bestStep, full.bestStep);
+  assert.equal(fs.readFileSync(path.join(b.out, 'checkpoints', 'best', 'best.json'), 'utf8'), fs.readFileSync(path.join(full.out, 'checkpoints', 'best', 'best.json'), 'utf8'));
+  // a stop off the evaluation schedule (step 3 of evaluations every 4)
+  await runTraining(opts(dir, { out: path.join(dir, 'split3'), steps: 8, gradAccum: 2, stopAfter: 3 }), quiet);
+  const c = await runTraining(opts(dir, { out: path.join(dir, 'split3'), steps: 8, gradAccum: 2, resume: true }), quiet);
+  assert.equal(vals(c.out), vals(full.out));
+  assert.equal(c.bestStep, full.bestStep);
+  assert.ok(readCheckpoint(path.join(c.out, 'final')).weights.every((x, i) => x === readCheckpoint(path.join(full.out, 'final')).weights[i]));
 });
 
 test('a saved checkpoint reloads bit-exactly (f32), and bf16 within bf16 rounding', () => {
