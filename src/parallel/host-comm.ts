@@ -130,23 +130,25 @@ export class HostComm implements Communicator {
     // f64 (the CPU backend's reference mode) sums in float64; f32 sums in float64 and rounds once, as allReduceSum does
     // A range over CHUNK values goes piece by piece, each completed before the next is copied (one piece of host
     // memory at a time), but the last, which is left in flight.
-    const wide = be.dtype === 'f64', works: Array<() => void> = [];
+    const wide = be.dtype === 'f64';
+    let pending: (() => void) | null = null;
     for (let off = begin; off < end; off += CHUNK) {
-      for (const w of works.splice(0)) w();
+      pending?.();
       const k = Math.min(CHUNK, end - off);
       const data = new SharedArrayBuffer(k * (wide ? 8 : 4));
       (wide ? new Float64Array(data) : new Float32Array(data)).set(be.download(be.view(buf, off, k)));
       const parts = shardParts(off, off + k, shard, this.world).map(([a, b]) => [a - off, b - off]);
       const ctl = new Int32Array(new SharedArrayBuffer(8)), what = `reducing ${end - begin} gradient values over ${this.world} ranks`;
       this.post({ op: wide ? 'reducescatter64' : 'reducescatter', data, n: k, parts }, ctl, what);
-      works.push(() => {
+      pending = (): void => {
         this.await(ctl, what);
         const [a, b] = parts[this.rank]!;
         if (b > a) be.upload(buf, (wide ? new Float64Array(data) : new Float32Array(data)).subarray(a, b), off + a);
-      });
+      };
     }
+    const last = pending;
     let waited = false;
-    return { wait: (): void => { if (!waited) { waited = true; for (const w of works) w(); } } };
+    return { wait: (): void => { if (!waited) { waited = true; last?.(); } } };
   }
 
   allReduceHost(x: Float64Array | number[]): Float64Array {

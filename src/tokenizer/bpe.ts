@@ -415,6 +415,10 @@ export class Tokenizer {
    */
   private normalizeAligned(text: string): { text: string; from: Int32Array; to: Int32Array } {
     const whole = this.norms.reduce((t, f) => f(t), text);
+    if (whole === text) { // nothing changed: every character maps to itself
+      const self = Int32Array.from({ length: text.length }, (_, i) => i);
+      return { text, from: self, to: self.map((i) => i + 1) };
+    }
     const out: string[] = [], from: number[] = [], to: number[] = [];
     const cluster = (a: number, b: number): void => {
       const c = text.slice(a, b), n = this.norms.reduce((t, f) => f(t), c);
@@ -423,17 +427,14 @@ export class Tokenizer {
         if (n === c) { from.push(a + i); to.push(a + i + 1); } else { from.push(a); to.push(b); }
       }
     };
-    if (whole === text) cluster(0, text.length); // nothing changed: every character maps to itself
-    else {
-      let start = 0;
-      for (let i = 0; i < text.length;) {
-        const cp = text.codePointAt(i)!, w = cp > 0xffff ? 2 : 1;
-        const joins = i > 0 && (MARK.test(String.fromCodePoint(cp)) || (cp >= 0x1160 && cp <= 0x11ff) || (cp >= 0xd7b0 && cp <= 0xd7ff));
-        if (!joins && i > start) { cluster(start, i); start = i; }
-        i += w;
-      }
-      if (text.length > start) cluster(start, text.length);
+    let start = 0;
+    for (let i = 0; i < text.length;) {
+      const cp = text.codePointAt(i)!, w = cp > 0xffff ? 2 : 1;
+      const joins = i > 0 && (MARK.test(String.fromCodePoint(cp)) || (cp >= 0x1160 && cp <= 0x11ff) || (cp >= 0xd7b0 && cp <= 0xd7ff));
+      if (!joins && i > start) { cluster(start, i); start = i; }
+      i += w;
     }
+    if (text.length > start) cluster(start, text.length);
     if (out.join('') !== whole) return { text: whole, from: new Int32Array(whole.length), to: new Int32Array(whole.length).fill(text.length) };
     return { text: whole, from: Int32Array.from(from), to: Int32Array.from(to) };
   }

@@ -168,7 +168,8 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
       throw new InputError(`--out ${out} holds ${other === 'manifest.json' ? 'a teacher cache' : 'a model'} (${other}), not a run`,
         'pass a folder for the run, e.g. --out runs/my-run (a model to start from goes to --init)');
     }
-    if (root && !o.resume && holdsRun(out)) {
+    const holdsOld = root && !o.resume && holdsRun(out);
+    if (holdsOld) {
       if (!o.overwrite) {
         throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,
           'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out');
@@ -176,7 +177,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
       // the old run is removed once this one has read its data and models and is about to write (a bad input must
       // not cost the previous run): runWithBackend calls replaceOld() before its first write
     }
-    const replaceOld = root && !o.resume && o.overwrite && holdsRun(out)
+    const replaceOld = holdsOld
       ? (): void => { clearRun(out); log(`--overwrite: removed the previous run's files in ${out}`); } : (): void => {};
     const latest = path.join(out, 'checkpoints', 'latest');
     if (root) {
