@@ -253,8 +253,16 @@ export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatM
 
 /** The part of a message's content a template shows of an earlier turn: after its reasoning (`</think>`), trimmed. */
 function visibleContent(c: string): string {
+  const [a, b] = visibleRange(c);
+  return c.slice(a, b);
+}
+
+/** Where the visible part of a content lies: after its last `</think>` and the blank space after it, before trailing blank space. */
+function visibleRange(c: string): [number, number] {
   const cut = c.lastIndexOf('</think>');
-  return (cut >= 0 ? c.slice(cut + '</think>'.length) : c).trim();
+  let a = cut >= 0 ? cut + '</think>'.length : 0;
+  while (a < c.length && /\s/.test(c[a]!)) a++;
+  return [a, Math.max(a, c.trimEnd().length)];
 }
 
 /** Whether any string in the messages holds the control character c (JSON writes it escaped, as \u00XX). */
@@ -275,10 +283,7 @@ function messageRegions(format: ChatFormat, messages: readonly ChatMessage[], op
   if (holdsControl(messages, CONTENT_OPEN) || holdsControl(messages, CONTENT_CLOSE)) return null;
   const marked = messages.map((m) => {
     if (typeof m.content !== 'string') return m;
-    const c = m.content, cut = c.lastIndexOf('</think>');
-    let a = cut >= 0 ? cut + '</think>'.length : 0;
-    while (a < c.length && /\s/.test(c[a]!)) a++;
-    const b = Math.max(a, c.trimEnd().length);
+    const c = m.content, [a, b] = visibleRange(c);
     return { ...m, content: c.slice(0, a) + CONTENT_OPEN + c.slice(a, b) + CONTENT_CLOSE + c.slice(b) };
   });
   let raw: string;
