@@ -116,27 +116,26 @@ inline void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
   c[0] += dot(g, 2 * t); c[1] += dot(g, 2 * t + 1); c[2] += dot(g + 8, 2 * t); c[3] += dot(g + 8, 2 * t + 1);
 }
 const void* g_xp[32][32];
-/* ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16: lanes 8m + r address row r of matrix m; lane 4r + w receives word w of
-   row r of the TRANSPOSED matrix m, i.e. elements [2w][r] (low half) and [2w + 1][r] of the stored matrix */
-inline void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
+/* shared-state-space addresses: offsets into the block's dynamic shared memory */
+inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const unsigned char*)p - g_smem); }
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+/* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8m + r address row r of matrix m (a shared address); not
+   transposed, lane 4g + t receives elements [g][2t] (low half) and [g][2t + 1] of matrix m in register m; transposed,
+   elements [2t][g] and [2t + 1][g] */
+inline void ldsmX4(unsigned* r, unsigned a, bool trans) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  g_xp[w][l] = p; warpsync();
-  int r = l >> 2, c = l & 3;
-  auto M = [&](int m, int row, int col) -> unsigned { return ((const bf16*)g_xp[w][m * 8 + row])[col]; };
-  b0 = M(0, 2 * c, r) | (M(0, 2 * c + 1, r) << 16);
-  b1 = M(1, 2 * c, r) | (M(1, 2 * c + 1, r) << 16);
-  warpsync();
-}
-/* ldmatrix.sync.aligned.m8n8.x4.shared.b16 (not transposed): lanes 8m + r address row r of matrix m; lane 4g + t
-   receives elements [g][2t] (low half) and [g][2t + 1] of matrix m in register m */
-inline void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const bf16* p) {
-  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  g_xp[w][l] = p; warpsync();
+  g_xp[w][l] = g_smem + a; warpsync();
   int g = l >> 2, t = l & 3;
   auto M = [&](int m, int row, int col) -> unsigned { return ((const bf16*)g_xp[w][m * 8 + row])[col]; };
-  unsigned* r[4] = {&r0, &r1, &r2, &r3};
-  for (int m = 0; m < 4; m++) *r[m] = M(m, g, 2 * t) | (M(m, g, 2 * t + 1) << 16);
+  for (int m = 0; m < 4; m++) r[m] = trans ? M(m, 2 * t, g) | (M(m, 2 * t + 1, g) << 16) : M(m, g, 2 * t) | (M(m, g, 2 * t + 1) << 16);
   warpsync();
+}
+inline void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  unsigned r[4]; ldsmX4(r, a, false); r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+}
+inline void ldsmT4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  unsigned r[4]; ldsmX4(r, a, true); r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
 }
 template <class F> void launch(dim3e grid, int block, size_t smem, F f) {
   gridDim = grid;
@@ -173,12 +172,13 @@ export function hostify(src: string): string {
   s = s.replace(/__device__ __forceinline__ unsigned pack2\(float lo, float hi\) \{\n[^\n]*\n\}\n/,
     'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
   s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
-  s = s.replace(/\/\* ldmatrix\.x2\.trans of two 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
   s = s.replace(/\/\* ldmatrix\.x4 \(not transposed\)[\s\S]*?\n\}\n/, '');
+  s = s.replace(/\/\* ldmatrix\.x4\.trans of four 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');
   // cp.async: a synchronous 16-byte copy (zeros when !ok); commit and wait do nothing (the barriers that follow remain).
   s = s.replace(/\/\* cp\.async \(sm_80\+\)[\s\S]*?\/\* end cp\.async \*\/\n/,
     'inline void cpAsync16(bf16* d, const bf16* s, bool ok) { for (int i = 0; i < 8; i++) d[i] = ok ? s[i] : bf16{}; }\n' +
     'inline void cpAsync4(float* d, const float* s, bool ok) { *d = ok ? *s : 0.0f; }\n' +
+    'inline void cpAsync16s(unsigned d, const bf16* s, bool ok) { cpAsync16((bf16*)(g_smem + d), s, ok); }\n' +
     'inline void cpCommit() {}\ntemplate <int N> inline void cpWait() {}\n');
   s = s.replace('extern __shared__ __align__(16) unsigned char smraw[];', 'unsigned char* smraw = g_smem;');
   s = s.replace('extern __shared__ float smem[];', 'float* smem = (float*)g_smem;');

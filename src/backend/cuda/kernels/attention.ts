@@ -675,8 +675,9 @@ export function faSmem(kind: FaKind, hd: number): number {
  * Tiles in shared memory are bf16, row stride (cols + 8): a fragment load (row g, 32-bit word t) hits 32 distinct banks.
  * A B operand B[k][n] is read from an [n][k] tile (k contiguous) with ldmatrix, two n-atoms at a time (fragB2: K for S = Q·Kᵀ, V for
  * dP = dO·Vᵀ, Q and dout for the dK/dV kernel's Sᵀ and dPᵀ), or from a row-major [k][n] tile with ldmatrix .trans
- * (fragBt: V for O += P·V, K for dQ += dS·K, dout and Q for dV += Pᵀ·dO and dK += dSᵀ·Q): .x2 .trans hands lane
- * (g, t) the elements [2t][g], [2t+1][g] of each 8×8 matrix, exactly b0 (keys 0..7) and b1 (keys 8..15).
+ * (fragBt2: V for O += P·V, K for dQ += dS·K, dout and Q for dV += Pᵀ·dO and dK += dSᵀ·Q), again two n-atoms at a time:
+ * .trans hands lane (g, t) the elements [2t][g], [2t+1][g] of each 8×8 matrix, exactly b0 (keys 0..7) and b1 (keys 8..15).
+ * Fragment addresses are 32-bit shared addresses (smem32 of a tile, plus the lane's offset and compile-time steps).
  */
 function faPrelude(hd: number): string {
   return `#define HD ${hd}
@@ -692,43 +693,50 @@ function faPrelude(hd: number): string {
 #define FULL 0xffffffffu
 ${dtypeHelpers()}
 __device__ __forceinline__ unsigned ld32(const bf16* p) { return *(const unsigned*)p; }
+/* the shared-state-space address of a pointer into shared memory: fragment addresses are computed in 32 bits from a
+   tile's base (one add per load once the lane's offset is known) rather than through a 64-bit generic pointer */
+__device__ __forceinline__ unsigned smem32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+/* two floats to consecutive elements i, i + 1 (i even): one 64-bit store, or one 32-bit store of a bf16 pair */
+__device__ __forceinline__ void st2(float* p, long long i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
+__device__ __forceinline__ void st2(bf16* p, long long i, float a, float b) { *(unsigned*)(p + i) = pack2(a, b); }
 /* c += a · b on one m16n8k16 tile, fp32 accumulation */
 __device__ __forceinline__ void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-/* the A fragment of rows r..r+15, cols c..c+15 of a row-major bf16 tile of row stride str */
-__device__ __forceinline__ void fragA(unsigned* a, const bf16* sh, int str, int r, int c) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  a[0] = ld32(sh + (r + g) * str + c + 2 * t);
-  a[1] = ld32(sh + (r + g + 8) * str + c + 2 * t);
-  a[2] = ld32(sh + (r + g) * str + c + 2 * t + 8);
-  a[3] = ld32(sh + (r + g + 8) * str + c + 2 * t + 8);
+/* ldmatrix.x4 (not transposed) of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address (shared addresses,
+   16-byte aligned rows): lane (g, t) receives elements [g][2t] (low half) and [g][2t + 1] of each matrix m in register m */
+__device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
-/* ldmatrix.x4 (not transposed) of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address (16-byte aligned rows):
-   lane (g, t) receives elements [g][2t] (low half) and [g][2t + 1] of each matrix m in register m */
-__device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const bf16* p) {
-  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %4; cvt.u32.u64 s, a; "
-               "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [s]; }"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "l"(p));
+/* ldmatrix.x4.trans of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address: lane (g, t) receives elements
+   [2t][g] (low half) and [2t + 1][g] of each matrix m in register m */
+__device__ __forceinline__ void ldsmT4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+/* the A fragment of rows r..r+15, cols c..c+15 of a row-major bf16 tile (shared address base, row stride str) in one
+   ldmatrix.x4: lanes 0-7 address rows r..r+7 at col c (a0), 8-15 rows r+8..r+15 (a1), 16-23 rows r.. at col c+8 (a2),
+   24-31 rows r+8.. at col c+8 (a3) */
+__device__ __forceinline__ void fragA(unsigned* a, unsigned base, int str, int r, int c) {
+  const int l = threadIdx.x & 31;
+  ldsm4(a[0], a[1], a[2], a[3], base + 2u * ((r + (l & 15)) * str + c + 8 * (l >> 4)));
 }
 /* the B fragments B[k][n] = sh[n0 + n][c + k] (k 0..15, n 0..7) of two adjacent n-atoms of an [n][k] bf16 tile of row
    stride str (rows n0 .. n0 + 15, k-step c) in one ldmatrix.x4: b[0] (k 2t, 2t+1; n g), b[1] (k 2t+8, 2t+9) for atom n0,
    b[2], b[3] for atom n0 + 8 */
-__device__ __forceinline__ void fragB2(unsigned* b, const bf16* sh, int str, int n0, int c) {
+__device__ __forceinline__ void fragB2(unsigned* b, unsigned base, int str, int n0, int c) {
   const int l = threadIdx.x & 31, m = l >> 3;
-  ldsm4(b[0], b[1], b[2], b[3], sh + (n0 + (l & 7) + 8 * (m >> 1)) * str + c + 8 * (m & 1));
+  ldsm4(b[0], b[1], b[2], b[3], base + 2u * ((n0 + (l & 7) + 8 * (m >> 1)) * str + c + 8 * (m & 1)));
 }
-/* ldmatrix.x2.trans of two 8×8 bf16 matrices whose rows lanes 0..7 and 8..15 address (16-byte aligned rows) */
-__device__ __forceinline__ void ldsmT2(unsigned& b0, unsigned& b1, const bf16* p) {
-  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %2; cvt.u32.u64 s, a; "
-               "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [s]; }"
-               : "=r"(b0), "=r"(b1) : "l"(p));
-}
-/* the B fragment B[k][n] = sh[k0 + k][n0 + n] (k 0..15, n 0..7) of a row-major [k][n] bf16 tile of row stride str */
-__device__ __forceinline__ void fragBt(unsigned& b0, unsigned& b1, const bf16* sh, int str, int k0, int n0) {
-  ldsmT2(b0, b1, sh + (k0 + (threadIdx.x & 15)) * str + n0);
+/* the B fragments B[k][n] = sh[k0 + k][n0 + n] (k 0..15) of two adjacent n-atoms (n0, n0 + 8) of a row-major [k][n]
+   bf16 tile in one ldmatrix.x4.trans: lanes 0-7 address rows k0..k0+7 at col n0 (b[0]), 8-15 rows k0+8.. (b[1]),
+   16-23 rows k0.. at col n0 + 8 (b[2]), 24-31 rows k0+8.. at col n0 + 8 (b[3]) */
+__device__ __forceinline__ void fragBt2(unsigned* b, unsigned base, int str, int k0, int n0) {
+  const int l = threadIdx.x & 31;
+  ldsmT4(b[0], b[1], b[2], b[3], base + 2u * ((k0 + (l & 15)) * str + n0 + 8 * (l >> 4)));
 }
 /* the A fragment of a k-step from the C fragments of n-atoms lo (cols 0..7) and hi (cols 8..15), rounded to bf16 */
 __device__ __forceinline__ void packA(unsigned* a, const float* lo, const float* hi) {
@@ -747,23 +755,29 @@ __device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long 
 /* cp.async (sm_80+): 16 bytes global -> shared without a register round trip, zero-filled when !ok; a group of them
    completes in order of cpCommit, cpWait<N> waits until at most N groups are pending (then __syncthreads shows them) */
 __device__ __forceinline__ void cpAsync16(bf16* dst, const bf16* src, bool ok) {
-  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %0; cvt.u32.u64 s, a; "
-               "cp.async.cg.shared.global [s], [%1], 16, %2; }" :: "l"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem32(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 /* 4 bytes (a float), zero-filled when !ok */
 __device__ __forceinline__ void cpAsync4(float* dst, const float* src, bool ok) {
-  asm volatile("{ .reg .u64 a; .reg .u32 s; cvta.to.shared.u64 a, %0; cvt.u32.u64 s, a; "
-               "cp.async.ca.shared.global [s], [%1], 4, %2; }" :: "l"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem32(dst)), "l"(src), "r"(ok ? 4 : 0) : "memory");
+}
+/* the same to a shared address */
+__device__ __forceinline__ void cpAsync16s(unsigned dst, const bf16* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cpCommit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cpWait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 /* end cp.async */
-/* stageRows with cp.async: issued now, complete after cpWait and a barrier */
+/* stageRows with cp.async: issued now, complete after cpWait and a barrier. A thread keeps one 16-byte column of the
+   rows (NT is a multiple of the HD / 8 chunks of a row) and steps its source and shared addresses by whole passes */
 __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long long stride, int r0, int nrows, int T) {
-  for (int x = threadIdx.x; x < nrows * (HD / 8); x += NT) {
-    const int r = x / (HD / 8), c = (x - r * (HD / 8)) * 8;
-    const bool ok = r0 + r < T;
-    cpAsync16(sh + r * STR + c, base + (long long)(ok ? r0 + r : 0) * stride + c, ok);
+  constexpr int CPR = HD / 8, RPP = NT / CPR; /* chunks per row, rows per pass */
+  const int r = threadIdx.x / CPR, c = (threadIdx.x - r * CPR) * 8;
+  const bf16* src = base + (long long)(r0 + r) * stride + c;
+  unsigned dst = smem32(sh + r * STR + c);
+  for (int rr = r; rr < nrows; rr += RPP, src += RPP * stride, dst += 2u * (RPP * STR)) {
+    const bool ok = r0 + rr < T;
+    cpAsync16s(dst, ok ? src : base, ok);
   }
 }`;
 }
@@ -803,9 +817,10 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
   cpCommit();
   __syncthreads();
   const int rw = warp * 16; /* the warp's first row in the tile */
+  const unsigned sbuf = smem32(buf);
   unsigned qa[KS][4];
 #pragma unroll
-  for (int s = 0; s < KS; s++) fragA(qa[s], buf + 2 * BK * STR, STR, rw, 16 * s);
+  for (int s = 0; s < KS; s++) fragA(qa[s], sbuf + 2u * (2 * BK * STR), STR, rw, 16 * s);
   __syncthreads(); /* Q is in registers: buffer 1 is free for tile 1 */
   const int nTiles = (iEnd + BK - 1) / BK;
   const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
@@ -825,8 +840,7 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
       cpWait<0>();
     }
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const bf16* Ks = buf + (jt & 1) * 2 * BK * STR;
-    const bf16* Vs = Ks + BK * STR;
+    const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * BK * STR), vS = kS + 2u * (BK * STR);
     float sc[BK / 8][4];
 #pragma unroll
     for (int n = 0; n < BK / 8; n += 2) {
@@ -835,19 +849,20 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
 #pragma unroll
       for (int s = 0; s < KS; s++) {
         unsigned bb[4];
-        fragB2(bb, Ks, STR, 8 * n, 16 * s);
+        fragB2(bb, kS, STR, 8 * n, 16 * s);
         mma16(sc[n], qa[s], bb[0], bb[1]);
         mma16(sc[n + 1], qa[s], bb[2], bb[3]);
       }
     }
-    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row */
+    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row.
+       Scores stay raw (unscaled) here: the maxima scale once, and each probability is one FFMA and one exp2 */
     const bool diag = j0 + BK - 1 > i0 + rw;
     float mxA = NEG_INF, mxB = NEG_INF;
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        float x = sc[n][e] * SCALE_LOG2;
+        float x = sc[n][e];
         if (diag && j0 + 8 * n + 2 * t + (e & 1) > (e < 2 ? iA : iB)) x = NEG_INF;
         sc[n][e] = x;
         if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
@@ -855,15 +870,15 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
     }
     mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 1)); mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 2));
     mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 1)); mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 2));
-    /* key 0 is in the first tile and valid for every row, so the new maxima are finite */
-    const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
+    /* key 0 is in the first tile and valid for every row, so the new maxima (log2 units) are finite */
+    const float nA = fmaxf(mA, mxA * SCALE_LOG2), nB = fmaxf(mB, mxB * SCALE_LOG2);
     const float aA = exp2f(mA - nA), aB = exp2f(mB - nB); /* 0 on the first tile */
     float sA = 0.0f, sB = 0.0f;
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const float pe = exp2f(sc[n][e] - (e < 2 ? nA : nB)); /* 0 for masked keys */
+        const float pe = exp2f(fmaf(sc[n][e], SCALE_LOG2, -(e < 2 ? nA : nB))); /* 0 for masked keys */
         sc[n][e] = pe;
         if (e < 2) sA += pe; else sB += pe;
       }
@@ -879,10 +894,11 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
       unsigned pa[4];
       packA(pa, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < NO; n++) {
-        unsigned b0, b1;
-        fragBt(b0, b1, Vs, STR, 16 * kk, 8 * n);
-        mma16(o[n], pa, b0, b1);
+      for (int n = 0; n < NO; n += 2) {
+        unsigned bb[4];
+        fragBt2(bb, vS, STR, 16 * kk, 8 * n);
+        mma16(o[n], pa, bb[0], bb[1]);
+        mma16(o[n + 1], pa, bb[2], bb[3]);
       }
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
@@ -891,14 +907,14 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
     const float inv = 1.0f / lA;
     const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
 #pragma unroll
-    for (int n = 0; n < NO; n++) { stf(out, oa + 8 * n + 2 * t, o[n][0] * inv); stf(out, oa + 8 * n + 2 * t + 1, o[n][1] * inv); }
+    for (int n = 0; n < NO; n++) st2(out, oa + 8 * n + 2 * t, o[n][0] * inv, o[n][1] * inv);
     if (t == 0) lse[((long long)b * nH + h) * T + iA] = (mA + log2f(lA)) * LN2;
   }
   if (iB < T) {
     const float inv = 1.0f / lB;
     const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
 #pragma unroll
-    for (int n = 0; n < NO; n++) { stf(out, ob + 8 * n + 2 * t, o[n][2] * inv); stf(out, ob + 8 * n + 2 * t + 1, o[n][3] * inv); }
+    for (int n = 0; n < NO; n++) st2(out, ob + 8 * n + 2 * t, o[n][2] * inv, o[n][3] * inv);
     if (t == 0) lse[((long long)b * nH + h) * T + iB] = (mB + log2f(lB)) * LN2;
   }
 }
@@ -912,12 +928,19 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
  * and V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
  * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end.
  */
+/**
+ * Blocks per SM the dQ kernel is compiled for (__launch_bounds__), or 0 to leave registers to ptxas: 3 at hd 128, where
+ * ptxas (CUDA 13, sm_90) fits it in 168 registers without spilling (236 unbounded: 2 blocks per SM); at hd 96 and 112
+ * the bound would spill, and at hd <= 64 the kernel fits 3 blocks unbounded (a bound spills at hd 64).
+ */
+function dqMinBlocks(hd: number): number { return hd === 128 ? 3 : 0; }
+
 export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>({
   name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN }, example: { headDim: 64, dq: 'bf16' },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
-extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
+extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dqMinBlocks(p.headDim)}) ` : ''}attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
     const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* buf = (bf16*)smraw;  /* two buffers of a K and a V tile ([KT][STR] each), loaded with cp.async one tile ahead */
@@ -933,9 +956,10 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
   stageRows(Dst, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   __syncthreads();
   const int rw = warp * 16;
+  const unsigned sbuf = smem32(buf);
   unsigned qa[KS][4], da[KS][4];
 #pragma unroll
-  for (int s = 0; s < KS; s++) { fragA(qa[s], Qst, STR, rw, 16 * s); fragA(da[s], Dst, STR, rw, 16 * s); }
+  for (int s = 0; s < KS; s++) { fragA(qa[s], smem32(Qst), STR, rw, 16 * s); fragA(da[s], smem32(Dst), STR, rw, 16 * s); }
   __syncthreads(); /* Q and dout are in registers: the staging area takes the K and V tiles */
   stageRowsAsync(buf, kb, ks, 0, KT, T);
   stageRowsAsync(buf + KT * STR, vb, ks, 0, KT, T);
@@ -961,8 +985,7 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
       cpWait<0>();
     }
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const bf16* Ks = buf + (jt & 1) * 2 * KT * STR;
-    const bf16* Vs = Ks + KT * STR;
+    const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * KT * STR), vS = kS + 2u * (KT * STR);
     float sc[KT / 8][4], dp[KT / 8][4];
 #pragma unroll
     for (int n = 0; n < KT / 8; n += 2) {
@@ -971,10 +994,10 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
 #pragma unroll
       for (int s = 0; s < KS; s++) {
         unsigned bb[4];
-        fragB2(bb, Ks, STR, 8 * n, 16 * s);
+        fragB2(bb, kS, STR, 8 * n, 16 * s);
         mma16(sc[n], qa[s], bb[0], bb[1]);
         mma16(sc[n + 1], qa[s], bb[2], bb[3]);
-        fragB2(bb, Vs, STR, 8 * n, 16 * s);
+        fragB2(bb, vS, STR, 8 * n, 16 * s);
         mma16(dp[n], da[s], bb[0], bb[1]);
         mma16(dp[n + 1], da[s], bb[2], bb[3]);
       }
@@ -997,10 +1020,11 @@ extern "C" __global__ void attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float
       unsigned sa[4];
       packA(sa, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-      for (int n = 0; n < NO; n++) {
-        unsigned b0, b1;
-        fragBt(b0, b1, Ks, STR, 16 * kk, 8 * n);
-        mma16(acc[n], sa, b0, b1);
+      for (int n = 0; n < NO; n += 2) {
+        unsigned bb[4];
+        fragBt2(bb, kS, STR, 16 * kk, 8 * n);
+        mma16(acc[n], sa, bb[0], bb[1]);
+        mma16(acc[n + 1], sa, bb[2], bb[3]);
       }
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
@@ -1085,8 +1109,7 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
     if (it + 1 < nTiles) { issue(it + 1); cpWait<1>(); } else cpWait<0>();
     __syncthreads(); /* tile it (and, the first time, K and V) is in shared memory for every warp */
     {
-      const bf16* Qs = qbuf + (it & 1) * 2 * QT * STR;
-      const bf16* Os = Qs + QT * STR;
+      const unsigned qS = smem32(qbuf + (it & 1) * 2 * QT * STR), oS = qS + 2u * (QT * STR);
       const float* Ls = lbuf + (it & 1) * 2 * QT; /* lse (natural log) */
       const float* Dm = Ls + QT;                  /* D */
       float sc[QT / 8][4], dp[QT / 8][4];
@@ -1098,15 +1121,15 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
 #pragma unroll
       for (int ss = 0; ss < KS; ss++) {
         unsigned ka[4], va[4];
-        fragA(ka, Ks, STR, rw, 16 * ss);
-        fragA(va, Vs, STR, rw, 16 * ss);
+        fragA(ka, smem32(Ks), STR, rw, 16 * ss);
+        fragA(va, smem32(Vs), STR, rw, 16 * ss);
 #pragma unroll
         for (int n = 0; n < QT / 8; n += 2) {
           unsigned bb[4];
-          fragB2(bb, Qs, STR, 8 * n, 16 * ss);
+          fragB2(bb, qS, STR, 8 * n, 16 * ss);
           mma16(sc[n], ka, bb[0], bb[1]);
           mma16(sc[n + 1], ka, bb[2], bb[3]);
-          fragB2(bb, Os, STR, 8 * n, 16 * ss);
+          fragB2(bb, oS, STR, 8 * n, 16 * ss);
           mma16(dp[n], va, bb[0], bb[1]);
           mma16(dp[n + 1], va, bb[2], bb[3]);
         }
@@ -1131,12 +1154,14 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
         packA(pa, sc[2 * kk], sc[2 * kk + 1]);
         packA(sa, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
-        for (int n = 0; n < NO; n++) {
-          unsigned b0, b1;
-          fragBt(b0, b1, Os, STR, 16 * kk, 8 * n);
-          mma16(adv[n], pa, b0, b1);
-          fragBt(b0, b1, Qs, STR, 16 * kk, 8 * n);
-          mma16(adk[n], sa, b0, b1);
+        for (int n = 0; n < NO; n += 2) {
+          unsigned bb[4];
+          fragBt2(bb, oS, STR, 16 * kk, 8 * n);
+          mma16(adv[n], pa, bb[0], bb[1]);
+          mma16(adv[n + 1], pa, bb[2], bb[3]);
+          fragBt2(bb, qS, STR, 16 * kk, 8 * n);
+          mma16(adk[n], sa, bb[0], bb[1]);
+          mma16(adk[n + 1], sa, bb[2], bb[3]);
         }
       }
     }
