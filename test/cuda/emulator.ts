@@ -36,7 +36,7 @@ dim3e gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(x)
 #define __shared__ static
 struct uint4 { unsigned x, y, z, w; };
@@ -120,6 +120,10 @@ const void* g_xp[32][32];
 inline unsigned __cvta_generic_to_shared(const void* p) { return (unsigned)((const unsigned char*)p - g_smem); }
 struct float2 { float x, y; };
 inline float2 make_float2(float a, float b) { return {a, b}; }
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8m + r address row r of matrix m (a shared address); not
    transposed, lane 4g + t receives elements [g][2t] (low half) and [g][2t + 1] of matrix m in register m; transposed,
    elements [2t][g] and [2t + 1][g] */

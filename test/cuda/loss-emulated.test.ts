@@ -3,7 +3,8 @@
  * online statistics of 'none', 'kl' and 'reverse-kl', and the multi-pass 'jsd') compiled for the host on the emulator of
  * ./emulator.ts and compared with the CPU backend's float64 loss (stats and dlogits), for random models and for nearly
  * identical ones (a small divergence: the case where subtracting two log-sum-exps would cancel), with a padding row,
- * a row stride past the loss vocabulary, and f32 and bf16 dlogits.
+ * a row stride past the loss vocabulary, and f32 and bf16 dlogits; rows whose stride is a multiple of 4 (the float4 loop,
+ * with and without a scalar tail) and rows that are not (the scalar loop).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -16,15 +17,17 @@ import { roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
 
-const n = 6, V = 1000, LD = 1008, BLOCK = 128;
+const n = 6, BLOCK = 128;
+/** [loss vocabulary, row stride]: float4 rows without a tail, float4 rows with a 1-element tail, scalar rows */
+const GEOMETRIES: Array<[number, number]> = [[1000, 1008], [1001, 1004], [998, 1003]];
 
 function readF32(name: string): Float32Array {
   const b = readFileSync(join(workDir(), name));
   return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
 }
 
-for (const close of [false, true]) {
-  test(`emulated CUDA: fused loss, every kind, ${close ? 'nearly identical' : 'random'} models, vs the CPU backend in float64`, { skip, timeout: 300_000 }, () => {
+for (const [close, [V, LD]] of [false, true].flatMap((c) => GEOMETRIES.map((g) => [c, g] as const))) {
+  test(`emulated CUDA: fused loss, every kind, ${close ? 'nearly identical' : 'random'} models, vocabulary ${V} in rows of ${LD}, vs the CPU backend in float64`, { skip, timeout: 300_000 }, () => {
     const r = rng(close ? 5 : 3);
     const z = Float32Array.from({ length: n * LD }, () => (r() - 0.5) * 12);
     const zt = Float32Array.from({ length: n * LD }, (_, i) => (close ? z[i]! + (r() - 0.5) * 0.02 : (r() - 0.5) * 12));
@@ -59,7 +62,7 @@ for (const close of [false, true]) {
           const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;
           eg = Math.max(eg, Math.abs(g[i]! - want)); mg = Math.max(mg, Math.abs(rg[i]!));
         }
-        process.stderr.write(`[loss-emulated] ${close ? 'close' : 'random'} ${kind} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
+        process.stderr.write(`[loss-emulated] ${close ? 'close' : 'random'} V ${V} LD ${LD} ${kind} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
         assert.ok(es <= 2e-3, `${kind} ${dt}: stats relative error ${es}`);
         assert.ok(eg / mg <= (dt === 'bf16' ? 8e-3 : 1e-5), `${kind} ${dt}: dlogits error ${eg / mg}`);
         for (let i = 3 * LD; i < 4 * LD; i++) assert.equal(g[i], 0, 'the padding row has no gradient');
