@@ -5,7 +5,8 @@
 # --gpus N with NCCL beside `torchrun --nproc-per-node N torch_kd_peer.py` (total tokens/s), and the same job on one GPU
 # for the scaling efficiency; (3) with N GPUs, a small bf16 job's loss curve against one GPU with --grad-accum N over
 # the same global batch; (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
-# stop, the last checkpoint, and --resume finishing the run. PARTS (default "small big curve kill") picks parts.
+# stop, the last checkpoint, and --resume finishing the run. PARTS (default "small big peer curve kill") picks parts
+# ("peer": the torchrun peer alone).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Output: $OUT/data-parallel.txt. NCCL_NVLS_ENABLE=0 everywhere (the device README says why).
 set -uo pipefail
@@ -18,7 +19,7 @@ work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}
 STEPS=${STEPS:-12}
-PARTS=${PARTS:-small big curve kill}
+PARTS=${PARTS:-small big peer curve kill}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "== device: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1) x $NGPUS; node $(node --version)"
 small=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 8 --warmup 1
@@ -49,8 +50,11 @@ if has big && [ "$NGPUS" -ge 2 ]; then
     say "== distillery --gpus $n: rc=$rc peak ${mib} MiB over all GPUs (nvidia-smi, GPU 0 only: see bench-lib) $(step_metrics "$work/dp-$n/metrics.jsonl")"
     [ "$rc" != 0 ] && tail -12 "$work/dp-$n.log" | tee -a "$txt"
   done
-  PYTHONUNBUFFERED=1 timeout 500 torchrun --nproc-per-node "$NGPUS" .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b --batch 8 --seq 1024 --steps 10 > "$work/peer-ddp.log" 2>&1
-  say "== torchrun peer x $NGPUS: rc=$? $(grep -E 'tokens/s|tok/s' "$work/peer-ddp.log" | tail -2 | tr '\n' ' ')"
+fi
+if has peer && [ "$NGPUS" -ge 2 ]; then
+  PYTHONUNBUFFERED=1 timeout 300 torchrun --nproc-per-node "$NGPUS" .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b --batch 8 --seq 1024 --steps 10 > "$work/peer-ddp.log" 2>&1
+  say "== torchrun peer x $NGPUS (eager, DDP): rc=$? $(grep -E 'tokens_per_s' "$work/peer-ddp.log" | tail -1)"
+  grep -iE 'error|Traceback' "$work/peer-ddp.log" | tail -3 | tee -a "$txt"
 fi
 if has curve && [ "$NGPUS" -ge 2 ]; then
   curve=(train --device cuda --precision bf16 --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 30

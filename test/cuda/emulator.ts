@@ -92,6 +92,13 @@ inline int __shfl_up_sync(unsigned, int v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xu[w][l][0] = (unsigned)v; warpsync(); int r = l >= o ? (int)g_xu[w][l - o][0] : v; warpsync(); return r;
 }
+inline unsigned __ballot_sync(unsigned, int p) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xu[w][l][0] = p ? 1u : 0u; warpsync();
+  unsigned r = 0; for (int i = 0; i < 32; i++) r |= g_xu[w][i][0] << i;
+  warpsync(); return r;
+}
+inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline float lo16(unsigned r) { return __uint_as_float((r & 0xffffu) << 16); }
 inline float hi16(unsigned r) { return __uint_as_float(r & 0xffff0000u); }
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, layouts from the PTX ISA */

@@ -373,6 +373,25 @@ test('cuda vs cpu: dequantNf4 into f32 and bf16 is bit-identical', { skip }, () 
   assert.equal(worst, 0);
 });
 
+test('cuda vs cpu: embedding backward over 4096 rows of 896 with ids that repeat ~64 times equals the sequential loop bit for bit, run after run', { skip }, () => {
+  const r = rng(23), n = 4096, c = 896, vocab = 64;
+  const ids = Int32Array.from({ length: n }, () => Math.floor(r() * vocab));
+  const table = rand(r, vocab * c), d = rand(r, n * c);
+  const want = Float32Array.from(table);
+  const xc = load(cpu!, { dt: want, d, ids });
+  cpu!.embeddingBackward(xc.dt!, xc.d!, xc.ids!, n, c);
+  const ref = cpu!.download(xc.dt!);
+  for (let run = 0; run < 2; run++) {
+    const xg = load(cuda!, { dt: table, d, ids });
+    cuda!.embeddingBackward(xg.dt!, xg.d!, xg.ids!, n, c);
+    const got = cuda!.download(xg.dt!);
+    let diff = 0, worst = 0;
+    for (let i = 0; i < ref.length; i++) if (got[i] !== ref[i]) { diff++; worst = Math.max(worst, Math.abs(got[i]! - ref[i]!)); }
+    if (run === 0) record('embedding bwd (bit for bit, repeated ids)', worst, 0);
+    assert.equal(diff, 0, `run ${run}: ${diff} of ${ref.length} values differ (worst ${worst})`);
+  }
+});
+
 test('cuda vs cpu: sumSquares, copy, view, zero', { skip }, () => {
   const a = rand(rng(5), 100_003);
   const xc = load(cpu!, { a }), xg = load(cuda!, { a });

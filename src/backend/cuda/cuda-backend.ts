@@ -58,7 +58,7 @@ import {
   mmaForwardSmem,
 } from './kernels/attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, biasGrad, colReduce, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
@@ -71,6 +71,8 @@ import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } f
 
 /** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
 export const ELEM_BLOCK = 256;
+/** Threads per block of embedding_bwd (one block per token row; each thread keeps ceil(c / this) columns). */
+export const EMB_BWD_BLOCK = 256;
 export const ROW_BLOCK = 256;
 export const ATTN_BLOCK = 128;
 export const LOSS_BLOCK = 512;
@@ -697,8 +699,10 @@ export class CudaBackend implements Backend {
     this.need(dout, n * c, 'embeddingBackward'); this.need(ids, n, 'embeddingBackward'); this.own(dtable, 'embeddingBackward');
     this.f32Only('embeddingBackward', [['dtable', dtable]]);
     if (n * c <= 0) return;
-    this.launch(embeddingBackward.make({ dout: D(dout), block: ELEM_BLOCK }), [blocksFor(n * c, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(dtable), P(dout), P(ids), L(n * c), I(c)]);
+    const per = Math.ceil(c / EMB_BWD_BLOCK);
+    if (per > EMB_BWD_MAX_PER) throw new Error(`embeddingBackward: rows of ${c} exceed the kernel's ${EMB_BWD_MAX_PER * EMB_BWD_BLOCK} columns`);
+    this.launch(embeddingBackward.make({ dout: D(dout), per, block: EMB_BWD_BLOCK }), [n, 1, 1], EMB_BWD_BLOCK,
+      [P(dtable), P(dout), P(ids), I(n), I(c)]);
   }
 
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void {

@@ -1,7 +1,7 @@
 /**
  * Elementwise and reduction kernels: add, accumulate, scale, sum of squares (per-block double partials summed
  * on the host), convert (copy across dtypes), matmul bias add/fill and bias-gradient column reduction, SwiGLU
- * forward/backward, embedding forward/backward (atomicAdd), AdamW (with its optional compute copy).
+ * forward/backward, embedding forward/backward (deterministic: no atomics), AdamW (with its optional compute copy).
  * Baked: block size and the dtype ('f32' | 'bf16', DTYPE_DOMAIN) of every float operand that may be either (the
  * generated signature says `float*` or `bf16*`, so the dtype is in the source and the key). Operands read through
  * ldf() and written through stf() (dtypeHelpers): compute is float32, a bf16 store rounds once to nearest even; an
@@ -216,17 +216,63 @@ extern "C" __global__ void embedding_fwd(${T(p.out)}* out, const int* ids, const
 `,
 });
 
-type EmbBP = { dout: string; block: number };
-/** dtable[ids[i], j] += dout[i, j] (atomicAdd on a float32 dtable: repeated ids collide). */
+type EmbBP = { dout: string; per: number; block: number };
+/** Columns of a row each thread of embedding_bwd keeps in registers: ceil(c / block) (baked: it sizes the array). */
+export const EMB_BWD_MAX_PER = 64;
+/**
+ * dtable[v, :] += Σ dout[i, :] over the rows i with ids[i] = v, deterministically and in the CPU backend's order: one
+ * block per row i; the block whose row is the first occurrence of its id (no earlier row has it) loads dtable[v, :],
+ * adds its own row and then every later row with the same id in ascending order (a block-wide scan of the ids, one
+ * ballot per warp), and stores the sum; the other blocks return. Each row is read once, by its id's first block, and
+ * the result is bit-for-bit the sequential float32 loop (float atomics would add in whatever order they land). The
+ * scans read the int ids (n² / 2 compares over all blocks, from L2).
+ */
 export const embeddingBackward = defineFamily<EmbBP>({
-  name: 'embedding_bwd', schema: { dout: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dout: 'bf16', block: 256 },
-  generate: (p) => `#define BLOCK ${p.block}
+  name: 'embedding_bwd', schema: { dout: DTYPE_DOMAIN, per: { kind: 'int', min: 1, max: EMB_BWD_MAX_PER }, block: BLOCK_DOMAIN },
+  example: { dout: 'bf16', per: 4, block: 256 },
+  generate: (p) => `#define NT ${p.block}
+#define PER ${p.per}
+#define NW (NT / 32)
 ${dtypeHelpers()}
-extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout, const int* ids, long long n, int c) {
-  ${loop} {
-    long long row = i / c;
-    int j = (int)(i % c);
-    atomicAdd(&dtable[(long long)ids[row] * c + j], ldf(dout, i));
+extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout, const int* ids, int n, int c) {
+  __shared__ int seen;
+  __shared__ unsigned masks[NW];
+  const int i = blockIdx.x, tid = threadIdx.x, v = ids[i];
+  if (tid == 0) seen = 0;
+  __syncthreads();
+  int earlier = 0;
+  for (int k = tid; k < i && !earlier; k += NT) earlier = ids[k] == v;
+  if (earlier) seen = 1;
+  __syncthreads();
+  if (seen) return;
+  float acc[PER];
+  const long long base = (long long)v * c;
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    const int j = tid + q * NT;
+    if (j < c) acc[q] = dtable[base + j] + ldf(dout, (long long)i * c + j);
+  }
+  for (int t0 = i + 1; t0 < n; t0 += NT) {
+    const int k = t0 + tid;
+    const unsigned m = __ballot_sync(0xffffffffu, k < n && ids[k] == v);
+    if ((tid & 31) == 0) masks[tid >> 5] = m;
+    __syncthreads();
+    for (int w = 0; w < NW; w++) {
+      for (unsigned bits = masks[w]; bits; bits &= bits - 1) {
+        const long long row = (long long)(t0 + w * 32 + __ffs(bits) - 1) * c;
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+          const int j = tid + q * NT;
+          if (j < c) acc[q] += ldf(dout, row + j);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int q = 0; q < PER; q++) {
+    const int j = tid + q * NT;
+    if (j < c) dtable[base + j] = acc[q];
   }
 }
 `,
