@@ -71,9 +71,12 @@ export function shardOf(total: number, world: number, rank: number): { size: num
 }
 
 /**
- * Whether a run uses NCCL (src/parallel/nccl.ts) for its device collectives: a CUDA run with DISTILLERY_NCCL=1 (opt-in
- * until the binding has run on a GPU; otherwise a CUDA run of several ranks goes through the host communicator).
+ * Whether a run uses NCCL (src/parallel/nccl.ts) for its device collectives: a CUDA run of several ranks, unless
+ * DISTILLERY_NCCL=0 moves them through the host communicator (correct, and slow); DISTILLERY_NCCL=1 uses NCCL on one
+ * rank too (the check that the NCCL path equals the plain one: scripts/cuda/data-parallel-check.sh). NCCL became the
+ * default once it had run on GPUs (2 H200s, session 10: 97.7% scaling at 8x1024 per GPU, docs/measurements).
  */
 export function ncclWanted(device: 'cpu' | 'cuda', world: number, env: NodeJS.ProcessEnv = process.env): boolean {
-  return device === 'cuda' && env.DISTILLERY_NCCL === '1' && world >= 1;
+  if (device !== 'cuda' || env.DISTILLERY_NCCL === '0') return false;
+  return env.DISTILLERY_NCCL === '1' ? world >= 1 : world > 1;
 }

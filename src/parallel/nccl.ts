@@ -6,8 +6,8 @@
  * (NCCL_NVLS_ENABLE=0). The gather of unequal shards is one broadcast per rank inside a group (ncclGroupStart/End):
  * no padded buffer.
  *
- * Opt-in (DISTILLERY_NCCL=1) until it has run on a GPU: without it a CUDA run of several ranks moves its collectives
- * through the host (HostComm), which is correct and slow. Not yet: a timeout on NCCL's own collectives (a peer that dies
+ * The default of a CUDA run of several ranks (ncclWanted: DISTILLERY_NCCL=0 moves the collectives through the host,
+ * HostComm, which is correct and slow; DISTILLERY_NCCL=1 uses NCCL on one rank too). Not yet: a timeout on NCCL's own collectives (a peer that dies
  * between two of them leaves the others waiting in NCCL; ncclCommGetAsyncError polling is to come).
  */
 import koffi from 'koffi';

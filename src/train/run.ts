@@ -208,7 +208,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads,
       ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}) });
     const ownBackend = !hooks.backend;
-    // NCCL for the device collectives of a CUDA run (opt-in until it has run on a GPU: src/parallel/nccl.ts)
+    // NCCL for the device collectives of a CUDA run of several ranks (ncclWanted; DISTILLERY_NCCL=0: through the host)
     let dcomm: Communicator = comm;
     if (!hooks.comm && ncclWanted(o.device, comm.world) && backend.name.startsWith('cuda')) {
       const { NcclComm } = await import('../parallel/nccl.js');
