@@ -15,7 +15,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError, InputError } from '../util/errors.js';
 import { recoverDir, replaceDirAtomic, replaceDirAtomicSync } from './atomic.js';
-import { readSafetensors, writeSafetensors, type Tensor } from './safetensors.js';
+import { lazySafetensors, writeSafetensors, type LazyTensor, type Tensor } from './safetensors.js';
 import { CHATML_TEMPLATE, chatTemplateFromConfig } from '../tokenizer/chat.js';
 
 /** transformers 5's default `max_shard_size` ("50GB", decimal units). */
@@ -198,6 +198,14 @@ function readJson(file: string, what: string): Record<string, unknown> {
 
 /** Loads a Hugging Face model folder (single-file or sharded safetensors). */
 export function loadModelDir(dir: string): LoadedModelDir {
+  const lazy = loadModelDirLazy(dir);
+  const tensors = new Map<string, Tensor>();
+  for (const [name, t] of lazy.tensors) tensors.set(name, { dtype: t.dtype, shape: t.shape, data: t.read() });
+  return { ...lazy, tensors };
+}
+
+/** loadModelDir with the tensors not yet read (LazyTensor: read() reads one): a model loaded tensor by tensor. */
+export function loadModelDirLazy(dir: string): Omit<LoadedModelDir, 'tensors'> & { tensors: Map<string, LazyTensor> } {
   if (!fs.existsSync(dir) && fs.existsSync(`${path.resolve(dir)}.old`)) recoverDir(dir);
   if (!fs.existsSync(dir)) {
     throw new InputError(`model folder ${dir} does not exist`, 'pass the folder that holds config.json and model.safetensors');
@@ -212,11 +220,11 @@ export function loadModelDir(dir: string): LoadedModelDir {
   const config = readJson(configPath, 'config.json');
   const single = path.join(dir, 'model.safetensors');
   const index = path.join(dir, 'model.safetensors.index.json');
-  let tensors: Map<string, Tensor>;
+  let tensors: Map<string, LazyTensor>;
   let metadata: Record<string, string> = {};
   let shards: string[] | null = null;
   if (fs.existsSync(single)) {
-    const f = readSafetensors(single);
+    const f = lazySafetensors(single);
     tensors = f.tensors;
     metadata = f.metadata;
   } else if (fs.existsSync(index)) {
@@ -225,7 +233,7 @@ export function loadModelDir(dir: string): LoadedModelDir {
     shards = listed.map((x) => x.shard);
     let firstShard = true;
     for (const { path: p, names } of listed) {
-      const f = readSafetensors(p, { filter: (n) => names.has(n) });
+      const f = lazySafetensors(p, { filter: (n) => names.has(n) });
       if (firstShard) { metadata = f.metadata; firstShard = false; }
       for (const n of names) tensors.set(n, shardTensor(f.tensors, n, p));
     }
@@ -233,8 +241,7 @@ export function loadModelDir(dir: string): LoadedModelDir {
     throw new DistilleryError(`model folder ${dir} has no model.safetensors`,
       'distillery reads safetensors weights; convert pytorch_model.bin with save_pretrained(safe_serialization=True)');
   }
-  const out: LoadedModelDir = { config, tensors, metadata, shards, ...readModelDirExtras(dir) };
-  return out;
+  return { config, tensors, metadata, shards, ...readModelDirExtras(dir) };
 }
 
 /**

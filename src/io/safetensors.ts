@@ -201,28 +201,49 @@ export interface ReadOptions {
   filter?: (name: string) => boolean;
 }
 
+/** A tensor of a safetensors file not yet read: its dtype and shape, and read() for its values (each call reads). */
+export interface LazyTensor {
+  dtype: SafetensorsDtype;
+  shape: number[];
+  read(): Float32Array;
+}
+
+/**
+ * A safetensors file's header, with each tensor (F32/F16/BF16) read as a Float32Array only when asked: what loads a
+ * model tensor by tensor without the whole of it in memory (a 7B teacher).
+ */
+export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors: Map<string, LazyTensor>; metadata: Record<string, string> } {
+  const header = readSafetensorsHeader(file);
+  const tensors = new Map<string, LazyTensor>();
+  for (const [name, info] of header.tensors) {
+    if (opts.filter && !opts.filter(name)) continue;
+    if (!READABLE.has(info.dtype)) {
+      throw new DistilleryError(`${file}: tensor "${name}" has dtype ${info.dtype}; distillery reads only F32, F16 and BF16`,
+        'convert the checkpoint to float32, float16 or bfloat16 (e.g. model.to(torch.bfloat16) then save_pretrained)');
+    }
+    const dtype = info.dtype as SafetensorsDtype;
+    const numel = info.shape.reduce((a, d) => a * d, 1);
+    tensors.set(name, {
+      dtype, shape: info.shape,
+      read: () => {
+        const fd = openForRead(file);
+        try {
+          const bytes = new Uint8Array(info.end - info.begin);
+          readExactly(fd, bytes, info.begin, file);
+          return decode(bytes, dtype, numel);
+        } finally { fs.closeSync(fd); }
+      },
+    });
+  }
+  return { tensors, metadata: header.metadata };
+}
+
 /** Reads a safetensors file; F32/F16/BF16 tensors are returned as Float32Array. */
 export function readSafetensors(file: string, opts: ReadOptions = {}): SafetensorsFile {
-  const fd = openForRead(file);
-  try {
-    const header = parseHeader(file, fd);
-    const tensors = new Map<string, Tensor>();
-    for (const [name, info] of header.tensors) {
-      if (opts.filter && !opts.filter(name)) continue;
-      if (!READABLE.has(info.dtype)) {
-        throw new DistilleryError(`${file}: tensor "${name}" has dtype ${info.dtype}; distillery reads only F32, F16 and BF16`,
-          'convert the checkpoint to float32, float16 or bfloat16 (e.g. model.to(torch.bfloat16) then save_pretrained)');
-      }
-      const dtype = info.dtype as SafetensorsDtype;
-      const numel = info.shape.reduce((a, d) => a * d, 1);
-      const bytes = new Uint8Array(info.end - info.begin);
-      readExactly(fd, bytes, info.begin, file);
-      tensors.set(name, { dtype, shape: info.shape, data: decode(bytes, dtype, numel) });
-    }
-    return { tensors, metadata: header.metadata };
-  } finally {
-    fs.closeSync(fd);
-  }
+  const { tensors: lazy, metadata } = lazySafetensors(file, opts);
+  const tensors = new Map<string, Tensor>();
+  for (const [name, t] of lazy) tensors.set(name, { dtype: t.dtype, shape: t.shape, data: t.read() });
+  return { tensors, metadata };
 }
 
 /** float32 → bfloat16 bits with round-to-nearest-even (NaN stays a quiet NaN). */

@@ -14,7 +14,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { ModelConfig } from './config.js';
-import { parameterLayout } from './params.js';
+import { parameterLayout, type Weights } from './params.js';
 import { LORA_TARGETS, loraLayout, mergeLora, type LoraLayout, type LoraSpec, type LoraTarget } from './lora.js';
 import { readCheckpoint, type LoadedCheckpoint } from './checkpoint.js';
 import { readSafetensors, writeSafetensors, type WriteTensor } from '../io/safetensors.js';
@@ -240,7 +240,7 @@ export function resolveBaseDir(h: Omit<LoadedAdapter, 'weights'>, baseOverride?:
  * Refuses a base that is not the one the adapter was trained on: another shape (named field by field), or, when the
  * adapter records it, other weights (SHA-256). `baseHash` is computed only when needed.
  */
-export function checkBase(h: Pick<LoadedAdapter, 'dir' | 'base'>, baseDir: string, c: ModelConfig, baseWeights: Float32Array): void {
+export function checkBase(h: Pick<LoadedAdapter, 'dir' | 'base'>, baseDir: string, c: ModelConfig, baseWeights: Weights): void {
   if (!h.base) return;
   const want = h.base.shape, have = baseShape(c);
   const diff = Object.keys(want).filter((k) => want[k] !== have[k]);

@@ -6,15 +6,16 @@
  */
 import type { Backend } from '../backend/backend.js';
 import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
-import { packWeights, unpackWeights, parameterLayout, type ParamLayout } from './params.js';
+import { MAX_FLAT_WEIGHTS, TensorWeights, flatWeights, packWeights, unpackWeights, parameterLayout, tensorOf, type ParamLayout, type Weights } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
-import { loadModelDir, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
+import { loadModelDirLazy, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 
 export interface LoadedCheckpoint {
   config: ModelConfig;
-  weights: Float32Array;
+  /** One flat array, or tensor by tensor for a model above MAX_FLAT_WEIGHTS parameters (TensorWeights). */
+  weights: Weights;
   tokenizer: Tokenizer | null;
   tokenizerJson: Record<string, unknown> | null;
   /** tokenizer_config.json, when the folder has one. */
@@ -28,18 +29,45 @@ export interface LoadedCheckpoint {
 }
 
 /**
+ * Parameters above which a checkpoint is kept tensor by tensor: MAX_FLAT_WEIGHTS, or DISTILLERY_MAX_FLAT_WEIGHTS (a
+ * smaller positive integer: how the tests run a small model through the path of a 7B one).
+ */
+function maxFlatFromEnv(): number {
+  const v = Number(process.env.DISTILLERY_MAX_FLAT_WEIGHTS);
+  return Number.isInteger(v) && v > 0 ? Math.min(v, MAX_FLAT_WEIGHTS) : MAX_FLAT_WEIGHTS;
+}
+
+/** readCheckpoint of a model that must fit one flat array (training it, or a test that reads its values by index). */
+export function readFlatCheckpoint(dir: string): LoadedCheckpoint & { weights: Float32Array } {
+  const ck = readCheckpoint(dir);
+  return { ...ck, weights: flatWeights(ck.weights, `reading ${dir} whole`) };
+}
+
+/**
  * Reads and validates a checkpoint folder: config, every tensor by name and shape, the tokenizer if present.
  * Weights that are NaN or infinite are refused, naming the tensor (such a model computes nothing meaningful).
  */
-export function readCheckpoint(dir: string): LoadedCheckpoint {
-  const loaded = loadModelDir(dir);
+export function readCheckpoint(dir: string, opts: { maxFlat?: number } = {}): LoadedCheckpoint {
+  // The tensors are read as they are placed (lazily): a flat model holds its array and one tensor at a time; a model
+  // kept tensor by tensor reads each when it is asked for (and checks it then), so a 7B teacher is never whole in memory.
+  const loaded = loadModelDirLazy(dir);
   const config = parseHfConfig(loaded.config);
   const layout = parameterLayout(config);
-  const weights = packWeights(layout, loaded.tensors, dir);
-  const bad = firstNonFinite(layout, weights);
-  if (bad) {
-    throw new DistilleryError(`${dir}: tensor "${bad.name}" holds a non-finite value (${bad.value} at element ${bad.index})`,
-      'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
+  const packed = packWeights(layout, loaded.tensors, dir, opts.maxFlat ?? maxFlatFromEnv());
+  const nonFinite = (bad: { name: string; index: number; value: number }): DistilleryError => new DistilleryError(
+    `${dir}: tensor "${bad.name}" holds a non-finite value (${bad.value} at element ${bad.index})`,
+    'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
+  let weights: Weights;
+  if (packed instanceof TensorWeights) {
+    weights = new TensorWeights(layout, (t) => {
+      const d = packed.tensor(t), i = d.findIndex((x) => !Number.isFinite(x));
+      if (i >= 0) throw nonFinite({ name: t.name, index: i, value: d[i]! });
+      return d;
+    });
+  } else {
+    const bad = firstNonFinite(layout, packed);
+    if (bad) throw nonFinite(bad);
+    weights = packed;
   }
   const tokenizerJson = loaded.tokenizerJson ?? null;
   let tokenizer: Tokenizer | null = null;
@@ -73,10 +101,11 @@ export function loadTransformer(backend: Backend, dir: string, opts: Transformer
 }
 
 /** The first NaN or infinite weight, by tensor name and element index, or null when all are finite. */
-export function firstNonFinite(layout: ParamLayout, weights: Float32Array): { name: string; index: number; value: number } | null {
+export function firstNonFinite(layout: ParamLayout, weights: Weights): { name: string; index: number; value: number } | null {
   for (const t of layout.tensors) {
+    const d = tensorOf(weights, t);
     for (let i = 0; i < t.size; i++) {
-      const x = weights[t.offset + i]!;
+      const x = d[i]!;
       if (!Number.isFinite(x)) return { name: t.name, index: i, value: x };
     }
   }
@@ -127,7 +156,7 @@ export function sideConfigs(config: ModelConfig, opts: Pick<SaveCheckpointOption
 }
 
 /** Writes weights (flat, layout order) and config as an HF model folder, atomically. */
-export function writeCheckpoint(dir: string, config: ModelConfig, weights: Float32Array | Float64Array, opts: SaveCheckpointOptions): void {
+export function writeCheckpoint(dir: string, config: ModelConfig, weights: Weights | Float64Array, opts: SaveCheckpointOptions): void {
   const tensors = unpackWeights(parameterLayout(config), weights);
   const hf = toHfConfig(config);
   hf.torch_dtype = opts.dtype === 'bf16' ? 'bfloat16' : 'float32';

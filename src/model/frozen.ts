@@ -10,7 +10,7 @@
  * the compute dtype, the dense tensors in the compute dtype.
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
-import { weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { NF4_DEFAULT_BLOCK, dequantizeNf4, nf4WordCount, nf4Words, quantizeNf4 } from '../quant/nf4.js';
 import { DistilleryError } from '../util/errors.js';
 
@@ -90,21 +90,18 @@ export class FrozenNf4 {
     return this.backend.view(this.scratch, q.scratch, t.size);
   }
 
-  /** Quantizes the matrices of a full flat weight array (layout order) and uploads everything. */
-  setWeights(w: ArrayLike<number>): void {
+  /** Quantizes the matrices of a model's weights (flat in layout order, or tensor by tensor) and uploads everything. */
+  setWeights(w: ArrayLike<number> | TensorWeights): void {
     if (w.length !== this.layout.total) throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     const be = this.backend, p = this.plan;
-    const dense = new Float32Array(p.denseTotal);
-    for (const [t, off] of p.dense) for (let i = 0; i < t.size; i++) dense[off + i] = w[t.offset + i]!;
-    be.upload(this.dense, dense);
-    const words = new Int32Array(p.words), scales = new Float32Array(p.blocks);
+    const get = (t: TensorInfo): ArrayLike<number> => (w instanceof TensorWeights ? w.tensor(t) : weightSlice(w, t.offset, t.offset + t.size));
+    // tensor by tensor: the host holds one tensor's codes at a time, whatever the model's size
+    for (const [t, off] of p.dense) be.upload(be.view(this.dense, off, t.size), get(t));
     for (const [t, q] of p.quant) {
-      const nf = quantizeNf4(weightSlice(w, t.offset, t.offset + t.size), p.blockSize);
-      words.set(nf4Words(nf), q.word);
-      scales.set(nf.absmax, q.block);
+      const nf = quantizeNf4(get(t), p.blockSize);
+      be.uploadInt(be.viewInt(this.codes, q.word, nf4WordCount(t.size)), nf4Words(nf));
+      be.upload(be.view(this.absmax, q.block, Math.ceil(t.size / p.blockSize)), nf.absmax);
     }
-    be.uploadInt(this.codes, words);
-    be.upload(this.absmax, scales);
   }
 
   /**

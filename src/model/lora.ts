@@ -18,7 +18,7 @@
  */
 import type { Backend, Buf, DType } from '../backend/backend.js';
 import type { ModelConfig } from './config.js';
-import type { LayerTensors, TensorInfo } from './params.js';
+import { TensorWeights, type LayerTensors, type TensorInfo, type Weights } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 
@@ -190,11 +190,16 @@ export function loraBackward(be: Backend, ad: LoraAdapters, v: LoraView, dinp: B
 }
 
 /** W + s·B·A for every adapted projection: the merged flat weights of the base model (host, float32; float64 sums). */
-export function mergeLora(base: Float32Array | Float64Array, baseLayers: LayerTensors[], lay: LoraLayout, adapter: ArrayLike<number>): Float32Array {
-  const w = Float32Array.from(base), r = lay.spec.rank, s = lay.scale;
+export function mergeLora(base: Float32Array | Float64Array | TensorWeights, baseLayers: LayerTensors[], lay: LoraLayout, adapter: ArrayLike<number>): Weights {
+  // a flat base: one merged copy; a base kept tensor by tensor: copies of the target matrices, the rest shared
+  const flat = base instanceof TensorWeights ? null : Float32Array.from(base), r = lay.spec.rank, s = lay.scale;
+  const merged = new Map<string, Float32Array>();
   lay.layers.forEach((row, l) => {
     for (const t of row) {
       const W = baseLayers[l]![TARGET_WEIGHT[t.target]] as TensorInfo;
+      let w: Float32Array;
+      if (flat) w = flat.subarray(W.offset, W.offset + W.size);
+      else { w = merged.get(W.name) ?? Float32Array.from((base as TensorWeights).tensor(W)); merged.set(W.name, w); }
       const acc = new Float64Array(t.in);
       for (let o = 0; o < t.out; o++) {
         acc.fill(0);
@@ -205,12 +210,14 @@ export function mergeLora(base: Float32Array | Float64Array, baseLayers: LayerTe
           const a0 = t.a.offset + k * t.in;
           for (let i = 0; i < t.in; i++) acc[i] = acc[i]! + b * adapter[a0 + i]!;
         }
-        const w0 = W.offset + o * t.in;
+        const w0 = o * t.in;
         for (let i = 0; i < t.in; i++) w[w0 + i] = w[w0 + i]! + s * acc[i]!;
       }
     }
   });
-  return w;
+  if (flat) return flat;
+  const tw = base as TensorWeights;
+  return new TensorWeights(tw.layout, (t) => merged.get(t.name) ?? tw.tensor(t));
 }
 
 /** The LoRA spec of a run's options, or null when it trains every weight (--lora-rank 0). alpha 0 means 2 × rank. */

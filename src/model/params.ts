@@ -106,15 +106,63 @@ export function allocateWeights(n: number, what: string): Float32Array {
   }
 }
 
+/** The most elements one typed array holds (V8 in Node 20): a model with more parameters keeps them tensor by tensor. */
+export const MAX_FLAT_WEIGHTS = 2 ** 32 - 1;
+
 /**
- * Places named tensors (from a safetensors file) into a flat weight array, checking names and shapes.
+ * A model's weights kept tensor by tensor, in layout order, where one flat float32 array cannot hold them (above
+ * MAX_FLAT_WEIGHTS: Qwen2.5-7B, Llama-3-8B, Qwen3-8B). Whatever reads a model as a teacher, a frozen base, for eval,
+ * generate or export takes either form (setWeights, weightsHash, unpackWeights); what needs one array (training every
+ * weight of such a model) asks flatWeights, which refuses it by name.
+ */
+export class TensorWeights {
+  /**
+   * `read` gives a tensor's values; it may read them from disk at each call (readCheckpoint: a 7B model never whole
+   * in memory), so a caller reads each tensor once where it can.
+   */
+  constructor(readonly layout: ParamLayout, private readonly read: (t: TensorInfo) => Float32Array) {}
+  /** Tensors given in memory by name. */
+  static of(layout: ParamLayout, data: ReadonlyMap<string, Float32Array>): TensorWeights {
+    for (const t of layout.tensors) if (!data.has(t.name)) throw new Error(`TensorWeights: no tensor ${t.name}`);
+    return new TensorWeights(layout, (t) => data.get(t.name)!);
+  }
+  /** Parameters in all (the layout's total). */
+  get length(): number { return this.layout.total; }
+  /** One tensor's values. */
+  tensor(t: TensorInfo): Float32Array {
+    const d = this.read(t);
+    if (d.length !== t.size) throw new Error(`TensorWeights: tensor ${t.name} has ${d.length} values, the layout ${t.size}`);
+    return d;
+  }
+}
+
+/** A model's weights: one flat float32 array in layout order, or tensor by tensor (TensorWeights). */
+export type Weights = Float32Array | TensorWeights;
+
+/** One tensor's values of a model's weights (a view of a flat array). */
+export function tensorOf(w: Float32Array | Float64Array | TensorWeights, t: TensorInfo): Float32Array | Float64Array {
+  return w instanceof TensorWeights ? w.tensor(t) : w.subarray(t.offset, t.offset + t.size);
+}
+
+/** The flat array of a model's weights, or a DistilleryError naming `what` when the model keeps them tensor by tensor. */
+export function flatWeights(w: Weights, what: string): Float32Array {
+  if (!(w instanceof TensorWeights)) return w;
+  throw new DistilleryError(`${what} needs the model's ${w.length} parameters in one float32 array, which holds at most ${MAX_FLAT_WEIGHTS}`,
+    'a model this large runs as a teacher, a frozen LoRA base, or in eval, generate and export; train a smaller model');
+}
+
+/**
+ * Places named tensors (from a safetensors file; read now, or lazily: `read()`) into a flat weight array, checking names
+ * and shapes; a model with more than `maxFlat` parameters (default MAX_FLAT_WEIGHTS) keeps them tensor by tensor
+ * (TensorWeights: in-memory tensors as they are, lazy ones read when asked).
  * A tied model ignores a `lm_head.weight` it is given; an untied one requires it.
  */
 export function packWeights(
   layout: ParamLayout,
-  named: Map<string, { shape: number[]; data: Float32Array }>,
+  named: ReadonlyMap<string, { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array }>,
   source: string,
-): Float32Array {
+  maxFlat = MAX_FLAT_WEIGHTS,
+): Weights {
   // Names and shapes first: a config.json that does not match its weights (e.g. vocab_size 1e9) is reported
   // before the flat buffer it implies is allocated.
   for (const t of layout.tensors) {
@@ -129,8 +177,6 @@ export function packWeights(
         'the checkpoint and config.json disagree: use the config.json saved with these weights');
     }
   }
-  const w = allocateWeights(layout.total, source);
-  for (const t of layout.tensors) w.set(named.get(t.name)!.data, t.offset);
   const known = new Set(layout.tensors.map((t) => t.name));
   for (const name of named.keys()) {
     if (!known.has(name) && name !== 'lm_head.weight' && !name.endsWith('rotary_emb.inv_freq')) {
@@ -138,14 +184,19 @@ export function packWeights(
         'check that config.json belongs to these weights (model_type, attention_bias, num_hidden_layers)');
     }
   }
+  const get = (t: TensorInfo): Float32Array => { const x = named.get(t.name)!; return 'data' in x ? x.data : x.read(); };
+  if (layout.total > maxFlat) return new TensorWeights(layout, get);
+  const w = allocateWeights(layout.total, source);
+  for (const t of layout.tensors) w.set(get(t), t.offset);
   return w;
 }
 
-/** The inverse of packWeights: named views of a flat weight array (tied models get no lm_head). */
-export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Array): Map<string, { shape: number[]; data: Float32Array }> {
+/** The inverse of packWeights: named views of a model's weights (tied models get no lm_head). */
+export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Array | TensorWeights): Map<string, { shape: number[]; data: Float32Array }> {
   const out = new Map<string, { shape: number[]; data: Float32Array }>();
   for (const t of layout.tensors) {
-    out.set(t.name, { shape: t.shape, data: Float32Array.from(w.subarray(t.offset, t.offset + t.size)) });
+    const d = tensorOf(w, t);
+    out.set(t.name, { shape: t.shape, data: d instanceof Float32Array && w instanceof TensorWeights ? d : Float32Array.from(d) });
   }
   return out;
 }

@@ -20,7 +20,7 @@
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
-import { parameterLayout, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, parameterLayout, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
@@ -247,11 +247,24 @@ export class Transformer {
   }
 
   /** Uploads a full flat weight array (layout order). */
-  setWeights(w: ArrayLike<number>): void {
+  setWeights(w: ArrayLike<number> | TensorWeights): void {
     if (w.length !== this.layout.total) {
       throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     }
     if (this.nf4) { this.nf4.setWeights(w); return; }
+    if (w instanceof TensorWeights) {
+      // tensor by tensor (a model above one typed array): the compute copy and, sharded, the masters' part of each
+      const be = this.backend, mo = this.masterOffset, ml = this.masterLength, sharded = ml < this.layout.total;
+      for (const t of this.layout.tensors) {
+        const d = w.tensor(t);
+        be.upload(be.view(sharded ? this.weights : this.params, t.offset, t.size), d);
+        if (!sharded) continue;
+        const b = Math.max(t.offset, mo), e = Math.min(t.offset + t.size, mo + ml);
+        if (e > b) be.upload(be.view(this.params, b - mo, e - b), d.subarray(b - t.offset, e - t.offset));
+      }
+      this.syncWeights();
+      return;
+    }
     if (this.masterLength < this.layout.total) {
       // sharded masters: the compute copy whole (rounded), the masters of this rank's shard
       this.backend.upload(this.weights, w);

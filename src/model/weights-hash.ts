@@ -1,15 +1,23 @@
 /** Identity of a model's weights: what a teacher cache and a LoRA adapter record of the model they were made from. */
-import { createHash } from 'node:crypto';
+import { createHash, type Hash } from 'node:crypto';
+import { TensorWeights, type Weights } from './params.js';
 
 /**
- * SHA-256 of a flat float32 weight array as distillery loads it (layout order), so a bf16 and an f32 copy of the same
- * values hash alike. In chunks: one Uint8Array view of a 1.5B-parameter model's 6 GB exceeds V8's typed-array limit.
+ * SHA-256 of a model's float32 weights as distillery loads them (layout order), so a bf16 and an f32 copy of the same
+ * values hash alike, and a model kept tensor by tensor (TensorWeights) hashes as its flat array would. In chunks: one
+ * Uint8Array view of a 1.5B-parameter model's 6 GB exceeds V8's typed-array limit.
  */
-export function weightsHash(w: Float32Array, chunkBytes = 1 << 28): string {
+export function weightsHash(w: Weights, chunkBytes = 1 << 28): string {
   const h = createHash('sha256');
+  if (w instanceof TensorWeights) {
+    for (const t of [...w.layout.tensors].sort((a, b) => a.offset - b.offset)) update(h, w.tensor(t), chunkBytes);
+  } else update(h, w, chunkBytes);
+  return h.digest('hex');
+}
+
+function update(h: Hash, w: Float32Array, chunkBytes: number): void {
   const step = Math.max(4, chunkBytes - (chunkBytes % 4));
   for (let off = 0; off < w.byteLength; off += step) {
     h.update(new Uint8Array(w.buffer, w.byteOffset + off, Math.min(step, w.byteLength - off)));
   }
-  return h.digest('hex');
 }

@@ -8,7 +8,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { exportCommand } from '../../src/cli/commands/export.js';
 import { UsageError } from '../../src/cli/args.js';
-import { readCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint } from '../../src/model/checkpoint.js';
 import { capture, tempDir, writeTinyCheckpoint } from '../cli/fixtures.js';
 
 let dir = '';
@@ -21,7 +21,7 @@ before(() => {
 after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
 
 test('export --onnx writes onnx/model.onnx (inline or external weights) and leaves the checkpoint readable', async () => {
-  const before = readCheckpoint(model).weights;
+  const before = readFlatCheckpoint(model).weights;
   const io = capture();
   assert.equal(await exportCommand.run(['--onnx', model], io, {}), 0);
   assert.match(io.stdout(), /wrote .*model\.onnx \(/);
@@ -40,7 +40,7 @@ test('export --onnx writes onnx/model.onnx (inline or external weights) and leav
   assert.deepEqual(fs.readdirSync(path.join(model, 'onnx')), ['model.onnx']);
   const hf2 = JSON.parse(fs.readFileSync(path.join(model, 'config.json'), 'utf8')) as Record<string, unknown>;
   assert.equal(hf2['transformers.js_config'], undefined);
-  assert.deepEqual(readCheckpoint(model).weights, before);
+  assert.deepEqual(readFlatCheckpoint(model).weights, before);
 });
 
 test('export: usage errors', async () => {

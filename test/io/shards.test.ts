@@ -12,7 +12,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { DEFAULT_MAX_SHARD_BYTES, loadModelDir, planShards, saveModelDirSync, shardFileName } from '../../src/io/checkpoint-dir.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { presetConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { CHATML_TEMPLATE } from '../../src/tokenizer/chat.js';
@@ -55,7 +55,7 @@ test('a sharded checkpoint reads back equal to the unsharded one (f32 and bf16),
       // A shard over the limit holds one tensor (larger than the limit by itself).
       assert.ok(tensorsIn === 1 || shardBytes <= limit + 4096, `${f}: ${shardBytes} bytes, ${tensorsIn} tensors`);
     }
-    const a = readCheckpoint(one), b = readCheckpoint(many);
+    const a = readFlatCheckpoint(one), b = readFlatCheckpoint(many);
     assert.deepEqual(b.config, a.config);
     assert.ok(Buffer.from(a.weights.buffer).equals(Buffer.from(b.weights.buffer)), `${dtype}: sharded weights differ`);
     assert.equal(loadModelDir(many).shards!.length, files.length);
@@ -73,16 +73,16 @@ test('a missing shard, or a tensor the index places in a shard that lacks it, is
   const other = Object.values(index.weight_map).find((f) => f !== file0)!;
   // The index says tensor name0 is in `other`, which does not hold it.
   fs.writeFileSync(indexFile, JSON.stringify({ ...index, weight_map: { ...index.weight_map, [name0]: other } }));
-  assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `${path.join(dir, other)}: tensor "${name0}" listed in the index is not in the shard`);
+  assert.throws(() => readFlatCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `${path.join(dir, other)}: tensor "${name0}" listed in the index is not in the shard`);
   // `inspect` checks the index as the loader does (it listed every tensor of the shards' headers and called the folder healthy)
   const io = { out: (): void => {}, err: (): void => {} };
   await assert.rejects(inspectCommand.run([dir], io, {}), (e: unknown) => e instanceof DistilleryError && /listed in the index is not in the shard/.test(e.message));
   fs.writeFileSync(indexFile, JSON.stringify({ ...index, weight_map: [] }));
   await assert.rejects(inspectCommand.run([dir], io, {}), (e: unknown) => e instanceof DistilleryError && /no "weight_map" object/.test(e.message));
-  assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && /no "weight_map" object/.test(e.message));
+  assert.throws(() => readFlatCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && /no "weight_map" object/.test(e.message));
   fs.writeFileSync(indexFile, JSON.stringify(index));
   fs.rmSync(path.join(dir, other));
-  assert.throws(() => readCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `model folder ${dir} is missing shard ${other}`);
+  assert.throws(() => readFlatCheckpoint(dir), (e: unknown) => e instanceof DistilleryError && e.message === `model folder ${dir} is missing shard ${other}`);
 });
 
 test('chat template: chat_template.jinja, else tokenizer_config.json\'s; writeCheckpoint adds ChatML and generation_config.json', () => {
@@ -91,7 +91,7 @@ test('chat template: chat_template.jinja, else tokenizer_config.json\'s; writeCh
   const w = initialWeights(parameterLayout(cfg), cfg, new Rng(6));
   const dir = path.join(root, 'chat');
   writeCheckpoint(dir, cfg, w, { dtype: 'f32', tokenizerJson: tok.toJSON() });
-  const ck = readCheckpoint(dir);
+  const ck = readFlatCheckpoint(dir);
   assert.equal(ck.chatTemplate, CHATML_TEMPLATE, 'a tokenizer with <|im_start|>/<|im_end|> gets the ChatML template');
   assert.deepEqual(ck.generationConfig, { eos_token_id: tok.eosId });
   assert.deepEqual(ck.generationEosIds, [tok.eosId]);
@@ -100,16 +100,16 @@ test('chat template: chat_template.jinja, else tokenizer_config.json\'s; writeCh
   delete tc.chat_template;
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
   fs.writeFileSync(path.join(dir, 'chat_template.jinja'), '{{ messages[0].content }}');
-  assert.equal(readCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
+  assert.equal(readFlatCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
   // Both: chat_template.jinja wins, as transformers loads them (the file clobbers the config's template).
   tc.chat_template = 'FROM CONFIG';
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
-  assert.equal(readCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
+  assert.equal(readFlatCheckpoint(dir).chatTemplate, '{{ messages[0].content }}');
   fs.rmSync(path.join(dir, 'chat_template.jinja'));
   // A list of named templates: the 'default' one.
   tc.chat_template = [{ name: 'tool_use', template: 'T' }, { name: 'default', template: 'D' }];
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
-  assert.equal(readCheckpoint(dir).chatTemplate, 'D');
+  assert.equal(readFlatCheckpoint(dir).chatTemplate, 'D');
   // Without the ChatML tokens no template is invented.
   const plain = path.join(root, 'plain');
   const noChat = tok.toJSON();

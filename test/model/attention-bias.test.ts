@@ -12,7 +12,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { describeBaked, oProjBias, parameterCount, parseHfConfig, toHfConfig, type ModelConfig } from '../../src/model/config.js';
 import { parameterLayout } from '../../src/model/params.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { loadModelDir, saveModelDirSync } from '../../src/io/checkpoint-dir.js';
 import { Rng } from '../../src/util/rng.js';
 
@@ -102,7 +102,7 @@ test('a Llama folder with attention_bias true (as transformers writes it) loads 
     const hfDir = path.join(root, 'hf');
     const tensors = hfLlamaTensors(new Rng(7));
     saveModelDirSync(hfDir, { config: llamaJson, tensors, dtype: 'f32' });
-    const ck = readCheckpoint(hfDir);
+    const ck = readFlatCheckpoint(hfDir);
     const layout = parameterLayout(ck.config);
     assert.equal(layout.tensors.length, tensors.size);
     for (const t of layout.tensors) {
@@ -114,7 +114,7 @@ test('a Llama folder with attention_bias true (as transformers writes it) loads 
     const raw = loadModelDir(outDir);
     assert.equal(raw.config.attention_bias, true);
     assert.deepEqual([...raw.tensors.keys()].sort(), [...tensors.keys()].sort());
-    const back = readCheckpoint(outDir);
+    const back = readFlatCheckpoint(outDir);
     assert.deepEqual(back.config, ck.config);
     assert.deepEqual(back.weights, ck.weights);
   } finally {

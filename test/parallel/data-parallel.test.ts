@@ -12,7 +12,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { runTraining, type RunSummary } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
-import { readCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint } from '../../src/model/checkpoint.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile } from '../train/corpus.js';
 import { launch } from './launch.js';
@@ -49,7 +49,7 @@ test('2 ranks at batch 4 train what 1 process trains with 2 accumulated micro-ba
   assert.equal(b.length, 6);
   a.forEach((m, i) => assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * Math.abs(m.loss!), `step ${i + 1}: loss ${m.loss} vs ${b[i]!.loss}`));
   a.forEach((m, i) => assert.ok(Math.abs(m.grad_norm! - b[i]!.grad_norm!) <= 1e-4 * m.grad_norm!, `step ${i + 1}: grad norm ${m.grad_norm} vs ${b[i]!.grad_norm}`));
-  const w1 = readCheckpoint(path.join(dir, 'single', 'final')).weights, w2 = readCheckpoint(path.join(dir, 'dp2', 'final')).weights;
+  const w1 = readFlatCheckpoint(path.join(dir, 'single', 'final')).weights, w2 = readFlatCheckpoint(path.join(dir, 'dp2', 'final')).weights;
   let worst = 0, scale = 0;
   for (let i = 0; i < w1.length; i++) { worst = Math.max(worst, Math.abs(w1[i]! - w2[i]!)); scale = Math.max(scale, Math.abs(w1[i]!)); }
   assert.ok(worst <= 1e-4 * scale, `weights differ by ${worst} (largest weight ${scale})`);
@@ -150,8 +150,8 @@ test('data parallel in bf16 keeps the fp32 masters sharded (ZeRO-1): 2 ranks equ
   const b = readMetrics(path.join(dir, 'bf-dp2', 'metrics.jsonl')).filter((m) => m.loss !== undefined);
   a.forEach((m, i) => assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 2e-3 * m.loss!, `step ${i + 1}: ${m.loss} vs ${b[i]!.loss}`));
   // the checkpoint holds the whole masters, gathered from both ranks: close to the single process's
-  const w1 = readCheckpoint(path.join(dir, 'bf-single', 'checkpoints', 'latest', 'model')).weights;
-  const w2 = readCheckpoint(path.join(dir, 'bf-dp2', 'checkpoints', 'latest', 'model')).weights;
+  const w1 = readFlatCheckpoint(path.join(dir, 'bf-single', 'checkpoints', 'latest', 'model')).weights;
+  const w2 = readFlatCheckpoint(path.join(dir, 'bf-dp2', 'checkpoints', 'latest', 'model')).weights;
   let worst = 0;
   for (let i = 0; i < w1.length; i++) worst = Math.max(worst, Math.abs(w1[i]! - w2[i]!));
   assert.ok(worst < 2e-2, `gathered masters differ by ${worst}`);

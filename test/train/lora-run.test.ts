@@ -10,7 +10,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { runTraining, type RunSummary } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { readSafetensors } from '../../src/io/safetensors.js';
 import { readAdapterOnBase, readModelOrAdapter } from '../../src/model/adapter.js';
 import { weightsHash } from '../../src/model/weights-hash.js';
@@ -52,7 +52,7 @@ test('a LoRA run starts exactly at the base model\'s loss (B = 0), trains only t
   // the same base, the same validation windows: the adapter's zero B leaves the loss exactly unchanged
   assert.equal(s.initialValLoss, full.initialValLoss);
   assert.ok(s.finalValLoss < s.initialValLoss, `validation ${s.initialValLoss} → ${s.finalValLoss}`);
-  const cfg = readCheckpoint(base).config;
+  const cfg = readFlatCheckpoint(base).config;
   const lay = loraLayout(cfg, { rank: 4, alpha: 8, targets: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] });
   assert.equal(s.trainableParameters, lay.total);
   assert.ok(logs.some((l) => l.startsWith(`LoRA: rank 4, alpha 8 (scale 2) on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj: ${lay.total.toLocaleString('en-US')} trainable`)), logs.join('\n'));
@@ -67,7 +67,7 @@ test('a LoRA run starts exactly at the base model\'s loss (B = 0), trains only t
   assert.equal(ac.base_model_name_or_path, path.resolve(base));
   assert.deepEqual(ac.target_modules, ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']);
   const ref = JSON.parse(fs.readFileSync(path.join(s.out, 'final', 'base_model.json'), 'utf8')) as { weights_sha256: string };
-  assert.equal(ref.weights_sha256, weightsHash(readCheckpoint(base).weights));
+  assert.equal(ref.weights_sha256, weightsHash(readFlatCheckpoint(base).weights));
   // PEFT's tensor names and shapes, nothing else
   const st = readSafetensors(path.join(s.out, 'final', 'adapter_model.safetensors'));
   assert.deepEqual([...st.tensors.keys()].sort(), lay.tensors.map((t) => t.name).sort());
@@ -88,7 +88,7 @@ test('LoRA resume: stopping at step 4 and resuming gives bit-identical adapters;
     (e) => e instanceof DistilleryError && /--lora-rank was 4 in the checkpoint but is 8 now/.test(e.message));
   // another base with the same shape: the adapter was trained on other weights
   const other = path.join(dir, 'other-base');
-  const ck = readCheckpoint(base);
+  const ck = readFlatCheckpoint(base);
   writeCheckpoint(other, ck.config, ck.weights.map((x, i) => (i === 7 ? x + 1e-3 : x)), { dtype: 'f32', tokenizerJson: ck.tokenizerJson });
   await assert.rejects(runTraining(lora({ out: path.join(dir, 'lora-split'), loraTargets: 'q_proj,v_proj', init: other, resume: true }), quiet),
     (e) => e instanceof DistilleryError && /trained on a base with other weights/.test(e.message));
@@ -111,12 +111,12 @@ test('the merged export equals base + adapter: its weights are W + (alpha/r)·B�
   await assert.rejects(exportCommand.run([s.finalDir!, '--merge', '--out', path.join(s.finalDir!, 'adapter_config.json', 'sub')], io, {}),
     (e: unknown) => e instanceof Error && e.name === 'UsageError' && /adapter_config\.json is a file, so no folder can be made under it/.test(e.message));
   assert.equal(await exportCommand.run([s.finalDir!, '--merge', '--out', out], io, {}), 0);
-  const merged = readCheckpoint(out);
+  const merged = readFlatCheckpoint(out);
   assert.ok(merged.tokenizer, 'the merged folder carries the tokenizer');
   // float64 reference of one merged projection
   const cfg = a.base.config, lay = a.layout, r = 4, sc = 3 / r;
   const t = lay.layers[1]!.find((x) => x.target === 'up_proj')!;
-  const W = readCheckpoint(base);
+  const W = readFlatCheckpoint(base);
   const { parameterLayout } = await import('../../src/model/params.js');
   const Wt = parameterLayout(cfg).layers[1]!.wUp;
   let worst = 0;
@@ -226,4 +226,29 @@ test('eval of a QLoRA adapter with --model-dtype nf4 runs NF4(W) + s·B·A unmer
   // the unmerged evaluation is the model the run trained: its loss is the run's model's (full-precision merge) within NF4's cost
   const full = await evaluate({ model: q.finalDir!, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
   assert.ok(Number.isFinite(full.loss) && Number.isFinite(unmerged.loss));
+});
+
+test('a teacher and a LoRA base kept tensor by tensor (the path of a model above one typed array) train exactly as flat ones; eval merges such a base', async () => {
+  const metrics = (out: string): string => fs.readFileSync(path.join(out, 'metrics.jsonl'), 'utf8').replace(/"tokens_per_s":\d+,"seconds":[0-9.]+/g, '');
+  const jobs: Array<[string, Partial<RunOptions>]> = [
+    ['distill', { mode: 'distill', teacher: base, steps: 4 }],
+    ['distill-nf4', { mode: 'distill', teacher: base, teacherDtype: 'nf4', steps: 4 }],
+    ['lora', { init: base, loraRank: 4, lr: 1e-2, steps: 4 }],
+  ];
+  for (const [name, over] of jobs) {
+    const a = await runTraining(opts({ ...over, out: path.join(dir, `flat-${name}`) }), quiet);
+    process.env.DISTILLERY_MAX_FLAT_WEIGHTS = '1000';
+    let b: RunSummary;
+    try { b = await runTraining(opts({ ...over, out: path.join(dir, `split-${name}`) }), quiet); } finally { delete process.env.DISTILLERY_MAX_FLAT_WEIGHTS; }
+    assert.equal(b.status, 'completed');
+    assert.equal(metrics(b.out), metrics(a.out), name);
+    if (name === 'lora') {
+      const flatEval = await evaluate({ model: a.finalDir!, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+      process.env.DISTILLERY_MAX_FLAT_WEIGHTS = '1000';
+      try {
+        const e = await evaluate({ model: b.finalDir!, data: [corpus], seq: 16, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+        assert.equal(e.loss, flatEval.loss);
+      } finally { delete process.env.DISTILLERY_MAX_FLAT_WEIGHTS; }
+    }
+  }
 });

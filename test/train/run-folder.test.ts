@@ -15,7 +15,7 @@ import { runTraining, type RunSummary } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
 import { lockRunFolder, LOCK_FILE } from '../../src/train/run-folder.js';
 import { ValidationWatch } from '../../src/train/validation-watch.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { parameterLayout, initialWeights } from '../../src/model/params.js';
 import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.js';
 import { replaceDirAtomicSync } from '../../src/io/atomic.js';
@@ -77,7 +77,7 @@ test('after a blow-up the last good checkpoint is named by its step, and its wei
   assert.match(err.hint ?? '', new RegExp(`\\(step ${good};`));
   assert.equal(summaryOf(o.out).lastGoodStep, good);
   const model = path.join(o.out, 'checkpoints', 'latest', 'model');
-  assert.ok(readCheckpoint(model).weights.every(Number.isFinite));
+  assert.ok(readFlatCheckpoint(model).weights.every(Number.isFinite));
   // An independent check that the kept weights are usable: the eval command on the training text.
   const r = await cli(['eval', '--model', model, '--data', o.data[0]!, '--seq', '16', '--threads', '1', '--json']);
   assert.equal(r.code, 0, r.err);
@@ -171,7 +171,7 @@ test('--resume uses the checkpoint\'s own tokenizer (out/tokenizer.json rewritte
   fs.writeFileSync(path.join(o.out, 'tokenizer.json'), JSON.stringify(tinyTokenizer().toJSON()));
   const b = await runTraining({ ...o, stopAfter: 0, resume: true }, quiet);
   assert.equal(b.steps, 4);
-  const w1 = readCheckpoint(path.join(full.out, 'final')).weights, w2 = readCheckpoint(path.join(b.out, 'final')).weights;
+  const w1 = readFlatCheckpoint(path.join(full.out, 'final')).weights, w2 = readFlatCheckpoint(path.join(b.out, 'final')).weights;
   assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)), 'the resumed run differs from the uninterrupted one');
 });
 
@@ -369,7 +369,7 @@ test('checkpoints/best holds the model of the lowest validation loss after a ste
   const dir = tmp();
   const o = opts(dir, { steps: 12, lr: 0.05, warmup: 0, evalEvery: 2, saveEvery: 2 });
   const atStep = new Map<number, Float32Array>();
-  const s = await runTraining(o, { ...quiet, duringCheckpointWrite: (t, step) => { atStep.set(step, readCheckpoint(path.join(t, 'model')).weights); } });
+  const s = await runTraining(o, { ...quiet, duringCheckpointWrite: (t, step) => { atStep.set(step, readFlatCheckpoint(path.join(t, 'model')).weights); } });
   const rows = fs.readFileSync(path.join(o.out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>)
     .filter((r) => r.val_loss !== undefined && r.step! >= 1);
   const best = rows.reduce((a, b) => (b.val_loss! < a.val_loss! ? b : a));
@@ -378,7 +378,7 @@ test('checkpoints/best holds the model of the lowest validation loss after a ste
   assert.deepEqual(info, { step: best.step, val_loss: best.val_loss });
   assert.equal(s.bestStep, best.step);
   assert.equal(s.bestValLoss, best.val_loss);
-  const w = readCheckpoint(bestDir).weights;
+  const w = readFlatCheckpoint(bestDir).weights;
   assert.ok(Buffer.from(w.buffer).equals(Buffer.from(atStep.get(best.step!)!.buffer)), 'best/ is not the model of its step');
   assert.ok(fs.existsSync(path.join(bestDir, 'tokenizer.json')));
 });

@@ -10,7 +10,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { runTraining } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { presetConfig, toHfConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { writeSafetensors } from '../../src/io/safetensors.js';
@@ -53,8 +53,8 @@ test('resume: stopping at step 4 (or 3, off the evaluation schedule) and resumin
   assert.equal(a.finalDir, null);
   const b = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 8, gradAccum: 2, resume: true }), quiet);
   assert.equal(b.steps, 8);
-  const w1 = readCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
-  const w2 = readCheckpoint(path.join(b.out, 'checkpoints', 'latest', 'model')).weights;
+  const w1 = readFlatCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
+  const w2 = readFlatCheckpoint(path.join(b.out, 'checkpoints', 'latest', 'model')).weights;
   assert.equal(w1.length, w2.length);
   assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)), 'resumed weights differ from the uninterrupted run');
   assert.equal(b.finalValLoss, full.finalValLoss);
@@ -70,7 +70,7 @@ test('resume: stopping at step 4 (or 3, off the evaluation schedule) and resumin
   const c = await runTraining(opts(dir, { out: path.join(dir, 'split3'), steps: 8, gradAccum: 2, resume: true }), quiet);
   assert.equal(vals(c.out), vals(full.out));
   assert.equal(c.bestStep, full.bestStep);
-  assert.ok(readCheckpoint(path.join(c.out, 'final')).weights.every((x, i) => x === readCheckpoint(path.join(full.out, 'final')).weights[i]));
+  assert.ok(readFlatCheckpoint(path.join(c.out, 'final')).weights.every((x, i) => x === readFlatCheckpoint(path.join(full.out, 'final')).weights[i]));
 });
 
 test('a saved checkpoint reloads bit-exactly (f32), and bf16 within bf16 rounding', () => {
@@ -78,11 +78,11 @@ test('a saved checkpoint reloads bit-exactly (f32), and bf16 within bf16 roundin
   const cfg = presetConfig('tiny', 50);
   const w = initialWeights(parameterLayout(cfg), cfg, new Rng(1));
   writeCheckpoint(path.join(dir, 'f32'), cfg, w, { dtype: 'f32' });
-  const back = readCheckpoint(path.join(dir, 'f32'));
+  const back = readFlatCheckpoint(path.join(dir, 'f32'));
   assert.deepEqual(back.config, cfg);
   assert.ok(Buffer.from(back.weights.buffer).equals(Buffer.from(w.buffer)));
   writeCheckpoint(path.join(dir, 'bf16'), cfg, w, { dtype: 'bf16' });
-  const b16 = readCheckpoint(path.join(dir, 'bf16')).weights;
+  const b16 = readFlatCheckpoint(path.join(dir, 'bf16')).weights;
   for (let i = 0; i < w.length; i++) assert.ok(Math.abs(b16[i]! - w[i]!) <= Math.abs(w[i]!) * 2 ** -8 + 1e-30, `element ${i}`);
 });
 
@@ -98,7 +98,7 @@ test('a non-finite loss stops the run, names the step, and keeps the last good c
   const o = opts(dir, { steps: 40, saveEvery: 1, evalEvery: 100, lr: 1e3, warmup: 5, clip: 0 });
   await assert.rejects(runTraining(o, quiet), (e: unknown) => e instanceof DistilleryError && /stopped at step \d+/.test(e.message) && /not finite|non-finite/.test(e.message));
   const latest = path.join(o.out, 'checkpoints', 'latest');
-  const ck = readCheckpoint(path.join(latest, 'model'));
+  const ck = readFlatCheckpoint(path.join(latest, 'model'));
   assert.ok(ck.weights.every((x) => Number.isFinite(x)), 'the kept checkpoint holds non-finite weights');
   const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as { step: number };
   assert.ok(state.step >= 1);
@@ -119,8 +119,8 @@ test('a checkpoint write that fails midway keeps the previous checkpoint, and re
   assert.equal(state.step, 4, 'the step-4 checkpoint must survive the failed step-8 write');
   assert.deepEqual(fs.readdirSync(path.dirname(latest)).filter((n) => n !== 'best'), ['latest'], 'no temporary folder may be left behind');
   const resumed = await runTraining({ ...o, resume: true }, quiet);
-  const w1 = readCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
-  const w2 = readCheckpoint(path.join(resumed.out, 'checkpoints', 'latest', 'model')).weights;
+  const w1 = readFlatCheckpoint(path.join(full.out, 'checkpoints', 'latest', 'model')).weights;
+  const w2 = readFlatCheckpoint(path.join(resumed.out, 'checkpoints', 'latest', 'model')).weights;
   assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)));
   assert.equal(resumed.finalTrainLoss, full.finalTrainLoss);
 });
@@ -149,14 +149,14 @@ test('checkpoint errors: missing tensor, shape mismatch with config.json, trunca
   const bytes = fs.readFileSync(file);
   // Truncated file.
   fs.writeFileSync(file, bytes.subarray(0, bytes.length - 100));
-  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /model\.safetensors/.test(e.message));
+  assert.throws(() => readFlatCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /model\.safetensors/.test(e.message));
   // Missing tensor.
   const tensors = new Map(layout.tensors.filter((t) => t.name !== 'model.norm.weight').map((t) => [t.name, { shape: t.shape, data: w.subarray(t.offset, t.offset + t.size) }]));
   writeSafetensors(file, tensors);
-  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /missing tensor "model\.norm\.weight"/.test(e.message));
+  assert.throws(() => readFlatCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /missing tensor "model\.norm\.weight"/.test(e.message));
   // Shape mismatch: config says hidden 64 but weights were saved for another width.
   const other = presetConfig('small', 40);
   writeCheckpoint(path.join(dir, 'other'), other, initialWeights(parameterLayout(other), other, new Rng(1)), { dtype: 'f32' });
   fs.copyFileSync(path.join(dir, 'other', 'model.safetensors'), file);
-  assert.throws(() => readCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /has shape \[/.test(e.message));
+  assert.throws(() => readFlatCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /has shape \[/.test(e.message));
 });

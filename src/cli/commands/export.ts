@@ -14,6 +14,7 @@ import * as path from 'node:path';
 import { formatHelp, parseArgs, UsageError, type FlagSpec } from '../args.js';
 import type { Command } from '../command.js';
 import { readCheckpoint, writeCheckpoint } from '../../model/checkpoint.js';
+import { flatWeights } from '../../model/params.js';
 import { describeMerge, isAdapterDir, readModelOrAdapter } from '../../model/adapter.js';
 import { exportOnnx } from '../../export/onnx.js';
 import { humanBytes } from './inspect.js';
@@ -87,7 +88,8 @@ export const exportCommand: Command = {
       throw new UsageError(`export --onnx: ${dir} is a LoRA adapter folder`, `merge it first: distillery export --merge ${dir} --out <dir>, then export that folder`);
     }
     const ext = (v['external-data'] as string | undefined) ?? 'auto';
-    const { config, weights } = readCheckpoint(dir);
+    const { config, weights: all } = readCheckpoint(dir);
+    const weights = flatWeights(all, 'export --onnx');
     let r: ReturnType<typeof exportOnnx>;
     try { r = exportOnnx(dir, config, weights, { externalData: ext === 'auto' ? 'auto' : ext === 'yes' }); } catch (e) {
       // the model folder may be read-only: the export writes into it (onnx/)

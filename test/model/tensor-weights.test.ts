@@ -1,0 +1,95 @@
+/**
+ * Models kept tensor by tensor (TensorWeights, src/model/params.ts): what a checkpoint above one typed array
+ * (MAX_FLAT_WEIGHTS parameters: Qwen2.5-7B, Llama-3-8B, Qwen3-8B) loads as. A small model read with a small threshold
+ * takes that path: its tensors hash, unpack, write, merge a LoRA adapter and load into a model (fp32, bf16, nf4 and
+ * sharded masters) exactly as its flat array does; what needs one array refuses it by name; `distill` with such a
+ * teacher (DISTILLERY_MAX_FLAT_WEIGHTS) trains exactly as with the flat one.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { presetConfig } from '../../src/model/config.js';
+import { MAX_FLAT_WEIGHTS, TensorWeights, flatWeights, initialWeights, packWeights, parameterLayout, unpackWeights } from '../../src/model/params.js';
+import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { Transformer, type Precision } from '../../src/model/transformer.js';
+import { loraInitialWeights, loraLayout, mergeLora } from '../../src/model/lora.js';
+import { weightsHash } from '../../src/model/weights-hash.js';
+import { DistilleryError } from '../../src/util/errors.js';
+import { Rng } from '../../src/util/rng.js';
+
+const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-tw-'));
+const cfg = presetConfig('tiny', 300);
+const layout = parameterLayout(cfg);
+const flat = initialWeights(layout, cfg, new Rng(7));
+const named = unpackWeights(layout, flat);
+
+test('a model above the threshold is kept tensor by tensor (no copy); it hashes, unpacks and writes as its flat array does', () => {
+  assert.equal(MAX_FLAT_WEIGHTS, 2 ** 32 - 1);
+  const tw = packWeights(layout, named, 'src', layout.total - 1);
+  assert.ok(tw instanceof TensorWeights);
+  assert.equal(tw.length, layout.total);
+  assert.ok(packWeights(layout, named, 'src') instanceof Float32Array, 'at or under the threshold: one flat array');
+  const t0 = layout.tensors[3]!;
+  assert.equal(tw.tensor(t0), named.get(t0.name)!.data, 'the tensor is the one read, not a copy');
+  assert.equal(weightsHash(tw), weightsHash(flat));
+  for (const [name, v] of unpackWeights(layout, tw)) assert.deepEqual(v.data, named.get(name)!.data, name);
+  const a = tmp(), b = tmp();
+  writeCheckpoint(path.join(a, 'm'), cfg, flat, { dtype: 'bf16' });
+  writeCheckpoint(path.join(b, 'm'), cfg, tw, { dtype: 'bf16' });
+  assert.ok(fs.readFileSync(path.join(a, 'm', 'model.safetensors')).equals(fs.readFileSync(path.join(b, 'm', 'model.safetensors'))));
+  const back = readCheckpoint(path.join(b, 'm'), { maxFlat: 1000 });
+  assert.ok(back.weights instanceof TensorWeights);
+  assert.equal(weightsHash(back.weights), weightsHash(readCheckpoint(path.join(a, 'm')).weights));
+  assert.throws(() => flatWeights(tw, 'training every weight'), (e: unknown) => e instanceof DistilleryError && /training every weight needs the model's \d+ parameters in one float32 array/.test(e.message));
+});
+
+test('a LoRA adapter merges into a base kept tensor by tensor exactly as into its flat array (the base untouched)', () => {
+  const lay = loraLayout(cfg, { rank: 2, alpha: 4, targets: ['q_proj', 'down_proj'] });
+  const ad = loraInitialWeights(lay, new Rng(3));
+  for (let i = 0; i < ad.length; i++) if (ad[i] === 0) ad[i] = ((i % 5) - 2) * 1e-2;
+  const tw = packWeights(layout, named, 'src', 1);
+  const before = weightsHash(tw);
+  const m = mergeLora(tw, layout.layers, lay, ad);
+  assert.ok(m instanceof TensorWeights);
+  assert.deepEqual(flatWeights(packWeights(layout, unpackWeights(layout, m), 'm'), 'm'), mergeLora(flat, layout.layers, lay, ad));
+  assert.equal(weightsHash(tw), before);
+});
+
+for (const [precision, frozen, sharded] of [['fp32', 'auto', false], ['bf16', 'auto', false], ['bf16', 'nf4', false], ['bf16', 'auto', true]] as Array<[Precision, 'auto' | 'nf4', boolean]>) {
+  test(`setWeights tensor by tensor equals setWeights of the flat array: ${precision}${frozen === 'nf4' ? ', nf4' : ''}${sharded ? ', sharded masters (training)' : ''}`, () => {
+    const be = createCpuBackend({ threads: 1 });
+    const training = sharded;
+    const mk = (): Transformer => new Transformer(be, cfg, {
+      batch: 2, seq: 8, training, precision, frozenDtype: frozen,
+      ...(sharded ? { masterRange: { begin: 1000, end: 5000 } } : {}),
+    });
+    const a = mk(), b = mk();
+    a.setWeights(flat);
+    b.setWeights(packWeights(layout, named, 'src', 1));
+    const ids = Int32Array.from({ length: 16 }, (_, i) => (i * 37 + 5) % 300);
+    assert.deepEqual(be.download(b.forward(ids, 2, 8)), be.download(a.forward(ids, 2, 8)));
+    if (sharded) assert.deepEqual(be.download(b.params), be.download(a.params), 'the masters of the shard');
+    else assert.deepEqual(b.getWeights(), a.getWeights());
+    be.dispose();
+  });
+}
+
+test('a checkpoint read tensor by tensor checks each tensor as it is read: a non-finite value is refused by name then', () => {
+  const dir = tmp();
+  const bad = Float32Array.from(flat);
+  const t = layout.tensors[5]!;
+  bad[t.offset + 2] = NaN;
+  writeCheckpoint(path.join(dir, 'm'), cfg, bad, { dtype: 'f32' });
+  assert.throws(() => readCheckpoint(path.join(dir, 'm')), new RegExp(`tensor "${t.name.replace(/\./g, '\\.')}" holds a non-finite value \\(NaN at element 2\\)`));
+  const ck = readCheckpoint(path.join(dir, 'm'), { maxFlat: 1000 });
+  assert.ok(ck.weights instanceof TensorWeights);
+  const w = ck.weights;
+  assert.deepEqual(w.tensor(layout.tensors[0]!), named.get(layout.tensors[0]!.name)!.data);
+  const be = createCpuBackend({ threads: 1 });
+  const m = new Transformer(be, cfg, { batch: 1, seq: 4, training: false });
+  assert.throws(() => m.setWeights(w), (e: unknown) => e instanceof DistilleryError && e.message.includes(`tensor "${t.name}" holds a non-finite value (NaN at element 2)`));
+  be.dispose();
+});
