@@ -11,7 +11,8 @@
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import { TensorWeights, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
-import { NF4_DEFAULT_BLOCK, dequantizeNf4, nf4WordCount, nf4Words, quantizeNf4 } from '../quant/nf4.js';
+import { NF4_DEFAULT_BLOCK, dequantizeNf4, nf4WordCount, nf4Words } from '../quant/nf4.js';
+import { Nf4Quantizer } from '../quant/nf4-parallel.js';
 import { DistilleryError } from '../util/errors.js';
 
 /** The storage dtypes of frozen weights: the compute dtype (default), or NF4. */
@@ -91,17 +92,21 @@ export class FrozenNf4 {
   }
 
   /** Quantizes the matrices of a model's weights (flat in layout order, or tensor by tensor) and uploads everything. */
-  setWeights(w: ArrayLike<number> | TensorWeights): void {
+  setWeights(w: ArrayLike<number> | TensorWeights, threads?: number): void {
     if (w.length !== this.layout.total) throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     const be = this.backend, p = this.plan;
     const get = (t: TensorInfo): ArrayLike<number> => (w instanceof TensorWeights ? w.tensor(t) : weightSlice(w, t.offset, t.offset + t.size));
-    // tensor by tensor: the host holds one tensor's codes at a time, whatever the model's size
+    // tensor by tensor: the host holds one tensor's codes at a time, whatever the model's size; the blocks of a large
+    // tensor are quantized on every core (Nf4Quantizer: the same codes as one thread)
     for (const [t, off] of p.dense) be.upload(be.view(this.dense, off, t.size), get(t));
-    for (const [t, q] of p.quant) {
-      const nf = quantizeNf4(get(t), p.blockSize);
-      be.uploadInt(be.viewInt(this.codes, q.word, nf4WordCount(t.size)), nf4Words(nf));
-      be.upload(be.view(this.absmax, q.block, Math.ceil(t.size / p.blockSize)), nf.absmax);
-    }
+    const quantizer = new Nf4Quantizer(threads);
+    try {
+      for (const [t, q] of p.quant) {
+        const nf = quantizer.quantize(get(t), p.blockSize);
+        be.uploadInt(be.viewInt(this.codes, q.word, nf4WordCount(t.size)), nf4Words(nf));
+        be.upload(be.view(this.absmax, q.block, Math.ceil(t.size / p.blockSize)), nf.absmax);
+      }
+    } finally { quantizer.dispose(); }
   }
 
   /**

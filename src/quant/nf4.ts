@@ -47,12 +47,26 @@ export function nf4Code(y: number): number {
 }
 
 export function quantizeNf4(x: ArrayLike<number>, blockSize = NF4_DEFAULT_BLOCK): Nf4Tensor {
+  checkNf4BlockSize(blockSize);
+  const n = x.length, blocks = Math.ceil(n / blockSize);
+  const t = { n, blockSize, codes: new Uint8Array(Math.ceil(n / 2)), absmax: new Float32Array(blocks) };
+  quantizeNf4Blocks(x, t, 0, blocks);
+  return t;
+}
+
+export function checkNf4BlockSize(blockSize: number): void {
   if (!(Number.isInteger(blockSize) && blockSize >= 2 && blockSize % 2 === 0)) {
     throw new DistilleryError(`an NF4 block holds an even number of elements (2 or more), not ${blockSize}`);
   }
-  const n = x.length, blocks = Math.ceil(n / blockSize);
-  const codes = new Uint8Array(Math.ceil(n / 2)), absmax = new Float32Array(blocks);
-  for (let b = 0; b < blocks; b++) {
+}
+
+/**
+ * Quantizes blocks [b0, b1) of x into t's codes and scales (zeroed codes expected). Blocks hold an even number of
+ * elements, so each owns whole code bytes: ranges of blocks can be quantized by different threads.
+ */
+export function quantizeNf4Blocks(x: ArrayLike<number>, t: Nf4Tensor, b0: number, b1: number): void {
+  const { n, blockSize, codes, absmax } = t;
+  for (let b = b0; b < b1; b++) {
     const i0 = b * blockSize, i1 = Math.min(n, i0 + blockSize);
     let m = 0;
     for (let i = i0; i < i1; i++) {
@@ -67,7 +81,6 @@ export function quantizeNf4(x: ArrayLike<number>, blockSize = NF4_DEFAULT_BLOCK)
       codes[i >> 1]! |= (i & 1) === 0 ? c << 4 : c;
     }
   }
-  return { n, blockSize, codes, absmax };
 }
 
 /** The element values of an NF4 tensor (float32 products of level and scale). */

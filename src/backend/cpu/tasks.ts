@@ -11,6 +11,7 @@ import { adamw, swigluBackward, swigluForward } from './kernels/elementwise.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
 import { gemmNT } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
+import { quantizeNf4Blocks } from '../../quant/nf4.js';
 import type { FArr } from './kernels/types.js';
 import type { GemmKernels } from './wasm.js';
 
@@ -57,7 +58,12 @@ export interface ElementwiseTask {
   x0: FArr; x1: FArr; x2: FArr; x3: FArr | null; x4: FArr | null;
   adam: AdamWStep | null; i0: number; i1: number;
 }
-export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask | ElementwiseTask;
+/** Blocks [b0, b1) of an NF4 quantization (src/quant/nf4.ts); x, codes and absmax SharedArrayBuffer-backed. */
+export interface Nf4Task {
+  op: 'nf4';
+  x: Float32Array; codes: Uint8Array; absmax: Float32Array; n: number; blockSize: number; b0: number; b1: number;
+}
+export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask | ElementwiseTask | Nf4Task;
 
 /** Which index range of a task a chunk sets: gemm rows (i) or columns (j), or the op's own unit range. */
 export type ChunkAxis = 'rows' | 'cols';
@@ -78,6 +84,7 @@ function withRange(x: Task, axis: ChunkAxis, a: number, b: number): Task {
     case 'attnB': return { ...x, g0: a, g1: b };
     case 'loss': return { ...x, r0: a, r1: b };
     case 'ew': return { ...x, i0: a, i1: b };
+    case 'nf4': return { ...x, b0: a, b1: b };
   }
 }
 
@@ -128,6 +135,9 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       return;
     case 'loss':
       lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1, x.ld);
+      return;
+    case 'nf4':
+      quantizeNf4Blocks(x.x, { n: x.n, blockSize: x.blockSize, codes: x.codes, absmax: x.absmax }, x.b0, x.b1);
       return;
     case 'ew': {
       const a = x.i0, b = x.i1, n = b - a;
