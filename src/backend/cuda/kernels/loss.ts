@@ -28,6 +28,12 @@ export type LossP = { kind: string; withGrad: boolean; dlogits: string; block: n
  * A loss kernel's padding row (target < 0): zero stats and, with a gradient, a zero dlogits row, then return (the
  * condition is uniform per block, so returning before any barrier is safe). Shared by loss and sparse_loss.
  */
+/** st4(p, j, a, b, c, d): four consecutive gradient elements from j (a multiple of 4 in a 16-byte aligned row), one
+ * 16-byte (f32) or 8-byte (bf16) store; shared by the dense and the sparse loss kernels. */
+export const ST4_HELPERS = `/* four consecutive elements from j (a multiple of 4, 16-byte aligned row): one 16-byte or one 8-byte store */
+__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
+__device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }`;
+
 export function paddingRow(withGrad: boolean): string {
   return `if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
     if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
@@ -185,9 +191,7 @@ function generateOnePass(p: Readonly<LossP>): string {
   return `#define BLOCK ${p.block}
 ${reductionHelpers()}
 ${dtypeHelpers()}
-/* four consecutive elements from j (a multiple of 4, 16-byte aligned row): one 16-byte or one 8-byte store */
-__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
-__device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }
+${ST4_HELPERS}
 extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const float* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
