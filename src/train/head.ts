@@ -11,7 +11,8 @@
  * the first V' rows of W only, so padding rows get neither probability mass nor gradient. By default V' is the
  * student's vocab_size.
  *
- * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32),
+ * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32; twice
+ * that from a teacher cache, which has no teacher chunk: defaultChunkFloats),
  * so a 151936-token vocabulary runs 883 rows at a time, and a small model runs the whole batch in one chunk. Each
  * chunk's dW GEMM reads and writes the whole fp32 head gradient (544 MB for Qwen2.5-0.5B), so fewer, larger chunks
  * cut that traffic: 64 Mi floats (442 rows) cost the H100 637 µs per chunk for it at 8×1024.
@@ -29,7 +30,7 @@ export const DEFAULT_HEAD_CHUNK_FLOATS = 128 * 2 ** 20;
 export interface HeadOptions {
   /** Real tokens: the head and the loss run over the first lossVocab rows of each LM head (default: the student's vocab). */
   lossVocab?: number | undefined;
-  /** Floats of one chunk of logits (default DEFAULT_HEAD_CHUNK_FLOATS). */
+  /** Floats of one chunk of logits (default defaultChunkFloats). */
   chunkFloats?: number | undefined;
   /** Distill from a teacher cache of this representation (src/cache): no teacher model, the sparse loss. */
   sparse?: SparseRep | undefined;
@@ -46,6 +47,13 @@ export function headWidth(lossVocab: number, ...vocabs: number[]): number {
   const aligned = Math.ceil(lossVocab / 16) * 16;
   return vocabs.every((v) => v >= aligned) ? aligned : lossVocab;
 }
+
+/**
+ * The chunk bound of a head by default: DEFAULT_HEAD_CHUNK_FLOATS, doubled for a teacher cache, which has no teacher
+ * logits chunk beside the student's: the same logits memory as an online distillation, and half as many chunks, each
+ * of which reads and writes the whole fp32 head gradient once.
+ */
+export function defaultChunkFloats(sparse: boolean): number { return sparse ? 2 * DEFAULT_HEAD_CHUNK_FLOATS : DEFAULT_HEAD_CHUNK_FLOATS; }
 
 /** Rows per chunk for n tokens over a vocabulary of v: at least 1, at most n. */
 export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
@@ -91,7 +99,7 @@ export class ChunkedHead {
     }
     this.lossVocab = lv;
     this.width = headWidth(lv, vs, vt);
-    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats);
+    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats ?? defaultChunkFloats(opts.sparse !== undefined));
     this.zs = this.be.alloc(this.chunkRows * this.width, 'student logits (one chunk of rows)');
     this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)') : null;
     this.dz = student.compute === 'f32' || !student.training ? null

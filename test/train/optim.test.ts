@@ -17,6 +17,8 @@ import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js'
 import { AdamW } from '../../src/train/optimizer.js';
 import { lrAt } from '../../src/train/schedule.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
+import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headFloats } from '../../src/train/head.js';
+import { sparseSlots, type SparseRep } from '../../src/cache/sparse.js';
 import { Rng } from '../../src/util/rng.js';
 
 test('schedule: linear warmup to lr, cosine to lr·minLrRatio at the last step, then held', () => {
@@ -152,7 +154,41 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
       new StepRunner(s, tt, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
       assert.equal(estimateJobBytes({ student, teacher, batch: 2, seq: 7, training, lora: lay }), floats * 4, `LoRA, training ${training}`);
     }
+    // A teacher cache: no teacher model, the sparse rows of every token (sample and top-K).
+    for (const rep of [{ kind: 'sample', n: 6 }, { kind: 'top', k: 5 }] as SparseRep[]) {
+      floats = 0;
+      const s = new Transformer(counting, student, { batch: 2, seq: 7, training: true });
+      new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+      new StepRunner(s, null, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, { sparse: rep });
+      assert.equal(estimateJobBytes({ student, teacher: null, batch: 2, seq: 7, training: true, teacherCacheSlots: sparseSlots(rep) }), floats * 4, `cache ${rep.kind}`);
+    }
     const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
     assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);
   } finally { cpu.dispose(); }
+});
+
+test('a head distilling from a teacher cache takes chunks of twice the rows (no teacher chunk beside the student\'s): the same logits memory as online, counted by the estimate', () => {
+  const allocs = new Map<string, number>();
+  const be = {
+    alloc: (n: number, label: string) => { allocs.set(label, n); return { length: n, dtype: 'f32' }; },
+    allocInt: (n: number, label: string) => { allocs.set(label, n); return { length: n }; },
+  } as unknown as Backend;
+  const V = 151936, n = 8192;
+  const model = (training: boolean): Transformer => ({ backend: be, config: { vocabSize: V }, compute: 'f32', training }) as unknown as Transformer;
+  const spec = { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 } as const;
+  const online = new ChunkedHead(model(true), model(false), spec, n);
+  const onlineLogits = allocs.get('student logits (one chunk of rows)')! + allocs.get('teacher logits (one chunk of rows)')!;
+  allocs.clear();
+  const cached = new ChunkedHead(model(true), null, spec, n, { sparse: { kind: 'sample', n: 24 } });
+  assert.equal(online.chunkRows, Math.floor(DEFAULT_HEAD_CHUNK_FLOATS / V));
+  assert.equal(cached.chunkRows, 2 * online.chunkRows);
+  assert.equal(allocs.get('student logits (one chunk of rows)'), onlineLogits);
+  assert.equal(allocs.has('teacher logits (one chunk of rows)'), false);
+  // the estimate's head floats for a cached job count the doubled chunk
+  const f = headFloats(n, V, false, 2 * DEFAULT_HEAD_CHUNK_FLOATS);
+  assert.equal(f - headFloats(n, V, false), online.chunkRows * V);
+  const s05 = presetConfig('qwen2.5-0.5b', V);
+  const plain = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true });
+  const withCache = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true, teacherCacheSlots: 24 });
+  assert.equal(withCache - plain, 4 * (online.chunkRows * V + n * (3 * 24 + 2)), 'the estimate: the doubled chunk and the cache rows');
 });
