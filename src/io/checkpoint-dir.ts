@@ -123,7 +123,7 @@ export function shardFileName(i: number, n: number): string {
 
 function writeWeights(tmp: string, opts: SaveModelDirOptions): void {
   const esize = opts.dtype === 'bf16' ? 2 : 4;
-  const sizes = [...opts.tensors.entries()].map(([name, t]) => ({ name, bytes: t.data.length * esize }));
+  const sizes = [...opts.tensors.entries()].map(([name, t]) => ({ name, bytes: t.shape.reduce((a, d) => a * d, 1) * esize }));
   const shards = planShards(sizes, opts.maxShardBytes ?? DEFAULT_MAX_SHARD_BYTES);
   const meta = { dtype: opts.dtype, metadata: { format: 'pt' } };
   if (shards.length <= 1) {

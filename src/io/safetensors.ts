@@ -295,10 +295,10 @@ export function writeSafetensors(
   let off = 0;
   for (const [name, t] of entries) {
     if (name === '__metadata__') throw new DistilleryError('safetensors: a tensor cannot be named "__metadata__"', 'rename the tensor');
+    // the sizes from the shapes: a tensor whose data is read when it is written (a getter) is read once, there
     const numel = t.shape.reduce((a, d) => a * d, 1);
-    if (!t.shape.every((d) => Number.isSafeInteger(d) && d >= 0) || numel !== t.data.length) {
-      throw new DistilleryError(`safetensors: tensor "${name}" has shape [${t.shape.join(', ')}] but ${t.data.length} values`,
-        'pass a shape whose product equals the data length');
+    if (!t.shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+      throw new DistilleryError(`safetensors: tensor "${name}" has shape [${t.shape.join(', ')}]`, 'pass a shape of non-negative integers');
     }
     header[name] = { dtype: dtype === 'f32' ? 'F32' : 'BF16', shape: [...t.shape], data_offsets: [off, off + numel * esize] };
     off += numel * esize;
@@ -312,8 +312,13 @@ export function writeSafetensors(
   writeFileAtomicWith(file, (fd) => {
     writeAll(fd, prefix);
     writeAll(fd, hbytes);
-    for (const [, t] of entries) {
-      const arr = dtype === 'f32' ? t.data : f32ToBf16Bits(t.data);
+    for (const [name, t] of entries) {
+      const data = t.data, numel = t.shape.reduce((a, d) => a * d, 1);
+      if (data.length !== numel) {
+        throw new DistilleryError(`safetensors: tensor "${name}" has shape [${t.shape.join(', ')}] but ${data.length} values`,
+          'pass a shape whose product equals the data length');
+      }
+      const arr = dtype === 'f32' ? data : f32ToBf16Bits(data);
       writeAll(fd, new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength));
     }
   });

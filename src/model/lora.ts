@@ -191,33 +191,48 @@ export function loraBackward(be: Backend, ad: LoraAdapters, v: LoraView, dinp: B
 
 /** W + s·B·A for every adapted projection: the merged flat weights of the base model (host, float32; float64 sums). */
 export function mergeLora(base: Float32Array | Float64Array | TensorWeights, baseLayers: LayerTensors[], lay: LoraLayout, adapter: ArrayLike<number>): Weights {
-  // a flat base: one merged copy; a base kept tensor by tensor: copies of the target matrices, the rest shared
-  const flat = base instanceof TensorWeights ? null : Float32Array.from(base), r = lay.spec.rank, s = lay.scale;
-  const merged = new Map<string, Float32Array>();
+  const r = lay.spec.rank, s = lay.scale;
+  // W[o, :] += s · (B·A)[o, :] for one adapter, into w (the target matrix's values)
+  const mergeOne = (w: Float32Array, t: LoraLayout['layers'][number][number]): void => {
+    const acc = new Float64Array(t.in);
+    for (let o = 0; o < t.out; o++) {
+      acc.fill(0);
+      // row o of B·A, k outer so the inner loop runs along contiguous rows of A
+      for (let k = 0; k < r; k++) {
+        const b = adapter[t.b.offset + o * r + k]!;
+        if (b === 0) continue;
+        const a0 = t.a.offset + k * t.in;
+        for (let i = 0; i < t.in; i++) acc[i] = acc[i]! + b * adapter[a0 + i]!;
+      }
+      const w0 = o * t.in;
+      for (let i = 0; i < t.in; i++) w[w0 + i] = w[w0 + i]! + s * acc[i]!;
+    }
+  };
+  if (!(base instanceof TensorWeights)) {
+    const flat = Float32Array.from(base);
+    lay.layers.forEach((row, l) => {
+      for (const t of row) {
+        const W = baseLayers[l]![TARGET_WEIGHT[t.target]] as TensorInfo;
+        mergeOne(flat.subarray(W.offset, W.offset + W.size), t);
+      }
+    });
+    return flat;
+  }
+  // a base kept tensor by tensor: each target matrix merged when it is read (the merged model is never whole in memory)
+  const targets = new Map<string, Array<LoraLayout['layers'][number][number]>>();
   lay.layers.forEach((row, l) => {
     for (const t of row) {
-      const W = baseLayers[l]![TARGET_WEIGHT[t.target]] as TensorInfo;
-      let w: Float32Array;
-      if (flat) w = flat.subarray(W.offset, W.offset + W.size);
-      else { w = merged.get(W.name) ?? Float32Array.from((base as TensorWeights).tensor(W)); merged.set(W.name, w); }
-      const acc = new Float64Array(t.in);
-      for (let o = 0; o < t.out; o++) {
-        acc.fill(0);
-        // row o of B·A, k outer so the inner loop runs along contiguous rows of A
-        for (let k = 0; k < r; k++) {
-          const b = adapter[t.b.offset + o * r + k]!;
-          if (b === 0) continue;
-          const a0 = t.a.offset + k * t.in;
-          for (let i = 0; i < t.in; i++) acc[i] = acc[i]! + b * adapter[a0 + i]!;
-        }
-        const w0 = o * t.in;
-        for (let i = 0; i < t.in; i++) w[w0 + i] = w[w0 + i]! + s * acc[i]!;
-      }
+      const name = (baseLayers[l]![TARGET_WEIGHT[t.target]] as TensorInfo).name;
+      targets.set(name, [...(targets.get(name) ?? []), t]);
     }
   });
-  if (flat) return flat;
-  const tw = base as TensorWeights;
-  return new TensorWeights(tw.layout, (t) => merged.get(t.name) ?? tw.tensor(t));
+  return new TensorWeights(base.layout, (W) => {
+    const ts = targets.get(W.name);
+    if (!ts) return base.tensor(W);
+    const w = Float32Array.from(base.tensor(W));
+    for (const t of ts) mergeOne(w, t);
+    return w;
+  });
 }
 
 /** The LoRA spec of a run's options, or null when it trains every weight (--lora-rank 0). alpha 0 means 2 × rank. */

@@ -191,12 +191,14 @@ export function packWeights(
   return w;
 }
 
-/** The inverse of packWeights: named views of a model's weights (tied models get no lm_head). */
+/** The inverse of packWeights: named copies of a model's weights (tied models get no lm_head); a TensorWeights' tensors are
+ * read when their `data` is used. */
 export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Array | TensorWeights): Map<string, { shape: number[]; data: Float32Array }> {
   const out = new Map<string, { shape: number[]; data: Float32Array }>();
   for (const t of layout.tensors) {
-    const d = tensorOf(w, t);
-    out.set(t.name, { shape: t.shape, data: d instanceof Float32Array && w instanceof TensorWeights ? d : Float32Array.from(d) });
+    // tensor by tensor: `data` reads the tensor when it is used (a writer then holds one tensor at a time)
+    if (w instanceof TensorWeights) out.set(t.name, { shape: t.shape, get data() { return w.tensor(t); } });
+    else out.set(t.name, { shape: t.shape, data: Float32Array.from(tensorOf(w, t)) });
   }
   return out;
 }

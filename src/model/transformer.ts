@@ -251,7 +251,8 @@ export class Transformer {
     if (w.length !== this.layout.total) {
       throw new DistilleryError(`weight array has ${w.length} elements, the model needs ${this.layout.total}`);
     }
-    if (this.nf4) { this.nf4.setWeights(w); return; }
+    // NF4 quantization on the host: the CPU backend's thread count, else every core (Nf4Quantizer's default)
+    if (this.nf4) { this.nf4.setWeights(w, 'threads' in this.backend && typeof this.backend.threads === 'number' ? this.backend.threads : undefined); return; }
     if (w instanceof TensorWeights) {
       // tensor by tensor (a model above one typed array): the compute copy and, sharded, the masters' part of each
       const be = this.backend, mo = this.masterOffset, ml = this.masterLength, sharded = ml < this.layout.total;

@@ -19,11 +19,16 @@ export class Nf4Quantizer {
   /** `threads`: threads in all (the calling one included; default: the machine's cores, at most 16). */
   constructor(readonly threads = Math.min(16, availableParallelism()), readonly chunkBlocks = NF4_CHUNK_BLOCKS) {}
 
-  /** quantizeNf4(x, blockSize), on several threads when x has more than one chunk of blocks. */
+  /**
+   * quantizeNf4(x, blockSize), on several threads when x is a Float32Array of more than one chunk of blocks (other
+   * inputs, float64 ones, run on this thread: copying them into float32 would round values near a level's midpoint).
+   */
   quantize(x: ArrayLike<number>, blockSize = NF4_DEFAULT_BLOCK): Nf4Tensor {
     checkNf4BlockSize(blockSize);
     const n = x.length, blocks = Math.ceil(n / blockSize);
-    if (this.threads <= 1 || blocks <= this.chunkBlocks) return quantizeNf4(x, blockSize);
+    if (this.threads <= 1 || blocks <= this.chunkBlocks || !(x instanceof Float32Array)) return quantizeNf4(x, blockSize);
+    // a non-finite weight is refused here, by name, as quantizeNf4 does (a worker's error would come back as text)
+    for (let i = 0; i < n; i++) if (!Number.isFinite(x[i]!)) return quantizeNf4(x.subarray(0, i + 1), blockSize);
     this.pool ??= new WorkerPool(this.threads - 1);
     const xs = new Float32Array(new SharedArrayBuffer(4 * n));
     xs.set(x);

@@ -16,7 +16,7 @@ import { oProjBias, readHfConfigFile, parameterCount, type ModelConfig } from '.
 import { estimateJobBytes, formatGiB } from '../model/memory.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError } from '../util/errors.js';
-import { headChunkRows, headWidth } from './head.js';
+import { defaultChunkFloats, headChunkRows, headWidth } from './head.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import type { RunOptions } from './options.js';
 import { runLossVocab, studentConfig } from './run-models.js';
@@ -104,7 +104,8 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   return {
     mode: o.mode, device: o.device, precision: prec.name, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
-    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : []))), loss_vocab: lossVocab,
+    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : [])),
+      defaultChunkFloats(Boolean(manifest), prec.model === 'bf16')), loss_vocab: lossVocab,
     world: opts.world ?? 1, device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
     teacher_cache: manifest ? {
       path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,

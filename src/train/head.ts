@@ -49,11 +49,17 @@ export function headWidth(lossVocab: number, ...vocabs: number[]): number {
 }
 
 /**
- * The chunk bound of a head by default: DEFAULT_HEAD_CHUNK_FLOATS, doubled for a teacher cache, which has no teacher
- * logits chunk beside the student's: the same logits memory as an online distillation, and half as many chunks, each
- * of which reads and writes the whole fp32 head gradient once.
+ * The chunk bound of a head by default: DEFAULT_HEAD_CHUNK_FLOATS, and for a teacher cache, which has no teacher logits
+ * chunk beside the student's, as many more rows as keep the same logits memory as an online distillation (twice the
+ * rows for an fp32 student; 5/3 for a bf16 student, whose bf16 dlogits chunk grows with the rows): fewer chunks, each of
+ * which reads and writes the whole fp32 head gradient once.
  */
-export function defaultChunkFloats(sparse: boolean): number { return sparse ? 2 * DEFAULT_HEAD_CHUNK_FLOATS : DEFAULT_HEAD_CHUNK_FLOATS; }
+export function defaultChunkFloats(sparse: boolean, bf16Grad = false): number {
+  if (!sparse) return DEFAULT_HEAD_CHUNK_FLOATS;
+  // online per row: zs + zt (+ a bf16 dz: half a float); cached: zs (+ dz)
+  const g = bf16Grad ? 0.5 : 0;
+  return Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * (2 + g) / (1 + g));
+}
 
 /** Rows per chunk for n tokens over a vocabulary of v: at least 1, at most n. */
 export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {
@@ -99,10 +105,11 @@ export class ChunkedHead {
     }
     this.lossVocab = lv;
     this.width = headWidth(lv, vs, vt);
-    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats ?? defaultChunkFloats(opts.sparse !== undefined));
+    const bf16Grad = student.compute !== 'f32' && student.training;
+    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats ?? defaultChunkFloats(opts.sparse !== undefined, bf16Grad));
     this.zs = this.be.alloc(this.chunkRows * this.width, 'student logits (one chunk of rows)');
     this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)') : null;
-    this.dz = student.compute === 'f32' || !student.training ? null
+    this.dz = !bf16Grad ? null
       : this.be.alloc(this.chunkRows * this.width, 'student dlogits (one chunk of rows)', student.compute);
     this.targets = this.be.allocInt(maxRows, 'loss targets');
     this.weights = this.be.alloc(maxRows, 'loss token weights');

@@ -61,6 +61,15 @@ test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, a
   // A cached run holds no teacher: less memory than the same run with the teacher.
   const live = await run(['distill', '--teacher', teacher, '--data', data, '--seq', '8', '--model', cfg, '--out', path.join(dir, 'run'), '--dry-run', '--json']);
   assert.ok(r.device_bytes < (JSON.parse(live.out) as { device_bytes: number }).device_bytes);
+  // The head's chunk from a cache holds twice the rows (fp32: no teacher chunk beside the student's), as the run's head.
+  const rows = async (src: string[]): Promise<number> => {
+    const x = await run(['distill', ...src, '--data', data, '--seq', '8', '--batch', '70000', '--model', cfg, '--out', path.join(dir, 'run'), '--dry-run', '--json']);
+    assert.equal(x.code, 0, x.err);
+    return (JSON.parse(x.out) as { head_chunk_rows: number }).head_chunk_rows;
+  };
+  const [cachedRows, liveRows] = [await rows(['--teacher-cache', out]), await rows(['--teacher', teacher])];
+  assert.ok(liveRows < 560000, `live ${liveRows}`);
+  assert.equal(cachedRows, Math.min(560000, 2 * liveRows));
   const both = await run(['distill', '--teacher-cache', out, '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run')]);
   assert.equal(both.code, 2);
 });

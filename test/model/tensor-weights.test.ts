@@ -93,3 +93,21 @@ test('a checkpoint read tensor by tensor checks each tensor as it is read: a non
   assert.throws(() => m.setWeights(w), (e: unknown) => e instanceof DistilleryError && e.message.includes(`tensor "${t.name}" holds a non-finite value (NaN at element 2)`));
   be.dispose();
 });
+
+test('writing a model kept tensor by tensor reads each tensor once, when it is written (one tensor in memory at a time)', () => {
+  const reads = new Map<string, number>();
+  const tw = new TensorWeights(layout, (t) => { reads.set(t.name, (reads.get(t.name) ?? 0) + 1); return Float32Array.from(named.get(t.name)!.data); });
+  const views = unpackWeights(layout, tw);
+  assert.equal(reads.size, 0, 'unpacking reads nothing');
+  assert.deepEqual(views.get(layout.tensors[1]!.name)!.data, named.get(layout.tensors[1]!.name)!.data);
+  reads.clear();
+  const dir = tmp();
+  writeCheckpoint(path.join(dir, 'm'), cfg, tw, { dtype: 'bf16', maxShardBytes: 20000 });
+  assert.deepEqual([...reads.values()].every((n) => n === 1) && reads.size === layout.tensors.length, true, JSON.stringify([...reads]));
+  assert.equal(weightsHash(readCheckpoint(path.join(dir, 'm')).weights), weightsHash(readCheckpoint(path.join(dir, 'm'), { maxFlat: 1 }).weights));
+  const flatDir = tmp();
+  writeCheckpoint(path.join(flatDir, 'm'), cfg, flat, { dtype: 'bf16', maxShardBytes: 20000 });
+  const files = fs.readdirSync(path.join(dir, 'm')).filter((f) => f.endsWith('.safetensors'));
+  assert.ok(files.length > 1, 'sharded');
+  for (const f of files) assert.ok(fs.readFileSync(path.join(dir, 'm', f)).equals(fs.readFileSync(path.join(flatDir, 'm', f))), f);
+});

@@ -191,4 +191,14 @@ test('a head distilling from a teacher cache takes chunks of twice the rows (no 
   const plain = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true });
   const withCache = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true, teacherCacheSlots: 24 });
   assert.equal(withCache - plain, 4 * (online.chunkRows * V + n * (3 * 24 + 2)), 'the estimate: the doubled chunk and the cache rows');
+  // A bf16 student: its bf16 dlogits chunk grows with the rows too, so 5/3 of the rows keep the logits bytes of online.
+  const bytes = (): number => [...allocs].reduce((a, [k, v]) => a + (/logits/.test(k) ? v * (k.startsWith('student dlogits') ? 2 : 4) : 0), 0);
+  const bf = (training: boolean): Transformer => ({ backend: be, config: { vocabSize: V }, compute: 'bf16', training }) as unknown as Transformer;
+  allocs.clear();
+  const onlineBf = new ChunkedHead(bf(true), bf(false), spec, n);
+  const onlineBytes = bytes();
+  allocs.clear();
+  const cachedBf = new ChunkedHead(bf(true), null, spec, n, { sparse: { kind: 'sample', n: 24 } });
+  assert.ok(Math.abs(cachedBf.chunkRows - onlineBf.chunkRows * 5 / 3) <= 1, `${cachedBf.chunkRows} rows vs ${onlineBf.chunkRows} online`);
+  assert.ok(Math.abs(bytes() - onlineBytes) <= 1e-3 * onlineBytes, `cached ${bytes()} vs online ${onlineBytes} bytes of logits`);
 });

@@ -152,8 +152,8 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   const float div = TEMP * TEMP * (divS + divT);
   const float lossv = (1.0f - ALPHA) * ce + ALPHA * div;
   if (threadIdx.x == 0) {
-    float* st4 = stats + (long long)row * 4;
-    st4[0] = lossv; st4[1] = ce; st4[2] = div; st4[3] = amS == tArgmax[row] ? 1.0f : 0.0f;
+    float* st4p = stats + (long long)row * 4;
+    st4p[0] = lossv; st4p[1] = ce; st4p[2] = div; st4p[3] = amS == tArgmax[row] ? 1.0f : 0.0f;
   }${grad}
 }
 `;
