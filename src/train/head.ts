@@ -11,8 +11,8 @@
  * the first V' rows of W only, so padding rows get neither probability mass nor gradient. By default V' is the
  * student's vocab_size.
  *
- * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32; twice
- * that from a teacher cache, which has no teacher chunk: defaultChunkFloats),
+ * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32; more
+ * from a teacher cache, which has no teacher chunk: defaultChunkFloats),
  * so a 151936-token vocabulary runs 883 rows at a time, and a small model runs the whole batch in one chunk. Each
  * chunk's dW GEMM reads and writes the whole fp32 head gradient (544 MB for Qwen2.5-0.5B), so fewer, larger chunks
  * cut that traffic: 64 Mi floats (442 rows) cost the H100 637 µs per chunk for it at 8×1024.
