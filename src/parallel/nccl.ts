@@ -37,7 +37,12 @@ export class NcclComm implements Communicator {
   constructor(private readonly host: Communicator, private readonly be: CudaBackend) {
     process.env.NCCL_NVLS_ENABLE = '0'; // before NCCL reads its environment (ncclGetUniqueId / ncclCommInitRank)
     this.rank = host.rank; this.world = host.world;
-    const l = requireLibraries(['nccl']).nccl.lib;
+    let l: ReturnType<typeof requireLibraries<'nccl'>>['nccl']['lib'];
+    try { l = requireLibraries(['nccl']).nccl.lib; } catch (e) {
+      if (!(e instanceof DistilleryError)) throw e;
+      throw new DistilleryError(`rank ${this.rank}: data parallel on GPUs uses NCCL (libnccl.so.2), which was not found on this machine`,
+        'install NCCL (e.g. the libnccl2 package), set DISTILLERY_CUDA_LIB_DIR to its folder, or set DISTILLERY_NCCL=0 to move the collectives through the host (slower)');
+    }
     uniqueIdType ??= koffi.struct('ncclUniqueId', { internal: koffi.array('uint8', ID_BYTES) });
     this.f = {
       getVersion: l.func('int ncclGetVersion(_Out_ int *version)'),
