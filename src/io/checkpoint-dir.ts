@@ -15,7 +15,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError, InputError } from '../util/errors.js';
 import { recoverDir, replaceDirAtomic, replaceDirAtomicSync } from './atomic.js';
-import { lazySafetensors, writeSafetensors, type LazyTensor, type Tensor } from './safetensors.js';
+import { lazySafetensors, readTensors, writeSafetensors, type LazyTensor, type Tensor } from './safetensors.js';
 import { CHATML_TEMPLATE, chatTemplateFromConfig } from '../tokenizer/chat.js';
 
 /** transformers 5's default `max_shard_size` ("50GB", decimal units). */
@@ -199,9 +199,7 @@ function readJson(file: string, what: string): Record<string, unknown> {
 /** Loads a Hugging Face model folder (single-file or sharded safetensors). */
 export function loadModelDir(dir: string): LoadedModelDir {
   const lazy = loadModelDirLazy(dir);
-  const tensors = new Map<string, Tensor>();
-  for (const [name, t] of lazy.tensors) tensors.set(name, { dtype: t.dtype, shape: t.shape, data: t.read() });
-  return { ...lazy, tensors };
+  return { ...lazy, tensors: readTensors(lazy.tensors) };
 }
 
 /** loadModelDir with the tensors not yet read (LazyTensor: read() reads one): a model loaded tensor by tensor. */

@@ -240,10 +240,15 @@ export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors
 
 /** Reads a safetensors file; F32/F16/BF16 tensors are returned as Float32Array. */
 export function readSafetensors(file: string, opts: ReadOptions = {}): SafetensorsFile {
-  const { tensors: lazy, metadata } = lazySafetensors(file, opts);
+  const { tensors, metadata } = lazySafetensors(file, opts);
+  return { tensors: readTensors(tensors), metadata };
+}
+
+/** Every tensor of a lazy map read now. */
+export function readTensors(lazy: ReadonlyMap<string, LazyTensor>): Map<string, Tensor> {
   const tensors = new Map<string, Tensor>();
   for (const [name, t] of lazy) tensors.set(name, { dtype: t.dtype, shape: t.shape, data: t.read() });
-  return { tensors, metadata };
+  return tensors;
 }
 
 /** float32 → bfloat16 bits with round-to-nearest-even (NaN stays a quiet NaN). */

@@ -60,7 +60,7 @@ export function readCheckpoint(dir: string, opts: { maxFlat?: number } = {}): Lo
   let weights: Weights;
   if (packed instanceof TensorWeights) {
     weights = new TensorWeights(layout, (t) => {
-      const d = packed.tensor(t), i = d.findIndex((x) => !Number.isFinite(x));
+      const d = packed.tensor(t), i = firstNonFiniteIndex(d);
       if (i >= 0) throw nonFinite({ name: t.name, index: i, value: d[i]! });
       return d;
     });
@@ -103,13 +103,16 @@ export function loadTransformer(backend: Backend, dir: string, opts: Transformer
 /** The first NaN or infinite weight, by tensor name and element index, or null when all are finite. */
 export function firstNonFinite(layout: ParamLayout, weights: Weights): { name: string; index: number; value: number } | null {
   for (const t of layout.tensors) {
-    const d = tensorOf(weights, t);
-    for (let i = 0; i < t.size; i++) {
-      const x = d[i]!;
-      if (!Number.isFinite(x)) return { name: t.name, index: i, value: x };
-    }
+    const d = tensorOf(weights, t), i = firstNonFiniteIndex(d);
+    if (i >= 0) return { name: t.name, index: i, value: d[i]! };
   }
   return null;
+}
+
+/** The index of a tensor's first NaN or infinite value, or -1. */
+function firstNonFiniteIndex(d: ArrayLike<number>): number {
+  for (let i = 0; i < d.length; i++) if (!Number.isFinite(d[i]!)) return i;
+  return -1;
 }
 
 export interface SaveCheckpointOptions {
