@@ -5,7 +5,11 @@
 # --gpus N with NCCL beside `torchrun --nproc-per-node N torch_kd_peer.py` (total tokens/s), and the same job on one GPU
 # for the scaling efficiency; (3) with N GPUs, a small bf16 job's loss curve against one GPU with --grad-accum N over
 # the same global batch; (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
-# stop, the last checkpoint, and --resume finishing the run. PARTS (default "small big peer curve kill") picks parts
+# stop, the last checkpoint, and --resume finishing the run; (5) "hang": rank 1 issues no gradient bucket from one on
+# (DISTILLERY_TEST_SKIP_REDUCE_FROM, src/parallel/nccl.ts): rank 0's GPU wait must stop within DISTILLERY_NCCL_TIMEOUT_S
+# with its sentence and the launcher end; (6) "signal": SIGTERM to the launcher mid-run: exit 143, a checkpoint at the
+# last step, and --resume to the end. "big" runs the N-GPU job twice: the buckets overlapping the backward (default)
+# and after it (DISTILLERY_GRAD_OVERLAP=0). PARTS (default "small big peer curve kill hang signal") picks parts
 # ("peer": the torchrun peer alone).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Output: $OUT/data-parallel.txt. NCCL_NVLS_ENABLE=0 everywhere (the device README says why).
@@ -19,7 +23,7 @@ work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}
 STEPS=${STEPS:-12}
-PARTS=${PARTS:-small big peer curve kill}
+PARTS=${PARTS:-small big peer curve kill hang signal}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "== device: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1) x $NGPUS; node $(node --version)"
 small=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 8 --warmup 1
@@ -43,13 +47,15 @@ if has big && [ "$NGPUS" -ge 2 ]; then
   job=(distill --device cuda --teacher "$work/teacher-qwen2.5-1.5b" --init "$work/student0-qwen2.5-0.5b" --data builtin:docs --max-chars 6000000
     --batch 8 --seq 1024 --steps "$STEPS" --loss kl --alpha 0.5 --temperature 2 --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1
     --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
-  for n in 1 "$NGPUS"; do
-    rm -rf "$work/dp-$n"
-    run_dp() { DISTILLERY_NCCL=1 node bin/distillery.js "${job[@]}" --gpus "$n" --out "$work/dp-$n" > "$work/dp-$n.log" 2>&1; }
+  for v in 1 "$NGPUS" "$NGPUS-after"; do
+    n=${v%-after}; ov=1; [ "$v" != "$n" ] && ov=0
+    rm -rf "$work/dp-$v"
+    run_dp() { DISTILLERY_GRAD_OVERLAP=$ov DISTILLERY_NCCL=1 node bin/distillery.js "${job[@]}" --gpus "$n" --out "$work/dp-$v" > "$work/dp-$v.log" 2>&1; }
     read -r rc mib < <(peak_of run_dp)
-    say "== distillery --gpus $n: rc=$rc peak ${mib} MiB over all GPUs (nvidia-smi, GPU 0 only: see bench-lib) $(step_metrics "$work/dp-$n/metrics.jsonl")"
-    [ "$rc" != 0 ] && tail -12 "$work/dp-$n.log" | tee -a "$txt"
+    say "== distillery --gpus $n (buckets $([ $ov = 1 ] && echo overlapping the backward || echo after the pass)): rc=$rc peak ${mib} MiB (nvidia-smi, GPU 0 only: see bench-lib) $(step_metrics "$work/dp-$v/metrics.jsonl")"
+    [ "$rc" != 0 ] && tail -12 "$work/dp-$v.log" | tee -a "$txt"
   done
+  say "== metrics of the overlapped and the after-pass runs: $(cmp -s <(sed 's/"tokens_per_s":[0-9]*,//; s/"seconds":[0-9.]*//' "$work/dp-$NGPUS/metrics.jsonl") <(sed 's/"tokens_per_s":[0-9]*,//; s/"seconds":[0-9.]*//' "$work/dp-$NGPUS-after/metrics.jsonl") && echo identical || echo DIFFER)"
 fi
 if has peer && [ "$NGPUS" -ge 2 ]; then
   PYTHONUNBUFFERED=1 timeout 300 torchrun --nproc-per-node "$NGPUS" .devmods/bench/torch_kd_peer.py --teacher 1.5b --student 0.5b --batch 8 --seq 1024 --steps 10 > "$work/peer-ddp.log" 2>&1
@@ -70,9 +76,9 @@ if has curve && [ "$NGPUS" -ge 2 ]; then
   ' "$work/curve-n/metrics.jsonl" "$work/curve-1/metrics.jsonl" 2>&1)"
   [ "$a" != 0 ] && tail -5 "$work/curve-n.log" | tee -a "$txt"
 fi
+kjob=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 600 --warmup 2
+  --eval-every 100000 --save-every 50 --strict-kernels --kernel-cache-dir "$work/kc")
 if has kill && [ "$NGPUS" -ge 2 ]; then
-  kjob=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 600 --warmup 2
-    --eval-every 100000 --save-every 50 --strict-kernels --kernel-cache-dir "$work/kc")
   rm -rf "$work/kill"
   DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/kill" > "$work/kill.log" 2>&1 &
   launcher=$!
@@ -86,5 +92,27 @@ if has kill && [ "$NGPUS" -ge 2 ]; then
   [ "$rc" != 0 ] && tail -5 "$work/kill-resume.log" | tee -a "$txt"
   node bin/distillery.js "${kjob[@]}" --out "$work/kill" --resume > "$work/kill-resume1.log" 2>&1
   say "== --resume at 1 GPU (must be refused): rc=$? $(grep -iE 'world|gpus' "$work/kill-resume1.log" | head -2 | tr '\n' ' ')"
+fi
+if has hang && [ "$NGPUS" -ge 2 ]; then
+  rm -rf "$work/hang"
+  t0=$(date +%s.%N)
+  DISTILLERY_STOP_GRACE_S=20 DISTILLERY_NCCL_TIMEOUT_S=15 DISTILLERY_COMM_TIMEOUT_S=120 DISTILLERY_TEST_SKIP_REDUCE_FROM=1:120 \
+    timeout 200 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/hang" > "$work/hang.log" 2>&1; rc=$?
+  t1=$(date +%s.%N)
+  say "== rank 1 issues no gradient bucket from its 120th: launcher rc=$rc after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s (NCCL wait timeout 15 s, host 120 s); latest checkpoint: $(cat "$work/hang/checkpoints/latest/state.json" 2>/dev/null | grep -o '"step": *[0-9]*' | head -1)"
+  grep -iE 'rank|error|did not finish' "$work/hang.log" | tail -5 | tee -a "$txt"
+fi
+if has signal && [ "$NGPUS" -ge 2 ]; then
+  rm -rf "$work/sig"
+  DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/sig" > "$work/sig.log" 2>&1 &
+  launcher=$!
+  for _ in $(seq 1 120); do sleep 0.5; n=$(wc -l < "$work/sig/metrics.jsonl" 2>/dev/null || echo 0); [ "${n:-0}" -ge 80 ] && break; done
+  t0=$(date +%s.%N); kill -TERM "$launcher"; wait "$launcher"; rc=$?; t1=$(date +%s.%N)
+  last=$(grep '"step"' "$work/sig/metrics.jsonl" | grep -v '"val' | tail -1 | grep -o '"step":[0-9]*')
+  say "== SIGTERM to the launcher: rc=$rc (143 expected) after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s; last metrics $last; checkpoint: $(cat "$work/sig/checkpoints/latest/state.json" 2>/dev/null | grep -o '"step": *[0-9]*' | head -1)"
+  grep -iE 'SIGTERM|rank|error' "$work/sig.log" | tail -3 | tee -a "$txt"
+  DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/sig" --resume > "$work/sig-resume.log" 2>&1; rc=$?
+  say "== --resume after SIGTERM: rc=$rc, last metrics: $(grep '"step"' "$work/sig/metrics.jsonl" | tail -1 | cut -c1-100)"
+  [ "$rc" != 0 ] && tail -5 "$work/sig-resume.log" | tee -a "$txt"
 fi
 say "== done"

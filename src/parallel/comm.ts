@@ -25,6 +25,11 @@ export interface Communicator {
    * not be written until then. Returns at once where the transport allows (the host's thread, the GPU's stream).
    */
   reduceScatterStart(be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork;
+  /**
+   * reduceScatterStart may be called inside a captured region (the reduction is queued on the GPU beside the region's
+   * later work, nothing is copied to the host), and its works' wait() only orders the GPU's streams, outside regions.
+   */
+  readonly overlapsRegions?: boolean;
   /** Host numbers summed over ranks (token counts, loss sums). */
   allReduceHost(x: Float64Array | number[]): Float64Array;
   /**

@@ -6,9 +6,9 @@
  * - loss weights: every token is weighted by 1 / (the step's counted tokens over all ranks), so the summed gradients are
  *   the single-process gradient of the global batch;
  * - gradients: reduce-scattered (grad-reducer.ts): each rank gets the sums over ranks of its shard only, in buckets
- *   started while the backward pass still runs where the backend runs passes inline (the CPU; a CUDA pass is a
- *   captured region, so there the buckets go after it, on the stream); the global norm (clipping uses it) is the sum
- *   over ranks of each shard's sum of squares;
+ *   started while the backward pass still runs: where the backend runs passes inline (the CPU), and on CUDA with NCCL,
+ *   whose buckets queue on a second stream inside the captured pass (the host transport's go after the pass); the
+ *   global norm (clipping uses it) is the sum over ranks of each shard's sum of squares;
  * - optimizer: each rank keeps the AdamW moments of its contiguous shard of the trainable buffer only (shardOf), and a
  *   bf16 model the fp32 masters of that shard only (Transformer masterRange); it updates that shard of the masters and of
  *   their compute copy, then the updated shards are all-gathered (the bf16 compute copy when the masters are sharded,
@@ -54,18 +54,21 @@ export class ShardedAdamW implements Optimizer {
   bucket = gradBucketElements();
 
   /**
-   * A step's reduction: in buckets during the backward pass where the backend runs the pass inline (the CPU); after a
-   * recorded (captured) pass, in one range, since nothing would overlap (NCCL: one group; the host: piece by piece).
+   * A step's reduction: in buckets during the backward pass where the backend runs the pass inline (the CPU) or the
+   * communicator works inside a captured pass (NCCL); else after the pass, in one range, since nothing would overlap.
    */
   private newReducer(): GradReducer {
     const total = this.model.layout.total;
-    return new GradReducer(this.comm, this.be, this.model.grads!, total, this.shard.size, this.be.recordsRegions ? total : this.bucket);
+    return new GradReducer(this.comm, this.be, this.model.grads!, total, this.shard.size, this.afterPass ? total : this.bucket);
   }
+
+  /** The reduction waits for the pass: it is a captured region and the communicator cannot work inside one (the host's). */
+  private get afterPass(): boolean { return this.be.recordsRegions && this.comm.overlapsRegions !== true; }
 
   /** A new step's gradient reduction: what the last backward pass reports its final ranges to (undefined: after it). */
   beginStep(): ((begin: number, end: number) => void) | undefined {
     const red = this.reducer = this.newReducer();
-    return this.be.recordsRegions ? undefined : (begin, end) => red.ready(begin, end);
+    return this.afterPass ? undefined : (begin, end) => red.ready(begin, end);
   }
 
   /** Finishes the reduction of the shard's gradients, then their global L2 norm (the same on every rank). */

@@ -5,8 +5,10 @@
  * `ready`: the final norm and an untied LM head first, then each layer from the last, the embedding last, or each
  * layer's adapters); consecutive ranges are contiguous, downward in the buffer, so they join into one pending range
  * that is started as a bucket once it holds `bucket` elements. finish() starts what is still pending, reduces every
- * part of the buffer that was never reported (all of it when the step reported nothing: a backend whose passes run as
- * captured regions reduces after the pass), and waits for every bucket. Each element is reduced exactly once.
+ * part of the buffer that was never reported (all of it when the step reported nothing: a captured pass whose
+ * communicator cannot work inside it, the host's, reduces after the pass), and waits for every bucket. Each element
+ * is reduced exactly once. On the GPU with NCCL (overlapsRegions) the buckets start inside the captured pass, on a
+ * second stream, as the backward reports them; finish()'s waits make the main stream wait for them.
  */
 import type { Backend, Buf } from '../backend/backend.js';
 import { DistilleryError, InputError } from '../util/errors.js';
@@ -61,7 +63,8 @@ export class GradReducer {
 
   private start(begin: number, end: number): void {
     // a transport that copies each bucket (the host's) holds at most MAX_IN_FLIGHT buckets' worth: the oldest first
-    while (this.works.length > 0 && this.inFlight + (end - begin) > MAX_IN_FLIGHT * this.bucket) this.waitOldest();
+    // (one that queues on the GPU copies nothing, and may be inside a captured region, where nothing may wait)
+    if (!this.comm.overlapsRegions) while (this.works.length > 0 && this.inFlight + (end - begin) > MAX_IN_FLIGHT * this.bucket) this.waitOldest();
     this.started.push([begin, end]);
     this.works.push({ work: this.comm.reduceScatterStart(this.be, this.grads, begin, end, this.shard), size: end - begin });
     this.inFlight += end - begin;

@@ -6,7 +6,9 @@
  * launcher only, which passes it on once. Rank 0's
  * output is the command's; another rank's stderr is shown when it fails. SIGINT and SIGTERM are passed to every rank
  * (rank 0 decides the step they stop at); a rank that fails makes the others fail at their next collective, and the
- * launcher waits for all of them, then exits with rank 0's code (or the first failing rank's).
+ * launcher waits for all of them, then exits with rank 0's code (or the first failing rank's). A rank still running
+ * `stopGraceMs` after another failed (one that hangs: it reaches no collective, answers no signal) is killed
+ * (SIGKILL), so the launcher always ends within a bounded time of a failure.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import * as net from 'node:net';
@@ -32,6 +34,12 @@ export function withoutGpusFlag(argv: readonly string[]): string[] {
 
 export interface LaunchIo { err: (s: string) => void }
 
+/** How long the ranks still running may take to stop after one failed: DISTILLERY_STOP_GRACE_S seconds, else 60. */
+export function stopGraceMs(env: NodeJS.ProcessEnv = process.env): number {
+  const s = Number(env.DISTILLERY_STOP_GRACE_S);
+  return Number.isFinite(s) && s > 0 ? s * 1000 : 60_000;
+}
+
 /** Runs `script args` as `n` ranks; resolves with the exit code the launcher should return. */
 export async function launchRanks(script: string, args: readonly string[], n: number, io: LaunchIo, env: NodeJS.ProcessEnv = process.env): Promise<number> {
   const port = await freePort();
@@ -42,6 +50,22 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
   const onInt = (): void => forward('SIGINT'), onTerm = (): void => forward('SIGTERM');
   process.on('SIGINT', onInt);
   process.on('SIGTERM', onTerm);
+  // after the first failure, the ranks still running get a grace period, then SIGKILL (a hung rank stops no other way)
+  const grace = stopGraceMs(env);
+  let killer: NodeJS.Timeout | null = null;
+  const killed = new Set<number>();
+  const failed = (rank: number, code: number): void => {
+    if (code === 0 || killer !== null) return;
+    killer = setTimeout(() => {
+      kids.forEach((k, r) => {
+        if (k.exitCode !== null || k.signalCode !== null) return;
+        killed.add(r);
+        io.err(`rank ${r} was still running ${grace / 1000} s after rank ${rank} failed: stopping it (SIGKILL)\n`);
+        k.kill('SIGKILL');
+      });
+    }, grace);
+    killer.unref();
+  };
   try {
     await Promise.all(Array.from({ length: n }, (_, rank) => new Promise<void>((resolve) => {
       // the launcher's own Node options (--max-old-space-size, ...) hold for every rank, but a debugger's or a watcher's
@@ -59,14 +83,21 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
       });
       kids.push(k);
       k.stderr?.on('data', (d: Buffer) => { errTail[rank] = (errTail[rank] + d.toString()).slice(-4000); });
-      k.on('close', (code, sig) => { codes[rank] = code ?? (sig === 'SIGINT' ? 130 : sig === 'SIGTERM' ? 143 : 1); resolve(); });
+      k.on('close', (code, sig) => {
+        codes[rank] = code ?? (sig === 'SIGINT' ? 130 : sig === 'SIGTERM' ? 143 : 1);
+        failed(rank, codes[rank]!);
+        resolve();
+      });
     })));
   } finally {
     process.off('SIGINT', onInt);
     process.off('SIGTERM', onTerm);
+    if (killer !== null) clearTimeout(killer);
   }
   for (let r = 1; r < n; r++) {
-    if (codes[r] !== 0 && codes[r] !== codes[0]) io.err(`rank ${r} exited with ${codes[r]}:\n${errTail[r]!.split('\n').slice(-12).map((l) => `  [rank ${r}] ${l}`).join('\n')}\n`);
+    if (codes[r] !== 0 && codes[r] !== codes[0] && !killed.has(r)) io.err(`rank ${r} exited with ${codes[r]}:\n${errTail[r]!.split('\n').slice(-12).map((l) => `  [rank ${r}] ${l}`).join('\n')}\n`);
   }
-  return codes[0] !== 0 ? codes[0]! : codes.find((c) => c !== 0) ?? 0;
+  // rank 0's code, or the first failing rank's; a rank the launcher killed does not speak for the run
+  const own = codes.map((c, r) => (killed.has(r) ? 0 : c!));
+  return own[0] !== 0 ? own[0]! : own.find((c) => c !== 0) ?? (killed.size > 0 ? 1 : 0);
 }

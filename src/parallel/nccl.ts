@@ -6,9 +6,25 @@
  * (NCCL_NVLS_ENABLE=0). The gather of unequal shards is one broadcast per rank inside a group (ncclGroupStart/End):
  * no padded buffer.
  *
+ * The gradient buckets (reduceScatterStart) are issued on the backend's second stream as the backward pass reports
+ * them, inside the captured pass (CudaBackend.sideCollective ends the graph segment there), so they overlap the rest
+ * of the backward; finish()'s waits join the streams before the norm and the update read the sums.
+ * DISTILLERY_GRAD_OVERLAP=0 queues them after the pass instead, on the main stream (for comparison).
+ *
+ * Hangs: NCCL's collectives wait on the GPU for their peers, so a rank that hangs or dies between two of them would
+ * leave the others blocked in cuStreamSynchronize. The communicator installs a WaitGuard on the backend
+ * (bounded-wait.ts): each host wait for the GPU polls, asks ncclCommGetAsyncError every 100 ms, and after the
+ * collective timeout (DISTILLERY_COMM_TIMEOUT_S, 300 s by default, as the host communicator's) calls ncclCommAbort
+ * and stops the rank with one sentence; the launcher then stops the ranks that remain.
+ *
  * The default of a CUDA run of several ranks (ncclWanted: DISTILLERY_NCCL=0 moves the collectives through the host,
- * HostComm, which is correct and slow; DISTILLERY_NCCL=1 uses NCCL on one rank too). Not yet: a timeout on NCCL's own collectives (a peer that dies
- * between two of them leaves the others waiting in NCCL; ncclCommGetAsyncError polling is to come).
+ * HostComm, which is correct and slow; DISTILLERY_NCCL=1 uses NCCL on one rank too).
+ *
+ * DISTILLERY_NCCL_TIMEOUT_S sets the GPU waits' timeout apart from the host collectives' (default: the same).
+ *
+ * A test hook, for the hang check of scripts/cuda/data-parallel-check.sh: DISTILLERY_TEST_SKIP_REDUCE_FROM=R:K makes
+ * rank R issue none of its gradient buckets from its K-th on (as a rank whose GPU never reaches its collectives),
+ * while it goes on with everything else: its peers' NCCL reductions then wait on the GPU for ever.
  */
 import koffi from 'koffi';
 import type { Backend, Buf, DType } from '../backend/backend.js';
@@ -16,11 +32,14 @@ import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 import { requireLibraries } from '../backend/cuda/ffi/libfind.js';
 import { DistilleryError } from '../util/errors.js';
 import { shardParts, type CommWork, type Communicator } from './comm.js';
+import { commTimeoutMs } from './host-comm.js';
 
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
 /** ncclDataType_t and ncclRedOp_t values (nccl.h). */
 const NCCL_FLOAT32 = 7, NCCL_BFLOAT16 = 9, NCCL_SUM = 0;
+/** ncclResult_t ncclInProgress (a non-blocking communicator's work still running). */
+const NCCL_IN_PROGRESS = 7;
 const ID_BYTES = 128;
 
 let uniqueIdType: ReturnType<typeof koffi.struct> | null = null;
@@ -50,6 +69,7 @@ export class NcclComm implements Communicator {
       commInitRank: l.func('int ncclCommInitRank(_Out_ void **comm, int nranks, ncclUniqueId commId, int rank)'),
       commDestroy: l.func('int ncclCommDestroy(void *comm)'),
       commAbort: l.func('int ncclCommAbort(void *comm)'),
+      commGetAsyncError: l.func('int ncclCommGetAsyncError(void *comm, _Out_ int *asyncError)'),
       allReduce: l.func('int ncclAllReduce(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int op, void *comm, void *stream)'),
       broadcast: l.func('int ncclBroadcast(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int root, void *comm, void *stream)'),
       reduce: l.func('int ncclReduce(uint64_t sendbuff, uint64_t recvbuff, size_t count, int datatype, int op, int root, void *comm, void *stream)'),
@@ -68,6 +88,41 @@ export class NcclComm implements Communicator {
     const c: unknown[] = [null];
     this.check(this.f.commInitRank!(c, this.world, { internal: Array.from(id) }, this.rank), 'ncclCommInitRank');
     this.comm = c[0];
+    this.overlapsRegions = process.env.DISTILLERY_GRAD_OVERLAP !== '0';
+    const skip = /^(\d+):(\d+)$/.exec(process.env.DISTILLERY_TEST_SKIP_REDUCE_FROM ?? '');
+    if (skip && Number(skip[1]) === this.rank) this.skipFrom = Number(skip[2]);
+    const gpuS = Number(process.env.DISTILLERY_NCCL_TIMEOUT_S);
+    be.setWaitGuard({
+      who: `rank ${this.rank}`,
+      timeoutMs: Number.isFinite(gpuS) && gpuS > 0 ? gpuS * 1000 : commTimeoutMs(),
+      poll: () => this.asyncError(),
+      abort: () => this.abort(),
+    });
+  }
+
+  /** Gradient buckets start inside the captured pass, on the backend's second stream (DISTILLERY_GRAD_OVERLAP=0: after it). */
+  readonly overlapsRegions: boolean;
+  /** The test hook's first skipped bucket (DISTILLERY_TEST_SKIP_REDUCE_FROM), 0: none. */
+  private skipFrom = 0;
+  private buckets = 0;
+
+  /** NCCL's asynchronous error of the communicator, named, or null (none, or still in progress). */
+  private asyncError(): string | null {
+    if (this.comm === null) return 'the communicator was aborted';
+    const st = [0];
+    const rc = this.f.commGetAsyncError!(this.comm, st) as number;
+    const code = rc !== 0 ? rc : st[0]!;
+    if (code === 0 || code === NCCL_IN_PROGRESS) return null;
+    return `${String(this.f.errorString?.(code) ?? `error ${code}`)} (ncclResult ${code})`;
+  }
+
+  /** ncclCommAbort: the communicator's kernels leave the streams; close() then has nothing left to do. */
+  private abort(): void {
+    this.failed = true;
+    if (this.comm === null) return;
+    const c = this.comm;
+    this.comm = null;
+    this.f.commAbort!(c);
   }
 
   /** NCCL's version, e.g. 22605 for 2.26.5. */
@@ -102,13 +157,23 @@ export class NcclComm implements Communicator {
   }
 
   reduceScatterStart(_be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork {
-    // the part of the range inside rank r's shard summed into rank r (in place), one reduce per rank in one group; on
-    // the backend's stream, so the work queued after it (the norm, the update) sees the sums: nothing to wait for here
-    this.perRank(shardParts(begin, end, shard, this.world), 'ncclReduce', (r, from, count) => {
+    if (this.skipFrom > 0 && ++this.buckets >= this.skipFrom) {
+      if (this.buckets === this.skipFrom) process.stderr.write(`rank ${this.rank}: DISTILLERY_TEST_SKIP_REDUCE_FROM: no gradient bucket issued from bucket ${this.skipFrom} on\n`);
+      return { wait(): void {} };
+    }
+    // the part of the range inside rank r's shard summed into rank r (in place), one reduce per rank in one group
+    const reduce = (stream: unknown): void => this.perRank(shardParts(begin, end, shard, this.world), 'ncclReduce', (r, from, count) => {
       const o = this.be.collectiveOperand(buf, from);
-      return this.f.reduce!(o.ptr, o.ptr, count, ncclDtype(o.dtype), NCCL_SUM, r, this.comm, o.stream) as number;
+      return this.f.reduce!(o.ptr, o.ptr, count, ncclDtype(o.dtype), NCCL_SUM, r, this.comm, stream) as number;
     });
-    return { wait(): void {} };
+    if (!this.overlapsRegions) {
+      // on the backend's stream, after the pass: the work queued after it (the norm, the update) sees the sums
+      reduce(this.be.collectiveOperand(buf).stream);
+      return { wait(): void {} };
+    }
+    // on the second stream, beside the rest of the backward; waiting joins the main stream to it (no host wait)
+    this.be.sideCollective('reducing a gradient bucket', reduce);
+    return { wait: (): void => this.be.joinSide() };
   }
 
   /** One call per rank's non-empty part [from, to), inside ncclGroupStart/End (closed whatever happened inside). */
@@ -133,6 +198,7 @@ export class NcclComm implements Communicator {
   barrier(timeoutMs?: number): void { this.host.barrier(timeoutMs); }
 
   close(): void {
+    this.be.setWaitGuard(null);
     if (this.comm !== null) {
       (this.failed ? this.f.commAbort! : this.f.commDestroy!)(this.comm);
       this.comm = null;

@@ -19,6 +19,9 @@ import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { TeacherPass } from '../../src/cache/teacher-pass.js';
 import { allocSparseHost } from '../../src/cache/targets.js';
+import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
+import { LocalComm, type CommWork, type Communicator } from '../../src/parallel/comm.js';
+import type { Backend, Buf } from '../../src/backend/backend.js';
 
 function setup(graphs = true) {
   const driver = fakeDriver();
@@ -227,5 +230,61 @@ test('a cached distillation step (the sparse loss) and a teacher-cache pass run 
   assert.deepEqual(modes, ['teacher cache pass:eager', 'teacher cache pass:capture', 'teacher cache pass:replay']);
   assert.ok(s.driver.launched.includes('sample_rows'));
   s.be.captured = orig;
+  s.be.dispose();
+});
+
+/**
+ * Rank 0 of 2 with a communicator that queues its gradient buckets on the backend's side stream as NcclComm does
+ * (overlapsRegions): each bucket a 'reduce' call on that stream, waiting joins the streams.
+ */
+class SideStreamComm implements Communicator {
+  readonly rank = 0;
+  readonly world = 2;
+  readonly overlapsRegions = true;
+  private readonly local = new LocalComm();
+  constructor(private readonly be: CudaBackend, private readonly calls: string[]) {}
+  allReduceSum(): void {}
+  allReduceHost(x: Float64Array | number[]): Float64Array { return this.local.allReduceHost(x); }
+  allGather(): void {}
+  allGatherHost(x: Float32Array): Float32Array { return x.slice(); }
+  broadcast(b: Uint8Array): Uint8Array { return b; }
+  barrier(): void {}
+  close(): void {}
+  reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
+    this.be.sideCollective('reducing a gradient bucket', (stream) => this.calls.push(`reduce ${begin}..${end} on ${String(stream)}`));
+    return { wait: () => this.be.joinSide() };
+  }
+}
+
+test('data parallel with NCCL-like collectives: the buckets fork to the side stream between graph segments of the captured pass, eager, captured and replayed alike; the streams join before the norm', () => {
+  const s = setup();
+  const v = s.cfg.vocabSize;
+  const opt = new ShardedAdamW(s.runner.student.trainable(), { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 }, new SideStreamComm(s.be, s.driver.calls));
+  opt.bucket = Math.ceil(s.runner.student.trainable().layout.total / 4);
+  const steps = [1, 2, 3].map((seed) => {
+    const modes: string[] = [];
+    const orig = s.be.captured.bind(s.be);
+    s.be.captured = <R>(label: string, body: () => R): R => { const r = orig(label, body); modes.push(`${label}:${s.be.lastRegionMode}`); return r; };
+    const l0 = s.driver.launched.length, c0 = s.driver.calls.length;
+    try { s.runner.trainStep([batch(2, 8, seed, v)], opt, 1e-3, 1); } finally { s.be.captured = orig; }
+    return { modes, launched: s.driver.launched.slice(l0), calls: s.driver.calls.slice(c0) };
+  });
+  assert.deepEqual(steps.map((x) => x.modes[0]), ['training pass:eager', 'training pass:capture', 'training pass:replay']);
+  for (const [i, st] of steps.entries()) {
+    const reduces = st.calls.filter((c) => c.startsWith('reduce'));
+    assert.ok(reduces.length >= 3, `step ${i}: ${reduces.length} buckets`);
+    assert.ok(reduces.every((c) => c.endsWith('on fake side stream')));
+    assert.ok(!st.calls.some((c) => /^capture (fork|join|reduce)/.test(c)), `step ${i}: nothing of the side stream inside a capture`);
+    // each reduce right after its fork; the first fork before the pass's last segment: the buckets overlap the backward
+    st.calls.forEach((c, k) => { if (c.startsWith('reduce')) assert.equal(st.calls[k - 1], 'fork', `step ${i}: call ${k}`); });
+    const passIssue = i === 0 ? 'launch' : i === 1 ? 'graphLaunch' : 'graphLaunch';
+    assert.ok(st.calls.indexOf('fork') < st.calls.lastIndexOf(passIssue), `step ${i}: a fork before the pass's last ${passIssue}`);
+    // one join, after the last reduce and before the norm's read-back
+    assert.equal(st.calls.filter((c) => c === 'join').length, 1, `step ${i}`);
+    const join = st.calls.indexOf('join');
+    assert.ok(join > st.calls.lastIndexOf(reduces[reduces.length - 1]!) && join < st.calls.lastIndexOf('dtoh'), `step ${i}: join placed`);
+    assert.deepEqual(st.launched, steps[0]!.launched, 'the same kernels, in order');
+  }
+  assert.throws(() => s.be.captured('r', () => { s.be.sideCollective('x', () => {}); s.be.joinSide(); }), /joinSide inside the captured region "r"/);
   s.be.dispose();
 });

@@ -306,6 +306,8 @@ export function fakeDriver(): CudaDriver & FakeDriverLog {
     graphDestroy: (exec: unknown) => { if (graphs.delete(exec as number)) log.liveGraphs--; },
     eventCreate: () => ({}), eventRecord: () => {}, eventRecordNode: () => {}, eventQuery: () => true,
     eventElapsedMs: () => 0, eventDestroy: () => {}, eventSynchronize: () => {},
+    // the side stream of overlapped collectives: its fork and join are stream calls of their own
+    sideStream: 'fake side stream', forkSide: () => onStream('fork'), joinSide: () => onStream('join'), waitGuard: null, aborted: false,
   });
   return f as unknown as CudaDriver & FakeDriverLog;
 }

@@ -142,6 +142,27 @@ test('GradReducer: ranges never reported are reduced at finish (in buckets, from
   const c2 = new RecordingComm(2);
   new GradReducer(c2, be, g, 100, 50, 40).finish();
   assert.deepEqual(c2.ranges, [[60, 100], [20, 60], [0, 20]]);
+  // a transport that queues on the GPU inside a captured pass (NCCL): nothing waited for until finish (no wait may
+  // happen inside the region), then every bucket once, in order
+  const c4 = Object.assign(new RecordingComm(2), { overlapsRegions: true }), r4 = new GradReducer(c4, be, g, 100, 50, 5);
+  for (let e = 100; e > 0; e -= 5) r4.ready(e - 5, e);
+  assert.equal(c4.waited.length, 0, 'no wait before finish');
+  assert.equal(c4.maxOutstanding, 100);
+  r4.finish();
+  assert.deepEqual(c4.waited, c4.ranges);
+  be.dispose();
+});
+
+test('ShardedAdamW on a backend that records its passes as captured regions: buckets during the pass only where the communicator works inside one (NCCL), else after it', () => {
+  const be = createCpuBackend({ threads: 1 });
+  const m = new Transformer(be, base, { batch: 2, seq: 8, training: true });
+  m.setWeights(initialWeights(parameterLayout(base), base, new Rng(1)));
+  const captured = Object.create(be, { recordsRegions: { value: true } }) as Backend;
+  const t = { ...m.trainable(), backend: captured };
+  const host = new ShardedAdamW(t, adam, new RecordingComm(2));
+  assert.equal(host.beginStep(), undefined, 'the host transport reduces after the pass');
+  const nccl = new ShardedAdamW(t, adam, Object.assign(new RecordingComm(2), { overlapsRegions: true }));
+  assert.equal(typeof nccl.beginStep(), 'function', 'NCCL reduces during the pass');
   be.dispose();
 });
 

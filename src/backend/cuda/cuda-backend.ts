@@ -23,7 +23,9 @@
  * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
  * (DEFAULT_SCRATCH_BLOCKS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_COLSUM_FLOATS, DEFAULT_CUBLAS_WORKSPACE);
  * ops never allocate (adamwSegments builds its chunk table once per segment list, outside any graph). Everything runs on
- * one stream the backend creates; the only host syncs inside ops are sumSquares and download.
+ * one stream the backend creates, but a data-parallel step's gradient collectives, which run on a second stream beside
+ * the backward pass (sideCollective, joinSide); the only host syncs inside ops are sumSquares and download, bounded in
+ * time where a communicator set a WaitGuard (bounded-wait.ts).
  *
  * Captured regions (Backend.captured, graphs.ts): inside one, every launch, GEMM, memset and copy is recorded as an op
  * with its full arguments instead of being issued, then handed to the GraphRunner, which runs the ops, captures them
@@ -68,6 +70,7 @@ import { sampleTokensKernel } from './kernels/sample.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
+import type { WaitGuard } from './bounded-wait.js';
 
 /** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
 export const ELEM_BLOCK = 256;
@@ -359,8 +362,9 @@ export class CudaBackend implements Backend {
   /**
    * Adds an op to the region being recorded; a full segment goes to the runner at once (run, captured or replayed),
    * so the GPU works on it while the host records the next. Segment k holds segmentOps(k) ops: small first (the GPU
-   * waits for the first segment's recording), larger after. Segment boundaries depend only on the op count, so the
-   * same region cuts into the same segments every time.
+   * waits for the first segment's recording), larger after. Segment boundaries depend only on the op count and on
+   * where the region forks a collective to the side stream (sideCollective), so the same region cuts into the same
+   * segments every time.
    */
   private record(op: GraphOp): void {
     const r = this.rec!;
@@ -611,6 +615,31 @@ export class CudaBackend implements Backend {
     if (!this.dev) throw new Error('collective: a trace backend has no device memory');
     return { ptr: b.ptr + BigInt(offset * b.elem), dtype: buf.dtype, elem: b.elem, stream: this.dev.driver.currentStream };
   }
+
+  /**
+   * Issues collective work on the side stream, after all the work issued so far: inside a captured region the ops
+   * recorded so far go to the graph runner first (a segment ends here), so the fork sits between two graphs and the
+   * collective runs beside the region's later segments. The main stream waits for it at joinSide(). Not in trace mode.
+   */
+  sideCollective(what: string, issue: (stream: unknown) => void): void {
+    if (!this.dev) throw new Error('sideCollective: a trace backend has no device');
+    if (this.rec) this.flushSegment();
+    this.dev.driver.forkSide(what);
+    issue(this.dev.driver.sideStream);
+    this.sidePending = true;
+  }
+  private sidePending = false;
+
+  /** The main stream waits for the side stream's collectives (outside a captured region: a host call, no wait). */
+  joinSide(): void {
+    if (!this.sidePending || !this.dev) return;
+    if (this.rec) throw new Error(`joinSide inside the captured region "${this.rec.label}"`);
+    this.dev.driver.joinSide('waiting for the side stream\'s collectives');
+    this.sidePending = false;
+  }
+
+  /** Bounds the host's waits for the GPU (bounded-wait.ts; NCCL installs one); null: plain synchronizing waits. */
+  setWaitGuard(g: WaitGuard | null): void { if (this.dev) this.dev.driver.waitGuard = g; }
 
   /** Waits for all queued GPU work (tests and timings; ops never need it). */
   synchronize(): void { this.dev?.driver.synchronize('synchronizing'); }

@@ -7,6 +7,7 @@
 import koffi from 'koffi';
 import { CUDA_ERROR_FALLBACK, CudaError, formatBytes, hintFor } from './status.js';
 import type { FoundLib } from './libfind.js';
+import { boundedWait, type WaitGuard } from '../bounded-wait.js';
 
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
@@ -64,6 +65,7 @@ export class CudaDriver {
       eventRecordWithFlags: l.func('int cuEventRecordWithFlags(void *ev, void *stream, unsigned int flags)'),
       eventSynchronize: l.func('int cuEventSynchronize(void *ev)'),
       eventQuery: l.func('int cuEventQuery(void *ev)'),
+      streamWaitEvent: l.func('int cuStreamWaitEvent(void *stream, void *ev, unsigned int flags)'),
       streamBeginCapture: l.func('int cuStreamBeginCapture_v2(void *stream, int mode)'),
       streamEndCapture: l.func('int cuStreamEndCapture(void *stream, _Out_ void **graph)'),
       graphInstantiate: l.func('int cuGraphInstantiateWithFlags(_Out_ void **exec, void *graph, unsigned long long flags)'),
@@ -127,6 +129,13 @@ export class CudaDriver {
   /** The stream (for cuBLAS's cublasSetStream). */
   get currentStream(): unknown { return this.stream; }
   destroyStream(): void {
+    if (this.side !== null) {
+      const side = this.side;
+      this.side = null;
+      this.check(this.f.streamDestroy!(side), 'cuStreamDestroy', 'destroying the side stream');
+      for (const ev of [this.forkEvent, this.joinEvent]) this.check(this.f.eventDestroy!(ev), 'cuEventDestroy', 'destroying a side-stream event');
+    }
+    if (this.syncEvent !== null) { const ev = this.syncEvent; this.syncEvent = null; this.check(this.f.eventDestroy!(ev), 'cuEventDestroy', 'destroying the wait event'); }
     if (this.stream === null) return;
     const st = this.stream;
     this.stream = null;
@@ -140,7 +149,63 @@ export class CudaDriver {
   /** Device to host after everything queued before it on the stream; returns when the bytes are on the host. */
   dtoh(dst: ArrayBufferView, src: bigint, bytes: number, context: string): void {
     this.check(this.f.memcpyDtoHAsync!(dst, src, bytes, this.stream), `cuMemcpyDtoHAsync(${formatBytes(bytes)})`, context);
-    this.check(this.f.streamSynchronize!(this.stream), 'cuStreamSynchronize', context);
+    this.waitStream(context);
+  }
+
+  /**
+   * Bounds every host wait for the stream (bounded-wait.ts): set by a communicator whose collectives run on the GPU, so
+   * that a hung peer fails the wait within the guard's timeout instead of blocking in cuStreamSynchronize for ever.
+   */
+  waitGuard: WaitGuard | null = null;
+  /** Set once the guard aborted: nothing waits for the GPU after that (dispose skips its synchronize). */
+  aborted = false;
+  private syncEvent: unknown = null;
+
+  private waitStream(context: string): void {
+    if (this.aborted) throw new CudaError(0, 'ABORTED', 'cuStreamSynchronize', context, 'the GPU collectives were aborted: every rank stops');
+    const g = this.waitGuard;
+    if (g === null) { this.check(this.f.streamSynchronize!(this.stream), 'cuStreamSynchronize', context); return; }
+    if (this.syncEvent === null) {
+      const ev: unknown[] = [null];
+      this.check(this.f.eventCreate!(ev, 2 /* CU_EVENT_DISABLE_TIMING */), 'cuEventCreate', 'creating the wait event');
+      this.syncEvent = ev[0];
+    }
+    const ev = this.syncEvent;
+    this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', context);
+    boundedWait(() => this.eventQuery(ev), {
+      who: g.who, timeoutMs: g.timeoutMs, poll: () => g.poll(), abort: (why) => { this.aborted = true; g.abort(why); },
+    }, context);
+  }
+
+  // The side stream: collectives that overlap the main stream's work (fork: it waits for an event of the main stream;
+  // join: the main stream waits for an event of it). Created on first use.
+  private side: unknown = null;
+  private forkEvent: unknown = null;
+  private joinEvent: unknown = null;
+  get sideStream(): unknown {
+    if (this.side === null) {
+      const st: unknown[] = [null];
+      this.check(this.f.streamCreate!(st, 1 /* CU_STREAM_NON_BLOCKING */), 'cuStreamCreate', 'creating the side stream');
+      this.side = st[0];
+      const ev: unknown[] = [null];
+      this.check(this.f.eventCreate!(ev, 2 /* CU_EVENT_DISABLE_TIMING */), 'cuEventCreate', 'creating the fork event');
+      this.forkEvent = ev[0];
+      this.check(this.f.eventCreate!(ev, 2), 'cuEventCreate', 'creating the join event');
+      this.joinEvent = ev[0];
+    }
+    return this.side;
+  }
+  /** The side stream waits for everything queued on the main stream so far. */
+  forkSide(context: string): void {
+    const side = this.sideStream;
+    this.check(this.f.eventRecord!(this.forkEvent, this.stream), 'cuEventRecord', context);
+    this.check(this.f.streamWaitEvent!(side, this.forkEvent, 0), 'cuStreamWaitEvent', context);
+  }
+  /** The main stream waits for everything queued on the side stream so far. */
+  joinSide(context: string): void {
+    if (this.side === null) return;
+    this.check(this.f.eventRecord!(this.joinEvent, this.side), 'cuEventRecord', context);
+    this.check(this.f.streamWaitEvent!(this.stream, this.joinEvent, 0), 'cuStreamWaitEvent', context);
   }
   dtod(dst: bigint, src: bigint, bytes: number, context: string): void {
     this.check(this.f.memcpyDtoDAsync!(dst, src, bytes, this.stream), `cuMemcpyDtoDAsync(${formatBytes(bytes)})`, context);
@@ -158,8 +223,14 @@ export class CudaDriver {
     this.check(this.f.memGetInfo!(f, t), 'cuMemGetInfo', 'reading GPU memory');
     return { free: Number(f[0]), total: Number(t[0]) };
   }
-  synchronize(context: string): void { this.check(this.f.ctxSynchronize!(), 'cuCtxSynchronize', context); }
-  streamSynchronize(context: string): void { this.check(this.f.streamSynchronize!(this.stream), 'cuStreamSynchronize', context); }
+  /** Waits for all the context's work (bounded through both streams where a guard is set; nothing after an abort). */
+  synchronize(context: string): void {
+    if (this.aborted) return;
+    if (this.waitGuard === null) { this.check(this.f.ctxSynchronize!(), 'cuCtxSynchronize', context); return; }
+    this.joinSide(context);
+    this.waitStream(context);
+  }
+  streamSynchronize(context: string): void { this.waitStream(context); }
 
   // CUDA graphs: capture what is issued on the stream, instantiate it once, launch it on the stream.
   /** Starts capturing the stream (thread-local mode: other threads' unsafe calls do not invalidate it). */
