@@ -6,7 +6,7 @@
 # for the scaling efficiency; (3) with N GPUs, a small bf16 job's loss curve against one GPU with --grad-accum N over
 # the same global batch; (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
 # stop, the last checkpoint, and --resume finishing the run; (5) "hang": rank 1 issues no gradient bucket from one on
-# (DISTILLERY_TEST_SKIP_REDUCE_FROM, src/parallel/nccl.ts): rank 0's GPU wait must stop within DISTILLERY_NCCL_TIMEOUT_S
+# (or any other device collective after it: DISTILLERY_TEST_SKIP_REDUCE_FROM, src/parallel/nccl.ts): rank 0's GPU wait must stop within DISTILLERY_NCCL_TIMEOUT_S
 # with its sentence and the launcher end; (6) "signal": SIGTERM to the launcher mid-run: exit 143, a checkpoint at the
 # last step, and --resume to the end. "big" runs the N-GPU job twice: the buckets overlapping the backward (default)
 # and after it (DISTILLERY_GRAD_OVERLAP=0). PARTS (default "small big peer curve kill hang signal") picks parts
@@ -96,10 +96,10 @@ fi
 if has hang && [ "$NGPUS" -ge 2 ]; then
   rm -rf "$work/hang"
   t0=$(date +%s.%N)
-  DISTILLERY_STOP_GRACE_S=20 DISTILLERY_NCCL_TIMEOUT_S=15 DISTILLERY_COMM_TIMEOUT_S=120 DISTILLERY_TEST_SKIP_REDUCE_FROM=1:120 \
-    timeout 200 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/hang" > "$work/hang.log" 2>&1; rc=$?
+  DISTILLERY_STOP_GRACE_S=20 DISTILLERY_NCCL_TIMEOUT_S=15 DISTILLERY_COMM_TIMEOUT_S=60 DISTILLERY_TEST_SKIP_REDUCE_FROM=1:120 \
+    timeout 150 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/hang" > "$work/hang.log" 2>&1; rc=$?
   t1=$(date +%s.%N)
-  say "== rank 1 issues no gradient bucket from its 120th: launcher rc=$rc after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s (NCCL wait timeout 15 s, host 120 s); latest checkpoint: $(cat "$work/hang/checkpoints/latest/state.json" 2>/dev/null | grep -o '"step": *[0-9]*' | head -1)"
+  say "== rank 1 issues no device collective from its 120th gradient bucket: launcher rc=$rc after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s (NCCL wait timeout 15 s, host 60 s); latest checkpoint: $(cat "$work/hang/checkpoints/latest/state.json" 2>/dev/null | grep -o '"step": *[0-9]*' | head -1)"
   grep -iE 'rank|error|did not finish' "$work/hang.log" | tail -5 | tee -a "$txt"
 fi
 if has signal && [ "$NGPUS" -ge 2 ]; then

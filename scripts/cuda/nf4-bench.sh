@@ -4,7 +4,8 @@
 # an NF4 1.5B-shaped base) under the 3B-shaped teacher, each through scripts/cuda/lora-step.ts (random weights, vocab
 # 151936, bf16 compute, KL, strict pre-warm): tokens/s, load time and peak memory (nvidia-smi, as bench-shapes.sh).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
-# Env: BIG (qwen2.5-7b), SMALL (qwen2.5-0.5b), SHAPE (8x1024), STEPS (10). Output: $OUT/nf4-bench.txt.
+# Env: BIG (qwen2.5-7b), SMALL (qwen2.5-0.5b), SHAPE (8x1024), STEPS (10), RUNS (which of "nf4 bf16 qlora", default all).
+# Output: $OUT/nf4-bench.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
@@ -23,7 +24,9 @@ one() { # label teacher student mode teacher_dtype
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/nf4-$label.log" | head -4 | tee -a "$txt"
   [ "$rc" != 0 ] && tail -12 "$work/nf4-$label.log" | tee -a "$txt"
 }
-one "teacher-$BIG-nf4" "$BIG" "$SMALL" full nf4
-one "teacher-$BIG-bf16" "$BIG" "$SMALL" full bf16
-one "qlora-r16-qwen2.5-1.5b" qwen2.5-3b qwen2.5-1.5b qlora:16 bf16
+RUNS=${RUNS:-nf4 bf16 qlora}
+has() { [[ " $RUNS " == *" $1 "* ]]; }
+has nf4 && one "teacher-$BIG-nf4" "$BIG" "$SMALL" full nf4
+has bf16 && one "teacher-$BIG-bf16" "$BIG" "$SMALL" full bf16
+has qlora && one "qlora-r16-qwen2.5-1.5b" qwen2.5-3b qwen2.5-1.5b qlora:16 bf16
 say "== done"

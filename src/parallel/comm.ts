@@ -43,7 +43,8 @@ export interface Communicator {
   broadcast(bytes: Uint8Array): Uint8Array;
   /** Waits for every rank (`timeoutMs`: longer than a collective's, e.g. around rank 0's checkpoint writes). */
   barrier(timeoutMs?: number): void;
-  close(): void;
+  /** Ends the communicator; `failed`: the run stops on an error, so nothing may wait for the other ranks (NCCL aborts). */
+  close(failed?: boolean): void;
 }
 
 /** One process: every collective is the identity. */

@@ -23,8 +23,10 @@
  * DISTILLERY_NCCL_TIMEOUT_S sets the GPU waits' timeout apart from the host collectives' (default: the same).
  *
  * A test hook, for the hang check of scripts/cuda/data-parallel-check.sh: DISTILLERY_TEST_SKIP_REDUCE_FROM=R:K makes
- * rank R issue none of its gradient buckets from its K-th on (as a rank whose GPU never reaches its collectives),
- * while it goes on with everything else: its peers' NCCL reductions then wait on the GPU for ever.
+ * rank R issue no device collective from its K-th gradient bucket on (as a rank whose GPU never reaches its
+ * collectives), while it goes on with everything else: its peers' NCCL collectives then wait on the GPU for ever.
+ * (Skipping the buckets alone would not hang: NCCL pairs a rank's collectives with its peers' by their order on the
+ * communicator, so the next gather would meet the skipped reduce.)
  */
 import koffi from 'koffi';
 import type { Backend, Buf, DType } from '../backend/backend.js';
@@ -95,6 +97,7 @@ export class NcclComm implements Communicator {
     be.setWaitGuard({
       who: `rank ${this.rank}`,
       timeoutMs: Number.isFinite(gpuS) && gpuS > 0 ? gpuS * 1000 : commTimeoutMs(),
+      setting: Number.isFinite(gpuS) && gpuS > 0 ? 'DISTILLERY_NCCL_TIMEOUT_S' : 'DISTILLERY_NCCL_TIMEOUT_S or DISTILLERY_COMM_TIMEOUT_S',
       poll: () => this.asyncError(),
       abort: () => this.abort(),
     });
@@ -105,6 +108,7 @@ export class NcclComm implements Communicator {
   /** The test hook's first skipped bucket (DISTILLERY_TEST_SKIP_REDUCE_FROM), 0: none. */
   private skipFrom = 0;
   private buckets = 0;
+  private skipping = false;
 
   /** NCCL's asynchronous error of the communicator, named, or null (none, or still in progress). */
   private asyncError(): string | null {
@@ -144,11 +148,13 @@ export class NcclComm implements Communicator {
   }
 
   allReduceSum(_be: Backend, buf: Buf, n: number): void {
+    if (this.skipping) return;
     const o = this.be.collectiveOperand(buf);
     this.check(this.f.allReduce!(o.ptr, o.ptr, n, ncclDtype(o.dtype), NCCL_SUM, this.comm, o.stream), 'ncclAllReduce');
   }
 
   allGather(_be: Backend, buf: Buf, shard: number): void {
+    if (this.skipping) return;
     // rank r's shard [r·shard, min(len, (r+1)·shard)) broadcast from r, all in one group (unequal last shard, in place)
     this.perRank(shardParts(0, buf.length, shard, this.world), 'ncclBroadcast', (r, begin, count) => {
       const o = this.be.collectiveOperand(buf, begin);
@@ -157,10 +163,11 @@ export class NcclComm implements Communicator {
   }
 
   reduceScatterStart(_be: Backend, buf: Buf, begin: number, end: number, shard: number): CommWork {
-    if (this.skipFrom > 0 && ++this.buckets >= this.skipFrom) {
-      if (this.buckets === this.skipFrom) process.stderr.write(`rank ${this.rank}: DISTILLERY_TEST_SKIP_REDUCE_FROM: no gradient bucket issued from bucket ${this.skipFrom} on\n`);
-      return { wait(): void {} };
+    if (this.skipFrom > 0 && ++this.buckets === this.skipFrom) {
+      process.stderr.write(`rank ${this.rank}: DISTILLERY_TEST_SKIP_REDUCE_FROM: no device collective issued from gradient bucket ${this.skipFrom} on\n`);
+      this.skipping = true;
     }
+    if (this.skipping) return { wait(): void {} };
     // the part of the range inside rank r's shard summed into rank r (in place), one reduce per rank in one group
     const reduce = (stream: unknown): void => this.perRank(shardParts(begin, end, shard, this.world), 'ncclReduce', (r, from, count) => {
       const o = this.be.collectiveOperand(buf, from);
@@ -197,7 +204,8 @@ export class NcclComm implements Communicator {
   broadcast(bytes: Uint8Array): Uint8Array { return this.host.broadcast(bytes); }
   barrier(timeoutMs?: number): void { this.host.barrier(timeoutMs); }
 
-  close(): void {
+  close(failed = false): void {
+    if (failed) this.failed = true;
     this.be.setWaitGuard(null);
     if (this.comm !== null) {
       (this.failed ? this.f.commAbort! : this.f.commDestroy!)(this.comm);

@@ -219,11 +219,15 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     // Signals are taken from here to the end (the first writes, the step-0 evaluation, final/ and the summary
     // included): a Ctrl-C anywhere stops at the next safe point instead of killing a write half done.
     const stops = new StopRequests(log);
+    let ok = false;
     try {
-      return await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm, replaceOld, stops);
+      const summary = await runWithBackend(o, hooks, backend, log, out, latest, saved, prec, dcomm, replaceOld, stops);
+      ok = true;
+      return summary;
     } finally {
       stops.dispose();
-      if (dcomm !== comm) dcomm.close();
+      // after an error NCCL is aborted, not destroyed: destroying waits for collectives a failed peer never joins
+      if (dcomm !== comm) dcomm.close(!ok);
       if (ownBackend) backend.dispose();
     }
   } finally {

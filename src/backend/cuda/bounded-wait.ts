@@ -18,6 +18,8 @@ export interface WaitGuard {
   abort(why: string): void;
   /** Who waits, for the message ("rank 1"). */
   readonly who: string;
+  /** What sets the timeout, for the hint (default DISTILLERY_COMM_TIMEOUT_S). */
+  readonly setting?: string;
 }
 
 export interface WaitClock {
@@ -53,7 +55,7 @@ export function boundedWait(done: () => boolean, guard: WaitGuard, what: string,
     if (t - t0 >= guard.timeoutMs) {
       const why = `${guard.who}: ${what}: the GPU's work did not finish within ${Math.round(guard.timeoutMs / 1000)} s (a collective waits for a rank that hangs or died)`;
       guard.abort(why);
-      throw new DistilleryError(why, 'every rank stops; continue with --resume from the last checkpoint (DISTILLERY_COMM_TIMEOUT_S sets the wait)');
+      throw new DistilleryError(why, `every rank stops; continue with --resume from the last checkpoint (${guard.setting ?? 'DISTILLERY_COMM_TIMEOUT_S'} sets the wait)`);
     }
   }
 }

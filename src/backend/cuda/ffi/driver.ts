@@ -148,6 +148,9 @@ export class CudaDriver {
   }
   /** Device to host after everything queued before it on the stream; returns when the bytes are on the host. */
   dtoh(dst: ArrayBufferView, src: bigint, bytes: number, context: string): void {
+    // A copy into pageable memory returns only once it is done (it waits for the stream inside the call): with a
+    // guard, the bounded wait comes first, so the copy then finds the stream idle.
+    if (this.waitGuard !== null) this.waitStream(context);
     this.check(this.f.memcpyDtoHAsync!(dst, src, bytes, this.stream), `cuMemcpyDtoHAsync(${formatBytes(bytes)})`, context);
     this.waitStream(context);
   }
@@ -173,7 +176,7 @@ export class CudaDriver {
     const ev = this.syncEvent;
     this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', context);
     boundedWait(() => this.eventQuery(ev), {
-      who: g.who, timeoutMs: g.timeoutMs, poll: () => g.poll(), abort: (why) => { this.aborted = true; g.abort(why); },
+      who: g.who, timeoutMs: g.timeoutMs, ...(g.setting ? { setting: g.setting } : {}), poll: () => g.poll(), abort: (why) => { this.aborted = true; g.abort(why); },
     }, context);
   }
 
