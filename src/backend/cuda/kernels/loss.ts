@@ -25,15 +25,45 @@ export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 export type LossP = { kind: string; withGrad: boolean; dlogits: string; block: number };
 
 /**
+ * The row loops of the dense and the sparse loss kernels (after BLOCK and dtypeHelpers), shared so that the vector and
+ * the scalar forms of a pass are one piece of code:
+ * - st4(p, j, a, b, c, d): four consecutive gradient elements from j (a multiple of 4 in a 16-byte aligned row), one
+ *   16-byte (f32) or 8-byte (bf16) store;
+ * - forRow<HAS_T>(z, zt, V, vec, f): f(z[j], zt[j], j) for this thread's j of [0, V) (strided by BLOCK, ascending), four
+ *   at a time from float4 loads where `vec` (every row 16-byte aligned: uniform over the grid; the row then streams at
+ *   memory bandwidth, where one scalar load per step left the kernel latency-bound), then the rest one at a time;
+ *   without a teacher row (HAS_T false) zt is not read and f gets 0;
+ * - mapRow<HAS_T>(g, z, zt, V, vec, f): g[j] = f(z[j], zt[j], j) over the same elements, four per vector store.
+ */
+export const ROW_HELPERS = `__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
+__device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }
+template <bool HAS_T, typename F>
+__device__ __forceinline__ void forRow(const float* z, const float* zt, int V, bool vec, F f) {
+  const int V4 = vec ? V >> 2 : 0;
+  for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
+    const float4 x4 = ((const float4*)z)[j4];
+    const float4 t4 = HAS_T ? ((const float4*)zt)[j4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int j = 4 * j4;
+    f(x4.x, t4.x, j); f(x4.y, t4.y, j + 1); f(x4.z, t4.z, j + 2); f(x4.w, t4.w, j + 3);
+  }
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) f(z[j], HAS_T ? zt[j] : 0.0f, j);
+}
+template <bool HAS_T, typename G, typename F>
+__device__ __forceinline__ void mapRow(G* g, const float* z, const float* zt, int V, bool vec, F f) {
+  const int V4 = vec ? V >> 2 : 0;
+  for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
+    const float4 x4 = ((const float4*)z)[j4];
+    const float4 t4 = HAS_T ? ((const float4*)zt)[j4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int j = 4 * j4;
+    st4(g, j, f(x4.x, t4.x, j), f(x4.y, t4.y, j + 1), f(x4.z, t4.z, j + 2), f(x4.w, t4.w, j + 3));
+  }
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) stf(g, j, f(z[j], HAS_T ? zt[j] : 0.0f, j));
+}`;
+
+/**
  * A loss kernel's padding row (target < 0): zero stats and, with a gradient, a zero dlogits row, then return (the
  * condition is uniform per block, so returning before any barrier is safe). Shared by loss and sparse_loss.
  */
-/** st4(p, j, a, b, c, d): four consecutive gradient elements from j (a multiple of 4 in a 16-byte aligned row), one
- * 16-byte (f32) or 8-byte (bf16) store; shared by the dense and the sparse loss kernels. */
-export const ST4_HELPERS = `/* four consecutive elements from j (a multiple of 4, 16-byte aligned row): one 16-byte or one 8-byte store */
-__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
-__device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }`;
-
 export function paddingRow(withGrad: boolean): string {
   return `if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
     if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
@@ -147,8 +177,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
  */
 function generateOnePass(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none', kl = p.kind === 'kl', rkl = p.kind === 'reverse-kl';
-  // One element of each pass, as a lambda over (x = z[j], xt = zt[j], j): the vector loop (float4 loads) and the scalar
-  // loop (rows not 16-byte aligned, and the tail) call the same code.
+  // One element of each pass, as a lambda over (x = z[j], xt = zt[j], j), run by forRow / mapRow (ROW_HELPERS).
   const stat = `[&](float x, float xt, int j) {
     ${dist ? '' : '(void)xt;'}
     if (x > m) { /* first index wins ties within a thread (its j ascend) */
@@ -172,26 +201,15 @@ function generateOnePass(p: Readonly<LossP>): string {
     ${kl ? '(void)lq; (void)lp;' : '(void)pp;'}
     return w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * ${kl ? '(q - pp)' : 'q * (lq - lp - divRaw)'});` : 'return w * ceg;'}
   }`;
-  const zt4 = dist ? 'const float4 t4 = ((const float4*)zt)[j4];' : 'const float4 t4 = x4;';
-  const ztj = dist ? 'zt[j]' : '0.0f';
   const grad = !p.withGrad ? '' : `
   const float w = weights[row];
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* past the loss vocabulary: no gradient */
-  auto grad = ${gradOf};
-  if (vec) {
-    for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-      const float4 x4 = ((const float4*)z)[j4];
-      ${zt4}
-      const int j = 4 * j4;
-      st4(g, j, grad(x4.x, t4.x, j), grad(x4.y, t4.y, j + 1), grad(x4.z, t4.z, j + 2), grad(x4.w, t4.w, j + 3));
-    }
-  }
-  for (int j = (vec ? 4 * V4 : 0) + threadIdx.x; j < V; j += BLOCK) stf(g, j, grad(z[j], ${ztj}, j));`;
+  mapRow<${dist}>(g, z, zt, V, vec, ${gradOf});`;
   return `#define BLOCK ${p.block}
 ${reductionHelpers()}
 ${dtypeHelpers()}
-${ST4_HELPERS}
+${ROW_HELPERS}
 extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const float* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
@@ -208,20 +226,9 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   ${dist ? `const float* zt = teacher + (long long)row * LD;
   float mt = NEG_INF, st = 0.0f, a = 0.0f;
   int argT = V;` : 'const float* zt = z;'}
-  /* float4 loads where every row is 16-byte aligned (uniform over the grid): the rows stream at memory bandwidth with
-     four independent loads in flight per thread, where one scalar load per step left the kernel latency-bound */
+  /* float4 loads where every row is 16-byte aligned (uniform over the grid): forRow / mapRow */
   const bool vec = (LD & 3) == 0 && ((reinterpret_cast<unsigned long long>(logits) | reinterpret_cast<unsigned long long>(zt)${p.withGrad ? ' | reinterpret_cast<unsigned long long>(dlogits)' : ''}) & 15) == 0;
-  const int V4 = V >> 2;
-  auto visit = ${stat};
-  if (vec) {
-    for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-      const float4 x4 = ((const float4*)z)[j4];
-      ${zt4}
-      const int j = 4 * j4;
-      visit(x4.x, t4.x, j); visit(x4.y, t4.y, j + 1); visit(x4.z, t4.z, j + 2); visit(x4.w, t4.w, j + 3);
-    }
-  }
-  for (int j = (vec ? 4 * V4 : 0) + threadIdx.x; j < V; j += BLOCK) visit(z[j], ${ztj}, j);
+  forRow<${dist}>(z, zt, V, vec, ${stat});
   const float M = blockMax(m);
   const float lse1 = M + logf(blockSum(s1 * expf(m - M)));
   const float ce = lse1 - zy;

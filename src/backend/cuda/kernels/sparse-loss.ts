@@ -11,7 +11,7 @@
  * which cancels in float32), block size. Runtime: temperature, alpha, beta.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
-import { ST4_HELPERS, paddingRow } from './loss.js';
+import { ROW_HELPERS, paddingRow } from './loss.js';
 
 /** The largest vocabulary the tail bitmap covers (32 KiB of shared memory). */
 export const SPARSE_TAIL_MAX_VOCAB = 262144;
@@ -50,27 +50,19 @@ function generate(p: Readonly<SparseLossP>): string {
   __syncthreads(); /* every slot's logit is read before the dense pass may overwrite it */
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* past the loss vocabulary */
-  auto grad = [&](float x, int j) -> float {
+  mapRow<false>(g, z, nullptr, V, vec, [&](float x, float, int j) -> float {
     const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
     const float lq = x * INV_T - lseS;
     const float qs = expf(lq);
     const float tailPart = tailOn ? gT * expf(lq - logQs) : 0.0f;
     return w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * (tailPart - Gamma * qs));
-  };
-  if (vec) {
-    for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-      const float4 x4 = ((const float4*)z)[j4];
-      const int j = 4 * j4;
-      st4(g, j, grad(x4.x, j), grad(x4.y, j + 1), grad(x4.z, j + 2), grad(x4.w, j + 3));
-    }
-  }
-  for (int j = (vec ? 4 * V4 : 0) + threadIdx.x; j < V; j += BLOCK) stf(g, j, grad(z[j], j));
+  });
   __syncthreads();
   if (id >= 0) stf(dlogits, (long long)row * LD + id, dk);`;
   return `#define BLOCK ${p.block}
 ${reductionHelpers()}
 ${dtypeHelpers()}
-${ST4_HELPERS}
+${ROW_HELPERS}
 ${termFn(p.kind)}
 extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const int* targets,
                                        const float* weights, const int* ids, const float* prob, const float* logq,
@@ -103,11 +95,9 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   /* one pass: online sums at T = 1 and at T${tail ? ', and at T over the tokens outside the slots' : ''} */
   float m = NEG_INF, s1 = 0.0f, ss = 0.0f${tail ? ', mo = NEG_INF, so = 0.0f' : ''};
   int argS = V;
-  /* float4 loads where every row is 16-byte aligned (uniform over the grid), as the dense loss kernel: the row streams
-     at memory bandwidth instead of one latency-bound scalar load per step; the scalar loop takes the tail and the rest */
+  /* float4 loads where every row is 16-byte aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
   const bool vec = (LD & 3) == 0 && ((reinterpret_cast<unsigned long long>(logits)${p.withGrad ? ' | reinterpret_cast<unsigned long long>(dlogits)' : ''}) & 15) == 0;
-  const int V4 = V >> 2;
-  auto visit = [&](float x, int j) { /* first index wins ties within a thread (its j ascend) */
+  forRow<false>(z, nullptr, V, vec, [&](float x, float, int j) { /* first index wins ties within a thread (its j ascend) */
     if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; m = x; argS = j; }
     s1 += expf(x - m);
     const float e = expf((x - m) * INV_T);
@@ -116,15 +106,7 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
       if (x > mo) { so *= expf((mo - x) * INV_T); mo = x; }
       so += expf((x - mo) * INV_T);
     }` : ''}
-  };
-  if (vec) {
-    for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-      const float4 x4 = ((const float4*)z)[j4];
-      const int j = 4 * j4;
-      visit(x4.x, j); visit(x4.y, j + 1); visit(x4.z, j + 2); visit(x4.w, j + 3);
-    }
-  }
-  for (int j = (vec ? 4 * V4 : 0) + threadIdx.x; j < V; j += BLOCK) visit(z[j], j);
+  });
   const float M = blockMax(m);
   const float lse1 = M + logf(blockSum(s1 * expf(m - M)));
   const float ssB = blockSum(ss * expf((m - M) * INV_T));
