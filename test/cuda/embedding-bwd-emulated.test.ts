@@ -2,7 +2,8 @@
  * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the GENERATED embedding backward (src/backend/cuda/kernels/elementwise.ts,
  * embedding_bwd) compiled for the host on the emulator of ./emulator.ts: with ids that repeat (a small vocabulary, the
  * first row's id again at the end, one id only once) and rows wider than a block (several columns per thread, a partial
- * last one), the table it leaves is bit-for-bit the CPU backend's sequential float32 loop, for f32 and bf16 dout.
+ * last one; or one id in 9 rows of 10, as a padded batch), the table it leaves is bit-for-bit the CPU backend's
+ * sequential float32 loop, for f32 and bf16 dout.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -17,12 +18,13 @@ import { rng } from './helpers.js';
 
 const BLOCK = 64, n = 150, vocab = 9, c = 150;
 
-test('emulated CUDA: embedding backward with repeated ids equals the CPU backend bit for bit (f32 and bf16 dout)', { skip, timeout: 300_000 }, () => {
+test('emulated CUDA: embedding backward with repeated ids equals the CPU backend bit for bit (f32 and bf16 dout; ids spread, or one id in 9 rows of 10: more rows per window than it loads at once)', { skip, timeout: 300_000 }, () => {
   const r = rng(11);
-  const ids = Int32Array.from({ length: n }, (_, i) => (i === n - 1 ? 0 : i === 7 ? vocab - 1 : Math.floor(r() * (vocab - 1))));
-  ids[0] = 0;
+  const spread = Int32Array.from({ length: n }, (_, i) => (i === n - 1 ? 0 : i === 7 ? vocab - 1 : Math.floor(r() * (vocab - 1))));
+  spread[0] = 0;
+  const padded = Int32Array.from({ length: n }, (_, i) => (i % 10 === 3 ? 1 + (i % (vocab - 1)) : 0));
   const table = Float32Array.from({ length: vocab * c }, () => r() - 0.5);
-  for (const dt of ['f32', 'bf16'] as const) {
+  for (const [dt, ids] of [['f32', spread], ['bf16', spread], ['f32', padded], ['bf16', padded]] as const) {
     const dout = Float32Array.from({ length: n * c }, () => (r() - 0.5) * 3);
     if (dt === 'bf16') roundBf16InPlace(dout);
     writeFileSync(join(workDir(), 'ids'), ids); writeFileSync(join(workDir(), 'table'), table);

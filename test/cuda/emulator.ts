@@ -99,6 +99,7 @@ inline unsigned __ballot_sync(unsigned, int p) {
   warpsync(); return r;
 }
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float lo16(unsigned r) { return __uint_as_float((r & 0xffffu) << 16); }
 inline float hi16(unsigned r) { return __uint_as_float(r & 0xffff0000u); }
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, layouts from the PTX ISA */

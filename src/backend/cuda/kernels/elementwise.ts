@@ -217,6 +217,8 @@ extern "C" __global__ void embedding_fwd(${T(p.out)}* out, const int* ids, const
 });
 
 type EmbBP = { dout: string; per: number; block: number };
+/** Rows of one id whose loads embedding_bwd keeps in flight together: 32 floats of registers per thread, 1 to 8 rows. */
+export function embBwdUnroll(per: number): number { return Math.max(1, Math.min(8, Math.floor(32 / per))); }
 /** Columns of a row each thread of embedding_bwd keeps in registers: ceil(c / block) (baked: it sizes the array). */
 export const EMB_BWD_MAX_PER = 64;
 /**
@@ -225,7 +227,8 @@ export const EMB_BWD_MAX_PER = 64;
  * adds its own row and then every later row with the same id in ascending order (a block-wide scan of the ids, one
  * ballot per warp), and stores the sum; the other blocks return. Each row is read once, by its id's first block, and
  * the result is bit-for-bit the sequential float32 loop (float atomics would add in whatever order they land). The
- * scans read the int ids (n² / 2 compares over all blocks, from L2).
+ * scans read the int ids (n² / 2 compares over all blocks, from L2). The matching rows of each window of NT ids are
+ * listed in shared memory and read UNR at a time (embBwdUnroll), their loads in flight together, then added in order.
  */
 export const embeddingBackward = defineFamily<EmbBP>({
   name: 'embedding_bwd', schema: { dout: DTYPE_DOMAIN, per: { kind: 'int', min: 1, max: EMB_BWD_MAX_PER }, block: BLOCK_DOMAIN },
@@ -233,10 +236,12 @@ export const embeddingBackward = defineFamily<EmbBP>({
   generate: (p) => `#define NT ${p.block}
 #define PER ${p.per}
 #define NW (NT / 32)
+#define UNR ${embBwdUnroll(p.per)}
 ${dtypeHelpers()}
 extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout, const int* ids, int n, int c) {
   __shared__ int seen;
   __shared__ unsigned masks[NW];
+  __shared__ int list[NT];
   const int i = blockIdx.x, tid = threadIdx.x, v = ids[i];
   if (tid == 0) seen = 0;
   __syncthreads();
@@ -254,16 +259,33 @@ extern "C" __global__ void embedding_bwd(float* dtable, const ${T(p.dout)}* dout
   }
   for (int t0 = i + 1; t0 < n; t0 += NT) {
     const int k = t0 + tid;
-    const unsigned m = __ballot_sync(0xffffffffu, k < n && ids[k] == v);
+    const bool hit = k < n && ids[k] == v;
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
     if ((tid & 31) == 0) masks[tid >> 5] = m;
     __syncthreads();
-    for (int w = 0; w < NW; w++) {
-      for (unsigned bits = masks[w]; bits; bits &= bits - 1) {
-        const long long row = (long long)(t0 + w * 32 + __ffs(bits) - 1) * c;
+    /* the window's rows of this id, ascending: a warp's after the earlier warps' */
+    int before = 0, total = 0;
+    for (int w = 0; w < NW; w++) { const int pc = __popc(masks[w]); if (w < (tid >> 5)) before += pc; total += pc; }
+    if (hit) list[before + __popc(m & ((1u << (tid & 31)) - 1u))] = k;
+    __syncthreads();
+    /* UNR rows' loads in flight at once, then their adds in ascending order: the sequential sum, without one memory
+       round trip per row (an id filling half of 8192 rows took 1.9 ms one row at a time on the H100) */
+    for (int r0 = 0; r0 < total; r0 += UNR) {
+      float x[UNR][PER];
+#pragma unroll
+      for (int r = 0; r < UNR; r++) {
 #pragma unroll
         for (int q = 0; q < PER; q++) {
           const int j = tid + q * NT;
-          if (j < c) acc[q] += ldf(dout, row + j);
+          x[r][q] = r0 + r < total && j < c ? ldf(dout, (long long)list[r0 + r] * c + j) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < UNR; r++) {
+#pragma unroll
+        for (int q = 0; q < PER; q++) {
+          const int j = tid + q * NT;
+          if (r0 + r < total && j < c) acc[q] += x[r][q];
         }
       }
     }
