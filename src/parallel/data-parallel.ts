@@ -71,6 +71,12 @@ export class ShardedAdamW implements Optimizer {
     return this.afterPass ? undefined : (begin, end) => red.ready(begin, end);
   }
 
+  abandonStep(): void {
+    const red = this.reducer;
+    this.reducer = null;
+    red?.abandon();
+  }
+
   /** Finishes the reduction of the shard's gradients, then their global L2 norm (the same on every rank). */
   gradNorm(): number {
     (this.reducer ?? this.newReducer()).finish();

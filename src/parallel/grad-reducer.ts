@@ -76,6 +76,13 @@ export class GradReducer {
     this.inFlight -= w.size;
   }
 
+  /** The step failed: waits for the buckets started (nothing else is started); the reduction is over. */
+  abandon(): void {
+    this.finished = true;
+    this.lo = this.hi = 0;
+    while (this.works.length > 0) this.waitOldest();
+  }
+
   /** Starts what is pending and every range never reported (in buckets), then waits for all of them. */
   finish(): void {
     if (this.finished) return;

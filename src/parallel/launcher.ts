@@ -46,7 +46,8 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
   const kids: ChildProcess[] = [];
   const codes: Array<number | null> = new Array<number | null>(n).fill(null);
   const errTail: string[] = new Array<string>(n).fill('');
-  const forward = (sig: NodeJS.Signals): void => { for (const k of kids) if (k.exitCode === null) k.kill(sig); };
+  let signalled = false;
+  const forward = (sig: NodeJS.Signals): void => { signalled = true; for (const k of kids) if (k.exitCode === null) k.kill(sig); };
   const onInt = (): void => forward('SIGINT'), onTerm = (): void => forward('SIGTERM');
   process.on('SIGINT', onInt);
   process.on('SIGTERM', onTerm);
@@ -55,7 +56,8 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
   let killer: NodeJS.Timeout | null = null;
   const killed = new Set<number>();
   const failed = (rank: number, code: number): void => {
-    if (code === 0 || killer !== null) return;
+    // a rank stopped by the signal passed on (130/143) is no failure: rank 0 may still be writing its checkpoint
+    if (code === 0 || killer !== null || (signalled && (code === 130 || code === 143))) return;
     killer = setTimeout(() => {
       kids.forEach((k, r) => {
         if (k.exitCode !== null || k.signalCode !== null) return;
@@ -94,8 +96,10 @@ export async function launchRanks(script: string, args: readonly string[], n: nu
     process.off('SIGTERM', onTerm);
     if (killer !== null) clearTimeout(killer);
   }
+  // a failing rank's own words, unless rank 0 failed the same way by itself (its message, on the console, says it)
+  const rank0Failed = codes[0] !== 0 && !killed.has(0);
   for (let r = 1; r < n; r++) {
-    if (codes[r] !== 0 && codes[r] !== codes[0] && !killed.has(r)) io.err(`rank ${r} exited with ${codes[r]}:\n${errTail[r]!.split('\n').slice(-12).map((l) => `  [rank ${r}] ${l}`).join('\n')}\n`);
+    if (codes[r] !== 0 && !killed.has(r) && !(rank0Failed && codes[r] === codes[0])) io.err(`rank ${r} exited with ${codes[r]}:\n${errTail[r]!.split('\n').slice(-12).map((l) => `  [rank ${r}] ${l}`).join('\n')}\n`);
   }
   // rank 0's code, or the first failing rank's; a rank the launcher killed does not speak for the run
   const own = codes.map((c, r) => (killed.has(r) ? 0 : c!));

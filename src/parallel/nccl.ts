@@ -15,7 +15,10 @@
  * leave the others blocked in cuStreamSynchronize. The communicator installs a WaitGuard on the backend
  * (bounded-wait.ts): each host wait for the GPU polls, asks ncclCommGetAsyncError every 100 ms, and after the
  * collective timeout (DISTILLERY_COMM_TIMEOUT_S, 300 s by default, as the host communicator's) calls ncclCommAbort
- * and stops the rank with one sentence; the launcher then stops the ranks that remain.
+ * and stops the rank with one sentence; the launcher then stops the ranks that remain. Not bounded: a call into NCCL
+ * that blocks on the host (the communicator is a blocking one: ncclCommInitRank, and the lazy connection setup inside
+ * the first collectives' ncclGroupEnd) while a peer hangs right then; a non-blocking communicator (ncclConfig
+ * blocking = 0, polling ncclInProgress) would bound those too.
  *
  * The default of a CUDA run of several ranks (ncclWanted: DISTILLERY_NCCL=0 moves the collectives through the host,
  * HostComm, which is correct and slow; DISTILLERY_NCCL=1 uses NCCL on one rank too).

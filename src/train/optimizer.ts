@@ -27,6 +27,12 @@ export interface Optimizer {
    * gradients the last micro-batch's backward pass has made final, or undefined.
    */
   beginStep?(): ((begin: number, end: number) => void) | undefined;
+  /**
+   * The step failed between beginStep and gradNorm (a non-finite loss, an error in the pass): waits for the reductions
+   * it started (on the GPU: the main stream joins the side stream, so the next step's zeroing cannot race them) and
+   * drops the rest. Ranks that started different buckets cannot go on together: in a run such an error is fatal.
+   */
+  abandonStep?(): void;
   /** The global L2 norm of the gradients (after summing them over ranks, when there are several). */
   gradNorm(): number;
   /** One update with learning rate lr, the gradients multiplied by gradScale first. */

@@ -161,17 +161,24 @@ export class StepRunner {
     // Data parallel: the last micro-batch's backward pass hands its final gradients to the reduction as it goes.
     const ready = optimizer.beginStep?.();
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
-    micro.forEach((b, i) => {
-      const last = i === micro.length - 1;
-      addSums(acc, this.lossPass(b, 1 / total, true, last ? whileQueued : undefined, last ? ready : undefined));
-    });
-    if (comm && comm.world > 1) {
-      const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
-      Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[5]!, teacherCeTokens: g[6]! } : {});
+    let loss: number, gradNorm: number;
+    try {
+      micro.forEach((b, i) => {
+        const last = i === micro.length - 1;
+        addSums(acc, this.lossPass(b, 1 / total, true, last ? whileQueued : undefined, last ? ready : undefined));
+      });
+      if (comm && comm.world > 1) {
+        const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
+        Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[5]!, teacherCeTokens: g[6]! } : {});
+      }
+      loss = acc.loss / acc.tokens;
+      if (!Number.isFinite(loss)) throw new NonFiniteLossError('the training loss', loss);
+      gradNorm = optimizer.gradNorm();
+    } catch (e) {
+      // the reductions this step started are waited for (the next step's zeroing must not race them); the error stands
+      try { optimizer.abandonStep?.(); } catch { /* the first error says what happened */ }
+      throw e;
     }
-    const loss = acc.loss / acc.tokens;
-    if (!Number.isFinite(loss)) throw new NonFiniteLossError('the training loss', loss);
-    const gradNorm = optimizer.gradNorm();
     if (!Number.isFinite(gradNorm)) throw new NonFiniteLossError('the gradient norm', gradNorm);
     const scale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
     optimizer.update(lr, scale);

@@ -13,7 +13,7 @@ import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { loraLayout, LORA_TARGETS } from '../../src/model/lora.js';
-import { StepRunner } from '../../src/train/step.js';
+import { NonFiniteLossError, StepRunner } from '../../src/train/step.js';
 import { LocalComm, shardParts, type CommWork, type Communicator } from '../../src/parallel/comm.js';
 import { GradReducer, gradBucketElements, DEFAULT_BUCKET, MAX_IN_FLIGHT } from '../../src/parallel/grad-reducer.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
@@ -150,6 +150,24 @@ test('GradReducer: ranges never reported are reduced at finish (in buckets, from
   assert.equal(c4.maxOutstanding, 100);
   r4.finish();
   assert.deepEqual(c4.waited, c4.ranges);
+  be.dispose();
+});
+
+test('a data-parallel step that fails after its buckets started (a non-finite loss) waits for every bucket it started before the error leaves the step', () => {
+  const be = createCpuBackend({ threads: 1 });
+  const m = new Transformer(be, base, { batch: 2, seq: 8, training: true });
+  const w = initialWeights(parameterLayout(base), base, new Rng(1));
+  w[5] = NaN; // the embedding: the loss is NaN, the backward still reports its ranges
+  m.setWeights(w);
+  const comm = Object.assign(new RecordingComm(2), { overlapsRegions: true }); // nothing waited during the pass
+  const opt = new ShardedAdamW(m.trainable(), adam, comm);
+  opt.bucket = Math.ceil(m.trainable().layout.total / 5);
+  const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0 });
+  const n = 16, batch = { inputs: Int32Array.from({ length: n }, (_, i) => (i * 7) % 37), targets: Int32Array.from({ length: n }, (_, i) => (i * 5 + 1) % 37), mask: new Float32Array(n).fill(1), b: 2, t: 8 };
+  assert.throws(() => runner.trainStep([batch], opt, 1e-2, 1), NonFiniteLossError);
+  assert.ok(comm.ranges.length >= 2, `${comm.ranges.length} buckets started during the pass`);
+  assert.deepEqual(comm.waited, comm.ranges, 'every started bucket waited for');
+  assert.equal(comm.outstanding, 0);
   be.dispose();
 });
 
