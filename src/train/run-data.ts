@@ -3,16 +3,27 @@
  * chat template and generation_config.json, and the training documents (text, .jsonl, chat rendered by the model's
  * template, or builtin:docs). Shared by train/distill (run.ts) and the teacher-cache job (src/cache/build.ts), so both
  * tokenize and pack the same documents.
+ *
+ * prepareRunData is the data-and-tokenizer part of train/distill: it reads and checks all of that (the tokenizer
+ * against the models, the data against a --resume checkpoint and a teacher cache), then packs and splits the data.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
-import { chatRenderer, type ChatFormat } from '../tokenizer/chat.js';
+import type { Tokenizer } from '../tokenizer/bpe.js';
+import { chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { tokenizerHash } from '../tokenizer/identity.js';
 import { parseTemplateKwargs } from '../cli/options.js';
+import { UsageError } from '../cli/args.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { capDocs, loadDocs, reportNoAssistant, loadDocCorpus, type Doc } from '../data/index.js';
+import { capDocs, loadDocs, reportNoAssistant, loadDocCorpus, packDocuments, splitTrainVal, type Doc, type PackedData, type Window } from '../data/index.js';
+import { TeacherCache } from '../cache/store.js';
+import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
 import type { RunOptions } from './options.js';
+import { hashDocs } from './run-folder.js';
+import { checkSameTokenizer, checkSeqFits, chooseTokenizer, resumeTokenizerPath } from './run-models.js';
+import type { SavedState } from './run-state.js';
 
 /** The data options readData uses. */
 export type DataOptions = Pick<RunOptions, 'data' | 'maxChars' | 'lossOn' | 'chatTemplateKwargs'>;
@@ -59,3 +70,75 @@ export function modelExtras(o: Pick<RunOptions, 'teacher' | 'teacherCache' | 'in
   return null;
 }
 
+
+/** The data and tokenizer of a train/distill run, read and checked (prepareRunData). */
+export interface RunData {
+  /** A teacher cache standing in for the teacher (--teacher-cache), else null. */
+  cache: TeacherCache | null;
+  /** The teacher checkpoint (with a cache, its header: config, tokenizer, chat files; no weights), null when training. */
+  teacherCk: LoadedCheckpoint | null;
+  /** The --init checkpoint, null without one. */
+  initCk: LoadedCheckpoint | null;
+  /** The chat and tokenizer files the run carries into the folders it writes (modelExtras). */
+  extras: ModelExtras | null;
+  tokenizer: Tokenizer;
+  eosId: number;
+  /** SHA-256 of the training documents (recorded in checkpoints, checked on --resume and against a teacher cache). */
+  dataHash: string;
+  packed: PackedData;
+  train: Window[];
+  val: Window[];
+}
+
+/**
+ * Reads the run's checkpoints (or teacher cache), tokenizer and data, checks that they agree (one tokenizer, the
+ * --resume checkpoint's --loss-on and data, the cache's run), and packs the data into training and validation windows.
+ * `saved` is the --resume checkpoint's state (`latest` its folder in the run folder `out`), null for a new run.
+ * Writes nothing to the run folder.
+ */
+export function prepareRunData(o: RunOptions, log: (s: string) => void, out: string, latest: string, saved: SavedState | null): RunData {
+  // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
+  const cache = o.mode === 'distill' && o.teacherCache ? TeacherCache.open(o.teacherCache) : null;
+  const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? (cache ? cache.teacherHeader() : loadTeacher(o)) : null;
+  const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
+  checkSeqFits(o, teacherCk, initCk);
+  const extras = modelExtras(o, teacherCk, initCk);
+  const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
+  // The tokenizers are checked before the data is read (unless one has to be trained on it).
+  let docsRead: Doc[] | null = null;
+  const getDocs = (): Doc[] => (docsRead ??= readData(o, log, chat));
+  const chosen = chooseTokenizer(o, () => getDocs().map((d) => d.text), saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
+  const tokenizer = chosen.tokenizer;
+  checkSameTokenizer(o, chosen, teacherCk, initCk, log);
+  const docs = getDocs();
+  const dataHash = hashDocs(docs);
+  if (saved && (saved.options as Partial<RunOptions> | undefined)?.lossOn !== undefined && saved.options.lossOn !== o.lossOn) {
+    throw new UsageError(`--resume: the run was started with --loss-on ${saved.options.lossOn}, not ${o.lossOn}`,
+      `resume with --loss-on ${saved.options.lossOn}, or start a new run (--overwrite, or another --out)`);
+  }
+  if (saved) {
+    if (saved.dataHash === undefined) {
+      log('warning: --resume: the checkpoint records no hash of its training data (an older version wrote it): a changed data file cannot be detected');
+    } else if (saved.dataHash !== dataHash) {
+      throw new DistilleryError('--resume: the training data changed since the checkpoint was written (its hash differs)',
+        'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
+    }
+  }
+  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
+  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
+  const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
+  if (cache) {
+    cache.checkRun({
+      tokenizerSha256: tokenizerHash(tokenizer), dataSha256: dataHash, seq: o.seq, temperature: o.temperature, lossOn: o.lossOn ?? 'assistant',
+      windows: packed.windows.length, lossVocab: tokenizer.vocabSize,
+    });
+  }
+  if (val.length === 0) log('warning: no validation windows (dataset too small or --val-fraction 0): validation loss is not measured');
+  log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq}`);
+  if (docs.some((d) => d.lossSpans !== null)) {
+    log(`data: the loss counts ${packed.targetTokens} of ${packed.totalTokens} tokens (the assistant replies; --loss-on all counts every token)` +
+      (packed.emptyWindows ? `; ${packed.emptyWindows} windows without an assistant token left out` : ''));
+  }
+  return { cache, teacherCk, initCk, extras, tokenizer, eosId, dataHash, packed, train, val };
+}

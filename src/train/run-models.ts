@@ -3,18 +3,40 @@
  * uses (the checkpoint's on --resume, --tokenizer, the teacher's, --init's, else one trained on the data) and that
  * every model shares it; the student's config; the vocabulary rows the loss runs over; whether --seq fits the models
  * and the job fits the device. runTraining (run.ts) and --dry-run (dry-run.ts) both call these, so they cannot disagree.
+ *
+ * buildRunModels then builds them for runTraining, on the data prepareRunData (run-data.ts) read: the job's kernels
+ * pre-warmed, the student (and its files: a full model or LoRA adapters), the teacher with its weights, the step
+ * runner, the optimizer and the on-policy generator. The student's own weights are set by the run (run.ts).
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Backend } from '../backend/backend.js';
-import { readHfConfigFile, presetConfig, parameterCount, PRESET_NAMES, type ModelConfig } from '../model/config.js';
+import type { Backend, LossSpec } from '../backend/backend.js';
+import { readHfConfigFile, presetConfig, parameterCount, PRESET_NAMES, eosIds, describeBaked, type ModelConfig } from '../model/config.js';
 import type { LoadedCheckpoint } from '../model/checkpoint.js';
+import { parameterLayout } from '../model/params.js';
+import { Transformer } from '../model/transformer.js';
+import { baseShape } from '../model/adapter.js';
+import { weightsHash } from '../model/weights-hash.js';
+import { BatchGenerator } from '../model/batch-generate.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { trainBpe } from '../tokenizer/train-bpe.js';
 import { assertSameTokenizer, lossVocabulary, tokenizerHash, type NamedTokenizer } from '../tokenizer/identity.js';
+import { endOfTurnIds } from '../tokenizer/chat.js';
+import { sparseSlots } from '../cache/sparse.js';
+import { hubIdOfSnapshot } from '../io/hf-cache.js';
+import { UsageError } from '../cli/args.js';
+import { LocalComm, shardOf, type Communicator } from '../parallel/comm.js';
+import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { DistilleryError, InputError } from '../util/errors.js';
 import { estimateJobBytes, largestSeqThatFits, formatGiB, describeJob, type JobMemory } from '../model/memory.js';
 import type { RunOptions } from './options.js';
+import { jobClosures, runJobShape, type JobShape } from './kernel-plan.js';
+import { AdamW, type Optimizer } from './optimizer.js';
+import type { OnPolicyOptions } from './on-policy.js';
+import type { ResolvedPrecision } from './precision.js';
+import type { RunData } from './run-data.js';
+import { StepRunner } from './step.js';
+import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
 
 export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
 
@@ -141,3 +163,107 @@ export function checkDeviceMemory(backend: Backend, j: JobMemory): void {
     fit > 0 ? `the largest --seq that fits with --batch ${j.batch} is about ${fit}; or lower --batch` : 'even a sequence of 1 token does not fit: use a smaller model or --device cpu');
 }
 
+/** The models of a train/distill run, built (buildRunModels). */
+export interface RunModels {
+  cfg: ModelConfig;
+  job: JobShape;
+  /** The student, without its weights yet (run.ts sets them: --init's, fresh, or the --resume checkpoint's). */
+  student: Transformer;
+  /** The live teacher with its weights, null when training or distilling from a teacher cache. */
+  teacher: Transformer | null;
+  files: StudentFiles;
+  runner: StepRunner;
+  opt: Optimizer;
+  /** The whole masters when this rank keeps a shard of them (a collective), else undefined. */
+  gatheredMasters: () => Float32Array | undefined;
+  /** On-policy distillation (--on-policy): its options, the student's generator and the ids its completions stop at; null without. */
+  onPolicy: OnPolicyOptions | null;
+  onPolicyGen: BatchGenerator | null;
+  genStops: { stopIds: number[]; turnEndIds: number[] };
+}
+
+/**
+ * Builds the run's models on `backend` for the data and tokenizer `data` (see the module comment), refusing a job
+ * that cannot fit the device before anything is allocated, and logs what was built. Writes nothing to the run folder.
+ */
+export async function buildRunModels(o: RunOptions, backend: Backend, prec: ResolvedPrecision, comm: Communicator, data: RunData,
+  log: (s: string) => void): Promise<RunModels> {
+  const world = comm.world;
+  const { cache, teacherCk, initCk, extras, tokenizer, eosId } = data;
+  const cfg = studentConfig(o, tokenizer, teacherCk, initCk);
+  if (tokenizer.vocabSize > cfg.vocabSize) {
+    throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
+      'use a config.json whose vocab_size covers the tokenizer');
+  }
+  // Distillation compares the models over the tokenizer's real tokens; padding rows past them are left out.
+  const lv = runLossVocab(tokenizer.vocabSize, cfg, teacherCk?.config ?? null);
+  if (lv.note) log(lv.note);
+  const lossVocab = lv.lossVocab;
+  const carry = {
+    tokenizerJson: tokenizer.toJSON(), tokenizerConfig: extras?.tokenizerConfig ?? null, chatTemplate: extras?.chatTemplate ?? null,
+    generationConfig: extras?.generationConfig ?? null,
+  };
+  // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
+  const precision = prec.model;
+  const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
+  const spec: LossSpec = job.loss!, adam = job.adam!;
+  checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
+    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world });
+  // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
+  if (backend.prepare) {
+    await backend.prepare(jobClosures(job));
+  }
+  // Data parallel in bf16: each rank keeps the fp32 masters of its optimizer shard only (ZeRO-1; src/parallel/data-parallel.ts).
+  const masterRange = world > 1 && !job.lora && precision === 'bf16' ? shardOf(parameterLayout(cfg).total, world, comm.rank) : undefined;
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen, masterRange });
+  /** The whole masters when this rank keeps a shard of them (a collective: every rank calls it at the same point), else undefined. */
+  const gatheredMasters = (): Float32Array | undefined => (student.masterLength < student.layout.total ? (opt as ShardedAdamW).gatherMasters() : undefined);
+  // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
+  let files: StudentFiles;
+  if (job.lora) {
+    if (!initCk || !o.init) throw new UsageError('--lora-rank trains adapters on a pretrained model, but no --init names one', 'pass --init <model folder>');
+    const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights), shape: baseShape(cfg) };
+    // PEFT names the base by its Hub id when it came from the Hub (here: a folder of the local Hub cache)
+    files = loraStudentFiles(student, cfg, carry, base, hubIdOfSnapshot(o.init) ?? undefined);
+    const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;
+    log(`LoRA: rank ${sp.rank}, alpha ${sp.alpha} (scale ${+job.lora.scale.toFixed(6)}) on ${sp.targets.join(', ')}: ${n.toLocaleString('en-US')} trainable parameters ` +
+      `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${job.studentFrozen === 'nf4' ? `nf4 (its projection matrices; the rest in ${student.compute})` : student.compute}`);
+  } else {
+    files = fullStudentFiles(student, cfg, carry);
+  }
+  const teacher = teacherCk && !cache
+    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen })
+    : null;
+  if (teacher && teacherCk) {
+    const t0 = Date.now();
+    if (job.teacherFrozen === 'nf4') log(`teacher: quantizing its projection matrices to nf4 (4.5 bits per weight, blocks of 64; QLoRA's format) on the host; the rest in ${teacher.compute}`);
+    teacher.setWeights(teacherCk.weights);
+    if (job.teacherFrozen === 'nf4') log(`teacher: quantized in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
+  }
+  const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
+  // A device communicator of one rank (NCCL with --gpus 1) still runs the sharded path: it must equal AdamW bit for bit.
+  const opt: Optimizer = world > 1 || !(comm instanceof LocalComm) ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
+  if (world > 1) {
+    log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); ` +
+      `the optimizer's moments${masterRange ? ' and fp32 masters' : ''} sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
+  }
+  // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
+  const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
+    fraction: o.onPolicy, promptLen: o.promptLen || Math.max(1, Math.floor(o.seq / 2)), genLen: o.genLen || o.seq,
+    temperature: o.genTemperature, topP: o.genTopP, topK: o.genTopK, vocab: lossVocab ?? tokenizer.vocabSize,
+  } : null;
+  if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
+  const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
+  // the student's completions end at an end-of-text id; a reply to a conversation also at the end of its turn
+  const genStops = { stopIds: [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])], turnEndIds: endOfTurnIds(tokenizer) };
+  if (onPolicy) {
+    log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
+      `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);
+  }
+  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
+  if (cache) log(cache.describe());
+  log(`student: ${describeBaked(cfg)}`);
+  if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);
+  return { cfg, job, student, teacher, files, runner, opt, gatheredMasters, onPolicy, onPolicyGen, genStops };
+}

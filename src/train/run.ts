@@ -26,51 +26,40 @@
  * distillation loss then runs over the tokenizer's real tokens (StepRunner's lossVocab) and the log says so.
  * The chat template, tokenizer_config.json and generation_config.json of the teacher (else of --init, else next to
  * --tokenizer) render the data's chat lines and are carried into the checkpoints and the final model.
+ *
+ * The data and tokenizer are read and checked by prepareRunData (run-data.ts), the models built by buildRunModels
+ * (run-models.ts); this module holds the run folder's setup, the training loop and what it writes.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import type { Backend, LossSpec } from '../backend/backend.js';
+import type { Backend } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
-import { describeBaked, eosIds, parameterCount } from '../model/config.js';
-import { initialWeights, parameterLayout } from '../model/params.js';
-import { Transformer } from '../model/transformer.js';
-import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
-import { tokenizerHash } from '../tokenizer/identity.js';
-import { chatFormatOf, DEFAULT_CHAT_FORMAT, endOfTurnIds, type ChatFormat } from '../tokenizer/chat.js';
-import { packDocuments, splitTrainVal, BatchLoader, type Doc, type LoaderState, type Window } from '../data/index.js';
+import { parameterCount } from '../model/config.js';
+import { initialWeights } from '../model/params.js';
+import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
 import { writeSafetensors } from '../io/safetensors.js';
 import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { ValidationWatch } from './validation-watch.js';
-import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun, hashDocs } from './run-folder.js';
-import { UsageError } from '../cli/args.js';
+import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun } from './run-folder.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError, InputError, fileError } from '../util/errors.js';
-import { AdamW, type Optimizer } from './optimizer.js';
 import { distEnv } from '../parallel/env.js';
-import { LocalComm, ncclWanted, shardOf, type Communicator } from '../parallel/comm.js';
+import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
 import { HostComm, commTimeoutMs } from '../parallel/host-comm.js';
-import { ShardedAdamW } from '../parallel/data-parallel.js';
 import { lrAt } from './schedule.js';
-import { StepRunner, NonFiniteLossError, type Batch } from './step.js';
+import { NonFiniteLossError, type Batch, type StepRunner } from './step.js';
 import type { RunOptions } from './options.js';
-import { jobClosures, runJobShape } from './kernel-plan.js';
-import { loadTeacher, modelExtras, readData } from './run-data.js';
-import { isOnPolicyStep, onPolicyMicroBatch, type OnPolicyOptions } from './on-policy.js';
-import { BatchGenerator } from '../model/batch-generate.js';
+import { prepareRunData } from './run-data.js';
+import { isOnPolicyStep, onPolicyMicroBatch } from './on-policy.js';
 import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, checkResumeCompatible, readMetrics, readMoments, readSavedState, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
-import { TeacherCache } from '../cache/store.js';
 import { allocSparseHost, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
-import { checkDeviceMemory, checkSameTokenizer, checkSeqFits, chooseTokenizer, describe, resumeTokenizerPath, runLossVocab, studentConfig } from './run-models.js';
-import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
+import { buildRunModels } from './run-models.js';
 import { loraInitialWeights } from '../model/lora.js';
-import { baseShape } from '../model/adapter.js';
-import { weightsHash } from '../model/weights-hash.js';
 import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
-import { hubIdOfSnapshot } from '../io/hf-cache.js';
 
 export interface RunSummary {
   mode: 'train' | 'distill';
@@ -239,103 +228,15 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   latest: string, saved: SavedState | null, prec: ResolvedPrecision, comm: Communicator, replaceOld: () => void, stops: StopRequests): Promise<RunSummary> {
   const root = comm.rank === 0, world = comm.world;
   // ---- data and tokenizer ----------------------------------------------------------------------------
-  // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
-  const cache = o.mode === 'distill' && o.teacherCache ? TeacherCache.open(o.teacherCache) : null;
-  const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? (cache ? cache.teacherHeader() : loadTeacher(o)) : null;
-  const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
-  checkSeqFits(o, teacherCk, initCk);
-  const extras = modelExtras(o, teacherCk, initCk);
-  const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
-  // The tokenizers are checked before the data is read (unless one has to be trained on it).
-  let docsRead: Doc[] | null = null;
-  const getDocs = (): Doc[] => (docsRead ??= readData(o, log, chat));
-  const chosen = chooseTokenizer(o, () => getDocs().map((d) => d.text), saved ? resumeTokenizerPath(out, latest, log) : null, teacherCk, initCk, log);
-  const tokenizer = chosen.tokenizer;
-  checkSameTokenizer(o, chosen, teacherCk, initCk, log);
-  const docs = getDocs();
-  const dataHash = hashDocs(docs);
-  if (saved && (saved.options as Partial<RunOptions> | undefined)?.lossOn !== undefined && saved.options.lossOn !== o.lossOn) {
-    throw new UsageError(`--resume: the run was started with --loss-on ${saved.options.lossOn}, not ${o.lossOn}`,
-      `resume with --loss-on ${saved.options.lossOn}, or start a new run (--overwrite, or another --out)`);
-  }
-  if (saved) {
-    if (saved.dataHash === undefined) {
-      log('warning: --resume: the checkpoint records no hash of its training data (an older version wrote it): a changed data file cannot be detected');
-    } else if (saved.dataHash !== dataHash) {
-      throw new DistilleryError('--resume: the training data changed since the checkpoint was written (its hash differs)',
-        'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
-    }
-  }
-  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
-  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
-  const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
-  if (cache) {
-    cache.checkRun({
-      tokenizerSha256: tokenizerHash(tokenizer), dataSha256: dataHash, seq: o.seq, temperature: o.temperature, lossOn: o.lossOn ?? 'assistant',
-      windows: packed.windows.length, lossVocab: tokenizer.vocabSize,
-    });
-  }
-  if (val.length === 0) log('warning: no validation windows (dataset too small or --val-fraction 0): validation loss is not measured');
-  log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq}`);
-  if (docs.some((d) => d.lossSpans !== null)) {
-    log(`data: the loss counts ${packed.targetTokens} of ${packed.totalTokens} tokens (the assistant replies; --loss-on all counts every token)` +
-      (packed.emptyWindows ? `; ${packed.emptyWindows} windows without an assistant token left out` : ''));
-  }
+  const data = prepareRunData(o, log, out, latest, saved);
+  const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val } = data;
 
   // ---- models ----------------------------------------------------------------------------------------
-  const cfg = studentConfig(o, tokenizer, teacherCk, initCk);
-  if (tokenizer.vocabSize > cfg.vocabSize) {
-    throw new DistilleryError(`the tokenizer has ${tokenizer.vocabSize} tokens but the model's vocab_size is ${cfg.vocabSize}`,
-      'use a config.json whose vocab_size covers the tokenizer');
-  }
-  // Distillation compares the models over the tokenizer's real tokens; padding rows past them are left out.
-  const lv = runLossVocab(tokenizer.vocabSize, cfg, teacherCk?.config ?? null);
-  if (lv.note) log(lv.note);
-  const lossVocab = lv.lossVocab;
-  const carry = {
-    tokenizerJson: tokenizer.toJSON(), tokenizerConfig: extras?.tokenizerConfig ?? null, chatTemplate: extras?.chatTemplate ?? null,
-    generationConfig: extras?.generationConfig ?? null,
-  };
-  // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
-  const precision = prec.model;
-  const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
-  const spec: LossSpec = job.loss!, adam = job.adam!;
-  checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
-    onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world });
-  // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
-  if (backend.prepare) {
-    await backend.prepare(jobClosures(job));
-  }
-  // Data parallel in bf16: each rank keeps the fp32 masters of its optimizer shard only (ZeRO-1; src/parallel/data-parallel.ts).
-  const masterRange = world > 1 && !job.lora && precision === 'bf16' ? shardOf(parameterLayout(cfg).total, world, comm.rank) : undefined;
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen, masterRange });
-  /** The whole masters when this rank keeps a shard of them (a collective: every rank calls it at the same point), else undefined. */
-  const gatheredMasters = (): Float32Array | undefined => (student.masterLength < student.layout.total ? (opt as ShardedAdamW).gatherMasters() : undefined);
-  // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
-  let files: StudentFiles;
-  if (job.lora) {
-    if (!initCk || !o.init) throw new UsageError('--lora-rank trains adapters on a pretrained model, but no --init names one', 'pass --init <model folder>');
-    const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights), shape: baseShape(cfg) };
-    // PEFT names the base by its Hub id when it came from the Hub (here: a folder of the local Hub cache)
-    files = loraStudentFiles(student, cfg, carry, base, hubIdOfSnapshot(o.init) ?? undefined);
-    const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;
-    log(`LoRA: rank ${sp.rank}, alpha ${sp.alpha} (scale ${+job.lora.scale.toFixed(6)}) on ${sp.targets.join(', ')}: ${n.toLocaleString('en-US')} trainable parameters ` +
-      `(${(100 * n / all).toFixed(2)}% of ${all.toLocaleString('en-US')}); the base (--init ${o.init}) is frozen in ${job.studentFrozen === 'nf4' ? `nf4 (its projection matrices; the rest in ${student.compute})` : student.compute}`);
-  } else {
-    files = fullStudentFiles(student, cfg, carry);
-  }
-  const teacher = teacherCk && !cache
-    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen })
-    : null;
-  if (teacher && teacherCk) {
-    const t0 = Date.now();
-    if (job.teacherFrozen === 'nf4') log(`teacher: quantizing its projection matrices to nf4 (4.5 bits per weight, blocks of 64; QLoRA's format) on the host; the rest in ${teacher.compute}`);
-    teacher.setWeights(teacherCk.weights);
-    if (job.teacherFrozen === 'nf4') log(`teacher: quantized in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
-  }
-  const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
+  const { cfg, job, student, teacher, files, runner, opt, gatheredMasters, onPolicy, onPolicyGen, genStops } =
+    await buildRunModels(o, backend, prec, comm, data, log);
+  const distilling = teacher !== null || cache !== null;
+
+  // ---- training: batches, weights, evaluation, steps, checkpoints ---------------------------------------
   /** A batch's sparse teacher rows from the cache (null without one). */
   const sparseOf = (windows: Int32Array, mask: Float32Array): SparseHost | undefined => {
     if (!cache) return undefined;
@@ -343,37 +244,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     cache.fillBatch(h, windows, mask, o.seq);
     return h;
   };
-  const distilling = teacher !== null || cache !== null;
-  // A device communicator of one rank (NCCL with --gpus 1) still runs the sharded path: it must equal AdamW bit for bit.
-  const opt: Optimizer = world > 1 || !(comm instanceof LocalComm) ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
-  if (world > 1) {
-    log(`data parallel: ${world} processes, each a batch of ${o.batch} × ${o.gradAccum} per step (a global batch of ${world * o.batch * o.gradAccum}); ` +
-      `the optimizer's moments${masterRange ? ' and fp32 masters' : ''} sharded (${(opt as ShardedAdamW).shard.size} values per rank)`);
-  }
+  const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {
     let mine: ReturnType<BatchLoader['next']> | null = null;
     for (let k = 0; k < world; k++) { const b = loader.next(); if (k === comm.rank) mine = b; }
     return mine!;
   };
-  const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
-  // On-policy distillation: the student writes the completions of a fraction of the steps (src/train/on-policy.ts).
-  const onPolicy: OnPolicyOptions | null = o.mode === 'distill' && (o.onPolicy ?? 0) > 0 ? {
-    fraction: o.onPolicy, promptLen: o.promptLen || Math.max(1, Math.floor(o.seq / 2)), genLen: o.genLen || o.seq,
-    temperature: o.genTemperature, topP: o.genTopP, topK: o.genTopK, vocab: lossVocab ?? tokenizer.vocabSize,
-  } : null;
-  if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
-  const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
-  // the student's completions end at an end-of-text id; a reply to a conversation also at the end of its turn
-  const genStops = { stopIds: [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])], turnEndIds: endOfTurnIds(tokenizer) };
-  if (onPolicy) {
-    log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
-      `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);
-  }
-  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
-  if (cache) log(cache.describe());
-  log(`student: ${describeBaked(cfg)}`);
-  if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);
 
   let step = 0, tokensTrained = 0;
   let initialTrainLoss = NaN, initialValLoss = NaN, initialValCe = NaN;
