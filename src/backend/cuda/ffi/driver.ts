@@ -144,9 +144,6 @@ export class CudaDriver {
 
   /** Host to device, ordered on the stream; the host bytes are consumed before the call returns (pageable memory is staged). */
   htod(dst: bigint, src: ArrayBufferView, bytes: number, context: string): void {
-    // a large copy from pageable memory may wait for the stream inside the call: with a guard, a bounded wait first
-    // (a step's own uploads, token ids and weights, are far smaller and stay asynchronous)
-    if (this.waitGuard !== null && bytes > 1 << 20) this.waitStream(context);
     this.check(this.f.memcpyHtoDAsync!(dst, src, bytes, this.stream), `cuMemcpyHtoDAsync(${formatBytes(bytes)})`, context);
   }
   /** Device to host after everything queued before it on the stream; returns when the bytes are on the host. */
