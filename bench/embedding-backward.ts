@@ -5,6 +5,7 @@
  * thousands of rows in turn. Prints µs per call (run on the GPU machine: `node dist/bench/embedding-backward.js`).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
+import { usPerCall } from './gpu-timing.js';
 
 const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); } });
 const N = 8192, C = 896, V = 151936, REPS = 20;
@@ -20,13 +21,7 @@ const cases: Array<[string, (i: number) => number]> = [
   ['one id in half the rows', (i) => (i % 2 === 0 ? 151643 : rand())],
   ['one id in every row', () => 151643],
 ];
-const time = (f: () => void): number => {
-  f(); be.synchronize();
-  const t0 = process.hrtime.bigint();
-  for (let i = 0; i < REPS; i++) f();
-  be.synchronize();
-  return Number(process.hrtime.bigint() - t0) / 1e3 / REPS;
-};
+const time = (f: () => void): number => usPerCall(be, f, REPS);
 // the table is zeroed before each call (the kernel adds into it once per id); its memset is timed alone and subtracted
 const zeroUs = time(() => be.zero(dtable));
 for (const [name, id] of cases) {

@@ -8,6 +8,7 @@
  * at the job's shapes (beside scripts/cuda/sdpa-times.py).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
+import { usPerCall } from './gpu-timing.js';
 import { MAX_ATTN_DKV_FLOATS } from '../src/backend/cuda/cuda-backend.js';
 import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
@@ -24,13 +25,7 @@ const shapes: Array<[string, number, number]> = [
   ['teacher down 8960x1536', 8960, 1536], ['student q/o 896x896', 896, 896], ['student gate/up 896x4864', 896, 4864],
   ['student down 4864x896', 4864, 896],
 ];
-const time = (f: () => void): number => {
-  f(); be.synchronize();
-  const t0 = process.hrtime.bigint();
-  for (let i = 0; i < REPS; i++) f();
-  be.synchronize();
-  return Number(process.hrtime.bigint() - t0) / 1e3 / REPS;
-};
+const time = (f: () => void): number => usPerCall(be, f, REPS);
 // --random: random inputs and weights (tensor cores on all-zero data draw less power and run faster than on real data).
 const random = process.argv.includes('--random');
 const fill = (b: Buf, n: number): void => {

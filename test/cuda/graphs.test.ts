@@ -20,7 +20,8 @@ import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { TeacherPass } from '../../src/cache/teacher-pass.js';
 import { allocSparseHost } from '../../src/cache/targets.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
-import { LocalComm, type CommWork, type Communicator } from '../../src/parallel/comm.js';
+import type { CommWork } from '../../src/parallel/comm.js';
+import { OneRankView } from '../parallel/fake-comm.js';
 import type { Backend, Buf } from '../../src/backend/backend.js';
 
 function setup(graphs = true) {
@@ -237,20 +238,10 @@ test('a cached distillation step (the sparse loss) and a teacher-cache pass run 
  * Rank 0 of 2 with a communicator that queues its gradient buckets on the backend's side stream as NcclComm does
  * (overlapsRegions): each bucket a 'reduce' call on that stream, waiting joins the streams.
  */
-class SideStreamComm implements Communicator {
-  readonly rank = 0;
-  readonly world = 2;
+class SideStreamComm extends OneRankView {
   readonly overlapsRegions = true;
-  private readonly local = new LocalComm();
-  constructor(private readonly be: CudaBackend, private readonly calls: string[]) {}
-  allReduceSum(): void {}
-  allReduceHost(x: Float64Array | number[]): Float64Array { return this.local.allReduceHost(x); }
-  allGather(): void {}
-  allGatherHost(x: Float32Array): Float32Array { return x.slice(); }
-  broadcast(b: Uint8Array): Uint8Array { return b; }
-  barrier(): void {}
-  close(): void {}
-  reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
+  constructor(private readonly be: CudaBackend, private readonly calls: string[]) { super(2); }
+  override reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
     this.be.sideCollective('reducing a gradient bucket', (stream) => this.calls.push(`reduce ${begin}..${end} on ${String(stream)}`));
     return { wait: () => this.be.joinSide() };
   }

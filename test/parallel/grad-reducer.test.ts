@@ -14,7 +14,8 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { loraLayout, LORA_TARGETS } from '../../src/model/lora.js';
 import { NonFiniteLossError, StepRunner } from '../../src/train/step.js';
-import { LocalComm, shardParts, type CommWork, type Communicator } from '../../src/parallel/comm.js';
+import { shardParts, type CommWork } from '../../src/parallel/comm.js';
+import { OneRankView } from './fake-comm.js';
 import { GradReducer, gradBucketElements, DEFAULT_BUCKET, MAX_IN_FLIGHT } from '../../src/parallel/grad-reducer.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
 import { InputError } from '../../src/util/errors.js';
@@ -27,23 +28,14 @@ const base: ModelConfig = {
 const adam = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 };
 
 /** A communicator of `world` ranks seen from rank 0 that records the reductions it is asked for (and the events log). */
-class RecordingComm implements Communicator {
-  readonly rank = 0;
+class RecordingComm extends OneRankView {
   readonly ranges: Array<[number, number]> = [];
   readonly waited: Array<[number, number]> = [];
-  private readonly local = new LocalComm();
-  constructor(readonly world: number, private readonly log: string[] = []) {}
-  allReduceSum(): void {}
-  allReduceHost(x: Float64Array | number[]): Float64Array { return this.local.allReduceHost(x); }
-  allGather(): void {}
-  allGatherHost(x: Float32Array): Float32Array { return x.slice(); }
-  broadcast(b: Uint8Array): Uint8Array { return b; }
-  barrier(): void {}
-  close(): void {}
+  constructor(world: number, private readonly log: string[] = []) { super(world); }
   /** Elements started and not yet waited for, and the most there ever were. */
   outstanding = 0;
   maxOutstanding = 0;
-  reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
+  override reduceScatterStart(_be: Backend, _buf: Buf, begin: number, end: number): CommWork {
     this.ranges.push([begin, end]);
     this.log.push(`reduce ${begin}..${end}`);
     this.outstanding += end - begin; this.maxOutstanding = Math.max(this.maxOutstanding, this.outstanding);
