@@ -42,3 +42,9 @@ export function distEnv(env: NodeJS.ProcessEnv = process.env): DistEnv | null {
     : masterPort < 65535 ? masterPort + 1 : masterPort - 1;
   return { rank, world, localRank, masterAddr, masterPort, commPort };
 }
+
+/** A timeout or grace period set in seconds by env[name], in milliseconds; undefined where unset or not a positive number. */
+export function envSecondsMs(name: string, env: NodeJS.ProcessEnv = process.env): number | undefined {
+  const s = Number(env[name]);
+  return Number.isFinite(s) && s > 0 ? s * 1000 : undefined;
+}

@@ -9,7 +9,7 @@ import { Worker } from 'node:worker_threads';
 import type { Backend, Buf } from '../backend/backend.js';
 import { DistilleryError } from '../util/errors.js';
 import { shardParts, type CommWork, type Communicator } from './comm.js';
-import type { DistEnv } from './env.js';
+import { envSecondsMs, type DistEnv } from './env.js';
 
 export interface HostCommOptions {
   /** How long a rank waits for the others to join (ms). */
@@ -28,8 +28,7 @@ export function gatherPieceElements(world: number): number {
 
 /** The collective timeout: DISTILLERY_COMM_TIMEOUT_S seconds, else 300. */
 export function commTimeoutMs(env: NodeJS.ProcessEnv = process.env): number {
-  const s = Number(env.DISTILLERY_COMM_TIMEOUT_S);
-  return Number.isFinite(s) && s > 0 ? s * 1000 : 300_000;
+  return envSecondsMs('DISTILLERY_COMM_TIMEOUT_S', env) ?? 300_000;
 }
 
 export class HostComm implements Communicator {

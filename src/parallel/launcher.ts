@@ -12,6 +12,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import * as net from 'node:net';
+import { envSecondsMs } from './env.js';
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -36,8 +37,7 @@ export interface LaunchIo { err: (s: string) => void }
 
 /** How long the ranks still running may take to stop after one failed: DISTILLERY_STOP_GRACE_S seconds, else 60. */
 export function stopGraceMs(env: NodeJS.ProcessEnv = process.env): number {
-  const s = Number(env.DISTILLERY_STOP_GRACE_S);
-  return Number.isFinite(s) && s > 0 ? s * 1000 : 60_000;
+  return envSecondsMs('DISTILLERY_STOP_GRACE_S', env) ?? 60_000;
 }
 
 /** Runs `script args` as `n` ranks; resolves with the exit code the launcher should return. */

@@ -38,6 +38,7 @@ import { requireLibraries } from '../backend/cuda/ffi/libfind.js';
 import { DistilleryError } from '../util/errors.js';
 import { shardParts, type CommWork, type Communicator } from './comm.js';
 import { commTimeoutMs } from './host-comm.js';
+import { envSecondsMs } from './env.js';
 
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
@@ -96,11 +97,11 @@ export class NcclComm implements Communicator {
     this.overlapsRegions = process.env.DISTILLERY_GRAD_OVERLAP !== '0';
     const skip = /^(\d+):(\d+)$/.exec(process.env.DISTILLERY_TEST_SKIP_REDUCE_FROM ?? '');
     if (skip && Number(skip[1]) === this.rank) this.skipFrom = Number(skip[2]);
-    const gpuS = Number(process.env.DISTILLERY_NCCL_TIMEOUT_S);
+    const gpuMs = envSecondsMs('DISTILLERY_NCCL_TIMEOUT_S');
     be.setWaitGuard({
       who: `rank ${this.rank}`,
-      timeoutMs: Number.isFinite(gpuS) && gpuS > 0 ? gpuS * 1000 : commTimeoutMs(),
-      setting: Number.isFinite(gpuS) && gpuS > 0 ? 'DISTILLERY_NCCL_TIMEOUT_S' : 'DISTILLERY_NCCL_TIMEOUT_S or DISTILLERY_COMM_TIMEOUT_S',
+      timeoutMs: gpuMs ?? commTimeoutMs(),
+      setting: gpuMs !== undefined ? 'DISTILLERY_NCCL_TIMEOUT_S' : 'DISTILLERY_NCCL_TIMEOUT_S or DISTILLERY_COMM_TIMEOUT_S',
       poll: () => this.asyncError(),
       abort: () => this.abort(),
     });

@@ -7,10 +7,11 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { distEnv } from '../../src/parallel/env.js';
+import { distEnv, envSecondsMs } from '../../src/parallel/env.js';
 import { shardOf } from '../../src/parallel/comm.js';
 import { InputError } from '../../src/util/errors.js';
-import { gatherPieceElements } from '../../src/parallel/host-comm.js';
+import { commTimeoutMs, gatherPieceElements } from '../../src/parallel/host-comm.js';
+import { stopGraceMs } from '../../src/parallel/launcher.js';
 import { launch } from './launch.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -142,4 +143,15 @@ test('launchRanks: a rank still running after another failed is killed after the
     assert.ok(ms < 15_000, `the launcher took ${ms} ms`);
   }
   fs.rmSync(d, { recursive: true, force: true });
+});
+
+test('timeouts in seconds from the environment: a positive number counts (fractions too), anything else keeps the default', () => {
+  assert.equal(envSecondsMs('X', { X: '15' }), 15_000);
+  assert.equal(envSecondsMs('X', { X: '0.5' }), 500);
+  for (const bad of [undefined, '', '0', '-3', 'soon', 'Infinity']) assert.equal(envSecondsMs('X', { X: bad }), undefined, String(bad));
+  assert.equal(commTimeoutMs({}), 300_000);
+  assert.equal(commTimeoutMs({ DISTILLERY_COMM_TIMEOUT_S: '20' }), 20_000);
+  assert.equal(stopGraceMs({}), 60_000);
+  assert.equal(stopGraceMs({ DISTILLERY_STOP_GRACE_S: 'x' }), 60_000);
+  assert.equal(stopGraceMs({ DISTILLERY_STOP_GRACE_S: '2' }), 2_000);
 });
