@@ -223,9 +223,11 @@ export interface Backend {
    * Position of row t is pos0 + t; with per-sequence start positions (a SeqPositions int buffer [B], batched generation
    * of prompts of different lengths), row t of sequence b is at pos0[b] + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
    * sin are multiplied by ropeAttentionFactor(rope) (src/backend/rope.ts: plain, linear, llama3 and yarn RoPE as
-   * HF transformers computes them). out may alias inp.
+   * HF transformers computes them). out may alias inp. `bias` [heads · headDim] (a q/k projection's): added to every row
+   * first, out = R(inp + bias), in float with one rounding into a bf16 out (so no separate pass adds it).
    */
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void;
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+    bias?: Buf | null): void;
   /** dinp += Rᵀ dout. */
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
 

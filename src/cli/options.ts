@@ -97,6 +97,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('loraAlpha', 'number', 'LoRA: the adapters are scaled by alpha / rank (0 = 2 × --lora-rank)', { check: nonNeg }),
   spec('loraTargets', 'string', 'LoRA: the projections to adapt, Hugging Face names comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) or all', { metavar: '<names|all>' }),
   spec('teacherDtype', 'string', 'storage of the teacher\'s projection matrices: auto (the compute dtype) or nf4 (4-bit NormalFloat, QLoRA\'s format: about a quarter of bf16\'s memory)', { choices: ['auto', 'nf4'], distillOnly: true }),
+  spec('logits', 'string', 'the LM heads\' logits for the loss: auto (bf16 with --precision bf16, as transformers and autocast compute them; else f32), bf16 or f32 (each logit exact to float32, at twice the loss\'s memory traffic)', { choices: ['auto', 'bf16', 'f32'] }),
   spec('baseDtype', 'string', 'LoRA: storage of the frozen base\'s projection matrices: auto (the compute dtype) or nf4 (QLoRA)', { choices: ['auto', 'nf4'] }),
   spec('resume', 'boolean', 'continue from <out>/checkpoints/latest'),
   spec('overwrite', 'boolean', 'start afresh in an --out that already holds a run (deletes its checkpoints, metrics and final model)'),

@@ -86,9 +86,11 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
     const v = lo?.views.get(target);
     if (v) loraForward(be, lo!.ad, v, out, inp, N);
   };
-  be.matmulForward(qn ? qn.qRaw : a.q, a.ln1, w.wq, w.bq, N, C, Q);
+  // Without q/k norms, a rotated q/k gets its projection's bias inside the rotation (ropeForward's bias), not as a pass of its own.
+  const biasInRope = !qn && usesRope(c, layer);
+  be.matmulForward(qn ? qn.qRaw : a.q, a.ln1, w.wq, biasInRope ? null : w.bq, N, C, Q);
   adapt('q_proj', qn ? qn.qRaw : a.q, a.ln1);
-  be.matmulForward(qn ? qn.kRaw : a.k, a.ln1, w.wk, w.bk, N, C, KV);
+  be.matmulForward(qn ? qn.kRaw : a.k, a.ln1, w.wk, biasInRope ? null : w.bk, N, C, KV);
   adapt('k_proj', qn ? qn.kRaw : a.k, a.ln1);
   be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
   adapt('v_proj', a.v, a.ln1);
@@ -97,8 +99,8 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
     be.rmsnormForward(a.k, qn.rstdK, qn.kRaw, w.kNorm!, N * c.numKvHeads, c.headDim, c.rmsNormEps);
   }
   if (usesRope(c, layer)) {
-    be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0);
-    be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0);
+    be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0, biasInRope ? w.bq : null);
+    be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0, biasInRope ? w.bk : null);
   }
   attend(a.q, a.k, a.v, a.att);
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);

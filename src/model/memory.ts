@@ -10,7 +10,7 @@ import { parameterCount } from './config.js';
 import { parameterLayout } from './params.js';
 import type { LoraLayout } from './lora.js';
 import { nf4Plan, nf4StorageBytes, type FrozenDtype } from './frozen.js';
-import { defaultChunkFloats, headFloats, headWidth } from '../train/head.js';
+import { defaultChunkFloats, headFloats, headWidth, type LogitsDtype } from '../train/head.js';
 
 export interface JobMemory {
   student: ModelConfig;
@@ -34,6 +34,8 @@ export interface JobMemory {
   studentFrozen?: FrozenDtype | undefined;
   /** Data-parallel processes (default 1): each keeps the AdamW moments of its shard only (src/parallel/data-parallel.ts). */
   world?: number | undefined;
+  /** The LM heads' logits dtype (default f32; src/train/head.ts). */
+  logits?: LogitsDtype | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -77,7 +79,8 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
-  bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), defaultChunkFloats(Boolean(j.teacherCacheSlots), j.training && a !== F), j.training && a !== F);
+  bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), defaultChunkFloats(Boolean(j.teacherCacheSlots), j.training && a !== F),
+    j.training && a !== F, j.logits);
   if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;

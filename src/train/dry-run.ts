@@ -16,7 +16,7 @@ import { oProjBias, readHfConfigFile, parameterCount, type ModelConfig } from '.
 import { estimateJobBytes, formatGiB } from '../model/memory.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError } from '../util/errors.js';
-import { defaultChunkFloats, headChunkRows, headWidth } from './head.js';
+import { defaultChunkFloats, headRows, headWidth } from './head.js';
 import { jobClosures, runJobShape } from './kernel-plan.js';
 import type { RunOptions } from './options.js';
 import { runLossVocab, studentConfig } from './run-models.js';
@@ -37,6 +37,8 @@ export interface DryRunReport {
   loss: string;
   /** Rows of logits computed at a time by the chunked LM head, and the vocabulary rows the loss runs over. */
   head_chunk_rows: number;
+  /** The LM heads' logits dtype (--logits). */
+  logits: 'f32' | 'bf16';
   loss_vocab: number;
   /** Data-parallel processes (--gpus): the estimate is per process. */
   world: number;
@@ -91,7 +93,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
     precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world: opts.world });
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world: opts.world, logits: job.logits });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
@@ -104,8 +106,8 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   return {
     mode: o.mode, device: o.device, precision: prec.name, batch: o.batch, seq: o.seq, student: describeModel(cfg),
     teacher: teacher ? describeModel(teacher.config) : null, loss: job.loss?.kind ?? 'none',
-    head_chunk_rows: headChunkRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : [])),
-      defaultChunkFloats(Boolean(manifest), prec.model === 'bf16')), loss_vocab: lossVocab,
+    head_chunk_rows: headRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : [])), inMemory !== null,
+      defaultChunkFloats(Boolean(manifest), prec.model === 'bf16'), prec.model === 'bf16', job.logits), loss_vocab: lossVocab, logits: job.logits ?? 'f32',
     world: opts.world ?? 1, device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
     teacher_cache: manifest ? {
       path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,
@@ -127,7 +129,7 @@ export function formatDryRun(r: DryRunReport): string {
       `${(r.teacher_cache.bytes / 2 ** 20).toFixed(2)} MiB on disk, ${r.teacher_cache.bytes_per_token ?? '?'} bytes per token (no teacher in memory)`] : []),
     ...(r.lora ? [`LoRA      rank ${r.lora.rank}, alpha ${r.lora.alpha} on ${r.lora.targets.join(', ')}: ${r.lora.trainable_parameters} trainable parameters (the base frozen${r.base_dtype === 'nf4' ? ', its matrices in nf4' : ''})`] : []),
     `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}${r.world > 1 ? ` per process of ${r.world} (the optimizer's moments sharded)` : ''}`,
-    `LM head   ${r.head_chunk_rows} rows of logits at a time over ${r.loss_vocab} vocabulary rows`,
+    `LM head   ${r.head_chunk_rows} rows of ${r.logits} logits at a time over ${r.loss_vocab} vocabulary rows`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',
   ];
   return lines.join('\n');

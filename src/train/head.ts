@@ -27,6 +27,14 @@ import { SparseDevice, type SparseHost } from '../cache/targets.js';
 /** Default bound on one chunk of logits, in floats. */
 export const DEFAULT_HEAD_CHUNK_FLOATS = 128 * 2 ** 20;
 
+/**
+ * The dtype of the logits chunks: 'f32', or 'bf16' (a bf16 model's LM-head GEMMs write bf16 logits, as transformers and
+ * PyTorch's autocast do, and the loss reads them as float32; the dlogits are then written over the student's logits in
+ * place). bf16 rounds each logit once (a relative 2^-9), halves the head's logits traffic and memory, and so runs
+ * 2.5 times the rows per chunk in the same memory.
+ */
+export type LogitsDtype = 'f32' | 'bf16';
+
 export interface HeadOptions {
   /** Real tokens: the head and the loss run over the first lossVocab rows of each LM head (default: the student's vocab). */
   lossVocab?: number | undefined;
@@ -34,6 +42,8 @@ export interface HeadOptions {
   chunkFloats?: number | undefined;
   /** Distill from a teacher cache of this representation (src/cache): no teacher model, the sparse loss. */
   sparse?: SparseRep | undefined;
+  /** The logits chunks' dtype (default 'f32'; 'bf16' needs bf16 models: LogitsDtype). */
+  logits?: LogitsDtype | undefined;
 }
 
 /**
@@ -66,14 +76,26 @@ export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_C
   return Math.max(1, Math.min(n, Math.floor(chunkFloats / v)));
 }
 
+/**
+ * Rows per chunk of a head with logits of dtype `logits`: headChunkRows of the f32 layout's bound, and for bf16 logits as
+ * many more as keep the same bytes (f32: zs, zt and a bf16 student's separate dlogits; bf16: zs and zt, the dlogits
+ * written over zs), so fewer chunks each read and write the whole fp32 head gradient.
+ */
+export function headRows(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS, bf16Grad = false,
+  logits: LogitsDtype = 'f32'): number {
+  const f32Bytes = (withTeacher ? 8 : 4) + (bf16Grad ? 2 : 0), bytes = logits === 'bf16' ? (withTeacher ? 4 : 2) : f32Bytes;
+  return headChunkRows(n, v, Math.floor(chunkFloats * f32Bytes / bytes));
+}
+
 /** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,
  * weights, stats). The memory estimate (src/model/memory.ts) uses the same numbers. */
 export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS,
-  bf16Grad = false): number {
-  // v: the GEMM width (headWidth). A bf16 student's dlogits chunk: half a float per element.
-  const r = headChunkRows(n, v, chunkFloats);
+  bf16Grad = false, logits: LogitsDtype = 'f32'): number {
+  // v: the GEMM width (headWidth). A bf16 student's separate dlogits chunk (f32 logits): half a float per element.
+  const r = headRows(n, v, withTeacher, chunkFloats, bf16Grad, logits);
+  const chunks = logits === 'bf16' ? r * v * (withTeacher ? 2 : 1) / 2 : r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0);
   // With a teacher, a second stats row per token: the teacher's own cross-entropy (on-policy batches).
-  return r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0) + n * (2 + LOSS_STATS) + (withTeacher ? n * LOSS_STATS : 0);
+  return chunks + n * (2 + LOSS_STATS) + (withTeacher ? n * LOSS_STATS : 0);
 }
 
 export class ChunkedHead {
@@ -81,9 +103,11 @@ export class ChunkedHead {
   /** Columns of each logits row: lossVocab, or lossVocab rounded up for the GEMMs (headWidth). */
   readonly width: number;
   readonly chunkRows: number;
+  /** The logits chunks' dtype (HeadOptions.logits). */
+  readonly logits: LogitsDtype;
   private readonly be: Backend;
   private readonly zs: Buf;
-  /** dlogits of a bf16 student (a bf16 operand of the head's backward products); null: written over zs in place. */
+  /** dlogits of a bf16 student over f32 logits (a bf16 operand of the head's backward products); null: written over zs in place. */
   private readonly dz: Buf | null;
   private readonly zt: Buf | null;
   private readonly targets: IntBuf;
@@ -106,10 +130,18 @@ export class ChunkedHead {
     this.lossVocab = lv;
     this.width = headWidth(lv, vs, vt);
     const bf16Grad = student.compute !== 'f32' && student.training;
-    this.chunkRows = headChunkRows(maxRows, this.width, opts.chunkFloats ?? defaultChunkFloats(opts.sparse !== undefined, bf16Grad));
-    this.zs = this.be.alloc(this.chunkRows * this.width, 'student logits (one chunk of rows)');
-    this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)') : null;
-    this.dz = !bf16Grad ? null
+    const lg = this.logits = opts.logits ?? 'f32';
+    if (lg === 'bf16') {
+      const f32 = [student, ...(teacher ? [teacher] : [])].find((m) => m.compute !== 'bf16');
+      if (f32) {
+        throw new DistilleryError(`bf16 logits need bf16 models, and the ${f32 === student ? 'student' : 'teacher'} computes in ${f32.compute}`,
+          'use --precision bf16, or --logits f32');
+      }
+    }
+    this.chunkRows = headRows(maxRows, this.width, teacher !== null, opts.chunkFloats ?? defaultChunkFloats(opts.sparse !== undefined, bf16Grad), bf16Grad, lg);
+    this.zs = this.be.alloc(this.chunkRows * this.width, `student logits (one chunk of rows${lg === 'bf16' ? '; its dlogits in place' : ''})`, lg);
+    this.zt = teacher ? this.be.alloc(this.chunkRows * this.width, 'teacher logits (one chunk of rows)', lg) : null;
+    this.dz = !bf16Grad || lg === 'bf16' ? null
       : this.be.alloc(this.chunkRows * this.width, 'student dlogits (one chunk of rows)', student.compute);
     this.targets = this.be.allocInt(maxRows, 'loss targets');
     this.weights = this.be.alloc(maxRows, 'loss token weights');

@@ -19,6 +19,8 @@ import { DEFAULT_RUN_OPTIONS as D, type RunOptions } from './options.js';
 import { sparseSlots, type SparseRep } from '../cache/sparse.js';
 import { allocSparseHost } from '../cache/targets.js';
 import { TeacherPass } from '../cache/teacher-pass.js';
+import type { LogitsDtype } from './head.js';
+import { resolveLogits } from './precision.js';
 
 const NO_DISTILL: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
 
@@ -45,6 +47,8 @@ export interface JobShape {
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
   precision?: Precision;
+  /** The LM heads' logits dtype (default f32): the loss kernels' operand dtype. */
+  logits?: LogitsDtype | undefined;
   /** Distill from a teacher cache of this representation instead of a teacher model (the sparse loss). */
   teacherCache?: SparseRep | undefined;
   /** The teacher-cache job of this representation: the teacher's forward, LM head and sparse rows (no student step). */
@@ -65,6 +69,7 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   const lora = loraSpecOf(o);
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
+    logits: resolveLogits(o.logits, precision),
     ...(lora ? { lora: loraLayout(student, lora) } : {}),
     ...(o.mode === 'distill' && o.teacherDtype === 'nf4' && teacher ? { teacherFrozen: 'nf4' as const } : {}),
     ...(lora && o.baseDtype === 'nf4' ? { studentFrozen: 'nf4' as const } : {}),
@@ -99,7 +104,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const precision = j.precision ?? 'fp32';
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora, frozenDtype: j.studentFrozen });
       const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision, frozenDtype: j.teacherFrozen }) : null;
-      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache });
+      const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache, logits: j.logits });
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student.trainable(), adam), 1e-3, 1);

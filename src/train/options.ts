@@ -4,7 +4,7 @@
  * runTraining (run.ts) consumes it.
  */
 import type { DistillKind } from '../backend/backend.js';
-import type { PrecisionFlag } from './precision.js';
+import type { LogitsFlag, PrecisionFlag } from './precision.js';
 import type { FrozenDtype } from '../model/frozen.js';
 
 export interface RunOptions {
@@ -80,6 +80,8 @@ export interface RunOptions {
   loraTargets: string;
   /** Storage of the teacher's projection matrices (distill): 'auto' (the compute dtype) or 'nf4' (4 bits, QLoRA's format). */
   teacherDtype: FrozenDtype;
+  /** The LM heads' logits (src/train/head.ts LogitsDtype): 'auto' (bf16 with bf16 models, else f32), 'bf16' or 'f32'. */
+  logits: LogitsFlag;
   /** Storage of a LoRA run's frozen base matrices: 'auto' (the compute dtype) or 'nf4' (QLoRA). */
   baseDtype: FrozenDtype;
   /** Continue from <out>/checkpoints/latest. */
@@ -132,6 +134,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   loraAlpha: 0,
   loraTargets: 'all',
   teacherDtype: 'auto',
+  logits: 'auto',
   baseDtype: 'auto',
   resume: false,
   overwrite: false,

@@ -22,6 +22,23 @@ export interface ResolvedPrecision {
   tf32: boolean;
 }
 
+export const LOGITS_CHOICES = ['auto', 'bf16', 'f32'] as const;
+export type LogitsFlag = (typeof LOGITS_CHOICES)[number];
+
+/**
+ * The LM heads' logits dtype from --logits and the models' precision: auto is bf16 with bf16 models (the product's
+ * output dtype in transformers and under PyTorch autocast, what a PyTorch distillation script computes its loss from),
+ * else f32; bf16 with fp32 models is refused (an fp32 product writes fp32).
+ */
+export function resolveLogits(flag: LogitsFlag | undefined, model: Precision): 'bf16' | 'f32' {
+  const f = flag ?? 'auto';
+  if (!(LOGITS_CHOICES as readonly string[]).includes(f)) {
+    throw new InputError(`--logits must be one of ${LOGITS_CHOICES.join(', ')}, got ${String(f)}`, 'auto picks bf16 with bf16 models');
+  }
+  if (f === 'bf16' && model !== 'bf16') throw new InputError('--logits bf16 needs bf16 models', 'add --precision bf16, or drop --logits');
+  return f === 'auto' ? (model === 'bf16' ? 'bf16' : 'f32') : f;
+}
+
 /** The precision of a job from --precision, --tf32 and the device; --tf32 with another explicit precision is refused. */
 export function resolvePrecision(flag: PrecisionFlag | undefined, tf32Flag: boolean | undefined, device: 'cpu' | 'cuda'): ResolvedPrecision {
   const f = flag ?? 'auto';

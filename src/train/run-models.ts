@@ -209,7 +209,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
     onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world });
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world, logits: job.logits });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));
@@ -241,7 +241,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
     teacher.setWeights(teacherCk.weights);
     if (job.teacherFrozen === 'nf4') log(`teacher: quantized in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
   }
-  const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep });
+  const runner = new StepRunner(student, teacher, spec, { lossVocab, sparse: cache?.rep, logits: job.logits });
   // A device communicator of one rank (NCCL with --gpus 1) still runs the sharded path: it must equal AdamW bit for bit.
   const opt: Optimizer = world > 1 || !(comm instanceof LocalComm) ? new ShardedAdamW(files.trainable, adam, comm) : new AdamW(files.trainable, adam);
   if (world > 1) {
@@ -261,7 +261,8 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
     log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
       `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);
   }
-  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}`);
+  log(`student: ${describe(cfg)}${teacher ? `; teacher: ${describe(teacher.config)}` : ''}; device ${backend.name}; precision ${prec.name}` +
+    `${job.logits === 'bf16' ? '; logits bf16' : ''}`);
   if (cache) log(cache.describe());
   log(`student: ${describeBaked(cfg)}`);
   if (teacher) log(`teacher: ${describeBaked(teacher.config)}`);

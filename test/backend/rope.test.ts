@@ -80,6 +80,26 @@ for (const dtype of ['f32', 'f64'] as const) {
   });
 }
 
+test('CPU rope forward with a bias [heads · hd]: the reference rotation of (x + bias) for every row, in place too (f64)', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const rng = new Rng(23);
+  try {
+    for (const [name, r, d] of CASES) {
+      const b = 2, t = 3, heads = 3;
+      const x = randn(rng, b * t * heads * d), bias = randn(rng, heads * d);
+      const want = Float64Array.from(x, (v, i) => v + bias[i % (heads * d)]!);
+      refRotate(want, r, b, t, heads, d, 7);
+      const X = bufOf(be, x), O = be.alloc(x.length, 'o'), B = bufOf(be, bias);
+      be.ropeForward(O, X, b, t, heads, d, r, 7, B);
+      assertClose(be.download(O), want, 1e-10, 1e-11, `${name}`);
+      be.ropeForward(X, X, b, t, heads, d, r, 7, B);
+      assertClose(be.download(X), want, 1e-10, 1e-11, `${name} in place`);
+    }
+  } finally {
+    be.dispose();
+  }
+});
+
 test('CPU rope backward of each kind: finite differences (yarn\'s attention factor included)', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const rng = new Rng(22);

@@ -48,9 +48,11 @@ test('distill --dry-run --json --device cuda: memory and the pre-warm plan from 
   // The student is the 'tiny' preset sized to the teacher's vocabulary.
   const { presetConfig } = await import('../../src/model/config.js');
   const student = presetConfig('tiny', tcfg.vocabSize);
-  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: tcfg, batch: 2, seq: 16, training: true, precision: 'bf16' }));
+  // --logits auto: bf16 logits with bf16 models
+  assert.equal((j as unknown as { logits: string }).logits, 'bf16');
+  assert.equal(j.device_bytes, estimateJobBytes({ student, teacher: tcfg, batch: 2, seq: 16, training: true, precision: 'bf16', logits: 'bf16' }));
   const plan = planKernels(jobClosures({ student, teacher: tcfg, batch: 2, seq: 16, train: true, evaluate: true,
-    loss: { kind: 'jsd', alpha: 0.5, temperature: 1, beta: 0.5 }, precision: 'bf16' }));
+    loss: { kind: 'jsd', alpha: 0.5, temperature: 1, beta: 0.5 }, precision: 'bf16', logits: 'bf16' }));
   assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
   assert.ok(j.kernels.some((k) => k.family === 'loss' && k.params.kind === 'jsd'));
 });
@@ -104,7 +106,7 @@ test('distill --dry-run --device cuda: a student and a teacher of different voca
   const j = JSON.parse(r.out) as { loss_vocab: number; kernels: Array<{ family: string; params: Record<string, unknown> }> };
   assert.equal(j.loss_vocab, size);
   const plan = planKernels(jobClosures({ student: studentCfg, teacher: cfg, batch: 2, seq: 16, train: true, evaluate: true, lossVocab: size,
-    loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, precision: 'bf16' }));
+    loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, precision: 'bf16', logits: 'bf16' }));
   assert.deepEqual(j.kernels.map((k) => `${k.family} ${JSON.stringify(k.params)}`).sort(), plan.map((s) => `${s.family} ${JSON.stringify(s.params)}`).sort());
 });
 

@@ -173,6 +173,15 @@ const RB = 2, RT = 5, RH = 3, RD = 8, RN = RB * RT * RH * RD;
 parity('rope fwd in place (bf16), far positions', (r) => ({
   arrays: { q: rand(r, RN) }, bf16: ['q'], compare: ['q'], op: (b, x) => b.ropeForward(x.q!, x.q!, RB, RT, RH, RD, plainRope(1e6), 3000),
 }));
+parity('rope fwd in place (bf16) with a bf16 bias (a q/k projection\'s)', (r) => ({
+  arrays: { q: rand(r, RN), bq: rand(r, RH * RD) }, bf16: ['q', 'bq'], compare: ['q'], op: (b, x) => b.ropeForward(x.q!, x.q!, RB, RT, RH, RD, plainRope(1e6), 300, x.bq!),
+}));
+for (const rope of scaledRopes(5e5)) {
+  parity(`rope ${rope.type} fwd (bf16) with a bf16 bias`, (r) => ({
+    arrays: { o: rand(r, RN), i: rand(r, RN), bq: rand(r, RH * RD) }, bf16: ['o', 'i', 'bq'], compare: ['o'],
+    op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, rope, 900, x.bq!),
+  }));
+}
 parity('rope bwd (bf16 dinp += Rᵀ bf16 dout)', (r) => ({
   arrays: { di: rand(r, RN), d: rand(r, RN) }, bf16: ['di', 'd'], compare: ['di'],
   op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3),
@@ -216,6 +225,20 @@ for (const spec of [
       op: (b, x) => b.lossForward(x.st!, x.dl!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec, LD),
     };
   }, { floor: 2e-5, f32Tol: 2e-5 });
+  // bf16 logits (--logits bf16): both backends read the same rounded values; the bf16 gradient is written over the
+  // student's logits in place (the head's layout). Odd rows (V = 2990 in 2993) take the scalar path, LD = 3008 the vector one.
+  for (const LD of [3008, 2993]) {
+    parity(`loss ${spec.kind} over bf16 logits, dlogits in place (rows of ${LD})`, (r) => {
+      const n = 6, V = 2990;
+      const targets = ids(r, n, V); targets[2] = -1;
+      const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
+      return {
+        arrays: { st: rand(r, n * 4), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
+        bf16: ['z', 'zt'], compare: ['st', 'z'],
+        op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec, LD),
+      };
+    }, { floor: 2e-5, f32Tol: 2e-5 });
+  }
 }
 const ADAM = { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 3, gradScale: 0.5 };
 parity('adamw with a bf16 compute copy (same launch)', (r) => ({

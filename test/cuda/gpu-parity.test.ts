@@ -172,6 +172,7 @@ parity('matmul bwd, dinp overwritten (dweight, dbias accumulate)', 1e-5, (r) => 
 const RB = 2, RT = 5, RH = 3, RD = 8;
 parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3) }));
 parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, plainRope(1e6), 30000) }));
+parity('rope fwd with a bias', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD), bq: rand(r, RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3, x.bq!) }));
 parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3) }));
 for (const rope of scaledRopes(5e5)) {
   parity(`rope ${rope.type} fwd, far positions`, 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, rope, 9000) }));

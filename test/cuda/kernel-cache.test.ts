@@ -20,7 +20,7 @@ import { FakeCompiler } from './helpers.js';
 
 const specA = rmsnormForward.make({ eps: 1e-6, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
 const specB = rmsnormForward.make({ eps: 1e-5, C: 896, out: 'f32', inp: 'f32', weight: 'f32', block: 256 });
-const specC = ropeForward.make({ headDim: 64, theta: 1e6, out: 'f32', inp: 'f32', seqPos: false, block: 256 });
+const specC = ropeForward.make({ headDim: 64, theta: 1e6, out: 'f32', inp: 'f32', seqPos: false, bias: 'none', block: 256 });
 const tmp = () => mkdtempSync(join(tmpdir(), 'distillery-kc-'));
 
 function mk(dir: string | null, extra: Partial<ConstructorParameters<typeof KernelCache>[0]> = {}) {

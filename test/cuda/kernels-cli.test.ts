@@ -27,14 +27,14 @@ test('kernels plan prints one line per kernel with family, key prefix and baked 
   const { code, text } = await capture(() => kernelsCommand('plan', { model: 'tiny', teacher: 'small', loss: 'jsd', beta: 0.25, batch: 2, seq: 16 }));
   assert.equal(code, 0);
   // the default precision (auto: bf16, as a CUDA run) plans the bf16 operand variants...
-  assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=bf16 block=512$/m);
+  assert.match(text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=bf16 logits=f32 teacher=f32 block=512$/m);
   assert.match(text, /^rmsnorm_rows_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 out=bf16 inp=f32 weight=bf16$/m);
   assert.match(text, /^adamw_multi +[0-9a-f]{16} +copy=bf16 block=256$/m);
   assert.match(text, /^attention_cached /m);
   // ...and --precision fp32 the f32 ones
   const fp = await capture(() => kernelsCommand('plan', { model: 'tiny', teacher: 'small', loss: 'jsd', beta: 0.25, batch: 2, seq: 16, precision: 'fp32' }));
   assert.equal(fp.code, 0);
-  assert.match(fp.text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=f32 block=512$/m);
+  assert.match(fp.text, /^loss +[0-9a-f]{16} +kind=jsd withGrad=true dlogits=f32 logits=f32 teacher=f32 block=512$/m);
   assert.match(fp.text, /^rmsnorm_rows_fwd +[0-9a-f]{16} +eps=0\.000001 C=64 out=f32 inp=f32 weight=f32$/m);
   assert.doesNotMatch(fp.text, /bf16/);
 });

@@ -15,7 +15,7 @@ import { sparseLossKernel } from '../../src/backend/cuda/kernels/sparse-loss.js'
 import { sparseLossRows } from '../../src/backend/cpu/kernels/sparse-loss.js';
 import { sparseRow, type SparseRep } from '../../src/cache/sparse.js';
 import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
-import { roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
+import { packBf16, roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
 
@@ -43,29 +43,29 @@ for (const [rep, [V, LD]] of ([{ kind: 'sample', n: S }, { kind: 'top', k: S }] 
     }
     // The kernel reads float32: the reference gets the same rounded values.
     const prob = Float32Array.from(h.prob), logq = Float32Array.from(h.logq), tail = Float32Array.from(h.tail);
-    for (const [f, a] of [['z', z], ['y', y], ['w', w], ['ids', h.ids], ['prob', prob], ['logq', logq], ['tail', tail], ['am', h.argmax]] as const) {
+    for (const [f, a] of [['z', z], ['zb', packBf16(z)], ['y', y], ['w', w], ['ids', h.ids], ['prob', prob], ['logq', logq], ['tail', tail], ['am', h.argmax]] as const) {
       writeFileSync(join(workDir(), f), a);
     }
     for (const kind of ['kl', 'reverse-kl', 'jsd'] as const) {
-      for (const dt of ['f32', 'bf16'] as const) {
-        const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: dt, withTail: rep.kind === 'top', block: BLOCK });
+      for (const [lt, dt] of [['f32', 'f32'], ['f32', 'bf16'], ['bf16', 'bf16']] as const) {
+        const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: dt, logits: lt, withTail: rep.kind === 'top', block: BLOCK });
         const T = dt === 'bf16' ? 'bf16' : 'float';
-        // f32: dlogits aliases the logits (the head's in-place case)
+        // dlogits of the logits' dtype aliases them (the head's in-place case); bf16 logits: the rounded values
         const exe = build(spec, `int main() { const char* d = "${workDir()}";
-  auto z = readf<float>(d, "z", ${n * LD}); auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
+  auto z = ${lt === 'bf16' ? `readf<bf16>(d, "zb", ${n * LD})` : `readf<float>(d, "z", ${n * LD})`}; auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
   auto ids = readf<int>(d, "ids", ${n * S}); auto prob = readf<float>(d, "prob", ${n * S}); auto logq = readf<float>(d, "logq", ${n * S});
   auto tail = readf<float>(d, "tail", ${n}); auto am = readf<int>(d, "am", ${n});
   std::vector<float> st(${n * 4}); std::vector<${T}> g(${n * LD});
-  ${dt === 'f32' ? 'float* gp = z.data();' : `${T}* gp = g.data();`}
+  ${dt === lt ? `${T}* gp = z.data();` : `${T}* gp = g.data();`}
   launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { sparse_loss(st.data(), gp, z.data(), y.data(), w.data(), ids.data(), prob.data(), logq.data(), tail.data(), am.data(), ${n}, ${V}, ${LD}, ${S}, 2.0f, 0.6f, 0.3f); });
-  writef(d, "st", st); ${dt === 'f32' ? 'writef(d, "g", z);' : 'writef(d, "g", g);'} }`);
+  writef(d, "st", st); ${dt === lt ? 'writef(d, "g", z);' : 'writef(d, "g", g);'} }`);
         execFileSync(exe);
         const st = readF32('st');
         const gb = readFileSync(join(workDir(), 'g'));
         const g = dt === 'bf16' ? unpackBf16(new Uint16Array(gb.buffer.slice(gb.byteOffset, gb.byteOffset + gb.length))) : readF32('g');
         const rst = new Float64Array(n * 4), rg = new Float64Array(n * LD);
         const sp = { slots: S, ids: h.ids, prob: Float64Array.from(prob), logq: Float64Array.from(logq), tail: Float64Array.from(tail), argmax: h.argmax };
-        sparseLossRows(rst, rg, Float64Array.from(z), y, Float64Array.from(w), sp, V, { kind, alpha: 0.6, temperature: 2, beta: 0.3 }, 0, n, LD);
+        sparseLossRows(rst, rg, Float64Array.from(z, lt === 'bf16' ? roundBf16 : (x) => x), y, Float64Array.from(w), sp, V, { kind, alpha: 0.6, temperature: 2, beta: 0.3 }, 0, n, LD);
         let es = 0, eg = 0, mg = 0;
         for (let i = 0; i < n; i++) {
           for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[4 * i + c]! - rst[4 * i + c]!) / Math.max(5e-4, Math.abs(rst[4 * i + c]!)));
@@ -75,7 +75,7 @@ for (const [rep, [V, LD]] of ([{ kind: 'sample', n: S }, { kind: 'top', k: S }] 
           const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;
           eg = Math.max(eg, Math.abs(g[i]! - want)); mg = Math.max(mg, Math.abs(rg[i]!));
         }
-        process.stderr.write(`[sparse-loss-emulated] ${rep.kind} ${kind} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
+        process.stderr.write(`[sparse-loss-emulated] ${rep.kind} ${kind} logits ${lt} dlogits ${dt}: stats ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)}\n`);
         assert.ok(es <= 2e-3, `${kind} ${dt}: stats relative error ${es}`);
         assert.ok(eg / mg <= (dt === 'bf16' ? 8e-3 : 2e-5), `${kind} ${dt}: dlogits error ${eg / mg}`);
         for (let i = 3 * LD; i < 4 * LD; i++) assert.equal(g[i], 0, 'the padding row has no gradient');
@@ -96,7 +96,7 @@ test('emulated CUDA: sparse loss at the extremes stays finite and equals the flo
   const tail = Float32Array.from([1e-3, 2e-3]), am = Int32Array.from([0, 15]);
   for (const [f, a] of [['z2', z], ['y2', y], ['w2', w], ['ids2', ids], ['prob2', prob], ['logq2', logq], ['tail2', tail], ['am2', am]] as const) writeFileSync(join(workDir(), f), a);
   for (const kind of ['kl', 'reverse-kl', 'jsd'] as const) {
-    const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: 'f32', withTail: true, block: BLOCK });
+    const spec = sparseLossKernel.make({ kind, withGrad: true, dlogits: 'f32', logits: 'f32', withTail: true, block: BLOCK });
     const exe = build(spec, `int main() { const char* d = "${workDir()}";
   auto z = readf<float>(d, "z2", ${n2 * V2}); auto y = readf<int>(d, "y2", ${n2}); auto w = readf<float>(d, "w2", ${n2});
   auto ids = readf<int>(d, "ids2", ${n2 * S2}); auto prob = readf<float>(d, "prob2", ${n2 * S2}); auto logq = readf<float>(d, "logq2", ${n2 * S2});

@@ -2,7 +2,9 @@
  * The chunked LM head + loss (src/train/head.ts) against the unchunked path it replaces (full logits from
  * Transformer.forward, the fused loss over all rows, Transformer.backward), in float64: same per-token statistics
  * and same gradients, for every loss kind, tied and untied heads, chunks that do not divide the rows. And the
- * loss over the real tokens of padded embeddings against models with the padding rows cut off.
+ * loss over the real tokens of padded embeddings against models with the padding rows cut off. And bf16 logits (bf16
+ * models): the chunked head equals the full-logits path whose logits were rounded to bf16 before the loss, with the
+ * gradient written over the student's logits in place; chunk rows and memory of that layout; --logits' resolution.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -12,7 +14,9 @@ import { LOSS_STATS } from '../../src/backend/backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
-import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headChunkRows } from '../../src/train/head.js';
+import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headChunkRows, headFloats, headRows } from '../../src/train/head.js';
+import { resolveLogits } from '../../src/train/precision.js';
+import { DistilleryError } from '../../src/util/errors.js';
 import { StepRunner } from '../../src/train/step.js';
 import { Rng } from '../../src/util/rng.js';
 import { LOSS_SPECS } from '../util/loss-specs.js';
@@ -202,5 +206,72 @@ test('targets are checked on the host for every backend: in [0, lossVocab), or -
     for (const [targets, w, re] of bad) {
       assert.throws(() => run(targets, w), (e: unknown) => e instanceof DistilleryError && re.test(e.message), `${targets.join(',')}`);
     }
+  } finally { be.dispose(); }
+});
+
+for (const spec of specs) {
+  test(`bf16 logits: the chunked head = full logits rounded to bf16 (stats and every gradient), loss ${spec.kind}, chunks of 3 over 10 rows`, () => {
+    const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+    try {
+      const b = 2, s = 5, n = b * s, cfg = cfgOf();
+      const m = new Transformer(be, cfg, { batch: b, seq: s, training: true, precision: 'bf16' });
+      m.setWeights(weightsOf(m, 1));
+      let teacher: Transformer | null = null;
+      if (spec.kind !== 'none') {
+        teacher = new Transformer(be, cfgOf({ hiddenSize: 12, intermediateSize: 16, numHeads: 2, numKvHeads: 2, headDim: 6, tieWordEmbeddings: false }),
+          { batch: b, seq: s, training: false, precision: 'bf16' });
+        teacher.setWeights(weightsOf(teacher, 2));
+      }
+      const rng = new Rng(3);
+      const ids = Int32Array.from({ length: n }, () => rng.int(cfg.vocabSize));
+      const targets = Int32Array.from({ length: n }, () => rng.int(cfg.vocabSize));
+      targets[4] = -1;
+      const w = Float64Array.from({ length: n }, (_, i) => (i === 4 ? 0 : 1 / 9));
+      // The reference: full logits (f32), rounded to bf16 by the upload into bf16 buffers, the loss writing its bf16
+      // gradient over the student's, the backward from there.
+      m.zeroGrad();
+      const tl = teacher ? teacher.forward(ids, b, s) : null;
+      const logits = m.forward(ids, b, s);
+      const V = cfg.vocabSize, zb = be.alloc(n * V, 'zb', 'bf16'), tb = be.alloc(n * V, 'tb', 'bf16');
+      be.upload(zb, be.download(logits));
+      if (tl) be.upload(tb, be.download(tl));
+      const stats = be.alloc(n * LOSS_STATS, 'stats'), wb = be.alloc(n, 'w'), tg = be.allocInt(n, 'targets');
+      be.upload(wb, w); be.uploadInt(tg, targets);
+      be.lossForward(stats, zb, zb, tl ? tb : null, tg, wb, n, V, spec);
+      m.backward(zb);
+      const ref = { stats: Float64Array.from(be.download(stats)), grad: Float64Array.from(be.download(m.grads!)) };
+      const head = new ChunkedHead(m, teacher, spec, n, { chunkFloats: 3 * cfg.vocabSize, logits: 'bf16' });
+      assert.equal(head.logits, 'bf16');
+      assert.ok(head.chunkRows > 3, 'bf16 logits: more rows per chunk in the same memory');
+      const small = new ChunkedHead(m, teacher, spec, n, { chunkFloats: cfg.vocabSize, logits: 'bf16' });
+      assert.ok(small.chunkRows < n, `chunks: ${small.chunkRows}`);
+      const got = chunkedPass(m, teacher, small, ids, targets, w, b, s);
+      assert.ok(maxRelDiff(got.stats, ref.stats) < 1e-6, `stats differ by ${maxRelDiff(got.stats, ref.stats)}`);
+      assert.ok(maxRelDiff(got.grad, ref.grad) < 1e-5, `gradients differ by ${maxRelDiff(got.grad, ref.grad)}`);
+      // ...and the rounding is real: the f32-logits head of the same models differs.
+      const f32 = chunkedPass(m, teacher, new ChunkedHead(m, teacher, spec, n, { chunkFloats: cfg.vocabSize }), ids, targets, w, b, s);
+      assert.ok(maxRelDiff(f32.stats, ref.stats) > 1e-5, 'bf16 logits round');
+      for (let k = 0; k < LOSS_STATS; k++) assert.equal(got.stats[4 * LOSS_STATS + k], 0);
+    } finally { be.dispose(); }
+  });
+}
+
+test('bf16 logits: 2.5 times the rows per chunk online and 3 times from a cache (the same bytes), fp32 models refused; --logits auto follows the models', () => {
+  const v = 151936;
+  assert.equal(headRows(8192, v, true), headChunkRows(8192, v));
+  assert.equal(headRows(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 10 / 4 / v));
+  assert.equal(headRows(8192, v, false, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 6 / 2 / v));
+  // The same logits memory (within a row) as the f32 layout with its bf16 dlogits: rows × v × (2 + 2) bytes.
+  const f32Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true), bf16Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16');
+  assert.ok(Math.abs(bf16Bytes - f32Bytes) <= 10 * v, `${bf16Bytes} vs ${f32Bytes}`);
+  assert.equal(resolveLogits('auto', 'bf16'), 'bf16');
+  assert.equal(resolveLogits('auto', 'fp32'), 'f32');
+  assert.equal(resolveLogits('f32', 'bf16'), 'f32');
+  assert.throws(() => resolveLogits('bf16', 'fp32'), /--logits bf16 needs bf16 models/);
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    const m = new Transformer(be, cfgOf(), { batch: 1, seq: 4, training: true });
+    assert.throws(() => new ChunkedHead(m, null, specs[0]!, 4, { logits: 'bf16' }),
+      (e: unknown) => e instanceof DistilleryError && /bf16 logits need bf16 models, and the student computes in f32/.test(e.message));
   } finally { be.dispose(); }
 });

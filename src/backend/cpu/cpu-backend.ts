@@ -540,13 +540,16 @@ export class CpuBackend implements Backend {
     }
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+    bias?: Buf | null): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
     const len = b * t * heads * headDim;
     this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
+    const bs = bias ? this.f(bias, 'rope bias') : null;
+    if (bs) this.need(bs, heads * headDim, 'ropeForward', 'bias');
     const per = t * heads * headDim;
-    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * per, bi * per + per), x.subarray(bi * per, bi * per + per), 1, t, heads, headDim, rope, p),
-      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p));
+    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * per, bi * per + per), x.subarray(bi * per, bi * per + per), 1, t, heads, headDim, rope, p, bs),
+      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p, bs));
     this.fin(out, 0, len);
   }
 
@@ -673,8 +676,8 @@ export class CpuBackend implements Backend {
     stats: Buf, dlogits: Buf | null, logits: Buf, teacher: Buf | null, targets: IntBuf, weights: Buf,
     n: number, vocab: number, spec: LossSpec, ld: number = vocab,
   ): void {
-    check(dlogits === null || dlogits.dtype === 'f32' || (dlogits as unknown) !== (logits as unknown),
-      'cpu backend: lossForward: a bf16 dlogits must not alias logits');
+    check(dlogits === null || dlogits.dtype === logits.dtype || (dlogits as unknown) !== (logits as unknown),
+      'cpu backend: lossForward: a dlogits must not alias logits of another dtype');
     this.lossForwardF32(stats, dlogits, logits, teacher, targets, weights, n, vocab, spec, ld);
     this.fin(dlogits, 0, n * ld);
   }
@@ -708,8 +711,8 @@ export class CpuBackend implements Backend {
     stats: Buf, dlogits: Buf | null, logits: Buf, targets: IntBuf, weights: Buf, sparse: SparseTargets,
     n: number, vocab: number, spec: LossSpec, ld: number = vocab,
   ): void {
-    check(dlogits === null || dlogits.dtype === 'f32' || (dlogits as unknown) !== (logits as unknown),
-      'cpu backend: sparseLossForward: a bf16 dlogits must not alias logits');
+    check(dlogits === null || dlogits.dtype === logits.dtype || (dlogits as unknown) !== (logits as unknown),
+      'cpu backend: sparseLossForward: a dlogits must not alias logits of another dtype');
     check(spec.kind !== 'none', 'cpu backend: sparseLossForward: the sparse loss needs a distillation kind (kl, reverse-kl or jsd)');
     check(spec.temperature > 0, `cpu backend: sparseLossForward: temperature must be > 0, got ${spec.temperature}`);
     check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sparseLossForward: row stride ${ld} below the vocabulary ${vocab}`);

@@ -235,7 +235,7 @@ export function auditClosures(j: JobShape): Array<(b: Backend) => void> {
     const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: true, precision });
     const teacher = j.teacher ? new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision }) : null;
     const runner = new StepRunner(student, teacher, j.loss ?? { kind: 'none', alpha: 0, temperature: 1, beta: 0 },
-      j.lossVocab !== undefined ? { lossVocab: j.lossVocab } : {});
+      { ...(j.lossVocab !== undefined ? { lossVocab: j.lossVocab } : {}), logits: j.logits });
     const opt = new AdamW(student.trainable(), j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay });
     const bs = Math.max(1, j.batch - 1), ts = Math.max(1, j.seq - 3);
     runner.trainStep([batchOf(j.batch, j.seq, V, 1, 0), batchOf(bs, ts, V, 2, 0)], opt, 3e-4, 1);

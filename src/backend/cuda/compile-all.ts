@@ -81,7 +81,8 @@ export function representativeSpecs(): KernelSpec[] {
   mk('add_rmsnorm_fwd', { eps: 1e-5, C: 16384, sum: F, out: B, a: F, b: F, weight: B, block: 256 });
   for (const [headDim, theta] of [[64, 1e6], [128, 5e5], [128, 1e4], [16, 1e4]] as const) {
     for (const d of headDim === 64 ? [F, B] : [F]) {
-      mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256 });
+      mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, bias: 'none', block: 256 });
+      mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, bias: d, block: 256 });
       mk('rope_bwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256 });
     }
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) attn(fam, headDim);
@@ -119,8 +120,9 @@ export function representativeSpecs(): KernelSpec[] {
     for (const bwd of [false, true]) for (const d of rope.type === 'yarn' ? [F, B] : [F]) specs.push(ropeKernel(bwd, rope, headDim, 256, { out: d, inp: d }));
   }
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
-    mk('loss', { kind, withGrad: false, dlogits: F, block: 512 });
-    for (const dlogits of [F, B]) mk('loss', { kind, withGrad: true, dlogits, block: 512 });
+    mk('loss', { kind, withGrad: false, dlogits: F, logits: F, teacher: F, block: 512 });
+    for (const dlogits of [F, B]) mk('loss', { kind, withGrad: true, dlogits, logits: F, teacher: F, block: 512 });
+    mk('loss', { kind, withGrad: true, dlogits: B, logits: B, teacher: B, block: 512 }); // --logits bf16: the gradient in place
   }
   for (const copy of ['none', F, B]) { mk('adamw', { copy, block: 256 }); mk('adamw_multi', { copy, block: 256 }); }
   return specs;

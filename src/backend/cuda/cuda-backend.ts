@@ -840,7 +840,8 @@ export class CudaBackend implements Backend {
     }
   }
 
-  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
+  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+    bias: Buf | null = null): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
     const n = b * t * heads * headDim;
     this.need(out, n, what); this.need(inp, n, what);
@@ -848,14 +849,16 @@ export class CudaBackend implements Backend {
     if (n <= 0) return;
     const seq = typeof pos0 !== 'number';
     if (seq) this.need(pos0.seqPositions, b, what);
-    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp), seqPos: seq });
+    if (bias) this.need(bias, heads * headDim, what);
+    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp), seqPos: seq, bias: bias ? D(bias) : 'none' });
     // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
     this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), ...(seq ? [P(pos0.seqPositions)] : [])]);
+      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : [])]);
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions): void {
-    this.rope(true, out, inp, b, t, heads, headDim, rope, pos0);
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+    bias?: Buf | null): void {
+    this.rope(true, out, inp, b, t, heads, headDim, rope, pos0, bias ?? null);
   }
 
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
@@ -1020,17 +1023,18 @@ export class CudaBackend implements Backend {
     this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
     if (dlogits) this.need(dlogits, n * ld, 'lossForward');
     if (teacher) this.need(teacher, rows, 'lossForward');
-    if (dlogits !== null && dlogits.dtype !== 'f32' && overlaps(dlogits as CudaBuf, logits as CudaBuf)) {
-      throw new Error(`lossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the logits (${(logits as CudaBuf).label})`);
+    if (dlogits !== null && overlaps(dlogits as CudaBuf, logits as CudaBuf) && !sameStart(dlogits as CudaBuf, logits as CudaBuf)) {
+      throw new Error(`lossForward: the dlogits (${(dlogits as CudaBuf).label}) overlap the logits (${(logits as CudaBuf).label}) without being them (in place)`);
     }
-    this.f32Only('lossForward', [['logits', logits], ['teacher', teacher], ['stats', stats], ['weights', weights]]);
+    this.f32Only('lossForward', [['stats', stats], ['weights', weights]]);
     const dist = spec.kind !== 'none';
     if (dist && !teacher) {
       throw new DistilleryError(`loss kind "${spec.kind}" needs teacher logits`, 'give a teacher, or set the distillation kind to "none"');
     }
     if (n <= 0) return;
     // Baked: what shapes the code. Temperature, alpha and beta are arguments, so a schedule never recompiles.
-    const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', block: LOSS_BLOCK });
+    const k = lossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', logits: D(logits),
+      teacher: teacher ? D(teacher) : 'f32', block: LOSS_BLOCK });
     this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(teacher), P(targets), P(weights), I(n), I(vocab), I(ld),
       F(dist ? spec.temperature : 1), F(dist ? spec.alpha : 0), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
@@ -1049,10 +1053,10 @@ export class CudaBackend implements Backend {
     if (dlogits) this.need(dlogits, n * ld, 'sparseLossForward');
     for (const b of [sparse.ids, sparse.prob, sparse.logq]) this.need(b, n * S, 'sparseLossForward');
     this.need(sparse.tail, n, 'sparseLossForward'); this.need(sparse.argmax, n, 'sparseLossForward');
-    if (dlogits !== null && dlogits.dtype !== 'f32' && overlaps(dlogits as CudaBuf, logits as CudaBuf)) {
-      throw new Error(`sparseLossForward: a ${dlogits.dtype} dlogits (${(dlogits as CudaBuf).label}) must not alias the logits (${(logits as CudaBuf).label})`);
+    if (dlogits !== null && overlaps(dlogits as CudaBuf, logits as CudaBuf) && !sameStart(dlogits as CudaBuf, logits as CudaBuf)) {
+      throw new Error(`sparseLossForward: the dlogits (${(dlogits as CudaBuf).label}) overlap the logits (${(logits as CudaBuf).label}) without being them (in place)`);
     }
-    this.f32Only('sparseLossForward', [['logits', logits], ['stats', stats], ['weights', weights], ['prob', sparse.prob], ['logq', sparse.logq], ['tail', sparse.tail]]);
+    this.f32Only('sparseLossForward', [['stats', stats], ['weights', weights], ['prob', sparse.prob], ['logq', sparse.logq], ['tail', sparse.tail]]);
     // A top-K cache's rows carry a tail bucket (the caller says so by its tail values): the kernel that marks the slots.
     const withTail = sparse.withTail === true;
     if (withTail && vocab > SPARSE_TAIL_MAX_VOCAB) {
@@ -1060,7 +1064,8 @@ export class CudaBackend implements Backend {
         'use a sample cache (--sparse sample:N) for this vocabulary');
     }
     if (n <= 0) return;
-    const k = sparseLossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', withTail, block: LOSS_BLOCK });
+    const k = sparseLossKernel.make({ kind: spec.kind, withGrad: dlogits !== null, dlogits: dlogits ? D(dlogits) : 'f32', logits: D(logits), withTail,
+      block: LOSS_BLOCK });
     this.launch(k, [n, 1, 1], LOSS_BLOCK, [P(stats), P(dlogits), P(logits), P(targets), P(weights), P(sparse.ids), P(sparse.prob),
       P(sparse.logq), P(sparse.tail), P(sparse.argmax), I(n), I(vocab), I(ld), I(S), F(spec.temperature), F(spec.alpha), F(spec.kind === 'jsd' ? spec.beta : 0)]);
   }
@@ -1166,6 +1171,9 @@ function segmentsKey(segs: readonly AdamWSegment[]): string {
 function gemmTag(a: Buf): string { return a.dtype === 'f32' ? '' : ` ${a.dtype}`; }
 
 /** Whether two buffers' storage overlaps (views of one allocation with intersecting byte ranges; both modes). */
+/** Whether two buffers of one allocation start at the same byte (a loss writing its gradient over the logits in place). */
+function sameStart(a: CudaBuf, b: CudaBuf): boolean { return a.base === b.base && a.byteOffset === b.byteOffset && a.dtype === b.dtype; }
+
 function overlaps(a: CudaBuf, b: CudaBuf): boolean {
   if (a.base !== b.base) return false;
   return a.byteOffset < b.byteOffset + b.length * b.elem && b.byteOffset < a.byteOffset + a.length * a.elem;

@@ -29,7 +29,7 @@ function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Flo
  */
 function rotate(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
-  sign: 1 | -1, accumulate: boolean, what: string,
+  sign: 1 | -1, accumulate: boolean, what: string, bias: FArr | null = null,
 ): void {
   if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
@@ -40,7 +40,7 @@ function rotate(
       for (let h = 0; h < heads; h++) {
         const o = ((bi * t + p) * heads + h) * hd;
         for (let i = 0; i < half; i++) {
-          const x0 = inp[o + i], x1 = inp[o + i + half];
+          const x0 = inp[o + i] + (bias ? bias[h * hd + i] : 0), x1 = inp[o + i + half] + (bias ? bias[h * hd + i + half] : 0);
           const c = cos[tb + i], s = sign * sin[tb + i];
           const y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
           if (accumulate) { out[o + i] += y0; out[o + i + half] += y1; } else { out[o + i] = y0; out[o + i + half] = y1; }
@@ -50,10 +50,11 @@ function rotate(
   }
 }
 
+/** out = R(inp + bias): `bias` [heads · hd] (or null) added to every row before the rotation. */
 export function ropeForward(
-  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
+  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, bias: FArr | null = null,
 ): void {
-  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward');
+  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias);
 }
 
 /** dinp += Rᵀ dout. */

@@ -1,8 +1,9 @@
 /**
  * The fused per-token loss (and its gradient): one block per row, block reductions over the vocabulary.
- * Baked (they shape the code): kind, withGrad, the dtype of dlogits ('f32' | 'bf16': the gradient is computed in float32
- * and rounded once; a bf16 dlogits must not alias the f32 logits, CudaBackend refuses that), block size. logits,
- * teacher, stats and weights are float32. The teacher is read iff kind != 'none'.
+ * Baked (they shape the code): kind, withGrad, the dtypes of dlogits, logits and teacher ('f32' | 'bf16': values are
+ * read as float32, the gradient is computed in float32 and rounded once; dlogits may alias the logits only when both
+ * have the same dtype, CudaBackend refuses the rest), block size. stats and weights are float32. The teacher is read
+ * iff kind != 'none'.
  * Runtime arguments (a schedule may change them every step without a compile): temperature, alpha, beta.
  *
  * Formulas (z: student logits, zt: teacher logits, T: temperature, y: target; s = z/T, u = zt/T,
@@ -22,43 +23,58 @@ import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductio
 
 export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
-export type LossP = { kind: string; withGrad: boolean; dlogits: string; block: number };
+export type LossP = { kind: string; withGrad: boolean; dlogits: string; logits: string; teacher: string; block: number };
 
 /**
  * The row loops of the dense and the sparse loss kernels (after BLOCK and dtypeHelpers), shared so that the vector and
  * the scalar forms of a pass are one piece of code:
  * - st4(p, j, a, b, c, d): four consecutive gradient elements from j (a multiple of 4 in a 16-byte aligned row), one
  *   16-byte (f32) or 8-byte (bf16) store;
+ * - ld4(p, j4): elements 4·j4 .. 4·j4+3 of an f32 (one float4 load) or bf16 (one 8-byte load) row, as floats;
  * - forRow<HAS_T>(z, zt, V, vec, f): f(z[j], zt[j], j) for this thread's j of [0, V) (strided by BLOCK, ascending), four
- *   at a time from float4 loads where `vec` (every row 16-byte aligned: uniform over the grid; the row then streams at
+ *   at a time from ld4 where `vec` (every row aligned, vecCondition: uniform over the grid; the row then streams at
  *   memory bandwidth, where one scalar load per step left the kernel latency-bound), then the rest one at a time;
- *   without a teacher row (HAS_T false) zt is not read and f gets 0;
+ *   without a teacher row (HAS_T false) zt is not read and f gets 0; z and zt are each f32 or bf16;
  * - mapRow<HAS_T>(g, z, zt, V, vec, f): g[j] = f(z[j], zt[j], j) over the same elements, four per vector store.
  */
 export const ROW_HELPERS = `__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
 __device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }
-template <bool HAS_T, typename F>
-__device__ __forceinline__ void forRow(const float* z, const float* zt, int V, bool vec, F f) {
+__device__ __forceinline__ float4 ld4(const float* p, int j4) { return ((const float4*)p)[j4]; }
+__device__ __forceinline__ float4 ld4(const bf16* p, int j4) {
+  const uint2 u = ((const uint2*)p)[j4];
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+template <bool HAS_T, typename TZ, typename TT, typename F>
+__device__ __forceinline__ void forRow(const TZ* z, const TT* zt, int V, bool vec, F f) {
   const int V4 = vec ? V >> 2 : 0;
   for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-    const float4 x4 = ((const float4*)z)[j4];
-    const float4 t4 = HAS_T ? ((const float4*)zt)[j4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 x4 = ld4(z, j4);
+    const float4 t4 = HAS_T ? ld4(zt, j4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int j = 4 * j4;
     f(x4.x, t4.x, j); f(x4.y, t4.y, j + 1); f(x4.z, t4.z, j + 2); f(x4.w, t4.w, j + 3);
   }
-  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) f(z[j], HAS_T ? zt[j] : 0.0f, j);
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j);
 }
-template <bool HAS_T, typename G, typename F>
-__device__ __forceinline__ void mapRow(G* g, const float* z, const float* zt, int V, bool vec, F f) {
+template <bool HAS_T, typename G, typename TZ, typename TT, typename F>
+__device__ __forceinline__ void mapRow(G* g, const TZ* z, const TT* zt, int V, bool vec, F f) {
   const int V4 = vec ? V >> 2 : 0;
   for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-    const float4 x4 = ((const float4*)z)[j4];
-    const float4 t4 = HAS_T ? ((const float4*)zt)[j4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 x4 = ld4(z, j4);
+    const float4 t4 = HAS_T ? ld4(zt, j4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int j = 4 * j4;
     st4(g, j, f(x4.x, t4.x, j), f(x4.y, t4.y, j + 1), f(x4.z, t4.z, j + 2), f(x4.w, t4.w, j + 3));
   }
-  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) stf(g, j, f(z[j], HAS_T ? zt[j] : 0.0f, j));
+  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) stf(g, j, f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j));
 }`;
+
+/**
+ * The vector-path condition of a row kernel: every row of every operand aligned for its 4-element load or store
+ * (16 bytes for f32, 8 for bf16), uniform over the grid. `ptrs`: [C expression, dtype] of each operand's base.
+ */
+export function vecCondition(ptrs: ReadonlyArray<readonly [string, string]>): string {
+  const misaligned = ptrs.map(([e, dt]) => `(reinterpret_cast<unsigned long long>(${e}) & ${dt === 'bf16' ? 7 : 15})`).join(' | ');
+  return `(LD & 3) == 0 && (${misaligned}) == 0`;
+}
 
 /**
  * A loss kernel's padding row (target < 0): zero stats and, with a gradient, a zero dlogits row, then return (the
@@ -81,25 +97,25 @@ function generate(p: Readonly<LossP>): string {
   lines.push(`#define BLOCK ${p.block}
 ${reductionHelpers()}
 ${dtypeHelpers()}
-extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const float* teacher,
+extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
   int row = blockIdx.x;
   if (row >= n) return;
-  const float* z = logits + (long long)row * LD;
+  const ${ctype(p.logits)}* z = logits + (long long)row * LD;
   int y = targets[row];
   ${paddingRow(p.withGrad)}
   /* read z[y] before any thread may overwrite logits (dlogits may alias logits) */
-  float zy = z[y];
+  float zy = ldf(z, y);
   float mx = NEG_INF, bestS = NEG_INF;
   int argS = V;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = z[j]; if (x > bestS) { bestS = x; argS = j; } }
+  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = ldf(z, j); if (x > bestS) { bestS = x; argS = j; } }
   mx = blockMax(bestS);`);
   if (dist) {
-    lines.push(`  const float* zt = teacher + (long long)row * LD;
+    lines.push(`  const ${ctype(p.teacher)}* zt = teacher + (long long)row * LD;
   float bestT = NEG_INF;
   int argT = V;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = zt[j]; if (x > bestT) { bestT = x; argT = j; } }
+  for (int j = threadIdx.x; j < V; j += BLOCK) { float x = ldf(zt, j); if (x > bestT) { bestT = x; argT = j; } }
   float mxt = blockMax(bestT);
   int amS = blockArgMax(bestS, argS);
   int amT = blockArgMax(bestT, argT);
@@ -108,7 +124,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
     lines.push('  float agree = 0.0f;');
   }
   lines.push(`  float s1 = 0.0f;
-  for (int j = threadIdx.x; j < V; j += BLOCK) s1 += expf(z[j] - mx);
+  for (int j = threadIdx.x; j < V; j += BLOCK) s1 += expf(ldf(z, j) - mx);
   float lse1 = mx + logf(blockSum(s1));
   float ce = lse1 - zy;`);
   if (dist) {
@@ -116,13 +132,13 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   const float LOGB = logf(fmaxf(BETA, 1e-30f)), LOG1MB = logf(fmaxf(1.0f - BETA, 1e-30f));
   (void)LOGB; (void)LOG1MB; (void)BETA;
   float ss = 0.0f, st = 0.0f;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { ss += expf((z[j] - mx) * INV_T); st += expf((zt[j] - mxt) * INV_T); }
+  for (int j = threadIdx.x; j < V; j += BLOCK) { ss += expf((ldf(z, j) - mx) * INV_T); st += expf((ldf(zt, j) - mxt) * INV_T); }
   float lseS = mx * INV_T + logf(blockSum(ss));
   float lseT = mxt * INV_T + logf(blockSum(st));
   float dv = 0.0f${jsd ? ', qg = 0.0f' : ''};
   for (int j = threadIdx.x; j < V; j += BLOCK) {
-    float lq = z[j] * INV_T - lseS;
-    float lp = zt[j] * INV_T - lseT;
+    float lq = ldf(z, j) * INV_T - lseS;
+    float lp = ldf(zt, j) * INV_T - lseT;
     float q = expf(lq), pp = expf(lp);
     ${p.kind === 'kl' ? 'dv += pp * (lp - lq);'
       : p.kind === 'reverse-kl' ? 'dv += q * (lq - lp);'
@@ -148,10 +164,10 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* columns past the loss vocabulary: no gradient */
   for (int j = threadIdx.x; j < V; j += BLOCK) {
-    float x = z[j];
+    float x = ldf(z, j);
     float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
     ${dist ? `float lq = x * INV_T - lseS;
-    float lp = zt[j] * INV_T - lseT;
+    float lp = ldf(zt, j) * INV_T - lseT;
     float q = expf(lq), pp = expf(lp);
     ${p.kind === 'jsd' ? `float lm = ${logm};` : '(void)pp;'}
     float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * ${distGrad};` : 'float d = ceg;'}
@@ -210,24 +226,24 @@ function generateOnePass(p: Readonly<LossP>): string {
 ${reductionHelpers()}
 ${dtypeHelpers()}
 ${ROW_HELPERS}
-extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const float* teacher,
+extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
   (void)BETA;
   const int row = blockIdx.x;
   if (row >= n) return;
-  const float* z = logits + (long long)row * LD;
+  const ${ctype(p.logits)}* z = logits + (long long)row * LD;
   const int y = targets[row];
   ${paddingRow(p.withGrad)}
-  const float zy = z[y]; /* read before any thread may overwrite logits (an f32 dlogits may alias logits) */
+  const float zy = ldf(z, y); /* read before any thread may overwrite logits (a dlogits of their dtype may alias them) */
   ${dist ? 'const float INV_T = 1.0f / TEMP;' : '(void)TEMP;'}
   float m = NEG_INF, s1 = 0.0f${dist ? ', ss = 0.0f' : ''};
   int argS = V;
-  ${dist ? `const float* zt = teacher + (long long)row * LD;
+  ${dist ? `const ${ctype(p.teacher)}* zt = teacher + (long long)row * LD;
   float mt = NEG_INF, st = 0.0f, a = 0.0f;
-  int argT = V;` : 'const float* zt = z;'}
-  /* float4 loads where every row is 16-byte aligned (uniform over the grid): forRow / mapRow */
-  const bool vec = (LD & 3) == 0 && ((reinterpret_cast<unsigned long long>(logits) | reinterpret_cast<unsigned long long>(zt)${p.withGrad ? ' | reinterpret_cast<unsigned long long>(dlogits)' : ''}) & 15) == 0;
+  int argT = V;` : `const ${ctype(p.logits)}* zt = z; (void)teacher;`}
+  /* 4-element loads where every row is aligned (uniform over the grid): forRow / mapRow */
+  const bool vec = ${vecCondition([['logits', p.logits], ...(dist ? [['teacher', p.teacher] as const] : []), ...(p.withGrad ? [['dlogits', p.dlogits] as const] : [])])};
   forRow<${dist}>(z, zt, V, vec, ${stat});
   const float M = blockMax(m);
   const float lse1 = M + logf(blockSum(s1 * expf(m - M)));
@@ -257,8 +273,9 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
 export const lossKernel = defineFamily<LossP>({
   name: 'loss',
   schema: {
-    kind: { kind: 'enum', values: LOSS_KINDS }, withGrad: { kind: 'bool' }, dlogits: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
+    kind: { kind: 'enum', values: LOSS_KINDS }, withGrad: { kind: 'bool' }, dlogits: DTYPE_DOMAIN, logits: DTYPE_DOMAIN,
+    teacher: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
   },
-  example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', block: 256 },
+  example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', logits: 'bf16', teacher: 'f32', block: 256 },
   generate: (p) => (p.kind === 'jsd' ? generate(p) : generateOnePass(p)),
 });

@@ -6,7 +6,9 @@
  * Every kind bakes its inverse frequencies, computed on the host by ropeInvFreq (the same float64 function the CPU
  * backend uses), into the source as a double table, with yarn's attention factor as ATTN; so the kernel source, and
  * therefore its cache key, changes with every parameter that changes the math. The angle (position · frequency) and
- * its cos and sin are double; only the final rotation is float32. Every family also bakes the dtypes ('f32' | 'bf16')
+ * its cos and sin are double; only the final rotation is float32. A forward family bakes `bias` ('none', or the dtype
+ * of a [heads · HD] bias added to every row before the rotation: the q/k projections' bias, so that no separate pass
+ * adds it; in float, one rounding at the store). Every family also bakes the dtypes ('f32' | 'bf16')
  * of `out` and `inp` (out may alias inp: both must then have one dtype); a bf16 store rounds once (the backward's +=
  * reads, adds in float, rounds).
  *
@@ -24,16 +26,23 @@ import {
   BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
 } from './spec.js';
 
-type RopeP = { headDim: number; theta: number; out: string; inp: string; seqPos: boolean; block: number };
+type RopeP = { headDim: number; theta: number; out: string; inp: string; seqPos: boolean; bias: string; block: number };
+/** `bias` (forward only): 'none', or the dtype of a bias [heads · HD] added to each row before the rotation. */
+export const ROPE_BIAS_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 const schema = {
   headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, seqPos: { kind: 'bool' },
-  block: BLOCK_DOMAIN,
+  bias: ROPE_BIAS_DOMAIN, block: BLOCK_DOMAIN,
 } as const;
+/** A backward family's schema: the forward's without the bias. */
+function withoutBias<S extends { bias: unknown }>(s: S): Omit<S, 'bias'> {
+  const { bias: _bias, ...rest } = s;
+  return rest;
+}
 /**
  * The operand dtypes of one rope launch, and whether it reads per-sequence start positions (`seqPos`: an int array of B
  * positions, row r of sequence r / T at seqPos[r / T] + r % T; batched generation of prompts of different lengths).
  */
-export interface RopeDtypes { out: string; inp: string; seqPos?: boolean }
+export interface RopeDtypes { out: string; inp: string; seqPos?: boolean; bias?: string }
 
 /** Heads per group in the kernel's head loop (loads of a group are issued before its stores). */
 const HEAD_GROUP = 4;
@@ -43,13 +52,14 @@ const HEAD_GROUP = 4;
  * (out, inp, rows = B·T, T, heads, pos0); launch rows·HD/2 threads or fewer (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
-  const seq = dt.seqPos === true;
+  const seq = dt.seqPos === true, bias = dt.bias ?? 'none';
+  if (backward && bias !== 'none') throw new Error('rope: a bias is added in the forward only');
   const inv = ropeInvFreq(rope, headDim);
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
   const load = backward
     ? `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF); o1[u] = ldf(out, e); o2[u] = ldf(out, e + HALF);`
-    : `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF);`;
+    : `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
   const store = backward
     ? `stf(out, e, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, e + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
     : `stf(out, e, y1[u] * c - y2[u] * s); stf(out, e + HALF, y2[u] * c + y1[u] * s);`;
@@ -61,8 +71,8 @@ __device__ const double ${name}_inv_freq[HALF] = { ${table} };
 #define ATTN ${f64(attn)}
 ${dtypeHelpers()}
 /* rows = B*T token rows of heads*HD elements; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T. One thread per (row, pair i), all heads.
-   out may alias inp. */
-extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0${seq ? ', const int* seqPos' : ''}) {
+   out may alias inp.${bias === 'none' ? '' : ' bias[heads*HD] is added to every row before the rotation (in float, one rounding at the store).'} */
+extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0${seq ? ', const int* seqPos' : ''}${bias === 'none' ? '' : `, const ${ctype(bias)}* bias`}) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
@@ -94,25 +104,25 @@ const plainSource = (name: string, backward: boolean, p: Readonly<RopeP>): strin
   ropeSource(name, backward, { type: 'default', theta: p.theta }, p.headDim, p.block, p);
 
 export const ropeForward = defineFamily<RopeP>({
-  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', seqPos: false, block: 256 },
+  name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'bf16', block: 256 },
   generate: (p) => plainSource('rope_fwd', false, p),
 });
 
 /** dinp += Rᵀ dout (out = dinp, inp = dout in the generated signature). */
-export const ropeBackward = defineFamily<RopeP>({
-  name: 'rope_bwd', schema, example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', seqPos: false, block: 256 },
-  generate: (p) => plainSource('rope_bwd', true, p),
+export const ropeBackward = defineFamily<Omit<RopeP, 'bias'>>({
+  name: 'rope_bwd', schema: withoutBias(schema), example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', seqPos: false, block: 256 },
+  generate: (p) => plainSource('rope_bwd', true, { ...p, bias: 'none' }),
 });
 
 // ---- scaled kinds -------------------------------------------------------------------------------------------
 
-type LinearP = { headDim: number; theta: number; factor: number; out: string; inp: string; seqPos: boolean; block: number };
+type LinearP = { headDim: number; theta: number; factor: number; out: string; inp: string; seqPos: boolean; bias: string; block: number };
 const linearSchema = { ...schema, factor: { kind: 'float', min: 1e-6 } } as const;
 const linearRope = (p: Readonly<LinearP>): RopeSpec => ({ type: 'linear', theta: p.theta, factor: p.factor });
 
 type Llama3P = {
   headDim: number; theta: number; factor: number; lowFreqFactor: number; highFreqFactor: number;
-  originalMaxPositionEmbeddings: number; out: string; inp: string; seqPos: boolean; block: number;
+  originalMaxPositionEmbeddings: number; out: string; inp: string; seqPos: boolean; bias: string; block: number;
 };
 const llama3Schema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, lowFreqFactor: { kind: 'float', min: 1e-6 },
@@ -124,12 +134,12 @@ const llama3Rope = (p: Readonly<Llama3P>): RopeSpec => ({
 });
 // Llama 3.2 1B/3B: theta 500000, factor 32, low 1, high 4, original context 8192.
 const llama3Example: Llama3P = {
-  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, out: 'bf16', inp: 'bf16', seqPos: false, block: 256,
+  headDim: 64, theta: 500000, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'none', block: 256,
 };
 
 type YarnP = {
   headDim: number; theta: number; factor: number; originalMaxPositionEmbeddings: number; betaFast: number; betaSlow: number;
-  attentionFactor: number; truncate: boolean; out: string; inp: string; seqPos: boolean; block: number;
+  attentionFactor: number; truncate: boolean; out: string; inp: string; seqPos: boolean; bias: string; block: number;
 };
 const yarnSchema = {
   ...schema, factor: { kind: 'float', min: 1e-6 }, originalMaxPositionEmbeddings: { kind: 'int', min: 1 },
@@ -144,25 +154,28 @@ const yarnRope = (p: Readonly<YarnP>): RopeSpec => ({
 // (with truncation a small change of beta_slow can land on the same integer bound: same math, same kernel).
 const yarnExample: YarnP = {
   headDim: 64, theta: 1000000, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1,
-  attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', seqPos: false, block: 256,
+  attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'f32', block: 256,
 };
 
-function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; block: number }>(
+function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; bias: string; block: number }>(
   kind: string, s: Schema<P>, example: P,
   toRope: (p: Readonly<P>) => RopeSpec,
-): [KernelFamily<P>, KernelFamily<P>] {
-  const make = (backward: boolean): KernelFamily<P> => {
-    const name = `rope_${kind}_${backward ? 'bwd' : 'fwd'}`;
-    return defineFamily<P>({
-      name, schema: s, example,
-      generate: (p) => ropeSource(name, backward, toRope(p), p.headDim, p.block, p),
-    });
-  };
-  return [make(false), make(true)];
+): [KernelFamily<P>, KernelFamily<Omit<P, 'bias'>>] {
+  const fwd = defineFamily<P>({
+    name: `rope_${kind}_fwd`, schema: s, example,
+    generate: (p) => ropeSource(`rope_${kind}_fwd`, false, toRope(p), p.headDim, p.block, p),
+  });
+  const { bias: _bias, ...bwdExample } = example;
+  const bwd = defineFamily<Omit<P, 'bias'>>({
+    name: `rope_${kind}_bwd`, schema: withoutBias(s as Schema<P> & { bias: unknown }) as unknown as Schema<Omit<P, 'bias'>>, example: bwdExample as Omit<P, 'bias'>,
+    generate: (p) => ropeSource(`rope_${kind}_bwd`, true, toRope({ ...p, bias: 'none' } as unknown as P), p.headDim as number, p.block as number,
+      { out: p.out as string, inp: p.inp as string, seqPos: p.seqPos as boolean }),
+  });
+  return [fwd, bwd];
 }
 
 export const [ropeLinearForward, ropeLinearBackward] = scaledPair<LinearP>(
-  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', seqPos: false, block: 256 }, linearRope);
+  'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'none', block: 256 }, linearRope);
 export const [ropeLlama3Forward, ropeLlama3Backward] = scaledPair<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
 export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
 
@@ -172,21 +185,28 @@ export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yar
  */
 export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number,
   dt: RopeDtypes = { out: 'f32', inp: 'f32' }): KernelSpec {
-  const { out, inp } = dt, seqPos = dt.seqPos === true;
+  const { out, inp } = dt, seqPos = dt.seqPos === true, bias = dt.bias ?? 'none';
+  if (backward && bias !== 'none') throw new Error('rope: a bias is added in the forward only');
   switch (rope.type) {
     case 'default':
-      return (backward ? ropeBackward : ropeForward).make({ headDim, theta: rope.theta, out, inp, seqPos, block });
+      return backward ? ropeBackward.make({ headDim, theta: rope.theta, out, inp, seqPos, block })
+        : ropeForward.make({ headDim, theta: rope.theta, out, inp, seqPos, bias, block });
     case 'linear':
-      return (backward ? ropeLinearBackward : ropeLinearForward).make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block });
-    case 'llama3':
-      return (backward ? ropeLlama3Backward : ropeLlama3Forward).make({
+      return backward ? ropeLinearBackward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block })
+        : ropeLinearForward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, bias, block });
+    case 'llama3': {
+      const p = {
         headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
         originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, seqPos, block,
-      });
-    case 'yarn':
-      return (backward ? ropeYarnBackward : ropeYarnForward).make({
+      };
+      return backward ? ropeLlama3Backward.make(p) : ropeLlama3Forward.make({ ...p, bias });
+    }
+    case 'yarn': {
+      const p = {
         headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
         betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, seqPos, block,
-      });
+      };
+      return backward ? ropeYarnBackward.make(p) : ropeYarnForward.make({ ...p, bias });
+    }
   }
 }

@@ -6,17 +6,17 @@
  * Thread k < S owns slot k (S ≤ MAX_SPARSE_SLOTS ≤ BLOCK): it reads its logit before any thread writes the gradient
  * (an f32 dlogits may alias the logits) and, after the dense pass, overwrites its token's gradient with the full value
  * (computed in float32 and rounded once, as every other element).
- * Baked: kind, withGrad, the dtype of dlogits, withTail (a top-K cache: the rows may carry a tail bucket; Q_s is then
+ * Baked: kind, withGrad, the dtypes of dlogits and logits (f32 | bf16; a dlogits may alias logits of its own dtype), withTail (a top-K cache: the rows may carry a tail bucket; Q_s is then
  * summed over the tokens outside the slots, marked in a shared bitmap of the vocabulary, instead of 1 − Σ slots,
  * which cancels in float32), block size. Runtime: temperature, alpha, beta.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
-import { ROW_HELPERS, paddingRow } from './loss.js';
+import { ROW_HELPERS, paddingRow, vecCondition } from './loss.js';
 
 /** The largest vocabulary the tail bitmap covers (32 KiB of shared memory). */
 export const SPARSE_TAIL_MAX_VOCAB = 262144;
 
-export type SparseLossP = { kind: string; withGrad: boolean; dlogits: string; withTail: boolean; block: number };
+export type SparseLossP = { kind: string; withGrad: boolean; dlogits: string; logits: string; withTail: boolean; block: number };
 
 function termFn(kind: string): string {
   const body = kind === 'kl'
@@ -50,7 +50,7 @@ function generate(p: Readonly<SparseLossP>): string {
   __syncthreads(); /* every slot's logit is read before the dense pass may overwrite it */
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* past the loss vocabulary */
-  mapRow<false>(g, z, nullptr, V, vec, [&](float x, float, int j) -> float {
+  mapRow<false>(g, z, (const float*)nullptr, V, vec, [&](float x, float, int j) -> float {
     const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
     const float lq = x * INV_T - lseS;
     const float qs = expf(lq);
@@ -64,24 +64,24 @@ ${reductionHelpers()}
 ${dtypeHelpers()}
 ${ROW_HELPERS}
 ${termFn(p.kind)}
-extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogits, const float* logits, const int* targets,
+extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const int* targets,
                                        const float* weights, const int* ids, const float* prob, const float* logq,
                                        const float* tail, const int* tArgmax, int n, int V, int LD, int S,
                                        float TEMP, float ALPHA, float BETA) {
   const int row = blockIdx.x;
   if (row >= n) return;
-  const float* z = logits + (long long)row * LD;
+  const ${ctype(p.logits)}* z = logits + (long long)row * LD;
   const int y = targets[row];
   ${paddingRow(p.withGrad)}
   const float INV_T = 1.0f / TEMP;
-  const float zy = z[y];
+  const float zy = ldf(z, y);
   /* this thread's slot, read before any write */
   int id = -1;
   float zk = 0.0f, pi = 0.0f, lt = 0.0f;
   if ((int)threadIdx.x < S) {
     id = ids[(long long)row * S + threadIdx.x];
     if (id >= V) id = -1; /* never on the host's data (the cache decoder refuses it): no read or write past the row */
-    if (id >= 0) { zk = z[id]; pi = prob[(long long)row * S + threadIdx.x]; lt = logq[(long long)row * S + threadIdx.x]; }
+    if (id >= 0) { zk = ldf(z, id); pi = prob[(long long)row * S + threadIdx.x]; lt = logq[(long long)row * S + threadIdx.x]; }
   }
   const float tl = tail[row];
   ${tail ? `__shared__ unsigned inSlots[${SPARSE_TAIL_MAX_VOCAB / 32}];
@@ -95,9 +95,9 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   /* one pass: online sums at T = 1 and at T${tail ? ', and at T over the tokens outside the slots' : ''} */
   float m = NEG_INF, s1 = 0.0f, ss = 0.0f${tail ? ', mo = NEG_INF, so = 0.0f' : ''};
   int argS = V;
-  /* float4 loads where every row is 16-byte aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
-  const bool vec = (LD & 3) == 0 && ((reinterpret_cast<unsigned long long>(logits)${p.withGrad ? ' | reinterpret_cast<unsigned long long>(dlogits)' : ''}) & 15) == 0;
-  forRow<false>(z, nullptr, V, vec, [&](float x, float, int j) { /* first index wins ties within a thread (its j ascend) */
+  /* 4-element loads where every row is aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
+  const bool vec = ${vecCondition([['logits', p.logits], ...(p.withGrad ? [['dlogits', p.dlogits] as const] : [])])};
+  forRow<false>(z, (const float*)nullptr, V, vec, [&](float x, float, int j) { /* first index wins ties within a thread (its j ascend) */
     if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; m = x; argS = j; }
     s1 += expf(x - m);
     const float e = expf((x - m) * INV_T);
@@ -145,8 +145,8 @@ export const sparseLossKernel = defineFamily<SparseLossP>({
   name: 'sparse_loss',
   schema: {
     kind: { kind: 'enum', values: ['kl', 'reverse-kl', 'jsd'] }, withGrad: { kind: 'bool' }, dlogits: DTYPE_DOMAIN,
-    withTail: { kind: 'bool' }, block: BLOCK_DOMAIN,
+    logits: DTYPE_DOMAIN, withTail: { kind: 'bool' }, block: BLOCK_DOMAIN,
   },
-  example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', withTail: true, block: 512 },
+  example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', logits: 'bf16', withTail: true, block: 512 },
   generate,
 });
