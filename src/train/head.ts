@@ -11,9 +11,10 @@
  * the first V' rows of W only, so padding rows get neither probability mass nor gradient. By default V' is the
  * student's vocab_size.
  *
- * Chunk rows: as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32; more
- * from a teacher cache, which has no teacher chunk: defaultChunkFloats),
- * so a 151936-token vocabulary runs 883 rows at a time, and a small model runs the whole batch in one chunk. Each
+ * Chunk rows: at most as many as keep one chunk of logits under `chunkFloats` floats (default 128 Mi, 512 MiB in f32;
+ * more from a teacher cache, which has no teacher chunk: defaultChunkFloats; 2.5 times the rows for bf16 logits:
+ * headRows), split evenly, so a 151936-token vocabulary runs 8192 rows as 10 chunks of 820 (bf16 logits: 4 of 2048),
+ * and a small model runs the whole batch in one chunk. Each
  * chunk's dW GEMM reads and writes the whole fp32 head gradient (544 MB for Qwen2.5-0.5B), so fewer, larger chunks
  * cut that traffic: 64 Mi floats (442 rows) cost the H100 637 µs per chunk for it at 8×1024.
  */
@@ -77,14 +78,17 @@ export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_C
 }
 
 /**
- * Rows per chunk of a head with logits of dtype `logits`: headChunkRows of the f32 layout's bound, and for bf16 logits as
- * many more as keep the same bytes (f32: zs, zt and a bf16 student's separate dlogits; bf16: zs and zt, the dlogits
- * written over zs), so fewer chunks each read and write the whole fp32 head gradient.
+ * Rows per chunk of a head with logits of dtype `logits`: at most headChunkRows of the f32 layout's bound, and for bf16
+ * logits as many more as keep the same bytes (f32: zs, zt and a bf16 student's separate dlogits; bf16: zs and zt, the
+ * dlogits written over zs), so fewer chunks each read and write the whole fp32 head gradient; then the n rows split
+ * evenly over that many chunks (8192 rows in chunks of at most 2208: four of 2048, not three of 2208 and one of 1568),
+ * which allocates less and gives every chunk's GEMMs one shape.
  */
 export function headRows(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS, bf16Grad = false,
   logits: LogitsDtype = 'f32'): number {
   const f32Bytes = (withTeacher ? 8 : 4) + (bf16Grad ? 2 : 0), bytes = logits === 'bf16' ? (withTeacher ? 4 : 2) : f32Bytes;
-  return headChunkRows(n, v, Math.floor(chunkFloats * f32Bytes / bytes));
+  const most = headChunkRows(n, v, Math.floor(chunkFloats * f32Bytes / bytes));
+  return Math.ceil(n / Math.ceil(n / most));
 }
 
 /** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,

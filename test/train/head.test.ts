@@ -258,12 +258,17 @@ for (const spec of specs) {
 
 test('bf16 logits: 2.5 times the rows per chunk online and 3 times from a cache (the same bytes), fp32 models refused; --logits auto follows the models', () => {
   const v = 151936;
-  assert.equal(headRows(8192, v, true), headChunkRows(8192, v));
-  assert.equal(headRows(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 10 / 4 / v));
-  assert.equal(headRows(8192, v, false, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 6 / 2 / v));
-  // The same logits memory (within a row) as the f32 layout with its bf16 dlogits: rows × v × (2 + 2) bytes.
+  // The rows split evenly over the fewest chunks the bound allows: f32 logits at most 883 rows (10 chunks of 820),
+  // bf16 online at most 2208 (2.5 times: 4 chunks of 2048), bf16 from a cache at most 3 times the f32 cached bound.
+  assert.equal(headChunkRows(8192, v), 883);
+  assert.equal(headRows(8192, v, true), 820);
+  assert.equal(Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 10 / 4 / v), 2208);
+  assert.equal(headRows(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), 2048);
+  assert.equal(headRows(8192, v, false, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16'), Math.ceil(8192 / Math.ceil(8192 / Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * 6 / 2 / v))));
+  assert.equal(headRows(10, 300, true, 4 * 300), 4, 'at most 4 rows: 3 chunks of 4, 4, 2 rows');
+  // No more logits memory than the f32 layout with its bf16 dlogits: rows × v × (2 + 2) bytes against rows × v × 10.
   const f32Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true), bf16Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16');
-  assert.ok(Math.abs(bf16Bytes - f32Bytes) <= 10 * v, `${bf16Bytes} vs ${f32Bytes}`);
+  assert.ok(bf16Bytes <= f32Bytes + 10 * v, `${bf16Bytes} vs ${f32Bytes}`);
   assert.equal(resolveLogits('auto', 'bf16'), 'bf16');
   assert.equal(resolveLogits('auto', 'fp32'), 'f32');
   assert.equal(resolveLogits('f32', 'bf16'), 'f32');
