@@ -273,8 +273,9 @@ export interface Backend {
    * stats[i, :] gets LOSS_STATS floats (see STAT_*). teacher: teacher logits [n, vocab] or null.
    * weights[i] multiplies row i's gradient (0 masks padding; typically 1/number-of-counted-tokens).
    * dlogits (may alias logits) is OVERWRITTEN with weights[i] · d(loss_i)/d(logits_i).
-   * Targets may be -1 only where weights[i] is 0 (padding). logits, teacher, stats and weights are f32; dlogits may
-   * be bf16 (then it must not alias logits): the LM head's backward products read it as a bf16 operand.
+   * Targets may be -1 only where weights[i] is 0 (padding). stats and weights are f32; logits and teacher are f32 or
+   * bf16 (--logits, src/train/head.ts: read as float32); dlogits may be bf16 (the LM head's backward products read it as
+   * a bf16 operand) and may be the logits themselves (in place, same dtype), never a partial overlap of them.
    * `ld` (default vocab): the row stride of logits, teacher and dlogits. The loss runs over the first `vocab`
    * columns of each row; with dlogits, columns [vocab, ld) are written as 0. (The chunked head pads rows to an
    * aligned width so the LM-head GEMMs stay fast when the loss vocabulary is odd, e.g. Qwen's 151665 real tokens.)

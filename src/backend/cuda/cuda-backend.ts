@@ -10,14 +10,15 @@
  *
  * Mixed precision (see backend.ts): every kernel bakes the dtype of each float operand that may be either (f32 | bf16),
  * taken from the buffers at the call, so a bf16 call launches (and a trace plans) its own kernel; compute is float32 and
- * a bf16 store rounds once. Operands the seam fixes to float32 (rstd, lse, loss logits/teacher/stats/weights, AdamW's
+ * a bf16 store rounds once. Operands the seam fixes to float32 (rstd, lse, loss stats/weights, AdamW's
  * param/grad/m/v, embeddingBackward's dtable, sumSquares' partials) are checked: a bf16 buffer there is an Error naming
  * it. Matrix products: f32 operands run cublasSgemm (TF32 tensor cores with --tf32); bf16 operands run cublasGemmEx
  * (bf16 tensor cores, float32 accumulation and epilogue, C bf16 or f32 per the output buffer); operands of one product
  * share a dtype (checkMatmulDtypes). A bias is added after the GEMM (beta 0) by bias_add: into a bf16 output the
  * product is rounded, then the bias added and the sum rounded (Backend.matmulForward documents it; the CPU does the
  * same). Filling the bias first and letting the GEMM accumulate (beta 1) rounded once but made cuBLAS pick kernels
- * twice as slow: measured on the H100 at 8192×1536×1536, 119 µs against 57 µs + the add.
+ * twice as slow: measured on the H100 at 8192×1536×1536, 119 µs against 57 µs + the add. The model adds a rotated q/k
+ * projection's bias inside ropeForward instead (src/model/layer.ts), so bias_add runs for v only there.
  *
  * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's D = rowsum(dout ∘ out) and
  * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
