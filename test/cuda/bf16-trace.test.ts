@@ -131,21 +131,24 @@ test('operands the CUDA backend keeps in f32 refuse a bf16 buffer by name; a dlo
   b.lossForward(stats, z, z, null, t, wts, n, V, spec); // f32 in place stays allowed
 });
 
-test('the model\'s bf16 job (train + eval + generation) pre-warmed from its trace runs with zero misses; every product on GemmEx', async () => {
-  const { jobClosures } = await import('../../src/train/kernel-plan.js');
-  const { presetConfig } = await import('../../src/model/config.js');
-  const runs = jobClosures({
-    student: presetConfig('tiny', 300), teacher: presetConfig('small', 300), batch: 2, seq: 8, train: true, evaluate: true,
-    generateLen: 4, loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 }, precision: 'bf16',
+for (const logits of ['f32', 'bf16'] as const) {
+  test(`the model's bf16 job (train + eval + generation, ${logits} logits) pre-warmed from its trace runs with zero misses; every product on GemmEx`, async () => {
+    const { jobClosures } = await import('../../src/train/kernel-plan.js');
+    const { presetConfig } = await import('../../src/model/config.js');
+    const runs = jobClosures({
+      student: presetConfig('tiny', 300), teacher: presetConfig('small', 300), batch: 2, seq: 8, train: true, evaluate: true,
+      generateLen: 4, loss: { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 }, precision: 'bf16', logits,
+    });
+    const lines: string[] = [];
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
+    const { b, cublas } = device(cache, lines);
+    await b.prepare(runs);
+    for (const run of runs) run(b);
+    assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
+    const planned = planKernels(runs).map((s) => s.id);
+    assert.ok(planned.includes('adamw_multi copy=bf16 block=256'), planned.join('\n'));
+    assert.ok(planned.some((id) => id.startsWith(`loss kind=kl withGrad=true dlogits=bf16 logits=${logits} teacher=${logits} `)), planned.join('\n'));
+    assert.ok(cublas.calls.length > 10 && cublas.calls.every((c) => c.startsWith('gemmEx 14/14')), cublas.calls.join(', '));
+    b.dispose();
   });
-  const lines: string[] = [];
-  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: (l) => lines.push(l) });
-  const { b, cublas } = device(cache, lines);
-  await b.prepare(runs);
-  for (const run of runs) run(b);
-  assert.equal(cache.counters.missesAfterSeal, 0, lines.join('\n'));
-  const planned = planKernels(runs).map((s) => s.id);
-  assert.ok(planned.includes('adamw_multi copy=bf16 block=256') && planned.some((id) => /^loss kind=kl withGrad=true dlogits=bf16 /.test(id)), planned.join('\n'));
-  assert.ok(cublas.calls.length > 10 && cublas.calls.every((c) => c.startsWith('gemmEx 14/14')), cublas.calls.join(', '));
-  b.dispose();
-});
+}
