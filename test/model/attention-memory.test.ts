@@ -10,6 +10,8 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { presetConfig } from '../../src/model/config.js';
 import { estimateJobBytes } from '../../src/model/memory.js';
+import { DEFAULT_HEAD_CHUNK_FLOATS, headFloats } from '../../src/train/head.js';
+import { LOSS_STATS } from '../../src/backend/backend.js';
 import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { Rng } from '../../src/util/rng.js';
@@ -34,10 +36,17 @@ function counting(be: Backend): { be: Backend; floats: () => number; largest: ()
   return { be: proxy, floats: () => floats, largest: () => [big, bigLabel] };
 }
 
-test('the job memory estimate is affine in the sequence length (no T² attention term), training and inference', () => {
+test('the job memory estimate is affine in the sequence length (no T² attention term) but for the bounded LM-head chunk, training and inference', () => {
   const student = presetConfig('qwen2.5-0.5b', 151936), teacher = presetConfig('qwen2.5-1.5b', 151936);
   for (const training of [true, false]) {
-    const e = (seq: number) => estimateJobBytes({ student, teacher: training ? teacher : null, batch: 4, seq, training });
+    // The head's logits chunk holds the rows split evenly over the fewest chunks (src/train/head.ts headRows): it varies
+    // with T, below a fixed bound; the rest is affine.
+    const head = (seq: number): number => 4 * headFloats(4 * seq, 151936, training, DEFAULT_HEAD_CHUNK_FLOATS, false);
+    for (const seq of [1024, 3072, 8192]) {
+      const chunk = head(seq) / 4 - 4 * seq * (2 + LOSS_STATS + (training ? LOSS_STATS : 0));
+      assert.ok(chunk <= (training ? 2 : 1) * DEFAULT_HEAD_CHUNK_FLOATS, `training=${training} T=${seq}: a head chunk of ${chunk} floats`);
+    }
+    const e = (seq: number) => estimateJobBytes({ student, teacher: training ? teacher : null, batch: 4, seq, training }) - head(seq);
     // e(T) = a + b·T exactly: equal steps between 1024 → 2048 → 3072 → 4096, and 8192 costs 2·e(4096) − e(0)
     const d1 = e(2048) - e(1024), d2 = e(3072) - e(2048), d3 = e(4096) - e(3072);
     assert.equal(d2, d1, `training=${training}: step 2048→3072 differs from 1024→2048`);
