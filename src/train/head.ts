@@ -86,18 +86,27 @@ export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_C
  */
 export function headRows(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS, bf16Grad = false,
   logits: LogitsDtype = 'f32'): number {
-  const f32Bytes = (withTeacher ? 8 : 4) + (bf16Grad ? 2 : 0), bytes = logits === 'bf16' ? (withTeacher ? 4 : 2) : f32Bytes;
+  const f32Bytes = chunkBytesPerElement(withTeacher, bf16Grad, 'f32'), bytes = chunkBytesPerElement(withTeacher, bf16Grad, logits);
   const most = headChunkRows(n, v, Math.floor(chunkFloats * f32Bytes / bytes));
   return Math.ceil(n / Math.ceil(n / most));
+}
+
+/**
+ * Bytes per element of a chunk row's logits buffers: f32 logits zs (and zt with a teacher), plus a bf16 student's
+ * separate bf16 dlogits; bf16 logits zs (and zt), the dlogits written over zs.
+ */
+function chunkBytesPerElement(withTeacher: boolean, bf16Grad: boolean, logits: LogitsDtype): number {
+  const models = withTeacher ? 2 : 1;
+  return logits === 'bf16' ? 2 * models : 4 * models + (bf16Grad ? 2 : 0);
 }
 
 /** Floats the chunked head allocates for n rows (logits chunks for the student and, with one, the teacher; targets,
  * weights, stats). The memory estimate (src/model/memory.ts) uses the same numbers. */
 export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS,
   bf16Grad = false, logits: LogitsDtype = 'f32'): number {
-  // v: the GEMM width (headWidth). A bf16 student's separate dlogits chunk (f32 logits): half a float per element.
+  // v: the GEMM width (headWidth); the chunk's buffers in floats (chunkBytesPerElement / 4 per element).
   const r = headRows(n, v, withTeacher, chunkFloats, bf16Grad, logits);
-  const chunks = logits === 'bf16' ? r * v * (withTeacher ? 2 : 1) / 2 : r * v * (withTeacher ? 2 : 1) + (bf16Grad ? r * v / 2 : 0);
+  const chunks = r * v * chunkBytesPerElement(withTeacher, bf16Grad, logits) / 4;
   // With a teacher, a second stats row per token: the teacher's own cross-entropy (on-policy batches).
   return chunks + n * (2 + LOSS_STATS) + (withTeacher ? n * LOSS_STATS : 0);
 }

@@ -1024,9 +1024,7 @@ export class CudaBackend implements Backend {
     this.need(targets, n, 'lossForward'); this.need(weights, n, 'lossForward');
     if (dlogits) this.need(dlogits, n * ld, 'lossForward');
     if (teacher) this.need(teacher, rows, 'lossForward');
-    if (dlogits !== null && overlaps(dlogits as CudaBuf, logits as CudaBuf) && !sameStart(dlogits as CudaBuf, logits as CudaBuf)) {
-      throw new Error(`lossForward: the dlogits (${(dlogits as CudaBuf).label}) overlap the logits (${(logits as CudaBuf).label}) without being them (in place)`);
-    }
+    checkInPlace('lossForward', dlogits, logits);
     this.f32Only('lossForward', [['stats', stats], ['weights', weights]]);
     const dist = spec.kind !== 'none';
     if (dist && !teacher) {
@@ -1054,9 +1052,7 @@ export class CudaBackend implements Backend {
     if (dlogits) this.need(dlogits, n * ld, 'sparseLossForward');
     for (const b of [sparse.ids, sparse.prob, sparse.logq]) this.need(b, n * S, 'sparseLossForward');
     this.need(sparse.tail, n, 'sparseLossForward'); this.need(sparse.argmax, n, 'sparseLossForward');
-    if (dlogits !== null && overlaps(dlogits as CudaBuf, logits as CudaBuf) && !sameStart(dlogits as CudaBuf, logits as CudaBuf)) {
-      throw new Error(`sparseLossForward: the dlogits (${(dlogits as CudaBuf).label}) overlap the logits (${(logits as CudaBuf).label}) without being them (in place)`);
-    }
+    checkInPlace('sparseLossForward', dlogits, logits);
     this.f32Only('sparseLossForward', [['stats', stats], ['weights', weights], ['prob', sparse.prob], ['logq', sparse.logq], ['tail', sparse.tail]]);
     // A top-K cache's rows carry a tail bucket (the caller says so by its tail values): the kernel that marks the slots.
     const withTail = sparse.withTail === true;
@@ -1172,12 +1168,21 @@ function segmentsKey(segs: readonly AdamWSegment[]): string {
 function gemmTag(a: Buf): string { return a.dtype === 'f32' ? '' : ` ${a.dtype}`; }
 
 /** Whether two buffers' storage overlaps (views of one allocation with intersecting byte ranges; both modes). */
-/** Whether two buffers of one allocation start at the same byte (a loss writing its gradient over the logits in place). */
-function sameStart(a: CudaBuf, b: CudaBuf): boolean { return a.base === b.base && a.byteOffset === b.byteOffset && a.dtype === b.dtype; }
-
 function overlaps(a: CudaBuf, b: CudaBuf): boolean {
   if (a.base !== b.base) return false;
   return a.byteOffset < b.byteOffset + b.length * b.elem && b.byteOffset < a.byteOffset + a.length * a.elem;
+}
+
+/**
+ * A loss op's dlogits either do not overlap its logits or are them (same allocation, start and dtype: the gradient
+ * written in place); a partial overlap is refused by name. Shared by lossForward and sparseLossForward.
+ */
+function checkInPlace(what: string, dlogits: Buf | null, logits: Buf): void {
+  if (dlogits === null) return;
+  const d = dlogits as CudaBuf, z = logits as CudaBuf;
+  if (overlaps(d, z) && !(d.byteOffset === z.byteOffset && d.dtype === z.dtype)) {
+    throw new Error(`${what}: the dlogits (${d.label}) overlap the logits (${z.label}) without being them (in place)`);
+  }
 }
 
 /** A backend that records kernel specs without a GPU (see plan.ts). */

@@ -53,7 +53,6 @@ const HEAD_GROUP = 4;
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
   const seq = dt.seqPos === true, bias = dt.bias ?? 'none';
-  if (backward && bias !== 'none') throw new Error('rope: a bias is added in the forward only');
   const inv = ropeInvFreq(rope, headDim);
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
