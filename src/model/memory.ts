@@ -50,14 +50,15 @@ function frozenWeightBytes(c: ModelConfig, a: number, frozen: FrozenDtype | unde
  * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
  * of the buffers that feed matrix products (4 in fp32, 2 in bf16; see Transformer's module comment).
  */
-function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number): number {
+function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number, trainBase = training): number {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and one
-  // SwiGLU output (I) shared by all layers (the backward recomputes it).
+  // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and the SwiGLU
+  // output (I): per layer when every weight trains, else one shared by all layers (the backward recomputes it).
+  const keepAct = training && trainBase;
   // Qwen3's q/k norms add their inputs (Q, KV; compute dtype) and one f32 rstd per (token, head).
   const qkn = c.qkNorm ? N * (c.numHeads + c.numKvHeads) * F + N * (Q + KV) * a : 0;
   const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a + qkn;
-  const layers = (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
+  const layers = keepAct ? c.numLayers * (perLayer + N * I * a) : (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
   const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
   // Gradient scratch: dHidden, dx, dln (C) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV), dact, dgate,
   // dup (I) in the compute dtype, and in bf16 the converted dx (C).
@@ -75,7 +76,7 @@ export function estimateJobBytes(j: JobMemory): number {
   // masters, sharded too in bf16 with several ranks (Transformer masterRange).
   const world = Math.max(1, j.world ?? 1);
   const masters = world > 1 && a !== F ? Math.ceil(p / world) * F : p * F;
-  let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a);
+  let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a, trainBase);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).

@@ -123,6 +123,8 @@ export class Transformer {
   /** The shape of the ids stageInputs uploaded last. */
   private staged: { b: number; t: number } | null = null;
   private readonly label: string;
+  /** Whether each layer keeps its SwiGLU output for backward (every weight trains), else one buffer the backward refills. */
+  private readonly actKept: boolean;
   /** Views of each layer's weights (shared with the generator). */
   readonly layerW: LayerWeights[];
 
@@ -163,16 +165,19 @@ export class Transformer {
     this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
     this.layerW = this.layout.layers.map((w) => layerWeights((t) => this.p(t), w));
-    // SwiGLU's output is not kept per layer: the backward recomputes it from gate and up (one elementwise pass per
-    // layer) into this one buffer, which saves numLayers · N · intermediate elements (1.9 GB for Qwen2.5-0.5B at 8×1024).
-    const actShared = backend.alloc(N * I, `${lab} activations (swiglu, recomputed in backward)`, A);
+    // SwiGLU's output: kept per layer when every weight trains (the down projection's weight gradient reads it; keeping it
+    // costs numLayers · N · intermediate elements, 1.9 GB for Qwen2.5-0.5B at 8×1024, and saves a pass over gate, up and
+    // act per layer, 1.9 ms per step there on an H100); with adapters on a frozen base (LoRA, QLoRA: the memory-bound
+    // jobs) the backward recomputes it from gate and up into one buffer shared by the layers.
+    this.actKept = trainBase;
+    const actShared = this.actKept ? null : backend.alloc(N * I, `${lab} activations (swiglu, recomputed in backward)`, A);
     const makeActs = (i: number): LayerActs => {
       const a = (n: number, what: string, d: DType = 'f32'): Buf => backend.alloc(n, `${lab} activations (layer ${i} ${what})`, d);
       return {
         x: a(N * C, 'x'), ln1: a(N * C, 'ln1', A), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q', A), k: a(N * KV, 'k', A),
         v: a(N * KV, 'v', A), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out', A),
         h: a(N * C, 'h'), ln2: a(N * C, 'ln2', A), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate', A), up: a(N * I, 'up', A),
-        act: actShared,
+        act: actShared ?? a(N * I, 'swiglu', A),
         qkn: c.qkNorm ? {
           qRaw: a(N * Q, 'q before q_norm', A), kRaw: a(N * KV, 'k before k_norm', A),
           rstdQ: a(N * c.numHeads, 'q_norm rstd'), rstdK: a(N * c.numKvHeads, 'k_norm rstd'),
@@ -433,7 +438,7 @@ export class Transformer {
       // The residual gradient as a matrix-product operand: dx itself in fp32, its bf16 conversion in bf16.
       const dxOp = g.dxB === g.dx ? dx : this.v(g.dxB, N * C);
       if (dxOp !== dx) be.copy(dxOp, dx);
-      be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
+      if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
       // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
       // zeroed and accumulated into.
       be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false);

@@ -341,7 +341,7 @@ parity('adamw on misaligned views', 1e-5, (r) => ({
   op: (b, x) => b.adamw(b.view(x.p!, 1, N - 3), b.view(x.g!, 1, N - 3), b.view(x.m!, 1, N - 3), b.view(x.v!, 1, N - 3), N - 3,
     { lr: 1e-2, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 3, gradScale: 0.5 }),
 }));
-// two-stage column reductions over many row chunks (rmsnorm_dweight / bias_grad → col_reduce)
+// two-stage column reductions over many row chunks (rmsnorm_rows_bwd / bias_grad → col_reduce)
 parity('rmsnorm bwd and matmul bwd bias over 1000 rows', 1e-5, (r) => ({
   arrays: {
     di: rand(r, 1000 * 40), dw: rand(r, 40), d: rand(r, 1000 * 40), i: rand(r, 1000 * 40), w: rand(r, 40), rs: rand(r, 1000).map(Math.abs),
@@ -353,6 +353,27 @@ parity('rmsnorm bwd and matmul bwd bias over 1000 rows', 1e-5, (r) => ({
     b.matmulBackward(null, null, x.db!, x.dm!, x.mi!, x.mw!, 1000, 8, 300);
   },
 }));
+
+// rows wider than the warp-per-row norms (a block per row, 512 blocks looping over 1100 rows, each leaving one row of
+// weight-gradient partials for col_reduce; a frozen weight: dinp alone) and a narrow projection's bias (m = 128) over
+// 5000 rows (bias_grad's 32-column blocks)
+parity('rmsnorm bwd over 1100 rows of 896 (with and without the weight gradient) and the bias of a 128-wide projection over 5000 rows', 1e-5, (r) => {
+  const n = 1100, C = 896, i = rand(r, n * C, 3);
+  const rs = new Float32Array(n);
+  for (let row = 0; row < n; row++) { let s = 0; for (let j = 0; j < C; j++) s += i[row * C + j]! ** 2; rs[row] = 1 / Math.sqrt(s / C + 1e-6); }
+  return {
+    arrays: {
+      di: rand(r, n * C), di2: rand(r, n * C), dw: rand(r, C), d: rand(r, n * C), i, w: rand(r, C), rs,
+      db: rand(r, 128), dm: rand(r, 5000 * 128), mi: rand(r, 5000 * 8), mw: rand(r, 128 * 8),
+    },
+    compare: ['di', 'di2', 'dw', 'db'],
+    op: (b, x) => {
+      b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, n, C);
+      b.rmsnormBackward(x.di2!, null, x.d!, x.i!, x.w!, x.rs!, n, C);
+      b.matmulBackward(null, null, x.db!, x.dm!, x.mi!, x.mw!, 5000, 8, 128);
+    },
+  };
+});
 
 // NF4 frozen weights (src/model/frozen.ts): the GPU's dequantized values are the CPU's bit for bit (one float32 product,
 // f32; then one bf16 rounding), for a length that ends inside a code word and a block

@@ -50,7 +50,7 @@ import { formatBytes } from './ffi/status.js';
 import type { KernelSpec } from './kernels/spec.js';
 import { blocksFor } from './kernels/spec.js';
 import {
-  addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, rmsnormWeightGrad, ROWS_NORM_MAX_C, ROWS_NORM_WARPS,
+  addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, ROWS_NORM_MAX_C, ROWS_NORM_WARPS,
 } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
@@ -99,12 +99,17 @@ export const DEFAULT_ATTN_DSUM = 1 << 22;
 export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
 /** The most floats prepare() gives the dK/dV partials when the traced run needs more than the default (larger runs chunk). */
 export const MAX_ATTN_DKV_FLOATS = 1 << 25;
-/** Column-reduction partials (rmsnorm_dweight, bias_grad → col_reduce): R row chunks × C columns, R ≤ COLSUM_MAX_CHUNKS. */
+/** Column-reduction partials (the norms' backward, bias_grad → col_reduce): R row chunks (blocks) × C columns. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
 export const COLSUM_MAX_CHUNKS = 64;
 /** Blocks of the warp-per-row norm backward (rmsnorm_rows_bwd): its weight-gradient partials are this many rows of C. */
 export const ROWS_NORM_MAX_BLOCKS = 1024;
+/**
+ * Blocks of the block-per-row norm backward (rmsnorm_bwd, rows wider than ROWS_NORM_MAX_C): each loops over its share
+ * of the rows (16 at 8 × 1024 tokens) and leaves one row of weight-gradient partials, so col_reduce sums this many.
+ */
+export const NORM_BWD_MAX_BLOCKS = 512;
 export const COLSUM_MIN_ROWS = 16;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
@@ -778,16 +783,21 @@ export class CudaBackend implements Backend {
       const R = Math.min(Math.ceil(n / ROWS_NORM_WARPS), ROWS_NORM_MAX_BLOCKS, Math.floor(this.colsumFloats / c));
       this.launch(rmsnormRowsBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight) }), [R, 1, 1], 32 * ROWS_NORM_WARPS,
         [P(dinp), P(this.colPart), P(dout), P(inp), P(weight), P(rstd), I(n)]);
-      if (dweight) this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+      if (dweight) this.colReduce(dweight, R, c);
       return;
     }
-    this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [n, 1, 1], ROW_BLOCK,
-      [P(dinp), P(dout), P(inp), P(weight), P(rstd), I(n)]);
-    if (!dweight) return;
-    const [R, rowsPer] = this.colChunks(n, c, 'rmsnormBackward');
-    this.launch(rmsnormWeightGrad.make({ C: c, dout: D(dout), inp: D(inp), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), R, 1], ROW_BLOCK,
-      [P(this.colPart), P(dout), P(inp), P(rstd), I(n), I(rowsPer)]);
-    this.launch(colReduce.make({ dst: D(dweight), block: ROW_BLOCK }), [Math.ceil(c / ROW_BLOCK), 1, 1], ROW_BLOCK, [P(dweight), P(this.colPart), I(R), I(c)]);
+    // Wider rows: a block per row, R blocks over the rows; dinp and each block's weight-gradient partial in one pass.
+    const fit = Math.floor(this.colsumFloats / c);
+    if (dweight && fit < 1) throw new DistilleryError(`rmsnormBackward: ${c} columns exceed the ${this.colsumFloats}-float column-reduction scratch`);
+    const R = Math.min(n, NORM_BWD_MAX_BLOCKS, Math.max(1, fit));
+    this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [R, 1, 1], ROW_BLOCK,
+      [P(dinp), P(dweight ? this.colPart : null), P(dout), P(inp), P(weight), P(rstd), I(n)]);
+    if (dweight) this.colReduce(dweight, R, c);
+  }
+
+  /** dst[c] += Σ_{y < R} colPart[y·m + c] (col_reduce: 32 columns per block, the partials summed in y order). */
+  private colReduce(dst: Buf, R: number, m: number): void {
+    this.launch(colReduce.make({ dst: D(dst), block: ROW_BLOCK }), [Math.ceil(m / 32), 1, 1], ROW_BLOCK, [P(dst), P(this.colPart), I(R), I(m)]);
   }
 
   /** Row chunks [R, rowsPer] of a two-stage column reduction over n rows of c columns (R·c fits the partials). */
@@ -835,9 +845,9 @@ export class CudaBackend implements Backend {
     if (dbias) {
       this.need(dbias, m, 'matmulBackward');
       const [R, rowsPer] = this.colChunks(n, m, 'matmulBackward (bias)');
-      this.launch(biasGrad.make({ dout: D(dout), block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), R, 1], ELEM_BLOCK,
+      this.launch(biasGrad.make({ dout: D(dout), block: ELEM_BLOCK }), [Math.ceil(m / 32), R, 1], ELEM_BLOCK,
         [P(this.colPart), P(dout), I(n), I(m), I(rowsPer)]);
-      this.launch(colReduce.make({ dst: D(dbias), block: ELEM_BLOCK }), [Math.ceil(m / ELEM_BLOCK), 1, 1], ELEM_BLOCK, [P(dbias), P(this.colPart), I(R), I(m)]);
+      this.colReduce(dbias, R, m);
     }
   }
 

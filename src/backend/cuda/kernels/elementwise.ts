@@ -149,36 +149,58 @@ extern "C" __global__ void bias_add(${T(p.out)}* out, const ${T(p.bias)}* bias, 
 
 type BiasGradP = { dout: string; block: number };
 /**
- * Stage 1 of the bias gradient. Grid (ceil(m / block), R): part[y·m + c] = Σ of dout[r, c] over rows
- * [y·rowsPer, (y+1)·rowsPer) (float32 partials); col_reduce adds the R partials (in order) into dbias. Deterministic.
+ * Stage 1 of the bias gradient. Grid (ceil(m / 32), R), BLOCK threads = BLOCK / 32 warps: block (x, y) takes columns
+ * [32x, 32x + 32) (a lane each: one warp load is 32 adjacent columns) of rows [y·rowsPer, (y+1)·rowsPer), warp w the
+ * rows w, w + WARPS, ... of them; the warps' sums are added in warp order into part[y·m + c] (float32 partials), and
+ * col_reduce adds the R partials (in order) into dbias. Deterministic. Every block has all its warps busy, where a
+ * thread per column left a narrow projection's bias (m = 128) to 64 blocks of 4 working warps, each loading its
+ * column's rows one after another.
  */
 export const biasGrad = defineFamily<BiasGradP>({
   name: 'bias_grad', schema: { dout: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dout: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
+#define WARPS (BLOCK / 32)
 ${dtypeHelpers()}
 extern "C" __global__ void bias_grad(float* part, const ${T(p.dout)}* dout, int rows, int m, int rowsPer) {
-  int c = blockIdx.x * BLOCK + threadIdx.x;
-  if (c >= m) return;
-  int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);
+  __shared__ float sh[WARPS][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
+  const int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);
   float acc = 0.0f;
-  for (int r = r0; r < r1; r++) acc += ldf(dout, (long long)r * m + c);
-  part[(long long)blockIdx.y * m + c] = acc;
+  if (c < m) for (int r = r0 + warp; r < r1; r += WARPS) acc += ldf(dout, (long long)r * m + c);
+  sh[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < m) {
+    float s = 0.0f;
+    for (int w = 0; w < WARPS; w++) s += sh[w][lane];
+    part[(long long)blockIdx.y * m + c] = s;
+  }
 }
 `,
 });
 
 type ColP = { dst: string; block: number };
-/** Stage 2 of the column reductions: dst[c] += Σ_{y < R} part[y·m + c], y in order; grid ceil(m / block). */
+/**
+ * Stage 2 of the column reductions: dst[c] += Σ_{y < R} part[y·m + c]. Grid ceil(m / 32), BLOCK threads: lane l of
+ * warp w sums the partials y = w, w + WARPS, ... of column 32·blockIdx.x + l, and warp 0 adds the warps' sums in warp
+ * order (deterministic). A thread per column summing all R partials in a row took one load latency per partial.
+ */
 export const colReduce = defineFamily<ColP>({
   name: 'col_reduce', schema: { dst: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { dst: 'f32', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
+#define WARPS (BLOCK / 32)
 ${dtypeHelpers()}
 extern "C" __global__ void col_reduce(${T(p.dst)}* dst, const float* part, int R, int m) {
-  int c = blockIdx.x * BLOCK + threadIdx.x;
-  if (c >= m) return;
+  __shared__ float sh[WARPS][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
   float acc = 0.0f;
-  for (int y = 0; y < R; y++) acc += part[(long long)y * m + c];
-  stf(dst, c, ldf(dst, c) + acc);
+  if (c < m) for (int y = warp; y < R; y += WARPS) acc += part[(long long)y * m + c];
+  sh[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < m) {
+    float s = 0.0f;
+    for (int w = 0; w < WARPS; w++) s += sh[w][lane];
+    stf(dst, c, ldf(dst, c) + s);
+  }
 }
 `,
 });

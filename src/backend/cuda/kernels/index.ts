@@ -1,6 +1,6 @@
 /** The registry of every kernel family (for the mutation test, the compile gate and diagnostics). */
 import type { KernelFamily, ParamRecord } from './spec.js';
-import { addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, rmsnormWeightGrad } from './norm.js';
+import { addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward } from './norm.js';
 import {
   ropeBackward, ropeForward, ropeLinearBackward, ropeLinearForward, ropeLlama3Backward, ropeLlama3Forward, ropeYarnBackward,
   ropeYarnForward,
@@ -34,7 +34,7 @@ export * from './quant.js';
 type AnyFamily = KernelFamily<any>;
 
 export const ALL_FAMILIES: readonly AnyFamily[] = [
-  rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormWeightGrad, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
+  rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,

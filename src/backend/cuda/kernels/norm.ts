@@ -115,56 +115,53 @@ ${norm}
 
 type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number };
 
-/** Grid: one block per row. dinp += d(out)/d(inp)ᵀ dout. */
+/**
+ * Grid: R blocks (R fixed by the host from n and C, so the result is deterministic); block b takes rows b, b + R, ...
+ * Per row (a block per row, NV = ceil(C / BLOCK) columns per thread, kept in registers): dinp += d(out)/d(inp)ᵀ dout;
+ * and, over its rows, each thread sums dout ⊙ inp · rstd for its columns, written to part[b·C + col] (float32) where
+ * part is not null; col_reduce then adds Σ_b part[b, col] (in b order) into dweight. One pass over dout and inp
+ * serves both gradients (a separate weight-gradient kernel read them again).
+ */
 export const rmsnormBackward = defineFamily<NormBwdP>({
   name: 'rmsnorm_bwd',
   schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
   example: { C: 896, dinp: 'f32', dout: 'f32', inp: 'f32', weight: 'bf16', block: 256 },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
+#define NV ${Math.ceil(p.C / p.block)}
 ${reductionHelpers()}
 ${dtypeHelpers()}
-extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp, const ${T(p.weight)}* w,
-                                       const float* rstd, int n) {
-  int row = blockIdx.x;
-  if (row >= n) return;
-  const long long base = (long long)row * C;
-  float r = rstd[row];
-  float dot = 0.0f;
-  for (int i = threadIdx.x; i < C; i += BLOCK) dot += ldf(dout, base + i) * ldf(w, i) * ldf(inp, base + i);
-  dot = blockSum(dot);
-  float k = dot * r * r * r / (float)C;
-  for (int i = threadIdx.x; i < C; i += BLOCK) {
-    stf(dinp, base + i, ldf(dinp, base + i) + (r * ldf(w, i) * ldf(dout, base + i) - ldf(inp, base + i) * k));
+extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, float* part, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp,
+                                       const ${T(p.weight)}* w, const float* rstd, int n) {
+  float wv[NV], dw[NV];
+#pragma unroll
+  for (int j = 0; j < NV; j++) { const int i = threadIdx.x + j * BLOCK; wv[j] = i < C ? ldf(w, i) : 0.0f; dw[j] = 0.0f; }
+  /* the loop is block-uniform: every thread takes the same rows, so blockSum's barriers are reached by all */
+  for (int row = blockIdx.x; row < n; row += gridDim.x) {
+    const long long base = (long long)row * C;
+    const float r = rstd[row];
+    float g[NV], x[NV];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = threadIdx.x + j * BLOCK;
+      g[j] = i < C ? ldf(dout, base + i) : 0.0f;
+      x[j] = i < C ? ldf(inp, base + i) : 0.0f;
+      dot += g[j] * wv[j] * x[j];
+      dw[j] += g[j] * x[j] * r;
+    }
+    dot = blockSum(dot);
+    const float k = dot * r * r * r / (float)C;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = threadIdx.x + j * BLOCK;
+      if (i < C) stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));
+    }
   }
-}
-`,
-});
-
-type NormDwP = { C: number; dout: string; inp: string; block: number };
-
-/**
- * Stage 1 of the weight gradient. Grid (ceil(C / block), R): block (x, y) sums rows [y·rowsPer, (y+1)·rowsPer) of
- * dout ⊙ inp · rstd for its columns into part[y·C + col] (float32); col_reduce then adds Σ_y part[y, col] (in y order)
- * into dweight. Deterministic.
- */
-export const rmsnormWeightGrad = defineFamily<NormDwP>({
-  name: 'rmsnorm_dweight',
-  schema: { C: { kind: 'int', min: 1 }, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
-  example: { C: 896, dout: 'f32', inp: 'bf16', block: 256 },
-  generate: (p) => `#define BLOCK ${p.block}
-#define C ${p.C}
-${dtypeHelpers()}
-extern "C" __global__ void rmsnorm_dweight(float* part, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp, const float* rstd, int n, int rowsPer) {
-  int col = blockIdx.x * BLOCK + threadIdx.x;
-  if (col >= C) return;
-  int r0 = blockIdx.y * rowsPer, r1 = min(n, r0 + rowsPer);
-  float acc = 0.0f;
-  for (int row = r0; row < r1; row++) {
-    long long i = (long long)row * C + col;
-    acc += ldf(dout, i) * ldf(inp, i) * rstd[row];
+  if (part) {
+#pragma unroll
+    for (int j = 0; j < NV; j++) { const int i = threadIdx.x + j * BLOCK; if (i < C) part[(long long)blockIdx.x * C + i] = dw[j]; }
   }
-  part[(long long)blockIdx.y * C + col] = acc;
 }
 `,
 });
