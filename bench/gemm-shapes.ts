@@ -5,7 +5,8 @@
  * TFLOP/s, so a slow cuBLAS choice for one shape shows up by itself rather than inside a step profile.
  * `--random` fills the operands with random values (all-zero operands run faster); `--model` / `--model-only` add / run
  * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1); `--attn-shapes` times the training attention kernels
- * at the job's shapes (beside scripts/cuda/sdpa-times.py).
+ * at the job's shapes (beside scripts/cuda/sdpa-times.py); `--fusions` times the student's q/k/v and gate/up products separate
+ * against fused (what fusing them would save per layer) and the passes over its whole gradient.
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
@@ -35,7 +36,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of process.argv.includes('--model-only') || process.argv.includes('--attn-shapes') ? [] : shapes) {
+for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions'].some((f) => process.argv.includes(f)) ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -84,6 +85,34 @@ if (process.argv.includes('--attn')) {
   console.log(`o_proj attention output -> bf16: ${time(() => be.matmulForward(h16, att, wo, null, N, Q, C)).toFixed(1)} us`);
   console.log(`attention then o_proj -> f32: ${time(() => { be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd); be.matmulForward(h, att, wo, null, N, Q, C); }).toFixed(1)} us`);
   console.log(`attention alone: ${time(() => be.attentionForward(att, lse, q, k, v, B, T, nH, nKv, hd)).toFixed(1)} us`);
+}
+// --fusions: what fusing a layer's projections would gain, per layer of the 0.5B student at 8×1024 (bf16, random data):
+// q, k, v as three products against one of width Q + 2·KV, and gate, up as two against one of width 2·I, each for the
+// forward (bf16 out), the input gradient (f32, the second and third accumulating) and the weight gradient (f32 +=);
+// and the step's two passes over the whole fp32 gradient (zeroing, the squared norm).
+if (process.argv.includes('--fusions')) {
+  const C = 896, Q = 896, KV = 128, I = 4864;
+  const buf = (n: number, what: string, d: DType): Buf => { const b = be.alloc(n, what, d); fill(b, n); return b; };
+  const x = buf(N * C, 'ln', 'bf16'), dln = buf(N * C, 'dln', 'f32');
+  const group = (name: string, widths: number[]): void => {
+    const W = widths.reduce((a, b) => a + b, 0);
+    const ws = widths.map((m, i) => buf(m * C, `w${i}`, 'bf16')), wf = buf(W * C, 'wf', 'bf16');
+    const ys = widths.map((m, i) => buf(N * m, `y${i}`, 'bf16')), yf = buf(N * W, 'yf', 'bf16');
+    const gs = widths.map((m, i) => buf(m * C, `g${i}`, 'f32')), gf = buf(W * C, 'gf', 'f32');
+    const fwd = [time(() => widths.forEach((m, i) => be.matmulForward(ys[i]!, x, ws[i]!, null, N, C, m))), time(() => be.matmulForward(yf, x, wf, null, N, C, W))];
+    const dinp = [time(() => widths.forEach((m, i) => be.matmulBackward(dln, null, null, ys[i]!, x, ws[i]!, N, C, m, i > 0))),
+      time(() => be.matmulBackward(dln, null, null, yf, x, wf, N, C, W, false))];
+    const dw = [time(() => widths.forEach((m, i) => be.matmulBackward(null, gs[i]!, null, ys[i]!, x, ws[i]!, N, C, m))),
+      time(() => be.matmulBackward(null, gf, null, yf, x, wf, N, C, W))];
+    const fmt = ([a, b]: number[]): string => `${a!.toFixed(1)} -> ${b!.toFixed(1)} us`;
+    console.log(`[fusions] ${name} (${widths.join(' + ')} = ${W}): forward ${fmt(fwd)}, input grad ${fmt(dinp)}, weight grad ${fmt(dw)}; ` +
+      `saved per layer ${(fwd[0]! - fwd[1]! + dinp[0]! - dinp[1]! + dw[0]! - dw[1]!).toFixed(1)} us`);
+  };
+  group('student q/k/v', [Q, KV, KV]);
+  group('student gate/up', [I, I]);
+  const P = 494_032_768, g = be.alloc(P, 'grads');
+  console.log(`[fusions] the 0.5B student's fp32 gradient (${P} floats): zeroing ${time(() => be.zero(g)).toFixed(1)} us, ` +
+    `squared norm ${time(() => be.sumSquares(g, P)).toFixed(1)} us (with its download)`);
 }
 if (process.argv.includes('--model') || process.argv.includes('--model-only')) {
   const t = new Transformer(be, presetConfig('qwen2.5-1.5b', 151936), { batch: 8, seq: 1024, training: false, precision: 'bf16', label: 'teacher' });

@@ -50,7 +50,7 @@ for how in ${RUNS:-online cached}; do
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
-  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl")"
+  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl") clocks $(busy_clocks)"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/$how.log" | head -4 | tee -a "$txt"
   grep -E '^\[cuda-(timeline|graphs)\]' "$work/$how.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/$how.log" | tee -a "$txt"

@@ -191,7 +191,12 @@ export interface Backend {
 
   /** out = inp / rms(inp) * weight per row; rstd[i] = 1/sqrt(mean(inp[i]^2) + eps) is saved for backward. */
   rmsnormForward(out: Buf, rstd: Buf, inp: Buf, weight: Buf, n: number, c: number, eps: number): void;
-  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void;
+  /**
+   * dinp += (d out / d inp)ᵀ dout and dweight += Σ_rows dout ⊙ inp · rstd (dweight null: a frozen weight). dinpCopy, when
+   * given, receives dinp's new values as well, in its own dtype (what copy(dinpCopy, dinp) after would write): a bf16
+   * model's residual gradient as the next products' operand.
+   */
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy?: Buf | null): void;
   /**
    * The residual add fused with the norm that reads it: sum = a + b (n·c elements; the residual stream, normally f32),
    * then rmsnormForward(out, rstd, sum, weight, n, c, eps) over the stored sum. Results are identical to `add`

@@ -419,7 +419,10 @@ export class Transformer {
     const dx = this.v(g.dx, N * C), dln = this.v(g.dln, N * C);
     // Final norm.
     be.zero(dx);
-    be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C);
+    // The residual gradient as a matrix-product operand: dx itself in fp32; in bf16 its bf16 copy, which each norm
+    // backward into dx writes beside it (but the first layer's input norm: the embedding's backward reads dx).
+    const dxB = g.dxB === g.dx ? null : this.v(g.dxB, N * C);
+    be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C, dxB);
     const readyRange = ready ? gradReadyRanges(L, this.lora?.layout ?? null) : null;
     if (readyRange?.tail) ready!(...readyRange.tail);
     for (let l = c.numLayers - 1; l >= 0; l--) {
@@ -435,9 +438,7 @@ export class Transformer {
       const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
       // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
       const dact = this.v(g.dact, N * I), dgate = this.v(g.dgate, N * I), dup = this.v(g.dup, N * I);
-      // The residual gradient as a matrix-product operand: dx itself in fp32, its bf16 conversion in bf16.
-      const dxOp = g.dxB === g.dx ? dx : this.v(g.dxB, N * C);
-      if (dxOp !== dx) be.copy(dxOp, dx);
+      const dxOp = dxB ?? dx;
       if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
       // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
       // zeroed and accumulated into.
@@ -448,11 +449,10 @@ export class Transformer {
       adapt('gate_proj', dln, dgate, ln2);
       be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I);
       adapt('up_proj', dln, dup, ln2);
-      be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C);
+      be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C, dxB);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
-      if (dxOp !== dx) be.copy(dxOp, dx);
       be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
       adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
       be.zero(dq); be.zero(dk); be.zero(dv);
@@ -480,7 +480,7 @@ export class Transformer {
       adapt('k_proj', dln, gk, ln1);
       be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
       adapt('v_proj', dln, dv, ln1);
-      be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C);
+      be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C, l > 0 ? dxB : null);
       const r = readyRange?.layers[l];
       if (r && r[1] > r[0]) ready!(...r);
     }

@@ -152,6 +152,11 @@ parity('rmsnorm bwd (f32 dinp/dweight/dout/inp, bf16 weight)', (r) => ({
   bf16: ['o', 'w'], compare: ['di', 'dw'],
   op: (b, x) => { b.rmsnormForward(x.o!, x.rs!, x.i!, x.w!, 7, 300, 1e-6); b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 7, 300); },
 }));
+parity('rmsnorm bwd over 600 rows of 896 (bf16 dout) writing dinp\'s bf16 copy beside it (the residual gradient as the next products\' operand)', (r) => ({
+  arrays: { di: rand(r, 600 * 896), dc: rand(r, 600 * 896), dw: rand(r, 896), d: rand(r, 600 * 896), i: rand(r, 600 * 896, 3), w: rand(r, 896), rs: rand(r, 600).map(Math.abs) },
+  bf16: ['dc', 'd', 'w'], compare: ['di', 'dc', 'dw'],
+  op: (b, x) => b.rmsnormBackward(x.di!, x.dw!, x.d!, x.i!, x.w!, x.rs!, 600, 896, x.dc!),
+}));
 parity('per-head q norm fwd + bwd, all bf16 but rstd (Qwen3: 2050 rows of head_dim 128, warp per row)', (r) => ({
   arrays: { o: rand(r, 2050 * 128), di: rand(r, 2050 * 128), dw: rand(r, 128), d: rand(r, 2050 * 128), i: rand(r, 2050 * 128, 3), w: rand(r, 128), rs: rand(r, 2050) },
   bf16: ['o', 'di', 'd', 'i', 'w'], compare: ['o', 'rs', 'di', 'dw'],

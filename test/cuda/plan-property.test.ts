@@ -30,6 +30,7 @@ import type { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { runTraining } from '../../src/train/run.js';
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { resolveLogits } from '../../src/train/precision.js';
 import { Rng } from '../../src/util/rng.js';
 import { rng as mulberry } from './helpers.js';
 import { buildTeacherCache } from '../../src/cache/build.js';
@@ -105,6 +106,8 @@ interface Case {
   /** Frozen weights in NF4: the teacher's (--teacher-dtype nf4), the LoRA base's (--base-dtype nf4). */
   teacherNf4: boolean;
   baseNf4: boolean;
+  /** bf16 storage and products (--precision bf16, the CUDA default) instead of fp32. */
+  bf16: boolean;
 }
 
 function randomCase(seed: number, vocab: number): Case {
@@ -121,6 +124,8 @@ function randomCase(seed: number, vocab: number): Case {
   }
   // some live teachers store their matrices in NF4
   if (c.teacher && !c.cache && seed % 4 === 2) c.teacherNf4 = true;
+  // half the runs in bf16 (--precision bf16, the CUDA default: fp32 masters with a bf16 compute copy, bf16 logits)
+  c.bf16 = seed % 2 === 1;
   return c;
 }
 
@@ -138,12 +143,13 @@ function randomCaseBase(seed: number, vocab: number): Case {
     lora: null,
     teacherNf4: false,
     baseNf4: false,
+    bf16: false,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -172,7 +178,7 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     cacheDir = path.join(caseDir, 'cache');
     await buildTeacherCache({
       teacher: teacherDir, data: [dataPath], out: cacheDir, seq: c.seq, batch: c.batch, sparse: c.cache, temperature: c.temperature, seed: i,
-      valFraction: 0.2, lossOn: 'assistant', maxChars: 0, device: 'cuda', precision: 'fp32', threads: 1, shardWindows: 64, overwrite: false, quiet: true,
+      valFraction: 0.2, lossOn: 'assistant', maxChars: 0, device: 'cuda', precision: c.bf16 ? 'bf16' : 'fp32', threads: 1, shardWindows: 64, overwrite: false, quiet: true,
     }, { backend: trace, log: () => {} });
     assert.equal(prepared, 1, 'the cache job calls prepare() once');
     prepared = 0;
@@ -184,12 +190,13 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
     ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(','), baseDtype: c.baseNf4 ? 'nf4' : 'auto' } : {}),
     ...(c.teacherNf4 ? { teacherDtype: 'nf4' } : {}),
+    precision: c.bf16 ? 'bf16' : 'fp32',
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
   assert.equal(prepared, 1, 'runTraining calls prepare() once');
   // generation with a random prompt length (greedy on the trace backend's zero logits)
-  const m = new Transformer(trace, c.student, { batch: 1, seq: 1, training: false });
+  const m = new Transformer(trace, c.student, { batch: 1, seq: 1, training: false, precision: c.bf16 ? 'bf16' : 'fp32' });
   const g = new Generator(m, c.prompt + 3);
   g.generate(Array.from({ length: c.prompt }, (_, k) => (k * 7 + 3) % c.student.vocabSize), { temperature: 0, topP: 1, maxNewTokens: 3 });
   const traced = [...trace.traced.values()];
@@ -202,13 +209,15 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
   // The cache job's plan (the teacher's forward and head) and the cached run's (no teacher, the sparse loss).
-  const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: c.cache }) : [];
+  const precision = c.bf16 ? 'bf16' as const : 'fp32' as const;
+  const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: c.cache, precision }) : [];
   return planKernels([...cacheJob, ...jobClosures({
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
     ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
     ...(c.lora ? { lora: loraLayout(c.student, c.lora), ...(c.baseNf4 ? { studentFrozen: 'nf4' as const } : {}) } : {}),
     ...(c.teacherNf4 ? { teacherFrozen: 'nf4' as const } : {}),
+    precision, logits: resolveLogits(o.logits, precision),
   })]);
 }
 

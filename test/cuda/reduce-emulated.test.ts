@@ -4,7 +4,8 @@
  * - rmsnorm_bwd, a block per row looping over its rows (R blocks, fewer than the rows: the grid-stride loop), a width
  *   that is no multiple of the block (a thread's last column is past C), f32 and bf16 dout: dinp accumulated onto what it
  *   held, and the weight-gradient partials summed by col_reduce into a dweight that held a value; and with a null
- *   partials pointer (a frozen weight), dinp alone and no partial written;
+ *   partials pointer (a frozen weight), dinp alone and no partial written; with a bf16 copy of dinp (a bf16 model's
+ *   residual gradient), the copy is dinp's new values rounded to bf16, bit for bit;
  * - bias_grad over row chunks and a ragged last 32-column block, then col_reduce, for f32 and bf16 dout.
  * Bounds: float32 sums of order-1 terms (1e-5 relative to the largest magnitude).
  */
@@ -43,7 +44,7 @@ function withColReduce(spec: KernelSpec): KernelSpec {
 
 test('emulated CUDA: rmsnorm backward over rows wider than a block, R blocks looping over the rows, and its weight gradient through col_reduce, against float64 (f32 and bf16 dout; a null partials pointer writes dinp only)', { skip, timeout: 300_000 }, () => {
   const r = rng(5), n = 23, C = 150, R = 7; // 150 = 2 full passes of 64 and 22 columns: the third column of a thread is past C for 42 threads
-  for (const dt of ['f32', 'bf16'] as const) {
+  for (const [dt, copy] of [['f32', 'none'], ['bf16', 'none'], ['bf16', 'bf16']] as const) {
     const inp = Float32Array.from({ length: n * C }, () => (r() - 0.5) * 3);
     const dout = Float32Array.from({ length: n * C }, () => r() - 0.5);
     if (dt === 'bf16') roundBf16InPlace(dout);
@@ -55,15 +56,17 @@ test('emulated CUDA: rmsnorm backward over rows wider than a block, R blocks loo
     writeFileSync(join(d, 'inp'), inp); writeFileSync(join(d, 'dout'), dt === 'bf16' ? packBf16(dout) : dout);
     writeFileSync(join(d, 'w'), w); writeFileSync(join(d, 'dinp'), dinp0); writeFileSync(join(d, 'dw'), dw0); writeFileSync(join(d, 'rstd'), rstd);
     const T = dt === 'bf16' ? 'bf16' : 'float';
-    const spec = withColReduce(rmsnormBackward.make({ C, dinp: 'f32', dout: dt, inp: 'f32', weight: 'f32', block: BLOCK }));
+    const spec = withColReduce(rmsnormBackward.make({ C, dinp: 'f32', dout: dt, inp: 'f32', weight: 'f32', block: BLOCK, copy }));
+    const cp = copy === 'none' ? '' : ', dc.data()';
     const exe = build(spec, `int main() { const char* d = "${d}";
   auto inp = readf<float>(d, "inp", ${n * C}); auto g = readf<${T}>(d, "dout", ${n * C}); auto w = readf<float>(d, "w", ${C});
   auto di = readf<float>(d, "dinp", ${n * C}); auto dw = readf<float>(d, "dw", ${C}); auto rs = readf<float>(d, "rstd", ${n});
   std::vector<float> part(${R * C}, -7.0f), di2 = di, part2(${R * C}, -7.0f);
-  launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di.data(), part.data(), g.data(), inp.data(), w.data(), rs.data(), ${n}); });
+  std::vector<bf16> dc(${n * C}, (bf16)0x7fc1);
+  launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di.data(), part.data(), g.data(), inp.data(), w.data(), rs.data(), ${n}${cp}); });
   launch({${Math.ceil(C / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(dw.data(), part.data(), ${R}, ${C}); });
-  launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di2.data(), nullptr, g.data(), inp.data(), w.data(), rs.data(), ${n}); });
-  writef(d, "di", di); writef(d, "dwo", dw); writef(d, "di2", di2); writef(d, "part2", part2); }`);
+  launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di2.data(), nullptr, g.data(), inp.data(), w.data(), rs.data(), ${n}${cp}); });
+  writef(d, "di", di); writef(d, "dwo", dw); writef(d, "di2", di2); writef(d, "part2", part2); writef(d, "dc", dc); }`);
     execFileSync(exe);
     const wantDi = new Float64Array(n * C), wantDw = new Float64Array(C);
     for (let i = 0; i < n; i++) {
@@ -82,6 +85,11 @@ test('emulated CUDA: rmsnorm backward over rows wider than a block, R blocks loo
     assert.ok(relErr(dw, wantDw) < 1e-5, `${dt}: dweight ${relErr(dw, wantDw)}`);
     assert.deepEqual(di2, di, `${dt}: dinp without the partials is the same`);
     assert.ok(part2.every((x) => x === -7), `${dt}: a null partials pointer writes none`);
+    if (copy === 'bf16') {
+      const b = readFileSync(join(workDir(), 'dc'));
+      const dc = new Uint16Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+      assert.deepEqual(dc, packBf16(di2), 'the bf16 copy is dinp rounded to bf16, bit for bit');
+    }
   }
   cleanUp();
 });

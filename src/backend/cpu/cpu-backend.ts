@@ -442,13 +442,14 @@ export class CpuBackend implements Backend {
     this.rmsnormForward(out, rstd, sum, weight, n, c, eps);
   }
 
-  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy: Buf | null = null): void {
     // A frozen weight (dweight null): its gradient goes to scratch and is dropped.
     const dx = this.f(dinp, 'rmsnorm dinp'), dw = dweight ? this.f(dweight, 'rmsnorm dweight') : new Float64Array(c), dy = this.f(dout, 'rmsnorm dout');
     const x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight'), r = this.f(rstd, 'rmsnorm rstd');
     for (const [a, what] of [[dx, 'dinp'], [dy, 'dout'], [x, 'inp']] as const) this.need(a, n * c, 'rmsnormBackward', what);
     this.need(dw, c, 'rmsnormBackward', 'dweight'); this.need(w, c, 'rmsnormBackward', 'weight'); this.need(r, n, 'rmsnormBackward', 'rstd');
     ew.rmsnormBackward(dx, dw, dy, x, w, r, n, c);
+    if (dinpCopy) this.copy(this.view(dinpCopy, 0, n * c), this.view(dinp, 0, n * c));
     this.fin(dinp, 0, n * c);
     if (dweight) this.fin(dweight, 0, c);
   }

@@ -67,7 +67,7 @@ export function representativeSpecs(): KernelSpec[] {
     for (const [act, w] of C === 896 ? [[F, F], [B, B]] as const : [[F, F]] as const) {
       mk('rmsnorm_fwd', { eps, C, out: act, inp: F, weight: w, block: 256 });
       mk('add_rmsnorm_fwd', { eps, C, sum: F, out: act, a: F, b: F, weight: w, block: 256 });
-      mk('rmsnorm_bwd', { C, dinp: F, dout: F, inp: F, weight: w, block: 256 });
+      mk('rmsnorm_bwd', { C, dinp: F, dout: F, inp: F, weight: w, block: 256, copy: C === 896 ? B : 'none' });
     }
   }
   // warp-per-row norms (Qwen3's per-head q/k norms at head_dim 128 in bf16; a ragged 40 in f32)

@@ -772,11 +772,16 @@ export class CudaBackend implements Backend {
     this.launch(spec, [n, 1, 1], ROW_BLOCK, [P(sum), P(out), P(rstd), P(a), P(b), P(weight), I(n)]);
   }
 
-  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number): void {
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number,
+    dinpCopy: Buf | null = null): void {
     // dweight null: a frozen weight (LoRA's base) — dinp only; the weight-gradient partials are not reduced.
     this.need(dinp, n * c, 'rmsnormBackward'); if (dweight) this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
     this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
     this.f32Only('rmsnormBackward', [['rstd', rstd]]);
+    if (dinpCopy) {
+      this.need(dinpCopy, n * c, 'rmsnormBackward');
+      if (overlaps(dinpCopy as CudaBuf, dinp as CudaBuf)) throw new Error(`rmsnormBackward: the copy ${(dinpCopy as CudaBuf).label} overlaps dinp ${(dinp as CudaBuf).label}`);
+    }
     if (n <= 0) return;
     if (c <= ROWS_NORM_MAX_C) {
       // Short rows: one warp per row, dinp and each block's weight-gradient partial in one pass; R depends on n and c only.
@@ -784,14 +789,16 @@ export class CudaBackend implements Backend {
       this.launch(rmsnormRowsBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight) }), [R, 1, 1], 32 * ROWS_NORM_WARPS,
         [P(dinp), P(this.colPart), P(dout), P(inp), P(weight), P(rstd), I(n)]);
       if (dweight) this.colReduce(dweight, R, c);
+      if (dinpCopy) this.copy(this.view(dinpCopy, 0, n * c), this.view(dinp, 0, n * c));
       return;
     }
     // Wider rows: a block per row, R blocks over the rows; dinp and each block's weight-gradient partial in one pass.
     const fit = Math.floor(this.colsumFloats / c);
     if (dweight && fit < 1) throw new DistilleryError(`rmsnormBackward: ${c} columns exceed the ${this.colsumFloats}-float column-reduction scratch`);
     const R = Math.min(n, NORM_BWD_MAX_BLOCKS, Math.max(1, fit));
-    this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK }), [R, 1, 1], ROW_BLOCK,
-      [P(dinp), P(dweight ? this.colPart : null), P(dout), P(inp), P(weight), P(rstd), I(n)]);
+    // With a copy: each new dinp value also goes to dinpCopy in its dtype (no conversion pass after).
+    this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK, copy: dinpCopy ? D(dinpCopy) : 'none' }),
+      [R, 1, 1], ROW_BLOCK, [P(dinp), P(dweight ? this.colPart : null), P(dout), P(inp), P(weight), P(rstd), I(n), ...(dinpCopy ? [P(dinpCopy)] : [])]);
     if (dweight) this.colReduce(dweight, R, c);
   }
 

@@ -113,26 +113,29 @@ ${norm}
   },
 });
 
-type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number };
+type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number; copy: string };
+/** `copy`: 'none', or the dtype of a second output that receives dinp's new values too (the next products' operand). */
+export const NORM_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 
 /**
  * Grid: R blocks (R fixed by the host from n and C, so the result is deterministic); block b takes rows b, b + R, ...
  * Per row (a block per row, NV = ceil(C / BLOCK) columns per thread, kept in registers): dinp += d(out)/d(inp)ᵀ dout;
  * and, over its rows, each thread sums dout ⊙ inp · rstd for its columns, written to part[b·C + col] (float32) where
  * part is not null; col_reduce then adds Σ_b part[b, col] (in b order) into dweight. One pass over dout and inp
- * serves both gradients (a separate weight-gradient kernel read them again).
+ * serves both gradients (a separate weight-gradient kernel read them again). With `copy`, dcopy receives each new dinp
+ * value as well, rounded to its dtype (a bf16 model's residual gradient as the next products' operand: no conversion pass).
  */
 export const rmsnormBackward = defineFamily<NormBwdP>({
   name: 'rmsnorm_bwd',
-  schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
-  example: { C: 896, dinp: 'f32', dout: 'f32', inp: 'f32', weight: 'bf16', block: 256 },
+  schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN, copy: NORM_COPY_DOMAIN },
+  example: { C: 896, dinp: 'f32', dout: 'f32', inp: 'f32', weight: 'bf16', block: 256, copy: 'bf16' },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}
 #define NV ${Math.ceil(p.C / p.block)}
 ${reductionHelpers()}
 ${dtypeHelpers()}
 extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, float* part, const ${T(p.dout)}* dout, const ${T(p.inp)}* inp,
-                                       const ${T(p.weight)}* w, const float* rstd, int n) {
+                                       const ${T(p.weight)}* w, const float* rstd, int n${p.copy === 'none' ? '' : `, ${T(p.copy)}* dcopy`}) {
   float wv[NV], dw[NV];
 #pragma unroll
   for (int j = 0; j < NV; j++) { const int i = threadIdx.x + j * BLOCK; wv[j] = i < C ? ldf(w, i) : 0.0f; dw[j] = 0.0f; }
@@ -155,7 +158,10 @@ extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, float* part, const ${
 #pragma unroll
     for (int j = 0; j < NV; j++) {
       const int i = threadIdx.x + j * BLOCK;
-      if (i < C) stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));
+      if (i < C) {
+        stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));${p.copy === 'none' ? '' : `
+        stf(dcopy, base + i, ldf(dinp, base + i));`}
+      }
     }
   }
   if (part) {
