@@ -2,15 +2,16 @@
 # carried): links node_modules to the trimmed run-time modules, and defines
 #   used            device memory in use now (MiB, nvidia-smi);
 #   peak_of CMD...  runs CMD while sampling nvidia-smi every 100 ms; prints "rc peak_MiB_over_the_baseline";
-#   busy_clocks     of the last peak_of's samples drawing over 300 W (the GPU at work): their count and the median SM clock
-#                   (MHz) and power (W), as JSON — a step that runs power-capped has its clocks lowered;
+#   busy_clocks     with CLOCKS=1, of the last peak_of's samples drawing over 300 W (the GPU at work): their count and the
+#                   median SM clock (MHz) and power (W), as JSON (else nothing). Off by default: querying clocks and power
+#                   every 100 ms stalled the host's CUDA calls (an H100 step went from 76 to 85 ms, session 13);
 #   step_metrics F  from a run's metrics.jsonl: ms/step and tokens/s over steps 2..last, first and last loss (JSON).
 # Expects $work (a scratch folder) to be set.
 [ -e node_modules ] || ln -sfn .devmods/node_modules node_modules
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 peak_of() {
   local base; base=$(used)
-  nvidia-smi --query-gpu=memory.used,clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 > "$work/smi.txt" 2>/dev/null &
+  nvidia-smi --query-gpu=memory.used$([ "${CLOCKS:-}" = 1 ] && echo ,clocks.sm,power.draw) --format=csv,noheader,nounits -lms 100 > "$work/smi.txt" 2>/dev/null &
   local smi=$!
   "$@"; local rc=$?
   kill $smi 2>/dev/null; wait $smi 2>/dev/null
@@ -18,11 +19,12 @@ peak_of() {
   echo "$rc $(( ${peak:-$base} - base ))"
 }
 busy_clocks() {
+  [ "${CLOCKS:-}" = 1 ] || return 0
   node -e '
     const rows = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map((l) => l.split(",").map(Number))
       .filter((r) => r.length === 3 && r[2] > 300);
     const med = (a) => a.sort((x, y) => x - y)[Math.floor((a.length - 1) / 2)];
-    console.log(rows.length ? JSON.stringify({ busy_samples: rows.length, sm_mhz_median: med(rows.map((r) => r[1])), power_w_median: Math.round(med(rows.map((r) => r[2]))) }) : "{}");
+    console.log("clocks " + (rows.length ? JSON.stringify({ busy_samples: rows.length, sm_mhz_median: med(rows.map((r) => r[1])), power_w_median: Math.round(med(rows.map((r) => r[2]))) }) : "{}"));
   ' "$work/smi.txt"
 }
 step_metrics() {

@@ -43,7 +43,7 @@ for shape in $SHAPES; do
   rm -rf "$work/run-$STUDENT-$shape"
   read -r rc mib < <(peak_of run_ours)
   ours=$(step_metrics "$work/run-$STUDENT-$shape/metrics.jsonl")
-  say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours clocks $(busy_clocks)"
+  say "== distillery ${prec[*]} $shape: rc=$rc peak ${mib} MiB (nvidia-smi) $ours $(busy_clocks)"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|student:' "$work/ours-$STUDENT-$shape.log" | head -8 | tee -a "$txt"
   grep -E '^\[cuda-(timeline|graphs)\]' "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/ours-$STUDENT-$shape.log" | tee -a "$txt"
@@ -61,7 +61,7 @@ for shape in $SHAPES; do
     read -r prc pmib < <(peak_of run_peer)
     line=$(grep '^{' "$work/peer-$mode-$shape.log" | tail -1)
     [ -z "$line" ] && line="{\"error\": \"$(grep -E 'Error|error' "$work/peer-$mode-$shape.log" | tail -1 | tr -d '"' | cut -c1-160)\"}"
-    say "== peer $mode $shape: rc=$prc peak ${pmib} MiB (nvidia-smi) $line clocks $(busy_clocks)"
+    say "== peer $mode $shape: rc=$prc peak ${pmib} MiB (nvidia-smi) $line $(busy_clocks)"
     peers="$peers\"$mode\": {\"rc\": $prc, \"smi_peak_mib\": $pmib, \"result\": $line},"
   done
   python3 - "$out/bench.json" "$shape" "$rc" "$mib" "$ours" "{${peers%,}}" <<'PY' | tee -a "$txt"

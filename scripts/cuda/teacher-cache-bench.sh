@@ -6,10 +6,8 @@
 #   2. the online distillation step and the cached one (distill --teacher-cache), tokens/s and peak memory, in strict mode.
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
 # Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (default: the CLI's, sample:24),
-#      PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
-#      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt), NCU (0/1: one more
-#      3-step run of each under Nsight Compute, every kernel's duration alone → $OUT/ncu-step-<how>.txt, the per-kernel
-#      table of the last step by scripts/cuda/ncu-step-table.py).
+#      CLOCKS (0/1: the SM clock and power of each run, bench-lib.sh busy_clocks), PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
+#      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt).
 #      Each distillation run prints its region timeline (DISTILLERY_CUDA_TIMELINE=1).
 # Output: $OUT/teacher-cache-bench.txt.
 set -uo pipefail
@@ -50,7 +48,7 @@ for how in ${RUNS:-online cached}; do
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
-  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl") clocks $(busy_clocks)"
+  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl") $(busy_clocks)"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/$how.log" | head -4 | tee -a "$txt"
   grep -E '^\[cuda-(timeline|graphs)\]' "$work/$how.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/$how.log" | tee -a "$txt"
@@ -59,14 +57,6 @@ for how in ${RUNS:-online cached}; do
     STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_d
     grep -E '^\[cuda-profile\]' "$work/$how.log" > "$out/profile-$how.txt"
     head -30 "$out/profile-$how.txt" | tee -a "$txt"
-  fi
-  if [ "${NCU:-0}" = 1 ]; then
-    rm -rf "$work/run-$how"
-    STEPS=3 timeout 400 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page raw \
-      bash -c "$(declare -f run_d); $(declare -p src common work B S how); STEPS=3 run_d" > "$work/ncu-$how.csv" 2>&1
-    say "ncu $how: rc=$? $(wc -l < "$work/ncu-$how.csv") lines"
-    python3 scripts/cuda/ncu-step-table.py "$work/ncu-$how.csv" > "$out/ncu-step-$how.txt" 2>&1
-    head -40 "$out/ncu-step-$how.txt" 2>/dev/null | tee -a "$txt"
   fi
 done
 say "== done"
