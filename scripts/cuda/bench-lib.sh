@@ -5,7 +5,8 @@
 #   busy_clocks     with CLOCKS=1, of the last peak_of's samples drawing over 300 W (the GPU at work): their count and the
 #                   median SM clock (MHz) and power (W), as JSON (else nothing). Off by default: querying clocks and power
 #                   every 100 ms stalled the host's CUDA calls (an H100 step went from 76 to 85 ms, session 13);
-#   step_metrics F  from a run's metrics.jsonl: ms/step and tokens/s over steps 2..last, first and last loss (JSON).
+#   step_metrics F  from a run's metrics.jsonl: ms/step and tokens/s over steps 2..last, the median and the largest of
+#                   the steps' own times (step_ms) from step 3, first and last loss (JSON).
 # Expects $work (a scratch folder) to be set.
 [ -e node_modules ] || ln -sfn .devmods/node_modules node_modules
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
@@ -34,7 +35,11 @@ step_metrics() {
     try { rows = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined); } catch {}
     if (rows.length < 4) { console.log("{}"); process.exit(0); }
     const a = rows[1], z = rows[rows.length - 1];
+    // the median of the step times (step_ms, from the third step): a one-off host pause moves the mean, not this
+    const own = rows.slice(2).map((r) => r.step_ms).filter((x) => typeof x === "number").sort((x, y) => x - y);
     console.log(JSON.stringify({ ms_per_step: +(1000 * (z.seconds - a.seconds) / (z.step - a.step)).toFixed(1),
-      tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)), loss_first: rows[0].loss, loss_last: z.loss }));
+      tokens_per_s: Math.round((z.tokens - a.tokens) / (z.seconds - a.seconds)),
+      ...(own.length ? { step_ms_median: own[Math.floor((own.length - 1) / 2)], step_ms_max: own[own.length - 1] } : {}),
+      loss_first: rows[0].loss, loss_last: z.loss }));
   ' "$1"
 }

@@ -453,9 +453,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
       const stepStart = process.hrtime.bigint();
+      let thisStep = 0;
       try {
         r = runner.trainStep(micro, opt, lr, o.clip, () => lookAhead(step + 1), comm);
-        stepSeconds += Number(process.hrtime.bigint() - stepStart) / 1e9;
+        thisStep = Number(process.hrtime.bigint() - stepStart) / 1e9;
+        stepSeconds += thisStep;
       } catch (e) {
         if (e instanceof NonFiniteLossError) throw fail(step + 1, e.message, e.hint);
         throw e;
@@ -468,6 +470,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
       appendMetric({
         step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
+        step_ms: +(thisStep * 1000).toFixed(2),
         ...(onPolicy ? {
           on_policy: onPolicyStep ? 1 : 0,
           ...(onPolicyStep ? {

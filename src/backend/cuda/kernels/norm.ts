@@ -113,6 +113,40 @@ ${norm}
   },
 });
 
+/**
+ * The body of both norm backwards' row loop (one row `row`; a thread's NV columns i = `col` over j, registers wv and dw
+ * set up before): loads dout and inp once, accumulates dw += dout ⊙ inp · rstd, reduces dot = Σ dout·w·inp with `sum`
+ * (blockSum: a block per row; warpSum: a warp per row) and adds the row's input gradient into dinp (and, with `copy`,
+ * writes the new value to dcopy in its dtype). Generated text, so both kernels' sources read as written out.
+ */
+function normBackwardRow(col: string, sum: 'blockSum' | 'warpSum', copy: string): string {
+  // (the warp kernel's one-line store and the block kernel's braces: each source as it was verified on the GPU)
+  const add = 'stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));';
+  const store = sum === 'warpSum' && copy === 'none' ? `      if (i < C) ${add}` : `      if (i < C) {
+        ${add}${copy === 'none' ? '' : `
+        stf(dcopy, base + i, ldf(dinp, base + i));`}
+      }`;
+  return `    const long long base = (long long)row * C;
+    const float r = rstd[row];
+    float g[NV], x[NV];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = ${col};
+      g[j] = i < C ? ldf(dout, base + i) : 0.0f;
+      x[j] = i < C ? ldf(inp, base + i) : 0.0f;
+      dot += g[j] * wv[j] * x[j];
+      dw[j] += g[j] * x[j] * r;
+    }
+    dot = ${sum}(dot);
+    const float k = dot * r * r * r / (float)C;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int i = ${col};
+${store}
+    }`;
+}
+
 type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number; copy: string };
 /** `copy`: 'none', or the dtype of a second output that receives dinp's new values too (the next products' operand). */
 export const NORM_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
@@ -141,28 +175,7 @@ extern "C" __global__ void rmsnorm_bwd(${T(p.dinp)}* dinp, float* part, const ${
   for (int j = 0; j < NV; j++) { const int i = threadIdx.x + j * BLOCK; wv[j] = i < C ? ldf(w, i) : 0.0f; dw[j] = 0.0f; }
   /* the loop is block-uniform: every thread takes the same rows, so blockSum's barriers are reached by all */
   for (int row = blockIdx.x; row < n; row += gridDim.x) {
-    const long long base = (long long)row * C;
-    const float r = rstd[row];
-    float g[NV], x[NV];
-    float dot = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-      const int i = threadIdx.x + j * BLOCK;
-      g[j] = i < C ? ldf(dout, base + i) : 0.0f;
-      x[j] = i < C ? ldf(inp, base + i) : 0.0f;
-      dot += g[j] * wv[j] * x[j];
-      dw[j] += g[j] * x[j] * r;
-    }
-    dot = blockSum(dot);
-    const float k = dot * r * r * r / (float)C;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-      const int i = threadIdx.x + j * BLOCK;
-      if (i < C) {
-        stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));${p.copy === 'none' ? '' : `
-        stf(dcopy, base + i, ldf(dinp, base + i));`}
-      }
-    }
+${normBackwardRow('threadIdx.x + j * BLOCK', 'blockSum', p.copy)}
   }
   if (part) {
 #pragma unroll
@@ -245,25 +258,7 @@ extern "C" __global__ void rmsnorm_rows_bwd(${T(p.dinp)}* dinp, float* part, con
 #pragma unroll
   for (int j = 0; j < NV; j++) { const int i = lane + 32 * j; wv[j] = i < C ? ldf(w, i) : 0.0f; dw[j] = 0.0f; }
   for (int row = blockIdx.x * WARPS + warp; row < n; row += gridDim.x * WARPS) {
-    const long long base = (long long)row * C;
-    const float r = rstd[row];
-    float g[NV], x[NV];
-    float dot = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-      const int i = lane + 32 * j;
-      g[j] = i < C ? ldf(dout, base + i) : 0.0f;
-      x[j] = i < C ? ldf(inp, base + i) : 0.0f;
-      dot += g[j] * wv[j] * x[j];
-      dw[j] += g[j] * x[j] * r;
-    }
-    dot = warpSum(dot);
-    const float k = dot * r * r * r / (float)C;
-#pragma unroll
-    for (int j = 0; j < NV; j++) {
-      const int i = lane + 32 * j;
-      if (i < C) stf(dinp, base + i, ldf(dinp, base + i) + (r * wv[j] * g[j] - x[j] * k));
-    }
+${normBackwardRow('lane + 32 * j', 'warpSum', 'none')}
   }
 #pragma unroll
   for (int j = 0; j < NV; j++) { const int i = lane + 32 * j; if (i < C) sh[warp][i] = dw[j]; }
