@@ -3,8 +3,9 @@
 #   used            device memory in use now (MiB, nvidia-smi);
 #   peak_of CMD...  runs CMD while sampling nvidia-smi every 100 ms; prints "rc peak_MiB_over_the_baseline";
 #   busy_clocks     with CLOCKS=1, of the last peak_of's samples drawing over 300 W (the GPU at work): their count and the
-#                   median SM clock (MHz) and power (W), as JSON (else nothing). Off by default: querying clocks and power
-#                   every 100 ms stalled the host's CUDA calls (an H100 step went from 76 to 85 ms, session 13);
+#                   median SM clock (MHz) and power (W), as JSON (else nothing). Off by default, so that timings are
+#                   taken as before: whether querying clocks and power every 100 ms disturbs a run was not established
+#                   (session 13: a cached step read 85 ms with it, 82 without, 76 in an earlier call);
 #   step_metrics F  from a run's metrics.jsonl: ms/step and tokens/s over steps 2..last, the median and the largest of
 #                   the steps' own times (step_ms) from step 3, first and last loss (JSON).
 # Expects $work (a scratch folder) to be set.
