@@ -58,7 +58,8 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   // Qwen3's q/k norms add their inputs (Q, KV; compute dtype) and one f32 rstd per (token, head).
   const qkn = c.qkNorm ? N * (c.numHeads + c.numKvHeads) * F + N * (Q + KV) * a : 0;
   const perLayer = N * (2 * C + 2) * F + b * c.numHeads * t * F + N * (2 * C + 2 * Q + 2 * KV + 2 * I) * a + qkn;
-  const layers = keepAct ? c.numLayers * (perLayer + N * I * a) : (training ? c.numLayers * perLayer : perLayer + N * C * F) + N * I * a;
+  const act = N * I * a;
+  const layers = training ? c.numLayers * perLayer + (keepAct ? c.numLayers : 1) * act : perLayer + N * C * F + act;
   const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
   // Gradient scratch: dHidden, dx, dln (C) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV), dact, dgate,
   // dup (I) in the compute dtype, and in bf16 the converted dx (C).

@@ -453,15 +453,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const lr = lrAt(step, { lr: o.lr, warmup: o.warmup, total: o.steps, minLrRatio: o.minLrRatio });
       let r;
       const stepStart = process.hrtime.bigint();
-      let thisStep = 0;
       try {
         r = runner.trainStep(micro, opt, lr, o.clip, () => lookAhead(step + 1), comm);
-        thisStep = Number(process.hrtime.bigint() - stepStart) / 1e9;
-        stepSeconds += thisStep;
       } catch (e) {
         if (e instanceof NonFiniteLossError) throw fail(step + 1, e.message, e.hint);
         throw e;
       }
+      const thisStep = Number(process.hrtime.bigint() - stepStart) / 1e9;
+      stepSeconds += thisStep;
       step++;
       tokensTrained += r.tokens;
       if (step === 1 && !saved) initialTrainLoss = r.loss;

@@ -793,9 +793,7 @@ export class CudaBackend implements Backend {
       return;
     }
     // Wider rows: a block per row, R blocks over the rows; dinp and each block's weight-gradient partial in one pass.
-    const fit = Math.floor(this.colsumFloats / c);
-    if (dweight && fit < 1) throw new DistilleryError(`rmsnormBackward: ${c} columns exceed the ${this.colsumFloats}-float column-reduction scratch`);
-    const R = Math.min(n, NORM_BWD_MAX_BLOCKS, Math.max(1, fit));
+    const R = Math.min(n, NORM_BWD_MAX_BLOCKS, dweight ? this.colsumRows(c, 'rmsnormBackward') : Infinity);
     // With a copy: each new dinp value also goes to dinpCopy in its dtype (no conversion pass after).
     this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK, copy: dinpCopy ? D(dinpCopy) : 'none' }),
       [R, 1, 1], ROW_BLOCK, [P(dinp), P(dweight ? this.colPart : null), P(dout), P(inp), P(weight), P(rstd), I(n), ...(dinpCopy ? [P(dinpCopy)] : [])]);
@@ -807,11 +805,16 @@ export class CudaBackend implements Backend {
     this.launch(colReduce.make({ dst: D(dst), block: ROW_BLOCK }), [Math.ceil(m / 32), 1, 1], ROW_BLOCK, [P(dst), P(this.colPart), I(R), I(m)]);
   }
 
-  /** Row chunks [R, rowsPer] of a two-stage column reduction over n rows of c columns (R·c fits the partials). */
-  private colChunks(n: number, c: number, what: string): [number, number] {
+  /** Rows of c columns the column-reduction partials hold (at least 1, else an error naming `what`). */
+  private colsumRows(c: number, what: string): number {
     const fit = Math.floor(this.colsumFloats / c);
     if (fit < 1) throw new DistilleryError(`${what}: ${c} columns exceed the ${this.colsumFloats}-float column-reduction scratch`);
-    const want = Math.min(COLSUM_MAX_CHUNKS, fit, Math.max(1, Math.ceil(n / COLSUM_MIN_ROWS)));
+    return fit;
+  }
+
+  /** Row chunks [R, rowsPer] of a two-stage column reduction over n rows of c columns (R·c fits the partials). */
+  private colChunks(n: number, c: number, what: string): [number, number] {
+    const want = Math.min(COLSUM_MAX_CHUNKS, this.colsumRows(c, what), Math.max(1, Math.ceil(n / COLSUM_MIN_ROWS)));
     const rowsPer = Math.ceil(n / want);
     return [Math.ceil(n / rowsPer), rowsPer];
   }

@@ -12,7 +12,7 @@
  * operand is 16-byte aligned (checked at run time: views may not be), then scalar for the rest.
  * All use grid-stride loops with 64-bit indices.
  */
-import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers, type KernelFamily } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, OPTIONAL_DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers, type KernelFamily } from './spec.js';
 
 const loop = 'for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)';
 const T = (d: string): string => ctype(d);
@@ -147,6 +147,25 @@ extern "C" __global__ void bias_add(${T(p.out)}* out, const ${T(p.bias)}* bias, 
 `,
 });
 
+/**
+ * The body bias_grad and col_reduce share: 32 columns per block (lane l: column c = 32·blockIdx.x + l, valid below m);
+ * after `setup`, each warp's lanes run `loop` (a strided share of the rows, summed into acc), and warp 0 adds the
+ * warps' sums s in warp order (deterministic) and runs `store`. Generated text: both kernels' sources as written out.
+ */
+function columnShares(setup: string, loop: string, store: string): string {
+  return `  __shared__ float sh[WARPS][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
+${setup}  float acc = 0.0f;
+  if (c < m) ${loop}
+  sh[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0 && c < m) {
+    float s = 0.0f;
+    for (int w = 0; w < WARPS; w++) s += sh[w][lane];
+    ${store}
+  }`;
+}
+
 type BiasGradP = { dout: string; block: number };
 /**
  * Stage 1 of the bias gradient. Grid (ceil(m / 32), R), BLOCK threads = BLOCK / 32 warps: block (x, y) takes columns
@@ -162,18 +181,8 @@ export const biasGrad = defineFamily<BiasGradP>({
 #define WARPS (BLOCK / 32)
 ${dtypeHelpers()}
 extern "C" __global__ void bias_grad(float* part, const ${T(p.dout)}* dout, int rows, int m, int rowsPer) {
-  __shared__ float sh[WARPS][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
-  const int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);
-  float acc = 0.0f;
-  if (c < m) for (int r = r0 + warp; r < r1; r += WARPS) acc += ldf(dout, (long long)r * m + c);
-  sh[warp][lane] = acc;
-  __syncthreads();
-  if (warp == 0 && c < m) {
-    float s = 0.0f;
-    for (int w = 0; w < WARPS; w++) s += sh[w][lane];
-    part[(long long)blockIdx.y * m + c] = s;
-  }
+${columnShares('  const int r0 = blockIdx.y * rowsPer, r1 = min(rows, r0 + rowsPer);\n',
+    'for (int r = r0 + warp; r < r1; r += WARPS) acc += ldf(dout, (long long)r * m + c);', 'part[(long long)blockIdx.y * m + c] = s;')}
 }
 `,
 });
@@ -190,17 +199,7 @@ export const colReduce = defineFamily<ColP>({
 #define WARPS (BLOCK / 32)
 ${dtypeHelpers()}
 extern "C" __global__ void col_reduce(${T(p.dst)}* dst, const float* part, int R, int m) {
-  __shared__ float sh[WARPS][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
-  float acc = 0.0f;
-  if (c < m) for (int y = warp; y < R; y += WARPS) acc += part[(long long)y * m + c];
-  sh[warp][lane] = acc;
-  __syncthreads();
-  if (warp == 0 && c < m) {
-    float s = 0.0f;
-    for (int w = 0; w < WARPS; w++) s += sh[w][lane];
-    stf(dst, c, ldf(dst, c) + s);
-  }
+${columnShares('', 'for (int y = warp; y < R; y += WARPS) acc += part[(long long)y * m + c];', 'stf(dst, c, ldf(dst, c) + s);')}
 }
 `,
 });
@@ -335,9 +334,6 @@ __device__ __forceinline__ void adamwOne(float& p, float gr, float& m, float& v,
   p = p * (1.0f - k.lr * k.wd) - k.lr * (mi / k.bc1) / (sqrtf(vi / k.bc2) + k.eps);
 }`;
 
-/** The dtypes AdamW's optional compute copy may have ('none': no copy). */
-export const ADAMW_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
-
 /**
  * AdamW over float32 param/grad/m/v. Baked: the block size and the compute copy's dtype (`copy`: 'none', 'f32' or
  * 'bf16'; with one, the same launch stores the updated parameter into copy[i], rounded once into bf16). Runtime
@@ -352,7 +348,7 @@ export const ADAMW_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16']
 function adamwFamily(name: string, body: (p: AdamP, copyParam: string, st: (idx: string, v: string) => string) => string) {
   return defineFamily<AdamP>({
     name,
-    schema: { copy: ADAMW_COPY_DOMAIN, block: BLOCK_DOMAIN },
+    schema: { copy: OPTIONAL_DTYPE_DOMAIN, block: BLOCK_DOMAIN },
     example: { copy: 'bf16', block: 256 },
     generate: (p) => {
       const cp = p.copy !== 'none';

@@ -6,7 +6,7 @@
  * rstd and the column partials are always float32. Compute is float32; bf16 stores round once (dinp += reads the
  * old value, adds in float, rounds the sum).
  */
-import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype as T, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, OPTIONAL_DTYPE_DOMAIN, ctype as T, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
 type NormP = { eps: number; C: number; out: string; inp: string; weight: string; block: number };
 
@@ -147,9 +147,8 @@ ${store}
     }`;
 }
 
-type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number; copy: string };
 /** `copy`: 'none', or the dtype of a second output that receives dinp's new values too (the next products' operand). */
-export const NORM_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
+type NormBwdP = { C: number; dinp: string; dout: string; inp: string; weight: string; block: number; copy: string };
 
 /**
  * Grid: R blocks (R fixed by the host from n and C, so the result is deterministic); block b takes rows b, b + R, ...
@@ -161,7 +160,7 @@ export const NORM_COPY_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] 
  */
 export const rmsnormBackward = defineFamily<NormBwdP>({
   name: 'rmsnorm_bwd',
-  schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN, copy: NORM_COPY_DOMAIN },
+  schema: { C: { kind: 'int', min: 1 }, dinp: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, weight: DTYPE_DOMAIN, block: BLOCK_DOMAIN, copy: OPTIONAL_DTYPE_DOMAIN },
   example: { C: 896, dinp: 'f32', dout: 'f32', inp: 'f32', weight: 'bf16', block: 256, copy: 'bf16' },
   generate: (p) => `#define BLOCK ${p.block}
 #define C ${p.C}

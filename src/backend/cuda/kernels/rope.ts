@@ -23,15 +23,14 @@
  */
 import { ropeInvFreq, yarnMscale, type RopeSpec } from '../../rope.js';
 import {
-  BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
+  BLOCK_DOMAIN, DTYPE_DOMAIN, OPTIONAL_DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
 } from './spec.js';
 
 type RopeP = { headDim: number; theta: number; out: string; inp: string; seqPos: boolean; bias: string; block: number };
-/** `bias` (forward only): 'none', or the dtype of a bias [heads · HD] added to each row before the rotation. */
-export const ROPE_BIAS_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 const schema = {
   headDim: { kind: 'int', min: 2, step: 2 }, theta: { kind: 'float', min: 1 }, out: DTYPE_DOMAIN, inp: DTYPE_DOMAIN, seqPos: { kind: 'bool' },
-  bias: ROPE_BIAS_DOMAIN, block: BLOCK_DOMAIN,
+  // `bias` (forward only): 'none', or the dtype of a bias [heads · HD] added to each row before the rotation
+  bias: OPTIONAL_DTYPE_DOMAIN, block: BLOCK_DOMAIN,
 } as const;
 /** A backward family's schema: the forward's without the bias. */
 function withoutBias<S extends { bias: unknown }>(s: S): Omit<S, 'bias'> {

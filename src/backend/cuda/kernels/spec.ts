@@ -220,6 +220,8 @@ export const BLOCK_DOMAIN: ParamDomain = { kind: 'pow2', min: 32, max: 1024 };
 
 /** The domain of a baked operand dtype: a kernel is generated (and keyed) per dtype of each float operand. */
 export const DTYPE_DOMAIN: ParamDomain = { kind: 'enum', values: ['f32', 'bf16'] };
+/** The domain of an optional operand's baked dtype: 'none' (the kernel has no such operand) or its dtype. */
+export const OPTIONAL_DTYPE_DOMAIN = { kind: 'enum', values: ['none', 'f32', 'bf16'] } as const;
 
 /** The C element type of a float operand of `dtype` ('bf16' is the storage type dtypeHelpers() declares). */
 export function ctype(dtype: string): string {
