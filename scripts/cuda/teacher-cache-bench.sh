@@ -7,7 +7,9 @@
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
 # Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (default: the CLI's, sample:24),
 #      CLOCKS (0/1: the SM clock and power of each run, bench-lib.sh busy_clocks), PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
-#      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt).
+#      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt), HOSTPROF (0/1: one more run
+#      of each under node's --cpu-prof and --trace-gc: $OUT/hostprof-<how>/*.cpuprofile and $OUT/hostprof-<how>.log, read with
+#      node dist/scripts/cpu-profile-top.js).
 #      Each distillation run prints its region timeline (DISTILLERY_CUDA_TIMELINE=1).
 # Output: $OUT/teacher-cache-bench.txt.
 set -uo pipefail
@@ -44,19 +46,26 @@ done
 # 2. online and cached distillation steps
 for how in ${RUNS:-online cached}; do
   src=(--teacher "$work/teacher-qwen2.5-1.5b"); [ "$how" = cached ] && src=(--teacher-cache "$cache")
-  run_d() { DISTILLERY_CUDA_TIMELINE=1 node bin/distillery.js distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
+  run_d() { DISTILLERY_CUDA_TIMELINE=1 node ${NODE_FLAGS:-} bin/distillery.js distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
   say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl") $(busy_clocks)"
   grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/$how.log" | head -4 | tee -a "$txt"
   grep -E '^\[cuda-(timeline|graphs)\]' "$work/$how.log" | tee -a "$txt"
+  cp "$work/run-$how/metrics.jsonl" "$out/metrics-$how.jsonl" 2>/dev/null
   [ "$rc" != 0 ] && tail -15 "$work/$how.log" | tee -a "$txt"
   if [ "${PROFILE:-0}" = 1 ]; then
     rm -rf "$work/run-$how"
     STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_d
     grep -E '^\[cuda-profile\]' "$work/$how.log" > "$out/profile-$how.txt"
     head -30 "$out/profile-$how.txt" | tee -a "$txt"
+  fi
+  if [ "${HOSTPROF:-0}" = 1 ]; then
+    rm -rf "$work/run-$how" "$out/hostprof-$how"
+    NODE_FLAGS="--cpu-prof --cpu-prof-dir=$out/hostprof-$how --cpu-prof-interval 250 --trace-gc" run_d
+    cp "$work/$how.log" "$out/hostprof-$how.log"; cp "$work/run-$how/metrics.jsonl" "$out/hostprof-$how-metrics.jsonl"
+    say "== distill $how under --cpu-prof/--trace-gc: $(step_metrics "$work/run-$how/metrics.jsonl"); $(grep -c -E 'Scavenge|Mark-Compact|Mark-sweep' "$work/$how.log") GC lines"
   fi
 done
 say "== done"

@@ -54,7 +54,7 @@ import { prepareRunData } from './run-data.js';
 import { isOnPolicyStep, onPolicyMicroBatch } from './on-policy.js';
 import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, checkResumeCompatible, readMetrics, readMoments, readSavedState, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
-import { allocSparseHost, type SparseHost } from '../cache/targets.js';
+import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
@@ -237,13 +237,15 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const distilling = teacher !== null || cache !== null;
 
   // ---- training: batches, weights, evaluation, steps, checkpoints ---------------------------------------
-  /** A batch's sparse teacher rows from the cache (null without one). */
-  const sparseOf = (windows: Int32Array, mask: Float32Array): SparseHost | undefined => {
+  /** A batch's sparse teacher rows from the cache (undefined without one), decoded into `into` or a new SparseHost. */
+  const sparseOf = (windows: Int32Array, mask: Float32Array, into?: SparseHost): SparseHost | undefined => {
     if (!cache) return undefined;
-    const h = allocSparseHost(windows.length * o.seq, sparseSlots(cache.rep));
+    const h = into ?? allocSparseHost(windows.length * o.seq, sparseSlots(cache.rep));
     cache.fillBatch(h, windows, mask, o.seq);
     return h;
   };
+  // Training batches decode into reused host buffers: two steps' micro-batches (SparseRing says why).
+  const sparseRing = cache ? new SparseRing(2 * o.gradAccum, o.batch * o.seq, sparseSlots(cache.rep)) : null;
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {
@@ -421,7 +423,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   /** An off-policy step's micro-batches (with a teacher cache, its sparse rows decoded on the host). */
   const offPolicyMicro = (): Batch[] => Array.from({ length: o.gradAccum }, () => {
     const b = nextBatch();
-    return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask) };
+    return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask, sparseRing?.take()) };
   });
   // With a teacher cache, the next step's batches are built while the device runs this one (decoding its sparse rows
   // is host work, ~10 ms per 8×1024 batch, that would otherwise leave the GPU idle); a checkpoint records the loader

@@ -38,7 +38,7 @@ function dense(be: Backend, c: Case, spec: LossSpec): { stats: Float64Array; gra
 function sparse(be: Backend, c: Case, spec: LossSpec, entries: SparseEntry[], rep: SparseRep, z: ArrayLike<number> = c.z):
   { stats: Float64Array; grad: Float64Array } {
   const slots = rep.kind === 'sample' ? rep.n : Math.min(rep.k, c.V);
-  const h = allocSparseHost(c.n, slots);
+  const h = allocSparseHost(c.n, slots, be.dtype === 'f64' ? 'f64' : 'f32');
   entries.forEach((e, i) => setSparseRow(h, i, e, rep));
   const dev = new SparseDevice(be, c.n, rep.kind === 'top' ? { kind: 'top', k: slots } : rep);
   dev.stage(h, c.n);
