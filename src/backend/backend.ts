@@ -145,8 +145,12 @@ export interface Backend {
   /** Writes src into dst from dstOffset; into a bf16 buffer the values are rounded to nearest even. */
   upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
   uploadInt(dst: IntBuf, src: Int32Array): void;
-  /** A host copy of buf (float64 in the CPU reference mode, else float32 — bf16 values widen exactly). */
-  download(src: Buf): Float32Array | Float64Array;
+  /**
+   * A host copy of buf (float64 in the CPU reference mode, else float32 — bf16 values widen exactly). With `into` (a
+   * float32 array of buf's length) the values go there and `into` is returned: a caller that downloads the same buffer
+   * again and again (each checkpoint's weights and moments) reuses host memory whose pages are already mapped.
+   */
+  download(src: Buf, into?: Float32Array): Float32Array | Float64Array;
   /** A host copy of an int buffer. */
   downloadInt(src: IntBuf): Int32Array;
   zero(buf: Buf): void;

@@ -49,10 +49,10 @@ export function packBf16(src: ArrayLike<number>): Uint16Array {
   return out;
 }
 
-/** Float32 values of bf16 bit patterns (for a download from a bf16 device buffer). */
-export function unpackBf16(h: Uint16Array): Float32Array {
-  const out = new Float32Array(h.length);
-  const u = new Uint32Array(out.buffer);
+/** Float32 values of bf16 bit patterns (for a download from a bf16 device buffer), in `into` when given (h.length floats of it). */
+export function unpackBf16(h: Uint16Array, into?: Float32Array): Float32Array {
+  const out = into ?? new Float32Array(h.length);
+  const u = new Uint32Array(out.buffer, out.byteOffset, h.length);
   for (let i = 0; i < h.length; i++) u[i] = h[i]! << 16;
   return out;
 }

@@ -198,9 +198,15 @@ export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Arra
   for (const t of layout.tensors) {
     // tensor by tensor: `data` reads the tensor when it is used (a writer then holds one tensor at a time)
     if (w instanceof TensorWeights) out.set(t.name, { shape: t.shape, get data() { return w.tensor(t); } });
-    else out.set(t.name, { shape: t.shape, data: Float32Array.from(tensorOf(w, t)) });
+    // a float32 array's tensors are views (writers only read them: no 2 GB copy per save of a 0.5B model); float64 converts
+    else out.set(t.name, { shape: t.shape, data: float32Of(tensorOf(w, t)) });
   }
   return out;
+}
+
+/** The array itself when it is float32, else a float32 copy (the CPU backend's f64 reference mode downloads float64). */
+export function float32Of(a: Float32Array | Float64Array): Float32Array {
+  return a instanceof Float32Array ? a : Float32Array.from(a);
 }
 
 /** Elements [begin, end) of a flat weight array: a view of a typed array, else a copy. */

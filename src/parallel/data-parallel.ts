@@ -18,6 +18,7 @@ import type { Backend, AdamWSegment, Buf } from '../backend/backend.js';
 import type { AdamWOptions, Optimizer, Trainable } from '../train/optimizer.js';
 import { shardOf, type Communicator } from './comm.js';
 import { GradReducer, gradBucketElements } from './grad-reducer.js';
+import { float32Of } from '../model/params.js';
 
 export class ShardedAdamW implements Optimizer {
   readonly m: Buf;
@@ -108,15 +109,15 @@ export class ShardedAdamW implements Optimizer {
   /** The whole fp32 master weights (for a checkpoint; the same on every rank: a collective when they are sharded). */
   gatherMasters(): Float32Array {
     const total = this.model.layout.total, n = this.shard.end - this.shard.begin;
-    if (!this.shardedMasters) return Float32Array.from(this.be.download(this.model.params));
-    const part = Float32Array.from(n > 0 ? this.be.download(this.be.view(this.model.params, 0, n)) : []);
+    if (!this.shardedMasters) return float32Of(this.be.download(this.model.params));
+    const part = n > 0 ? float32Of(this.be.download(this.be.view(this.model.params, 0, n))) : new Float32Array(0);
     return this.comm.allGatherHost(part, this.shard.size).subarray(0, total);
   }
 
   /** The whole moments, gathered from every rank's shard (for a checkpoint; the same on every rank). */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
     const n = this.shard.end - this.shard.begin, total = this.model.layout.total;
-    const part = (b: Buf): Float32Array => Float32Array.from(n > 0 ? this.be.download(this.be.view(b, 0, n)) : []);
+    const part = (b: Buf): Float32Array => n > 0 ? float32Of(this.be.download(this.be.view(b, 0, n))) : new Float32Array(0);
     return {
       m: this.comm.allGatherHost(part(this.m), this.shard.size).subarray(0, total),
       v: this.comm.allGatherHost(part(this.v), this.shard.size).subarray(0, total),

@@ -68,9 +68,18 @@ export class AdamW implements Optimizer {
   /** The tensors of the flat buffer, with weight decay on matrices and embeddings only. */
   private readonly segments: AdamWSegment[];
 
+  /**
+   * The moments as float32 host arrays the optimizer keeps for checkpoints and fills again at each call (valid until
+   * the next): each save downloads into pages already mapped (Transformer.checkpointWeights says why).
+   */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
-    return { m: Float32Array.from(this.be.download(this.m)), v: Float32Array.from(this.be.download(this.v)) };
+    const n = this.model.layout.total;
+    this.host ??= { m: new Float32Array(n), v: new Float32Array(n) };
+    this.be.download(this.m, this.host.m);
+    this.be.download(this.v, this.host.v);
+    return this.host;
   }
+  private host: { m: Float32Array; v: Float32Array } | null = null;
 
   loadMoments(m: Float32Array, v: Float32Array): void {
     this.be.upload(this.m, m);

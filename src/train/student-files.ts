@@ -34,8 +34,8 @@ export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
   return {
     resumeDir: 'model',
     trainable: student,
-    writeResume: (dir, weights) => writeCheckpoint(dir, cfg, weights ?? Float32Array.from(student.getWeights()), { dtype: 'f32', ...carry }),
-    writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.getWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
+    writeResume: (dir, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype: 'f32', ...carry }),
+    writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
     restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
   };
 }

@@ -125,3 +125,10 @@ test('cpu backend adamw: the optional copy receives the updated parameters, roun
     be.dispose();
   }
 });
+
+test('unpackBf16 into a view at an offset fills only that view', () => {
+  const bits = packBf16([1.5, -2, 3.25]);
+  const whole = new Float32Array(6).fill(9), view = whole.subarray(2, 5);
+  assert.equal(unpackBf16(bits, view), view);
+  assert.deepEqual([...whole], [9, 9, 1.5, -2, 3.25, 9]);
+});

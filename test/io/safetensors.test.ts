@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { readSafetensors, readSafetensorsHeader, writeSafetensors } from '../../src/io/safetensors.js';
+import { BF16_WRITE_CHUNK, f32ToBf16Bits, readSafetensors, readSafetensorsHeader, writeSafetensors } from '../../src/io/safetensors.js';
 import { DistilleryError } from '../../src/util/errors.js';
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-st-'));
@@ -175,4 +175,26 @@ test('writer rejects a shape that does not match the data', () => {
   assert.throws(() => writeSafetensors(path.join(tmp, 'x.safetensors'), { a: { shape: [2, 2], data: new Float32Array(3) } }),
     (e: unknown) => e instanceof DistilleryError && /shape \[2, 2\]/.test(e.message));
   assert.equal(fs.existsSync(path.join(tmp, 'x.safetensors')), false);
+});
+
+test('a bf16 write converts in chunks: a tensor past BF16_WRITE_CHUNK (and an empty one) reads back as the whole conversion', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-st-chunk-'));
+  try {
+    const n = BF16_WRITE_CHUNK * 2 + 12345, a = new Float32Array(n);
+    for (let i = 0; i < n; i++) a[i] = Math.sin(i * 0.001) * (1 + (i % 7)) + (i % 1000 === 0 ? NaN : 0);
+    const f = path.join(dir, 'big.safetensors');
+    writeSafetensors(f, new Map([['empty', { shape: [0], data: new Float32Array(0) }], ['a', { shape: [n], data: a }]]), { dtype: 'bf16' });
+    const back = readSafetensors(f).tensors, want = f32ToBf16Bits(a);
+    const got = back.get('a')!.data;
+    assert.equal(got.length, n);
+    for (const i of [0, 1, 999, 1000, BF16_WRITE_CHUNK - 1, BF16_WRITE_CHUNK, 2 * BF16_WRITE_CHUNK + 12344]) {
+      const bits = new Uint32Array(new Float32Array([got[i]!]).buffer)[0]! >>> 16;
+      assert.equal(bits, want[i], `element ${i}`);
+    }
+    let mismatches = 0;
+    const g32 = new Uint32Array(got.buffer, got.byteOffset, got.length);
+    for (let i = 0; i < n; i++) if (g32[i]! >>> 16 !== want[i]) mismatches++;
+    assert.equal(mismatches, 0);
+    assert.equal(back.get('empty')!.data.length, 0);
+  } finally { fs.rmSync(dir, { recursive: true, force: true }); }
 });

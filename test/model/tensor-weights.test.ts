@@ -111,3 +111,19 @@ test('writing a model kept tensor by tensor reads each tensor once, when it is w
   assert.ok(files.length > 1, 'sharded');
   for (const f of files) assert.ok(fs.readFileSync(path.join(dir, 'm', f)).equals(fs.readFileSync(path.join(flatDir, 'm', f))), f);
 });
+
+test('unpackWeights: a float32 array\'s tensors are views of it (a save copies nothing); float64 weights are converted', () => {
+  const f32 = Float32Array.from(flat), u = unpackWeights(layout, f32);
+  for (const t of layout.tensors) {
+    const d = u.get(t.name)!.data;
+    assert.equal(d.buffer, f32.buffer, `${t.name} is a view`);
+    assert.equal(d.byteOffset, t.offset * 4);
+    assert.equal(d.length, t.size);
+  }
+  const f64 = Float64Array.from(flat), u64 = unpackWeights(layout, f64);
+  for (const t of layout.tensors) {
+    const d = u64.get(t.name)!.data;
+    assert.ok(d instanceof Float32Array);
+    assert.deepEqual(d, f32.subarray(t.offset, t.offset + t.size), t.name);
+  }
+});

@@ -79,6 +79,39 @@ test('AdamW: one step equals the textbook update with clipping as a gradient sca
   } finally { be.dispose(); }
 });
 
+test('checkpoint host arrays: the weights and moments a save writes are the current ones, in the same arrays every save', () => {
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    const cfg = presetConfig('tiny', 20);
+    const m = tinyModel(be, cfg, 2, 4);
+    const runner = new StepRunner(m, null, noneLoss);
+    const opt = new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+    const w1 = m.checkpointWeights(), mom1 = opt.gatherMoments();
+    const w1copy = Float32Array.from(w1);
+    assert.deepEqual(w1copy, be.download(m.params));
+    runner.trainStep([batchOf(new Rng(3), 2, 4, 20)], opt, 0.01, 1);
+    const w2 = m.checkpointWeights(), mom2 = opt.gatherMoments();
+    assert.equal(w2, w1, 'the same host array');
+    assert.equal(mom2.m, mom1.m); assert.equal(mom2.v, mom1.v);
+    assert.deepEqual(w2, be.download(m.params), 'holding the weights after the step');
+    assert.notDeepEqual(w2, w1copy);
+    assert.deepEqual(mom2.m, be.download(opt.m)); assert.deepEqual(mom2.v, be.download(opt.v));
+    assert.ok(mom2.v.some((x) => x > 0));
+  } finally { be.dispose(); }
+});
+
+test('download into: the given array gets the values and is returned; a wrong length is refused', () => {
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    const b = be.alloc(5, 'b');
+    be.upload(b, [1, 2, 3, 4, 5]);
+    const into = new Float32Array(5);
+    assert.equal(be.download(b, into), into);
+    assert.deepEqual([...into], [1, 2, 3, 4, 5]);
+    assert.throws(() => be.download(b, new Float32Array(4)), /download into 4 floats of a 5-float buffer/);
+  } finally { be.dispose(); }
+});
+
 test('gradient accumulation: two micro-batches of 2 rows give the gradient of one batch of 4 rows', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   try {

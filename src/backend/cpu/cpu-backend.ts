@@ -337,9 +337,10 @@ export class CpuBackend implements Backend {
     return Int32Array.from(this.i(src, 'downloadInt source'));
   }
 
-  download(src: Buf): Float32Array | Float64Array {
+  download(src: Buf, into?: Float32Array): Float32Array | Float64Array {
     const a = this.f(src, 'download source');
-    const out = new this.Ctor(a.length);
+    check(into === undefined || into.length === a.length, `download into ${into?.length} floats of a ${a.length}-float buffer`);
+    const out = into ?? new this.Ctor(a.length);
     out.set(a);
     return out;
   }

@@ -493,15 +493,16 @@ export class CudaBackend implements Backend {
     return out;
   }
 
-  download(src: Buf): Float32Array {
+  download(src: Buf, into?: Float32Array): Float32Array {
     const s = this.own(src, 'download');
+    if (into !== undefined && into.length !== s.length) throw new Error(`download of ${s.label} (${s.length}) into ${into.length} floats`);
     this.hostTransfer(`downloading ${s.label}`, false);
     if (s.dtype === 'bf16') {
       const h = new Uint16Array(s.length);
       if (this.dev && s.length > 0) this.dev.driver.dtoh(h, s.ptr, s.length * 2, `downloading ${s.label}`);
-      return unpackBf16(h);
+      return unpackBf16(h, into);
     }
-    const out = new Float32Array(s.length);
+    const out = into ?? new Float32Array(s.length);
     if (this.dev && s.length > 0) this.dev.driver.dtoh(out, s.ptr, s.length * 4, `downloading ${s.label}`);
     return out;
   }
