@@ -76,6 +76,12 @@ export interface CacheJobSummary {
   seconds: number;
   /** Teacher tokens (every position of every window computed in this call) per second. */
   tokensPerSecond: number;
+  /**
+   * The same once warm: over the batches after the job's first two (the first runs op by op, the second captures the
+   * CUDA graph), i.e. the rate of a long job, comparable with a forward timed after warm-up; null when the job ran no
+   * such batch.
+   */
+  steadyTokensPerSecond: number | null;
   complete: boolean;
   signal: 'SIGINT' | 'SIGTERM' | null;
 }
@@ -219,6 +225,8 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr,
     [...done.values()].reduce((a, s) => a + s.windows, 0));
   let written = 0, computedTokens = 0, passSeconds = 0;
+  // the steady rate: the time between two collects is one batch's (the next one is queued right after a collect)
+  let batchesCollected = 0, steadyTokens = 0, steadySeconds = 0;
   try {
     for (const si of todo) {
       const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
@@ -236,12 +244,20 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
         });
       };
       let prev: [number, number] | null = null;
+      let lastCollect: bigint | null = null;
+      const collected = (): void => {
+        const now = process.hrtime.bigint();
+        if (prev && lastCollect !== null && batchesCollected >= 2) { steadySeconds += Number(now - lastCollect) / 1e9; steadyTokens += prev[1] * T; }
+        if (prev) batchesCollected++;
+        lastCollect = now;
+      };
       for (let b0 = w0; b0 < w1; b0 += B) {
         const nb = Math.min(B, w1 - b0);
         const ids = new Int32Array(B * T);
         for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
         const done = pass!.collect();
+        collected();
         // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
         pass!.start(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0),
           (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
@@ -249,7 +265,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
         prev = [b0, nb];
         computedTokens += nb * T;
       }
-      if (prev) take(pass!.collect(), prev[0], prev[1]);
+      if (prev) { const last = pass!.collect(); collected(); take(last, prev[0], prev[1]); }
       passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
       const records = entries.map((e) => encodeWindow(lay, e));
       const bytes = shardBytes(w0, records, entries.map((e) => e.length));
@@ -275,11 +291,12 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const summary: CacheJobSummary = {
     out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: written,
     shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: computedTokens / Math.max(passSeconds, 1e-9),
-    complete: m.complete, signal,
+    steadyTokensPerSecond: steadySeconds > 0 ? steadyTokens / steadySeconds : null, complete: m.complete, signal,
   };
   log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +
     `${(bytes / 2 ** 20).toFixed(2)} MiB, ${summary.bytesPerToken.toFixed(1)} bytes per token (${formatSparse(rep)}); ` +
-    `${written} shards written${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s`);
+    `${written} shards written${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s` +
+    (summary.steadyTokensPerSecond !== null ? ` (${Math.round(summary.steadyTokensPerSecond)} once warm: after the first two batches)` : ''));
   if (signal !== null) log(`${signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
   return summary;
 }

@@ -338,3 +338,19 @@ test('teacher-cache --teacher-dtype nf4: the rows are the NF4 teacher\'s (its de
   await assert.rejects(buildTeacherCache(jobOptions(teacherDir, data, out), { log: () => {} }),
     (e) => e instanceof DistilleryError && /--teacher-dtype: nf4 vs auto/.test(e.message));
 });
+
+test('teacher-cache summary: the steady rate counts the batches after the first two (null when there are none)', async () => {
+  const dir = tempDir();
+  try {
+    const teacherDir = path.join(dir, 'teacher');
+    writeTinyCheckpoint(teacherDir, 12);
+    const data = writeData(dir);
+    const logs: string[] = [];
+    const s = await buildTeacherCache(jobOptions(teacherDir, data, path.join(dir, 'c')), { log: (l) => logs.push(l) });
+    assert.ok(s.tokensPerSecond > 0);
+    assert.ok(s.steadyTokensPerSecond !== null && s.steadyTokensPerSecond > 0, 'a job of more than two batches has a steady rate');
+    assert.ok(logs.some((l) => /once warm: after the first two batches/.test(l)), logs.join('\n'));
+    const one = await buildTeacherCache(jobOptions(teacherDir, data, path.join(dir, 'one'), { batch: 64, shardWindows: 64 }), { log: () => {} });
+    assert.equal(one.steadyTokensPerSecond, null, 'one batch: no steady rate');
+  } finally { fs.rmSync(dir, { recursive: true, force: true }); }
+});
