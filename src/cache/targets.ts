@@ -30,19 +30,21 @@ export function allocSparseHost(rows: number, slots: number, dtype: 'f32' | 'f64
 
 /**
  * Host buffers reused in turn: `size` of them, handed out round-robin, so a buffer comes back only after size − 1 others.
- * A cached run decodes its training batches into a ring of two steps' micro-batches (the step on the device and the one
- * the look-ahead fills; a batch's rows are uploaded when its pass is staged, before the ring comes back to it): a new
- * ~4 MB of typed arrays per 8×1024 batch made V8 run a ~90 ms mark-compact about every 12 steps on the GPU machine.
+ * A cached run decodes its training batches into a ring of two steps' micro-batches: the step on the device and the one
+ * the look-ahead fills. A batch's rows are uploaded when its pass is staged, and after its step a checkpoint may stage
+ * micro[0] again as the probe of the new weights, after the look-ahead filled the other half: two steps' worth is what
+ * keeps that batch intact. A new ~5.7 MB of typed arrays per 8×1024 batch (float64 rows and their float32 copies) made
+ * V8 run a ~90 ms mark-compact about every 12 steps on the GPU machine.
  */
 export class SparseRing {
   private readonly hosts: SparseHost[] = [];
   private next = 0;
-  constructor(readonly size: number, private readonly rows: number, private readonly slots: number) {
+  constructor(readonly size: number, private readonly rows: number, private readonly slots: number, private readonly dtype: 'f32' | 'f64' = 'f32') {
     if (!(Number.isInteger(size) && size >= 1)) throw new RangeError(`a sparse ring of ${size} buffers`);
   }
   take(): SparseHost {
     const i = this.next++ % this.size;
-    return (this.hosts[i] ??= allocSparseHost(this.rows, this.slots));
+    return (this.hosts[i] ??= allocSparseHost(this.rows, this.slots, this.dtype));
   }
 }
 

@@ -317,7 +317,10 @@ export function writeSafetensors(
   const hbytes = Buffer.from(hjson, 'utf8');
   const prefix = Buffer.alloc(8);
   prefix.writeBigUInt64LE(BigInt(hbytes.byteLength), 0);
+  // the conversion buffer fits the file's largest tensor (up to BF16_WRITE_CHUNK): sized by the first tensor, an empty
+  // or small first one (a norm opening a shard) made every later tensor go out a few bytes per write call
   let chunk: Uint16Array | null = null;
+  const largest = entries.reduce((a, [, t]) => Math.max(a, t.shape.reduce((x, d) => x * d, 1)), 0);
   writeFileAtomicWith(file, (fd) => {
     writeAll(fd, prefix);
     writeAll(fd, hbytes);
@@ -330,7 +333,7 @@ export function writeSafetensors(
       if (dtype === 'f32') { writeAll(fd, new Uint8Array(data.buffer, data.byteOffset, data.byteLength)); continue; }
       // bf16: converted and written a chunk at a time through one buffer (not a new half-size copy of every tensor,
       // whose fresh pages cost as much as the conversion: 1 GB for a 0.5B model's bf16 folder)
-      chunk ??= new Uint16Array(Math.min(BF16_WRITE_CHUNK, Math.max(1, numel)));
+      chunk ??= new Uint16Array(Math.min(BF16_WRITE_CHUNK, Math.max(1, largest)));
       for (let i = 0; i < numel; i += chunk.length) {
         const n = Math.min(chunk.length, numel - i), bits = f32ToBf16Bits(data.subarray(i, i + n), chunk.subarray(0, n));
         writeAll(fd, new Uint8Array(bits.buffer, bits.byteOffset, bits.byteLength));

@@ -37,7 +37,7 @@ export interface Optimizer {
   gradNorm(): number;
   /** One update with learning rate lr, the gradients multiplied by gradScale first. */
   update(lr: number, gradScale: number): void;
-  /** The whole first and second moments, for a checkpoint. */
+  /** The whole first and second moments, for a checkpoint; the arrays may be reused by the next call (AdamW keeps them). */
   gatherMoments(): { m: Float32Array; v: Float32Array };
   /** Loads whole moments from a checkpoint. */
   loadMoments(m: Float32Array, v: Float32Array): void;
@@ -70,7 +70,8 @@ export class AdamW implements Optimizer {
 
   /**
    * The moments as float32 host arrays the optimizer keeps for checkpoints and fills again at each call (valid until
-   * the next): each save downloads into pages already mapped (Transformer.checkpointWeights says why).
+   * the next): each save downloads into pages already mapped (Transformer.checkpointWeights says why). Steady host
+   * memory: 8 bytes per trained parameter from the first save on.
    */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
     const n = this.model.layout.total;

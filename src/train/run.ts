@@ -237,15 +237,17 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const distilling = teacher !== null || cache !== null;
 
   // ---- training: batches, weights, evaluation, steps, checkpoints ---------------------------------------
+  // the host rows in the backend's float dtype (float64 only for the CPU backend's reference mode)
+  const hostDtype = backend.dtype === 'f64' ? 'f64' : 'f32';
   /** A batch's sparse teacher rows from the cache (undefined without one), decoded into `into` or a new SparseHost. */
   const sparseOf = (windows: Int32Array, mask: Float32Array, into?: SparseHost): SparseHost | undefined => {
     if (!cache) return undefined;
-    const h = into ?? allocSparseHost(windows.length * o.seq, sparseSlots(cache.rep));
+    const h = into ?? allocSparseHost(windows.length * o.seq, sparseSlots(cache.rep), hostDtype);
     cache.fillBatch(h, windows, mask, o.seq);
     return h;
   };
   // Training batches decode into reused host buffers: two steps' micro-batches (SparseRing says why).
-  const sparseRing = cache ? new SparseRing(2 * o.gradAccum, o.batch * o.seq, sparseSlots(cache.rep)) : null;
+  const sparseRing = cache ? new SparseRing(2 * o.gradAccum, o.batch * o.seq, sparseSlots(cache.rep), hostDtype) : null;
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {

@@ -5,6 +5,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
+import fsCjs from 'node:fs';
+import { syncBuiltinESMExports } from 'node:module';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { BF16_WRITE_CHUNK, f32ToBf16Bits, readSafetensors, readSafetensorsHeader, writeSafetensors } from '../../src/io/safetensors.js';
@@ -183,7 +185,16 @@ test('a bf16 write converts in chunks: a tensor past BF16_WRITE_CHUNK (and an em
     const n = BF16_WRITE_CHUNK * 2 + 12345, a = new Float32Array(n);
     for (let i = 0; i < n; i++) a[i] = Math.sin(i * 0.001) * (1 + (i % 7)) + (i % 1000 === 0 ? NaN : 0);
     const f = path.join(dir, 'big.safetensors');
-    writeSafetensors(f, new Map([['empty', { shape: [0], data: new Float32Array(0) }], ['a', { shape: [n], data: a }]]), { dtype: 'bf16' });
+    // count the write calls: an empty or small first tensor must not shrink the conversion chunk of the later ones
+    let writes = 0;
+    const orig = fsCjs.writeSync;
+    fsCjs.writeSync = ((...args: Parameters<typeof fsCjs.writeSync>) => { writes++; return orig(...args); }) as typeof fsCjs.writeSync;
+    syncBuiltinESMExports();
+    try {
+      writeSafetensors(f, new Map([['empty', { shape: [0], data: new Float32Array(0) }], ['small', { shape: [3], data: new Float32Array([1, 2, 3]) }],
+        ['a', { shape: [n], data: a }]]), { dtype: 'bf16' });
+    } finally { fsCjs.writeSync = orig; syncBuiltinESMExports(); }
+    assert.ok(writes <= 8, `${writes} write calls for a header and ${n + 3} bf16 values in chunks of ${BF16_WRITE_CHUNK}`);
     const back = readSafetensors(f).tensors, want = f32ToBf16Bits(a);
     const got = back.get('a')!.data;
     assert.equal(got.length, n);

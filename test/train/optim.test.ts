@@ -110,6 +110,14 @@ test('download into: the given array gets the values and is returned; a wrong le
     assert.deepEqual([...into], [1, 2, 3, 4, 5]);
     assert.throws(() => be.download(b, new Float32Array(4)), /download into 4 floats of a 5-float buffer/);
   } finally { be.dispose(); }
+  const f64 = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const b = f64.alloc(2, 'b');
+    f64.upload(b, [0.1, 1 / 3]);
+    const into = new Float32Array(2);
+    assert.equal(f64.download(b, into), into);
+    assert.deepEqual([...into], [Math.fround(0.1), Math.fround(1 / 3)], 'the f64 reference mode rounds into a float32 array');
+  } finally { f64.dispose(); }
 });
 
 test('gradient accumulation: two micro-batches of 2 rows give the gradient of one batch of 4 rows', () => {

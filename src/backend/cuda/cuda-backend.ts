@@ -504,6 +504,7 @@ export class CudaBackend implements Backend {
     }
     const out = into ?? new Float32Array(s.length);
     if (this.dev && s.length > 0) this.dev.driver.dtoh(out, s.ptr, s.length * 4, `downloading ${s.label}`);
+    else if (!this.dev && into) into.fill(0); // a trace has no values: zeros, as a new array would hold
     return out;
   }
 
