@@ -300,7 +300,9 @@ export function writeSafetensors(
     }
     header.__metadata__ = opts.metadata;
   }
-  let off = 0;
+  // the conversion buffer of a bf16 write fits the file's largest tensor (up to BF16_WRITE_CHUNK): sized by the first
+  // tensor, an empty or small first one (a norm opening a shard) made every later tensor go out a few bytes per write
+  let off = 0, largest = 0;
   for (const [name, t] of entries) {
     if (name === '__metadata__') throw new DistilleryError('safetensors: a tensor cannot be named "__metadata__"', 'rename the tensor');
     // the sizes from the shapes: a tensor whose data is read when it is written (a getter) is read once, there
@@ -310,6 +312,7 @@ export function writeSafetensors(
     }
     header[name] = { dtype: dtype === 'f32' ? 'F32' : 'BF16', shape: [...t.shape], data_offsets: [off, off + numel * esize] };
     off += numel * esize;
+    largest = Math.max(largest, numel);
   }
   let hjson = JSON.stringify(header);
   const hlen = Buffer.byteLength(hjson, 'utf8');
@@ -317,10 +320,7 @@ export function writeSafetensors(
   const hbytes = Buffer.from(hjson, 'utf8');
   const prefix = Buffer.alloc(8);
   prefix.writeBigUInt64LE(BigInt(hbytes.byteLength), 0);
-  // the conversion buffer fits the file's largest tensor (up to BF16_WRITE_CHUNK): sized by the first tensor, an empty
-  // or small first one (a norm opening a shard) made every later tensor go out a few bytes per write call
   let chunk: Uint16Array | null = null;
-  const largest = entries.reduce((a, [, t]) => Math.max(a, t.shape.reduce((x, d) => x * d, 1)), 0);
   writeFileAtomicWith(file, (fd) => {
     writeAll(fd, prefix);
     writeAll(fd, hbytes);

@@ -108,20 +108,20 @@ export class ShardedAdamW implements Optimizer {
 
   /** The whole fp32 master weights (for a checkpoint; the same on every rank: a collective when they are sharded). */
   gatherMasters(): Float32Array {
-    const total = this.model.layout.total, n = this.shard.end - this.shard.begin;
     if (!this.shardedMasters) return float32Of(this.be.download(this.model.params));
-    const part = n > 0 ? float32Of(this.be.download(this.be.view(this.model.params, 0, n))) : new Float32Array(0);
-    return this.comm.allGatherHost(part, this.shard.size).subarray(0, total);
+    return this.gatherShard(this.model.params);
   }
 
   /** The whole moments, gathered from every rank's shard (for a checkpoint; the same on every rank). */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
-    const n = this.shard.end - this.shard.begin, total = this.model.layout.total;
-    const part = (b: Buf): Float32Array => n > 0 ? float32Of(this.be.download(this.be.view(b, 0, n))) : new Float32Array(0);
-    return {
-      m: this.comm.allGatherHost(part(this.m), this.shard.size).subarray(0, total),
-      v: this.comm.allGatherHost(part(this.v), this.shard.size).subarray(0, total),
-    };
+    return { m: this.gatherShard(this.m), v: this.gatherShard(this.v) };
+  }
+
+  /** This rank's shard of b (its first shard-length floats) from every rank, gathered into the whole (a collective). */
+  private gatherShard(b: Buf): Float32Array {
+    const n = this.shard.end - this.shard.begin;
+    const part = n > 0 ? float32Of(this.be.download(this.be.view(b, 0, n))) : new Float32Array(0);
+    return this.comm.allGatherHost(part, this.shard.size).subarray(0, this.model.layout.total);
   }
 
   /** Loads this rank's shard of whole moments (--resume). */
