@@ -98,6 +98,17 @@ export interface SparseRowsOut {
   argmax: IntBuf;
 }
 
+/**
+ * Host copies of device buffers that overlap the device's work (the teacher-cache job reads one batch's rows while the
+ * next batch runs): queue() orders the copies after everything queued so far and returns at once; wait() returns when
+ * they are on the host. The arrays are the same every time (one per buffer given to Backend.readback, in order) and hold
+ * the copies of the last queue() until the next one. CUDA: page-locked host memory and an event; CPU: copied at queue().
+ */
+export interface Readback {
+  queue(): void;
+  wait(): { floats: Array<Float32Array | Float64Array>; ints: Int32Array[] };
+}
+
 /** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
 export const MAX_SPARSE_SLOTS = 256;
 
@@ -153,6 +164,8 @@ export interface Backend {
   download(src: Buf, into?: Float32Array): Float32Array | Float64Array;
   /** A host copy of an int buffer. */
   downloadInt(src: IntBuf): Int32Array;
+  /** Host copies of float32 and int buffers that a caller queues and later waits for (Readback). Not inside a captured region. */
+  readback(floats: Buf[], ints: IntBuf[], label: string): Readback;
   zero(buf: Buf): void;
   /** dst[0..src.length) = src, converting between dtypes (into bf16: rounded to nearest even). */
   copy(dst: Buf, src: Buf): void;

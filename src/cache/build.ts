@@ -27,8 +27,8 @@ import { jobClosures } from '../train/kernel-plan.js';
 import { resolvePrecision, type PrecisionFlag } from '../train/precision.js';
 import { modelExtras, readData } from '../train/run-data.js';
 import { hashDocs, lockRunFolder } from '../train/run-folder.js';
-import { encodeWindow, recordLayout } from './format.js';
-import { cacheUniform, formatSparse, type SparseEntry, type SparseRep } from './sparse.js';
+import { BitWriter, recordLayout, writeRow } from './format.js';
+import { cacheUniform, formatSparse, type SparseRep } from './sparse.js';
 import {
   CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
@@ -74,7 +74,10 @@ export interface CacheJobSummary {
   shardsWritten: number;
   shardsKept: number;
   seconds: number;
-  /** Teacher tokens (every position of every window computed in this call) per second. */
+  /**
+   * Teacher tokens (every position of every window computed in this call) per second of the job's loop: the teacher's
+   * passes, the records and the shards' writes (not loading the teacher).
+   */
   tokensPerSecond: number;
   /**
    * The same once warm: over the batches after the job's first two (the first runs op by op, the second captures the
@@ -224,62 +227,82 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   process.on('SIGTERM', onSignal);
   const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr,
     [...done.values()].reduce((a, s) => a + s.windows, 0));
-  let written = 0, computedTokens = 0, passSeconds = 0;
-  // the steady rate: the time between two collects is one batch's (the next one is queued right after a collect)
-  let batchesCollected = 0, steadyTokens = 0, steadySeconds = 0;
+  // The batches of every shard to compute, in order (a batch never spans two shards).
+  interface ShardWork { si: number; w0: number; w1: number; records: Uint8Array[]; counts: number[]; left: number }
+  interface BatchWork { shard: ShardWork; b0: number; nb: number }
+  const batches: BatchWork[] = [];
+  for (const si of todo) {
+    const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
+    const shard: ShardWork = { si, w0, w1, records: new Array<Uint8Array>(w1 - w0), counts: new Array<number>(w1 - w0).fill(0), left: 0 };
+    for (let b0 = w0; b0 < w1; b0 += B) { batches.push({ shard, b0, nb: Math.min(B, w1 - b0) }); shard.left++; }
+  }
+  let written = 0, computedTokens = 0;
+  // the steady rate: two passes are queued at a time, so the time between two collects is one batch's on the device
+  let batchesCollected = 0, steadyTokens = 0, steadySeconds = 0, lastCollect: bigint | null = null;
+  const writer = new BitWriter();
+  /** Host work of a collected batch, while the device runs the next: each window's record, from the pass's arrays. */
+  const take = (h: PassRows, bw: BatchWork): void => {
+    const S = h.slots;
+    for (let b = 0; b < bw.nb; b++) {
+      const win = windows[bw.b0 + b]!;
+      writer.reset();
+      let positions = 0;
+      for (let p = 0; p < T; p++) {
+        if (!(win.mask[p]! > 0)) continue;
+        const r = b * T + p, o = r * S;
+        let n = 0;
+        while (n < S && h.ids[o + n]! >= 0) n++;
+        writeRow(writer, lay, h.ids, h.logq, o, n, h.tail[r]!, h.argmax[r]!);
+        positions++;
+      }
+      bw.shard.records[bw.b0 + b - bw.shard.w0] = writer.bytes();
+      bw.shard.counts[bw.b0 + b - bw.shard.w0] = positions;
+    }
+  };
+  const writeShard = (sw: ShardWork): void => {
+    const bytes = shardBytes(sw.w0, sw.records, sw.counts);
+    const file = shardName(sw.si);
+    try { writeFileAtomic(path.join(out, file), bytes); } catch (e) {
+      throw fileError(e, `cannot write the shard ${path.join(out, file)}`, 'free disk space, then rerun the command: it continues where it stopped');
+    }
+    done.set(sw.si, { file, first_window: sw.w0, windows: sw.w1 - sw.w0, positions: sw.counts.reduce((a, c) => a + c, 0), bytes: bytes.length, sha256: sha256(bytes) });
+    writeManifest(out, manifestOf(done.size === nShards));
+    written++;
+  };
+  const t0 = process.hrtime.bigint();
+  let loopSeconds = 0;
   try {
-    for (const si of todo) {
-      const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
-      const entries: SparseEntry[][] = Array.from({ length: w1 - w0 }, () => []);
-      // Batch k's pass is queued before batch k − 1's rows are sorted into entries on the host: the two overlap.
-      const t0 = process.hrtime.bigint();
-      const take = (h: PassRows | null, b0: number, nb: number): void => {
-        if (!h) return;
-        const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
-        TeacherPass.entries(h, (rowsOut, r0) => {
-          rowsOut.forEach((e, k) => {
-            const r = r0 + k;
-            if (counted(r)) entries[b0 + Math.floor(r / T) - w0]!.push(e);
-          });
-        });
-      };
-      let prev: [number, number] | null = null;
-      let lastCollect: bigint | null = null;
-      const collected = (): void => {
-        const now = process.hrtime.bigint();
-        if (prev && lastCollect !== null && batchesCollected >= 2) { steadySeconds += Number(now - lastCollect) / 1e9; steadyTokens += prev[1] * T; }
-        if (prev) batchesCollected++;
-        lastCollect = now;
-      };
-      for (let b0 = w0; b0 < w1; b0 += B) {
-        const nb = Math.min(B, w1 - b0);
+    // Batch k + 1 is queued before batch k is collected: the device never waits for the host's share of a batch
+    // (staging, its rows' records, a shard's write) while a queued batch remains.
+    const inflight: BatchWork[] = [];
+    let next = 0;
+    while (inflight.length > 0 || next < batches.length) {
+      if (next < batches.length && inflight.length < 2) {
+        const bw = batches[next++]!, { b0, nb } = bw;
         const ids = new Int32Array(B * T);
         for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
-        const done = pass!.collect();
-        collected();
         // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
         pass!.start(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0),
           (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
-        if (prev) take(done, prev[0], prev[1]);
-        prev = [b0, nb];
-        computedTokens += nb * T;
+        inflight.push(bw);
+        if (inflight.length < 2 && next < batches.length) continue;
       }
-      if (prev) { const last = pass!.collect(); collected(); take(last, prev[0], prev[1]); }
-      passSeconds += Number(process.hrtime.bigint() - t0) / 1e9;
-      const records = entries.map((e) => encodeWindow(lay, e));
-      const bytes = shardBytes(w0, records, entries.map((e) => e.length));
-      const file = shardName(si);
-      try { writeFileAtomic(path.join(out, file), bytes); } catch (e) {
-        throw fileError(e, `cannot write the shard ${path.join(out, file)}`, 'free disk space, then rerun the command: it continues where it stopped');
-      }
-      done.set(si, { file, first_window: w0, windows: w1 - w0, positions: entries.reduce((a, e) => a + e.length, 0), bytes: bytes.length, sha256: sha256(bytes) });
-      writeManifest(out, manifestOf(done.size === nShards));
-      written++;
-      hooks.afterShard?.(si);
-      if (!o.quiet) progress.update([...done.values()].reduce((a, s) => a + s.windows, 0), { 'tok/s': Math.round(computedTokens / Math.max(passSeconds, 1e-9)) });
+      const bw = inflight.shift()!, h = pass!.collect()!;
+      const now = process.hrtime.bigint();
+      if (lastCollect !== null && batchesCollected >= 2) { steadySeconds += Number(now - lastCollect) / 1e9; steadyTokens += bw.nb * T; }
+      batchesCollected++;
+      lastCollect = now;
+      take(h, bw);
+      computedTokens += bw.nb * T;
+      if (--bw.shard.left > 0) continue;
+      writeShard(bw.shard);
+      hooks.afterShard?.(bw.shard.si);
+      loopSeconds = Number(process.hrtime.bigint() - t0) / 1e9;
+      if (!o.quiet) progress.update([...done.values()].reduce((a, s) => a + s.windows, 0), { 'tok/s': Math.round(computedTokens / Math.max(loopSeconds, 1e-9)) });
       await new Promise<void>((resolve) => setImmediate(resolve)); // let a signal in
-      if (signal !== null) break;
+      // a signal (only seen here) stops after this shard: the next one's batches already queued are dropped
+      if (signal !== null) { while (pass!.collect()); break; }
     }
   } finally {
     process.off('SIGINT', onSignal);
@@ -290,7 +313,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const positions = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
   const summary: CacheJobSummary = {
     out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: written,
-    shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: computedTokens / Math.max(passSeconds, 1e-9),
+    shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: computedTokens / Math.max(loopSeconds, 1e-9),
     steadyTokensPerSecond: steadySeconds > 0 ? steadyTokens / steadySeconds : null, complete: m.complete, signal,
   };
   log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +

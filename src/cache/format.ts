@@ -39,26 +39,36 @@ export function quantizeLogq(l: number): number {
 export function dequantizeLogq(q: number): number { return q === LOGQ_ZERO ? -Infinity : -q / LOGQ_SCALE; }
 
 export class BitWriter {
-  private buf = new Uint8Array(1024);
-  private bit = 0;
-  /** Appends the low `bits` bits of v (v < 2^bits, bits ≤ 32), least significant bit first. */
+  private buf = new Uint8Array(4096);
+  private len = 0;
+  /** Bits not yet flushed to buf (the low `held` bits of acc; fewer than 8 between writes). */
+  private acc = 0;
+  private held = 0;
+  /**
+   * Appends the low `bits` bits of v (an integer, 0 ≤ v < 2^bits, bits ≤ 25: with at most 7 bits held, 32 hold them),
+   * least significant bit first.
+   */
   write(v: number, bits: number): void {
-    if (!(Number.isInteger(v) && v >= 0 && v < 2 ** bits)) throw new RangeError(`BitWriter: ${v} does not fit in ${bits} bits`);
-    const need = ((this.bit + bits + 7) >> 3) + 8;
-    if (need > this.buf.length) {
-      const nb = new Uint8Array(Math.max(need, this.buf.length * 2));
+    if (!(bits >= 1 && bits <= 25) || (v >>> 0) !== v || v >= 1 << bits) throw new RangeError(`BitWriter: ${v} does not fit in ${bits} bits`);
+    if (this.len + 4 > this.buf.length) {
+      const nb = new Uint8Array(this.buf.length * 2);
       nb.set(this.buf);
       this.buf = nb;
     }
-    for (let left = bits; left > 0;) {
-      const byte = this.bit >> 3, off = this.bit & 7, take = Math.min(8 - off, left);
-      this.buf[byte]! |= (v % 2 ** take) << off;
-      v = Math.floor(v / 2 ** take);
-      this.bit += take; left -= take;
-    }
+    let acc = this.acc | (v << this.held), held = this.held + bits;
+    const buf = this.buf;
+    while (held >= 8) { buf[this.len++] = acc & 255; acc >>>= 8; held -= 8; }
+    this.acc = acc; this.held = held;
   }
   /** The bytes written (the last one zero-padded). */
-  bytes(): Uint8Array { return this.buf.slice(0, (this.bit + 7) >> 3); }
+  bytes(): Uint8Array {
+    const out = new Uint8Array(this.len + (this.held > 0 ? 1 : 0));
+    out.set(this.buf.subarray(0, this.len));
+    if (this.held > 0) out[this.len] = this.acc & 255;
+    return out;
+  }
+  /** Starts over (the buffer is kept). */
+  reset(): void { this.len = 0; this.acc = 0; this.held = 0; }
 }
 
 export class BitReader {
@@ -94,26 +104,28 @@ export function recordLayout(rep: SparseRep, vocab: number): RecordLayout {
 }
 
 /** The record of one window: its counted positions' entries, in order. */
-export function encodeWindow(lay: RecordLayout, entries: readonly SparseEntry[]): Uint8Array {
-  const w = new BitWriter();
-  for (const e of entries) {
-    if (lay.rep.kind === 'sample') {
-      const n = e.ids.length;
-      if (n < 1 || n > lay.rep.n) throw new RangeError(`a sample row has ${n} distinct ids (1 to ${lay.rep.n})`);
-      w.write(n - 1, lay.countBits);
-      w.write(e.argmax, lay.idBits);
-      for (let k = 0; k < n; k++) {
-        w.write(e.ids[k]!, lay.idBits);
-        w.write(quantizeLogq(e.logq[k]!), LOGQ_BITS);
-      }
-    } else {
-      const K = Math.min(lay.rep.k, lay.vocab);
-      if (e.ids.length !== K) throw new RangeError(`a top-K row has ${e.ids.length} ids, expected ${K}`);
-      for (let k = 0; k < K; k++) { w.write(e.ids[k]!, lay.idBits); w.write(quantizeLogq(e.logq[k]!), LOGQ_BITS); }
-      if (lay.hasTail) w.write(quantizeLogq(e.tail > 0 ? Math.log(e.tail) : -Infinity), LOGQ_BITS);
-    }
-  }
+export function encodeWindow(lay: RecordLayout, entries: readonly SparseEntry[], w: BitWriter = new BitWriter()): Uint8Array {
+  w.reset();
+  for (const e of entries) writeRow(w, lay, e.ids, e.logq, 0, e.ids.length, e.tail, e.argmax);
   return w.bytes();
+}
+
+/**
+ * Appends one position's fields: ids[off .. off + n) with their log q (a row of SparseEntry arrays, or of a teacher
+ * pass's flat output), the tail mass (top-K) and the argmax (samples).
+ */
+export function writeRow(w: BitWriter, lay: RecordLayout, ids: ArrayLike<number>, logq: ArrayLike<number>, off: number, n: number,
+  tail: number, argmax: number): void {
+  if (lay.rep.kind === 'sample') {
+    if (n < 1 || n > lay.rep.n) throw new RangeError(`a sample row has ${n} distinct ids (1 to ${lay.rep.n})`);
+    w.write(n - 1, lay.countBits);
+    w.write(argmax, lay.idBits);
+  } else {
+    const K = Math.min(lay.rep.k, lay.vocab);
+    if (n !== K) throw new RangeError(`a top-K row has ${n} ids, expected ${K}`);
+  }
+  for (let k = off; k < off + n; k++) { w.write(ids[k]!, lay.idBits); w.write(quantizeLogq(logq[k]!), LOGQ_BITS); }
+  if (lay.rep.kind === 'top' && lay.hasTail) w.write(quantizeLogq(tail > 0 ? Math.log(tail) : -Infinity), LOGQ_BITS);
 }
 
 /** The entries of a record of `positions` counted positions (what encodeWindow wrote, with log-probabilities dequantized). */

@@ -7,7 +7,7 @@
  *
  * The kernel plan of the job (src/train/kernel-plan.ts, `cacheTeacher`) runs this same class on the tracing backend.
  */
-import type { Buf, SparseRowsOut } from '../backend/backend.js';
+import type { Buf, Readback, SparseRowsOut } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 import { DistilleryError } from '../util/errors.js';
 import { headChunkRows, headWidth } from '../train/head.js';
@@ -23,6 +23,9 @@ export interface PassRows {
   argmax: Int32Array;
 }
 
+/** A queued pass: its chunks, its row count and the readback its rows come back through (none without chunks). */
+interface Pending { chunks: Array<[number, number]>; n: number; rb: Readback | null }
+
 export class TeacherPass {
   readonly width: number;
   readonly chunkRows: number;
@@ -30,7 +33,10 @@ export class TeacherPass {
   private readonly z: Buf;
   private readonly u: Buf;
   private readonly out: SparseRowsOut;
-  private pending: { chunks: Array<[number, number]>; n: number } | null = null;
+  /** Two readbacks, used in turn: one pass's rows are read on the host while the next pass's copies are queued. */
+  private readonly rbs: [Readback, Readback];
+  private nextRb = 0;
+  private readonly pending: Pending[] = [];
 
   constructor(readonly teacher: Transformer, readonly lossVocab: number, readonly temperature: number, readonly rep: SparseRowRep,
     chunkFloats?: number) {
@@ -46,10 +52,12 @@ export class TeacherPass {
     const R = this.chunkRows, N = teacher.batch * teacher.seq, S = this.slots;
     this.z = be.alloc(R * this.width, 'teacher logits (one chunk of rows)');
     this.u = be.alloc(N, 'teacher cache uniforms');
-    this.out = {
+    const o: SparseRowsOut = this.out = {
       slots: S, ids: be.allocInt(N * S, 'teacher cache ids'), logq: be.alloc(N * S, 'teacher cache log-probabilities'),
       tail: be.alloc(N, 'teacher cache tail mass'), argmax: be.allocInt(N, 'teacher cache argmax'),
     };
+    const rb = (k: number): Readback => be.readback([o.logq, o.tail], [o.ids, o.argmax], `the teacher cache's rows (${k})`);
+    this.rbs = [rb(0), rb(1)];
   }
 
   /**
@@ -64,22 +72,29 @@ export class TeacherPass {
     if (h) TeacherPass.entries(h, onRows);
   }
 
+  /** Passes queued and not yet collected (at most 2). */
+  get queued(): number { return this.pending.length; }
+
   /**
    * Queues the pass over ids [b, t] on the device (asynchronous on CUDA): the uniforms go up first, every chunk's
-   * sparse rows stay on the device until collect(). One pass may be pending at a time.
+   * sparse rows stay on the device, then their copies to the host are queued. Two passes may be pending: the device
+   * runs the second while the host reads the first's rows (collect). Every op is ordered on the device's stream, so
+   * one set of device buffers serves both: the second pass overwrites the rows only after the first's copies.
    */
   start(ids: Int32Array, b: number, t: number, uniform: (row: number) => number, wanted: (r0: number, rows: number) => boolean = () => true): void {
     const m = this.teacher, be = m.backend, C = m.config.hiddenSize, V = this.width, n = b * t, S = this.slots;
-    if (this.pending) throw new Error('TeacherPass.start: the previous pass was not collected');
+    if (this.pending.length >= 2) throw new Error('TeacherPass.start: two passes are pending; collect one first');
     if (n > m.batch * m.seq) throw new DistilleryError(`a teacher-cache pass of ${b} × ${t} exceeds the teacher's ${m.batch} × ${m.seq}`);
     const chunks: Array<[number, number]> = [];
     for (let r0 = 0; r0 < n; r0 += this.chunkRows) {
       const rows = Math.min(this.chunkRows, n - r0);
       if (wanted(r0, rows)) chunks.push([r0, rows]);
     }
-    this.pending = { chunks, n };
+    if (chunks.length === 0) { this.pending.push({ chunks, n, rb: null }); return; }
     m.stageInputs(ids, b, t);
-    be.upload(be.view(this.u, 0, n), Float32Array.from({ length: n }, (_, r) => uniform(r)));
+    const uniforms = new Float32Array(n);
+    for (let r = 0; r < n; r++) uniforms[r] = uniform(r);
+    be.upload(be.view(this.u, 0, n), uniforms);
     const hidden = be.captured('teacher cache pass', () => m.forwardStaged(b, t));
     const w = be.view(m.headWeight(), 0, V * C);
     for (const [r0, rows] of chunks) {
@@ -92,18 +107,24 @@ export class TeacherPass {
       };
       be.sparseTeacherRows(view, z, be.view(this.u, r0, rows), rows, this.lossVocab, this.temperature, this.rep.kind, V);
     }
+    const rb = this.rbs[this.nextRb]!;
+    this.nextRb ^= 1;
+    rb.queue();
+    this.pending.push({ chunks, n, rb });
   }
 
-  /** The pending pass's sparse rows on the host (waits for the device); null when none is pending. */
+  /**
+   * The oldest pending pass's sparse rows on the host (waits for them, not for a pass queued after it); null when none
+   * is pending. The arrays are the readback's: they hold these rows until the second start() after this collect.
+   */
   collect(): PassRows | null {
-    const p = this.pending, be = this.teacher.backend, S = this.slots;
+    const p = this.pending.shift(), S = this.slots;
     if (!p) return null;
-    this.pending = null;
-    if (p.chunks.length === 0) return { chunks: [], slots: S, ids: new Int32Array(0), logq: new Float32Array(0), tail: new Float32Array(0), argmax: new Int32Array(0) };
-    const n = p.n;
+    if (!p.rb) return { chunks: [], slots: S, ids: new Int32Array(0), logq: new Float32Array(0), tail: new Float32Array(0), argmax: new Int32Array(0) };
+    const n = p.n, { floats, ints } = p.rb.wait();
     return {
-      chunks: p.chunks, slots: S, ids: be.downloadInt(be.viewInt(this.out.ids, 0, n * S)), logq: be.download(be.view(this.out.logq, 0, n * S)),
-      tail: be.download(be.view(this.out.tail, 0, n)), argmax: be.downloadInt(be.viewInt(this.out.argmax, 0, n)),
+      chunks: p.chunks, slots: S, ids: ints[0]!.subarray(0, n * S), logq: floats[0]!.subarray(0, n * S),
+      tail: floats[1]!.subarray(0, n), argmax: ints[1]!.subarray(0, n),
     };
   }
 

@@ -231,6 +231,17 @@ test('a cached distillation step (the sparse loss) and a teacher-cache pass run 
   assert.deepEqual(modes, ['teacher cache pass:eager', 'teacher cache pass:capture', 'teacher cache pass:replay']);
   assert.ok(s.driver.launched.includes('sample_rows'));
   s.be.captured = orig;
+  // two passes queued back to back: each one's rows come back by copies queued after its kernels and an event, and
+  // nothing in start() waits for the device (no synchronous copy): the second pass is queued while the first runs
+  const c0 = s.driver.calls.length;
+  pass.start(batch(2, 8, 5, v).inputs, 2, 8, () => 0.5);
+  pass.start(batch(2, 8, 6, v).inputs, 2, 8, () => 0.5);
+  const calls = s.driver.calls.slice(c0);
+  assert.ok(!calls.includes('dtoh'), calls.join(' '));
+  const passes = calls.join(' ').split(/(?<=record) /);
+  assert.equal(passes.length, 2, calls.join(' '));
+  for (const p of passes) assert.match(p, /launch (dtohAsync ){4}record$/, 'four copies (logq, tail, ids, argmax) after the kernels, then the event');
+  assert.ok(pass.collect() && pass.collect() && pass.collect() === null);
   s.be.dispose();
 });
 

@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -335,6 +335,15 @@ export class CpuBackend implements Backend {
 
   downloadInt(src: IntBuf): Int32Array {
     return Int32Array.from(this.i(src, 'downloadInt source'));
+  }
+
+  readback(floats: Buf[], ints: IntBuf[], _label: string): Readback {
+    const fs = floats.map((b) => this.f(b, 'readback source')), is = ints.map((b) => this.i(b, 'readback source'));
+    const out = { floats: fs.map((a) => new this.Ctor(a.length)), ints: is.map((a) => new Int32Array(a.length)) };
+    return {
+      queue: () => { fs.forEach((a, k) => out.floats[k]!.set(a)); is.forEach((a, k) => out.ints[k]!.set(a)); },
+      wait: () => out,
+    };
   }
 
   download(src: Buf, into?: Float32Array): Float32Array | Float64Array {

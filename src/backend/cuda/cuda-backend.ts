@@ -39,7 +39,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -209,6 +209,9 @@ export class CudaBackend implements Backend {
   private readonly fns = new Map<KernelSpec, unknown>();
   private readonly modules: unknown[] = [];
   private readonly allocations: CudaBuf[] = [];
+  /** Page-locked host memory of readbacks and their completion events (freed at dispose). */
+  private readonly hostAllocations: unknown[] = [];
+  private readonly readbackEvents: unknown[] = [];
   private bytesAllocated = 0;
   // Argument storage for cuLaunchKernel: 256 bytes, so V8 keeps it off-heap and its address never moves.
   private readonly argSlots = Buffer.alloc(MAX_ARGS * 8);
@@ -493,6 +496,41 @@ export class CudaBackend implements Backend {
     return out;
   }
 
+  /**
+   * Page-locked host arrays (one allocation per readback, freed at dispose), an async copy per buffer and a completion
+   * event; without a GPU (trace mode) the arrays stay zero.
+   */
+  readback(floats: Buf[], ints: IntBuf[], label: string): Readback {
+    const parts = [...floats, ...ints].map((b) => this.own(b, 'readback'));
+    for (const p of parts.slice(0, floats.length)) if (p.dtype !== 'f32') throw new Error(`readback of ${p.label}: a ${p.dtype} buffer (float32 only)`);
+    const bytes = parts.reduce((a, p) => a + p.length * 4, 0);
+    const dev = this.dev;
+    const host = dev ? dev.driver.hostAlloc(bytes, `allocating page-locked host memory for ${label}`) : { ptr: null, addr: 0n, buffer: new ArrayBuffer(bytes) };
+    if (dev) this.hostAllocations.push(host.ptr);
+    const ev = dev ? dev.driver.eventCreate(false) : null;
+    if (ev !== null) this.readbackEvents.push(ev);
+    let at = 0;
+    const offsets = parts.map((p) => { const o = at; at += p.length * 4; return o; });
+    const out = {
+      floats: parts.slice(0, floats.length).map((p, k) => new Float32Array(host.buffer, offsets[k]!, p.length)),
+      ints: parts.slice(floats.length).map((p, k) => new Int32Array(host.buffer, offsets[floats.length + k]!, p.length)),
+    };
+    let queued = false;
+    return {
+      queue: () => {
+        this.hostTransfer(`reading back ${label}`, false);
+        if (!dev) return;
+        parts.forEach((p, k) => { if (p.length > 0) dev.driver.dtohAsync(host.addr + BigInt(offsets[k]!), p.ptr, p.length * 4, `reading back ${p.label}`); });
+        dev.driver.recordOn(ev, `reading back ${label}`);
+        queued = true;
+      },
+      wait: () => {
+        if (dev && queued) { dev.driver.waitEvent(ev, `waiting for the readback of ${label}`); queued = false; }
+        return out;
+      },
+    };
+  }
+
   download(src: Buf, into?: Float32Array): Float32Array {
     const s = this.own(src, 'download');
     if (into !== undefined && into.length !== s.length) throw new Error(`download of ${s.label} (${s.length}) into ${into.length} floats`);
@@ -598,6 +636,9 @@ export class CudaBackend implements Backend {
         prof.dispose((e) => log(`[cuda] dispose: profile events: ${e instanceof Error ? e.message : String(e)}`));
       }
       for (const b of this.allocations) attempt(`freeing ${b.label}`, () => dev.driver.memFree(b.ptr));
+      for (const h of this.hostAllocations) attempt('freeing page-locked host memory', () => dev.driver.hostFree(h));
+      for (const ev of this.readbackEvents) attempt('destroying a readback event', () => dev.driver.eventDestroy(ev));
+      this.hostAllocations.length = 0; this.readbackEvents.length = 0;
       for (const m of this.modules) attempt('unloading a kernel module', () => dev.driver.unloadModule(m));
       this.modules.length = 0;
       this.fns.clear();

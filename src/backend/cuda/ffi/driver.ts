@@ -60,6 +60,10 @@ export class CudaDriver {
       memcpyHtoDAsync: l.func('int cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t bytes, void *stream)'),
       memcpyDtoHAsync: l.func('int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t bytes, void *stream)'),
       memcpyDtoDAsync: l.func('int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
+      // the same copy into page-locked host memory given by address (hostAlloc): returns at once
+      memcpyDtoHAsyncPinned: l.func('int cuMemcpyDtoHAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
+      memAllocHost: l.func('int cuMemAllocHost_v2(_Out_ void **pp, size_t bytes)'),
+      memFreeHost: l.func('int cuMemFreeHost(void *p)'),
       memsetD32Async: l.func('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void *stream)'),
       memsetD8Async: l.func('int cuMemsetD8Async(uint64_t dst, unsigned char value, size_t n, void *stream)'),
       eventRecordWithFlags: l.func('int cuEventRecordWithFlags(void *ev, void *stream, unsigned int flags)'),
@@ -146,6 +150,31 @@ export class CudaDriver {
   htod(dst: bigint, src: ArrayBufferView, bytes: number, context: string): void {
     this.check(this.f.memcpyHtoDAsync!(dst, src, bytes, this.stream), `cuMemcpyHtoDAsync(${formatBytes(bytes)})`, context);
   }
+  /** Page-locked host memory of `bytes` (at least 4): the pointer (for hostFree), its address and an ArrayBuffer over it. */
+  hostAlloc(bytes: number, context: string): { ptr: unknown; addr: bigint; buffer: ArrayBuffer } {
+    const p: unknown[] = [null];
+    const n = Math.max(4, bytes);
+    this.check(this.f.memAllocHost!(p, n), `cuMemAllocHost(${formatBytes(n)})`, context);
+    return { ptr: p[0], addr: BigInt(koffi.address(p[0])), buffer: koffi.view(p[0], n) };
+  }
+  /** Frees hostAlloc's memory: every view of its buffer is dangling after this. */
+  hostFree(ptr: unknown): void { this.check(this.f.memFreeHost!(ptr), 'cuMemFreeHost', 'freeing page-locked host memory'); }
+  /** Device to page-locked host memory at address dst (hostAlloc), ordered on the stream; returns at once (waitEvent). */
+  dtohAsync(dst: bigint, src: bigint, bytes: number, context: string): void {
+    this.check(this.f.memcpyDtoHAsyncPinned!(dst, src, bytes, this.stream), `cuMemcpyDtoHAsync(${formatBytes(bytes)})`, context);
+  }
+  /** Records ev on the stream (after everything queued so far). */
+  recordOn(ev: unknown, context: string): void { this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', context); }
+  /** Waits for an event recorded on the stream: bounded by the guard where one is set, as waitStream is. */
+  waitEvent(ev: unknown, context: string): void {
+    if (this.aborted) throw new CudaError(0, 'ABORTED', 'cuEventSynchronize', context, 'the GPU collectives were aborted: every rank stops');
+    const g = this.waitGuard;
+    if (g === null) { this.check(this.f.eventSynchronize!(ev), 'cuEventSynchronize', context); return; }
+    boundedWait(() => this.eventQuery(ev), {
+      who: g.who, timeoutMs: g.timeoutMs, ...(g.setting ? { setting: g.setting } : {}), poll: () => g.poll(), abort: (why) => { this.aborted = true; g.abort(why); },
+    }, context);
+  }
+
   /** Device to host after everything queued before it on the stream; returns when the bytes are on the host. */
   dtoh(dst: ArrayBufferView, src: bigint, bytes: number, context: string): void {
     // A copy into pageable memory returns only once it is done (it waits for the stream inside the call): with a
@@ -173,11 +202,8 @@ export class CudaDriver {
       this.check(this.f.eventCreate!(ev, 2 /* CU_EVENT_DISABLE_TIMING */), 'cuEventCreate', 'creating the wait event');
       this.syncEvent = ev[0];
     }
-    const ev = this.syncEvent;
-    this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', context);
-    boundedWait(() => this.eventQuery(ev), {
-      who: g.who, timeoutMs: g.timeoutMs, ...(g.setting ? { setting: g.setting } : {}), poll: () => g.poll(), abort: (why) => { this.aborted = true; g.abort(why); },
-    }, context);
+    this.recordOn(this.syncEvent, context);
+    this.waitEvent(this.syncEvent, context);
   }
 
   // The side stream: collectives that overlap the main stream's work (fork: it waits for an event of the main stream;
@@ -256,9 +282,10 @@ export class CudaDriver {
   graphDestroy(exec: unknown): void { this.check(this.f.graphExecDestroy!(exec), 'cuGraphExecDestroy', 'destroying a CUDA graph'); }
 
   // Events (the op profile and the step timeline): recorded on the stream.
-  eventCreate(): unknown {
+  /** A profile event (timed), or with timing false one that only marks completion (CU_EVENT_DISABLE_TIMING: cheaper). */
+  eventCreate(timing = true): unknown {
     const ev: unknown[] = [null];
-    this.check(this.f.eventCreate!(ev, 0), 'cuEventCreate', 'creating a profile event');
+    this.check(this.f.eventCreate!(ev, timing ? 0 : 2), 'cuEventCreate', timing ? 'creating a profile event' : 'creating a completion event');
     return ev[0];
   }
   eventRecord(ev: unknown): void { this.check(this.f.eventRecord!(ev, this.stream), 'cuEventRecord', 'recording an event'); }
