@@ -20,7 +20,7 @@
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
-import { TensorWeights, float32Of, parameterLayout, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, float32Of, parameterLayout, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
@@ -299,13 +299,14 @@ export class Transformer {
    * The weights as float32, downloaded into one host array the model keeps for its checkpoints and returns again at
    * each call (valid until the next): a save then writes into pages already mapped, where a new 2 GB array per save of
    * a 0.5B model cost seconds of first-touch page faults (measured on the H100 machine: 2.0 s against 0.18 s into a
-   * touched array). Steady host memory: the weights' float32 size, from the first save on. (An nf4 model, never
-   * trained whole, returns a new array.)
+   * touched array). Steady host memory: the weights' float32 size, from the first save on. The array is over a
+   * SharedArrayBuffer (the checkpoint writer's thread reads it in place). (An nf4 model, never trained whole, returns a
+   * new array.)
    */
   checkpointWeights(): Float32Array {
     if (this.nf4) return float32Of(this.nf4.getWeights());
     if (this.masterLength < this.layout.total) throw new DistilleryError('this model keeps the master weights of its shard only: gather them over the ranks (ShardedAdamW.gatherMasters)');
-    this.hostWeights ??= new Float32Array(this.layout.total);
+    this.hostWeights ??= sharedFloat32(this.layout.total);
     this.backend.download(this.params, this.hostWeights);
     return this.hostWeights;
   }

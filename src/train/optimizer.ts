@@ -4,7 +4,7 @@
  * Global-norm clipping is folded into the update as a gradient scale (no extra pass over the gradients).
  */
 import type { AdamWSegment, Backend, Buf } from '../backend/backend.js';
-import type { TensorInfo } from '../model/params.js';
+import { sharedFloat32, type TensorInfo } from '../model/params.js';
 
 /** What AdamW trains: a flat buffer of tensors (a model's parameters, or its LoRA adapters), its gradients, its compute copy. */
 export interface Trainable {
@@ -75,7 +75,7 @@ export class AdamW implements Optimizer {
    */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
     const n = this.model.layout.total;
-    this.host ??= { m: new Float32Array(n), v: new Float32Array(n) };
+    this.host ??= { m: sharedFloat32(n), v: sharedFloat32(n) }; // shared with the checkpoint writer's thread
     this.be.download(this.m, this.host.m);
     this.be.download(this.v, this.host.v);
     return this.host;

@@ -37,8 +37,8 @@ import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parameterCount } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
-import { writeSafetensors } from '../io/safetensors.js';
-import { replaceDirAtomicSync, recoverDir, writeFileAtomic } from '../io/atomic.js';
+import { recoverDir, writeFileAtomic } from '../io/atomic.js';
+import { BackgroundCheckpoints, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun } from './run-folder.js';
 import { Progress } from '../report/progress.js';
@@ -310,6 +310,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   }
 
   let lastGoodStep: number | null = saved ? saved.step : null;
+  // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); a test's
+  // duringCheckpointWrite hook runs inside the write, so with one the write stays on this thread
+  const checkpoints = root && !hooks.duringCheckpointWrite ? new BackgroundCheckpoints(files.resumeWriter) : null;
   /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
   const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
   /**
@@ -334,17 +337,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
     };
+    checkpoints?.join(); // the previous write reads the arrays the snapshot downloads into
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
     const masters = gatheredMasters();
     if (root) {
-      replaceDirAtomicSync(latest, (tmp) => {
-        files.writeResume(path.join(tmp, files.resumeDir), masters);
-        hooks.duringCheckpointWrite?.(tmp, step);
-        writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
-          ['m', { shape: [m.length], data: m }], ['v', { shape: [v.length], data: v }],
-        ]), { dtype: 'f32' });
-        fs.writeFileSync(path.join(tmp, 'state.json'), JSON.stringify(state, null, 1));
-      });
+      const c: LatestCheckpoint = { latest, resumeDir: files.resumeDir, weights: files.resumeWeights(masters), m, v, state: JSON.stringify(state, null, 1), step };
+      if (checkpoints) checkpoints.submit(c);
+      else writeLatest(c, files.resumeWriter, hooks.duringCheckpointWrite);
     }
     waitForRootIo();
     lastGoodStep = step;
@@ -379,6 +378,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const v = observe(step, valLoss);
     if (v.warning) warn(v.warning);
     if (v.best) {
+      checkpoints?.join(); // best/ downloads into the arrays a checkpoint write may still read
       const masters = gatheredMasters();
       if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' }, masters);
       waitForRootIo();
@@ -520,11 +520,17 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         break;
       }
     }
+  } catch (e) {
+    // the checkpoint write in flight ends before the run stops; the run's own error is the one that counts
+    try { checkpoints?.close(); } catch (w) { log(`warning: writing ${latest} failed too: ${w instanceof Error ? w.message : String(w)}`); }
+    throw e;
   } finally {
     if (!o.quiet && root) progress.done();
     // The plot is a convenience: failing to write it (disk full) must not hide why the run stopped.
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
+  // the checkpoint write in flight ends before the run goes on (final/, the summary): a failed write is the run's error
+  checkpoints?.close();
   // the summary's final validation figures are of the weights the run ends with, also when it did not evaluate them
   // (a --stop-after or a signal between evaluations, a --resume of a finished run): not a metrics row, not a best/
   if (lastEval === null || lastEvalStep !== step) lastEval = evaluate();

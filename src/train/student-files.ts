@@ -9,16 +9,38 @@ import type { ModelConfig } from '../model/config.js';
 import { readCheckpoint, sideConfigs, writeCheckpoint, type SaveCheckpointOptions } from '../model/checkpoint.js';
 import type { Transformer } from '../model/transformer.js';
 import { readAdapterHeader, readAdapterWeights, writeAdapter, type BaseRef } from '../model/adapter.js';
-import type { LoraAdapters } from '../model/lora.js';
+import type { LoraAdapters, LoraLayout } from '../model/lora.js';
+import { float32Of } from '../model/params.js';
 import { DistilleryError } from '../util/errors.js';
 import type { Trainable } from './optimizer.js';
 
 /** The tokenizer and chat files a run carries into the folders it writes. */
 export type Carry = Pick<SaveCheckpointOptions, 'tokenizerJson' | 'tokenizerConfig' | 'chatTemplate' | 'generationConfig'>;
 
+/**
+ * How checkpoints/latest's weights folder is written, as plain data (no device, no closures): a worker thread writes a
+ * checkpoint from it and a host snapshot of the weights (src/train/checkpoint-writer.ts).
+ */
+export type ResumeWriter =
+  | { kind: 'model'; cfg: ModelConfig; carry: Carry }
+  | { kind: 'adapter'; layout: LoraLayout; base: BaseRef; baseName?: string | undefined; files: Record<string, string> };
+
+/** Writes the float32 weights --resume reads into `dir`: host work only. */
+export function writeResumeFiles(dir: string, w: ResumeWriter, weights: Float32Array): void {
+  if (w.kind === 'model') writeCheckpoint(dir, w.cfg, weights, { dtype: 'f32', ...w.carry });
+  else writeAdapter(dir, w.layout, weights, { dtype: 'f32', base: w.base, baseName: w.baseName, extraFiles: w.files });
+}
+
 export interface StudentFiles {
   /** The folder under checkpoints/latest that holds the weights. */
   readonly resumeDir: 'model' | 'adapter';
+  /** How writeResume writes (for a writer on another thread). */
+  readonly resumeWriter: ResumeWriter;
+  /**
+   * The host snapshot writeResume writes (`weights`: the whole masters when the model keeps a shard of them): a full
+   * model's is the array Transformer.checkpointWeights keeps (valid until the next snapshot), an adapter's a new one.
+   */
+  resumeWeights(weights?: Float32Array): Float32Array;
   /** What the optimizer trains (and what a checkpoint's moments and finiteness check cover). */
   readonly trainable: Trainable;
   /** Writes the float32 weights --resume reads into `dir` (`weights`: the whole masters when the model keeps a shard of them). */
@@ -31,10 +53,13 @@ export interface StudentFiles {
 
 /** A run that trains every weight of the student. */
 export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: Carry): StudentFiles {
+  const resumeWriter: ResumeWriter = { kind: 'model', cfg, carry };
   return {
     resumeDir: 'model',
     trainable: student,
-    writeResume: (dir, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype: 'f32', ...carry }),
+    resumeWriter,
+    resumeWeights: (weights) => weights ?? student.checkpointWeights(),
+    writeResume: (dir, weights) => writeResumeFiles(dir, resumeWriter, weights ?? student.checkpointWeights()),
     writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
     restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
   };
@@ -57,10 +82,13 @@ export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
   const files = carriedFiles(cfg, carry);
   const write = (dir: string, dtype: 'f32' | 'bf16', extra?: Record<string, string>): void =>
     writeAdapter(dir, lora.layout, lora.getWeights(), { dtype, base, baseName, extraFiles: { ...files, ...extra } });
+  const resumeWriter: ResumeWriter = { kind: 'adapter', layout: lora.layout, base, baseName, files };
   return {
     resumeDir: 'adapter',
     trainable: lora,
-    writeResume: (dir) => write(dir, 'f32'),
+    resumeWriter,
+    resumeWeights: () => float32Of(lora.getWeights()),
+    writeResume: (dir) => writeResumeFiles(dir, resumeWriter, float32Of(lora.getWeights())),
     writeUser: (dir, dtype, extraFiles) => write(dir, dtype, extraFiles),
     restore: (dir) => {
       const h = readAdapterHeader(dir);

@@ -1,0 +1,24 @@
+/**
+ * The worker thread of BackgroundCheckpoints (src/train/checkpoint-writer.ts): writes each checkpoint it is sent with
+ * writeLatest, posts the result on its port, then counts it in the shared flag and wakes the run waiting in join().
+ */
+import { parentPort, type MessagePort } from 'node:worker_threads';
+import { writeFailure, writeLatest, type WorkerMessage, type WriteResult } from './checkpoint-writer.js';
+import type { ResumeWriter } from './student-files.js';
+
+let writer: ResumeWriter | null = null, port: MessagePort | null = null, flag: Int32Array | null = null;
+
+parentPort!.on('message', (msg: WorkerMessage) => {
+  if ('writer' in msg) { writer = msg.writer; port = msg.port; flag = msg.flag; return; }
+  const c = msg.checkpoint;
+  let result: WriteResult;
+  try {
+    writeLatest(c, writer!);
+    result = { ok: true, step: c.step };
+  } catch (e) {
+    result = writeFailure(c.step, e);
+  }
+  port!.postMessage(result);
+  Atomics.add(flag!, 0, 1);
+  Atomics.notify(flag!, 0);
+});

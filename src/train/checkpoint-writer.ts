@@ -1,0 +1,128 @@
+/**
+ * Writing checkpoints/latest: the weights folder (float32), the optimizer's moments and state.json, into a temporary
+ * folder that replaces the previous checkpoint at once (replaceDirAtomicSync: a crash mid-write keeps the old one).
+ *
+ * A save is two parts: the snapshot (the device's weights and moments downloaded into host arrays: fast, and it must
+ * happen at the step) and the write (the files: seconds for a 0.5B model, two thirds of a save on the H100 machine).
+ * BackgroundCheckpoints runs the write on a worker thread (src/train/checkpoint-worker.ts) while training goes on: the
+ * host arrays are shared with it (SharedArrayBuffer: the arrays the model and the optimizer keep for their saves) or
+ * handed over (transferred), never copied. The run joins the write before anything downloads into those arrays again
+ * (the next save, best/, final/) and before it ends; a write that failed throws its error there, as the synchronous
+ * write would have.
+ */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { MessageChannel, Worker, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
+import { replaceDirAtomicSync } from '../io/atomic.js';
+import { writeSafetensors } from '../io/safetensors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
+import { writeResumeFiles, type ResumeWriter } from './student-files.js';
+
+/** One save of checkpoints/latest: where, the host snapshot, and state.json's text. */
+export interface LatestCheckpoint {
+  latest: string;
+  /** The weights folder's name under latest (model/ or adapter/). */
+  resumeDir: string;
+  weights: Float32Array;
+  m: Float32Array;
+  v: Float32Array;
+  state: string;
+  step: number;
+}
+
+/** Writes checkpoints/latest (see the module comment); `during` runs between the weights and the moments (tests). */
+export function writeLatest(c: LatestCheckpoint, writer: ResumeWriter, during?: (tmpDir: string, step: number) => void): void {
+  replaceDirAtomicSync(c.latest, (tmp) => {
+    writeResumeFiles(path.join(tmp, c.resumeDir), writer, c.weights);
+    during?.(tmp, c.step);
+    writeSafetensors(path.join(tmp, 'optimizer.safetensors'), new Map([
+      ['m', { shape: [c.m.length], data: c.m }], ['v', { shape: [c.v.length], data: c.v }],
+    ]), { dtype: 'f32' });
+    fs.writeFileSync(path.join(tmp, 'state.json'), c.state);
+  });
+}
+
+/** What the worker posts back for a write: done, or the error it threw (a DistilleryError keeps its hint). */
+export type WriteResult = { ok: true; step: number }
+  | { ok: false; step: number; message: string; hint?: string | undefined; kind: 'input' | 'distillery' | 'error'; code?: string | undefined };
+
+/** A write's error as the worker posts it. */
+export function writeFailure(step: number, e: unknown): WriteResult {
+  const code = (e as NodeJS.ErrnoException | null)?.code;
+  if (e instanceof DistilleryError) return { ok: false, step, message: e.message, hint: e.hint, kind: e instanceof InputError ? 'input' : 'distillery' };
+  return { ok: false, step, message: e instanceof Error ? e.message : String(e), kind: 'error', ...(typeof code === 'string' ? { code } : {}) };
+}
+
+/** The error a write threw on the worker, rebuilt on the run's thread (the class, hint and errno code it had). */
+function rebuild(r: Extract<WriteResult, { ok: false }>): Error {
+  if (r.kind === 'input') return new InputError(r.message, r.hint);
+  if (r.kind === 'distillery') return new DistilleryError(r.message, r.hint);
+  return Object.assign(new Error(r.message), r.code ? { code: r.code } : {});
+}
+
+/** The messages the worker receives: its writer once, then each checkpoint. */
+export type WorkerMessage = { writer: ResumeWriter; port: MessagePort; flag: Int32Array } | { checkpoint: LatestCheckpoint };
+
+export class BackgroundCheckpoints {
+  private worker: Worker | null = null;
+  private port: MessagePort | null = null;
+  /** flag[0]: writes finished so far (the worker adds one and notifies after posting each result). */
+  private readonly flag = new Int32Array(new SharedArrayBuffer(4));
+  private submitted = 0;
+  private pending: number | null = null;
+
+  constructor(private readonly writer: ResumeWriter) {}
+
+  /** The step of the write in flight, or null. */
+  get inFlight(): number | null { return this.pending; }
+
+  /**
+   * Starts writing c on the worker (after joining the previous write). The arrays over a SharedArrayBuffer are shared:
+   * the caller must not change them before join(); any others are transferred (unusable here afterwards).
+   */
+  submit(c: LatestCheckpoint): void {
+    this.join();
+    if (!this.worker) {
+      const ch = new MessageChannel();
+      this.worker = new Worker(new URL('./checkpoint-worker.js', import.meta.url));
+      this.worker.unref();
+      this.port = ch.port1;
+      const init: WorkerMessage = { writer: this.writer, port: ch.port2, flag: this.flag };
+      this.worker.postMessage(init, [ch.port2]);
+    }
+    const transfer = [...new Set([c.weights, c.m, c.v].filter((a) => !(a.buffer instanceof SharedArrayBuffer)).map((a) => a.buffer as ArrayBuffer))];
+    const msg: WorkerMessage = { checkpoint: c };
+    this.worker.postMessage(msg, transfer);
+    this.submitted++;
+    this.pending = c.step;
+  }
+
+  /**
+   * Waits for the write in flight (if any) and returns its step, or null when none was in flight; a write that failed
+   * throws its error here.
+   */
+  join(): number | null {
+    if (this.pending === null) return null;
+    const step = this.pending;
+    for (;;) {
+      const done = Atomics.load(this.flag, 0);
+      if (done >= this.submitted) break;
+      Atomics.wait(this.flag, 0, done, 1000);
+    }
+    this.pending = null;
+    const got = receiveMessageOnPort(this.port!)?.message as WriteResult | undefined;
+    if (!got) throw new Error(`the checkpoint writer finished step ${step}'s write without a result`);
+    if (!got.ok) throw rebuild(got);
+    return got.step;
+  }
+
+  /** Joins the write in flight and stops the worker. */
+  close(): void {
+    try { this.join(); } finally {
+      void this.worker?.terminate();
+      this.worker = null;
+      this.port?.close();
+      this.port = null;
+    }
+  }
+}

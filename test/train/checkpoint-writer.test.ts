@@ -1,0 +1,96 @@
+/**
+ * checkpoints/latest written on a worker thread (src/train/checkpoint-writer.ts): the same files as the synchronous
+ * write, shared arrays read in place and others handed over, and a failed write's error (class, hint, errno) thrown at
+ * join() on the run's thread, with the previous checkpoint intact.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { BackgroundCheckpoints, writeLatest, type LatestCheckpoint } from '../../src/train/checkpoint-writer.js';
+import type { ResumeWriter } from '../../src/train/student-files.js';
+import { parameterLayout } from '../../src/model/params.js';
+import { sharedFloat32 } from '../../src/model/params.js';
+import { DistilleryError } from '../../src/util/errors.js';
+import { tempDir, tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
+
+function files(dir: string): Map<string, Buffer> {
+  const out = new Map<string, Buffer>();
+  const walk = (d: string): void => {
+    for (const f of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, f.name);
+      if (f.isDirectory()) walk(p); else out.set(path.relative(dir, p), fs.readFileSync(p));
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+function snapshot(latest: string, n: number, step: number, shared: boolean): LatestCheckpoint {
+  const arr = (k: number): Float32Array => {
+    const a = shared ? sharedFloat32(n) : new Float32Array(n);
+    for (let i = 0; i < n; i++) a[i] = Math.sin(i * 0.37 + k + step);
+    return a;
+  };
+  return { latest, resumeDir: 'model', weights: arr(0), m: arr(1), v: arr(2).map(Math.abs), state: JSON.stringify({ step }), step };
+}
+
+test('BackgroundCheckpoints: the worker writes the files the synchronous write does; shared arrays stay usable, others are handed over', () => {
+  const dir = tempDir();
+  const bg = new BackgroundCheckpoints({ kind: 'model', cfg: tinyConfig(tinyTokenizer().vocabSize), carry: {} });
+  try {
+    const cfg = tinyConfig(tinyTokenizer().vocabSize), writer: ResumeWriter = { kind: 'model', cfg, carry: {} };
+    const n = parameterLayout(cfg).total;
+    for (const [step, shared] of [[3, true], [4, false]] as Array<[number, boolean]>) {
+      const c = snapshot(path.join(dir, 'bg', 'latest'), n, step, shared);
+      const want = snapshot(path.join(dir, 'sync', 'latest'), n, step, shared);
+      writeLatest(want, writer);
+      bg.submit(c);
+      assert.equal(bg.inFlight, step);
+      assert.equal(bg.join(), step);
+      assert.equal(bg.join(), null, 'nothing in flight after a join');
+      assert.deepEqual(files(path.join(dir, 'bg', 'latest')), files(path.join(dir, 'sync', 'latest')), `step ${step}`);
+      if (shared) assert.equal(c.weights.length, n, 'a shared array is read in place');
+      else assert.equal(c.weights.length, 0, 'an unshared array is transferred to the worker');
+    }
+    assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'bg', 'latest', 'state.json'), 'utf8')).step, 4);
+  } finally {
+    bg.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('BackgroundCheckpoints: a write that fails throws at join the error the synchronous write throws (class, message, hint, errno code); the previous checkpoint stays', () => {
+  const dir = tempDir();
+  const cfg = tinyConfig(tinyTokenizer().vocabSize), n = parameterLayout(cfg).total;
+  const bg = new BackgroundCheckpoints({ kind: 'model', cfg, carry: {} });
+  try {
+    const latest = path.join(dir, 'latest');
+    bg.submit(snapshot(latest, n, 1, true));
+    bg.join();
+    const before = files(latest);
+    // a weights array of the wrong length: writeCheckpoint refuses it inside the worker
+    bg.submit({ ...snapshot(latest, n, 2, true), weights: sharedFloat32(n - 1) });
+    assert.throws(() => bg.join(), (e: unknown) => e instanceof DistilleryError && /has shape/.test(e.message));
+    assert.deepEqual(files(latest), before, 'the failed write left the previous checkpoint');
+    // a file system error: the same class, message, hint and errno code as the synchronous write's
+    const blocker = path.join(dir, 'a-file');
+    fs.writeFileSync(blocker, 'x');
+    const bad = snapshot(path.join(blocker, 'latest'), n, 2, true);
+    let want: unknown = null;
+    try { writeLatest(bad, { kind: 'model', cfg, carry: {} }); } catch (e) { want = e; }
+    assert.ok(want instanceof Error, 'the synchronous write fails');
+    bg.submit(bad);
+    assert.throws(() => bg.join(), (e: unknown) => {
+      const w = want as Error & { hint?: string; code?: string }, g = e as Error & { hint?: string; code?: string };
+      return g.constructor === w.constructor && g.message === w.message && g.hint === w.hint && g.code === w.code;
+    });
+    // the writer goes on after a failure
+    bg.submit(snapshot(latest, n, 3, true));
+    assert.equal(bg.join(), 3);
+    assert.equal(JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')).step, 3);
+  } finally {
+    bg.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
