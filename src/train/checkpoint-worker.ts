@@ -12,9 +12,10 @@ parentPort!.on('message', (msg: WorkerMessage) => {
   if ('writer' in msg) { writer = msg.writer; port = msg.port; flag = msg.flag; return; }
   const c = msg.checkpoint;
   let result: WriteResult;
+  const t0 = process.hrtime.bigint();
   try {
     writeLatest(c, writer!);
-    result = { ok: true, step: c.step };
+    result = { ok: true, step: c.step, seconds: Number(process.hrtime.bigint() - t0) / 1e9 };
   } catch (e) {
     result = writeFailure(c.step, e);
   }

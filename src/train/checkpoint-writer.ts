@@ -43,7 +43,7 @@ export function writeLatest(c: LatestCheckpoint, writer: ResumeWriter, during?: 
 }
 
 /** What the worker posts back for a write: done, or the error it threw (a DistilleryError keeps its hint). */
-export type WriteResult = { ok: true; step: number }
+export type WriteResult = { ok: true; step: number; seconds: number }
   | { ok: false; step: number; message: string; hint?: string | undefined; kind: 'input' | 'distillery' | 'error'; code?: string | undefined };
 
 /** A write's error as the worker posts it. */
@@ -98,12 +98,12 @@ export class BackgroundCheckpoints {
   }
 
   /**
-   * Waits for the write in flight (if any) and returns its step, or null when none was in flight; a write that failed
-   * throws its error here.
+   * Waits for the write in flight (if any) and returns its step, how long it took on the worker and how long this
+   * thread waited for it (seconds), or null when none was in flight; a write that failed throws its error here.
    */
-  join(): number | null {
+  join(): { step: number; seconds: number; waited: number } | null {
     if (this.pending === null) return null;
-    const step = this.pending;
+    const t0 = process.hrtime.bigint();
     for (;;) {
       const done = Atomics.load(this.flag, 0);
       if (done >= this.submitted) break;
@@ -111,9 +111,9 @@ export class BackgroundCheckpoints {
     }
     this.pending = null;
     const got = receiveMessageOnPort(this.port!)?.message as WriteResult | undefined;
-    if (!got) throw new Error(`the checkpoint writer finished step ${step}'s write without a result`);
+    if (!got) throw new Error('the checkpoint writer finished a write without a result');
     if (!got.ok) throw rebuild(got);
-    return got.step;
+    return { step: got.step, seconds: got.seconds, waited: Number(process.hrtime.bigint() - t0) / 1e9 };
   }
 
   /** Joins the write in flight and stops the worker. */

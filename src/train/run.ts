@@ -313,6 +313,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); a test's
   // duringCheckpointWrite hook runs inside the write, so with one the write stays on this thread
   const checkpoints = root && !hooks.duringCheckpointWrite ? new BackgroundCheckpoints(files.resumeWriter) : null;
+  /** Waits for the checkpoint write in flight; says so when training had to wait for the disk (not the run's last write). */
+  const joinCheckpoint = (atEnd = false): void => {
+    const j = checkpoints?.join();
+    if (j && j.waited >= 0.1 && !atEnd) {
+      log(`checkpoint: writing step ${j.step}'s took ${j.seconds.toFixed(1)}s; the run waited ${j.waited.toFixed(1)}s for it (raise --save-every to hide the writes behind training)`);
+    }
+  };
   /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
   const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
   /**
@@ -337,7 +344,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
     };
-    checkpoints?.join(); // the previous write reads the arrays the snapshot downloads into
+    joinCheckpoint(); // the previous write reads the arrays the snapshot downloads into
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
     const masters = gatheredMasters();
     if (root) {
@@ -378,7 +385,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const v = observe(step, valLoss);
     if (v.warning) warn(v.warning);
     if (v.best) {
-      checkpoints?.join(); // best/ downloads into the arrays a checkpoint write may still read
+      joinCheckpoint(); // best/ downloads into the arrays a checkpoint write may still read
       const masters = gatheredMasters();
       if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' }, masters);
       waitForRootIo();
@@ -530,6 +537,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
   // the checkpoint write in flight ends before the run goes on (final/, the summary): a failed write is the run's error
+  joinCheckpoint(true);
   checkpoints?.close();
   // the summary's final validation figures are of the weights the run ends with, also when it did not evaluate them
   // (a --stop-after or a signal between evaluations, a --resume of a finished run): not a metrics row, not a best/

@@ -3,7 +3,8 @@
  * a teacher cache's systematic draws on the device) compiled for the host on the emulator of ./emulator.ts and compared
  * with the CPU backend's float64 rows (src/backend/cpu/kernels/sparse-rows.ts): the same distinct ids in the same
  * order, log-probabilities to float32 rounding, the argmax; for random, peaked and flat rows, a vocabulary that is not
- * a multiple of the block (empty chunks), from 1 to 200 draws, and uniforms at the ends of [0, 1). Likewise top_rows
+ * a multiple of the block, one smaller than the block (threads without tokens), from 1 to 256 draws, and uniforms at the
+ * ends of [0, 1). Likewise top_rows
  * (a top-K cache): the same K ids in the same order (ties: lower id first, also when more tokens tie at the K-th
  * logit than the K can hold), log q, the tail mass and the argmax, at K = the vocabulary too, and at Qwen's vocabulary.
  */
@@ -56,6 +57,34 @@ test('emulated CUDA: sample_rows equals the float64 systematic draws (ids, order
     }
     process.stderr.write(`[sparse-rows-emulated] S=${S}: ${n} rows equal the float64 draws\n`);
   }
+});
+
+test('emulated CUDA: sample_rows over a vocabulary smaller than the block (threads without tokens, one token holding everything)', { skip, timeout: 300_000 }, () => {
+  const rows = 6, V2 = 40, r = rng(5);
+  const z = new Float32Array(rows * V2);
+  for (let i = 0; i < z.length; i++) z[i] = (r() - 0.5) * 6;
+  z[3 * V2 + 39] = 25; // the mass on the last token
+  z.fill(1, 4 * V2, 5 * V2); // flat
+  const u = Float32Array.from({ length: rows }, (_, i) => (i === 5 ? 0.99999994 : r()));
+  writeFileSync(join(workDir(), 'zs'), z); writeFileSync(join(workDir(), 'us'), u);
+  const exe = build(sampleRowsKernel.make({ block: 128 }), `int main(int argc, char** argv) { const char* d = "${workDir()}";
+  const int S = atoi(argv[1]);
+  auto z = readf<float>(d, "zs", ${rows * V2}); auto u = readf<float>(d, "us", ${rows});
+  std::vector<int> ids(${rows} * S), am(${rows}); std::vector<float> lq(${rows} * S), tl(${rows});
+  launch({${rows}, 1, 1}, 128, 0, [&] { sample_rows(z.data(), u.data(), ids.data(), lq.data(), tl.data(), am.data(), ${rows}, ${V2}, ${V2}, S, 0.7f); });
+  writef(d, "ids", ids); writef(d, "lq", lq); writef(d, "tl", tl); writef(d, "am", am); }`);
+  for (const S of [1, 5, 64, 256]) {
+    execFileSync(exe, [String(S)]);
+    const { ids, am } = readRows('');
+    for (let i = 0; i < rows; i++) {
+      const want = sparseRow(z, i * V2, V2, 0.7, { kind: 'sample', n: S }, () => u[i]!);
+      const got = [...ids.subarray(i * S, i * S + S)];
+      assert.deepEqual(got.filter((x) => x >= 0), want.ids, `S=${S} row ${i}: ids`);
+      assert.ok(got.slice(want.ids.length).every((x) => x === -1), `S=${S} row ${i}: unused slots are -1`);
+      assert.equal(am[i], want.argmax, `S=${S} row ${i}: argmax`);
+    }
+  }
+  process.stderr.write(`[sparse-rows-emulated] V=${V2} (block 128): the float64 draws\n`);
 });
 
 test('emulated CUDA: sample_rows at Qwen\'s vocabulary (151936 tokens, block 512): the draws of the float64 reference, tiny tokens included', { skip, timeout: 600_000 }, () => {
