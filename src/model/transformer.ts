@@ -306,8 +306,15 @@ export class Transformer {
   checkpointWeights(): Float32Array {
     if (this.nf4) return float32Of(this.nf4.getWeights());
     if (this.masterLength < this.layout.total) throw new DistilleryError('this model keeps the master weights of its shard only: gather them over the ranks (ShardedAdamW.gatherMasters)');
+    const host = this.keptWeights()!;
+    this.backend.download(this.params, host);
+    return host;
+  }
+
+  /** The host array checkpointWeights fills (allocated now if needed), or null where it returns new arrays (nf4, a shard). */
+  keptWeights(): Float32Array | null {
+    if (this.nf4 || this.masterLength < this.layout.total) return null;
     this.hostWeights ??= sharedFloat32(this.layout.total);
-    this.backend.download(this.params, this.hostWeights);
     return this.hostWeights;
   }
   private hostWeights: Float32Array | null = null;

@@ -1,23 +1,25 @@
 /**
  * The worker thread of BackgroundCheckpoints (src/train/checkpoint-writer.ts): writes each checkpoint it is sent with
- * writeLatest, posts the result on its port, then counts it in the shared flag and wakes the run waiting in join().
+ * writeLatest (or maps in the pages of host arrays), posts the result on its port, then counts it in the shared flag and
+ * wakes the run waiting in join().
  */
 import { parentPort, type MessagePort } from 'node:worker_threads';
-import { writeFailure, writeLatest, type WorkerMessage, type WriteResult } from './checkpoint-writer.js';
+import { PREFAULT_STEP, prefault, writeFailure, writeLatest, type WorkerMessage, type WriteResult } from './checkpoint-writer.js';
 import type { ResumeWriter } from './student-files.js';
 
 let writer: ResumeWriter | null = null, port: MessagePort | null = null, flag: Int32Array | null = null;
 
 parentPort!.on('message', (msg: WorkerMessage) => {
   if ('writer' in msg) { writer = msg.writer; port = msg.port; flag = msg.flag; return; }
-  const c = msg.checkpoint;
+  const step = 'checkpoint' in msg ? msg.checkpoint.step : PREFAULT_STEP;
   let result: WriteResult;
   const t0 = process.hrtime.bigint();
   try {
-    writeLatest(c, writer!);
-    result = { ok: true, step: c.step, seconds: Number(process.hrtime.bigint() - t0) / 1e9 };
+    if ('checkpoint' in msg) writeLatest(msg.checkpoint, writer!);
+    else prefault(msg.prefault);
+    result = { ok: true, step, seconds: Number(process.hrtime.bigint() - t0) / 1e9 };
   } catch (e) {
-    result = writeFailure(c.step, e);
+    result = writeFailure(step, e);
   }
   port!.postMessage(result);
   Atomics.add(flag!, 0, 1);

@@ -39,6 +39,8 @@ export interface Optimizer {
   update(lr: number, gradScale: number): void;
   /** The whole first and second moments, for a checkpoint; the arrays may be reused by the next call (AdamW keeps them). */
   gatherMoments(): { m: Float32Array; v: Float32Array };
+  /** The host arrays gatherMoments fills again at each call (allocated now if needed), where it keeps them; else null. */
+  keptMoments?(): { m: Float32Array; v: Float32Array } | null;
   /** Loads whole moments from a checkpoint. */
   loadMoments(m: Float32Array, v: Float32Array): void;
 }
@@ -74,10 +76,15 @@ export class AdamW implements Optimizer {
    * memory: 8 bytes per trained parameter from the first save on.
    */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
+    const host = this.keptMoments();
+    this.be.download(this.m, host.m);
+    this.be.download(this.v, host.v);
+    return host;
+  }
+
+  keptMoments(): { m: Float32Array; v: Float32Array } {
     const n = this.model.layout.total;
     this.host ??= { m: sharedFloat32(n), v: sharedFloat32(n) }; // shared with the checkpoint writer's thread
-    this.be.download(this.m, this.host.m);
-    this.be.download(this.v, this.host.v);
     return this.host;
   }
   private host: { m: Float32Array; v: Float32Array } | null = null;

@@ -38,7 +38,7 @@ import { parameterCount } from '../model/config.js';
 import { initialWeights } from '../model/params.js';
 import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
 import { recoverDir, writeFileAtomic } from '../io/atomic.js';
-import { BackgroundCheckpoints, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
+import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun } from './run-folder.js';
 import { Progress } from '../report/progress.js';
@@ -313,10 +313,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); a test's
   // duringCheckpointWrite hook runs inside the write, so with one the write stays on this thread
   const checkpoints = root && !hooks.duringCheckpointWrite ? new BackgroundCheckpoints(files.resumeWriter) : null;
+  // A first download into new host arrays pays a page fault per page (12 bytes per parameter: seconds for a 0.5B model):
+  // the worker maps the arrays the saves download into while the first steps run.
+  const kept = opt.keptMoments?.();
+  checkpoints?.prefault([...files.keptArrays(), ...(kept ? [kept.m, kept.v] : [])]);
   /** Waits for the checkpoint write in flight; says so when training had to wait for the disk (not the run's last write). */
   const joinCheckpoint = (atEnd = false): void => {
     const j = checkpoints?.join();
-    if (j && j.waited >= 0.1 && !atEnd) {
+    if (j && j.step !== PREFAULT_STEP && j.waited >= 0.1 && !atEnd) {
       log(`checkpoint: writing step ${j.step}'s took ${j.seconds.toFixed(1)}s; the run waited ${j.waited.toFixed(1)}s for it (raise --save-every to hide the writes behind training)`);
     }
   };

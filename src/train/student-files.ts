@@ -41,6 +41,8 @@ export interface StudentFiles {
    * model's is the array Transformer.checkpointWeights keeps (valid until the next snapshot), an adapter's a new one.
    */
   resumeWeights(weights?: Float32Array): Float32Array;
+  /** The host arrays resumeWeights fills again at each save, where the student keeps them (a full model's); else []. */
+  keptArrays(): Float32Array[];
   /** What the optimizer trains (and what a checkpoint's moments and finiteness check cover). */
   readonly trainable: Trainable;
   /** Writes the float32 weights --resume reads into `dir` (`weights`: the whole masters when the model keeps a shard of them). */
@@ -59,6 +61,7 @@ export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
     trainable: student,
     resumeWriter,
     resumeWeights: (weights) => weights ?? student.checkpointWeights(),
+    keptArrays: () => { const w = student.keptWeights(); return w ? [w] : []; },
     writeResume: (dir, weights) => writeResumeFiles(dir, resumeWriter, weights ?? student.checkpointWeights()),
     writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
     restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
@@ -88,6 +91,7 @@ export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
     trainable: lora,
     resumeWriter,
     resumeWeights: () => float32Of(lora.getWeights()),
+    keptArrays: () => [],
     writeResume: (dir) => writeResumeFiles(dir, resumeWriter, float32Of(lora.getWeights())),
     writeUser: (dir, dtype, extraFiles) => write(dir, dtype, extraFiles),
     restore: (dir) => {

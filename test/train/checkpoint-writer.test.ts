@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { BackgroundCheckpoints, writeLatest, type LatestCheckpoint } from '../../src/train/checkpoint-writer.js';
+import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from '../../src/train/checkpoint-writer.js';
 import type { ResumeWriter } from '../../src/train/student-files.js';
 import { parameterLayout } from '../../src/model/params.js';
 import { sharedFloat32 } from '../../src/model/params.js';
@@ -90,6 +90,28 @@ test('BackgroundCheckpoints: a write that fails throws at join the error the syn
     bg.submit(snapshot(latest, n, 3, true));
     assert.equal(bg.join()?.step, 3);
     assert.equal(JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')).step, 3);
+  } finally {
+    bg.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('BackgroundCheckpoints.prefault: shared arrays are mapped in on the worker (a job the next join waits for), plain ones ignored; a write follows', () => {
+  const dir = tempDir();
+  const cfg = tinyConfig(tinyTokenizer().vocabSize), n = parameterLayout(cfg).total;
+  const bg = new BackgroundCheckpoints({ kind: 'model', cfg, carry: {} });
+  try {
+    bg.prefault([new Float32Array(10)]);
+    assert.equal(bg.join(), null, 'nothing shared: no job');
+    const a = sharedFloat32(3 * n + 5);
+    bg.prefault([a, new Float32Array(4)]);
+    assert.equal(bg.inFlight, PREFAULT_STEP);
+    assert.equal(bg.join()?.step, PREFAULT_STEP);
+    assert.ok(a.every((x) => x === 0));
+    const c = snapshot(path.join(dir, 'latest'), n, 7, true);
+    bg.submit(c);
+    assert.equal(bg.join()?.step, 7);
+    assert.equal(JSON.parse(fs.readFileSync(path.join(dir, 'latest', 'state.json'), 'utf8')).step, 7);
   } finally {
     bg.close();
     fs.rmSync(dir, { recursive: true, force: true });
