@@ -45,6 +45,11 @@ export interface DryRunReport {
   /** Estimated peak memory of the job's allocations on the device (host memory for --device cpu), in bytes (per process). */
   device_bytes: number;
   device_gib: string;
+  /**
+   * Host memory the first process keeps for checkpoint snapshots from the start of the run: the float32 weights and
+   * both AdamW moments of what trains (12 bytes per trainable parameter; src/train/checkpoint-writer.ts).
+   */
+  checkpoint_host_bytes: number;
   /** The pre-warm plan: every kernel the job launches (empty on the CPU, which compiles nothing). */
   kernels: DryRunKernel[];
   /** Distilling from a teacher cache: what it holds and its size on disk (no teacher in memory). */
@@ -55,6 +60,9 @@ export interface DryRunReport {
   teacher_dtype: 'auto' | 'nf4';
   base_dtype: 'auto' | 'nf4';
 }
+
+/** Host bytes per trainable parameter a run keeps for its checkpoints: float32 weights, first and second moments. */
+export const CHECKPOINT_HOST_BYTES_PER_PARAMETER = 12;
 
 /** A model folder's config and tokenizer, without its weights. */
 function readFolderHeader(dir: string, what: string): { config: ModelConfig; tokenizer: Tokenizer | null } {
@@ -109,6 +117,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
     head_chunk_rows: headRows(n, headWidth(lossVocab, cfg.vocabSize, ...(inMemory ? [inMemory.vocabSize] : [])), inMemory !== null,
       defaultChunkFloats(Boolean(manifest), prec.model === 'bf16'), prec.model === 'bf16', job.logits), loss_vocab: lossVocab, logits: job.logits ?? 'f32',
     world: opts.world ?? 1, device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
+    checkpoint_host_bytes: CHECKPOINT_HOST_BYTES_PER_PARAMETER * (job.lora ? job.lora.total : parameterCount(cfg)),
     teacher_cache: manifest ? {
       path: path.resolve(o.teacherCache!), sparse: manifest.sparse, temperature: manifest.temperature, windows: manifest.windows,
       bytes: manifest.shards.reduce((a, x) => a + x.bytes, 0), bytes_per_token: manifest.bytes_per_token,
@@ -129,6 +138,7 @@ export function formatDryRun(r: DryRunReport): string {
       `${(r.teacher_cache.bytes / 2 ** 20).toFixed(2)} MiB on disk, ${r.teacher_cache.bytes_per_token ?? '?'} bytes per token (no teacher in memory)`] : []),
     ...(r.lora ? [`LoRA      rank ${r.lora.rank}, alpha ${r.lora.alpha} on ${r.lora.targets.join(', ')}: ${r.lora.trainable_parameters} trainable parameters (the base frozen${r.base_dtype === 'nf4' ? ', its matrices in nf4' : ''})`] : []),
     `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}${r.world > 1 ? ` per process of ${r.world} (the optimizer's moments sharded)` : ''}`,
+    `host      ${formatGiB(r.checkpoint_host_bytes)} kept for checkpoint snapshots (weights and AdamW moments in float32)`,
     `LM head   ${r.head_chunk_rows} rows of ${r.logits} logits at a time over ${r.loss_vocab} vocabulary rows`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',
   ];

@@ -128,3 +128,21 @@ test('distill --dry-run --device cuda --tf32 plans the tensor-core attention for
   assert.ok(fp32.includes('attention_fwd'), fp32.join(' '));
   assert.ok(!fp32.includes('attention_fwd_mma'), fp32.join(' '));
 });
+
+test('train --dry-run --json: checkpoint_host_bytes is what the run\'s model and AdamW keep on the host for checkpoint snapshots', async () => {
+  const r = await run(['train', '--data', data, '--out', path.join(dir, 'h'), '--model', 'tiny', '--batch', '2', '--seq', '16', '--dry-run', '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { checkpoint_host_bytes: number; student: { vocab_size: number } };
+  const { presetConfig } = await import('../../src/model/config.js');
+  const { createCpuBackend } = await import('../../src/backend/cpu/cpu-backend.js');
+  const { Transformer } = await import('../../src/model/transformer.js');
+  const { AdamW } = await import('../../src/train/optimizer.js');
+  const be = createCpuBackend({ threads: 1 });
+  try {
+    const m = new Transformer(be, presetConfig('tiny', j.student.vocab_size), { batch: 2, seq: 16, training: true });
+    const kept = new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 }).keptMoments();
+    assert.equal(j.checkpoint_host_bytes, m.keptWeights()!.byteLength + kept.m.byteLength + kept.v.byteLength);
+  } finally { be.dispose(); }
+  const text = await run(['train', '--data', data, '--out', path.join(dir, 'h'), '--model', 'tiny', '--batch', '2', '--seq', '16', '--dry-run']);
+  assert.match(text.out, /host .* kept for checkpoint snapshots/);
+});
