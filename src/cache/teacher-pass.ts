@@ -115,7 +115,8 @@ export class TeacherPass {
 
   /**
    * The oldest pending pass's sparse rows on the host (waits for them, not for a pass queued after it); null when none
-   * is pending. The arrays are the readback's: they hold these rows until the second start() after this collect.
+   * is pending. The arrays are the readback's, which the passes use in turn: read them before the next start() (with
+   * another pass still pending, that start reuses them at once on the CPU, and once the device gets there on CUDA).
    */
   collect(): PassRows | null {
     const p = this.pending.shift(), S = this.slots;

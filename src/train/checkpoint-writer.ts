@@ -53,15 +53,22 @@ export function writeFailure(step: number, e: unknown): WriteResult {
   return { ok: false, step, message: e instanceof Error ? e.message : String(e), kind: 'error', ...(typeof code === 'string' ? { code } : {}) };
 }
 
-/** The error a write threw on the worker, rebuilt on the run's thread (the class, hint and errno code it had). */
+/**
+ * The error a write threw on the worker, rebuilt on the run's thread with the class, hint and errno code it had, its
+ * message naming the step whose checkpoint it was (it surfaces at the next join, steps later).
+ */
 function rebuild(r: Extract<WriteResult, { ok: false }>): Error {
-  if (r.kind === 'input') return new InputError(r.message, r.hint);
-  if (r.kind === 'distillery') return new DistilleryError(r.message, r.hint);
-  return Object.assign(new Error(r.message), r.code ? { code: r.code } : {});
+  const message = r.step === PREFAULT_STEP ? `mapping in the checkpoint arrays: ${r.message}` : `the checkpoint of step ${r.step}: ${r.message}`;
+  if (r.kind === 'input') return new InputError(message, r.hint);
+  if (r.kind === 'distillery') return new DistilleryError(message, r.hint);
+  return Object.assign(new Error(message), r.code ? { code: r.code } : {});
 }
 
-/** The messages the worker receives: its writer once, then checkpoints to write and host arrays to map in. */
-export type WorkerMessage = { writer: ResumeWriter; port: MessagePort; flag: Int32Array } | { checkpoint: LatestCheckpoint } | { prefault: Float32Array[] };
+/**
+ * The messages the worker receives: its writer once (`delayMs`: tests stretch every job by it, to catch a run that
+ * does not wait for one), then checkpoints to write and host arrays to map in.
+ */
+export type WorkerMessage = { writer: ResumeWriter; port: MessagePort; flag: Int32Array; delayMs: number } | { checkpoint: LatestCheckpoint } | { prefault: Float32Array[] };
 
 /** The step a prefault job reports (no checkpoint's). */
 export const PREFAULT_STEP = -1;
@@ -82,8 +89,11 @@ export class BackgroundCheckpoints {
   private readonly flag = new Int32Array(new SharedArrayBuffer(4));
   private submitted = 0;
   private pending: number | null = null;
+  /** Why the worker stopped (its 'error' or 'exit' event), when it did. */
+  private dead: string | null = null;
 
-  constructor(private readonly writer: ResumeWriter) {}
+  /** `delayMs`: tests only, every job on the worker starts that much later. */
+  constructor(private readonly writer: ResumeWriter, private readonly delayMs = 0) {}
 
   /** The step of the write in flight, or null. */
   get inFlight(): number | null { return this.pending; }
@@ -119,10 +129,14 @@ export class BackgroundCheckpoints {
   private start(): Worker {
     if (!this.worker) {
       const ch = new MessageChannel();
-      this.worker = new Worker(new URL('./checkpoint-worker.js', import.meta.url));
-      this.worker.unref();
+      const w = this.worker = new Worker(new URL('./checkpoint-worker.js', import.meta.url));
+      w.unref();
+      // a worker that dies fails the next join instead of leaving it waiting; while training runs its error is kept
+      // here (an unhandled 'error' event would end the process)
+      w.on('error', (e) => { this.dead ??= e instanceof Error ? e.message : String(e); });
+      w.on('exit', (code) => { if (this.worker === w) this.dead ??= `it exited (code ${code})`; });
       this.port = ch.port1;
-      const init: WorkerMessage = { writer: this.writer, port: ch.port2, flag: this.flag };
+      const init: WorkerMessage = { writer: this.writer, port: ch.port2, flag: this.flag, delayMs: this.delayMs };
       this.worker.postMessage(init, [ch.port2]);
     }
     return this.worker;
@@ -139,6 +153,12 @@ export class BackgroundCheckpoints {
     for (;;) {
       const done = Atomics.load(this.flag, 0);
       if (done >= this.submitted) break;
+      if (this.dead !== null) {
+        const step = this.pending;
+        this.pending = null;
+        throw new DistilleryError(`the checkpoint writer thread stopped (${this.dead}): ${step === PREFAULT_STEP ? 'the checkpoint arrays were not mapped in' : `the checkpoint of step ${step} was not written`}`,
+          'checkpoints/latest holds the previous checkpoint; resume from it with --resume');
+      }
       Atomics.wait(this.flag, 0, done, 1000);
     }
     this.pending = null;
@@ -151,8 +171,9 @@ export class BackgroundCheckpoints {
   /** Joins the write in flight and stops the worker. */
   close(): void {
     try { this.join(); } finally {
-      void this.worker?.terminate();
+      const w = this.worker;
       this.worker = null;
+      void w?.terminate();
       this.port?.close();
       this.port = null;
     }

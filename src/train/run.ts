@@ -121,6 +121,10 @@ export interface RunHooks {
    * yet). Tests throw from it to simulate a write that fails midway; the previous checkpoint must survive.
    */
   duringCheckpointWrite?: (tmpDir: string, step: number) => void;
+  /** Tests: every job of the background checkpoint writer starts this many milliseconds late (a slow disk). */
+  checkpointWriteDelayMs?: number;
+  /** Called on the run's thread when checkpoints/latest has come to hold step's checkpoint (tests read it there). */
+  afterCheckpointWrite?: (step: number, latestDir: string) => void;
 }
 
 /** Runs training or distillation as configured. Throws DistilleryError for bad input; never loses the last checkpoint. */
@@ -310,22 +314,34 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   }
 
   let lastGoodStep: number | null = saved ? saved.step : null;
-  // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); a test's
-  // duringCheckpointWrite hook runs inside the write, so with one the write stays on this thread
-  const checkpoints = root && !hooks.duringCheckpointWrite ? new BackgroundCheckpoints(files.resumeWriter) : null;
+  // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); on this
+  // thread with DISTILLERY_BACKGROUND_CHECKPOINTS=0, or a test's duringCheckpointWrite hook (it runs inside the write)
+  const background = root && !hooks.duringCheckpointWrite && process.env.DISTILLERY_BACKGROUND_CHECKPOINTS !== '0';
+  const checkpoints = background ? new BackgroundCheckpoints(files.resumeWriter, hooks.checkpointWriteDelayMs) : null;
   // A first download into new host arrays pays a page fault per page (12 bytes per parameter: seconds for a 0.5B model):
   // the worker maps the arrays the saves download into while the first steps run.
   const kept = opt.keptMoments?.();
   checkpoints?.prefault([...files.keptArrays(), ...(kept ? [kept.m, kept.v] : [])]);
-  /** Waits for the checkpoint write in flight; says so when training had to wait for the disk (not the run's last write). */
+  /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
+  const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
+  /** Waits for the write in flight on rank 0 (a failed one throws); a written checkpoint is the last good one from then on. */
+  const finishWrite = (): { step: number; seconds: number; waited: number } | null => {
+    const j = checkpoints?.join() ?? null;
+    if (j && j.step !== PREFAULT_STEP) { lastGoodStep = j.step; hooks.afterCheckpointWrite?.(j.step, latest); }
+    return j;
+  };
+  /**
+   * Every rank at the same point: rank 0 waits for its write in flight (saying so when training had to wait for the
+   * disk, but for the run's last write), the others for rank 0 without the collectives' timeout (the collective that
+   * follows — a gather of the sharded masters or moments — would otherwise time out while rank 0 waits for its disk).
+   */
   const joinCheckpoint = (atEnd = false): void => {
-    const j = checkpoints?.join();
+    const j = finishWrite();
     if (j && j.step !== PREFAULT_STEP && j.waited >= 0.1 && !atEnd) {
       log(`checkpoint: writing step ${j.step}'s took ${j.seconds.toFixed(1)}s; the run waited ${j.waited.toFixed(1)}s for it (raise --save-every to hide the writes behind training)`);
     }
+    waitForRootIo();
   };
-  /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
-  const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
   /**
    * Writes checkpoints/latest if the weights are good (see the module comment); `lossOnWeights` is a loss computed
    * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
@@ -354,10 +370,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     if (root) {
       const c: LatestCheckpoint = { latest, resumeDir: files.resumeDir, weights: files.resumeWeights(masters), m, v, state: JSON.stringify(state, null, 1), step };
       if (checkpoints) checkpoints.submit(c);
-      else writeLatest(c, files.resumeWriter, hooks.duringCheckpointWrite);
+      else { writeLatest(c, files.resumeWriter, hooks.duringCheckpointWrite); hooks.afterCheckpointWrite?.(step, latest); }
     }
     waitForRootIo();
-    lastGoodStep = step;
+    if (!checkpoints) lastGoodStep = step; // a background write counts once it is done (finishWrite)
     return null;
   };
 
@@ -412,6 +428,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const finalTrainLossOf = (): number => (recent.length ? recent.reduce((a, b) => a + b, 0) / recent.length : NaN);
   /** Ends a failed run: the summary says why, the error names the last good checkpoint. */
   const fail = (atStep: number, why: string, hint: string | undefined): DistilleryError => {
+    // the message names the last checkpoint on disk: a write in flight ends first (its failure is only a warning here)
+    try { finishWrite(); } catch (e) { log(`warning: writing ${latest} failed too: ${e instanceof Error ? e.message : String(e)}`); }
     status = `failed at step ${atStep}: ${why}`;
     writeSummary(null);
     return new DistilleryError(`training stopped at step ${atStep}: ${why}`,

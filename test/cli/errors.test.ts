@@ -206,10 +206,12 @@ function diskFullFor(name: 'appendFileSync' | 'writeFileSync', when: (p: string)
 test('disk full while appending metrics: exit 1, one sentence naming metrics.jsonl, the checkpoint kept', async () => {
   const out = path.join(dir, 'r10');
   const full = diskFullFor('appendFileSync', (p) => p.endsWith('metrics.jsonl') && fs.existsSync(path.join(out, 'checkpoints', 'latest')));
+  // checkpoints written on this thread: the mock's trigger (latest exists) then comes at step 2, not when the writer is done
+  process.env.DISTILLERY_BACKGROUND_CHECKPOINTS = '0';
   let r;
   try {
     r = await run(['train', '--data', data, '--out', out, ...TRAIN, '--steps', '3', '--save-every', '1']);
-  } finally { full.restore(); }
+  } finally { full.restore(); delete process.env.DISTILLERY_BACKGROUND_CHECKPOINTS; }
   assert.ok(full.hits() > 0);
   expectError(r, 1, /^error: cannot append to .*r10\/metrics\.jsonl: no space left on the device \(disk full\) \(ENOSPC\)$/);
   assert.match(r.err, /hint: free disk space, then continue with --resume \(the last checkpoint, .*latest, is intact\)/);
@@ -221,10 +223,12 @@ test('disk full while writing a checkpoint\'s state.json: exit 1, the previous c
   const out = path.join(dir, 'r11');
   let saves = 0;
   const full = diskFullFor('writeFileSync', (p) => p.endsWith('state.json') && ++saves === 2);
+  // the mock reaches this thread's fs only: the checkpoint is written here, not on the writer thread
+  process.env.DISTILLERY_BACKGROUND_CHECKPOINTS = '0';
   let r;
   try {
     r = await run(['train', '--data', data, '--out', out, ...TRAIN, '--steps', '3', '--save-every', '1']);
-  } finally { full.restore(); }
+  } finally { full.restore(); delete process.env.DISTILLERY_BACKGROUND_CHECKPOINTS; }
   expectError(r, 1, /^error: cannot write .*r11\/checkpoints\/latest: no space left on the device \(disk full\) \(ENOSPC\)$/);
   const state = JSON.parse(fs.readFileSync(path.join(out, 'checkpoints', 'latest', 'state.json'), 'utf8')) as { step: number };
   assert.equal(state.step, 1, 'the step-1 checkpoint survived the failed step-2 write');

@@ -61,7 +61,7 @@ test('BackgroundCheckpoints: the worker writes the files the synchronous write d
   }
 });
 
-test('BackgroundCheckpoints: a write that fails throws at join the error the synchronous write throws (class, message, hint, errno code); the previous checkpoint stays', () => {
+test('BackgroundCheckpoints: a write that fails throws at join the error the synchronous write throws (class, hint, errno code; the message names the step); the previous checkpoint stays', () => {
   const dir = tempDir();
   const cfg = tinyConfig(tinyTokenizer().vocabSize), n = parameterLayout(cfg).total;
   const bg = new BackgroundCheckpoints({ kind: 'model', cfg, carry: {} });
@@ -72,7 +72,7 @@ test('BackgroundCheckpoints: a write that fails throws at join the error the syn
     const before = files(latest);
     // a weights array of the wrong length: writeCheckpoint refuses it inside the worker
     bg.submit({ ...snapshot(latest, n, 2, true), weights: sharedFloat32(n - 1) });
-    assert.throws(() => bg.join(), (e: unknown) => e instanceof DistilleryError && /has shape/.test(e.message));
+    assert.throws(() => bg.join(), (e: unknown) => e instanceof DistilleryError && /^the checkpoint of step 2: .*has shape/.test(e.message));
     assert.deepEqual(files(latest), before, 'the failed write left the previous checkpoint');
     // a file system error: the same class, message, hint and errno code as the synchronous write's
     const blocker = path.join(dir, 'a-file');
@@ -84,7 +84,7 @@ test('BackgroundCheckpoints: a write that fails throws at join the error the syn
     bg.submit(bad);
     assert.throws(() => bg.join(), (e: unknown) => {
       const w = want as Error & { hint?: string; code?: string }, g = e as Error & { hint?: string; code?: string };
-      return g.constructor === w.constructor && g.message === w.message && g.hint === w.hint && g.code === w.code;
+      return g.constructor === w.constructor && g.message === `the checkpoint of step 2: ${w.message}` && g.hint === w.hint && g.code === w.code;
     });
     // the writer goes on after a failure
     bg.submit(snapshot(latest, n, 3, true));
@@ -116,4 +116,17 @@ test('BackgroundCheckpoints.prefault: shared arrays are mapped in on the worker 
     bg.close();
     fs.rmSync(dir, { recursive: true, force: true });
   }
+});
+
+test('BackgroundCheckpoints: a worker that died fails the next join with a clear error instead of waiting for ever', async () => {
+  const cfg = tinyConfig(tinyTokenizer().vocabSize);
+  const bg = new BackgroundCheckpoints({ kind: 'model', cfg, carry: {} }, 5000);
+  bg.prefault([sharedFloat32(1024)]);
+  const w = (bg as unknown as { worker: import('node:worker_threads').Worker }).worker;
+  const exited = new Promise((resolve) => w.once('exit', resolve));
+  await w.terminate();
+  await exited;
+  assert.throws(() => bg.join(), (e: unknown) => e instanceof DistilleryError && /writer thread stopped/.test(e.message) && /--resume/.test(e.hint ?? ''));
+  assert.equal(bg.join(), null, 'the dead job is dropped');
+  bg.close();
 });

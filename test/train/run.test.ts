@@ -160,3 +160,49 @@ test('checkpoint errors: missing tensor, shape mismatch with config.json, trunca
   fs.copyFileSync(path.join(dir, 'other', 'model.safetensors'), file);
   assert.throws(() => readFlatCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /has shape \[/.test(e.message));
 });
+
+/** Every file under dir (relative name → bytes). */
+function treeBytes(dir: string): Map<string, Buffer> {
+  const out = new Map<string, Buffer>();
+  const walk = (d: string): void => {
+    for (const f of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, f.name);
+      if (f.isDirectory()) walk(p); else out.set(path.relative(dir, p), fs.readFileSync(p));
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+/** Equal files; state.json records the run's options, whose --out differs between the two runs compared. */
+function sameFile(name: string, a: Buffer, b: Buffer): boolean {
+  if (path.basename(name) !== 'state.json') return a.equals(b);
+  const strip = (x: Buffer): unknown => { const j = JSON.parse(x.toString()) as { options: { out?: string } }; delete j.options.out; return j; };
+  try { assert.deepEqual(strip(a), strip(b)); return true; } catch { return false; }
+}
+
+test('checkpoints written on the writer thread, every job of it slowed down, equal the synchronous writes (latest at each save, best/, final/)', async () => {
+  const dir = tmp();
+  // saves at steps 2, 4, 6 and evaluations (best/) at 3 and 6: with each background job 400 ms late, a save or best/
+  // that did not wait for the write in flight (or the prefault's zero-fill) would download into arrays still being
+  // written from: that write would then hold a later step's weights under its own step's state
+  const o = (name: string): RunOptions => opts(dir, { out: path.join(dir, name), steps: 6, saveEvery: 2, evalEvery: 3 });
+  const seen = (into: Array<[number, Map<string, Buffer>]>) => (step: number, latest: string): void => { into.push([step, treeBytes(latest)]); };
+  const syncSeen: Array<[number, Map<string, Buffer>]> = [], bgSeen: Array<[number, Map<string, Buffer>]> = [];
+  const sync = await runTraining(o('sync'), { ...quiet, duringCheckpointWrite: () => {}, afterCheckpointWrite: seen(syncSeen) });
+  const bg = await runTraining(o('bg'), { ...quiet, checkpointWriteDelayMs: 400, afterCheckpointWrite: seen(bgSeen) });
+  assert.deepEqual(bgSeen.map(([st]) => st), [2, 4, 6]);
+  assert.deepEqual(syncSeen.map(([st]) => st), [2, 4, 6]);
+  bgSeen.forEach(([st, b], i) => {
+    const a = syncSeen[i]![1];
+    assert.deepEqual([...b.keys()].sort(), [...a.keys()].sort(), `latest at step ${st}`);
+    for (const [k, v] of a) assert.ok(sameFile(k, v, b.get(k)!), `latest/${k} at step ${st} differs`);
+  });
+  for (const sub of ['checkpoints/best', 'final']) {
+    const a = treeBytes(path.join(sync.out, sub)), b = treeBytes(path.join(bg.out, sub));
+    assert.deepEqual([...b.keys()].sort(), [...a.keys()].sort(), sub);
+    for (const [k, v] of a) assert.ok(sameFile(k, v, b.get(k)!), `${sub}/${k} differs`);
+  }
+  assert.equal(bg.lastGoodStep, 6);
+  fs.rmSync(dir, { recursive: true, force: true });
+});
