@@ -61,6 +61,19 @@ export function tempDir(): string {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-cli-'));
 }
 
+/** Every file under dir: its path relative to dir → its bytes. */
+export function treeBytes(dir: string): Map<string, Buffer> {
+  const out = new Map<string, Buffer>();
+  const walk = (d: string): void => {
+    for (const f of fs.readdirSync(d, { withFileTypes: true })) {
+      const p = path.join(d, f.name);
+      if (f.isDirectory()) walk(p); else out.set(path.relative(dir, p), fs.readFileSync(p));
+    }
+  };
+  walk(dir);
+  return out;
+}
+
 export interface Captured extends Io {
   stdout: () => string;
   stderr: () => string;

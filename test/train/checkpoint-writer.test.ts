@@ -12,19 +12,7 @@ import type { ResumeWriter } from '../../src/train/student-files.js';
 import { parameterLayout } from '../../src/model/params.js';
 import { sharedFloat32 } from '../../src/model/params.js';
 import { DistilleryError } from '../../src/util/errors.js';
-import { tempDir, tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
-
-function files(dir: string): Map<string, Buffer> {
-  const out = new Map<string, Buffer>();
-  const walk = (d: string): void => {
-    for (const f of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, f.name);
-      if (f.isDirectory()) walk(p); else out.set(path.relative(dir, p), fs.readFileSync(p));
-    }
-  };
-  walk(dir);
-  return out;
-}
+import { tempDir, tinyConfig, tinyTokenizer, treeBytes as files } from '../cli/fixtures.js';
 
 function snapshot(latest: string, n: number, step: number, shared: boolean): LatestCheckpoint {
   const arr = (k: number): Float32Array => {

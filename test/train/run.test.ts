@@ -17,6 +17,7 @@ import { writeSafetensors } from '../../src/io/safetensors.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { corpusFile } from './corpus.js';
+import { treeBytes } from '../cli/fixtures.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-'));
 const quiet = { log: (): void => {} };
@@ -160,19 +161,6 @@ test('checkpoint errors: missing tensor, shape mismatch with config.json, trunca
   fs.copyFileSync(path.join(dir, 'other', 'model.safetensors'), file);
   assert.throws(() => readFlatCheckpoint(ck), (e: unknown) => e instanceof DistilleryError && /has shape \[/.test(e.message));
 });
-
-/** Every file under dir (relative name → bytes). */
-function treeBytes(dir: string): Map<string, Buffer> {
-  const out = new Map<string, Buffer>();
-  const walk = (d: string): void => {
-    for (const f of fs.readdirSync(d, { withFileTypes: true })) {
-      const p = path.join(d, f.name);
-      if (f.isDirectory()) walk(p); else out.set(path.relative(dir, p), fs.readFileSync(p));
-    }
-  };
-  walk(dir);
-  return out;
-}
 
 /** Equal files; state.json records the run's options, whose --out differs between the two runs compared. */
 function sameFile(name: string, a: Buffer, b: Buffer): boolean {
