@@ -194,3 +194,21 @@ test('checkpoints written on the writer thread, every job of it slowed down, equ
   assert.equal(bg.lastGoodStep, 6);
   fs.rmSync(dir, { recursive: true, force: true });
 });
+
+test('a checkpoint write that fails on the writer thread stops the run at the next join with its error, naming the step', async () => {
+  const dir = tmp();
+  const o = opts(dir, { out: path.join(dir, 'bgfail'), steps: 2, saveEvery: 1, evalEvery: 100 });
+  const latest = path.join(o.out, 'checkpoints', 'latest');
+  // once step 1's checkpoint is on disk, checkpoints/latest becomes a symbolic link: the writer refuses to write
+  // through it, so step 2's background write fails and the run's last join throws that error
+  const sabotage = (step: number): void => {
+    if (step !== 1) return;
+    fs.renameSync(latest, `${latest}-moved`);
+    fs.symlinkSync(`${latest}-moved`, latest);
+  };
+  await assert.rejects(runTraining(o, { ...quiet, checkpointWriteDelayMs: 200, afterCheckpointWrite: sabotage }),
+    (e: unknown) => e instanceof DistilleryError && /^the checkpoint of step 2: cannot write folder .*latest: it is a symbolic link/.test(e.message) && /link/.test(e.hint ?? ''));
+  const state = JSON.parse(fs.readFileSync(path.join(`${latest}-moved`, 'state.json'), 'utf8')) as { step: number };
+  assert.equal(state.step, 1, 'step 1\'s checkpoint is untouched');
+  fs.rmSync(dir, { recursive: true, force: true });
+});
