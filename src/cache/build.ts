@@ -33,7 +33,7 @@ import {
   CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
-import { TeacherPass, type PassRows } from './teacher-pass.js';
+import { TeacherPass, rowIds, type PassRows } from './teacher-pass.js';
 import type { FrozenDtype } from '../model/frozen.js';
 
 export interface CacheJobOptions {
@@ -249,10 +249,8 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       let positions = 0;
       for (let p = 0; p < T; p++) {
         if (!(win.mask[p]! > 0)) continue;
-        const r = b * T + p, o = r * S;
-        let n = 0;
-        while (n < S && h.ids[o + n]! >= 0) n++;
-        writeRow(writer, lay, h.ids, h.logq, o, n, h.tail[r]!, h.argmax[r]!);
+        const r = b * T + p;
+        writeRow(writer, lay, h.ids, h.logq, r * S, rowIds(h, r), h.tail[r]!, h.argmax[r]!);
         positions++;
       }
       bw.shard.records[bw.b0 + b - bw.shard.w0] = writer.bytes();

@@ -26,6 +26,14 @@ export interface PassRows {
 /** A queued pass: its chunks, its row count and the readback its rows come back through (none without chunks). */
 interface Pending { chunks: Array<[number, number]>; n: number; rb: Readback | null }
 
+/** How many ids row r of a pass holds (its slots up to the first −1). */
+export function rowIds(h: PassRows, r: number): number {
+  const S = h.slots, o = r * S;
+  let n = 0;
+  while (n < S && h.ids[o + n]! >= 0) n++;
+  return n;
+}
+
 export class TeacherPass {
   readonly width: number;
   readonly chunkRows: number;
@@ -136,11 +144,7 @@ export class TeacherPass {
       const entries: SparseEntry[] = [];
       for (let r = r0; r < r0 + rows; r++) {
         const e: SparseEntry = { ids: [], counts: [], logq: [], tail: h.tail[r]!, argmax: h.argmax[r]! };
-        for (let k = 0; k < S; k++) {
-          const id = h.ids[r * S + k]!;
-          if (id < 0) break;
-          e.ids.push(id); e.logq.push(h.logq[r * S + k]!);
-        }
+        for (let k = r * S, end = k + rowIds(h, r); k < end; k++) { e.ids.push(h.ids[k]!); e.logq.push(h.logq[k]!); }
         entries.push(e);
       }
       onRows(entries, r0);

@@ -204,7 +204,6 @@ export function unpackWeights(layout: ParamLayout, w: Float32Array | Float64Arra
   return out;
 }
 
-/** The array itself when it is float32, else a float32 copy (the CPU backend's f64 reference mode downloads float64). */
 /**
  * A float32 array over a SharedArrayBuffer: what a model and its optimizer keep for their checkpoints, so that the
  * checkpoint writer's worker thread reads it without a copy (src/train/checkpoint-writer.ts).
@@ -213,6 +212,7 @@ export function sharedFloat32(n: number): Float32Array {
   return new Float32Array(new SharedArrayBuffer(n * 4));
 }
 
+/** The array itself when it is float32, else a float32 copy (the CPU backend's f64 reference mode downloads float64). */
 export function float32Of(a: Float32Array | Float64Array): Float32Array {
   return a instanceof Float32Array ? a : Float32Array.from(a);
 }

@@ -299,8 +299,8 @@ export class Transformer {
    * The weights as float32, downloaded into one host array the model keeps for its checkpoints and returns again at
    * each call (valid until the next): a save then writes into pages already mapped, where a new 2 GB array per save of
    * a 0.5B model cost seconds of first-touch page faults (measured on the H100 machine: 2.0 s against 0.18 s into a
-   * touched array). Steady host memory: the weights' float32 size, from the first save on. The array is over a
-   * SharedArrayBuffer (the checkpoint writer's thread reads it in place). (An nf4 model, never trained whole, returns a
+   * touched array). Steady host memory: the weights' float32 size, from the first call of this or keptWeights (a run
+   * makes it at its start). The array is over a SharedArrayBuffer (the checkpoint writer's thread reads it in place). (An nf4 model, never trained whole, returns a
    * new array.)
    */
   checkpointWeights(): Float32Array {

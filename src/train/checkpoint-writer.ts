@@ -103,13 +103,8 @@ export class BackgroundCheckpoints {
    * the caller must not change them before join(); any others are transferred (unusable here afterwards).
    */
   submit(c: LatestCheckpoint): void {
-    this.join();
-    const worker = this.start();
     const transfer = [...new Set([c.weights, c.m, c.v].filter((a) => !(a.buffer instanceof SharedArrayBuffer)).map((a) => a.buffer as ArrayBuffer))];
-    const msg: WorkerMessage = { checkpoint: c };
-    worker.postMessage(msg, transfer);
-    this.submitted++;
-    this.pending = c.step;
+    this.post({ checkpoint: c }, transfer, c.step);
   }
 
   /**
@@ -119,11 +114,15 @@ export class BackgroundCheckpoints {
    */
   prefault(arrays: Float32Array[]): void {
     const shared = arrays.filter((a) => a.buffer instanceof SharedArrayBuffer);
-    if (shared.length === 0) return;
+    if (shared.length > 0) this.post({ prefault: shared }, [], PREFAULT_STEP);
+  }
+
+  /** Sends a job to the worker (started on the first), after joining the one in flight: one job at a time. */
+  private post(msg: WorkerMessage, transfer: ArrayBuffer[], step: number): void {
     this.join();
-    this.start().postMessage({ prefault: shared } satisfies WorkerMessage);
+    this.start().postMessage(msg, transfer);
     this.submitted++;
-    this.pending = PREFAULT_STEP;
+    this.pending = step;
   }
 
   private start(): Worker {

@@ -73,7 +73,7 @@ export class AdamW implements Optimizer {
   /**
    * The moments as float32 host arrays the optimizer keeps for checkpoints and fills again at each call (valid until
    * the next): each save downloads into pages already mapped (Transformer.checkpointWeights says why). Steady host
-   * memory: 8 bytes per trained parameter from the first save on.
+   * memory: 8 bytes per trained parameter from the first call of this or keptMoments (a run makes them at its start).
    */
   gatherMoments(): { m: Float32Array; v: Float32Array } {
     const host = this.keptMoments();

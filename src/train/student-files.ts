@@ -34,22 +34,21 @@ export function writeResumeFiles(dir: string, w: ResumeWriter, weights: Float32A
 export interface StudentFiles {
   /** The folder under checkpoints/latest that holds the weights. */
   readonly resumeDir: 'model' | 'adapter';
-  /** How writeResume writes (for a writer on another thread). */
+  /** How checkpoints/latest's weights folder is written (writeResumeFiles; also on the checkpoint writer's thread). */
   readonly resumeWriter: ResumeWriter;
   /**
-   * The host snapshot writeResume writes (`weights`: the whole masters when the model keeps a shard of them): a full
-   * model's is the array Transformer.checkpointWeights keeps (valid until the next snapshot), an adapter's a new one.
+   * The host snapshot of the weights that folder holds (`weights`: the whole masters when the model keeps a shard of
+   * them): a full model's is the array Transformer.checkpointWeights keeps (valid until the next snapshot), an adapter's
+   * a new one.
    */
   resumeWeights(weights?: Float32Array): Float32Array;
   /** The host arrays resumeWeights fills again at each save, where the student keeps them (a full model's); else []. */
   keptArrays(): Float32Array[];
   /** What the optimizer trains (and what a checkpoint's moments and finiteness check cover). */
   readonly trainable: Trainable;
-  /** Writes the float32 weights --resume reads into `dir` (`weights`: the whole masters when the model keeps a shard of them). */
-  writeResume(dir: string, weights?: Float32Array): void;
   /** Writes the folder users load (best/, final/) in `dtype`, with extra files (best.json). */
   writeUser(dir: string, dtype: 'f32' | 'bf16', extraFiles?: Record<string, string>, weights?: Float32Array): void;
-  /** Loads the weights writeResume wrote. */
+  /** Loads the weights writeResumeFiles wrote. */
   restore(dir: string): void;
 }
 
@@ -62,7 +61,6 @@ export function fullStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
     resumeWriter,
     resumeWeights: (weights) => weights ?? student.checkpointWeights(),
     keptArrays: () => { const w = student.keptWeights(); return w ? [w] : []; },
-    writeResume: (dir, weights) => writeResumeFiles(dir, resumeWriter, weights ?? student.checkpointWeights()),
     writeUser: (dir, dtype, extraFiles, weights) => writeCheckpoint(dir, cfg, weights ?? student.checkpointWeights(), { dtype, ...carry, ...(extraFiles ? { extraFiles } : {}) }),
     restore: (dir) => student.setWeights(readCheckpoint(dir).weights),
   };
@@ -92,7 +90,6 @@ export function loraStudentFiles(student: Transformer, cfg: ModelConfig, carry: 
     resumeWriter,
     resumeWeights: () => float32Of(lora.getWeights()),
     keptArrays: () => [],
-    writeResume: (dir) => writeResumeFiles(dir, resumeWriter, float32Of(lora.getWeights())),
     writeUser: (dir, dtype, extraFiles) => write(dir, dtype, extraFiles),
     restore: (dir) => {
       const h = readAdapterHeader(dir);
