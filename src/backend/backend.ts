@@ -169,6 +169,13 @@ export interface Backend {
   zero(buf: Buf): void;
   /** dst[0..src.length) = src, converting between dtypes (into bf16: rounded to nearest even). */
   copy(dst: Buf, src: Buf): void;
+  /**
+   * A block of columns from one row-major matrix into another: dst[r, dstCol + c] = src[r, srcCol + c] (+ bias[c]) for
+   * r < rows, c < width, where a dst row is dstCols wide and a src row srcCols wide; the bias is added in float and the
+   * sum rounded once into dst's dtype (what a bias add after the product's store computes). The fused q/k/v projection
+   * splits its output and joins its gradients with it (src/model/layer.ts). dst and src may not overlap.
+   */
+  copyColumns(dst: Buf, dstCols: number, dstCol: number, src: Buf, srcCols: number, srcCol: number, rows: number, width: number, bias?: Buf | null): void;
   /** Releases everything this backend allocated (worker threads too). */
   dispose(): void;
   /**

@@ -10,6 +10,7 @@
  * differs, unless --overwrite.
  */
 import { weightsHash } from '../model/weights-hash.js';
+import { parameterLayout } from '../model/params.js';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import type { Backend } from '../backend/backend.js';
@@ -151,7 +152,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const identity: CacheIdentity = {
     teacher: {
       path: path.resolve(o.teacher), architecture: ck.config.architecture, parameters: parameterCount(ck.config), vocab_size: ck.config.vocabSize,
-      weights_sha256: weightsHash(ck.weights), config: toHfConfig(ck.config) as Record<string, unknown>,
+      weights_sha256: weightsHash(ck.weights, parameterLayout(ck.config)), config: toHfConfig(ck.config) as Record<string, unknown>,
     },
     tokenizer_sha256: tokenizerHash(tokenizer),
     data: {

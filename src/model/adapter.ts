@@ -33,7 +33,7 @@ export const BASE_REF = 'base_model.json';
 export interface BaseRef {
   /** The base model folder the adapter was trained on (absolute). */
   path: string;
-  /** SHA-256 of the base's weights as distillery loads them (float32, layout order): weightsHash. */
+  /** SHA-256 of the base's weights as distillery loads them (float32, Hugging Face tensor order): weightsHash. */
   weights_sha256: string;
   /** The base's shape, to name what differs when another base is offered. */
   shape: Record<string, number | string | boolean>;
@@ -248,7 +248,7 @@ export function checkBase(h: Pick<LoadedAdapter, 'dir' | 'base'>, baseDir: strin
     throw new DistilleryError(`the base ${baseDir} does not match the adapter ${h.dir}: ${diff.map((k) => `${k} ${String(have[k])} (the adapter's base has ${String(want[k])})`).join(', ')}`,
       `pass the base it was trained on (${h.base.path}) with --base`);
   }
-  const got = weightsHash(baseWeights);
+  const got = weightsHash(baseWeights, parameterLayout(c));
   if (got !== h.base.weights_sha256) {
     throw new DistilleryError(`the base ${baseDir} has other weights than the one the adapter ${h.dir} was trained on (SHA-256 ${got.slice(0, 12)}…, the adapter's base ${h.base.weights_sha256.slice(0, 12)}…)`,
       `pass the base it was trained on (${h.base.path}) with --base; an adapter applied to other weights computes something else`);

@@ -10,7 +10,7 @@
  * the compute dtype, the dense tensors in the compute dtype.
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
-import { TensorWeights, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, adjacentSpan, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { NF4_DEFAULT_BLOCK, dequantizeNf4, nf4WordCount, nf4Words } from '../quant/nf4.js';
 import { Nf4Quantizer } from '../quant/nf4-parallel.js';
 import { DistilleryError } from '../util/errors.js';
@@ -89,6 +89,19 @@ export class FrozenNf4 {
     const q = this.plan.quant.get(t);
     if (!q) throw new Error(`tensor ${t.name} is not in the NF4 plan`);
     return this.backend.view(this.scratch, q.scratch, t.size);
+  }
+
+  /**
+   * The tensors as one view where this storage keeps them adjacent in the order given (all dense, or all matrices of one
+   * layer's scratch), else null: the fused q/k/v projection's weights and biases.
+   */
+  span(ts: readonly TensorInfo[]): Buf | null {
+    const dense = ts.map((t) => this.plan.dense.get(t)), quant = ts.map((t) => this.plan.quant.get(t));
+    const at = dense.every((d) => d !== undefined) ? { buf: this.dense, offs: dense as number[] }
+      : quant.every((q) => q !== undefined) && quant.every((q) => q!.layer === quant[0]!.layer) ? { buf: this.scratch, offs: quant.map((q) => q!.scratch) } : null;
+    if (!at) return null;
+    const sp = adjacentSpan(ts.map((t, i) => ({ offset: at.offs[i]!, size: t.size })));
+    return sp ? this.backend.view(at.buf, sp[0], sp[1]) : null;
   }
 
   /** Quantizes the matrices of a model's weights (flat in layout order, or tensor by tensor) and uploads everything. */

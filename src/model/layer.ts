@@ -17,16 +17,34 @@ export interface LayerWeights {
   qNorm: Buf | null; kNorm: Buf | null;
   wo: Buf; bo: Buf | null;
   ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
+  /**
+   * The q, k and v weights as one [Q + 2·KV, hidden] matrix and their biases as one vector (views of the same storage:
+   * the layout keeps them adjacent, params.ts qkvSpans), for the fused projection; null where the storage does not.
+   */
+  wqkv: Buf | null; bqkv: Buf | null;
 }
 
-/** A layer's weight views, each from `p` (a view of the flat weights, or of frozen NF4 storage: src/model/frozen.ts). */
-export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors): LayerWeights {
+/**
+ * A layer's weight views, each from `p` (a view of the flat weights, or of frozen NF4 storage: src/model/frozen.ts);
+ * `span` views several tensors as one where the storage keeps them adjacent in the order given (else null), for the
+ * fused q/k/v projection (absent: no fused views).
+ */
+export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors, span?: (ts: TensorInfo[]) => Buf | null): LayerWeights {
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
+  const wqkv = span?.([w.wq, w.wk, w.wv]) ?? null;
+  const bqkv = w.bq && w.bk && w.bv ? span?.([w.bq, w.bk, w.bv]) ?? null : null;
+  const fused = wqkv !== null && (w.bq || w.bk || w.bv ? bqkv !== null : true);
   return {
     ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv),
     qNorm: o(w.qNorm), kNorm: o(w.kNorm), wo: p(w.wo), bo: o(w.bo),
     ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
+    wqkv: fused ? wqkv : null, bqkv: fused ? bqkv : null,
   };
+}
+
+/** Whether a layer with these adapters runs the fused q/k/v projection: not with an adapter on q, k or v (each adds into its own output). */
+export function fusedQkvWith(lora: { views: ReadonlyMap<LoraTarget, unknown> } | null | undefined): boolean {
+  return !lora || !(['q_proj', 'k_proj', 'v_proj'] as const).some((t) => lora.views.has(t));
 }
 
 /** Activation buffers of one layer call, each already a view of exactly b·t rows. */
@@ -41,6 +59,12 @@ export interface LayerActivations {
   qkNorm: QkNormActivations | null;
   /** The layer's LoRA adapters (src/model/lora.ts), each applied right after its projection; absent without. */
   lora?: LayerLora | null;
+  /**
+   * Scratch [b·t, Q + 2·KV] (compute dtype) for the fused q/k/v projection's output, which is then split into q, k and v
+   * (Backend.copyColumns, v's bias added there); absent or null: three projections. Used where the weights have
+   * wqkv and no adapter sits on q, k or v.
+   */
+  qkv?: Buf | null;
 }
 
 /** A layer's adapters: the model's LoraAdapters and this layer's views, by target. */
@@ -88,12 +112,23 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   };
   // Without q/k norms, a rotated q/k gets its projection's bias inside the rotation (ropeForward's bias), not as a pass of its own.
   const biasInRope = !qn && usesRope(c, layer);
-  be.matmulForward(qn ? qn.qRaw : a.q, a.ln1, w.wq, biasInRope ? null : w.bq, N, C, Q);
-  adapt('q_proj', qn ? qn.qRaw : a.q, a.ln1);
-  be.matmulForward(qn ? qn.kRaw : a.k, a.ln1, w.wk, biasInRope ? null : w.bk, N, C, KV);
-  adapt('k_proj', qn ? qn.kRaw : a.k, a.ln1);
-  be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
-  adapt('v_proj', a.v, a.ln1);
+  const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
+  if (w.wqkv && a.qkv && fusedQkvWith(lo)) {
+    // One product [N, Q + 2·KV], split into q, k, v: the same values as three products (v's bias, and q's and k's where
+    // the rotation does not add them, added by the split exactly as after a product's store).
+    const W = Q + 2 * KV;
+    be.matmulForward(a.qkv, a.ln1, w.wqkv, null, N, C, W);
+    be.copyColumns(qOut, Q, 0, a.qkv, W, 0, N, Q, biasInRope ? null : w.bq);
+    be.copyColumns(kOut, KV, 0, a.qkv, W, Q, N, KV, biasInRope ? null : w.bk);
+    be.copyColumns(a.v, KV, 0, a.qkv, W, Q + KV, N, KV, w.bv);
+  } else {
+    be.matmulForward(qOut, a.ln1, w.wq, biasInRope ? null : w.bq, N, C, Q);
+    adapt('q_proj', qOut, a.ln1);
+    be.matmulForward(kOut, a.ln1, w.wk, biasInRope ? null : w.bk, N, C, KV);
+    adapt('k_proj', kOut, a.ln1);
+    be.matmulForward(a.v, a.ln1, w.wv, w.bv, N, C, KV);
+    adapt('v_proj', a.v, a.ln1);
+  }
   if (qn) {
     be.rmsnormForward(a.q, qn.rstdQ, qn.qRaw, w.qNorm!, N * c.numHeads, c.headDim, c.rmsNormEps);
     be.rmsnormForward(a.k, qn.rstdK, qn.kRaw, w.kNorm!, N * c.numKvHeads, c.headDim, c.rmsNormEps);

@@ -7,7 +7,7 @@
 import type { ModelConfig } from './config.js';
 import type { Precision } from './transformer.js';
 import { parameterCount } from './config.js';
-import { parameterLayout } from './params.js';
+import { fusesQkv, parameterLayout } from './params.js';
 import type { LoraLayout } from './lora.js';
 import { nf4Plan, nf4StorageBytes, type FrozenDtype } from './frozen.js';
 import { defaultChunkFloats, headFloats, headWidth, type LogitsDtype } from '../train/head.js';
@@ -50,7 +50,7 @@ function frozenWeightBytes(c: ModelConfig, a: number, frozen: FrozenDtype | unde
  * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
  * of the buffers that feed matrix products (4 in fp32, 2 in bf16; see Transformer's module comment).
  */
-function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number, trainBase = training): number {
+function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number, trainBase: boolean, fusedQkv: boolean): number {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and the SwiGLU
   // output (I): per layer when every weight trains, else one shared by all layers (the backward recomputes it).
@@ -65,7 +65,9 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   // dup (I) in the compute dtype, and in bf16 the converted dx (C).
   const scratch = training ? N * 3 * C * F + N * (3 * Q + 3 * KV + 3 * I + (a === F ? 0 : C)) * a : 0;
   const ids = N * 4; // the int32 token ids
-  return layers + final + scratch + ids;
+  // The fused q/k/v projection's output and, training, its joined gradient: [N, Q + 2·KV] each, in the compute dtype.
+  const fused = fusedQkv ? N * (Q + 2 * KV) * a * (training ? 2 : 1) : 0;
+  return layers + final + scratch + ids + fused;
 }
 
 /** Bytes of the job's allocations on the backend. */
@@ -77,13 +79,14 @@ export function estimateJobBytes(j: JobMemory): number {
   // masters, sharded too in bf16 with several ranks (Transformer masterRange).
   const world = Math.max(1, j.world ?? 1);
   const masters = world > 1 && a !== F ? Math.ceil(p / world) * F : p * F;
-  let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) + activationBytes(j.student, j.batch, j.seq, j.training, a, trainBase);
+  let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) +
+    activationBytes(j.student, j.batch, j.seq, j.training, a, trainBase, fusesQkv(parameterLayout(j.student), j.lora));
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), defaultChunkFloats(Boolean(j.teacherCacheSlots), j.training && a !== F),
     j.training && a !== F, j.logits);
-  if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a);
+  if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)));
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);

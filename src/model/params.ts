@@ -40,28 +40,38 @@ export interface ParamLayout {
   lmHead: TensorInfo | null;
 }
 
-export function parameterLayout(c: ModelConfig): ParamLayout {
+/**
+ * The flat layout of a model's parameters. `tensors` lists them in the Hugging Face order (embedding; per layer ln1,
+ * q/k/v weights each with its bias, o, the q/k norms, ln2, gate, up, down; final norm; LM head), which is also the order
+ * of their values in the flat buffers of versions before q/k/v were grouped (`order: 'legacy'`). Stored (`order`
+ * 'grouped', the default), each layer's q, k and v weights are adjacent ([Q + 2·KV, hidden], one matrix the fused
+ * projection reads: qkvSpans) and so are their biases; without biases both orders are the same.
+ */
+export function parameterLayout(c: ModelConfig, order: 'grouped' | 'legacy' = 'grouped'): ParamLayout {
   const tensors: TensorInfo[] = [];
   let offset = 0;
   const add = (name: string, shape: number[], init: TensorInfo['init']): TensorInfo => {
     const size = shape.reduce((a, b) => a * b, 1);
     const t: TensorInfo = { name, shape, offset, size, decay: shape.length === 2, init };
-    tensors.push(t);
     offset += size;
     return t;
   };
+  const keep = (...ts: Array<TensorInfo | null>): void => { for (const t of ts) if (t) tensors.push(t); };
   const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   const embed = add('model.embed_tokens.weight', [c.vocabSize, C], 'normal');
+  keep(embed);
   const layers: LayerTensors[] = [];
   for (let l = 0; l < c.numLayers; l++) {
     const p = `model.layers.${l}.`;
     const ln1 = add(`${p}input_layernorm.weight`, [C], 'ones');
-    const wq = add(`${p}self_attn.q_proj.weight`, [Q, C], 'normal');
-    const bq = c.qkvBias ? add(`${p}self_attn.q_proj.bias`, [Q], 'zeros') : null;
-    const wk = add(`${p}self_attn.k_proj.weight`, [KV, C], 'normal');
-    const bk = c.qkvBias ? add(`${p}self_attn.k_proj.bias`, [KV], 'zeros') : null;
-    const wv = add(`${p}self_attn.v_proj.weight`, [KV, C], 'normal');
-    const bv = c.qkvBias ? add(`${p}self_attn.v_proj.bias`, [KV], 'zeros') : null;
+    const proj = (n: 'q' | 'k' | 'v', rows: number): TensorInfo => add(`${p}self_attn.${n}_proj.weight`, [rows, C], 'normal');
+    const bias = (n: 'q' | 'k' | 'v', rows: number): TensorInfo | null => c.qkvBias ? add(`${p}self_attn.${n}_proj.bias`, [rows], 'zeros') : null;
+    let wq: TensorInfo, bq: TensorInfo | null, wk: TensorInfo, bk: TensorInfo | null, wv: TensorInfo, bv: TensorInfo | null;
+    if (order === 'legacy') {
+      wq = proj('q', Q); bq = bias('q', Q); wk = proj('k', KV); bk = bias('k', KV); wv = proj('v', KV); bv = bias('v', KV);
+    } else {
+      wq = proj('q', Q); wk = proj('k', KV); wv = proj('v', KV); bq = bias('q', Q); bk = bias('k', KV); bv = bias('v', KV);
+    }
     const wo = add(`${p}self_attn.o_proj.weight`, [C, Q], 'normal-residual');
     const bo = oProjBias(c) ? add(`${p}self_attn.o_proj.bias`, [C], 'zeros') : null;
     const qNorm = c.qkNorm ? add(`${p}self_attn.q_norm.weight`, [c.headDim], 'ones') : null;
@@ -70,11 +80,59 @@ export function parameterLayout(c: ModelConfig): ParamLayout {
     const wGate = add(`${p}mlp.gate_proj.weight`, [I, C], 'normal');
     const wUp = add(`${p}mlp.up_proj.weight`, [I, C], 'normal');
     const wDown = add(`${p}mlp.down_proj.weight`, [C, I], 'normal-residual');
+    keep(ln1, wq, bq, wk, bk, wv, bv, wo, bo, qNorm, kNorm, ln2, wGate, wUp, wDown);
     layers.push({ ln1, wq, bq, wk, bk, wv, bv, qNorm, kNorm, wo, bo, ln2, wGate, wUp, wDown });
   }
   const finalNorm = add('model.norm.weight', [C], 'ones');
   const lmHead = c.tieWordEmbeddings ? null : add('lm_head.weight', [c.vocabSize, C], 'normal');
+  keep(finalNorm, lmHead);
   return { tensors, total: offset, embed, layers, finalNorm, lmHead };
+}
+
+/**
+ * Where a layer's fused q/k/v projection reads: the q, k and v weights as one [Q + 2·KV, hidden] matrix and their
+ * biases as one vector (null without biases), as [offset, size] of the flat layout — or null where they are not
+ * adjacent in that order (a layout of the legacy order with biases).
+ */
+export function qkvSpans(w: LayerTensors): { weight: [number, number]; bias: [number, number] | null } | null {
+  const weight = adjacentSpan([w.wq, w.wk, w.wv]);
+  if (!weight) return null;
+  if (!w.bq && !w.bk && !w.bv) return { weight, bias: null };
+  const bias = w.bq && w.bk && w.bv ? adjacentSpan([w.bq, w.bk, w.bv]) : null;
+  return bias ? { weight, bias } : null;
+}
+
+/** [first offset, total size] of tensors each starting where the one before ends (in the order given), else null. */
+export function adjacentSpan(ts: ReadonlyArray<Pick<TensorInfo, 'offset' | 'size'>>): [number, number] | null {
+  for (let i = 1; i < ts.length; i++) if (ts[i]!.offset !== ts[i - 1]!.offset + ts[i - 1]!.size) return null;
+  return [ts[0]!.offset, ts.reduce((s, t) => s + t.size, 0)];
+}
+
+/**
+ * Whether a model of this layout runs the fused q/k/v projection (src/model/layer.ts): every layer's q/k/v weights (and
+ * biases) adjacent, and no LoRA adapter on q, k or v (each adds into its own projection's output). Frozen NF4 storage
+ * keeps them adjacent as well (its one-layer scratch and its dense part, FrozenNf4.span). Memory estimates and the
+ * Transformer ask the same question here.
+ */
+export function fusesQkv(layout: ParamLayout, lora?: { spec: { targets: readonly string[] } } | null): boolean {
+  if (lora && lora.spec.targets.some((t) => t === 'q_proj' || t === 'k_proj' || t === 'v_proj')) return false;
+  return layout.layers.length > 0 && layout.layers.every((w) => qkvSpans(w) !== null);
+}
+
+/**
+ * Values of a flat buffer in layout `from` moved to where layout `to` keeps them (the same tensors by name): a
+ * checkpoint's optimizer moments written in the legacy order, read by a model stored grouped.
+ */
+export function reorderFlat(src: Float32Array, from: ParamLayout, to: ParamLayout): Float32Array {
+  if (src.length !== from.total || from.total !== to.total) throw new Error(`reorderFlat: ${src.length} values for layouts of ${from.total} and ${to.total}`);
+  const out = new Float32Array(to.total);
+  const dst = new Map(to.tensors.map((t) => [t.name, t]));
+  for (const t of from.tensors) {
+    const d = dst.get(t.name);
+    if (!d || d.size !== t.size) throw new Error(`reorderFlat: tensor ${t.name} is not in both layouts`);
+    out.set(src.subarray(t.offset, t.offset + t.size), d.offset);
+  }
+  return out;
 }
 
 /**

@@ -20,9 +20,9 @@
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
-import { TensorWeights, float32Of, parameterLayout, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, adjacentSpan, float32Of, fusesQkv, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
+import { fusedQkvWith, inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
 import { FrozenNf4, nf4Plan, type FrozenDtype } from './frozen.js';
 
@@ -55,6 +55,11 @@ export interface TransformerOptions {
    * stays whole. getWeights() is then refused: the whole masters are gathered over the ranks (ShardedAdamW.gatherMasters).
    */
   masterRange?: { begin: number; end: number } | undefined;
+  /**
+   * Run each layer's q/k/v projection as one product where the layout allows (src/model/layer.ts; default true). False
+   * runs three, as versions before did: for the tests that hold the two equal.
+   */
+  fuseQkv?: boolean | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -81,6 +86,8 @@ interface GradScratch {
   dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; dqPre: Buf; dkPre: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
   /** dx converted to the compute dtype, as a matrix-product operand (dx itself in fp32). */
   dxB: Buf;
+  /** The q, k and v gradients joined [N, Q + 2·KV] for the fused projection's backward (null where it does not run). */
+  dqkv: Buf | null;
 }
 
 export class Transformer {
@@ -127,6 +134,8 @@ export class Transformer {
   private readonly actKept: boolean;
   /** Views of each layer's weights (shared with the generator). */
   readonly layerW: LayerWeights[];
+  /** The fused q/k/v projection's output [N, Q + 2·KV] (one for all layers: split at once), null where it does not run. */
+  private readonly qkvBuf: Buf | null;
 
   constructor(backend: Backend, config: ModelConfig, opts: TransformerOptions) {
     const { batch, seq, training } = opts;
@@ -164,7 +173,16 @@ export class Transformer {
     this.grads = trainBase ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
-    this.layerW = this.layout.layers.map((w) => layerWeights((t) => this.p(t), w));
+    // The fused q/k/v projection (layer.ts) over views of the weights' storage, unless adapters sit on q, k or v.
+    const fuse = opts.fuseQkv !== false && fusesQkv(this.layout, opts.lora);
+    const span = (ts: TensorInfo[]): Buf | null => {
+      if (this.nf4) return this.nf4.span(ts);
+      const sp = adjacentSpan(ts);
+      return sp && backend.view(this.weights, sp[0], sp[1]);
+    };
+    this.layerW = this.layout.layers.map((w) => layerWeights((t) => this.p(t), w, fuse ? span : undefined));
+    const W = Q + 2 * KV;
+    this.qkvBuf = this.layerW.some((w) => w.wqkv) ? backend.alloc(N * W, `${lab} activations (fused q/k/v output)`, A) : null;
     // SwiGLU's output: kept per layer when every weight trains (the down projection's weight gradient reads it; keeping it
     // costs numLayers · N · intermediate elements, 1.9 GB for Qwen2.5-0.5B at 8×1024, and saves a pass over gate, up and
     // act per layer, 24 passes of about 81 µs there on an H100); with adapters on a frozen base (LoRA, QLoRA: the memory-bound
@@ -205,6 +223,7 @@ export class Transformer {
         dqPre: gs(N * Q, 'dq pre-rope', A), dkPre: gs(N * KV, 'dk pre-rope', A), datt: gs(N * Q, 'datt', A),
         dact: gs(N * I, 'dact', A), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
         dxB: A === 'f32' ? dx : gs(N * C, `dx (${A})`, A),
+        dqkv: this.qkvBuf ? gs(N * W, 'dq/dk/dv joined', A) : null,
       };
     } else {
       this.g = null;
@@ -397,6 +416,7 @@ export class Transformer {
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
         act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N), lora: this.layerLora(l),
+        qkv: this.qkvBuf && this.v(this.qkvBuf, N * (Q + 2 * KV)),
       }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
     }
     this.lastShape = { b, t };
@@ -498,12 +518,24 @@ export class Transformer {
         be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
-      be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
-      adapt('q_proj', dln, gq, ln1);
-      be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
-      adapt('k_proj', dln, gk, ln1);
-      be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
-      adapt('v_proj', dln, dv, ln1);
+      const lw = this.layerW[l]!;
+      if (g.dqkv && lw.wqkv && fusedQkvWith(lo)) {
+        // the fused projection's backward: the three gradients joined, one product (its weight and bias gradients are
+        // the q, k, v ones, adjacent in the layout)
+        const Wd = Q + 2 * KV, d = this.v(g.dqkv, N * Wd), sp = qkvSpans(w)!;
+        be.copyColumns(d, Wd, 0, gq, Q, 0, N, Q);
+        be.copyColumns(d, Wd, Q, gk, KV, 0, N, KV);
+        be.copyColumns(d, Wd, Q + KV, dv, KV, 0, N, KV);
+        const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
+        be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, lw.wqkv, N, C, Wd, false);
+      } else {
+        be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
+        adapt('q_proj', dln, gq, ln1);
+        be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
+        adapt('k_proj', dln, gk, ln1);
+        be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
+        adapt('v_proj', dln, dv, ln1);
+      }
       be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C, l > 0 ? dxB : null);
       const r = readyRange?.layers[l];
       if (r && r[1] > r[0]) ready!(...r);

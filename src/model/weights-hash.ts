@@ -1,17 +1,21 @@
 /** Identity of a model's weights: what a teacher cache and a LoRA adapter record of the model they were made from. */
 import { createHash, type Hash } from 'node:crypto';
-import { TensorWeights, type Weights } from './params.js';
+import { TensorWeights, type TensorInfo, type Weights } from './params.js';
 
 /**
- * SHA-256 of a model's float32 weights as distillery loads them (layout order), so a bf16 and an f32 copy of the same
- * values hash alike, and a model kept tensor by tensor (TensorWeights) hashes as its flat array would. In chunks: one
- * Uint8Array view of a 1.5B-parameter model's 6 GB exceeds V8's typed-array limit.
+ * SHA-256 of a model's float32 weights as distillery loads them, tensor after tensor in the Hugging Face order of
+ * `layout.tensors` (the flat order of versions before q/k/v were grouped: parameterLayout, so caches and adapters
+ * recorded then still match), so a bf16 and an f32 copy of the same values hash alike, and a model kept tensor by tensor
+ * (TensorWeights) hashes as its flat array would. In chunks: one Uint8Array view of a 1.5B-parameter model's 6 GB exceeds
+ * V8's typed-array limit.
  */
-export function weightsHash(w: Weights, chunkBytes = 1 << 28): string {
+export function weightsHash(w: Weights, layout: { readonly tensors: ReadonlyArray<Pick<TensorInfo, 'offset' | 'size'>> }, chunkBytes = 1 << 28): string {
   const h = createHash('sha256');
   if (w instanceof TensorWeights) {
-    for (const t of [...w.layout.tensors].sort((a, b) => a.offset - b.offset)) update(h, w.tensor(t), chunkBytes);
-  } else update(h, w, chunkBytes);
+    for (const t of w.layout.tensors) update(h, w.tensor(t), chunkBytes);
+  } else {
+    for (const t of layout.tensors) update(h, w.subarray(t.offset, t.offset + t.size), chunkBytes);
+  }
   return h.digest('hex');
 }
 

@@ -41,9 +41,9 @@ export class ShardedAdamW implements Optimizer {
     const n = Math.max(1, this.shard.end - this.shard.begin);
     this.m = this.be.alloc(n, `optimizer first moment (shard ${comm.rank} of ${comm.world})`);
     this.v = this.be.alloc(n, `optimizer second moment (shard ${comm.rank} of ${comm.world})`);
-    // the tensors' parts inside the shard, relative to its start
+    // the tensors' parts inside the shard, relative to its start, in storage order
     const { begin, end } = this.shard;
-    this.segments = model.layout.tensors
+    this.segments = [...model.layout.tensors].sort((a, b) => a.offset - b.offset)
       .map((t) => ({ offset: Math.max(t.offset, begin), end: Math.min(t.offset + t.size, end), decay: t.decay }))
       .filter((s) => s.end > s.offset)
       .map((s) => ({ offset: s.offset - begin, size: s.end - s.offset, decay: s.decay }));

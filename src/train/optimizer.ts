@@ -64,7 +64,7 @@ export class AdamW implements Optimizer {
     this.be = model.backend;
     this.m = this.be.alloc(model.layout.total, 'optimizer first moment');
     this.v = this.be.alloc(model.layout.total, 'optimizer second moment');
-    this.segments = model.layout.tensors.map((t) => ({ offset: t.offset, size: t.size, decay: t.decay }));
+    this.segments = [...model.layout.tensors].sort((a, b) => a.offset - b.offset).map((t) => ({ offset: t.offset, size: t.size, decay: t.decay }));
   }
 
   /** The tensors of the flat buffer, with weight decay on matrices and embeddings only. */

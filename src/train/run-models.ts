@@ -223,7 +223,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   let files: StudentFiles;
   if (job.lora) {
     if (!initCk || !o.init) throw new UsageError('--lora-rank trains adapters on a pretrained model, but no --init names one', 'pass --init <model folder>');
-    const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights), shape: baseShape(cfg) };
+    const base = { path: path.resolve(o.init), weights_sha256: weightsHash(initCk.weights, parameterLayout(initCk.config)), shape: baseShape(cfg) };
     // PEFT names the base by its Hub id when it came from the Hub (here: a folder of the local Hub cache)
     files = loraStudentFiles(student, cfg, carry, base, hubIdOfSnapshot(o.init) ?? undefined);
     const n = job.lora.total, all = parameterCount(cfg), sp = job.lora.spec;

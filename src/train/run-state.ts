@@ -29,6 +29,12 @@ export interface SavedState {
   dataHash?: string;
   /** The number of data-parallel processes that wrote it (absent: 1). */
   world?: number;
+  /**
+   * The order of a full model's values in the flat optimizer moments: 'grouped' (each layer's q/k/v weights, then
+   * their biases: parameterLayout's storage order); absent in checkpoints of older versions, which wrote the legacy
+   * (Hugging Face) order: --resume moves those moments into place (reorderFlat).
+   */
+  paramOrder?: 'grouped';
 }
 
 /** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */

@@ -35,7 +35,7 @@ import * as path from 'node:path';
 import type { Backend } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parameterCount } from '../model/config.js';
-import { initialWeights } from '../model/params.js';
+import { initialWeights, parameterLayout, reorderFlat } from '../model/params.js';
 import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
 import { recoverDir, writeFileAtomic } from '../io/atomic.js';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
@@ -271,7 +271,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   if (saved) {
     const s = saved;
     files.restore(path.join(latest, files.resumeDir));
-    const moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
+    let moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
+    if (!job.lora && s.paramOrder !== 'grouped') {
+      // a checkpoint of a version before q/k/v were grouped: its moments are in the legacy order
+      const from = parameterLayout(cfg, 'legacy');
+      moments = { m: reorderFlat(moments.m, from, student.layout), v: reorderFlat(moments.v, from, student.layout) };
+    }
     opt.loadMoments(moments.m, moments.v);
     opt.step = s.optimizerStep;
     loader.restore(s.loader);
@@ -362,7 +367,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     if (why !== null) return why;
     const state: SavedState = {
       version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
-      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}),
+      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}), paramOrder: 'grouped',
     };
     joinCheckpoint(); // the previous write reads the arrays the snapshot downloads into
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step

@@ -55,7 +55,7 @@ test('weightsHash: hashing in chunks (any chunk size, any sub-array offset) give
   for (let i = 0; i < backing.length; i++) backing[i] = rng.normal();
   const w = backing.subarray(3, 1000);
   const expect = createHash('sha256').update(Buffer.from(w.buffer, w.byteOffset, w.byteLength)).digest('hex');
-  for (const chunk of [4, 12, 1000, 3988, 3989, 1 << 28]) assert.equal(weightsHash(w, chunk), expect, `chunk ${chunk}`);
+  for (const chunk of [4, 12, 1000, 3988, 3989, 1 << 28]) assert.equal(weightsHash(w, { tensors: [{ offset: 0, size: w.length }] }, chunk), expect, `chunk ${chunk}`);
 });
 
 test('cache records: sample and top-K rows round-trip (ids, counts, tails; log-probabilities to half a quantization step)', () => {

@@ -414,6 +414,28 @@ test('cuda vs cpu: embedding backward over 4096 rows of 896 with ids that repeat
   }
 });
 
+test('cuda vs cpu: copyColumns (the fused q/k/v split and join) bit for bit: f32 and bf16, with and without a bias, 16-byte groups and not', { skip }, () => {
+  let worst = 0;
+  // [rows, srcCols, srcCol, dstCols, dstCol, width]: the 0.5B student's split of k (groups of 8), an odd layout (scalar)
+  for (const [rows, srcCols, srcCol, dstCols, dstCol, width] of [[300, 1152, 896, 128, 0, 128], [37, 19, 5, 13, 3, 7]] as const) {
+    for (const d of ['f32', 'bf16'] as const) {
+      for (const withBias of [false, true]) {
+        const r = rng(rows + width + (withBias ? 1 : 0));
+        const src = rand(r, rows * srcCols), dst = rand(r, rows * dstCols), bias = rand(r, width);
+        const outs = [cpu!, cuda!].map((be) => {
+          const s = be.alloc(src.length, 's', d), o = be.alloc(dst.length, 'o', d), b = be.alloc(width, 'b', d);
+          be.upload(s, src); be.upload(o, dst); be.upload(b, bias);
+          be.copyColumns(o, dstCols, dstCol, s, srcCols, srcCol, rows, width, withBias ? b : null);
+          return be.download(o);
+        });
+        for (let i = 0; i < outs[0]!.length; i++) if (outs[0]![i] !== outs[1]![i]) worst = Math.max(worst, Math.abs(outs[0]![i]! - outs[1]![i]!));
+      }
+    }
+  }
+  record('copyColumns (f32, bf16, bias or not)', worst, 0);
+  assert.equal(worst, 0);
+});
+
 test('cuda vs cpu: sumSquares, copy, view, zero', { skip }, () => {
   const a = rand(rng(5), 100_003);
   const xc = load(cpu!, { a }), xg = load(cuda!, { a });

@@ -131,6 +131,10 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
     b.matmulForward(q, ln1, wq, d.qkvBias ? bq : null, n, C, qd);
     b.matmulForward(k, ln1, wk, d.qkvBias ? bk : null, n, C, kd);
     b.matmulForward(v, ln1, wv, null, n, C, kd);
+    // the fused q/k/v projection's split (a bias added) and its gradients' join
+    const qkv = h16(n * (qd + 2 * kd), 'qkv');
+    b.copyColumns(v, kd, 0, qkv, qd + 2 * kd, qd + kd, n, kd, bk);
+    b.copyColumns(qkv, qd + 2 * kd, 0, q, qd, 0, n, qd);
     b.ropeForward(q, q, d.B, d.T, d.nH, d.hd, plainRope(d.theta), 0);
     for (const r of scaledRopes(d.theta)) b.ropeForward(k, k, d.B, d.T, d.nKv, d.hd, r, 3);
     const att = h16(n * qd, 'att'), lse = f(d.B * d.nH * d.T, 'lse');

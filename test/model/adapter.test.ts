@@ -58,7 +58,7 @@ test('an adapter folder round-trips its weights exactly (f32) by PEFT\'s names; 
   const baseDir = path.join(dir, 'base');
   const bw = initialWeights(parameterLayout(cfg), cfg, new Rng(2));
   writeCheckpoint(baseDir, cfg, bw, { dtype: 'f32' });
-  writeAdapter(path.join(dir, 'a'), lay, w, { dtype: 'f32', base: { path: baseDir, weights_sha256: weightsHash(bw), shape: baseShape(cfg) } });
+  writeAdapter(path.join(dir, 'a'), lay, w, { dtype: 'f32', base: { path: baseDir, weights_sha256: weightsHash(bw, parameterLayout(cfg)), shape: baseShape(cfg) } });
   const h = readAdapterHeader(path.join(dir, 'a'));
   const back = readAdapterWeights(path.join(dir, 'a'), h.spec, cfg).weights;
   assert.ok(Buffer.from(back.buffer).equals(Buffer.from(w.buffer)));

@@ -34,7 +34,7 @@ test('a model above the threshold is kept tensor by tensor (no copy); it hashes,
   assert.ok(packWeights(layout, named, 'src') instanceof Float32Array, 'at or under the threshold: one flat array');
   const t0 = layout.tensors[3]!;
   assert.equal(tw.tensor(t0), named.get(t0.name)!.data, 'the tensor is the one read, not a copy');
-  assert.equal(weightsHash(tw), weightsHash(flat));
+  assert.equal(weightsHash(tw, layout), weightsHash(flat, layout));
   for (const [name, v] of unpackWeights(layout, tw)) assert.deepEqual(v.data, named.get(name)!.data, name);
   const a = tmp(), b = tmp();
   writeCheckpoint(path.join(a, 'm'), cfg, flat, { dtype: 'bf16' });
@@ -42,7 +42,7 @@ test('a model above the threshold is kept tensor by tensor (no copy); it hashes,
   assert.ok(fs.readFileSync(path.join(a, 'm', 'model.safetensors')).equals(fs.readFileSync(path.join(b, 'm', 'model.safetensors'))));
   const back = readCheckpoint(path.join(b, 'm'), { maxFlat: 1000 });
   assert.ok(back.weights instanceof TensorWeights);
-  assert.equal(weightsHash(back.weights), weightsHash(readCheckpoint(path.join(a, 'm')).weights));
+  assert.equal(weightsHash(back.weights, layout), weightsHash(readCheckpoint(path.join(a, "m")).weights, layout));
   assert.throws(() => flatWeights(tw, 'training every weight'), (e: unknown) => e instanceof DistilleryError && /training every weight needs the model's \d+ parameters in one float32 array/.test(e.message));
 });
 
@@ -51,11 +51,11 @@ test('a LoRA adapter merges into a base kept tensor by tensor exactly as into it
   const ad = loraInitialWeights(lay, new Rng(3));
   for (let i = 0; i < ad.length; i++) if (ad[i] === 0) ad[i] = ((i % 5) - 2) * 1e-2;
   const tw = packWeights(layout, named, 'src', 1);
-  const before = weightsHash(tw);
+  const before = weightsHash(tw, layout);
   const m = mergeLora(tw, layout.layers, lay, ad);
   assert.ok(m instanceof TensorWeights);
   assert.deepEqual(flatWeights(packWeights(layout, unpackWeights(layout, m), 'm'), 'm'), mergeLora(flat, layout.layers, lay, ad));
-  assert.equal(weightsHash(tw), before);
+  assert.equal(weightsHash(tw, layout), before);
 });
 
 for (const [precision, frozen, sharded] of [['fp32', 'auto', false], ['bf16', 'auto', false], ['bf16', 'nf4', false], ['bf16', 'auto', true]] as Array<[Precision, 'auto' | 'nf4', boolean]>) {
@@ -104,7 +104,7 @@ test('writing a model kept tensor by tensor reads each tensor once, when it is w
   const dir = tmp();
   writeCheckpoint(path.join(dir, 'm'), cfg, tw, { dtype: 'bf16', maxShardBytes: 20000 });
   assert.deepEqual([...reads.values()].every((n) => n === 1) && reads.size === layout.tensors.length, true, JSON.stringify([...reads]));
-  assert.equal(weightsHash(readCheckpoint(path.join(dir, 'm')).weights), weightsHash(readCheckpoint(path.join(dir, 'm'), { maxFlat: 1 }).weights));
+  assert.equal(weightsHash(readCheckpoint(path.join(dir, "m")).weights, layout), weightsHash(readCheckpoint(path.join(dir, "m"), { maxFlat: 1 }).weights, layout));
   const flatDir = tmp();
   writeCheckpoint(path.join(flatDir, 'm'), cfg, flat, { dtype: 'bf16', maxShardBytes: 20000 });
   const files = fs.readdirSync(path.join(dir, 'm')).filter((f) => f.endsWith('.safetensors'));

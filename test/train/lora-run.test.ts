@@ -15,6 +15,7 @@ import { readSafetensors } from '../../src/io/safetensors.js';
 import { readAdapterOnBase, readModelOrAdapter } from '../../src/model/adapter.js';
 import { weightsHash } from '../../src/model/weights-hash.js';
 import { loraLayout } from '../../src/model/lora.js';
+import { parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { exportCommand } from '../../src/cli/commands/export.js';
@@ -67,7 +68,7 @@ test('a LoRA run starts exactly at the base model\'s loss (B = 0), trains only t
   assert.equal(ac.base_model_name_or_path, path.resolve(base));
   assert.deepEqual(ac.target_modules, ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']);
   const ref = JSON.parse(fs.readFileSync(path.join(s.out, 'final', 'base_model.json'), 'utf8')) as { weights_sha256: string };
-  assert.equal(ref.weights_sha256, weightsHash(readFlatCheckpoint(base).weights));
+  assert.equal(ref.weights_sha256, weightsHash(readFlatCheckpoint(base).weights, parameterLayout(readFlatCheckpoint(base).config)));
   // PEFT's tensor names and shapes, nothing else
   const st = readSafetensors(path.join(s.out, 'final', 'adapter_model.safetensors'));
   assert.deepEqual([...st.tensors.keys()].sort(), lay.tensors.map((t) => t.name).sort());

@@ -12,8 +12,8 @@ import { runTraining } from '../../src/train/run.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
 import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { presetConfig, toHfConfig } from '../../src/model/config.js';
-import { initialWeights, parameterLayout } from '../../src/model/params.js';
-import { writeSafetensors } from '../../src/io/safetensors.js';
+import { initialWeights, parameterLayout, reorderFlat } from '../../src/model/params.js';
+import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { corpusFile } from './corpus.js';
@@ -72,6 +72,29 @@ test('resume: stopping at step 4 (or 3, off the evaluation schedule) and resumin
   assert.equal(vals(c.out), vals(full.out));
   assert.equal(c.bestStep, full.bestStep);
   assert.ok(readFlatCheckpoint(path.join(c.out, 'final')).weights.every((x, i) => x === readFlatCheckpoint(path.join(full.out, 'final')).weights[i]));
+});
+
+test('resume: a checkpoint of a version before q/k/v were grouped (its moments in the legacy order, no paramOrder) resumes bit-identically', async () => {
+  const dir = tmp();
+  const full = await runTraining(opts(dir, { out: path.join(dir, 'full'), steps: 6 }), quiet);
+  const a = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 6, stopAfter: 4 }), quiet);
+  assert.equal(a.status, 'stopped');
+  // rewrite the checkpoint as an older version wrote it: the moments in the Hugging Face order, state.json without paramOrder
+  const latest = path.join(a.out, 'checkpoints', 'latest');
+  const cfg = readFlatCheckpoint(path.join(latest, 'model')).config;
+  const grouped = parameterLayout(cfg), legacy = parameterLayout(cfg, 'legacy');
+  assert.ok(cfg.qkvBias && grouped.layers[0]!.bq!.offset !== legacy.layers[0]!.bq!.offset, 'the orders differ for this model');
+  const mv = readSafetensors(path.join(latest, 'optimizer.safetensors')).tensors;
+  const old = (name: string): Float32Array => reorderFlat(mv.get(name)!.data, grouped, legacy);
+  writeSafetensors(path.join(latest, 'optimizer.safetensors'), new Map([['m', { shape: [grouped.total], data: old('m') }], ['v', { shape: [grouped.total], data: old('v') }]]), { dtype: 'f32' });
+  const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as Record<string, unknown>;
+  assert.equal(state.paramOrder, 'grouped');
+  delete state.paramOrder;
+  fs.writeFileSync(path.join(latest, 'state.json'), JSON.stringify(state));
+  const b = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 6, resume: true }), quiet);
+  assert.equal(b.steps, 6);
+  const w1 = readFlatCheckpoint(path.join(full.out, 'final')).weights, w2 = readFlatCheckpoint(path.join(b.out, 'final')).weights;
+  assert.ok(Buffer.from(w1.buffer).equals(Buffer.from(w2.buffer)), 'resumed weights differ from the uninterrupted run');
 });
 
 test('a saved checkpoint reloads bit-exactly (f32), and bf16 within bf16 rounding', () => {

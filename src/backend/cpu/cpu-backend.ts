@@ -363,6 +363,21 @@ export class CpuBackend implements Backend {
     this.fin(dst, 0, s.length);
   }
 
+  copyColumns(dst: Buf, dstCols: number, dstCol: number, src: Buf, srcCols: number, srcCol: number, rows: number, width: number, bias: Buf | null = null): void {
+    const d = this.f(dst, 'copyColumns dst'), s = this.f(src, 'copyColumns src'), b = bias === null ? null : this.f(bias, 'copyColumns bias');
+    check(width >= 0 && rows >= 0 && dstCol >= 0 && srcCol >= 0 && dstCol + width <= dstCols && srcCol + width <= srcCols,
+      `cpu backend: copyColumns: columns [${srcCol}, +${width}) of ${srcCols} into [${dstCol}, +${width}) of ${dstCols}`);
+    if (rows === 0 || width === 0) return;
+    this.need(d, (rows - 1) * dstCols + dstCol + width, 'copyColumns', 'dst'); this.need(s, (rows - 1) * srcCols + srcCol + width, 'copyColumns', 'src');
+    if (b !== null) this.need(b, width, 'copyColumns', 'bias');
+    for (let r = 0; r < rows; r++) {
+      const o = r * dstCols + dstCol, i = r * srcCols + srcCol;
+      if (b === null) d.set(s.subarray(i, i + width), o);
+      else for (let c = 0; c < width; c++) d[o + c] = s[i + c]! + b[c]!;
+      this.fin(dst, o, o + width);
+    }
+  }
+
   dispose(): void {
     this.pool?.dispose();
     this.pool = null;

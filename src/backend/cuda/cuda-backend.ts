@@ -18,7 +18,8 @@
  * product is rounded, then the bias added and the sum rounded (Backend.matmulForward documents it; the CPU does the
  * same). Filling the bias first and letting the GEMM accumulate (beta 1) rounded once but made cuBLAS pick kernels
  * twice as slow: measured on the H100 at 8192×1536×1536, 119 µs against 57 µs + the add. The model adds a rotated q/k
- * projection's bias inside ropeForward instead (src/model/layer.ts), so bias_add runs for v only there.
+ * projection's bias inside ropeForward instead (src/model/layer.ts), and runs q, k and v as one product whose split
+ * (copyColumns, copy_cols) adds v's bias, so bias_add does not run for them.
  *
  * Memory: only alloc/allocInt allocate. Scratch (sumSquares partials, attention backward's D = rowsum(dout ∘ out) and
  * dK/dV partials, column-reduction partials, cuBLAS workspace) is allocated once at creation with a documented cap
@@ -61,7 +62,7 @@ import {
   mmaForwardSmem,
 } from './kernels/attention.js';
 import {
-  accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, copyColumnsKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
@@ -860,6 +861,21 @@ export class CudaBackend implements Backend {
     const want = Math.min(COLSUM_MAX_CHUNKS, this.colsumRows(c, what), Math.max(1, Math.ceil(n / COLSUM_MIN_ROWS)));
     const rowsPer = Math.ceil(n / want);
     return [Math.ceil(n / rowsPer), rowsPer];
+  }
+
+  copyColumns(dst: Buf, dstCols: number, dstCol: number, src: Buf, srcCols: number, srcCol: number, rows: number, width: number, bias: Buf | null = null): void {
+    if (!(width >= 0 && rows >= 0 && dstCol >= 0 && srcCol >= 0 && dstCol + width <= dstCols && srcCol + width <= srcCols)) {
+      throw new Error(`copyColumns: columns [${srcCol}, +${width}) of ${srcCols} into [${dstCol}, +${width}) of ${dstCols}`);
+    }
+    if (rows === 0 || width === 0) return;
+    this.need(dst, (rows - 1) * dstCols + dstCol + width, 'copyColumns'); this.need(src, (rows - 1) * srcCols + srcCol + width, 'copyColumns');
+    if (bias) this.need(bias, width, 'copyColumns');
+    if (overlaps(dst as CudaBuf, src as CudaBuf)) throw new Error('copyColumns: dst and src may not overlap');
+    const ptrs = [P(dst), P(src), ...(bias ? [P(bias)] : [])];
+    const vec = [width, dstCols, dstCol, srcCols, srcCol].every((x) => x % 8 === 0) && ptrs.every((a) => ((a.v as bigint) & 15n) === 0n);
+    const spec = copyColumnsKernel.make({ dst: D(dst), src: D(src), bias: bias ? D(bias) : 'none', block: ELEM_BLOCK });
+    this.launch(spec, [blocksFor(vec ? rows * width / 8 : rows * width, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(dst), P(src), P(bias), L(rows), I(width), I(dstCols), I(dstCol), I(srcCols), I(srcCol), I(vec ? 1 : 0)]);
   }
 
   matmulForward(out: Buf, inp: Buf, weight: Buf, bias: Buf | null, n: number, k: number, m: number, accumulate = false): void {

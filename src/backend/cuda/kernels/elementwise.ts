@@ -128,6 +128,48 @@ type ConvertP = { out: string; inp: string; block: number };
 export const convertKernel = typed<ConvertP>('convert', [OUT('out'), IN('inp')], '', { out: 'bf16', inp: 'f32', block: 256 },
   ({ L, S }) => S('out', L('inp')));
 
+type ColsP = { dst: string; src: string; bias: string; block: number };
+/**
+ * Backend.copyColumns: dst[r, dstCol + c] = src[r, srcCol + c] (+ bias[c], in float; a bf16 dst rounds once) for r < rows,
+ * c < width, rows dstCols / srcCols wide. Grid-stride over rows · width elements, or, when `vec` (the host checked that
+ * every pointer, row width and column offset is a multiple of 8 elements / 16 bytes), over groups of 8 with 128-bit
+ * loads and stores. bias 'none' adds nothing (a copy stays bit-exact, -0 included).
+ */
+export const copyColumnsKernel = defineFamily<ColsP>({
+  name: 'copy_cols', schema: { dst: DTYPE_DOMAIN, src: DTYPE_DOMAIN, bias: OPTIONAL_DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { dst: 'bf16', src: 'bf16', bias: 'bf16', block: 256 },
+  generate: (p) => {
+    const withBias = p.bias !== 'none';
+    return `#define BLOCK ${p.block}
+${dtypeHelpers()}${vecHelpers()}
+extern "C" __global__ void copy_cols(${T(p.dst)}* dst, const ${T(p.src)}* src, const ${withBias ? T(p.bias) : 'float'}* bias, long long rows,
+    int width, int dstCols, int dstCol, int srcCols, int srcCol, int vec) {
+  const long long step = (long long)gridDim.x * BLOCK;
+  if (vec) {
+    const int gpr = width >> 3;
+    const long long n = rows * gpr;
+    for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += step) {
+      const long long r = i / gpr; const int g = (int)(i - r * gpr);
+      float v[8];
+      ld8(src + r * srcCols + srcCol, g, v);
+${withBias ? `      float b[8];
+      ld8(bias, g, b);
+      #pragma unroll
+      for (int k = 0; k < 8; k++) v[k] += b[k];
+` : ''}      st8(dst + r * dstCols + dstCol, g, v);
+    }
+    return;
+  }
+  const long long n = rows * width;
+  for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += step) {
+    const long long r = i / width; const int c = (int)(i - r * width);
+    stf(dst, r * dstCols + dstCol + c, ldf(src, r * srcCols + srcCol + c)${withBias ? ' + ldf(bias, c)' : ''});
+  }
+}
+`;
+  },
+});
+
 type BiasP = { out: string; bias: string; block: number };
 /**
  * After the cuBLAS GEMM that wrote out[rows, m]: out[r, c] += bias[c] (in float; a bf16 out rounds the sum). Grid

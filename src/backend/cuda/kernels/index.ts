@@ -10,7 +10,7 @@ import {
   attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, kvCacheWrite,
 } from './attention.js';
 import {
-  accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
+  accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, copyColumnsKernel, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
@@ -39,7 +39,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
   dequantNf4,
 ];
 
