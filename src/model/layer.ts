@@ -114,8 +114,9 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   const biasInRope = !qn && usesRope(c, layer);
   const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
   if (w.wqkv && a.qkv && fusedQkvWith(lo)) {
-    // One product [N, Q + 2·KV], split into q, k, v: the same values as three products (v's bias, and q's and k's where
-    // the rotation does not add them, added by the split exactly as after a product's store).
+    // One product [N, Q + 2·KV], split into q, k, v (v's bias, and q's and k's where the rotation does not add them, added
+    // by the split as after a product's store): on the CPU the same values as three products, bit for bit; cuBLAS may
+    // pick another algorithm for the wider product, so on CUDA they agree to float32 accumulation order.
     const W = Q + 2 * KV;
     be.matmulForward(a.qkv, a.ln1, w.wqkv, null, N, C, W);
     be.copyColumns(qOut, Q, 0, a.qkv, W, 0, N, Q, biasInRope ? null : w.bq);

@@ -14,6 +14,8 @@ export function weightsHash(w: Weights, layout: { readonly tensors: ReadonlyArra
   if (w instanceof TensorWeights) {
     for (const t of w.layout.tensors) update(h, w.tensor(t), chunkBytes);
   } else {
+    const covered = layout.tensors.reduce((s, t) => s + t.size, 0);
+    if (covered !== w.length) throw new Error(`weightsHash: the layout's tensors hold ${covered} values, the weights ${w.length}`);
     for (const t of layout.tensors) update(h, w.subarray(t.offset, t.offset + t.size), chunkBytes);
   }
   return h.digest('hex');

@@ -16,7 +16,11 @@ import { lossPlotSvg } from '../report/loss-plot.js';
 import type { Communicator } from '../parallel/comm.js';
 
 export interface SavedState {
-  version: 1;
+  /**
+   * 1, or 2 where the model's storage order differs from the legacy one (q/k/v biases: paramOrder), so that a version
+   * before the grouped order refuses the checkpoint ("unknown version") rather than load its moments misplaced.
+   */
+  version: 1 | 2;
   step: number;
   optimizerStep: number;
   loader: LoaderState;
@@ -74,7 +78,7 @@ export function readSavedState(file: string): SavedState {
   }
   if (typeof j !== 'object' || j === null || Array.isArray(j)) throw bad('not a JSON object');
   const s = j as Record<string, unknown>;
-  if (s.version !== 1) throw bad(`unknown version ${JSON.stringify(s.version)}`);
+  if (s.version !== 1 && s.version !== 2) throw bad(`unknown version ${JSON.stringify(s.version)}`);
   for (const k of ['step', 'optimizerStep', 'tokensTrained'] as const) {
     if (!(Number.isInteger(s[k]) && (s[k] as number) >= 0)) throw bad(`"${k}" must be an integer >= 0, got ${JSON.stringify(s[k])}`);
   }

@@ -268,14 +268,17 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     student.setWeights(initCk!.weights);
     if (job.studentFrozen === 'nf4') log(`LoRA: the base quantized to nf4 in ${((Date.now() - t0) / 1000).toFixed(1)}s`);
   }
+  // A full model whose storage order (q/k/v grouped) differs from the legacy one: its moments' order is recorded (paramOrder,
+  // state version 2), and a checkpoint of an older version has its moments moved into place.
+  const legacyOrder = job.lora ? null : parameterLayout(cfg, 'legacy');
+  const legacyOrderDiffers = legacyOrder !== null && legacyOrder.tensors.some((t, i) => t.offset !== student.layout.tensors[i]!.offset);
   if (saved) {
     const s = saved;
     files.restore(path.join(latest, files.resumeDir));
     let moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
-    if (!job.lora && s.paramOrder !== 'grouped') {
-      // a checkpoint of a version before q/k/v were grouped: its moments are in the legacy order
-      const from = parameterLayout(cfg, 'legacy');
-      moments = { m: reorderFlat(moments.m, from, student.layout), v: reorderFlat(moments.v, from, student.layout) };
+    if (legacyOrderDiffers && s.paramOrder !== 'grouped') {
+      // a checkpoint of a version before q/k/v were grouped, of a model whose orders differ: its moments are in the legacy order
+      moments = { m: reorderFlat(moments.m, legacyOrder!, student.layout), v: reorderFlat(moments.v, legacyOrder!, student.layout) };
     }
     opt.loadMoments(moments.m, moments.v);
     opt.step = s.optimizerStep;
@@ -366,7 +369,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     }
     if (why !== null) return why;
     const state: SavedState = {
-      version: 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
+      version: legacyOrderDiffers ? 2 : 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}), paramOrder: 'grouped',
     };
     joinCheckpoint(); // the previous write reads the arrays the snapshot downloads into

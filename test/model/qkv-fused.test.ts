@@ -148,3 +148,24 @@ test('an NF4 model fuses too (its q/k/v matrices adjacent in the one-layer scrat
     assert.ok(worst <= 1e-6 * scale, `largest difference ${worst} against values up to ${scale}`);
   } finally { be.dispose(); }
 });
+
+test('float32 on the CPU, JS and WASM kernels: the fused projection\'s logits equal the three products\' bit for bit (a bias added after the store in both)', () => {
+  for (const kernel of ['js', 'wasm'] as const) {
+    for (const c of [cfg(), cfg({ architecture: 'smollm3', noRopeLayers: [0] }), cfg({ architecture: 'qwen3', qkNorm: true, numHeads: 2, numKvHeads: 1, headDim: 4 })]) {
+      const be = createCpuBackend({ dtype: 'f32', threads: 1, kernel });
+      try {
+        const b = 2, t = 4;
+        const w = initialWeights(parameterLayout(c), c, new Rng(8), 0.5);
+        const bias = parameterLayout(c).tensors.filter((x) => x.name.endsWith('proj.bias'));
+        for (const x of bias) for (let i = 0; i < x.size; i++) w[x.offset + i] = 0.37 * Math.sin(i + x.offset);
+        const ids = Int32Array.from({ length: b * t }, (_, i) => (i * 3 + 2) % c.vocabSize);
+        const logits = (fuse: boolean): number[] => {
+          const m = new Transformer(be, c, { batch: b, seq: t, training: false, fuseQkv: fuse });
+          m.setWeights(w);
+          return [...be.download(m.forward(ids, b, t))];
+        };
+        assert.deepEqual(logits(true), logits(false), `${kernel} ${c.architecture}`);
+      } finally { be.dispose(); }
+    }
+  }
+});

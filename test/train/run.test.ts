@@ -88,8 +88,11 @@ test('resume: a checkpoint of a version before q/k/v were grouped (its moments i
   const old = (name: string): Float32Array => reorderFlat(mv.get(name)!.data, grouped, legacy);
   writeSafetensors(path.join(latest, 'optimizer.safetensors'), new Map([['m', { shape: [grouped.total], data: old('m') }], ['v', { shape: [grouped.total], data: old('v') }]]), { dtype: 'f32' });
   const state = JSON.parse(fs.readFileSync(path.join(latest, 'state.json'), 'utf8')) as Record<string, unknown>;
+  // version 2: a version before the grouped order refuses the checkpoint ("unknown version") instead of misplacing the moments
   assert.equal(state.paramOrder, 'grouped');
+  assert.equal(state.version, 2);
   delete state.paramOrder;
+  state.version = 1;
   fs.writeFileSync(path.join(latest, 'state.json'), JSON.stringify(state));
   const b = await runTraining(opts(dir, { out: path.join(dir, 'split'), steps: 6, resume: true }), quiet);
   assert.equal(b.steps, 6);

@@ -488,8 +488,10 @@ export class CpuBackend implements Backend {
     check(!(accumulate && b !== null), 'cpu backend: matmulForward accumulates without a bias');
     if (accumulate) {
       this.gemm(o, x, w, null, n, m, k, true);
-    } else if (b !== null && out.dtype === 'bf16') {
-      // As the CUDA backend: the product is stored (rounded), then the bias added and the sum rounded.
+    } else if (b !== null && (out.dtype === 'bf16' || this.dtype === 'f32')) {
+      // As the CUDA backend (and the WASM kernel's own bias path): the product is stored (rounded), then the bias added
+      // and the sum rounded, with the JS kernel too, so one product split by copyColumns (which adds a bias the same way)
+      // equals separate products bit for bit. (float64: the store is exact, either way is the same.)
       this.gemm(o, x, w, null, n, m, k, false);
       this.fin(out, 0, n * m);
       for (let r = 0; r < n; r++) for (let c = 0; c < m; c++) o[r * m + c] = o[r * m + c]! + b[c]!;
