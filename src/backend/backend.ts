@@ -364,6 +364,18 @@ export interface Backend {
 }
 
 /**
+ * copyColumns' argument rule, shared by every backend so CPU and CUDA refuse the same calls: the block of `width`
+ * columns lies inside both row widths. Returns how many elements dst and src must hold, or null when nothing is copied.
+ */
+export function copyColumnsExtent(dstCols: number, dstCol: number, srcCols: number, srcCol: number, rows: number, width: number): { dst: number; src: number } | null {
+  if (!(width >= 0 && rows >= 0 && dstCol >= 0 && srcCol >= 0 && dstCol + width <= dstCols && srcCol + width <= srcCols)) {
+    throw new Error(`copyColumns: columns [${srcCol}, +${width}) of ${srcCols} into [${dstCol}, +${width}) of ${dstCols}`);
+  }
+  if (rows === 0 || width === 0) return null;
+  return { dst: (rows - 1) * dstCols + dstCol + width, src: (rows - 1) * srcCols + srcCol + width };
+}
+
+/**
  * The matrix products' dtype rule, shared by every backend so CPU and CUDA refuse the same calls: the two operands
  * of each product have one dtype (cuBLAS multiplies bf16 by bf16 or f32 by f32, never a mix).
  */

@@ -19,7 +19,8 @@ export interface LayerWeights {
   ln2: Buf; wGate: Buf; wUp: Buf; wDown: Buf;
   /**
    * The q, k and v weights as one [Q + 2·KV, hidden] matrix and their biases as one vector (views of the same storage:
-   * the layout keeps them adjacent, params.ts qkvSpans), for the fused projection; null where the storage does not.
+   * the layout keeps them adjacent, params.ts qkvSpans), for the fused projection; null where the storage does not, or
+   * where the model runs three products (an adapter on q, k or v: the Transformer asks params.ts fusesQkv).
    */
   wqkv: Buf | null; bqkv: Buf | null;
 }
@@ -32,19 +33,14 @@ export interface LayerWeights {
 export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors, span?: (ts: TensorInfo[]) => Buf | null): LayerWeights {
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
   const wqkv = span?.([w.wq, w.wk, w.wv]) ?? null;
-  const bqkv = w.bq && w.bk && w.bv ? span?.([w.bq, w.bk, w.bv]) ?? null : null;
-  const fused = wqkv !== null && (w.bq || w.bk || w.bv ? bqkv !== null : true);
+  const bqkv = w.bq ? span?.([w.bq, w.bk!, w.bv!]) ?? null : null; // q/k/v biases: all three (qkv_bias) or none
+  const fused = wqkv !== null && (!w.bq || bqkv !== null);
   return {
     ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv),
     qNorm: o(w.qNorm), kNorm: o(w.kNorm), wo: p(w.wo), bo: o(w.bo),
     ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
     wqkv: fused ? wqkv : null, bqkv: fused ? bqkv : null,
   };
-}
-
-/** Whether a layer with these adapters runs the fused q/k/v projection: not with an adapter on q, k or v (each adds into its own output). */
-export function fusedQkvWith(lora: { views: ReadonlyMap<LoraTarget, unknown> } | null | undefined): boolean {
-  return !lora || !(['q_proj', 'k_proj', 'v_proj'] as const).some((t) => lora.views.has(t));
 }
 
 /** Activation buffers of one layer call, each already a view of exactly b·t rows. */
@@ -61,8 +57,7 @@ export interface LayerActivations {
   lora?: LayerLora | null;
   /**
    * Scratch [b·t, Q + 2·KV] (compute dtype) for the fused q/k/v projection's output, which is then split into q, k and v
-   * (Backend.copyColumns, v's bias added there); absent or null: three projections. Used where the weights have
-   * wqkv and no adapter sits on q, k or v.
+   * (Backend.copyColumns, v's bias added there); absent or null: three projections. Used where the weights have wqkv.
    */
   qkv?: Buf | null;
 }
@@ -113,7 +108,7 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   // Without q/k norms, a rotated q/k gets its projection's bias inside the rotation (ropeForward's bias), not as a pass of its own.
   const biasInRope = !qn && usesRope(c, layer);
   const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
-  if (w.wqkv && a.qkv && fusedQkvWith(lo)) {
+  if (w.wqkv && a.qkv) {
     // One product [N, Q + 2·KV], split into q, k, v (v's bias, and q's and k's where the rotation does not add them, added
     // by the split as after a product's store): on the CPU the same values as three products, bit for bit; cuBLAS may
     // pick another algorithm for the wider product, so on CUDA they agree to float32 accumulation order.

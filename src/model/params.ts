@@ -97,9 +97,14 @@ export function parameterLayout(c: ModelConfig, order: 'grouped' | 'legacy' = 'g
 export function qkvSpans(w: LayerTensors): { weight: [number, number]; bias: [number, number] | null } | null {
   const weight = adjacentSpan([w.wq, w.wk, w.wv]);
   if (!weight) return null;
-  if (!w.bq && !w.bk && !w.bv) return { weight, bias: null };
-  const bias = w.bq && w.bk && w.bv ? adjacentSpan([w.bq, w.bk, w.bv]) : null;
+  if (!w.bq) return { weight, bias: null }; // q/k/v biases: all three (qkv_bias) or none
+  const bias = adjacentSpan([w.bq, w.bk!, w.bv!]);
   return bias ? { weight, bias } : null;
+}
+
+/** The tensors in the order of their values in the flat buffer (layout.tensors lists them in the Hugging Face order). */
+export function storageOrder(layout: { readonly tensors: readonly TensorInfo[] }): TensorInfo[] {
+  return [...layout.tensors].sort((a, b) => a.offset - b.offset);
 }
 
 /** [first offset, total size] of tensors each starting where the one before ends (in the order given), else null. */

@@ -22,7 +22,7 @@ import type { Trainable } from '../train/optimizer.js';
 import { usesRope, type ModelConfig } from './config.js';
 import { TensorWeights, adjacentSpan, float32Of, fusesQkv, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { fusedQkvWith, inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
+import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
 import { FrozenNf4, nf4Plan, type FrozenDtype } from './frozen.js';
 
@@ -519,7 +519,7 @@ export class Transformer {
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
       const lw = this.layerW[l]!;
-      if (g.dqkv && lw.wqkv && fusedQkvWith(lo)) {
+      if (g.dqkv && lw.wqkv) {
         // the fused projection's backward: the three gradients joined, one product (its weight and bias gradients are
         // the q, k, v ones, adjacent in the layout)
         const Wd = Q + 2 * KV, d = this.v(g.dqkv, N * Wd), sp = qkvSpans(w)!;

@@ -18,7 +18,7 @@ import type { Backend, AdamWSegment, Buf } from '../backend/backend.js';
 import type { AdamWOptions, Optimizer, Trainable } from '../train/optimizer.js';
 import { shardOf, type Communicator } from './comm.js';
 import { GradReducer, gradBucketElements } from './grad-reducer.js';
-import { float32Of } from '../model/params.js';
+import { float32Of, storageOrder } from '../model/params.js';
 
 export class ShardedAdamW implements Optimizer {
   readonly m: Buf;
@@ -43,7 +43,7 @@ export class ShardedAdamW implements Optimizer {
     this.v = this.be.alloc(n, `optimizer second moment (shard ${comm.rank} of ${comm.world})`);
     // the tensors' parts inside the shard, relative to its start, in storage order
     const { begin, end } = this.shard;
-    this.segments = [...model.layout.tensors].sort((a, b) => a.offset - b.offset)
+    this.segments = storageOrder(model.layout)
       .map((t) => ({ offset: Math.max(t.offset, begin), end: Math.min(t.offset + t.size, end), decay: t.decay }))
       .filter((s) => s.end > s.offset)
       .map((s) => ({ offset: s.offset - begin, size: s.end - s.offset, decay: s.decay }));

@@ -4,7 +4,7 @@
  * Global-norm clipping is folded into the update as a gradient scale (no extra pass over the gradients).
  */
 import type { AdamWSegment, Backend, Buf } from '../backend/backend.js';
-import { sharedFloat32, type TensorInfo } from '../model/params.js';
+import { sharedFloat32, storageOrder, type TensorInfo } from '../model/params.js';
 
 /** What AdamW trains: a flat buffer of tensors (a model's parameters, or its LoRA adapters), its gradients, its compute copy. */
 export interface Trainable {
@@ -64,7 +64,7 @@ export class AdamW implements Optimizer {
     this.be = model.backend;
     this.m = this.be.alloc(model.layout.total, 'optimizer first moment');
     this.v = this.be.alloc(model.layout.total, 'optimizer second moment');
-    this.segments = [...model.layout.tensors].sort((a, b) => a.offset - b.offset).map((t) => ({ offset: t.offset, size: t.size, decay: t.decay }));
+    this.segments = storageOrder(model.layout).map((t) => ({ offset: t.offset, size: t.size, decay: t.decay }));
   }
 
   /** The tensors of the flat buffer, with weight decay on matrices and embeddings only. */

@@ -49,7 +49,7 @@
  */
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -365,10 +365,9 @@ export class CpuBackend implements Backend {
 
   copyColumns(dst: Buf, dstCols: number, dstCol: number, src: Buf, srcCols: number, srcCol: number, rows: number, width: number, bias: Buf | null = null): void {
     const d = this.f(dst, 'copyColumns dst'), s = this.f(src, 'copyColumns src'), b = bias === null ? null : this.f(bias, 'copyColumns bias');
-    check(width >= 0 && rows >= 0 && dstCol >= 0 && srcCol >= 0 && dstCol + width <= dstCols && srcCol + width <= srcCols,
-      `cpu backend: copyColumns: columns [${srcCol}, +${width}) of ${srcCols} into [${dstCol}, +${width}) of ${dstCols}`);
-    if (rows === 0 || width === 0) return;
-    this.need(d, (rows - 1) * dstCols + dstCol + width, 'copyColumns', 'dst'); this.need(s, (rows - 1) * srcCols + srcCol + width, 'copyColumns', 'src');
+    const ext = copyColumnsExtent(dstCols, dstCol, srcCols, srcCol, rows, width);
+    if (!ext) return;
+    this.need(d, ext.dst, 'copyColumns', 'dst'); this.need(s, ext.src, 'copyColumns', 'src');
     if (b !== null) this.need(b, width, 'copyColumns', 'bias');
     for (let r = 0; r < rows; r++) {
       const o = r * dstCols + dstCol, i = r * srcCols + srcCol;

@@ -41,7 +41,7 @@
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, dtypeBytes } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -864,11 +864,9 @@ export class CudaBackend implements Backend {
   }
 
   copyColumns(dst: Buf, dstCols: number, dstCol: number, src: Buf, srcCols: number, srcCol: number, rows: number, width: number, bias: Buf | null = null): void {
-    if (!(width >= 0 && rows >= 0 && dstCol >= 0 && srcCol >= 0 && dstCol + width <= dstCols && srcCol + width <= srcCols)) {
-      throw new Error(`copyColumns: columns [${srcCol}, +${width}) of ${srcCols} into [${dstCol}, +${width}) of ${dstCols}`);
-    }
-    if (rows === 0 || width === 0) return;
-    this.need(dst, (rows - 1) * dstCols + dstCol + width, 'copyColumns'); this.need(src, (rows - 1) * srcCols + srcCol + width, 'copyColumns');
+    const ext = copyColumnsExtent(dstCols, dstCol, srcCols, srcCol, rows, width);
+    if (!ext) return;
+    this.need(dst, ext.dst, 'copyColumns'); this.need(src, ext.src, 'copyColumns');
     if (bias) this.need(bias, width, 'copyColumns');
     if (overlaps(dst as CudaBuf, src as CudaBuf)) throw new Error('copyColumns: dst and src may not overlap');
     const ptrs = [P(dst), P(src), ...(bias ? [P(bias)] : [])];
