@@ -6,7 +6,10 @@
  * `--random` fills the operands with random values (all-zero operands run faster); `--model` / `--model-only` add / run
  * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1); `--attn-shapes` times the training attention kernels
  * at the job's shapes (beside scripts/cuda/sdpa-times.py); `--fusions` times the student's q/k/v and gate/up products separate
- * against fused (what fusing them would save per layer) and the passes over its whole gradient.
+ * against fused (what fusing them would save per layer) and the passes over its whole gradient; `--row-ops` times the
+ * memory-bound per-layer backward ops at 8192 rows as a bf16 model runs them (the norm backward into the f32 residual
+ * gradient with its bf16 copy; attention and RoPE backward zeroed then accumulated, against overwriting) with the bytes
+ * each moves at least and the bandwidth that implies.
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
@@ -36,7 +39,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions'].some((f) => process.argv.includes(f)) ? [] : shapes) {
+for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops'].some((f) => process.argv.includes(f)) ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -113,6 +116,31 @@ if (process.argv.includes('--fusions')) {
   const P = 494_032_768, g = be.alloc(P, 'grads');
   console.log(`[fusions] the 0.5B student's fp32 gradient (${P} floats): zeroing ${time(() => be.zero(g)).toFixed(1)} us, ` +
     `squared norm ${time(() => be.sumSquares(g, P)).toFixed(1)} us (with its download)`);
+}
+if (process.argv.includes('--row-ops')) {
+  const buf = (n: number, what: string, d: DType): Buf => { const b = be.alloc(n, what, d); fill(b, n); return b; };
+  const gbs = (bytes: number, us: number): string => `${us.toFixed(1)} us (${(bytes / us / 1e3).toFixed(0)} GB/s of ${(bytes / 1e6).toFixed(1)} MB)`;
+  for (const C of [896, 1024, 1536]) {
+    const dx = buf(N * C, 'dx', 'f32'), dxB = buf(N * C, 'dxB', 'bf16'), dln = buf(N * C, 'dln', 'bf16'), h = buf(N * C, 'h', 'f32');
+    const w = buf(C, 'w', 'bf16'), gw = buf(C, 'gw', 'f32'), rstd = be.alloc(N, 'rstd');
+    be.upload(rstd, new Float32Array(N).fill(1.3));
+    // dx read and written (f32), dln (bf16) and h (f32) read, the bf16 copy written
+    const us = time(() => be.rmsnormBackward(dx, gw, dln, h, w, rstd, N, C, dxB));
+    console.log(`[row-ops] rmsnorm backward ${N}x${C} (f32 residual gradient, bf16 copy): ${gbs(N * C * (4 + 4 + 2 + 4 + 2), us)}`);
+  }
+  for (const [name, B, T, nH, nKv, hd] of [['qwen2.5-0.5b student', 8, 1024, 14, 2, 64], ['qwen2.5-1.5b', 8, 1024, 12, 2, 128]] as Array<[string, number, number, number, number, number]>) {
+    const n = B * T, qn = n * nH * hd, kn = n * nKv * hd;
+    const q = buf(qn, 'q', 'bf16'), k = buf(kn, 'k', 'bf16'), v = buf(kn, 'v', 'bf16'), out = be.alloc(qn, 'out', 'bf16'), lse = be.alloc(B * nH * T, 'lse');
+    const dout = buf(qn, 'dout', 'bf16'), dq = be.alloc(qn, 'dq', 'bf16'), dk = be.alloc(kn, 'dk', 'bf16'), dv = be.alloc(kn, 'dv', 'bf16');
+    be.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd);
+    const acc = time(() => { be.zero(dq); be.zero(dk); be.zero(dv); be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd); });
+    const st = time(() => be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd, false));
+    const fq = be.alloc(qn, 'fq', 'bf16'), fk = be.alloc(kn, 'fk', 'bf16'), rope = presetConfig(name.startsWith('qwen2.5-0.5b') ? 'qwen2.5-0.5b' : 'qwen2.5-1.5b', 151936).rope;
+    const racc = time(() => { be.zero(fq); be.zero(fk); be.ropeBackward(fq, dq, B, T, nH, hd, rope, 0); be.ropeBackward(fk, dk, B, T, nKv, hd, rope, 0); });
+    const rst = time(() => { be.ropeBackward(fq, dq, B, T, nH, hd, rope, 0, false); be.ropeBackward(fk, dk, B, T, nKv, hd, rope, 0, false); });
+    console.log(`[row-ops] ${name} attention backward: zeroed + accumulated ${acc.toFixed(1)} us, overwritten ${st.toFixed(1)} us; ` +
+      `q and k RoPE backward: zeroed + accumulated ${racc.toFixed(1)} us, overwritten ${gbs(2 * 2 * (qn + kn), rst)}`);
+  }
 }
 if (process.argv.includes('--model') || process.argv.includes('--model-only')) {
   const t = new Transformer(be, presetConfig('qwen2.5-1.5b', 151936), { batch: 8, seq: 1024, training: false, precision: 'bf16', label: 'teacher' });

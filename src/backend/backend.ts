@@ -257,8 +257,12 @@ export interface Backend {
    */
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
     bias?: Buf | null): void;
-  /** dinp += Rᵀ dout. */
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void;
+  /**
+   * dinp += Rᵀ dout; with `accumulate` false, dinp = Rᵀ dout (overwritten, never read: the caller need not zero it).
+   * dinp may alias dout (then overwriting: each element is read before it is written).
+   */
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+    accumulate?: boolean): void;
 
   /**
    * Causal grouped-query attention with scale 1/sqrt(headDim).
@@ -269,12 +273,13 @@ export interface Backend {
    */
   attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void;
   /**
-   * dq += ..., dk += ..., dv += ... from the forward's inputs, its output `out` and its `lse`. Backends recompute
+   * dq += ..., dk += ..., dv += ... from the forward's inputs, its output `out` and its `lse`; with `accumulate` false,
+   * dq, dk and dv are overwritten (never read: the caller need not zero them). Backends recompute
    * P = exp(scale·q·kᵀ − lse) and use rowsum(P ⊙ dP) = Σ_d dout·out (they may keep that D in scratch they own).
    */
   attentionBackward(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate?: boolean,
   ): void;
 
   /**

@@ -499,16 +499,15 @@ export class Transformer {
       const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
       be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
       adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
-      be.zero(dq); be.zero(dk); be.zero(dv);
+      // dq, dk, dv and the rotation's outputs are overwritten (no zeroing pass, the old values never read)
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
-        this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim);
+        this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim, false);
       // Back through RoPE (not on NoPE layers) and the q/k norms (Qwen3) to the projections' outputs. gq/gk hold the
       // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
       let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
       if (usesRope(c, l)) {
-        be.zero(fq); be.zero(fk);
-        be.ropeBackward(fq, gq, b, t, c.numHeads, c.headDim, c.rope, 0);
-        be.ropeBackward(fk, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0);
+        be.ropeBackward(fq, gq, b, t, c.numHeads, c.headDim, c.rope, 0, false);
+        be.ropeBackward(fk, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
       const qn = this.qknViews(a.qkn, N);

@@ -107,8 +107,9 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const runner = new StepRunner(student, teacher, j.loss ?? NO_DISTILL, { lossVocab: j.lossVocab, sparse: j.teacherCache, logits: j.logits });
       const batch = placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.student.vocabSize, j.teacherCache);
       // A run loads weights before its first step (setWeights, a resumed checkpoint): a bf16 student's fp32 masters are
-      // copied into its bf16 compute copy (syncWeights), a conversion no step repeats.
+      // copied into its bf16 compute copy (syncWeights), a conversion no step repeats; so are its LoRA adapters'.
       student.syncWeights();
+      student.lora?.syncWeights();
       teacher?.syncWeights();
       const adam = j.adam ?? { beta1: D.beta1, beta2: D.beta2, eps: D.adamEps, weightDecay: D.weightDecay };
       if (j.train) runner.trainStep([batch], new AdamW(student.trainable(), adam), 1e-3, 1);

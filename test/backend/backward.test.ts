@@ -176,3 +176,26 @@ test('overwrite mode: matmulBackward with dinpAccumulate false and swigluBackwar
   assert.deepEqual([...be.download(dg)], [...be.download(dg0)]);
   assert.deepEqual([...be.download(du)], [...be.download(du0)]);
 });
+
+test('attention and rope backward overwriting (accumulate false): the gradients equal one accumulation into zeros, whatever they held', () => {
+  // f32 (rounded in place like a model's buffers) and the float64 reference backend
+  for (const be of [f64(), createCpuBackend({ dtype: 'f32', threads: 2 })]) {
+    const rng = new Rng(17), b = 2, t = 5, nH = 4, nKv = 2, hd = 6, qn = b * t * nH * hd, kn = b * t * nKv * hd;
+    const q = bufOf(be, randn(rng, qn)), k = bufOf(be, randn(rng, kn)), v = bufOf(be, randn(rng, kn)), R = bufOf(be, randn(rng, qn));
+    const out = be.alloc(qn, 'o'), lse = be.alloc(b * nH * t, 'lse');
+    be.attentionForward(out, lse, q, k, v, b, t, nH, nKv, hd);
+    const grads = (start: (n: number) => Float64Array, accumulate: boolean): Float64Array[] => {
+      const g = [bufOf(be, start(qn)), bufOf(be, start(kn)), bufOf(be, start(kn))];
+      be.attentionBackward(g[0]!, g[1]!, g[2]!, R, q, k, v, out, lse, b, t, nH, nKv, hd, accumulate);
+      const r = bufOf(be, start(qn));
+      be.ropeBackward(r, R, b, t, nH, hd, plainRope(10000), 3, accumulate);
+      return [...g, r].map((x) => Float64Array.from(be.download(x)));
+    };
+    const added = grads((n) => new Float64Array(n), true), stored = grads((n) => randn(rng, n, 5), false);
+    for (let i = 0; i < 4; i++) {
+      assert.deepEqual(stored[i], added[i], `${['dq', 'dk', 'dv', 'rope dinp'][i]} (${be.download(q).constructor.name})`);
+      assert.ok(added[i]!.some((x) => x !== 0), 'a non-zero gradient');
+    }
+    be.dispose();
+  }
+});

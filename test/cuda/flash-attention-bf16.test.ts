@@ -55,15 +55,15 @@ function inputs(seed: number, B: number, T: number, nH: number, nKv: number, hd:
 function up(b: Backend, a: ArrayLike<number>, label: string, dtype: DType): Buf { const x = b.alloc(a.length, label, dtype); b.upload(x, a); return x; }
 const f64 = (a: Float32Array | Float64Array): Float64Array => Float64Array.from(a);
 
-interface Opts { out: DType; grad: DType; backwardRuns?: number }
+interface Opts { out: DType; grad: DType; backwardRuns?: number; accumulate?: boolean }
 
-/** Forward, then `backwardRuns` backward calls accumulating into gradients that start at g0. */
+/** Forward, then `backwardRuns` backward calls accumulating into gradients that start at g0 (or overwriting them). */
 function run(b: Backend, x: Inputs, B: number, T: number, nH: number, nKv: number, hd: number, o: Opts): Result {
   const q = up(b, x.q, 'q', 'bf16'), k = up(b, x.k, 'k', 'bf16'), v = up(b, x.v, 'v', 'bf16'), dout = up(b, x.dout, 'dout', 'bf16');
   const out = up(b, randBf16(rng(7), x.q.length, 5), 'out', o.out), lse = up(b, randBf16(rng(8), B * nH * T, 5), 'lse', 'f32'); // overwritten
   const dq = up(b, x.g0q, 'dq', o.grad), dk = up(b, x.g0k, 'dk', o.grad), dv = up(b, x.g0v, 'dv', o.grad);
   b.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd);
-  for (let i = 0; i < (o.backwardRuns ?? 1); i++) b.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd);
+  for (let i = 0; i < (o.backwardRuns ?? 1); i++) b.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd, o.accumulate ?? true);
   return { out: f64(b.download(out)), lse: f64(b.download(lse)), dq: f64(b.download(dq)), dk: f64(b.download(dk)), dv: f64(b.download(dv)) };
 }
 
@@ -147,6 +147,25 @@ test('bf16 attention backward accumulates: a second call adds the same (f32) gra
       process.stderr.write(`[flash-attention-bf16] accumulate hd ${hd} ${k}: ${e.toExponential(2)}\n`);
       assert.ok(e <= 1e-5, `hd ${hd} ${k}: two backward calls are not twice one (${e})`);
       assert.ok(maxAbs(once, new Float64Array(once.length)) > 0, `hd ${hd} ${k}: a non-zero gradient`);
+    }
+  }
+});
+
+test('attention backward overwriting (accumulate false) stores bit for bit what it adds to zeros; the old gradients (NaN) are never read', { skip, timeout: 300_000 }, () => {
+  // the tensor-core kernels (hd 64, 128: the split GQA group with its reduction, and MHA unsplit) and the SIMT ones (hd 40)
+  for (const hd of [64, 128, 40]) {
+    for (const [nH, nKv] of [[14, 2], [4, 4]] as const) {
+      for (const grad of ['bf16', 'f32'] as const) {
+        const B = 2, T = 130, x = inputs(hd * 31 + nH + (grad === 'f32' ? 1 : 0), B, T, nH, nKv, hd);
+        const zeros = { ...x, g0q: new Float64Array(x.g0q.length), g0k: new Float64Array(x.g0k.length), g0v: new Float64Array(x.g0v.length) };
+        const nan = { ...x, g0q: x.g0q.map(() => NaN), g0k: x.g0k.map(() => NaN), g0v: x.g0v.map(() => NaN) };
+        const before = launched('attention_bwd_dq_bf16');
+        const added = run(cuda!, zeros, B, T, nH, nKv, hd, { out: 'bf16', grad });
+        const stored = run(cuda!, nan, B, T, nH, nKv, hd, { out: 'bf16', grad, accumulate: false });
+        assert.equal(launched('attention_bwd_dq_bf16') > before, bf16MmaHeadDim(hd), `hd ${hd}: the tensor-core kernels ran`);
+        bitIdentical(`overwriting hd ${hd} heads ${nH}/${nKv} grads ${grad}`, stored, added);
+        assert.ok(maxAbs(stored.dk, new Float64Array(stored.dk.length)) > 0, 'a non-zero gradient');
+      }
     }
   }
 });

@@ -41,8 +41,12 @@ const head = 'int main(int, char** a) { const char* d = a[1]; int B = atoi(a[2])
 
 interface Launch { spec: KernelSpec; x: number; smem: number; threads: number }
 
-/** One forward + backward on the emulator (tensor-core kernels, or the SIMT ones when simt) and its errors. */
-function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, hd: number, odt: Dt, S: number): Record<string, number> {
+/**
+ * One forward + backward on the emulator (tensor-core kernels, or the SIMT ones when simt) and its errors. The gradients
+ * start from random values: accumulated onto (acc, the SIMT kernels always), or overwritten (the tensor-core kernels
+ * with accumulate false: the starting values must not show).
+ */
+function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, hd: number, odt: Dt, S: number, acc = true): Record<string, number> {
   const r = rng(B * 7919 + T * 101 + nH * 13 + hd);
   const qn = B * T * nH * hd, kn = B * T * nKv * hd;
   const q = randBf16(r, qn, 3), k = randBf16(r, kn, 1), v = randBf16(r, kn, 1), dout = randBf16(r, qn, 1);
@@ -74,7 +78,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   wr('dsum.bin', dsum, 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
   const dqk: Launch = simt
     ? { spec: attentionBackward.make({ headDim: hd, block: 128, dq: odt, dout: 'bf16', ...b16 }), x: tile('dq').tq, smem: tile('dq').smem, threads: 128 }
-    : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
+    : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
   execFileSync(build(dqk.spec, `${head} ${loadAll}
   auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD);
   launch({(unsigned)((T + ${dqk.x} - 1) / ${dqk.x}), (unsigned)nH, (unsigned)B}, ${dqk.threads}, ${dqk.smem},
@@ -82,7 +86,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   writef(d, "dq.out", dq); (void)S; }`), args);
   const dkv: Launch = simt
     ? { spec: attentionBackwardKv.make({ headDim: hd, block: 128, dk: odt, dv: odt, dout: 'bf16', ...b16 }), x: 32, smem: tile('dkv').smem, threads: 128 }
-    : { spec: attentionBackwardDkvBf16.make({ headDim: hd, dk: odt, dv: odt }), x: FA_KEY_TILE, smem: faSmem('dkv', hd), threads: FA_THREADS };
+    : { spec: attentionBackwardDkvBf16.make({ headDim: hd, dk: odt, dv: odt, accumulate: acc }), x: FA_KEY_TILE, smem: faSmem('dkv', hd), threads: FA_THREADS };
   execFileSync(build(dkv.spec, `${head} ${loadAll}
   auto dk = readf<${ct(odt)}>(d, "dk.bin", (size_t)B*T*nKv*HD); auto dv = readf<${ct(odt)}>(d, "dv.bin", (size_t)B*T*nKv*HD);
   std::vector<float> part(S > 1 ? (size_t)2*B*nKv*S*T*HD : 1, 12345.0f);
@@ -91,8 +95,9 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
                             v.data(), T, nH, nKv); });
   writef(d, "dk.out", dk); writef(d, "dv.out", dv); writef(d, "part.out", part); }`), args);
   const dq = Float64Array.from(rd('dq.out', odt)), dk = Float64Array.from(rd('dk.out', odt)), dv = Float64Array.from(rd('dv.out', odt));
-  if (S > 1) { // attention_dkv_reduce: dk += Σ_s part_dk[b][kvh][s][j][d] in split order (into float64 here)
+  if (S > 1) { // attention_dkv_reduce: dk += Σ_s part_dk[b][kvh][s][j][d] in split order (into float64 here); overwriting, dk = Σ
     const part = rd('part.out', 'f32'), half = kn * S;
+    if (!acc) { dk.fill(0); dv.fill(0); }
     for (let i = 0; i < kn; i++) {
       const d = i % hd, r0 = Math.floor(i / hd), kvh = r0 % nKv, r1 = Math.floor(r0 / nKv), j = r1 % T, b = Math.floor(r1 / T);
       const base = (((b * nKv + kvh) * S) * T + j) * hd + d;
@@ -104,16 +109,18 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   const minus = (a: Float64Array, b: Float64Array): Float64Array => a.map((y, i) => y - b[i]!);
   let lseErr = 0;
   for (let i = 0; i < lR.length; i++) lseErr = Math.max(lseErr, Math.abs(lse[i]! - lR[i]!));
-  return { out: maxRel(out, oR), lse: lseErr, dq: frob(minus(dq, g0q), dqR), dk: frob(minus(dk, g0k), dkR), dv: frob(minus(dv, g0v), dvR) };
+  const own = (a: Float64Array, g0: ArrayLike<number>): Float64Array => (acc ? minus(a, Float64Array.from(g0)) : a);
+  return { out: maxRel(out, oR), lse: lseErr, dq: frob(own(dq, g0q), dqR), dk: frob(own(dk, g0k), dkR), dv: frob(own(dv, g0v), dvR) };
 }
 
-const cases: Array<[boolean, number, number, number, number, number, Dt, number]> = [
-  // simt, B, T, nH, nKv, hd, output/gradient dtype, GQA split S
+const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?]> = [
+  // simt, B, T, nH, nKv, hd, output/gradient dtype, GQA split S, accumulate (default true; false: overwritten)
   [false, 1, 130, 7, 1, 64, 'bf16', 7], [false, 2, 65, 2, 1, 128, 'f32', 1], [false, 1, 15, 4, 2, 128, 'bf16', 2], [false, 1, 1, 2, 2, 64, 'bf16', 1],
   [false, 1, 70, 2, 1, 16, 'bf16', 1], [false, 1, 100, 2, 1, 96, 'f32', 1], [true, 1, 40, 2, 1, 40, 'bf16', 1], [true, 2, 33, 7, 1, 40, 'bf16', 7],
+  [false, 1, 130, 7, 1, 64, 'bf16', 7, false], [false, 2, 65, 2, 1, 128, 'f32', 1, false],
 ];
 for (const c of cases) {
-  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}`;
+  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}${c[8] === false ? ' overwriting' : ''}`;
   test(`emulated CUDA: ${name}`, { skip, timeout: 600_000 }, () => {
     const e = emulate(...c);
     process.stderr.write(`[flash-emulated] ${name}: ${Object.entries(e).map(([k, v]) => `${k} ${v.toExponential(2)}`).join(' ')}\n`);

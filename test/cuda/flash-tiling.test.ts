@@ -189,7 +189,7 @@ test('the training attention kernels use no atomics (a deterministic backward by
       for (const dt of ['f32', 'bf16']) {
         const p: ParamRecord = { headDim: hd };
         if ('block' in f.schema) p.block = f === (attentionBackwardPre as unknown) ? 256 : ATTN_BLOCK;
-        for (const k of Object.keys(f.schema)) if (k !== 'headDim' && k !== 'block') p[k] = dt;
+        for (const [k, d] of Object.entries(f.schema)) if (k !== 'headDim' && k !== 'block') p[k] = (d as { kind: string }).kind === 'bool' ? true : dt;
         const src = f.make(p).source();
         assert.doesNotMatch(src, /atomic/i, `${f.name} hd ${hd}`);
         assert.doesNotMatch(src, /\bprobs\b|T \* T/, `${f.name} hd ${hd}`);

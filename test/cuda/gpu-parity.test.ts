@@ -174,7 +174,10 @@ parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: r
 parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, plainRope(1e6), 30000) }));
 parity('rope fwd with a bias', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD), bq: rand(r, RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3, x.bq!) }));
 parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3) }));
+// overwriting (accumulate false): the old dinp is never read (the CPU backend's own test checks it equals Rᵀ dout alone)
+parity('rope bwd, overwriting', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3, false) }));
 for (const rope of scaledRopes(5e5)) {
+  parity(`rope ${rope.type} bwd, overwriting`, 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, rope, 3, false) }));
   parity(`rope ${rope.type} fwd, far positions`, 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, rope, 9000) }));
   parity(`rope ${rope.type} bwd`, 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, rope, 3) }));
 }
@@ -200,6 +203,18 @@ for (const [hN, kvN, tN, dN] of [[6, 2, 70, 24], [3, 3, 40, 16]] as const) {
     op: (b, x) => {
       b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
       b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN);
+    },
+  }));
+  // overwriting (the SIMT path zeroes, then adds): dq, dk, dv start random on both backends and must not show
+  parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}, overwriting`, 1e-4, (r) => ({
+    arrays: {
+      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
+      dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
+    },
+    compare: ['dq', 'dk', 'dv'],
+    op: (b, x) => {
+      b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
+      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN, false);
     },
   }));
 }

@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CudaBackend, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DKV_SPLIT_BELOW_BLOCKS, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
@@ -154,11 +154,12 @@ test('prepare sizes the attention backward scratch from the traced run: D down t
 });
 
 test('the plan takes the branch the prepared device takes: a dK/dV split that only the sized scratch allows is pre-warmed (strict, zero misses)', async () => {
-  // One sequence of 33000 positions, 4 query heads on 2 kv heads, head dim 16: 4.2 Mi floats of dK/dV partials. The
-  // default scratch (4 Mi) cannot hold them, so a trace at default sizes runs dK/dV unsplit (no attention_dkv_reduce);
-  // prepare() sizes the partials to the need, the device splits the GQA group and sums the splits with
-  // attention_dkv_reduce. Found on the H100 at 8 x 4096 (a miss after seal); the plan must trace with the device's sizes.
-  const B = 1, T = 33000, nH = 4, nKv = 2, hd = 16;
+  // One sequence of 8000 positions, 4 query heads on 2 kv heads, head dim 128: 8.2 Mi floats of dK/dV partials, and
+  // an unsplit grid of 125 key tiles × 2 kv heads (250 blocks), small enough to split (DKV_SPLIT_BELOW_BLOCKS). The
+  // default scratch (4 Mi) cannot hold the partials, so a trace at default sizes runs dK/dV unsplit (no
+  // attention_dkv_reduce); prepare() sizes the partials to the need, the device splits the GQA group and sums the splits
+  // with attention_dkv_reduce. Found on the H100 at 8 x 4096 (a miss after seal); the plan must trace with the device's sizes.
+  const B = 1, T = 8000, nH = 4, nKv = 2, hd = 128;
   const step = attentionBackwardRun(B, T, nH, nKv, hd);
   assert.ok(2 * nH * T * hd > DEFAULT_ATTN_DKV_FLOATS, 'the case needs more partials than the default');
   const atDefaults = planKernels([step], { attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS }).map((s) => s.family);
@@ -173,6 +174,21 @@ test('the plan takes the branch the prepared device takes: a dK/dV split that on
   // What a dry run or `kernels plan` lists (planKernels without sizes) is what the prepared device launched.
   assert.deepEqual(planKernels([step]).map((s) => s.id).sort(), b.planFor([step]).map((s) => s.id).sort());
   b.dispose();
+});
+
+test('the dK/dV split by shape: 2 kv heads at 8 x 1024 (256 unsplit blocks) split the group; 8 kv heads (1024 blocks) do not', async () => {
+  for (const [nH, nKv, hd, splits] of [[14, 2, 64, true], [16, 8, 128, false]] as const) {
+    const step = attentionBackwardRun(8, 1024, nH, nKv, hd);
+    assert.equal(Math.ceil(1024 / 64) * nKv * 8 < DKV_SPLIT_BELOW_BLOCKS, splits);
+    assert.equal(planKernels([step]).some((s) => s.family === 'attention_dkv_reduce'), splits, `${nH}/${nKv} heads: planned`);
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
+    const b = deviceBackend(cache);
+    await b.prepare([step]);
+    step(b);
+    assert.equal((b.launches.get('attention_dkv_reduce') ?? 0) > 0, splits, `${nH}/${nKv} heads: launched`);
+    assert.equal(cache.counters.missesAfterSeal, 0);
+    b.dispose();
+  }
 });
 
 test('a second prepare() for a larger run sizes from the defaults, not from the scratch the first one shrank', async () => {

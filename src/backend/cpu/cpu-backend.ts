@@ -591,11 +591,12 @@ export class CpuBackend implements Backend {
     for (let bi = 0; bi < b; bi++) one(bi, pos[bi]!);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+    accumulate = true): void {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
     const len = b * t * heads * headDim;
     this.need(dx, len, 'ropeBackward', 'dinp'); this.need(dy, len, 'ropeBackward', 'dout');
-    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0);
+    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0, accumulate);
     this.fin(dinp, 0, len);
   }
 
@@ -628,8 +629,10 @@ export class CpuBackend implements Backend {
 
   attentionBackward(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true,
   ): void {
+    // overwriting: the gradients start from zero here (the float64 kernels accumulate)
+    if (!accumulate) for (const [x, n] of [[dq, nHeads], [dk, nKv], [dv, nKv]] as const) this.f(x, 'attention gradient').fill(0, 0, b * t * n * hd);
     this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd);
     this.fin(dq, 0, b * t * nHeads * hd);
     this.fin(dk, 0, b * t * nKv * hd);

@@ -59,7 +59,7 @@ export function representativeSpecs(): KernelSpec[] {
   const attn = (name: string, headDim: number): void => {
     for (const dt of ['f32', 'bf16']) {
       const p: Record<string, number | string | boolean> = { headDim, block: 128 };
-      for (const k of Object.keys(byName.get(name)!.schema)) if (k !== 'headDim' && k !== 'block') p[k] = k === 'seqPos' ? false : dt;
+      for (const k of Object.keys(byName.get(name)!.schema)) if (k !== 'headDim' && k !== 'block') p[k] = k === 'seqPos' ? false : k === 'accumulate' ? true : dt;
       mk(name, p);
     }
   };
@@ -82,7 +82,7 @@ export function representativeSpecs(): KernelSpec[] {
     for (const d of headDim === 64 ? [F, B] : [F]) {
       mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, bias: 'none', block: 256 });
       mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, bias: d, block: 256 });
-      mk('rope_bwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256 });
+      for (const acc of [true, false]) mk('rope_bwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256, acc });
     }
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) attn(fam, headDim);
   }
@@ -98,12 +98,14 @@ export function representativeSpecs(): KernelSpec[] {
   for (const headDim of [16, 32, 48, 64, 80, 96, 112, 128]) {
     for (const dt of ['f32', 'bf16']) {
       mk('attention_fwd_bf16', { headDim, out: dt });
-      mk('attention_bwd_dq_bf16', { headDim, dq: dt });
-      mk('attention_bwd_dkv_bf16', { headDim, dk: dt, dv: dt });
+      for (const accumulate of [true, false]) {
+        mk('attention_bwd_dq_bf16', { headDim, dq: dt, accumulate });
+        mk('attention_bwd_dkv_bf16', { headDim, dk: dt, dv: dt, accumulate });
+      }
     }
   }
   for (const dt of ['f32', 'bf16']) {
-    mk('attention_dkv_reduce', { block: 256, dk: dt, dv: dt });
+    for (const accumulate of [true, false]) mk('attention_dkv_reduce', { block: 256, dk: dt, dv: dt, accumulate });
     mk('kv_cache_write', { block: 256, cache: dt, src: dt, seqPos: false });
     mk('kv_cache_write', { block: 256, cache: dt, src: dt, seqPos: true });
   }

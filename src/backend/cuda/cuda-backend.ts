@@ -111,6 +111,13 @@ export const ROWS_NORM_MAX_BLOCKS = 1024;
  * of the rows (16 at 8 × 1024 tokens) and leaves one row of weight-gradient partials, so col_reduce sums this many.
  */
 export const NORM_BWD_MAX_BLOCKS = 512;
+/**
+ * The attention backward splits each kv head's query-head group over blocks (attention_dkv_reduce sums the splits) only
+ * when the unsplit dK/dV grid, key tiles × kv heads × batch, has fewer blocks than this: on an H100 at 8 × 1024 the
+ * split is worth it for 2 kv heads (256 blocks: 410 against 461 µs unsplit at 14/2 heads, hd 64) and costs for 8
+ * (1024 blocks: 885 against 822 µs at 16/8, hd 128; session 17, docs/measurements).
+ */
+export const DKV_SPLIT_BELOW_BLOCKS = 512;
 export const COLSUM_MIN_ROWS = 16;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
@@ -919,7 +926,7 @@ export class CudaBackend implements Backend {
   }
 
   private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias: Buf | null = null): void {
+    bias: Buf | null = null, accumulate = true): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
     const n = b * t * heads * headDim;
     this.need(out, n, what); this.need(inp, n, what);
@@ -928,7 +935,8 @@ export class CudaBackend implements Backend {
     const seq = typeof pos0 !== 'number';
     if (seq) this.need(pos0.seqPositions, b, what);
     if (bias) this.need(bias, heads * headDim, what);
-    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK, { out: D(out), inp: D(inp), seqPos: seq, bias: bias ? D(bias) : 'none' });
+    const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK,
+      { out: D(out), inp: D(inp), seqPos: seq, bias: bias ? D(bias) : 'none', ...(fwd ? {} : { acc: accumulate }) });
     // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
     this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : [])]);
@@ -939,8 +947,9 @@ export class CudaBackend implements Backend {
     this.rope(true, out, inp, b, t, heads, headDim, rope, pos0, bias ?? null);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number): void {
-    this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0);
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+    accumulate = true): void {
+    this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0, null, accumulate);
   }
 
   private checkHeads(nHeads: number, nKv: number): void {
@@ -995,7 +1004,7 @@ export class CudaBackend implements Backend {
 
 
   attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true): void {
     this.checkHeads(nHeads, nKv);
     for (const [x, n] of [[dq, nHeads], [dout, nHeads], [q, nHeads], [out, nHeads], [dk, nKv], [dv, nKv], [k, nKv], [v, nKv]] as const) {
       this.need(x, b * t * n * hd, 'attentionBackward');
@@ -1007,30 +1016,36 @@ export class CudaBackend implements Backend {
     const mma = this.bf16Mma(hd, q, k, v, dout);
     if (mma) this.aligned16('attentionBackward', q, k, v, dout);
     const tq = mma ? null : this.tile('dq', hd), tkv = mma ? null : this.tile('dkv', hd);
+    // Overwriting: the tensor-core kernels and the reduction store instead of adding (each element has one writer);
+    // the SIMT kernels always add, so their outputs are zeroed first.
+    if (!accumulate && !mma) { this.zero(this.view(dq, 0, b * t * nHeads * hd)); this.zero(this.view(dk, 0, b * t * nKv * hd)); this.zero(this.view(dv, 0, b * t * nKv * hd)); }
+    const store = !accumulate && mma;
     // Deterministic, atomic-free: D = rowsum(dout ∘ out) into the backend's scratch, dq per query tile, dk/dv per
     // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
     // bPer batches; larger batches run in chunks over views.
     const perBatch = nHeads * t;
+    const keyTiles = Math.ceil(t / (mma ? FA_KEY_TILE : ATTN_KEY_TILE)), splits = nHeads > nKv && keyTiles * nKv * b < DKV_SPLIT_BELOW_BLOCKS;
     this.scratchNeed.dsum = Math.max(this.scratchNeed.dsum, perBatch * b);
-    if (nHeads > nKv) this.scratchNeed.dkv = Math.max(this.scratchNeed.dkv, 2 * nHeads * t * hd * b);
+    if (splits) this.scratchNeed.dkv = Math.max(this.scratchNeed.dkv, 2 * nHeads * t * hd * b);
     let bPer = Math.min(b, Math.floor(this.dsumFloats / perBatch));
     if (bPer < 1) {
       throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.dsumFloats}-float scratch`,
         'use a shorter sequence');
     }
-    // Split each kv head's query-head group over S = G blocks when one batch's dK/dV partials fit (fixed S per shape).
+    // Split each kv head's query-head group over S = G blocks when the unsplit grid is too small to fill the GPU and one
+    // batch's dK/dV partials fit (S fixed by the shape alone, so the plan and the run agree).
     const G = nHeads / nKv;
     const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
-    const S = G > 1 && dkvFit >= 1 ? G : 1;
+    const S = splits && dkvFit >= 1 ? G : 1;
     if (S > 1) bPer = Math.min(bPer, dkvFit);
     const fpre = attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
-    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype });
+    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype, accumulate: !store });
     const [fq, qGrid, qBlock, qSmem] = mma
-      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
+      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
       : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
         Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
     const [fkv, kvGrid, kvBlock, kvSmem] = mma
-      ? [attentionBackwardDkvBf16.make({ headDim: hd, dk: dk.dtype, dv: dv.dtype }), Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
+      ? [attentionBackwardDkvBf16.make({ headDim: hd, dk: dk.dtype, dv: dv.dtype, accumulate: !store }), Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
       : [attentionBackwardKv.make({
         headDim: hd, block: ATTN_BLOCK, dk: dk.dtype, dv: dv.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype,
       }), Math.ceil(t / ATTN_KEY_TILE), ATTN_BLOCK, tkv!.smem];

@@ -57,9 +57,9 @@ export function ropeForward(
   rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias);
 }
 
-/** dinp += Rᵀ dout. */
+/** dinp += Rᵀ dout (with accumulate false: dinp = Rᵀ dout). */
 export function ropeBackward(
-  dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
+  dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, accumulate = true,
 ): void {
-  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, true, 'ropeBackward');
+  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, accumulate, 'ropeBackward');
 }

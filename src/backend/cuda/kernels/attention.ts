@@ -926,7 +926,8 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
  * block 128, dynamic shared memory faSmem('dq'); D = rowsum(dout ∘ out) comes from attention_bwd_pre. A warp owns 16
  * query rows (Q and dout as A fragments in registers, dQ as accumulators); per key tile (64 keys, 32 at hd > 64: K
  * and V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
- * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end.
+ * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end (baked `accumulate` false: dq = scale·dQ, the old value never
+ * read). Blocks run heaviest first (the last query tiles, which see the most keys), as the forward's.
  */
 /**
  * Blocks per SM the dQ kernel is compiled for (__launch_bounds__), or 0 to leave registers to ptxas: 3 at hd 128, where
@@ -935,8 +936,8 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
  */
 function dqMinBlocks(hd: number): number { return hd === 128 ? 3 : 0; }
 
-export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt }>({
-  name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN }, example: { headDim: 64, dq: 'bf16' },
+export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt; accumulate: boolean }>({
+  name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN, accumulate: { kind: 'bool' } }, example: { headDim: 64, dq: 'bf16', accumulate: true },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
@@ -946,8 +947,12 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
   bf16* buf = (bf16*)smraw;  /* two buffers of a K and a V tile ([KT][STR] each), loaded with cp.async one tile ahead */
   bf16* Qst = (bf16*)smraw;  /* staging before the key loop: Q [BQ][STR], then dout [BQ][STR] */
   bf16* Dst = Qst + BQ * STR;
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (nH / nKv);
-  const int i0 = blockIdx.x * BQ, iEnd = min(T, i0 + BQ);
+  /* heaviest first, as the forward: the last query tile (the most key tiles under the causal mask) of every (head,
+     batch) pair starts first and the first tiles come last, so no long block is the tail */
+  const int hb = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+  const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
@@ -1034,7 +1039,7 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
 #pragma unroll
     for (int n = 0; n < NO; n++) {
       const long long x = oa + 8 * n + 2 * t;
-      stf(dq, x, ldf(dq, x) + acc[n][0] * SCALE); stf(dq, x + 1, ldf(dq, x + 1) + acc[n][1] * SCALE);
+      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][0] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][1] * SCALE);
     }
   }
   if (iB < T) {
@@ -1042,7 +1047,7 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
 #pragma unroll
     for (int n = 0; n < NO; n++) {
       const long long x = ob + 8 * n + 2 * t;
-      stf(dq, x, ldf(dq, x) + acc[n][2] * SCALE); stf(dq, x + 1, ldf(dq, x + 1) + acc[n][3] * SCALE);
+      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][2] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][3] * SCALE);
     }
   }
 }
@@ -1054,11 +1059,12 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
  * 128, dynamic shared memory faSmem('dkv'). The block's 64 keys of one kv head (K and V row-major in shared memory; a
  * warp owns 16 keys, dK and dV as accumulators) walk the query tiles (64 rows, 32 at hd > 64) from the diagonal down,
  * for each query head of the block's split of the GQA group in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, Pᵀ = exp(Sᵀ·scale − lse),
- * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major). S = 1 adds scale·dK and
+ * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major). S = 1 adds (baked `accumulate` false: stores) scale·dK and
  * dV into dk/dv; S > 1 writes per-split f32 partials that attention_dkv_reduce sums in split order (as attention_bwd_dkv).
  */
-export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt }>({
-  name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN }, example: { headDim: 64, dk: 'bf16', dv: 'bf16' },
+export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt; accumulate: boolean }>({
+  name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { headDim: 64, dk: 'bf16', dv: 'bf16', accumulate: true },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
@@ -1182,8 +1188,8 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
           const int d = 8 * n + 2 * t + e;
           const float vk = adk[n][2 * r + e] * SCALE, vv = adv[n][2 * r + e];
           if (S == 1) {
-            stf(dk, off + d, ldf(dk, off + d) + vk);
-            stf(dv, off + d, ldf(dv, off + d) + vv);
+            stf(dk, off + d, ${p.accumulate ? 'ldf(dk, off + d) + ' : ''}vk);
+            stf(dv, off + d, ${p.accumulate ? 'ldf(dv, off + d) + ' : ''}vv);
           } else {
             part[po + d] = vk;
             part[half + po + d] = vv;
@@ -1201,10 +1207,11 @@ type BlockP = { block: number };
 /**
  * Grid-stride over n = B·T·nKv·hd elements of dk/dv ([b][j][kvh][d]): dk += Σ_{s<S} part_dk[b][kvh][s][j][d],
  * dv likewise (part_dv follows part_dk), s in order: the fixed-order second stage of attention_bwd_dkv with S > 1.
+ * Baked `accumulate` false: dk = Σ ..., dv = Σ ... (overwritten, the old values never read).
  */
-export const attentionDkvReduce = defineFamily<BlockP & { dk: Dt; dv: Dt }>({
-  name: 'attention_dkv_reduce', schema: { block: BLOCK_DOMAIN, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN },
-  example: { block: 256, dk: 'f32', dv: 'f32' },
+export const attentionDkvReduce = defineFamily<BlockP & { dk: Dt; dv: Dt; accumulate: boolean }>({
+  name: 'attention_dkv_reduce', schema: { block: BLOCK_DOMAIN, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { block: 256, dk: 'f32', dv: 'f32', accumulate: true },
   generate: (p) => `#define BLOCK ${p.block}
 ${dtypeHelpers()}
 extern "C" __global__ void attention_dkv_reduce(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, const float* part, long long n, int T, int nKv,
@@ -1220,8 +1227,8 @@ extern "C" __global__ void attention_dkv_reduce(${ctype(p.dk)}* dk, ${ctype(p.dv
     long long base = (((b * nKv + kvh) * S) * T + j) * hd + d, st = (long long)T * hd;
     float sk = 0.0f, sv = 0.0f;
     for (int s = 0; s < S; s++) { sk += part[base + s * st]; sv += part[half + base + s * st]; }
-    stf(dk, i, ldf(dk, i) + sk);
-    stf(dv, i, ldf(dv, i) + sv);
+    stf(dk, i, ${p.accumulate ? 'ldf(dk, i) + ' : ''}sk);
+    stf(dv, i, ${p.accumulate ? 'ldf(dv, i) + ' : ''}sv);
   }
 }
 `,

@@ -8,9 +8,10 @@
  * therefore its cache key, changes with every parameter that changes the math. The angle (position · frequency) and
  * its cos and sin are double; only the final rotation is float32. A forward family bakes `bias` ('none', or the dtype
  * of a [heads · HD] bias added to every row before the rotation: the q/k projections' bias, so that no separate pass
- * adds it; in float, one rounding at the store). Every family also bakes the dtypes ('f32' | 'bf16')
- * of `out` and `inp` (out may alias inp: both must then have one dtype); a bf16 store rounds once (the backward's +=
- * reads, adds in float, rounds).
+ * adds it; in float, one rounding at the store); a backward family bakes `acc` (true: dinp += Rᵀ dout; false: dinp =
+ * Rᵀ dout, overwritten, so the caller need not zero it and the old values are never read). Every family also bakes
+ * the dtypes ('f32' | 'bf16') of `out` and `inp` (out may alias inp: both must then have one dtype); a bf16 store
+ * rounds once (the accumulating backward's += reads, adds in float, rounds).
  *
  * Launch (CudaBackend.rope): one thread per (token row r of the B·T rows, pair i < HALF), a grid-stride loop over
  * rows·HALF: idx ↦ (r = idx / HALF, i = idx % HALF), a bijection of [0, rows·HALF) onto the (r, i) pairs, so any grid
@@ -32,16 +33,18 @@ const schema = {
   // `bias` (forward only): 'none', or the dtype of a bias [heads · HD] added to each row before the rotation
   bias: OPTIONAL_DTYPE_DOMAIN, block: BLOCK_DOMAIN,
 } as const;
-/** A backward family's schema: the forward's without the bias. */
-function withoutBias<S extends { bias: unknown }>(s: S): Omit<S, 'bias'> {
+/** A backward family's parameters: the forward's without the bias, with `acc` (accumulate into dinp, or overwrite it). */
+type Bwd<P> = Omit<P, 'bias'> & { acc: boolean };
+/** A backward family's schema: the forward's without the bias, with `acc`. */
+function backwardSchema<S extends { bias: unknown }>(s: S): Omit<S, 'bias'> & { acc: { kind: 'bool' } } {
   const { bias: _bias, ...rest } = s;
-  return rest;
+  return { ...rest, acc: { kind: 'bool' } };
 }
 /**
  * The operand dtypes of one rope launch, and whether it reads per-sequence start positions (`seqPos`: an int array of B
  * positions, row r of sequence r / T at seqPos[r / T] + r % T; batched generation of prompts of different lengths).
  */
-export interface RopeDtypes { out: string; inp: string; seqPos?: boolean; bias?: string }
+export interface RopeDtypes { out: string; inp: string; seqPos?: boolean; bias?: string; acc?: boolean }
 
 /** Heads per group in the kernel's head loop (loads of a group are issued before its stores). */
 const HEAD_GROUP = 4;
@@ -51,16 +54,18 @@ const HEAD_GROUP = 4;
  * (out, inp, rows = B·T, T, heads, pos0); launch rows·HD/2 threads or fewer (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
-  const seq = dt.seqPos === true, bias = dt.bias ?? 'none';
+  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', acc = backward && dt.acc !== false;
   const inv = ropeInvFreq(rope, headDim);
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
-  const load = backward
+  const load = acc
     ? `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF); o1[u] = ldf(out, e); o2[u] = ldf(out, e + HALF);`
     : `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
-  const store = backward
+  const store = acc
     ? `stf(out, e, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, e + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
-    : `stf(out, e, y1[u] * c - y2[u] * s); stf(out, e + HALF, y2[u] * c + y1[u] * s);`;
+    : backward
+      ? `stf(out, e, y1[u] * c + y2[u] * s); stf(out, e + HALF, -y1[u] * s + y2[u] * c);`
+      : `stf(out, e, y1[u] * c - y2[u] * s); stf(out, e + HALF, y2[u] * c + y1[u] * s);`;
   return `#define BLOCK ${block}
 #define HD ${headDim}
 #define HALF ${headDim / 2}
@@ -83,7 +88,7 @@ extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}
     float s = (float)(ATTN * sd);
     long long base = row * heads * HD + i;
     for (int h0 = 0; h0 < heads; h0 += HU) {
-      float y1[HU], y2[HU]${backward ? ', o1[HU], o2[HU]' : ''};
+      float y1[HU], y2[HU]${acc ? ', o1[HU], o2[HU]' : ''};
 #pragma unroll
       for (int u = 0; u < HU; u++) {
         if (h0 + u < heads) { long long e = base + (long long)(h0 + u) * HD; ${load} }
@@ -106,9 +111,9 @@ export const ropeForward = defineFamily<RopeP>({
   generate: (p) => plainSource('rope_fwd', false, p),
 });
 
-/** dinp += Rᵀ dout (out = dinp, inp = dout in the generated signature). */
-export const ropeBackward = defineFamily<Omit<RopeP, 'bias'>>({
-  name: 'rope_bwd', schema: withoutBias(schema), example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', seqPos: false, block: 256 },
+/** dinp += Rᵀ dout, or with acc false dinp = Rᵀ dout (out = dinp, inp = dout in the generated signature). */
+export const ropeBackward = defineFamily<Bwd<RopeP>>({
+  name: 'rope_bwd', schema: backwardSchema(schema), example: { headDim: 64, theta: 1000000, out: 'f32', inp: 'bf16', seqPos: false, block: 256, acc: true },
   generate: (p) => plainSource('rope_bwd', true, { ...p, bias: 'none' }),
 });
 
@@ -158,16 +163,17 @@ const yarnExample: YarnP = {
 function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; bias: string; block: number }>(
   kind: string, s: Schema<P>, example: P,
   toRope: (p: Readonly<P>) => RopeSpec,
-): [KernelFamily<P>, KernelFamily<Omit<P, 'bias'>>] {
+): [KernelFamily<P>, KernelFamily<Bwd<P>>] {
   const fwd = defineFamily<P>({
     name: `rope_${kind}_fwd`, schema: s, example,
     generate: (p) => ropeSource(`rope_${kind}_fwd`, false, toRope(p), p.headDim, p.block, p),
   });
   const { bias: _bias, ...bwdExample } = example;
-  const bwd = defineFamily<Omit<P, 'bias'>>({
-    name: `rope_${kind}_bwd`, schema: withoutBias(s as Schema<P> & { bias: unknown }) as unknown as Schema<Omit<P, 'bias'>>, example: bwdExample as Omit<P, 'bias'>,
+  const bwd = defineFamily<Bwd<P>>({
+    name: `rope_${kind}_bwd`, schema: backwardSchema(s as Schema<P> & { bias: unknown }) as unknown as Schema<Bwd<P>>,
+    example: { ...bwdExample, acc: true } as unknown as Bwd<P>,
     generate: (p) => ropeSource(`rope_${kind}_bwd`, true, toRope({ ...p, bias: 'none' } as unknown as P), p.headDim as number, p.block as number,
-      { out: p.out as string, inp: p.inp as string, seqPos: p.seqPos as boolean }),
+      { out: p.out as string, inp: p.inp as string, seqPos: p.seqPos as boolean, acc: p.acc as boolean }),
   });
   return [fwd, bwd];
 }
@@ -179,32 +185,33 @@ export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yar
 
 /**
  * The kernel spec that rotates (forward) or back-propagates (backward) with this RoPE. `dt`: the dtypes of out and inp
- * (default both f32).
+ * (default both f32); a backward accumulates into out unless `dt.acc` is false.
  */
 export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, block: number,
   dt: RopeDtypes = { out: 'f32', inp: 'f32' }): KernelSpec {
-  const { out, inp } = dt, seqPos = dt.seqPos === true, bias = dt.bias ?? 'none';
+  const { out, inp } = dt, seqPos = dt.seqPos === true, bias = dt.bias ?? 'none', acc = dt.acc !== false;
   if (backward && bias !== 'none') throw new Error('rope: a bias is added in the forward only');
+  if (!backward && dt.acc !== undefined) throw new Error('rope: the forward overwrites its output (acc is a backward parameter)');
   switch (rope.type) {
     case 'default':
-      return backward ? ropeBackward.make({ headDim, theta: rope.theta, out, inp, seqPos, block })
+      return backward ? ropeBackward.make({ headDim, theta: rope.theta, out, inp, seqPos, block, acc })
         : ropeForward.make({ headDim, theta: rope.theta, out, inp, seqPos, bias, block });
     case 'linear':
-      return backward ? ropeLinearBackward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block })
+      return backward ? ropeLinearBackward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block, acc })
         : ropeLinearForward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, bias, block });
     case 'llama3': {
       const p = {
         headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
         originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, seqPos, block,
       };
-      return backward ? ropeLlama3Backward.make(p) : ropeLlama3Forward.make({ ...p, bias });
+      return backward ? ropeLlama3Backward.make({ ...p, acc }) : ropeLlama3Forward.make({ ...p, bias });
     }
     case 'yarn': {
       const p = {
         headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
         betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, seqPos, block,
       };
-      return backward ? ropeYarnBackward.make(p) : ropeYarnForward.make({ ...p, bias });
+      return backward ? ropeYarnBackward.make({ ...p, acc }) : ropeYarnForward.make({ ...p, bias });
     }
   }
 }
