@@ -253,16 +253,18 @@ export interface Backend {
    * of prompts of different lengths), row t of sequence b is at pos0[b] + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
    * sin are multiplied by ropeAttentionFactor(rope) (src/backend/rope.ts: plain, linear, llama3 and yarn RoPE as
    * HF transformers computes them). out may alias inp. `bias` [heads · headDim] (a q/k projection's): added to every row
-   * first, out = R(inp + bias), in float with one rounding into a bf16 out (so no separate pass adds it).
+   * first, out = R(inp + bias), in float with one rounding into a bf16 out (so no separate pass adds it). `strides`: the
+   * row strides of out and inp (RopeStrides; a rotation in place needs equal ones).
    */
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias?: Buf | null): void;
+    bias?: Buf | null, strides?: RopeStrides): void;
   /**
    * dinp += Rᵀ dout; with `accumulate` false, dinp = Rᵀ dout (overwritten, never read: the caller need not zero it).
-   * dinp may alias dout (then overwriting: each element is read before it is written).
+   * dinp may alias dout with equal strides (each element is read before it is written). `strides`: out is dinp's, inp
+   * is dout's (RopeStrides).
    */
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
-    accumulate?: boolean): void;
+    accumulate?: boolean, strides?: RopeStrides): void;
 
   /**
    * Causal grouped-query attention with scale 1/sqrt(headDim).
@@ -378,6 +380,25 @@ export function copyColumnsExtent(dstCols: number, dstCol: number, srcCols: numb
   }
   if (rows === 0 || width === 0) return null;
   return { dst: (rows - 1) * dstCols + dstCol + width, src: (rows - 1) * srcCols + srcCol + width };
+}
+
+/**
+ * Row strides of a RoPE's operands (elements from one token row of heads·headDim to the next): a packed [B, T, heads,
+ * headDim] tensor's is heads·headDim (the default); the q or k columns of a fused q/k/v product's [N, Q + 2·KV] output
+ * or gradient have Q + 2·KV.
+ */
+export interface RopeStrides { out?: number | undefined; inp?: number | undefined }
+
+/**
+ * RoPE's stride rule, shared by every backend: each stride at least the row width (rows never overlap). Returns how many
+ * elements out and inp must hold for `rows` token rows and their strides.
+ */
+export function ropeExtent(what: string, rows: number, width: number, strides?: RopeStrides): { out: number; inp: number; so: number; si: number } {
+  const so = strides?.out ?? width, si = strides?.inp ?? width;
+  if (!(Number.isInteger(so) && Number.isInteger(si) && so >= width && si >= width)) {
+    throw new Error(`${what}: row strides out ${so}, inp ${si} below the row width ${width}`);
+  }
+  return rows === 0 ? { out: 0, inp: 0, so, si } : { out: (rows - 1) * so + width, inp: (rows - 1) * si + width, so, si };
 }
 
 /**

@@ -108,15 +108,18 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   // Without q/k norms, a rotated q/k gets its projection's bias inside the rotation (ropeForward's bias), not as a pass of its own.
   const biasInRope = !qn && usesRope(c, layer);
   const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
-  if (w.wqkv && a.qkv) {
+  // A fused product whose q and k the rotation reads in place (strided rows of [N, Q + 2·KV]): no split copy for them.
+  const W = Q + 2 * KV, fused = Boolean(w.wqkv && a.qkv), rotateFused = fused && biasInRope;
+  if (fused) {
     // One product [N, Q + 2·KV], split into q, k, v (v's bias, and q's and k's where the rotation does not add them, added
     // by the split as after a product's store): on the CPU the same values as three products, bit for bit; cuBLAS may
     // pick another algorithm for the wider product, so on CUDA they agree to float32 accumulation order.
-    const W = Q + 2 * KV;
-    be.matmulForward(a.qkv, a.ln1, w.wqkv, null, N, C, W);
-    be.copyColumns(qOut, Q, 0, a.qkv, W, 0, N, Q, biasInRope ? null : w.bq);
-    be.copyColumns(kOut, KV, 0, a.qkv, W, Q, N, KV, biasInRope ? null : w.bk);
-    be.copyColumns(a.v, KV, 0, a.qkv, W, Q + KV, N, KV, w.bv);
+    be.matmulForward(a.qkv!, a.ln1, w.wqkv!, null, N, C, W);
+    if (!rotateFused) {
+      be.copyColumns(qOut, Q, 0, a.qkv!, W, 0, N, Q, biasInRope ? null : w.bq);
+      be.copyColumns(kOut, KV, 0, a.qkv!, W, Q, N, KV, biasInRope ? null : w.bk);
+    }
+    be.copyColumns(a.v, KV, 0, a.qkv!, W, Q + KV, N, KV, w.bv);
   } else {
     be.matmulForward(qOut, a.ln1, w.wq, biasInRope ? null : w.bq, N, C, Q);
     adapt('q_proj', qOut, a.ln1);
@@ -129,7 +132,11 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
     be.rmsnormForward(a.q, qn.rstdQ, qn.qRaw, w.qNorm!, N * c.numHeads, c.headDim, c.rmsNormEps);
     be.rmsnormForward(a.k, qn.rstdK, qn.kRaw, w.kNorm!, N * c.numKvHeads, c.headDim, c.rmsNormEps);
   }
-  if (usesRope(c, layer)) {
+  if (rotateFused) {
+    // q and k rotated (with their biases) straight from the product's columns into their own buffers
+    be.ropeForward(a.q, be.view(a.qkv!, 0, N * W), b, t, c.numHeads, c.headDim, c.rope, pos0, w.bq, { inp: W });
+    be.ropeForward(a.k, be.view(a.qkv!, Q, N * W - Q), b, t, c.numKvHeads, c.headDim, c.rope, pos0, w.bk, { inp: W });
+  } else if (usesRope(c, layer)) {
     be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0, biasInRope ? w.bq : null);
     be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0, biasInRope ? w.bk : null);
   }

@@ -505,25 +505,32 @@ export class Transformer {
       // Back through RoPE (not on NoPE layers) and the q/k norms (Qwen3) to the projections' outputs. gq/gk hold the
       // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
       let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
-      if (usesRope(c, l)) {
+      const qn = this.qknViews(a.qkn, N);
+      const lw = this.layerW[l]!, Wd = Q + 2 * KV, fused = Boolean(g.dqkv && lw.wqkv);
+      // the fused projection's joined gradient [N, Q + 2·KV]: without q/k norms the rotation writes its q and k columns
+      const d = fused ? this.v(g.dqkv!, N * Wd) : null, rotateInto = d !== null && !qn && usesRope(c, l);
+      if (rotateInto) {
+        be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, 0, false, { out: Wd });
+        be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false, { out: Wd });
+      } else if (usesRope(c, l)) {
         be.ropeBackward(fq, gq, b, t, c.numHeads, c.headDim, c.rope, 0, false);
         be.ropeBackward(fk, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
-      const qn = this.qknViews(a.qkn, N);
       if (qn) {
         be.zero(fq); be.zero(fk);
         be.rmsnormBackward(fq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim);
         be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
-      const lw = this.layerW[l]!;
-      if (g.dqkv && lw.wqkv) {
-        // the fused projection's backward: the three gradients joined, one product (its weight and bias gradients are
-        // the q, k, v ones, adjacent in the layout)
-        const Wd = Q + 2 * KV, d = this.v(g.dqkv, N * Wd), sp = qkvSpans(w)!;
-        be.copyColumns(d, Wd, 0, gq, Q, 0, N, Q);
-        be.copyColumns(d, Wd, Q, gk, KV, 0, N, KV);
+      if (d && lw.wqkv) {
+        // the fused projection's backward: the three gradients joined (q's and k's already, where the rotation wrote
+        // them), one product (its weight and bias gradients are the q, k, v ones, adjacent in the layout)
+        const sp = qkvSpans(w)!;
+        if (!rotateInto) {
+          be.copyColumns(d, Wd, 0, gq, Q, 0, N, Q);
+          be.copyColumns(d, Wd, Q, gk, KV, 0, N, KV);
+        }
         be.copyColumns(d, Wd, Q + KV, dv, KV, 0, N, KV);
         const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
         be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, lw.wqkv, N, C, Wd, false);

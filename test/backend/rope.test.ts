@@ -116,3 +116,34 @@ test('CPU rope backward of each kind: finite differences (yarn\'s attention fact
     be.dispose();
   }
 });
+
+test('CPU rope with row strides (the q or k columns of a fused q/k/v buffer): the packed rotation of those columns, and nothing else touched', () => {
+  for (const dtype of ['f64', 'f32'] as const) {
+    const be = createCpuBackend({ dtype });
+    const rng = new Rng(23), b = 2, t = 5, heads = 3, hd = 8, W = heads * hd + 20, off = 7, N = b * t, width = heads * hd;
+    const rope: RopeSpec = QWEN_YARN;
+    // the rotated columns [off, off + width) of an [N, W] buffer, against the same columns packed
+    const wide = randn(rng, N * W), bias = randn(rng, width);
+    const packed = new Float64Array(N * width);
+    for (let r = 0; r < N; r++) for (let c = 0; c < width; c++) packed[r * width + c] = wide[r * W + off + c]!;
+    const X = bufOf(be, wide), Bi = bufOf(be, bias), P = bufOf(be, packed);
+    const outS = be.alloc(N * width, 'o strided'), outP = be.alloc(N * width, 'o packed');
+    be.ropeForward(outS, be.view(X, off, N * W - off), b, t, heads, hd, rope, 3, Bi, { inp: W });
+    be.ropeForward(outP, P, b, t, heads, hd, rope, 3, Bi);
+    assert.deepEqual(be.download(outS), be.download(outP), `${dtype} forward`);
+    // the backward into those columns, overwriting (and the other columns keep their values)
+    const G = bufOf(be, randn(rng, N * width)), D = bufOf(be, wide), DP = be.alloc(N * width, 'dp');
+    be.ropeBackward(be.view(D, off, N * W - off), G, b, t, heads, hd, rope, 3, false, { out: W });
+    be.ropeBackward(DP, G, b, t, heads, hd, rope, 3, false);
+    const d = be.download(D), dp = be.download(DP), x = be.download(X);
+    for (let r = 0; r < N; r++) {
+      for (let c = 0; c < W; c++) {
+        const inside = c >= off && c < off + width;
+        assert.equal(d[r * W + c], inside ? dp[r * width + c - off] : x[r * W + c], `${dtype} backward row ${r} col ${c}`);
+      }
+    }
+    assert.throws(() => be.ropeForward(X, X, b, t, heads, hd, rope, 0, null, { inp: W, out: W + 1 }), /different row strides/);
+    assert.throws(() => be.ropeForward(outP, X, b, t, heads, hd, rope, 0, null, { inp: width - 1 }), /below the row width/);
+    be.dispose();
+  }
+});

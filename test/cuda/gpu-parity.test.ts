@@ -174,6 +174,10 @@ parity('rope fwd', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: r
 parity('rope fwd in place, far positions', 1e-5, (r) => ({ arrays: { i: rand(r, RB * RT * RH * RD) }, compare: ['i'], op: (b, x) => b.ropeForward(x.i!, x.i!, RB, RT, RH, RD, plainRope(1e6), 30000) }));
 parity('rope fwd with a bias', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RH * RD), bq: rand(r, RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, x.i!, RB, RT, RH, RD, plainRope(10000), 3, x.bq!) }));
 parity('rope bwd', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3) }));
+// row strides: q-like columns [5, 5 + RH·RD) of a wider buffer read (forward, with a bias) and written (backward)
+const RW = RH * RD + 13;
+parity('rope fwd, strided input', 1e-5, (r) => ({ arrays: { o: rand(r, RB * RT * RH * RD), i: rand(r, RB * RT * RW), bq: rand(r, RH * RD) }, compare: ['o'], op: (b, x) => b.ropeForward(x.o!, b.view(x.i!, 5, RB * RT * RW - 5), RB, RT, RH, RD, plainRope(10000), 3, x.bq!, { inp: RW }) }));
+parity('rope bwd, strided output, overwriting', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RW), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(b.view(x.di!, 5, RB * RT * RW - 5), x.d!, RB, RT, RH, RD, plainRope(10000), 3, false, { out: RW }) }));
 // overwriting (accumulate false): the old dinp is never read (the CPU backend's own test checks it equals Rᵀ dout alone)
 parity('rope bwd, overwriting', 1e-5, (r) => ({ arrays: { di: rand(r, RB * RT * RH * RD), d: rand(r, RB * RT * RH * RD) }, compare: ['di'], op: (b, x) => b.ropeBackward(x.di!, x.d!, RB, RT, RH, RD, plainRope(10000), 3, false) }));
 for (const rope of scaledRopes(5e5)) {

@@ -60,16 +60,17 @@ template <class T> std::vector<T> readAll(const char* path) {
   fseek(f, 0, SEEK_END); long n = ftell(f); fseek(f, 0, SEEK_SET);
   std::vector<T> v(n / sizeof(T)); if (fread(v.data(), 1, n, f) != (size_t)n) exit(3); fclose(f); return v;
 }
-template <class O, class I> void run(void (*k)(O*, const I*, long long, int, int, int), char** a) {
+template <class O, class I> void run(void (*k)(O*, const I*, long long, int, int, int, long long, long long), char** a) {
   unsigned grid = atoi(a[2]), block = atoi(a[3]);
   long long rows = atoll(a[4]); int T = atoi(a[5]), heads = atoi(a[6]), pos0 = atoi(a[7]);
+  long long so = atoll(a[10]), si = atoll(a[11]);
   std::vector<O> out = readAll<O>(a[8]);
   std::vector<I> inp;
   const I* ip = (const I*)out.data();  // "-": inp aliases out
   if (strcmp(a[9], "-") != 0) { inp = readAll<I>(a[9]); ip = inp.data(); }
   gridDim = { grid, 1, 1 };
   for (unsigned b = 0; b < grid; b++)
-    for (unsigned t = 0; t < block; t++) { blockIdx = { b, 0, 0 }; threadIdx = { t, 0, 0 }; k(out.data(), ip, rows, T, heads, pos0); }
+    for (unsigned t = 0; t < block; t++) { blockIdx = { b, 0, 0 }; threadIdx = { t, 0, 0 }; k(out.data(), ip, rows, T, heads, pos0, so, si); }
   FILE* f = fopen(a[8], "wb"); fwrite(out.data(), sizeof(O), out.size(), f); fclose(f);
 }
 `;
@@ -102,7 +103,7 @@ function recordingBackend(): { be: CudaBackend; launches: Launch[] } {
 }
 
 interface Shape { B: number; T: number; H: number; hd: number; pos0: number }
-type Op = 'fwd' | 'fwd-inplace' | 'bwd';
+type Op = 'fwd' | 'fwd-inplace' | 'bwd' | 'bwd-set';
 interface Case { rope: RopeSpec; s: Shape; op: Op; out: DType; inp: DType; launch: Launch; outInit: Float32Array; inpInit: Float32Array; ref: ArrayLike<number> }
 
 
@@ -113,7 +114,7 @@ function apply(b: Backend, c: Omit<Case, 'launch' | 'ref'>): { out: Buf; inp: Bu
   b.upload(out, c.outInit);
   const inp = c.op === 'fwd-inplace' ? out : b.alloc(n, 'inp', c.inp);
   if (inp !== out) b.upload(inp, c.inpInit);
-  if (c.op === 'bwd') b.ropeBackward(out, inp, B, T, H, hd, c.rope, pos0);
+  if (c.op === 'bwd' || c.op === 'bwd-set') b.ropeBackward(out, inp, B, T, H, hd, c.rope, pos0, c.op === 'bwd');
   else b.ropeForward(out, inp, B, T, H, hd, c.rope, pos0);
   return { out, inp };
 }
@@ -138,7 +139,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
     { B: 1, T: 9, H: 3, hd: 64, pos0: 100 }, // a real head dim
   ];
   const ops: Array<[Op, DType, DType]> = [['fwd', 'f32', 'f32'], ['fwd', 'bf16', 'f32'], ['fwd-inplace', 'bf16', 'bf16'], ['fwd-inplace', 'f32', 'f32'],
-    ['bwd', 'bf16', 'bf16'], ['bwd', 'f32', 'bf16']];
+    ['bwd', 'bf16', 'bf16'], ['bwd', 'f32', 'bf16'], ['bwd-set', 'bf16', 'bf16'], ['bwd-set', 'f32', 'f32']];
   const { be, launches } = recordingBackend();
   const cpu = createCpuBackend({ dtype: 'f32', threads: 1 });
   const r = rng(20240607);
@@ -148,7 +149,8 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
       for (const [op, out, inp] of ops) {
         const n = s.B * s.T * s.H * s.hd;
         // forward out of place: out starts as NaN, so that a pair no thread writes is caught
-        const outInit = op === 'fwd' ? new Float32Array(n).fill(NaN) : rand(r, n);
+        // (and the overwriting backward: a read of the old value would show as NaN)
+        const outInit = op === 'fwd' || op === 'bwd-set' ? new Float32Array(n).fill(NaN) : rand(r, n);
         const base = { rope, s, op, out, inp, outInit, inpInit: rand(r, n) };
         const before = launches.length;
         const dev = apply(be, base);
@@ -186,14 +188,15 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
     for (const c of cases) {
       const { B, T, H, hd, pos0 } = c.s;
       const rows = Number(c.launch.slots.readBigInt64LE(16));
-      assert.deepEqual([rows, c.launch.slots.readInt32LE(24), c.launch.slots.readInt32LE(32), c.launch.slots.readInt32LE(40)], [B * T, T, H, pos0],
-        'arguments (rows of B·T, T, heads, pos0)');
+      const so = c.launch.slots.readBigInt64LE(48), si = c.launch.slots.readBigInt64LE(56);
+      assert.deepEqual([rows, c.launch.slots.readInt32LE(24), c.launch.slots.readInt32LE(32), c.launch.slots.readInt32LE(40), Number(so), Number(si)],
+        [B * T, T, H, pos0, H * hd, H * hd], 'arguments (rows of B·T, T, heads, pos0, the packed row strides)');
       for (const grid of new Set([c.launch.grid[0]!, 1])) {
         const outPath = join(dir, 'out.bin'), inpPath = join(dir, 'inp.bin');
         writeOperand(outPath, c.outInit, c.out);
         if (c.op !== 'fwd-inplace') writeOperand(inpPath, c.inpInit, c.inp);
         execFileSync(join(dir, 'emu'), [String(kernels.indexOf(c.launch.source)), String(grid), String(c.launch.block),
-          String(rows), String(T), String(H), String(pos0), outPath, c.op === 'fwd-inplace' ? '-' : inpPath]);
+          String(rows), String(T), String(H), String(pos0), outPath, c.op === 'fwd-inplace' ? '-' : inpPath, String(so), String(si)]);
         const got = readOperand(outPath, c.out);
         const what = `${c.launch.entry} ${c.rope.type} ${c.op} out ${c.out} inp ${c.inp} B${B} T${T} H${H} hd${hd} pos0 ${pos0} grid ${grid}`;
         assert.equal(got.length, c.ref.length, what);

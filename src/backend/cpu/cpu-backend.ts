@@ -48,8 +48,8 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, ropeExtent } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -568,16 +568,16 @@ export class CpuBackend implements Backend {
   }
 
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias?: Buf | null): void {
+    bias?: Buf | null, strides?: RopeStrides): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
-    const len = b * t * heads * headDim;
-    this.need(o, len, 'ropeForward', 'out'); this.need(x, len, 'ropeForward', 'inp');
+    const { out: no, inp: ni, so, si } = ropeExtent('ropeForward', b * t, heads * headDim, strides);
+    this.need(o, no, 'ropeForward', 'out'); this.need(x, ni, 'ropeForward', 'inp');
+    stridedAlias('ropeForward', o, x, so, si);
     const bs = bias ? this.f(bias, 'rope bias') : null;
     if (bs) this.need(bs, heads * headDim, 'ropeForward', 'bias');
-    const per = t * heads * headDim;
-    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * per, bi * per + per), x.subarray(bi * per, bi * per + per), 1, t, heads, headDim, rope, p, bs),
-      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p, bs));
-    this.fin(out, 0, len);
+    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * t * so), x.subarray(bi * t * si), 1, t, heads, headDim, rope, p, bs, so, si),
+      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p, bs, so, si));
+    this.fin(out, 0, no);
   }
 
   /**
@@ -592,12 +592,13 @@ export class CpuBackend implements Backend {
   }
 
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
-    accumulate = true): void {
+    accumulate = true, strides?: RopeStrides): void {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
-    const len = b * t * heads * headDim;
-    this.need(dx, len, 'ropeBackward', 'dinp'); this.need(dy, len, 'ropeBackward', 'dout');
-    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0, accumulate);
-    this.fin(dinp, 0, len);
+    const { out: no, inp: ni, so, si } = ropeExtent('ropeBackward', b * t, heads * headDim, strides);
+    this.need(dx, no, 'ropeBackward', 'dinp'); this.need(dy, ni, 'ropeBackward', 'dout');
+    stridedAlias('ropeBackward', dx, dy, so, si);
+    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0, accumulate, so, si);
+    this.fin(dinp, 0, no);
   }
 
   private checkHeads(op: string, nHeads: number, nKv: number): void {
@@ -829,4 +830,11 @@ export class CpuBackend implements Backend {
 /** A CPU backend; see CpuBackendOptions. */
 export function createCpuBackend(opts?: CpuBackendOptions): Backend {
   return new CpuBackend(opts);
+}
+
+/** RoPE in place needs equal row strides (each pair is read before it is written only where rows coincide). */
+function stridedAlias(what: string, a: FArr, b: FArr, so: number, si: number): void {
+  if (so === si || a.buffer !== b.buffer) return;
+  const a0 = a.byteOffset, a1 = a0 + a.byteLength, b0 = b.byteOffset, b1 = b0 + b.byteLength;
+  if (a0 < b1 && b0 < a1) throw new Error(`${what}: out and inp overlap with different row strides (${so}, ${si})`);
 }

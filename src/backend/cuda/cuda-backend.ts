@@ -40,8 +40,8 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, ropeExtent } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -926,10 +926,13 @@ export class CudaBackend implements Backend {
   }
 
   private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias: Buf | null = null, accumulate = true): void {
+    bias: Buf | null = null, accumulate = true, strides?: RopeStrides): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
-    const n = b * t * heads * headDim;
-    this.need(out, n, what); this.need(inp, n, what);
+    const n = b * t * heads * headDim, ext = ropeExtent(what, b * t, heads * headDim, strides);
+    this.need(out, ext.out, what); this.need(inp, ext.inp, what);
+    if (ext.so !== ext.si && overlaps(this.own(out, what), this.own(inp, what))) {
+      throw new Error(`${what}: out and inp overlap with different row strides (${ext.so}, ${ext.si})`);
+    }
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
     const seq = typeof pos0 !== 'number';
@@ -939,17 +942,17 @@ export class CudaBackend implements Backend {
       { out: D(out), inp: D(inp), seqPos: seq, bias: bias ? D(bias) : 'none', ...(fwd ? {} : { acc: accumulate }) });
     // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
     this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : [])]);
+      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), L(ext.so), L(ext.si), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : [])]);
   }
 
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias?: Buf | null): void {
-    this.rope(true, out, inp, b, t, heads, headDim, rope, pos0, bias ?? null);
+    bias?: Buf | null, strides?: RopeStrides): void {
+    this.rope(true, out, inp, b, t, heads, headDim, rope, pos0, bias ?? null, true, strides);
   }
 
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
-    accumulate = true): void {
-    this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0, null, accumulate);
+    accumulate = true, strides?: RopeStrides): void {
+    this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0, null, accumulate, strides);
   }
 
   private checkHeads(nHeads: number, nKv: number): void {

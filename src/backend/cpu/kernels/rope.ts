@@ -25,11 +25,12 @@ function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Flo
 
 /**
  * Rotates each (x[i], x[i + hd/2]) pair by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose
- * Rᵀ (the backward; the attention factor scales both). With accumulate the result is added to out. out may alias inp (each pair is read first).
+ * Rᵀ (the backward; the attention factor scales both). With accumulate the result is added to out. out may alias inp
+ * with equal strides (each pair is read first). Token rows of out and inp start `so` and `si` elements apart.
  */
 function rotate(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
-  sign: 1 | -1, accumulate: boolean, what: string, bias: FArr | null = null,
+  sign: 1 | -1, accumulate: boolean, what: string, bias: FArr | null = null, so = heads * hd, si = heads * hd,
 ): void {
   if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
@@ -38,9 +39,9 @@ function rotate(
     for (let p = 0; p < t; p++) {
       const tb = p * half;
       for (let h = 0; h < heads; h++) {
-        const o = ((bi * t + p) * heads + h) * hd;
+        const o = (bi * t + p) * so + h * hd, e = (bi * t + p) * si + h * hd;
         for (let i = 0; i < half; i++) {
-          const x0 = inp[o + i] + (bias ? bias[h * hd + i] : 0), x1 = inp[o + i + half] + (bias ? bias[h * hd + i + half] : 0);
+          const x0 = inp[e + i] + (bias ? bias[h * hd + i] : 0), x1 = inp[e + i + half] + (bias ? bias[h * hd + i + half] : 0);
           const c = cos[tb + i], s = sign * sin[tb + i];
           const y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
           if (accumulate) { out[o + i] += y0; out[o + i + half] += y1; } else { out[o + i] = y0; out[o + i + half] = y1; }
@@ -50,16 +51,18 @@ function rotate(
   }
 }
 
-/** out = R(inp + bias): `bias` [heads · hd] (or null) added to every row before the rotation. */
+/** out = R(inp + bias): `bias` [heads · hd] (or null) added to every row before the rotation. Row strides so, si. */
 export function ropeForward(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, bias: FArr | null = null,
+  so = heads * hd, si = heads * hd,
 ): void {
-  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias);
+  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias, so, si);
 }
 
-/** dinp += Rᵀ dout (with accumulate false: dinp = Rᵀ dout). */
+/** dinp += Rᵀ dout (with accumulate false: dinp = Rᵀ dout). Row strides so (dinp), si (dout). */
 export function ropeBackward(
   dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, accumulate = true,
+  so = heads * hd, si = heads * hd,
 ): void {
-  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, accumulate, 'ropeBackward');
+  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, accumulate, 'ropeBackward', null, so, si);
 }

@@ -16,8 +16,10 @@
  * Launch (CudaBackend.rope): one thread per (token row r of the B·T rows, pair i < HALF), a grid-stride loop over
  * rows·HALF: idx ↦ (r = idx / HALF, i = idx % HALF), a bijection of [0, rows·HALF) onto the (r, i) pairs, so any grid
  * covers each pair exactly once. The thread computes the angle's (c, s) once (position pos0 + r % T) and rotates pair
- * i of every head of row r: elements r·heads·HD + h·HD + {i, i + HALF}, h < heads — which are all the elements of the
- * tensor, each touched by exactly one thread (once per pair, once per head). Heads go in groups of HU: the group's
+ * i of every head of row r: elements r·stride + h·HD + {i, i + HALF}, h < heads — which are all the elements of the
+ * tensor, each touched by exactly one thread (once per pair, once per head). Rows of out and inp start outStride and
+ * inStride elements apart (runtime arguments; heads·HD for a packed tensor, more for the q or k columns of a fused
+ * q/k/v product's [N, Q + 2·KV] output or gradient). Heads go in groups of HU: the group's
  * inputs (and the backward's old outputs) are read before any of its stores, so that the loads overlap (the compiler
  * may not reorder them across the stores since out may alias inp); reading first is also what makes the forward
  * in place correct, as every element read is written only by the same thread.
@@ -59,13 +61,13 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
   const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
   const table = Array.from(inv, (v) => f64(v)).join(', ');
   const load = acc
-    ? `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF); o1[u] = ldf(out, e); o2[u] = ldf(out, e + HALF);`
-    : `y1[u] = ldf(inp, e); y2[u] = ldf(inp, e + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
+    ? `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF); o1[u] = ldf(out, eo); o2[u] = ldf(out, eo + HALF);`
+    : `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
   const store = acc
-    ? `stf(out, e, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, e + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
+    ? `stf(out, eo, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, eo + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
     : backward
-      ? `stf(out, e, y1[u] * c + y2[u] * s); stf(out, e + HALF, -y1[u] * s + y2[u] * c);`
-      : `stf(out, e, y1[u] * c - y2[u] * s); stf(out, e + HALF, y2[u] * c + y1[u] * s);`;
+      ? `stf(out, eo, y1[u] * c + y2[u] * s); stf(out, eo + HALF, -y1[u] * s + y2[u] * c);`
+      : `stf(out, eo, y1[u] * c - y2[u] * s); stf(out, eo + HALF, y2[u] * c + y1[u] * s);`;
   return `#define BLOCK ${block}
 #define HD ${headDim}
 #define HALF ${headDim / 2}
@@ -73,9 +75,10 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
 __device__ const double ${name}_inv_freq[HALF] = { ${table} };
 #define ATTN ${f64(attn)}
 ${dtypeHelpers()}
-/* rows = B*T token rows of heads*HD elements; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T. One thread per (row, pair i), all heads.
-   out may alias inp.${bias === 'none' ? '' : ' bias[heads*HD] is added to every row before the rotation (in float, one rounding at the store).'} */
-extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0${seq ? ', const int* seqPos' : ''}${bias === 'none' ? '' : `, const ${ctype(bias)}* bias`}) {
+/* rows = B*T token rows of heads*HD elements, row r of out at r*outStride and of inp at r*inStride; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T. One thread per (row, pair i), all heads.
+   out may alias inp (with equal strides).${bias === 'none' ? '' : ' bias[heads*HD] is added to every row before the rotation (in float, one rounding at the store).'} */
+extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0, long long outStride,
+                                   long long inStride${seq ? ', const int* seqPos' : ''}${bias === 'none' ? '' : `, const ${ctype(bias)}* bias`}) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
@@ -86,16 +89,16 @@ extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}
     sincos(ang, &sd, &cd);
     float c = (float)(ATTN * cd);
     float s = (float)(ATTN * sd);
-    long long base = row * heads * HD + i;
+    const long long bo = row * outStride + i, bi = row * inStride + i;
     for (int h0 = 0; h0 < heads; h0 += HU) {
       float y1[HU], y2[HU]${acc ? ', o1[HU], o2[HU]' : ''};
 #pragma unroll
       for (int u = 0; u < HU; u++) {
-        if (h0 + u < heads) { long long e = base + (long long)(h0 + u) * HD; ${load} }
+        if (h0 + u < heads) { const long long ei = bi + (long long)(h0 + u) * HD${acc ? ', eo = bo + (long long)(h0 + u) * HD' : ''}; ${load} }
       }
 #pragma unroll
       for (int u = 0; u < HU; u++) {
-        if (h0 + u < heads) { long long e = base + (long long)(h0 + u) * HD; ${store} }
+        if (h0 + u < heads) { const long long eo = bo + (long long)(h0 + u) * HD; ${store} }
       }
     }
   }
