@@ -196,31 +196,22 @@ parity('attention bwd', 1e-4, (r) => ({
   compare: ['dq', 'dk', 'dv'],
   op: (b, x) => { b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, AB, AT, AH, AKV, AD); b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, AB, AT, AH, AKV, AD); },
 }));
-// attention_bwd_dkv: several key tiles with the GQA group split over blocks (G = 3 → attention_dkv_reduce), and MHA (unsplit).
+// attention_bwd_dkv: several key tiles with the GQA group split over blocks (G = 3 → attention_dkv_reduce), and MHA (unsplit);
+// accumulating, and overwriting (the SIMT path zeroes, then adds: dq, dk, dv start random on both backends and must not show).
 for (const [hN, kvN, tN, dN] of [[6, 2, 70, 24], [3, 3, 40, 16]] as const) {
-  parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}`, 1e-4, (r) => ({
-    arrays: {
-      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
-      dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
-    },
-    compare: ['dq', 'dk', 'dv'],
-    op: (b, x) => {
-      b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
-      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN);
-    },
-  }));
-  // overwriting (the SIMT path zeroes, then adds): dq, dk, dv start random on both backends and must not show
-  parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}, overwriting`, 1e-4, (r) => ({
-    arrays: {
-      o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
-      dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
-    },
-    compare: ['dq', 'dk', 'dv'],
-    op: (b, x) => {
-      b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
-      b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN, false);
-    },
-  }));
+  for (const accumulate of [true, false]) {
+    parity(`attention bwd B=2 T=${tN} heads ${hN}/${kvN} hd ${dN}${accumulate ? '' : ', overwriting'}`, 1e-4, (r) => ({
+      arrays: {
+        o: rand(r, 2 * tN * hN * dN), p: rand(r, 2 * hN * tN), q: rand(r, 2 * tN * hN * dN), k: rand(r, 2 * tN * kvN * dN), v: rand(r, 2 * tN * kvN * dN),
+        dq: rand(r, 2 * tN * hN * dN), dk: rand(r, 2 * tN * kvN * dN), dv: rand(r, 2 * tN * kvN * dN), d: rand(r, 2 * tN * hN * dN),
+      },
+      compare: ['dq', 'dk', 'dv'],
+      op: (b, x) => {
+        b.attentionForward(x.o!, x.p!, x.q!, x.k!, x.v!, 2, tN, hN, kvN, dN);
+        b.attentionBackward(x.dq!, x.dk!, x.dv!, x.d!, x.q!, x.k!, x.v!, x.o!, x.p!, 2, tN, hN, kvN, dN, accumulate);
+      },
+    }));
+  }
 }
 parity('kv cache write + cached attention', 1e-5, (r) => {
   const tMax = 12, t = 3, pos0 = 4;
