@@ -4,8 +4,9 @@
  *
  * A save is two parts: the snapshot (the device's weights and moments downloaded into host arrays: fast, and it must
  * happen at the step) and the write (the files: seconds for a 0.5B model, two thirds of a save on the H100 machine).
- * BackgroundCheckpoints runs the write on a worker thread (src/train/checkpoint-worker.ts) while training goes on: the
- * host arrays are shared with it (SharedArrayBuffer: the arrays the model and the optimizer keep for their saves) or
+ * BackgroundCheckpoints runs the write on a worker thread (src/train/checkpoint-worker.ts, started and watched by a
+ * supervisor thread, src/train/checkpoint-supervisor.ts, which wakes a run waiting for a writer that died) while
+ * training goes on: the host arrays are shared with it (SharedArrayBuffer: the arrays the model and the optimizer keep for their saves) or
  * handed over (transferred), never copied. The run joins the write before anything downloads into those arrays again
  * (the next save, best/, final/) and before it ends; a write that failed throws its error there, as the synchronous
  * write would have.
@@ -66,9 +67,19 @@ function rebuild(r: Extract<WriteResult, { ok: false }>): Error {
 
 /**
  * The messages the worker receives: its writer once (`delayMs`: tests stretch every job by it, to catch a run that
- * does not wait for one), then checkpoints to write and host arrays to map in.
+ * does not wait for one; `crashOnJob`: tests, the worker exits on its first job instead of answering it), then
+ * checkpoints to write and host arrays to map in.
  */
-export type WorkerMessage = { writer: ResumeWriter; port: MessagePort; flag: Int32Array; delayMs: number } | { checkpoint: LatestCheckpoint } | { prefault: Float32Array[] };
+export type WorkerMessage = { writer: ResumeWriter; port: MessagePort; flag: Int32Array; delayMs: number; crashOnJob: boolean }
+  | { checkpoint: LatestCheckpoint } | { prefault: Float32Array[] };
+/** The supervisor's messages: the worker's, its first with the port on which it says why the worker stopped. */
+export type SupervisorMessage = Exclude<WorkerMessage, { writer: ResumeWriter }> | (Extract<WorkerMessage, { writer: ResumeWriter }> & { deadPort: MessagePort });
+
+/** The buffers a job hands over (those not over a SharedArrayBuffer), passed on as they came. */
+export function transferables(msg: WorkerMessage): ArrayBuffer[] {
+  const arrays = 'checkpoint' in msg ? [msg.checkpoint.weights, msg.checkpoint.m, msg.checkpoint.v] : 'prefault' in msg ? msg.prefault : [];
+  return [...new Set(arrays.filter((a) => !(a.buffer instanceof SharedArrayBuffer)).map((a) => a.buffer as ArrayBuffer))];
+}
 
 /** The step a prefault job reports (no checkpoint's). */
 export const PREFAULT_STEP = -1;
@@ -85,15 +96,20 @@ export function prefault(arrays: readonly Float32Array[]): void {
 export class BackgroundCheckpoints {
   private worker: Worker | null = null;
   private port: MessagePort | null = null;
-  /** flag[0]: writes finished so far (the worker adds one and notifies after posting each result). */
-  private readonly flag = new Int32Array(new SharedArrayBuffer(4));
+  /** Where the supervisor says why the writer thread stopped. */
+  private deadPort: MessagePort | null = null;
+  /**
+   * flag[0]: writes finished so far (the worker adds one and notifies after posting each result); flag[1]: 1 once the
+   * writer thread stopped (set by the supervisor, which notifies on flag[0]).
+   */
+  private readonly flag = new Int32Array(new SharedArrayBuffer(8));
   private submitted = 0;
   private pending: number | null = null;
   /** Why the worker stopped (its 'error' or 'exit' event), when it did. */
   private dead: string | null = null;
 
-  /** `delayMs`: tests only, every job on the worker starts that much later. */
-  constructor(private readonly writer: ResumeWriter, private readonly delayMs = 0) {}
+  /** `delayMs`: tests only, every job on the worker starts that much later; `crashOnJob`: tests only (WorkerMessage). */
+  constructor(private readonly writer: ResumeWriter, private readonly delayMs = 0, private readonly crashOnJob = false) {}
 
   /** The step of the write in flight, or null. */
   get inFlight(): number | null { return this.pending; }
@@ -103,8 +119,8 @@ export class BackgroundCheckpoints {
    * the caller must not change them before join(); any others are transferred (unusable here afterwards).
    */
   submit(c: LatestCheckpoint): void {
-    const transfer = [...new Set([c.weights, c.m, c.v].filter((a) => !(a.buffer instanceof SharedArrayBuffer)).map((a) => a.buffer as ArrayBuffer))];
-    this.post({ checkpoint: c }, transfer, c.step);
+    const msg: WorkerMessage = { checkpoint: c };
+    this.post(msg, transferables(msg), c.step);
   }
 
   /**
@@ -127,16 +143,17 @@ export class BackgroundCheckpoints {
 
   private start(): Worker {
     if (!this.worker) {
-      const ch = new MessageChannel();
-      const w = this.worker = new Worker(new URL('./checkpoint-worker.js', import.meta.url));
+      const ch = new MessageChannel(), dc = new MessageChannel();
+      const w = this.worker = new Worker(new URL('./checkpoint-supervisor.js', import.meta.url));
       w.unref();
-      // a worker that dies fails the next join instead of leaving it waiting; while training runs its error is kept
-      // here (an unhandled 'error' event would end the process)
+      // a supervisor that dies fails the next join instead of leaving it waiting; while training runs its error is kept
+      // here (an unhandled 'error' event would end the process). A writer that dies, the supervisor reports (flag[1]).
       w.on('error', (e) => { this.dead ??= e instanceof Error ? e.message : String(e); });
       w.on('exit', (code) => { if (this.worker === w) this.dead ??= `it exited (code ${code})`; });
       this.port = ch.port1;
-      const init: WorkerMessage = { writer: this.writer, port: ch.port2, flag: this.flag, delayMs: this.delayMs };
-      this.worker.postMessage(init, [ch.port2]);
+      this.deadPort = dc.port1;
+      const init: SupervisorMessage = { writer: this.writer, port: ch.port2, flag: this.flag, delayMs: this.delayMs, crashOnJob: this.crashOnJob, deadPort: dc.port2 };
+      this.worker.postMessage(init, [ch.port2, dc.port2]);
     }
     return this.worker;
   }
@@ -152,6 +169,7 @@ export class BackgroundCheckpoints {
     for (;;) {
       const done = Atomics.load(this.flag, 0);
       if (done >= this.submitted) break;
+      if (this.dead === null && Atomics.load(this.flag, 1) !== 0) this.dead = String(receiveMessageOnPort(this.deadPort!)?.message ?? 'it stopped');
       if (this.dead !== null) {
         const step = this.pending;
         this.pending = null;
@@ -175,6 +193,8 @@ export class BackgroundCheckpoints {
       void w?.terminate();
       this.port?.close();
       this.port = null;
+      this.deadPort?.close();
+      this.deadPort = null;
     }
   }
 }

@@ -7,6 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from '../../src/train/checkpoint-writer.js';
 import type { ResumeWriter } from '../../src/train/student-files.js';
 import { parameterLayout } from '../../src/model/params.js';
@@ -118,3 +119,22 @@ test('BackgroundCheckpoints: a worker that died fails the next join with a clear
   assert.equal(bg.join(), null, 'the dead job is dropped');
   bg.close();
 });
+
+test('BackgroundCheckpoints: a writer thread that dies while the run waits in join() fails the join instead of hanging it', () => {
+  // In a child process with a time limit: before the supervisor thread, the blocked join never saw the writer's exit
+  // (its thread's event loop does not run while it waits) and the process hung; the limit turns that into a failure.
+  const mod = new URL('../../src/train/checkpoint-writer.js', import.meta.url).href;
+  const script = `import { BackgroundCheckpoints } from ${JSON.stringify(mod)};
+const bg = new BackgroundCheckpoints({ kind: 'model', cfg: {}, carry: {} }, 0, true);
+bg.prefault([new Float32Array(new SharedArrayBuffer(4096))]); // the writer exits on this job, with the run about to wait
+try { bg.join(); console.log('joined'); } catch (e) { console.log('threw: ' + e.message + ' | ' + e.hint); }
+bg.close();`;
+  const dir = tempDir(), file = path.join(dir, 'join.mjs');
+  fs.writeFileSync(file, script); // from a file: the same script under `node -e` hung before any worker ran (checked)
+  const r = spawnSync(process.execPath, [file], { encoding: 'utf8', timeout: 60_000 });
+  fs.rmSync(dir, { recursive: true, force: true });
+  assert.equal(r.signal, null, `the join hung (killed after 60 s): ${r.stderr}`);
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /threw: the checkpoint writer thread stopped \(it exited \(code 7\)\): the checkpoint arrays were not mapped in \| .*--resume/);
+});
+
