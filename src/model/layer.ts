@@ -56,8 +56,9 @@ export interface LayerActivations {
   /** The layer's LoRA adapters (src/model/lora.ts), each applied right after its projection; absent without. */
   lora?: LayerLora | null;
   /**
-   * Scratch [b·t, Q + 2·KV] (compute dtype) for the fused q/k/v projection's output, which is then split into q, k and v
-   * (Backend.copyColumns, v's bias added there); absent or null: three projections. Used where the weights have wqkv.
+   * Scratch [b·t, Q + 2·KV] (compute dtype) for the fused q/k/v projection's output: the rotation reads q and k from
+   * its columns where it adds their biases (RoPE layers without q/k norms), else Backend.copyColumns splits them out;
+   * v is always copied out (its bias added there). Absent or null: three projections. Used where the weights have wqkv.
    */
   qkv?: Buf | null;
 }
@@ -111,9 +112,10 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   // A fused product whose q and k the rotation reads in place (strided rows of [N, Q + 2·KV]): no split copy for them.
   const W = Q + 2 * KV, fused = Boolean(w.wqkv && a.qkv), rotateFused = fused && biasInRope;
   if (fused) {
-    // One product [N, Q + 2·KV], split into q, k, v (v's bias, and q's and k's where the rotation does not add them, added
-    // by the split as after a product's store): on the CPU the same values as three products, bit for bit; cuBLAS may
-    // pick another algorithm for the wider product, so on CUDA they agree to float32 accumulation order.
+    // One product [N, Q + 2·KV]; v split out with its bias, q and k rotated from its columns below or, where the
+    // rotation does not add their biases, split out with them (added as after a product's store): on the CPU the same
+    // values as three products, bit for bit; cuBLAS may pick another algorithm for the wider product, so on CUDA they
+    // agree to float32 accumulation order.
     be.matmulForward(a.qkv!, a.ln1, w.wqkv!, null, N, C, W);
     if (!rotateFused) {
       be.copyColumns(qOut, Q, 0, a.qkv!, W, 0, N, Q, biasInRope ? null : w.bq);

@@ -632,9 +632,7 @@ export class CpuBackend implements Backend {
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
     b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true,
   ): void {
-    // overwriting: the gradients start from zero here (the float64 kernels accumulate)
-    if (!accumulate) for (const [x, n] of [[dq, nHeads], [dk, nKv], [dv, nKv]] as const) this.f(x, 'attention gradient').fill(0, 0, b * t * n * hd);
-    this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd);
+    this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd, accumulate);
     this.fin(dq, 0, b * t * nHeads * hd);
     this.fin(dk, 0, b * t * nKv * hd);
     this.fin(dv, 0, b * t * nKv * hd);
@@ -642,7 +640,7 @@ export class CpuBackend implements Backend {
 
   private attentionBackwardF32(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate: boolean,
   ): void {
     this.checkHeads('attentionBackward', nHeads, nKv);
     const dqq = this.f(dq, 'attention dq'), dkk = this.f(dk, 'attention dk'), dvv = this.f(dv, 'attention dv');
@@ -652,6 +650,8 @@ export class CpuBackend implements Backend {
     for (const [a, what] of [[dqq, 'dq'], [g, 'dout'], [qq, 'q'], [o, 'out']] as const) this.need(a, qLen, 'attentionBackward', what);
     for (const [a, what] of [[dkk, 'dk'], [dvv, 'dv'], [kk, 'k'], [vv, 'v']] as const) this.need(a, kLen, 'attentionBackward', what);
     this.need(l, b * nHeads * t, 'attentionBackward', 'lse');
+    // overwriting: the gradients start from zero here, once the call is checked (the kernels accumulate)
+    if (!accumulate) { dqq.fill(0, 0, qLen); dkk.fill(0, 0, kLen); dvv.fill(0, 0, kLen); }
     const groups = b * nKv;
     const scratch = this.inArena(dqq, dkk, dvv, g, qq, kk, vv, o, l) ? this.attnScratch(2 * groups * t) : null;
     const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, out: o, lse: l, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch };

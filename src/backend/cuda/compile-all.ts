@@ -118,7 +118,10 @@ export function representativeSpecs(): KernelSpec[] {
     [{ type: 'linear', theta: 1e4, factor: 2 }, 128],
   ];
   for (const [rope, headDim] of scaled) {
-    for (const bwd of [false, true]) for (const d of rope.type === 'yarn' ? [F, B] : [F]) specs.push(ropeKernel(bwd, rope, headDim, 256, { out: d, inp: d }));
+    for (const d of rope.type === 'yarn' ? [F, B] : [F]) {
+      specs.push(ropeKernel(false, rope, headDim, 256, { out: d, inp: d }));
+      for (const acc of [true, false]) specs.push(ropeKernel(true, rope, headDim, 256, { out: d, inp: d, acc }));
+    }
   }
   for (const kind of ['none', 'kl', 'reverse-kl', 'jsd']) {
     mk('loss', { kind, withGrad: false, dlogits: F, logits: F, teacher: F, block: 512 });

@@ -112,10 +112,12 @@ export const ROWS_NORM_MAX_BLOCKS = 1024;
  */
 export const NORM_BWD_MAX_BLOCKS = 512;
 /**
- * The attention backward splits each kv head's query-head group over blocks (attention_dkv_reduce sums the splits) only
- * when the unsplit dK/dV grid, key tiles × kv heads × batch, has fewer blocks than this: on an H100 at 8 × 1024 the
- * split is worth it for 2 kv heads (256 blocks: 410 against 461 µs unsplit at 14/2 heads, hd 64) and costs for 8
- * (1024 blocks: 885 against 822 µs at 16/8, hd 128; session 17, docs/measurements).
+ * The bf16 tensor-core attention backward splits each kv head's query-head group over blocks (attention_dkv_reduce sums
+ * the splits) only when the unsplit dK/dV grid, 64-key tiles × kv heads × batch, has fewer blocks than this: on an H100
+ * at 8 × 1024 the split is worth it for 2 kv heads (256 blocks: 410 against 461 µs unsplit at 14/2 heads, hd 64) and
+ * costs for 8 (1024 blocks: 885 against 822 µs at 16/8, hd 128; session 17, docs/measurements). Unsplit, a block sums
+ * its group's heads in registers and scales once, split the reduction adds scaled per-head partials: dk and dv round
+ * differently between the two (both deterministic). The SIMT kernels split whenever the group has several heads.
  */
 export const DKV_SPLIT_BELOW_BLOCKS = 512;
 export const COLSUM_MIN_ROWS = 16;
@@ -1027,7 +1029,8 @@ export class CudaBackend implements Backend {
     // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
     // bPer batches; larger batches run in chunks over views.
     const perBatch = nHeads * t;
-    const keyTiles = Math.ceil(t / (mma ? FA_KEY_TILE : ATTN_KEY_TILE)), splits = nHeads > nKv && keyTiles * nKv * b < DKV_SPLIT_BELOW_BLOCKS;
+    // (the bound is the tensor-core kernels', measured; the SIMT kernels split whenever the group has several heads)
+    const splits = nHeads > nKv && (!mma || Math.ceil(t / FA_KEY_TILE) * nKv * b < DKV_SPLIT_BELOW_BLOCKS);
     this.scratchNeed.dsum = Math.max(this.scratchNeed.dsum, perBatch * b);
     if (splits) this.scratchNeed.dkv = Math.max(this.scratchNeed.dkv, 2 * nHeads * t * hd * b);
     let bPer = Math.min(b, Math.floor(this.dsumFloats / perBatch));

@@ -53,7 +53,8 @@ const HEAD_GROUP = 4;
 
 /**
  * The kernel of every kind, with `rope`'s inverse-frequency table and attention factor baked. Arguments:
- * (out, inp, rows = B·T, T, heads, pos0); launch rows·HD/2 threads or fewer (grid-stride loop).
+ * (out, inp, rows = B·T, T, heads, pos0, outStride, inStride[, seqPos][, bias]); launch rows·HD/2 threads or fewer
+ * (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
   const seq = dt.seqPos === true, bias = dt.bias ?? 'none', acc = backward && dt.acc !== false;
