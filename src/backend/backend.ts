@@ -390,14 +390,16 @@ export function copyColumnsExtent(dstCols: number, dstCol: number, srcCols: numb
 export interface RopeStrides { out?: number | undefined; inp?: number | undefined }
 
 /**
- * RoPE's stride rule, shared by every backend: each stride at least the row width (rows never overlap). Returns how many
- * elements out and inp must hold for `rows` token rows and their strides.
+ * RoPE's stride rule, shared by every backend: each stride at least the row width (rows never overlap), and operands
+ * that overlap (`overlap`, as the backend tells) only with equal strides (a rotation in place reads each pair before it
+ * writes it only where rows coincide). Returns how many elements out and inp must hold for `rows` token rows.
  */
-export function ropeExtent(what: string, rows: number, width: number, strides?: RopeStrides): { out: number; inp: number; so: number; si: number } {
+export function ropeExtent(what: string, rows: number, width: number, strides: RopeStrides | undefined, overlap: boolean): { out: number; inp: number; so: number; si: number } {
   const so = strides?.out ?? width, si = strides?.inp ?? width;
   if (!(Number.isInteger(so) && Number.isInteger(si) && so >= width && si >= width)) {
     throw new Error(`${what}: row strides out ${so}, inp ${si} below the row width ${width}`);
   }
+  if (so !== si && overlap) throw new Error(`${what}: out and inp overlap with different row strides (${so}, ${si})`);
   return rows === 0 ? { out: 0, inp: 0, so, si } : { out: (rows - 1) * so + width, inp: (rows - 1) * si + width, so, si };
 }
 

@@ -506,9 +506,9 @@ export class Transformer {
       // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
       let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
       const qn = this.qknViews(a.qkn, N);
-      const lw = this.layerW[l]!, Wd = Q + 2 * KV, fused = Boolean(g.dqkv && lw.wqkv);
+      const lw = this.layerW[l]!, Wd = Q + 2 * KV, wqkv = g.dqkv ? lw.wqkv : null;
       // the fused projection's joined gradient [N, Q + 2·KV]: without q/k norms the rotation writes its q and k columns
-      const d = fused ? this.v(g.dqkv!, N * Wd) : null, rotateInto = d !== null && !qn && usesRope(c, l);
+      const d = wqkv ? this.v(g.dqkv!, N * Wd) : null, rotateInto = d !== null && !qn && usesRope(c, l);
       if (rotateInto) {
         be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, 0, false, { out: Wd });
         be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false, { out: Wd });
@@ -523,7 +523,7 @@ export class Transformer {
         be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
         [gq, fq, gk, fk] = [fq, gq, fk, gk];
       }
-      if (d && lw.wqkv) {
+      if (d && wqkv) {
         // the fused projection's backward: the three gradients joined (q's and k's already, where the rotation wrote
         // them), one product (its weight and bias gradients are the q, k, v ones, adjacent in the layout)
         const sp = qkvSpans(w)!;
@@ -533,7 +533,7 @@ export class Transformer {
         }
         be.copyColumns(d, Wd, Q + KV, dv, KV, 0, N, KV);
         const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
-        be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, lw.wqkv, N, C, Wd, false);
+        be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, wqkv, N, C, Wd, false);
       } else {
         be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
         adapt('q_proj', dln, gq, ln1);

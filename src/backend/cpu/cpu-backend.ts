@@ -570,9 +570,8 @@ export class CpuBackend implements Backend {
   ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
     bias?: Buf | null, strides?: RopeStrides): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
-    const { out: no, inp: ni, so, si } = ropeExtent('ropeForward', b * t, heads * headDim, strides);
+    const { out: no, inp: ni, so, si } = ropeExtent('ropeForward', b * t, heads * headDim, strides, sameMemory(o, x));
     this.need(o, no, 'ropeForward', 'out'); this.need(x, ni, 'ropeForward', 'inp');
-    stridedAlias('ropeForward', o, x, so, si);
     const bs = bias ? this.f(bias, 'rope bias') : null;
     if (bs) this.need(bs, heads * headDim, 'ropeForward', 'bias');
     this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * t * so), x.subarray(bi * t * si), 1, t, heads, headDim, rope, p, bs, so, si),
@@ -594,9 +593,8 @@ export class CpuBackend implements Backend {
   ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
     accumulate = true, strides?: RopeStrides): void {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
-    const { out: no, inp: ni, so, si } = ropeExtent('ropeBackward', b * t, heads * headDim, strides);
+    const { out: no, inp: ni, so, si } = ropeExtent('ropeBackward', b * t, heads * headDim, strides, sameMemory(dx, dy));
     this.need(dx, no, 'ropeBackward', 'dinp'); this.need(dy, ni, 'ropeBackward', 'dout');
-    stridedAlias('ropeBackward', dx, dy, so, si);
     ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0, accumulate, so, si);
     this.fin(dinp, 0, no);
   }
@@ -832,9 +830,7 @@ export function createCpuBackend(opts?: CpuBackendOptions): Backend {
   return new CpuBackend(opts);
 }
 
-/** RoPE in place needs equal row strides (each pair is read before it is written only where rows coincide). */
-function stridedAlias(what: string, a: FArr, b: FArr, so: number, si: number): void {
-  if (so === si || a.buffer !== b.buffer) return;
-  const a0 = a.byteOffset, a1 = a0 + a.byteLength, b0 = b.byteOffset, b1 = b0 + b.byteLength;
-  if (a0 < b1 && b0 < a1) throw new Error(`${what}: out and inp overlap with different row strides (${so}, ${si})`);
+/** Whether two arrays share memory (views of one buffer whose byte ranges meet). */
+function sameMemory(a: FArr, b: FArr): boolean {
+  return a.buffer === b.buffer && a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
 }

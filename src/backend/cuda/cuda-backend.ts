@@ -930,11 +930,8 @@ export class CudaBackend implements Backend {
   private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
     bias: Buf | null = null, accumulate = true, strides?: RopeStrides): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
-    const n = b * t * heads * headDim, ext = ropeExtent(what, b * t, heads * headDim, strides);
+    const n = b * t * heads * headDim, ext = ropeExtent(what, b * t, heads * headDim, strides, overlaps(this.own(out, what), this.own(inp, what)));
     this.need(out, ext.out, what); this.need(inp, ext.inp, what);
-    if (ext.so !== ext.si && overlaps(this.own(out, what), this.own(inp, what))) {
-      throw new Error(`${what}: out and inp overlap with different row strides (${ext.so}, ${ext.si})`);
-    }
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
     const seq = typeof pos0 !== 'number';
