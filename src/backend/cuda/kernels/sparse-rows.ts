@@ -2,13 +2,15 @@
  * The sparse rows of a teacher's logits on the GPU (the teacher-cache job): `sample_rows` turns each row of logits into
  * the distinct ids of S systematic draws at temperature T — the points p_i = (i + u) · Σ / S, i < S, of the cumulative
  * distribution Σ_{j' ≤ j} e^{(z_j' − M)/T} — with log q_t of each, and the row's argmax. One block per row:
- *   1. the row's maximum and argmax (first index on ties);
- *   2. each thread sums e_j over its contiguous chunk of the vocabulary, in double, and a block scan (double) gives
+ *   1. one pass over the logits: each thread reads its contiguous chunk of the vocabulary (a multiple of 4 tokens, with
+ *      16-byte loads), keeping its maximum and argmax (first index on ties) and the chunk's mass relative to that maximum
+ *      in double (rescaled by e^{(m_old − m_new)/T} when it grows); the block's maximum M and argmax follow;
+ *   2. each chunk's mass relative to M (one double factor e^{(m − M)/T}), and a block scan (double) gives
  *      every chunk's start; the starts are then made non-decreasing (a scan's per-lane addition order can otherwise
  *      put a start below its predecessor), so the chunks partition [0, Σ) and each point belongs to exactly one thread;
  *      the last chunk with mass also owns the points that rounding puts at or past its end, and chunks without mass own
  *      none;
- *   3. the threads that own points walk their chunk (the running sum in double: in float32, a token below half an ulp
+ *   3. the threads that own points walk their chunk, four tokens a load (the running sum in double: in float32, a token below half an ulp
  *      of the running sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn) and emit the distinct ids the
  *      points land on, counted first, then written at the offsets of a second block scan (never past the S slots): the
  *      ids come out ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64).
@@ -79,15 +81,25 @@ function walk(onHit: string, onLeftover: string, init: string): string {
   return `  if (ilo < ihi) {
     double c = start;
     int i = ilo, last = -1, lastMass = -1${init};
-    for (int j = j0; j < j1 && i < ihi; j++) {
-      const float e = expf((z[j] - M) * INV_T);
-      c += (double)e;
-      if (e > 0.0f) lastMass = j;
-      bool hit = false;
-      while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
-      if (hit && j != last) {
-        ${onHit}
-        last = j;
+    /* four tokens a load (16 bytes where the rows allow): the walk is a serial chain per thread, so each load's latency
+       is paid once for four tokens instead of once for each */
+    for (int jb = j0; jb < j1 && i < ihi; jb += 4) {
+      float x4[4];
+      if (VEC && jb + 3 < j1) { const float4 q = *(const float4*)(z + jb); x4[0] = q.x; x4[1] = q.y; x4[2] = q.z; x4[3] = q.w; }
+      else { for (int e = 0; e < 4; e++) x4[e] = jb + e < j1 ? z[jb + e] : NEG_INF; }
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = jb + e;
+        if (j >= j1 || i >= ihi) break;
+        const float ex = expf((x4[e] - M) * INV_T);
+        c += (double)ex;
+        if (ex > 0.0f) lastMass = j;
+        bool hit = false;
+        while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
+        if (hit && j != last) {
+          ${onHit}
+          last = j;
+        }
       }
     }
     if (i < ihi && lastMass >= 0 && lastMass != last) { ${onLeftover} }
@@ -103,17 +115,27 @@ ${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, cons
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
   const float INV_T = 1.0f / TEMP;
-  /* 1. maximum and argmax */
+  /* 1. one pass over the thread's chunk (C tokens, a multiple of 4: 16-byte loads where the rows are 16-byte aligned):
+     its maximum m and argmax (first index on ties), and its mass relative to m in double, rescaled when m grows */
+  const int C = ((V + BLOCK - 1) / BLOCK + 3) & ~3;
+  const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
   float m = NEG_INF;
   int am = V;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  double cs = 0.0;
+  auto take = [&](float x, int j) {
+    if (x > m) { cs *= exp((double)((m - x) * INV_T)); m = x; am = j; } /* exp(-inf) = 0 the first time */
+    if (m != NEG_INF) cs += (double)expf((x - m) * INV_T);
+  };
+  const bool VEC = (LD & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0ull;
+  int jj = j0;
+  if (VEC) {
+    for (; jj + 3 < j1; jj += 4) { const float4 x = *(const float4*)(z + jj); take(x.x, jj); take(x.y, jj + 1); take(x.z, jj + 2); take(x.w, jj + 3); }
+  }
+  for (; jj < j1; jj++) take(z[jj], jj);
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
-  /* 2. chunk sums (double) and their ranges */
-  const int C = (V + BLOCK - 1) / BLOCK;
-  const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
-  double cs = 0.0;
-  for (int j = j0; j < j1; j++) cs += (double)expf((z[j] - M) * INV_T);
+  /* 2. the chunk masses relative to the row's maximum, and their ranges */
+  cs = m == NEG_INF ? 0.0 : cs * exp((double)((m - M) * INV_T));
   double start, end, total;
   chunkRange(cs, &start, &end, &total);
   const float lse = M * INV_T + (float)log(total);
