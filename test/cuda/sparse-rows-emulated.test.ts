@@ -59,18 +59,27 @@ test('emulated CUDA: sample_rows equals the float64 systematic draws (ids, order
   }
 });
 
-/** sample_rows (block 128) on the emulator over rows [rows, LD] of z (V tokens each) against the float64 draws, several S. */
-function checkSample(tag: string, z: Float32Array, u: Float32Array, rows: number, V: number, LD: number, T: number): void {
+/** sample_rows (block 128) on the emulator over rows [rows, LD] of z (V tokens each) for each S: the ids and argmaxes. */
+function runSample(z: Float32Array, u: Float32Array, rows: number, V: number, LD: number, T: number, slots: number[]): Map<number, { ids: Int32Array; am: Int32Array }> {
   writeFileSync(join(workDir(), 'zs'), z); writeFileSync(join(workDir(), 'us'), u);
   const exe = build(sampleRowsKernel.make({ block: 128 }), `int main(int argc, char** argv) { const char* d = "${workDir()}";
   const int S = atoi(argv[1]);
   auto z = readf<float>(d, "zs", ${rows * LD}); auto u = readf<float>(d, "us", ${rows});
   std::vector<int> ids(${rows} * S), am(${rows}); std::vector<float> lq(${rows} * S), tl(${rows});
-  launch({${rows}, 1, 1}, 128, 0, [&] { sample_rows(z.data(), u.data(), ids.data(), lq.data(), tl.data(), am.data(), ${rows}, ${V}, ${LD}, S, ${T}f); });
+  launch({${rows}, 1, 1}, 128, 0, [&] { sample_rows(z.data(), u.data(), ids.data(), lq.data(), tl.data(), am.data(), ${rows}, ${V}, ${LD}, S, (float)${T}); });
   writef(d, "ids", ids); writef(d, "lq", lq); writef(d, "tl", tl); writef(d, "am", am); }`);
-  for (const S of [1, 5, 64, 256]) {
+  const out = new Map<number, { ids: Int32Array; am: Int32Array }>();
+  for (const S of slots) {
     execFileSync(exe, [String(S)]);
     const { ids, am } = readRows('');
+    out.set(S, { ids, am });
+  }
+  return out;
+}
+
+/** runSample against the float64 draws, several S. */
+function checkSample(tag: string, z: Float32Array, u: Float32Array, rows: number, V: number, LD: number, T: number): void {
+  for (const [S, { ids, am }] of runSample(z, u, rows, V, LD, T, [1, 5, 64, 256])) {
     for (let i = 0; i < rows; i++) {
       const want = sparseRow(z, i * LD, V, T, { kind: 'sample', n: S }, () => u[i]!);
       const got = [...ids.subarray(i * S, i * S + S)];
@@ -100,6 +109,36 @@ test('emulated CUDA: sample_rows over rows that are not 16-byte aligned (odd row
   z.fill(0.5, 2 * LD2, 3 * LD2); // flat
   const u = Float32Array.from({ length: rows }, () => r());
   checkSample('unaligned rows', z, u, rows, V2, LD2, 1.3);
+});
+
+test('emulated CUDA: sample_rows lands every draw when a chunk of the vocabulary is so far below the maximum that its float32 terms are zero (its double mass is not), at u = 0 and at u rounded up to 1', { skip, timeout: 300_000 }, () => {
+  // (a second pair of eyes found these: a chunk 150 below the maximum at T = 1 owned the first or the last point while
+  // its walk saw no mass, and the draw was lost: no id at all for S = 1)
+  const V2 = 40, rows = 2, z = new Float32Array(rows * V2);
+  z.fill(-150, 0, 4); // row 0: tokens 0-3 (one 4-token chunk at block 128) far below the flat rest
+  z.fill(-150, V2 + 36, 2 * V2); // row 1: tokens 36-39
+  const u = Float32Array.from([0, 1]);
+  const massive = (row: number, j: number): boolean => Math.exp(z[row * V2 + j]!) > 0 && Math.fround(Math.exp(z[row * V2 + j]!)) > 0;
+  for (const [S, { ids }] of runSample(z, u, rows, V2, V2, 1, [1, 4])) {
+    for (let i = 0; i < rows; i++) {
+      const got = [...ids.subarray(i * S, i * S + S)];
+      // 36 tokens of equal mass, S points spaced 36/S tokens apart: S distinct ids, each on a token with float32 mass
+      assert.equal(new Set(got.filter((x) => x >= 0)).size, S, `S=${S} row ${i}: ${S} draws, got ${got}`);
+      assert.ok(got.every((x) => x >= 0 && massive(i, x)), `S=${S} row ${i}: every draw on a token with mass, got ${got}`);
+    }
+  }
+});
+
+test('emulated CUDA: a NaN logit anywhere in a row (also before its chunk\'s first finite one) leaves every slot of the row -1', { skip, timeout: 300_000 }, () => {
+  const V2 = 40, rows = 3, r = rng(12), z = new Float32Array(rows * V2);
+  for (let i = 0; i < z.length; i++) z[i] = (r() - 0.5) * 4;
+  z[8] = Number.NaN; // row 0: the first token of a chunk
+  z[V2 + 13] = Number.NaN; // row 1: inside a chunk
+  z.fill(-Infinity, 2 * V2 + 20, 2 * V2 + 23); z[2 * V2 + 23] = Number.NaN; // row 2: after -inf tokens of its chunk
+  const u = Float32Array.from({ length: rows }, () => r());
+  for (const [S, { ids }] of runSample(z, u, rows, V2, V2, 1, [1, 64])) {
+    for (let i = 0; i < rows; i++) assert.ok([...ids.subarray(i * S, i * S + S)].every((x) => x === -1), `S=${S} row ${i}: all -1`);
+  }
 });
 
 test('emulated CUDA: sample_rows at Qwen\'s vocabulary (151936 tokens, block 512): the draws of the float64 reference, tiny tokens included', { skip, timeout: 600_000 }, () => {

@@ -3,17 +3,21 @@
  * the distinct ids of S systematic draws at temperature T — the points p_i = (i + u) · Σ / S, i < S, of the cumulative
  * distribution Σ_{j' ≤ j} e^{(z_j' − M)/T} — with log q_t of each, and the row's argmax. One block per row:
  *   1. one pass over the logits: each thread reads its contiguous chunk of the vocabulary (a multiple of 4 tokens, with
- *      16-byte loads), keeping its maximum and argmax (first index on ties) and the chunk's mass relative to that maximum
- *      in double (rescaled by e^{(m_old − m_new)/T} when it grows); the block's maximum M and argmax follow;
- *   2. each chunk's mass relative to M (one double factor e^{(m − M)/T}), and a block scan (double) gives
- *      every chunk's start; the starts are then made non-decreasing (a scan's per-lane addition order can otherwise
- *      put a start below its predecessor), so the chunks partition [0, Σ) and each point belongs to exactly one thread;
- *      the last chunk with mass also owns the points that rounding puts at or past its end, and chunks without mass own
- *      none;
- *   3. the threads that own points walk their chunk, four tokens a load (the running sum in double: in float32, a token below half an ulp
- *      of the running sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn) and emit the distinct ids the
- *      points land on, counted first, then written at the offsets of a second block scan (never past the S slots): the
- *      ids come out ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64).
+ *      16-byte loads where the rows are 16-byte aligned), keeping its maximum m and argmax (first index on ties) and the
+ *      chunk's mass relative to m in double (rescaled by e^{(m_old − m_new)/T} when m grows; a NaN logit makes it NaN,
+ *      and the row's slots then all come out −1, as before); the block's maximum M and argmax follow;
+ *   2. each chunk's mass relative to M (one double factor e^{(m − M)/T}; zero when the walk's largest term in the chunk,
+ *      e^{(m − M)/T} in float32, is zero, so a chunk has mass exactly when its walk sees some), and a block scan (double)
+ *      gives every chunk's start; the starts are then made non-decreasing (a scan's per-lane addition order can
+ *      otherwise put a start below its predecessor), so the chunks partition [0, Σ) and each point belongs to exactly
+ *      one thread; the last chunk with mass also owns the points that rounding puts at or past its end, and chunks
+ *      without mass own none;
+ *   3. the threads that own points walk their chunk, four tokens a load (the running sum in double: in float32, a token
+ *      below half an ulp of the running sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn) and emit the
+ *      distinct ids the points land on, counted first, then written at the offsets of a second block scan (never past
+ *      the S slots): the ids come out ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64). The
+ *      walk's float32 terms sum to its chunk's mass only up to rounding: a point the walk does not reach goes to the
+ *      chunk's last token with mass (the leftover rule), one past it belongs to the next chunk's first.
  * Baked: block size. Runtime: T, S, the row uniforms.
  */
 import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
@@ -122,9 +126,10 @@ ${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, cons
   float m = NEG_INF;
   int am = V;
   double cs = 0.0;
+  const double DT = (double)TEMP;
   auto take = [&](float x, int j) {
-    if (x > m) { cs *= exp((double)((m - x) * INV_T)); m = x; am = j; } /* exp(-inf) = 0 the first time */
-    if (m != NEG_INF) cs += (double)expf((x - m) * INV_T);
+    if (x > m) { cs *= exp(((double)m - (double)x) / DT); m = x; am = j; } /* exp(-inf) = 0 the first time */
+    if (!(x == NEG_INF && m == NEG_INF)) cs += (double)expf((x - m) * INV_T); /* a NaN x makes cs NaN */
   };
   const bool VEC = (LD & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0ull;
   int jj = j0;
@@ -134,8 +139,12 @@ ${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, cons
   for (; jj < j1; jj++) take(z[jj], jj);
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
-  /* 2. the chunk masses relative to the row's maximum, and their ranges */
-  cs = m == NEG_INF ? 0.0 : cs * exp((double)((m - M) * INV_T));
+  /* 2. the chunk masses relative to the row's maximum M, and their ranges. A chunk has mass exactly when its walk will
+     see some: its largest walk term, e^{(m - M)/T} computed as the walk computes it, is positive (in double alone, a
+     chunk more than ~104·T below M would own points its walk never reaches) */
+  if (cs == cs) { /* a NaN mass stays NaN */
+    cs = (m == NEG_INF || expf((m - M) * INV_T) == 0.0f) ? 0.0 : cs * exp(((double)m - (double)M) / DT);
+  }
   double start, end, total;
   chunkRange(cs, &start, &end, &total);
   const float lse = M * INV_T + (float)log(total);
