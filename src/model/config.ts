@@ -73,6 +73,16 @@ export function usesRope(c: ModelConfig, l: number): boolean {
   return !c.noRopeLayers.includes(l);
 }
 
+/**
+ * Whether a training model needs the second buffer of its q/k gradient pairs (dq and dk before RoPE): where q/k norms
+ * follow the rotation (their backward writes into it), or where a layer's RoPE backward writes into it rather than
+ * straight into the fused q/k/v product's joined gradient (layers with three projections). `fused[l]`: layer l runs
+ * the fused projection. The model allocates by it and the memory estimate counts by it.
+ */
+export function preRopeScratch(c: ModelConfig, fused: readonly boolean[]): boolean {
+  return c.qkNorm || fused.some((f, l) => usesRope(c, l) && !f);
+}
+
 /** The eos ids of a config (none, one, or transformers 5's list). */
 export function eosIds(c: ModelConfig): number[] {
   return c.eosTokenId === undefined ? [] : Array.isArray(c.eosTokenId) ? [...c.eosTokenId] : [c.eosTokenId];

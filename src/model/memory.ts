@@ -6,7 +6,7 @@
  */
 import type { ModelConfig } from './config.js';
 import type { Precision } from './transformer.js';
-import { parameterCount } from './config.js';
+import { parameterCount, preRopeScratch } from './config.js';
 import { fusesQkv, parameterLayout } from './params.js';
 import type { LoraLayout } from './lora.js';
 import { nf4Plan, nf4StorageBytes, type FrozenDtype } from './frozen.js';
@@ -61,9 +61,10 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   const act = N * I * a;
   const layers = training ? c.numLayers * perLayer + (keepAct ? c.numLayers : 1) * act : perLayer + N * C * F + act;
   const final = N * (C + 1) * F + N * C * a; // final x, rstd (f32), norm (logits live in the step's chunked head)
-  // Gradient scratch: dHidden, dx, dln (C) in f32; dq, dq pre-rope, datt (Q), dk, dv, dk pre-rope (KV), dact, dgate,
-  // dup (I) in the compute dtype, and in bf16 the converted dx (C).
-  const scratch = training ? N * 3 * C * F + N * (3 * Q + 3 * KV + 3 * I + (a === F ? 0 : C)) * a : 0;
+  // Gradient scratch: dHidden, dx, dln (C) in f32; dq, datt (Q), dk, dv (KV), dact, dgate, dup (I) in the compute
+  // dtype, the pre-RoPE dq (Q) and dk (KV) where a layer needs them (preRopeScratch), and in bf16 the converted dx (C).
+  const pre = training && preRopeScratch(c, new Array<boolean>(c.numLayers).fill(fusedQkv)) ? 1 : 0;
+  const scratch = training ? N * 3 * C * F + N * ((2 + pre) * Q + (2 + pre) * KV + 3 * I + (a === F ? 0 : C)) * a : 0;
   const ids = N * 4; // the int32 token ids
   // The fused q/k/v projection's output and, training, its joined gradient: [N, Q + 2·KV] each, in the compute dtype.
   const fused = fusedQkv ? N * (Q + 2 * KV) * a * (training ? 2 : 1) : 0;

@@ -19,7 +19,7 @@
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
-import { usesRope, type ModelConfig } from './config.js';
+import { preRopeScratch, usesRope, type ModelConfig } from './config.js';
 import { TensorWeights, adjacentSpan, float32Of, fusesQkv, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
@@ -83,7 +83,9 @@ interface LayerActs {
 interface GradScratch {
   /** dL/d(final norm output) [N, C]: the LM head (in the step, chunk by chunk) accumulates into it. */
   dHidden: Buf;
-  dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; dqPre: Buf; dkPre: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
+  dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
+  /** dq and dk before RoPE (and q/k norms): the other buffer of each pair, null where no layer needs it (preRopeScratch). */
+  dqPre: Buf | null; dkPre: Buf | null;
   /** dx converted to the compute dtype, as a matrix-product operand (dx itself in fp32). */
   dxB: Buf;
   /** The q, k and v gradients joined [N, Q + 2·KV] for the fused projection's backward (null where it does not run). */
@@ -217,10 +219,13 @@ export class Transformer {
     const gs = (n: number, what: string, d: DType = 'f32'): Buf => backend.alloc(n, `${lab} grad scratch ${what}`, d);
     if (training) {
       const dx = gs(N * C, 'dx');
+      // The second buffer of the q/k gradients' pairs: needed where a layer's RoPE backward cannot write straight into
+      // the fused product's joined gradient (three projections) or where q/k norms follow it (preRopeScratch).
+      const pre = preRopeScratch(c, this.layerW.map((w) => w.wqkv !== null && this.qkvBuf !== null));
       this.g = {
         dHidden: backend.alloc(N * C, `${lab} grad of the final norm output`),
         dx, dln: gs(N * C, 'dln'), dq: gs(N * Q, 'dq', A), dk: gs(N * KV, 'dk', A), dv: gs(N * KV, 'dv', A),
-        dqPre: gs(N * Q, 'dq pre-rope', A), dkPre: gs(N * KV, 'dk pre-rope', A), datt: gs(N * Q, 'datt', A),
+        dqPre: pre ? gs(N * Q, 'dq pre-rope', A) : null, dkPre: pre ? gs(N * KV, 'dk pre-rope', A) : null, datt: gs(N * Q, 'datt', A),
         dact: gs(N * I, 'dact', A), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
         dxB: A === 'f32' ? dx : gs(N * C, `dx (${A})`, A),
         dqkv: this.qkvBuf ? gs(N * W, 'dq/dk/dv joined', A) : null,
@@ -496,7 +501,7 @@ export class Transformer {
       be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C, dxB);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
-      const dqPre = this.v(g.dqPre, N * Q), dkPre = this.v(g.dkPre, N * KV);
+      const dqPre = g.dqPre && this.v(g.dqPre, N * Q), dkPre = g.dkPre && this.v(g.dkPre, N * KV);
       be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
       adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
       // dq, dk, dv and the rotation's outputs are overwritten (no zeroing pass, the old values never read)
@@ -505,6 +510,10 @@ export class Transformer {
       // Back through RoPE (not on NoPE layers) and the q/k norms (Qwen3) to the projections' outputs. gq/gk hold the
       // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
       let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
+      const other = (x: Buf | null): Buf => {
+        if (!x) throw new Error(`layer ${l}: no pre-RoPE gradient scratch (preRopeScratch disagrees with the backward)`);
+        return x;
+      };
       const qn = this.qknViews(a.qkn, N);
       const lw = this.layerW[l]!, Wd = Q + 2 * KV, wqkv = g.dqkv ? lw.wqkv : null;
       // the fused projection's joined gradient [N, Q + 2·KV]: without q/k norms the rotation writes its q and k columns
@@ -513,15 +522,17 @@ export class Transformer {
         be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, 0, false, { out: Wd });
         be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false, { out: Wd });
       } else if (usesRope(c, l)) {
-        be.ropeBackward(fq, gq, b, t, c.numHeads, c.headDim, c.rope, 0, false);
-        be.ropeBackward(fk, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false);
-        [gq, fq, gk, fk] = [fq, gq, fk, gk];
+        const oq = other(fq), ok = other(fk);
+        be.ropeBackward(oq, gq, b, t, c.numHeads, c.headDim, c.rope, 0, false);
+        be.ropeBackward(ok, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false);
+        [gq, fq, gk, fk] = [oq, gq, ok, gk];
       }
       if (qn) {
-        be.zero(fq); be.zero(fk);
-        be.rmsnormBackward(fq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim);
-        be.rmsnormBackward(fk, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
-        [gq, fq, gk, fk] = [fq, gq, fk, gk];
+        const oq = other(fq), ok = other(fk);
+        be.zero(oq); be.zero(ok);
+        be.rmsnormBackward(oq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim);
+        be.rmsnormBackward(ok, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
+        [gq, fq, gk, fk] = [oq, gq, ok, gk];
       }
       if (d && wqkv) {
         // the fused projection's backward: the three gradients joined (q's and k's already, where the rotation wrote

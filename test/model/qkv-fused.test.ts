@@ -169,3 +169,33 @@ test('float32 on the CPU, JS and WASM kernels: the fused projection\'s logits eq
     }
   }
 });
+
+test('the pre-RoPE dq/dk scratch is allocated only where a layer writes into it (three projections, q/k norms), and the training step runs without it', () => {
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    const labels: string[] = [];
+    const counting = new Proxy(be, {
+      get(target, prop, recv) {
+        if (prop === 'alloc') return (n: number, label: string, d?: 'f32' | 'bf16') => { labels.push(label); return target.alloc(n, label, d); };
+        const v = Reflect.get(target, prop, recv) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    for (const [name, c] of variants) {
+      for (const fuse of [true, false]) {
+        labels.length = 0;
+        const m = new Transformer(counting, c, { batch: 2, seq: 3, training: true, fuseQkv: fuse });
+        const pre = labels.filter((l) => l.includes('pre-rope')).length;
+        assert.equal(pre, c.qkNorm || !fuse ? 2 : 0, `${name}, ${fuse ? 'fused' : 'three products'}: ${pre} pre-RoPE buffers`);
+        m.setWeights(initialWeights(m.layout, c, new Rng(3), 0.5));
+        const logits = m.forward(Int32Array.from([1, 2, 3, 4, 5, 6]), 2, 3);
+        const dl = be.alloc(6 * c.vocabSize, 'dlogits');
+        be.upload(dl, Float32Array.from({ length: 6 * c.vocabSize }, (_, i) => Math.cos(i)));
+        m.zeroGrad();
+        m.backward(dl);
+        assert.ok((be.download(m.grads!) as Float32Array).every(Number.isFinite), `${name}: finite gradients`);
+        assert.ok(be.download(logits).length === 6 * c.vocabSize);
+      }
+    }
+  } finally { be.dispose(); }
+});
