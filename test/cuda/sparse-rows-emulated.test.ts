@@ -1,12 +1,14 @@
 /**
- * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the GENERATED sample_rows kernel (src/backend/cuda/kernels/sparse-rows.ts:
- * a teacher cache's systematic draws on the device) compiled for the host on the emulator of ./emulator.ts and compared
- * with the CPU backend's float64 rows (src/backend/cpu/kernels/sparse-rows.ts): the same distinct ids in the same
- * order, log-probabilities to float32 rounding, the argmax; for random, peaked and flat rows, a vocabulary that is not
- * a multiple of the block, one smaller than the block (threads without tokens), from 1 to 256 draws, and uniforms at the
- * ends of [0, 1). Likewise top_rows
- * (a top-K cache): the same K ids in the same order (ties: lower id first, also when more tokens tie at the K-th
- * logit than the K can hold), log q, the tail mass and the argmax, at K = the vocabulary too, and at Qwen's vocabulary.
+ * No GPU (needs g++; skips without it; about 20 seconds, so it runs by default, also in CI): the GENERATED sample_rows
+ * kernel (src/backend/cuda/kernels/sparse-rows.ts: a teacher cache's systematic draws on the device) compiled for the
+ * host on the emulator of ./emulator.ts and compared with the CPU backend's float64 rows
+ * (src/backend/cpu/kernels/sparse-rows.ts): the same distinct ids in the same order, log-probabilities to float32
+ * rounding, the argmax; for random, peaked and flat rows, a vocabulary that is not a multiple of the block, one smaller
+ * than the block (threads without tokens), from 1 to 256 draws, uniforms at the ends of [0, 1), rows that are not
+ * 16-byte aligned, a chunk whose float32 mass underflows (every draw still lands) and NaN logits (the row's slots all
+ * −1). Likewise top_rows (a top-K cache): the same K ids in the same order (ties: lower id first, also when more tokens
+ * tie at the K-th logit than the K can hold), log q, the tail mass and the argmax, at K = the vocabulary too, and at
+ * Qwen's vocabulary.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -15,9 +17,10 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { sampleRowsKernel, topRowsKernel } from '../../src/backend/cuda/kernels/sparse-rows.js';
 import { sparseRow } from '../../src/backend/cpu/kernels/sparse-rows.js';
-import { build, cleanUp, skip, workDir } from './emulator.js';
+import { build, cleanUp, gxx, workDir } from './emulator.js';
 import { rng } from './helpers.js';
 
+const skip = gxx() ? false : 'g++ not found';
 const n = 8, V = 700, LD = 704, BLOCK = 128, T = 1.5;
 
 /** The rows a kernel run wrote (files <prefix>ids, lq, tl, am of the work folder). */
