@@ -74,13 +74,22 @@ export function usesRope(c: ModelConfig, l: number): boolean {
 }
 
 /**
+ * Layer l rotates q and k on the fused q/k/v product's columns (`fused`: the layer runs that product): the forward reads
+ * them from its output, the backward writes their gradients into its joined gradient. A fused layer with RoPE and no
+ * q/k norms (with norms, the rotation works on the normed copies).
+ */
+export function ropeOnFusedColumns(c: ModelConfig, l: number, fused: boolean): boolean {
+  return fused && !c.qkNorm && usesRope(c, l);
+}
+
+/**
  * Whether a training model needs the second buffer of its q/k gradient pairs (dq and dk before RoPE): where q/k norms
  * follow the rotation (their backward writes into it), or where a layer's RoPE backward writes into it rather than
- * straight into the fused q/k/v product's joined gradient (layers with three projections). `fused[l]`: layer l runs
- * the fused projection. The model allocates by it and the memory estimate counts by it.
+ * into the fused product's columns (ropeOnFusedColumns). `fused[l]`: layer l runs the fused projection. The model
+ * allocates by it and the memory estimate counts by it.
  */
 export function preRopeScratch(c: ModelConfig, fused: readonly boolean[]): boolean {
-  return c.qkNorm || fused.some((f, l) => usesRope(c, l) && !f);
+  return fused.some((f, l) => c.qkNorm || (usesRope(c, l) && !ropeOnFusedColumns(c, l, f)));
 }
 
 /** The eos ids of a config (none, one, or transformers 5's list). */

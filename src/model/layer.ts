@@ -6,7 +6,7 @@
  * residuals, SwiGLU MLP) is this one function, so the two paths cannot drift apart.
  */
 import type { Backend, Buf, SeqPositions } from '../backend/backend.js';
-import { usesRope, type ModelConfig } from './config.js';
+import { ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
 import type { LayerTensors, TensorInfo } from './params.js';
 import { loraForward, type LoraAdapters, type LoraTarget, type LoraView } from './lora.js';
 
@@ -110,7 +110,7 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   const biasInRope = !qn && usesRope(c, layer);
   const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
   // A fused product whose q and k the rotation reads in place (strided rows of [N, Q + 2·KV]): no split copy for them.
-  const W = Q + 2 * KV, fused = Boolean(w.wqkv && a.qkv), rotateFused = fused && biasInRope;
+  const W = Q + 2 * KV, fused = Boolean(w.wqkv && a.qkv), rotateFused = ropeOnFusedColumns(c, layer, fused);
   if (fused) {
     // One product [N, Q + 2·KV]; v split out with its bias, q and k rotated from its columns below or, where the
     // rotation does not add their biases, split out with them (added as after a product's store): on the CPU the same

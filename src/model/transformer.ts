@@ -19,7 +19,7 @@
  */
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
-import { preRopeScratch, usesRope, type ModelConfig } from './config.js';
+import { preRopeScratch, ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
 import { TensorWeights, adjacentSpan, float32Of, fusesQkv, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
@@ -517,8 +517,8 @@ export class Transformer {
       const qn = this.qknViews(a.qkn, N);
       const lw = this.layerW[l]!, Wd = Q + 2 * KV, wqkv = g.dqkv ? lw.wqkv : null;
       // the fused projection's joined gradient [N, Q + 2·KV]: without q/k norms the rotation writes its q and k columns
-      const d = wqkv ? this.v(g.dqkv!, N * Wd) : null, rotateInto = d !== null && !qn && usesRope(c, l);
-      if (rotateInto) {
+      const d = wqkv ? this.v(g.dqkv!, N * Wd) : null, rotateInto = ropeOnFusedColumns(c, l, d !== null);
+      if (rotateInto && d) {
         be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, 0, false, { out: Wd });
         be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false, { out: Wd });
       } else if (usesRope(c, l)) {
