@@ -39,7 +39,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops'].some((f) => process.argv.includes(f)) ? [] : shapes) {
+for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops'].some((f) => process.argv.some((x) => x.startsWith(f))) ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -53,9 +53,12 @@ for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row
 
 // --attn-shapes: the training attention kernels alone at the job's shapes (forward; backward = D, dQ, dK/dV), timed over
 // repeated launches, with TFLOP/s by the causal count (forward 2·B·H·T²·hd, backward 2.5× that), beside sdpa-times.py.
-if (process.argv.includes('--attn-shapes')) {
-  for (const [name, B, T, nH, nKv, hd] of [['qwen2.5-1.5b teacher', 8, 1024, 12, 2, 128], ['qwen2.5-0.5b student', 8, 1024, 14, 2, 64],
-    ['qwen3 (16/8 heads, hd 128)', 8, 1024, 16, 8, 128]] as Array<[string, number, number, number, number, number]>) {
+// --attn-shapes=<word> times only the shapes whose name holds it (so DISTILLERY_CUDA_PROFILE=1's per-kernel table is one shape's).
+const attnArg = process.argv.find((x) => x === '--attn-shapes' || x.startsWith('--attn-shapes='));
+if (attnArg) {
+  const only = attnArg.includes('=') ? attnArg.slice(attnArg.indexOf('=') + 1) : '';
+  for (const [name, B, T, nH, nKv, hd] of ([['qwen2.5-1.5b teacher', 8, 1024, 12, 2, 128], ['qwen2.5-0.5b student', 8, 1024, 14, 2, 64],
+    ['qwen3 (16/8 heads, hd 128)', 8, 1024, 16, 8, 128]] as Array<[string, number, number, number, number, number]>).filter(([n]) => n.includes(only))) {
     const n = B * T, rnd = (len: number): Float32Array => Float32Array.from({ length: len }, (_, i) => Math.sin(i * 12.9898) * 0.5);
     const q = be.alloc(n * nH * hd, 'q', 'bf16'), k = be.alloc(n * nKv * hd, 'k', 'bf16'), v = be.alloc(n * nKv * hd, 'v', 'bf16');
     be.upload(q, rnd(n * nH * hd)); be.upload(k, rnd(n * nKv * hd)); be.upload(v, rnd(n * nKv * hd));

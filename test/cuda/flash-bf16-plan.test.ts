@@ -82,7 +82,7 @@ test('bf16 tensor-core launches: grids, 128 threads, dynamic shared memory (opt-
         }
         assert.deepEqual(allowed.filter(([f]) => f === fn), w.shmem > SMEM_DEFAULT ? [[fn, w.shmem]] : [], `${fn} hd ${hd}: opt-in exactly above 48 KiB, once`);
       }
-      assert.equal(launches.filter((l) => l.fn === 'attention_bwd_pre').length, 2, 'the D pre-pass runs');
+      assert.equal(launches.filter((l) => l.fn === 'attention_bwd_pre').length, 0, 'no D pre-pass: the dQ kernel computes D');
       assert.equal(launches.filter((l) => l.fn === 'attention_dkv_reduce').length, split ? 2 : 0, 'the split reduce runs exactly when split');
       for (const f of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) assert.ok(!launches.some((l) => l.fn === f), `no SIMT ${f}`);
     } finally { be.dispose(); }

@@ -64,7 +64,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
     [&] { ${fwd.spec.entry}(out.data(), lse.data(), q.data(), k.data(), v.data(), T, nH, nKv); });
   writef(d, "out.bin", out); writef(d, "lse.bin", lse); (void)S; }`), args);
   const out = rd('out.bin', odt), lse = rd('lse.bin', 'f32');
-  const dsum = new Float32Array(B * nH * T); // attention_bwd_pre: D from the stored out
+  const dsum = new Float32Array(B * nH * T); // D from the stored out (attention_bwd_pre's; the tensor-core dQ kernel writes its own)
   for (let b = 0; b < B; b++) {
     for (let t = 0; t < T; t++) {
       for (let h = 0; h < nH; h++) {
@@ -75,15 +75,22 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
       }
     }
   }
-  wr('dsum.bin', dsum, 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
+  // the SIMT kernels read D from the pre-pass (here: float64 rounded once); the tensor-core dQ kernel computes and writes
+  // it itself, from a scratch left full of garbage here, and the dK/dV kernel then reads what it wrote
+  wr('dsum.bin', simt ? dsum : new Float32Array(B * nH * T).fill(12345), 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
+  wr('out.bin', out, odt);
   const dqk: Launch = simt
     ? { spec: attentionBackward.make({ headDim: hd, block: 128, dq: odt, dout: 'bf16', ...b16 }), x: tile('dq').tq, smem: tile('dq').smem, threads: 128 }
-    : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
+    : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, out: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
   execFileSync(build(dqk.spec, `${head} ${loadAll}
-  auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD);
+  auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD); auto out = readf<${ct(odt)}>(d, "out.bin", (size_t)B*T*nH*HD);
   launch({(unsigned)((T + ${dqk.x} - 1) / ${dqk.x}), (unsigned)nH, (unsigned)B}, ${dqk.threads}, ${dqk.smem},
-    [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), q.data(), k.data(), v.data(), T, nH, nKv); });
-  writef(d, "dq.out", dq); (void)S; }`), args);
+    [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), ${simt ? '' : 'out.data(), '}q.data(), k.data(), v.data(), T, nH, nKv); });
+  writef(d, "dq.out", dq); writef(d, "dsum.bin", dsum); (void)S; }`), args);
+  // D as the dK/dV kernel will read it (the tensor-core dQ kernel's), against the float64 sum of the same bf16 products
+  let dsumErr = 0;
+  const dsumGot = rd('dsum.bin', 'f32');
+  for (let i = 0; i < dsum.length; i++) dsumErr = Math.max(dsumErr, Math.abs(dsumGot[i]! - dsum[i]!) / Math.max(1, Math.abs(dsum[i]!)));
   const dkv: Launch = simt
     ? { spec: attentionBackwardKv.make({ headDim: hd, block: 128, dk: odt, dv: odt, dout: 'bf16', ...b16 }), x: 32, smem: tile('dkv').smem, threads: 128 }
     : { spec: attentionBackwardDkvBf16.make({ headDim: hd, dk: odt, dv: odt, accumulate: acc }), x: FA_KEY_TILE, smem: faSmem('dkv', hd), threads: FA_THREADS };
@@ -110,7 +117,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   let lseErr = 0;
   for (let i = 0; i < lR.length; i++) lseErr = Math.max(lseErr, Math.abs(lse[i]! - lR[i]!));
   const own = (a: Float64Array, g0: ArrayLike<number>): Float64Array => (acc ? minus(a, Float64Array.from(g0)) : a);
-  return { out: maxRel(out, oR), lse: lseErr, dq: frob(own(dq, g0q), dqR), dk: frob(own(dk, g0k), dkR), dv: frob(own(dv, g0v), dvR) };
+  return { out: maxRel(out, oR), lse: lseErr, dsum: dsumErr, dq: frob(own(dq, g0q), dqR), dk: frob(own(dk, g0k), dkR), dv: frob(own(dv, g0v), dvR) };
 }
 
 const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?]> = [
@@ -125,6 +132,7 @@ for (const c of cases) {
     const e = emulate(...c);
     process.stderr.write(`[flash-emulated] ${name}: ${Object.entries(e).map(([k, v]) => `${k} ${v.toExponential(2)}`).join(' ')}\n`);
     assert.ok(e.out! <= 1e-2 && e.lse! <= 1e-3, `forward: out ${e.out}, lse ${e.lse}`);
+    assert.ok(e.dsum! <= 1e-5, `D = rowsum(dout ∘ out) as the dK/dV kernel reads it: ${e.dsum}`);
     for (const k of ['dq', 'dk', 'dv']) assert.ok(e[k]! <= 2e-2, `${k}: ${e[k]}`);
   });
 }

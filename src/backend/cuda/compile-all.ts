@@ -99,7 +99,7 @@ export function representativeSpecs(): KernelSpec[] {
     for (const dt of ['f32', 'bf16']) {
       mk('attention_fwd_bf16', { headDim, out: dt });
       for (const accumulate of [true, false]) {
-        mk('attention_bwd_dq_bf16', { headDim, dq: dt, accumulate });
+        mk('attention_bwd_dq_bf16', { headDim, dq: dt, out: dt, accumulate });
         mk('attention_bwd_dkv_bf16', { headDim, dk: dt, dv: dt, accumulate });
       }
     }

@@ -1016,7 +1016,7 @@ export class CudaBackend implements Backend {
     if (b * t <= 0) return;
     // bf16 q, k, v and dout: the tensor-core dQ and dK/dV kernels; else the SIMT ones (any operand dtypes).
     const mma = this.bf16Mma(hd, q, k, v, dout);
-    if (mma) this.aligned16('attentionBackward', q, k, v, dout);
+    if (mma) this.aligned16('attentionBackward', q, k, v, dout, out);
     const tq = mma ? null : this.tile('dq', hd), tkv = mma ? null : this.tile('dkv', hd);
     // Overwriting: the tensor-core kernels and the reduction store instead of adding (each element has one writer);
     // the SIMT kernels always add, so their outputs are zeroed first.
@@ -1041,10 +1041,10 @@ export class CudaBackend implements Backend {
     const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
     const S = splits && dkvFit >= 1 ? G : 1;
     if (S > 1) bPer = Math.min(bPer, dkvFit);
-    const fpre = attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
+    const fpre = mma ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
     const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype, accumulate: !store });
     const [fq, qGrid, qBlock, qSmem] = mma
-      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
+      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, out: out.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
       : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
         Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
     const [fkv, kvGrid, kvBlock, kvSmem] = mma
@@ -1057,16 +1057,21 @@ export class CudaBackend implements Backend {
       const bc = Math.min(bPer, b - b0);
       const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
       const rows = bc * t * nHeads;
-      this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-        [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
+      // D: the tensor-core dQ kernel computes it for its rows (and writes it for dK/dV); the SIMT path has a pass of its own
+      if (!mma) {
+        this.launch(fpre!, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+          [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
+      }
       this.launch(fq, [qGrid, nHeads, bc], qBlock,
-        [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)],
+        mma ? [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(out, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)]
+          : [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)],
         qSmem);
       this.launch(fkv, [kvGrid, nKv * S, bc], kvBlock,
         [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)),
           P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], kvSmem);
       if (S > 1) {
-        this.launch(fred, [blocksFor(bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+        // (four head dims a thread where hd is a multiple of 4: attention_dkv_reduce)
+        this.launch(fred, [blocksFor(hd % 4 === 0 ? bc * kn / 4 : bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);
       }
     }

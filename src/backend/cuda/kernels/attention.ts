@@ -35,16 +35,17 @@
  *   bytes: 18 KiB at hd 64, 34 KiB at hd 128); S = Q·Kᵀ, online softmax in the log2
  *   domain on the fragments (quad shuffles), P → bf16 A fragments, O += P·V; causal: tiles above the diagonal skipped,
  *   only the diagonal tile masked. out f32 or bf16, lse f32 (natural log).
- * - attention_bwd_pre (the SIMT pre-pass, bf16 dout/out) → D; attention_bwd_dq_bf16: grid (ceil(T/64), nH, B); Q and
- *   dout fragments in registers, key tiles of 64 (32 at hd > 64: registers) of K and V; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
+ * - attention_bwd_dq_bf16: grid (ceil(T/64), nH, B); D = rowsum(dout ∘ out) of its 64 rows first (written to the D
+ *   scratch for the dK/dV kernel: no separate pre-pass on this path); Q and dout fragments in registers, key tiles of 64 (32 at hd > 64: registers) of K and V; S, dP = dO·Vᵀ, P = exp2(S·scale·log2e − lse·log2e), dS = P∘(dP − D), dQ += dS·K; dq += scale·dQ.
  * - attention_bwd_dkv_bf16: grid (ceil(T/64), nKv·S, B); the block's 64 keys (K, V row-major in shared memory, A
  *   fragments re-read per k-step) walk the query tiles (64 rows, 32 at hd > 64; Q, dout, lse and D) from the diagonal down, for each query head of its GQA split in order: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO,
  *   dK += dSᵀ·Q; S = 1 adds into dk/dv (f32 or bf16), S > 1 writes f32 partials for attention_dkv_reduce (same
  *   split rule and fixed-order sum as the SIMT path: deterministic, atomic-free).
- * ptxas (nvcc 13, sm_90): forward 186 / 246 registers (hd 64 / 128), dQ 136 / 220, dK/dV 192 / 234; no spills.
- * Shared memory: faSmem() (forward and dQ 18432 / 34816 bytes, dK/dV 37376 / 52480: opted in above 48 KiB).
- * Not yet done (bench first): cp.async double buffering, ldmatrix for the A/B fragments read with 32-bit loads,
- * skipping fully masked atoms on the diagonal tile, 8-warp blocks.
+ * ptxas (local nvcc 13.0, sm_90, session 19): forward 128 (bounded to 4 blocks per SM, an 8-byte spill) / 213 registers
+ * (hd 64 / 128), dQ 146 / 168 (bounded to 3 blocks, 212 bytes spilled), dK/dV 211 / 255 (56 bytes spilled); NVRTC may differ.
+ * Shared memory: faSmem(). Tried and measured slower (docs/measurements, session 18): skipping the diagonal tile's fully
+ * masked atoms, two m-atoms per warp. Not yet done: one fused backward computing S and dP once (FlashAttention-2's five
+ * products against these kernels' seven), 8-warp blocks, wgmma/TMA.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
@@ -790,12 +791,18 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
  * by two xor-shuffles), P packed to bf16 A fragments in registers, O += P·V. Tiles above the diagonal are never
  * visited; only the diagonal tile is masked.
  */
+/**
+ * Blocks per SM the forward is compiled for (__launch_bounds__), or 0 to leave registers to ptxas: 4 at hd 64, where
+ * ptxas (CUDA 13, sm_90) fits it in 128 registers with an 8-byte spill (134 unbounded: 3 blocks per SM).
+ */
+function fwdMinBlocks(hd: number): number { return hd === 64 ? 4 : 0; }
+
 export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
   name: 'attention_fwd_bf16', schema: { ...faSchema, out: DTYPE_DOMAIN }, example: { headDim: 64, out: 'bf16' },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_FWD_KT}
-extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
+extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${fwdMinBlocks(p.headDim)}) ` : ''}attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
                                                                    const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   /* two buffers of a K tile and a V tile ([BK][STR] each): tile j + 1 loads (cp.async) while tile j is used; the Q
@@ -923,7 +930,8 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
 
 /**
  * bf16 tensor-core dQ (q, k, v, dout bf16; dq f32 or bf16, accumulated: read, add, store). Grid (ceil(T / 64), nH, B),
- * block 128, dynamic shared memory faSmem('dq'); D = rowsum(dout ∘ out) comes from attention_bwd_pre. A warp owns 16
+ * block 128, dynamic shared memory faSmem('dq'); it computes D = rowsum(dout ∘ out) of its rows itself (out f32 or
+ * bf16) and writes it to dsum for attention_bwd_dkv_bf16, which runs after it (no attention_bwd_pre pass). A warp owns 16
  * query rows (Q and dout as A fragments in registers, dQ as accumulators); per key tile (64 keys, 32 at hd > 64: K
  * and V row-major): S = Q·Kᵀ, dP = dO·Vᵀ, P = exp(S·scale − lse), dS = P ∘ (dP − D) packed to
  * bf16 A fragments, dQ += dS·K; dq += scale·dQ at the end (baked `accumulate` false: dq = scale·dQ, the old value never
@@ -936,13 +944,15 @@ extern "C" __global__ void attention_fwd_bf16(${ctype(p.out)}* out, float* lse, 
  */
 function dqMinBlocks(hd: number): number { return hd === 128 ? 3 : 0; }
 
-export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt; accumulate: boolean }>({
-  name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN, accumulate: { kind: 'bool' } }, example: { headDim: 64, dq: 'bf16', accumulate: true },
+export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt; out: Dt; accumulate: boolean }>({
+  name: 'attention_bwd_dq_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN, out: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { headDim: 64, dq: 'bf16', out: 'bf16', accumulate: true },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
-extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dqMinBlocks(p.headDim)}) ` : ''}attention_bwd_dq_bf16(${ctype(p.dq)}* dq, const float* dsum, const float* lse,
-    const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dqMinBlocks(p.headDim)}) ` : ''}attention_bwd_dq_bf16(${ctype(p.dq)}* dq, float* dsum, const float* lse,
+    const bf16* dout, const ${ctype(p.out)}* out, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+  __shared__ float Dsh[BQ]; /* D of the tile's rows */
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* buf = (bf16*)smraw;  /* two buffers of a K and a V tile ([KT][STR] each), loaded with cp.async one tile ahead */
   bf16* Qst = (bf16*)smraw;  /* staging before the key loop: Q [BQ][STR], then dout [BQ][STR] */
@@ -960,6 +970,32 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
   stageRows(Qst, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   stageRows(Dst, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   __syncthreads();
+  {
+    /* D = rowsum(dout ∘ out) of the tile's rows (the backward's first stage, here instead of a separate pass): a thread
+       pair per row, each summing half its head dims in order (dout from the staged tile, out from global memory, 16
+       bytes a load), then the pair's two halves; written to dsum for the dK/dV kernel, which runs after this one */
+    const int r = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * (HD / 2);
+    float sd = 0.0f;
+    if (i0 + r < T) {
+      const ${ctype(p.out)}* orow = out + ((long long)b * T + i0 + r) * qs + (long long)h * HD + c0;
+      const bf16* drow = Dst + r * STR + c0;
+#pragma unroll
+      for (int c = 0; c < HD / 2; c += 8) {
+        const uint4 d8 = *(const uint4*)(drow + c);
+        const bf16* dh = (const bf16*)&d8;
+        ${p.out === 'bf16' ? `const uint4 o8 = *(const uint4*)(orow + c);
+        const bf16* oh = (const bf16*)&o8;` : `const float4 oa = *(const float4*)(orow + c), ob = *(const float4*)(orow + c + 4);
+        const float oh[8] = { oa.x, oa.y, oa.z, oa.w, ob.x, ob.y, ob.z, ob.w };`}
+#pragma unroll
+        for (int e = 0; e < 8; e++) sd = fmaf(ldf(dh, e), ${p.out === 'bf16' ? 'ldf(oh, e)' : 'oh[e]'}, sd);
+      }
+    }
+    sd += __shfl_xor_sync(FULL, sd, 1);
+    if ((threadIdx.x & 1) == 0) {
+      Dsh[r] = sd;
+      if (i0 + r < T) dsum[((long long)b * nH + h) * T + i0 + r] = sd;
+    }
+  }
   const int rw = warp * 16;
   const unsigned sbuf = smem32(buf);
   unsigned qa[KS][4], da[KS][4];
@@ -972,9 +1008,8 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
   const int nTiles = (iEnd + KT - 1) / KT;
   const int iA = i0 + rw + g, iB = iA + 8;
   const float* lb = lse + ((long long)b * nH + h) * T;
-  const float* db = dsum + ((long long)b * nH + h) * T;
   const float lA = iA < T ? lb[iA] * LOG2E : 0.0f, lB = iB < T ? lb[iB] * LOG2E : 0.0f;
-  const float dA = iA < T ? db[iA] : 0.0f, dB = iB < T ? db[iB] : 0.0f;
+  const float dA = Dsh[rw + g], dB = Dsh[rw + g + 8]; /* 0 past T */
   float acc[NO][4];
 #pragma unroll
   for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
@@ -1076,10 +1111,16 @@ extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.
   /* two buffers of a query tile: Q [QT][STR], dout [QT][STR]; then two of lse [QT] and D [QT] (cp.async one tile ahead) */
   bf16* qbuf = Vs + BKV * STR;
   float* lbuf = (float*)(qbuf + 4 * QT * STR);
-  /* blockIdx.y = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
-  const int G = nH / nKv, S = gridDim.y / nKv, kvh = blockIdx.y / S, s = blockIdx.y - kvh * S, b = blockIdx.z;
+  /* heaviest first: the grid (key tiles, kv heads·S, batches) is walked so that the first key tile of every (kv head
+     split, batch) pair, which sees every query tile under the causal mask, starts first and the last key tiles (one
+     query tile each) come last, so no long block is the tail (as the forward and dQ kernels) */
+  const int yz = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int bx = lin / yz, by = (lin % yz) % gridDim.y, b = (lin % yz) / gridDim.y;
+  /* by = kvh·S + s: split s of S walks query heads [g0, g1) of the kv head's group */
+  const int G = nH / nKv, S = gridDim.y / nKv, kvh = by / S, s = by - kvh * S;
   const int g0 = s * G / S, g1 = (s + 1) * G / S;
-  const int j0 = blockIdx.x * BKV;
+  const int j0 = bx * BKV;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
   stageRows(Ks, k + ((long long)b * T * nKv + kvh) * HD, ks, j0, BKV, T);
@@ -1207,6 +1248,8 @@ type BlockP = { block: number };
 /**
  * Grid-stride over n = B·T·nKv·hd elements of dk/dv ([b][j][kvh][d]): dk += Σ_{s<S} part_dk[b][kvh][s][j][d],
  * dv likewise (part_dv follows part_dk), s in order: the fixed-order second stage of attention_bwd_dkv with S > 1.
+ * With hd a multiple of 4 (a runtime branch, uniform over the grid), a thread takes four consecutive head dims with
+ * 16-byte loads (the partials scratch is 16-byte aligned); each element's sum is the same either way.
  * Baked `accumulate` false: dk = Σ ..., dv = Σ ... (overwritten, the old values never read).
  */
 export const attentionDkvReduce = defineFamily<BlockP & { dk: Dt; dv: Dt; accumulate: boolean }>({
@@ -1217,6 +1260,35 @@ ${dtypeHelpers()}
 extern "C" __global__ void attention_dkv_reduce(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, const float* part, long long n, int T, int nKv,
                                                 int S, int hd) {
   const long long half = n * S;
+  if ((hd & 3) == 0) {
+    /* four head dims a thread (16-byte loads of each split's partials; hd, and so every row, a multiple of 4), each
+       summed over s in the same order as one at a time: the same values */
+    const int hd4 = hd >> 2;
+    const long long st4 = (long long)T * hd4;
+    const float4* p4 = (const float4*)part;
+    const float4* q4 = (const float4*)(part + half);
+    for (long long i4 = (long long)blockIdx.x * BLOCK + threadIdx.x; i4 < (n >> 2); i4 += (long long)gridDim.x * BLOCK) {
+      const int d4 = (int)(i4 % hd4);
+      long long r = i4 / hd4;
+      const int kvh = (int)(r % nKv);
+      r /= nKv;
+      const int j = (int)(r % T);
+      const long long b = r / T;
+      const long long base = (((b * nKv + kvh) * S) * T + j) * hd4 + d4;
+      float4 sk = make_float4(0.0f, 0.0f, 0.0f, 0.0f), sv = sk;
+      for (int s = 0; s < S; s++) {
+        const float4 x = p4[base + s * st4], y = q4[base + s * st4];
+        sk.x += x.x; sk.y += x.y; sk.z += x.z; sk.w += x.w;
+        sv.x += y.x; sv.y += y.y; sv.z += y.z; sv.w += y.w;
+      }
+      const long long i = 4 * i4;
+      stf(dk, i, ${p.accumulate ? 'ldf(dk, i) + ' : ''}sk.x); stf(dk, i + 1, ${p.accumulate ? 'ldf(dk, i + 1) + ' : ''}sk.y);
+      stf(dk, i + 2, ${p.accumulate ? 'ldf(dk, i + 2) + ' : ''}sk.z); stf(dk, i + 3, ${p.accumulate ? 'ldf(dk, i + 3) + ' : ''}sk.w);
+      stf(dv, i, ${p.accumulate ? 'ldf(dv, i) + ' : ''}sv.x); stf(dv, i + 1, ${p.accumulate ? 'ldf(dv, i + 1) + ' : ''}sv.y);
+      stf(dv, i + 2, ${p.accumulate ? 'ldf(dv, i + 2) + ' : ''}sv.z); stf(dv, i + 3, ${p.accumulate ? 'ldf(dv, i + 3) + ' : ''}sv.w);
+    }
+    return;
+  }
   for (long long i = (long long)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK) {
     int d = (int)(i % hd);
     long long r = i / hd;
