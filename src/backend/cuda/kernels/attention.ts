@@ -42,7 +42,8 @@
  *   dK += dSᵀ·Q; S = 1 adds into dk/dv (f32 or bf16), S > 1 writes f32 partials for attention_dkv_reduce (same
  *   split rule and fixed-order sum as the SIMT path: deterministic, atomic-free).
  * ptxas (local nvcc 13.0, sm_90, session 19): forward 128 (bounded to 4 blocks per SM, an 8-byte spill) / 213 registers
- * (hd 64 / 128), dQ 146 / 168 (bounded to 3 blocks, 212 bytes spilled), dK/dV 211 / 255 (56 bytes spilled); NVRTC may differ.
+ * (hd 64 / 128), dQ 146 / 168 (bounded to 3 blocks, 212 bytes spilled), dK/dV 168 (bounded to 3 blocks, ~100 bytes spilled)
+ * / 255 (56 bytes spilled); NVRTC may differ.
  * Shared memory: faSmem(). Tried and measured slower (docs/measurements, session 18): skipping the diagonal tile's fully
  * masked atoms, two m-atoms per warp. Not yet done: one fused backward computing S and dP once (FlashAttention-2's five
  * products against these kernels' seven), 8-warp blocks, wgmma/TMA.
@@ -1097,13 +1098,21 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
  * dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO, dK += dSᵀ·Q (Q and dout staged row-major). S = 1 adds (baked `accumulate` false: stores) scale·dK and
  * dV into dk/dv; S > 1 writes per-split f32 partials that attention_dkv_reduce sums in split order (as attention_bwd_dkv).
  */
+/**
+ * Blocks per SM the dK/dV kernel is compiled for (__launch_bounds__), or 0 to leave registers to ptxas: 3 at hd 64
+ * (168 registers against 211 unbounded, which fits 2 blocks; local ptxas spills ~100 bytes, in L1): on an H100 the
+ * student's dK/dV (14/2 heads, 8 x 1024) takes 190 us against 212 (session 19, docs/measurements; query tiles
+ * of 32 instead, 162 registers and no spill, took 200). At hd 128 a bound of 3 spills more and cost 30% (session 18).
+ */
+function dkvMinBlocks(hd: number): number { return hd === 64 ? 3 : 0; }
+
 export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt; accumulate: boolean }>({
   name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
   example: { headDim: 64, dk: 'bf16', dv: 'bf16', accumulate: true },
   generate: (p) => `${faPrelude(p.headDim)}
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
-extern "C" __global__ void attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
+extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dkvMinBlocks(p.headDim)}) ` : ''}attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
     const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
