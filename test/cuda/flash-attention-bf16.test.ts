@@ -23,7 +23,7 @@ import type { Backend, Buf, DType } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention.js';
+import { bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import { randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';

@@ -13,9 +13,8 @@ import assert from 'node:assert/strict';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
-import {
-  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, SMEM_DEFAULT, SMEM_OPT_IN, bf16MmaHeadDim, faSmem,
-} from '../../src/backend/cuda/kernels/attention.js';
+import { SMEM_DEFAULT, SMEM_OPT_IN } from '../../src/backend/cuda/kernels/attention.js';
+import { FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, bf16MmaHeadDim, faSmem } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import { FakeCompiler, QWEN_LIKE, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 const MMA_FAMILIES = ['attention_fwd_bf16', 'attention_bwd_dq_bf16', 'attention_bwd_dkv_bf16'];

@@ -16,10 +16,10 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
+import { attentionBackward, attentionBackwardKv, attentionForward, attnTile } from '../../src/backend/cuda/kernels/attention.js';
 import {
-  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv,
-  attentionForward, attentionForwardBf16, attnTile, faSmem,
-} from '../../src/backend/cuda/kernels/attention.js';
+  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, faSmem,
+} from '../../src/backend/cuda/kernels/attention-bf16.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 import { randBf16, rng } from './helpers.js';

@@ -10,9 +10,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  ATTN_KEY_TILE, MMA_KEY_TILE, MMA_QUERY_TILE, SMEM_DEFAULT, attentionBackward, mmaForwardSmem, attentionBackwardKv, attentionBackwardPre, attentionForward, attnTile,
-  attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim,
+  ATTN_KEY_TILE, SMEM_DEFAULT, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionForward, attnTile,
 } from '../../src/backend/cuda/kernels/attention.js';
+import { attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention-bf16.js';
+import { MMA_KEY_TILE, MMA_QUERY_TILE, mmaForwardSmem } from '../../src/backend/cuda/kernels/attention-tf32.js';
 import type { KernelFamily, ParamRecord } from '../../src/backend/cuda/kernels/spec.js';
 import { ATTN_BLOCK, CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';

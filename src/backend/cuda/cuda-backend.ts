@@ -56,11 +56,13 @@ import {
 import { ropeKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
 import {
-  ATTN_KEY_TILE, FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, MAX_TRAIN_HEAD_DIM, MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, SMEM_DEFAULT,
-  attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv, attentionBackwardPre, attentionCached,
-  attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, attnTile, bf16MmaHeadDim, faSmem, kvCacheWrite,
-  mmaForwardSmem,
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, SMEM_DEFAULT, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached,
+  attentionDkvReduce, attentionForward, attnTile, kvCacheWrite,
 } from './kernels/attention.js';
+import {
+  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim, faSmem,
+} from './kernels/attention-bf16.js';
+import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, copyColumnsKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,

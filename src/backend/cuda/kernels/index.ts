@@ -6,9 +6,10 @@ import {
   ropeYarnForward,
 } from './rope.js';
 import {
-  attentionBackward, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionBackwardKv, attentionBackwardPre, attentionCached,
-  attentionDkvReduce, attentionForward, attentionForwardBf16, attentionForwardMma, kvCacheWrite,
+  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
 } from './attention.js';
+import { attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16 } from './attention-bf16.js';
+import { attentionForwardMma } from './attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, copyColumnsKernel, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
   sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
@@ -23,6 +24,8 @@ export * from './spec.js';
 export * from './norm.js';
 export * from './rope.js';
 export * from './attention.js';
+export * from './attention-bf16.js';
+export * from './attention-tf32.js';
 export * from './elementwise.js';
 export * from './loss.js';
 export * from './sparse-loss.js';
