@@ -18,7 +18,8 @@ import { join } from 'node:path';
 import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import { attentionBackward, attentionBackwardKv, attentionForward, attnTile } from '../../src/backend/cuda/kernels/attention.js';
 import {
-  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, faSmem,
+  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16, attentionBackwardDqDsBf16,
+  attentionForwardBf16, dqDsSmem, dsScratchElems, faSmem,
 } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
@@ -46,7 +47,8 @@ interface Launch { spec: KernelSpec; x: number; smem: number; threads: number }
  * start from random values: accumulated onto (acc, the SIMT kernels always), or overwritten (the tensor-core kernels
  * with accumulate false: the starting values must not show).
  */
-function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, hd: number, odt: Dt, S: number, acc = true): Record<string, number> {
+function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, hd: number, odt: Dt, S: number, acc = true,
+  storedDs = false): Record<string, number> {
   const r = rng(B * 7919 + T * 101 + nH * 13 + hd);
   const qn = B * T * nH * hd, kn = B * T * nKv * hd;
   const q = randBf16(r, qn, 3), k = randBf16(r, kn, 1), v = randBf16(r, kn, 1), dout = randBf16(r, qn, 1);
@@ -77,8 +79,12 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   }
   // the SIMT kernels read D from the pre-pass (here: float64 rounded once); the tensor-core dQ kernel computes and writes
   // it itself, from a scratch left full of garbage here, and the dK/dV kernel then reads what it wrote
-  wr('dsum.bin', simt ? dsum : new Float32Array(B * nH * T).fill(12345), 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
+  // (the experimental stored-dS pair (storedDs) reads D from the pre-pass too: its dQ kernel runs after dK/dV)
+  const stored = storedDs && !simt;
+  wr('dsum.bin', simt || stored ? dsum : new Float32Array(B * nH * T).fill(12345), 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
   wr('out.bin', out, odt);
+  let dsumErr = 0;
+  if (!stored) {
   const dqk: Launch = simt
     ? { spec: attentionBackward.make({ headDim: hd, block: 128, dq: odt, dout: 'bf16', ...b16 }), x: tile('dq').tq, smem: tile('dq').smem, threads: 128 }
     : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, out: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
@@ -88,19 +94,30 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
     [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), ${simt ? '' : 'out.data(), '}q.data(), k.data(), v.data(), T, nH, nKv); });
   writef(d, "dq.out", dq); writef(d, "dsum.bin", dsum); (void)S; }`), args);
   // D as the dK/dV kernel will read it (the tensor-core dQ kernel's), against the float64 sum of the same bf16 products
-  let dsumErr = 0;
   const dsumGot = rd('dsum.bin', 'f32');
   for (let i = 0; i < dsum.length; i++) dsumErr = Math.max(dsumErr, Math.abs(dsumGot[i]! - dsum[i]!) / Math.max(1, Math.abs(dsum[i]!)));
+  }
   const dkv: Launch = simt
     ? { spec: attentionBackwardKv.make({ headDim: hd, block: 128, dk: odt, dv: odt, dout: 'bf16', ...b16 }), x: 32, smem: tile('dkv').smem, threads: 128 }
-    : { spec: attentionBackwardDkvBf16.make({ headDim: hd, dk: odt, dv: odt, accumulate: acc }), x: FA_KEY_TILE, smem: faSmem('dkv', hd), threads: FA_THREADS };
+    : { spec: (stored ? attentionBackwardDkvDsBf16 : attentionBackwardDkvBf16).make({ headDim: hd, dk: odt, dv: odt, accumulate: acc }), x: FA_KEY_TILE, smem: faSmem('dkv', hd), threads: FA_THREADS };
+  // the dS scratch starts as bf16 NaNs: a tile the dK/dV kernel leaves unwritten must not reach a valid dq row
+  const dsN = dsScratchElems(B, nH, T);
   execFileSync(build(dkv.spec, `${head} ${loadAll}
   auto dk = readf<${ct(odt)}>(d, "dk.bin", (size_t)B*T*nKv*HD); auto dv = readf<${ct(odt)}>(d, "dv.bin", (size_t)B*T*nKv*HD);
   std::vector<float> part(S > 1 ? (size_t)2*B*nKv*S*T*HD : 1, 12345.0f);
+  ${stored ? `std::vector<bf16> ds((size_t)${dsN}, (bf16)0x7fc0);` : ''}
   launch({(unsigned)((T + ${dkv.x} - 1) / ${dkv.x}), (unsigned)(nKv * S), (unsigned)B}, ${dkv.threads}, ${dkv.smem},
-    [&] { ${dkv.spec.entry}(dk.data(), dv.data(), S > 1 ? part.data() : nullptr, dsum.data(), lse.data(), dout.data(), q.data(), k.data(),
+    [&] { ${dkv.spec.entry}(dk.data(), dv.data(), S > 1 ? part.data() : nullptr, ${stored ? 'ds.data(), ' : ''}dsum.data(), lse.data(), dout.data(), q.data(), k.data(),
                             v.data(), T, nH, nKv); });
-  writef(d, "dk.out", dk); writef(d, "dv.out", dv); writef(d, "part.out", part); }`), args);
+  writef(d, "dk.out", dk); writef(d, "dv.out", dv); writef(d, "part.out", part); ${stored ? 'writef(d, "ds.bin", ds);' : ''} }`), args);
+  if (stored) {
+    const dqs = attentionBackwardDqDsBf16.make({ headDim: hd, dq: odt, accumulate: acc });
+    execFileSync(build(dqs, `${head} ${loadAll}
+  auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD); auto ds = readf<bf16>(d, "ds.bin", (size_t)${dsN});
+  launch({(unsigned)((T + ${FA_QUERY_TILE} - 1) / ${FA_QUERY_TILE}), (unsigned)nH, (unsigned)B}, ${FA_THREADS}, ${dqDsSmem(hd)},
+    [&] { ${dqs.entry}(dq.data(), ds.data(), k.data(), T, nH, nKv); });
+  writef(d, "dq.out", dq); (void)S; (void)dsum; (void)lse; (void)q; (void)v; (void)dout; }`), args);
+  }
   const dq = Float64Array.from(rd('dq.out', odt)), dk = Float64Array.from(rd('dk.out', odt)), dv = Float64Array.from(rd('dv.out', odt));
   if (S > 1) { // attention_dkv_reduce: dk += Σ_s part_dk[b][kvh][s][j][d] in split order (into float64 here); overwriting, dk = Σ
     const part = rd('part.out', 'f32'), half = kn * S;
@@ -120,14 +137,17 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   return { out: maxRel(out, oR), lse: lseErr, dsum: dsumErr, dq: frob(own(dq, g0q), dqR), dk: frob(own(dk, g0k), dkR), dv: frob(own(dv, g0v), dvR) };
 }
 
-const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?]> = [
+const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?, boolean?]> = [
   // simt, B, T, nH, nKv, hd, output/gradient dtype, GQA split S, accumulate (default true; false: overwritten)
   [false, 1, 130, 7, 1, 64, 'bf16', 7], [false, 2, 65, 2, 1, 128, 'f32', 1], [false, 1, 15, 4, 2, 128, 'bf16', 2], [false, 1, 1, 2, 2, 64, 'bf16', 1],
   [false, 1, 70, 2, 1, 16, 'bf16', 1], [false, 1, 100, 2, 1, 96, 'f32', 1], [true, 1, 40, 2, 1, 40, 'bf16', 1], [true, 2, 33, 7, 1, 40, 'bf16', 7],
   [false, 1, 130, 7, 1, 64, 'bf16', 7, false], [false, 2, 65, 2, 1, 128, 'f32', 1, false],
+  // the experimental stored-dS pair (attention_bwd_dkv_ds_bf16 then attention_bwd_dq_ds_bf16): T past a multiple of 64,
+  // hd 128's 32-row query tiles (a dS tile written in halves), GQA split, overwriting and accumulating
+  [false, 1, 130, 7, 1, 64, 'bf16', 7, true, true], [false, 2, 100, 2, 1, 128, 'f32', 1, false, true], [false, 1, 65, 4, 2, 32, 'bf16', 2, true, true],
 ];
 for (const c of cases) {
-  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}${c[8] === false ? ' overwriting' : ''}`;
+  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}${c[8] === false ? ' overwriting' : ''}${c[9] ? ', stored dS' : ''}`;
   test(`emulated CUDA: ${name}`, { skip, timeout: 600_000 }, () => {
     const e = emulate(...c);
     process.stderr.write(`[flash-emulated] ${name}: ${Object.entries(e).map(([k, v]) => `${k} ${v.toExponential(2)}`).join(' ')}\n`);

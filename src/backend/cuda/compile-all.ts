@@ -104,6 +104,13 @@ export function representativeSpecs(): KernelSpec[] {
       }
     }
   }
+  // the experimental stored-dS backward pair (attention-bf16.ts), at the head dims users run
+  for (const headDim of [64, 128]) {
+    for (const dt of ['f32', 'bf16']) {
+      mk('attention_bwd_dkv_ds_bf16', { headDim, dk: dt, dv: dt, accumulate: false });
+      mk('attention_bwd_dq_ds_bf16', { headDim, dq: dt, accumulate: false });
+    }
+  }
   for (const dt of ['f32', 'bf16']) {
     for (const accumulate of [true, false]) mk('attention_dkv_reduce', { block: 256, dk: dt, dv: dt, accumulate });
     mk('kv_cache_write', { block: 256, cache: dt, src: dt, seqPos: false });

@@ -21,8 +21,10 @@
  * (hd 64 / 128), dQ 146 / 168 (bounded to 3 blocks, 212 bytes spilled), dK/dV 168 (bounded to 3 blocks, ~100 bytes spilled)
  * / 255 (56 bytes spilled); NVRTC may differ.
  * Shared memory: faSmem(). Tried and measured slower (docs/measurements, session 18): skipping the diagonal tile's fully
- * masked atoms, two m-atoms per warp. Not yet done: one fused backward computing S and dP once (FlashAttention-2's five
- * products against these kernels' seven), 8-warp blocks, wgmma/TMA.
+ * masked atoms, two m-atoms per warp. Not yet done: 8-warp blocks, wgmma/TMA.
+ * EXPERIMENTAL, not launched by the backend yet (emulated only, session 19): attention_bwd_dkv_ds_bf16 and
+ * attention_bwd_dq_ds_bf16, a deterministic backward that computes S and dP once per (query tile, key tile) pair
+ * (FlashAttention-2's five products against the default's seven) by storing dSᵀ tiles for the dQ product.
  */
 import { DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32 } from './spec.js';
 
@@ -495,14 +497,20 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
  */
 function dkvMinBlocks(hd: number): number { return hd === 64 ? 3 : 0; }
 
-export const attentionBackwardDkvBf16 = defineFamily<{ headDim: number; dk: Dt; dv: Dt; accumulate: boolean }>({
-  name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
-  example: { headDim: 64, dk: 'bf16', dv: 'bf16', accumulate: true },
-  generate: (p) => `${faPrelude(p.headDim)}
+type DkvP = { headDim: number; dk: Dt; dv: Dt; accumulate: boolean };
+
+/**
+ * The dK/dV kernel's source; with `storeDs` (the experimental attention_bwd_dkv_ds_bf16) it also writes every tile of
+ * dSᵀ it computes, as bf16, to `ds` (dsScratchElems) for attention_bwd_dq_ds_bf16; without it the source is exactly
+ * attention_bwd_dkv_bf16's.
+ */
+function dkvSource(p: Readonly<DkvP>, storeDs: boolean): string {
+  const name = storeDs ? 'attention_bwd_dkv_ds_bf16' : 'attention_bwd_dkv_bf16';
+  return `${faPrelude(p.headDim)}
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
-extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dkvMinBlocks(p.headDim)}) ` : ''}attention_bwd_dkv_bf16(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
-    const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dkvMinBlocks(p.headDim)}) ` : ''}${name}(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
+    ${storeDs ? 'bf16* ds, ' : ''}const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
   bf16* Vs = Ks + BKV * STR;    /* [BKV][STR] */
@@ -591,7 +599,18 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
           sc[n][e] = pe;
           dp[n][e] = pe * (dp[n][e] - Dm[ci]);
         }
-      }
+      }${storeDs ? `
+      {
+        /* dSᵀ of this tile, rounded to bf16 as the dK product rounds it, into its 64 × 64 tile of ds ([key][query], the
+           (query tile, key tile) pair's slot of the causal triangle): this warp's 16 keys, the tile's QT query columns */
+        const int h = kvh * G + g0 + it / perHead, iq = i0 / 64, nT = (T + 63) / 64;
+        bf16* dt = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + iq * (iq + 1) / 2 + j0 / 64) << 12) + (i0 & 63);
+#pragma unroll
+        for (int n = 0; n < QT / 8; n++) {
+          *(unsigned*)(dt + (rw + g) * 64 + 8 * n + 2 * t) = pack2(dp[n][0], dp[n][1]);
+          *(unsigned*)(dt + (rw + g + 8) * 64 + 8 * n + 2 * t) = pack2(dp[n][2], dp[n][3]);
+        }
+      }` : ''}
       /* dV += Pᵀ·dO, dK += dSᵀ·Q: k-step kk covers queries i0 + 16kk .. + 15 */
 #pragma unroll
       for (int kk = 0; kk < QT / 16; kk++) {
@@ -638,6 +657,135 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
     }
   }
 }
-`,
+`;
+}
+
+export const attentionBackwardDkvBf16 = defineFamily<DkvP>({
+  name: 'attention_bwd_dkv_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { headDim: 64, dk: 'bf16', dv: 'bf16', accumulate: true },
+  generate: (p) => dkvSource(p, false),
 });
 
+/**
+ * EXPERIMENTAL (no default code path launches it; session 19, verified on the emulator only): a backward in which S and
+ * dP are computed once per (query tile, key tile) pair, as FlashAttention-2's are, but deterministically: this dK/dV
+ * kernel (attention_bwd_dkv_bf16 plus one store) writes each tile of dSᵀ it computes to a bf16 scratch, and
+ * attention_bwd_dq_ds_bf16 then forms dQ = scale·dS·K from it with one product per pair and no exponentials (five
+ * products per pair against the default's seven, for 2 bytes per causal score written and read). D must exist first
+ * (attention_bwd_pre). Scratch: dsScratchElems.
+ */
+export const attentionBackwardDkvDsBf16 = defineFamily<DkvP>({
+  name: 'attention_bwd_dkv_ds_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { headDim: 64, dk: 'bf16', dv: 'bf16', accumulate: true },
+  generate: (p) => dkvSource(p, true),
+});
+
+/**
+ * The dS scratch of the stored-dS backward, in bf16 elements: for each (batch, query head), the causal triangle of
+ * 64 × 64 tiles, tile (query tile iq, key tile jk ≤ iq) at slot iq(iq + 1)/2 + jk, each [64 keys][64 queries] (zero
+ * where the key is past the query or the query past T).
+ */
+export function dsScratchElems(b: number, nH: number, t: number): number {
+  const nT = Math.ceil(t / FA_KEY_TILE);
+  return b * nH * (nT * (nT + 1) / 2) * FA_KEY_TILE * FA_KEY_TILE;
+}
+/** Dynamic shared memory of attention_bwd_dq_ds_bf16: two buffers of a dSᵀ tile [64][72] and a K tile [64][HD + 8]. */
+export function dqDsSmem(hd: number): number { return 2 * 2 * (FA_KEY_TILE * (FA_QUERY_TILE + 8) + FA_KEY_TILE * (hd + 8)); }
+
+/**
+ * EXPERIMENTAL, with attention_bwd_dkv_ds_bf16 (which must run first): dq (+)= scale · Σ_j dS_ij k_j from the stored dS
+ * tiles. Grid (ceil(T / 64), nH, B), block 128, dynamic shared memory dqDsSmem(hd); heaviest first as the dQ kernel. A
+ * warp owns 16 query rows; per key tile j ≤ the query tile (the dSᵀ tile and the K tile staged with cp.async, one
+ * ahead): the A fragments of dS come from the [key][query] tile by ldmatrix.trans, the B fragments of K as in the dQ
+ * kernel. The diagonal tile needs no mask: its dS is zero above the diagonal.
+ */
+export const attentionBackwardDqDsBf16 = defineFamily<{ headDim: number; dq: Dt; accumulate: boolean }>({
+  name: 'attention_bwd_dq_ds_bf16', schema: { ...faSchema, dq: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
+  example: { headDim: 64, dq: 'bf16', accumulate: true },
+  generate: (p) => `${faPrelude(p.headDim)}
+#define BQ ${FA_QUERY_TILE}
+#define BK ${FA_KEY_TILE}
+#define DSTR (BQ + 8)
+/* the A fragment (rows = queries r..r+15, k = keys c..c+15) of dS from a [key][query] tile (row stride DSTR) in one
+   ldmatrix.x4.trans: lanes 0-7 address keys c..c+7 at query r (a0: queries g, keys 2t..), 8-15 keys c.. at query r+8
+   (a1), 16-23 keys c+8.. at query r (a2), 24-31 keys c+8.. at query r+8 (a3) */
+__device__ __forceinline__ void fragAt(unsigned* a, unsigned base, int r, int c) {
+  const int l = threadIdx.x & 31;
+  ldsmT4(a[0], a[1], a[2], a[3], base + 2u * ((c + (l & 7) + 8 * (l >> 4)) * DSTR + r + 8 * ((l >> 3) & 1)));
+}
+/* one 64 × 64 bf16 tile (rows of 128 bytes, contiguous) into sh[64][DSTR] with cp.async, 16 bytes a copy */
+__device__ __forceinline__ void stageDsAsync(bf16* sh, const bf16* src) {
+  for (int x = threadIdx.x; x < BK * (BQ / 8); x += NT) {
+    const int r = x / (BQ / 8), c = (x - r * (BQ / 8)) * 8;
+    cpAsync16(sh + r * DSTR + c, src + r * BQ + c, true);
+  }
+}
+extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf16* ds, const bf16* k, int T, int nH, int nKv) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  bf16* buf = (bf16*)smraw; /* two buffers of [dSᵀ tile [BK][DSTR], K tile [BK][STR]] */
+  const int hb = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+  const int i0 = tile * BQ, nT = (T + BK - 1) / BK;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  /* this query tile's row of the triangle: tiles (tile, 0 .. tile) are consecutive */
+  const bf16* dsRow = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + tile * (tile + 1) / 2) << 12);
+  const int nTiles = tile + 1;
+  const int bufElems = BK * DSTR + BK * STR;
+  stageDsAsync(buf, dsRow);
+  stageRowsAsync(buf + BK * DSTR, kb, ks, 0, BK, T);
+  cpCommit();
+  const int rw = warp * 16;
+  const unsigned sbuf = smem32(buf);
+  float acc[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
+  for (int jt = 0; jt < nTiles; jt++) {
+    if (jt + 1 < nTiles) {
+      bf16* nb = buf + ((jt + 1) & 1) * bufElems;
+      stageDsAsync(nb, dsRow + ((long long)(jt + 1) << 12));
+      stageRowsAsync(nb + BK * DSTR, kb, ks, (jt + 1) * BK, BK, T);
+      cpCommit();
+      cpWait<1>();
+    } else {
+      cpWait<0>();
+    }
+    __syncthreads(); /* tile jt is in shared memory for every warp */
+    const unsigned dS = sbuf + 2u * ((jt & 1) * bufElems), kS = dS + 2u * (BK * DSTR);
+    /* dQ += dS·K: k-step kk covers keys jt·64 + 16kk .. + 15 */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      unsigned sa[4];
+      fragAt(sa, dS, rw, 16 * kk);
+#pragma unroll
+      for (int n = 0; n < NO; n += 2) {
+        unsigned bb[4];
+        fragBt2(bb, kS, STR, 16 * kk, 8 * n);
+        mma16(acc[n], sa, bb[0], bb[1]);
+        mma16(acc[n + 1], sa, bb[2], bb[3]);
+      }
+    }
+    __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
+  }
+  const int iA = i0 + rw + g, iB = iA + 8;
+  if (iA < T) {
+    const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const long long x = oa + 8 * n + 2 * t;
+      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][0] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][1] * SCALE);
+    }
+  }
+  if (iB < T) {
+    const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const long long x = ob + 8 * n + 2 * t;
+      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][2] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][3] * SCALE);
+    }
+  }
+}
+`,
+});

@@ -8,7 +8,9 @@ import {
 import {
   attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
 } from './attention.js';
-import { attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16 } from './attention-bf16.js';
+import {
+  attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16, attentionBackwardDqDsBf16, attentionForwardBf16,
+} from './attention-bf16.js';
 import { attentionForwardMma } from './attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, copyColumnsKernel, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
@@ -40,14 +42,14 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
-  attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16,
+  attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
   dequantNf4,
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
-export const EXPERIMENTAL_FAMILIES: ReadonlySet<string> = new Set([attentionForwardMma.name]);
+export const EXPERIMENTAL_FAMILIES: ReadonlySet<string> = new Set([attentionForwardMma.name, attentionBackwardDkvDsBf16.name, attentionBackwardDqDsBf16.name]);
 
 export function familyByName(name: string): KernelFamily<ParamRecord> | undefined {
   return ALL_FAMILIES.find((f) => f.name === name);
