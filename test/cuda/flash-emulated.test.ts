@@ -85,17 +85,17 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   wr('out.bin', out, odt);
   let dsumErr = 0;
   if (!stored) {
-  const dqk: Launch = simt
-    ? { spec: attentionBackward.make({ headDim: hd, block: 128, dq: odt, dout: 'bf16', ...b16 }), x: tile('dq').tq, smem: tile('dq').smem, threads: 128 }
-    : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, out: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
-  execFileSync(build(dqk.spec, `${head} ${loadAll}
+    const dqk: Launch = simt
+      ? { spec: attentionBackward.make({ headDim: hd, block: 128, dq: odt, dout: 'bf16', ...b16 }), x: tile('dq').tq, smem: tile('dq').smem, threads: 128 }
+      : { spec: attentionBackwardDqBf16.make({ headDim: hd, dq: odt, out: odt, accumulate: acc }), x: FA_QUERY_TILE, smem: faSmem('dq', hd), threads: FA_THREADS };
+    execFileSync(build(dqk.spec, `${head} ${loadAll}
   auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD); auto out = readf<${ct(odt)}>(d, "out.bin", (size_t)B*T*nH*HD);
   launch({(unsigned)((T + ${dqk.x} - 1) / ${dqk.x}), (unsigned)nH, (unsigned)B}, ${dqk.threads}, ${dqk.smem},
     [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), ${simt ? '' : 'out.data(), '}q.data(), k.data(), v.data(), T, nH, nKv); });
   writef(d, "dq.out", dq); writef(d, "dsum.bin", dsum); (void)S; }`), args);
-  // D as the dK/dV kernel will read it (the tensor-core dQ kernel's), against the float64 sum of the same bf16 products
-  const dsumGot = rd('dsum.bin', 'f32');
-  for (let i = 0; i < dsum.length; i++) dsumErr = Math.max(dsumErr, Math.abs(dsumGot[i]! - dsum[i]!) / Math.max(1, Math.abs(dsum[i]!)));
+    // D as the dK/dV kernel will read it (the tensor-core dQ kernel's), against the float64 sum of the same bf16 products
+    const dsumGot = rd('dsum.bin', 'f32');
+    for (let i = 0; i < dsum.length; i++) dsumErr = Math.max(dsumErr, Math.abs(dsumGot[i]! - dsum[i]!) / Math.max(1, Math.abs(dsum[i]!)));
   }
   const dkv: Launch = simt
     ? { spec: attentionBackwardKv.make({ headDim: hd, block: 128, dk: odt, dv: odt, dout: 'bf16', ...b16 }), x: 32, smem: tile('dkv').smem, threads: 128 }

@@ -1065,8 +1065,8 @@ export class CudaBackend implements Backend {
           [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
       }
       this.launch(fq, [qGrid, nHeads, bc], qBlock,
-        mma ? [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(out, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)]
-          : [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)],
+        [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), ...(mma ? [P(vw(out, qn))] : []), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)),
+          I(t), I(nHeads), I(nKv)],
         qSmem);
       this.launch(fkv, [kvGrid, nKv * S, bc], kvBlock,
         [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)),

@@ -176,6 +176,30 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
 }
 
 /**
+ * The block order of the kernels with a grid (query tiles, heads, batches): `tile`, `h`, `b` and `kvh` from the linear
+ * block index, the last query tile (the most key tiles under the causal mask) of every (head, batch) pair first.
+ */
+const QUERY_TILE_HEAVIEST_FIRST = `  const int hb = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);`;
+
+/**
+ * The dQ kernels' store: dq = scale·acc (with `accumulate`, dq += scale·acc) for this lane's rows iA and iB below T,
+ * from the accumulators acc[NO][4] (C fragments: elements 0, 1 of row iA, 2, 3 of row iB).
+ */
+function dqStore(accumulate: boolean): string {
+  const add = (x: string): string => (accumulate ? `ldf(dq, ${x}) + ` : '');
+  return [['iA', 'oa', 0], ['iB', 'ob', 2]].map(([row, o, e]) => `  if (${row} < T) {
+    const long long ${o} = ((long long)b * T + ${row}) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+      const long long x = ${o} + 8 * n + 2 * t;
+      stf(dq, x, ${add('x')}acc[n][${e}] * SCALE); stf(dq, x + 1, ${add('x + 1')}acc[n][${Number(e) + 1}] * SCALE);
+    }
+  }`).join('\n');
+}
+
+/**
  * bf16 tensor-core training forward (q, k, v bf16; out f32 or bf16; lse f32, natural log). Grid (ceil(T / 64), nH, B),
  * block 128, dynamic shared memory faSmem('fwd'). A warp owns 16 query rows: Q as A fragments in registers, O as
  * HD/8 accumulator tiles. Per key tile of 64 (K and V row-major in shared memory): S = Q·Kᵀ (8 n-atoms ×
@@ -202,9 +226,7 @@ extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
   bf16* buf = (bf16*)smraw;
   /* heaviest first: the grid (query tiles, heads, batches) is walked so that all (head, batch) pairs of the last query
      tile (the most keys under the causal mask) start first and the first tiles come last, so no long block is the tail */
-  const int hb = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+${QUERY_TILE_HEAVIEST_FIRST}
   const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
@@ -351,9 +373,7 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
   bf16* Dst = Qst + BQ * STR;
   /* heaviest first, as the forward: the last query tile (the most key tiles under the causal mask) of every (head,
      batch) pair starts first and the first tiles come last, so no long block is the tail */
-  const int hb = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+${QUERY_TILE_HEAVIEST_FIRST}
   const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
@@ -461,22 +481,7 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
-  if (iA < T) {
-    const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < NO; n++) {
-      const long long x = oa + 8 * n + 2 * t;
-      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][0] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][1] * SCALE);
-    }
-  }
-  if (iB < T) {
-    const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < NO; n++) {
-      const long long x = ob + 8 * n + 2 * t;
-      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][2] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][3] * SCALE);
-    }
-  }
+${dqStore(p.accumulate)}
 }
 `,
 });
@@ -723,9 +728,7 @@ __device__ __forceinline__ void stageDsAsync(bf16* sh, const bf16* src) {
 extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf16* ds, const bf16* k, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* buf = (bf16*)smraw; /* two buffers of [dSᵀ tile [BK][DSTR], K tile [BK][STR]] */
-  const int hb = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+${QUERY_TILE_HEAVIEST_FIRST}
   const int i0 = tile * BQ, nT = (T + BK - 1) / BK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
@@ -770,22 +773,7 @@ extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
   const int iA = i0 + rw + g, iB = iA + 8;
-  if (iA < T) {
-    const long long oa = ((long long)b * T + iA) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < NO; n++) {
-      const long long x = oa + 8 * n + 2 * t;
-      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][0] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][1] * SCALE);
-    }
-  }
-  if (iB < T) {
-    const long long ob = ((long long)b * T + iB) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < NO; n++) {
-      const long long x = ob + 8 * n + 2 * t;
-      stf(dq, x, ${p.accumulate ? 'ldf(dq, x) + ' : ''}acc[n][2] * SCALE); stf(dq, x + 1, ${p.accumulate ? 'ldf(dq, x + 1) + ' : ''}acc[n][3] * SCALE);
-    }
-  }
+${dqStore(p.accumulate)}
 }
 `,
 });
