@@ -13,15 +13,20 @@
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
-import { MAX_ATTN_DKV_FLOATS } from '../src/backend/cuda/cuda-backend.js';
+import { MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../src/backend/cuda/cuda-backend.js';
 import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';
 
 // The attention backward's dK/dV partials at their largest (a run sizes them in prepare(); this script does not prepare).
+// --attn-backward=recompute|stored-ds picks the tensor-core attention backward (default: the backend's), its dS scratch at
+// its largest too.
+const attnBackward = process.argv.find((x) => x.startsWith('--attn-backward='))?.split('=')[1] as AttentionBackwardImpl | undefined;
+if (attnBackward !== undefined && attnBackward !== 'recompute' && attnBackward !== 'stored-ds') throw new Error(`--attn-backward: ${attnBackward}?`);
 const be = createCudaBackend({
   log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); },
-  attnDkvFloats: MAX_ATTN_DKV_FLOATS,
+  attnDkvFloats: MAX_ATTN_DKV_FLOATS, attnDsElems: MAX_ATTN_DS_ELEMS,
+  ...(attnBackward ? { attnBackward } : {}),
 });
 const N = 8192, REPS = 20;
 const shapes: Array<[string, number, number]> = [
@@ -68,7 +73,7 @@ if (attnArg) {
     const flops = 2 * B * nH * T * T * hd;
     const f = time(() => be.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd));
     const bw = time(() => be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd));
-    console.log(`[attention] ${name}: B=${B} T=${T} H=${nH} KV=${nKv} hd=${hd}: forward ${f.toFixed(1)} us (${(flops / f / 1e6).toFixed(0)} TFLOP/s), ` +
+    console.log(`[attention ${be.attentionBackwardImpl}] ${name}: B=${B} T=${T} H=${nH} KV=${nKv} hd=${hd}: forward ${f.toFixed(1)} us (${(flops / f / 1e6).toFixed(0)} TFLOP/s), ` +
       `backward ${bw.toFixed(1)} us (${(2.5 * flops / bw / 1e6).toFixed(0)} TFLOP/s)`);
   }
 }

@@ -1,6 +1,8 @@
 /**
  * GPU-only (skips cleanly without libcuda or a GPU): bf16 attention on the CUDA backend.
- * - The tensor-core kernels (attention_fwd_bf16, attention_bwd_dq_bf16, attention_bwd_dkv_bf16; bf16 q, k, v, dout,
+ * - The tensor-core kernels (attention_fwd_bf16; the backward both ways: attention_bwd_pre, attention_bwd_dkv_ds_bf16
+ *   and attention_bwd_dq_ds_bf16 (stored dS, the default), and attention_bwd_dq_bf16 with attention_bwd_dkv_bf16
+ *   (recomputing, attnBackward 'recompute', and the fallback for long sequences); bf16 q, k, v, dout,
  *   the output and gradients bf16 as the model stores them, or f32) against the float64 definition
  *   (test/backend/reference.ts) computed from the SAME bf16-rounded inputs, and against the CPU backend's bf16
  *   emulation: out max |error| ≤ 1e-2 · max |out|, lse ≤ 1e-3 absolute, dq/dk/dv (the gradient added to non-zero start
@@ -23,17 +25,27 @@ import type { Backend, Buf, DType } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention-bf16.js';
+import { bf16MmaHeadDim, dsScratchElems } from '../../src/backend/cuda/kernels/attention-bf16.js';
+import { DEFAULT_ATTN_DS_ELEMS } from '../../src/backend/cuda/cuda-backend.js';
 import { randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 
 let cuda: CudaBackend | null = null;
+let cudaRe: CudaBackend | null = null;
 let reason = '';
-try { cuda = createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-flash-bf16-')) }); } catch (e) { reason = (e as Error).message; }
+try {
+  const cacheDir = mkdtempSync(join(tmpdir(), 'dk-flash-bf16-'));
+  cuda = createCudaBackend({ strict: false, cacheDir });
+  cudaRe = createCudaBackend({ strict: false, cacheDir, attnBackward: 'recompute' });
+} catch (e) { reason = (e as Error).message; }
 const skip = cuda ? false : `no CUDA GPU here (${reason})`;
 const cpu = cuda ? new CpuBackend({ dtype: 'f32', threads: 8 }) : null;
-after(() => { cuda?.dispose(); cpu?.dispose(); });
+after(() => { cuda?.dispose(); cudaRe?.dispose(); cpu?.dispose(); });
+/** The two tensor-core backwards: the default (stored dS) and the recomputing one, each on its own backend. */
+const IMPLS = ['stored-ds', 'recompute'] as const;
+type Impl = typeof IMPLS[number];
+const backendFor = (impl: Impl): CudaBackend => (impl === 'stored-ds' ? cuda! : cudaRe!);
 
 /** Bounds (see the header): forward out relative to max |out|, lse absolute, gradients relative Frobenius. */
 const TOL_OUT = 1e-2, TOL_LSE = 1e-3, TOL_GRAD = 2e-2;
@@ -95,27 +107,39 @@ function bitIdentical(name: string, a: Result, b: Result): void {
   }
 }
 
-const MMA_FAMILIES = ['attention_fwd_bf16', 'attention_bwd_dq_bf16', 'attention_bwd_dkv_bf16'];
-const launched = (f: string): number => cuda!.launches.get(f) ?? 0;
+/** The tensor-core kernels each backward runs (with the forward). */
+const MMA_FAMILIES: Record<Impl, string[]> = {
+  'stored-ds': ['attention_fwd_bf16', 'attention_bwd_pre', 'attention_bwd_dkv_ds_bf16', 'attention_bwd_dq_ds_bf16'],
+  recompute: ['attention_fwd_bf16', 'attention_bwd_dq_bf16', 'attention_bwd_dkv_bf16'],
+};
+const launchedOn = (b: CudaBackend, f: string): number => b.launches.get(f) ?? 0;
 
 function sweep(B: number, T: number, nH: number, nKv: number, hd: number, o: Opts & { ref64: boolean }): void {
   const name = `B=${B} T=${T} heads ${nH}/${nKv} hd ${hd} out ${o.out} grads ${o.grad}`;
   test(`bf16 attention ${name}`, { skip, timeout: 600_000 }, () => {
     const x = inputs(B * 1000003 + T * 7919 + nH * 101 + nKv * 13 + hd, B, T, nH, nKv, hd);
-    const before = MMA_FAMILIES.map(launched), simtBefore = launched('attention_fwd');
-    const got = run(cuda!, x, B, T, nH, nKv, hd, o);
     const mma = bf16MmaHeadDim(hd);
-    MMA_FAMILIES.forEach((f, i) => assert.equal(launched(f) > before[i]!, mma, `${name}: ${f} launched`));
-    assert.equal(launched('attention_fwd') > simtBefore, !mma, `${name}: SIMT forward launched`);
-    // the CPU backend's bf16 emulation (same bf16 inputs and output dtypes)
+    // the CPU backend's bf16 emulation (same bf16 inputs and output dtypes), and the float64 definition
     const c = run(cpu!, x, B, T, nH, nKv, hd, o);
-    check(name, 'cpu bf16', got, x, { out: c.out, lse: c.lse, dq: minus(c.dq, x.g0q), dk: minus(c.dk, x.g0k), dv: minus(c.dv, x.g0v) });
-    if (o.ref64) {
+    const ref = o.ref64 ? (() => {
       const [out, lse] = attentionRef(x.q, x.k, x.v, B, T, nH, nKv, hd);
       const [dq, dk, dv] = attentionBackwardRef(x.dout, x.q, x.k, x.v, B, T, nH, nKv, hd);
-      check(name, 'float64 definition', got, x, { out, lse, dq, dk, dv });
+      return { out, lse, dq, dk, dv };
+    })() : null;
+    for (const impl of IMPLS) {
+      const be = backendFor(impl), what = `${name} (${impl})`;
+      const before = MMA_FAMILIES[impl].map((f) => launchedOn(be, f)), simtBefore = launchedOn(be, 'attention_fwd');
+      const got = run(be, x, B, T, nH, nKv, hd, o);
+      MMA_FAMILIES[impl].forEach((f, i) => {
+        // (attention_bwd_pre also runs on the SIMT path)
+        if (f !== 'attention_bwd_pre') assert.equal(launchedOn(be, f) > before[i]!, mma, `${what}: ${f} launched`);
+        else assert.ok(launchedOn(be, f) > before[i]!, `${what}: ${f} launched`);
+      });
+      assert.equal(launchedOn(be, 'attention_fwd') > simtBefore, !mma, `${what}: SIMT forward launched`);
+      check(what, 'cpu bf16', got, x, { out: c.out, lse: c.lse, dq: minus(c.dq, x.g0q), dk: minus(c.dk, x.g0k), dv: minus(c.dv, x.g0v) });
+      if (ref) check(what, 'float64 definition', got, x, ref);
+      bitIdentical(what, got, run(be, x, B, T, nH, nKv, hd, o));
     }
-    bitIdentical(name, got, run(cuda!, x, B, T, nH, nKv, hd, o));
   });
 }
 
@@ -136,37 +160,60 @@ for (const hd of [40, 72]) {
 }
 
 test('bf16 attention backward accumulates: a second call adds the same (f32) gradient again', { skip, timeout: 300_000 }, () => {
-  for (const hd of [64, 128, 40]) {
-    const B = 2, T = 130, nH = 14, nKv = 2, x = inputs(hd, B, T, nH, nKv, hd);
-    const one = run(cuda!, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32' });
-    const two = run(cuda!, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32', backwardRuns: 2 });
-    for (const k of ['dq', 'dk', 'dv'] as const) {
-      const g0 = k === 'dq' ? x.g0q : k === 'dk' ? x.g0k : x.g0v;
-      const once = minus(one[k], g0), twice = minus(two[k], g0);
-      const e = maxRel(twice, once.map((y) => 2 * y));
-      process.stderr.write(`[flash-attention-bf16] accumulate hd ${hd} ${k}: ${e.toExponential(2)}\n`);
-      assert.ok(e <= 1e-5, `hd ${hd} ${k}: two backward calls are not twice one (${e})`);
-      assert.ok(maxAbs(once, new Float64Array(once.length)) > 0, `hd ${hd} ${k}: a non-zero gradient`);
+  for (const impl of IMPLS) {
+    for (const hd of [64, 128, 40]) {
+      const B = 2, T = 130, nH = 14, nKv = 2, x = inputs(hd, B, T, nH, nKv, hd), be = backendFor(impl);
+      const one = run(be, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32' });
+      const two = run(be, x, B, T, nH, nKv, hd, { out: 'bf16', grad: 'f32', backwardRuns: 2 });
+      for (const k of ['dq', 'dk', 'dv'] as const) {
+        const g0 = k === 'dq' ? x.g0q : k === 'dk' ? x.g0k : x.g0v;
+        const once = minus(one[k], g0), twice = minus(two[k], g0);
+        const e = maxRel(twice, once.map((y) => 2 * y));
+        process.stderr.write(`[flash-attention-bf16] accumulate ${impl} hd ${hd} ${k}: ${e.toExponential(2)}\n`);
+        assert.ok(e <= 1e-5, `${impl} hd ${hd} ${k}: two backward calls are not twice one (${e})`);
+        assert.ok(maxAbs(once, new Float64Array(once.length)) > 0, `${impl} hd ${hd} ${k}: a non-zero gradient`);
+      }
     }
   }
 });
 
 test('attention backward overwriting (accumulate false) stores bit for bit what it adds to zeros; the old gradients (NaN) are never read', { skip, timeout: 300_000 }, () => {
   // the tensor-core kernels (hd 64, 128: the split GQA group with its reduction, and MHA unsplit) and the SIMT ones (hd 40)
-  for (const hd of [64, 128, 40]) {
-    for (const [nH, nKv] of [[14, 2], [4, 4]] as const) {
-      for (const grad of ['bf16', 'f32'] as const) {
-        const B = 2, T = 130, x = inputs(hd * 31 + nH + (grad === 'f32' ? 1 : 0), B, T, nH, nKv, hd);
-        const zeros = { ...x, g0q: new Float64Array(x.g0q.length), g0k: new Float64Array(x.g0k.length), g0v: new Float64Array(x.g0v.length) };
-        const nan = { ...x, g0q: x.g0q.map(() => NaN), g0k: x.g0k.map(() => NaN), g0v: x.g0v.map(() => NaN) };
-        const before = launched('attention_bwd_dq_bf16');
-        const added = run(cuda!, zeros, B, T, nH, nKv, hd, { out: 'bf16', grad });
-        const stored = run(cuda!, nan, B, T, nH, nKv, hd, { out: 'bf16', grad, accumulate: false });
-        assert.equal(launched('attention_bwd_dq_bf16') > before, bf16MmaHeadDim(hd), `hd ${hd}: the tensor-core kernels ran`);
-        bitIdentical(`overwriting hd ${hd} heads ${nH}/${nKv} grads ${grad}`, stored, added);
-        assert.ok(maxAbs(stored.dk, new Float64Array(stored.dk.length)) > 0, 'a non-zero gradient');
+  for (const impl of IMPLS) {
+    const be = backendFor(impl), dqKernel = impl === 'stored-ds' ? 'attention_bwd_dq_ds_bf16' : 'attention_bwd_dq_bf16';
+    for (const hd of [64, 128, 40]) {
+      for (const [nH, nKv] of [[14, 2], [4, 4]] as const) {
+        for (const grad of ['bf16', 'f32'] as const) {
+          const B = 2, T = 130, x = inputs(hd * 31 + nH + (grad === 'f32' ? 1 : 0), B, T, nH, nKv, hd);
+          const zeros = { ...x, g0q: new Float64Array(x.g0q.length), g0k: new Float64Array(x.g0k.length), g0v: new Float64Array(x.g0v.length) };
+          const nan = { ...x, g0q: x.g0q.map(() => NaN), g0k: x.g0k.map(() => NaN), g0v: x.g0v.map(() => NaN) };
+          const before = launchedOn(be, dqKernel);
+          const added = run(be, zeros, B, T, nH, nKv, hd, { out: 'bf16', grad });
+          const stored = run(be, nan, B, T, nH, nKv, hd, { out: 'bf16', grad, accumulate: false });
+          assert.equal(launchedOn(be, dqKernel) > before, bf16MmaHeadDim(hd), `${impl} hd ${hd}: the tensor-core kernels ran`);
+          bitIdentical(`overwriting ${impl} hd ${hd} heads ${nH}/${nKv} grads ${grad}`, stored, added);
+          assert.ok(maxAbs(stored.dk, new Float64Array(stored.dk.length)) > 0, 'a non-zero gradient');
+        }
       }
     }
+  }
+});
+
+test('stored-dS backward at the scratch\'s edges: batches in chunks of whole sequences, and a sequence whose dS triangle does not fit recomputes', { skip, timeout: 600_000 }, () => {
+  // The default scratch (DEFAULT_ATTN_DS_ELEMS, not prepared here) holds two 14-head sequences of 1024 (7.8 Mi elements
+  // each): B = 4 runs in two chunks; one sequence of 2048 (30 Mi) does not fit, so that backward recomputes.
+  const hd = 64, nH = 14, nKv = 2;
+  assert.ok(dsScratchElems(2, nH, 1024) <= DEFAULT_ATTN_DS_ELEMS && dsScratchElems(3, nH, 1024) > DEFAULT_ATTN_DS_ELEMS);
+  assert.ok(dsScratchElems(1, nH, 2048) > DEFAULT_ATTN_DS_ELEMS);
+  for (const [B, T, fallback] of [[4, 1024, false], [1, 2048, true]] as const) {
+    const x = inputs(B * 7 + T, B, T, nH, nKv, hd), o: Opts = { out: 'bf16', grad: 'bf16' };
+    const kernels = ['attention_bwd_dq_ds_bf16', 'attention_bwd_dq_bf16'], before = kernels.map((f) => launchedOn(cuda!, f));
+    const got = run(cuda!, x, B, T, nH, nKv, hd, o);
+    const ran = kernels.map((f, i) => launchedOn(cuda!, f) - before[i]!);
+    assert.deepEqual(ran, fallback ? [0, 1] : [2, 0], `B=${B} T=${T}: dQ launches (stored dS, recomputed)`);
+    const c = run(cpu!, x, B, T, nH, nKv, hd, o);
+    check(`B=${B} T=${T} heads ${nH}/${nKv} (default backend${fallback ? ', recomputing' : ', two chunks'})`, 'cpu bf16', got, x,
+      { out: c.out, lse: c.lse, dq: minus(c.dq, x.g0q), dk: minus(c.dk, x.g0k), dv: minus(c.dv, x.g0v) });
   }
 });
 

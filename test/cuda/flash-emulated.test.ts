@@ -79,7 +79,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   }
   // the SIMT kernels read D from the pre-pass (here: float64 rounded once); the tensor-core dQ kernel computes and writes
   // it itself, from a scratch left full of garbage here, and the dK/dV kernel then reads what it wrote
-  // (the experimental stored-dS pair (storedDs) reads D from the pre-pass too: its dQ kernel runs after dK/dV)
+  // (the stored-dS pair (storedDs) reads D from the pre-pass too: its dQ kernel runs after dK/dV)
   const stored = storedDs && !simt;
   wr('dsum.bin', simt || stored ? dsum : new Float32Array(B * nH * T).fill(12345), 'f32'); wr('dq.bin', g0q, odt); wr('dk.bin', g0k, odt); wr('dv.bin', g0v, odt);
   wr('out.bin', out, odt);
@@ -142,7 +142,7 @@ const cases: Array<[boolean, number, number, number, number, number, Dt, number,
   [false, 1, 130, 7, 1, 64, 'bf16', 7], [false, 2, 65, 2, 1, 128, 'f32', 1], [false, 1, 15, 4, 2, 128, 'bf16', 2], [false, 1, 1, 2, 2, 64, 'bf16', 1],
   [false, 1, 70, 2, 1, 16, 'bf16', 1], [false, 1, 100, 2, 1, 96, 'f32', 1], [true, 1, 40, 2, 1, 40, 'bf16', 1], [true, 2, 33, 7, 1, 40, 'bf16', 7],
   [false, 1, 130, 7, 1, 64, 'bf16', 7, false], [false, 2, 65, 2, 1, 128, 'f32', 1, false],
-  // the experimental stored-dS pair (attention_bwd_dkv_ds_bf16 then attention_bwd_dq_ds_bf16): T past a multiple of 64,
+  // the stored-dS pair (the default backward: attention_bwd_dkv_ds_bf16 then attention_bwd_dq_ds_bf16): T past a multiple of 64,
   // hd 128's 32-row query tiles (a dS tile written in halves), GQA split, overwriting and accumulating
   [false, 1, 130, 7, 1, 64, 'bf16', 7, true, true], [false, 2, 100, 2, 1, 128, 'f32', 1, false, true], [false, 1, 65, 4, 2, 32, 'bf16', 2, true, true],
 ];

@@ -19,7 +19,10 @@ test('the trace backend records every kernel family the steps (fp32 and the bf16
   allOpsStep(QWEN_LIKE)(b);
   allOpsStepBf16(QWEN_LIKE)(b);
   attentionOpsBf16(QWEN_LIKE)(b);
-  const families = new Set([...b.traced.values()].map((s) => s.family));
+  // the tensor-core attention backward that recomputes S and dP (attnBackward 'recompute', and long sequences)
+  const re = createTraceBackend({ attnBackward: 'recompute' });
+  attentionOpsBf16(QWEN_LIKE)(re);
+  const families = new Set([...b.traced.values(), ...re.traced.values()].map((s) => s.family));
   for (const f of ALL_FAMILIES) if (!EXPERIMENTAL_FAMILIES.has(f.name)) assert.ok(families.has(f.name), `traced ${f.name}`);
   const x = b.alloc(4, 'x');
   assert.deepEqual([...b.download(x)], [0, 0, 0, 0]);

@@ -104,11 +104,14 @@ export function representativeSpecs(): KernelSpec[] {
       }
     }
   }
-  // the experimental stored-dS backward pair (attention-bf16.ts), at the head dims users run
-  for (const headDim of [64, 128]) {
+  // the stored-dS backward pair (the default bf16 backward, attention-bf16.ts): the smallest head dim, 64-row query
+  // tiles (32, 64) and 32-row ones (96, 128) in the dK/dV kernel, both stores
+  for (const headDim of [16, 32, 64, 96, 128]) {
     for (const dt of ['f32', 'bf16']) {
-      mk('attention_bwd_dkv_ds_bf16', { headDim, dk: dt, dv: dt, accumulate: false });
-      mk('attention_bwd_dq_ds_bf16', { headDim, dq: dt, accumulate: false });
+      for (const accumulate of [true, false]) {
+        mk('attention_bwd_dkv_ds_bf16', { headDim, dk: dt, dv: dt, accumulate });
+        mk('attention_bwd_dq_ds_bf16', { headDim, dq: dt, accumulate });
+      }
     }
   }
   for (const dt of ['f32', 'bf16']) {

@@ -60,7 +60,8 @@ import {
   attentionDkvReduce, attentionForward, attnTile, kvCacheWrite,
 } from './kernels/attention.js';
 import {
-  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim, faSmem,
+  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16,
+  attentionBackwardDqDsBf16, attentionForwardBf16, bf16MmaHeadDim, dqDsSmem, dsScratchElems, faSmem,
 } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
@@ -102,6 +103,14 @@ export const DEFAULT_ATTN_DSUM = 1 << 22;
 export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
 /** The most floats prepare() gives the dK/dV partials when the traced run needs more than the default (larger runs chunk). */
 export const MAX_ATTN_DKV_FLOATS = 1 << 25;
+/**
+ * The stored-dS attention backward's scratch (bf16 elements, dsScratchElems: the causal triangle of 64 × 64 dS tiles of
+ * every batch · query head): 32 MiB until prepare() sizes it to the traced run's need, at most MAX_ATTN_DS_ELEMS
+ * (256 MiB: the 8 × 1024 batch of a 14-head student needs 119 MiB); larger batches run in chunks, and where one
+ * sequence's triangle does not fit (past ~5.6k positions at 14 heads) the backward recomputes S and dP instead.
+ */
+export const DEFAULT_ATTN_DS_ELEMS = 1 << 24;
+export const MAX_ATTN_DS_ELEMS = 1 << 27;
 /** Column-reduction partials (the norms' backward, bias_grad → col_reduce): R row chunks (blocks) × C columns. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
@@ -158,6 +167,10 @@ export interface DeviceParts {
   attnDsumFloats?: number;
   /** Floats of attention backward's dK/dV partials (default DEFAULT_ATTN_DKV_FLOATS). */
   attnDkvFloats?: number;
+  /** bf16 elements of the stored-dS attention backward's scratch (default DEFAULT_ATTN_DS_ELEMS). */
+  attnDsElems?: number;
+  /** The bf16 tensor-core attention backward (see AttentionBackwardImpl; default 'stored-ds'). */
+  attnBackward?: AttentionBackwardImpl;
   /**
    * 'mma' runs the training attention forward on TF32 tensor cores (attention_fwd_mma, ~1e-3 relative) where the
    * head dim allows (multiple of 8, ≤ 128); createCudaBackend picks it with --tf32. Default 'simt' (fp32). prepare()
@@ -179,6 +192,7 @@ export interface DeviceParts {
 /** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
 export interface TraceOptions {
   attention?: 'simt' | 'mma';
+  attnBackward?: AttentionBackwardImpl;
   /**
    * The attention backward's scratch sizes (floats) of the device backend the trace stands for: whether dK/dV splits
    * over the GQA group (attention_dkv_reduce) and how the batch is chunked depend on them, so a plan traced with other
@@ -186,17 +200,36 @@ export interface TraceOptions {
    */
   attnDsumFloats?: number;
   attnDkvFloats?: number;
+  attnDsElems?: number;
 }
 
 /**
- * The attention backward's scratch sizes for a run whose traced calls needed `need` (floats: D for every batch · head ·
- * position, dK/dV partials for the whole batch): the D scratch down to the need (at most DEFAULT_ATTN_DSUM), the
- * partials up to it (at most MAX_ATTN_DKV_FLOATS; beyond that the batch runs in chunks). null: the run has no
- * attention backward (the defaults stay). The one rule prepare() applies and planKernels plans with.
+ * The bf16 tensor-core attention backward. 'stored-ds': D = rowsum(dout ∘ out) first (attention_bwd_pre), then the
+ * dK/dV kernel writes every dSᵀ tile it computes to a bf16 scratch (attention_bwd_dkv_ds_bf16) and the dQ kernel forms
+ * dQ = scale·dS·K from it (attention_bwd_dq_ds_bf16): S and dP once per (query tile, key tile) pair, five products
+ * against seven; where one sequence's dS triangle does not fit the scratch it falls back to 'recompute'. 'recompute':
+ * the dQ kernel (which also writes D) and the dK/dV kernel each compute S and dP. Both deterministic and atomic-free.
  */
-export function attentionScratchSizes(need: { dsum: number; dkv: number }): { dsum: number; dkv: number } | null {
+export type AttentionBackwardImpl = 'stored-ds' | 'recompute';
+/** The default attention backward (measured faster at the 8 × 1024 student and teacher shapes on an H100, session 20). */
+export const DEFAULT_ATTN_BACKWARD: AttentionBackwardImpl = 'stored-ds';
+
+/** The attention backward's scratch: D floats, dK/dV partial floats, dS bf16 elements. */
+export interface AttentionScratch { dsum: number; dkv: number; ds: number }
+
+/**
+ * The attention backward's scratch sizes for a run whose traced calls needed `need` (D for every batch · head ·
+ * position, dK/dV partials and dS tiles for the whole batch): the D scratch down to the need (at most
+ * DEFAULT_ATTN_DSUM), the partials and the dS scratch to it (at most MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS; beyond
+ * that the batch runs in chunks). null: the run has no attention backward (the defaults stay). The one rule prepare()
+ * applies and planKernels plans with.
+ */
+export function attentionScratchSizes(need: AttentionScratch): AttentionScratch | null {
   if (need.dsum === 0) return null;
-  return { dsum: Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv: Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS) };
+  return {
+    dsum: Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv: Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS),
+    ds: Math.min(Math.max(need.ds, 1), MAX_ATTN_DS_ELEMS),
+  };
 }
 
 /**
@@ -240,10 +273,15 @@ export class CudaBackend implements Backend {
   private readonly smemAllowed = new Map<unknown, number>();
   private dkvPart: CudaBuf | null = null;
   private dkvFloats: number;
+  private dsTiles: CudaBuf | null = null;
+  private dsElems: number;
+  private readonly attnBwd: AttentionBackwardImpl;
+  /** The bf16 tensor-core attention backward this backend runs (and traces with in prepare()). */
+  get attentionBackwardImpl(): AttentionBackwardImpl { return this.attnBwd; }
   /** Whether the attention scratch sizes were given (tests): prepare() then keeps them. */
   private readonly scratchGiven: boolean;
-  /** The largest attention-backward scratch a call asked for (both modes): D floats, dK/dV partial floats. */
-  readonly scratchNeed = { dsum: 0, dkv: 0 };
+  /** The largest attention-backward scratch a call asked for (both modes): D floats, dK/dV partial floats, dS elements. */
+  readonly scratchNeed: AttentionScratch = { dsum: 0, dkv: 0, ds: 0 };
   private colPart: CudaBuf | null = null;
   private readonly colsumFloats: number;
   private disposed = false;
@@ -274,11 +312,14 @@ export class CudaBackend implements Backend {
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
     // The attention scratch sizes: a device's, or the device's a trace stands for (TraceOptions).
-    const sizes: { attnDsumFloats?: number | undefined; attnDkvFloats?: number | undefined } | undefined = partsOrTrace;
+    const sizes: { attnDsumFloats?: number | undefined; attnDkvFloats?: number | undefined; attnDsElems?: number | undefined } | undefined = partsOrTrace;
     this.dsumFloats = sizes?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
-    this.attnImpl = (mode === 'trace' ? (partsOrTrace as TraceOptions | undefined)?.attention : parts?.attention) ?? 'simt';
+    const choice: TraceOptions | undefined = partsOrTrace;
+    this.attnImpl = choice?.attention ?? 'simt';
+    this.attnBwd = choice?.attnBackward ?? DEFAULT_ATTN_BACKWARD;
     this.dkvFloats = sizes?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
-    this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined;
+    this.dsElems = sizes?.attnDsElems ?? DEFAULT_ATTN_DS_ELEMS;
+    this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined || parts?.attnDsElems !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
@@ -288,6 +329,7 @@ export class CudaBackend implements Backend {
       this.partials = this.rawAlloc(this.scratchBlocks * 2, 'sumSquares scratch');
       this.dsum = this.rawAlloc(this.dsumFloats, 'attention backward scratch');
       this.dkvPart = this.rawAlloc(this.dkvFloats, 'attention backward dK/dV partials');
+      this.dsTiles = this.rawAlloc(this.dsElems, 'attention backward dS tiles', 'bf16');
       this.colPart = this.rawAlloc(this.colsumFloats, 'column-reduction partials');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
       this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
@@ -596,31 +638,35 @@ export class CudaBackend implements Backend {
    */
   planFor(runs: ReadonlyArray<(b: Backend) => void>): KernelSpec[] {
     if (this.dev && !this.scratchGiven && (this.graphs?.captures ?? 0) === 0) {
-      const need = { dsum: 0, dkv: 0 };
+      const need: AttentionScratch = { dsum: 0, dkv: 0, ds: 0 };
       // The needs are traced at the default sizes (as planKernels does), not at sizes an earlier prepare() chose.
       planKernels(runs, {
-        attention: this.attnImpl, attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS,
-        onTraced: (b) => { need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv); },
+        attention: this.attnImpl, attnBackward: this.attnBwd,
+        attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS, attnDsElems: DEFAULT_ATTN_DS_ELEMS,
+        onTraced: (b) => maxScratch(need, b.scratchNeed),
       });
       const sizes = attentionScratchSizes(need);
       if (sizes) this.sizeScratch(sizes);
     }
-    return planKernels(runs, { attention: this.attnImpl, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats });
+    return planKernels(runs, {
+      attention: this.attnImpl, attnBackward: this.attnBwd, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats, attnDsElems: this.dsElems,
+    });
   }
 
-  /** Reallocates the attention backward's scratch at the given sizes (floats). */
-  private sizeScratch({ dsum, dkv }: { dsum: number; dkv: number }): void {
+  /** Reallocates the attention backward's scratch at the given sizes (D and partials in floats, dS in bf16 elements). */
+  private sizeScratch({ dsum, dkv, ds }: AttentionScratch): void {
     if (!this.dev) return;
-    const swap = (old: CudaBuf | null, n: number, label: string): CudaBuf => {
+    const swap = (old: CudaBuf | null, n: number, label: string, dtype: DType = 'f32'): CudaBuf => {
       if (old) {
         this.allocations.splice(this.allocations.indexOf(old), 1);
         this.bytesAllocated -= old.length * old.elem;
         this.dev!.driver.memFree(old.ptr);
       }
-      return this.rawAlloc(n, label);
+      return this.rawAlloc(n, label, dtype);
     };
     if (dsum !== this.dsumFloats) { this.dsum = swap(this.dsum, dsum, 'attention backward scratch'); this.dsumFloats = dsum; }
     if (dkv !== this.dkvFloats) { this.dkvPart = swap(this.dkvPart, dkv, 'attention backward dK/dV partials'); this.dkvFloats = dkv; }
+    if (ds !== this.dsElems) { this.dsTiles = swap(this.dsTiles, ds, 'attention backward dS tiles', 'bf16'); this.dsElems = ds; }
   }
 
   dispose(): void {
@@ -1043,14 +1089,23 @@ export class CudaBackend implements Backend {
     const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
     const S = splits && dkvFit >= 1 ? G : 1;
     if (S > 1) bPer = Math.min(bPer, dkvFit);
-    const fpre = mma ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
+    // The stored-dS backward where one sequence's dS triangle fits the scratch (AttentionBackwardImpl), in chunks of
+    // whole sequences; else the dQ and dK/dV kernels each recompute S and dP.
+    const dsPer = dsScratchElems(1, nHeads, t);
+    if (mma && this.attnBwd === 'stored-ds') this.scratchNeed.ds = Math.max(this.scratchNeed.ds, dsPer * b);
+    const storedDs = mma && this.attnBwd === 'stored-ds' && this.dsElems >= dsPer;
+    if (storedDs) bPer = Math.min(bPer, Math.floor(this.dsElems / dsPer));
+    const fpre = mma && !storedDs ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
     const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype, accumulate: !store });
-    const [fq, qGrid, qBlock, qSmem] = mma
-      ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, out: out.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
-      : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
-        Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
+    const [fq, qGrid, qBlock, qSmem] = storedDs
+      ? [attentionBackwardDqDsBf16.make({ headDim: hd, dq: dq.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, dqDsSmem(hd)]
+      : mma
+        ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, out: out.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
+        : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
+          Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
     const [fkv, kvGrid, kvBlock, kvSmem] = mma
-      ? [attentionBackwardDkvBf16.make({ headDim: hd, dk: dk.dtype, dv: dv.dtype, accumulate: !store }), Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
+      ? [(storedDs ? attentionBackwardDkvDsBf16 : attentionBackwardDkvBf16).make({ headDim: hd, dk: dk.dtype, dv: dv.dtype, accumulate: !store }),
+        Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
       : [attentionBackwardKv.make({
         headDim: hd, block: ATTN_BLOCK, dk: dk.dtype, dv: dv.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype,
       }), Math.ceil(t / ATTN_KEY_TILE), ATTN_BLOCK, tkv!.smem];
@@ -1059,23 +1114,26 @@ export class CudaBackend implements Backend {
       const bc = Math.min(bPer, b - b0);
       const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
       const rows = bc * t * nHeads;
-      // D: the tensor-core dQ kernel computes it for its rows (and writes it for dK/dV); the SIMT path has a pass of its own
-      if (!mma) {
-        this.launch(fpre!, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      // D: the recomputing tensor-core dQ kernel computes it for its rows (and writes it for dK/dV); the SIMT path and
+      // the stored-dS path (dK/dV runs first) have a pass of their own
+      if (fpre) {
+        this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
       }
-      this.launch(fq, [qGrid, nHeads, bc], qBlock,
-        [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), ...(mma ? [P(vw(out, qn))] : []), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)),
-          I(t), I(nHeads), I(nKv)],
-        qSmem);
+      const launchDq = (): void => this.launch(fq, [qGrid, nHeads, bc], qBlock, storedDs
+        ? [P(vw(dq, qn)), P(this.dsTiles), P(vw(k, kn)), I(t), I(nHeads), I(nKv)]
+        : [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), ...(mma ? [P(vw(out, qn))] : []), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)),
+          I(t), I(nHeads), I(nKv)], qSmem);
+      if (!storedDs) launchDq();
       this.launch(fkv, [kvGrid, nKv * S, bc], kvBlock,
-        [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), P(vw(q, qn)),
-          P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], kvSmem);
+        [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), ...(storedDs ? [P(this.dsTiles)] : []), P(this.dsum), P(vw(lse, ln)),
+          P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], kvSmem);
       if (S > 1) {
         // (four head dims a thread where hd is a multiple of 4: attention_dkv_reduce)
         this.launch(fred, [blocksFor(hd % 4 === 0 ? bc * kn / 4 : bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);
       }
+      if (storedDs) launchDq(); // dQ from the dS tiles the dK/dV kernel wrote
     }
   }
 
@@ -1257,6 +1315,11 @@ export class CudaBackend implements Backend {
 }
 
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
+
+/** Raises each of `into`'s scratch needs to `from`'s where that is larger. */
+export function maxScratch(into: AttentionScratch, from: Readonly<AttentionScratch>): void {
+  into.dsum = Math.max(into.dsum, from.dsum); into.dkv = Math.max(into.dkv, from.dkv); into.ds = Math.max(into.ds, from.ds);
+}
 
 /** Ops in segment k of a captured region: 32, 64, 128, 256, then 512 each. */
 export function segmentOps(k: number): number { return Math.min(512, 32 << Math.min(k, 4)); }

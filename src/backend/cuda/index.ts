@@ -6,7 +6,7 @@
  * `prewarm(backend, runs)`: plan by tracing the closures, compile what is missing, seal.
  */
 import type { Backend } from '../backend.js';
-import { CudaBackend, attentionFor } from './cuda-backend.js';
+import { CudaBackend, attentionFor, type AttentionBackwardImpl } from './cuda-backend.js';
 import { Cublas } from './ffi/cublas.js';
 import { CudaDriver } from './ffi/driver.js';
 import { requireLibraries, systemFinderEnv, type FinderEnv } from './ffi/libfind.js';
@@ -34,6 +34,10 @@ export interface CudaBackendOptions {
   /** Floats of attention backward's D scratch and dK/dV partials (defaults DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DKV_FLOATS; tests shrink them). */
   attnDsumFloats?: number;
   attnDkvFloats?: number;
+  /** bf16 elements of the stored-dS attention backward's scratch (default DEFAULT_ATTN_DS_ELEMS; prepare() sizes it). */
+  attnDsElems?: number;
+  /** The bf16 tensor-core attention backward (AttentionBackwardImpl; default DEFAULT_ATTN_BACKWARD). */
+  attnBackward?: AttentionBackwardImpl;
   /** Training attention forward on TF32 tensor cores (see DeviceParts.attention); default: 'mma' with tf32, else 'simt'. */
   attention?: 'simt' | 'mma';
   /** Replay captured regions as CUDA graphs (default on; DISTILLERY_CUDA_GRAPHS=0 turns them off). */
@@ -58,6 +62,8 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     driver, cublas, cache, tf32: o.tf32 ?? false, log,
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
+    ...(o.attnDsElems !== undefined ? { attnDsElems: o.attnDsElems } : {}),
+    ...(o.attnBackward !== undefined ? { attnBackward: o.attnBackward } : {}),
     attention: o.attention ?? attentionFor(o.tf32 ?? false),
     ...(o.graphs !== undefined ? { graphs: o.graphs } : {}),
     ...(o.profile !== undefined ? { profile: o.profile } : {}),

@@ -11,7 +11,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Backend } from '../backend.js';
-import { CudaBackend, attentionScratchSizes, type TraceOptions } from './cuda-backend.js';
+import { CudaBackend, attentionScratchSizes, maxScratch, type AttentionScratch, type TraceOptions } from './cuda-backend.js';
 import type { KernelSpec } from './kernels/spec.js';
 
 export interface PlanOptions extends TraceOptions {
@@ -25,13 +25,14 @@ export interface PlanOptions extends TraceOptions {
  * `kernels plan` lists what the run will launch.
  */
 export function planKernels(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions = {}): KernelSpec[] {
-  if (opts.attnDsumFloats === undefined && opts.attnDkvFloats === undefined) {
-    const need = { dsum: 0, dkv: 0 };
-    traceRuns(runs, { ...(opts.attention !== undefined ? { attention: opts.attention } : {}) }, (b) => {
-      need.dsum = Math.max(need.dsum, b.scratchNeed.dsum); need.dkv = Math.max(need.dkv, b.scratchNeed.dkv);
-    });
+  if (opts.attnDsumFloats === undefined && opts.attnDkvFloats === undefined && opts.attnDsElems === undefined) {
+    const need: AttentionScratch = { dsum: 0, dkv: 0, ds: 0 };
+    traceRuns(runs, {
+      ...(opts.attention !== undefined ? { attention: opts.attention } : {}),
+      ...(opts.attnBackward !== undefined ? { attnBackward: opts.attnBackward } : {}),
+    }, (b) => maxScratch(need, b.scratchNeed));
     const sizes = attentionScratchSizes(need);
-    if (sizes) opts = { ...opts, attnDsumFloats: sizes.dsum, attnDkvFloats: sizes.dkv };
+    if (sizes) opts = { ...opts, attnDsumFloats: sizes.dsum, attnDkvFloats: sizes.dkv, attnDsElems: sizes.ds };
   }
   return traceRuns(runs, opts, opts.onTraced);
 }
@@ -40,8 +41,10 @@ function traceRuns(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions,
   const out = new Map<string, KernelSpec>();
   const trace: TraceOptions = {
     ...(opts.attention !== undefined ? { attention: opts.attention } : {}),
+    ...(opts.attnBackward !== undefined ? { attnBackward: opts.attnBackward } : {}),
     ...(opts.attnDsumFloats !== undefined ? { attnDsumFloats: opts.attnDsumFloats } : {}),
     ...(opts.attnDkvFloats !== undefined ? { attnDkvFloats: opts.attnDkvFloats } : {}),
+    ...(opts.attnDsElems !== undefined ? { attnDsElems: opts.attnDsElems } : {}),
   };
   runs.forEach((run, i) => {
     const b = new CudaBackend('trace', trace);

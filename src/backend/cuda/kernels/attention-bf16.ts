@@ -22,9 +22,14 @@
  * / 255 (56 bytes spilled); NVRTC may differ.
  * Shared memory: faSmem(). Tried and measured slower (docs/measurements, session 18): skipping the diagonal tile's fully
  * masked atoms, two m-atoms per warp. Not yet done: 8-warp blocks, wgmma/TMA.
- * EXPERIMENTAL, not launched by the backend yet (emulated only, session 19): attention_bwd_dkv_ds_bf16 and
- * attention_bwd_dq_ds_bf16, a deterministic backward that computes S and dP once per (query tile, key tile) pair
- * (FlashAttention-2's five products against the default's seven) by storing dSᵀ tiles for the dQ product.
+ * - The default backward (CudaBackend's AttentionBackwardImpl 'stored-ds', session 20): attention_bwd_pre (D), then
+ *   attention_bwd_dkv_ds_bf16 (the dK/dV kernel above plus a coalesced store of every dSᵀ tile it computes, bf16, to a
+ *   causal-triangle scratch: dsScratchElems) and attention_bwd_dq_ds_bf16 (dQ = scale·dS·K from the stored tiles):
+ *   S and dP once per (query tile, key tile) pair, five products against the recomputing pair's seven, deterministic.
+ *   On an H100 at 8 × 1024 (session 20, docs/measurements): backward 351 against 369 µs (student, hd 64), 532 against
+ *   641 (Qwen2.5-1.5B-shaped, hd 128), 585 against 737 (Qwen3, 16/8 heads, hd 128). The recomputing pair
+ *   (attention_bwd_dq_bf16, attention_bwd_dkv_bf16) runs with 'recompute' and where one sequence's triangle does not
+ *   fit the scratch.
  */
 import { DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32 } from './spec.js';
 
@@ -606,14 +611,17 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
         }
       }${storeDs ? `
       {
-        /* dSᵀ of this tile, rounded to bf16 as the dK product rounds it, into its 64 × 64 tile of ds ([key][query], the
-           (query tile, key tile) pair's slot of the causal triangle): this warp's 16 keys, the tile's QT query columns */
+        /* dSᵀ of this tile, rounded to bf16 as the dK product rounds it, into its 64 × 64 tile of ds (the (query tile,
+           key tile) pair's slot of the causal triangle) in 8 × 8 blocks [key block][query block][key][query]
+           (dsScratchElems): the 32 lanes' words of one accumulator half of one atom are one block, 128 contiguous
+           bytes, so each store instruction is one coalesced line */
         const int h = kvh * G + g0 + it / perHead, iq = i0 / 64, nT = (T + 63) / 64;
-        bf16* dt = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + iq * (iq + 1) / 2 + j0 / 64) << 12) + (i0 & 63);
+        bf16* dt = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + iq * (iq + 1) / 2 + j0 / 64) << 12) + 8 * g + 2 * t;
+        const int qb = (i0 & 63) >> 3;
 #pragma unroll
         for (int n = 0; n < QT / 8; n++) {
-          *(unsigned*)(dt + (rw + g) * 64 + 8 * n + 2 * t) = pack2(dp[n][0], dp[n][1]);
-          *(unsigned*)(dt + (rw + g + 8) * 64 + 8 * n + 2 * t) = pack2(dp[n][2], dp[n][3]);
+          *(unsigned*)(dt + ((2 * warp) * 8 + qb + n) * 64) = pack2(dp[n][0], dp[n][1]);
+          *(unsigned*)(dt + ((2 * warp + 1) * 8 + qb + n) * 64) = pack2(dp[n][2], dp[n][3]);
         }
       }` : ''}
       /* dV += Pᵀ·dO, dK += dSᵀ·Q: k-step kk covers queries i0 + 16kk .. + 15 */
@@ -672,12 +680,11 @@ export const attentionBackwardDkvBf16 = defineFamily<DkvP>({
 });
 
 /**
- * EXPERIMENTAL (no default code path launches it; session 19, verified on the emulator only): a backward in which S and
- * dP are computed once per (query tile, key tile) pair, as FlashAttention-2's are, but deterministically: this dK/dV
- * kernel (attention_bwd_dkv_bf16 plus one store) writes each tile of dSᵀ it computes to a bf16 scratch, and
- * attention_bwd_dq_ds_bf16 then forms dQ = scale·dS·K from it with one product per pair and no exponentials (five
- * products per pair against the default's seven, for 2 bytes per causal score written and read). D must exist first
- * (attention_bwd_pre). Scratch: dsScratchElems.
+ * The stored-dS backward's dK/dV kernel (the default backward, see the header): S and dP are computed once per (query
+ * tile, key tile) pair, as FlashAttention-2's are, but deterministically: this dK/dV kernel (attention_bwd_dkv_bf16
+ * plus one store) writes each tile of dSᵀ it computes to a bf16 scratch, and attention_bwd_dq_ds_bf16 then forms
+ * dQ = scale·dS·K from it with one product per pair and no exponentials (five products per pair against seven, for 2
+ * bytes per causal score written and read). D must exist first (attention_bwd_pre). Scratch: dsScratchElems.
  */
 export const attentionBackwardDkvDsBf16 = defineFamily<DkvP>({
   name: 'attention_bwd_dkv_ds_bf16', schema: { ...faSchema, dk: DTYPE_DOMAIN, dv: DTYPE_DOMAIN, accumulate: { kind: 'bool' } },
@@ -687,18 +694,19 @@ export const attentionBackwardDkvDsBf16 = defineFamily<DkvP>({
 
 /**
  * The dS scratch of the stored-dS backward, in bf16 elements: for each (batch, query head), the causal triangle of
- * 64 × 64 tiles, tile (query tile iq, key tile jk ≤ iq) at slot iq(iq + 1)/2 + jk, each [64 keys][64 queries] (zero
- * where the key is past the query or the query past T).
+ * 64 × 64 tiles, tile (query tile iq, key tile jk ≤ iq) at slot iq(iq + 1)/2 + jk, each of 8 × 8 blocks
+ * [key / 8][query / 8][key % 8][query % 8] (128 contiguous bytes a block: one coalesced store per warp in the dK/dV
+ * kernel, one ldmatrix matrix in the dQ kernel), zero where the key is past the query or the query past T.
  */
 export function dsScratchElems(b: number, nH: number, t: number): number {
   const nT = Math.ceil(t / FA_KEY_TILE);
   return b * nH * (nT * (nT + 1) / 2) * FA_KEY_TILE * FA_KEY_TILE;
 }
-/** Dynamic shared memory of attention_bwd_dq_ds_bf16: two buffers of a dSᵀ tile [64][72] and a K tile [64][HD + 8]. */
-export function dqDsSmem(hd: number): number { return 2 * 2 * (FA_KEY_TILE * (FA_QUERY_TILE + 8) + FA_KEY_TILE * (hd + 8)); }
+/** Dynamic shared memory of attention_bwd_dq_ds_bf16: two buffers of a dS tile (64 × 64, as stored) and a K tile [64][HD + 8]. */
+export function dqDsSmem(hd: number): number { return 2 * 2 * (FA_KEY_TILE * FA_QUERY_TILE + FA_KEY_TILE * (hd + 8)); }
 
 /**
- * EXPERIMENTAL, with attention_bwd_dkv_ds_bf16 (which must run first): dq (+)= scale · Σ_j dS_ij k_j from the stored dS
+ * With attention_bwd_dkv_ds_bf16 (which must run first): dq (+)= scale · Σ_j dS_ij k_j from the stored dS
  * tiles. Grid (ceil(T / 64), nH, B), block 128, dynamic shared memory dqDsSmem(hd); heaviest first as the dQ kernel. A
  * warp owns 16 query rows; per key tile j ≤ the query tile (the dSᵀ tile and the K tile staged with cp.async, one
  * ahead): the A fragments of dS come from the [key][query] tile by ldmatrix.trans, the B fragments of K as in the dQ
@@ -710,24 +718,23 @@ export const attentionBackwardDqDsBf16 = defineFamily<{ headDim: number; dq: Dt;
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_KEY_TILE}
-#define DSTR (BQ + 8)
-/* the A fragment (rows = queries r..r+15, k = keys c..c+15) of dS from a [key][query] tile (row stride DSTR) in one
-   ldmatrix.x4.trans: lanes 0-7 address keys c..c+7 at query r (a0: queries g, keys 2t..), 8-15 keys c.. at query r+8
-   (a1), 16-23 keys c+8.. at query r (a2), 24-31 keys c+8.. at query r+8 (a3) */
+#define DSTILE (BK * BQ)
+/* the A fragment (rows = queries r..r+15, k = keys c..c+15) of dS from a tile of 8 × 8 [key][query] blocks
+   (dsScratchElems) in one ldmatrix.x4.trans, one block a matrix: lanes 0-7 address the rows (keys) of block (c, r) (a0:
+   queries g, keys 2t..), 8-15 of (c, r+8) (a1), 16-23 of (c+8, r) (a2), 24-31 of (c+8, r+8) (a3); a block's 8 rows
+   are 128 contiguous bytes (conflict-free) */
 __device__ __forceinline__ void fragAt(unsigned* a, unsigned base, int r, int c) {
   const int l = threadIdx.x & 31;
-  ldsmT4(a[0], a[1], a[2], a[3], base + 2u * ((c + (l & 7) + 8 * (l >> 4)) * DSTR + r + 8 * ((l >> 3) & 1)));
+  const int blk = ((c >> 3) + (l >> 4)) * (BQ / 8) + (r >> 3) + ((l >> 3) & 1);
+  ldsmT4(a[0], a[1], a[2], a[3], base + 2u * (blk * 64 + (l & 7) * 8));
 }
-/* one 64 × 64 bf16 tile (rows of 128 bytes, contiguous) into sh[64][DSTR] with cp.async, 16 bytes a copy */
+/* one 64 × 64 bf16 dS tile (8 KiB, contiguous) into shared memory as it is stored, with cp.async, 16 bytes a copy */
 __device__ __forceinline__ void stageDsAsync(bf16* sh, const bf16* src) {
-  for (int x = threadIdx.x; x < BK * (BQ / 8); x += NT) {
-    const int r = x / (BQ / 8), c = (x - r * (BQ / 8)) * 8;
-    cpAsync16(sh + r * DSTR + c, src + r * BQ + c, true);
-  }
+  for (int x = threadIdx.x; x < DSTILE / 8; x += NT) cpAsync16(sh + 8 * x, src + 8 * x, true);
 }
 extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf16* ds, const bf16* k, int T, int nH, int nKv) {
   extern __shared__ __align__(16) unsigned char smraw[];
-  bf16* buf = (bf16*)smraw; /* two buffers of [dSᵀ tile [BK][DSTR], K tile [BK][STR]] */
+  bf16* buf = (bf16*)smraw; /* two buffers of [dS tile (DSTILE, as stored), K tile [BK][STR]] */
 ${QUERY_TILE_HEAVIEST_FIRST}
   const int i0 = tile * BQ, nT = (T + BK - 1) / BK;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -736,9 +743,9 @@ ${QUERY_TILE_HEAVIEST_FIRST}
   /* this query tile's row of the triangle: tiles (tile, 0 .. tile) are consecutive */
   const bf16* dsRow = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + tile * (tile + 1) / 2) << 12);
   const int nTiles = tile + 1;
-  const int bufElems = BK * DSTR + BK * STR;
+  const int bufElems = DSTILE + BK * STR;
   stageDsAsync(buf, dsRow);
-  stageRowsAsync(buf + BK * DSTR, kb, ks, 0, BK, T);
+  stageRowsAsync(buf + DSTILE, kb, ks, 0, BK, T);
   cpCommit();
   const int rw = warp * 16;
   const unsigned sbuf = smem32(buf);
@@ -749,14 +756,14 @@ ${QUERY_TILE_HEAVIEST_FIRST}
     if (jt + 1 < nTiles) {
       bf16* nb = buf + ((jt + 1) & 1) * bufElems;
       stageDsAsync(nb, dsRow + ((long long)(jt + 1) << 12));
-      stageRowsAsync(nb + BK * DSTR, kb, ks, (jt + 1) * BK, BK, T);
+      stageRowsAsync(nb + DSTILE, kb, ks, (jt + 1) * BK, BK, T);
       cpCommit();
       cpWait<1>();
     } else {
       cpWait<0>();
     }
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const unsigned dS = sbuf + 2u * ((jt & 1) * bufElems), kS = dS + 2u * (BK * DSTR);
+    const unsigned dS = sbuf + 2u * ((jt & 1) * bufElems), kS = dS + 2u * DSTILE;
     /* dQ += dS·K: k-step kk covers keys jt·64 + 16kk .. + 15 */
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {

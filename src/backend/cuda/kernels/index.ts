@@ -49,7 +49,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
 ];
 
 /** Families no default code path launches (opt-in experiments; still compile-gated and mutation-tested). */
-export const EXPERIMENTAL_FAMILIES: ReadonlySet<string> = new Set([attentionForwardMma.name, attentionBackwardDkvDsBf16.name, attentionBackwardDqDsBf16.name]);
+export const EXPERIMENTAL_FAMILIES: ReadonlySet<string> = new Set([attentionForwardMma.name]);
 
 export function familyByName(name: string): KernelFamily<ParamRecord> | undefined {
   return ALL_FAMILIES.find((f) => f.name === name);
