@@ -510,7 +510,7 @@ function dkvMinBlocks(hd: number): number { return hd === 64 ? 3 : 0; }
 type DkvP = { headDim: number; dk: Dt; dv: Dt; accumulate: boolean };
 
 /**
- * The dK/dV kernel's source; with `storeDs` (the experimental attention_bwd_dkv_ds_bf16) it also writes every tile of
+ * The dK/dV kernel's source; with `storeDs` (attention_bwd_dkv_ds_bf16) it also writes every tile of
  * dSᵀ it computes, as bf16, to `ds` (dsScratchElems) for attention_bwd_dq_ds_bf16; without it the source is exactly
  * attention_bwd_dkv_bf16's.
  */
