@@ -9,7 +9,9 @@
  * against fused (what fusing them would save per layer) and the passes over its whole gradient; `--row-ops` times the
  * memory-bound per-layer backward ops at 8192 rows as a bf16 model runs them (the norm backward into the f32 residual
  * gradient with its bf16 copy; attention and RoPE backward zeroed then accumulated, against overwriting) with the bytes
- * each moves at least and the bandwidth that implies.
+ * each moves at least and the bandwidth that implies. `--loss-rows` times the fused loss kernels over one head chunk of bf16
+ * logits with the gradient in place: the sparse loss over a teacher cache's 4096 rows (32 slots) and the dense KL over an
+ * online step's 820 rows of student and teacher logits (151936 columns).
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
@@ -44,7 +46,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops'].some((f) => process.argv.some((x) => x.startsWith(f))) ? [] : shapes) {
+for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops', '--loss-rows'].some((f) => process.argv.some((x) => x.startsWith(f))) ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -176,4 +178,25 @@ if (process.argv.includes('--model') || process.argv.includes('--model-only')) {
   say('q_proj, model weight view (sin), x -> f32', time(() => be.matmulForward(o32, x, wv, null, N, 1536, 1536)));
   say('q_proj, fresh weight, x -> f32', time(() => be.matmulForward(o32, x, wf, null, N, 1536, 1536)));
 }
+// --loss-rows: the fused loss kernels alone at the head chunks of the 8 x 1024 job (bf16 logits, gradient in place).
+if (process.argv.includes('--loss-rows')) {
+  const V = 151936, S = 32, spec = { kind: 'kl' as const, alpha: 0.5, temperature: 2, beta: 0 };
+  const rnd = (n: number, scale: number): Float32Array => { const a = new Float32Array(n); let x = 7; for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * scale; } return a; };
+  for (const [what, n] of [['sparse (teacher cache)', 4096], ['dense KL (online)', 820]] as Array<[string, number]>) {
+    const z = be.alloc(n * V, 'logits', 'bf16'), zt = be.alloc(n * V, 'teacher logits', 'bf16');
+    be.upload(z, rnd(n * V, 16)); be.upload(zt, rnd(n * V, 16));
+    const stats = be.alloc(n * 4, 'stats'), w = be.alloc(n, 'weights'), y = be.allocInt(n, 'targets');
+    be.upload(w, new Float32Array(n).fill(1 / 8192)); be.uploadInt(y, Int32Array.from({ length: n }, (_, i) => (i * 7919) % V));
+    const ids = be.allocInt(n * S, 'ids'), prob = be.alloc(n * S, 'prob'), logq = be.alloc(n * S, 'logq'), tail = be.alloc(n, 'tail'), am = be.allocInt(n, 'argmax');
+    be.uploadInt(ids, Int32Array.from({ length: n * S }, (_, i) => (i * 104729) % V)); be.upload(prob, new Float32Array(n * S).fill(1 / S));
+    be.upload(logq, new Float32Array(n * S).fill(-3)); be.upload(tail, new Float32Array(n).fill(-1));
+    const sparse = { slots: S, ids, prob, logq, tail, argmax: am };
+    // the gradient overwrites the logits (as the step's head does); the values stay finite, so repeats time the same work
+    const us = time(() => (n === 4096 ? be.sparseLossForward(stats, z, z, y, w, sparse, n, V, spec, V) : be.lossForward(stats, z, z, zt, y, w, n, V, spec, V)));
+    const bytes = (n === 4096 ? 3 : 4) * n * V * 2;
+    console.log(`[loss-rows] ${what}: ${n} rows x ${V}: ${us.toFixed(1)} us (${(bytes / us / 1e3).toFixed(0)} GB/s over ${n === 4096 ? 'two reads and a write' : 'two reads of both rows and a write'})`);
+  }
+}
+
 be.dispose();
+

@@ -20,7 +20,7 @@ import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
 
 const n = 6, BLOCK = 128, S = 12;
-/** [loss vocabulary, row stride]: float4 rows without a tail, float4 rows with a 1-element tail, scalar rows */
+/** [loss vocabulary, row stride]: 8-element vector rows with a 4-element tail, with a 5-element tail, scalar rows */
 const GEOMETRIES: Array<[number, number]> = [[700, 704], [701, 704], [698, 703]];
 
 function readF32(name: string): Float32Array {

@@ -28,52 +28,66 @@ export type LossP = { kind: string; withGrad: boolean; dlogits: string; logits: 
 /**
  * The row loops of the dense and the sparse loss kernels (after BLOCK and dtypeHelpers), shared so that the vector and
  * the scalar forms of a pass are one piece of code:
- * - st4(p, j, a, b, c, d): four consecutive gradient elements from j (a multiple of 4 in a 16-byte aligned row), one
- *   16-byte (f32) or 8-byte (bf16) store;
- * - ld4(p, j4): elements 4·j4 .. 4·j4+3 of an f32 (one float4 load) or bf16 (one 8-byte load) row, as floats;
- * - forRow<HAS_T>(z, zt, V, vec, f): f(z[j], zt[j], j) for this thread's j of [0, V) (strided by BLOCK, ascending), four
- *   at a time from ld4 where `vec` (every row aligned, vecCondition: uniform over the grid; the row then streams at
+ * - st8(p, j, v): eight consecutive gradient elements from j (a multiple of 8 in a 16-byte aligned row): two 16-byte
+ *   stores (f32) or one (bf16);
+ * - ld8(p, j8, o): elements 8·j8 .. 8·j8+7 of an f32 (two float4 loads) or bf16 (one 16-byte load) row, as floats;
+ * - forRow<HAS_T>(z, zt, V, vec, f): f(z[j], zt[j], j) for this thread's j of [0, V) (strided by BLOCK, ascending), eight
+ *   at a time from ld8 where `vec` (every row aligned, vecCondition: uniform over the grid; the row then streams at
  *   memory bandwidth, where one scalar load per step left the kernel latency-bound), then the rest one at a time;
  *   without a teacher row (HAS_T false) zt is not read and f gets 0; z and zt are each f32 or bf16;
- * - mapRow<HAS_T>(g, z, zt, V, vec, f): g[j] = f(z[j], zt[j], j) over the same elements, four per vector store.
+ * - mapRow<HAS_T>(g, z, zt, V, vec, f): g[j] = f(z[j], zt[j], j) over the same elements, eight per vector store.
+ * 16-byte accesses for bf16 rows: the two passes over 4096 rows of 151936 bf16 logits (gradient in place) took 1443 us
+ * with 8-byte ones and 1332 us with these on an H100 (scripts/cuda/loss-row-passes.cu, session 20).
  */
-export const ROW_HELPERS = `__device__ __forceinline__ void st4(float* p, int j, float a, float b, float c, float d) { *(float4*)(p + j) = make_float4(a, b, c, d); }
-__device__ __forceinline__ void st4(bf16* p, int j, float a, float b, float c, float d) { *(uint2*)(p + j) = make_uint2(pack2(a, b), pack2(c, d)); }
-__device__ __forceinline__ float4 ld4(const float* p, int j4) { return ((const float4*)p)[j4]; }
-__device__ __forceinline__ float4 ld4(const bf16* p, int j4) {
-  const uint2 u = ((const uint2*)p)[j4];
-  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+export const ROW_HELPERS = `__device__ __forceinline__ void st8(float* p, int j, const float* v) {
+  *(float4*)(p + j) = make_float4(v[0], v[1], v[2], v[3]); *(float4*)(p + j + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void st8(bf16* p, int j, const float* v) {
+  *(uint4*)(p + j) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
+}
+__device__ __forceinline__ void ld8(const float* p, int j8, float* o) {
+  const float4 a = ((const float4*)p)[2 * j8], b = ((const float4*)p)[2 * j8 + 1];
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+__device__ __forceinline__ void ld8(const bf16* p, int j8, float* o) {
+  const uint4 u = ((const uint4*)p)[j8];
+  const unsigned w[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+  for (int e = 0; e < 4; e++) { o[2 * e] = __uint_as_float(w[e] << 16); o[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u); }
 }
 template <bool HAS_T, typename TZ, typename TT, typename F>
 __device__ __forceinline__ void forRow(const TZ* z, const TT* zt, int V, bool vec, F f) {
-  const int V4 = vec ? V >> 2 : 0;
-  for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-    const float4 x4 = ld4(z, j4);
-    const float4 t4 = HAS_T ? ld4(zt, j4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const int j = 4 * j4;
-    f(x4.x, t4.x, j); f(x4.y, t4.y, j + 1); f(x4.z, t4.z, j + 2); f(x4.w, t4.w, j + 3);
+  const int V8 = vec ? V >> 3 : 0;
+  for (int j8 = threadIdx.x; j8 < V8; j8 += BLOCK) {
+    float x[8], t[8];
+    ld8(z, j8, x);
+    if (HAS_T) ld8(zt, j8, t);
+#pragma unroll
+    for (int e = 0; e < 8; e++) f(x[e], HAS_T ? t[e] : 0.0f, 8 * j8 + e);
   }
-  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j);
+  for (int j = 8 * V8 + threadIdx.x; j < V; j += BLOCK) f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j);
 }
 template <bool HAS_T, typename G, typename TZ, typename TT, typename F>
 __device__ __forceinline__ void mapRow(G* g, const TZ* z, const TT* zt, int V, bool vec, F f) {
-  const int V4 = vec ? V >> 2 : 0;
-  for (int j4 = threadIdx.x; j4 < V4; j4 += BLOCK) {
-    const float4 x4 = ld4(z, j4);
-    const float4 t4 = HAS_T ? ld4(zt, j4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const int j = 4 * j4;
-    st4(g, j, f(x4.x, t4.x, j), f(x4.y, t4.y, j + 1), f(x4.z, t4.z, j + 2), f(x4.w, t4.w, j + 3));
+  const int V8 = vec ? V >> 3 : 0;
+  for (int j8 = threadIdx.x; j8 < V8; j8 += BLOCK) {
+    float x[8], t[8], r[8];
+    ld8(z, j8, x);
+    if (HAS_T) ld8(zt, j8, t);
+#pragma unroll
+    for (int e = 0; e < 8; e++) r[e] = f(x[e], HAS_T ? t[e] : 0.0f, 8 * j8 + e);
+    st8(g, 8 * j8, r);
   }
-  for (int j = 4 * V4 + threadIdx.x; j < V; j += BLOCK) stf(g, j, f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j));
+  for (int j = 8 * V8 + threadIdx.x; j < V; j += BLOCK) stf(g, j, f(ldf(z, j), HAS_T ? ldf(zt, j) : 0.0f, j));
 }`;
 
 /**
- * The vector-path condition of a row kernel: every row of every operand aligned for its 4-element load or store
- * (16 bytes for f32, 8 for bf16), uniform over the grid. `ptrs`: [C expression, dtype] of each operand's base.
+ * The vector-path condition of a row kernel: every row of every operand aligned for its 8-element loads or stores (16
+ * bytes, f32 and bf16 alike), uniform over the grid. `ptrs`: [C expression, dtype] of each operand's base.
  */
 export function vecCondition(ptrs: ReadonlyArray<readonly [string, string]>): string {
-  const misaligned = ptrs.map(([e, dt]) => `(reinterpret_cast<unsigned long long>(${e}) & ${dt === 'bf16' ? 7 : 15})`).join(' | ');
-  return `(LD & 3) == 0 && (${misaligned}) == 0`;
+  const misaligned = ptrs.map(([e]) => `(reinterpret_cast<unsigned long long>(${e}) & 15)`).join(' | ');
+  return `(LD & 7) == 0 && (${misaligned}) == 0`;
 }
 
 /**
@@ -242,7 +256,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   ${dist ? `const ${ctype(p.teacher)}* zt = teacher + (long long)row * LD;
   float mt = NEG_INF, st = 0.0f, a = 0.0f;
   int argT = V;` : `const ${ctype(p.logits)}* zt = z; (void)teacher;`}
-  /* 4-element loads where every row is aligned (uniform over the grid): forRow / mapRow */
+  /* 8-element loads where every row is aligned (uniform over the grid): forRow / mapRow */
   const bool vec = ${vecCondition([['logits', p.logits], ...(dist ? [['teacher', p.teacher] as const] : []), ...(p.withGrad ? [['dlogits', p.dlogits] as const] : [])])};
   forRow<${dist}>(z, zt, V, vec, ${stat});
   const float M = blockMax(m);

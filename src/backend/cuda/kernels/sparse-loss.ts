@@ -95,7 +95,7 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   /* one pass: online sums at T = 1 and at T${tail ? ', and at T over the tokens outside the slots' : ''} */
   float m = NEG_INF, s1 = 0.0f, ss = 0.0f${tail ? ', mo = NEG_INF, so = 0.0f' : ''};
   int argS = V;
-  /* 4-element loads where every row is aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
+  /* 8-element loads where every row is aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
   const bool vec = ${vecCondition([['logits', p.logits], ...(p.withGrad ? [['dlogits', p.dlogits] as const] : [])])};
   forRow<false>(z, (const float*)nullptr, V, vec, [&](float x, float, int j) { /* first index wins ties within a thread (its j ascend) */
     if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; m = x; argS = j; }
