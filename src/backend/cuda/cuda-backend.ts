@@ -107,7 +107,8 @@ export const MAX_ATTN_DKV_FLOATS = 1 << 25;
  * The stored-dS attention backward's scratch (bf16 elements, dsScratchElems: the causal triangle of 64 × 64 dS tiles of
  * every batch · query head): 32 MiB until prepare() sizes it to the traced run's need, at most MAX_ATTN_DS_ELEMS
  * (256 MiB: the 8 × 1024 batch of a 14-head student needs 119 MiB); larger batches run in chunks, and where one
- * sequence's triangle does not fit (past ~5.6k positions at 14 heads) the backward recomputes S and dP instead.
+ * sequence's triangle does not fit (past 4,288 positions at 14 heads) the backward recomputes S and dP instead. A
+ * backend that never runs an attention backward keeps the 32 MiB (as it keeps the D and dK/dV scratch defaults).
  */
 export const DEFAULT_ATTN_DS_ELEMS = 1 << 24;
 export const MAX_ATTN_DS_ELEMS = 1 << 27;

@@ -696,7 +696,9 @@ export const attentionBackwardDkvDsBf16 = defineFamily<DkvP>({
  * The dS scratch of the stored-dS backward, in bf16 elements: for each (batch, query head), the causal triangle of
  * 64 × 64 tiles, tile (query tile iq, key tile jk ≤ iq) at slot iq(iq + 1)/2 + jk, each of 8 × 8 blocks
  * [key / 8][query / 8][key % 8][query % 8] (128 contiguous bytes a block: one coalesced store per warp in the dK/dV
- * kernel, one ldmatrix matrix in the dQ kernel), zero where the key is past the query or the query past T.
+ * kernel, one ldmatrix matrix in the dQ kernel), zero where the key is past the query. Query rows past T: zero in the
+ * 32-row half the dK/dV kernel visits; at head dims above 64 (32-row query tiles) a last tile's half that starts at or
+ * past T is never written and keeps stale (finite) values, which reach only dQ rows past T, which are not stored.
  */
 export function dsScratchElems(b: number, nH: number, t: number): number {
   const nT = Math.ceil(t / FA_KEY_TILE);

@@ -201,9 +201,10 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
  *   rkl: a = Σ e^((z−m)/T) · (z − zt)      → KL(q‖p) = a / (T·ss) − lseS + lseT
  * (u = zt/T, s = z/T); the block then rescales every thread's sums to the block maxima and adds them. So the row is
  * read once for the statistics and once more for the gradient (the multi-pass form read the student logits five
- * times and the teacher's three: the loss was 9% of an 8×1024 bf16 step on the H100, bandwidth-bound), with float4
- * loads and 16- or 8-byte gradient stores where the rows are 16-byte aligned (scalar one element per step held it at
- * about 1.8 TB/s, latency-bound: 1.34 ms per 884-row chunk of Qwen's vocabulary in ncu, session 9).
+ * times and the teacher's three: the loss was 9% of an 8×1024 bf16 step on the H100, bandwidth-bound), 8 elements a
+ * load and a store (ROW_HELPERS) where the rows are 16-byte aligned and the stride a multiple of 8 (scalar one element
+ * per step held it at about 1.8 TB/s, latency-bound: 1.34 ms per 884-row chunk of Qwen's vocabulary in ncu, session 9;
+ * a stride of 4 mod 8 runs scalar: the head's width is a multiple of 16 wherever the vocabularies allow, headWidth).
  */
 function generateOnePass(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none', kl = p.kind === 'kl', rkl = p.kind === 'reverse-kl';
