@@ -312,14 +312,13 @@ export class CudaBackend implements Backend {
     if (mode === 'device' && !parts) throw new Error('CudaBackend device mode needs a driver, cuBLAS and a kernel cache');
     this.scratchBlocks = parts?.scratchBlocks ?? DEFAULT_SCRATCH_BLOCKS;
     this.partialsHost = new Float64Array(this.scratchBlocks);
-    // The attention scratch sizes: a device's, or the device's a trace stands for (TraceOptions).
-    const sizes: { attnDsumFloats?: number | undefined; attnDkvFloats?: number | undefined; attnDsElems?: number | undefined } | undefined = partsOrTrace;
-    this.dsumFloats = sizes?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
-    const choice: TraceOptions | undefined = partsOrTrace;
-    this.attnImpl = choice?.attention ?? 'simt';
-    this.attnBwd = choice?.attnBackward ?? DEFAULT_ATTN_BACKWARD;
-    this.dkvFloats = sizes?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
-    this.dsElems = sizes?.attnDsElems ?? DEFAULT_ATTN_DS_ELEMS;
+    // The attention kernels' choices and scratch sizes: a device's, or the device's a trace stands for (TraceOptions).
+    const o: TraceOptions | undefined = partsOrTrace;
+    this.dsumFloats = o?.attnDsumFloats ?? DEFAULT_ATTN_DSUM;
+    this.attnImpl = o?.attention ?? 'simt';
+    this.attnBwd = o?.attnBackward ?? DEFAULT_ATTN_BACKWARD;
+    this.dkvFloats = o?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
+    this.dsElems = o?.attnDsElems ?? DEFAULT_ATTN_DS_ELEMS;
     this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined || parts?.attnDsElems !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
@@ -1092,9 +1091,9 @@ export class CudaBackend implements Backend {
     if (S > 1) bPer = Math.min(bPer, dkvFit);
     // The stored-dS backward where one sequence's dS triangle fits the scratch (AttentionBackwardImpl), in chunks of
     // whole sequences; else the dQ and dK/dV kernels each recompute S and dP.
-    const dsPer = dsScratchElems(1, nHeads, t);
-    if (mma && this.attnBwd === 'stored-ds') this.scratchNeed.ds = Math.max(this.scratchNeed.ds, dsPer * b);
-    const storedDs = mma && this.attnBwd === 'stored-ds' && this.dsElems >= dsPer;
+    const dsPer = dsScratchElems(1, nHeads, t), wantsDs = mma && this.attnBwd === 'stored-ds';
+    if (wantsDs) this.scratchNeed.ds = Math.max(this.scratchNeed.ds, dsPer * b);
+    const storedDs = wantsDs && this.dsElems >= dsPer;
     if (storedDs) bPer = Math.min(bPer, Math.floor(this.dsElems / dsPer));
     const fpre = mma && !storedDs ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
     const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype, accumulate: !store });

@@ -184,6 +184,22 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
  * The block order of the kernels with a grid (query tiles, heads, batches): `tile`, `h`, `b` and `kvh` from the linear
  * block index, the last query tile (the most key tiles under the causal mask) of every (head, batch) pair first.
  */
+/**
+ * One k-step kk of a product whose B operand is a row-major [rows][STR] tile in shared memory (P·V in the forward, dS·K
+ * in both dQ kernels): acc[n] += A · B for every 8-column atom n of the HD-wide result, B's fragments of the tile's
+ * rows 16kk .. 16kk + 15 by ldmatrix.trans (fragBt2), two atoms a load. `a` is the step's A fragment, `tile` the
+ * tile's shared-memory address.
+ */
+function mmaRowBt(acc: string, a: string, tile: string): string {
+  return `#pragma unroll
+      for (int n = 0; n < NO; n += 2) {
+        unsigned bb[4];
+        fragBt2(bb, ${tile}, STR, 16 * kk, 8 * n);
+        mma16(${acc}[n], ${a}, bb[0], bb[1]);
+        mma16(${acc}[n + 1], ${a}, bb[2], bb[3]);
+      }`;
+}
+
 const QUERY_TILE_HEAVIEST_FIRST = `  const int hb = gridDim.y * gridDim.z;
   const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);`;
@@ -319,13 +335,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
     for (int kk = 0; kk < BK / 16; kk++) {
       unsigned pa[4];
       packA(pa, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < NO; n += 2) {
-        unsigned bb[4];
-        fragBt2(bb, vS, STR, 16 * kk, 8 * n);
-        mma16(o[n], pa, bb[0], bb[1]);
-        mma16(o[n + 1], pa, bb[2], bb[3]);
-      }
+${mmaRowBt('o', 'pa', 'vS')}
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
@@ -476,13 +486,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
     for (int kk = 0; kk < KT / 16; kk++) {
       unsigned sa[4];
       packA(sa, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < NO; n += 2) {
-        unsigned bb[4];
-        fragBt2(bb, kS, STR, 16 * kk, 8 * n);
-        mma16(acc[n], sa, bb[0], bb[1]);
-        mma16(acc[n + 1], sa, bb[2], bb[3]);
-      }
+${mmaRowBt('acc', 'sa', 'kS')}
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
@@ -771,13 +775,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
     for (int kk = 0; kk < BK / 16; kk++) {
       unsigned sa[4];
       fragAt(sa, dS, rw, 16 * kk);
-#pragma unroll
-      for (int n = 0; n < NO; n += 2) {
-        unsigned bb[4];
-        fragBt2(bb, kS, STR, 16 * kk, 8 * n);
-        mma16(acc[n], sa, bb[0], bb[1]);
-        mma16(acc[n + 1], sa, bb[2], bb[3]);
-      }
+${mmaRowBt('acc', 'sa', 'kS')}
     }
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
