@@ -198,5 +198,30 @@ if (process.argv.includes('--loss-rows')) {
   }
 }
 
+// --head-gemms: the LM head's three products at the job's chunk shapes (bf16 logits, hidden 896, vocab width 151680 as the
+// student's head runs it): the forward, the input gradient (f32, accumulated) and the weight gradient (f32, accumulated and
+// overwritten), whole and as sub-chunks of rows, with TF/s, so a poor cuBLAS choice at one shape shows by itself.
+if (process.argv.includes('--head-gemms')) {
+  const V = 151680, C = 896;
+  const rnd = (n: number): Float32Array => { const a = new Float32Array(n); let x = 11; for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; } return a; };
+  const W = be.alloc(V * C, 'head weight', 'bf16'); be.upload(W, rnd(V * C));
+  const dW = be.alloc(V * C, 'head weight grad', 'f32');
+  const tf = (n: number, us: number): string => `${us.toFixed(1)} us ${(2 * n * C * V / us / 1e6).toFixed(0)} TF/s`;
+  for (const n of [820, 1024, 2048, 4096]) {
+    const x = be.alloc(n * C, 'hidden', 'bf16'), z = be.alloc(n * V, 'logits', 'bf16'), dx = be.alloc(n * C, 'hidden grad', 'f32');
+    be.upload(x, rnd(n * C)); be.upload(z, rnd(n * V));
+    const fwd = time(() => be.matmulForward(z, x, W, null, n, C, V));
+    const dinp = time(() => be.matmulBackward(dx, null, null, z, x, W, n, C, V));
+    const dw = time(() => be.matmulBackward(null, dW, null, z, x, W, n, C, V));
+    const row = [`forward ${tf(n, fwd)}`, `dinp ${tf(n, dinp)}`, `dweight += ${tf(n, dw)}`];
+    for (const sub of [512, 1024, 2048]) {
+      if (sub >= n || n % sub !== 0) continue;
+      const parts = n / sub;
+      const dinpSub = time(() => { for (let p = 0; p < parts; p++) be.matmulBackward(be.view(dx, p * sub * C, sub * C), null, null, be.view(z, p * sub * V, sub * V), be.view(x, p * sub * C, sub * C), W, sub, C, V); });
+      row.push(`dinp as ${parts}x${sub} ${tf(n, dinpSub)}`);
+    }
+    console.log(`[head-gemms] rows ${n}: ${row.join(' | ')}`);
+  }
+}
 be.dispose();
 

@@ -218,9 +218,11 @@ export interface Backend {
   /**
    * dinp += (d out / d inp)ᵀ dout and dweight += Σ_rows dout ⊙ inp · rstd (dweight null: a frozen weight). dinpCopy, when
    * given, receives dinp's new values as well, in its own dtype (what copy(dinpCopy, dinp) after would write): a bf16
-   * model's residual gradient as the next products' operand.
+   * model's residual gradient as the next products' operand. With `dweightAccumulate` false, dweight is overwritten
+   * (dweight = Σ_rows ..., its old values never read), as matmulBackward's.
    */
-  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy?: Buf | null): void;
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy?: Buf | null,
+    dweightAccumulate?: boolean): void;
   /**
    * The residual add fused with the norm that reads it: sum = a + b (n·c elements; the residual stream, normally f32),
    * then rmsnormForward(out, rstd, sum, weight, n, c, eps) over the stored sum. Results are identical to `add`
@@ -240,11 +242,13 @@ export interface Backend {
    * dinp += dout · weight; dweight += doutᵀ · inp; dbias += Σ_rows dout. Any gradient output may be null (skipped).
    * dout, inp and weight share one dtype (checkMatmulDtypes); the gradient outputs may be either (weight gradients
    * are normally f32). With `dinpAccumulate` false, dinp is overwritten (dinp = dout · weight: the product's own store,
-   * no zeroing pass and no read of the old values); the weight and bias gradients always accumulate.
+   * no zeroing pass and no read of the old values). With `dweightAccumulate` false, dweight and dbias are overwritten
+   * the same way (dweight = doutᵀ · inp, dbias = Σ_rows dout: a training step's first write of a parameter's gradient,
+   * Transformer.overwriteGrads, so the step needs no pass that zeroes the gradients first).
    */
   matmulBackward(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
-    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate?: boolean,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate?: boolean, dweightAccumulate?: boolean,
   ): void;
 
   /**

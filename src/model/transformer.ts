@@ -346,6 +346,31 @@ export class Transformer {
   zeroGrad(): void {
     if (this.grads) this.backend.zero(this.grads);
     this.lora?.zeroGrad();
+    this.gradWrites = { overwrite: false, head: false };
+  }
+
+  /**
+   * What zeroGrad() then a backward pass computes, without the pass that zeroes the gradients: the next backward pass
+   * overwrites each parameter's gradient at its first write (matmulBackward / rmsnormBackward with dweightAccumulate
+   * false; the embedding's where nothing wrote it yet is zeroed, as are LM-head rows past the loss head's width) and
+   * accumulates its later writes and those of later passes (gradient accumulation). Until that pass ends the gradients
+   * hold stale values: only a backward pass may follow. LoRA adapters' gradients are zeroed (small).
+   */
+  overwriteGrads(): void {
+    this.lora?.zeroGrad();
+    this.gradWrites = { overwrite: this.grads !== null, head: false };
+  }
+  /** Where the current gradients stand (overwriteGrads): first writes still to overwrite, and whether the LM head's was made. */
+  private gradWrites = { overwrite: false, head: false };
+
+  /**
+   * Whether the caller's next write of headGrad() accumulates (false: it is the pass's first and overwrites; the caller
+   * then also zeroes what it does not write, see ChunkedHead). Marks the head's gradient written.
+   */
+  headGradAccumulates(): boolean {
+    const acc = !this.gradWrites.overwrite || this.gradWrites.head;
+    this.gradWrites.head = true;
+    return acc;
   }
 
   /** The LM head's weight [vocab, hidden] (the embedding table when tied). */
@@ -437,7 +462,6 @@ export class Transformer {
     if (!this.lastShape) throw new DistilleryError('backward() called before forward()');
     const { b, t } = this.lastShape;
     const N = b * t, C = this.config.hiddenSize, dh = this.v(this.g.dHidden, N * C), V = this.config.vocabSize;
-    this.backend.zero(dh);
     let dz = this.v(dlogits, N * V);
     if (dz.dtype !== this.compute) {
       // A bf16 model's head products take bf16 operands (tools and tests only: the step's chunked head does this itself).
@@ -446,8 +470,9 @@ export class Transformer {
       this.backend.copy(conv, dz);
       dz = conv;
     }
+    // dh is overwritten (the head's product is its only gradient); the head's weight gradient per headGradAccumulates
     this.backend.matmulBackward(dh, this.headGrad(), null, dz,
-      this.v(this.lnf, N * C), this.headWeight(), N, C, this.config.vocabSize);
+      this.v(this.lnf, N * C), this.headWeight(), N, C, this.config.vocabSize, false, this.grads ? this.headGradAccumulates() : true);
     this.backwardHidden();
   }
 
@@ -466,12 +491,14 @@ export class Transformer {
     const c = this.config, be = this.backend, L = this.layout, g = this.g;
     const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
     const dx = this.v(g.dx, N * C), dln = this.v(g.dln, N * C);
+    // Each parameter gradient's one write in this pass overwrites it after overwriteGrads() (acc false), else accumulates.
+    const acc = !this.gradWrites.overwrite;
     // Final norm.
     be.zero(dx);
     // The residual gradient as a matrix-product operand: dx itself in fp32; in bf16 its bf16 copy, which each norm
     // backward into dx writes beside it (but the first layer's input norm: the embedding's backward reads dx).
     const dxB = g.dxB === g.dx ? null : this.v(g.dxB, N * C);
-    be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C, dxB);
+    be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C, dxB, acc);
     const readyRange = ready ? gradReadyRanges(L, this.lora?.layout ?? null) : null;
     if (readyRange?.tail) ready!(...readyRange.tail);
     for (let l = c.numLayers - 1; l >= 0; l--) {
@@ -491,18 +518,18 @@ export class Transformer {
       if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
       // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
       // zeroed and accumulated into.
-      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false);
+      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false, acc);
       adapt('down_proj', dact, dxOp, act);
       be.swigluBackward(dgate, dup, dact, gate, up, N * I, false);
-      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false);
+      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false, acc);
       adapt('gate_proj', dln, dgate, ln2);
-      be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I);
+      be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I, true, acc);
       adapt('up_proj', dln, dup, ln2);
-      be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C, dxB);
+      be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C, dxB, acc);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);
       const dqPre = g.dqPre && this.v(g.dqPre, N * Q), dkPre = g.dkPre && this.v(g.dkPre, N * KV);
-      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false);
+      be.matmulBackward(datt, this.gr(w.wo), this.grOpt(w.bo), dxOp, this.v(a.att, N * Q), this.p(w.wo), N, Q, C, false, acc);
       adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
       // dq, dk, dv and the rotation's outputs are overwritten (no zeroing pass, the old values never read)
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
@@ -530,8 +557,8 @@ export class Transformer {
       if (qn) {
         const oq = other(fq), ok = other(fk);
         be.zero(oq); be.zero(ok);
-        be.rmsnormBackward(oq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim);
-        be.rmsnormBackward(ok, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim);
+        be.rmsnormBackward(oq, this.gr(w.qNorm!), gq, qn.qRaw, this.p(w.qNorm!), qn.rstdQ, N * c.numHeads, c.headDim, null, acc);
+        be.rmsnormBackward(ok, this.gr(w.kNorm!), gk, qn.kRaw, this.p(w.kNorm!), qn.rstdK, N * c.numKvHeads, c.headDim, null, acc);
         [gq, fq, gk, fk] = [oq, gq, ok, gk];
       }
       if (d && wqkv) {
@@ -544,21 +571,26 @@ export class Transformer {
         }
         be.copyColumns(d, Wd, Q + KV, dv, KV, 0, N, KV);
         const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
-        be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, wqkv, N, C, Wd, false);
+        be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, wqkv, N, C, Wd, false, acc);
       } else {
-        be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false);
+        be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false, acc);
         adapt('q_proj', dln, gq, ln1);
-        be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV);
+        be.matmulBackward(dln, this.gr(w.wk), this.grOpt(w.bk), gk, ln1, this.p(w.wk), N, C, KV, true, acc);
         adapt('k_proj', dln, gk, ln1);
-        be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV);
+        be.matmulBackward(dln, this.gr(w.wv), this.grOpt(w.bv), dv, ln1, this.p(w.wv), N, C, KV, true, acc);
         adapt('v_proj', dln, dv, ln1);
       }
-      be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C, l > 0 ? dxB : null);
+      be.rmsnormBackward(dx, this.gr(w.ln1), dln, this.v(a.x, N * C), this.p(w.ln1), this.v(a.rstd1, N), N, C, l > 0 ? dxB : null, acc);
       const r = readyRange?.layers[l];
       if (r && r[1] > r[0]) ready!(...r);
     }
     const gEmbed = this.gr(L.embed);
+    // The embedding's backward adds each token's row: zeroed first where this pass has not written it yet (an untied
+    // LM head, or a tied one whose head gradient the caller did not write).
+    if (gEmbed && !acc && (L.lmHead !== null || !this.gradWrites.head)) be.zero(gEmbed);
+    if (L.lmHead && !acc && !this.gradWrites.head) be.zero(this.gr(L.lmHead)!); // no head gradient this pass: zero
     if (gEmbed) be.embeddingBackward(gEmbed, dx, this.ids, N, C);
+    this.gradWrites = { overwrite: false, head: false };
     if (readyRange?.head) ready!(...readyRange.head);
   }
 }

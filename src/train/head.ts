@@ -169,7 +169,8 @@ export class ChunkedHead {
 
   /**
    * Head + loss over n rows of hidden states (the models' last forwardHidden outputs). With `grad`, the student's
-   * head gradient is accumulated and dL/d(hidden) is written into student.hiddenGrad() (zeroed here first).
+   * head gradient is accumulated (overwritten by the pass's first write after Transformer.overwriteGrads) and
+   * dL/d(hidden) is written into student.hiddenGrad() (each chunk's rows overwritten).
    * Returns the per-row statistics [n, LOSS_STATS] on the host.
    */
   /**
@@ -242,7 +243,11 @@ export class ChunkedHead {
     // dW null in a training pass: the LM head is frozen (LoRA); the hidden states' gradient still flows.
     const dWs = dW ? be.view(dW, 0, V * C) : null;
     const dh = grad ? be.view(this.student.hiddenGrad(), 0, n * C) : null;
-    if (dh) be.zero(dh);
+    // The first chunk's weight gradient overwrites the head's after overwriteGrads() (the rows past the width, which no
+    // chunk writes, are zeroed then); each chunk overwrites its own rows of dh.
+    let dWacc = dWs ? this.student.headGradAccumulates() : true;
+    if (!dWacc && dW && V * C < dW.length) be.zero(be.view(dW, V * C, dW.length - V * C));
+    if (!dWacc && dWs && n === 0) be.zero(dWs);
     for (let r0 = 0; r0 < n; r0 += R) {
       const rows = Math.min(R, n - r0);
       const zs = be.view(this.zs, 0, rows * V);
@@ -261,7 +266,8 @@ export class ChunkedHead {
         be.lossForward(be.view(this.teacherStats, r0 * LOSS_STATS, rows * LOSS_STATS), null, zt, null, y, w, rows, this.lossVocab,
           { kind: 'none', alpha: 0, temperature: 1, beta: 0 }, V);
       }
-      if (dh) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V);
+      if (dh) be.matmulBackward(be.view(dh, r0 * C, rows * C), dWs, null, dz, hsRows, ws, rows, C, V, false, dWacc);
+      dWacc = true;
     }
   }
 }

@@ -157,7 +157,8 @@ export class StepRunner {
     // Data parallel: every token is weighted by 1 / (the step's counted tokens over all ranks).
     if (comm && comm.world > 1) total = comm.allReduceHost([total])[0]!;
     if (total === 0) throw new DistilleryError('a training step got no counted tokens', 'check the dataset: every window is padding');
-    this.student.zeroGrad();
+    // No pass zeroes the gradients: the first micro-batch's backward overwrites them (Transformer.overwriteGrads).
+    this.student.overwriteGrads();
     // Data parallel: the last micro-batch's backward pass hands its final gradients to the reduction as it goes.
     const ready = optimizer.beginStep?.();
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };

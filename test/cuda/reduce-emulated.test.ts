@@ -64,7 +64,7 @@ test('emulated CUDA: rmsnorm backward over rows wider than a block, R blocks loo
   std::vector<float> part(${R * C}, -7.0f), di2 = di, part2(${R * C}, -7.0f);
   std::vector<bf16> dc(${n * C}, (bf16)0x7fc1);
   launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di.data(), part.data(), g.data(), inp.data(), w.data(), rs.data(), ${n}${cp}); });
-  launch({${Math.ceil(C / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(dw.data(), part.data(), ${R}, ${C}); });
+  launch({${Math.ceil(C / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(dw.data(), part.data(), ${R}, ${C}, 1); });
   launch({${R}, 1, 1}, ${BLOCK}, 0, [&] { rmsnorm_bwd(di2.data(), nullptr, g.data(), inp.data(), w.data(), rs.data(), ${n}${cp}); });
   writef(d, "di", di); writef(d, "dwo", dw); writef(d, "di2", di2); writef(d, "part2", part2); writef(d, "dc", dc); }`);
     execFileSync(exe);
@@ -94,7 +94,7 @@ test('emulated CUDA: rmsnorm backward over rows wider than a block, R blocks loo
   cleanUp();
 });
 
-test('emulated CUDA: bias_grad over row chunks and a ragged last column block, then col_reduce, against float64 (f32 and bf16 dout)', { skip, timeout: 300_000 }, () => {
+test('emulated CUDA: bias_grad over row chunks and a ragged last column block, then col_reduce accumulating and overwriting, against float64 (f32 and bf16 dout)', { skip, timeout: 300_000 }, () => {
   const r = rng(9), rows = 101, m = 45, rowsPer = 30, R = Math.ceil(rows / rowsPer);
   for (const dt of ['f32', 'bf16'] as const) {
     const dout = Float32Array.from({ length: rows * m }, () => r() - 0.5);
@@ -107,13 +107,18 @@ test('emulated CUDA: bias_grad over row chunks and a ragged last column block, t
   auto g = readf<${T}>(d, "dout", ${rows * m}); auto db = readf<float>(d, "db", ${m});
   std::vector<float> part(${R * m});
   launch({${Math.ceil(m / 32)}, ${R}, 1}, ${BLOCK}, 0, [&] { bias_grad(part.data(), g.data(), ${rows}, ${m}, ${rowsPer}); });
-  launch({${Math.ceil(m / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(db.data(), part.data(), ${R}, ${m}); });
-  writef(d, "dbo", db); }`);
+  std::vector<float> fresh(${m}, NAN);
+  launch({${Math.ceil(m / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(db.data(), part.data(), ${R}, ${m}, 1); });
+  launch({${Math.ceil(m / 32)}, 1, 1}, ${BLOCK}, 0, [&] { col_reduce(fresh.data(), part.data(), ${R}, ${m}, 0); });
+  writef(d, "dbo", db); writef(d, "dbf", fresh); }`);
     execFileSync(exe);
-    const want = Float64Array.from(db0);
-    for (let i = 0; i < rows; i++) for (let j = 0; j < m; j++) want[j] = want[j]! + dout[i * m + j]!;
-    const got = readF32('dbo');
+    const sum = new Float64Array(m);
+    for (let i = 0; i < rows; i++) for (let j = 0; j < m; j++) sum[j] = sum[j]! + dout[i * m + j]!;
+    const want = sum.map((x, j) => x + db0[j]!);
+    const got = readF32('dbo'), fresh = readF32('dbf');
     assert.ok(relErr(got, want) < 1e-5, `${dt}: dbias ${relErr(got, want)}`);
+    // accumulate = 0: the sum overwrites a destination whose old values (NaN here) are never read
+    assert.ok(fresh.every(Number.isFinite) && relErr(fresh, sum) < 1e-5, `${dt}: dbias overwritten ${relErr(fresh, sum)}`);
   }
   cleanUp();
 });

@@ -466,12 +466,14 @@ export class CpuBackend implements Backend {
     this.rmsnormForward(out, rstd, sum, weight, n, c, eps);
   }
 
-  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy: Buf | null = null): void {
+  rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number, dinpCopy: Buf | null = null,
+    dweightAccumulate = true): void {
     // A frozen weight (dweight null): its gradient goes to scratch and is dropped.
     const dx = this.f(dinp, 'rmsnorm dinp'), dw = dweight ? this.f(dweight, 'rmsnorm dweight') : new Float64Array(c), dy = this.f(dout, 'rmsnorm dout');
     const x = this.f(inp, 'rmsnorm inp'), w = this.f(weight, 'rmsnorm weight'), r = this.f(rstd, 'rmsnorm rstd');
     for (const [a, what] of [[dx, 'dinp'], [dy, 'dout'], [x, 'inp']] as const) this.need(a, n * c, 'rmsnormBackward', what);
     this.need(dw, c, 'rmsnormBackward', 'dweight'); this.need(w, c, 'rmsnormBackward', 'weight'); this.need(r, n, 'rmsnormBackward', 'rstd');
+    if (!dweightAccumulate) dw.subarray(0, c).fill(0); // overwrite = accumulate into zeros (0 + x is exact)
     ew.rmsnormBackward(dx, dw, dy, x, w, r, n, c);
     if (dinpCopy) this.copy(this.view(dinpCopy, 0, n * c), this.view(dinp, 0, n * c));
     this.fin(dinp, 0, n * c);
@@ -502,11 +504,13 @@ export class CpuBackend implements Backend {
 
   matmulBackward(
     dinp: Buf | null, dweight: Buf | null, dbias: Buf | null,
-    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate = true,
+    dout: Buf, inp: Buf, weight: Buf, n: number, k: number, m: number, dinpAccumulate = true, dweightAccumulate = true,
   ): void {
     checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
     // Overwrite = accumulate into zeros: the same sums (0 + x is exact), one rounding into a bf16 dinp.
     if (!dinpAccumulate && dinp !== null) this.f(dinp, 'matmul dinp').subarray(0, n * k).fill(0);
+    if (!dweightAccumulate && dweight !== null) this.f(dweight, 'matmul dweight').subarray(0, m * k).fill(0);
+    if (!dweightAccumulate && dbias !== null) this.f(dbias, 'matmul dbias').subarray(0, m).fill(0);
     this.matmulBackwardF32(dinp, dweight, dbias, dout, inp, weight, n, k, m);
     this.fin(dinp, 0, n * k);
     this.fin(dweight, 0, m * k);

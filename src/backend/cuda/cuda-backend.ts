@@ -874,7 +874,7 @@ export class CudaBackend implements Backend {
   }
 
   rmsnormBackward(dinp: Buf, dweight: Buf | null, dout: Buf, inp: Buf, weight: Buf, rstd: Buf, n: number, c: number,
-    dinpCopy: Buf | null = null): void {
+    dinpCopy: Buf | null = null, dweightAccumulate = true): void {
     // dweight null: a frozen weight (LoRA's base) — dinp only; the weight-gradient partials are not reduced.
     this.need(dinp, n * c, 'rmsnormBackward'); if (dweight) this.need(dweight, c, 'rmsnormBackward'); this.need(dout, n * c, 'rmsnormBackward');
     this.need(inp, n * c, 'rmsnormBackward'); this.need(weight, c, 'rmsnormBackward'); this.need(rstd, n, 'rmsnormBackward');
@@ -889,7 +889,7 @@ export class CudaBackend implements Backend {
       const R = Math.min(Math.ceil(n / ROWS_NORM_WARPS), ROWS_NORM_MAX_BLOCKS, Math.floor(this.colsumFloats / c));
       this.launch(rmsnormRowsBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight) }), [R, 1, 1], 32 * ROWS_NORM_WARPS,
         [P(dinp), P(this.colPart), P(dout), P(inp), P(weight), P(rstd), I(n)]);
-      if (dweight) this.colReduce(dweight, R, c);
+      if (dweight) this.colReduce(dweight, R, c, dweightAccumulate);
       if (dinpCopy) this.copy(this.view(dinpCopy, 0, n * c), this.view(dinp, 0, n * c));
       return;
     }
@@ -898,12 +898,16 @@ export class CudaBackend implements Backend {
     // With a copy: each new dinp value also goes to dinpCopy in its dtype (no conversion pass after).
     this.launch(rmsnormBackward.make({ C: c, dinp: D(dinp), dout: D(dout), inp: D(inp), weight: D(weight), block: ROW_BLOCK, copy: dinpCopy ? D(dinpCopy) : 'none' }),
       [R, 1, 1], ROW_BLOCK, [P(dinp), P(dweight ? this.colPart : null), P(dout), P(inp), P(weight), P(rstd), I(n), ...(dinpCopy ? [P(dinpCopy)] : [])]);
-    if (dweight) this.colReduce(dweight, R, c);
+    if (dweight) this.colReduce(dweight, R, c, dweightAccumulate);
   }
 
-  /** dst[c] += Σ_{y < R} colPart[y·m + c] (col_reduce: 32 columns per block, the partials summed in y order). */
-  private colReduce(dst: Buf, R: number, m: number): void {
-    this.launch(colReduce.make({ dst: D(dst), block: ROW_BLOCK }), [Math.ceil(m / 32), 1, 1], ROW_BLOCK, [P(dst), P(this.colPart), I(R), I(m)]);
+  /**
+   * dst[c] += Σ_{y < R} colPart[y·m + c] (col_reduce: 32 columns per block, the partials summed in y order); with
+   * `accumulate` false, dst[c] = the sum (the old value never read).
+   */
+  private colReduce(dst: Buf, R: number, m: number, accumulate: boolean): void {
+    this.launch(colReduce.make({ dst: D(dst), block: ROW_BLOCK }), [Math.ceil(m / 32), 1, 1], ROW_BLOCK,
+      [P(dst), P(this.colPart), I(R), I(m), I(accumulate ? 1 : 0)]);
   }
 
   /** Rows of c columns the column-reduction partials hold (at least 1, else an error naming `what`). */
@@ -950,7 +954,7 @@ export class CudaBackend implements Backend {
   }
 
   matmulBackward(dinp: Buf | null, dweight: Buf | null, dbias: Buf | null, dout: Buf, inp: Buf, weight: Buf,
-    n: number, k: number, m: number, dinpAccumulate = true): void {
+    n: number, k: number, m: number, dinpAccumulate = true, dweightAccumulate = true): void {
     this.need(dout, n * m, 'matmulBackward'); this.need(inp, n * k, 'matmulBackward'); this.need(weight, m * k, 'matmulBackward');
     checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
     if (n <= 0) return;
@@ -963,7 +967,7 @@ export class CudaBackend implements Backend {
     if (dweight) {
       this.need(dweight, m * k, 'matmulBackward');
       // dW[m,k] += doutᵀ[m,n]·inp[n,k]  ⇔  col-major (k×m) += inp(k×n)·dout(m×n)ᵀ
-      this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, true, `matmul backward (weight) ${m}x${n}·${n}x${k}`,
+      this.gemm(CUBLAS_OP_N, CUBLAS_OP_T, k, m, n, inp, k, dout, m, dweight, k, dweightAccumulate, `matmul backward (weight) ${m}x${n}·${n}x${k}`,
         `cublas matmulBackward${gemmTag(dout)} dweight n=${n} k=${k} m=${m}`);
     }
     if (dbias) {
@@ -971,7 +975,7 @@ export class CudaBackend implements Backend {
       const [R, rowsPer] = this.colChunks(n, m, 'matmulBackward (bias)');
       this.launch(biasGrad.make({ dout: D(dout), block: ELEM_BLOCK }), [Math.ceil(m / 32), R, 1], ELEM_BLOCK,
         [P(this.colPart), P(dout), I(n), I(m), I(rowsPer)]);
-      this.colReduce(dbias, R, m);
+      this.colReduce(dbias, R, m, dweightAccumulate);
     }
   }
 

@@ -240,8 +240,8 @@ export const colReduce = defineFamily<ColP>({
   generate: (p) => `#define BLOCK ${p.block}
 #define WARPS (BLOCK / 32)
 ${dtypeHelpers()}
-extern "C" __global__ void col_reduce(${T(p.dst)}* dst, const float* part, int R, int m) {
-${columnShares('', 'for (int y = warp; y < R; y += WARPS) acc += part[(long long)y * m + c];', 'stf(dst, c, ldf(dst, c) + s);')}
+extern "C" __global__ void col_reduce(${T(p.dst)}* dst, const float* part, int R, int m, int accumulate) {
+${columnShares('', 'for (int y = warp; y < R; y += WARPS) acc += part[(long long)y * m + c];', 'stf(dst, c, accumulate ? ldf(dst, c) + s : s);')}
 }
 `,
 });
