@@ -46,7 +46,7 @@ const fill = (b: Buf, n: number): void => {
   for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.1; }
   be.upload(b, a);
 };
-for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops', '--loss-rows'].some((f) => process.argv.some((x) => x.startsWith(f))) ? [] : shapes) {
+for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row-ops', '--loss-rows', '--head-gemms', '--gate-up'].some((f) => process.argv.some((x) => x.startsWith(f))) ? [] : shapes) {
   const row: string[] = [];
   for (const [inDt, outDt, bias] of [['bf16', 'bf16', false], ['bf16', 'bf16', true], ['bf16', 'f32', false], ['bf16', 'f32', true], ['f32', 'f32', false]] as Array<[DType, DType, boolean]>) {
     const x = be.alloc(N * k, 'x', inDt), w = be.alloc(m * k, 'w', inDt), o = be.alloc(N * m, 'o', outDt);
@@ -221,6 +221,30 @@ if (process.argv.includes('--head-gemms')) {
       row.push(`dinp as ${parts}x${sub} ${tf(n, dinpSub)}`);
     }
     console.log(`[head-gemms] rows ${n}: ${row.join(' | ')}`);
+  }
+}
+// --gate-up: one layer's MLP gate/up products and SwiGLU at 8192 rows (bf16, random operands), two products against the
+// fused one over the adjacent weights (forward: products + SwiGLU; backward: SwiGLU's gradient + the input and weight
+// gradients of the products), for the student's and the teacher's shapes.
+if (process.argv.includes('--gate-up')) {
+  const rnd = (n: number): Float32Array => { const a = new Float32Array(n); let x = 3; for (let i = 0; i < n; i++) { x = (x * 1103515245 + 12345) >>> 0; a[i] = (x / 2 ** 32 - 0.5) * 0.2; } return a; };
+  for (const [name, C, I] of [['student', 896, 4864], ['teacher', 1536, 8960]] as Array<[string, number, number]>) {
+    const h = (n: number, what: string): Buf => { const b = be.alloc(n, what, 'bf16'); be.upload(b, rnd(n)); return b; };
+    const ln2 = h(N * C, 'ln2'), wgu = h(2 * I * C, 'w gate|up'), gu = h(2 * N * I, 'gate|up'), gate = h(N * I, 'gate'), up = h(N * I, 'up');
+    const act = h(N * I, 'act'), dact = h(N * I, 'dact'), dgu = h(2 * N * I, 'dgate|dup'), dg = h(N * I, 'dgate'), du = h(N * I, 'dup');
+    const dln = be.alloc(N * C, 'dln'), dW = be.alloc(2 * I * C, 'dW');
+    const wg = be.view(wgu, 0, I * C), wu = be.view(wgu, I * C, I * C), dWg = be.view(dW, 0, I * C), dWu = be.view(dW, I * C, I * C);
+    const sepF = time(() => { be.matmulForward(gate, ln2, wg, null, N, C, I); be.matmulForward(up, ln2, wu, null, N, C, I); be.swigluForward(act, gate, up, N * I); });
+    const fusF = time(() => { be.matmulForward(gu, ln2, wgu, null, N, C, 2 * I); be.swigluForwardRows(act, gu, N, I); });
+    const sepB = time(() => {
+      be.swigluBackward(dg, du, dact, gate, up, N * I, false);
+      be.matmulBackward(dln, dWg, null, dg, ln2, wg, N, C, I, false, false); be.matmulBackward(dln, dWu, null, du, ln2, wu, N, C, I, true, false);
+    });
+    const fusB = time(() => { be.swigluBackwardRows(dgu, dact, gu, N, I); be.matmulBackward(dln, dW, null, dgu, ln2, wgu, N, C, 2 * I, false, false); });
+    const swF = time(() => be.swigluForward(act, gate, up, N * I)), swFr = time(() => be.swigluForwardRows(act, gu, N, I));
+    const swB = time(() => be.swigluBackward(dg, du, dact, gate, up, N * I, false)), swBr = time(() => be.swigluBackwardRows(dgu, dact, gu, N, I));
+    console.log(`[gate-up] ${name} ${C}x${I}: forward ${sepF.toFixed(1)} -> ${fusF.toFixed(1)} us, backward ${sepB.toFixed(1)} -> ${fusB.toFixed(1)} us; `
+      + `swiglu fwd ${swF.toFixed(1)} / rows ${swFr.toFixed(1)} us, bwd ${swB.toFixed(1)} / rows ${swBr.toFixed(1)} us`);
   }
 }
 be.dispose();

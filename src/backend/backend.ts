@@ -306,6 +306,13 @@ export interface Backend {
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void;
   /** dgate += ..., dup += ... (with `accumulate` false: dgate = ..., dup = ..., overwritten) */
   swigluBackward(dgate: Buf, dup: Buf, dout: Buf, gate: Buf, up: Buf, n: number, accumulate?: boolean): void;
+  /**
+   * SwiGLU over the rows of a fused gate/up product: gu [rows, 2·cols] holds gate_r then up_r in row r (one matrix product
+   * over the adjacent gate_proj and up_proj weights); out [rows, cols] = silu(gate) · up, the values swigluForward gives.
+   */
+  swigluForwardRows(out: Buf, gu: Buf, rows: number, cols: number): void;
+  /** swigluBackward (overwriting) into the fused layout: dgu [rows, 2·cols] = [dgate_r | dup_r] from dout [rows, cols] and gu. */
+  swigluBackwardRows(dgu: Buf, dout: Buf, gu: Buf, rows: number, cols: number): void;
 
   // ---- loss -----------------------------------------------------------------------------------------
   /**

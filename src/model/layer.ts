@@ -23,6 +23,11 @@ export interface LayerWeights {
    * where the model runs three products (an adapter on q, k or v: the Transformer asks params.ts fusesQkv).
    */
   wqkv: Buf | null; bqkv: Buf | null;
+  /**
+   * The gate and up weights as one [2·intermediate, hidden] matrix (adjacent in the layout, gate first: params.ts
+   * fusesGateUp), for the fused gate/up product; null where the model runs two products.
+   */
+  wgu: Buf | null;
 }
 
 /**
@@ -30,16 +35,18 @@ export interface LayerWeights {
  * `span` views several tensors as one where the storage keeps them adjacent in the order given (else null), for the
  * fused q/k/v projection (absent: no fused views).
  */
-export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors, span?: (ts: TensorInfo[]) => Buf | null): LayerWeights {
+export function layerWeights(p: (t: TensorInfo) => Buf, w: LayerTensors, span?: (ts: TensorInfo[]) => Buf | null,
+  fuse: { qkv: boolean; gateUp: boolean } = { qkv: true, gateUp: true }): LayerWeights {
   const o = (t: TensorInfo | null): Buf | null => (t ? p(t) : null);
-  const wqkv = span?.([w.wq, w.wk, w.wv]) ?? null;
-  const bqkv = w.bq ? span?.([w.bq, w.bk!, w.bv!]) ?? null : null; // q/k/v biases: all three (qkv_bias) or none
+  const wqkv = fuse.qkv ? span?.([w.wq, w.wk, w.wv]) ?? null : null;
+  const bqkv = fuse.qkv && w.bq ? span?.([w.bq, w.bk!, w.bv!]) ?? null : null; // q/k/v biases: all three (qkv_bias) or none
   const fused = wqkv !== null && (!w.bq || bqkv !== null);
   return {
     ln1: p(w.ln1), wq: p(w.wq), bq: o(w.bq), wk: p(w.wk), bk: o(w.bk), wv: p(w.wv), bv: o(w.bv),
     qNorm: o(w.qNorm), kNorm: o(w.kNorm), wo: p(w.wo), bo: o(w.bo),
     ln2: p(w.ln2), wGate: p(w.wGate), wUp: p(w.wUp), wDown: p(w.wDown),
     wqkv: fused ? wqkv : null, bqkv: fused ? bqkv : null,
+    wgu: fuse.gateUp ? span?.([w.wGate, w.wUp]) ?? null : null,
   };
 }
 
@@ -48,7 +55,12 @@ export interface LayerActivations {
   /** The layer's input (residual stream) and its input norm: ln1 = rmsnorm(x)·w.ln1 with rstd1, formed BEFORE the call. */
   x: Buf; ln1: Buf; rstd1: Buf;
   q: Buf; k: Buf; v: Buf; att: Buf; h: Buf; ln2: Buf; rstd2: Buf;
-  gate: Buf; up: Buf; act: Buf;
+  gate: Buf | null; up: Buf | null; act: Buf;
+  /**
+   * [b·t, 2·intermediate] (compute dtype) for the fused gate/up product, row r = gate_r then up_r: where given and the
+   * weights have wgu, the layer runs one product and swigluForwardRows, and gate and up are not used (may be null).
+   */
+  gu?: Buf | null;
   /** The layer's output (the next layer's x). It may alias x (x is last read when h is formed), never h. */
   out: Buf;
   /** With q/k norms (Qwen3): what the norms read and save for backward; null otherwise. */
@@ -146,11 +158,18 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
   adapt('o_proj', a.h, a.att);
   be.addRmsnormForward(a.h, a.ln2, a.rstd2, a.h, a.x, w.ln2, N, C, c.rmsNormEps);
-  be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);
-  adapt('gate_proj', a.gate, a.ln2);
-  be.matmulForward(a.up, a.ln2, w.wUp, null, N, C, I);
-  adapt('up_proj', a.up, a.ln2);
-  be.swigluForward(a.act, a.gate, a.up, N * I);
+  if (w.wgu && a.gu) {
+    // one product over the adjacent gate and up weights (no adapters on them), SwiGLU reading each row's two halves
+    be.matmulForward(a.gu, a.ln2, w.wgu, null, N, C, 2 * I);
+    be.swigluForwardRows(a.act, a.gu, N, I);
+  } else {
+    if (!a.gate || !a.up) throw new Error(`layer ${layer}: no gate/up activations for the separate products`);
+    be.matmulForward(a.gate, a.ln2, w.wGate, null, N, C, I);
+    adapt('gate_proj', a.gate, a.ln2);
+    be.matmulForward(a.up, a.ln2, w.wUp, null, N, C, I);
+    adapt('up_proj', a.up, a.ln2);
+    be.swigluForward(a.act, a.gate, a.up, N * I);
+  }
   be.matmulForward(a.out, a.act, w.wDown, null, N, I, C);
   adapt('down_proj', a.out, a.act);
   be.addRmsnormForward(a.out, next.out, next.rstd, a.out, a.h, next.weight, N, C, c.rmsNormEps);

@@ -102,6 +102,21 @@ export function qkvSpans(w: LayerTensors): { weight: [number, number]; bias: [nu
   return bias ? { weight, bias } : null;
 }
 
+/** [offset, size] of a layer's gate_proj and up_proj weights as one [2·intermediate, hidden] matrix (gate first), else null. */
+export function gateUpSpan(w: LayerTensors): [number, number] | null {
+  return adjacentSpan([w.wGate, w.wUp]);
+}
+
+/**
+ * Whether a model of this layout runs the fused gate/up product (src/model/layer.ts: one [N, 2·intermediate] product,
+ * then swigluForwardRows): every layer's gate and up weights adjacent, gate first, and no LoRA adapter on either (each
+ * adds into its own projection's output).
+ */
+export function fusesGateUp(layout: ParamLayout, lora?: { spec: { targets: readonly string[] } } | null): boolean {
+  if (lora && lora.spec.targets.some((t) => t === 'gate_proj' || t === 'up_proj')) return false;
+  return layout.layers.length > 0 && layout.layers.every((w) => gateUpSpan(w) !== null);
+}
+
 /** The tensors in the order of their values in the flat buffer (layout.tensors lists them in the Hugging Face order). */
 export function storageOrder(layout: { readonly tensors: readonly TensorInfo[] }): TensorInfo[] {
   return [...layout.tensors].sort((a, b) => a.offset - b.offset);

@@ -20,7 +20,7 @@
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { preRopeScratch, ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
-import { TensorWeights, adjacentSpan, float32Of, fusesQkv, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
+import { TensorWeights, adjacentSpan, float32Of, fusesGateUp, fusesQkv, gateUpSpan, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, layerWeights, type LayerLora, type LayerWeights, type NextNorm, type QkNormActivations } from './layer.js';
 import { LoraAdapters, loraBackward, type LoraLayout, type LoraTarget } from './lora.js';
@@ -60,6 +60,14 @@ export interface TransformerOptions {
    * runs three, as versions before did: for the tests that hold the two equal.
    */
   fuseQkv?: boolean | undefined;
+  /**
+   * Run each layer's gate and up projections as one product where the layout allows (params.ts fusesGateUp). Default:
+   * in a model that trains (the backward's one input-gradient product pays: on an H100 at 8192 rows, forward + backward
+   * per layer 865 → 818 µs at the 0.5B's shape, 2117 → 2108 at the 1.5B's), not in one that only runs forward (the
+   * 1.5B's forward measured 711 → 723 µs fused: docs/measurements/gradients/gpu-2026-11-27-s21-overwrite-grads.txt).
+   * False runs two products: for the tests that hold the two equal.
+   */
+  fuseGateUp?: boolean | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -75,7 +83,10 @@ interface LayerActs {
   /** Attention's saved state: the log-sum-exp of each query row, [B, nHeads, T] (linear in T). */
   lse: Buf;
   h: Buf; // residual after attention [N, C]
-  ln2: Buf; rstd2: Buf; gate: Buf; up: Buf; act: Buf;
+  ln2: Buf; rstd2: Buf;
+  /** The gate and up products' outputs [N, I] each, or (fused gate/up) one [N, 2·I] with both in each row (the other null). */
+  gate: Buf | null; up: Buf | null; gu: Buf | null;
+  act: Buf;
   /** Qwen3's q/k norm inputs and rstds (null without q/k norms). */
   qkn: QkNormActivations | null;
 }
@@ -83,7 +94,9 @@ interface LayerActs {
 interface GradScratch {
   /** dL/d(final norm output) [N, C]: the LM head (in the step, chunk by chunk) accumulates into it. */
   dHidden: Buf;
-  dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; datt: Buf; dact: Buf; dgate: Buf; dup: Buf;
+  dx: Buf; dln: Buf; dq: Buf; dk: Buf; dv: Buf; datt: Buf; dact: Buf;
+  /** dgate and dup [N, I] each, or (fused gate/up) joined [N, 2·I] as the product's output gradient (the other null). */
+  dgate: Buf | null; dup: Buf | null; dgu: Buf | null;
   /** dq and dk before RoPE (and q/k norms): the other buffer of each pair, null where no layer needs it (preRopeScratch). */
   dqPre: Buf | null; dkPre: Buf | null;
   /** dx converted to the compute dtype, as a matrix-product operand (dx itself in fp32). */
@@ -182,7 +195,14 @@ export class Transformer {
       const sp = adjacentSpan(ts);
       return sp && backend.view(this.weights, sp[0], sp[1]);
     };
-    this.layerW = this.layout.layers.map((w) => layerWeights((t) => this.p(t), w, fuse ? span : undefined));
+    // The fused gate/up product likewise, where every layer's storage keeps the two adjacent (else none runs it).
+    const fuseGU = (opts.fuseGateUp ?? training) && fusesGateUp(this.layout, opts.lora);
+    const weightsOf = (gateUp: boolean): LayerWeights[] => this.layout.layers.map((w) =>
+      layerWeights((t) => this.p(t), w, fuse || gateUp ? span : undefined, { qkv: fuse, gateUp }));
+    let layerW = weightsOf(fuseGU);
+    if (fuseGU && !layerW.every((w) => w.wgu)) layerW = weightsOf(false);
+    this.layerW = layerW;
+    const gu = layerW.every((w) => w.wgu !== null);
     const W = Q + 2 * KV;
     this.qkvBuf = this.layerW.some((w) => w.wqkv) ? backend.alloc(N * W, `${lab} activations (fused q/k/v output)`, A) : null;
     // SwiGLU's output: kept per layer when every weight trains (the down projection's weight gradient reads it; keeping it
@@ -196,7 +216,8 @@ export class Transformer {
       return {
         x: a(N * C, 'x'), ln1: a(N * C, 'ln1', A), rstd1: a(N, 'rstd1'), q: a(N * Q, 'q', A), k: a(N * KV, 'k', A),
         v: a(N * KV, 'v', A), lse: a(batch * c.numHeads * seq, 'attention lse'), att: a(N * Q, 'attention out', A),
-        h: a(N * C, 'h'), ln2: a(N * C, 'ln2', A), rstd2: a(N, 'rstd2'), gate: a(N * I, 'gate', A), up: a(N * I, 'up', A),
+        h: a(N * C, 'h'), ln2: a(N * C, 'ln2', A), rstd2: a(N, 'rstd2'),
+        gate: gu ? null : a(N * I, 'gate', A), up: gu ? null : a(N * I, 'up', A), gu: gu ? a(2 * N * I, 'gate|up', A) : null,
         act: actShared ?? a(N * I, 'swiglu', A),
         qkn: c.qkNorm ? {
           qRaw: a(N * Q, 'q before q_norm', A), kRaw: a(N * KV, 'k before k_norm', A),
@@ -226,7 +247,8 @@ export class Transformer {
         dHidden: backend.alloc(N * C, `${lab} grad of the final norm output`),
         dx, dln: gs(N * C, 'dln'), dq: gs(N * Q, 'dq', A), dk: gs(N * KV, 'dk', A), dv: gs(N * KV, 'dv', A),
         dqPre: pre ? gs(N * Q, 'dq pre-rope', A) : null, dkPre: pre ? gs(N * KV, 'dk pre-rope', A) : null, datt: gs(N * Q, 'datt', A),
-        dact: gs(N * I, 'dact', A), dgate: gs(N * I, 'dgate', A), dup: gs(N * I, 'dup', A),
+        dact: gs(N * I, 'dact', A), dgate: gu ? null : gs(N * I, 'dgate', A), dup: gu ? null : gs(N * I, 'dup', A),
+        dgu: gu ? gs(2 * N * I, 'dgate|dup', A) : null,
         dxB: A === 'f32' ? dx : gs(N * C, `dx (${A})`, A),
         dqkv: this.qkvBuf ? gs(N * W, 'dq/dk/dv joined', A) : null,
       };
@@ -444,7 +466,7 @@ export class Transformer {
       layerForward(be, c, l, this.layerW[l]!, {
         x: this.v(a.x, N * C), ln1: this.v(a.ln1, N * C), rstd1: this.v(a.rstd1, N), q: this.v(a.q, N * Q),
         k: this.v(a.k, N * KV), v: this.v(a.v, N * KV), att: this.v(a.att, N * Q), h: this.v(a.h, N * C),
-        ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: this.v(a.gate, N * I), up: this.v(a.up, N * I),
+        ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: a.gate && this.v(a.gate, N * I), up: a.up && this.v(a.up, N * I), gu: a.gu && this.v(a.gu, 2 * N * I),
         act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N), lora: this.layerLora(l),
         qkv: this.qkvBuf && this.v(this.qkvBuf, N * (Q + 2 * KV)),
       }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
@@ -511,20 +533,32 @@ export class Transformer {
         if (v) loraBackward(be, lo!.ad, v, dinp, dy, inp, N);
       };
       const ln1 = this.v(a.ln1, N * C), h = this.v(a.h, N * C), ln2 = this.v(a.ln2, N * C);
-      const gate = this.v(a.gate, N * I), up = this.v(a.up, N * I), act = this.v(a.act, N * I);
+      const act = this.v(a.act, N * I), wgu = this.layerW[l]!.wgu;
       // MLP: x' = h + down(swiglu(gate(ln2), up(ln2))). dx holds dL/dx'; it flows to h unchanged.
-      const dact = this.v(g.dact, N * I), dgate = this.v(g.dgate, N * I), dup = this.v(g.dup, N * I);
+      const dact = this.v(g.dact, N * I);
       const dxOp = dxB ?? dx;
-      if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
       // Outputs that start a gradient (dact, dgate, dup, the first product into dln and datt) are overwritten, not
       // zeroed and accumulated into.
-      be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false, acc);
-      adapt('down_proj', dact, dxOp, act);
-      be.swigluBackward(dgate, dup, dact, gate, up, N * I, false);
-      be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false, acc);
-      adapt('gate_proj', dln, dgate, ln2);
-      be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I, true, acc);
-      adapt('up_proj', dln, dup, ln2);
+      if (wgu && a.gu && g.dgu) {
+        // the fused gate/up product: one backward product over the joined gradient [N, 2·I] (its weight gradient is the
+        // gate's then the up's, adjacent in the layout)
+        const gu = this.v(a.gu, 2 * N * I), dgu = this.v(g.dgu, 2 * N * I), sp = gateUpSpan(w)!;
+        if (!this.actKept) be.swigluForwardRows(act, gu, N, I); // recomputed (see actShared)
+        be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false, acc);
+        adapt('down_proj', dact, dxOp, act);
+        be.swigluBackwardRows(dgu, dact, gu, N, I);
+        be.matmulBackward(dln, this.grads && be.view(this.grads, sp[0], sp[1]), null, dgu, ln2, wgu, N, C, 2 * I, false, acc);
+      } else {
+        const gate = this.v(a.gate!, N * I), up = this.v(a.up!, N * I), dgate = this.v(g.dgate!, N * I), dup = this.v(g.dup!, N * I);
+        if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
+        be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false, acc);
+        adapt('down_proj', dact, dxOp, act);
+        be.swigluBackward(dgate, dup, dact, gate, up, N * I, false);
+        be.matmulBackward(dln, this.gr(w.wGate), null, dgate, ln2, this.p(w.wGate), N, C, I, false, acc);
+        adapt('gate_proj', dln, dgate, ln2);
+        be.matmulBackward(dln, this.gr(w.wUp), null, dup, ln2, this.p(w.wUp), N, C, I, true, acc);
+        adapt('up_proj', dln, dup, ln2);
+      }
       be.rmsnormBackward(dx, this.gr(w.ln2), dln, h, this.p(w.ln2), this.v(a.rstd2, N), N, C, dxB, acc);
       // Attention: h = x + o_proj(att). dx now holds dL/dh; it flows to x unchanged.
       const datt = this.v(g.datt, N * Q), dq = this.v(g.dq, N * Q), dk = this.v(g.dk, N * KV), dv = this.v(g.dv, N * KV);

@@ -134,6 +134,13 @@ parity('swiglu bwd (dgate/dup bf16 accumulate, dout f32)', (r) => ({
   arrays: { dg: rand(r, N), du: rand(r, N), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, bf16: ['dg', 'du', 'g', 'u'],
   compare: ['dg', 'du'], op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N),
 }));
+for (const cols of [40, 13]) {
+  const R = 37;
+  parity(`swiglu fwd and bwd rows (fused gate/up, all bf16, ${cols} columns)`, (r) => ({
+    arrays: { o: rand(r, R * cols), gu: rand(r, 2 * R * cols, 4), dgu: rand(r, 2 * R * cols, 50), d: rand(r, R * cols) }, bf16: ['o', 'gu', 'dgu', 'd'],
+    compare: ['o', 'dgu'], op: (b, x) => { b.swigluForwardRows(x.o!, x.gu!, R, cols); b.swigluBackwardRows(x.dgu!, x.d!, x.gu!, R, cols); },
+  }));
+}
 const ids = (r: () => number, n: number, v: number) => Int32Array.from({ length: n }, () => Math.floor(r() * v));
 parity('embedding fwd (f32 out, bf16 table)', (r) => ({
   arrays: { o: rand(r, 9 * 40), ids: ids(r, 9, 11), t: rand(r, 11 * 40) }, bf16: ['t'], compare: ['o'],

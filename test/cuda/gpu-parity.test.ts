@@ -82,6 +82,17 @@ parity('swiglu bwd, overwriting', 1e-5, (r) => ({
   arrays: { dg: rand(r, N, 50), du: rand(r, N, 50), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['dg', 'du'],
   op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N, false),
 }));
+// the fused gate/up layout: rows of [gate | up]; 40 columns take the 128-bit path, 13 the scalar one
+for (const cols of [40, 13]) {
+  const R = 37;
+  parity(`swiglu fwd rows (fused gate/up, ${cols} columns)`, 1e-5, (r) => ({
+    arrays: { o: rand(r, R * cols), gu: rand(r, 2 * R * cols, 4) }, compare: ['o'], op: (b, x) => b.swigluForwardRows(x.o!, x.gu!, R, cols),
+  }));
+  parity(`swiglu bwd rows (fused gate/up, overwriting, ${cols} columns)`, 1e-5, (r) => ({
+    arrays: { dgu: rand(r, 2 * R * cols, 50), d: rand(r, R * cols), gu: rand(r, 2 * R * cols, 4) }, compare: ['dgu'],
+    op: (b, x) => b.swigluBackwardRows(x.dgu!, x.d!, x.gu!, R, cols),
+  }));
+}
 const ids = (r: () => number, n: number, v: number) => Int32Array.from({ length: n }, () => Math.floor(r() * v));
 parity('embedding fwd', 1e-5, (r) => ({ arrays: { o: rand(r, 9 * 40), ids: ids(r, 9, 11), t: rand(r, 11 * 40) }, compare: ['o'], op: (b, x) => b.embeddingForward(x.o!, x.ids!, x.t!, 9, 40) }));
 parity('embedding bwd', 1e-5, (r) => ({ arrays: { dt: rand(r, 5 * 40), d: rand(r, 30 * 40), ids: ids(r, 30, 5) }, compare: ['dt'], op: (b, x) => b.embeddingBackward(x.dt!, x.d!, x.ids!, 30, 40) }));

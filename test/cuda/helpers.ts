@@ -91,6 +91,10 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const dg = b.alloc(g.length, 'dg'), du = b.alloc(u.length, 'du');
     b.swigluBackward(dg, du, h, g, u, n * d.hidden);
     b.swigluBackward(dg, du, h, g, u, n * d.hidden, false);
+    // the fused gate/up layout: rows of [gate | up]
+    const gu = b.alloc(2 * n * d.hidden, 'gate|up'), dgu = b.alloc(2 * n * d.hidden, 'dgate|dup');
+    b.swigluForwardRows(h, gu, n, d.hidden);
+    b.swigluBackwardRows(dgu, h, gu, n, d.hidden);
     const dx = b.alloc(x.length, 'dx'), dw = b.alloc(d.C, 'dw');
     b.rmsnormBackward(dx, dw, dy, x, w, rstd, n, d.C);
     const dtable = b.alloc(table.length, 'dtable');

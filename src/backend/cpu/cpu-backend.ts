@@ -703,6 +703,28 @@ export class CpuBackend implements Backend {
     this.fin(dup, 0, n);
   }
 
+  swigluForwardRows(out: Buf, gu: Buf, rows: number, cols: number): void {
+    const o = this.f(out, 'swiglu out'), x = this.f(gu, 'swiglu gate/up');
+    this.need(o, rows * cols, 'swigluForwardRows', 'out'); this.need(x, 2 * rows * cols, 'swigluForwardRows', 'gu');
+    for (let r = 0; r < rows; r++) {
+      const g = x.subarray(2 * r * cols, (2 * r + 1) * cols), u = x.subarray((2 * r + 1) * cols, (2 * r + 2) * cols);
+      ew.swigluForward(o.subarray(r * cols, (r + 1) * cols), g, u, cols);
+    }
+    this.fin(out, 0, rows * cols);
+  }
+
+  swigluBackwardRows(dgu: Buf, dout: Buf, gu: Buf, rows: number, cols: number): void {
+    const d = this.f(dgu, 'swiglu dgate/dup'), dy = this.f(dout, 'swiglu dout'), x = this.f(gu, 'swiglu gate/up');
+    this.need(d, 2 * rows * cols, 'swigluBackwardRows', 'dgu'); this.need(dy, rows * cols, 'swigluBackwardRows', 'dout');
+    this.need(x, 2 * rows * cols, 'swigluBackwardRows', 'gu');
+    d.subarray(0, 2 * rows * cols).fill(0); // overwritten: accumulate into zeros (0 + x is exact)
+    for (let r = 0; r < rows; r++) {
+      const a = 2 * r * cols, b = (2 * r + 1) * cols, e = (2 * r + 2) * cols;
+      ew.swigluBackward(d.subarray(a, b), d.subarray(b, e), dy.subarray(r * cols, (r + 1) * cols), x.subarray(a, b), x.subarray(b, e), cols);
+    }
+    this.fin(dgu, 0, 2 * rows * cols);
+  }
+
   // ---- loss -------------------------------------------------------------------------------------------
 
   lossForward(

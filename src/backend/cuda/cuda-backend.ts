@@ -66,7 +66,7 @@ import {
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, copyColumnsKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
-  sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
+  sumSquares, swigluBackward, swigluBackwardRows, swigluBackwardSet, swigluForward, swigluForwardRows,
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
@@ -1177,6 +1177,23 @@ export class CudaBackend implements Backend {
     this.elementwise((accumulate ? swigluBackward : swigluBackwardSet).make({
       dgate: D(dgate), dup: D(dup), dout: D(dout), gate: D(gate), up: D(up), block: ELEM_BLOCK,
     }), n, [P(dgate), P(dup), P(dout), P(gate), P(up)]);
+  }
+
+  swigluForwardRows(out: Buf, gu: Buf, rows: number, cols: number): void {
+    this.need(out, rows * cols, 'swigluForwardRows'); this.need(gu, 2 * rows * cols, 'swigluForwardRows');
+    this.swigluRows(swigluForwardRows.make({ out: D(out), gu: D(gu), block: ELEM_BLOCK }), rows, cols, [P(out), P(gu)]);
+  }
+
+  swigluBackwardRows(dgu: Buf, dout: Buf, gu: Buf, rows: number, cols: number): void {
+    this.need(dgu, 2 * rows * cols, 'swigluBackwardRows'); this.need(dout, rows * cols, 'swigluBackwardRows'); this.need(gu, 2 * rows * cols, 'swigluBackwardRows');
+    this.swigluRows(swigluBackwardRows.make({ dgu: D(dgu), dout: D(dout), gu: D(gu), block: ELEM_BLOCK }), rows, cols, [P(dgu), P(dout), P(gu)]);
+  }
+
+  /** A swiglu_*_rows launch: one thread per 8 columns of a row where the kernel takes its 128-bit path (the same test), else per element. */
+  private swigluRows(spec: KernelSpec, rows: number, cols: number, args: Arg[]): void {
+    if (rows <= 0 || cols <= 0) return;
+    const vec = cols % 8 === 0 && args.every((a) => a.t !== 'p' || (a.v & 15n) === 0n);
+    this.launch(spec, [blocksFor(vec ? rows * cols / 8 : rows * cols, ELEM_BLOCK), 1, 1], ELEM_BLOCK, [...args, L(rows), I(cols)]);
   }
 
   // ---- loss -----------------------------------------------------------------------------------------

@@ -93,6 +93,67 @@ const IN = (name: string): Op => ({ name, role: 'in' });
 const OUT = (name: string): Op => ({ name, role: 'out' });
 const INOUT = (name: string): Op => ({ name, role: 'inout' });
 
+type SwiRowsFP = { out: string; gu: string; block: number };
+/**
+ * The fused gate/up product's rows (gu [rows, 2·cols]: row r = gate_r then up_r) through SwiGLU: one index per group of 8
+ * columns of one row when cols is a multiple of 8 and the pointers 16-byte aligned (ld8/st8), else one per element; the
+ * row is the index divided by the groups (elements) per row. The element math is swiglu_fwd's / swiglu_bwd_set's,
+ * so the fused layer stores the same values as the separate products' would.
+ */
+function swigluRows(name: string, ptrs: string[], sig: string, vecBody: string, scalarBody: string, block: number): string {
+  const aligned = ptrs.map((q) => `reinterpret_cast<unsigned long long>(${q})`).join(' | ');
+  return `#define BLOCK ${block}
+${dtypeHelpers()}
+${vecHelpers()}
+extern "C" __global__ void ${name}(${sig}, long long rows, int cols) {
+  const long long start = (long long)blockIdx.x * BLOCK + threadIdx.x, stride = (long long)gridDim.x * BLOCK;
+  if ((cols & 7) == 0 && ((${aligned}) & 15ull) == 0) {
+    const int per = cols / 8;
+    for (long long grp = start; grp < rows * per; grp += stride) {
+      const long long r = grp / per, c8 = grp - r * per;
+      ${vecBody}
+    }
+  } else {
+    for (long long i = start; i < rows * cols; i += stride) {
+      const long long r = i / cols, c = i - r * cols;
+      ${scalarBody}
+    }
+  }
+}
+`;
+}
+
+/** out[r, c] = silu(gu[r, c]) · gu[r, cols + c] (out rows of cols). */
+export const swigluForwardRows = defineFamily<SwiRowsFP>({
+  name: 'swiglu_fwd_rows', schema: { out: DTYPE_DOMAIN, gu: DTYPE_DOMAIN, block: BLOCK_DOMAIN }, example: { out: 'bf16', gu: 'bf16', block: 256 },
+  generate: (p) => swigluRows('swiglu_fwd_rows', ['out', 'gu'], `${T(p.out)}* out, const ${T(p.gu)}* gu`,
+    `const ${T(p.gu)}* g = gu + r * 2 * cols; float gv[8], uv[8], ov[8];
+      ld8(g, c8, gv); ld8(g + cols, c8, uv);
+      #pragma unroll
+      for (int j = 0; j < 8; j++) { float x = gv[j]; ov[j] = x / (1.0f + expf(-x)) * uv[j]; }
+      st8(out + r * cols, c8, ov);`,
+    `const ${T(p.gu)}* g = gu + r * 2 * cols; float x = ldf(g, c); stf(out, i, x / (1.0f + expf(-x)) * ldf(g + cols, c));`, p.block),
+});
+
+type SwiRowsBP = { dgu: string; dout: string; gu: string; block: number };
+/** dgu[r, c] = dy·up·σ(g)(1 + g(1 − σ(g))), dgu[r, cols + c] = dy·silu(g), with g, up from gu's row r and dy = dout[r, c] (overwritten). */
+export const swigluBackwardRows = defineFamily<SwiRowsBP>({
+  name: 'swiglu_bwd_rows', schema: { dgu: DTYPE_DOMAIN, dout: DTYPE_DOMAIN, gu: DTYPE_DOMAIN, block: BLOCK_DOMAIN },
+  example: { dgu: 'bf16', dout: 'bf16', gu: 'bf16', block: 256 },
+  generate: (p) => swigluRows('swiglu_bwd_rows', ['dgu', 'dout', 'gu'], `${T(p.dgu)}* dgu, const ${T(p.dout)}* dout, const ${T(p.gu)}* gu`,
+    `const ${T(p.gu)}* g = gu + r * 2 * cols; ${T(p.dgu)}* d = dgu + r * 2 * cols; float gv[8], uv[8], yv[8], dg[8], du[8];
+      ld8(g, c8, gv); ld8(g + cols, c8, uv); ld8(dout + r * cols, c8, yv);
+      #pragma unroll
+      for (int j = 0; j < 8; j++) {
+        float x = gv[j]; float sg = 1.0f / (1.0f + expf(-x)); float silu = x * sg; float dy = yv[j];
+        dg[j] = dy * uv[j] * sg * (1.0f + x * (1.0f - sg)); du[j] = dy * silu;
+      }
+      st8(d, c8, dg); st8(d + cols, c8, du);`,
+    `const ${T(p.gu)}* g = gu + r * 2 * cols; ${T(p.dgu)}* d = dgu + r * 2 * cols;
+      float x = ldf(g, c); float sg = 1.0f / (1.0f + expf(-x)); float silu = x * sg; float dy = ldf(dout, i);
+      stf(d, c, dy * ldf(g + cols, c) * sg * (1.0f + x * (1.0f - sg))); stf(d + cols, c, dy * silu);`, p.block),
+});
+
 type AddP = { out: string; a: string; b: string; block: number };
 /** out = a + b (out may alias a or b). */
 export const addKernel = typed<AddP>('add', [OUT('out'), IN('a'), IN('b')], '', { out: 'f32', a: 'bf16', b: 'f32', block: 256 },

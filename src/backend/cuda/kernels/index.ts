@@ -14,7 +14,7 @@ import {
 import { attentionForwardMma } from './attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, adamwMultiKernel, addKernel, biasAdd, copyColumnsKernel, biasGrad, colReduce, convertKernel, embeddingBackward, embeddingForward, scaleKernel,
-  sumSquares, swigluBackward, swigluBackwardSet, swigluForward,
+  sumSquares, swigluBackward, swigluBackwardRows, swigluBackwardSet, swigluForward, swigluForwardRows,
 } from './elementwise.js';
 import { lossKernel } from './loss.js';
 import { sparseLossKernel } from './sparse-loss.js';
@@ -44,7 +44,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, swigluForwardRows, swigluBackwardRows, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
   dequantNf4,
 ];
 
