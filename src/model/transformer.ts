@@ -376,7 +376,8 @@ export class Transformer {
    * overwrites each parameter's gradient at its first write (matmulBackward / rmsnormBackward with dweightAccumulate
    * false; the embedding's where nothing wrote it yet is zeroed, as are LM-head rows past the loss head's width) and
    * accumulates its later writes and those of later passes (gradient accumulation). Until that pass ends the gradients
-   * hold stale values: only a backward pass may follow. LoRA adapters' gradients are zeroed (small).
+   * hold stale values: only a backward pass may follow (a pass that throws midway leaves them so: call this or zeroGrad
+   * again before the next). LoRA adapters' gradients are zeroed (small).
    */
   overwriteGrads(): void {
     this.lora?.zeroGrad();
@@ -521,6 +522,8 @@ export class Transformer {
     // backward into dx writes beside it (but the first layer's input norm: the embedding's backward reads dx).
     const dxB = g.dxB === g.dx ? null : this.v(g.dxB, N * C);
     be.rmsnormBackward(dx, this.gr(L.finalNorm), this.v(g.dHidden, N * C), this.v(this.xFinal, N * C), this.p(L.finalNorm), this.v(this.rstdf, N), N, C, dxB, acc);
+    // An untied LM head whose gradient this pass did not write: zeroed before its range is handed on as final.
+    if (L.lmHead && !acc && !this.gradWrites.head) be.zero(this.gr(L.lmHead)!);
     const readyRange = ready ? gradReadyRanges(L, this.lora?.layout ?? null) : null;
     if (readyRange?.tail) ready!(...readyRange.tail);
     for (let l = c.numLayers - 1; l >= 0; l--) {
@@ -622,7 +625,6 @@ export class Transformer {
     // The embedding's backward adds each token's row: zeroed first where this pass has not written it yet (an untied
     // LM head, or a tied one whose head gradient the caller did not write).
     if (gEmbed && !acc && (L.lmHead !== null || !this.gradWrites.head)) be.zero(gEmbed);
-    if (L.lmHead && !acc && !this.gradWrites.head) be.zero(this.gr(L.lmHead)!); // no head gradient this pass: zero
     if (gEmbed) be.embeddingBackward(gEmbed, dx, this.ids, N, C);
     this.gradWrites = { overwrite: false, head: false };
     if (readyRange?.head) ready!(...readyRange.head);

@@ -82,6 +82,15 @@ parity('swiglu bwd, overwriting', 1e-5, (r) => ({
   arrays: { dg: rand(r, N, 50), du: rand(r, N, 50), d: rand(r, N), g: rand(r, N, 4), u: rand(r, N) }, compare: ['dg', 'du'],
   op: (b, x) => b.swigluBackward(x.dg!, x.du!, x.d!, x.g!, x.u!, N, false),
 }));
+// no rows, overwriting: the weight and bias gradients are the empty sums (zero), whatever they held
+parity('matmul backward over no rows, overwriting the weight and bias gradients', 1e-6, (r) => ({
+  arrays: { dw: rand(r, 6 * 5, 9), db: rand(r, 6, 9), d: rand(r, 6), i: rand(r, 5), w: rand(r, 6 * 5), dw2: rand(r, 5, 9) },
+  compare: ['dw', 'db', 'dw2'],
+  op: (b, x) => {
+    b.matmulBackward(null, x.dw!, x.db!, x.d!, x.i!, x.w!, 0, 5, 6, true, false);
+    b.rmsnormBackward(b.view(x.i!, 0, 0), x.dw2!, b.view(x.d!, 0, 0), b.view(x.i!, 0, 0), b.view(x.w!, 0, 5), b.view(x.d!, 0, 0), 0, 5, null, false);
+  },
+}));
 // the fused gate/up layout: rows of [gate | up]; 40 columns take the 128-bit path, 13 the scalar one
 for (const cols of [40, 13]) {
   const R = 37;

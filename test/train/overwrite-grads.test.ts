@@ -139,7 +139,7 @@ test('overwriteGrads with a bf16 model and bf16 logits (the gradient written ove
   } finally { be.dispose(); }
 });
 
-test('a backward pass without the LM head\'s gradient after overwriteGrads (backwardHidden alone) leaves that gradient zero, as zeroGrad did', () => {
+test('a backward pass without the LM head\'s gradient after overwriteGrads (backwardHidden alone) leaves that gradient zero, as zeroGrad did, and every range is final when reported', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   try {
     for (const tied of [true, false]) {
@@ -153,8 +153,15 @@ test('a backward pass without the LM head\'s gradient after overwriteGrads (back
       m.zeroGrad(); pass();
       const want = Float64Array.from(be.download(m.grads!));
       poison(m);
-      m.overwriteGrads(); pass();
+      m.overwriteGrads();
+      // each range handed on as final (data parallel reduces it then) already holds its final values
+      const seen: Array<[number, number, Float64Array]> = [];
+      m.forwardHidden(ids, b, s);
+      be.upload(m.hiddenGrad(), Float64Array.from({ length: b * s * 8 }, (_, i) => Math.sin(i)));
+      m.backwardHidden((lo, hi) => seen.push([lo, hi, Float64Array.from(be.download(m.grads!)).subarray(lo, hi)]));
       assertSame(be.download(m.grads!), want, tied ? 'tied' : 'untied');
+      assert.ok(seen.length >= 3, 'ranges reported');
+      for (const [lo, hi, v] of seen) assertSame(v, want.subarray(lo, hi), `${tied ? 'tied' : 'untied'}: range [${lo}, ${hi}) when reported`);
     }
   } finally { be.dispose(); }
 });

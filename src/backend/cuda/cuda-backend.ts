@@ -883,7 +883,10 @@ export class CudaBackend implements Backend {
       this.need(dinpCopy, n * c, 'rmsnormBackward');
       if (overlaps(dinpCopy as CudaBuf, dinp as CudaBuf)) throw new Error(`rmsnormBackward: the copy ${(dinpCopy as CudaBuf).label} overlaps dinp ${(dinp as CudaBuf).label}`);
     }
-    if (n <= 0) return;
+    if (n <= 0) {
+      if (!dweightAccumulate && dweight) this.zero(this.view(dweight, 0, c)); // the empty sum, overwritten
+      return;
+    }
     if (c <= ROWS_NORM_MAX_C) {
       // Short rows: one warp per row, dinp and each block's weight-gradient partial in one pass; R depends on n and c only.
       const R = Math.min(Math.ceil(n / ROWS_NORM_WARPS), ROWS_NORM_MAX_BLOCKS, Math.floor(this.colsumFloats / c));
@@ -957,7 +960,12 @@ export class CudaBackend implements Backend {
     n: number, k: number, m: number, dinpAccumulate = true, dweightAccumulate = true): void {
     this.need(dout, n * m, 'matmulBackward'); this.need(inp, n * k, 'matmulBackward'); this.need(weight, m * k, 'matmulBackward');
     checkMatmulDtypes('matmulBackward', [['dout', dout, 'weight', weight], ['dout', dout, 'inp', inp]]);
-    if (n <= 0) return;
+    if (n <= 0) {
+      // no rows: an overwritten weight (and bias) gradient is the empty sum, zero (as the CPU backend's)
+      if (!dweightAccumulate && dweight) this.zero(this.view(dweight, 0, m * k));
+      if (!dweightAccumulate && dbias) this.zero(this.view(dbias, 0, m));
+      return;
+    }
     if (dinp) {
       this.need(dinp, n * k, 'matmulBackward');
       // dinp[n,k] += dout[n,m]·W[m,k]  ⇔  col-major (k×n) += W(k×m)·dout(m×n)

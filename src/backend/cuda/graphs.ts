@@ -70,8 +70,12 @@ interface Entry {
   prof: { exec: unknown; events: unknown[]; keys: string[] } | null;
 }
 
-/** Fingerprints kept per label (a training pass, an evaluation pass and its last, shorter batch, ...). */
-export const GRAPHS_PER_LABEL = 4;
+/**
+ * Fingerprints kept per label (a training pass, an evaluation pass and its last, shorter batch, ...): 8, so that a step
+ * of several micro-batches (the first overwrites the gradients, the middle ones accumulate, the last hands ranges to the
+ * data-parallel reduction), with and without on-policy generation, keeps all its graphs.
+ */
+export const GRAPHS_PER_LABEL = 8;
 
 export class GraphRunner {
   private readonly byLabel = new Map<string, Entry[]>();
