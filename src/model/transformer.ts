@@ -526,6 +526,8 @@ export class Transformer {
     if (L.lmHead && !acc && !this.gradWrites.head) be.zero(this.gr(L.lmHead)!);
     const readyRange = ready ? gradReadyRanges(L, this.lora?.layout ?? null) : null;
     if (readyRange?.tail) ready!(...readyRange.tail);
+    // The gradient of a fused product's joined weights (or biases): a span of adjacent tensors; null for a frozen base.
+    const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
     for (let l = c.numLayers - 1; l >= 0; l--) {
       const a = this.acts[l]!, w = L.layers[l]!;
       this.materialize(l); // a frozen NF4 base: the input gradients read the layer's matrices
@@ -550,7 +552,7 @@ export class Transformer {
         be.matmulBackward(dact, this.gr(w.wDown), null, dxOp, act, this.p(w.wDown), N, I, C, false, acc);
         adapt('down_proj', dact, dxOp, act);
         be.swigluBackwardRows(dgu, dact, gu, N, I);
-        be.matmulBackward(dln, this.grads && be.view(this.grads, sp[0], sp[1]), null, dgu, ln2, wgu, N, C, 2 * I, false, acc);
+        be.matmulBackward(dln, gv(sp), null, dgu, ln2, wgu, N, C, 2 * I, false, acc);
       } else {
         const gate = this.v(a.gate!, N * I), up = this.v(a.up!, N * I), dgate = this.v(g.dgate!, N * I), dup = this.v(g.dup!, N * I);
         if (!this.actKept) be.swigluForward(act, gate, up, N * I); // recomputed (see actShared)
@@ -607,7 +609,6 @@ export class Transformer {
           be.copyColumns(d, Wd, Q, gk, KV, 0, N, KV);
         }
         be.copyColumns(d, Wd, Q + KV, dv, KV, 0, N, KV);
-        const gv = (s: [number, number] | null): Buf | null => (s && this.grads ? be.view(this.grads, s[0], s[1]) : null);
         be.matmulBackward(dln, gv(sp.weight), gv(sp.bias), d, ln1, wqkv, N, C, Wd, false, acc);
       } else {
         be.matmulBackward(dln, this.gr(w.wq), this.grOpt(w.bq), gq, ln1, this.p(w.wq), N, C, Q, false, acc);

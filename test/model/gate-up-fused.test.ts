@@ -14,6 +14,7 @@ import { fusesGateUp, gateUpSpan, initialWeights, parameterLayout } from '../../
 import { Transformer } from '../../src/model/transformer.js';
 import { loraLayout } from '../../src/model/lora.js';
 import { Rng } from '../../src/util/rng.js';
+import { assertNear } from '../util/compare.js';
 
 function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
@@ -101,13 +102,8 @@ for (const [name, c] of variants) {
           return { logits, grads: Float64Array.from(be.download(g)) };
         };
         const f = run(true), u = run(false);
-        const close = (a: Float64Array, e: Float64Array, what: string): void => {
-          let worst = 0, scale = 0;
-          for (let i = 0; i < e.length; i++) { worst = Math.max(worst, Math.abs(a[i]! - e[i]!)); scale = Math.max(scale, Math.abs(e[i]!)); }
-          assert.ok(worst <= 1e-12 * scale, `${what}: largest difference ${worst} against values up to ${scale}`);
-        };
-        close(f.logits, u.logits, 'logits');
-        close(f.grads, u.grads, 'gradients');
+        assertNear(f.logits, u.logits, 1e-12, 'logits');
+        assertNear(f.grads, u.grads, 1e-12, 'gradients');
         assert.ok(u.grads.some((x) => x !== 0));
       } finally { be.dispose(); }
     });

@@ -13,6 +13,7 @@ import { fusesQkv, initialWeights, parameterLayout, qkvSpans, reorderFlat } from
 import { weightsHash } from '../../src/model/weights-hash.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { Rng } from '../../src/util/rng.js';
+import { assertNear } from '../util/compare.js';
 
 function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
@@ -118,13 +119,8 @@ for (const [name, c] of variants) {
         return { logits, grads: be.download(m.grads!) as Float64Array };
       };
       const f = run(true), u = run(false);
-      const close = (a: Float64Array, e: Float64Array, what: string): void => {
-        let worst = 0, scale = 0;
-        for (let i = 0; i < e.length; i++) { worst = Math.max(worst, Math.abs(a[i]! - e[i]!)); scale = Math.max(scale, Math.abs(e[i]!)); }
-        assert.ok(worst <= 1e-12 * scale, `${what}: largest difference ${worst} against values up to ${scale}`);
-      };
-      close(f.logits, u.logits, 'logits');
-      close(f.grads, u.grads, 'gradients');
+        assertNear(f.logits, u.logits, 1e-12, 'logits');
+        assertNear(f.grads, u.grads, 1e-12, 'gradients');
       assert.ok(u.grads.some((x) => x !== 0));
     } finally { be.dispose(); }
   });
@@ -142,10 +138,7 @@ test('an NF4 model fuses too (its q/k/v matrices adjacent in the one-layer scrat
       m.setWeights(w);
       return Float32Array.from(be.download(m.forward(ids, b, t)));
     };
-    const f = logits(true), u = logits(false);
-    let worst = 0, scale = 0;
-    for (let i = 0; i < f.length; i++) { worst = Math.max(worst, Math.abs(f[i]! - u[i]!)); scale = Math.max(scale, Math.abs(u[i]!)); }
-    assert.ok(worst <= 1e-6 * scale, `largest difference ${worst} against values up to ${scale}`);
+    assertNear(logits(true), logits(false), 1e-6, 'logits');
   } finally { be.dispose(); }
 });
 

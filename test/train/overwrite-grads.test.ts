@@ -63,6 +63,21 @@ function poison(m: Transformer): void {
   m.backend.upload(m.grads!, new Float64Array(m.grads!.length).fill(Number.NaN));
 }
 
+/**
+ * zeroGrad then `passes` passes, against NaN-filled gradients then overwriteGrads then the same passes: asserts the two
+ * gradients equal; returns the first.
+ */
+function sameAsZeroGrad(m: Transformer, pass: (k: number) => void, passes: number): Float64Array {
+  m.zeroGrad();
+  for (let k = 0; k < passes; k++) pass(k);
+  const want = Float64Array.from(m.backend.download(m.grads!));
+  poison(m);
+  m.overwriteGrads();
+  for (let k = 0; k < passes; k++) pass(k);
+  assertSame(m.backend.download(m.grads!), want, `${passes} pass(es)`);
+  return want;
+}
+
 for (const [name, over] of CASES) {
   test(`overwriteGrads then backward = zeroGrad then backward, full logits, ${name}: one pass and two accumulated, gradients NaN before`, () => {
     const be = createCpuBackend({ dtype: 'f64', threads: 1 });
@@ -79,13 +94,7 @@ for (const [name, over] of CASES) {
         m.backward(logits);
       };
       for (const passes of [1, 2]) {
-        m.zeroGrad();
-        for (let k = 0; k < passes; k++) pass(k);
-        const want = Float64Array.from(be.download(m.grads!));
-        poison(m);
-        m.overwriteGrads();
-        for (let k = 0; k < passes; k++) pass(k);
-        assertSame(be.download(m.grads!), want, `${passes} pass(es)`);
+        const want = sameAsZeroGrad(m, pass, passes);
         assert.ok(want.some((x) => x !== 0), 'the passes produce gradients');
       }
     } finally { be.dispose(); }
@@ -105,15 +114,7 @@ for (const [name, over] of CASES) {
         head.run(hs, ht, targets, w, b * s, true);
         m.backwardHidden();
       };
-      for (const passes of [1, 2]) {
-        m.zeroGrad();
-        for (let k = 0; k < passes; k++) pass(k);
-        const want = Float64Array.from(be.download(m.grads!));
-        poison(m);
-        m.overwriteGrads();
-        for (let k = 0; k < passes; k++) pass(k);
-        assertSame(be.download(m.grads!), want, `${passes} pass(es)`);
-      }
+      for (const passes of [1, 2]) sameAsZeroGrad(m, pass, passes);
     } finally { be.dispose(); }
   });
 }
@@ -131,11 +132,7 @@ test('overwriteGrads with a bf16 model and bf16 logits (the gradient written ove
       head.run(hs, ht, targets, w, b * s, true);
       m.backwardHidden();
     };
-    m.zeroGrad(); pass();
-    const want = Float32Array.from(be.download(m.grads!));
-    be.upload(m.grads!, new Float32Array(m.grads!.length).fill(Number.NaN));
-    m.overwriteGrads(); pass();
-    assertSame(be.download(m.grads!), want, 'bf16 model');
+    sameAsZeroGrad(m, pass, 1);
   } finally { be.dispose(); }
 });
 
