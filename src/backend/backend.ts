@@ -109,6 +109,20 @@ export interface Readback {
   wait(): { floats: Array<Float32Array | Float64Array>; ints: Int32Array[] };
 }
 
+/**
+ * Host memory that uploads read in place: arrays a caller fills and uploads again and again (a cached run's sparse
+ * teacher rows, src/cache/targets.ts). CUDA: page-locked, so an upload from it is a copy queued after the work before it
+ * that returns at once (an upload from pageable memory of more than a few KiB waits inside the call for that work: a
+ * batch staged while the previous step's optimizer runs would leave the GPU idle until the copy is done and the pass
+ * queued). Uploads from it read the bytes later, so the arrays may be written again only after settle(). CPU: an
+ * ordinary ArrayBuffer, uploads copy at once and settle() has nothing to wait for.
+ */
+export interface HostStaging {
+  readonly buffer: ArrayBuffer;
+  /** Returns when every upload issued from this memory so far has read it. */
+  settle(): void;
+}
+
 /** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
 export const MAX_SPARSE_SLOTS = 256;
 
@@ -153,7 +167,10 @@ export interface Backend {
   view(buf: Buf, offset: number, length: number): Buf;
   /** A window onto [offset, offset+length) of an int buffer, sharing its storage. */
   viewInt(buf: IntBuf, offset: number, length: number): IntBuf;
-  /** Writes src into dst from dstOffset; into a bf16 buffer the values are rounded to nearest even. */
+  /**
+   * Writes src into dst from dstOffset; into a bf16 buffer the values are rounded to nearest even. src may be changed as
+   * soon as the call returns, unless it lies in a HostStaging's buffer: then only after that staging's settle().
+   */
   upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
   uploadInt(dst: IntBuf, src: Int32Array): void;
   /**
@@ -164,6 +181,8 @@ export interface Backend {
   download(src: Buf, into?: Float32Array): Float32Array | Float64Array;
   /** A host copy of an int buffer. */
   downloadInt(src: IntBuf): Int32Array;
+  /** `bytes` of host memory that uploads read in place (HostStaging), freed at dispose. */
+  hostStaging(bytes: number, label: string): HostStaging;
   /** Host copies of float32 and int buffers that a caller queues and later waits for (Readback). Not inside a captured region. */
   readback(floats: Buf[], ints: IntBuf[], label: string): Readback;
   zero(buf: Buf): void;

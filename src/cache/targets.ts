@@ -2,7 +2,7 @@
  * The sparse teacher of a batch, on the host and on the device: the SparseTargets a backend's sparseLossForward reads
  * ([rows, slots] ids, weights π, log q_t; per row the tail mass and the teacher's argmax).
  */
-import type { Backend, SparseTargets } from '../backend/backend.js';
+import type { Backend, HostStaging, SparseTargets } from '../backend/backend.js';
 import type { SparseEntry, SparseRep } from './sparse.js';
 import { sparseSlots } from './sparse.js';
 
@@ -20,12 +20,27 @@ export interface SparseHost {
   argmax: Int32Array;
 }
 
-export function allocSparseHost(rows: number, slots: number, dtype: 'f32' | 'f64' = 'f32'): SparseHost {
-  const F = dtype === 'f64' ? Float64Array : Float32Array;
-  return {
-    slots, ids: new Int32Array(rows * slots).fill(-1), prob: new F(rows * slots), logq: new F(rows * slots),
-    tail: new F(rows).fill(-1), argmax: new Int32Array(rows),
+/** Bytes of one SparseHost of `rows` rows of `slots` in one buffer (allocSparseHost's layout). */
+export function sparseHostBytes(rows: number, slots: number, dtype: 'f32' | 'f64' = 'f32'): number {
+  return (2 * rows * slots + rows) * (dtype === 'f64' ? 8 : 4) + (rows * slots + rows) * 4;
+}
+
+/**
+ * Empty sparse rows (ids −1, tail −1) for `rows` rows of `slots`; with `buffer` (at least sparseHostBytes), its arrays
+ * are views of it: float arrays first, so each starts at a multiple of its element size.
+ */
+export function allocSparseHost(rows: number, slots: number, dtype: 'f32' | 'f64' = 'f32', buffer?: ArrayBuffer): SparseHost {
+  const buf = buffer ?? new ArrayBuffer(sparseHostBytes(rows, slots, dtype));
+  if (buf.byteLength < sparseHostBytes(rows, slots, dtype)) throw new RangeError(`a buffer of ${buf.byteLength} bytes for ${rows} sparse rows of ${slots} slots`);
+  const f = (n: number, at: number): Float32Array | Float64Array => (dtype === 'f64' ? new Float64Array(buf, at, n) : new Float32Array(buf, at, n));
+  const fb = dtype === 'f64' ? 8 : 4, rs = rows * slots, ints = (2 * rs + rows) * fb;
+  const h: SparseHost = {
+    slots, prob: f(rs, 0), logq: f(rs, rs * fb), tail: f(rows, 2 * rs * fb),
+    ids: new Int32Array(buf, ints, rs), argmax: new Int32Array(buf, ints + rs * 4, rows),
   };
+  // the buffer may hold anything (page-locked memory is not zeroed)
+  h.prob.fill(0); h.logq.fill(0); h.tail.fill(-1); h.ids.fill(-1); h.argmax.fill(0);
+  return h;
 }
 
 /**
@@ -35,16 +50,26 @@ export function allocSparseHost(rows: number, slots: number, dtype: 'f32' | 'f64
  * micro[0] again as the probe of the new weights, after the look-ahead filled the other half: two steps' worth is what
  * keeps that batch intact. A new ~5.7 MB of typed arrays per 8×1024 batch (float64 rows and their float32 copies) made
  * V8 run a ~90 ms mark-compact about every 12 steps on the GPU machine.
+ * With `staging` (Backend.hostStaging), each buffer lives in memory that uploads read in place (page-locked on CUDA: the
+ * next step's rows are queued behind the optimizer without waiting for it), and take() first settles the uploads made
+ * from the buffer it hands out, so rows are never written while a copy of the old ones is pending.
  */
 export class SparseRing {
-  private readonly hosts: SparseHost[] = [];
+  private readonly hosts: Array<{ h: SparseHost; staging: HostStaging | null }> = [];
   private next = 0;
-  constructor(readonly size: number, private readonly rows: number, private readonly slots: number, private readonly dtype: 'f32' | 'f64' = 'f32') {
+  constructor(readonly size: number, private readonly rows: number, private readonly slots: number, private readonly dtype: 'f32' | 'f64' = 'f32',
+    private readonly staging?: (bytes: number, label: string) => HostStaging) {
     if (!(Number.isInteger(size) && size >= 1)) throw new RangeError(`a sparse ring of ${size} buffers`);
   }
   take(): SparseHost {
     const i = this.next++ % this.size;
-    return (this.hosts[i] ??= allocSparseHost(this.rows, this.slots, this.dtype));
+    let e = this.hosts[i];
+    if (e === undefined) {
+      const st = this.staging?.(sparseHostBytes(this.rows, this.slots, this.dtype), `the teacher cache's rows (${i})`) ?? null;
+      e = this.hosts[i] = { h: allocSparseHost(this.rows, this.slots, this.dtype, st?.buffer), staging: st };
+    }
+    e.staging?.settle();
+    return e.h;
   }
 }
 

@@ -250,8 +250,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     cache.fillBatch(h, windows, mask, o.seq);
     return h;
   };
-  // Training batches decode into reused host buffers: two steps' micro-batches (SparseRing says why).
-  const sparseRing = cache ? new SparseRing(2 * o.gradAccum, o.batch * o.seq, sparseSlots(cache.rep), hostDtype) : null;
+  // Training batches decode into reused host buffers that uploads read in place: two steps' micro-batches (SparseRing says why).
+  const sparseRing = cache ? new SparseRing(2 * o.gradAccum, o.batch * o.seq, sparseSlots(cache.rep), hostDtype,
+    (bytes, label) => backend.hostStaging(bytes, label)) : null;
   const loader = new BatchLoader(train, { batchSize: o.batch, seed: o.seed });
   /** This rank's next batch: rank r takes batches r, r + N, ... of the one loader order (src/parallel/data-parallel.ts). */
   const nextBatch = (): ReturnType<BatchLoader['next']> => {

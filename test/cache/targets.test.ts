@@ -5,7 +5,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { SparseRing, allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
+import { SparseRing, allocSparseHost, setSparseRow, sparseHostBytes } from '../../src/cache/targets.js';
+import type { HostStaging } from '../../src/backend/backend.js';
 
 test('SparseRing: each of its buffers comes back only after the others, and the same buffers are reused', () => {
   for (const size of [1, 2, 4, 6]) {
@@ -33,4 +34,45 @@ test('allocSparseHost: float32 rows round as an upload of the float64 values wou
   }
   assert.equal(h64.logq[4], Math.log(0.7));
   assert.deepEqual([...h32.ids.subarray(4, 8)], [3, 1, -1, -1]);
+});
+
+test('SparseRing over host stagings: one staging per buffer, its arrays views of it, settled before each time it is handed out', () => {
+  const events: string[] = [];
+  const stagings: HostStaging[] = [];
+  const ring = new SparseRing(2, 8, 3, 'f32', (bytes, label) => {
+    assert.equal(bytes, sparseHostBytes(8, 3));
+    const k = stagings.length;
+    events.push(`alloc ${k} (${label})`);
+    const st = { buffer: new ArrayBuffer(bytes), settle: () => { events.push(`settle ${k}`); } };
+    stagings.push(st);
+    return st;
+  });
+  const got = Array.from({ length: 5 }, () => { const h = ring.take(); events.push('take'); return h; });
+  assert.equal(stagings.length, 2);
+  assert.deepEqual(events, [
+    "alloc 0 (the teacher cache's rows (0))", 'settle 0', 'take', "alloc 1 (the teacher cache's rows (1))", 'settle 1', 'take',
+    'settle 0', 'take', 'settle 1', 'take', 'settle 0', 'take',
+  ]);
+  for (const [i, h] of got.entries()) {
+    for (const a of [h.ids, h.prob, h.logq, h.tail, h.argmax]) assert.equal(a.buffer, stagings[i % 2]!.buffer, 'uploads read the staging itself');
+  }
+});
+
+test('allocSparseHost over a given buffer: empty rows whatever it held, every array inside it, f64 arrays aligned', () => {
+  for (const dtype of ['f32', 'f64'] as const) {
+    const rows = 5, slots = 3, bytes = sparseHostBytes(rows, slots, dtype);
+    const buf = new ArrayBuffer(bytes);
+    new Uint8Array(buf).fill(0xab); // page-locked memory comes uninitialized
+    const h = allocSparseHost(rows, slots, dtype, buf);
+    assert.deepEqual([...h.ids], new Array(rows * slots).fill(-1));
+    assert.deepEqual([...h.tail], new Array(rows).fill(-1));
+    assert.deepEqual([...h.prob, ...h.logq, ...h.argmax], new Array(2 * rows * slots + rows).fill(0));
+    // the arrays tile the buffer without overlapping
+    const spans = [h.prob, h.logq, h.tail, h.ids, h.argmax].map((a) => [a.byteOffset, a.byteOffset + a.byteLength] as const).sort((x, y) => x[0] - y[0]);
+    assert.equal(spans[0]![0], 0);
+    for (let i = 1; i < spans.length; i++) assert.equal(spans[i]![0], spans[i - 1]![1]);
+    assert.equal(spans.at(-1)![1], bytes);
+    assert.ok(h.prob instanceof (dtype === 'f64' ? Float64Array : Float32Array));
+    assert.throws(() => allocSparseHost(rows, slots, dtype, new ArrayBuffer(bytes - 4)), /bytes for 5 sparse rows/);
+  }
 });

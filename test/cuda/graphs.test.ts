@@ -18,7 +18,7 @@ import { StepRunner, type Batch } from '../../src/train/step.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { TeacherPass } from '../../src/cache/teacher-pass.js';
-import { allocSparseHost } from '../../src/cache/targets.js';
+import { SparseRing, allocSparseHost } from '../../src/cache/targets.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
 import type { CommWork } from '../../src/parallel/comm.js';
 import { OneRankView } from '../parallel/fake-comm.js';
@@ -242,6 +242,38 @@ test('a cached distillation step (the sparse loss) and a teacher-cache pass run 
   assert.equal(passes.length, 2, calls.join(' '));
   for (const p of passes) assert.match(p, /launch (dtohAsync ){4}record$/, 'four copies (logq, tail, ids, argmax) after the kernels, then the event');
   assert.ok(pass.collect() && pass.collect() && pass.collect() === null);
+  s.be.dispose();
+});
+
+test('a cached run\'s sparse rows upload from page-locked host stagings: copies queued by address, an event after them, settled before the rows are rewritten', () => {
+  const s = setup();
+  const cfg = s.cfg, v = cfg.vocabSize;
+  const student = new Transformer(s.be, cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
+  const rep = { kind: 'sample', n: 4 } as const;
+  const runner = new StepRunner(student, null, { kind: 'kl', temperature: 2, alpha: 0.5, beta: 0.5 }, { sparse: rep });
+  const opt = new AdamW(student, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+  const ring = new SparseRing(2, 16, 4, 'f32', (bytes, label) => s.be.hostStaging(bytes, label));
+  let waits = 0;
+  const waitEvent = s.driver.waitEvent.bind(s.driver);
+  s.driver.waitEvent = (ev, what) => { waits++; waitEvent(ev, what); };
+  const cached = (seed: number): Batch => {
+    const b = batch(2, 8, seed, v), h = ring.take();
+    for (let r = 0; r < 16; r++) { for (let k = 0; k < 4; k++) { h.ids[r * 4 + k] = (r + k + seed) % v; h.prob[r * 4 + k] = 0.25; h.logq[r * 4 + k] = -1.5; } h.argmax[r] = r % v; }
+    return { ...b, sparse: h };
+  };
+  for (let i = 0; i < 4; i++) {
+    const w0 = waits, bt = cached(i);
+    // the first two takes are fresh stagings; from the third on, a buffer's earlier uploads are waited for first
+    assert.equal(waits - w0, i < 2 ? 0 : 1, `take ${i}`);
+    const c0 = s.driver.calls.length;
+    runner.trainStep([bt], opt, 1e-3, 1);
+    const calls = s.driver.calls.slice(c0);
+    const staged = calls.slice(0, calls.findIndex((c) => c === 'launch' || c === 'graphLaunch' || c.startsWith('capture')));
+    // five arrays (ids, weights, log q, tail, argmax), each a copy by address then its staging's event; inputs, targets and
+    // token weights (small, pageable) are plain copies
+    assert.equal(staged.filter((c) => c === 'htodAsync').length, 5, staged.join(' '));
+    assert.match(`${staged.join(' ')} `, /^(htod )+(htodAsync record ){5}$/, staged.join(' '));
+  }
   s.be.dispose();
 });
 

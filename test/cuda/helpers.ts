@@ -295,6 +295,7 @@ export function fakeDriver(): CudaDriver & FakeDriverLog {
     hostAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return { ptr: p, addr: p, buffer: new ArrayBuffer(Math.max(4, bytes)) }; },
     hostFree: () => {},
     dtohAsync: () => { if (capture) throw new Error('fake driver: dtohAsync while capturing'); onStream('dtohAsync'); },
+    htodAsync: () => { if (capture) throw new Error('fake driver: htodAsync while capturing'); onStream('htodAsync'); },
     recordOn: () => onStream('record'), waitEvent: () => {},
     synchronize: () => {}, streamSynchronize: () => {}, release: () => {}, unloadModule: () => {},
     useStream: () => {}, currentStream: 'fake stream', destroyStream: () => {},

@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, ropeExtent } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -335,6 +335,12 @@ export class CpuBackend implements Backend {
 
   downloadInt(src: IntBuf): Int32Array {
     return Int32Array.from(this.i(src, 'downloadInt source'));
+  }
+
+  /** An ordinary buffer: uploads copy at once, so there is nothing to settle. */
+  hostStaging(bytes: number, _label: string): HostStaging {
+    check(Number.isInteger(bytes) && bytes >= 0, `hostStaging(${bytes}): bad size`);
+    return { buffer: new ArrayBuffer(bytes), settle: () => {} };
   }
 
   readback(floats: Buf[], ints: IntBuf[], _label: string): Readback {

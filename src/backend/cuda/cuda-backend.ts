@@ -40,7 +40,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, ropeExtent } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -255,9 +255,11 @@ export class CudaBackend implements Backend {
   private readonly fns = new Map<KernelSpec, unknown>();
   private readonly modules: unknown[] = [];
   private readonly allocations: CudaBuf[] = [];
-  /** Page-locked host memory of readbacks and their completion events (freed at dispose). */
+  /** Page-locked host memory of readbacks and host stagings, and their completion events (freed at dispose). */
   private readonly hostAllocations: unknown[] = [];
-  private readonly readbackEvents: unknown[] = [];
+  private readonly transferEvents: unknown[] = [];
+  /** hostStaging's memory by its buffer: an upload from it is a copy queued by address, recorded by its event. */
+  private readonly stagings = new Map<ArrayBuffer, { addr: bigint; event: unknown; queued: boolean }>();
   private bytesAllocated = 0;
   // Argument storage for cuLaunchKernel: 256 bytes, so V8 keeps it off-heap and its address never moves.
   private readonly argSlots = Buffer.alloc(MAX_ARGS * 8);
@@ -531,7 +533,7 @@ export class CudaBackend implements Backend {
     this.hostTransfer(`uploading ${d.label}`, true);
     if (!this.dev || src.length === 0) return;
     const f = d.dtype === 'bf16' ? packBf16(src) : src instanceof Float32Array ? src : Float32Array.from(src);
-    this.dev.driver.htod(d.ptr + BigInt(dstOffset * d.elem), f, f.length * d.elem, `uploading ${d.label}`);
+    this.htod(d.ptr + BigInt(dstOffset * d.elem), f, f.length * d.elem, `uploading ${d.label}`);
   }
 
   uploadInt(dst: IntBuf, src: Int32Array): void {
@@ -539,7 +541,38 @@ export class CudaBackend implements Backend {
     if (src.length > d.length) throw new Error(`uploadInt of ${src.length} overflows ${d.label} (${d.length})`);
     this.hostTransfer(`uploading ${d.label}`, true);
     if (!this.dev || src.length === 0) return;
-    this.dev.driver.htod(d.ptr, src, src.length * 4, `uploading ${d.label}`);
+    this.htod(d.ptr, src, src.length * 4, `uploading ${d.label}`);
+  }
+
+  /** An upload's copy: by address and recorded on its staging's event where src lies in a hostStaging, else from pageable memory. */
+  private htod(dst: bigint, src: ArrayBufferView, bytes: number, what: string): void {
+    const driver = this.dev!.driver;
+    const st = this.stagings.get(src.buffer as ArrayBuffer);
+    if (st === undefined) { driver.htod(dst, src, bytes, what); return; }
+    driver.htodAsync(dst, st.addr + BigInt(src.byteOffset), bytes, what);
+    driver.recordOn(st.event, what);
+    st.queued = true;
+  }
+
+  hostStaging(bytes: number, label: string): HostStaging {
+    if (this.disposed) throw new Error('CudaBackend used after dispose()');
+    if (!Number.isInteger(bytes) || bytes < 0) throw new Error(`hostStaging(${bytes}, ${label}): bad size`);
+    const dev = this.dev;
+    if (!dev) return { buffer: new ArrayBuffer(bytes), settle: () => {} }; // trace mode: uploads copy nothing
+    const host = dev.driver.hostAlloc(bytes, `allocating page-locked host memory for ${label}`);
+    this.hostAllocations.push(host.ptr);
+    const event = dev.driver.eventCreate(false);
+    this.transferEvents.push(event);
+    const st = { addr: host.addr, event, queued: false };
+    this.stagings.set(host.buffer, st);
+    return {
+      buffer: host.buffer,
+      settle: () => {
+        if (!st.queued) return;
+        dev.driver.waitEvent(event, `waiting for the uploads from ${label}`);
+        st.queued = false;
+      },
+    };
   }
 
   downloadInt(src: IntBuf): Int32Array {
@@ -562,7 +595,7 @@ export class CudaBackend implements Backend {
     const host = dev ? dev.driver.hostAlloc(bytes, `allocating page-locked host memory for ${label}`) : { ptr: null, addr: 0n, buffer: new ArrayBuffer(bytes) };
     if (dev) this.hostAllocations.push(host.ptr);
     const ev = dev ? dev.driver.eventCreate(false) : null;
-    if (ev !== null) this.readbackEvents.push(ev);
+    if (ev !== null) this.transferEvents.push(ev);
     let at = 0;
     const offsets = parts.map((p) => { const o = at; at += p.length * 4; return o; });
     const out = {
@@ -695,8 +728,8 @@ export class CudaBackend implements Backend {
       }
       for (const b of this.allocations) attempt(`freeing ${b.label}`, () => dev.driver.memFree(b.ptr));
       for (const h of this.hostAllocations) attempt('freeing page-locked host memory', () => dev.driver.hostFree(h));
-      for (const ev of this.readbackEvents) attempt('destroying a readback event', () => dev.driver.eventDestroy(ev));
-      this.hostAllocations.length = 0; this.readbackEvents.length = 0;
+      for (const ev of this.transferEvents) attempt('destroying a transfer event', () => dev.driver.eventDestroy(ev));
+      this.hostAllocations.length = 0; this.transferEvents.length = 0; this.stagings.clear();
       for (const m of this.modules) attempt('unloading a kernel module', () => dev.driver.unloadModule(m));
       this.modules.length = 0;
       this.fns.clear();

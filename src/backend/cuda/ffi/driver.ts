@@ -62,6 +62,8 @@ export class CudaDriver {
       memcpyDtoDAsync: l.func('int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
       // the same copy into page-locked host memory given by address (hostAlloc): returns at once
       memcpyDtoHAsyncPinned: l.func('int cuMemcpyDtoHAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
+      // from page-locked host memory given by address (hostAlloc): returns at once, the DMA reads the bytes later
+      memcpyHtoDAsyncPinned: l.func('int cuMemcpyHtoDAsync_v2(uint64_t dst, uint64_t src, size_t bytes, void *stream)'),
       memAllocHost: l.func('int cuMemAllocHost_v2(_Out_ void **pp, size_t bytes)'),
       memFreeHost: l.func('int cuMemFreeHost(void *p)'),
       memsetD32Async: l.func('int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void *stream)'),
@@ -159,6 +161,13 @@ export class CudaDriver {
   }
   /** Frees hostAlloc's memory: every view of its buffer is dangling after this. */
   hostFree(ptr: unknown): void { this.check(this.f.memFreeHost!(ptr), 'cuMemFreeHost', 'freeing page-locked host memory'); }
+  /**
+   * Page-locked host memory at address src (hostAlloc) to the device, ordered on the stream; returns at once, and the
+   * bytes are read when the stream gets there (record an event after it and wait for it before writing them again).
+   */
+  htodAsync(dst: bigint, src: bigint, bytes: number, context: string): void {
+    this.check(this.f.memcpyHtoDAsyncPinned!(dst, src, bytes, this.stream), `cuMemcpyHtoDAsync(${formatBytes(bytes)})`, context);
+  }
   /** Device to page-locked host memory at address dst (hostAlloc), ordered on the stream; returns at once (waitEvent). */
   dtohAsync(dst: bigint, src: bigint, bytes: number, context: string): void {
     this.check(this.f.memcpyDtoHAsyncPinned!(dst, src, bytes, this.stream), `cuMemcpyDtoHAsync(${formatBytes(bytes)})`, context);
