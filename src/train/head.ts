@@ -61,16 +61,23 @@ export function headWidth(lossVocab: number, ...vocabs: number[]): number {
 
 /**
  * The chunk bound of a head by default: DEFAULT_HEAD_CHUNK_FLOATS, and for a teacher cache, which has no teacher logits
- * chunk beside the student's, as many more rows as keep the same logits memory as an online distillation (twice the
- * rows for an fp32 student; 5/3 for a bf16 student, whose bf16 dlogits chunk grows with the rows): fewer chunks, each of
- * which reads and writes the whole fp32 head gradient once.
+ * chunk beside the student's and no teacher weights, CACHED_HEAD_MEMORY times the logits memory of an online
+ * distillation (per row, twice the rows for an fp32 student, 5/3 for a bf16 student, whose bf16 dlogits chunk grows with
+ * the rows): fewer chunks, each of which reads and writes the whole fp32 head gradient once, and larger head GEMMs.
  */
 export function defaultChunkFloats(sparse: boolean, bf16Grad = false): number {
   if (!sparse) return DEFAULT_HEAD_CHUNK_FLOATS;
   // online per row: zs + zt (+ a bf16 dz: half a float); cached: zs (+ dz)
   const g = bf16Grad ? 0.5 : 0;
-  return Math.floor(DEFAULT_HEAD_CHUNK_FLOATS * (2 + g) / (1 + g));
+  return Math.floor(CACHED_HEAD_MEMORY * DEFAULT_HEAD_CHUNK_FLOATS * (2 + g) / (1 + g));
 }
+
+/**
+ * How many times an online distillation's logits memory a cached one's head may take: 2, which runs an 8×1024 batch
+ * of Qwen's 151936-token vocabulary with bf16 logits as one chunk (2.5 GB) instead of two of 4096 rows (a cached step
+ * holds no teacher: 3 GB of a 1.5B teacher's bf16 weights and its logits chunk go).
+ */
+export const CACHED_HEAD_MEMORY = 2;
 
 /** Rows per chunk for n tokens over a vocabulary of v: at least 1, at most n. */
 export function headChunkRows(n: number, v: number, chunkFloats = DEFAULT_HEAD_CHUNK_FLOATS): number {

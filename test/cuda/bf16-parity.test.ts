@@ -263,6 +263,25 @@ parity('adamw with a bf16 copy on misaligned views (scalar path)', (r) => ({
   op: (b, x) => b.adamw(b.view(x.p!, 1, N - 3), b.view(x.g!, 1, N - 3), b.view(x.m!, 1, N - 3), b.view(x.v!, 1, N - 3), N - 3, ADAM,
     b.view(x.c!, 3, N - 3)),
 }));
+// the float4 update of aligned parameters with a copy view 2 bytes off their alignment
+parity('adamw with a bf16 copy view not aligned like the parameters (vector update)', (r) => ({
+  arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs), c: rand(r, N) }, bf16: ['c'],
+  compare: ['p', 'm', 'v', 'c'],
+  op: (b, x) => b.adamw(b.view(x.p!, 0, N - 1), b.view(x.g!, 0, N - 1), b.view(x.m!, 0, N - 1), b.view(x.v!, 0, N - 1), N - 1, ADAM,
+    b.view(x.c!, 1, N - 1)),
+}));
+// the training step's one-launch update (adamw_multi): chunks that start 16-byte aligned (float4 path) and one that does not
+parity('adamwSegments with a bf16 compute copy (segments aligned and not, with and without decay)', (r) => ({
+  arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs), c: rand(r, N) }, bf16: ['c'],
+  compare: ['p', 'm', 'v', 'c'],
+  op: (b, x) => b.adamwSegments(x.p!, x.g!, x.m!, x.v!, [{ offset: 0, size: 1000, decay: true }, { offset: 1000, size: 37, decay: false },
+    { offset: 1037, size: N - 1037, decay: true }], ADAM, x.c!),
+}));
+parity('adamwSegments with an f32 compute copy', (r) => ({
+  arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs), c: rand(r, N) }, bf16: [],
+  compare: ['p', 'c'],
+  op: (b, x) => b.adamwSegments(x.p!, x.g!, x.m!, x.v!, [{ offset: 0, size: 1000, decay: true }, { offset: 1000, size: N - 1000, decay: false }], ADAM, x.c!),
+}));
 parity('adamw with an f32 copy', (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs), c: rand(r, N) }, bf16: [],
   compare: ['p', 'c'], op: (b, x) => b.adamw(x.p!, x.g!, x.m!, x.v!, N, ADAM, x.c!),
