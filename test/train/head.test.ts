@@ -14,7 +14,7 @@ import { LOSS_STATS } from '../../src/backend/backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
-import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headChunkRows, headFloats, headRows } from '../../src/train/head.js';
+import { CACHED_HEAD_MEMORY, ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, defaultChunkFloats, headChunkRows, headFloats, headRows } from '../../src/train/head.js';
 import { resolveLogits } from '../../src/train/precision.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { StepRunner } from '../../src/train/step.js';
@@ -270,6 +270,16 @@ test('bf16 logits: 2.5 times the rows per chunk online and 3 times from a cache 
   const f32Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true), bf16Bytes = 4 * headFloats(8192, v, true, DEFAULT_HEAD_CHUNK_FLOATS, true, 'bf16');
   assert.ok(bf16Bytes <= f32Bytes + 10 * v, `${bf16Bytes} vs ${f32Bytes}`);
   assert.equal(resolveLogits('auto', 'bf16'), 'bf16');
+  // The default bounds: a cached head may take CACHED_HEAD_MEMORY times an online head's logits memory, so a bf16
+  // student's 8×1024 batch from a cache is one chunk (online: four of 2048), and an fp32 one's three chunks of 2731 (online: ten of 820).
+  const online = (bf16: boolean): number => headFloats(8192, v, true, defaultChunkFloats(false, bf16), bf16, bf16 ? 'bf16' : 'f32') - 8192 * (2 + 2 * LOSS_STATS);
+  const cached = (bf16: boolean): number => headFloats(8192, v, false, defaultChunkFloats(true, bf16), bf16, bf16 ? 'bf16' : 'f32') - 8192 * (2 + LOSS_STATS);
+  assert.equal(headRows(8192, v, false, defaultChunkFloats(true, true), true, 'bf16'), 8192);
+  assert.equal(headRows(8192, v, true, defaultChunkFloats(false, true), true, 'bf16'), 2048);
+  assert.equal(headRows(8192, v, false, defaultChunkFloats(true, false)), 2731);
+  for (const bf16 of [true, false]) {
+    assert.ok(cached(bf16) <= CACHED_HEAD_MEMORY * online(bf16) + 4 * v, `${bf16}: cached ${cached(bf16)} floats of logits, online ${online(bf16)}`);
+  }
   assert.equal(resolveLogits('auto', 'fp32'), 'f32');
   assert.equal(resolveLogits('f32', 'bf16'), 'f32');
   assert.throws(() => resolveLogits('bf16', 'fp32'), /--logits bf16 needs bf16 models/);
