@@ -5,6 +5,7 @@
 // 16-byte loads. The arithmetic is the sparse loss's dense part (two exponentials per element in each pass).
 // Experiment, not part of the library: it decides the layout the loss kernels use. Each variant's gradient is compared
 // with the first's (max abs difference printed).
+// The last two variants take the exponentials another way (ex<MATH>): how much of a pass is arithmetic, not memory.
 // Usage (device): nvcc -O3 -arch=sm_90 -o /tmp/loss-row-passes scripts/cuda/loss-row-passes.cu && /tmp/loss-row-passes
 #include <cstdio>
 #include <cstdlib>
@@ -38,8 +39,15 @@ template <int B> __device__ float blockMax(float v) {
 #define TEMP 2.0f
 #define INV_T 0.5f
 #define ALPHA 0.5f
+// MATH: how e^x is taken (expf by default; 1: ex2.approx of x·log2 e, what --use_fast_math makes of __expf; 2: no
+// exponential at all, x itself: the memory traffic and the loop alone, a floor for the other two).
+template <int MATH> __device__ __forceinline__ float ex(float x) {
+  if (MATH == 0) return expf(x);
+  if (MATH == 2) return x;
+  float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f)); return r;
+}
 // W: bf16 elements per load (4: uint2, 8: uint4).
-template <int B, int W>
+template <int B, int W, int MATH = 0>
 __global__ void __launch_bounds__(B) rows(bf16* z, const int* targets, int n, int V) {
   for (int row = blockIdx.x; row < n; row += gridDim.x) {
     bf16* zr = z + (long long)row * V;
@@ -53,8 +61,8 @@ __global__ void __launch_bounds__(B) rows(bf16* z, const int* targets, int n, in
 #pragma unroll
       for (int e = 0; e < W; e++) {
         const float x = e & 1 ? __uint_as_float(u[e / 2] & 0xffff0000u) : bf2f(u[e / 2] & 0xffffu);
-        if (x > m) { s1 *= expf(m - x); ss *= expf((m - x) * INV_T); m = x; }
-        s1 += expf(x - m); ss += expf((x - m) * INV_T);
+        if (x > m) { s1 *= ex<MATH>(m - x); ss *= ex<MATH>((m - x) * INV_T); m = x; }
+        s1 += ex<MATH>(x - m); ss += ex<MATH>((x - m) * INV_T);
       }
     }
     const float M = blockMax<B>(m);
@@ -70,8 +78,8 @@ __global__ void __launch_bounds__(B) rows(bf16* z, const int* targets, int n, in
       for (int e = 0; e < W; e++) {
         const float x = e & 1 ? __uint_as_float(u[e / 2] & 0xffff0000u) : bf2f(u[e / 2] & 0xffffu);
         const int j = jw * W + e;
-        const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
-        const float qs = expf(x * INV_T - lseS);
+        const float ceg = ex<MATH>(x - lse1) - (j == y ? 1.0f : 0.0f);
+        const float qs = ex<MATH>(x * INV_T - lseS);
         g[e] = w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * (-Gamma * qs));
       }
       if (W == 8) ((uint4*)zr)[jw] = make_uint4(pack2(g[0], g[1]), pack2(g[2], g[3]), pack2(g[4], g[5]), pack2(g[6], g[7]));
@@ -105,6 +113,8 @@ int main() {
     {"grid 2/SM, 512 threads, 16-byte loads", rows<512, 8>, 512, 2 * sms},
     {"grid 4/SM, 512 threads, 16-byte loads", rows<512, 8>, 512, 4 * sms},
     {"grid 1/SM, 1024 threads, 8-byte loads", rows<1024, 4>, 1024, sms},
+    {"grid n, 512 threads, 16-byte loads, ex2.approx", rows<512, 8, 1>, 512, n},
+    {"grid n, 512 threads, 16-byte loads, no exp (floor)", rows<512, 8, 2>, 512, n},
   };
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   for (int vi = 0; vi < (int)(sizeof(vars) / sizeof(vars[0])); vi++) {

@@ -187,6 +187,7 @@ export function hostify(src: string): string {
   s = s.replace(/__device__ __forceinline__ bf16 f2bf\(float f\) \{[^\n]*\n/, '__device__ __forceinline__ bf16 f2bf(float f) { return f2bf_host(f); }\n');
   s = s.replace(/__device__ __forceinline__ unsigned pack2\(float lo, float hi\) \{\n[^\n]*\n\}\n/,
     'inline unsigned pack2(float lo, float hi) { return (unsigned)f2bf_host(lo) | ((unsigned)f2bf_host(hi) << 16); }\n');
+  s = s.replace(/__device__ __forceinline__ float fexp\(float x\) \{[^\n]*\n/, 'inline float fexp(float x) { return exp2f(x * 1.4426950408889634f); }\n');
   s = s.replace(/\/\* c \+= a · b on one m16n8k16 tile[\s\S]*?\n\}\n/, '');
   s = s.replace(/\/\* ldmatrix\.x4 \(not transposed\)[\s\S]*?\n\}\n/, '');
   s = s.replace(/\/\* ldmatrix\.x4\.trans of four 8×8 bf16 matrices[\s\S]*?\n\}\n/, '');

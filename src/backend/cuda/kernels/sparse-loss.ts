@@ -51,10 +51,10 @@ function generate(p: Readonly<SparseLossP>): string {
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* past the loss vocabulary */
   mapRow<false>(g, z, (const float*)nullptr, V, vec, [&](float x, float, int j) -> float {
-    const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
+    const float ceg = fexp(x - lse1) - (j == y ? 1.0f : 0.0f);
     const float lq = x * INV_T - lseS;
-    const float qs = expf(lq);
-    const float tailPart = tailOn ? gT * expf(lq - logQs) : 0.0f;
+    const float qs = fexp(lq);
+    const float tailPart = tailOn ? gT * fexp(lq - logQs) : 0.0f;
     return w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * (tailPart - Gamma * qs));
   });
   __syncthreads();
@@ -98,13 +98,13 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   /* 8-element loads where every row is aligned (uniform over the grid), as the dense loss kernel (forRow, mapRow) */
   const bool vec = ${vecCondition([['logits', p.logits], ...(p.withGrad ? [['dlogits', p.dlogits] as const] : [])])};
   forRow<false>(z, (const float*)nullptr, V, vec, [&](float x, float, int j) { /* first index wins ties within a thread (its j ascend) */
-    if (x > m) { const float r = expf((m - x) * INV_T); s1 *= expf(m - x); ss *= r; m = x; argS = j; }
-    s1 += expf(x - m);
-    const float e = expf((x - m) * INV_T);
+    if (x > m) { const float r = fexp((m - x) * INV_T); s1 *= fexp(m - x); ss *= r; m = x; argS = j; }
+    s1 += fexp(x - m);
+    const float e = fexp((x - m) * INV_T);
     ss += e;
     ${tail ? `if (hasTail && !((inSlots[j >> 5] >> (j & 31)) & 1u)) {
-      if (x > mo) { so *= expf((mo - x) * INV_T); mo = x; }
-      so += expf((x - mo) * INV_T);
+      if (x > mo) { so *= fexp((mo - x) * INV_T); mo = x; }
+      so += fexp((x - mo) * INV_T);
     }` : ''}
   });
   const float M = blockMax(m);
