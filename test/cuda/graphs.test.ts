@@ -18,7 +18,7 @@ import { StepRunner, type Batch } from '../../src/train/step.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { TeacherPass } from '../../src/cache/teacher-pass.js';
-import { SparseRing, allocSparseHost } from '../../src/cache/targets.js';
+import { SparseRing, allocSparseHost, type SparseHost } from '../../src/cache/targets.js';
 import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
 import type { CommWork } from '../../src/parallel/comm.js';
 import { OneRankView } from '../parallel/fake-comm.js';
@@ -205,18 +205,27 @@ test('batched generation: the device-sampled decode step is one region, captured
   s.be.dispose();
 });
 
-test('a cached distillation step (the sparse loss) and a teacher-cache pass run as regions: eager, captured, replayed, nothing illegal inside', () => {
-  const s = setup();
-  const cfg = s.cfg, v = cfg.vocabSize;
-  const student = new Transformer(s.be, cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
+/**
+ * A cached distillation (KL against sample:4 rows, no teacher) of a student on setup()'s backend, and its batches: the
+ * sparse rows of `cached(seed, into)` are written into `into` (a new SparseHost by default).
+ */
+function cachedSetup(s: ReturnType<typeof setup>) {
+  const v = s.cfg.vocabSize;
+  const student = new Transformer(s.be, s.cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
   const rep = { kind: 'sample', n: 4 } as const;
   const runner = new StepRunner(student, null, { kind: 'kl', temperature: 2, alpha: 0.5, beta: 0.5 }, { sparse: rep });
   const opt = new AdamW(student, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
-  const cached = (seed: number): Batch => {
-    const b = batch(2, 8, seed, v), h = allocSparseHost(16, 4);
+  const cached = (seed: number, h: SparseHost = allocSparseHost(16, 4)): Batch => {
     for (let r = 0; r < 16; r++) { for (let k = 0; k < 4; k++) { h.ids[r * 4 + k] = (r + k + seed) % v; h.prob[r * 4 + k] = 0.25; h.logq[r * 4 + k] = -1.5; } h.argmax[r] = r % v; }
-    return { ...b, sparse: h };
+    return { ...batch(2, 8, seed, v), sparse: h };
   };
+  return { rep, runner, opt, cached };
+}
+
+test('a cached distillation step (the sparse loss) and a teacher-cache pass run as regions: eager, captured, replayed, nothing illegal inside', () => {
+  const s = setup();
+  const cfg = s.cfg, v = cfg.vocabSize;
+  const { rep, runner, opt, cached } = cachedSetup(s);
   const modes: string[] = [];
   const orig = s.be.captured.bind(s.be);
   s.be.captured = <R>(label: string, body: () => R): R => { const r = orig(label, body); modes.push(`${label}:${s.be.lastRegionMode}`); return r; };
@@ -247,22 +256,13 @@ test('a cached distillation step (the sparse loss) and a teacher-cache pass run 
 
 test('a cached run\'s sparse rows upload from page-locked host stagings: copies queued by address, an event after them, settled before the rows are rewritten', () => {
   const s = setup();
-  const cfg = s.cfg, v = cfg.vocabSize;
-  const student = new Transformer(s.be, cfg, { batch: 2, seq: 8, training: true, precision: 'bf16' });
-  const rep = { kind: 'sample', n: 4 } as const;
-  const runner = new StepRunner(student, null, { kind: 'kl', temperature: 2, alpha: 0.5, beta: 0.5 }, { sparse: rep });
-  const opt = new AdamW(student, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 });
+  const { runner, opt, cached } = cachedSetup(s);
   const ring = new SparseRing(2, 16, 4, 'f32', (bytes, label) => s.be.hostStaging(bytes, label));
   let waits = 0;
   const waitEvent = s.driver.waitEvent.bind(s.driver);
   s.driver.waitEvent = (ev, what) => { waits++; waitEvent(ev, what); };
-  const cached = (seed: number): Batch => {
-    const b = batch(2, 8, seed, v), h = ring.take();
-    for (let r = 0; r < 16; r++) { for (let k = 0; k < 4; k++) { h.ids[r * 4 + k] = (r + k + seed) % v; h.prob[r * 4 + k] = 0.25; h.logq[r * 4 + k] = -1.5; } h.argmax[r] = r % v; }
-    return { ...b, sparse: h };
-  };
   for (let i = 0; i < 4; i++) {
-    const w0 = waits, bt = cached(i);
+    const w0 = waits, bt = cached(i, ring.take());
     // the first two takes are fresh stagings; from the third on, a buffer's earlier uploads are waited for first
     assert.equal(waits - w0, i < 2 ? 0 : 1, `take ${i}`);
     const c0 = s.driver.calls.length;
