@@ -14,7 +14,9 @@ const nvcc = findNvcc();
 const required = process.env.DISTILLERY_REQUIRE_NVCC === '1';
 const skip = nvcc || required ? false : 'nvcc not found (looked at $DISTILLERY_NVCC, PATH, /usr/local/bin, /usr/local/cuda/bin): the sm_89/sm_100/sm_120/sm_121 compile gate is skipped';
 
-test(`every planned kernel compiles with nvcc for ${GATE_ARCHS.join(', ')}`, { skip, timeout: 1_800_000 }, async () => {
+// 374 specs × 6 architectures took 1954 s on a 2-core machine beside the rest of a CI run (2026-11-28): an hour's bound,
+// inside CI's 90 minutes, where 30 minutes had become too tight.
+test(`every planned kernel compiles with nvcc for ${GATE_ARCHS.join(', ')}`, { skip, timeout: 3_600_000 }, async () => {
   assert.ok(nvcc, 'DISTILLERY_REQUIRE_NVCC=1 but nvcc was not found');
   const archs = GATE_ARCHS.filter((a) => nvcc.archs.includes(a));
   const missing = GATE_ARCHS.filter((a) => !nvcc.archs.includes(a));

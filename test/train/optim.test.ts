@@ -17,7 +17,7 @@ import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js'
 import { AdamW } from '../../src/train/optimizer.js';
 import { lrAt } from '../../src/train/schedule.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
-import { ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, headFloats } from '../../src/train/head.js';
+import { CACHED_HEAD_MEMORY, ChunkedHead, DEFAULT_HEAD_CHUNK_FLOATS, defaultChunkFloats, headFloats } from '../../src/train/head.js';
 import { sparseSlots, type SparseRep } from '../../src/cache/sparse.js';
 import { Rng } from '../../src/util/rng.js';
 
@@ -208,7 +208,7 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
   } finally { cpu.dispose(); }
 });
 
-test('a head distilling from a teacher cache takes chunks of up to twice the rows (no teacher chunk beside the student\'s): no more logits memory than online, counted by the estimate', () => {
+test('a head distilling from a teacher cache takes larger chunks (no teacher chunk beside the student\'s, no teacher weights): at most CACHED_HEAD_MEMORY times the logits memory of online, counted by the estimate', () => {
   const allocs = new Map<string, number>();
   const be = {
     alloc: (n: number, label: string) => { allocs.set(label, n); return { length: n, dtype: 'f32' }; },
@@ -221,21 +221,23 @@ test('a head distilling from a teacher cache takes chunks of up to twice the row
   const onlineLogits = allocs.get('student logits (one chunk of rows)')! + allocs.get('teacher logits (one chunk of rows)')!;
   allocs.clear();
   const cached = new ChunkedHead(model(true), null, spec, n, { sparse: { kind: 'sample', n: 24 } });
-  // the rows split evenly over the fewest chunks of at most 883 rows online, 2 × 883 from a cache
-  const most = Math.floor(DEFAULT_HEAD_CHUNK_FLOATS / V);
+  // the rows split evenly over the fewest chunks of at most 883 rows online, 2 · CACHED_HEAD_MEMORY × 883 from a cache
+  // (one float a row instead of two, in CACHED_HEAD_MEMORY times the memory)
+  const most = Math.floor(DEFAULT_HEAD_CHUNK_FLOATS / V), mostCached = Math.floor(2 * CACHED_HEAD_MEMORY * DEFAULT_HEAD_CHUNK_FLOATS / V);
   assert.equal(online.chunkRows, Math.ceil(n / Math.ceil(n / most)));
-  assert.equal(cached.chunkRows, Math.ceil(n / Math.ceil(n / (2 * most))));
+  assert.equal(cached.chunkRows, Math.ceil(n / Math.ceil(n / mostCached)));
   assert.ok(cached.chunkRows > 1.8 * online.chunkRows, `${cached.chunkRows} rows vs ${online.chunkRows}`);
-  assert.ok(allocs.get('student logits (one chunk of rows)')! <= onlineLogits);
+  assert.ok(allocs.get('student logits (one chunk of rows)')! <= CACHED_HEAD_MEMORY * onlineLogits);
   assert.equal(allocs.has('teacher logits (one chunk of rows)'), false);
-  // the estimate's head floats for a cached job count the doubled chunk
-  const f = headFloats(n, V, false, 2 * DEFAULT_HEAD_CHUNK_FLOATS);
+  // the estimate's head floats for a cached job count the larger chunk
+  const f = headFloats(n, V, false, defaultChunkFloats(true));
   assert.equal(f - headFloats(n, V, false), (cached.chunkRows - online.chunkRows) * V);
   const s05 = presetConfig('qwen2.5-0.5b', V);
   const plain = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true });
   const withCache = estimateJobBytes({ student: s05, teacher: null, batch: 8, seq: 1024, training: true, teacherCacheSlots: 24 });
   assert.equal(withCache - plain, 4 * ((cached.chunkRows - online.chunkRows) * V + n * (3 * 24 + 2)), 'the estimate: the doubled chunk and the cache rows');
-  // A bf16 student: its bf16 dlogits chunk grows with the rows too, so 5/3 of the rows keep the logits bytes of online.
+  // A bf16 student: its bf16 dlogits chunk grows with the rows too, so 5/3 of the rows keep the logits bytes of online
+  // (CACHED_HEAD_MEMORY times them: CACHED_HEAD_MEMORY × 5/3 the rows, before the even split).
   const bytes = (): number => [...allocs].reduce((a, [k, v]) => a + (/logits/.test(k) ? v * (k.startsWith('student dlogits') ? 2 : 4) : 0), 0);
   const bf = (training: boolean): Transformer => ({ backend: be, config: { vocabSize: V }, compute: 'bf16', training }) as unknown as Transformer;
   allocs.clear();
@@ -243,6 +245,8 @@ test('a head distilling from a teacher cache takes chunks of up to twice the row
   const onlineBytes = bytes();
   allocs.clear();
   const cachedBf = new ChunkedHead(bf(true), null, spec, n, { sparse: { kind: 'sample', n: 24 } });
-  assert.ok(Math.abs(cachedBf.chunkRows - onlineBf.chunkRows * 5 / 3) <= 1, `${cachedBf.chunkRows} rows vs ${onlineBf.chunkRows} online`);
-  assert.ok(Math.abs(bytes() - onlineBytes) <= 1e-3 * onlineBytes, `cached ${bytes()} vs online ${onlineBytes} bytes of logits`);
+  const mostBf = (cacheFactor: number): number => Math.floor(cacheFactor * DEFAULT_HEAD_CHUNK_FLOATS * 10 / 6 / V);
+  assert.equal(onlineBf.chunkRows, Math.ceil(n / Math.ceil(n / Math.floor(DEFAULT_HEAD_CHUNK_FLOATS / V))));
+  assert.equal(cachedBf.chunkRows, Math.ceil(n / Math.ceil(n / mostBf(CACHED_HEAD_MEMORY))), `${cachedBf.chunkRows} rows vs ${onlineBf.chunkRows} online`);
+  assert.ok(bytes() <= CACHED_HEAD_MEMORY * onlineBytes * (1 + 1e-3), `cached ${bytes()} vs online ${onlineBytes} bytes of logits`);
 });
