@@ -39,10 +39,11 @@ export type LossP = { kind: string; withGrad: boolean; dlogits: string; logits: 
  * 16-byte accesses for bf16 rows: the two passes over 4096 rows of 151936 bf16 logits (gradient in place) took 1443 us
  * with 8-byte ones and 1332 us with these on an H100 (scripts/cuda/loss-row-passes.cu, session 20).
  */
-export const ROW_HELPERS = `/* e^x for the per-element terms of a row pass: ex2.approx of x·log2(e), one multiply and one MUFU op (as __expf). Its
-   relative error grows with |x| through the product's rounding (about 1e-6 at x = -20, a term e^-20 of the row's
-   largest); subnormal results flush to 0. expf's range reduction made the sparse loss's two passes ~25% arithmetic-bound
-   (scripts/cuda/loss-row-passes.cu: 1244 -> 1018 us over 4096 rows of 151936 bf16 logits, H200). */
+export const ROW_HELPERS = `/* e^x for the per-element terms of a row pass (loss and sparse_loss): ex2.approx of x·log2(e), one multiply and one
+   MUFU op (as __expf). Its relative error grows with |x| through the product's rounding (about 1e-6 at x = -20, a term
+   e^-20 of the row's largest); subnormal results flush to 0. expf's range reduction made the sparse loss's two passes
+   ~25% arithmetic-bound (scripts/cuda/loss-row-passes.cu: 1244 -> 1018 us over 4096 rows of 151936 bf16 logits, H200);
+   the dense loss takes three exponentials per element in each pass. The block-level rescales keep expf. */
 __device__ __forceinline__ float fexp(float x) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f)); return r; }
 __device__ __forceinline__ void st8(float* p, int j, const float* v) {
   *(float4*)(p + j) = make_float4(v[0], v[1], v[2], v[3]); *(float4*)(p + j + 4) = make_float4(v[4], v[5], v[6], v[7]);
@@ -116,6 +117,7 @@ function generate(p: Readonly<LossP>): string {
   lines.push(`#define BLOCK ${p.block}
 ${reductionHelpers()}
 ${dtypeHelpers()}
+${ROW_HELPERS}
 extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
                                 const int* targets, const float* weights, int n, int V, int LD,
                                 float TEMP, float ALPHA, float BETA) {
@@ -143,7 +145,7 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
     lines.push('  float agree = 0.0f;');
   }
   lines.push(`  float s1 = 0.0f;
-  for (int j = threadIdx.x; j < V; j += BLOCK) s1 += expf(ldf(z, j) - mx);
+  for (int j = threadIdx.x; j < V; j += BLOCK) s1 += fexp(ldf(z, j) - mx);
   float lse1 = mx + logf(blockSum(s1));
   float ce = lse1 - zy;`);
   if (dist) {
@@ -151,14 +153,14 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   const float LOGB = logf(fmaxf(BETA, 1e-30f)), LOG1MB = logf(fmaxf(1.0f - BETA, 1e-30f));
   (void)LOGB; (void)LOG1MB; (void)BETA;
   float ss = 0.0f, st = 0.0f;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { ss += expf((ldf(z, j) - mx) * INV_T); st += expf((ldf(zt, j) - mxt) * INV_T); }
+  for (int j = threadIdx.x; j < V; j += BLOCK) { ss += fexp((ldf(z, j) - mx) * INV_T); st += fexp((ldf(zt, j) - mxt) * INV_T); }
   float lseS = mx * INV_T + logf(blockSum(ss));
   float lseT = mxt * INV_T + logf(blockSum(st));
   float dv = 0.0f${jsd ? ', qg = 0.0f' : ''};
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float lq = ldf(z, j) * INV_T - lseS;
     float lp = ldf(zt, j) * INV_T - lseT;
-    float q = expf(lq), pp = expf(lp);
+    float q = fexp(lq), pp = fexp(lp);
     ${p.kind === 'kl' ? 'dv += pp * (lp - lq);'
       : p.kind === 'reverse-kl' ? 'dv += q * (lq - lp);'
         : `float lm = ${logm};
@@ -184,10 +186,10 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* columns past the loss vocabulary: no gradient */
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float x = ldf(z, j);
-    float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
+    float ceg = fexp(x - lse1) - (j == y ? 1.0f : 0.0f);
     ${dist ? `float lq = x * INV_T - lseS;
     float lp = ldf(zt, j) * INV_T - lseT;
-    float q = expf(lq), pp = expf(lp);
+    float q = fexp(lq), pp = fexp(lp);
     ${p.kind === 'jsd' ? `float lm = ${logm};` : '(void)pp;'}
     float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * ${distGrad};` : 'float d = ceg;'}
     stf(g, j, w * d);
@@ -217,23 +219,23 @@ function generateOnePass(p: Readonly<LossP>): string {
   const stat = `[&](float x, float xt, int j) {
     ${dist ? '' : '(void)xt;'}
     if (x > m) { /* first index wins ties within a thread (its j ascend) */
-      s1 *= expf(m - x);
-      ${dist ? `const float r = expf((m - x) * INV_T); ss *= r; ${rkl ? 'a *= r;' : ''}` : ''}
+      s1 *= fexp(m - x);
+      ${dist ? `const float r = fexp((m - x) * INV_T); ss *= r; ${rkl ? 'a *= r;' : ''}` : ''}
       m = x; argS = j;
     }
-    s1 += expf(x - m);
-    ${dist ? `const float es = expf((x - m) * INV_T);
+    s1 += fexp(x - m);
+    ${dist ? `const float es = fexp((x - m) * INV_T);
     ss += es;
-    if (xt > mt) { const float r = expf((mt - xt) * INV_T); st *= r; ${kl ? 'a *= r;' : ''} mt = xt; argT = j; }
-    const float et = expf((xt - mt) * INV_T);
+    if (xt > mt) { const float r = fexp((mt - xt) * INV_T); st *= r; ${kl ? 'a *= r;' : ''} mt = xt; argT = j; }
+    const float et = fexp((xt - mt) * INV_T);
     st += et;
     ${kl ? 'a += et * (xt - x);' : 'a += es * (x - xt);'}` : ''}
   }`;
   const gradOf = `[&](float x, float xt, int j) -> float {
     ${dist ? '' : '(void)xt;'}
-    const float ceg = expf(x - lse1) - (j == y ? 1.0f : 0.0f);
+    const float ceg = fexp(x - lse1) - (j == y ? 1.0f : 0.0f);
     ${dist ? `const float lq = x * INV_T - lseS, lp = xt * INV_T - lseT;
-    const float q = expf(lq), pp = expf(lp);
+    const float q = fexp(lq), pp = fexp(lp);
     ${kl ? '(void)lq; (void)lp;' : '(void)pp;'}
     return w * ((1.0f - ALPHA) * ceg + ALPHA * TEMP * ${kl ? '(q - pp)' : 'q * (lq - lp - divRaw)'});` : 'return w * ceg;'}
   }`;
