@@ -123,6 +123,11 @@ export interface HostStaging {
   settle(): void;
 }
 
+/** A HostStaging of plain memory, for a backend whose uploads copy at the call (the CPU; CUDA's trace mode). */
+export function plainHostStaging(bytes: number): HostStaging {
+  return { buffer: new ArrayBuffer(bytes), settle: () => {} };
+}
+
 /** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
 export const MAX_SPARSE_SLOTS = 256;
 

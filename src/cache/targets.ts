@@ -20,23 +20,33 @@ export interface SparseHost {
   argmax: Int32Array;
 }
 
+/**
+ * Where allocSparseHost puts a SparseHost's arrays in one buffer (byte offsets), and the buffer's size: the float
+ * arrays first (prob, logq: rows·slots; tail: rows), so each starts at a multiple of its element size, then the ints
+ * (ids: rows·slots; argmax: rows).
+ */
+function sparseHostLayout(rows: number, slots: number, dtype: 'f32' | 'f64') {
+  const fb = dtype === 'f64' ? 8 : 4, rs = rows * slots, ids = (2 * rs + rows) * fb, argmax = ids + rs * 4;
+  return { fb, rs, prob: 0, logq: rs * fb, tail: 2 * rs * fb, ids, argmax, bytes: argmax + rows * 4 };
+}
+
 /** Bytes of one SparseHost of `rows` rows of `slots` in one buffer (allocSparseHost's layout). */
 export function sparseHostBytes(rows: number, slots: number, dtype: 'f32' | 'f64' = 'f32'): number {
-  return (2 * rows * slots + rows) * (dtype === 'f64' ? 8 : 4) + (rows * slots + rows) * 4;
+  return sparseHostLayout(rows, slots, dtype).bytes;
 }
 
 /**
  * Empty sparse rows (ids −1, tail −1) for `rows` rows of `slots`; with `buffer` (at least sparseHostBytes), its arrays
- * are views of it: float arrays first, so each starts at a multiple of its element size.
+ * are views of it (sparseHostLayout).
  */
 export function allocSparseHost(rows: number, slots: number, dtype: 'f32' | 'f64' = 'f32', buffer?: ArrayBuffer): SparseHost {
-  const buf = buffer ?? new ArrayBuffer(sparseHostBytes(rows, slots, dtype));
-  if (buf.byteLength < sparseHostBytes(rows, slots, dtype)) throw new RangeError(`a buffer of ${buf.byteLength} bytes for ${rows} sparse rows of ${slots} slots`);
+  const L = sparseHostLayout(rows, slots, dtype);
+  const buf = buffer ?? new ArrayBuffer(L.bytes);
+  if (buf.byteLength < L.bytes) throw new RangeError(`a buffer of ${buf.byteLength} bytes for ${rows} sparse rows of ${slots} slots`);
   const f = (n: number, at: number): Float32Array | Float64Array => (dtype === 'f64' ? new Float64Array(buf, at, n) : new Float32Array(buf, at, n));
-  const fb = dtype === 'f64' ? 8 : 4, rs = rows * slots, ints = (2 * rs + rows) * fb;
   const h: SparseHost = {
-    slots, prob: f(rs, 0), logq: f(rs, rs * fb), tail: f(rows, 2 * rs * fb),
-    ids: new Int32Array(buf, ints, rs), argmax: new Int32Array(buf, ints + rs * 4, rows),
+    slots, prob: f(L.rs, L.prob), logq: f(L.rs, L.logq), tail: f(rows, L.tail),
+    ids: new Int32Array(buf, L.ids, L.rs), argmax: new Int32Array(buf, L.argmax, rows),
   };
   // the buffer may hold anything (page-locked memory is not zeroed)
   h.prob.fill(0); h.logq.fill(0); h.tail.fill(-1); h.ids.fill(-1); h.argmax.fill(0);

@@ -49,7 +49,7 @@
  */
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, ropeExtent } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -340,7 +340,7 @@ export class CpuBackend implements Backend {
   /** An ordinary buffer: uploads copy at once, so there is nothing to settle. */
   hostStaging(bytes: number, _label: string): HostStaging {
     check(Number.isInteger(bytes) && bytes >= 0, `hostStaging(${bytes}): bad size`);
-    return { buffer: new ArrayBuffer(bytes), settle: () => {} };
+    return plainHostStaging(bytes);
   }
 
   readback(floats: Buf[], ints: IntBuf[], _label: string): Readback {

@@ -41,7 +41,7 @@
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, ropeExtent } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, plainHostStaging, ropeExtent } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -558,7 +558,7 @@ export class CudaBackend implements Backend {
     if (this.disposed) throw new Error('CudaBackend used after dispose()');
     if (!Number.isInteger(bytes) || bytes < 0) throw new Error(`hostStaging(${bytes}, ${label}): bad size`);
     const dev = this.dev;
-    if (!dev) return { buffer: new ArrayBuffer(bytes), settle: () => {} }; // trace mode: uploads copy nothing
+    if (!dev) return plainHostStaging(bytes); // trace mode: uploads copy nothing
     const host = dev.driver.hostAlloc(bytes, `allocating page-locked host memory for ${label}`);
     this.hostAllocations.push(host.ptr);
     const event = dev.driver.eventCreate(false);
