@@ -140,6 +140,25 @@ __device__ __forceinline__ void fragBt2(unsigned* b, unsigned base, int str, int
 __device__ __forceinline__ void packA(unsigned* a, const float* lo, const float* hi) {
   a[0] = pack2(lo[0], lo[1]); a[1] = pack2(lo[2], lo[3]); a[2] = pack2(hi[0], hi[1]); a[3] = pack2(hi[2], hi[3]);
 }
+/* c0 += a · B and c1 += a · B' for the two adjacent n-atoms (n0, n0 + 8) of an [n][k] tile at k-step c (fragB2) */
+__device__ __forceinline__ void mmaB2(float* c0, float* c1, const unsigned* a, unsigned tile, int n0, int c) {
+  unsigned bb[4];
+  fragB2(bb, tile, STR, n0, c);
+  mma16(c0, a, bb[0], bb[1]);
+  mma16(c1, a, bb[2], bb[3]);
+}
+/* the same for a row-major [k][n] tile, rows k0 .. k0 + 15 (fragBt2) */
+__device__ __forceinline__ void mmaBt2(float* c0, float* c1, const unsigned* a, unsigned tile, int k0, int n0) {
+  unsigned bb[4];
+  fragBt2(bb, tile, STR, k0, n0);
+  mma16(c0, a, bb[0], bb[1]);
+  mma16(c1, a, bb[2], bb[3]);
+}
+/* zeroes an array of accumulator tiles */
+template <int N> __device__ __forceinline__ void zeroAcc(float (&c)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++) { c[n][0] = 0.0f; c[n][1] = 0.0f; c[n][2] = 0.0f; c[n][3] = 0.0f; }
+}
 /* rows [r0, r0 + nrows) of a bf16 matrix (row r at base + r·stride, HD elements, 16-byte aligned) into the row-major
    tile sh[nrows][STR], 16 bytes per load and store; zeros past T */
 __device__ __forceinline__ void stageRows(bf16* sh, const bf16* base, long long stride, int r0, int nrows, int T) {
@@ -177,6 +196,21 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
     const bool ok = r0 + rr < T;
     cpAsync16s(dst, ok ? src : base, ok);
   }
+}
+/* a key loop's double buffer of [TILE][STR] K and V tiles (K then V in each half): issues tile jt + 1 (keys from
+   (jt + 1)·TILE) into half (jt + 1) & 1 with cp.async and waits until tile jt has landed (the barrier after it shows
+   it to every warp); the last tile only waits */
+template <int TILE> __device__ __forceinline__ void nextKvTile(bf16* buf, const bf16* kb, const bf16* vb, long long ks,
+                                                              int jt, int nTiles, int T) {
+  if (jt + 1 < nTiles) {
+    bf16* nb = buf + ((jt + 1) & 1) * 2 * TILE * STR;
+    stageRowsAsync(nb, kb, ks, (jt + 1) * TILE, TILE, T);
+    stageRowsAsync(nb + TILE * STR, vb, ks, (jt + 1) * TILE, TILE, T);
+    cpCommit();
+    cpWait<1>();
+  } else {
+    cpWait<0>();
+  }
 }`;
 }
 
@@ -192,12 +226,7 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
  */
 function mmaRowBt(acc: string, a: string, tile: string): string {
   return `#pragma unroll
-      for (int n = 0; n < NO; n += 2) {
-        unsigned bb[4];
-        fragBt2(bb, ${tile}, STR, 16 * kk, 8 * n);
-        mma16(${acc}[n], ${a}, bb[0], bb[1]);
-        mma16(${acc}[n + 1], ${a}, bb[2], bb[3]);
-      }`;
+      for (int n = 0; n < NO; n += 2) mmaBt2(${acc}[n], ${acc}[n + 1], ${a}, ${tile}, 16 * kk, 8 * n);`;
 }
 
 const QUERY_TILE_HEAVIEST_FIRST = `  const int hb = gridDim.y * gridDim.z;
@@ -267,34 +296,19 @@ ${QUERY_TILE_HEAVIEST_FIRST}
   const int nTiles = (iEnd + BK - 1) / BK;
   const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
   float o[NO][4];
-#pragma unroll
-  for (int n = 0; n < NO; n++) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }
+  zeroAcc(o);
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
   for (int jt = 0; jt < nTiles; jt++) {
     const int j0 = jt * BK;
-    if (jt + 1 < nTiles) {
-      bf16* nb = buf + ((jt + 1) & 1) * 2 * BK * STR;
-      stageRowsAsync(nb, kb, ks, j0 + BK, BK, T);
-      stageRowsAsync(nb + BK * STR, vb, ks, j0 + BK, BK, T);
-      cpCommit();
-      cpWait<1>();
-    } else {
-      cpWait<0>();
-    }
+    nextKvTile<BK>(buf, kb, vb, ks, jt, nTiles, T);
     __syncthreads(); /* tile jt is in shared memory for every warp */
     const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * BK * STR), vS = kS + 2u * (BK * STR);
     float sc[BK / 8][4];
+    zeroAcc(sc);
 #pragma unroll
     for (int n = 0; n < BK / 8; n += 2) {
 #pragma unroll
-      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; sc[n + 1][e] = 0.0f; }
-#pragma unroll
-      for (int s = 0; s < KS; s++) {
-        unsigned bb[4];
-        fragB2(bb, kS, STR, 8 * n, 16 * s);
-        mma16(sc[n], qa[s], bb[0], bb[1]);
-        mma16(sc[n + 1], qa[s], bb[2], bb[3]);
-      }
+      for (int s = 0; s < KS; s++) mmaB2(sc[n], sc[n + 1], qa[s], kS, 8 * n, 16 * s);
     }
     /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row.
        Scores stay raw (unscaled) here: the maxima scale once, and each probability is one FFMA and one exp2 */
@@ -438,35 +452,21 @@ ${QUERY_TILE_HEAVIEST_FIRST}
   const float lA = iA < T ? lb[iA] * LOG2E : 0.0f, lB = iB < T ? lb[iB] * LOG2E : 0.0f;
   const float dA = Dsh[rw + g], dB = Dsh[rw + g + 8]; /* 0 past T */
   float acc[NO][4];
-#pragma unroll
-  for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
+  zeroAcc(acc);
   for (int jt = 0; jt < nTiles; jt++) {
     const int j0 = jt * KT;
-    if (jt + 1 < nTiles) {
-      bf16* nb = buf + ((jt + 1) & 1) * 2 * KT * STR;
-      stageRowsAsync(nb, kb, ks, j0 + KT, KT, T);
-      stageRowsAsync(nb + KT * STR, vb, ks, j0 + KT, KT, T);
-      cpCommit();
-      cpWait<1>();
-    } else {
-      cpWait<0>();
-    }
+    nextKvTile<KT>(buf, kb, vb, ks, jt, nTiles, T);
     __syncthreads(); /* tile jt is in shared memory for every warp */
     const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * KT * STR), vS = kS + 2u * (KT * STR);
     float sc[KT / 8][4], dp[KT / 8][4];
+    zeroAcc(sc);
+    zeroAcc(dp);
 #pragma unroll
     for (int n = 0; n < KT / 8; n += 2) {
 #pragma unroll
-      for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; sc[n + 1][e] = 0.0f; dp[n + 1][e] = 0.0f; }
-#pragma unroll
       for (int s = 0; s < KS; s++) {
-        unsigned bb[4];
-        fragB2(bb, kS, STR, 8 * n, 16 * s);
-        mma16(sc[n], qa[s], bb[0], bb[1]);
-        mma16(sc[n + 1], qa[s], bb[2], bb[3]);
-        fragB2(bb, vS, STR, 8 * n, 16 * s);
-        mma16(dp[n], da[s], bb[0], bb[1]);
-        mma16(dp[n + 1], da[s], bb[2], bb[3]);
+        mmaB2(sc[n], sc[n + 1], qa[s], kS, 8 * n, 16 * s);
+        mmaB2(dp[n], dp[n + 1], da[s], vS, 8 * n, 16 * s);
       }
     }
     /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); rows past T and keys past the row are 0 */
@@ -548,11 +548,8 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
   const int rw = warp * 16;
   const int jA = j0 + rw + g, jB = jA + 8; /* the keys of this lane's accumulator elements 0, 1 and 2, 3 */
   float adk[NO][4], adv[NO][4];
-#pragma unroll
-  for (int n = 0; n < NO; n++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) { adk[n][e] = 0.0f; adv[n][e] = 0.0f; }
-  }
+  zeroAcc(adk);
+  zeroAcc(adv);
   /* the block's work: for each query head of its split, the query tiles from the key tile's diagonal down (only rows
      i >= j0 see any of its keys), one sequence so the next tile loads while this one is used, across head boundaries */
   const int perHead = j0 < T ? (T - j0 + QT - 1) / QT : 0, nTiles = (g1 - g0) * perHead;
@@ -580,11 +577,8 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
       const float* Ls = lbuf + (it & 1) * 2 * QT; /* lse (natural log) */
       const float* Dm = Ls + QT;                  /* D */
       float sc[QT / 8][4], dp[QT / 8][4];
-#pragma unroll
-      for (int n = 0; n < QT / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) { sc[n][e] = 0.0f; dp[n][e] = 0.0f; }
-      }
+      zeroAcc(sc);
+      zeroAcc(dp);
 #pragma unroll
       for (int ss = 0; ss < KS; ss++) {
         unsigned ka[4], va[4];
@@ -592,13 +586,8 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
         fragA(va, smem32(Vs), STR, rw, 16 * ss);
 #pragma unroll
         for (int n = 0; n < QT / 8; n += 2) {
-          unsigned bb[4];
-          fragB2(bb, qS, STR, 8 * n, 16 * ss);
-          mma16(sc[n], ka, bb[0], bb[1]);
-          mma16(sc[n + 1], ka, bb[2], bb[3]);
-          fragB2(bb, oS, STR, 8 * n, 16 * ss);
-          mma16(dp[n], va, bb[0], bb[1]);
-          mma16(dp[n + 1], va, bb[2], bb[3]);
+          mmaB2(sc[n], sc[n + 1], ka, qS, 8 * n, 16 * ss);
+          mmaB2(dp[n], dp[n + 1], va, oS, 8 * n, 16 * ss);
         }
       }
       /* element e of atom n: key e < 2 ? jA : jB, query i0 + 8n + 2t + (e & 1); queries past T or before the key are 0 */
@@ -636,13 +625,8 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
         packA(sa, dp[2 * kk], dp[2 * kk + 1]);
 #pragma unroll
         for (int n = 0; n < NO; n += 2) {
-          unsigned bb[4];
-          fragBt2(bb, oS, STR, 16 * kk, 8 * n);
-          mma16(adv[n], pa, bb[0], bb[1]);
-          mma16(adv[n + 1], pa, bb[2], bb[3]);
-          fragBt2(bb, qS, STR, 16 * kk, 8 * n);
-          mma16(adk[n], sa, bb[0], bb[1]);
-          mma16(adk[n + 1], sa, bb[2], bb[3]);
+          mmaBt2(adv[n], adv[n + 1], pa, oS, 16 * kk, 8 * n);
+          mmaBt2(adk[n], adk[n + 1], sa, qS, 16 * kk, 8 * n);
         }
       }
     }
@@ -756,8 +740,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
   const int rw = warp * 16;
   const unsigned sbuf = smem32(buf);
   float acc[NO][4];
-#pragma unroll
-  for (int n = 0; n < NO; n++) { acc[n][0] = 0.0f; acc[n][1] = 0.0f; acc[n][2] = 0.0f; acc[n][3] = 0.0f; }
+  zeroAcc(acc);
   for (int jt = 0; jt < nTiles; jt++) {
     if (jt + 1 < nTiles) {
       bf16* nb = buf + ((jt + 1) & 1) * bufElems;
