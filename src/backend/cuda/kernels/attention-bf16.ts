@@ -229,6 +229,19 @@ function mmaRowBt(acc: string, a: string, tile: string): string {
       for (int n = 0; n < NO; n += 2) mmaBt2(${acc}[n], ${acc}[n + 1], ${a}, ${tile}, 16 * kk, 8 * n);`;
 }
 
+/**
+ * acc += P·B over a key tile of `keys` keys: per 16-key k-step kk, the A fragment packed from the fp32 accumulators
+ * `scores`[2kk], [2kk + 1] (packA: P in the forward, dS in the dQ kernel), then mmaRowBt against `tile`.
+ */
+function productOverKeys(acc: string, scores: string, tile: string, keys: string): string {
+  return `#pragma unroll
+    for (int kk = 0; kk < ${keys} / 16; kk++) {
+      unsigned pa[4];
+      packA(pa, ${scores}[2 * kk], ${scores}[2 * kk + 1]);
+${mmaRowBt(acc, 'pa', tile)}
+    }`;
+}
+
 const QUERY_TILE_HEAVIEST_FIRST = `  const int hb = gridDim.y * gridDim.z;
   const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);`;
@@ -345,12 +358,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
 #pragma unroll
     for (int n = 0; n < NO; n++) { o[n][0] *= aA; o[n][1] *= aA; o[n][2] *= aB; o[n][3] *= aB; }
     /* O += P·V: k-step kk covers keys j0 + 16kk .. + 15 (atoms 2kk, 2kk + 1) */
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-      unsigned pa[4];
-      packA(pa, sc[2 * kk], sc[2 * kk + 1]);
-${mmaRowBt('o', 'pa', 'vS')}
-    }
+    ${productOverKeys('o', 'sc', 'vS', 'BK')}
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
   if (iA < T) {
@@ -482,12 +490,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
       }
     }
     /* dQ += dS·K: k-step kk covers keys j0 + 16kk .. + 15 */
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
-      unsigned sa[4];
-      packA(sa, sc[2 * kk], sc[2 * kk + 1]);
-${mmaRowBt('acc', 'sa', 'kS')}
-    }
+    ${productOverKeys('acc', 'sc', 'kS', 'KT')}
     __syncthreads(); /* every warp is done with buffer jt & 1 before tile jt + 2 is loaded into it */
   }
 ${dqStore(p.accumulate)}

@@ -125,6 +125,17 @@ __device__ __forceinline__ void loadRows(float* sh, const E* base, long long str
     int r = x / HD, d = x - r * HD;
     sh[r * HDP + d] = (r0 + r < T) ? ldf(base, (long long)(r0 + r) * stride + d) : 0.0f;
   }
+}
+/* out[rr] = Σ_d rows[warp·RPW + rr][d] · tile[lane][d]: the lane's key row of a [KT][HDP] tile against each of the
+   warp's RPW rows of a [TQ][HDP] tile (S = Q·Kᵀ, dP = dO·Vᵀ) */
+__device__ __forceinline__ void rowDots(float (&out)[RPW], const float* rows, const float* tile, int warp, int lane) {
+#pragma unroll
+  for (int rr = 0; rr < RPW; rr++) out[rr] = 0.0f;
+  for (int d = 0; d < HD; d++) {
+    float kv = tile[lane * HDP + d];
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) out[rr] += rows[(warp * RPW + rr) * HDP + d] * kv;
+  }
 }`;
 }
 
@@ -159,13 +170,7 @@ extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const
     loadRows(KV, kb, ks, j0, KT, T);
     __syncthreads();
     float s[RPW];
-#pragma unroll
-    for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f;
-    for (int d = 0; d < HD; d++) {
-      float kv = KV[lane * HDP + d];
-#pragma unroll
-      for (int rr = 0; rr < RPW; rr++) s[rr] += Qs[(warp * RPW + rr) * HDP + d] * kv;
-    }
+    rowDots(s, Qs, KV, warp, lane);
     const int j = j0 + lane;
     float pr[RPW];
 #pragma unroll
@@ -285,24 +290,12 @@ extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, 
     loadRows(KV, vb, ks, j0, KT, T);
     __syncthreads();
     float dp[RPW];
-#pragma unroll
-    for (int rr = 0; rr < RPW; rr++) dp[rr] = 0.0f;
-    for (int d = 0; d < HD; d++) {
-      float vv = KV[lane * HDP + d];
-#pragma unroll
-      for (int rr = 0; rr < RPW; rr++) dp[rr] += Ds[(warp * RPW + rr) * HDP + d] * vv;
-    }
+    rowDots(dp, Ds, KV, warp, lane);
     __syncthreads(); /* every warp is done with the V tile */
     loadRows(KV, kb, ks, j0, KT, T);
     __syncthreads();
     float s[RPW];
-#pragma unroll
-    for (int rr = 0; rr < RPW; rr++) s[rr] = 0.0f;
-    for (int d = 0; d < HD; d++) {
-      float kv = KV[lane * HDP + d];
-#pragma unroll
-      for (int rr = 0; rr < RPW; rr++) s[rr] += Qs[(warp * RPW + rr) * HDP + d] * kv;
-    }
+    rowDots(s, Qs, KV, warp, lane);
     const int j = j0 + lane;
     float ds[RPW];
 #pragma unroll
