@@ -15,6 +15,7 @@ import { Transformer } from '../../src/model/transformer.js';
 import { loraLayout } from '../../src/model/lora.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertNear } from '../util/compare.js';
+import { logitsAndGrads } from './probe.js';
 
 function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
@@ -82,7 +83,7 @@ for (const [name, c] of variants) {
     test(`one fused gate/up product gives the two products' logits and gradients (float64): ${name}${lora ? ', LoRA on q/v (SwiGLU recomputed in the backward)' : ''}`, () => {
       const be = createCpuBackend({ dtype: 'f64', threads: 1 });
       try {
-        const b = 2, t = 5, n = b * t;
+        const b = 2, t = 5;
         const run = (fuse: boolean): { logits: Float64Array; grads: Float64Array } => {
           const m = new Transformer(be, c, {
             batch: b, seq: t, training: true, fuseGateUp: fuse,
@@ -92,14 +93,7 @@ for (const [name, c] of variants) {
           const rng = new Rng(5);
           m.setWeights(Float64Array.from(initialWeights(m.layout, c, rng, 0.5)));
           if (lora) m.lora!.setWeights(Float64Array.from({ length: m.lora!.layout.total }, (_, i) => 0.1 * Math.cos(i)));
-          const ids = Int32Array.from({ length: n }, (_, i) => (i * 7 + 3) % c.vocabSize);
-          const logits = Float64Array.from(be.download(m.forward(ids, b, t)));
-          const dl = be.alloc(n * c.vocabSize, 'dlogits');
-          be.upload(dl, Float64Array.from({ length: n * c.vocabSize }, (_, i) => Math.sin(i)));
-          m.zeroGrad();
-          m.backward(dl);
-          const g = m.trainable().grads!;
-          return { logits, grads: Float64Array.from(be.download(g)) };
+          return logitsAndGrads(be, m, b, t);
         };
         const f = run(true), u = run(false);
         assertNear(f.logits, u.logits, 1e-12, 'logits');

@@ -14,6 +14,7 @@ import { weightsHash } from '../../src/model/weights-hash.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertNear } from '../util/compare.js';
+import { logitsAndGrads } from './probe.js';
 
 function cfg(over: Partial<ModelConfig> = {}): ModelConfig {
   return {
@@ -103,20 +104,14 @@ for (const [name, c] of variants) {
   test(`one fused q/k/v product gives the three products' logits and gradients (float64): ${name}`, () => {
     const be = createCpuBackend({ dtype: 'f64', threads: 1 });
     try {
-      const b = 2, t = 5, n = b * t;
+      const b = 2, t = 5;
       const run = (fuse: boolean): { logits: Float64Array; grads: Float64Array } => {
         const m = new Transformer(be, c, { batch: b, seq: t, training: true, fuseQkv: fuse });
         const rng = new Rng(5);
         const w = Float64Array.from(initialWeights(m.layout, c, rng, 0.5));
         for (const x of m.layout.tensors) if (x.init !== 'normal' && x.init !== 'normal-residual') for (let i = 0; i < x.size; i++) w[x.offset + i] = (x.init === 'ones' ? 1 : 0) + 0.3 * rng.normal();
         m.setWeights(w);
-        const ids = Int32Array.from({ length: n }, (_, i) => (i * 7 + 3) % c.vocabSize);
-        const logits = be.download(m.forward(ids, b, t)) as Float64Array;
-        const dl = be.alloc(n * c.vocabSize, 'dlogits');
-        be.upload(dl, Float64Array.from({ length: n * c.vocabSize }, (_, i) => Math.sin(i)));
-        m.zeroGrad();
-        m.backward(dl);
-        return { logits, grads: be.download(m.grads!) as Float64Array };
+        return logitsAndGrads(be, m, b, t);
       };
       const f = run(true), u = run(false);
         assertNear(f.logits, u.logits, 1e-12, 'logits');
