@@ -195,6 +195,21 @@ test('sparse loss: padding rows get zero stats and gradient; a mask weight scale
   be.dispose();
 });
 
+test('dense and sparse loss refuse a padding row with a weight and a target outside the vocabulary, naming the row', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const rep: SparseRep = { kind: 'top', k: 4 };
+    const spec: LossSpec = { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 };
+    for (const [y, w, msg] of [[-1, 0.5, /row 1 has target -1 \(padding\) but weight 0.5/], [9, 0.25, /row 1 target 9 outside \[0, 9\)/]] as const) {
+      const c = makeCase(4, 3, 9);
+      const ents = entriesOf(c, 2, rep, null);
+      c.y[1] = y; c.w[1] = w;
+      assert.throws(() => dense(be, c, spec), (e: Error) => e instanceof RangeError && /^lossForward: /.test(e.message) && msg.test(e.message));
+      assert.throws(() => sparse(be, c, spec, ents, rep), (e: Error) => e instanceof RangeError && /^sparseLossForward: /.test(e.message) && msg.test(e.message));
+    }
+  } finally { be.dispose(); }
+});
+
 test('sparse rows: samples count N draws over distinct ascending ids; top-K is by probability; --sparse parses and refuses', () => {
   const rng = new Rng(4);
   const z = randn(rng, 50, 3);

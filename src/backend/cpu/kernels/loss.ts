@@ -43,6 +43,22 @@ function expRow(e: Float64Array, z: ArrayLike<number>, zo: number, vocab: number
 }
 
 /**
+ * A row's target check, shared by the dense and sparse losses: a padding row (target −1, which must have weight 0) gets
+ * zero stats and, with a gradient, a zero gradient row, and the caller skips it (true); any other target must lie in
+ * [0, vocab).
+ */
+export function paddingRow(op: string, i: number, y: number, w: number, stats: FArr, dlogits: FArr | null, zo: number, ld: number, vocab: number): boolean {
+  if (y === -1) {
+    if (w !== 0) throw new RangeError(`${op}: row ${i} has target -1 (padding) but weight ${w} (must be 0)`);
+    stats.fill(0, i * LOSS_STATS, (i + 1) * LOSS_STATS);
+    if (dlogits !== null) dlogits.fill(0, zo, zo + ld);
+    return true;
+  }
+  if (y < 0 || y >= vocab) throw new RangeError(`${op}: row ${i} target ${y} outside [0, ${vocab})`);
+  return false;
+}
+
+/**
  * Rows [r0, r1) of the fused loss. See the file comment for the math. Each softmax is one exp per element
  * (expRow), reused for the probabilities; log-probabilities are z·invT − logsumexp, no second exp or log. All
  * sums are float64, in element order, so a row's result does not depend on which thread computes it.
@@ -63,13 +79,7 @@ export function lossRows(
   for (let i = r0; i < r1; i++) {
     const zo = i * ld, so = i * LOSS_STATS;
     const y = targets[i], w = weights[i];
-    if (y === -1) {
-      if (w !== 0) throw new RangeError(`lossForward: row ${i} has target -1 (padding) but weight ${w} (must be 0)`);
-      for (let s = 0; s < LOSS_STATS; s++) stats[so + s] = 0;
-      if (dlogits !== null) dlogits.fill(0, zo, zo + ld);
-      continue;
-    }
-    if (y < 0 || y >= vocab) throw new RangeError(`lossForward: row ${i} target ${y} outside [0, ${vocab})`);
+    if (paddingRow('lossForward', i, y!, w!, stats, dlogits, zo, ld, vocab)) continue;
     const rp = expRow(ep, logits, zo, vocab, 1);
     const ce = rp.mx + Math.log(rp.sum) - logits[zo + y];
     let div = 0;

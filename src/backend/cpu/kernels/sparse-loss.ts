@@ -25,6 +25,7 @@
 import type { LossSpec } from '../../backend.js';
 import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
 import type { FArr } from './types.js';
+import { paddingRow } from './loss.js';
 
 /** The host arrays of a SparseTargets (see Backend.sparseLossForward). */
 export interface SparseRows {
@@ -70,13 +71,7 @@ export function sparseLossRows(
   for (let i = r0; i < r1; i++) {
     const zo = i * ld, so = i * LOSS_STATS;
     const y = targets[i]!, w = weights[i]!;
-    if (y === -1) {
-      if (w !== 0) throw new RangeError(`sparseLossForward: row ${i} has target -1 (padding) but weight ${w} (must be 0)`);
-      for (let s = 0; s < LOSS_STATS; s++) stats[so + s] = 0;
-      if (dlogits !== null) dlogits.fill(0, zo, zo + ld);
-      continue;
-    }
-    if (y < 0 || y >= vocab) throw new RangeError(`sparseLossForward: row ${i} target ${y} outside [0, ${vocab})`);
+    if (paddingRow('sparseLossForward', i, y, w, stats, dlogits, zo, ld, vocab)) continue;
     // Softmaxes at T = 1 (CE) and at T (the divergence), in float64 with max subtraction.
     let mx = -Infinity, best = 0;
     for (let j = 0; j < vocab; j++) { const x = logits[zo + j]!; if (x > mx) { mx = x; best = j; } }
