@@ -55,7 +55,11 @@ async function main(): Promise<void> {
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  console.log(`${mine.length} specs matching ${family} (${arch}, nvcc ${nvcc.version}): ${same} identical cubins, ${differ} differ, ${onlyHere} only in this tree`);
+  const here = new Set(mine.map((s) => s.describe()));
+  const onlyThere = theirs.filter((s) => family.test(s.describe()) && !here.has(s.describe()));
+  for (const s of onlyThere) console.log(`only in the other tree: ${s.describe()}`);
+  console.log(`${mine.length} specs matching ${family} (${arch}, nvcc ${nvcc.version}): ${same} identical cubins, ${differ} differ ` +
+    `(or failed to compile), ${onlyHere} only in this tree, ${onlyThere.length} only in the other`);
 }
 
 await main();
