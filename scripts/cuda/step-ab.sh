@@ -6,6 +6,8 @@
 # of dist-old ('old'): the median of the steps' own times from the third, tokens/s, peak memory (nvidia-smi) and the
 # region timeline (GPU ms of the replayed training pass and optimizer). PEER=1 adds the PyTorch eager peer's whole step.
 # Env: SHAPE (8x1024), STEPS (14), ORDER ("cached:new cached:old cached:new cached:old online:new online:old"), PEER (1).
+# An ORDER entry may add environment settings for its run after a third colon, comma-separated:
+# "cached:new:DISTILLERY_UPDATE_OVERLAP=0" runs this tree with the optimizer update before the next pass.
 # Output: $OUT/step-ab.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,13 +28,14 @@ cache="$work/cache-ab"; rm -rf "$cache"
 node bin/distillery.js teacher-cache --teacher "$work/teacher-qwen2.5-1.5b" --batch "$B" "${common[@]}" --out "$cache" --quiet --json > "$work/cache.json" 2> "$work/cache.log"
 say "== teacher-cache rc=$? $(tail -1 "$work/cache.json")"
 for e in $ORDER; do
-  how=${e%:*}; tree=${e#*:}; bin=bin/distillery.js; [ "$tree" = old ] && bin=bin/distillery-old.js
+  how=${e%%:*}; rest=${e#*:}; tree=${rest%%:*}; envs=(); [ "$rest" != "$tree" ] && IFS=, read -r -a envs <<< "${rest#*:}"
+  bin=bin/distillery.js; [ "$tree" = old ] && bin=bin/distillery-old.js
   src=(--teacher "$work/teacher-qwen2.5-1.5b"); [ "$how" = cached ] && src=(--teacher-cache "$cache")
-  run_d() { DISTILLERY_CUDA_TIMELINE=1 node "$bin" distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
+  run_d() { env "${envs[@]}" DISTILLERY_CUDA_TIMELINE=1 node "$bin" distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-ab" > "$work/ab.log" 2>&1; }
   rm -rf "$work/run-ab"
   read -r rc mib < <(peak_of run_d)
-  say "== $how $tree: rc=$rc peak ${mib} MiB $(step_metrics "$work/run-ab/metrics.jsonl")"
+  say "== $how $tree${envs[*]:+ (${envs[*]})}: rc=$rc peak ${mib} MiB $(step_metrics "$work/run-ab/metrics.jsonl")"
   grep -E '^\[cuda-timeline\] (training pass|optimizer) +replay' "$work/ab.log" | tee -a "$txt"
   grep -E '^\[kernel-cache\] miss|rror' "$work/ab.log" | head -4 | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/ab.log" | tee -a "$txt"
