@@ -21,17 +21,11 @@ import { join } from 'node:path';
 import type { Backend, Buf, DType, IntBuf, LossSpec } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
-import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { plainRope } from '../../src/backend/rope.js';
 import { relErr, relFrob as frob } from '../util/compare.js';
-import { rand, rng, scaledRopes } from './helpers.js';
+import { gpuOrSkip, rand, rng, scaledRopes } from './helpers.js';
 
-let cuda: CudaBackend | null = null;
-let reason = '';
-try {
-  cuda = createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-bf16-')) });
-} catch (e) { reason = (e as Error).message; }
-const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const { value: cuda, skip } = gpuOrSkip(() => createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-bf16-')) }));
 const cpu: Backend | null = cuda ? createCpuBackend({ dtype: 'f32', threads: 2 }) : null;
 after(() => { cuda?.dispose(); cpu?.dispose(); });
 

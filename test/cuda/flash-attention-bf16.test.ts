@@ -27,19 +27,15 @@ import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { bf16MmaHeadDim, dsScratchElems } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import { DEFAULT_ATTN_DS_ELEMS } from '../../src/backend/cuda/cuda-backend.js';
-import { randBf16, rng } from './helpers.js';
+import { gpuOrSkip, randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 
-let cuda: CudaBackend | null = null;
-let cudaRe: CudaBackend | null = null;
-let reason = '';
-try {
+const { value: pair, skip } = gpuOrSkip(() => {
   const cacheDir = mkdtempSync(join(tmpdir(), 'dk-flash-bf16-'));
-  cuda = createCudaBackend({ strict: false, cacheDir });
-  cudaRe = createCudaBackend({ strict: false, cacheDir, attnBackward: 'recompute' });
-} catch (e) { reason = (e as Error).message; }
-const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+  return [createCudaBackend({ strict: false, cacheDir }), createCudaBackend({ strict: false, cacheDir, attnBackward: 'recompute' })] as const;
+});
+const [cuda, cudaRe] = pair ?? [null, null];
 const cpu = cuda ? new CpuBackend({ dtype: 'f32', threads: 8 }) : null;
 after(() => { cuda?.dispose(); cudaRe?.dispose(); cpu?.dispose(); });
 /** The two tensor-core backwards: the default (stored dS) and the recomputing one, each on its own backend. */

@@ -21,16 +21,13 @@ import type { Backend, Buf } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { rand, rng } from './helpers.js';
+import { gpuOrSkip, rand, rng } from './helpers.js';
 import { relErr } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
 
 const open = (o: { attnDsumFloats?: number; attnDkvFloats?: number } = {}): CudaBackend =>
   createCudaBackend({ strict: false, cacheDir: mkdtempSync(join(tmpdir(), 'dk-flash-')), ...o });
-let cuda: CudaBackend | null = null;
-let reason = '';
-try { cuda = open(); } catch (e) { reason = (e as Error).message; }
-const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const { value: cuda, skip } = gpuOrSkip(open);
 const cpu32 = cuda ? new CpuBackend({ dtype: 'f32', threads: 8 }) : null;
 const cpu64 = cuda ? new CpuBackend({ dtype: 'f64', threads: 8 }) : null;
 after(() => { cuda?.dispose(); cpu32?.dispose(); cpu64?.dispose(); });

@@ -17,20 +17,16 @@ import { join } from 'node:path';
 import type { Backend, Buf, IntBuf, LossSpec } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
-import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
-import { QWEN_LIKE, allOpsStep, rand, rng, scaledRopes } from './helpers.js';
+import { QWEN_LIKE, allOpsStep, gpuOrSkip, rand, rng, scaledRopes } from './helpers.js';
 import { relErr } from '../util/compare.js';
 import { plainRope } from '../../src/backend/rope.js';
 import { formatSparse, sparseRow, sparseSlots, type SparseRep } from '../../src/cache/sparse.js';
 import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
 import { nf4Words, quantizeNf4 } from '../../src/quant/nf4.js';
 
-let cuda: CudaBackend | null = null;
-let reason = '';
-try {
-  cuda = createCudaBackend({ strict: false, verbose: process.env.DISTILLERY_VERBOSE_KERNELS === '1', cacheDir: mkdtempSync(join(tmpdir(), 'dk-')) });
-} catch (e) { reason = (e as Error).message; }
-const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const { value: cuda, skip } = gpuOrSkip(() => createCudaBackend({
+  strict: false, verbose: process.env.DISTILLERY_VERBOSE_KERNELS === '1', cacheDir: mkdtempSync(join(tmpdir(), 'dk-')),
+}));
 const cpu: Backend | null = cuda ? createCpuBackend({ dtype: 'f32', threads: 2 }) : null;
 after(() => { cuda?.dispose(); cpu?.dispose(); });
 

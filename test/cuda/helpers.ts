@@ -411,3 +411,15 @@ export function gateSpecs(): { plans: KernelSpec[]; specs: KernelSpec[] } {
   }
   return { plans, specs };
 }
+
+/**
+ * A GPU test file's backend(s): `open` runs once and may throw where there is no libcuda or no GPU; `skip` is then why
+ * the file's tests skip (node:test's skip option), else false.
+ */
+export function gpuOrSkip<T>(open: () => T): { value: T | null; skip: string | false } {
+  try {
+    return { value: open(), skip: false };
+  } catch (e) {
+    return { value: null, skip: `no CUDA GPU here (${(e as Error).message})` };
+  }
+}

@@ -19,7 +19,6 @@ import type { Backend, LossSpec } from '../../src/backend/backend.js';
 import { LOSS_STATS } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
-import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import type { ModelConfig, RopeSpec } from '../../src/model/config.js';
 import { describeRope } from '../../src/backend/rope.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
@@ -28,13 +27,9 @@ import { LORA_TARGETS, loraLayout, type LoraSpec } from '../../src/model/lora.js
 import { jobClosures } from '../../src/train/kernel-plan.js';
 import { Rng } from '../../src/util/rng.js';
 import { relErr, relFrob } from '../util/compare.js';
+import { gpuOrSkip } from './helpers.js';
 
-let cuda: CudaBackend | null = null;
-let reason = '';
-try {
-  cuda = createCudaBackend({ strict: true, cacheDir: process.env.DISTILLERY_CACHE_DIR ?? mkdtempSync(join(tmpdir(), 'dk-model-')) });
-} catch (e) { reason = (e as Error).message; }
-const skip = cuda ? false : `no CUDA GPU here (${reason})`;
+const { value: cuda, skip } = gpuOrSkip(() => createCudaBackend({ strict: true, cacheDir: process.env.DISTILLERY_CACHE_DIR ?? mkdtempSync(join(tmpdir(), 'dk-model-')) }));
 const cpu: Backend | null = cuda ? createCpuBackend({ dtype: 'f32', threads: 2 }) : null;
 after(() => { cuda?.dispose(); cpu?.dispose(); });
 

@@ -242,9 +242,21 @@ ${mmaRowBt(acc, 'pa', tile)}
     }`;
 }
 
+/** A query-tile kernel's block: its query tile (heaviest first), head, batch and kv head. */
 const QUERY_TILE_HEAVIEST_FIRST = `  const int hb = gridDim.y * gridDim.z;
   const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);`;
+
+/**
+ * The forward's and the recomputing dQ kernel's block (QUERY_TILE_HEAVIEST_FIRST, then): the tile's rows [i0, iEnd), the
+ * lane's fragment coordinates, the row strides, and the (batch, kv head)'s K and V.
+ */
+const QUERY_TILE_ROWS_KV = `${QUERY_TILE_HEAVIEST_FIRST}
+  const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
+  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
+  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;`;
 
 /**
  * The dQ kernels' store: dq = scale·acc (with `accumulate`, dq += scale·acc) for this lane's rows iA and iB below T,
@@ -289,12 +301,7 @@ extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
   bf16* buf = (bf16*)smraw;
   /* heaviest first: the grid (query tiles, heads, batches) is walked so that all (head, batch) pairs of the last query
      tile (the most keys under the causal mask) start first and the first tiles come last, so no long block is the tail */
-${QUERY_TILE_HEAVIEST_FIRST}
-  const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+${QUERY_TILE_ROWS_KV}
   stageRows(buf + 2 * BK * STR, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   stageRowsAsync(buf, kb, ks, 0, BK, T);
   stageRowsAsync(buf + BK * STR, vb, ks, 0, BK, T);
@@ -410,12 +417,7 @@ extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${d
   bf16* Dst = Qst + BQ * STR;
   /* heaviest first, as the forward: the last query tile (the most key tiles under the causal mask) of every (head,
      batch) pair starts first and the first tiles come last, so no long block is the tail */
-${QUERY_TILE_HEAVIEST_FIRST}
-  const int i0 = tile * BQ, iEnd = min(T, i0 + BQ);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+${QUERY_TILE_ROWS_KV}
   stageRows(Qst, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   stageRows(Dst, dout + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   __syncthreads();

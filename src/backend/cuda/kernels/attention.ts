@@ -136,6 +136,22 @@ __device__ __forceinline__ void rowDots(float (&out)[RPW], const float* rows, co
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) out[rr] += rows[(warp * RPW + rr) * HDP + d] * kv;
   }
+}
+/* acc[rr][dc] += Σ_c coef[rr] of lane c · tile[c][lane + 32·dc]: each of the warp's rows' per-key coefficients (a lane
+   holds its key's), broadcast by shuffles, times the [KT][HDP] tile's rows (O += P·V, dQ += dS·K) */
+__device__ __forceinline__ void addShuffledRows(float (&acc)[RPW][DCH], const float (&coef)[RPW], const float* tile, int lane) {
+#pragma unroll 4
+  for (int c = 0; c < KT; c++) {
+    float tr[DCH];
+#pragma unroll
+    for (int dc = 0; dc < DCH; dc++) { int d = lane + 32 * dc; tr[dc] = d < HD ? tile[c * HDP + d] : 0.0f; }
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++) {
+      const float cc = __shfl_sync(FULL, coef[rr], c);
+#pragma unroll
+      for (int dc = 0; dc < DCH; dc++) acc[rr][dc] += cc * tr[dc];
+    }
+  }
 }`;
 }
 
@@ -190,18 +206,7 @@ extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const
     __syncthreads(); /* every warp is done with the K tile */
     loadRows(KV, vb, ks, j0, KT, T);
     __syncthreads();
-#pragma unroll 4
-    for (int c = 0; c < KT; c++) {
-      float vr[DCH];
-#pragma unroll
-      for (int dc = 0; dc < DCH; dc++) { int d = lane + 32 * dc; vr[dc] = d < HD ? KV[c * HDP + d] : 0.0f; }
-#pragma unroll
-      for (int rr = 0; rr < RPW; rr++) {
-        const float pc = __shfl_sync(FULL, pr[rr], c);
-#pragma unroll
-        for (int dc = 0; dc < DCH; dc++) acc[rr][dc] += pc * vr[dc];
-      }
-    }
+    addShuffledRows(acc, pr, KV, lane);
   }
   float* lb = lse + ((long long)b * nH + h) * T;
 #pragma unroll
@@ -304,18 +309,7 @@ extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, 
       const float pv = (i < T && j <= i) ? expf(s[rr] * SCALE - lr[rr]) : 0.0f;
       ds[rr] = pv * (dp[rr] - dr[rr]) * SCALE;
     }
-#pragma unroll 4
-    for (int c = 0; c < KT; c++) {
-      float kr[DCH];
-#pragma unroll
-      for (int dc = 0; dc < DCH; dc++) { int d = lane + 32 * dc; kr[dc] = d < HD ? KV[c * HDP + d] : 0.0f; }
-#pragma unroll
-      for (int rr = 0; rr < RPW; rr++) {
-        const float sc = __shfl_sync(FULL, ds[rr], c);
-#pragma unroll
-        for (int dc = 0; dc < DCH; dc++) acc[rr][dc] += sc * kr[dc];
-      }
-    }
+    addShuffledRows(acc, ds, KV, lane);
   }
 #pragma unroll
   for (int rr = 0; rr < RPW; rr++) {

@@ -108,19 +108,24 @@ export function paddingRow(withGrad: boolean): string {
   }`;
 }
 
+/** Both generators' opening: the block size, the helpers, and the kernel's signature up to its opening brace. */
+function lossOpening(p: Readonly<LossP>): string {
+  return `#define BLOCK ${p.block}
+${reductionHelpers()}
+${dtypeHelpers()}
+${ROW_HELPERS}
+extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
+                                const int* targets, const float* weights, int n, int V, int LD,
+                                float TEMP, float ALPHA, float BETA) {`;
+}
+
 function generate(p: Readonly<LossP>): string {
   const dist = p.kind !== 'none';
   const jsd = dist && p.kind === 'jsd';
   const lines: string[] = [];
   // log m = log(β·p + (1−β)·q), with the β = 0 and β = 1 ends exact (β is uniform over the grid: no divergence).
   const logm = `(BETA <= 0.0f ? lq : BETA >= 1.0f ? lp : fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
-  lines.push(`#define BLOCK ${p.block}
-${reductionHelpers()}
-${dtypeHelpers()}
-${ROW_HELPERS}
-extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
-                                const int* targets, const float* weights, int n, int V, int LD,
-                                float TEMP, float ALPHA, float BETA) {
+  lines.push(`${lossOpening(p)}
   int row = blockIdx.x;
   if (row >= n) return;
   const ${ctype(p.logits)}* z = logits + (long long)row * LD;
@@ -244,13 +249,7 @@ function generateOnePass(p: Readonly<LossP>): string {
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* past the loss vocabulary: no gradient */
   mapRow<${dist}>(g, z, zt, V, vec, ${gradOf});`;
-  return `#define BLOCK ${p.block}
-${reductionHelpers()}
-${dtypeHelpers()}
-${ROW_HELPERS}
-extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, const ${ctype(p.logits)}* logits, const ${ctype(p.teacher)}* teacher,
-                                const int* targets, const float* weights, int n, int V, int LD,
-                                float TEMP, float ALPHA, float BETA) {
+  return `${lossOpening(p)}
   (void)BETA;
   const int row = blockIdx.x;
   if (row >= n) return;
