@@ -7,7 +7,7 @@
 # region timeline (GPU ms of the replayed training pass and optimizer). PEER=1 adds the PyTorch eager peer's whole step.
 # Env: SHAPE (8x1024), STEPS (14), ORDER ("cached:new cached:old cached:new cached:old online:new online:old"), PEER (1).
 # An ORDER entry may add environment settings for its run after a third colon, comma-separated:
-# "cached:new:DISTILLERY_UPDATE_OVERLAP=0" runs this tree with the optimizer update before the next pass.
+# "cached:new:DISTILLERY_CUDA_GRAPHS=0" runs this tree with every region launched op by op.
 # Last, a summary line per run: its median step (the mean over its repeats), tokens/s, its step over the first cached
 # run's (online over cached: the ratio), and the eager peer's step over it.
 # Output: $OUT/step-ab.txt.
