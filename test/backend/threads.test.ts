@@ -1,7 +1,7 @@
 /**
  * The CPU backend's worker-thread path: multi-threaded matrix products (forward and all three backward
- * products), attention and loss equal the single-threaded results within float32 rounding, on odd shapes and on
- * shapes above the default threshold; worker errors surface as exceptions; a backend that is never disposed
+ * products), attention and loss equal the single-threaded results within float32 rounding, SwiGLU (both forms) bit
+ * for bit, on odd shapes and on shapes above the default threshold; worker errors surface as exceptions; a backend that is never disposed
  * does not keep the process alive.
  */
 import { test } from 'node:test';
@@ -11,6 +11,7 @@ import { fileURLToPath } from 'node:url';
 import type { Backend } from '../../src/backend/backend.js';
 import { LOSS_STATS } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertClose, bufOf, randn } from './helpers.js';
 import { LOSS_SPECS } from './reference.js';
@@ -102,6 +103,51 @@ test('threaded attention forward/backward and loss equal single-threaded', () =>
     assertClose(c[1]!, a[1]!, 1e-6, 1e-6, `dlogits ${spec.kind}`);
   }
   one.dispose(); two.dispose();
+});
+
+test('threaded SwiGLU (the joined gate/up rows and the two-tensor form) equals single-threaded bit for bit, f32 and bf16 stores', () => {
+  const rng = new Rng(25);
+  for (const dtype of ['f32', 'bf16'] as const) {
+    // 37 rows: not a multiple of the split's 16-row alignment, so the last chunk is short
+    for (const [rows, cols] of [[37, 24], [5, 3]] as const) {
+      const gu = randn(rng, 2 * rows * cols).map((x) => 3 * x), dy = randn(rng, rows * cols);
+      const run = (be: CpuBackend): Float64Array[] => {
+        const buf = (a: Float64Array, label: string): ReturnType<Backend['alloc']> => { const b = be.alloc(a.length, label, dtype); be.upload(b, a); return b; };
+        const GU = buf(gu, 'gu'), DY = buf(dy, 'dy');
+        const out = be.alloc(rows * cols, 'out', dtype), dgu = buf(randn(rng, 2 * rows * cols), 'dgu'); // overwritten
+        be.swigluForwardRows(out, GU, rows, cols);
+        be.swigluBackwardRows(dgu, DY, GU, rows, cols);
+        // the two-tensor form over the same halves of row 0.. (gate = the first rows·cols values, up = the rest)
+        const g = buf(gu.subarray(0, rows * cols), 'g'), u = buf(gu.subarray(rows * cols), 'u');
+        const o2 = be.alloc(rows * cols, 'o2', dtype), dg = be.alloc(rows * cols, 'dg', dtype), du = be.alloc(rows * cols, 'du', dtype);
+        be.swigluForward(o2, g, u, rows * cols);
+        be.swigluBackward(dg, du, DY, g, u, rows * cols);
+        return [out, dgu, o2, dg, du].map((x) => Float64Array.from(be.download(x)));
+      };
+      const one = new CpuBackend({ threads: 1 });
+      const ref = run(one);
+      one.dispose();
+      for (const threads of [2, 3]) {
+        const many = new CpuBackend({ threads, parallelThreshold: 0 });
+        const got = run(many);
+        many.dispose();
+        ['out', 'dgu', 'out (two tensors)', 'dgate', 'dup'].forEach((name, i) =>
+          assert.deepEqual(got[i], ref[i], `${name} ${dtype} ${rows}x${cols} threads=${threads}`));
+      }
+      // and the row form is the plain loop: out = g·σ(g)·u per row's halves (float64 of the stored inputs, one rounding)
+      const be = new CpuBackend({ threads: 2, parallelThreshold: 0 });
+      const [out] = run(be);
+      be.dispose();
+      const stored = (x: number): number => (dtype === 'bf16' ? unpackBf16(packBf16([x]))[0]! : Math.fround(x));
+      for (let r = 0; r < rows; r++) {
+        for (let c = 0; c < cols; c++) {
+          const gv = stored(gu[2 * r * cols + c]!), uv = stored(gu[(2 * r + 1) * cols + c]!);
+          const want = gv / (1 + Math.exp(-gv)) * uv;
+          assert.ok(Math.abs(out![r * cols + c]! - want) <= (dtype === 'bf16' ? 8e-3 : 1e-6) * Math.max(1, Math.abs(want)), `row ${r} col ${c} ${dtype}`);
+        }
+      }
+    }
+  }
 });
 
 test('an error inside a worker task surfaces as an exception, and the pool keeps working', () => {

@@ -695,7 +695,7 @@ export class CpuBackend implements Backend {
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {
     const o = this.f(out, 'swiglu out'), g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     this.need(o, n, 'swigluForward', 'out'); this.need(g, n, 'swigluForward', 'gate'); this.need(u, n, 'swigluForward', 'up');
-    this.elementwise({ op: 'ew', fn: 'swigluF', x0: o, x1: g, x2: u, x3: null, x4: null, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
+    this.elementwise({ op: 'ew', fn: 'swigluF', x0: o, x1: g, x2: u, x3: null, x4: null, adam: null, i0: 0, i1: n, cols: 0 }, n * EW_COST_SWIGLU);
     this.fin(out, 0, n);
   }
 
@@ -704,7 +704,7 @@ export class CpuBackend implements Backend {
     const g = this.f(gate, 'swiglu gate'), u = this.f(up, 'swiglu up');
     for (const [a, what] of [[dg, 'dgate'], [du, 'dup'], [dy, 'dout'], [g, 'gate'], [u, 'up']] as const) this.need(a, n, 'swigluBackward', what);
     if (!accumulate) { dg.subarray(0, n).fill(0); du.subarray(0, n).fill(0); }
-    this.elementwise({ op: 'ew', fn: 'swigluB', x0: dg, x1: du, x2: dy, x3: g, x4: u, adam: null, i0: 0, i1: n }, n * EW_COST_SWIGLU);
+    this.elementwise({ op: 'ew', fn: 'swigluB', x0: dg, x1: du, x2: dy, x3: g, x4: u, adam: null, i0: 0, i1: n, cols: 0 }, n * EW_COST_SWIGLU);
     this.fin(dgate, 0, n);
     this.fin(dup, 0, n);
   }
@@ -712,10 +712,8 @@ export class CpuBackend implements Backend {
   swigluForwardRows(out: Buf, gu: Buf, rows: number, cols: number): void {
     const o = this.f(out, 'swiglu out'), x = this.f(gu, 'swiglu gate/up');
     this.need(o, rows * cols, 'swigluForwardRows', 'out'); this.need(x, 2 * rows * cols, 'swigluForwardRows', 'gu');
-    for (let r = 0; r < rows; r++) {
-      const g = x.subarray(2 * r * cols, (2 * r + 1) * cols), u = x.subarray((2 * r + 1) * cols, (2 * r + 2) * cols);
-      ew.swigluForward(o.subarray(r * cols, (r + 1) * cols), g, u, cols);
-    }
+    // rows on the pool (each row depends on its own inputs only: any split gives the same bits)
+    this.elementwise({ op: 'ew', fn: 'swigluFR', x0: o, x1: x, x2: null, x3: null, x4: null, adam: null, i0: 0, i1: rows, cols }, rows * cols * EW_COST_SWIGLU);
     this.fin(out, 0, rows * cols);
   }
 
@@ -723,11 +721,7 @@ export class CpuBackend implements Backend {
     const d = this.f(dgu, 'swiglu dgate/dup'), dy = this.f(dout, 'swiglu dout'), x = this.f(gu, 'swiglu gate/up');
     this.need(d, 2 * rows * cols, 'swigluBackwardRows', 'dgu'); this.need(dy, rows * cols, 'swigluBackwardRows', 'dout');
     this.need(x, 2 * rows * cols, 'swigluBackwardRows', 'gu');
-    d.subarray(0, 2 * rows * cols).fill(0); // overwritten: accumulate into zeros (0 + x is exact)
-    for (let r = 0; r < rows; r++) {
-      const a = 2 * r * cols, b = (2 * r + 1) * cols, e = (2 * r + 2) * cols;
-      ew.swigluBackward(d.subarray(a, b), d.subarray(b, e), dy.subarray(r * cols, (r + 1) * cols), x.subarray(a, b), x.subarray(b, e), cols);
-    }
+    this.elementwise({ op: 'ew', fn: 'swigluBR', x0: d, x1: dy, x2: x, x3: null, x4: null, adam: null, i0: 0, i1: rows, cols }, rows * cols * EW_COST_SWIGLU);
     this.fin(dgu, 0, 2 * rows * cols);
   }
 
@@ -853,7 +847,7 @@ export class CpuBackend implements Backend {
     for (const [a, what] of [[p, 'param'], [g, 'grad'], [mm, 'm'], [vv, 'v']] as const) this.need(a, n, 'adamw', what);
     check(s.step >= 1, `cpu backend: adamw: step must be >= 1 (1-based), got ${s.step}`);
     const adam: AdamWStep = { lr: s.lr, beta1: s.beta1, beta2: s.beta2, eps: s.eps, weightDecay: s.weightDecay, step: s.step, gradScale: s.gradScale };
-    this.elementwise({ op: 'ew', fn: 'adamw', x0: p, x1: g, x2: mm, x3: vv, x4: null, adam, i0: 0, i1: n }, n * EW_COST_ADAMW);
+    this.elementwise({ op: 'ew', fn: 'adamw', x0: p, x1: g, x2: mm, x3: vv, x4: null, adam, i0: 0, i1: n, cols: 0 }, n * EW_COST_ADAMW);
   }
 }
 

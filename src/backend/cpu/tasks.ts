@@ -7,7 +7,7 @@
  * GemmKernels instance (over the same memory); the others run the JS kernels.
  */
 import type { AdamWStep, LossSpec } from '../backend.js';
-import { adamw, swigluBackward, swigluForward } from './kernels/elementwise.js';
+import { adamw, swigluBackward, swigluBackwardRows, swigluForward, swigluForwardRows } from './kernels/elementwise.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
 import { gemmNT } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
@@ -50,13 +50,17 @@ export interface LossTask {
 /**
  * An elementwise op over elements [i0, i1) (each element depends on its own inputs only, so any split gives
  * the same bits): swigluF out=x0 gate=x1 up=x2; swigluB dgate=x0 dup=x1 dout=x2 gate=x3 up=x4;
- * adamw param=x0 grad=x1 m=x2 v=x3 with `adam`.
+ * adamw param=x0 grad=x1 m=x2 v=x3 with `adam`. The row forms, over rows [i0, i1) of `cols` columns, each row of
+ * the joined gate/up [rows, 2·cols] its gate half then its up half: swigluFR out=x0 gu=x1; swigluBR dgu=x0
+ * (overwritten) dout=x1 gu=x2.
  */
 export interface ElementwiseTask {
   op: 'ew';
-  fn: 'swigluF' | 'swigluB' | 'adamw';
-  x0: FArr; x1: FArr; x2: FArr; x3: FArr | null; x4: FArr | null;
+  fn: 'swigluF' | 'swigluB' | 'adamw' | 'swigluFR' | 'swigluBR';
+  x0: FArr; x1: FArr; x2: FArr | null; x3: FArr | null; x4: FArr | null;
   adam: AdamWStep | null; i0: number; i1: number;
+  /** Columns of a row form (0 for the others). */
+  cols: number;
 }
 /** Blocks [b0, b1) of an NF4 quantization (src/quant/nf4.ts); x, codes and absmax SharedArrayBuffer-backed. */
 export interface Nf4Task {
@@ -141,10 +145,12 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       return;
     case 'ew': {
       const a = x.i0, b = x.i1, n = b - a;
-      if (x.fn === 'swigluF') swigluForward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), n);
+      if (x.fn === 'swigluF') swigluForward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2!.subarray(a, b), n);
       else if (x.fn === 'swigluB') {
-        swigluBackward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), x.x3!.subarray(a, b), x.x4!.subarray(a, b), n);
-      } else adamw(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2.subarray(a, b), x.x3!.subarray(a, b), n, x.adam!);
+        swigluBackward(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2!.subarray(a, b), x.x3!.subarray(a, b), x.x4!.subarray(a, b), n);
+      } else if (x.fn === 'swigluFR') swigluForwardRows(x.x0, x.x1, a, b, x.cols);
+      else if (x.fn === 'swigluBR') swigluBackwardRows(x.x0, x.x1, x.x2!, a, b, x.cols);
+      else adamw(x.x0.subarray(a, b), x.x1.subarray(a, b), x.x2!.subarray(a, b), x.x3!.subarray(a, b), n, x.adam!);
       return;
     }
   }

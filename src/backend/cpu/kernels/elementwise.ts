@@ -102,6 +102,23 @@ export function swigluBackward(dgate: FArr, dup: FArr, dout: FArr, gate: FArr, u
   }
 }
 
+/** swigluForward over rows [r0, r1) of a joined gate/up [rows, 2·cols] (each row its gate half, then its up half). */
+export function swigluForwardRows(out: FArr, gu: FArr, r0: number, r1: number, cols: number): void {
+  for (let r = r0; r < r1; r++) {
+    swigluForward(out.subarray(r * cols, (r + 1) * cols), gu.subarray(2 * r * cols, (2 * r + 1) * cols),
+      gu.subarray((2 * r + 1) * cols, (2 * r + 2) * cols), cols);
+  }
+}
+
+/** swigluBackward over rows [r0, r1), overwriting their dgate/dup halves of dgu (zeroed, then added to: 0 + x is exact). */
+export function swigluBackwardRows(dgu: FArr, dout: FArr, gu: FArr, r0: number, r1: number, cols: number): void {
+  dgu.subarray(2 * r0 * cols, 2 * r1 * cols).fill(0);
+  for (let r = r0; r < r1; r++) {
+    const a = 2 * r * cols, b = (2 * r + 1) * cols, e = (2 * r + 2) * cols;
+    swigluBackward(dgu.subarray(a, b), dgu.subarray(b, e), dout.subarray(r * cols, (r + 1) * cols), gu.subarray(a, b), gu.subarray(b, e), cols);
+  }
+}
+
 /**
  * AdamW as torch.optim.AdamW: p *= 1 − lr·wd; m = b1 m + (1−b1) g; v = b2 v + (1−b2) g²;
  * p −= lr · m̂ / (sqrt(v̂) + eps) with m̂ = m / (1 − b1^step), v̂ = v / (1 − b2^step); g = grad · gradScale.
