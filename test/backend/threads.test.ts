@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type { Backend } from '../../src/backend/backend.js';
+import type { Backend, RopeSpec } from '../../src/backend/backend.js';
 import { LOSS_STATS } from '../../src/backend/backend.js';
 import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
@@ -148,6 +148,37 @@ test('threaded SwiGLU (the joined gate/up rows and the two-tensor form) equals s
       }
     }
   }
+});
+
+test('threaded RoPE (forward with a bias, in place, strided; backward overwriting and accumulating) equals single-threaded bit for bit', () => {
+  const rng = new Rng(26);
+  const b = 3, t = 7, heads = 2, hd = 6, w = heads * hd, wide = w + 4; // a row stride wider than the row
+  // YaRN with an attention factor: the factor scales both rotations
+  const rope: RopeSpec = { type: 'yarn', theta: 10000, factor: 4, originalMaxPositionEmbeddings: 64, betaFast: 32, betaSlow: 1, attentionFactor: 1.2, truncate: true };
+  const x = randn(rng, b * t * wide), bias = randn(rng, w), dy = randn(rng, b * t * wide), acc0 = randn(rng, b * t * w);
+  const run = (be: CpuBackend): Float64Array[] => {
+    const X = bufOf(be, x), B = bufOf(be, bias), DY = bufOf(be, dy);
+    const out = be.alloc(b * t * w, 'out'), inPlace = bufOf(be, x.subarray(0, b * t * w)), dx = be.alloc(b * t * w, 'dx'), acc = bufOf(be, acc0);
+    be.ropeForward(out, X, b, t, heads, hd, rope, 3, B, { inp: wide });
+    be.ropeForward(inPlace, inPlace, b, t, heads, hd, rope, 0);
+    be.ropeBackward(dx, DY, b, t, heads, hd, rope, 3, false, { inp: wide });
+    be.ropeBackward(acc, DY, b, t, heads, hd, rope, 3, true, { inp: wide });
+    return [out, inPlace, dx, acc].map((a) => Float64Array.from(be.download(a)));
+  };
+  const one = new CpuBackend({ threads: 1 });
+  const ref = run(one);
+  one.dispose();
+  for (const threads of [2, 3]) {
+    const many = new CpuBackend({ threads, parallelThreshold: 0 });
+    const got = run(many);
+    many.dispose();
+    ['forward (bias, strided)', 'forward in place', 'backward', 'backward accumulating'].forEach((name, i) =>
+      assert.deepEqual(got[i], ref[i], `${name} threads=${threads}`));
+  }
+  // an odd head dim is refused by name on the threaded path too
+  const two = new CpuBackend({ threads: 2, parallelThreshold: 0 });
+  assert.throws(() => two.ropeForward(two.alloc(b * t * 5, 'o'), two.alloc(b * t * 5, 'i'), b, t, 1, 5, rope, 0), /head dim 5 must be even/);
+  two.dispose();
 });
 
 test('an error inside a worker task surfaces as an exception, and the pool keeps working', () => {

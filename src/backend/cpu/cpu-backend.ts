@@ -59,7 +59,7 @@ import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
 import { sampleRow } from './kernels/sample.js';
-import { ropeBackward, ropeForward } from './kernels/rope.js';
+import { ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
 import { runTask, splitRange, type Task } from './tasks.js';
@@ -106,7 +106,7 @@ const SMALL_ROWS = 8;
  * SwiGLU's exp costs ~10 ns, AdamW's sqrt and divide ~4 ns, a WASM multiply-add ~0.1 ns. So SwiGLU goes to the
  * threads from ~16K elements and AdamW from ~32K (one 128×256 weight), where the hand-off costs less than it saves.
  */
-const EW_COST_SWIGLU = 64, EW_COST_ADAMW = 32;
+const EW_COST_SWIGLU = 64, EW_COST_ADAMW = 32, EW_COST_ROPE = 8;
 
 export class CpuBackend implements Backend {
   readonly name = 'cpu';
@@ -585,8 +585,15 @@ export class CpuBackend implements Backend {
     const bs = bias ? this.f(bias, 'rope bias') : null;
     if (bs) this.need(bs, heads * headDim, 'ropeForward', 'bias');
     this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * t * so), x.subarray(bi * t * si), 1, t, heads, headDim, rope, p, bs, so, si),
-      (p) => ropeForward(o, x, b, t, heads, headDim, rope, p, bs, so, si));
+      (p) => this.rope({ op: 'rope', out: o, inp: x, bias: bs, t, heads, hd: headDim, rope, pos0: p, sign: 1, accumulate: false, so, si, r0: 0, r1: b * t }));
     this.fin(out, 0, no);
+  }
+
+  /** A rotary embedding over all its token rows, split among threads by rows when large (any split: the same bits). */
+  private rope(task: Task & { op: 'rope' }): void {
+    const work = task.r1 * task.heads * task.hd * EW_COST_ROPE;
+    if (task.hd % 2 !== 0 || !this.parallel(work)) { runTask(task, this.kernels); return; } // an odd head dim throws here
+    this.getPool().run(task, 'rows', splitRange(task.r1, this.chunkCount(work), 1));
   }
 
   /**
@@ -605,7 +612,7 @@ export class CpuBackend implements Backend {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
     const { out: no, inp: ni, so, si } = ropeExtent('ropeBackward', b * t, heads * headDim, strides, sameMemory(dx, dy));
     this.need(dx, no, 'ropeBackward', 'dinp'); this.need(dy, ni, 'ropeBackward', 'dout');
-    ropeBackward(dx, dy, b, t, heads, headDim, rope, pos0, accumulate, so, si);
+    this.rope({ op: 'rope', out: dx, inp: dy, bias: null, t, heads, hd: headDim, rope, pos0, sign: -1, accumulate, so, si, r0: 0, r1: b * t });
     this.fin(dinp, 0, no);
   }
 

@@ -6,7 +6,8 @@
  * all through the same runChunks. Products marked `wasm` run the WebAssembly SIMD kernels of the thread's
  * GemmKernels instance (over the same memory); the others run the JS kernels.
  */
-import type { AdamWStep, LossSpec } from '../backend.js';
+import type { AdamWStep, LossSpec, RopeSpec } from '../backend.js';
+import { rotateRows } from './kernels/rope.js';
 import { adamw, swigluBackward, swigluBackwardRows, swigluForward, swigluForwardRows } from './kernels/elementwise.js';
 import { attentionBackward, attentionForward } from './kernels/attention.js';
 import { gemmNT } from './kernels/gemm.js';
@@ -62,12 +63,22 @@ export interface ElementwiseTask {
   /** Columns of a row form (0 for the others). */
   cols: number;
 }
+/**
+ * Token rows [r0, r1) of a rotary embedding (kernels/rope.ts rotateRows: sign 1 the forward rotation of inp + bias,
+ * −1 the backward); out may alias inp with equal strides (each row is read before it is written, by one thread).
+ */
+export interface RopeTask {
+  op: 'rope';
+  out: FArr; inp: FArr; bias: FArr | null;
+  t: number; heads: number; hd: number; rope: RopeSpec; pos0: number; sign: 1 | -1; accumulate: boolean; so: number; si: number;
+  r0: number; r1: number;
+}
 /** Blocks [b0, b1) of an NF4 quantization (src/quant/nf4.ts); x, codes and absmax SharedArrayBuffer-backed. */
 export interface Nf4Task {
   op: 'nf4';
   x: Float32Array; codes: Uint8Array; absmax: Float32Array; n: number; blockSize: number; b0: number; b1: number;
 }
-export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask | ElementwiseTask | Nf4Task;
+export type Task = GemmTask | GemmNNTask | AttnForwardTask | AttnBackwardTask | LossTask | ElementwiseTask | RopeTask | Nf4Task;
 
 /** Which index range of a task a chunk sets: gemm rows (i) or columns (j), or the op's own unit range. */
 export type ChunkAxis = 'rows' | 'cols';
@@ -88,6 +99,7 @@ function withRange(x: Task, axis: ChunkAxis, a: number, b: number): Task {
     case 'attnB': return { ...x, g0: a, g1: b };
     case 'loss': return { ...x, r0: a, r1: b };
     case 'ew': return { ...x, i0: a, i1: b };
+    case 'rope': return { ...x, r0: a, r1: b };
     case 'nf4': return { ...x, b0: a, b1: b };
   }
 }
@@ -139,6 +151,10 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       return;
     case 'loss':
       lossRows(x.stats, x.dlogits, x.logits, x.teacher, x.targets, x.weights, x.vocab, x.spec, x.r0, x.r1, x.ld);
+      return;
+    case 'rope':
+      rotateRows(x.out, x.inp, x.t, x.heads, x.hd, x.rope, x.pos0, x.sign, x.accumulate, x.sign === 1 ? 'ropeForward' : 'ropeBackward',
+        x.bias, x.so, x.si, x.r0, x.r1);
       return;
     case 'nf4':
       quantizeNf4Blocks(x.x, { n: x.n, blockSize: x.blockSize, codes: x.codes, absmax: x.absmax }, x.b0, x.b1);

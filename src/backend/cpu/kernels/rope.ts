@@ -32,20 +32,29 @@ function rotate(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
   sign: 1 | -1, accumulate: boolean, what: string, bias: FArr | null = null, so = heads * hd, si = heads * hd,
 ): void {
+  rotateRows(out, inp, t, heads, hd, rope, pos0, sign, accumulate, what, bias, so, si, 0, b * t);
+}
+
+/**
+ * rotate over token rows [r0, r1) of the b·t rows (row r: sequence ⌊r / t⌋, position pos0 + r mod t): each row is
+ * computed from its own inputs only, so any split of the rows gives the same bits (the CPU backend's worker pool).
+ */
+export function rotateRows(
+  out: FArr, inp: FArr, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, sign: 1 | -1,
+  accumulate: boolean, what: string, bias: FArr | null, so: number, si: number, r0: number, r1: number,
+): void {
   if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
   const { cos, sin } = tables(t, hd, rope, pos0);
-  for (let bi = 0; bi < b; bi++) {
-    for (let p = 0; p < t; p++) {
-      const tb = p * half;
-      for (let h = 0; h < heads; h++) {
-        const o = (bi * t + p) * so + h * hd, e = (bi * t + p) * si + h * hd;
-        for (let i = 0; i < half; i++) {
-          const x0 = inp[e + i] + (bias ? bias[h * hd + i] : 0), x1 = inp[e + i + half] + (bias ? bias[h * hd + i + half] : 0);
-          const c = cos[tb + i], s = sign * sin[tb + i];
-          const y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
-          if (accumulate) { out[o + i] += y0; out[o + i + half] += y1; } else { out[o + i] = y0; out[o + i + half] = y1; }
-        }
+  for (let r = r0; r < r1; r++) {
+    const tb = (r % t) * half;
+    for (let h = 0; h < heads; h++) {
+      const o = r * so + h * hd, e = r * si + h * hd;
+      for (let i = 0; i < half; i++) {
+        const x0 = inp[e + i] + (bias ? bias[h * hd + i] : 0), x1 = inp[e + i + half] + (bias ? bias[h * hd + i + half] : 0);
+        const c = cos[tb + i], s = sign * sin[tb + i];
+        const y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+        if (accumulate) { out[o + i] += y0; out[o + i + half] += y1; } else { out[o + i] = y0; out[o + i + half] = y1; }
       }
     }
   }
