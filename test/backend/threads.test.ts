@@ -105,6 +105,19 @@ test('threaded attention forward/backward and loss equal single-threaded', () =>
   one.dispose(); two.dispose();
 });
 
+/** `run`'s outputs on 2 and 3 threads (every op split, however small) equal one thread's bit for bit. */
+function sameBitsAtThreadCounts(run: (be: CpuBackend) => Float64Array[], names: readonly string[], what: string): void {
+  const one = new CpuBackend({ threads: 1 });
+  const ref = run(one);
+  one.dispose();
+  for (const threads of [2, 3]) {
+    const many = new CpuBackend({ threads, parallelThreshold: 0 });
+    const got = run(many);
+    many.dispose();
+    names.forEach((name, i) => assert.deepEqual(got[i], ref[i], `${name} ${what} threads=${threads}`));
+  }
+}
+
 test('threaded SwiGLU (the joined gate/up rows and the two-tensor form) equals single-threaded bit for bit, f32 and bf16 stores', () => {
   const rng = new Rng(25);
   for (const dtype of ['f32', 'bf16'] as const) {
@@ -124,16 +137,7 @@ test('threaded SwiGLU (the joined gate/up rows and the two-tensor form) equals s
         be.swigluBackward(dg, du, DY, g, u, rows * cols);
         return [out, dgu, o2, dg, du].map((x) => Float64Array.from(be.download(x)));
       };
-      const one = new CpuBackend({ threads: 1 });
-      const ref = run(one);
-      one.dispose();
-      for (const threads of [2, 3]) {
-        const many = new CpuBackend({ threads, parallelThreshold: 0 });
-        const got = run(many);
-        many.dispose();
-        ['out', 'dgu', 'out (two tensors)', 'dgate', 'dup'].forEach((name, i) =>
-          assert.deepEqual(got[i], ref[i], `${name} ${dtype} ${rows}x${cols} threads=${threads}`));
-      }
+      sameBitsAtThreadCounts(run, ['out', 'dgu', 'out (two tensors)', 'dgate', 'dup'], `${dtype} ${rows}x${cols}`);
       // and the row form is the plain loop: out = g·σ(g)·u per row's halves (float64 of the stored inputs, one rounding)
       const be = new CpuBackend({ threads: 2, parallelThreshold: 0 });
       const [out] = run(be);
@@ -165,16 +169,7 @@ test('threaded RoPE (forward with a bias, in place, strided; backward overwritin
     be.ropeBackward(acc, DY, b, t, heads, hd, rope, 3, true, { inp: wide });
     return [out, inPlace, dx, acc].map((a) => Float64Array.from(be.download(a)));
   };
-  const one = new CpuBackend({ threads: 1 });
-  const ref = run(one);
-  one.dispose();
-  for (const threads of [2, 3]) {
-    const many = new CpuBackend({ threads, parallelThreshold: 0 });
-    const got = run(many);
-    many.dispose();
-    ['forward (bias, strided)', 'forward in place', 'backward', 'backward accumulating'].forEach((name, i) =>
-      assert.deepEqual(got[i], ref[i], `${name} threads=${threads}`));
-  }
+  sameBitsAtThreadCounts(run, ['forward (bias, strided)', 'forward in place', 'backward', 'backward accumulating'], 'rope');
   // an odd head dim is refused by name on the threaded path too
   const two = new CpuBackend({ threads: 2, parallelThreshold: 0 });
   assert.throws(() => two.ropeForward(two.alloc(b * t * 5, 'o'), two.alloc(b * t * 5, 'i'), b, t, 1, 5, rope, 0), /head dim 5 must be even/);
