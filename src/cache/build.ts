@@ -31,11 +31,15 @@ import { hashDocs, lockRunFolder } from '../train/run-folder.js';
 import { BitWriter, recordLayout, writeRow } from './format.js';
 import { cacheUniform, formatSparse, type SparseRep } from './sparse.js';
 import {
-  CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeManifest, writeTeacherHeader,
+  CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
 import { TeacherPass, rowIds, type PassRows } from './teacher-pass.js';
 import type { FrozenDtype } from '../model/frozen.js';
+import { LocalComm, type Communicator } from '../parallel/comm.js';
+import { distEnv } from '../parallel/env.js';
+import { commTimeoutMs } from '../parallel/host-comm.js';
+import { ShardLedger, shardIntact } from './ledger.js';
 
 export interface CacheJobOptions {
   teacher: string;
@@ -64,6 +68,8 @@ export interface CacheJobOptions {
 }
 
 export const DEFAULT_SHARD_WINDOWS = 256;
+/** How long a rank with no shard of its own waits at the end of a job for the others (their shards could be slow). */
+const DAY_MS = 86_400_000;
 
 export interface CacheJobSummary {
   out: string;
@@ -88,6 +94,8 @@ export interface CacheJobSummary {
   steadyTokensPerSecond: number | null;
   complete: boolean;
   signal: 'SIGINT' | 'SIGTERM' | null;
+  /** Processes of the job (teacher-cache --gpus N); the rates are the sums over them. */
+  ranks: number;
 }
 
 export interface CacheJobHooks {
@@ -96,40 +104,74 @@ export interface CacheJobHooks {
   backendOptions?: CudaOptions;
   /** Called after each shard is listed in the manifest (tests stop a job here, as a kill between shards would). */
   afterShard?: (index: number) => void;
+  /** The process group (tests); by default one process, or the group torchrun's variables (or --gpus N) describe. */
+  comm?: Communicator;
 }
 
 export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks = {}): Promise<CacheJobSummary> {
-  const log = hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
-  const out = path.resolve(o.out);
-  try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
-    const f = fileError(e, `--out ${o.out}: cannot create the cache folder`, 'pass a folder path you can write to');
-    throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+  const group = hooks.comm ? null : distEnv();
+  let comm: Communicator = hooks.comm ?? new LocalComm();
+  if (group) {
+    const { HostComm } = await import('../parallel/host-comm.js');
+    comm = await HostComm.connect(group);
   }
-  const lock = lockRunFolder(out);
+  let failed = true;
   try {
-    const existing = readManifest(out);
-    if (!existing) {
-      // --overwrite replaces a teacher cache, never other files (a training run, a model folder): they would mix
-      const foreign = fs.readdirSync(out).filter((f) => f !== 'run.lock');
-      if (foreign.length) {
-        throw new InputError(`--out ${out} holds files that are not a teacher cache (${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''})`,
-          'use an empty or new folder for the cache');
+    const s = await buildOnRank(o, hooks, comm, group?.localRank);
+    failed = false;
+    return s;
+  } catch (e) {
+    // a collective that failed (a rank died or hangs) names the rank; the way on is a rerun, which continues
+    if (comm.world > 1 && e instanceof DistilleryError && !(e instanceof InputError) && /^rank \d+: .* (failed|waited)/.test(e.message)) {
+      throw new DistilleryError(e.message, 'a rank stopped: rerun the same command; it keeps every shard already written');
+    }
+    throw e;
+  } finally {
+    if (!hooks.comm) comm.close(failed);
+  }
+}
+
+async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Communicator, localRank: number | undefined): Promise<CacheJobSummary> {
+  const log = comm.rank === 0 ? hooks.log ?? ((s: string) => process.stderr.write(s + '\n')) : (): void => {};
+  const out = path.resolve(o.out);
+  // rank 0 owns the folder: it creates and locks it and decides what is left to do; the others only add shards to it
+  let lock: { release(): void } | null = null;
+  let existing: CacheManifest | null = null;
+  try {
+    if (comm.rank === 0) {
+      try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
+        const f = fileError(e, `--out ${o.out}: cannot create the cache folder`, 'pass a folder path you can write to');
+        throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
+      }
+      lock = lockRunFolder(out);
+      existing = readManifest(out);
+      if (!existing) {
+        // --overwrite replaces a teacher cache, never other files (a training run, a model folder): they would mix
+        const foreign = fs.readdirSync(out).filter((f) => f !== 'run.lock');
+        if (foreign.length) {
+          throw new InputError(`--out ${out} holds files that are not a teacher cache (${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''})`,
+            'use an empty or new folder for the cache');
+        }
       }
     }
     const prec = resolvePrecision(o.precision, undefined, o.device);
-    const backend = hooks.backend ?? await createBackend({ ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads });
+    const backend = hooks.backend ?? await createBackend({
+      ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads,
+      ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}),
+    });
     try {
-      return await buildWith(o, hooks, backend, log, out, existing, prec.model);
+      return await buildWith(o, hooks, backend, log, out, existing, prec.model, comm);
     } finally {
       if (!hooks.backend) backend.dispose();
     }
   } finally {
-    lock.release();
+    lock?.release();
   }
 }
 
 async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Backend, log: (s: string) => void, out: string,
-  existing: CacheManifest | null, precision: Precision): Promise<CacheJobSummary> {
+  existing: CacheManifest | null, precision: Precision, comm: Communicator): Promise<CacheJobSummary> {
+  const { rank, world } = comm;
   const started = Date.now();
   const ck = readCheckpoint(o.teacher);
   if (!ck.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it');
@@ -163,59 +205,53 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     temperature: o.temperature, sparse: formatSparse(rep), loss_vocab: lossVocab, sample_seed: o.seed, precision,
     ...(o.teacherDtype === 'nf4' ? { teacher_dtype: 'nf4' as const } : {}),
   };
-  // Continue a cache of the same identity; refuse another unless --overwrite.
-  const done = new Map<number, ShardInfo>();
-  let shardWindows = o.shardWindows;
-  if (existing) {
-    const diffs = identityDifferences(existing, identity);
-    if (diffs.length && !o.overwrite) {
-      throw new DistilleryError(`--out ${out} holds a teacher cache of other settings (${diffs.join('; ')})`,
-        'rerun with the settings it was made with to continue it, use another --out, or --overwrite to replace it');
-    }
-    if (diffs.length) {
-      for (const s of existing.shards) fs.rmSync(path.join(out, s.file), { force: true });
-      log(`--overwrite: removed the previous cache's ${existing.shards.length} shards in ${out}`);
-    } else {
-      shardWindows = existing.windows_per_shard;
-      for (const s of existing.shards) {
-        const file = path.join(out, s.file);
-        const ok = fs.existsSync(file) && fs.statSync(file).size === s.bytes && sha256(fs.readFileSync(file)) === s.sha256;
-        if (ok) done.set(Math.floor(s.first_window / shardWindows), s);
-        else log(`teacher cache: shard ${s.file} is missing or damaged; computing it again`);
-      }
-      if (done.size) log(`teacher cache: continuing ${out}: ${done.size} shards verified`);
-    }
-  }
-  const nShards = Math.ceil(windows.length / shardWindows);
-  // Leftovers of an interrupted write, and shards the manifest does not list, go.
-  for (const f of fs.readdirSync(out)) {
-    if (f.startsWith('.') && f.includes('.tmp')) fs.rmSync(path.join(out, f), { force: true });
-    if (/^shard-\d+\.bin$/.test(f) && ![...done.values()].some((s) => s.file === f)) fs.rmSync(path.join(out, f), { force: true });
-  }
-  const manifestOf = (complete: boolean): CacheManifest => {
-    const shards = [...done.entries()].sort((a, b) => a[0] - b[0]).map(([, s]) => s);
+  const manifestOf = (shardWindows: number) => (shards: ShardInfo[], complete: boolean): CacheManifest => {
     const pos = shards.reduce((a, s) => a + s.positions, 0), bytes = shards.reduce((a, s) => a + s.bytes, 0);
     return {
       format: CACHE_FORMAT, version: CACHE_VERSION, ...identity, windows_per_shard: shardWindows, shards, complete,
       bytes_per_token: pos > 0 ? +(bytes / pos).toFixed(2) : null,
     };
   };
-  writeTeacherHeader(out, ck);
-  writeManifest(out, manifestOf(done.size === nShards));
+  let ledger: ShardLedger | null = null, todo: number[] = [];
+  if (rank === 0) {
+    ({ ledger, todo } = continueOrStart(o, out, existing, identity, windows.length, manifestOf, log));
+    writeTeacherHeader(out, ck);
+    ledger.write();
+  }
+  if (world > 1) {
+    // rank 0's decisions (after its clean-up of the folder) reach the others, who check they read the same inputs
+    const inputs = { windows: windows.length, data: dataHash, weights: identity.teacher.weights_sha256, tokenizer: identity.tokenizer_sha256 };
+    const got = JSON.parse(Buffer.from(comm.broadcast(rank === 0
+      ? Buffer.from(JSON.stringify({ ...inputs, shardWindows: ledger!.shardWindows, todo })) : new Uint8Array())).toString('utf8')) as
+      typeof inputs & { shardWindows: number; todo: number[] };
+    const differs = (Object.keys(inputs) as Array<keyof typeof inputs>).filter((k) => got[k] !== inputs[k]);
+    if (differs.length) {
+      throw new DistilleryError(`rank ${rank}: the teacher or the data differ from rank 0's (${differs.join(', ')})`,
+        'every rank must read the same teacher and data files (on several hosts: the same paths on a shared file system)');
+    }
+    if (rank !== 0) ledger = new ShardLedger(out, rank, windows.length, got.shardWindows, manifestOf(got.shardWindows));
+    todo = got.todo;
+  }
+  if (!ledger) throw new Error('teacher cache: no shard ledger on this rank');
+  const book = ledger, shardWindows = book.shardWindows, nShards = book.nShards;
+  // this rank's shards: every world-th of those left, so ranks share them evenly
+  const mine = todo.filter((_, k) => k % world === rank);
 
   const B = o.batch, T = o.seq;
-  const todo = Array.from({ length: nShards }, (_, i) => i).filter((i) => !done.has(i));
   let teacher: Transformer | null = null, pass: TeacherPass | null = null;
-  if (todo.length) {
+  if (mine.length) {
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: rep, teacherFrozen: o.teacherDtype }));
     }
     teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision, frozenDtype: o.teacherDtype });
     teacher.setWeights(ck.weights);
     pass = new TeacherPass(teacher, lossVocab, o.temperature, rep);
+  }
+  if (todo.length) {
     log(`teacher cache: ${formatSparse(rep)} at temperature ${o.temperature} over ${windows.length} windows of ${T} ` +
       `(${packed.targetTokens} counted positions), ${nShards} shards of ${shardWindows} windows; teacher ${ck.config.architecture} ` +
-      `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision}${o.teacherDtype === 'nf4' ? ', projection matrices in nf4' : ''})`);
+      `${(parameterCount(ck.config) / 1e6).toFixed(1)}M on ${backend.name} (${precision}${o.teacherDtype === 'nf4' ? ', projection matrices in nf4' : ''})` +
+      (world > 1 ? `; ${world} ranks share the ${todo.length} shards left` : ''));
   }
   const lay = recordLayout(rep, lossVocab);
   let signal: 'SIGINT' | 'SIGTERM' | null = null;
@@ -226,13 +262,13 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
-  const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr,
-    [...done.values()].reduce((a, s) => a + s.windows, 0));
+  const quiet = o.quiet || rank !== 0;
+  const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr, book.windowsDone());
   // The batches of every shard to compute, in order (a batch never spans two shards).
   interface ShardWork { si: number; w0: number; w1: number; records: Uint8Array[]; counts: number[]; left: number }
   interface BatchWork { shard: ShardWork; b0: number; nb: number }
   const batches: BatchWork[] = [];
-  for (const si of todo) {
+  for (const si of mine) {
     const w0 = si * shardWindows, w1 = Math.min(windows.length, w0 + shardWindows);
     const shard: ShardWork = { si, w0, w1, records: new Array<Uint8Array>(w1 - w0), counts: new Array<number>(w1 - w0).fill(0), left: 0 };
     for (let b0 = w0; b0 < w1; b0 += B) { batches.push({ shard, b0, nb: Math.min(B, w1 - b0) }); shard.left++; }
@@ -264,8 +300,8 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     try { writeFileAtomic(path.join(out, file), bytes); } catch (e) {
       throw fileError(e, `cannot write the shard ${path.join(out, file)}`, 'free disk space, then rerun the command: it continues where it stopped');
     }
-    done.set(sw.si, { file, first_window: sw.w0, windows: sw.w1 - sw.w0, positions: sw.counts.reduce((a, c) => a + c, 0), bytes: bytes.length, sha256: sha256(bytes) });
-    writeManifest(out, manifestOf(done.size === nShards));
+    book.record(sw.si, { file, first_window: sw.w0, windows: sw.w1 - sw.w0, positions: sw.counts.reduce((a, c) => a + c, 0), bytes: bytes.length, sha256: sha256(bytes) });
+    if (rank === 0 && world > 1) book.fold(false); // and what the other ranks have finished meanwhile
     written++;
   };
   const t0 = process.hrtime.bigint();
@@ -298,7 +334,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       writeShard(bw.shard);
       hooks.afterShard?.(bw.shard.si);
       loopSeconds = Number(process.hrtime.bigint() - t0) / 1e9;
-      if (!o.quiet) progress.update([...done.values()].reduce((a, s) => a + s.windows, 0), { 'tok/s': Math.round(computedTokens / Math.max(loopSeconds, 1e-9)) });
+      if (!quiet) progress.update(book.windowsDone(), { 'tok/s': Math.round(world * computedTokens / Math.max(loopSeconds, 1e-9)) });
       await new Promise<void>((resolve) => setImmediate(resolve)); // let a signal in
       // a signal (only seen here) stops after this shard: the next one's batches already queued are dropped
       if (signal !== null) { while (pass!.collect()); break; }
@@ -306,19 +342,70 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
-    if (!o.quiet) progress.done();
+    if (!quiet) progress.done();
   }
-  const m = manifestOf(done.size === nShards);
+  // the job's figures: each rank's rate, summed (their loops run side by side)
+  let total = { written, tokensPerSecond: computedTokens / Math.max(loopSeconds, 1e-9), steady: steadySeconds > 0 ? steadyTokens / steadySeconds : 0, steadyRanks: steadySeconds > 0 ? 1 : 0 };
+  if (world > 1) {
+    // rank 0 lists the others' last shards once every rank is done; a rank waits for the slowest (a shard or two behind)
+    const ownMs = Number(process.hrtime.bigint() - t0) / 1e6;
+    comm.barrier(commTimeoutMs() + (mine.length ? 2 * ownMs : DAY_MS));
+    if (rank === 0) book.fold(false);
+    const [w, tps, st, sr] = comm.allReduceHost([total.written, total.tokensPerSecond, total.steady, total.steadyRanks]);
+    total = { written: w!, tokensPerSecond: tps!, steady: st!, steadyRanks: sr! };
+  }
+  const m = book.manifest();
   const positions = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
   const summary: CacheJobSummary = {
-    out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: written,
-    shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: computedTokens / Math.max(loopSeconds, 1e-9),
-    steadyTokensPerSecond: steadySeconds > 0 ? steadyTokens / steadySeconds : null, complete: m.complete, signal,
+    out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: total.written,
+    shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: total.tokensPerSecond,
+    steadyTokensPerSecond: total.steadyRanks === world ? total.steady : null, complete: m.complete, signal, ranks: world,
   };
   log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +
     `${(bytes / 2 ** 20).toFixed(2)} MiB, ${summary.bytesPerToken.toFixed(1)} bytes per token (${formatSparse(rep)}); ` +
-    `${written} shards written${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s` +
+    `${summary.shardsWritten} shards written${world > 1 ? ` by ${world} ranks` : ''}${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s` +
     (summary.steadyTokensPerSecond !== null ? ` (${Math.round(summary.steadyTokensPerSecond)} once warm: after the first two batches)` : ''));
   if (signal !== null) log(`${signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
   return summary;
+}
+
+/**
+ * Rank 0, before any shard is computed: continue a cache of the same identity (its listed shards verified, a stopped
+ * job's noted shards adopted), refuse one of other settings unless --overwrite, and clear the folder of what no
+ * manifest will list (half-written files, unlisted shards). Returns the ledger and the shards left to compute.
+ */
+function continueOrStart(o: CacheJobOptions, out: string, existing: CacheManifest | null, identity: CacheIdentity, windows: number,
+  manifestOf: (shardWindows: number) => (shards: ShardInfo[], complete: boolean) => CacheManifest, log: (s: string) => void): { ledger: ShardLedger; todo: number[] } {
+  let shardWindows = o.shardWindows;
+  const kept: ShardInfo[] = [];
+  if (existing) {
+    const diffs = identityDifferences(existing, identity);
+    if (diffs.length && !o.overwrite) {
+      throw new DistilleryError(`--out ${out} holds a teacher cache of other settings (${diffs.join('; ')})`,
+        'rerun with the settings it was made with to continue it, use another --out, or --overwrite to replace it');
+    }
+    if (diffs.length) {
+      for (const s of existing.shards) fs.rmSync(path.join(out, s.file), { force: true });
+      log(`--overwrite: removed the previous cache's ${existing.shards.length} shards in ${out}`);
+    } else {
+      shardWindows = existing.windows_per_shard;
+      for (const s of existing.shards) {
+        if (shardIntact(out, s)) kept.push(s);
+        else log(`teacher cache: shard ${s.file} is missing or damaged; computing it again`);
+      }
+    }
+  }
+  const ledger = new ShardLedger(out, 0, windows, shardWindows, manifestOf(shardWindows));
+  for (const s of kept) ledger.done.set(Math.floor(s.first_window / shardWindows), s);
+  // shards the other ranks of a stopped job wrote and noted, but rank 0 had not listed yet (only with the same settings)
+  if (existing && !identityDifferences(existing, identity).length) ledger.fold(true);
+  if (ledger.done.size) log(`teacher cache: continuing ${out}: ${ledger.done.size} shards verified`);
+  // Leftovers of an interrupted write, notes, and shards the manifest does not list, go.
+  const listed = new Set([...ledger.done.values()].map((s) => s.file));
+  for (const f of fs.readdirSync(out)) {
+    if ((f.startsWith('.') && f.includes('.tmp')) || /^shard-\d+\.json$/.test(f) || (/^shard-\d+\.bin$/.test(f) && !listed.has(f))) {
+      fs.rmSync(path.join(out, f), { force: true });
+    }
+  }
+  return { ledger, todo: Array.from({ length: ledger.nShards }, (_, i) => i).filter((i) => !ledger.done.has(i)) };
 }

@@ -16,6 +16,8 @@ import { readFlatCheckpoint } from '../../src/model/checkpoint.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile } from '../train/corpus.js';
 import { launch } from './launch.js';
+import { buildTeacherCache, DEFAULT_SHARD_WINDOWS } from '../../src/cache/build.js';
+import { DEFAULT_SPARSE } from '../../src/cache/sparse.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 let dir = '';
@@ -165,9 +167,14 @@ test('data parallel in bf16 keeps the fp32 masters sharded (ZeRO-1): 2 ranks equ
   assert.ok(read('bf-dp2').equals(read('bf-split')), 'the resumed bf16 2-rank run differs from the uninterrupted one');
 });
 
-test('data-parallel distillation, full and LoRA, gradients reduced in small buckets during the backward pass: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 180_000 }, async () => {
+test('data-parallel distillation, full, LoRA, on-policy and from a teacher cache, gradients reduced in small buckets during the backward pass: 2 ranks equal 1 process with accumulation (teacher per rank, adapters sharded)', { timeout: 240_000 }, async () => {
   const teacher = await runTraining(opts({ out: path.join(dir, 'dp-teacher'), steps: 6 }), { log: () => {} });
-  for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }], ['on-policy', { onPolicy: 1, genTemperature: 1 }]] as const) {
+  const cache = path.join(dir, 'dp-cache');
+  await buildTeacherCache({ teacher: teacher.finalDir!, data: [corpus], out: cache, seq: 16, batch: 4, sparse: DEFAULT_SPARSE, temperature: DEFAULT_RUN_OPTIONS.temperature,
+    seed: DEFAULT_RUN_OPTIONS.seed, valFraction: DEFAULT_RUN_OPTIONS.valFraction, lossOn: 'assistant', maxChars: 0, device: 'cpu', precision: 'auto', threads: 1,
+    shardWindows: DEFAULT_SHARD_WINDOWS, overwrite: false, quiet: true }, { log: () => {} });
+  for (const [name, extra] of [['full', {}], ['lora', { init: teacher.finalDir!, loraRank: 4 }], ['on-policy', { onPolicy: 1, genTemperature: 1 }],
+    ['cached', { teacher: undefined, teacherCache: cache }]] as const) {
     const o = (over: Partial<RunOptions>): RunOptions => opts({ mode: 'distill', teacher: teacher.finalDir!, steps: 4, ...extra, ...over });
     await runTraining(o({ out: path.join(dir, `dpd-${name}-single`), gradAccum: 2 }), { log: () => {} });
     // 0.004 MiB: buckets of 1049 gradients, several per layer's worth of parameters

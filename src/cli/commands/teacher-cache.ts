@@ -15,6 +15,7 @@ import { CUDA_FLAGS, PRECISION_FLAG } from './generate.js';
 import { checkOutDir, parseTemplateKwargs } from '../options.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
+import { gpusOf, launchGpus } from '../gpus.js';
 import type { PrecisionFlag } from '../../train/precision.js';
 
 const FLAGS: FlagSpec[] = [
@@ -37,6 +38,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'quiet', kind: 'boolean', description: 'no progress output' },
   { name: 'dry-run', kind: 'boolean', description: 'plan the job: device memory, kernel plan, the cache\'s size on disk (tokenizes the data; reads no weights)' },
   { name: 'json', kind: 'boolean', description: 'print the summary (or the dry run) as one JSON object' },
+  { name: 'gpus', kind: 'integer', description: 'N processes, one per GPU (--device cuda; with --device cpu, N CPU processes), sharing the shards; across hosts, start one process per GPU with torchrun\'s variables instead', defaultText: '1' },
   { name: 'teacher-dtype', kind: 'string', choices: ['auto', 'nf4'], description: 'storage of the teacher\'s projection matrices: the compute dtype, or nf4 (4 bits, QLoRA\'s format; recorded in the manifest)', defaultText: 'auto' },
   PRECISION_FLAG,
   ...CUDA_FLAGS,
@@ -106,6 +108,8 @@ export const teacherCacheCommand: Command = {
     if (parsed.positionals.length) throw new UsageError(`teacher-cache: unexpected argument '${parsed.positionals[0]}'`, "run 'distillery teacher-cache --help' to list the options");
     const o = cacheJobOptions(parsed.values);
     const json = parsed.values.json === true;
+    const gpus = gpusOf(parsed.values);
+    if (gpus > 1 && parsed.values['dry-run'] !== true) return launchGpus('teacher-cache', argv, gpus, io);
     if (parsed.values['dry-run'] === true) {
       const { cacheDryRun, formatCacheDryRun } = await import('../../cache/dry-run.js');
       const r = await cacheDryRun(o, { tf32: parsed.values.tf32 === true });

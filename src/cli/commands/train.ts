@@ -11,6 +11,7 @@ import type { RunOptions } from '../../train/options.js';
 import { CUDA_FLAG_NAMES, cudaOptionsFromFlags, type CudaOptions } from '../../backend/create.js';
 import { CUDA_FLAGS } from './generate.js';
 import { resolveHubModel } from '../../io/hf-cache.js';
+import { gpusOf, launchGpus } from '../gpus.js';
 
 export const realFs: FsProbe = {
   exists: (p) => fs.existsSync(p),
@@ -67,12 +68,7 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
       const config = configFile !== undefined ? { file: configFile, values: loadConfigFile(configFile) } : undefined;
       const runValues = { ...parsed.values };
       for (const k of [...CUDA_FLAG_NAMES, 'dry-run', 'json', 'gpus']) delete runValues[k];
-      const gpus = (parsed.values.gpus as number | undefined) ?? 1;
-      if (!(Number.isInteger(gpus) && gpus >= 1 && gpus <= 1024)) throw new UsageError(`--gpus must be an integer from 1 to 1024, got ${gpus}`, 'e.g. --gpus 8 for every GPU of the host');
-      if (gpus > 1 && process.env.WORLD_SIZE !== undefined && process.env.WORLD_SIZE !== '1') {
-        throw new UsageError(`--gpus ${gpus} starts its own processes, but this one is already rank ${process.env.RANK ?? '?'} of WORLD_SIZE ${process.env.WORLD_SIZE}`,
-          'drop --gpus when a launcher (torchrun, Slurm) starts the ranks');
-      }
+      const gpus = gpusOf(parsed.values);
       const { options, warnings } = resolveRunOptions({ mode, flags: runValues, config, fs: realFs });
       for (const w of warnings) io.err(`warning: ${w}\n`);
       if (parsed.values['dry-run'] === true) {
@@ -81,13 +77,8 @@ function makeRunCommand(mode: 'train' | 'distill'): Command {
         io.out(parsed.values.json === true ? JSON.stringify(report) + '\n' : formatDryRun(report) + '\n');
         return 0;
       }
-      if (gpus > 1 && parsed.values['dry-run'] !== true) {
-        // validated above: every rank would accept the same options; start them and wait
-        const { launchRanks, withoutGpusFlag } = await import('../../parallel/launcher.js');
-        const script = process.argv[1];
-        if (!script) throw new UsageError('--gpus: cannot find the distillery script to start the ranks with', 'start the ranks with torchrun\'s variables instead');
-        return launchRanks(script, [mode, ...withoutGpusFlag(argv)], gpus, io);
-      }
+      // validated above: every rank would accept the same options; start them and wait
+      if (gpus > 1) return launchGpus(mode, argv, gpus, io);
       if (parsed.values.json === true) throw new UsageError('--json goes with --dry-run', `add --dry-run, or drop --json (a run's results are in ${options.out}/summary.json)`);
       const hooks = { log: (line: string) => io.err(`${line}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) };
       const result = await (deps.runTraining ?? defaultRunTraining)(options, hooks);
