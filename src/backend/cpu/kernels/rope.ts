@@ -24,20 +24,12 @@ function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Flo
 }
 
 /**
- * Rotates each (x[i], x[i + hd/2]) pair by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose
- * Rᵀ (the backward; the attention factor scales both). With accumulate the result is added to out. out may alias inp
- * with equal strides (each pair is read first). Token rows of out and inp start `so` and `si` elements apart.
- */
-function rotate(
-  out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number,
-  sign: 1 | -1, accumulate: boolean, what: string, bias: FArr | null = null, so = heads * hd, si = heads * hd,
-): void {
-  rotateRows(out, inp, t, heads, hd, rope, pos0, sign, accumulate, what, bias, so, si, 0, b * t);
-}
-
-/**
- * rotate over token rows [r0, r1) of the b·t rows (row r: sequence ⌊r / t⌋, position pos0 + r mod t): each row is
- * computed from its own inputs only, so any split of the rows gives the same bits (the CPU backend's worker pool).
+ * Rotates each (x[i], x[i + hd/2]) pair of token rows [r0, r1) of the b·t rows (row r: sequence ⌊r / t⌋, position
+ * pos0 + r mod t) by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose Rᵀ (the backward; the
+ * attention factor scales both). With accumulate the result is added to out. out may alias inp with equal strides
+ * (each pair is read first). Token rows of out and inp start `so` and `si` elements apart. Each row is computed from
+ * its own inputs only, so any split of the rows gives the same bits (the CPU backend's worker pool runs the backward
+ * and long forwards that way).
  */
 export function rotateRows(
   out: FArr, inp: FArr, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, sign: 1 | -1,
@@ -60,18 +52,10 @@ export function rotateRows(
   }
 }
 
-/** out = R(inp + bias): `bias` [heads · hd] (or null) added to every row before the rotation. Row strides so, si. */
+/** out = R(inp + bias) over b sequences of t rows: `bias` [heads · hd] (or null) added to every row before the rotation. Row strides so, si. */
 export function ropeForward(
   out: FArr, inp: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, bias: FArr | null = null,
   so = heads * hd, si = heads * hd,
 ): void {
-  rotate(out, inp, b, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias, so, si);
-}
-
-/** dinp += Rᵀ dout (with accumulate false: dinp = Rᵀ dout). Row strides so (dinp), si (dout). */
-export function ropeBackward(
-  dinp: FArr, dout: FArr, b: number, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, accumulate = true,
-  so = heads * hd, si = heads * hd,
-): void {
-  rotate(dinp, dout, b, t, heads, hd, rope, pos0, -1, accumulate, 'ropeBackward', null, so, si);
+  rotateRows(out, inp, t, heads, hd, rope, pos0, 1, false, 'ropeForward', bias, so, si, 0, b * t);
 }
