@@ -40,6 +40,8 @@ import { LocalComm, type Communicator } from '../parallel/comm.js';
 import { distEnv } from '../parallel/env.js';
 import { commTimeoutMs } from '../parallel/host-comm.js';
 import { ShardLedger, shardIntact } from './ledger.js';
+import { checkSameInputs, DAY_MS, fromRank0, jobFigures } from './job-ranks.js';
+import { StopRequests } from '../train/stop-requests.js';
 
 export interface CacheJobOptions {
   teacher: string;
@@ -68,8 +70,6 @@ export interface CacheJobOptions {
 }
 
 export const DEFAULT_SHARD_WINDOWS = 256;
-/** How long a rank with no shard of its own waits at the end of a job for the others (their shards could be slow). */
-const DAY_MS = 86_400_000;
 
 export interface CacheJobSummary {
   out: string;
@@ -110,14 +110,18 @@ export interface CacheJobHooks {
 
 export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks = {}): Promise<CacheJobSummary> {
   const group = hooks.comm ? null : distEnv();
+  const rank = hooks.comm?.rank ?? group?.rank ?? 0;
+  const log = rank === 0 ? hooks.log ?? ((s: string) => process.stderr.write(s + '\n')) : (): void => {};
+  // SIGINT / SIGTERM (or, for a rank --gpus started, its launcher's death) from the start: the job stops after its shard
+  const stops = new StopRequests(log, process.env, 1000, 'finishing the current shard; rerunning the command continues');
   let comm: Communicator = hooks.comm ?? new LocalComm();
-  if (group) {
-    const { HostComm } = await import('../parallel/host-comm.js');
-    comm = await HostComm.connect(group);
-  }
   let failed = true;
   try {
-    const s = await buildOnRank(o, hooks, comm, group?.localRank);
+    if (group) {
+      const { HostComm } = await import('../parallel/host-comm.js');
+      comm = await HostComm.connect(group);
+    }
+    const s = await buildOnRank(o, hooks, comm, group?.localRank, log, stops);
     failed = false;
     return s;
   } catch (e) {
@@ -127,18 +131,19 @@ export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks
     }
     throw e;
   } finally {
+    stops.dispose();
     if (!hooks.comm) comm.close(failed);
   }
 }
 
-async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Communicator, localRank: number | undefined): Promise<CacheJobSummary> {
-  const log = comm.rank === 0 ? hooks.log ?? ((s: string) => process.stderr.write(s + '\n')) : (): void => {};
+async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Communicator, localRank: number | undefined,
+  log: (s: string) => void, stops: StopRequests): Promise<CacheJobSummary> {
   const out = path.resolve(o.out);
   // rank 0 owns the folder: it creates and locks it and decides what is left to do; the others only add shards to it
   let lock: { release(): void } | null = null;
   let existing: CacheManifest | null = null;
   try {
-    if (comm.rank === 0) {
+    fromRank0(comm, () => {
       try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
         const f = fileError(e, `--out ${o.out}: cannot create the cache folder`, 'pass a folder path you can write to');
         throw f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
@@ -153,24 +158,25 @@ async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Commu
             'use an empty or new folder for the cache');
         }
       }
-    }
+      return null;
+    });
     const prec = resolvePrecision(o.precision, undefined, o.device);
     const backend = hooks.backend ?? await createBackend({
       ...hooks.backendOptions, tf32: prec.tf32, device: o.device, threads: o.threads,
       ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}),
     });
     try {
-      return await buildWith(o, hooks, backend, log, out, existing, prec.model, comm);
+      return await buildWith(o, hooks, backend, log, out, existing, prec.model, comm, stops);
     } finally {
       if (!hooks.backend) backend.dispose();
     }
   } finally {
-    lock?.release();
+    (lock as { release(): void } | null)?.release();
   }
 }
 
 async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Backend, log: (s: string) => void, out: string,
-  existing: CacheManifest | null, precision: Precision, comm: Communicator): Promise<CacheJobSummary> {
+  existing: CacheManifest | null, precision: Precision, comm: Communicator, stops: StopRequests): Promise<CacheJobSummary> {
   const { rank, world } = comm;
   const started = Date.now();
   const ck = readCheckpoint(o.teacher);
@@ -212,28 +218,18 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       bytes_per_token: pos > 0 ? +(bytes / pos).toFixed(2) : null,
     };
   };
-  let ledger: ShardLedger | null = null, todo: number[] = [];
-  if (rank === 0) {
-    ({ ledger, todo } = continueOrStart(o, out, existing, identity, windows.length, manifestOf, log));
+  // rank 0 continues or starts the cache (its decisions reach the others), then every rank checks it read the same
+  let rank0Ledger: ShardLedger | null = null;
+  const decided = fromRank0(comm, () => {
+    const r = continueOrStart(o, out, existing, identity, windows.length, manifestOf, log);
     writeTeacherHeader(out, ck);
-    ledger.write();
-  }
-  if (world > 1) {
-    // rank 0's decisions (after its clean-up of the folder) reach the others, who check they read the same inputs
-    const inputs = { windows: windows.length, data: dataHash, weights: identity.teacher.weights_sha256, tokenizer: identity.tokenizer_sha256 };
-    const got = JSON.parse(Buffer.from(comm.broadcast(rank === 0
-      ? Buffer.from(JSON.stringify({ ...inputs, shardWindows: ledger!.shardWindows, todo })) : new Uint8Array())).toString('utf8')) as
-      typeof inputs & { shardWindows: number; todo: number[] };
-    const differs = (Object.keys(inputs) as Array<keyof typeof inputs>).filter((k) => got[k] !== inputs[k]);
-    if (differs.length) {
-      throw new DistilleryError(`rank ${rank}: the teacher or the data differ from rank 0's (${differs.join(', ')})`,
-        'every rank must read the same teacher and data files (on several hosts: the same paths on a shared file system)');
-    }
-    if (rank !== 0) ledger = new ShardLedger(out, rank, windows.length, got.shardWindows, manifestOf(got.shardWindows));
-    todo = got.todo;
-  }
-  if (!ledger) throw new Error('teacher cache: no shard ledger on this rank');
-  const book = ledger, shardWindows = book.shardWindows, nShards = book.nShards;
+    r.ledger.write();
+    rank0Ledger = r.ledger;
+    return { identity, shardWindows: r.ledger.shardWindows, todo: r.todo };
+  });
+  checkSameInputs(comm, decided.identity, identity);
+  const book: ShardLedger = rank0Ledger ?? new ShardLedger(out, rank, windows.length, decided.shardWindows, manifestOf(decided.shardWindows));
+  const { todo } = decided, shardWindows = book.shardWindows, nShards = book.nShards;
   // this rank's shards: every world-th of those left, so ranks share them evenly
   const mine = todo.filter((_, k) => k % world === rank);
 
@@ -254,14 +250,6 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       (world > 1 ? `; ${world} ranks share the ${todo.length} shards left` : ''));
   }
   const lay = recordLayout(rep, lossVocab);
-  let signal: 'SIGINT' | 'SIGTERM' | null = null;
-  const onSignal = (s: NodeJS.Signals): void => {
-    if (signal !== null) process.exit(s === 'SIGINT' ? 130 : 143);
-    signal = s === 'SIGINT' ? 'SIGINT' : 'SIGTERM';
-    log(`\n${s}: finishing the current shard (send it again to stop at once; rerunning the command continues)`);
-  };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
   const quiet = o.quiet || rank !== 0;
   const progress = new Progress(windows.length, 'teacher-cache', Math.max(1, Math.floor(nShards / 20)), process.stderr, book.windowsDone());
   // The batches of every shard to compute, in order (a batch never spans two shards).
@@ -304,6 +292,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     if (rank === 0 && world > 1) book.fold(false); // and what the other ranks have finished meanwhile
     written++;
   };
+  if (stops.signal !== null) batches.length = 0; // stopped while the job started: no shard is begun
   const t0 = process.hrtime.bigint();
   let loopSeconds = 0;
   try {
@@ -336,37 +325,46 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       loopSeconds = Number(process.hrtime.bigint() - t0) / 1e9;
       if (!quiet) progress.update(book.windowsDone(), { 'tok/s': Math.round(world * computedTokens / Math.max(loopSeconds, 1e-9)) });
       await new Promise<void>((resolve) => setImmediate(resolve)); // let a signal in
-      // a signal (only seen here) stops after this shard: the next one's batches already queued are dropped
-      if (signal !== null) { while (pass!.collect()); break; }
+      // a stop (only seen here) comes after this shard: the next one's batches already queued are dropped
+      if (stops.signal !== null) { while (pass!.collect()); break; }
     }
   } finally {
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
     if (!quiet) progress.done();
   }
-  // the job's figures: each rank's rate, summed (their loops run side by side)
-  let total = { written, tokensPerSecond: computedTokens / Math.max(loopSeconds, 1e-9), steady: steadySeconds > 0 ? steadyTokens / steadySeconds : 0, steadyRanks: steadySeconds > 0 ? 1 : 0 };
-  if (world > 1) {
-    // rank 0 lists the others' last shards once every rank is done; a rank waits for the slowest (a shard or two behind)
-    const ownMs = Number(process.hrtime.bigint() - t0) / 1e6;
-    comm.barrier(commTimeoutMs() + (mine.length ? 2 * ownMs : DAY_MS));
-    if (rank === 0) book.fold(false);
-    const [w, tps, st, sr] = comm.allReduceHost([total.written, total.tokensPerSecond, total.steady, total.steadyRanks]);
-    total = { written: w!, tokensPerSecond: tps!, steady: st!, steadyRanks: sr! };
-  }
+  // a rank waits for the slowest (a shard or two behind), then rank 0 lists the others' last shards
+  if (world > 1) comm.barrier(commTimeoutMs() + (mine.length ? 2 * Number(process.hrtime.bigint() - t0) / 1e6 : DAY_MS));
+  const total = jobFigures(comm, { written, tokens: computedTokens, seconds: loopSeconds, steadyTokens, steadySeconds, stopped: stops.signal !== null });
+  if (rank === 0 && world > 1) await foldEveryShard(book, nShards - todo.length + total.written, out);
   const m = book.manifest();
   const positions = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
   const summary: CacheJobSummary = {
     out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: total.written,
     shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: total.tokensPerSecond,
-    steadyTokensPerSecond: total.steadyRanks === world ? total.steady : null, complete: m.complete, signal, ranks: world,
+    steadyTokensPerSecond: total.steadyTokensPerSecond, complete: m.complete, signal: stops.signal, ranks: world,
   };
   log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +
     `${(bytes / 2 ** 20).toFixed(2)} MiB, ${summary.bytesPerToken.toFixed(1)} bytes per token (${formatSparse(rep)}); ` +
     `${summary.shardsWritten} shards written${world > 1 ? ` by ${world} ranks` : ''}${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s` +
     (summary.steadyTokensPerSecond !== null ? ` (${Math.round(summary.steadyTokensPerSecond)} once warm: after the first two batches)` : ''));
-  if (signal !== null) log(`${signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
+  if (stops.signal !== null) log(`${stops.signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
   return summary;
+}
+
+/**
+ * Rank 0 at the end of a job of several ranks: lists every shard the ranks wrote (`expected` with those kept), waiting
+ * a little for notes a shared file system shows late; a shard it cannot see is an error (the ranks wrote different
+ * folders), not a silently incomplete cache.
+ */
+async function foldEveryShard(book: ShardLedger, expected: number, out: string): Promise<void> {
+  for (let i = 0; ; i++) {
+    book.fold(false);
+    if (book.done.size >= expected || i >= 50) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  if (book.done.size < expected) {
+    throw new DistilleryError(`rank 0 sees ${book.done.size} of the ${expected} shards the ranks wrote in ${out}`,
+      'every rank must write the same folder (on several hosts: --out on a shared file system); rerun the same command: it adopts the shards it finds');
+  }
 }
 
 /**

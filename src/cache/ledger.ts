@@ -72,6 +72,8 @@ export class ShardLedger {
       const ok = info !== null && typeof info.file === 'string' && info.file === `shard-${m[1]}.bin` && i < this.nShards &&
         (!verify || shardIntact(this.dir, info));
       if (ok && !this.done.has(i)) { this.done.set(i, info!); n++; }
+      // during a job a note that cannot be read stays (a later fold may read it); a rerun drops what it cannot adopt
+      if (!ok && !verify) notes.pop();
     }
     // the manifest lists them before their notes go: a stop in between leaves notes of listed shards, which fold again
     if (n > 0) this.write();

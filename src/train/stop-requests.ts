@@ -14,7 +14,12 @@ export class StopRequests {
   private readonly handler = (s: NodeJS.Signals): void => this.request(s === 'SIGINT' ? 'SIGINT' : 'SIGTERM');
   private watch: NodeJS.Timeout | null = null;
 
-  constructor(private readonly log: (line: string) => void, env: NodeJS.ProcessEnv = process.env, pollMs = 1000) {
+  /**
+   * `finishing`: what the job does before it stops, for the line logged on the first request (a training run's by
+   * default).
+   */
+  constructor(private readonly log: (line: string) => void, env: NodeJS.ProcessEnv = process.env, pollMs = 1000,
+    private readonly finishing = 'finishing the current step, then writing a checkpoint, the summary and the plot') {
     process.on('SIGINT', this.handler);
     process.on('SIGTERM', this.handler);
     const launcher = Number(env.DISTILLERY_LAUNCHER_PID);
@@ -34,7 +39,7 @@ export class StopRequests {
     if (this.signal !== null) return;
     this.at = Date.now();
     this.signal = s;
-    this.log(`\n${s}: finishing the current step, then writing a checkpoint, the summary and the plot (send it again to stop at once)`);
+    this.log(`\n${s}: ${this.finishing} (send it again to stop at once)`);
   }
 
   private stopWatching(): void {

@@ -4,7 +4,8 @@
  * manifest); rank 0 killed with SIGKILL stops the others with an error naming it, and rerunning the command adopts the
  * shards every rank finished (the other ranks' notes, verified) and completes the same cache; SIGINT to the launcher
  * stops every rank after its shard (exit 130), and a rerun completes it. The shard ledger alone: notes are folded into
- * the manifest, and on a rerun only shards that match their note are adopted.
+ * the manifest, and on a rerun only shards that match their note are adopted. Rank 0's refusal reaches the other
+ * ranks as its own message; a rank started with other options stops the job, naming the difference; the job's figures.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -15,6 +16,8 @@ import { createHash } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { readManifest, sha256, type CacheManifest, type ShardInfo } from '../../src/cache/store.js';
 import { ShardLedger, shardNoteName } from '../../src/cache/ledger.js';
+import { jobFigures, type RankFigures } from '../../src/cache/job-ranks.js';
+import type { Communicator } from '../../src/parallel/comm.js';
 import { TEXT, tempDir, writeTinyCheckpoint } from '../cli/fixtures.js';
 import { freePort } from '../parallel/launch.js';
 
@@ -161,4 +164,71 @@ test('ShardLedger: rank 0 lists its shards and folds the others\' notes; a rerun
   one.record(2, write(2, Uint8Array.of(7, 8, 9)));
   assert.equal(again.fold(true), 1);
   assert.deepEqual([...again.done.keys()], [2]);
+});
+
+test('teacher-cache on 2 ranks: rank 0\'s refusal reaches rank 1 (one message, rank 0\'s exit code); a rank started with other options stops the job, naming the difference; ranks writing different folders are an error, not a complete cache', { timeout: 120_000 }, async () => {
+  const { dir, teacher, data } = setup(40);
+  // a folder of other files: rank 0 refuses it before any teacher is read; the launcher reports rank 0's reason once
+  const busy = path.join(dir, 'busy');
+  fs.mkdirSync(busy); fs.writeFileSync(path.join(busy, 'notes.txt'), 'mine');
+  const r = spawnSync(process.execPath, [...jobArgs(teacher, data, busy, 4), '--gpus', '2', '--device', 'cpu'], { encoding: 'utf8' });
+  assert.equal(r.status, 2, r.stderr);
+  assert.match(r.stderr, /holds files that are not a teacher cache \(notes\.txt\)/);
+  assert.doesNotMatch(r.stderr, /disconnected|rank 1 exited/);
+  assert.deepEqual(fs.readdirSync(busy), ['notes.txt']);
+  // rank 1 at another temperature: both ranks stop before computing, rank 1 naming what differs
+  const port = await freePort();
+  const env = (rank: number): NodeJS.ProcessEnv => ({ ...process.env, RANK: String(rank), LOCAL_RANK: String(rank), WORLD_SIZE: '2',
+    MASTER_ADDR: '127.0.0.1', MASTER_PORT: String(port), DISTILLERY_MASTER_PORT: String(port) });
+  const out = path.join(dir, 'mixed');
+  const run = (rank: number, extra: string[]): Promise<{ code: number | null; err: string }> => new Promise((resolve) => {
+    const p = spawn(process.execPath, [...jobArgs(teacher, data, out, 4), ...extra], { env: env(rank), stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = ''; p.stderr.on('data', (d) => { err += d; });
+    p.on('close', (code) => resolve({ code, err }));
+  });
+  const [a, b] = await Promise.all([run(0, []), run(1, ['--temperature', '1'])]);
+  assert.equal(a.code, 1, a.err); assert.equal(b.code, 1, b.err);
+  assert.match(b.err, /rank 1: the job's inputs differ from rank 0's \(--temperature: 2 vs 1\)/);
+  assert.match(a.err, /rank 0: 1 rank\(s\) read other inputs than rank 0/);
+  assert.deepEqual(readManifest(out)!.shards, []);
+  // rank 1 writing another folder (as on two hosts without a shared file system): rank 0 does not call the cache complete
+  const elsewhere = path.join(dir, 'elsewhere'), ours = path.join(dir, 'ours');
+  fs.mkdirSync(elsewhere);
+  const port2 = await freePort();
+  const env2 = (rank: number): NodeJS.ProcessEnv => ({ ...env(rank), MASTER_PORT: String(port2), DISTILLERY_MASTER_PORT: String(port2) });
+  const split = (rank: number, o: string): Promise<{ code: number | null; err: string }> => new Promise((resolve) => {
+    const p = spawn(process.execPath, jobArgs(teacher, data, o, 4), { env: env2(rank), stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = ''; p.stderr.on('data', (d) => { err += d; });
+    p.on('close', (code) => resolve({ code, err }));
+  });
+  const [c] = await Promise.all([split(0, ours), split(1, elsewhere)]);
+  assert.equal(c.code, 1, c.err);
+  assert.match(c.err, /rank 0 sees \d+ of the \d+ shards the ranks wrote/);
+  assert.equal(readManifest(ours)!.complete, false);
+});
+
+test('the job\'s figures over ranks: shards and tokens summed, the rate over the slowest rank\'s time, no steady rate unless every computing rank has one', () => {
+  const world = 3;
+  const figures = (ranks: RankFigures[]): ReturnType<typeof jobFigures> => {
+    const vecs = ranks.map((f, rank) => {
+      let v = new Float64Array(0);
+      jobFigures({ rank, world, allReduceHost: (x: Float64Array) => { v = Float64Array.from(x); return v; } } as unknown as Communicator, f);
+      return v;
+    });
+    const sum = vecs.reduce((acc, v) => acc.map((x, i) => x + v[i]!));
+    return jobFigures({ rank: 0, world, allReduceHost: () => sum } as unknown as Communicator, ranks[0]!);
+  };
+  const idle: RankFigures = { written: 0, tokens: 0, seconds: 0, steadyTokens: 0, steadySeconds: 0, stopped: false };
+  const a = figures([
+    { written: 2, tokens: 200, seconds: 2, steadyTokens: 100, steadySeconds: 1, stopped: false },
+    { written: 1, tokens: 100, seconds: 1, steadyTokens: 60, steadySeconds: 0.5, stopped: true },
+    idle,
+  ]);
+  assert.equal(a.written, 3);
+  assert.equal(a.tokensPerSecond, 150); // 300 tokens over the 2 s of the slowest rank, not 100 + 100
+  assert.equal(a.steadyTokensPerSecond, 160); // 160 steady tokens over 1 s; the idle rank has no say
+  assert.equal(a.stopped, true);
+  const b = figures([{ written: 1, tokens: 100, seconds: 1, steadyTokens: 0, steadySeconds: 0, stopped: false }, { written: 1, tokens: 100, seconds: 1, steadyTokens: 50, steadySeconds: 0.5, stopped: false }, idle]);
+  assert.equal(b.steadyTokensPerSecond, null);
+  assert.equal(b.stopped, false);
 });

@@ -118,7 +118,8 @@ export const teacherCacheCommand: Command = {
     }
     const { buildTeacherCache } = await import('../../cache/build.js');
     const s = await buildTeacherCache(o, { log: (l) => io.err(`${l}\n`), backendOptions: cudaOptionsFromFlags(parsed.values) });
-    if (json) io.out(JSON.stringify(s) + '\n');
+    // under a launcher (torchrun) every rank runs this: rank 0 speaks for the job
+    if (json && (process.env.RANK ?? '0') === '0') io.out(JSON.stringify(s) + '\n');
     if (s.signal === 'SIGINT') return 130;
     if (s.signal === 'SIGTERM') return 143;
     return 0;
