@@ -39,9 +39,14 @@ export interface CacheDryRun {
   /** The encoding's largest record per position, and the cache's largest size on disk (shard headers included). */
   max_bytes_per_token: number;
   max_disk_bytes: number;
+  /** Per process (each rank holds its own teacher). */
   device_bytes: number;
   device_gib: string;
   kernels: DryRunKernel[];
+  /** Processes of the job (--gpus N, or WORLD_SIZE), the shard files, and the most shards one rank computes. */
+  ranks: number;
+  shards: number;
+  shards_per_rank: number;
 }
 
 /** The largest record of one position, in bits (see src/cache/format.ts). */
@@ -50,7 +55,7 @@ export function maxBitsPerPosition(l: RecordLayout): number {
   return Math.min(l.rep.k, l.vocab) * (l.idBits + LOGQ_BITS) + (l.hasTail ? LOGQ_BITS : 0);
 }
 
-export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean } = {}): Promise<CacheDryRun> {
+export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean; world?: number } = {}): Promise<CacheDryRun> {
   const config = readHfConfigFile(path.join(o.teacher, 'config.json'), 'point --teacher at a model folder with a config.json');
   const tokFile = path.join(o.teacher, 'tokenizer.json');
   if (!fs.existsSync(tokFile)) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it');
@@ -65,7 +70,7 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean } =
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
   const lay = recordLayout(o.sparse, lossVocab);
   const perPos = maxBitsPerPosition(lay) / 8;
-  const windows = packed.windows.length, shards = Math.ceil(windows / o.shardWindows);
+  const windows = packed.windows.length, shards = Math.ceil(windows / o.shardWindows), world = Math.max(1, opts.world ?? 1);
   const maxDisk = Math.ceil(packed.targetTokens * perPos) + windows * 9 + shards * 16;
   const bytes = estimateJobBytes({ student: config, batch: o.batch, seq: o.seq, training: false, lossVocab, precision: prec.model, studentFrozen: o.teacherDtype });
   let kernels: DryRunKernel[] = [];
@@ -82,6 +87,7 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean } =
     teacher: { architecture: config.architecture, parameters: parameterCount(config), vocab_size: config.vocabSize },
     sparse: formatSparse(o.sparse), temperature: o.temperature, seq: o.seq, batch: o.batch, windows, counted_positions: packed.targetTokens,
     max_bytes_per_token: +perPos.toFixed(2), max_disk_bytes: maxDisk, device_bytes: bytes, device_gib: formatGiB(bytes), kernels,
+    ranks: world, shards, shards_per_rank: Math.ceil(shards / world),
   };
 }
 
@@ -89,9 +95,10 @@ export function formatCacheDryRun(r: CacheDryRun): string {
   return [
     `dry run: teacher-cache on ${r.device} (${r.precision}), batch ${r.batch} × seq ${r.seq}, ${r.sparse} at temperature ${r.temperature}`,
     `teacher   ${r.teacher.architecture} ${(r.teacher.parameters / 1e6).toFixed(1)}M parameters, vocab ${r.teacher.vocab_size}`,
-    `data      ${r.windows} windows, ${r.counted_positions} counted positions (the ones cached)`,
+    `data      ${r.windows} windows, ${r.counted_positions} counted positions (the ones cached), ${r.shards} shards` +
+      (r.ranks > 1 ? `: ${r.ranks} ranks, at most ${r.shards_per_rank} each` : ''),
     `disk      at most ${(r.max_disk_bytes / 2 ** 20).toFixed(2)} MiB (${r.max_bytes_per_token} bytes per position at most; real text repeats draws, so less)`,
-    `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}`,
+    `memory    ${r.device_gib} estimated peak (${r.device_bytes} bytes)${r.device === 'cuda' ? ' on the GPU' : ''}${r.ranks > 1 ? ' per process' : ''}`,
     r.device === 'cuda' ? `kernels   ${r.kernels.length} to pre-warm: ${[...new Set(r.kernels.map((k) => k.family))].join(', ')}` : 'kernels   none (the CPU backend compiles nothing)',
   ].join('\n');
 }

@@ -62,6 +62,16 @@ test('teacher-cache --gpus 2 (--device cpu: 2 processes) writes the shards and m
   assert.equal(manifestText(path.join(dir, 'two')).replaceAll('/two', '/X'), manifestText(path.join(dir, 'one')).replaceAll('/one', '/X'));
   // no note is left behind, no lock
   assert.deepEqual(fs.readdirSync(path.join(dir, 'two')).filter((f) => !/^shard-\d+\.bin$/.test(f)).sort(), ['manifest.json', 'teacher']);
+  // --dry-run --gpus 2: the shards and each rank's share, memory per process (each rank holds a teacher)
+  const dry = (extra: string[]): { ranks: number; shards: number; shards_per_rank: number; device_bytes: number } =>
+    JSON.parse(spawnSync(process.execPath, [...jobArgs(teacher, data, path.join(dir, 'dry'), 4), '--dry-run', '--json', ...extra], { encoding: 'utf8' }).stdout) as
+      { ranks: number; shards: number; shards_per_rank: number; device_bytes: number };
+  const [d1, d2] = [dry([]), dry(['--gpus', '2'])];
+  assert.equal(d1.ranks, 1); assert.equal(d2.ranks, 2);
+  assert.equal(d1.shards, s1.shardsWritten); assert.equal(d2.shards, s1.shardsWritten);
+  assert.equal(d2.shards_per_rank, Math.ceil(s1.shardsWritten / 2));
+  assert.equal(d2.device_bytes, d1.device_bytes);
+  assert.ok(!fs.existsSync(path.join(dir, 'dry')), 'a dry run writes nothing');
   // --gpus inside a group a launcher started is refused
   const bad = spawnSync(process.execPath, [...jobArgs(teacher, data, path.join(dir, 'bad'), 4), '--gpus', '2'], { encoding: 'utf8', env: { ...process.env, WORLD_SIZE: '2', RANK: '0' } });
   assert.equal(bad.status, 2);

@@ -112,7 +112,7 @@ export const teacherCacheCommand: Command = {
     if (gpus > 1 && parsed.values['dry-run'] !== true) return launchGpus('teacher-cache', argv, gpus, io);
     if (parsed.values['dry-run'] === true) {
       const { cacheDryRun, formatCacheDryRun } = await import('../../cache/dry-run.js');
-      const r = await cacheDryRun(o, { tf32: parsed.values.tf32 === true });
+      const r = await cacheDryRun(o, { tf32: parsed.values.tf32 === true, world: gpus > 1 ? gpus : Number(process.env.WORLD_SIZE ?? 1) || 1 });
       io.out(json ? JSON.stringify(r) + '\n' : formatCacheDryRun(r) + '\n');
       return 0;
     }
