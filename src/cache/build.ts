@@ -112,8 +112,6 @@ export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks
   const group = hooks.comm ? null : distEnv();
   const rank = hooks.comm?.rank ?? group?.rank ?? 0;
   const log = rank === 0 ? hooks.log ?? ((s: string) => process.stderr.write(s + '\n')) : (): void => {};
-  // SIGINT / SIGTERM (or, for a rank --gpus started, its launcher's death) from the start: the job stops after its shard
-  const stops = new StopRequests(log, process.env, 1000, 'finishing the current shard; rerunning the command continues');
   let comm: Communicator = hooks.comm ?? new LocalComm();
   let failed = true;
   try {
@@ -121,7 +119,7 @@ export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks
       const { HostComm } = await import('../parallel/host-comm.js');
       comm = await HostComm.connect(group);
     }
-    const s = await buildOnRank(o, hooks, comm, group?.localRank, log, stops);
+    const s = await buildOnRank(o, hooks, comm, group?.localRank, log);
     failed = false;
     return s;
   } catch (e) {
@@ -131,13 +129,12 @@ export async function buildTeacherCache(o: CacheJobOptions, hooks: CacheJobHooks
     }
     throw e;
   } finally {
-    stops.dispose();
     if (!hooks.comm) comm.close(failed);
   }
 }
 
 async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Communicator, localRank: number | undefined,
-  log: (s: string) => void, stops: StopRequests): Promise<CacheJobSummary> {
+  log: (s: string) => void): Promise<CacheJobSummary> {
   const out = path.resolve(o.out);
   // rank 0 owns the folder: it creates and locks it and decides what is left to do; the others only add shards to it
   let lock: { release(): void } | null = null;
@@ -166,7 +163,7 @@ async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Commu
       ...(localRank !== undefined && o.device === 'cuda' ? { ordinal: localRank } : {}),
     });
     try {
-      return await buildWith(o, hooks, backend, log, out, existing, prec.model, comm, stops);
+      return await buildWith(o, hooks, backend, log, out, existing, prec.model, comm);
     } finally {
       if (!hooks.backend) backend.dispose();
     }
@@ -176,7 +173,7 @@ async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Commu
 }
 
 async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Backend, log: (s: string) => void, out: string,
-  existing: CacheManifest | null, precision: Precision, comm: Communicator, stops: StopRequests): Promise<CacheJobSummary> {
+  existing: CacheManifest | null, precision: Precision, comm: Communicator): Promise<CacheJobSummary> {
   const { rank, world } = comm;
   const started = Date.now();
   const ck = readCheckpoint(o.teacher);
@@ -292,7 +289,10 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     if (rank === 0 && world > 1) book.fold(false); // and what the other ranks have finished meanwhile
     written++;
   };
-  if (stops.signal !== null) batches.length = 0; // stopped while the job started: no shard is begun
+  // SIGINT / SIGTERM (or, for a rank --gpus started, its launcher's death) during the shards: the job stops after its
+  // shard. Only here: a handler cannot run while the main thread waits in a collective (Atomics.wait), so there a
+  // signal keeps its default action and ends the process at once, which loses nothing a rerun does not recover.
+  const stops = new StopRequests(log, process.env, 1000, 'finishing the current shard; rerunning the command continues');
   const t0 = process.hrtime.bigint();
   let loopSeconds = 0;
   try {
@@ -329,24 +329,40 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       if (stops.signal !== null) { while (pass!.collect()); break; }
     }
   } finally {
+    stops.dispose();
     if (!quiet) progress.done();
   }
+  const ownSignal = stops.signal;
   // a rank waits for the slowest (a shard or two behind), then rank 0 lists the others' last shards
-  if (world > 1) comm.barrier(commTimeoutMs() + (mine.length ? 2 * Number(process.hrtime.bigint() - t0) / 1e6 : DAY_MS));
-  const total = jobFigures(comm, { written, tokens: computedTokens, seconds: loopSeconds, steadyTokens, steadySeconds, stopped: stops.signal !== null });
-  if (rank === 0 && world > 1) await foldEveryShard(book, nShards - todo.length + total.written, out);
+  const mineFigures = { written, tokens: computedTokens, seconds: loopSeconds, steadyTokens, steadySeconds, stopped: ownSignal !== null };
+  let total: ReturnType<typeof jobFigures>;
+  try {
+    if (world > 1) comm.barrier(commTimeoutMs() + (computedTokens > 0 ? 2 * Number(process.hrtime.bigint() - t0) / 1e6 : DAY_MS));
+    total = jobFigures(comm, mineFigures);
+  } catch (e) {
+    // stopping on a signal, a rank that took the signal's default action at the barrier is no failure: what it wrote is
+    // noted, and listed now or by the rerun
+    if (ownSignal === null || !(e instanceof DistilleryError)) throw e;
+    log(`teacher cache: a rank ended at the job's end (${e.message})`);
+    total = jobFigures(new LocalComm(), mineFigures);
+    if (rank === 0) book.fold(false);
+  }
+  if (rank === 0 && world > 1 && !total.stopped) await foldEveryShard(book, nShards - todo.length + total.written, out);
+  else if (rank === 0 && world > 1) book.fold(false);
+  const signal = ownSignal ?? (total.stopped ? 'SIGTERM' : null);
+  if (signal !== null && ownSignal === null) log('teacher cache: another rank stopped on a signal');
   const m = book.manifest();
   const positions = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
   const summary: CacheJobSummary = {
     out, windows: windows.length, positions, bytes, bytesPerToken: bytes / Math.max(positions, 1), shardsWritten: total.written,
     shardsKept: nShards - todo.length, seconds: (Date.now() - started) / 1000, tokensPerSecond: total.tokensPerSecond,
-    steadyTokensPerSecond: total.steadyTokensPerSecond, complete: m.complete, signal: stops.signal, ranks: world,
+    steadyTokensPerSecond: total.steadyTokensPerSecond, complete: m.complete, signal, ranks: world,
   };
   log(`teacher cache: ${m.complete ? 'complete' : `${m.shards.length} of ${nShards} shards`}, ${positions} positions, ` +
     `${(bytes / 2 ** 20).toFixed(2)} MiB, ${summary.bytesPerToken.toFixed(1)} bytes per token (${formatSparse(rep)}); ` +
     `${summary.shardsWritten} shards written${world > 1 ? ` by ${world} ranks` : ''}${summary.shardsKept ? `, ${summary.shardsKept} kept` : ''}; teacher ${Math.round(summary.tokensPerSecond)} tokens/s` +
     (summary.steadyTokensPerSecond !== null ? ` (${Math.round(summary.steadyTokensPerSecond)} once warm: after the first two batches)` : ''));
-  if (stops.signal !== null) log(`${stops.signal}: stopped after shard ${m.shards.length}; rerun the same command to continue`);
+  if (signal !== null) log(`${signal}: stopped with ${m.shards.length} of ${nShards} shards listed; rerun the same command to continue`);
   return summary;
 }
 

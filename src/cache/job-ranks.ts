@@ -45,10 +45,13 @@ export function checkSameInputs(comm: Communicator, rank0: CacheIdentity, mine: 
   if (comm.world === 1) return;
   const diffs = identityDifferences(rank0, mine);
   if (rank0.windows !== mine.windows) diffs.push(`windows: ${rank0.windows} vs ${mine.windows}`);
-  const [n] = comm.allReduceHost([diffs.length ? 1 : 0]);
+  const flags = new Float64Array(comm.world);
+  flags[comm.rank] = diffs.length ? 1 : 0;
+  const odd = [...comm.allReduceHost(flags)].flatMap((f, r) => (f > 0 ? [r] : []));
   const hint = 'every rank must be started with the same options and read the same teacher and data files (on several hosts: the same paths on a shared file system)';
-  if (diffs.length) throw new DistilleryError(`rank ${comm.rank}: the job's inputs differ from rank 0's (${diffs.join('; ')})`, hint);
-  if (n! > 0) throw new DistilleryError(`rank ${comm.rank}: ${n} rank(s) read other inputs than rank 0`, hint);
+  // the odd rank's refusal is an input error (exit 2), so a launcher shows it beside rank 0's (exit 1)
+  if (diffs.length) throw new InputError(`rank ${comm.rank}: the job's inputs differ from rank 0's (${diffs.join('; ')})`, hint);
+  if (odd.length) throw new DistilleryError(`rank ${comm.rank}: rank${odd.length > 1 ? 's' : ''} ${odd.join(', ')} read other inputs than rank 0 (${odd.length > 1 ? 'their errors name' : 'its error names'} what differs)`, hint);
 }
 
 /** A rank's share of the job's figures. */
