@@ -8,6 +8,9 @@
  * rest. Sample draws are a hash of (seed, window, position, draw), so a continued cache equals an uninterrupted one.
  * A rerun with other parameters (another teacher, data, seq, temperature, representation, ...) is refused with what
  * differs, unless --overwrite.
+ *
+ * Several processes (--gpus N, or torchrun's variables) share the shards left: rank 0 owns the folder and the manifest
+ * and decides (src/cache/job-ranks.ts), the others note their shards beside them (src/cache/ledger.ts).
  */
 import { weightsHash } from '../model/weights-hash.js';
 import { parameterLayout } from '../model/params.js';
@@ -94,7 +97,7 @@ export interface CacheJobSummary {
   steadyTokensPerSecond: number | null;
   complete: boolean;
   signal: 'SIGINT' | 'SIGTERM' | null;
-  /** Processes of the job (teacher-cache --gpus N); the rates are the sums over them. */
+  /** Processes of the job (teacher-cache --gpus N); the rates are every rank's tokens over the slowest rank's time. */
   ranks: number;
 }
 
