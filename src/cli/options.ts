@@ -69,7 +69,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('gradAccum', 'integer', 'micro-batches per optimizer step (gradient accumulation)', { check: positiveInt }),
   spec('lr', 'number', 'peak learning rate', { check: positive }),
   spec('minLrRatio', 'number', 'final learning rate as a fraction of --lr (cosine decay)', { check: unitClosed }),
-  spec('warmup', 'integer', 'linear warm-up steps (must be < --steps)', { check: nonNegInt }),
+  spec('warmup', 'integer', 'linear warm-up steps (must be < --steps; unset, a tenth of --steps when the default is not below it)', { check: nonNegInt }),
   spec('weightDecay', 'number', 'AdamW weight decay', { check: nonNeg }),
   spec('beta1', 'number', 'AdamW beta1', { check: unitHalfOpen }),
   spec('beta2', 'number', 'AdamW beta2', { check: unitHalfOpen }),
@@ -264,7 +264,11 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   }
 
   // Cross-field checks.
-  const steps = merged.steps as number, warmup = merged.warmup as number;
+  const steps = merged.steps as number;
+  // The default warm-up (20 steps) would be the whole of a short run: left unset, it shrinks to a tenth of --steps
+  // (a quick `--steps 10` runs instead of failing). A warm-up the user set is checked as given.
+  if (!label.has('warmup') && (merged.warmup as number) >= steps) merged.warmup = Math.floor(steps / 10);
+  const warmup = merged.warmup as number;
   if (warmup >= steps) {
     throw new UsageError(`${labelOf('warmup')} (${warmup}) must be less than ${labelOf('steps')} (${steps})`,
       `lower ${labelOf('warmup')} (e.g. ${Math.floor(steps / 10)}) or raise ${labelOf('steps')}`);

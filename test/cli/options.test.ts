@@ -150,8 +150,13 @@ test('ranges: each error names the flag and the value', () => {
   }
 });
 
-test('warmup must be below steps, naming both settings', () => {
-  usageError(() => resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '10']), /^--warmup \(20\) must be less than --steps \(10\)$/, /lower --warmup/);
+test('warmup must be below steps, naming both settings; the default shrinks to a tenth of a short run', () => {
+  usageError(() => resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '10', '--warmup', '20']), /^--warmup \(20\) must be less than --steps \(10\)$/, /lower --warmup/);
+  // left unset: the default 20 is kept below it and shrinks to floor(steps / 10) at 20 steps or fewer
+  assert.equal(resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '10']).options.warmup, 1);
+  assert.equal(resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '20']).options.warmup, 2);
+  assert.equal(resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '5']).options.warmup, 0);
+  assert.equal(resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '21']).options.warmup, 20);
   usageError(() => resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '10'], { file: 'c.yaml', values: { warmup: 10 } }),
     /^warmup in c\.yaml \(10\) must be less than --steps \(10\)$/);
   assert.equal(resolve('train', ['--out', 'o', '--data', 'a.txt', '--steps', '10', '--warmup', '9']).options.warmup, 9);
