@@ -6,7 +6,8 @@
  * - 'trace': no GPU, no libraries. alloc returns fake handles, each op records the KernelSpec it would launch
  *   (through the same `launch()` call a device run makes), downloads return zeros and sumSquares returns 0.
  * So the set a trace records IS the set a device run asks the cache for (see plan.ts). That is what makes the
- * pre-warm complete by construction.
+ * pre-warm complete by construction. The attention backward's choices (kernels, GQA split, chunks, scratch) are one
+ * pure function of the call and the backend's scratch sizes (attention-plan.ts), which both modes issue.
  *
  * Mixed precision (see backend.ts): every kernel bakes the dtype of each float operand that may be either (f32 | bf16),
  * taken from the buffers at the call, so a bf16 call launches (and a trace plans) its own kernel; compute is float32 and
@@ -55,14 +56,8 @@ import {
 } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
-import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, SMEM_DEFAULT, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached,
-  attentionDkvReduce, attentionForward, attnTile, kvCacheWrite,
-} from './kernels/attention.js';
-import {
-  FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16,
-  attentionBackwardDqDsBf16, attentionForwardBf16, bf16MmaHeadDim, dqDsSmem, dsScratchElems, faSmem,
-} from './kernels/attention-bf16.js';
+import { SMEM_DEFAULT, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, copyColumnsKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
@@ -77,41 +72,20 @@ import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type Graph
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
 import type { WaitGuard } from './bounded-wait.js';
 
-/** Block sizes (baked into the specs; changing one changes the key, never silently reuses a kernel). */
-export const ELEM_BLOCK = 256;
-/** Threads per block of embedding_bwd (one block per token row; each thread keeps ceil(c / this) columns). */
-export const EMB_BWD_BLOCK = 256;
-export const ROW_BLOCK = 256;
-export const ATTN_BLOCK = 128;
-export const LOSS_BLOCK = 512;
+import { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK } from './block-sizes.js';
+import {
+  DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, attentionScratchSizes, bf16MmaOperands,
+  maxScratch, planAttentionBackward, simtAttentionTile, type AttentionBackwardImpl, type AttentionScratch,
+} from './attention-plan.js';
+
+// Moved to block-sizes.ts and attention-plan.ts; exported here too for the modules and tests that import them from the backend.
+export { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK };
+export {
+  DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, DKV_SPLIT_BELOW_BLOCKS, MAX_ATTN_DKV_FLOATS,
+  MAX_ATTN_DS_ELEMS, attentionFor, attentionScratchSizes, maxScratch, type AttentionBackwardImpl, type AttentionScratch,
+} from './attention-plan.js';
 /** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
-/**
- * Attention backward's D = rowsum(dout ∘ out) (one float per batch·head·query row, 16 MiB: one batch of 32 heads ×
- * 131072 positions); larger batches run in chunks.
- */
-export const DEFAULT_ATTN_DSUM = 1 << 22;
-/**
- * Attention backward's dK/dV partials (two floats per batch·query head·position·head dim): with room for at least
- * one batch, attention_bwd_dkv splits each kv head's query-head group over blocks and attention_dkv_reduce sums the
- * splits in order; without room it runs unsplit (one block per key tile and kv head). Larger batches run in chunks.
- * prepare() resizes both scratches to what the traced run needs (the D scratch down, the partials up to
- * MAX_ATTN_DKV_FLOATS), unless the backend was given explicit sizes: the 8 × 1024 batch of a 14-head, head-dim-64
- * student (Qwen2.5-0.5B) needs 14.7 Mi floats of partials; with 4 Mi its backward ran in 4 chunks of 2 sequences, each
- * too small to fill an H100 (732 µs per layer against 511 µs in one launch, measured).
- */
-export const DEFAULT_ATTN_DKV_FLOATS = 1 << 22;
-/** The most floats prepare() gives the dK/dV partials when the traced run needs more than the default (larger runs chunk). */
-export const MAX_ATTN_DKV_FLOATS = 1 << 25;
-/**
- * The stored-dS attention backward's scratch (bf16 elements, dsScratchElems: the causal triangle of 64 × 64 dS tiles of
- * every batch · query head): 32 MiB until prepare() sizes it to the traced run's need, at most MAX_ATTN_DS_ELEMS
- * (256 MiB: the 8 × 1024 batch of a 14-head student needs 119 MiB); larger batches run in chunks, and where one
- * sequence's triangle does not fit (past 4,288 positions at 14 heads) the backward recomputes S and dP instead. A
- * backend that never runs an attention backward keeps the 32 MiB (as it keeps the D and dK/dV scratch defaults).
- */
-export const DEFAULT_ATTN_DS_ELEMS = 1 << 24;
-export const MAX_ATTN_DS_ELEMS = 1 << 27;
 /** Column-reduction partials (the norms' backward, bias_grad → col_reduce): R row chunks (blocks) × C columns. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
@@ -123,15 +97,6 @@ export const ROWS_NORM_MAX_BLOCKS = 1024;
  * of the rows (16 at 8 × 1024 tokens) and leaves one row of weight-gradient partials, so col_reduce sums this many.
  */
 export const NORM_BWD_MAX_BLOCKS = 512;
-/**
- * The bf16 tensor-core attention backward splits each kv head's query-head group over blocks (attention_dkv_reduce sums
- * the splits) only when the unsplit dK/dV grid, 64-key tiles × kv heads × batch, has fewer blocks than this: on an H100
- * at 8 × 1024 the split is worth it for 2 kv heads (256 blocks: 410 against 461 µs unsplit at 14/2 heads, hd 64) and
- * costs for 8 (1024 blocks: 885 against 822 µs at 16/8, hd 128; session 17, docs/measurements). Unsplit, a block sums
- * its group's heads in registers and scales once, split the reduction adds scaled per-head partials: dk and dv round
- * differently between the two (both deterministic). The SIMT kernels split whenever the group has several heads.
- */
-export const DKV_SPLIT_BELOW_BLOCKS = 512;
 export const COLSUM_MIN_ROWS = 16;
 /** cuBLAS workspace, preallocated (cuBLAS recommends 32 MiB on Hopper). */
 export const DEFAULT_CUBLAS_WORKSPACE = 32 * 1024 * 1024;
@@ -202,44 +167,6 @@ export interface TraceOptions {
   attnDsumFloats?: number;
   attnDkvFloats?: number;
   attnDsElems?: number;
-}
-
-/**
- * The bf16 tensor-core attention backward. 'stored-ds': D = rowsum(dout ∘ out) first (attention_bwd_pre), then the
- * dK/dV kernel writes every dSᵀ tile it computes to a bf16 scratch (attention_bwd_dkv_ds_bf16) and the dQ kernel forms
- * dQ = scale·dS·K from it (attention_bwd_dq_ds_bf16): S and dP once per (query tile, key tile) pair, five products
- * against seven; where one sequence's dS triangle does not fit the scratch it falls back to 'recompute'. 'recompute':
- * the dQ kernel (which also writes D) and the dK/dV kernel each compute S and dP. Both deterministic and atomic-free.
- */
-export type AttentionBackwardImpl = 'stored-ds' | 'recompute';
-/** The default attention backward (measured faster at the 8 × 1024 student and teacher shapes on an H100, session 20). */
-export const DEFAULT_ATTN_BACKWARD: AttentionBackwardImpl = 'stored-ds';
-
-/** The attention backward's scratch: D floats, dK/dV partial floats, dS bf16 elements. */
-export interface AttentionScratch { dsum: number; dkv: number; ds: number }
-
-/**
- * The attention backward's scratch sizes for a run whose traced calls needed `need` (D for every batch · head ·
- * position, dK/dV partials and dS tiles for the whole batch): the D scratch down to the need (at most
- * DEFAULT_ATTN_DSUM), the partials and the dS scratch to it (at most MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS; beyond
- * that the batch runs in chunks). null: the run has no attention backward (the defaults stay). The one rule prepare()
- * applies and planKernels plans with.
- */
-export function attentionScratchSizes(need: AttentionScratch): AttentionScratch | null {
-  if (need.dsum === 0) return null;
-  return {
-    dsum: Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv: Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS),
-    ds: Math.min(Math.max(need.ds, 1), MAX_ATTN_DS_ELEMS),
-  };
-}
-
-/**
- * The training attention forward a device backend runs by default: --tf32 already trades ~1e-3 relative error for
- * tensor cores in the GEMMs, so the attention forward follows it ('mma'); else fp32 'simt'. createCudaBackend and
- * --dry-run both use this rule, so the dry run plans exactly what the run pre-warms.
- */
-export function attentionFor(tf32: boolean): 'simt' | 'mma' {
-  return tf32 ? 'mma' : 'simt';
 }
 
 export class CudaBackend implements Backend {
@@ -1051,15 +978,6 @@ export class CudaBackend implements Backend {
     if (nKv <= 0 || nHeads % nKv !== 0) throw new DistilleryError(`attention: ${nHeads} heads are not a multiple of ${nKv} KV heads`);
   }
 
-  /** The tile of a training attention kernel (attnTile), or a DistilleryError for a head dim beyond the kernels. */
-  private tile(kind: 'fwd' | 'dq' | 'dkv', hd: number): { tq: number; smem: number } {
-    const t = hd <= MAX_TRAIN_HEAD_DIM ? attnTile(kind, hd, ATTN_BLOCK) : null;
-    if (!t) {
-      throw new DistilleryError(`attention: head dimension ${hd} is above the CUDA training kernels' limit of ${MAX_TRAIN_HEAD_DIM}`, 'use --device cpu');
-    }
-    return t;
-  }
-
   attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
     this.checkHeads(nHeads, nKv);
     this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
@@ -1069,7 +987,7 @@ export class CudaBackend implements Backend {
     if (b * t <= 0) return;
     const args = [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)];
     // bf16 q, k, v: tensor cores (bf16 mma, fp32 accumulation) wherever the head dim fits, whatever `attention` says.
-    if (this.bf16Mma(hd, q, k, v)) {
+    if (bf16MmaOperands(hd, [q.dtype, k.dtype, v.dtype])) {
       this.aligned16('attentionForward', q, k, v);
       this.launch(attentionForwardBf16.make({ headDim: hd, out: out.dtype }), [Math.ceil(t / FA_QUERY_TILE), nHeads, b], FA_THREADS,
         args, faSmem('fwd', hd));
@@ -1079,14 +997,9 @@ export class CudaBackend implements Backend {
       this.launch(attentionForwardMma.make({ headDim: hd }), [Math.ceil(t / MMA_QUERY_TILE), nHeads, b], 128, args, mmaForwardSmem(hd));
       return;
     }
-    const tl = this.tile('fwd', hd);
+    const tl = simtAttentionTile('fwd', hd);
     this.launch(attentionForward.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
       [Math.ceil(t / tl.tq), nHeads, b], ATTN_BLOCK, args, tl.smem);
-  }
-
-  /** Whether the bf16 tensor-core attention kernels run for these operands: all bf16 and a head dim they take. */
-  private bf16Mma(hd: number, ...xs: Buf[]): boolean {
-    return bf16MmaHeadDim(hd) && xs.every((x) => x.dtype === 'bf16');
   }
 
   /** The tensor-core kernels stage rows with 16-byte loads: their bf16 operands must start 16-byte aligned. */
@@ -1107,53 +1020,15 @@ export class CudaBackend implements Backend {
     this.need(lse, b * nHeads * t, 'attentionBackward');
     this.f32Only('attentionBackward', [['lse', lse]]);
     if (b * t <= 0) return;
-    // bf16 q, k, v and dout: the tensor-core dQ and dK/dV kernels; else the SIMT ones (any operand dtypes).
-    const mma = this.bf16Mma(hd, q, k, v, dout);
+    // The kernels, split, chunks and scratch: attention-plan.ts (a pure function of the call and this backend).
+    const plan = planAttentionBackward(
+      { b, t, nHeads, nKv, hd, accumulate, dtypes: { dq: dq.dtype, dk: dk.dtype, dv: dv.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype, out: out.dtype } },
+      { impl: this.attnBwd, dsumFloats: this.dsumFloats, dkvFloats: this.dkvFloats, dsElems: this.dsElems },
+    );
+    maxScratch(this.scratchNeed, plan.need);
+    const { mma, S, bPer, storedDs, pre: fpre, dq: fq, dkv: fkv, reduce: fred } = plan;
     if (mma) this.aligned16('attentionBackward', q, k, v, dout, out);
-    const tq = mma ? null : this.tile('dq', hd), tkv = mma ? null : this.tile('dkv', hd);
-    // Overwriting: the tensor-core kernels and the reduction store instead of adding (each element has one writer);
-    // the SIMT kernels always add, so their outputs are zeroed first.
-    if (!accumulate && !mma) { this.zero(this.view(dq, 0, b * t * nHeads * hd)); this.zero(this.view(dk, 0, b * t * nKv * hd)); this.zero(this.view(dv, 0, b * t * nKv * hd)); }
-    const store = !accumulate && mma;
-    // Deterministic, atomic-free: D = rowsum(dout ∘ out) into the backend's scratch, dq per query tile, dk/dv per
-    // key tile (split over the GQA group with a fixed-order reduction when the partials fit). The D scratch holds
-    // bPer batches; larger batches run in chunks over views.
-    const perBatch = nHeads * t;
-    // (the bound is the tensor-core kernels', measured; the SIMT kernels split whenever the group has several heads)
-    const splits = nHeads > nKv && (!mma || Math.ceil(t / FA_KEY_TILE) * nKv * b < DKV_SPLIT_BELOW_BLOCKS);
-    this.scratchNeed.dsum = Math.max(this.scratchNeed.dsum, perBatch * b);
-    if (splits) this.scratchNeed.dkv = Math.max(this.scratchNeed.dkv, 2 * nHeads * t * hd * b);
-    let bPer = Math.min(b, Math.floor(this.dsumFloats / perBatch));
-    if (bPer < 1) {
-      throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${this.dsumFloats}-float scratch`,
-        'use a shorter sequence');
-    }
-    // Split each kv head's query-head group over S = G blocks when the unsplit grid is too small to fill the GPU and one
-    // batch's dK/dV partials fit (S fixed by the shape alone, so the plan and the run agree).
-    const G = nHeads / nKv;
-    const dkvFit = Math.floor(this.dkvFloats / (2 * nHeads * t * hd));
-    const S = splits && dkvFit >= 1 ? G : 1;
-    if (S > 1) bPer = Math.min(bPer, dkvFit);
-    // The stored-dS backward where one sequence's dS triangle fits the scratch (AttentionBackwardImpl), in chunks of
-    // whole sequences; else the dQ and dK/dV kernels each recompute S and dP.
-    const dsPer = dsScratchElems(1, nHeads, t), wantsDs = mma && this.attnBwd === 'stored-ds';
-    if (wantsDs) this.scratchNeed.ds = Math.max(this.scratchNeed.ds, dsPer * b);
-    const storedDs = wantsDs && this.dsElems >= dsPer;
-    if (storedDs) bPer = Math.min(bPer, Math.floor(this.dsElems / dsPer));
-    const fpre = mma && !storedDs ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: dout.dtype, out: out.dtype });
-    const fred = attentionDkvReduce.make({ block: ELEM_BLOCK, dk: dk.dtype, dv: dv.dtype, accumulate: !store });
-    const [fq, qGrid, qBlock, qSmem] = storedDs
-      ? [attentionBackwardDqDsBf16.make({ headDim: hd, dq: dq.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, dqDsSmem(hd)]
-      : mma
-        ? [attentionBackwardDqBf16.make({ headDim: hd, dq: dq.dtype, out: out.dtype, accumulate: !store }), Math.ceil(t / FA_QUERY_TILE), FA_THREADS, faSmem('dq', hd)]
-        : [attentionBackward.make({ headDim: hd, block: ATTN_BLOCK, dq: dq.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype }),
-          Math.ceil(t / tq!.tq), ATTN_BLOCK, tq!.smem];
-    const [fkv, kvGrid, kvBlock, kvSmem] = mma
-      ? [(storedDs ? attentionBackwardDkvDsBf16 : attentionBackwardDkvBf16).make({ headDim: hd, dk: dk.dtype, dv: dv.dtype, accumulate: !store }),
-        Math.ceil(t / FA_KEY_TILE), FA_THREADS, faSmem('dkv', hd)]
-      : [attentionBackwardKv.make({
-        headDim: hd, block: ATTN_BLOCK, dk: dk.dtype, dv: dv.dtype, dout: dout.dtype, q: q.dtype, k: k.dtype, v: v.dtype,
-      }), Math.ceil(t / ATTN_KEY_TILE), ATTN_BLOCK, tkv!.smem];
+    if (plan.zeroFirst) { this.zero(this.view(dq, 0, b * t * nHeads * hd)); this.zero(this.view(dk, 0, b * t * nKv * hd)); this.zero(this.view(dv, 0, b * t * nKv * hd)); }
     const qn = t * nHeads * hd, kn = t * nKv * hd, ln = nHeads * t;
     for (let b0 = 0; b0 < b; b0 += bPer) {
       const bc = Math.min(bPer, b - b0);
@@ -1165,15 +1040,15 @@ export class CudaBackend implements Backend {
         this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
       }
-      const launchDq = (): void => this.launch(fq, [qGrid, nHeads, bc], qBlock, storedDs
+      const launchDq = (): void => this.launch(fq.spec, [fq.gridX, nHeads, bc], fq.block, storedDs
         ? [P(vw(dq, qn)), P(this.dsTiles), P(vw(k, kn)), I(t), I(nHeads), I(nKv)]
         : [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), ...(mma ? [P(vw(out, qn))] : []), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)),
-          I(t), I(nHeads), I(nKv)], qSmem);
+          I(t), I(nHeads), I(nKv)], fq.smem);
       if (!storedDs) launchDq();
-      this.launch(fkv, [kvGrid, nKv * S, bc], kvBlock,
+      this.launch(fkv.spec, [fkv.gridX, nKv * S, bc], fkv.block,
         [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), ...(storedDs ? [P(this.dsTiles)] : []), P(this.dsum), P(vw(lse, ln)),
-          P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], kvSmem);
-      if (S > 1) {
+          P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], fkv.smem);
+      if (fred) {
         // (four head dims a thread where hd is a multiple of 4: attention_dkv_reduce)
         this.launch(fred, [blocksFor(hd % 4 === 0 ? bc * kn / 4 : bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(vw(dk, kn)), P(vw(dv, kn)), P(this.dkvPart), L(bc * kn), I(t), I(nKv), I(S), I(hd)]);
@@ -1377,11 +1252,6 @@ export class CudaBackend implements Backend {
 }
 
 function koffiAddress(b: Buffer): bigint { return koffi.address(b); }
-
-/** Raises each of `into`'s scratch needs to `from`'s where that is larger. */
-export function maxScratch(into: AttentionScratch, from: Readonly<AttentionScratch>): void {
-  into.dsum = Math.max(into.dsum, from.dsum); into.dkv = Math.max(into.dkv, from.dkv); into.ds = Math.max(into.ds, from.ds);
-}
 
 /** Ops in segment k of a captured region: 32, 64, 128, 256, then 512 each. */
 export function segmentOps(k: number): number { return Math.min(512, 32 << Math.min(k, 4)); }

@@ -1,0 +1,10 @@
+/**
+ * Threads per block of the CUDA backend's kernels. Each is baked into the specs that take it (a `block` parameter):
+ * changing one changes those kernels' source and so their cache keys, never silently reuses a kernel.
+ */
+export const ELEM_BLOCK = 256;
+/** Threads per block of embedding_bwd (one block per token row; each thread keeps ceil(c / this) columns). */
+export const EMB_BWD_BLOCK = 256;
+export const ROW_BLOCK = 256;
+export const ATTN_BLOCK = 128;
+export const LOSS_BLOCK = 512;
