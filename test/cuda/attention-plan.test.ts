@@ -30,6 +30,7 @@ test('the 0.5B student at 8 x 1024 (14/2 heads, hd 64, bf16): stored dS, dK/dV s
   assert.ok(16 * 2 * 8 < DKV_SPLIT_BELOW_BLOCKS);
   assert.equal(p.bPer, 8);
   assert.equal(p.pre?.family, 'attention_bwd_pre');
+  assert.equal(p.preRowsPerWarp, 4, 'bf16 rows of 64: 8 lanes a row, 4 rows a warp');
   assert.equal(p.reduce?.family, 'attention_dkv_reduce');
   assert.equal(p.dkv.spec.family, 'attention_bwd_dkv_ds_bf16');
   assert.equal(p.dq.spec.family, 'attention_bwd_dq_ds_bf16');
@@ -80,6 +81,7 @@ test('f32 operands or a head dim the tensor cores do not take: the SIMT kernels,
   assert.equal(f.S, 2, 'even at 1024 blocks: the bound is the tensor-core kernels\'');
   assert.equal(f.storedDs, false);
   assert.equal(f.pre?.family, 'attention_bwd_pre');
+  assert.equal(f.preRowsPerWarp, 1, 'f32 operands: a warp a row');
   assert.equal(f.dq.spec.family, 'attention_bwd');
   assert.equal(f.dkv.spec.family, 'attention_bwd_dkv');
   const odd = planAttentionBackward(call(2, 64, 4, 4, 40), roomy);

@@ -11,7 +11,7 @@ import type { DType } from '../backend.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelSpec } from './kernels/spec.js';
 import {
-  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionDkvReduce, attnTile,
+  ATTN_KEY_TILE, MAX_TRAIN_HEAD_DIM, attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionDkvReduce, attnPreRowsPerWarp, attnTile,
 } from './kernels/attention.js';
 import {
   FA_KEY_TILE, FA_QUERY_TILE, FA_THREADS, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16,
@@ -139,8 +139,10 @@ export interface AttentionBackwardPlan {
   bPer: number;
   /** The stored-dS backward: dK/dV first (writing the dS tiles), dQ from them after. */
   storedDs: boolean;
-  /** D = rowsum(dout ∘ out) in a pass of its own (grid over rows), or null where the recomputing dQ kernel writes it. */
+  /** D = rowsum(dout ∘ out) in a pass of its own, or null where the recomputing dQ kernel writes it. */
   pre: KernelSpec | null;
+  /** Rows a warp of `pre` takes (attnPreRowsPerWarp): its grid is blocksFor(ceil(rows / this)·32, ELEM_BLOCK). */
+  preRowsPerWarp: number;
   dq: PlannedKernel;
   dkv: PlannedKernel;
   /** attention_dkv_reduce (S > 1), or null. */
@@ -184,7 +186,8 @@ export function planAttentionBackward(call: AttentionBackwardCall, be: Attention
   // and dK/dV kernels each recompute S and dP.
   const storedDs = wantsDs && be.dsElems >= dsPer;
   if (storedDs) bPer = Math.min(bPer, Math.floor(be.dsElems / dsPer));
-  const pre = mma && !storedDs ? null : attentionBackwardPre.make({ headDim: hd, block: ELEM_BLOCK, dout: d.dout, out: d.out });
+  const preP = { headDim: hd, block: ELEM_BLOCK, dout: d.dout, out: d.out };
+  const pre = mma && !storedDs ? null : attentionBackwardPre.make(preP);
   const reduce = S > 1 ? attentionDkvReduce.make({ block: ELEM_BLOCK, dk: d.dk, dv: d.dv, accumulate: !store }) : null;
   const dq: PlannedKernel = storedDs
     ? { spec: attentionBackwardDqDsBf16.make({ headDim: hd, dq: d.dq, accumulate: !store }), gridX: Math.ceil(t / FA_QUERY_TILE), block: FA_THREADS, smem: dqDsSmem(hd) }
@@ -203,5 +206,5 @@ export function planAttentionBackward(call: AttentionBackwardCall, be: Attention
       spec: attentionBackwardKv.make({ headDim: hd, block: ATTN_BLOCK, dk: d.dk, dv: d.dv, dout: d.dout, q: d.q, k: d.k, v: d.v }),
       gridX: Math.ceil(t / ATTN_KEY_TILE), block: ATTN_BLOCK, smem: tkv!.smem,
     };
-  return { mma, zeroFirst: !accumulate && !mma, S, bPer, storedDs, pre, dq, dkv, reduce, need };
+  return { mma, zeroFirst: !accumulate && !mma, S, bPer, storedDs, pre, preRowsPerWarp: attnPreRowsPerWarp(preP), dq, dkv, reduce, need };
 }

@@ -1037,7 +1037,7 @@ export class CudaBackend implements Backend {
       // D: the recomputing tensor-core dQ kernel computes it for its rows (and writes it for dK/dV); the SIMT path and
       // the stored-dS path (dK/dV runs first) have a pass of their own
       if (fpre) {
-        this.launch(fpre, [blocksFor(rows * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+        this.launch(fpre, [blocksFor(Math.ceil(rows / plan.preRowsPerWarp) * 32, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
           [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
       }
       const launchDq = (): void => this.launch(fq.spec, [fq.gridX, nHeads, bc], fq.block, storedDs
