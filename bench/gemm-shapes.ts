@@ -15,7 +15,7 @@
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
-import { MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../src/backend/cuda/cuda-backend.js';
+import { MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../src/backend/cuda/attention-plan.js';
 import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';

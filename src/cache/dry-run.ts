@@ -76,7 +76,7 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean; wo
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
-    const { attentionFor } = await import('../backend/cuda/cuda-backend.js');
+    const { attentionFor } = await import('../backend/cuda/attention-plan.js');
     kernels = planKernels(jobClosures({ student: config, teacher: config, batch: o.batch, seq: o.seq, lossVocab, precision: prec.model, cacheTeacher: o.sparse, teacherFrozen: o.teacherDtype }),
       { attention: attentionFor(prec.tf32) }).map((s) => ({
       family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),

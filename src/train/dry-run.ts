@@ -105,7 +105,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');
-    const { attentionFor } = await import('../backend/cuda/cuda-backend.js');
+    const { attentionFor } = await import('../backend/cuda/attention-plan.js');
     // The attention forward the run's backend would launch (createCudaBackend's rule), so the plan is its pre-warm.
     kernels = planKernels(jobClosures(job), { attention: attentionFor(prec.tf32) }).map((s) => ({
       family: s.family, params: { ...s.params }, source_sha256: createHash('sha256').update(s.source()).digest('hex'),

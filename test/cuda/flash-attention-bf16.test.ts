@@ -26,7 +26,7 @@ import { CpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import type { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { bf16MmaHeadDim, dsScratchElems } from '../../src/backend/cuda/kernels/attention-bf16.js';
-import { DEFAULT_ATTN_DS_ELEMS } from '../../src/backend/cuda/cuda-backend.js';
+import { DEFAULT_ATTN_DS_ELEMS } from '../../src/backend/cuda/attention-plan.js';
 import { gpuOrSkip, randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { attentionBackwardRef, attentionRef } from '../backend/reference.js';

@@ -10,7 +10,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CudaBackend, DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DS_ELEMS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DS_ELEMS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../../src/backend/cuda/attention-plan.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { SMEM_DEFAULT, SMEM_OPT_IN } from '../../src/backend/cuda/kernels/attention.js';

@@ -15,7 +15,8 @@ import {
 import { attentionBackwardDkvBf16, attentionBackwardDqBf16, attentionForwardBf16, bf16MmaHeadDim } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import { MMA_KEY_TILE, MMA_QUERY_TILE, mmaForwardSmem } from '../../src/backend/cuda/kernels/attention-tf32.js';
 import type { KernelFamily, ParamRecord } from '../../src/backend/cuda/kernels/spec.js';
-import { ATTN_BLOCK, CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { ATTN_BLOCK } from '../../src/backend/cuda/block-sizes.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 import { Rng } from '../../src/util/rng.js';

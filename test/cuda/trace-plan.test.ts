@@ -5,7 +5,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CudaBackend, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DKV_SPLIT_BELOW_BLOCKS, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend, createTraceBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DKV_SPLIT_BELOW_BLOCKS } from '../../src/backend/cuda/attention-plan.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
@@ -114,7 +115,7 @@ test('--tf32 attention on tensor cores: prepare() plans what the backend launche
 
 test('prewarm() plans with the backend\'s attention choice: a tensor-core (--tf32) backend launches nothing unplanned', async () => {
   const { prewarm } = await import('../../src/backend/cuda/index.js');
-  const { attentionFor } = await import('../../src/backend/cuda/cuda-backend.js');
+  const { attentionFor } = await import('../../src/backend/cuda/attention-plan.js');
   assert.equal(attentionFor(true), 'mma');
   assert.equal(attentionFor(false), 'simt');
   for (const tf32 of [true, false]) {

@@ -29,7 +29,7 @@ import { StepRunner, type Batch } from '../../train/step.js';
 import { AdamW, type AdamWOptions } from '../../train/optimizer.js';
 import { DistilleryError, InputError } from '../../util/errors.js';
 import { planKernels } from './plan.js';
-import { attentionFor } from './cuda-backend.js';
+import { attentionFor } from './attention-plan.js';
 import { cacheKey, compileOptions, defaultCacheDir, fileKind, KernelCache, readEntryFile } from './kernel-cache.js';
 import { tryNvrtc, type KernelCompiler } from './ffi/nvrtc.js';
 import type { KernelSpec } from './kernels/spec.js';

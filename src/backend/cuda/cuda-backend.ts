@@ -78,12 +78,6 @@ import {
   maxScratch, planAttentionBackward, simtAttentionTile, type AttentionBackwardImpl, type AttentionScratch,
 } from './attention-plan.js';
 
-// Moved to block-sizes.ts and attention-plan.ts; exported here too for the modules and tests that import them from the backend.
-export { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK };
-export {
-  DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, DKV_SPLIT_BELOW_BLOCKS, MAX_ATTN_DKV_FLOATS,
-  MAX_ATTN_DS_ELEMS, attentionFor, attentionScratchSizes, maxScratch, type AttentionBackwardImpl, type AttentionScratch,
-} from './attention-plan.js';
 /** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
 /** Column-reduction partials (the norms' backward, bias_grad → col_reduce): R row chunks (blocks) × C columns. */

@@ -6,14 +6,16 @@
  * `prewarm(backend, runs)`: plan by tracing the closures, compile what is missing, seal.
  */
 import type { Backend } from '../backend.js';
-import { CudaBackend, attentionFor, type AttentionBackwardImpl } from './cuda-backend.js';
+import { CudaBackend } from './cuda-backend.js';
+import { attentionFor, type AttentionBackwardImpl } from './attention-plan.js';
 import { Cublas } from './ffi/cublas.js';
 import { CudaDriver } from './ffi/driver.js';
 import { requireLibraries, systemFinderEnv, type FinderEnv } from './ffi/libfind.js';
 import { Nvrtc } from './ffi/nvrtc.js';
 import { KernelCache } from './kernel-cache.js';
 
-export { CudaBackend, attentionFor, createTraceBackend } from './cuda-backend.js';
+export { CudaBackend, createTraceBackend } from './cuda-backend.js';
+export { attentionFor } from './attention-plan.js';
 export { KernelCache } from './kernel-cache.js';
 export { planKernels } from './plan.js';
 export { compileAll, representativeSpecs } from './compile-all.js';

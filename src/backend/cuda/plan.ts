@@ -11,7 +11,8 @@
  */
 import { createHash } from 'node:crypto';
 import type { Backend } from '../backend.js';
-import { CudaBackend, attentionScratchSizes, maxScratch, type AttentionScratch, type TraceOptions } from './cuda-backend.js';
+import { CudaBackend, type TraceOptions } from './cuda-backend.js';
+import { attentionScratchSizes, maxScratch, type AttentionScratch } from './attention-plan.js';
 import type { KernelSpec } from './kernels/spec.js';
 
 export interface PlanOptions extends TraceOptions {
