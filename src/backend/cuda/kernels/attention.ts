@@ -28,7 +28,7 @@
  * fits) are in attention-bf16.ts; the experimental TF32 tensor-core forward in attention-tf32.ts. Both paths share
  * attention_dkv_reduce (below) and the D scratch layout. The KV-cache write and cached (inference) attention are below too.
  */
-import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
+import { BLOCK_DOMAIN, DTYPE_DOMAIN, LD8_HELPERS, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
 type AttnP = { headDim: number; block: number };
 /** An operand dtype ('f32' | 'bf16'): baked, so it is in the source and the cache key. */
@@ -262,26 +262,26 @@ export const attentionBackwardPre = defineFamily<AttnP & { dout: Dt; out: Dt }>(
       const long long r = r0 + slot;
       float s = 0.0f;
       if (r < rows) {
-        const uint4 a = *(const uint4*)(dout + r * HD + 8 * sub), c = *(const uint4*)(out + r * HD + 8 * sub);
-        const unsigned wa[4] = { a.x, a.y, a.z, a.w }, wc[4] = { c.x, c.y, c.z, c.w };
+        float a[8], c[8];
+        ld8(dout + r * HD, sub, a);
+        ld8(out + r * HD, sub, c);
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          s += __uint_as_float(wa[e] << 16) * __uint_as_float(wc[e] << 16);
-          s += __uint_as_float(wa[e] & 0xffff0000u) * __uint_as_float(wc[e] & 0xffff0000u);
-        }
+        for (int e = 0; e < 8; e++) s += a[e] * c[e];
       }
       /* r0 is the same for the warp's lanes, so every lane reaches the shuffles */
 #pragma unroll
       for (int o = ${32 / rpw / 2}; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (sub == 0 && r < rows) {
-        const int h = (int)(r % nH);
-        const long long bt = r / nH;
-        dsum[((bt / T) * nH + h) * T + (int)(bt % T)] = s;
-      }
+      if (sub == 0 && r < rows) dsum[dsumIndex(r, T, nH)] = s;
     }
     return;
   }`;
-    return `${prelude(p)}
+    return `${prelude(p)}${rpw === 1 ? '' : LD8_HELPERS}
+/* the D scratch's slot [b][h][t] of row r, whose rows are (b, t, h) in order */
+__device__ __forceinline__ long long dsumIndex(long long r, int T, int nH) {
+  const int h = (int)(r % nH);
+  const long long bt = r / nH;
+  return ((bt / T) * nH + h) * T + (int)(bt % T);
+}
 extern "C" __global__ void attention_bwd_pre(float* dsum, const ${ctype(p.dout)}* dout, const ${ctype(p.out)}* out, long long rows,
                                              int T, int nH) {
   const int lane = threadIdx.x & 31;${vec}
@@ -291,13 +291,7 @@ extern "C" __global__ void attention_bwd_pre(float* dsum, const ${ctype(p.dout)}
     float s = 0.0f;
     for (int d = lane; d < HD; d += 32) s += ldf(dout, r * HD + d) * ldf(out, r * HD + d);
     s = warpSum(s);
-    if (lane == 0) {
-      const int h = (int)(r % nH);
-      const long long bt = r / nH;
-      const int i = (int)(bt % T);
-      const long long b = bt / T;
-      dsum[(b * nH + h) * T + i] = s;
-    }
+    if (lane == 0) dsum[dsumIndex(r, T, nH)] = s;
   }
 }
 `;

@@ -19,7 +19,7 @@
  * stats row: [loss, CE, DIV, agree]; a padding row (y = -1, weight 0) gets zero stats and a zero gradient.
  * Same math as the CPU backend (src/backend/cpu/kernels/loss.ts), there in float64.
  */
-import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
+import { LD8_HELPERS, BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
 
 export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
@@ -51,17 +51,7 @@ __device__ __forceinline__ void st8(float* p, int j, const float* v) {
 __device__ __forceinline__ void st8(bf16* p, int j, const float* v) {
   *(uint4*)(p + j) = make_uint4(pack2(v[0], v[1]), pack2(v[2], v[3]), pack2(v[4], v[5]), pack2(v[6], v[7]));
 }
-__device__ __forceinline__ void ld8(const float* p, int j8, float* o) {
-  const float4 a = ((const float4*)p)[2 * j8], b = ((const float4*)p)[2 * j8 + 1];
-  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
-}
-__device__ __forceinline__ void ld8(const bf16* p, int j8, float* o) {
-  const uint4 u = ((const uint4*)p)[j8];
-  const unsigned w[4] = { u.x, u.y, u.z, u.w };
-#pragma unroll
-  for (int e = 0; e < 4; e++) { o[2 * e] = __uint_as_float(w[e] << 16); o[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u); }
-}
-template <bool HAS_T, typename TZ, typename TT, typename F>
+${LD8_HELPERS}template <bool HAS_T, typename TZ, typename TT, typename F>
 __device__ __forceinline__ void forRow(const TZ* z, const TT* zt, int V, bool vec, F f) {
   const int V8 = vec ? V >> 3 : 0;
   for (int j8 = threadIdx.x; j8 < V8; j8 += BLOCK) {

@@ -251,3 +251,20 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 }
 `;
 }
+
+/**
+ * ld8(p, j8, o): the 8 consecutive elements [8·j8, 8·j8 + 8) of a float or bf16 array as floats, with 16-byte loads (p
+ * 16-byte aligned). For row kernels that read whole rows a vector at a time (the loss kernels' ROW_HELPERS,
+ * attention_bwd_pre); after dtypeHelpers().
+ */
+export const LD8_HELPERS = `__device__ __forceinline__ void ld8(const float* p, int j8, float* o) {
+  const float4 a = ((const float4*)p)[2 * j8], b = ((const float4*)p)[2 * j8 + 1];
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+__device__ __forceinline__ void ld8(const bf16* p, int j8, float* o) {
+  const uint4 u = ((const uint4*)p)[j8];
+  const unsigned w[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+  for (int e = 0; e < 4; e++) { o[2 * e] = __uint_as_float(w[e] << 16); o[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u); }
+}
+`;
