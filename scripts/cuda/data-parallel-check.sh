@@ -8,8 +8,9 @@
 # stop, the last checkpoint, and --resume finishing the run; (5) "hang": rank 1 issues no gradient bucket from one on
 # (or any other device collective after it: DISTILLERY_TEST_SKIP_REDUCE_FROM, src/parallel/nccl.ts): rank 0's GPU wait must stop within DISTILLERY_NCCL_TIMEOUT_S
 # with its sentence and the launcher end; (6) "signal": SIGTERM to the launcher mid-run: exit 143, a checkpoint at the
-# last step, and --resume to the end. "big" runs the N-GPU job twice: the buckets overlapping the backward (default)
-# and after it (DISTILLERY_GRAD_OVERLAP=0). PARTS (default "small big peer curve kill hang signal") picks parts
+# last step, and --resume to the end; (7) "init-hang": rank 1 blocks before NCCL's setup (DISTILLERY_TEST_NCCL_INIT_DELAY_S):
+# rank 0's ncclCommInitRank must stop within DISTILLERY_NCCL_TIMEOUT_S with its sentence, the rank exit, and the launcher end. "big" runs the N-GPU job twice: the buckets overlapping the backward (default)
+# and after it (DISTILLERY_GRAD_OVERLAP=0). PARTS (default "small big peer curve kill hang signal init-hang") picks parts
 # ("peer": the torchrun peer alone).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Output: $OUT/data-parallel.txt. NCCL_NVLS_ENABLE=0 everywhere (the device README says why).
@@ -23,7 +24,7 @@ work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}
 STEPS=${STEPS:-12}
-PARTS=${PARTS:-small big peer curve kill hang signal}
+PARTS=${PARTS:-small big peer curve kill hang signal init-hang}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "== device: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1) x $NGPUS; node $(node --version)"
 small=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 8 --warmup 1
@@ -114,5 +115,14 @@ if has signal && [ "$NGPUS" -ge 2 ]; then
   DISTILLERY_NCCL=1 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/sig" --resume > "$work/sig-resume.log" 2>&1; rc=$?
   say "== --resume after SIGTERM: rc=$rc, last metrics: $(grep '"step"' "$work/sig/metrics.jsonl" | tail -1 | cut -c1-100)"
   [ "$rc" != 0 ] && tail -5 "$work/sig-resume.log" | tee -a "$txt"
+fi
+if has init-hang && [ "$NGPUS" -ge 2 ]; then
+  rm -rf "$work/init-hang"
+  t0=$(date +%s.%N)
+  DISTILLERY_STOP_GRACE_S=5 DISTILLERY_NCCL_TIMEOUT_S=10 DISTILLERY_TEST_NCCL_INIT_DELAY_S=1:600 \
+    timeout 120 node bin/distillery.js "${kjob[@]}" --gpus "$NGPUS" --out "$work/init-hang" > "$work/init-hang.log" 2>&1; rc=$?
+  t1=$(date +%s.%N)
+  say "== rank 1 blocks 600 s before ncclCommInitRank: launcher rc=$rc after $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s (NCCL timeout 10 s, grace 5 s; 124 = the 120 s guard)"
+  grep -iE 'rank|error|hint|did not finish' "$work/init-hang.log" | tail -6 | tee -a "$txt"
 fi
 say "== done"

@@ -15,10 +15,14 @@
  * leave the others blocked in cuStreamSynchronize. The communicator installs a WaitGuard on the backend
  * (bounded-wait.ts): each host wait for the GPU polls, asks ncclCommGetAsyncError every 100 ms, and after the
  * collective timeout (DISTILLERY_COMM_TIMEOUT_S, 300 s by default, as the host communicator's) calls ncclCommAbort
- * and stops the rank with one sentence; the launcher then stops the ranks that remain. Not bounded: a call into NCCL
- * that blocks on the host (the communicator is a blocking one: ncclCommInitRank, and the lazy connection setup inside
- * the first collectives' ncclGroupEnd) while a peer hangs right then; a non-blocking communicator (ncclConfig
- * blocking = 0, polling ncclInProgress) would bound those too.
+ * and stops the rank with one sentence; the launcher then stops the ranks that remain. The setup is bounded too
+ * (NcclComm.create): ncclCommInitRank runs under a watchdog thread (watchdog.ts) with the same timeout, and
+ * NCCL_RUNTIME_CONNECT=0 (unless set) makes it open every connection there rather than lazily inside the first
+ * collectives' ncclGroupEnd, where the host would block with no bound. A setup that does not finish in time ends the
+ * rank with one sentence and exit code 1 (the call cannot be cancelled, and it must run on the thread whose CUDA context
+ * names the GPU: koffi's async call on a worker thread gave NCCL device 0 on every rank, "invalid usage"). (A
+ * non-blocking communicator, ncclConfig blocking = 0, would make every later call return ncclInProgress to be polled,
+ * inside captured CUDA graphs too: not taken.)
  *
  * The default of a CUDA run of several ranks (ncclWanted: DISTILLERY_NCCL=0 moves the collectives through the host,
  * HostComm, which is correct and slow; DISTILLERY_NCCL=1 uses NCCL on one rank too).
@@ -29,7 +33,8 @@
  * rank R issue no device collective from its K-th gradient bucket on (as a rank whose GPU never reaches its
  * collectives), while it goes on with everything else: its peers' NCCL collectives then wait on the GPU for ever.
  * (Skipping the buckets alone would not hang: NCCL pairs a rank's collectives with its peers' by their order on the
- * communicator, so the next gather would meet the skipped reduce.)
+ * communicator, so the next gather would meet the skipped reduce.) DISTILLERY_TEST_NCCL_INIT_DELAY_S=R:S makes rank R
+ * block for S seconds just before ncclCommInitRank (a rank that hangs while the communicator is set up).
  */
 import koffi from 'koffi';
 import type { Backend, Buf, DType } from '../backend/backend.js';
@@ -39,6 +44,7 @@ import { DistilleryError } from '../util/errors.js';
 import { shardParts, type CommWork, type Communicator } from './comm.js';
 import { commTimeoutMs } from './host-comm.js';
 import { envSecondsMs } from './env.js';
+import { runWithWatchdog, watchdogText } from './watchdog.js';
 
 type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 
@@ -58,8 +64,8 @@ export class NcclComm implements Communicator {
   private readonly f: Record<string, Fn>;
   private comm: unknown = null;
 
-  /** Creates the NCCL communicator of the group `host` joined (a collective: every rank calls it). */
-  constructor(private readonly host: Communicator, private readonly be: CudaBackend) {
+  /** The bindings only; NcclComm.create sets the communicator up. */
+  private constructor(private readonly host: Communicator, private readonly be: CudaBackend) {
     process.env.NCCL_NVLS_ENABLE = '0'; // before NCCL reads its environment (ncclGetUniqueId / ncclCommInitRank)
     this.rank = host.rank; this.world = host.world;
     let l: ReturnType<typeof requireLibraries<'nccl'>>['nccl']['lib'];
@@ -83,6 +89,25 @@ export class NcclComm implements Communicator {
       groupEnd: l.func('int ncclGroupEnd()'),
       errorString: l.func('const char *ncclGetErrorString(int result)'),
     };
+    this.overlapsRegions = process.env.DISTILLERY_GRAD_OVERLAP !== '0';
+    const skip = /^(\d+):(\d+)$/.exec(process.env.DISTILLERY_TEST_SKIP_REDUCE_FROM ?? '');
+    if (skip && Number(skip[1]) === this.rank) this.skipFrom = Number(skip[2]);
+  }
+
+  /**
+   * The NCCL communicator of the group `host` joined (a collective: every rank calls it), set up within the GPU waits'
+   * timeout (DISTILLERY_NCCL_TIMEOUT_S, else DISTILLERY_COMM_TIMEOUT_S, 300 s by default).
+   */
+  static create(host: Communicator, be: CudaBackend): Promise<NcclComm> {
+    try {
+      const c = new NcclComm(host, be);
+      process.env.NCCL_RUNTIME_CONNECT ??= '0'; // every connection inside ncclCommInitRank, where the wait is bounded
+      c.init();
+      return Promise.resolve(c);
+    } catch (e) { return Promise.reject(e); }
+  }
+
+  private init(): void {
     let id: Uint8Array = new Uint8Array(ID_BYTES);
     if (this.rank === 0) {
       const out: { internal?: number[] | Uint8Array } = {};
@@ -91,17 +116,24 @@ export class NcclComm implements Communicator {
     }
     id = this.host.broadcast(id);
     if (id.length !== ID_BYTES) throw new DistilleryError(`rank ${this.rank}: NCCL's unique id arrived with ${id.length} bytes, not ${ID_BYTES}`);
-    const c: unknown[] = [null];
-    this.check(this.f.commInitRank!(c, this.world, { internal: Array.from(id) }, this.rank), 'ncclCommInitRank');
-    this.comm = c[0];
-    this.overlapsRegions = process.env.DISTILLERY_GRAD_OVERLAP !== '0';
-    const skip = /^(\d+):(\d+)$/.exec(process.env.DISTILLERY_TEST_SKIP_REDUCE_FROM ?? '');
-    if (skip && Number(skip[1]) === this.rank) this.skipFrom = Number(skip[2]);
+    const delay = /^(\d+):(\d+(?:\.\d+)?)$/.exec(process.env.DISTILLERY_TEST_NCCL_INIT_DELAY_S ?? '');
+    if (delay && Number(delay[1]) === this.rank) {
+      process.stderr.write(`rank ${this.rank}: DISTILLERY_TEST_NCCL_INIT_DELAY_S: blocking ${delay[2]} s before ncclCommInitRank\n`);
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, Number(delay[2]) * 1000);
+    }
     const gpuMs = envSecondsMs('DISTILLERY_NCCL_TIMEOUT_S');
-    be.setWaitGuard({
+    const timeoutMs = gpuMs ?? commTimeoutMs();
+    const setting = gpuMs !== undefined ? 'DISTILLERY_NCCL_TIMEOUT_S' : 'DISTILLERY_NCCL_TIMEOUT_S or DISTILLERY_COMM_TIMEOUT_S';
+    const c: unknown[] = [null];
+    const rc = runWithWatchdog(() => this.f.commInitRank!(c, this.world, { internal: Array.from(id) }, this.rank) as number, timeoutMs,
+      watchdogText(`rank ${this.rank}: NCCL's setup (ncclCommInitRank) did not finish within ${timeoutMs / 1000} s (a rank hangs or died while the communicator was set up)`,
+        `check that every rank started and reached this point (NCCL_DEBUG=WARN tells more); ${setting} sets the timeout`));
+    this.check(rc, 'ncclCommInitRank');
+    this.comm = c[0];
+    this.be.setWaitGuard({
       who: `rank ${this.rank}`,
-      timeoutMs: gpuMs ?? commTimeoutMs(),
-      setting: gpuMs !== undefined ? 'DISTILLERY_NCCL_TIMEOUT_S' : 'DISTILLERY_NCCL_TIMEOUT_S or DISTILLERY_COMM_TIMEOUT_S',
+      timeoutMs,
+      setting,
       poll: () => this.asyncError(),
       abort: () => this.abort(),
     });

@@ -205,7 +205,7 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     let dcomm: Communicator = comm;
     if (!hooks.comm && ncclWanted(o.device, comm.world) && backend.name.startsWith('cuda')) {
       const { NcclComm } = await import('../parallel/nccl.js');
-      const nccl = new NcclComm(comm, backend as CudaBackend);
+      const nccl = await NcclComm.create(comm, backend as CudaBackend);
       log(`data parallel: NCCL ${nccl.version()} for the gradients and parameters (NCCL_NVLS_ENABLE=0)`);
       dcomm = nccl;
     }

@@ -17,8 +17,8 @@ test('NCCL carries the device collectives of a CUDA run of several ranks by defa
   assert.equal(ncclWanted('cpu', 2, { DISTILLERY_NCCL: '1' }), false);
 });
 
-test('without libnccl, a GPU run of several ranks stops with one sentence naming NCCL and the DISTILLERY_NCCL=0 way around it', { skip: openLibrary('nccl').found ? 'NCCL is installed here' : false }, () => {
+test('without libnccl, a GPU run of several ranks stops with one sentence naming NCCL and the DISTILLERY_NCCL=0 way around it', { skip: openLibrary('nccl').found ? 'NCCL is installed here' : false }, async () => {
   const host = { rank: 1, world: 2 } as unknown as Communicator;
-  assert.throws(() => new NcclComm(host, {} as unknown as CudaBackend), (e: unknown) => e instanceof DistilleryError
+  await assert.rejects(NcclComm.create(host, {} as unknown as CudaBackend), (e: unknown) => e instanceof DistilleryError
     && /^rank 1: data parallel on GPUs uses NCCL \(libnccl\.so\.2\), which was not found on this machine$/.test(e.message) && /DISTILLERY_NCCL=0/.test(e.hint ?? ''));
 });
