@@ -35,8 +35,13 @@ test('a call that returns in time gives its result; the process then ends by its
   assert.equal(r.stdout, 'result 42\nafter the deadline\n', 'the disarmed watchdog never fires');
 });
 
-test('a call that throws: the error reaches the caller and the watchdog is disarmed', () => {
+test('a call that throws: the error reaches the caller and the watchdog is disarmed (it never fires later)', () => {
   assert.throws(() => runWithWatchdog(() => { throw new Error('ncclCommInitRank failed: invalid usage'); }, 60_000, watchdogText('x', 'y')),
     /invalid usage/);
+  const r = run(`try { m.runWithWatchdog(() => { throw new Error('invalid usage'); }, 500, 'fired\\n'); } catch (e) { console.log('caught', e.message); }
+    setTimeout(() => console.log('after the deadline'), 1000);`);
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stderr, '');
+  assert.equal(r.stdout, 'caught invalid usage\nafter the deadline\n');
   assert.equal(watchdogText('rank 1: m', 'h'), 'error: rank 1: m\n  hint: h\n');
 });
