@@ -12,7 +12,10 @@
  * type-checked (a string where a number or boolean belongs is an error naming the field); an absent field takes
  * the default of transformers' own config class for the model type (Qwen2Config / LlamaConfig, identical in 4.x
  * and 5.x); a feature distillery does not compute is refused by name. Writing (toHfConfig) gives a config both
- * transformers 4 and 5 read as the same model.
+ * transformers 4 and 5 read as the same model, with one exception that comes from transformers 4 itself: its later
+ * releases (the ones with DeepSeek-V3's rule in `_compute_yarn_parameters`) take a yarn block's factor as
+ * max_position_embeddings / original_max_position_embeddings wherever the block names the latter, ignoring `factor`;
+ * distillery computes yarn as transformers 5 does (the block's `factor`).
  */
 import * as fs from 'node:fs';
 import { DistilleryError } from '../util/errors.js';
@@ -215,6 +218,16 @@ function tokenIds(j: Json, key: string, fallback: number | null): number | numbe
  */
 function parseRope(j: Json, maxPos: number, defaultTheta: number): RopeSpec {
   const scaling = obj(j, 'rope_scaling'), params = obj(j, 'rope_parameters');
+  // transformers 5 keys rope_parameters by layer type for families with several (Gemma 3: full and sliding); these
+  // families' rotary embedding reads rope_type and rope_theta at the top of the block, so a block of blocks would
+  // silently become the default RoPE at the default theta: refused instead.
+  for (const [w, o] of [['rope_scaling', scaling], ['rope_parameters', params]] as const) {
+    const nested = o === null ? [] : Object.keys(o).filter((k) => o[k] !== null && typeof o[k] === 'object' && !Array.isArray(o[k]));
+    if (nested.length) {
+      throw new DistilleryError(`config.json: "${w}" holds per-layer-type blocks (${nested.map((k) => JSON.stringify(k)).join(', ')}), which this family does not read`,
+        `distillery runs one RoPE in every layer: put rope_type, rope_theta and the scaling fields directly in "${w}"`);
+    }
+  }
   const hasKeys = (o: Json | null): o is Json => o !== null && Object.keys(o).length > 0;
   const useScaling = hasKeys(scaling);
   const src: Json = useScaling ? scaling : params ?? {};
@@ -370,8 +383,9 @@ export function parseHfConfig(j: Json): ModelConfig {
   const D = HF_DEFAULTS[architecture];
   // Features of the HF families that this implementation does not compute: refuse them rather than run a
   // different function than transformers would (e.g. sliding-window attention).
-  if (j.hidden_act !== undefined && j.hidden_act !== 'silu') {
-    throw new DistilleryError(`config.json: "hidden_act" ${shown(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu');
+  // transformers' ACT2FN maps "swish" to SiLU too
+  if (j.hidden_act !== undefined && j.hidden_act !== 'silu' && j.hidden_act !== 'swish') {
+    throw new DistilleryError(`config.json: "hidden_act" ${shown(j.hidden_act)} is not supported`, 'distillery implements SwiGLU with silu (or its other name, swish)');
   }
   if (num(j, 'attention_dropout', 0) !== 0) {
     throw new DistilleryError(`config.json: "attention_dropout" ${shown(j.attention_dropout)} is not supported`,

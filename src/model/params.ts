@@ -233,14 +233,18 @@ export function flatWeights(w: Weights, what: string): Float32Array {
  * Places named tensors (from a safetensors file; read now, or lazily: `read()`) into a flat weight array, checking names
  * and shapes; a model with more than `maxFlat` parameters (default MAX_FLAT_WEIGHTS) keeps them tensor by tensor
  * (TensorWeights: in-memory tensors as they are, lazy ones read when asked).
- * A tied model ignores a `lm_head.weight` it is given; an untied one requires it.
+ * An untied model requires a `lm_head.weight`. A tied one (tie_word_embeddings) reads it as transformers 5 does: alone,
+ * it is the embedding matrix too; beside an equal `model.embed_tokens.weight` it changes nothing; beside a different one
+ * it is refused by name (transformers 5 would then run the two untied, transformers 4 tied: the config and the file
+ * disagree).
  */
 export function packWeights(
   layout: ParamLayout,
-  named: ReadonlyMap<string, { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array }>,
+  namedIn: ReadonlyMap<string, { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array }>,
   source: string,
   maxFlat = MAX_FLAT_WEIGHTS,
 ): Weights {
+  const named = tiedHead(layout, namedIn, source);
   // Names and shapes first: a config.json that does not match its weights (e.g. vocab_size 1e9) is reported
   // before the flat buffer it implies is allocated.
   for (const t of layout.tensors) {
@@ -267,6 +271,26 @@ export function packWeights(
   const w = allocateWeights(layout.total, source);
   for (const t of layout.tensors) w.set(get(t), t.offset);
   return w;
+}
+
+type NamedTensor = { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array };
+
+/** A tied model's tensors with a lone `lm_head.weight` as the embedding; a different one beside the embedding refused. */
+function tiedHead(layout: ParamLayout, named: ReadonlyMap<string, NamedTensor>, source: string): ReadonlyMap<string, NamedTensor> {
+  const head = named.get('lm_head.weight');
+  if (layout.lmHead !== null || head === undefined) return named;
+  const embedName = layout.embed.name, embed = named.get(embedName);
+  if (embed === undefined) return new Map([...named, [embedName, head]]);
+  const same = head.shape.length === embed.shape.length && head.shape.every((d, i) => d === embed.shape[i]) && (() => {
+    const a = 'data' in head ? head.data : head.read(), b = 'data' in embed ? embed.data : embed.read();
+    for (let i = 0; i < a.length; i++) if (a[i] !== b[i] && !(Number.isNaN(a[i]) && Number.isNaN(b[i]))) return false;
+    return a.length === b.length;
+  })();
+  if (!same) {
+    throw new DistilleryError(`${source}: config.json ties the embeddings (tie_word_embeddings) but "lm_head.weight" differs from "${embedName}"`,
+      'transformers 5 would run these two untied and transformers 4 tied; set "tie_word_embeddings": false to use both, or remove lm_head.weight to tie them');
+  }
+  return named;
 }
 
 /** The inverse of packWeights: named copies of a model's weights (tied models get no lm_head); a TensorWeights' tensors are

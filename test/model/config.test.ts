@@ -52,6 +52,8 @@ test('features distillery does not compute are refused, naming the key', () => {
     assert.throws(() => parseHfConfig({ ...qwen, ...patch }), (e: unknown) => e instanceof DistilleryError && re.test(e.message), JSON.stringify(patch));
   }
   assert.deepEqual(parseHfConfig({ ...qwen, rope_scaling: null }).rope, { type: 'default', theta: 1e6 });
+  // "swish" is SiLU's other name in transformers' ACT2FN: the same model as "silu"
+  assert.deepEqual(parseHfConfig({ ...qwen, hidden_act: 'swish' }), parseHfConfig(qwen));
 });
 
 test('presets are valid Qwen2-style configs and unknown presets name the choices', () => {
@@ -113,6 +115,17 @@ test('transformers 5 layout: theta is read from rope_parameters (the old reader 
   // llama3 / yarn without original_max_position_embeddings: max_position_embeddings (transformers 5 standardization).
   const l = parseHfConfig({ ...v4, max_position_embeddings: 4096, rope_parameters: { rope_type: 'llama3', rope_theta: 5e5, factor: 8, low_freq_factor: 1, high_freq_factor: 4 } });
   assert.equal(l.rope.type === 'llama3' && l.rope.originalMaxPositionEmbeddings, 4096);
+});
+
+test('a rope block of per-layer-type blocks (transformers 5, Gemma 3 style) is refused by name, not read as the default RoPE', () => {
+  const { rope_theta: _, ...v4 } = qwen;
+  const perLayer = { full_attention: { rope_type: 'default', rope_theta: 1e6 }, sliding_attention: { rope_type: 'default', rope_theta: 1e4 } };
+  assert.throws(() => parseHfConfig({ ...v4, rope_parameters: perLayer }), (e: unknown) => e instanceof DistilleryError
+    && e.message === 'config.json: "rope_parameters" holds per-layer-type blocks ("full_attention", "sliding_attention"), which this family does not read'
+    && /rope_theta/.test(e.hint ?? ''));
+  assert.throws(() => parseHfConfig({ ...qwen, rope_scaling: { full_attention: { rope_type: 'linear', factor: 2 } } }), /"rope_scaling" holds per-layer-type blocks/);
+  // the flat block (the form these families read) is unaffected
+  assert.deepEqual(parseHfConfig({ ...v4, rope_parameters: perLayer.full_attention }).rope, { type: 'default', theta: 1e6 });
 });
 
 test('yarn: attention factor from attention_factor, mscale / mscale_all_dim, or factor; beta defaults; truncate', () => {
