@@ -229,6 +229,9 @@ export function flatWeights(w: Weights, what: string): Float32Array {
     'a model this large runs as a teacher, a frozen LoRA base, or in eval, generate and export; train a smaller model');
 }
 
+/** A named tensor of a checkpoint: its values read, or read when asked. */
+type NamedTensor = { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array };
+
 /**
  * Places named tensors (from a safetensors file; read now, or lazily: `read()`) into a flat weight array, checking names
  * and shapes; a model with more than `maxFlat` parameters (default MAX_FLAT_WEIGHTS) keeps them tensor by tensor
@@ -240,7 +243,7 @@ export function flatWeights(w: Weights, what: string): Float32Array {
  */
 export function packWeights(
   layout: ParamLayout,
-  namedIn: ReadonlyMap<string, { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array }>,
+  namedIn: ReadonlyMap<string, NamedTensor>,
   source: string,
   maxFlat = MAX_FLAT_WEIGHTS,
 ): Weights {
@@ -272,8 +275,6 @@ export function packWeights(
   for (const t of layout.tensors) w.set(get(t), t.offset);
   return w;
 }
-
-type NamedTensor = { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array };
 
 /** A tied model's tensors with a lone `lm_head.weight` as the embedding; a different one beside the embedding refused. */
 function tiedHead(layout: ParamLayout, named: ReadonlyMap<string, NamedTensor>, source: string): ReadonlyMap<string, NamedTensor> {

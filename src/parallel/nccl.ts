@@ -98,13 +98,11 @@ export class NcclComm implements Communicator {
    * The NCCL communicator of the group `host` joined (a collective: every rank calls it), set up within the GPU waits'
    * timeout (DISTILLERY_NCCL_TIMEOUT_S, else DISTILLERY_COMM_TIMEOUT_S, 300 s by default).
    */
-  static create(host: Communicator, be: CudaBackend): Promise<NcclComm> {
-    try {
-      const c = new NcclComm(host, be);
-      process.env.NCCL_RUNTIME_CONNECT ??= '0'; // every connection inside ncclCommInitRank, where the wait is bounded
-      c.init();
-      return Promise.resolve(c);
-    } catch (e) { return Promise.reject(e); }
+  static async create(host: Communicator, be: CudaBackend): Promise<NcclComm> {
+    const c = new NcclComm(host, be);
+    process.env.NCCL_RUNTIME_CONNECT ??= '0'; // every connection inside ncclCommInitRank, where the wait is bounded
+    c.init();
+    return c;
   }
 
   private init(): void {

@@ -54,13 +54,9 @@ export function runWithWatchdog<T>(fn: () => T, timeoutMs: number, text: string)
     }
     Atomics.notify(flag, 0); // the watchdog wakes and ends by itself (not terminate(): it may be loading koffi)
   };
-  let result: T;
   try {
-    result = fn();
-  } catch (e) {
+    return fn();
+  } finally {
     disarm();
-    throw e;
   }
-  disarm();
-  return result;
 }
