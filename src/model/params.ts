@@ -282,8 +282,11 @@ function tiedHead(layout: ParamLayout, named: ReadonlyMap<string, NamedTensor>, 
   if (layout.lmHead !== null || head === undefined) return named;
   const embedName = layout.embed.name, embed = named.get(embedName);
   if (embed === undefined) return new Map([...named, [embedName, head]]);
-  const same = head.shape.length === embed.shape.length && head.shape.every((d, i) => d === embed.shape[i]) && (() => {
-    const a = 'data' in head ? head.data : head.read(), b = 'data' in embed ? embed.data : embed.read();
+  const sameShape = head.shape.length === embed.shape.length && head.shape.every((d, i) => d === embed.shape[i]);
+  // the embedding's values read once: the comparison's are the ones packed
+  const b = sameShape ? ('data' in embed ? embed.data : embed.read()) : null;
+  const same = b !== null && (() => {
+    const a = 'data' in head ? head.data : head.read();
     for (let i = 0; i < a.length; i++) if (a[i] !== b[i] && !(Number.isNaN(a[i]) && Number.isNaN(b[i]))) return false;
     return a.length === b.length;
   })();
@@ -291,7 +294,7 @@ function tiedHead(layout: ParamLayout, named: ReadonlyMap<string, NamedTensor>, 
     throw new DistilleryError(`${source}: config.json ties the embeddings (tie_word_embeddings) but "lm_head.weight" differs from "${embedName}"`,
       'transformers 5 would run these two untied and transformers 4 tied; set "tie_word_embeddings": false to use both, or remove lm_head.weight to tie them');
   }
-  return named;
+  return 'data' in embed ? named : new Map([...named, [embedName, { shape: embed.shape, data: b! }]]);
 }
 
 /** The inverse of packWeights: named copies of a model's weights (tied models get no lm_head); a TensorWeights' tensors are

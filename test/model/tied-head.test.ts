@@ -36,6 +36,11 @@ test('a tied checkpoint with an lm_head.weight equal to the embedding: the same 
   const both = new Map(named);
   both.set('lm_head.weight', { shape: named.get(EMBED)!.shape, data: Float32Array.from(named.get(EMBED)!.data) });
   assert.deepEqual(packWeights(layout, both, 'ckpt'), flat);
+  // lazily read: the embedding is read once, for the comparison and the weights alike
+  let reads = 0;
+  const lazy = new Map([...both].map(([k, v]) => [k, { shape: v.shape, read: () => { if (k === EMBED) reads++; return v.data; } }]));
+  assert.deepEqual(packWeights(layout, lazy, 'ckpt'), flat);
+  assert.equal(reads, 1);
 });
 
 test('a tied checkpoint with an lm_head.weight that differs from the embedding is refused by name', () => {
