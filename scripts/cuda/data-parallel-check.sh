@@ -4,7 +4,7 @@
 # must be identical; (2) with N GPUs (NGPUS, default: all visible), the 1.5B -> 0.5B job at 8x1024 per GPU through
 # --gpus N with NCCL beside `torchrun --nproc-per-node N torch_kd_peer.py` (total tokens/s), and the same job on one GPU
 # for the scaling efficiency; (3) with N GPUs, a small bf16 job's loss curve against one GPU with --grad-accum N over
-# the same global batch; (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
+# the same global batch, per precision in CURVE_PRECISIONS (default bf16), beside the single-GPU run repeated (run-to-run noise); (4) one rank killed (SIGKILL) mid-run: the launcher's exit code, the time the others take to
 # stop, the last checkpoint, and --resume finishing the run; (5) "hang": rank 1 issues no gradient bucket from one on
 # (or any other device collective after it: DISTILLERY_TEST_SKIP_REDUCE_FROM, src/parallel/nccl.ts): rank 0's GPU wait must stop within DISTILLERY_NCCL_TIMEOUT_S
 # with its sentence and the launcher end; (6) "signal": SIGTERM to the launcher mid-run: exit 143, a checkpoint at the
@@ -64,18 +64,30 @@ if has peer && [ "$NGPUS" -ge 2 ]; then
   grep -iE 'error|Traceback' "$work/peer-ddp.log" | tail -3 | tee -a "$txt"
 fi
 if has curve && [ "$NGPUS" -ge 2 ]; then
-  curve=(train --device cuda --precision bf16 --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 30
-    --warmup 2 --eval-every 100000 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
-  rm -rf "$work/curve-n" "$work/curve-1"
-  DISTILLERY_NCCL=1 node bin/distillery.js "${curve[@]}" --gpus "$NGPUS" --out "$work/curve-n" > "$work/curve-n.log" 2>&1; a=$?
-  node bin/distillery.js "${curve[@]}" --grad-accum "$NGPUS" --out "$work/curve-1" > "$work/curve-1.log" 2>&1; b=$?
-  say "== loss curve, bf16: --gpus $NGPUS rc=$a against one GPU --grad-accum $NGPUS rc=$b: $(node -e '
-    const fs = require("fs"); const rd = (f) => fs.readFileSync(f, "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined);
-    const a = rd(process.argv[1]), b = rd(process.argv[2]); let m = 0, g = 0;
-    for (let i = 0; i < Math.min(a.length, b.length); i++) { m = Math.max(m, Math.abs(a[i].loss - b[i].loss)); g = Math.max(g, Math.abs(a[i].grad_norm - b[i].grad_norm) / b[i].grad_norm); }
-    console.log(`steps ${a.length}/${b.length}, max |loss diff| ${m.toExponential(2)}, max grad-norm rel diff ${g.toExponential(2)}, loss ${b[0].loss.toFixed(4)} -> ${b[b.length - 1].loss.toFixed(4)}`);
-  ' "$work/curve-n/metrics.jsonl" "$work/curve-1/metrics.jsonl" 2>&1)"
-  [ "$a" != 0 ] && tail -5 "$work/curve-n.log" | tee -a "$txt"
+  # Per precision (CURVE_PRECISIONS, default bf16): --gpus N, one GPU with --grad-accum N, and that single-GPU run
+  # again (run-to-run noise: what the data-parallel difference is measured against), step by step.
+  for prec in ${CURVE_PRECISIONS:-bf16}; do
+    curve=(train --device cuda --precision "$prec" --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 30
+      --warmup 2 --eval-every 100000 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc")
+    rm -rf "$work/curve-n" "$work/curve-1" "$work/curve-1b"
+    DISTILLERY_NCCL=1 node bin/distillery.js "${curve[@]}" --gpus "$NGPUS" --out "$work/curve-n" > "$work/curve-n.log" 2>&1; a=$?
+    node bin/distillery.js "${curve[@]}" --grad-accum "$NGPUS" --out "$work/curve-1" > "$work/curve-1.log" 2>&1; b=$?
+    node bin/distillery.js "${curve[@]}" --grad-accum "$NGPUS" --out "$work/curve-1b" > "$work/curve-1b.log" 2>&1; c=$?
+    say "== loss curve, $prec: --gpus $NGPUS rc=$a, one GPU --grad-accum $NGPUS rc=$b, the same again rc=$c:"
+    node -e '
+      const fs = require("fs"); const rd = (f) => fs.readFileSync(f, "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.loss !== undefined);
+      const [n, one, again] = process.argv.slice(1).map(rd);
+      const cmp = (a, b, what) => { let m = 0, g = 0, first = -1;
+        for (let i = 0; i < Math.min(a.length, b.length); i++) {
+          m = Math.max(m, Math.abs(a[i].loss - b[i].loss)); g = Math.max(g, Math.abs(a[i].grad_norm - b[i].grad_norm) / b[i].grad_norm);
+          if (first < 0 && (a[i].loss !== b[i].loss || a[i].grad_norm !== b[i].grad_norm)) first = i + 1; }
+        console.log(`   ${what}: steps ${a.length}/${b.length}, max |loss diff| ${m.toExponential(2)}, max grad-norm rel diff ${g.toExponential(2)}, first step that differs: ${first < 0 ? "none" : first}`); };
+      cmp(n, one, `--gpus N against --grad-accum N`); cmp(again, one, `--grad-accum N run twice     `);
+      console.log(`   loss ${one[0].loss.toFixed(4)} -> ${one[one.length - 1].loss.toFixed(4)}; steps 1-4, gpus N | accum | again (loss, grad norm):`);
+      for (let i = 0; i < 4; i++) console.log(`   ${i + 1}: ${[n, one, again].map((r) => `${r[i].loss.toFixed(7)} ${r[i].grad_norm.toExponential(7)}`).join(" | ")}`);
+    ' "$work/curve-n/metrics.jsonl" "$work/curve-1/metrics.jsonl" "$work/curve-1b/metrics.jsonl" 2>&1 | tee -a "$txt"
+    [ "$a" != 0 ] && tail -5 "$work/curve-n.log" | tee -a "$txt"
+  done
 fi
 kjob=(train --device cuda --data builtin:docs --max-chars 400000 --model small --vocab-size 512 --batch 8 --seq 128 --steps 600 --warmup 2
   --eval-every 100000 --save-every 50 --strict-kernels --kernel-cache-dir "$work/kc")
