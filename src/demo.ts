@@ -38,15 +38,23 @@ export const DEMO_MARKER = '.distillery-demo';
  * runs; it used to replace anyone's), then marks the folder as the demo's.
  */
 function claimDemoFolder(out: string, names: readonly string[]): void {
-  // (a folder with the report of an earlier demo, demo.txt, is the demo's too)
-  if (!fs.existsSync(path.join(out, DEMO_MARKER)) && !fs.existsSync(path.join(out, 'demo.txt'))) {
+  // (a folder with the report of an earlier demo, demo.txt with the demo's verdict line, is the demo's too; a file of
+  // that name that is not the demo's report proves nothing)
+  if (!fs.existsSync(path.join(out, DEMO_MARKER)) && !isDemoReport(path.join(out, 'demo.txt'))) {
     const taken = names.filter((n) => fs.existsSync(path.join(out, n)) && holdsRun(path.join(out, n)));
-    if (taken.length > 0) {
-      throw new InputError(`--out ${out}: ${taken.map((n) => `${n}/`).join(', ')} ${taken.length > 1 ? 'hold runs' : 'holds a run'} the demo did not make`,
-        'pick another --out: the demo replaces only its own runs');
+    const files = ['demo.txt', 'demo.json'].filter((f) => fs.existsSync(path.join(out, f)));
+    if (taken.length > 0 || files.length > 0) {
+      const what = [...taken.map((n) => `${n}/`), ...files];
+      throw new InputError(`--out ${out}: ${what.join(', ')} ${what.length > 1 ? 'are' : 'is'} not the demo's (the demo would replace ${what.length > 1 ? 'them' : 'it'})`,
+        'pick another --out: the demo replaces only its own runs and reports');
     }
   }
   fs.writeFileSync(path.join(out, DEMO_MARKER), 'made by distillery demo: its teacher/, distilled/ and scratch/ runs are replaced by the next demo\n');
+}
+
+/** Whether `f` is a demo's report (its verdict line names the distilled and the scratch student). */
+function isDemoReport(f: string): boolean {
+  try { return /distillation (helped|did not help in this run): the distilled student's validation loss/.test(fs.readFileSync(f, 'utf8')); } catch { return false; }
 }
 
 /** A run that ended on SIGINT / SIGTERM: the demo stops after it (the next step would need its final model). */

@@ -21,8 +21,8 @@ import { createBackend, type CudaOptions } from '../backend/create.js';
 import { readCheckpoint } from '../model/checkpoint.js';
 import { parameterCount, toHfConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
-import { packDocuments } from '../data/index.js';
-import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
+import { describePacking, logSplitDocs, packDocuments, packingFor } from '../data/index.js';
+import { checkChatTokens, chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
 import { lossVocabulary, tokenizerHash } from '../tokenizer/identity.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { Progress } from '../report/progress.js';
@@ -34,7 +34,7 @@ import { hashDocs, lockRunFolder } from '../train/run-folder.js';
 import { BitWriter, recordLayout, writeRow } from './format.js';
 import { cacheUniform, formatSparse, type SparseRep } from './sparse.js';
 import {
-  CACHE_FORMAT, CACHE_VERSION, PACKING, identityDifferences, readManifest, sha256, shardBytes, shardName, writeTeacherHeader,
+  CACHE_FORMAT, CACHE_VERSION, identityDifferences, readManifest, sha256, shardBytes, shardName, writeTeacherHeader,
   type CacheIdentity, type CacheManifest, type ShardInfo,
 } from './store.js';
 import { TeacherPass, rowIds, type PassRows } from './teacher-pass.js';
@@ -59,6 +59,8 @@ export interface CacheJobOptions {
   seed: number;
   valFraction: number;
   lossOn: 'assistant' | 'all';
+  /** How documents fill the windows (as distill's --packing; 'auto' or unset: resolved on the data). */
+  packing?: 'auto' | 'wrapped' | 'bfd' | undefined;
   chatTemplateKwargs?: string | undefined;
   maxChars: number;
   device: 'cpu' | 'cuda';
@@ -191,7 +193,10 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const dataHash = hashDocs(docs);
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
+  checkChatTokens(chat, docs, tokenizer);
+  const packing = packingFor(o.packing, docs);
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing });
+  logSplitDocs(packed, o.seq, log);
   const windows = packed.windows;
   if (windows.length === 0) throw new DistilleryError('the data packs into no windows', `add data, or lower --seq (${o.seq})`);
   const { lossVocab, note } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: ck.config.vocabSize }]);
@@ -207,7 +212,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       files: o.data, sha256: dataHash, documents: docs.length, tokens: packed.totalTokens, loss_tokens: packed.targetTokens,
       max_chars: o.maxChars, loss_on: o.lossOn, chat_template_kwargs: o.chatTemplateKwargs ?? null,
     },
-    seq: o.seq, packing: PACKING, windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
+    seq: o.seq, packing: describePacking(packing), windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
     temperature: o.temperature, sparse: formatSparse(rep), loss_vocab: lossVocab, sample_seed: o.seed, precision,
     ...(o.teacherDtype === 'nf4' ? { teacher_dtype: 'nf4' as const } : {}),
   };

@@ -14,7 +14,7 @@ import { Tokenizer } from '../tokenizer/bpe.js';
 import { lossVocabulary } from '../tokenizer/identity.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { packDocuments } from '../data/index.js';
+import { packDocuments, packingFor } from '../data/index.js';
 import { DistilleryError } from '../util/errors.js';
 import { jobClosures } from '../train/kernel-plan.js';
 import { resolvePrecision } from '../train/precision.js';
@@ -65,7 +65,7 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean; wo
   const docs = readData(o, () => undefined, chat);
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing: packingFor(o.packing, docs) });
   const { lossVocab } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: config.vocabSize }]);
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
   const lay = recordLayout(o.sparse, lossVocab);

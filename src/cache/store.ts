@@ -59,7 +59,6 @@ export interface CacheManifest extends CacheIdentity {
   bytes_per_token: number | null;
 }
 
-export const PACKING = 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)';
 
 /** The folder of a cache that holds the teacher's config, tokenizer and chat files (no weights). */
 export const TEACHER_DIR = 'teacher';
@@ -161,6 +160,7 @@ export function identityDifferences(a: CacheIdentity, b: CacheIdentity): string[
   cmp('--chat-template-kwargs', a.data.chat_template_kwargs, b.data.chat_template_kwargs);
   cmp('--max-chars', a.data.max_chars, b.data.max_chars);
   cmp('--seq', a.seq, b.seq);
+  cmp('packing', a.packing, b.packing);
   cmp('--temperature', a.temperature, b.temperature);
   cmp('--sparse', a.sparse, b.sparse);
   cmp('--seed (sampling)', a.sample_seed, b.sample_seed);
@@ -182,6 +182,8 @@ export interface CacheExpectation {
   seq: number;
   temperature: number;
   lossOn: string;
+  /** describePacking of the run's packing. */
+  packing: string;
   windows: number;
   lossVocab: number;
 }
@@ -220,6 +222,7 @@ export class TeacherCache {
     if (m.data.loss_on !== e.lossOn) diffs.push(`--loss-on (${m.data.loss_on} in the cache, ${e.lossOn} for this run)`);
     if (m.data.sha256 !== e.dataSha256) diffs.push(`data (sha256 ${short(m.data.sha256)} of ${m.data.files.join(', ')} in the cache, ${short(e.dataSha256)} for this run)`);
     if (m.seq !== e.seq) diffs.push(`--seq (${m.seq} in the cache, ${e.seq} for this run)`);
+    if (m.packing !== e.packing) diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run)`);
     if (m.temperature !== e.temperature) diffs.push(`--temperature (${m.temperature} in the cache, ${e.temperature} for this run)`);
     if (m.loss_vocab !== e.lossVocab) diffs.push(`loss vocabulary (${m.loss_vocab} tokens in the cache, ${e.lossVocab} for this run)`);
     if (diffs.length === 0 && m.windows !== e.windows) diffs.push(`windows (${m.windows} in the cache, ${e.windows} for this run)`);

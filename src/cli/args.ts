@@ -152,8 +152,13 @@ export function coerceValue(spec: FlagSpec, raw: unknown, label: string): unknow
       let s: string;
       if (typeof raw === 'string') s = raw;
       else if (typeof raw === 'number' && Number.isFinite(raw)) s = String(raw);
-      else throw new UsageError(`${label} expects ${spec.choices ? `one of ${spec.choices.join(', ')}` : 'a string'}, got ${show(raw)}`);
-      if (s === '') throw new UsageError(`${label} expects a value, got an empty string`);
+      // a JSON-valued option written as a mapping in a config file (YAML's natural form) is that JSON
+      else if (spec.metavar === '<json>' && raw !== null && typeof raw === 'object' && !Array.isArray(raw)) s = JSON.stringify(raw);
+      else {
+        throw new UsageError(`${label} expects ${spec.choices ? `one of ${spec.choices.join(', ')}` : 'a string'}, got ${show(raw)}`,
+          spec.choices ? `choose one of: ${spec.choices.join(', ')}` : label.startsWith('--') ? `pass ${label} <value>` : `write ${spec.name}: "<value>" (quoted)`);
+      }
+      if (s === '') throw new UsageError(`${label} expects a value, got an empty string`, label.startsWith('--') ? `pass a non-empty value, or leave ${label} out` : `give ${spec.name} a non-empty value, or remove the line`);
       if (spec.choices && !spec.choices.includes(s)) {
         const c = closest(s, spec.choices);
         throw new UsageError(`${label} expects one of ${spec.choices.join(', ')}, got '${s}'`,

@@ -8,6 +8,7 @@
  * way the user wrote it (`--lr`, or `lr in run.yaml`), says what is wrong and how to fix it.
  */
 import * as path from 'node:path';
+import * as nodeFs from 'node:fs';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
 import { presetConfig, PRESET_NAMES } from '../model/config.js';
 import { threadsProblem } from '../backend/create.js';
@@ -92,6 +93,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('genTopK', 'integer', 'on-policy top-k sampling (0 = off)', { check: nonNegInt, distillOnly: true }),
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
   spec('lossOn', 'string', 'chat data: the tokens the loss counts: the assistant replies (and their end-of-turn marker), or all', { choices: ['assistant', 'all'] }),
+  spec('packing', 'string', 'how documents fill the --seq windows: bfd (each whole, best-fit decreasing; a document longer than a window is cut), wrapped (joined and cut into windows: a document may be split), auto (bfd when the data has conversations, else wrapped)', { choices: ['auto', 'wrapped', 'bfd'] }),
   spec('chatTemplateKwargs', 'string', 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'', { metavar: '<json>' }),
   spec('loraRank', 'integer', 'LoRA: train adapters of this rank on the frozen --init model instead of every weight (0 = off); checkpoints and final/ hold a PEFT adapter folder', { check: nonNegInt }),
   spec('loraAlpha', 'number', 'LoRA: the adapters are scaled by alpha / rank (0 = 2 × --lora-rank)', { check: nonNeg }),
@@ -143,8 +145,21 @@ export interface FsProbe {
  */
 /** Whether path `p` is `dir` or lies under it (paths resolved; links not followed). */
 export function isInside(p: string, dir: string): boolean {
-  const rel = path.relative(path.resolve(dir), path.resolve(p));
+  const rel = path.relative(realPathish(dir), realPathish(p));
   return rel === '' || (rel !== '..' && !rel.startsWith('..' + path.sep) && !path.isAbsolute(rel));
+}
+
+/**
+ * The path with symbolic links resolved: its deepest existing ancestor's real path and the rest appended (so that a
+ * link to the data folder, or an --out reached through one, is seen to be inside it).
+ */
+export function realPathish(p: string): string {
+  const abs = path.resolve(p), rest: string[] = [];
+  for (let q = abs; ; q = path.dirname(q)) {
+    try { return path.join(nodeFs.realpathSync(q), ...rest.reverse()); } catch { /* not there (yet): look higher */ }
+    if (path.dirname(q) === q) return abs;
+    rest.push(path.basename(q));
+  }
 }
 
 export function checkOutDir(fs: FsProbe, out: string, label: string): void {

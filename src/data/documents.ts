@@ -4,7 +4,8 @@
  * - Plain text (`.txt`, `.md`, or any extension other than `.jsonl`): ONE DOCUMENT PER FILE (the whole file, with
  *   line endings normalized to `\n`). Blank lines inside a file do not split it: a file is the unit of context.
  * - JSON Lines (`.jsonl`): one document per non-blank line, either `{"text": "..."}` or a chat
- *   `{"messages": [{"role": "user", "content": "..."}, ...], "tools": [...]?}` rendered with the renderer a run passes
+ *   `{"messages": [{"role": "user", "content": "..."}, ...], "tools": [...]?, "chat_template_kwargs": {...}?}` rendered
+ *   with the renderer a run passes
  *   (its model's chat template, src/tokenizer/chat.ts; ChatML by default), which may also give the assistant replies'
  *   character ranges: the tokens that carry loss (loadDocs). A conversation without an assistant turn then carries no
  *   loss: it is left out and listed. A bad line throws a DistilleryError naming `file:line` and what is wrong.
@@ -35,6 +36,8 @@ export function renderChatML(messages: readonly ChatMessage[]): string {
 export interface Doc {
   text: string;
   lossSpans: Array<[number, number]> | null;
+  /** A chat line's rendering (packed whole by default: packingFor). */
+  conversation?: boolean;
 }
 
 const DATA_EXT = new Set(['.txt', '.md', '.jsonl']);
@@ -95,6 +98,10 @@ function readDataFile(f: string): string {
   } catch (e) {
     if (e instanceof InputError) throw e;
     const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ERR_STRING_TOO_LONG') {
+      throw new InputError(`cannot read data file ${f}: it is larger than the longest string Node.js holds (about 512 MiB)`,
+        'split it into smaller files (e.g. split -C 200m); a folder of them is read in order');
+    }
     const why = code === 'EACCES' || code === 'EPERM' ? 'permission denied' : code === 'EISDIR' ? 'it is a folder'
       : code === 'EIO' ? 'input/output error' : code ?? (e as Error).message;
     throw new InputError(`cannot read data file ${f}: ${why}`, code === 'EACCES' || code === 'EPERM'
@@ -103,10 +110,10 @@ function readDataFile(f: string): string {
 }
 
 /** Renders a conversation (with the line's `tools`, or null) into one document (default: renderChatML, no spans). */
-export type ChatRenderer = (messages: readonly ChatMessage[], tools: unknown[] | null) => string | { text: string; assistant: Array<[number, number]> };
+export type ChatRenderer = (messages: readonly ChatMessage[], tools: unknown[] | null, kwargs?: Record<string, unknown> | null) => string | { text: string; assistant: Array<[number, number]> };
 
 /** What a JSONL line holds: text, or a conversation with its tools. */
-export type JsonlRecord = { text: string } | { messages: ChatMessage[]; tools: unknown[] | null };
+export type JsonlRecord = { text: string } | { messages: ChatMessage[]; tools: unknown[] | null; kwargs: Record<string, unknown> | null };
 
 /** Parses one JSONL line; `where` is `file:line` for errors. */
 export function parseJsonlLine(line: string, where: string): JsonlRecord {
@@ -143,7 +150,11 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
     if (o.tools !== undefined && o.tools !== null && !Array.isArray(o.tools)) {
       throw new InputError(`${where}: "tools" must be a list of tool definitions`, 'write "tools": [{"type": "function", "function": {...}}]');
     }
-    return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null };
+    const kw = o.chat_template_kwargs;
+    if (kw !== undefined && kw !== null && (typeof kw !== 'object' || Array.isArray(kw))) {
+      throw new InputError(`${where}: "chat_template_kwargs" must be an object of template variables`, 'write "chat_template_kwargs": {"enable_thinking": false}');
+    }
+    return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null, kwargs: (kw as Record<string, unknown> | undefined) ?? null };
   }
   throw new InputError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
     'write {"text": "..."} or {"messages": [...]} on each line');
@@ -154,13 +165,13 @@ function recordDoc(r: JsonlRecord, where: string, render: ChatRenderer): Doc {
   if ('text' in r) return { text: r.text, lossSpans: null };
   let out: ReturnType<ChatRenderer>;
   try {
-    out = render(r.messages, r.tools);
+    out = render(r.messages, r.tools, r.kwargs);
   } catch (e) {
     // a conversation the template refuses or cannot render is bad input (exit 2), named by its file and line
     if (e instanceof DistilleryError) throw new InputError(`${where}: ${e.message}`, e.hint);
     throw e;
   }
-  return typeof out === 'string' ? { text: out, lossSpans: null } : { text: out.text, lossSpans: out.assistant };
+  return typeof out === 'string' ? { text: out, lossSpans: null, conversation: true } : { text: out.text, lossSpans: out.assistant, conversation: true };
 }
 
 /** Parses one JSONL line into a document's text; `where` is `file:line` for errors. */
@@ -234,7 +245,7 @@ export function capDocs(docs: readonly Doc[], maxChars: number): Doc[] {
     if (text.length < d.text.length && /[\ud800-\udbff]$/.test(text)) text = text.slice(0, -1);
     const lossSpans = d.lossSpans === null ? null
       : d.lossSpans.filter(([a]) => a < text.length).map(([a, b]): [number, number] => [a, Math.min(b, text.length)]);
-    kept.push({ text, lossSpans });
+    kept.push(d.conversation ? { text, lossSpans, conversation: true } : { text, lossSpans });
     n += d.text.length;
   }
   return kept;

@@ -1,23 +1,45 @@
 /**
  * Packing documents into fixed-length training windows, and the train/validation split.
  *
- * `packDocuments` tokenizes every document, appends EOS after each, concatenates them into one stream and cuts it
- * into windows of seqLen + 1 tokens with stride seqLen (consecutive windows share one boundary token, so every
- * token after the first is a target exactly once): `inputs = stream[s .. s+T)`, `targets = stream[s+1 .. s+T]`.
- * The tail that does not fill a window is kept as one padded window: inputs padded with `padId` (default eosId),
- * targets −1 and mask 0 on the padding. `mask` is 1 on every counted target.
+ * A window holds up to seqLen + 1 tokens: `inputs = tokens[0 .. T)`, `targets = tokens[1 .. T]`; what does not fill it is
+ * padding: inputs `padId` (default eosId), targets −1 and mask 0. `mask` is 1 on every counted target. Every document
+ * is tokenized and followed by EOS (unless it already ends with it: TRL appends it only then). Two ways to fill the windows (`packing`):
+ * - 'wrapped' (text corpora; the usual pre-training packing): the documents are joined into one stream, cut into
+ *   windows with stride seqLen (consecutive windows share one boundary token, so every token after the first is a
+ *   target exactly once); a document may be split between windows. The tail is one padded window.
+ * - 'bfd' (chat data: TRL's default packing strategy): no document is split. Longest first, each goes whole into the
+ *   window it fills best (the least room left that holds it), else opens a new one (best-fit decreasing). A document
+ *   longer than seqLen + 1 tokens fills windows of its own, split as 'wrapped' splits (counted in `splitDocs`); its
+ *   last piece is placed as a document of that length. Documents sharing a window attend to the ones before them in
+ *   it, as under 'wrapped'. (TRL cuts such a document to its max_length instead, dropping the rest.)
  *
- * A document with loss spans (chat data under `--loss-on assistant`) counts a target only where that TOKEN's character
- * range starts inside a span (transformers' rule for its assistant-token mask); the end-of-text token appended after
- * such a document counts nothing (the template's own end-of-turn marker, inside the span, ends the reply).
+ * A document with loss spans (chat data under `--loss-on assistant`) counts a target where that TOKEN's character range
+ * meets a span: transformers' assistant-token mask, which runs from the token holding a span's first character
+ * (char_to_token(start), which may begin before it) through the one holding its last; the end-of-text token appended
+ * after such a document counts nothing (the template's own end-of-turn marker, inside the span, ends the reply).
  */
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import type { Rng } from '../util/rng.js';
 
 /** Anything that turns text into token ids (Tokenizer satisfies it); documents with loss spans need the offsets. */
 export interface TokenEncoder {
   encode(text: string): number[];
   encodeWithOffsets?(text: string): { ids: number[]; offsets: Array<[number, number]> };
+}
+
+/**
+ * The packing a run uses: `choice` ('auto' picks 'bfd' when the data has a conversation, so that no reply is cut off
+ * from its prompt, else 'wrapped').
+ */
+export function packingFor(choice: Packing | 'auto' | undefined, docs: ReadonlyArray<{ conversation?: boolean }>): Packing {
+  if (choice === 'wrapped' || choice === 'bfd') return choice;
+  return docs.some((d) => d.conversation === true) ? 'bfd' : 'wrapped';
+}
+
+/** What a packing does, in words (logs, a teacher cache's manifest). */
+export function describePacking(p: Packing): string {
+  return p === 'wrapped' ? 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)'
+    : 'best-fit decreasing: each document whole (cut to seq + 1 tokens) in the window it fills best, EOS after each (packDocuments)';
 }
 
 /** A document: plain text (every token counts), or text with the character ranges whose tokens carry loss. */
@@ -32,11 +54,17 @@ export interface Window {
   id?: number;
 }
 
+/** How documents fill windows (see the module comment). */
+export type Packing = 'wrapped' | 'bfd';
+export const PACKINGS: readonly Packing[] = ['wrapped', 'bfd'];
+
 export interface PackOptions {
   seqLen: number;
   eosId: number;
   /** Input id used on padding positions (default eosId; never a target). */
   padId?: number;
+  /** Default 'wrapped'. */
+  packing?: Packing;
 }
 
 export interface PackedData {
@@ -48,6 +76,17 @@ export interface PackedData {
   /** Windows left out because no target in them counts (documents with loss spans only). */
   emptyWindows: number;
   numDocs: number;
+  packing: Packing;
+  /** 'bfd': documents longer than a window (seqLen + 1 tokens), split across windows of their own (0 under 'wrapped'). */
+  splitDocs: number;
+}
+
+/**
+ * Whether the token covering characters [start, end) is in the span [a, b) by transformers' rule (the tokens from
+ * char_to_token(a) through char_to_token(b - 1)): it overlaps the span, or it is empty and lies inside it.
+ */
+export function tokenMeetsSpan(start: number, end: number, a: number, b: number): boolean {
+  return start < b && (end > a || (end <= start && start >= a));
 }
 
 /** Tokenizes, concatenates with EOS and cuts into windows (see the module comment). */
@@ -58,7 +97,7 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     throw new DistilleryError(`eosId must be a token id, got ${opts.eosId}`, 'use the tokenizer\'s end-of-text token id (tokenizer.eosId)');
   }
   if (docs.length === 0) {
-    throw new DistilleryError('the dataset has no documents', 'check the data paths: the files are missing, empty, or whitespace only');
+    throw new InputError('the dataset has no documents', 'check the data paths: the files are missing, empty, or whitespace only');
   }
   const padId = opts.padId ?? opts.eosId;
   const chunks: number[][] = [];
@@ -68,7 +107,7 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     let ids: number[], c: Uint8Array;
     if (typeof d === 'string' || d.lossSpans === null) {
       ids = tokenizer.encode(typeof d === 'string' ? d : d.text);
-      ids.push(opts.eosId);
+      if (ids[ids.length - 1] !== opts.eosId) ids.push(opts.eosId);
       c = new Uint8Array(ids.length).fill(1);
     } else {
       if (!tokenizer.encodeWithOffsets) throw new DistilleryError('this tokenizer cannot give token offsets, which loss spans need', 'use --loss-on all');
@@ -76,40 +115,94 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
       ids = e.ids;
       c = new Uint8Array(ids.length + 1);
       const spans = d.lossSpans;
-      e.offsets.forEach(([start], i) => { if (spans.some(([a, b]) => start >= a && start < b)) c[i] = 1; });
-      ids.push(opts.eosId);
+      e.offsets.forEach(([start, end], i) => { if (spans.some(([a, b]) => tokenMeetsSpan(start, end, a, b))) c[i] = 1; });
+      if (ids[ids.length - 1] !== opts.eosId) ids.push(opts.eosId);
     }
     chunks.push(ids);
     counts.push(c);
     n += ids.length;
   }
   if (n - docs.length === 0) {
-    throw new DistilleryError('the dataset has no tokens (every document encodes to nothing)', 'check that the data files contain text');
+    throw new InputError('the dataset has no tokens (every document encodes to nothing)', 'check that the data files contain text');
   }
-  const stream = new Int32Array(n), counted = new Uint8Array(n);
-  let o = 0;
-  chunks.forEach((c, i) => { stream.set(c, o); counted.set(counts[i]!, o); o += c.length; });
+  const spanned = docs.some((d) => typeof d !== 'string' && d.lossSpans !== null);
+  const packing = opts.packing ?? 'wrapped';
   const windows: Window[] = [];
   let targetTokens = 0, emptyWindows = 0;
-  const spanned = docs.some((d) => typeof d !== 'string' && d.lossSpans !== null);
-  for (let s = 0; s + 1 < n; s += T) {
-    const len = Math.min(T, n - 1 - s); // targets available in this window
+  /** Adds the window of tokens [0, len] of `ids` (len targets) unless, with loss spans, none of them counts. */
+  const emit = (ids: Int32Array, counted: Uint8Array, len: number): void => {
     const inputs = new Int32Array(T).fill(padId);
     const targets = new Int32Array(T).fill(-1);
     const mask = new Float32Array(T);
-    inputs.set(stream.subarray(s, s + len));
-    targets.set(stream.subarray(s + 1, s + 1 + len));
+    inputs.set(ids.subarray(0, len));
+    targets.set(ids.subarray(1, 1 + len));
     let k = 0;
-    for (let i = 0; i < len; i++) if (counted[s + 1 + i]) { mask[i] = 1; k++; }
+    for (let i = 0; i < len; i++) if (counted[1 + i]) { mask[i] = 1; k++; }
     // With loss spans, a window may hold no counted target (a long user turn): it would only cost a step.
-    if (k === 0 && spanned) { emptyWindows++; continue; }
+    if (k === 0 && spanned) { emptyWindows++; return; }
     targetTokens += k;
     windows.push({ inputs, targets, mask, id: windows.length });
+  };
+  let splitDocs = 0;
+  if (packing === 'wrapped') {
+    const stream = new Int32Array(n), counted = new Uint8Array(n);
+    let o = 0;
+    chunks.forEach((c, i) => { stream.set(c, o); counted.set(counts[i]!, o); o += c.length; });
+    for (let s = 0; s + 1 < n; s += T) emit(stream.subarray(s), counted.subarray(s), Math.min(T, n - 1 - s));
+  } else {
+    const cap = T + 1;
+    // a document longer than a window fills windows of its own, split as 'wrapped' splits the stream; its last
+    // piece is placed like a document of that length (documents after it in its window see it)
+    type Piece = { doc: number; from: number; to: number };
+    const pieces: Piece[] = [];
+    chunks.forEach((c, i) => {
+      if (c.length <= cap) { pieces.push({ doc: i, from: 0, to: c.length }); return; }
+      splitDocs++;
+      let s = 0;
+      for (; s + cap < c.length; s += T) {
+        const w: Piece[] = [{ doc: i, from: s, to: s + cap }];
+        windowOf(w);
+      }
+      if (s + 1 < c.length) pieces.push({ doc: i, from: s, to: c.length });
+    });
+    const order = pieces.map((p, k) => [p.to - p.from, k] as const).sort((x, y) => y[0] - x[0] || x[1] - y[1]);
+    // best fit: the open windows by the room they have left (room -> window indices), searched upward from a length
+    const byRoom: number[][] = Array.from({ length: cap + 1 }, () => []);
+    const bins: Piece[][] = [];
+    const room: number[] = [];
+    for (const [len, k] of order) {
+      let r = len;
+      while (r <= cap && byRoom[r]!.length === 0) r++;
+      let w: number;
+      if (r <= cap) { w = byRoom[r]!.pop()!; } else { w = bins.length; bins.push([]); room.push(cap); }
+      bins[w]!.push(pieces[k]!);
+      room[w] = room[w]! - len;
+      byRoom[room[w]!]!.push(w);
+    }
+    for (const b of bins) windowOf(b);
+  }
+  function windowOf(members: readonly { doc: number; from: number; to: number }[]): void {
+    const ids = new Int32Array(T + 1), counted = new Uint8Array(T + 1);
+    let o = 0;
+    for (const m of members) {
+      ids.set(chunks[m.doc]!.slice(m.from, m.to), o);
+      counted.set(counts[m.doc]!.subarray(m.from, m.to), o);
+      // a continuation's first token was its previous piece's last target: not a target again, from other context
+      if (m.from > 0) counted[o] = 0;
+      o += m.to - m.from;
+    }
+    if (o >= 2) emit(ids, counted, o - 1);
   }
   if (windows.length === 0 && spanned) {
     throw new DistilleryError('no token of the data carries loss (no assistant reply in any window)', 'check the chat data, or pass --loss-on all to train on every token');
   }
-  return { windows, totalTokens: n, targetTokens, numDocs: docs.length, emptyWindows };
+  return { windows, totalTokens: n, targetTokens, numDocs: docs.length, emptyWindows, packing, splitDocs };
+}
+
+/** The warning for documents split across windows ('bfd'). */
+export function logSplitDocs(p: PackedData, seq: number, log: (s: string) => void): void {
+  if (p.splitDocs === 0) return;
+  log(`warning: ${p.splitDocs} of ${p.numDocs} documents are longer than --seq ${seq} + 1 tokens and are split across windows of their own (a later window does not see the document's beginning); raise --seq to keep each whole`);
 }
 
 /**

@@ -132,6 +132,14 @@ function fsyncTree(dir: string): void {
 }
 
 function prepare(finalDir: string): { abs: string; tmp: string } {
+  try {
+    return prepareUnwrapped(finalDir);
+  } catch (e) {
+    throw fileError(e, `cannot write ${finalDir}`, REPLACE_HINT);
+  }
+}
+
+function prepareUnwrapped(finalDir: string): { abs: string; tmp: string } {
   const abs = path.resolve(finalDir);
   const parent = path.dirname(abs);
   if (!fs.existsSync(parent)) fs.mkdirSync(parent, { recursive: true });

@@ -478,7 +478,9 @@ export function readHfConfigFile(file: string, hint: string): ModelConfig {
 
 /** Checks the invariants the model code relies on. */
 export function validateConfig(c: ModelConfig): void {
-  const bad = (msg: string, hint?: string): never => { throw new DistilleryError(`model config: ${msg}`, hint); };
+  const bad = (msg: string, hint = 'fix the value in config.json (the model\'s config or --model\'s), or start from a preset (--model tiny, small, qwen2.5-0.5b, ...)'): never => {
+    throw new DistilleryError(`model config: ${msg}`, hint);
+  };
   for (const [k, v] of Object.entries({
     vocab_size: c.vocabSize, hidden_size: c.hiddenSize, intermediate_size: c.intermediateSize,
     num_hidden_layers: c.numLayers, num_attention_heads: c.numHeads, num_key_value_heads: c.numKvHeads,

@@ -15,7 +15,7 @@
  * the reasoning of earlier turns), the reply is located in the whole rendering: the longest tail (whole lines) of
  * what its own prefix rendering added that appears after the previous span (holding the reply's content).
  */
-import { Template } from '@huggingface/jinja';
+import { Environment, Template } from '@huggingface/jinja';
 import { DistilleryError } from '../util/errors.js';
 
 /** One message of a conversation: role and content, plus whatever else the data gives (tool_calls, reasoning_content, ...). */
@@ -85,6 +85,19 @@ export function endOfTurnIds(tokenizer: { tokenToId(token: string): number | und
   return END_OF_TURN_TOKENS.map((t) => tokenizer.tokenToId(t)).filter((id): id is number => id !== undefined);
 }
 
+/**
+ * Conversations rendered with the default ChatML template (the model has no chat template) need the tokenizer's
+ * <|im_start|> and <|im_end|> tokens: without them the turn markers would be trained as plain text, which generation
+ * cannot stop on (transformers refuses a chat without a template).
+ */
+export function checkChatTokens(chat: ChatFormat, docs: ReadonlyArray<{ conversation?: boolean }>, tokenizer: { tokenToId(t: string): number | undefined }): void {
+  if (!chat.isDefault || !docs.some((d) => d.conversation === true)) return;
+  const missing = ['<|im_start|>', '<|im_end|>'].filter((t) => tokenizer.tokenToId(t) === undefined);
+  if (missing.length === 0) return;
+  throw new DistilleryError(`the data has conversations, but the model has no chat template and its tokenizer has no ${missing.join(' or ')} token for the default ChatML one`,
+    'give the model a chat template (tokenizer_config.json "chat_template", or chat_template.jinja beside it), or render the conversations yourself and pass {"text": ...} lines');
+}
+
 export function describeChatFormat(f: ChatFormat): string {
   if (f.isDefault) return 'none (chat renders with plain ChatML)';
   const kind = /\{%-?\s*generation\s*-?%\}/.test(f.template) ? ', marks assistant output ({% generation %})' : '';
@@ -116,6 +129,56 @@ export function strftime(d: Date, fmt: string): string {
     }
   });
 }
+
+/**
+ * Python's str.strip / lstrip / rstrip take the characters to strip (`content.lstrip('\n')` in Qwen3's and SmolLM3's
+ * templates); @huggingface/jinja 0.5.11 ignores the argument and strips all whitespace, which drops a reply's leading
+ * indentation. The string methods are replaced, once, by ones that honour it (no argument or None: whitespace, as
+ * before). The engine's classes are not exported: they are reached through a value the Environment converts. Should
+ * the engine change shape, nothing is replaced, and test/tokenizer/chat.test.ts says so.
+ */
+function pyStrip(s: string, chars: string | null, side: 'both' | 'left' | 'right'): string {
+  if (chars === null) return side === 'both' ? s.trim() : side === 'left' ? s.trimStart() : s.trimEnd();
+  const set = new Set(Array.from(chars));
+  const cps = Array.from(s);
+  let a = 0, b = cps.length;
+  if (side !== 'right') while (a < b && set.has(cps[a]!)) a++;
+  if (side !== 'left') while (b > a && set.has(cps[b - 1]!)) b--;
+  return cps.slice(a, b).join('');
+}
+
+interface EngineValue { value: unknown; builtins: Map<string, unknown> }
+function patchStringStrip(): void {
+  const env = new Environment();
+  env.set('s', '');
+  const sv = (env as unknown as { variables: Map<string, EngineValue> }).variables.get('s');
+  if (!sv) return;
+  const proto = Object.getPrototypeOf(sv) as object;
+  const getter = Object.getOwnPropertyDescriptor(proto, 'builtins')?.get;
+  const fn = sv.builtins.get('strip');
+  if (!getter || !fn || typeof fn !== 'object') return;
+  type Ctor<T> = new (v: T) => EngineValue;
+  const FunctionValue = (fn as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
+  const StringValue = (sv as unknown as { constructor: Ctor<string> }).constructor;
+  const patched = new WeakSet<Map<string, unknown>>();
+  Object.defineProperty(proto, 'builtins', {
+    configurable: true,
+    get(this: EngineValue) {
+      const m = getter.call(this) as Map<string, unknown>;
+      if (!patched.has(m)) {
+        const text = String(this.value);
+        const method = (side: 'both' | 'left' | 'right') => new FunctionValue((args: EngineValue[]) => {
+          const c = args[0]?.value;
+          return new StringValue(pyStrip(text, typeof c === 'string' ? c : null, side));
+        });
+        m.set('strip', method('both')); m.set('lstrip', method('left')); m.set('rstrip', method('right'));
+        patched.add(m);
+      }
+      return m;
+    },
+  });
+}
+patchStringStrip();
 
 const compiled = new Map<string, Template>();
 
@@ -157,7 +220,9 @@ function run(f: ChatFormat, source: string, messages: readonly ChatMessage[], o:
     },
     distillery_strftime_now: (fmt: unknown): string => strftime(now, String(fmt)),
   };
-  if (o.tools) vars.tools = o.tools;
+  // transformers passes tools and documents always (None when not given): `tools is not none` reads them
+  vars.tools = o.tools ?? null;
+  vars.documents = null;
   try {
     return t.render(vars);
   } catch (e) {
@@ -322,9 +387,11 @@ export function chatTemplateFromConfig(v: unknown): string | null {
  * `lossOn: 'assistant'` it also gives the assistant replies' spans (the tokens the loss counts).
  */
 export function chatRenderer(format: ChatFormat, o: { lossOn: 'assistant' | 'all'; kwargs?: Record<string, unknown> | undefined }):
-  (messages: readonly ChatMessage[], tools: unknown[] | null) => string | RenderedChat {
-  const base: ChatRenderOptions = o.kwargs ? { kwargs: o.kwargs } : {};
-  return (messages, tools) => {
+  (messages: readonly ChatMessage[], tools: unknown[] | null, rowKwargs?: Record<string, unknown> | null) => string | RenderedChat {
+  return (messages, tools, rowKwargs) => {
+    // a line's own chat_template_kwargs (TRL's column) over the run's --chat-template-kwargs
+    const kwargs = rowKwargs ? { ...(o.kwargs ?? {}), ...rowKwargs } : o.kwargs;
+    const base: ChatRenderOptions = kwargs ? { kwargs } : {};
     const opts = tools ? { ...base, tools } : base;
     return o.lossOn === 'assistant' ? renderChatWithSpans(format, messages, opts) : renderChat(format, messages, opts);
   };

@@ -70,6 +70,8 @@ export interface RunOptions {
   genTopK: number;
   /** Chat data: the loss counts the assistant replies only ('assistant'), or every token ('all'). */
   lossOn: 'assistant' | 'all';
+  /** How documents fill the windows (src/data/pack.ts): 'auto' is 'bfd' when the data has a conversation, else 'wrapped'. */
+  packing: 'auto' | 'wrapped' | 'bfd';
   /** Chat template options as JSON (e.g. '{"enable_thinking": false}'): extra variables of the model's template. */
   chatTemplateKwargs?: string;
   /** LoRA (src/model/lora.ts): train adapters of this rank on the frozen --init model (0 = train every weight). */
@@ -130,6 +132,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   genTopK: 0,
   saveDtype: 'f32',
   lossOn: 'assistant',
+  packing: 'auto',
   loraRank: 0,
   loraAlpha: 0,
   loraTargets: 'all',

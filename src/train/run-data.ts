@@ -11,12 +11,12 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
-import { chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { checkChatTokens, chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
 import { tokenizerHash } from '../tokenizer/identity.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { UsageError } from '../cli/args.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { capDocs, loadDocs, reportNoAssistant, loadDocCorpus, packDocuments, splitTrainVal, type Doc, type PackedData, type Window } from '../data/index.js';
+import { capDocs, describePacking, loadDocs, logSplitDocs, reportNoAssistant, loadDocCorpus, packDocuments, packingFor, splitTrainVal, type Doc, type Packing, type PackedData, type Window } from '../data/index.js';
 import { TeacherCache } from '../cache/store.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
@@ -44,6 +44,23 @@ export function readData(o: DataOptions, log: (s: string) => void, chat: ChatFor
   const loaded = loadDocs(o.data, { renderChat: chatRenderer(chat, { lossOn: o.lossOn ?? 'assistant', kwargs }) });
   reportNoAssistant(loaded, log);
   return capDocs(loaded.docs, o.maxChars);
+}
+
+/**
+ * The packing of a run: --packing, 'auto' resolved on the data (packingFor). A resumed run keeps the packing it was
+ * started with (a run from before --packing existed packed 'wrapped'); another explicit choice is refused.
+ */
+export function runPacking(o: Pick<RunOptions, 'packing'>, saved: SavedState | null, docs: ReadonlyArray<{ conversation?: boolean }>, log: (s: string) => void): Packing {
+  const chosen = packingFor(o.packing, docs);
+  if (!saved) return chosen;
+  const was = (saved.options as Partial<RunOptions> | undefined)?.packing;
+  const started = was === undefined ? 'wrapped' : packingFor(was, docs);
+  if (o.packing !== 'auto' && o.packing !== undefined && o.packing !== started) {
+    throw new UsageError(`--resume: the run was started with --packing ${started}, not ${o.packing}`,
+      `resume with --packing ${started} (or leave it out), or start a new run (--overwrite, or another --out)`);
+  }
+  if (started !== chosen) log(`data: --resume keeps the run's packing, ${started}`);
+  return started;
 }
 
 export interface ModelExtras {
@@ -126,16 +143,20 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
   }
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
   if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId });
+  checkChatTokens(chat, docs, tokenizer);
+  const packing = runPacking(o, saved, docs, log);
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing });
+  logSplitDocs(packed, o.seq, log);
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
   if (cache) {
     cache.checkRun({
       tokenizerSha256: tokenizerHash(tokenizer), dataSha256: dataHash, seq: o.seq, temperature: o.temperature, lossOn: o.lossOn ?? 'assistant',
+      packing: describePacking(packing),
       windows: packed.windows.length, lossVocab: tokenizer.vocabSize,
     });
   }
   if (val.length === 0) log('warning: no validation windows (dataset too small or --val-fraction 0): validation loss is not measured');
-  log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq}`);
+  log(`data: ${docs.length} documents, ${packed.totalTokens} tokens, ${train.length} training and ${val.length} validation windows of ${o.seq} (packing ${packed.packing})`);
   if (docs.some((d) => d.lossSpans !== null)) {
     log(`data: the loss counts ${packed.targetTokens} of ${packed.totalTokens} tokens (the assistant replies; --loss-on all counts every token)` +
       (packed.emptyWindows ? `; ${packed.emptyWindows} windows without an assistant token left out` : ''));

@@ -89,7 +89,8 @@ export function readSavedState(file: string): SavedState {
 }
 
 /** Options that may change between a checkpoint and its resume (they don't change what is computed). */
-const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype'];
+// (packing and lossOn: checked by prepareRunData, run-data.ts: the packing it resolves to, --loss-on refused)
+const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype', 'packing', 'lossOn'];
 
 export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
   const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars',
@@ -113,7 +114,8 @@ export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: str
   // Everything else may change (e.g. a lower --lr after a divergence), but the run is then no longer exact: say so.
   const changed = (Object.keys(b) as Array<keyof RunOptions>)
     .filter((k) => !keys.includes(k) && !RESUME_FREE.includes(k) && k !== 'data' && val(a, k) !== val(b, k));
-  for (const k of changed) log(`warning: --resume with ${flagName(k)} ${JSON.stringify(b[k])} (the checkpoint used ${JSON.stringify(a[k])}): the run will differ from an uninterrupted one`);
+  const shown = (o: RunOptions, k: keyof RunOptions): string => val(o, k) ?? 'none';
+  for (const k of changed) log(`warning: --resume with ${flagName(k)} ${shown(b, k)} (the checkpoint used ${shown(a, k)}): the run will differ from an uninterrupted one`);
 }
 
 /** The flag a run option comes from, as the user writes it: gradAccum → --grad-accum. */

@@ -144,6 +144,8 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
   const root = comm.rank === 0;
   const log = !root ? () => {} : hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
   const out = path.resolve(o.out);
+  // a folder this run creates and that is still empty when it fails (bad data, no CUDA) is removed again
+  const created = root && !fs.existsSync(out);
   try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
     const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
     // A path that cannot be a folder, or one the user may not write, is bad input (exit 2); a full disk is not.
@@ -164,8 +166,11 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     const holdsOld = root && !o.resume && holdsRun(out);
     if (holdsOld) {
       if (!o.overwrite) {
-        throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)`,
-          'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out');
+        // a run that stopped before its first checkpoint cannot be continued: --resume would only say so
+        const resumable = fs.existsSync(path.join(out, 'checkpoints', 'latest'));
+        throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)${resumable ? '' : ' that stopped before its first checkpoint'}`,
+          resumable ? 'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out'
+            : 'start afresh with --overwrite (deletes its metrics and files), or use another --out');
       }
       // the old run is removed once this one has read its data and models and is about to write (a bad input must
       // not cost the previous run): runWithBackend calls replaceOld() before its first write
@@ -183,10 +188,20 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
     if (o.resume) {
       const statePath = path.join(latest, 'state.json');
       if (!fs.existsSync(statePath)) {
-        throw new DistilleryError(`--resume: no checkpoint at ${latest}`, 'run without --resume to start fresh, or point --out at the run folder');
+        if (fs.existsSync(latest)) {
+          throw new DistilleryError(`--resume: the checkpoint ${latest} has no state.json (it is damaged)`,
+            'restore the file from a copy of the run, or start afresh with --overwrite');
+        }
+        throw new DistilleryError(`--resume: no checkpoint at ${latest}`, holdsRun(out)
+          ? 'the run stopped before its first checkpoint: start it afresh with --overwrite instead of --resume'
+          : 'run without --resume to start fresh, or point --out at the run folder');
       }
       saved = readSavedState(statePath);
       checkResumeCompatible(saved.options, o, log);
+      if (saved.step > o.steps) {
+        throw new DistilleryError(`--resume: the checkpoint is at step ${saved.step}, past --steps ${o.steps}`,
+          `pass --steps ${saved.step} or more (the run's was ${saved.options.steps})`);
+      }
       const was = saved.world ?? 1;
       if (was !== comm.world) {
         throw new DistilleryError(`--resume: the checkpoint was written by a run of ${was} process${was > 1 ? 'es' : ''}, this one has ${comm.world}`,
@@ -223,9 +238,18 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
       if (dcomm !== comm) dcomm.close(!ok);
       if (ownBackend) backend.dispose();
     }
+  } catch (e) {
+    lock?.release();
+    if (created) removeIfEmpty(out);
+    throw e;
   } finally {
     lock?.release();
   }
+}
+
+/** Removes a folder that holds nothing (or only the run lock, released already). */
+function removeIfEmpty(dir: string): void {
+  try { if (fs.readdirSync(dir).length === 0) fs.rmdirSync(dir); } catch { /* kept: it is not empty, or is gone */ }
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,
@@ -305,6 +329,15 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
+  /**
+   * A validation pass a signal can cut short (one rank: the handler runs between batches): 'stopped' when one did.
+   * Several ranks evaluate through to the end (they stop together, at a step's end).
+   */
+  const evaluateOrStop = async (): Promise<ReturnType<typeof evaluate> | 'stopped'> => {
+    if (!evalBatches.length) return null;
+    if (world > 1) return runner.evaluate(evalBatches);
+    return (await runner.evaluateYielding(evalBatches, () => stops.signal !== null)) ?? 'stopped';
+  };
   const appendMetric = (m: Record<string, unknown>): void => {
     if (!root) return;
     try { appendNoFollow(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
@@ -313,8 +346,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `free disk space, then continue with --resume${fs.existsSync(latest) ? ` (the last checkpoint, ${latest}, is intact)` : ''}`);
     }
   };
+  // a signal during the first validation pass stops the run before its first step (nothing trained, no checkpoint)
+  let stoppedBeforeFirstStep = false;
   if (!saved) {
-    const e = evaluate();
+    const r = await evaluateOrStop();
+    const e = r === 'stopped' ? null : r;
+    stoppedBeforeFirstStep = r === 'stopped';
     if (e) {
       initialValLoss = e.meanLoss; initialValCe = e.meanCe;
       appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
@@ -473,8 +510,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const loaderBefore = loader.state();
     ahead = { step: nextStep, micro: offPolicyMicro(), loaderBefore };
   };
+  if (stoppedBeforeFirstStep) status = `interrupted by ${stops.signal}`;
   try {
-    while (step < o.steps) {
+    while (step < o.steps && !stoppedBeforeFirstStep) {
       let micro: Batch[] = [];
       const onPolicyStep = onPolicy !== null && isOnPolicyStep(o.seed, step, onPolicy.fraction);
       let generated = 0;
@@ -526,8 +564,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       // then evaluates (and picks best/) as the uninterrupted one does; the stop's checkpoint is checked on a batch
       const evalNow = step % o.evalEvery === 0 || step === o.steps;
       if (evalNow) {
-        lastEval = evaluate();
-        lastEvalStep = step;
+        // a signal during the pass abandons it: the stop below writes the checkpoint of this step
+        const r = await evaluateOrStop();
+        lastEval = r === 'stopped' ? null : r;
+        lastEvalStep = r === 'stopped' ? -1 : step;
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
           if (!o.quiet && root) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
@@ -561,6 +601,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   } catch (e) {
     // the checkpoint write in flight ends before the run stops; the run's own error is the one that counts
     try { checkpoints?.close(); } catch (w) { log(`warning: writing ${latest} failed too: ${w instanceof Error ? w.message : String(w)}`); }
+    // summary.json says the run failed (not a previous run's status), where it can still be written
+    if (!status.startsWith('failed')) {
+      status = `failed at step ${step}: ${e instanceof Error ? e.message : String(e)}`;
+      try { writeSummary(null); } catch { /* the error below says why the folder cannot be written */ }
+    }
     throw e;
   } finally {
     if (!o.quiet && root) progress.done();
@@ -572,7 +617,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   checkpoints?.close();
   // the summary's final validation figures are of the weights the run ends with, also when it did not evaluate them
   // (a --stop-after or a signal between evaluations, a --resume of a finished run): not a metrics row, not a best/
-  if (lastEval === null || lastEvalStep !== step) lastEval = evaluate();
+  // (a run a signal stopped skips it: the summary then has no final validation figures)
+  if (stops.signal !== null && (lastEval === null || lastEvalStep !== step)) lastEval = null;
+  else if (lastEval === null || lastEvalStep !== step) lastEval = evaluate();
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
@@ -584,7 +631,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +
     `${fmt(summary.initialValLoss)} → ${fmt(summary.finalValLoss)} (validation); ${Math.round(summary.tokensPerSecond)} tokens/s; ${status}`);
   for (const w of summary.warnings.slice(warnings.length)) log(`warning: ${w}`);
-  if (stops.signal !== null) log(`${stops.signal}: stopped after step ${step}; checkpoint ${latest} (continue with --resume)`);
+  if (stops.signal !== null) {
+    log(stoppedBeforeFirstStep ? `${stops.signal}: stopped before the first step (nothing trained, no checkpoint)`
+      : `${stops.signal}: stopped after step ${step}; checkpoint ${latest} (continue with --resume)`);
+  }
   return summary;
 }
 

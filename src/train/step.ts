@@ -190,15 +190,36 @@ export class StepRunner {
   }
 
   /** Mean loss, cross-entropy, divergence and teacher agreement over the given batches (no gradients). */
-  evaluate(batches: Iterable<Batch>): LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; perplexity: number } {
+  evaluate(batches: Iterable<Batch>): EvalSums {
     const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     for (const b of batches) addSums(acc, this.lossPass(b, 0, false));
-    const d = Math.max(acc.tokens, 1);
-    return {
-      ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d,
-      perplexity: Math.exp(acc.ce / d),
-    };
+    return means(acc);
   }
+
+  /**
+   * evaluate() with the event loop let in between batches (a signal's handler runs there), the same sums in the same
+   * order; null as soon as `stop()` holds after a batch (the pass is abandoned).
+   */
+  async evaluateYielding(batches: Iterable<Batch>, stop: () => boolean): Promise<EvalSums | null> {
+    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    for (const b of batches) {
+      addSums(acc, this.lossPass(b, 0, false));
+      await new Promise<void>((resolve) => setImmediate(resolve));
+      if (stop()) return null;
+    }
+    return means(acc);
+  }
+}
+
+/** Sums over a validation pass and the means the run reports. */
+export type EvalSums = LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; perplexity: number };
+
+function means(acc: LossSums): EvalSums {
+  const d = Math.max(acc.tokens, 1);
+  return {
+    ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d,
+    perplexity: Math.exp(acc.ce / d),
+  };
 }
 
 function addSums(a: LossSums, b: LossSums): void {

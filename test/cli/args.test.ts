@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { camelToKebab, closest, coerceValue, editDistance, formatHelp, kebabToCamel, parseArgs, type FlagSpec } from '../../src/cli/args.js';
+import { camelToKebab, closest, coerceValue, editDistance, formatHelp, kebabToCamel, parseArgs, UsageError, type FlagSpec } from '../../src/cli/args.js';
 import { usageError } from './fixtures.js';
 
 const FLAGS: FlagSpec[] = [
@@ -96,6 +96,13 @@ test('coerceValue accepts config-file values (numbers, booleans, lists) and name
   usageError(() => coerceValue(FLAGS[1]!, true, 'lr in a.yaml'), /^lr in a.yaml expects a number, got true$/);
   usageError(() => coerceValue(FLAGS[4]!, [1, 2], 'data in a.yaml'), /data in a.yaml expects one or more file names/);
   usageError(() => coerceValue(FLAGS[0]!, { a: 1 }, 'out in a.yaml'), /out in a.yaml expects a string, got an object/);
+  // every refusal has a hint (a config key's says to quote it)
+  assert.throws(() => coerceValue(FLAGS[0]!, { a: 1 }, 'out in a.yaml'), (e: unknown) => e instanceof UsageError && /out: "<value>"/.test(e.hint ?? ''));
+  assert.throws(() => coerceValue(FLAGS[0]!, '', 'out in a.yaml'), (e: unknown) => e instanceof UsageError && (e.hint ?? '') !== '');
+  // a JSON-valued option written as a YAML mapping is that JSON
+  const json: FlagSpec = { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'x' };
+  assert.equal(coerceValue(json, { enable_thinking: false, n: 2 }, 'chatTemplateKwargs in a.yaml'), '{"enable_thinking":false,"n":2}');
+  usageError(() => coerceValue(json, [1], 'chatTemplateKwargs in a.yaml'), /expects a string, got/);
 });
 
 test('name helpers', () => {

@@ -169,3 +169,12 @@ test('kernels plan|audit --tf32: the tensor-core attention forward (what a --tf3
   assert.equal(await kernelsCli.run(['plan', '--tf32'], { out: () => {}, err: () => {} }, deps), 0);
   assert.deepEqual(calls[0], ['plan', { tf32: true }]);
 });
+
+test('kernels --arch takes sm_XX from sm_75 (CUDA 13\'s NVRTC) and refuses anything else as usage, before compiling', async () => {
+  for (const bad of ['banana', 'sm_10', 'sm_70', '90']) {
+    await assert.rejects(kernelsCommand('plan', { model: 'tiny', arch: bad }), (e: unknown) => e instanceof InputError && /is not a GPU architecture/.test(e.message) && /sm_90/.test(e.hint ?? ''));
+    await assert.rejects(kernelsCommand('warm', { model: 'tiny', arch: bad, cacheDir: path.join(tmpdir(), 'distillery-arch-never') }), (e: unknown) => e instanceof InputError);
+  }
+  const { code } = await capture(() => kernelsCommand('plan', { model: 'tiny', arch: 'sm_90a' }));
+  assert.equal(code, 0);
+});

@@ -265,3 +265,11 @@ test('parameterCount equals the tensors parameterLayout enumerates for every pre
   assert.equal(parameterCount(presetConfig('qwen2.5-3b', 151936)), 3_085_938_688);
   assert.equal(parameterCount(presetConfig('qwen2.5-7b', 152064)), 7_615_616_512);
 });
+
+test('an invalid config value is one sentence and a hint (the hint was missing)', () => {
+  const hf = toHfConfig(presetConfig('tiny', 300)) as Record<string, unknown>;
+  for (const [k, v, re] of [['num_attention_heads', 0, /num_attention_heads must be a positive integer, got 0/], ['head_dim', 7, /head_dim \(7\) must be even/],
+    ['rms_norm_eps', -1, /rms_norm_eps must be in \(0, 1\)/]] as const) {
+    assert.throws(() => parseHfConfig({ ...hf, [k]: v }), (e: unknown) => e instanceof DistilleryError && re.test(e.message) && /config\.json/.test(e.hint ?? ''), k);
+  }
+});

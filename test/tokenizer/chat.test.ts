@@ -14,7 +14,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CHATML_TEMPLATE, DEFAULT_CHAT_FORMAT, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
+import { CHATML_TEMPLATE, DEFAULT_CHAT_FORMAT, checkChatTokens, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
 import { loadDocs, loadDocuments } from '../../src/data/documents.js';
 import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { DistilleryError } from '../../src/util/errors.js';
@@ -206,4 +206,47 @@ test('encodeWithOffsets where the normalizer changes the text (Qwen: NFC): each 
   const [s0, s1] = r.assistant[0]!;
   const counted = enc.ids.filter((_, i) => enc.offsets[i]![0] >= s0 && enc.offsets[i]![0] < s1);
   assert.equal(tok.decode(counted), 'école is a French word<|im_end|>');
+});
+
+test('str.strip / lstrip / rstrip take the characters to strip, as in Python (the engine ignored them: Qwen3 and SmolLM3 lost a reply\'s indentation)', () => {
+  const f = chatFormatOf("{{ messages[0]['content'].lstrip('\\n') }}|{{ messages[0]['content'].rstrip('\\n') }}|{{ messages[0]['content'].strip('\\n ') }}|{{ messages[0]['content'].strip() }}|{{ 'xxhixx'.strip('x') }}|{{ 'ab'.lstrip('') }}", 'test');
+  // Python: s.lstrip('\n'), s.rstrip('\n'), s.strip('\n '), s.strip(), 'xxhixx'.strip('x'), 'ab'.lstrip('')
+  assert.equal(renderChat(f, [{ role: 'user', content: '\n  indented code  \n\n' }]),
+    '  indented code  \n\n|\n  indented code  |indented code|indented code|hi|ab');
+  // Qwen3's template: an assistant reply's leading indentation survives (content.lstrip('\n'))
+  const qwen3 = chatFormatOf((JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as { chat_template: string }).chat_template, 'qwen3');
+  const text = renderChat(qwen3, [{ role: 'user', content: 'Code?' }, { role: 'assistant', content: '    x = 1\nprint(x)' }]);
+  assert.ok(text.includes('\n\n    x = 1\nprint(x)<|im_end|>'), JSON.stringify(text));
+});
+
+test('tools and documents are null where the data has none (transformers passes None): `tools is not none` works', () => {
+  const f = chatFormatOf("{% if tools is not none %}{{ tools|length }} tools{% else %}no tools{% endif %}/{{ documents is none }}", 'test');
+  assert.equal(renderChat(f, [{ role: 'user', content: 'hi' }]), 'no tools/true');
+  assert.equal(renderChat(f, [{ role: 'user', content: 'hi' }], { tools: [{ type: 'function' }, { type: 'function' }] }), '2 tools/true');
+});
+
+test('a line\'s chat_template_kwargs reach the template over --chat-template-kwargs; a non-object is refused with file:line', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-kw-'));
+  const f = path.join(dir, 'c.jsonl');
+  fs.writeFileSync(f, [
+    JSON.stringify({ messages: [{ role: 'user', content: 'a' }] }),
+    JSON.stringify({ messages: [{ role: 'user', content: 'b' }], chat_template_kwargs: { mode: 'row' } }),
+  ].join('\n') + '\n');
+  const fmt = chatFormatOf("{{ messages[0]['content'] }}:{{ mode }}:{{ other }}", 'test');
+  const docs = loadDocuments([f], { renderChat: chatRenderer(fmt, { lossOn: 'all', kwargs: { mode: 'run', other: 'x' } }) });
+  assert.deepEqual(docs, ['a:run:x', 'b:row:x']);
+  fs.writeFileSync(f, JSON.stringify({ messages: [{ role: 'user', content: 'a' }], chat_template_kwargs: 'no' }) + '\n');
+  assert.throws(() => loadDocuments([f], { renderChat: chatRenderer(fmt, { lossOn: 'all' }) }), (e: unknown) => e instanceof DistilleryError && /c\.jsonl:1: "chat_template_kwargs" must be an object/.test(e.message));
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('conversations without a chat template need the tokenizer\'s ChatML tokens (else the turn markers would be plain text): refused by name', () => {
+  const withChatml = { tokenToId: (t: string): number | undefined => ({ '<|im_start|>': 1, '<|im_end|>': 2 } as Record<string, number>)[t] };
+  const without = { tokenToId: (): number | undefined => undefined };
+  const chat = [{ conversation: true }];
+  checkChatTokens(DEFAULT_CHAT_FORMAT, chat, withChatml);
+  checkChatTokens(DEFAULT_CHAT_FORMAT, [{}], without); // text data: no template needed
+  checkChatTokens(chatFormatOf(CHATML_TEMPLATE, 'a model'), chat, without); // the model's own template: its business
+  assert.throws(() => checkChatTokens(DEFAULT_CHAT_FORMAT, chat, without),
+    (e: unknown) => e instanceof DistilleryError && /no chat template and its tokenizer has no <\|im_start\|> or <\|im_end\|> token/.test(e.message) && /chat_template/.test(e.hint ?? ''));
 });

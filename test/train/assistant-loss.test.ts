@@ -91,15 +91,20 @@ test('train and distill on chat data: the log and summary count the assistant to
   // The run renders with the template beside its tokenizer.json (Qwen3's, from tokenizer_config.json).
   const qwen3 = chatFormatOf((JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as { chat_template: string }).chat_template, 'qwen3');
   const loaded = loadDocs([data], { renderChat: chatRenderer(qwen3, { lossOn: 'assistant' }) });
-  // Independently: the tokens of the assistant spans, tokenized in context.
+  // Independently: the tokens of the assistant spans, tokenized in context, by transformers' rule (tokens
+  // char_to_token(start) .. char_to_token(end - 1) of each span: the first may begin before the span).
   let want = 0;
   for (const d of loaded.docs) {
     const e = tok.encodeWithOffsets(d.text);
-    want += e.offsets.filter(([s]) => d.lossSpans!.some(([x, y]) => s >= x && s < y)).length;
+    const charToToken = (c: number): number => e.offsets.findIndex(([s, t]) => s <= c && c < t);
+    const marked = new Set<number>();
+    for (const [x, y] of d.lossSpans!) for (let k = charToToken(x); k <= charToToken(y - 1); k++) marked.add(k);
+    want += marked.size;
   }
   assert.equal(a.dataLossTokens, want);
   assert.match(line, new RegExp(`the loss counts ${want} of ${a.dataTokens} tokens`));
-  const all = await runTraining(opts(dir, data, { model: cfg, lossOn: 'all' }), { log: () => {} });
+  // (wrapped packing: every token but the first is a target)
+  const all = await runTraining(opts(dir, data, { model: cfg, lossOn: 'all', packing: 'wrapped' }), { log: () => {} });
   assert.equal(all.dataLossTokens, all.dataTokens - 1);
   assert.notEqual(all.initialValLoss, a.initialValLoss);
   // Longer user turns: more tokens, the same loss tokens.
@@ -116,7 +121,7 @@ test('train and distill on chat data: the log and summary count the assistant to
     tokenizerConfig: JSON.parse(fs.readFileSync(path.join(path.dirname(qwenTokenizerPath()), 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>,
   });
   // eval follows the same mask: its token count is the assistant tokens of the windows it evaluates.
-  const evalOf = (lossOn: 'assistant' | 'all') => evaluate({ model: a.finalDir!, data: [data], seq: 32, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: false, lossOn });
+  const evalOf = (lossOn: 'assistant' | 'all') => evaluate({ model: a.finalDir!, data: [data], seq: 32, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: false, lossOn, packing: lossOn === 'all' ? 'wrapped' : 'auto' });
   const ea = await evalOf('assistant'), eall = await evalOf('all');
   assert.equal(ea.tokens, want);
   assert.equal(eall.tokens, a.dataTokens - 1);

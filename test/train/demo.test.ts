@@ -34,7 +34,18 @@ test('demo --out refuses a folder whose teacher/ holds a run it did not make (it
   fs.mkdirSync(path.join(out, 'teacher'));
   fs.writeFileSync(path.join(out, 'teacher', 'metrics.jsonl'), '{"step":1,"loss":2}\n');
   await assert.rejects(runDemo({ out, quick: true, log: () => {} }),
-    (e: unknown) => e instanceof InputError && /teacher\/ holds a run the demo did not make/.test(e.message));
+    (e: unknown) => e instanceof InputError && /teacher\/ is not the demo's/.test(e.message));
   assert.equal(fs.readFileSync(path.join(out, 'teacher', 'metrics.jsonl'), 'utf8'), '{"step":1,"loss":2}\n', 'the user\'s run is untouched');
+  assert.ok(!fs.existsSync(path.join(out, DEMO_MARKER)));
+});
+
+test('demo --out: a demo.txt that is not a demo\'s report does not make the folder the demo\'s (its runs and the file would be replaced)', async () => {
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-demo-'));
+  fs.writeFileSync(path.join(out, 'demo.txt'), 'my notes\n');
+  await assert.rejects(runDemo({ out, quick: true, log: () => {} }), (e: unknown) => e instanceof InputError && /demo\.txt is not the demo's/.test(e.message));
+  assert.equal(fs.readFileSync(path.join(out, 'demo.txt'), 'utf8'), 'my notes\n');
+  fs.mkdirSync(path.join(out, 'teacher'));
+  fs.writeFileSync(path.join(out, 'teacher', 'metrics.jsonl'), '{"step":1,"loss":2}\n');
+  await assert.rejects(runDemo({ out, quick: true, log: () => {} }), (e: unknown) => e instanceof InputError && /teacher\/, demo\.txt are not the demo's/.test(e.message));
   assert.ok(!fs.existsSync(path.join(out, DEMO_MARKER)));
 });

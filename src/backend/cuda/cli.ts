@@ -41,6 +41,14 @@ const out = (s: string): void => { write(s + '\n'); };
 export function setKernelsOutput(w: (s: string) => void): (s: string) => void { const prev = write; write = w; return prev; }
 
 const str = (a: Args, k: string): string | undefined => (typeof a[k] === 'string' ? a[k] : undefined);
+/** --arch: an NVIDIA architecture as NVRTC names it (sm_75 and later: CUDA 13's NVRTC compiles for no older one), else usage. */
+function archArg(a: Args): string | undefined {
+  const v = str(a, 'arch');
+  if (v === undefined) return undefined;
+  const m = /^sm_(\d+)(a?)$/.exec(v);
+  if (!m || Number(m[1]) < 75) throw new InputError(`--arch ${v} is not a GPU architecture distillery compiles for`, 'pass sm_XX for your GPU, e.g. --arch sm_80 (A100), sm_89 (L4, RTX 40), sm_90 (H100, H200)');
+  return v;
+}
 const num = (a: Args, k: string, d: number): number => (typeof a[k] === 'number' ? a[k] : d);
 
 /** A model config from a preset name, a config.json path or a checkpoint folder (config.json only is read). */
@@ -126,7 +134,7 @@ function describeJob(j: JobShape): string {
 function planCmd(a: Args): number {
   const job = jobFromArgs(a);
   const specs = planKernels(jobClosures(job), planOptionsFromArgs(a));
-  const arch = str(a, 'arch') ?? 'sm_90';
+  const arch = archArg(a) ?? 'sm_90';
   const nvrtc = tryNvrtc();
   const key = (s: KernelSpec): string => (nvrtc ? cacheKey(s.source(), compileOptions(arch), arch, nvrtc) : sourceHash(s));
   if (a.json === true) {
@@ -155,7 +163,7 @@ async function warmCmd(a: Args, compiler: KernelCompiler | null = tryNvrtc()): P
   const job = jobFromArgs(a);
   const specs = planKernels(jobClosures(job), planOptionsFromArgs(a));
   if (!compiler) throw new DistilleryError('kernels warm: NVRTC (libnvrtc) was not found', 'install NVRTC (e.g. Debian libnvrtc11.2 or the CUDA toolkit) or set DISTILLERY_CUDA_LIB_DIR');
-  const arch = str(a, 'arch') ?? await detectArch();
+  const arch = archArg(a) ?? await detectArch();
   if (!arch) throw new DistilleryError('kernels warm: no GPU found to take the architecture from', 'pass --arch, e.g. --arch sm_90 (H100) or --arch sm_80 (A100)');
   const dir = str(a, 'cacheDir') ?? defaultCacheDir();
   let compileMs = 0;

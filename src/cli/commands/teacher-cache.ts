@@ -30,6 +30,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'val-fraction', kind: 'number', description: 'the validation share distill will use (recorded; every window is cached)', defaultText: String(D.valFraction) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
   { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the positions the loss counts (only those are cached)', defaultText: 'assistant' },
+  { name: 'packing', kind: 'string', choices: ['auto', 'wrapped', 'bfd'], description: 'how documents fill the windows, as distill\'s --packing (bfd: each whole; wrapped: joined and cut; auto: bfd when the data has conversations)', defaultText: 'auto' },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object, e.g. \'{"enable_thinking": false}\'' },
   { name: 'shard-windows', kind: 'integer', description: 'windows per shard file (a killed job loses at most one shard)', defaultText: String(DEFAULT_SHARD_WINDOWS) },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where the teacher runs', defaultText: 'cpu' },
@@ -74,7 +75,7 @@ export function cacheJobOptions(v: Record<string, unknown>): CacheJobOptions {
   return {
     teacher: resolveModelArg(v.teacher, '--teacher'), data, out: v.out, seq: int('seq', D.seq, 1), batch: int('batch', D.batch, 1),
     sparse: v.sparse === undefined ? DEFAULT_SPARSE : parseSparse(v.sparse as string), temperature, seed, valFraction,
-    lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant', chatTemplateKwargs: kwargs, maxChars: int('max-chars', 0, 0),
+    lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant', packing: (v.packing as 'auto' | 'wrapped' | 'bfd' | undefined) ?? 'auto', chatTemplateKwargs: kwargs, maxChars: int('max-chars', 0, 0),
     device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', precision: (v.precision as PrecisionFlag | undefined) ?? 'auto', threads,
     ...(v['teacher-dtype'] === 'nf4' ? { teacherDtype: 'nf4' as const } : {}),
     shardWindows: int('shard-windows', DEFAULT_SHARD_WINDOWS, 1), overwrite: v.overwrite === true, quiet: v.quiet === true,
