@@ -212,7 +212,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
       files: o.data, sha256: dataHash, documents: docs.length, tokens: packed.totalTokens, loss_tokens: packed.targetTokens,
       max_chars: o.maxChars, loss_on: o.lossOn, chat_template_kwargs: o.chatTemplateKwargs ?? null,
     },
-    seq: o.seq, packing: describePacking(packing), windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
+    seq: o.seq, packing: describePacking(packing, tokenizer), windows: windows.length, split: { val_fraction: o.valFraction, seed: o.seed },
     temperature: o.temperature, sparse: formatSparse(rep), loss_vocab: lossVocab, sample_seed: o.seed, precision,
     ...(o.teacherDtype === 'nf4' ? { teacher_dtype: 'nf4' as const } : {}),
   };

@@ -222,7 +222,10 @@ export class TeacherCache {
     if (m.data.loss_on !== e.lossOn) diffs.push(`--loss-on (${m.data.loss_on} in the cache, ${e.lossOn} for this run)`);
     if (m.data.sha256 !== e.dataSha256) diffs.push(`data (sha256 ${short(m.data.sha256)} of ${m.data.files.join(', ')} in the cache, ${short(e.dataSha256)} for this run)`);
     if (m.seq !== e.seq) diffs.push(`--seq (${m.seq} in the cache, ${e.seq} for this run)`);
-    if (m.packing !== e.packing) diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run)`);
+    if (m.packing !== e.packing) {
+      const mode = m.packing.startsWith('documents joined') ? 'wrapped' : m.packing.startsWith('best-fit') ? 'bfd' : null;
+      diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run${mode ? `; the cache's is --packing ${mode}` : ''})`);
+    }
     if (m.temperature !== e.temperature) diffs.push(`--temperature (${m.temperature} in the cache, ${e.temperature} for this run)`);
     if (m.loss_vocab !== e.lossVocab) diffs.push(`loss vocabulary (${m.loss_vocab} tokens in the cache, ${e.lossVocab} for this run)`);
     if (diffs.length === 0 && m.windows !== e.windows) diffs.push(`windows (${m.windows} in the cache, ${e.windows} for this run)`);

@@ -115,6 +115,17 @@ export type ChatRenderer = (messages: readonly ChatMessage[], tools: unknown[] |
 /** What a JSONL line holds: text, or a conversation with its tools. */
 export type JsonlRecord = { text: string } | { messages: ChatMessage[]; tools: unknown[] | null; kwargs: Record<string, unknown> | null };
 
+/** The first integer in `v` that a float64 cannot hold exactly (its digits as JSON.parse left them), else null. */
+function unsafeInteger(v: unknown): string | null {
+  if (typeof v === 'number') return Number.isInteger(v) && !Number.isSafeInteger(v) ? String(v) : null;
+  if (v === null || typeof v !== 'object') return null;
+  for (const x of Array.isArray(v) ? v : Object.values(v as Record<string, unknown>)) {
+    const r = unsafeInteger(x);
+    if (r !== null) return r;
+  }
+  return null;
+}
+
 /** Parses one JSONL line; `where` is `file:line` for errors. */
 export function parseJsonlLine(line: string, where: string): JsonlRecord {
   let j: unknown;
@@ -128,10 +139,12 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
       'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]} on each line');
   }
   const o = j as Record<string, unknown>;
-  if ('text' in o) {
-    if (typeof o.text !== 'string') throw new InputError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
-    return { text: o.text };
+  const big = 'messages' in o ? unsafeInteger(o) : null;
+  if (big !== null) {
+    throw new InputError(`${where}: the number ${big} is beyond 2^53: JavaScript would change its digits (transformers keeps them)`,
+      'write it as a string in the data (an id in a tool call, for one)');
   }
+  // a line with both is a conversation (TRL takes "messages" then)
   if ('messages' in o) {
     const ms = o.messages;
     if (!Array.isArray(ms) || ms.length === 0) {
@@ -155,6 +168,10 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
       throw new InputError(`${where}: "chat_template_kwargs" must be an object of template variables`, 'write "chat_template_kwargs": {"enable_thinking": false}');
     }
     return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null, kwargs: (kw as Record<string, unknown> | undefined) ?? null };
+  }
+  if ('text' in o) {
+    if (typeof o.text !== 'string') throw new InputError(`${where}: "text" must be a string, got ${typeof o.text}`, 'write {"text": "..."}');
+    return { text: o.text };
   }
   throw new InputError(`${where}: object has neither "text" nor "messages" (keys: ${Object.keys(o).join(', ') || 'none'})`,
     'write {"text": "..."} or {"messages": [...]} on each line');

@@ -3,7 +3,8 @@
  *
  * A window holds up to seqLen + 1 tokens: `inputs = tokens[0 .. T)`, `targets = tokens[1 .. T]`; what does not fill it is
  * padding: inputs `padId` (default eosId), targets −1 and mask 0. `mask` is 1 on every counted target. Every document
- * is tokenized and followed by EOS (unless it already ends with it: TRL appends it only then). Two ways to fill the windows (`packing`):
+ * is tokenized and followed by EOS (unless it already ends with it: TRL appends it only then); a text document (not a
+ * rendered conversation) as transformers' `tokenizer(text)` tokenizes it, inside the post-processor's special tokens. Two ways to fill the windows (`packing`):
  * - 'wrapped' (text corpora; the usual pre-training packing): the documents are joined into one stream, cut into
  *   windows with stride seqLen (consecutive windows share one boundary token, so every token after the first is a
  *   target exactly once); a document may be split between windows. The tail is one padded window.
@@ -24,6 +25,8 @@ import type { Rng } from '../util/rng.js';
 /** Anything that turns text into token ids (Tokenizer satisfies it); documents with loss spans need the offsets. */
 export interface TokenEncoder {
   encode(text: string): number[];
+  /** A text document's ids with the tokenizer's post-processor tokens around them (Tokenizer.encodeDocument). */
+  encodeDocument?(text: string): number[];
   encodeWithOffsets?(text: string): { ids: number[]; offsets: Array<[number, number]> };
 }
 
@@ -37,13 +40,15 @@ export function packingFor(choice: Packing | 'auto' | undefined, docs: ReadonlyA
 }
 
 /** What a packing does, in words (logs, a teacher cache's manifest). */
-export function describePacking(p: Packing): string {
-  return p === 'wrapped' ? 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)'
-    : 'best-fit decreasing: each document whole (cut to seq + 1 tokens) in the window it fills best, EOS after each (packDocuments)';
+export function describePacking(p: Packing, tokenizer?: { documentPrefix?: readonly number[]; documentSuffix?: readonly number[] }): string {
+  const around = [...(tokenizer?.documentPrefix ?? []), ...(tokenizer?.documentSuffix ?? [])].length > 0
+    ? '; text documents inside the tokenizer\'s post-processor tokens' : '';
+  return (p === 'wrapped' ? 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)'
+    : 'best-fit decreasing: each document whole (cut to seq + 1 tokens) in the window it fills best, EOS after each (packDocuments)') + around;
 }
 
 /** A document: plain text (every token counts), or text with the character ranges whose tokens carry loss. */
-export type PackDoc = string | { text: string; lossSpans: ReadonlyArray<readonly [number, number]> | null };
+export type PackDoc = string | { text: string; lossSpans: ReadonlyArray<readonly [number, number]> | null; conversation?: boolean };
 
 export interface Window {
   inputs: Int32Array;
@@ -106,7 +111,10 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
   for (const d of docs) {
     let ids: number[], c: Uint8Array;
     if (typeof d === 'string' || d.lossSpans === null) {
-      ids = tokenizer.encode(typeof d === 'string' ? d : d.text);
+      // a text document as transformers' tokenizer(text) gives it (Llama 3's <|begin_of_text|> first); a rendered
+      // conversation holds its template's own special tokens (apply_chat_template tokenizes without adding any)
+      const text = typeof d === 'string' ? d : d.text, conversation = typeof d !== 'string' && d.conversation === true;
+      ids = !conversation && tokenizer.encodeDocument ? tokenizer.encodeDocument(text) : tokenizer.encode(text);
       if (ids[ids.length - 1] !== opts.eosId) ids.push(opts.eosId);
       c = new Uint8Array(ids.length).fill(1);
     } else {

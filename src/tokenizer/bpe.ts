@@ -17,7 +17,7 @@
  * Speed: merges are looked up in a Map keyed by the numeric id pair, and encoded pieces are cached per tokenizer.
  */
 import * as fs from 'node:fs';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import { compileOnigRegex } from './regex.js';
 
 type Json = Record<string, unknown>;
@@ -211,6 +211,39 @@ function pairKey(a: number, b: number): number {
   return a * 2097152 + b;
 }
 
+/**
+ * The special tokens a post-processor's TemplateProcessing puts before and after sequence A of its `single` template
+ * (found alone or inside a Sequence of processors); none for the other processors (ByteLevel, absent). A token the
+ * template names that the vocabulary lacks is an error.
+ */
+function singleTemplate(pp: unknown, idOf: (t: string) => number | undefined): { prefix: number[]; suffix: number[] } {
+  const none = { prefix: [], suffix: [] };
+  if (!pp || typeof pp !== 'object') return none;
+  const p = pp as Json;
+  if (p.type === 'Sequence' && Array.isArray(p.processors)) {
+    for (const q of p.processors as unknown[]) {
+      const r = singleTemplate(q, idOf);
+      if (r.prefix.length || r.suffix.length) return r;
+    }
+    return none;
+  }
+  if (p.type !== 'TemplateProcessing' || !Array.isArray(p.single)) return none;
+  const prefix: number[] = [], suffix: number[] = [];
+  let seen = false;
+  for (const piece of p.single as Json[]) {
+    if (piece && typeof piece === 'object' && 'Sequence' in piece) { seen = true; continue; }
+    const sp = piece && typeof piece === 'object' ? (piece.SpecialToken as Json | undefined) : undefined;
+    if (!sp || typeof sp.id !== 'string') continue;
+    // the template names a key of special_tokens, whose `ids` are the tokens (else the vocabulary's token of that name)
+    const entry = (p.special_tokens as Record<string, Json> | undefined)?.[sp.id];
+    const listed = Array.isArray(entry?.ids) ? (entry.ids as unknown[]) : null;
+    const ids = listed ?? [idOf(sp.id)];
+    if (ids.some((id) => !Number.isInteger(id))) bad(`post_processor: the special token ${JSON.stringify(sp.id)} of its template is not in the vocabulary`);
+    (seen ? suffix : prefix).push(...(ids as number[]));
+  }
+  return { prefix, suffix };
+}
+
 export class Tokenizer {
   private readonly json: Json;
   private readonly vocab = new Map<string, number>();
@@ -235,6 +268,13 @@ export class Tokenizer {
   readonly eosId: number | undefined;
   readonly padId: number | undefined;
   readonly bosId: number | undefined;
+  /**
+   * The special tokens the tokenizer's post-processor puts around one sequence (a TemplateProcessing `single`
+   * template, alone or in a Sequence): Llama 3's <|begin_of_text|> before it; none for Qwen's (ByteLevel only).
+   * transformers' `tokenizer(text)` adds them (add_special_tokens=True), and TRL tokenizes text examples that way.
+   */
+  readonly documentPrefix: readonly number[];
+  readonly documentSuffix: readonly number[];
 
   private constructor(json: Json) {
     this.json = json;
@@ -306,6 +346,15 @@ export class Tokenizer {
     this.eosId = find(['<|endoftext|>', '<|end_of_text|>', '</s>', '<eos>', '<|eot_id|>']);
     this.padId = find(['<|endoftext|>', '<pad>', '<|pad|>', '<|finetune_right_pad_id|>']) ?? this.eosId;
     this.bosId = find(['<|begin_of_text|>', '<s>', '<bos>']);
+    const around = singleTemplate(json.post_processor, (t) => this.vocab.get(t));
+    this.documentPrefix = around.prefix;
+    this.documentSuffix = around.suffix;
+  }
+
+  /** A document's ids as transformers' `tokenizer(text)` gives them: encode() inside the post-processor's special tokens. */
+  encodeDocument(text: string): number[] {
+    const ids = this.encode(text);
+    return this.documentPrefix.length || this.documentSuffix.length ? [...this.documentPrefix, ...ids, ...this.documentSuffix] : ids;
   }
 
   private buildAddedRe(tokens: AddedToken[]): RegExp | null {
@@ -325,7 +374,7 @@ export class Tokenizer {
   static fromFile(file: string): Tokenizer {
     let p = file;
     if (fs.existsSync(p) && fs.statSync(p).isDirectory()) p = `${p}/tokenizer.json`;
-    if (!fs.existsSync(p)) throw new DistilleryError(`${p}: no such tokenizer file`, 'pass a tokenizer.json file or a model folder containing one');
+    if (!fs.existsSync(p)) throw new InputError(`${p}: no such tokenizer file`, 'pass a tokenizer.json file or a model folder containing one');
     let j: unknown;
     try {
       j = JSON.parse(fs.readFileSync(p, 'utf8'));

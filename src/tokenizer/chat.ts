@@ -34,6 +34,8 @@ export interface ChatFormat {
   isDefault: boolean;
   bosToken: string;
   eosToken: string;
+  /** A named template list's `tool_use` entry: what transformers renders a conversation with tools with. */
+  toolTemplate?: string;
 }
 
 export interface ChatRenderOptions {
@@ -73,7 +75,11 @@ function tokenString(v: unknown): string {
 export function chatFormatOf(template: string | null | undefined, from: string, tokenizerConfig?: Record<string, unknown> | null): ChatFormat {
   const bosToken = tokenString(tokenizerConfig?.bos_token), eosToken = tokenString(tokenizerConfig?.eos_token);
   if (template === null || template === undefined || template === '') return { ...DEFAULT_CHAT_FORMAT, bosToken, eosToken };
-  return { template, from, isDefault: false, bosToken, eosToken };
+  // tokenizer_config.json's list of named templates: transformers takes "tool_use" for a conversation with tools
+  const named = Array.isArray(tokenizerConfig?.chat_template) ? tokenizerConfig.chat_template as Array<{ name?: unknown; template?: unknown }> : [];
+  const tool = named.find((t) => t && t.name === 'tool_use' && typeof t.template === 'string');
+  const isDefaultEntry = named.some((t) => t && t.name === 'default' && t.template === template);
+  return { template, from, isDefault: false, bosToken, eosToken, ...(tool && isDefaultEntry ? { toolTemplate: tool.template as string } : {}) };
 }
 
 /** A short description for `inspect`. */
@@ -234,7 +240,15 @@ function run(f: ChatFormat, source: string, messages: readonly ChatMessage[], o:
 
 /** Renders a conversation with the format's template (the data's chat lines, generate --chat). */
 export function renderChat(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): string {
-  return run(format, format.template, messages, opts);
+  const f = formatFor(format, opts);
+  return run(f, f.template, messages, opts);
+}
+
+/** The format a conversation renders with: the `tool_use` template when it has tools and the model names one. */
+function formatFor(format: ChatFormat, opts: ChatRenderOptions): ChatFormat {
+  if (!opts.tools || format.toolTemplate === undefined) return format;
+  const { toolTemplate, ...rest } = format;
+  return { ...rest, template: toolTemplate, from: `${format.from} (its tool_use template)` };
 }
 
 const GEN_OPEN = /\{%(-?)\s*generation\s*(-?)%\}/g;
@@ -244,7 +258,8 @@ const MARK_OPEN = '\u0002', MARK_CLOSE = '\u0003';
 /** A rendering and the [start, end) character ranges of the assistant's replies in it (see the module comment). */
 export interface RenderedChat { text: string; assistant: Array<[number, number]> }
 
-export function renderChatWithSpans(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): RenderedChat {
+export function renderChatWithSpans(given: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): RenderedChat {
+  const format = formatFor(given, opts);
   const marked = GEN_OPEN.test(format.template);
   GEN_OPEN.lastIndex = 0;
   const clean = !holdsControl(messages, MARK_OPEN) && !holdsControl(messages, MARK_CLOSE);

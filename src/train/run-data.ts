@@ -151,7 +151,7 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
   if (cache) {
     cache.checkRun({
       tokenizerSha256: tokenizerHash(tokenizer), dataSha256: dataHash, seq: o.seq, temperature: o.temperature, lossOn: o.lossOn ?? 'assistant',
-      packing: describePacking(packing),
+      packing: describePacking(packing, tokenizer),
       windows: packed.windows.length, lossVocab: tokenizer.vocabSize,
     });
   }

@@ -28,7 +28,8 @@
  * --tokenizer) render the data's chat lines and are carried into the checkpoints and the final model.
  *
  * The data and tokenizer are read and checked by prepareRunData (run-data.ts), the models built by buildRunModels
- * (run-models.ts); this module holds the run folder's setup, the training loop and what it writes.
+ * (run-models.ts), the folder opened by createRunFolder and openRunFolder (run-start.ts); this module holds the
+ * training loop and what it writes.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -37,13 +38,14 @@ import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parameterCount } from '../model/config.js';
 import { initialWeights, parameterLayout, reorderFlat } from '../model/params.js';
 import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
-import { recoverDir, writeFileAtomic } from '../io/atomic.js';
+import { writeFileAtomic } from '../io/atomic.js';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
-import { lockRunFolder, checkNoSymlinks, holdsRun, clearRun } from './run-folder.js';
+import { lockRunFolder } from './run-folder.js';
+import { createRunFolder, openRunFolder, removeIfEmpty } from './run-start.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
-import { DistilleryError, InputError, fileError } from '../util/errors.js';
+import { DistilleryError, fileError } from '../util/errors.js';
 import { distEnv } from '../parallel/env.js';
 import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
 import { HostComm, commTimeoutMs } from '../parallel/host-comm.js';
@@ -53,7 +55,7 @@ import type { RunOptions } from './options.js';
 import { prepareRunData } from './run-data.js';
 import { isOnPolicyStep, onPolicyMicroBatch } from './on-policy.js';
 import { StopRequests } from './stop-requests.js';
-import { appendNoFollow, checkResumeCompatible, readMetrics, readMoments, readSavedState, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
+import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
@@ -143,71 +145,10 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
 async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, localRank: number | undefined): Promise<RunSummary> {
   const root = comm.rank === 0;
   const log = !root ? () => {} : hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
-  const out = path.resolve(o.out);
-  // a folder this run creates and that is still empty when it fails (bad data, no CUDA) is removed again
-  const created = root && !fs.existsSync(out);
-  try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
-    const f = fileError(e, `--out ${o.out}: cannot create the run folder`, 'pass a folder path you can write to, e.g. --out runs/my-run');
-    // A path that cannot be a folder, or one the user may not write, is bad input (exit 2); a full disk is not.
-    const input = ['ENOTDIR', 'EEXIST', 'EACCES', 'EPERM', 'EROFS'].includes(String((e as NodeJS.ErrnoException).code));
-    throw input && f instanceof DistilleryError ? new InputError(f.message, f.hint) : f;
-  }
+  const { out, created } = createRunFolder(o, root);
   const lock = root ? lockRunFolder(out) : null;
   try {
-    checkNoSymlinks(out);
-    // a model folder or a teacher cache is not a run folder: writing a run into it would replace its tokenizer.json or
-    // mix the run into it, --overwrite or not
-    const other = ['config.json', 'model.safetensors', 'model.safetensors.index.json', 'adapter_config.json', 'manifest.json']
-      .find((f) => fs.existsSync(path.join(out, f)));
-    if (root && other) {
-      throw new InputError(`--out ${out} holds ${other === 'manifest.json' ? 'a teacher cache' : 'a model'} (${other}), not a run`,
-        'pass a folder for the run, e.g. --out runs/my-run (a model to start from goes to --init)');
-    }
-    const holdsOld = root && !o.resume && holdsRun(out);
-    if (holdsOld) {
-      if (!o.overwrite) {
-        // a run that stopped before its first checkpoint cannot be continued: --resume would only say so
-        const resumable = fs.existsSync(path.join(out, 'checkpoints', 'latest'));
-        throw new DistilleryError(`${out} already holds a run (checkpoints, metrics or a final model)${resumable ? '' : ' that stopped before its first checkpoint'}`,
-          resumable ? 'continue it with --resume, start afresh with --overwrite (deletes its checkpoints, metrics and final model), or use another --out'
-            : 'start afresh with --overwrite (deletes its metrics and files), or use another --out');
-      }
-      // the old run is removed once this one has read its data and models and is about to write (a bad input must
-      // not cost the previous run): runWithBackend calls replaceOld() before its first write
-    }
-    const replaceOld = holdsOld
-      ? (): void => { clearRun(out); log(`--overwrite: removed the previous run's files in ${out}`); } : (): void => {};
-    const latest = path.join(out, 'checkpoints', 'latest');
-    if (root) {
-      recoverDir(latest);
-      recoverDir(path.join(out, 'checkpoints', 'best'));
-    }
-    // every rank past here sees the folder rank 0 prepared
-    comm.barrier();
-    let saved: SavedState | null = null;
-    if (o.resume) {
-      const statePath = path.join(latest, 'state.json');
-      if (!fs.existsSync(statePath)) {
-        if (fs.existsSync(latest)) {
-          throw new DistilleryError(`--resume: the checkpoint ${latest} has no state.json (it is damaged)`,
-            'restore the file from a copy of the run, or start afresh with --overwrite');
-        }
-        throw new DistilleryError(`--resume: no checkpoint at ${latest}`, holdsRun(out)
-          ? 'the run stopped before its first checkpoint: start it afresh with --overwrite instead of --resume'
-          : 'run without --resume to start fresh, or point --out at the run folder');
-      }
-      saved = readSavedState(statePath);
-      checkResumeCompatible(saved.options, o, log);
-      if (saved.step > o.steps) {
-        throw new DistilleryError(`--resume: the checkpoint is at step ${saved.step}, past --steps ${o.steps}`,
-          `pass --steps ${saved.step} or more (the run's was ${saved.options.steps})`);
-      }
-      const was = saved.world ?? 1;
-      if (was !== comm.world) {
-        throw new DistilleryError(`--resume: the checkpoint was written by a run of ${was} process${was > 1 ? 'es' : ''}, this one has ${comm.world}`,
-          `resume with WORLD_SIZE ${was} (the data order and the optimizer's shards depend on it), or start a new run in another --out`);
-      }
-    }
+    const { latest, saved, replaceOld } = openRunFolder(o, comm, out, log);
 
     // The backend first: a missing GPU is reported before any data work is done.
     // The precision first too: a contradictory --precision / --tf32 is a usage error before anything runs.
@@ -245,11 +186,6 @@ async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, local
   } finally {
     lock?.release();
   }
-}
-
-/** Removes a folder that holds nothing (or only the run lock, released already). */
-function removeIfEmpty(dir: string): void {
-  try { if (fs.readdirSync(dir).length === 0) fs.rmdirSync(dir); } catch { /* kept: it is not empty, or is gone */ }
 }
 
 async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, log: (s: string) => void, out: string,

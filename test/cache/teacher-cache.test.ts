@@ -294,6 +294,10 @@ test('teacher-cache on chat data: only the assistant positions are cached; disti
   assert.equal(ok.dataLossTokens, m.data.loss_tokens);
   await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'all'), lossOn: 'all' }), { log: () => {} }),
     (e: unknown) => e instanceof DistilleryError && /--loss-on \(assistant in the cache, all for this run\)/.test(e.message));
+  // conversations pack whole by default (bfd), and the manifest says so; a run packing them another way is refused
+  assert.match(m.packing, /^best-fit decreasing/);
+  await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'wrapped'), packing: 'wrapped' }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /packing \(best-fit decreasing.* in the cache, documents joined by EOS.* for this run; the cache's is --packing bfd\)/.test(e.message));
 });
 
 test('a cache of an older format version is refused by name, with what to do', () => {

@@ -37,9 +37,16 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
   fs.writeFileSync(bad, '{"prompt": "ok"}\n{"nothing": 1}\n');
   const nul = path.join(dir, 'null.jsonl');
   fs.writeFileSync(nul, '{"prompt": "ok"}\nnull\n');
+  const emptyConv = path.join(dir, 'empty.jsonl');
+  fs.writeFileSync(emptyConv, '{"messages": []}\n');
+  const num = path.join(dir, 'num.jsonl');
+  fs.writeFileSync(num, '{"prompt": 5}\n');
   for (const [argv, re] of [
     [['generate', '--model', model, '--prompts', bad], /bad\.jsonl:2: no "prompt", "text" or "messages"/],
     [['generate', '--model', model, '--prompts', nul], /null\.jsonl:2: not a JSON object/],
+    [['generate', '--model', model, '--prompts', emptyConv], /empty\.jsonl:1: "messages" must be a non-empty array/],
+    [['generate', '--model', model, '--prompts', num], /num\.jsonl:1: "prompt" must be a string, got 5/],
+    [['generate', '--model', model, '--prompt', 'x', '--chat-template-kwargs', '{"a": 1}'], /--chat-template-kwargs goes with --chat/],
     [['generate', '--model', model, '--prompts', dir], /--prompts .* is not a file/],
     [['generate', '--model', model, '--prompt', 'x', '--batch', '4', '--top-k', '5'], /--batch and --top-k go with --prompts/],
     [['generate', '--model', model, '--prompts', file, '--prompt', 'x'], /--prompt and --prompts: pass one of them/],

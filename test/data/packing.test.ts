@@ -141,3 +141,30 @@ test('EOS is appended once: a text that already ends with it gets no second one'
   assert.equal(p.totalTokens, 3 + 3);
   assert.deepEqual(Array.from(p.windows[0]!.inputs.subarray(0, 5)), [97, 98, 0, 99, 100]);
 });
+
+test('a text document is tokenized as transformers\' tokenizer(text) does: inside the post-processor\'s special tokens (Llama 3\'s <|begin_of_text|>); a conversation is not', async () => {
+  const { trainBpe } = await import('../../src/tokenizer/train-bpe.js');
+  const { Tokenizer } = await import('../../src/tokenizer/bpe.js');
+  const base = trainBpe(['hello world, hello tokens'], { vocabSize: 280, specialTokens: ['<|end_of_text|>', '<|begin_of_text|>'] });
+  const json = base.toJSON() as Record<string, unknown>;
+  const bos = base.tokenToId('<|begin_of_text|>')!;
+  // Llama 3.x: a Sequence of ByteLevel and TemplateProcessing "$A" after <|begin_of_text|>
+  const llama = Tokenizer.fromJSON({ ...json, post_processor: { type: 'Sequence', processors: [
+    { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+    { type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+      pair: [], special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [bos], tokens: ['<|begin_of_text|>'] } } },
+  ] } });
+  assert.deepEqual(llama.documentPrefix, [bos]);
+  assert.deepEqual(llama.documentSuffix, []);
+  assert.deepEqual(llama.encodeDocument('hello'), [bos, ...llama.encode('hello')]);
+  const eos = llama.tokenToId('<|end_of_text|>')!;
+  const p = packDocuments(llama, ['hello world', { text: 'hello', lossSpans: null, conversation: true }], { seqLen: 32, eosId: eos });
+  const ids = Array.from(p.windows[0]!.inputs.subarray(0, p.totalTokens));
+  assert.deepEqual(ids, [bos, ...llama.encode('hello world'), eos, ...llama.encode('hello'), eos].slice(0, p.totalTokens));
+  // Qwen-style (ByteLevel post-processor only) and absent ones add nothing
+  assert.deepEqual(Tokenizer.fromJSON({ ...json, post_processor: { type: 'ByteLevel' } }).documentPrefix, []);
+  assert.deepEqual(base.encodeDocument('hello'), base.encode('hello'));
+  // a template naming a token the vocabulary lacks is refused
+  assert.throws(() => Tokenizer.fromJSON({ ...json, post_processor: { type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }], special_tokens: {} } }),
+    /post_processor: the special token "<s>"/);
+});

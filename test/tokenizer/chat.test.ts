@@ -250,3 +250,36 @@ test('conversations without a chat template need the tokenizer\'s ChatML tokens 
   assert.throws(() => checkChatTokens(DEFAULT_CHAT_FORMAT, chat, without),
     (e: unknown) => e instanceof DistilleryError && /no chat template and its tokenizer has no <\|im_start\|> or <\|im_end\|> token/.test(e.message) && /chat_template/.test(e.hint ?? ''));
 });
+
+test('an integer beyond 2^53 in a chat line is refused with file:line (JavaScript would change its digits, transformers keeps them)', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-big-'));
+  const f = path.join(dir, 'c.jsonl');
+  fs.writeFileSync(f, '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"order_id": 12345678901234567890, "n": 21.5}}}]}]}\n');
+  assert.throws(() => loadDocuments([f], { renderChat: chatRenderer(chatFormatOf(CHATML_TEMPLATE, 't'), { lossOn: 'all' }) }),
+    (e: unknown) => e instanceof DistilleryError && /c\.jsonl:1: the number 12345678901234567000 is beyond 2\^53/.test(e.message) && /string/.test(e.hint ?? ''));
+  fs.writeFileSync(f, '{"messages": [{"role": "user", "content": "a"}], "tools": [{"max": 9007199254740991}]}\n');
+  assert.equal(loadDocuments([f], { renderChat: chatRenderer(chatFormatOf(CHATML_TEMPLATE, 't'), { lossOn: 'all' }) }).length, 1, '2^53 - 1 is exact');
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('a line with both "text" and "messages" is a conversation (TRL takes the messages)', () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-both-'));
+  const f = path.join(dir, 'c.jsonl');
+  fs.writeFileSync(f, JSON.stringify({ text: 'pre-rendered', messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'yo' }] }) + '\n');
+  const docs = loadDocs([f], { renderChat: chatRenderer(chatFormatOf(CHATML_TEMPLATE, 't'), { lossOn: 'assistant' }) }).docs;
+  assert.equal(docs.length, 1);
+  assert.equal(docs[0]!.text, '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n');
+  assert.equal(docs[0]!.conversation, true);
+  assert.ok(docs[0]!.lossSpans && docs[0]!.lossSpans.length === 1);
+  fs.rmSync(dir, { recursive: true, force: true });
+});
+
+test('a named template list: the default renders conversations, its tool_use entry those with tools (as transformers picks)', () => {
+  const cfg = { chat_template: [{ name: 'default', template: 'D:{{ messages[0].content }}' }, { name: 'tool_use', template: 'T:{{ tools|length }}:{{ messages[0].content }}' }] };
+  const f = chatFormatOf('D:{{ messages[0].content }}', 'test', cfg);
+  assert.equal(renderChat(f, [{ role: 'user', content: 'hi' }]), 'D:hi');
+  assert.equal(renderChat(f, [{ role: 'user', content: 'hi' }], { tools: [{}, {}] }), 'T:2:hi');
+  assert.equal(renderChatWithSpans(f, [{ role: 'user', content: 'hi' }], { tools: [{}] }).text, 'T:1:hi');
+  // a template given another way (chat_template.jinja) is not the list's default: no tool_use swap
+  assert.equal(renderChat(chatFormatOf('J:{{ messages[0].content }}', 'test', cfg), [{ role: 'user', content: 'hi' }], { tools: [{}] }), 'J:hi');
+});

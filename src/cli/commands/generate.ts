@@ -23,6 +23,7 @@ import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { chatFormatOf, endOfTurnIds, renderChat, type ChatMessage } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
+import { parseJsonlLine } from '../../data/index.js';
 
 /** --base: the base model of a LoRA adapter folder given as --model (eval, generate). */
 export const BASE_FLAG: FlagSpec = { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' };
@@ -132,7 +133,13 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   if (typeof values.prompts === 'string' && !fs.existsSync(values.prompts)) {
     throw new UsageError(`--prompts: ${values.prompts} does not exist`, 'pass a .jsonl file with one {"prompt": ...} or {"messages": [...]} per line');
   }
-  if (typeof values['chat-template-kwargs'] === 'string') parseTemplateKwargs(values['chat-template-kwargs']); // fails early, exit 2
+  if (typeof values['chat-template-kwargs'] === 'string') {
+    // template options apply to a chat rendering only: refused without one, not ignored
+    if (typeof values.prompt === 'string' && values.chat !== true) {
+      throw new UsageError('generate: --chat-template-kwargs goes with --chat', 'add --chat to render the prompt with the model\'s chat template, or drop the flag');
+    }
+    parseTemplateKwargs(values['chat-template-kwargs']); // fails early, exit 2
+  }
   const o: GenerateOptions = {
     model: values.model, ...(typeof values.base === 'string' ? { base: values.base } : {}), prompt: typeof values.prompt === 'string' ? values.prompt : '',
     prompts: typeof values.prompts === 'string' ? values.prompts : undefined, batch: num(values.batch, 8), topK: num(values['top-k'], 0),
@@ -175,8 +182,11 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     const kwargs = o.chatTemplateKwargs !== undefined ? parseTemplateKwargs(o.chatTemplateKwargs) : undefined;
     text = renderChat(format, [{ role: 'user', content: o.prompt }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) });
   }
-  const prompt = tokenizer.encode(text);
-  if (prompt.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
+  // a text prompt as transformers' tokenizer(prompt) starts it (Llama 3's <|begin_of_text|>), as training saw text;
+  // a chat rendering holds its template's own special tokens
+  const body = tokenizer.encode(text);
+  if (body.length === 0) throw new UsageError('--prompt is empty after tokenization', 'pass a non-empty prompt');
+  const prompt = o.chat ? body : [...tokenizer.documentPrefix, ...body];
   const limit = config.maxPositionEmbeddings;
   if (prompt.length >= limit) {
     throw new UsageError(`the prompt is ${prompt.length} tokens; the model holds at most ${limit} positions`, 'shorten --prompt');
@@ -184,6 +194,9 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   const maxLen = Math.min(limit, prompt.length + o.maxNewTokens);
   const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
   io.err(`precision: ${prec.name}\n`);
+  if (maxLen < prompt.length + o.maxNewTokens) {
+    io.err(`note: the model holds ${limit} positions: at most ${maxLen - prompt.length} of the ${o.maxNewTokens} new tokens fit after the ${prompt.length}-token prompt\n`);
+  }
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel generation launches (prefill + decode), then seal, before any weights.
@@ -242,10 +255,16 @@ function readPrompts(file: string): Array<{ index: number; prompt?: string; mess
       throw new InputError(`--prompts ${file}:${i + 1}: not a JSON object`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
     }
     const r = j as { prompt?: unknown; text?: unknown; messages?: unknown };
+    const where = `--prompts ${file}:${i + 1}`;
+    for (const k of ['prompt', 'text'] as const) {
+      if (r[k] !== undefined && typeof r[k] !== 'string') throw new InputError(`${where}: "${k}" must be a string, got ${JSON.stringify(r[k])}`, `write {"${k}": "..."}`);
+    }
     const text = typeof r.prompt === 'string' ? r.prompt : typeof r.text === 'string' ? r.text : undefined;
     if (text !== undefined) out.push({ index: out.length, prompt: text });
-    else if (Array.isArray(r.messages)) out.push({ index: out.length, messages: r.messages as ChatMessage[] });
-    else throw new InputError(`--prompts ${file}:${i + 1}: no "prompt", "text" or "messages"`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
+    else if (Array.isArray(r.messages)) {
+      // the same rules as training's chat lines (a non-empty list of {role, content})
+      out.push({ index: out.length, messages: (parseJsonlLine(JSON.stringify({ messages: r.messages }), where) as { messages: ChatMessage[] }).messages });
+    } else throw new InputError(`${where}: no "prompt", "text" or "messages"`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
   });
   if (out.length === 0) throw new InputError(`--prompts ${file} holds no prompts`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
   return out;
@@ -265,8 +284,9 @@ async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint,
   const encoded = lines.map((l) => {
     const msgs = l.messages ?? (o.chat ? [{ role: 'user', content: l.prompt! }] : null);
     const text = msgs ? renderChat(format!, msgs, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : l.prompt!;
-    const ids = tokenizer.encode(text);
-    if (ids.length === 0) throw new InputError(`--prompts ${o.prompts}: prompt ${l.index + 1} is empty after tokenization`, 'remove the empty prompt');
+    const body = tokenizer.encode(text);
+    const ids = msgs ? body : [...tokenizer.documentPrefix, ...body];
+    if (body.length === 0) throw new InputError(`--prompts ${o.prompts}: prompt ${l.index + 1} is empty after tokenization`, 'remove the empty prompt');
     return { ...l, chat: msgs !== null, text, ids } as PromptLine & { ids: number[] };
   });
   const longest = Math.max(...encoded.map((e) => e.ids.length));
