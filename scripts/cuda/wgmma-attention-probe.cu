@@ -146,6 +146,35 @@ template <int HD, int R, int NTH> __device__ __forceinline__ void loadTile(unsig
   }
 }
 
+/* the block's query rows [i0, i0 + BM), head and batch (the last query tiles, which see the most keys, first), and
+   its (batch, kv head)'s K and V */
+struct BlockRows { int h, b, i0; const bf16* kb; const bf16* vb; };
+template <int HD>
+__device__ __forceinline__ BlockRows blockRows(const bf16* k, const bf16* v, int T, int nH, int nKv, int BM) {
+  const int hb = gridDim.y * gridDim.z;
+  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
+  const long long off = ((long long)b * T * nKv + kvh) * HD;
+  return { h, b, tile * BM, k + off, v + off };
+}
+
+/* O / l (bf16) and the log-sum-exp of this lane's rows iA (accumulator elements 0, 1) and iB (2, 3) */
+template <int HD>
+__device__ __forceinline__ void storeRows(bf16* out, float* lse, const float* o, int b, int h, int T, int nH, int iA, int iB,
+                                          int t, float mA, float mB, float lA, float lB) {
+  const long long qs = (long long)nH * HD;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int row = half ? iB : iA;
+    if (row >= T) continue;
+    const float l = half ? lB : lA, m = half ? mB : mA, inv = 1.f / l;
+    bf16* orow = out + ((long long)b * T + row) * qs + (long long)h * HD;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) *(unsigned*)(orow + 8 * n + 2 * t) = pack2(o[4 * n + 2 * half] * inv, o[4 * n + 2 * half + 1] * inv);
+    if (t == 0) lse[((long long)b * nH + h) * T + row] = (m + log2f(l)) * 0.6931471805599453f;
+  }
+}
+
 template <int HD, int BN, int NWG>
 __global__ void __launch_bounds__(128 * NWG) attn_wg(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                                       int T, int nH, int nKv, float scaleLog2, unsigned vlbo, unsigned vsbo) {
@@ -154,13 +183,11 @@ __global__ void __launch_bounds__(128 * NWG) attn_wg(bf16* out, float* lse, cons
   extern __shared__ unsigned char smraw[];
   const unsigned base = (smem32(smraw) + 1023u) & ~1023u;
   const unsigned sQ = base, sKV = base + QB; /* stage s: K at sKV + s·2KB, V at + KB */
-  const int hb = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
-  const int i0 = tile * BM;
+  const BlockRows br = blockRows<HD>(k, v, T, nH, nKv, BM);
+  const int h = br.h, b = br.b, i0 = br.i0;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  const bf16* kb = br.kb;
+  const bf16* vb = br.vb;
   loadTile<HD, BM, NTH>(sQ, q + ((long long)b * T * nH + h) * HD, qs, i0, T);
   loadTile<HD, BN, NTH>(sKV, kb, ks, 0, T);
   loadTile<HD, BN, NTH>(sKV + KB, vb, ks, 0, T);
@@ -245,20 +272,7 @@ __global__ void __launch_bounds__(128 * NWG) attn_wg(bf16* out, float* lse, cons
     }
     __syncthreads();
   }
-  if (iA < T) {
-    const float inv = 1.f / lA;
-    bf16* oa = out + ((long long)b * T + iA) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) *(unsigned*)(oa + 8 * n + 2 * t) = pack2(o[4 * n] * inv, o[4 * n + 1] * inv);
-    if (t == 0) lse[((long long)b * nH + h) * T + iA] = (mA + log2f(lA)) * 0.6931471805599453f;
-  }
-  if (iB < T) {
-    const float inv = 1.f / lB;
-    bf16* ob = out + ((long long)b * T + iB) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) *(unsigned*)(ob + 8 * n + 2 * t) = pack2(o[4 * n + 2] * inv, o[4 * n + 3] * inv);
-    if (t == 0) lse[((long long)b * nH + h) * T + iB] = (mB + log2f(lB)) * 0.6931471805599453f;
-  }
+  storeRows<HD>(out, lse, o, b, h, T, nH, iA, iB, t, mA, mB, lA, lB);
 }
 
 
@@ -317,13 +331,11 @@ __global__ void __launch_bounds__(128 * NWG, MINB) attn_wgp(bf16* out, float* ls
   extern __shared__ unsigned char smraw[];
   const unsigned base = (smem32(smraw) + 1023u) & ~1023u;
   const unsigned sQ = base, sKV = base + QB; /* stage s: K at sKV + 2·KB·s, V after it */
-  const int hb = gridDim.y * gridDim.z;
-  const int lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int tile = gridDim.x - 1 - lin / hb, h = (lin % hb) % gridDim.y, b = (lin % hb) / gridDim.y, kvh = h / (nH / nKv);
-  const int i0 = tile * BM;
+  const BlockRows br = blockRows<HD>(k, v, T, nH, nKv, BM);
+  const int h = br.h, b = br.b, i0 = br.i0;
   const long long qs = (long long)nH * HD, ks = (long long)nKv * HD;
-  const bf16* kb = k + ((long long)b * T * nKv + kvh) * HD;
-  const bf16* vb = v + ((long long)b * T * nKv + kvh) * HD;
+  const bf16* kb = br.kb;
+  const bf16* vb = br.vb;
   const int nTiles = (min(T, i0 + BM) + BN - 1) / BN;
   loadTile<HD, BM, NTH>(sQ, q + ((long long)b * T * nH + h) * HD, qs, i0, T);
   loadTile<HD, BN, NTH>(sKV, kb, ks, 0, T);
@@ -367,20 +379,7 @@ __global__ void __launch_bounds__(128 * NWG, MINB) attn_wgp(bf16* out, float* ls
   RESCALE_O()
   ISSUE_PV(sKV + ((nTiles - 1) & 1) * 2 * KB + KB)
   wg_wait<0>(); fenceRegs(o);
-  if (iA < T) {
-    const float inv = 1.f / lA;
-    bf16* oa = out + ((long long)b * T + iA) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) *(unsigned*)(oa + 8 * n + 2 * t) = pack2(o[4 * n] * inv, o[4 * n + 1] * inv);
-    if (t == 0) lse[((long long)b * nH + h) * T + iA] = (mA + log2f(lA)) * 0.6931471805599453f;
-  }
-  if (iB < T) {
-    const float inv = 1.f / lB;
-    bf16* ob = out + ((long long)b * T + iB) * qs + (long long)h * HD;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) *(unsigned*)(ob + 8 * n + 2 * t) = pack2(o[4 * n + 2] * inv, o[4 * n + 3] * inv);
-    if (t == 0) lse[((long long)b * nH + h) * T + iB] = (mB + log2f(lB)) * 0.6931471805599453f;
-  }
+  storeRows<HD>(out, lse, o, b, h, T, nH, iA, iB, t, mA, mB, lA, lB);
 }
 
 /* reference: one thread per (b, h, i), f32 */
