@@ -44,7 +44,7 @@ export function describePacking(p: Packing, tokenizer?: { documentPrefix?: reado
   const around = [...(tokenizer?.documentPrefix ?? []), ...(tokenizer?.documentSuffix ?? [])].length > 0
     ? '; text documents inside the tokenizer\'s post-processor tokens' : '';
   return (p === 'wrapped' ? 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)'
-    : 'best-fit decreasing: each document whole (cut to seq + 1 tokens) in the window it fills best, EOS after each (packDocuments)') + around;
+    : 'best-fit decreasing: each document whole (a longer one split) in the window it fills best, EOS after each (packDocuments)') + around;
 }
 
 /** A document: plain text (every token counts), or text with the character ranges whose tokens carry loss. */
@@ -121,10 +121,10 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
       if (!tokenizer.encodeWithOffsets) throw new DistilleryError('this tokenizer cannot give token offsets, which loss spans need', 'use --loss-on all');
       const e = tokenizer.encodeWithOffsets(d.text);
       ids = e.ids;
-      c = new Uint8Array(ids.length + 1);
+      if (ids[ids.length - 1] !== opts.eosId) ids.push(opts.eosId); // (the appended EOS counts nothing)
+      c = new Uint8Array(ids.length);
       const spans = d.lossSpans;
       e.offsets.forEach(([start, end], i) => { if (spans.some(([a, b]) => tokenMeetsSpan(start, end, a, b))) c[i] = 1; });
-      if (ids[ids.length - 1] !== opts.eosId) ids.push(opts.eosId);
     }
     chunks.push(ids);
     counts.push(c);

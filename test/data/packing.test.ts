@@ -168,3 +168,16 @@ test('a text document is tokenized as transformers\' tokenizer(text) does: insid
   assert.throws(() => Tokenizer.fromJSON({ ...json, post_processor: { type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }], special_tokens: {} } }),
     /post_processor: the special token "<s>"/);
 });
+
+test('a conversation whose rendering already ends with EOS keeps its loss mask aligned (no second EOS, no shifted or overflowing mask)', () => {
+  // EOS is id 0, which the character \u0000 encodes to: the text ends with it
+  for (const packing of ['wrapped', 'bfd'] as const) {
+    const p = packDocuments(charTok, [{ text: 'xy', lossSpans: null }, { text: 'ab\u0000', lossSpans: [[1, 3]] }], { seqLen: 8, eosId: EOS, packing });
+    assert.equal(p.totalTokens, 3 + 3);
+    const w = p.windows.find((x) => Array.from(x.targets).includes(98))!;
+    const at = Array.from(w.targets).indexOf(98);
+    assert.deepEqual([w.targets[at], w.targets[at + 1]], [98, 0]);
+    assert.deepEqual([w.mask[at], w.mask[at + 1]], [1, 1], packing);
+    assert.equal(w.mask[at - 1], 0, 'the reply\'s span starts at b');
+  }
+});
