@@ -30,6 +30,7 @@ import { DistilleryError, InputError, fileError } from '../util/errors.js';
 import { jobClosures } from '../train/kernel-plan.js';
 import { resolvePrecision, type PrecisionFlag } from '../train/precision.js';
 import { modelExtras, readData } from '../train/run-data.js';
+import { removeIfEmpty } from '../train/run-start.js';
 import { hashDocs, lockRunFolder } from '../train/run-folder.js';
 import { BitWriter, recordLayout, writeRow } from './format.js';
 import { cacheUniform, formatSparse, type SparseRep } from './sparse.js';
@@ -144,6 +145,8 @@ async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Commu
   // rank 0 owns the folder: it creates and locks it and decides what is left to do; the others only add shards to it
   let lock: { release(): void } | null = null;
   let existing: CacheManifest | null = null;
+  // a folder this job creates and that is still empty when it fails (bad data, no CUDA) is removed again
+  const created = comm.rank === 0 && !fs.existsSync(out);
   try {
     fromRank0(comm, () => {
       try { fs.mkdirSync(out, { recursive: true }); } catch (e) {
@@ -172,6 +175,10 @@ async function buildOnRank(o: CacheJobOptions, hooks: CacheJobHooks, comm: Commu
     } finally {
       if (!hooks.backend) backend.dispose();
     }
+  } catch (e) {
+    (lock as { release(): void } | null)?.release();
+    if (created) removeIfEmpty(out);
+    throw e;
   } finally {
     (lock as { release(): void } | null)?.release();
   }

@@ -358,3 +358,14 @@ test('teacher-cache summary: the steady rate counts the batches after the first 
     assert.equal(one.steadyTokensPerSecond, null, 'one batch: no steady rate');
   } finally { fs.rmSync(dir, { recursive: true, force: true }); }
 });
+
+test('a cache job that fails on its data removes the --out folder it created (empty)', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 3);
+  const empty = path.join(dir, 'empty.txt');
+  fs.writeFileSync(empty, ' \n');
+  const out = path.join(dir, 'new-cache');
+  await assert.rejects(buildTeacherCache(jobOptions(teacherDir, empty, out), { log: () => {} }), (e: unknown) => e instanceof DistilleryError && /no documents/.test(e.message));
+  assert.ok(!fs.existsSync(out));
+});
