@@ -21,8 +21,8 @@ import { createBackend, type CudaOptions } from '../backend/create.js';
 import { readCheckpoint } from '../model/checkpoint.js';
 import { parameterCount, toHfConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
-import { describePacking, logSplitDocs, packDocuments, packingFor } from '../data/index.js';
-import { checkChatTokens, chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
+import { describePacking, packForJob, type PackingChoice } from '../data/index.js';
+import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
 import { lossVocabulary, tokenizerHash } from '../tokenizer/identity.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { Progress } from '../report/progress.js';
@@ -61,7 +61,7 @@ export interface CacheJobOptions {
   valFraction: number;
   lossOn: 'assistant' | 'all';
   /** How documents fill the windows (as distill's --packing; 'auto' or unset: resolved on the data). */
-  packing?: 'auto' | 'wrapped' | 'bfd' | undefined;
+  packing?: PackingChoice | undefined;
   chatTemplateKwargs?: string | undefined;
   maxChars: number;
   device: 'cpu' | 'cuda';
@@ -198,12 +198,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const chat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
   const docs = readData(o, log, chat);
   const dataHash = hashDocs(docs);
-  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
-  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  checkChatTokens(chat, docs, tokenizer);
-  const packing = packingFor(o.packing, docs);
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing });
-  logSplitDocs(packed, o.seq, log);
+  const { packed, packing } = packForJob(tokenizer, docs, chat, o, log);
   const windows = packed.windows;
   if (windows.length === 0) throw new DistilleryError('the data packs into no windows', `add data, or lower --seq (${o.seq})`);
   const { lossVocab, note } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: ck.config.vocabSize }]);

@@ -19,8 +19,12 @@
  * (char_to_token(start), which may begin before it) through the one holding its last; the end-of-text token appended
  * after such a document counts nothing (the template's own end-of-turn marker, inside the span, ends the reply).
  */
+import { checkChatTokens, type ChatFormat } from '../tokenizer/chat.js';
 import { DistilleryError, InputError } from '../util/errors.js';
 import type { Rng } from '../util/rng.js';
+
+/** A packing choice as the options hold it: 'auto' is resolved on the data (packingFor). */
+export type PackingChoice = Packing | 'auto';
 
 /** Anything that turns text into token ids (Tokenizer satisfies it); documents with loss spans need the offsets. */
 export interface TokenEncoder {
@@ -34,7 +38,7 @@ export interface TokenEncoder {
  * The packing a run uses: `choice` ('auto' picks 'bfd' when the data has a conversation, so that no reply is cut off
  * from its prompt, else 'wrapped').
  */
-export function packingFor(choice: Packing | 'auto' | undefined, docs: ReadonlyArray<{ conversation?: boolean }>): Packing {
+export function packingFor(choice: PackingChoice | undefined, docs: ReadonlyArray<{ conversation?: boolean }>): Packing {
   if (choice === 'wrapped' || choice === 'bfd') return choice;
   return docs.some((d) => d.conversation === true) ? 'bfd' : 'wrapped';
 }
@@ -211,6 +215,30 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
 export function logSplitDocs(p: PackedData, seq: number, log: (s: string) => void): void {
   if (p.splitDocs === 0) return;
   log(`warning: ${p.splitDocs} of ${p.numDocs} documents are longer than --seq ${seq} + 1 tokens and are split across windows of their own (a later window does not see the document's beginning); raise --seq to keep each whole`);
+}
+
+/** The tokenizer a job packs with: an encoder that also names its end-of-text token. */
+export interface JobTokenizer extends TokenEncoder {
+  readonly eosId?: number | undefined;
+  tokenToId(t: string): number | undefined;
+}
+
+/**
+ * How every job turns its documents into windows (train, distill, teacher-cache, eval and their dry runs), so that a
+ * cache and the run that reads it cannot pack differently: the end-of-text id (`eosId`, else <|endoftext|>), the
+ * chat-token check (checkChatTokens), the packing (`packing`: 'auto' resolved on the data), the windows
+ * (packDocuments) and the warning for documents split across windows.
+ */
+export function packForJob(tokenizer: JobTokenizer, docs: readonly PackDoc[], chat: ChatFormat,
+  o: { seq: number; packing?: PackingChoice | undefined }, log: (s: string) => void): { packed: PackedData; packing: Packing; eosId: number } {
+  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
+  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
+  const kinds = docs.map((d) => ({ conversation: typeof d !== 'string' && d.conversation === true }));
+  checkChatTokens(chat, kinds, tokenizer);
+  const packing = packingFor(o.packing, kinds);
+  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing });
+  logSplitDocs(packed, o.seq, log);
+  return { packed, packing, eosId };
 }
 
 /**

@@ -6,6 +6,7 @@
 import type { DistillKind } from '../backend/backend.js';
 import type { LogitsFlag, PrecisionFlag } from './precision.js';
 import type { FrozenDtype } from '../model/frozen.js';
+import type { PackingChoice } from '../data/index.js';
 
 export interface RunOptions {
   /** 'train': next-token cross-entropy only. 'distill': online teacher + the distillation loss. */
@@ -71,7 +72,7 @@ export interface RunOptions {
   /** Chat data: the loss counts the assistant replies only ('assistant'), or every token ('all'). */
   lossOn: 'assistant' | 'all';
   /** How documents fill the windows (src/data/pack.ts): 'auto' is 'bfd' when the data has a conversation, else 'wrapped'. */
-  packing: 'auto' | 'wrapped' | 'bfd';
+  packing: PackingChoice;
   /** Chat template options as JSON (e.g. '{"enable_thinking": false}'): extra variables of the model's template. */
   chatTemplateKwargs?: string;
   /** LoRA (src/model/lora.ts): train adapters of this rank on the frozen --init model (0 = train every weight). */

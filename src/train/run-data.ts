@@ -11,12 +11,12 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { readCheckpoint, type LoadedCheckpoint } from '../model/checkpoint.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
-import { checkChatTokens, chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, DEFAULT_CHAT_FORMAT, type ChatFormat } from '../tokenizer/chat.js';
 import { tokenizerHash } from '../tokenizer/identity.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { UsageError } from '../cli/args.js';
 import { readModelDirExtras } from '../io/checkpoint-dir.js';
-import { capDocs, describePacking, loadDocs, logSplitDocs, reportNoAssistant, loadDocCorpus, packDocuments, packingFor, splitTrainVal, type Doc, type Packing, type PackedData, type Window } from '../data/index.js';
+import { capDocs, describePacking, loadDocs, reportNoAssistant, loadDocCorpus, packForJob, packingFor, splitTrainVal, type Doc, type Packing, type PackedData, type Window } from '../data/index.js';
 import { TeacherCache } from '../cache/store.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
@@ -141,12 +141,7 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
         'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
     }
   }
-  const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
-  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
-  checkChatTokens(chat, docs, tokenizer);
-  const packing = runPacking(o, saved, docs, log);
-  const packed = packDocuments(tokenizer, docs, { seqLen: o.seq, eosId, packing });
-  logSplitDocs(packed, o.seq, log);
+  const { packed, packing, eosId } = packForJob(tokenizer, docs, chat, { seq: o.seq, packing: runPacking(o, saved, docs, log) }, log);
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
   if (cache) {
     cache.checkRun({

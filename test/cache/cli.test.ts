@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { runCli, tempDir, TEXT, writeTinyCheckpoint } from '../cli/fixtures.js';
+import { trainBpe } from '../../src/tokenizer/train-bpe.js';
 
 const run = runCli;
 
@@ -72,4 +73,25 @@ test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, a
   assert.equal(cachedRows, Math.min(560000, 2 * liveRows));
   const both = await run(['distill', '--teacher-cache', out, '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run')]);
   assert.equal(both.code, 2);
+});
+
+test('teacher-cache --dry-run refuses what the job refuses: conversations for a teacher with no chat template and no ChatML tokens', async () => {
+  const dir = tempDir();
+  const teacher = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacher, 3);
+  const plain = trainBpe(TEXT, { vocabSize: 300, specialTokens: ['<|endoftext|>'] });
+  fs.writeFileSync(path.join(teacher, 'tokenizer.json'), JSON.stringify(plain.toJSON()));
+  fs.rmSync(path.join(teacher, 'tokenizer_config.json')); // no chat template
+  const data = path.join(dir, 'chat.jsonl');
+  fs.writeFileSync(data, JSON.stringify({ messages: [{ role: 'user', content: TEXT[0] }, { role: 'assistant', content: TEXT[1] }] }) + '\n');
+  const base = ['teacher-cache', '--teacher', teacher, '--data', data, '--out', path.join(dir, 'cache'), '--seq', '8', '--threads', '1'];
+  const job = await run(base);
+  const dry = await run([...base, '--dry-run', '--json']);
+  for (const r of [job, dry]) {
+    assert.notEqual(r.code, 0);
+    assert.match(r.err, /no chat template and its tokenizer has no <\|im_start\|> or <\|im_end\|> token/);
+  }
+  assert.equal(dry.code, job.code);
+  assert.ok(!fs.existsSync(path.join(dir, 'cache')), 'nothing written');
+  fs.rmSync(dir, { recursive: true, force: true });
 });

@@ -14,7 +14,7 @@ import type { FrozenDtype } from '../../model/frozen.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
-import { capDocs, loadDocCorpus, loadDocs, logSplitDocs, packDocuments, packingFor, reportNoAssistant, type Doc, type Window } from '../../data/index.js';
+import { capDocs, loadDocCorpus, loadDocs, packForJob, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -23,7 +23,7 @@ import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
-import { checkChatTokens, chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 
 const FLAGS: FlagSpec[] = [
@@ -63,7 +63,7 @@ export interface EvalOptions {
   json: boolean;
   lossOn: 'assistant' | 'all';
   /** --packing (default auto: bfd on conversations, else wrapped; src/data/pack.ts). */
-  packing?: 'auto' | 'wrapped' | 'bfd' | undefined;
+  packing?: PackingChoice | undefined;
   chatTemplateKwargs?: Record<string, unknown> | undefined;
   /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
   precision?: PrecisionFlag | undefined;
@@ -100,7 +100,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     maxChars: (v['max-chars'] as number | undefined) ?? 0, device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu',
     threads: (v.threads as number | undefined) ?? 0, json: v.json === true, cuda: cudaOptionsFromFlags(v),
     lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant',
-    ...(typeof v.packing === 'string' ? { packing: v.packing as 'auto' | 'wrapped' | 'bfd' } : {}),
+    ...(typeof v.packing === 'string' ? { packing: v.packing as PackingChoice } : {}),
     ...(typeof v['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: parseTemplateKwargs(v['chat-template-kwargs']) } : {}),
     ...(typeof v.precision === 'string' ? { precision: v.precision as PrecisionFlag } : {}),
   };
@@ -189,14 +189,10 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const student = { ...studentCk, model: load(studentCk, 'model'), tokenizer: studentCk.tokenizer };
     const teacher = teacherCk ? { model: load(teacherCk, 'teacher') } : null;
     const tok = student.tokenizer;
-    const eosId = tok.eosId ?? tok.tokenToId('<|endoftext|>');
-    if (eosId === undefined) throw new DistilleryError(`the tokenizer of ${o.model} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
     const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
     const docs = readDocs(o, chat, log);
-    checkChatTokens(chat, docs, tok);
     // packed as training packs: by default conversations whole (bfd), text joined and cut (wrapped)
-    const packed = packDocuments(tok, docs, { seqLen: o.seq, eosId, packing: packingFor(o.packing, docs) });
-    logSplitDocs(packed, o.seq, log);
+    const { packed } = packForJob(tok, docs, chat, o, log);
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };

@@ -17,6 +17,7 @@ import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { gpusOf, launchGpus } from '../gpus.js';
 import type { PrecisionFlag } from '../../train/precision.js';
+import type { PackingChoice } from '../../data/index.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint folder (or Hub id in the local HF cache) (required)' },
@@ -75,7 +76,7 @@ export function cacheJobOptions(v: Record<string, unknown>): CacheJobOptions {
   return {
     teacher: resolveModelArg(v.teacher, '--teacher'), data, out: v.out, seq: int('seq', D.seq, 1), batch: int('batch', D.batch, 1),
     sparse: v.sparse === undefined ? DEFAULT_SPARSE : parseSparse(v.sparse as string), temperature, seed, valFraction,
-    lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant', packing: (v.packing as 'auto' | 'wrapped' | 'bfd' | undefined) ?? 'auto', chatTemplateKwargs: kwargs, maxChars: int('max-chars', 0, 0),
+    lossOn: (v['loss-on'] as 'assistant' | 'all' | undefined) ?? 'assistant', packing: (v.packing as PackingChoice | undefined) ?? 'auto', chatTemplateKwargs: kwargs, maxChars: int('max-chars', 0, 0),
     device: (v.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', precision: (v.precision as PrecisionFlag | undefined) ?? 'auto', threads,
     ...(v['teacher-dtype'] === 'nf4' ? { teacherDtype: 'nf4' as const } : {}),
     shardWindows: int('shard-windows', DEFAULT_SHARD_WINDOWS, 1), overwrite: v.overwrite === true, quiet: v.quiet === true,
