@@ -36,6 +36,7 @@ import type { OnPolicyOptions } from './on-policy.js';
 import type { ResolvedPrecision } from './precision.js';
 import type { RunData } from './run-data.js';
 import { StepRunner } from './step.js';
+import { damagedCheckpoint } from './run-start.js';
 import { fullStudentFiles, loraStudentFiles, type StudentFiles } from './student-files.js';
 
 export const SPECIAL_TOKENS = ['<|endoftext|>', '<|im_start|>', '<|im_end|>'];
@@ -65,7 +66,7 @@ export function describe(c: ModelConfig): string {
 /** The run's tokenizer and where it came from (the name it has in identity errors). */
 export function chooseTokenizer(o: RunOptions, docs: () => string[], resumePath: string | null, teacher: LoadedCheckpoint | null,
   init: LoadedCheckpoint | null, log: (s: string) => void): NamedTokenizer & { role: 'resume' | 'tokenizer' | 'teacher' | 'init' | 'trained' } {
-  if (resumePath) return { name: 'run', tokenizer: Tokenizer.fromFile(resumePath), from: resumePath, role: 'resume' };
+  if (resumePath) return { name: 'run', tokenizer: damagedCheckpoint(() => Tokenizer.fromFile(resumePath)), from: resumePath, role: 'resume' };
   if (o.tokenizer) return { name: 'data', tokenizer: Tokenizer.fromFile(o.tokenizer), from: `--tokenizer ${o.tokenizer}`, role: 'tokenizer' };
   if (teacher) {
     if (!teacher.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it or pass --tokenizer');

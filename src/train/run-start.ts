@@ -46,6 +46,11 @@ export function openRunFolder(o: RunOptions, comm: Communicator, out: string, lo
       'pass a folder for the run, e.g. --out runs/my-run (a model to start from goes to --init)');
   }
   const holdsOld = root && !o.resume && holdsRun(out);
+  if (root && !o.resume && !holdsOld && !o.overwrite && fs.existsSync(path.join(out, 'tokenizer.json'))) {
+    // not a run's (a run's folder holds its metrics by then): the run would write its own tokenizer.json over it
+    throw new InputError(`--out ${out} holds a tokenizer.json but no run: the run would write its own over it`,
+      'move the file elsewhere (pass it with --tokenizer to train with it), use another --out, or pass --overwrite to replace it');
+  }
   if (holdsOld) {
     if (!o.overwrite) {
       // a run that stopped before its first checkpoint cannot be continued: --resume would only say so
@@ -96,4 +101,18 @@ export function openRunFolder(o: RunOptions, comm: Communicator, out: string, lo
 /** Removes a folder that holds nothing (or only the run lock, released already). */
 export function removeIfEmpty(dir: string): void {
   try { if (fs.readdirSync(dir).length === 0) fs.rmdirSync(dir); } catch { /* kept: it is not empty, or is gone */ }
+}
+
+/**
+ * Runs `read` over --resume's checkpoint; an error reading it (a missing or corrupt file, whatever the reader calls
+ * it) is a damaged checkpoint: exit 1 (docs/cli.md), with the hint that fits a run folder, not a model folder.
+ */
+export function damagedCheckpoint<T>(read: () => T): T {
+  try {
+    return read();
+  } catch (e) {
+    if (!(e instanceof DistilleryError)) throw e;
+    throw new DistilleryError(`--resume: the checkpoint is damaged: ${e.message}`,
+      'restore the checkpoint from a copy of the run, or start afresh with --overwrite');
+  }
 }

@@ -42,7 +42,7 @@ import { writeFileAtomic } from '../io/atomic.js';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder } from './run-folder.js';
-import { createRunFolder, openRunFolder, removeIfEmpty } from './run-start.js';
+import { createRunFolder, damagedCheckpoint, openRunFolder, removeIfEmpty } from './run-start.js';
 import { Progress } from '../report/progress.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError, fileError } from '../util/errors.js';
@@ -235,8 +235,10 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const legacyOrderDiffers = legacyOrder !== null && legacyOrder.tensors.some((t, i) => t.offset !== student.layout.tensors[i]!.offset);
   if (saved) {
     const s = saved;
-    files.restore(path.join(latest, files.resumeDir));
-    let moments = readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
+    let moments = damagedCheckpoint(() => {
+      files.restore(path.join(latest, files.resumeDir));
+      return readMoments(path.join(latest, 'optimizer.safetensors'), files.trainable.layout.total);
+    });
     if (legacyOrderDiffers && s.paramOrder !== 'grouped') {
       // a checkpoint of a version before q/k/v were grouped, of a model whose orders differ: its moments are in the legacy order
       moments = { m: reorderFlat(moments.m, legacyOrder!, student.layout), v: reorderFlat(moments.v, legacyOrder!, student.layout) };

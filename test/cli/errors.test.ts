@@ -188,6 +188,31 @@ test('a corrupt state.json: --resume exits 1 with one sentence (truncated, not a
   }
 });
 
+test('a damaged model folder or optimizer state in the checkpoint: --resume exits 1 (a corrupt checkpoint, not bad input) with the run\'s hint', async () => {
+  const out = path.join(dir, 'r9b');
+  const ok = await run(['train', '--data', data, '--out', out, ...TRAIN]);
+  assert.equal(ok.code, 0, ok.err);
+  const latest = path.join(out, 'checkpoints', 'latest');
+  const backup = path.join(dir, 'r9b-latest');
+  fs.cpSync(latest, backup, { recursive: true });
+  for (const [file, damage, why] of [
+    ['model/config.json', 'remove', /model folder .*has no config\.json/],
+    ['model/model.safetensors', 'remove', /has no model\.safetensors/],
+    ['model/model.safetensors', 'truncate', /not a valid safetensors file/],
+    ['model/tokenizer.json', 'truncate', /tokenizer\.json: not valid JSON/],
+    ['optimizer.safetensors', 'truncate', /not a valid safetensors file/],
+  ] as const) {
+    fs.rmSync(latest, { recursive: true, force: true });
+    fs.cpSync(backup, latest, { recursive: true });
+    const p = path.join(latest, file);
+    if (damage === 'remove') fs.rmSync(p); else fs.writeFileSync(p, fs.readFileSync(p).subarray(0, fs.statSync(p).size >> 1));
+    const r = await run(['train', '--data', data, '--out', out, ...TRAIN, '--steps', '3', '--resume']);
+    expectError(r, 1, why);
+    assert.match(r.err, /(^|\n)error: --resume: the checkpoint is damaged: /, `${damage} ${file}`);
+    assert.match(r.err, /hint: restore the checkpoint from a copy of the run, or start afresh with --overwrite/);
+  }
+});
+
 /** Makes fs.<name> throw ENOSPC for paths matching `when` (for every module: the ESM bindings are re-synced). */
 function diskFullFor(name: 'appendFileSync' | 'writeFileSync', when: (p: string) => boolean): { restore(): void; hits: () => number } {
   let hits = 0;

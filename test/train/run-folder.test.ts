@@ -20,7 +20,7 @@ import { parameterLayout, initialWeights } from '../../src/model/params.js';
 import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.js';
 import { replaceDirAtomicSync } from '../../src/io/atomic.js';
 import { main } from '../../src/cli/main.js';
-import { DistilleryError } from '../../src/util/errors.js';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { corpusFile } from './corpus.js';
 import { capture, tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
@@ -151,6 +151,14 @@ test('a run folder that holds a run is refused without --resume or --overwrite; 
     await assert.rejects(runTraining({ ...o, out: modelDir, steps: 2, warmup: 0, overwrite }, quiet), isError(/holds a model \(config\.json\), not a run/, /--init/));
   }
   assert.ok(fs.readFileSync(path.join(modelDir, 'tokenizer.json')).equals(tokBefore));
+  // a folder that holds only a tokenizer.json (a user's, not a run's) is refused unless --overwrite says to replace it
+  const tokDir = path.join(dir, 'just-a-tokenizer');
+  fs.mkdirSync(tokDir);
+  fs.writeFileSync(path.join(tokDir, 'tokenizer.json'), tokBefore);
+  await assert.rejects(runTraining({ ...o, out: tokDir, steps: 2, warmup: 0 }, quiet),
+    (e: unknown) => e instanceof InputError && /holds a tokenizer\.json but no run/.test(e.message) && /--tokenizer/.test(e.hint ?? ''));
+  assert.ok(fs.readFileSync(path.join(tokDir, 'tokenizer.json')).equals(tokBefore));
+  assert.deepEqual(fs.readdirSync(tokDir), ['tokenizer.json']);
   const s = await runTraining({ ...o, steps: 2, warmup: 0, overwrite: true }, quiet);
   assert.equal(s.steps, 2);
   assert.equal(stateOf(o.out).step, 2);
