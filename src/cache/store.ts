@@ -19,6 +19,7 @@ import { readModelDirExtras, generationEosIds } from '../io/checkpoint-dir.js';
 import type { LoadedCheckpoint } from '../model/checkpoint.js';
 import { readHfConfigFile, toHfConfig, type ModelConfig } from '../model/config.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
+import { withChatTemplate } from '../tokenizer/chat.js';
 import { DistilleryError, fileError } from '../util/errors.js';
 import { decodeWindow, decodeWindowInto, recordLayout, type RecordLayout } from './format.js';
 import { formatSparse, parseSparse, type SparseEntry, type SparseRep } from './sparse.js';
@@ -70,8 +71,7 @@ export function writeTeacherHeader(dir: string, ck: LoadedCheckpoint): void {
   const json = (name: string, v: unknown): void => writeFileAtomic(path.join(t, name), JSON.stringify(v, null, 1) + '\n');
   json('config.json', toHfConfig(ck.config));
   if (ck.tokenizerJson) json('tokenizer.json', ck.tokenizerJson);
-  const tc = { ...(ck.tokenizerConfig ?? {}) };
-  if (ck.chatTemplate) tc.chat_template = ck.chatTemplate;
+  const tc = ck.chatTemplate ? withChatTemplate(ck.tokenizerConfig ?? {}, ck.chatTemplate) : { ...(ck.tokenizerConfig ?? {}) };
   // each optional file written, or removed: a header rewritten for another teacher (--overwrite) keeps nothing of the old
   const optional = (name: string, v: unknown): void => { if (v) json(name, v); else fs.rmSync(path.join(t, name), { force: true }); };
   optional('tokenizer_config.json', ck.tokenizerConfig || ck.chatTemplate ? tc : null);

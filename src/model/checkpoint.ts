@@ -11,6 +11,7 @@ import { DistilleryError } from '../util/errors.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
 import { loadModelDirLazy, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
+import { withChatTemplate } from '../tokenizer/chat.js';
 
 export interface LoadedCheckpoint {
   config: ModelConfig;
@@ -143,7 +144,7 @@ export function sideConfigs(config: ModelConfig, opts: Pick<SaveCheckpointOption
   if (opts.tokenizerJson) {
     const tj = opts.tokenizerJson as Record<string, unknown>;
     tokenizerConfig = { ...(opts.tokenizerConfig ?? minimalTokenizerConfig(tj, config.maxPositionEmbeddings)) };
-    if (opts.chatTemplate) tokenizerConfig.chat_template = opts.chatTemplate;
+    if (opts.chatTemplate) tokenizerConfig = withChatTemplate(tokenizerConfig, opts.chatTemplate);
     else if (tokenizerConfig.chat_template === undefined || tokenizerConfig.chat_template === null) {
       const chat = minimalTokenizerConfig(tj).chat_template;
       if (chat !== undefined) tokenizerConfig.chat_template = chat;

@@ -36,6 +36,11 @@ export interface ChatFormat {
   eosToken: string;
   /** A named template list's `tool_use` entry: what transformers renders a conversation with tools with. */
   toolTemplate?: string;
+  /**
+   * The names of a model's templates when none is the default (`template` is then ''): transformers renders only a
+   * conversation with tools (with `tool_use`) and refuses the rest, as renderChat does.
+   */
+  noDefault?: string[];
 }
 
 export interface ChatRenderOptions {
@@ -74,10 +79,17 @@ function tokenString(v: unknown): string {
  */
 export function chatFormatOf(template: string | null | undefined, from: string, tokenizerConfig?: Record<string, unknown> | null): ChatFormat {
   const bosToken = tokenString(tokenizerConfig?.bos_token), eosToken = tokenString(tokenizerConfig?.eos_token);
-  if (template === null || template === undefined || template === '') return { ...DEFAULT_CHAT_FORMAT, bosToken, eosToken };
-  // tokenizer_config.json's list of named templates: transformers takes "tool_use" for a conversation with tools
+  // tokenizer_config.json's list of named templates (additional_chat_templates/ reads into one: readModelDirExtras):
+  // transformers takes "tool_use" for a conversation with tools, else "default"
   const named = Array.isArray(tokenizerConfig?.chat_template) ? tokenizerConfig.chat_template as Array<{ name?: unknown; template?: unknown }> : [];
   const tool = named.find((t) => t && t.name === 'tool_use' && typeof t.template === 'string');
+  if (template === null || template === undefined || template === '') {
+    if (named.length > 0 && !named.some((t) => t && t.name === 'default')) {
+      return { template: '', from, isDefault: false, bosToken, eosToken, noDefault: named.map((t) => String(t?.name)),
+        ...(tool ? { toolTemplate: tool.template as string } : {}) };
+    }
+    return { ...DEFAULT_CHAT_FORMAT, bosToken, eosToken };
+  }
   const isDefaultEntry = named.some((t) => t && t.name === 'default' && t.template === template);
   return { template, from, isDefault: false, bosToken, eosToken, ...(tool && isDefaultEntry ? { toolTemplate: tool.template as string } : {}) };
 }
@@ -106,6 +118,7 @@ export function checkChatTokens(chat: ChatFormat, docs: ReadonlyArray<{ conversa
 
 export function describeChatFormat(f: ChatFormat): string {
   if (f.isDefault) return 'none (chat renders with plain ChatML)';
+  if (f.noDefault) return `named templates only (${f.noDefault.join(', ')}), no default one`;
   const kind = /\{%-?\s*generation\s*-?%\}/.test(f.template) ? ', marks assistant output ({% generation %})' : '';
   const family = f.template.includes('<|im_start|>') ? 'ChatML-style' : f.template.includes('<|start_header_id|>') ? 'Llama 3-style' : 'Jinja';
   return `${family} Jinja template (${f.template.length} characters${kind})`;
@@ -246,7 +259,13 @@ export function renderChat(format: ChatFormat, messages: readonly ChatMessage[],
 
 /** The format a conversation renders with: the `tool_use` template when it has tools and the model names one. */
 function formatFor(format: ChatFormat, opts: ChatRenderOptions): ChatFormat {
-  if (!opts.tools || format.toolTemplate === undefined) return format;
+  if (!opts.tools || format.toolTemplate === undefined) {
+    if (format.noDefault) {
+      throw new DistilleryError(`${format.from} has named chat templates (${format.noDefault.join(', ')}) but no default one, which a conversation${opts.tools ? '' : ' without tools'} renders with (transformers refuses it too)`,
+        'add the default template (chat_template.jinja, or a "default" entry in tokenizer_config.json\'s chat_template list)');
+    }
+    return format;
+  }
   const { toolTemplate, ...rest } = format;
   return { ...rest, template: toolTemplate, from: `${format.from} (its tool_use template)` };
 }
@@ -390,8 +409,8 @@ function messageRegions(format: ChatFormat, messages: readonly ChatMessage[], op
 export function chatTemplateFromConfig(v: unknown): string | null {
   if (typeof v === 'string') return v;
   if (Array.isArray(v)) {
-    const named = v as Array<{ name?: unknown; template?: unknown }>;
-    const d = named.find((t) => t && t.name === 'default') ?? named[0];
+    // transformers' named templates: the one called "default" (none: no default, chatFormatOf)
+    const d = (v as Array<{ name?: unknown; template?: unknown }>).find((t) => t && t.name === 'default');
     return d && typeof d.template === 'string' ? d.template : null;
   }
   return null;
@@ -410,4 +429,17 @@ export function chatRenderer(format: ChatFormat, o: { lossOn: 'assistant' | 'all
     const opts = tools ? { ...base, tools } : base;
     return o.lossOn === 'assistant' ? renderChatWithSpans(format, messages, opts) : renderChat(format, messages, opts);
   };
+}
+
+/**
+ * A tokenizer_config.json with `template` as its chat template: a list of named templates keeps its other entries
+ * (tool_use, ...) with `template` as the default; otherwise chat_template becomes `template`.
+ */
+export function withChatTemplate(tokenizerConfig: Record<string, unknown>, template: string): Record<string, unknown> {
+  const v = tokenizerConfig.chat_template;
+  if (Array.isArray(v) && v.length > 0) {
+    const rest = (v as Array<{ name?: unknown }>).filter((t) => !(t && t.name === 'default'));
+    return { ...tokenizerConfig, chat_template: [{ name: 'default', template }, ...rest] };
+  }
+  return { ...tokenizerConfig, chat_template: template };
 }

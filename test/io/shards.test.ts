@@ -110,6 +110,26 @@ test('chat template: chat_template.jinja, else tokenizer_config.json\'s; writeCh
   tc.chat_template = [{ name: 'tool_use', template: 'T' }, { name: 'default', template: 'D' }];
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
   assert.equal(readFlatCheckpoint(dir).chatTemplate, 'D');
+  // transformers' save_jinja_files layout: chat_template.jinja is the default, additional_chat_templates/<name>.jinja
+  // the named ones; where any file is there, the config's chat_template is not read at all
+  fs.writeFileSync(path.join(dir, 'chat_template.jinja'), 'FILE-D');
+  fs.mkdirSync(path.join(dir, 'additional_chat_templates'));
+  fs.writeFileSync(path.join(dir, 'additional_chat_templates', 'tool_use.jinja'), 'FILE-T');
+  fs.writeFileSync(path.join(dir, 'additional_chat_templates', 'notes.txt'), 'not a template');
+  const named = readFlatCheckpoint(dir);
+  assert.equal(named.chatTemplate, 'FILE-D');
+  assert.deepEqual(named.tokenizerConfig?.chat_template, [{ name: 'default', template: 'FILE-D' }, { name: 'tool_use', template: 'FILE-T' }]);
+  // carried into a folder distillery writes: the named ones kept beside the default (transformers' list form)
+  const carried = path.join(root, 'carried');
+  writeCheckpoint(carried, named.config, named.weights, { dtype: 'f32', tokenizerJson: named.tokenizerJson, tokenizerConfig: named.tokenizerConfig, chatTemplate: named.chatTemplate });
+  assert.deepEqual((JSON.parse(fs.readFileSync(path.join(carried, 'tokenizer_config.json'), 'utf8')) as Record<string, unknown>).chat_template,
+    [{ name: 'default', template: 'FILE-D' }, { name: 'tool_use', template: 'FILE-T' }]);
+  // named files without chat_template.jinja: no default (the config's own template is not read either)
+  fs.rmSync(path.join(dir, 'chat_template.jinja'));
+  const noDefault = readFlatCheckpoint(dir);
+  assert.equal(noDefault.chatTemplate, null);
+  assert.deepEqual(noDefault.tokenizerConfig?.chat_template, [{ name: 'tool_use', template: 'FILE-T' }]);
+  fs.rmSync(path.join(dir, 'additional_chat_templates'), { recursive: true });
   // Without the ChatML tokens no template is invented.
   const plain = path.join(root, 'plain');
   const noChat = tok.toJSON();

@@ -14,7 +14,7 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CHATML_TEMPLATE, DEFAULT_CHAT_FORMAT, checkChatTokens, chatFormatOf, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
+import { CHATML_TEMPLATE, DEFAULT_CHAT_FORMAT, checkChatTokens, chatFormatOf, chatTemplateFromConfig, chatRenderer, renderChat, renderChatWithSpans, type ChatMessage } from '../../src/tokenizer/chat.js';
 import { loadDocs, loadDocuments } from '../../src/data/documents.js';
 import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { DistilleryError } from '../../src/util/errors.js';
@@ -282,4 +282,14 @@ test('a named template list: the default renders conversations, its tool_use ent
   assert.equal(renderChatWithSpans(f, [{ role: 'user', content: 'hi' }], { tools: [{}] }).text, 'T:1:hi');
   // a template given another way (chat_template.jinja) is not the list's default: no tool_use swap
   assert.equal(renderChat(chatFormatOf('J:{{ messages[0].content }}', 'test', cfg), [{ role: 'user', content: 'hi' }], { tools: [{}] }), 'J:hi');
+  // named templates without a default: transformers renders a conversation with tools (tool_use) and refuses the rest;
+  // before, the first entry (or plain ChatML) was used silently
+  const only = { chat_template: [{ name: 'tool_use', template: 'T:{{ tools|length }}' }, { name: 'rag', template: 'R' }] };
+  const g = chatFormatOf(chatTemplateFromConfig(only.chat_template), 'a model', only);
+  assert.equal(g.isDefault, false);
+  assert.equal(renderChat(g, [{ role: 'user', content: 'hi' }], { tools: [{}] }), 'T:1');
+  assert.throws(() => renderChat(g, [{ role: 'user', content: 'hi' }]),
+    (e: unknown) => e instanceof DistilleryError && /a model has named chat templates \(tool_use, rag\) but no default one/.test(e.message) && /chat_template\.jinja/.test(e.hint ?? ''));
+  assert.throws(() => renderChatWithSpans(chatFormatOf(null, 'a model', { chat_template: [{ name: 'rag', template: 'R' }] }), [{ role: 'user', content: 'hi' }], { tools: [{}] }),
+    (e: unknown) => e instanceof DistilleryError && /no default one, which a conversation renders with/.test(e.message));
 });
