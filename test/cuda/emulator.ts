@@ -92,6 +92,10 @@ inline double __shfl_up_sync(unsigned, double v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xdd[w][l] = v; warpsync(); double r = l >= o ? g_xdd[w][l - o] : v; warpsync(); return r;
 }
+inline int __shfl_sync(unsigned, int v, int src) {
+  int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  g_xu[w][l][0] = (unsigned)v; warpsync(); int r = (int)g_xu[w][src & 31][0]; warpsync(); return r;
+}
 inline int __shfl_up_sync(unsigned, int v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xu[w][l][0] = (unsigned)v; warpsync(); int r = l >= o ? (int)g_xu[w][l - o][0] : v; warpsync(); return r;

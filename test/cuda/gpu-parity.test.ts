@@ -354,6 +354,35 @@ parity('sparseTeacherRows top-K (K = 1, 20, 256) over 3001 logits with ties, str
     },
   };
 });
+// A sample teacher cache's rows on the device (sample_rows): the same distinct ids in the same order as the CPU's
+// float64 draws (compared as floats: equal or not) and log q, at Qwen's vocabulary (297 tiles of 512 tokens) with
+// near-uniform, peaked and ordinary rows, and over 3001 logits with a padded stride (unaligned tiles).
+parity('sparseTeacherRows sample (S = 1, 24, 256) over 151936 logits and over 3001 with stride 3008', 2e-6, (r) => {
+  const shapes = [{ n: 6, V: 151936, LD: 151936 }, { n: 5, V: 3001, LD: 3008 }], Ss = [1, 24, 256];
+  const zs = shapes.map(({ n, LD }) => rand(r, n * LD, 6).map((x, i) => {
+    const row = Math.floor(i / LD), j = i % LD;
+    return row === 1 ? x * 0.05 : row === 2 && j === 777 ? 40 : row === 3 ? x * 3 : x;
+  }));
+  const len = shapes.reduce((a, { n }) => a + n * Ss.reduce((b, S) => b + S, 0), 0);
+  const rows = shapes.reduce((a, { n }) => a + n * Ss.length, 0);
+  return {
+    arrays: { z0: zs[0]!, z1: zs[1]!, u: Float32Array.from({ length: 6 }, (_, i) => (i === 4 ? 0 : r())), ids: new Float32Array(len), lq: new Float32Array(len), am: new Float32Array(rows) },
+    compare: ['ids', 'lq', 'am'],
+    op: (be, x) => {
+      let o = 0, q = 0;
+      shapes.forEach(({ n, V, LD }, si) => {
+        for (const S of Ss) {
+          const out = { slots: S, ids: be.allocInt(n * S, 'ids'), logq: be.alloc(n * S, 'logq'), tail: be.alloc(n, 'tail'), argmax: be.allocInt(n, 'argmax') };
+          be.sparseTeacherRows(out, si === 0 ? x.z0! : x.z1!, x.u!, n, V, 2, 'sample', LD);
+          be.upload(x.ids!, Array.from(be.downloadInt(out.ids)), o);
+          be.upload(x.lq!, be.download(out.logq), o);
+          be.upload(x.am!, Array.from(be.downloadInt(out.argmax)), q);
+          o += n * S; q += n;
+        }
+      });
+    },
+  };
+});
 parity('adamw', 1e-5, (r) => ({
   arrays: { p: rand(r, N), g: rand(r, N), m: rand(r, N, 0.1), v: rand(r, N, 0.1).map(Math.abs) },
   compare: ['p', 'm', 'v'],

@@ -122,6 +122,26 @@ test('emulated CUDA: sample_rows lands every draw when a chunk of the vocabulary
   }
 });
 
+test('emulated CUDA: sample_rows with tiles of the vocabulary that have no float32 mass between, before and after those that have (their points go to the last tile with mass before them)', { skip, timeout: 300_000 }, () => {
+  // 512-token tiles (SAMPLE_TILE): V = 2900 is 5 full tiles and a partial one
+  const V2 = 2900, rows = 4, r = rng(31), z = new Float32Array(rows * V2);
+  for (let i = 0; i < z.length; i++) z[i] = (r() - 0.5) * 6;
+  const far = (row: number, t0: number, t1: number): void => { z.fill(-300, row * V2 + t0 * 512, row * V2 + Math.min(V2, t1 * 512)); };
+  far(0, 0, 1); far(0, 2, 3); // massless tiles first and in the middle
+  far(1, 4, 6); // the last tiles massless: points rounded past the total go to tile 3
+  far(2, 0, 3); far(2, 4, 6); // one tile with mass, in the middle
+  far(3, 1, 5); z[3 * V2 + 2899] = 2; // the first tile and the partial last one
+  checkSample('massless tiles', z, Float32Array.from({ length: rows }, () => r()), rows, V2, V2, 1);
+  // at the ends of [0, 1) (where float64 lands a draw on a token of float32 mass zero: the reference is not compared)
+  const ends = Float32Array.from({ length: rows }, (_, i) => (i % 2 === 0 ? 0 : 0.99999994));
+  for (const [S, { ids }] of runSample(z, ends, rows, V2, V2, 1, [1, 64])) {
+    for (let i = 0; i < rows; i++) {
+      const got = [...ids.subarray(i * S, i * S + S)].filter((x) => x >= 0);
+      assert.ok(got.length > 0 && got.every((x) => z[i * V2 + x]! > -300), `S=${S} row ${i}: every draw on a token with mass`);
+    }
+  }
+});
+
 test('emulated CUDA: a NaN logit anywhere in a row (also before its chunk\'s first finite one) leaves every slot of the row -1', { skip, timeout: 300_000 }, () => {
   const V2 = 40, rows = 3, r = rng(12), z = new Float32Array(rows * V2);
   for (let i = 0; i < z.length; i++) z[i] = (r() - 0.5) * 4;

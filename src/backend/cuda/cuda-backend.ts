@@ -65,7 +65,7 @@ import {
 } from './kernels/elementwise.js';
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
-import { sampleRowsKernel, topRowsKernel } from './kernels/sparse-rows.js';
+import { SAMPLE_MAX_TILES, SAMPLE_TILE, sampleRowsKernel, topRowsKernel } from './kernels/sparse-rows.js';
 import { sampleTokensKernel } from './kernels/sample.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
@@ -1171,6 +1171,10 @@ export class CudaBackend implements Backend {
     this.f32Only('sparseTeacherRows', [['logits', logits], ['uniforms', uniforms], ['logq', out.logq], ['tail', out.tail]]);
     if (n <= 0) return;
     if (kind === 'sample') {
+      if (vocab > SAMPLE_TILE * SAMPLE_MAX_TILES) {
+        throw new DistilleryError(`sparseTeacherRows: a vocabulary of ${vocab} tokens is more than sample_rows holds (${SAMPLE_TILE * SAMPLE_MAX_TILES})`,
+          'use --sparse top:K for this model, or --device cpu');
+      }
       this.launch(sampleRowsKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK, [P(logits), P(uniforms), P(out.ids), P(out.logq),
         P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
       return;

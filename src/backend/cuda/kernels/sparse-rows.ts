@@ -1,24 +1,28 @@
 /**
  * The sparse rows of a teacher's logits on the GPU (the teacher-cache job): `sample_rows` turns each row of logits into
  * the distinct ids of S systematic draws at temperature T — the points p_i = (i + u) · Σ / S, i < S, of the cumulative
- * distribution Σ_{j' ≤ j} e^{(z_j' − M)/T} — with log q_t of each, and the row's argmax. One block per row:
- *   1. one pass over the logits: each thread reads its contiguous chunk of the vocabulary (a multiple of 4 tokens, with
- *      16-byte loads where the rows are 16-byte aligned), keeping its maximum m and argmax (first index on ties) and the
- *      chunk's mass relative to m in double (rescaled by e^{(m_old − m_new)/T} when m grows; a NaN logit makes it NaN,
- *      and the row's slots then all come out −1, as before); the block's maximum M and argmax follow;
- *   2. each chunk's mass relative to M (one double factor e^{(m − M)/T}; zero when the walk's largest term in the chunk,
- *      e^{(m − M)/T} in float32, is zero, so a chunk has mass exactly when its walk sees some), and a block scan (double)
- *      gives every chunk's start; the starts are then made non-decreasing (a scan's per-lane addition order can
- *      otherwise put a start below its predecessor), so the chunks partition [0, Σ) and each point belongs to exactly
- *      one thread; the last chunk with mass also owns the points that rounding puts at or past its end, and chunks
- *      without mass own none;
- *   3. the threads that own points walk their chunk, four tokens a load (the running sum in double: in float32, a token
- *      below half an ulp of the running sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn) and emit the
- *      distinct ids the points land on, counted first, then written at the offsets of a second block scan (never past
- *      the S slots): the ids come out ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64). The
- *      walk's float32 terms sum to its chunk's mass only up to rounding: a point the walk does not reach goes to the
- *      chunk's last token with mass (the leftover rule), one past it belongs to the next chunk's first.
- * Baked: block size. Runtime: T, S, the row uniforms.
+ * distribution Σ_{j' ≤ j} e^{(z_j' − M)/T} — with log q_t of each, and the row's argmax. One block per row, over tiles
+ * of SAMPLE_TILE consecutive tokens:
+ *   1. one pass over the logits, coalesced: a warp reads a tile at a time (each lane four 16-byte loads, 128 tokens
+ *      apart), and keeps the tile's maximum and its mass relative to it (double); each lane its maximum, argmax (first
+ *      index on ties) and whether it saw a NaN (a NaN logit leaves every slot of the row −1, as before);
+ *   2. each tile's mass relative to the row's maximum M (one double factor e^{(m − M)/T}; zero when the walk's largest
+ *      term in the tile, e^{(m − M)/T} in float32, is zero, so a tile has mass exactly when its walk sees some); warp 0
+ *      scans them (double, made non-decreasing: a scan's per-lane addition order can otherwise put a start below its
+ *      predecessor) into every tile's start, and notes for every tile the last tile with mass at or before it;
+ *   3. each point's tile by a binary search over the starts (a tile without mass hands its points to the last tile with
+ *      mass before it, which also owns what rounding puts at or past the total); one job per tile that owns points;
+ *   4. a warp walks each job's tile, each lane 16 consecutive tokens: the lanes' masses, scanned from the tile's start
+ *      (double, non-decreasing), split the tile's points among the lanes with mass (the first from −∞, the last to
+ *      +∞), and each lane walks its tokens with the running sum in double (in float32, a token below half an ulp of the
+ *      sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn): a point lands on the token whose term takes
+ *      the sum past it; one the walk does not reach (its float32 terms sum to the lane's mass only up to rounding) goes
+ *      to the lane's last token with mass;
+ *   5. the distinct tokens (the points' tokens never decrease) are written in order at the offsets of a block scan:
+ *      ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64).
+ * (The kernel before this one gave each thread a contiguous chunk of the row: its loads were 1.2 KB apart across a
+ * warp, and it ran at about a fifth of the memory bandwidth; docs/measurements/teacher-cache/.)
+ * Baked: block size. Runtime: T, S, the row uniforms. Vocabularies up to SAMPLE_TILE × SAMPLE_MAX_TILES tokens.
  */
 import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 
@@ -76,92 +80,182 @@ __device__ void chunkRange(double cs, double* start, double* end, double* total)
 `;
 }
 
-/**
- * The walk of a thread's chunk over its points [ilo, ihi): `onHit` runs (with j) for each distinct token a point lands
- * on, `onLeftover` (with lastMass) once for points past the chunk's running sum; `init` declares extra state. Generated
- * twice: counting the distinct ids, then writing them at the thread's offset.
- */
-function walk(onHit: string, onLeftover: string, init: string): string {
-  return `  if (ilo < ihi) {
-    double c = start;
-    int i = ilo, last = -1, lastMass = -1${init};
-    /* four tokens a load (16 bytes where the rows allow): the walk is a serial chain per thread, so each load's latency
-       is paid once for four tokens instead of once for each */
-    for (int jb = j0; jb < j1 && i < ihi; jb += 4) {
-      float x4[4];
-      if (VEC && jb + 3 < j1) { const float4 q = *(const float4*)(z + jb); x4[0] = q.x; x4[1] = q.y; x4[2] = q.z; x4[3] = q.w; }
-      else { for (int e = 0; e < 4; e++) x4[e] = jb + e < j1 ? z[jb + e] : NEG_INF; }
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = jb + e;
-        if (j >= j1 || i >= ihi) break;
-        const float ex = expf((x4[e] - M) * INV_T);
-        c += (double)ex;
-        if (ex > 0.0f) lastMass = j;
-        bool hit = false;
-        while (i < ihi && ((double)i + u) * step < c) { hit = true; i++; }
-        if (hit && j != last) {
-          ${onHit}
-          last = j;
-        }
-      }
-    }
-    if (i < ihi && lastMass >= 0 && lastMass != last) { ${onLeftover} }
-  }`;
-}
+/** Tokens a tile of sample_rows: 32 lanes × 16 (four 16-byte loads a lane). */
+export const SAMPLE_TILE = 512;
+/** Tiles a row of sample_rows at most (its shared arrays): vocabularies up to SAMPLE_TILE × SAMPLE_MAX_TILES tokens. */
+export const SAMPLE_MAX_TILES = 1024;
 
 function generate(p: Readonly<SampleRowsP>): string {
   return `#define BLOCK ${p.block}
+#define NW (BLOCK / 32)
+#define TILE ${SAMPLE_TILE}
+#define MAXT ${SAMPLE_MAX_TILES}
+#define MAXS 256
+#define FULL 0xffffffffu
 ${reductionHelpers()}
-${scanHelpers()}extern "C" __global__ void sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
+${scanHelpers()}
+/* four logits from token j on (16-byte aligned when vec): those at or past V read as -inf */
+__device__ __forceinline__ void load4(const float* z, int j, int V, bool vec, float* x) {
+  if (vec && j + 3 < V) { const float4 q = *(const float4*)(z + j); x[0] = q.x; x[1] = q.y; x[2] = q.z; x[3] = q.w; }
+  else { for (int e = 0; e < 4; e++) x[e] = j + e < V ? z[j + e] : NEG_INF; }
+}
+extern "C" __global__ void sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
                                        int n, int V, int LD, int S, float TEMP) {
+  __shared__ double tmass[MAXT], tstart[MAXT], pts[MAXS];
+  __shared__ float tmax[MAXT];
+  __shared__ int owner[MAXT], hit[MAXS], jobFirst[MAXS + 1];
+  __shared__ double shTotal;
+  __shared__ int shLastMass, shJobs;
   const int row = blockIdx.x;
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
   const float INV_T = 1.0f / TEMP;
-  /* 1. one pass over the thread's chunk (C tokens, a multiple of 4: 16-byte loads where the rows are 16-byte aligned):
-     its maximum m and argmax (first index on ties), and its mass relative to m in double, rescaled when m grows */
-  const int C = ((V + BLOCK - 1) / BLOCK + 3) & ~3;
-  const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
-  float m = NEG_INF;
-  int am = V;
-  double cs = 0.0;
-  const double DT = (double)TEMP;
-  auto take = [&](float x, int j) {
-    if (x > m) { cs *= exp(((double)m - (double)x) / DT); m = x; am = j; } /* exp(-inf) = 0 the first time */
-    if (!(x == NEG_INF && m == NEG_INF)) cs += (double)expf((x - m) * INV_T); /* a NaN x makes cs NaN */
-  };
+  const double DT = (double)TEMP, INF = (double)__int_as_float(0x7f800000);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, NT = (V + TILE - 1) / TILE;
   const bool VEC = (LD & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0ull;
-  int jj = j0;
-  if (VEC) {
-    for (; jj + 3 < j1; jj += 4) { const float4 x = *(const float4*)(z + jj); take(x.x, jj); take(x.y, jj + 1); take(x.z, jj + 2); take(x.w, jj + 3); }
+  /* 1. one coalesced pass, a warp a tile at a time (lane l holds tokens base + 128 r + 4 l + e): each tile's maximum
+     and its mass relative to it (double); each lane's maximum and argmax (its tokens come in index order, so strict >
+     keeps the first on ties) and whether it saw a NaN */
+  float lm = NEG_INF;
+  int lam = V;
+  bool nan = false;
+  for (int t = w; t < NT; t += NW) {
+    const int base = t * TILE;
+    float x[16];
+#pragma unroll
+    for (int r = 0; r < 4; r++) load4(z, base + r * 128 + lane * 4, V, VEC, x + 4 * r);
+    float m = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+      if (x[k] != x[k]) nan = true;
+      if (x[k] > lm) { lm = x[k]; lam = base + (k >> 2) * 128 + lane * 4 + (k & 3); }
+      m = fmaxf(m, x[k]);
+    }
+    m = warpMax(m);
+    double s = 0.0;
+    if (m != NEG_INF) {
+#pragma unroll
+      for (int k = 0; k < 16; k++) s += (double)expf((x[k] - m) * INV_T);
+    }
+    s = warpSumD(s);
+    if (lane == 0) { tmax[t] = m; tmass[t] = s; }
   }
-  for (; jj < j1; jj++) take(z[jj], jj);
-  const float M = blockMax(m);
-  const int AM = blockArgMax(m, am);
-  /* 2. the chunk masses relative to the row's maximum M, and their ranges. A chunk has mass exactly when its walk will
-     see some: its largest walk term, e^{(m - M)/T} computed as the walk computes it, is positive (in double alone, a
-     chunk more than ~104·T below M would own points its walk never reaches) */
-  if (cs == cs) { /* a NaN mass stays NaN */
-    cs = (m == NEG_INF || expf((m - M) * INV_T) == 0.0f) ? 0.0 : cs * exp(((double)m - (double)M) / DT);
+  const float M = blockMax(lm);
+  const int AM = blockArgMax(lm, lam);
+  const bool rowNaN = blockMax(nan ? 1.0f : 0.0f) > 0.0f;
+  /* 2. the tile masses relative to M; zero where the walk's largest term of the tile, e^{(m - M)/T} in float32, is zero
+     (so a tile has mass exactly when its walk sees some) */
+  for (int t = threadIdx.x; t < NT; t += BLOCK) {
+    const float m = tmax[t];
+    tmass[t] = (m == NEG_INF || expf((m - M) * INV_T) == 0.0f) ? 0.0 : tmass[t] * exp(((double)m - (double)M) / DT);
   }
-  double start, end, total;
-  chunkRange(cs, &start, &end, &total);
+  __syncthreads();
+  /* 3. warp 0: the tiles' starts, a double scan 32 tiles at a time made non-decreasing (a scan's per-lane addition
+     order can otherwise put a start below its predecessor), and for every tile the last tile with mass at or before it
+     (owner: the tile that owns points falling in a tile without mass; the last with mass owns what lies past the total) */
+  if (w == 0) {
+    double carry = 0.0, prevStart = 0.0;
+    int prevOwner = -1;
+    for (int t0 = 0; t0 < NT; t0 += 32) {
+      const int t = t0 + lane;
+      const double v = t < NT ? tmass[t] : 0.0;
+      double x = v;
+      for (int o = 1; o < 32; o <<= 1) { const double y = __shfl_up_sync(FULL, x, o); if (lane >= o) x += y; }
+      double st = __shfl_up_sync(FULL, x, 1);
+      if (lane == 0) st = 0.0;
+      st = fmax(st + carry, prevStart);
+      int ow = v > 0.0 ? t : prevOwner;
+      for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(FULL, st, o);
+        const int oo = __shfl_up_sync(FULL, ow, o);
+        if (lane >= o) { st = fmax(st, y); ow = max(ow, oo); }
+      }
+      if (t < NT) { tstart[t] = st; owner[t] = ow; }
+      carry += __shfl_sync(FULL, x, 31);
+      prevStart = __shfl_sync(FULL, st, 31);
+      prevOwner = __shfl_sync(FULL, ow, 31);
+    }
+    if (lane == 0) { shTotal = carry; shLastMass = prevOwner; }
+  }
+  __syncthreads();
+  const double total = shTotal;
   const float lse = M * INV_T + (float)log(total);
-  /* 3. this thread's points: start <= p_i < end */
+  const bool any = !rowNaN && shLastMass >= 0 && total > 0.0;
+  /* 4. the points p_i = (i + u) · total / S and the tile that owns each: the last tile starting at or below it, or the
+     last tile with mass before that one (owner) */
   const double u = (double)uniforms[row], step = total / (double)S;
-  int ilo = S, ihi = S;
-  if (end > start) {
-    for (int i = 0; i < S; i++) { if (((double)i + u) * step >= start) { ilo = i; break; } }
-    for (int i = ilo; i < S; i++) { if (((double)i + u) * step >= end) { ihi = i; break; } }
+  if (any) {
+    for (int i = threadIdx.x; i < S; i += BLOCK) {
+      const double pt = ((double)i + u) * step;
+      int lo = 0, hi = NT - 1;
+      while (lo < hi) { const int mid = (lo + hi + 1) >> 1; if (tstart[mid] <= pt) lo = mid; else hi = mid - 1; }
+      pts[i] = pt;
+      hit[i] = owner[lo]; /* the point's tile until the walk writes its token */
+    }
   }
-  int cnt = 0;
-${walk('cnt++;', 'cnt++;', '')}
-  int distinct;
-  const int off = blockScanI(cnt, &distinct);
-${walk('if (k < S) { ids[(long long)row * S + k] = j; logq[(long long)row * S + k] = z[j] * INV_T - lse; }\n        k++;',
-    'if (k < S) { ids[(long long)row * S + k] = lastMass; logq[(long long)row * S + k] = z[lastMass] * INV_T - lse; }', ', k = off')}
-  for (int k = min(distinct, S) + threadIdx.x; k < S; k += BLOCK) { ids[(long long)row * S + k] = -1; logq[(long long)row * S + k] = 0.0f; }
+  __syncthreads();
+  /* 5. one job per tile that owns points (the points come in order, and so do their tiles): its first point */
+  if (threadIdx.x == 0) {
+    int nj = 0;
+    if (any) for (int i = 0; i < S; i++) if (i == 0 || hit[i] != hit[i - 1]) jobFirst[nj++] = i;
+    jobFirst[nj] = S;
+    shJobs = nj;
+  }
+  __syncthreads();
+  /* 6. a warp walks each job's tile, lane l over its 16 consecutive tokens base + 16 l + k: the lanes' masses (double,
+     the walk's own float32 terms) scanned from the tile's start and made non-decreasing give each lane with mass its
+     range of points (the first from -inf, the last to +inf: every point of the tile lands in one lane); the lane walks
+     its tokens (the running sum in double: in float32, a token below half an ulp of the sum, about 6e-8 of it at
+     Qwen's 151936 tokens, could never be drawn) and a point p lands on the token whose term takes the sum past p; a
+     point the walk does not reach (its terms sum to the lane's mass only up to rounding) goes to the lane's last token
+     with mass */
+  const int jobs = shJobs;
+  for (int j = w; j < jobs; j += NW) {
+    const int ia = jobFirst[j], ib = jobFirst[j + 1], base = hit[ia] * TILE + lane * 16;
+    const double tileStart = tstart[hit[ia]];
+    float e[16];
+#pragma unroll
+    for (int r = 0; r < 4; r++) load4(z, base + 4 * r, V, VEC, e + 4 * r);
+    double s = 0.0;
+    int lastM = -1;
+#pragma unroll
+    for (int k = 0; k < 16; k++) { e[k] = expf((e[k] - M) * INV_T); s += (double)e[k]; if (e[k] > 0.0f) lastM = base + k; }
+    const unsigned mask = __ballot_sync(FULL, lastM >= 0);
+    double x = s;
+    for (int o = 1; o < 32; o <<= 1) { const double y = __shfl_up_sync(FULL, x, o); if (lane >= o) x += y; }
+    double c0 = __shfl_up_sync(FULL, x, 1);
+    if (lane == 0) c0 = 0.0;
+    c0 += tileStart;
+    for (int o = 1; o < 32; o <<= 1) { const double y = __shfl_up_sync(FULL, c0, o); if (lane >= o) c0 = fmax(c0, y); }
+    const unsigned later = lane == 31 ? 0u : mask & (FULL << (lane + 1));
+    const double next = __shfl_sync(FULL, c0, later ? __ffs(later) - 1 : lane);
+    if (lastM >= 0) {
+      const double lo = lane == __ffs(mask) - 1 ? -INF : c0, hi = later ? next : INF;
+      int ip = ia;
+      while (ip < ib && pts[ip] < lo) ip++;
+      int ie = ip;
+      while (ie < ib && pts[ie] < hi) ie++;
+      double c = c0;
+#pragma unroll
+      for (int k = 0; k < 16; k++) {
+        c += (double)e[k];
+        while (ip < ie && pts[ip] < c) { hit[ip] = base + k; ip++; }
+      }
+      for (; ip < ie; ip++) hit[ip] = lastM;
+    }
+  }
+  __syncthreads();
+  /* 7. the distinct tokens in order (the points' tokens never decrease), with log q, at the offsets of a block scan */
+  int done = 0;
+  for (int i0 = 0; i0 < S; i0 += BLOCK) {
+    const int i = i0 + threadIdx.x;
+    const int f = any && i < S && (i == 0 || hit[i] != hit[i - 1]) ? 1 : 0;
+    int count;
+    const int off = blockScanI(f, &count);
+    if (f) { ids[(long long)row * S + done + off] = hit[i]; logq[(long long)row * S + done + off] = z[hit[i]] * INV_T - lse; }
+    done += count;
+  }
+  for (int k = done + threadIdx.x; k < S; k += BLOCK) { ids[(long long)row * S + k] = -1; logq[(long long)row * S + k] = 0.0f; }
   if (threadIdx.x == 0) { tail[row] = -1.0f; argmax[row] = AM; }
 }
 `;
