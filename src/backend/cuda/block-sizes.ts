@@ -8,3 +8,5 @@ export const EMB_BWD_BLOCK = 256;
 export const ROW_BLOCK = 256;
 export const ATTN_BLOCK = 128;
 export const LOSS_BLOCK = 512;
+/** Threads per block of sample_rows (one row a block; 64 registers a thread: four blocks an SM at 256). */
+export const SAMPLE_ROWS_BLOCK = 256;

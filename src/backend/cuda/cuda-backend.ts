@@ -72,7 +72,7 @@ import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type Graph
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
 import type { WaitGuard } from './bounded-wait.js';
 
-import { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK } from './block-sizes.js';
+import { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK, SAMPLE_ROWS_BLOCK } from './block-sizes.js';
 import {
   DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, attentionScratchSizes, bf16MmaOperands,
   maxScratch, planAttentionBackward, simtAttentionTile, type AttentionBackwardImpl, type AttentionScratch,
@@ -1175,7 +1175,7 @@ export class CudaBackend implements Backend {
         throw new DistilleryError(`sparseTeacherRows: a vocabulary of ${vocab} tokens is more than sample_rows holds (${SAMPLE_TILE * SAMPLE_MAX_TILES})`,
           'use --sparse top:K for this model, or --device cpu');
       }
-      this.launch(sampleRowsKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK, [P(logits), P(uniforms), P(out.ids), P(out.logq),
+      this.launch(sampleRowsKernel.make({ block: SAMPLE_ROWS_BLOCK }), [n, 1, 1], SAMPLE_ROWS_BLOCK, [P(logits), P(uniforms), P(out.ids), P(out.logq),
         P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
       return;
     }

@@ -99,7 +99,31 @@ __device__ __forceinline__ void load4(const float* z, int j, int V, bool vec, fl
   if (vec && j + 3 < V) { const float4 q = *(const float4*)(z + j); x[0] = q.x; x[1] = q.y; x[2] = q.z; x[3] = q.w; }
   else { for (int e = 0; e < 4; e++) x[e] = j + e < V ? z[j + e] : NEG_INF; }
 }
-extern "C" __global__ void sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
+/* tile t's 16 logits of this lane, coalesced across the warp: tokens t·TILE + 128 r + 4 lane + e */
+__device__ __forceinline__ void loadTile(const float* z, int t, int lane, int V, bool vec, float* x) {
+#pragma unroll
+  for (int r = 0; r < 4; r++) load4(z, t * TILE + r * 128 + lane * 4, V, vec, x + 4 * r);
+}
+/* phase 1 for one tile: its maximum and its mass relative to it (double) into tmax[t] and tmass[t]; the lane's maximum,
+   argmax (its tokens come in index order, so strict > keeps the first on ties) and whether it saw a NaN */
+__device__ __forceinline__ void tileStats(const float* x, int t, int lane, float INV_T, float* tmax, double* tmass, float& lm, int& lam, bool& nan) {
+  float m = NEG_INF;
+#pragma unroll
+  for (int k = 0; k < 16; k++) {
+    if (x[k] != x[k]) nan = true;
+    if (x[k] > lm) { lm = x[k]; lam = t * TILE + (k >> 2) * 128 + lane * 4 + (k & 3); }
+    m = fmaxf(m, x[k]);
+  }
+  m = warpMax(m);
+  double s = 0.0;
+  if (m != NEG_INF) {
+#pragma unroll
+    for (int k = 0; k < 16; k++) s += (double)expf((x[k] - m) * INV_T);
+  }
+  s = warpSumD(s);
+  if (lane == 0) { tmax[t] = m; tmass[t] = s; }
+}
+extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
                                        int n, int V, int LD, int S, float TEMP) {
   __shared__ double tmass[MAXT], tstart[MAXT], pts[MAXS];
   __shared__ float tmax[MAXT];
@@ -113,32 +137,19 @@ extern "C" __global__ void sample_rows(const float* logits, const float* uniform
   const double DT = (double)TEMP, INF = (double)__int_as_float(0x7f800000);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, NT = (V + TILE - 1) / TILE;
   const bool VEC = (LD & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0ull;
-  /* 1. one coalesced pass, a warp a tile at a time (lane l holds tokens base + 128 r + 4 l + e): each tile's maximum
-     and its mass relative to it (double); each lane's maximum and argmax (its tokens come in index order, so strict >
-     keeps the first on ties) and whether it saw a NaN */
+  /* 1. one coalesced pass, a warp a tile at a time (loadTile, tileStats) */
   float lm = NEG_INF;
   int lam = V;
   bool nan = false;
-  for (int t = w; t < NT; t += NW) {
-    const int base = t * TILE;
-    float x[16];
-#pragma unroll
-    for (int r = 0; r < 4; r++) load4(z, base + r * 128 + lane * 4, V, VEC, x + 4 * r);
-    float m = NEG_INF;
-#pragma unroll
-    for (int k = 0; k < 16; k++) {
-      if (x[k] != x[k]) nan = true;
-      if (x[k] > lm) { lm = x[k]; lam = base + (k >> 2) * 128 + lane * 4 + (k & 3); }
-      m = fmaxf(m, x[k]);
-    }
-    m = warpMax(m);
-    double s = 0.0;
-    if (m != NEG_INF) {
-#pragma unroll
-      for (int k = 0; k < 16; k++) s += (double)expf((x[k] - m) * INV_T);
-    }
-    s = warpSumD(s);
-    if (lane == 0) { tmax[t] = m; tmass[t] = s; }
+  /* two tiles in registers: the next one's loads are in flight while this one is reduced */
+  float xa[16], xb[16];
+  if (w < NT) loadTile(z, w, lane, V, VEC, xa);
+  for (int t = w; t < NT; t += 2 * NW) {
+    if (t + NW < NT) loadTile(z, t + NW, lane, V, VEC, xb);
+    tileStats(xa, t, lane, INV_T, tmax, tmass, lm, lam, nan);
+    if (t + NW >= NT) break;
+    if (t + 2 * NW < NT) loadTile(z, t + 2 * NW, lane, V, VEC, xa);
+    tileStats(xb, t + NW, lane, INV_T, tmax, tmass, lm, lam, nan);
   }
   const float M = blockMax(lm);
   const int AM = blockArgMax(lm, lam);
