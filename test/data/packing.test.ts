@@ -5,7 +5,9 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { packDocuments, packingFor } from '../../src/data/index.js';
+import { packDocuments, packForJob, packingFor } from '../../src/data/index.js';
+import { DEFAULT_CHAT_FORMAT } from '../../src/tokenizer/chat.js';
+import { DistilleryError } from '../../src/util/errors.js';
 import { tokenMeetsSpan, type PackDoc } from '../../src/data/pack.js';
 import { runPacking } from '../../src/train/run-data.js';
 import type { SavedState } from '../../src/train/run-state.js';
@@ -180,4 +182,28 @@ test('a conversation whose rendering already ends with EOS keeps its loss mask a
     assert.deepEqual([w.mask[at], w.mask[at + 1]], [1, 1], packing);
     assert.equal(w.mask[at - 1], 0, 'the reply\'s span starts at b');
   }
+});
+
+test('packForJob: the end-of-text id (eosId, else <|endoftext|>), the chat-token check, \'auto\' resolved on the data, the split warning', () => {
+  const ids: Record<string, number> = { '<|endoftext|>': 0, '<|im_start|>': 1, '<|im_end|>': 2 };
+  const tok = { ...charTok, eosId: undefined, tokenToId: (t: string): number | undefined => ids[t] };
+  const logs: string[] = [];
+  const log = (s: string): void => { logs.push(s); };
+  const text = docsOf([3, 4]);
+  const t = packForJob(tok, text, DEFAULT_CHAT_FORMAT, { seq: 8, packing: 'auto' }, log);
+  assert.equal(t.eosId, 0);
+  assert.equal(t.packing, 'wrapped');
+  assert.deepEqual(t.packed, packDocuments(tok, text, { seqLen: 8, eosId: 0, packing: 'wrapped' }));
+  const chat: PackDoc[] = [{ text: docsOf([20])[0]!, lossSpans: null, conversation: true }, ...text];
+  const c = packForJob(tok, chat, DEFAULT_CHAT_FORMAT, { seq: 8, packing: undefined }, log);
+  assert.equal(c.packing, 'bfd');
+  assert.equal(c.packed.splitDocs, 1);
+  assert.match(logs.join('\n'), /1 of 3 documents are longer than --seq 8 \+ 1 tokens/);
+  assert.equal(packForJob(tok, chat, DEFAULT_CHAT_FORMAT, { seq: 8, packing: 'wrapped' }, log).packing, 'wrapped');
+  // a tokenizer without the ChatML tokens, conversations and no template: refused; with no end-of-text token: refused
+  assert.throws(() => packForJob({ ...tok, tokenToId: (s: string) => (s === '<|endoftext|>' ? 0 : undefined) }, chat, DEFAULT_CHAT_FORMAT, { seq: 8 }, log),
+    (e: unknown) => e instanceof DistilleryError && /no chat template/.test(e.message));
+  assert.throws(() => packForJob({ ...tok, tokenToId: () => undefined }, text, DEFAULT_CHAT_FORMAT, { seq: 8 }, log),
+    (e: unknown) => e instanceof DistilleryError && /no end-of-text token/.test(e.message));
+  assert.equal(packForJob({ ...tok, eosId: 7, tokenToId: () => undefined }, text, DEFAULT_CHAT_FORMAT, { seq: 8 }, log).eosId, 7);
 });
