@@ -63,6 +63,7 @@ inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, 
 inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { warpsync(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   int w = threadIdx.x >> 5, l = threadIdx.x & 31;
   g_xf[w][l] = v; warpsync(); float r = g_xf[w][l ^ o]; warpsync(); return r;

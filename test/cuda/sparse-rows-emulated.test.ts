@@ -142,15 +142,58 @@ test('emulated CUDA: sample_rows with tiles of the vocabulary that have no float
   }
 });
 
-test('emulated CUDA: a NaN logit anywhere in a row (also before its chunk\'s first finite one) leaves every slot of the row -1', { skip, timeout: 300_000 }, () => {
-  const V2 = 40, rows = 3, r = rng(12), z = new Float32Array(rows * V2);
+test('emulated CUDA: sample_rows walks a tile with the terms that gave the tile its mass (a draw in the last 1e-6 of a tile lands on the token float64 gives, not on the tile\'s last token with mass)', { skip, timeout: 300_000 }, () => {
+  // (a review found it: the walk summed e^{(z - M)/T} in float32 while the tile's mass was phase 1's e^{(z - m)/T}
+  // times e^{(m - M)/T}; with z - M rounded in float32 the walk's terms fall short, and a point in the gap went to the
+  // tile's last token with mass, here token 511 at log q near -96, where float64 gives token 510)
+  const V2 = 1024, M = 16, z = new Float32Array(V2).fill(-200), r = rng(41);
+  z[600] = M; // tile 1: one token
+  const ulp = 2 ** -19; // float32's spacing of z - M near -16.5
+  for (let j = 0; j < 511; j++) {
+    // tile 0: z - M in float32 rounds away from zero by about 0.44 of its spacing, every term of the old walk too small
+    z[j] = -(0.5 + (Math.floor(r() * 2 ** 18) + 0.5625) * ulp);
+    assert.ok(Math.fround(z[j]! - M) < z[j]! - M - 0.4 * ulp, 'the construction rounds z - M down');
+  }
+  z[511] = -80; // the tile's last token: next to no mass
+  const f = Math.fround, m0 = Math.max(...z.subarray(0, 512));
+  let own = 0, walk = 0;
+  for (let j = 0; j < 512; j++) { own += f(Math.exp(f(z[j]! - m0))); walk += f(Math.exp(f(z[j]! - M))); }
+  const tile0 = own * Math.exp(m0 - M), total = tile0 + 1;
+  const u = Math.fround((tile0 * (1 - 4e-7)) / total), p = u * total;
+  assert.ok(p > walk * (1 + 1e-7) && p < tile0 * (1 - 1e-7), `the point ${p} lies between the old walk's sum ${walk} and the tile's mass ${tile0}`);
+  const want = sparseRow(z, 0, V2, 1, { kind: 'sample', n: 1 }, () => u);
+  assert.deepEqual(want.ids, [510], 'float64 draws token 510');
+  const { ids, lq } = runSample(z, Float32Array.from([u]), 1, V2, V2, 1, [1]).get(1)!;
+  assert.equal(ids[0], 510, `the draw: ${ids[0]}`);
+  assert.ok(Math.abs(lq[0]! - want.logq[0]!) <= 1e-6 * Math.max(1, Math.abs(want.logq[0]!)), `log q ${lq[0]} vs ${want.logq[0]}`);
+});
+
+test('emulated CUDA: log q at large logits and a low temperature keeps float32 precision ((z - M)/T - log sum in double)', { skip, timeout: 300_000 }, () => {
+  // (z/T - (M/T + log sum) in float32 was off by about 6e-5 at logits near 300, T = 0.25)
+  const V2 = 300, rows = 2, r = rng(8), z = new Float32Array(rows * V2);
+  for (let i = 0; i < z.length; i++) z[i] = 300 + (r() - 0.5) * 4;
+  const u = Float32Array.from({ length: rows }, () => r());
+  for (const [S, { ids, lq }] of runSample(z, u, rows, V2, V2, 0.25, [16])) {
+    for (let i = 0; i < rows; i++) {
+      const want = sparseRow(z, i * V2, V2, 0.25, { kind: 'sample', n: S }, () => u[i]!);
+      assert.deepEqual([...ids.subarray(i * S, i * S + want.ids.length)], want.ids, `row ${i}: ids`);
+      // float32's own rounding of the result, a few ulps: |log q| is at most about 16 here
+      want.logq.forEach((l, k) => assert.ok(Math.abs(lq[i * S + k]! - l) <= 4e-6, `row ${i}: log q ${lq[i * S + k]} vs ${l}`));
+    }
+  }
+});
+
+test('emulated CUDA: a NaN logit anywhere in a row (also before its chunk\'s first finite one) leaves every slot of the row -1; a row of -inf too, its argmax 0', { skip, timeout: 300_000 }, () => {
+  const V2 = 40, rows = 4, r = rng(12), z = new Float32Array(rows * V2);
   for (let i = 0; i < z.length; i++) z[i] = (r() - 0.5) * 4;
   z[8] = Number.NaN; // row 0: the first token of a chunk
   z[V2 + 13] = Number.NaN; // row 1: inside a chunk
   z.fill(-Infinity, 2 * V2 + 20, 2 * V2 + 23); z[2 * V2 + 23] = Number.NaN; // row 2: after -inf tokens of its chunk
+  z.fill(-Infinity, 3 * V2, 4 * V2); // row 3: no finite logit (no draw; the argmax is 0, as in float64)
   const u = Float32Array.from({ length: rows }, () => r());
-  for (const [S, { ids }] of runSample(z, u, rows, V2, V2, 1, [1, 64])) {
+  for (const [S, { ids, am }] of runSample(z, u, rows, V2, V2, 1, [1, 64])) {
     for (let i = 0; i < rows; i++) assert.ok([...ids.subarray(i * S, i * S + S)].every((x) => x === -1), `S=${S} row ${i}: all -1`);
+    assert.equal(am[3], sparseRow(z, 3 * V2, V2, 1, { kind: 'sample', n: S }, () => u[3]!).argmax, `S=${S}: the argmax of a row without a finite logit`);
   }
 });
 
@@ -216,6 +259,20 @@ test('emulated CUDA: top_rows equals the float64 top-K (ids in order, ties by id
   // K = the vocabulary: every token, no tail
   const V3 = 200, z3 = z.subarray(0, 4 * V3);
   checkTop('whole', Float32Array.from(z3), 4, V3, V3, 1, 64, [200, 256]);
+});
+
+test('emulated CUDA: top_rows gives argmax 0 for a row without a finite logit, as float64', { skip, timeout: 300_000 }, () => {
+  const V2 = 300, rows = 2, z = new Float32Array(rows * V2).fill(-Infinity);
+  z[V2 + 7] = 1; // row 1: one finite logit
+  writeFileSync(join(workDir(), 'zt-inf'), z);
+  const exe = build(topRowsKernel.make({ block: 128 }), `int main() { const char* d = "${workDir()}";
+  auto z = readf<float>(d, "zt-inf", ${rows * V2});
+  std::vector<int> ids(${rows * 4}), am(${rows}); std::vector<float> lq(${rows * 4}), tl(${rows});
+  launch({${rows}, 1, 1}, 128, 0, [&] { top_rows(z.data(), ids.data(), lq.data(), tl.data(), am.data(), ${rows}, ${V2}, ${V2}, 4, 1.0f); });
+  writef(d, "tam", am); }`);
+  execFileSync(exe);
+  const b = readFileSync(join(workDir(), 'tam')), am = new Int32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
+  for (let i = 0; i < rows; i++) assert.equal(am[i], sparseRow(z, i * V2, V2, 1, { kind: 'top', k: 4 }, null).argmax, `row ${i}: argmax`);
 });
 
 test('emulated CUDA: top_rows at Qwen\'s vocabulary (151936 tokens, block 512) equals the float64 top-K', { skip, timeout: 600_000 }, () => {

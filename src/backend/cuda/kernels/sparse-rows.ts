@@ -6,23 +6,27 @@
  *   1. one pass over the logits, coalesced: a warp reads a tile at a time (each lane four 16-byte loads, 128 tokens
  *      apart), and keeps the tile's maximum and its mass relative to it (double); each lane its maximum, argmax (first
  *      index on ties) and whether it saw a NaN (a NaN logit leaves every slot of the row −1, as before);
- *   2. each tile's mass relative to the row's maximum M (one double factor e^{(m − M)/T}; zero when the walk's largest
- *      term in the tile, e^{(m − M)/T} in float32, is zero, so a tile has mass exactly when its walk sees some); warp 0
+ *   2. each tile's mass relative to the row's maximum M (one double factor e^{(m − M)/T}; zero when that factor is
+ *      zero in float32: such a tile holds under 1e-42 of the row, and has no draw, as before); warp 0
  *      scans them (double, made non-decreasing: a scan's per-lane addition order can otherwise put a start below its
  *      predecessor) into every tile's start, and notes for every tile the last tile with mass at or before it;
  *   3. each point's tile by a binary search over the starts (a tile without mass hands its points to the last tile with
  *      mass before it, which also owns what rounding puts at or past the total); one job per tile that owns points;
- *   4. a warp walks each job's tile, each lane 16 consecutive tokens: the lanes' masses, scanned from the tile's start
- *      (double, non-decreasing), split the tile's points among the lanes with mass (the first from −∞, the last to
- *      +∞), and each lane walks its tokens with the running sum in double (in float32, a token below half an ulp of the
- *      sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn): a point lands on the token whose term takes
- *      the sum past it; one the walk does not reach (its float32 terms sum to the lane's mass only up to rounding) goes
- *      to the lane's last token with mass;
+ *   4. a warp walks each job's tile, each lane 16 consecutive tokens, with phase 1's own terms e^{(z − m)/T} and the
+ *      points in the tile's units, (p − start) / e^{(m − M)/T}, so the walk's terms add up to the mass that placed the
+ *      points: the lanes' masses, scanned (double, non-decreasing), split the tile's points among the lanes with mass
+ *      (the first from −∞, the last to +∞), and each lane walks its tokens with the running sum in double (in float32,
+ *      a token below half an ulp of the sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn): a point
+ *      lands on the token whose term takes the sum past it; one the walk does not reach (double rounding) goes to the
+ *      lane's last token with mass;
  *   5. the distinct tokens (the points' tokens never decrease) are written in order at the offsets of a block scan:
- *      ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64).
+ *      ascending, as on the CPU (src/backend/cpu/kernels/sparse-rows.ts, float64), with log q = (z − M)/T − log Σ in
+ *      double (z/T − (M/T + log Σ) in float32 lost digits at large logits: 6e-5 at logits near 300, T = 0.25).
  * (The kernel before this one gave each thread a contiguous chunk of the row: its loads were 1.2 KB apart across a
  * warp, and it ran at about a fifth of the memory bandwidth; docs/measurements/teacher-cache/.)
- * Baked: block size. Runtime: T, S, the row uniforms. Vocabularies up to SAMPLE_TILE × SAMPLE_MAX_TILES tokens.
+ * Baked: block size, and 1024 / block blocks an SM for ptxas (64 registers a thread; left to itself it takes 71, and
+ * an SM holds three blocks of 256 instead of four). Runtime: T, S, the row uniforms. Vocabularies up to
+ * SAMPLE_TILE × SAMPLE_MAX_TILES tokens.
  */
 import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 
@@ -123,11 +127,11 @@ __device__ __forceinline__ void tileStats(const float* x, int t, int lane, float
   s = warpSumD(s);
   if (lane == 0) { tmax[t] = m; tmass[t] = s; }
 }
-extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
+extern "C" __global__ void __launch_bounds__(BLOCK, ${Math.max(1, Math.floor(1024 / p.block))}) sample_rows(const float* logits, const float* uniforms, int* ids, float* logq, float* tail, int* argmax,
                                        int n, int V, int LD, int S, float TEMP) {
   __shared__ double tmass[MAXT], tstart[MAXT], pts[MAXS];
   __shared__ float tmax[MAXT];
-  __shared__ int owner[MAXT], hit[MAXS], jobFirst[MAXS + 1];
+  __shared__ int owner[MAXT], hit[MAXS], jobFirst[MAXS + 1], jobTile[MAXS];
   __shared__ double shTotal;
   __shared__ int shLastMass, shJobs;
   const int row = blockIdx.x;
@@ -139,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* log
   const bool VEC = (LD & 3) == 0 && (((unsigned long long)logits) & 15ull) == 0ull;
   /* 1. one coalesced pass, a warp a tile at a time (loadTile, tileStats) */
   float lm = NEG_INF;
-  int lam = V;
+  int lam = 0; /* a row without a finite logit: 0, as the float64 reference */
   bool nan = false;
   /* two tiles in registers: the next one's loads are in flight while this one is reduced */
   float xa[16], xb[16];
@@ -154,8 +158,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* log
   const float M = blockMax(lm);
   const int AM = blockArgMax(lm, lam);
   const bool rowNaN = blockMax(nan ? 1.0f : 0.0f) > 0.0f;
-  /* 2. the tile masses relative to M; zero where the walk's largest term of the tile, e^{(m - M)/T} in float32, is zero
-     (so a tile has mass exactly when its walk sees some) */
+  /* 2. the tile masses relative to M; zero where the factor e^{(m - M)/T} is zero in float32 (under 1e-42 of the row:
+     no draw there, as before; the walk below computes the factor as here, in double) */
   for (int t = threadIdx.x; t < NT; t += BLOCK) {
     const float m = tmax[t];
     tmass[t] = (m == NEG_INF || expf((m - M) * INV_T) == 0.0f) ? 0.0 : tmass[t] * exp(((double)m - (double)M) / DT);
@@ -190,7 +194,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* log
   }
   __syncthreads();
   const double total = shTotal;
-  const float lse = M * INV_T + (float)log(total);
   const bool any = !rowNaN && shLastMass >= 0 && total > 0.0;
   /* 4. the points p_i = (i + u) · total / S and the tile that owns each: the last tile starting at or below it, or the
      last tile with mass before that one (owner) */
@@ -205,41 +208,47 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* log
     }
   }
   __syncthreads();
-  /* 5. one job per tile that owns points (the points come in order, and so do their tiles): its first point */
+  /* 5. one job per tile that owns points (the points come in order, and so do their tiles): its tile and first point
+     (the tile is kept apart: the walk overwrites hit[]) */
   if (threadIdx.x == 0) {
     int nj = 0;
-    if (any) for (int i = 0; i < S; i++) if (i == 0 || hit[i] != hit[i - 1]) jobFirst[nj++] = i;
+    if (any) for (int i = 0; i < S; i++) if (i == 0 || hit[i] != hit[i - 1]) { jobTile[nj] = hit[i]; jobFirst[nj++] = i; }
     jobFirst[nj] = S;
     shJobs = nj;
   }
   __syncthreads();
-  /* 6. a warp walks each job's tile, lane l over its 16 consecutive tokens base + 16 l + k: the lanes' masses (double,
-     the walk's own float32 terms) scanned from the tile's start and made non-decreasing give each lane with mass its
-     range of points (the first from -inf, the last to +inf: every point of the tile lands in one lane); the lane walks
-     its tokens (the running sum in double: in float32, a token below half an ulp of the sum, about 6e-8 of it at
-     Qwen's 151936 tokens, could never be drawn) and a point p lands on the token whose term takes the sum past p; a
-     point the walk does not reach (its terms sum to the lane's mass only up to rounding) goes to the lane's last token
+  /* 6. a warp walks each job's tile t, lane l over its 16 consecutive tokens base + 16 l + k, in the tile's own units:
+     phase 1's terms e^{(z - m_t)/T} (float32, summed in double), whose sum times e^{(m_t - M)/T} is the tile's mass, and
+     the tile's points as (p - start_t) / e^{(m_t - M)/T}, so the walk's terms add up to the mass that placed the points
+     (terms e^{(z - M)/T} of their own fell about 1e-7 of the tile's mass short of it, and a point in that gap went to
+     the tile's last token with mass, whatever its probability). The lanes' masses, scanned and made non-decreasing,
+     give each lane with mass its range of points (the first from -inf, the last to +inf: every point of the tile lands
+     in one lane); the lane walks its tokens (the running sum in double: in float32, a token below half an ulp of the
+     sum, about 6e-8 of it at Qwen's 151936 tokens, could never be drawn) and a point lands on the token whose term takes
+     the sum past it; one the walk does not reach (double rounding of the same terms) goes to the lane's last token
      with mass */
   const int jobs = shJobs;
   for (int j = w; j < jobs; j += NW) {
-    const int ia = jobFirst[j], ib = jobFirst[j + 1], base = hit[ia] * TILE + lane * 16;
-    const double tileStart = tstart[hit[ia]];
+    const int ia = jobFirst[j], ib = jobFirst[j + 1], t = jobTile[j], base = t * TILE + lane * 16;
+    const float mt = tmax[t];
+    const double tileStart = tstart[t], sc = exp(((double)mt - (double)M) / DT);
+    for (int i = ia + lane; i < ib; i += 32) pts[i] = (pts[i] - tileStart) / sc;
     float e[16];
 #pragma unroll
     for (int r = 0; r < 4; r++) load4(z, base + 4 * r, V, VEC, e + 4 * r);
     double s = 0.0;
     int lastM = -1;
 #pragma unroll
-    for (int k = 0; k < 16; k++) { e[k] = expf((e[k] - M) * INV_T); s += (double)e[k]; if (e[k] > 0.0f) lastM = base + k; }
+    for (int k = 0; k < 16; k++) { e[k] = expf((e[k] - mt) * INV_T); s += (double)e[k]; if (e[k] > 0.0f) lastM = base + k; }
     const unsigned mask = __ballot_sync(FULL, lastM >= 0);
     double x = s;
     for (int o = 1; o < 32; o <<= 1) { const double y = __shfl_up_sync(FULL, x, o); if (lane >= o) x += y; }
     double c0 = __shfl_up_sync(FULL, x, 1);
     if (lane == 0) c0 = 0.0;
-    c0 += tileStart;
     for (int o = 1; o < 32; o <<= 1) { const double y = __shfl_up_sync(FULL, c0, o); if (lane >= o) c0 = fmax(c0, y); }
     const unsigned later = lane == 31 ? 0u : mask & (FULL << (lane + 1));
     const double next = __shfl_sync(FULL, c0, later ? __ffs(later) - 1 : lane);
+    __syncwarp();
     if (lastM >= 0) {
       const double lo = lane == __ffs(mask) - 1 ? -INF : c0, hi = later ? next : INF;
       int ip = ia;
@@ -263,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) sample_rows(const float* log
     const int f = any && i < S && (i == 0 || hit[i] != hit[i - 1]) ? 1 : 0;
     int count;
     const int off = blockScanI(f, &count);
-    if (f) { ids[(long long)row * S + done + off] = hit[i]; logq[(long long)row * S + done + off] = z[hit[i]] * INV_T - lse; }
+    if (f) { ids[(long long)row * S + done + off] = hit[i]; logq[(long long)row * S + done + off] = (float)(((double)z[hit[i]] - (double)M) / DT - log(total)); }
     done += count;
   }
   for (int k = done + threadIdx.x; k < S; k += BLOCK) { ids[(long long)row * S + k] = -1; logq[(long long)row * S + k] = 0.0f; }
@@ -319,7 +328,7 @@ extern "C" __global__ void top_rows(const float* logits, int* ids, float* logq, 
   __shared__ int nAbove, nEqual;
   /* 1. maximum, argmax, the sum of e in double */
   float m = NEG_INF;
-  int am = V;
+  int am = 0; /* a row without a finite logit: 0, as the float64 reference */
   for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
