@@ -198,7 +198,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const chat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
   const docs = readData(o, log, chat);
   const dataHash = hashDocs(docs);
-  const { packed, packing } = packForJob(tokenizer, docs, chat, o, log);
+  const { packed, packing } = packForJob(tokenizer, docs, chat, { ...o, tokenizerOf: `the teacher ${o.teacher}` }, log);
   const windows = packed.windows;
   if (windows.length === 0) throw new DistilleryError('the data packs into no windows', `add data, or lower --seq (${o.seq})`);
   const { lossVocab, note } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: ck.config.vocabSize }]);

@@ -63,7 +63,7 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean; wo
   const x = readModelDirExtras(o.teacher, { tokenizerJson: false });
   const chat = x.chatTemplate || x.tokenizerConfig ? chatFormatOf(x.chatTemplate ?? null, `the teacher ${o.teacher}`, x.tokenizerConfig ?? null) : DEFAULT_CHAT_FORMAT;
   const docs = readData(o, () => undefined, chat);
-  const { packed } = packForJob(tokenizer, docs, chat, o, () => undefined);
+  const { packed } = packForJob(tokenizer, docs, chat, { ...o, tokenizerOf: `the teacher ${o.teacher}` }, () => undefined);
   const { lossVocab } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: config.vocabSize }]);
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
   const lay = recordLayout(o.sparse, lossVocab);

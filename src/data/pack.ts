@@ -227,12 +227,15 @@ export interface JobTokenizer extends TokenEncoder {
  * How every job turns its documents into windows (train, distill, teacher-cache, eval and their dry runs), so that a
  * cache and the run that reads it cannot pack differently: the end-of-text id (`eosId`, else <|endoftext|>), the
  * chat-token check (checkChatTokens), the packing (`packing`: 'auto' resolved on the data), the windows
- * (packDocuments) and the warning for documents split across windows.
+ * (packDocuments) and the warning for documents split across windows. `tokenizerOf` names where the tokenizer came from
+ * in the error for one without an end-of-text token.
  */
 export function packForJob(tokenizer: JobTokenizer, docs: readonly PackDoc[], chat: ChatFormat,
-  o: { seq: number; packing?: PackingChoice | undefined }, log: (s: string) => void): { packed: PackedData; packing: Packing; eosId: number } {
+  o: { seq: number; packing?: PackingChoice | undefined; tokenizerOf?: string | undefined }, log: (s: string) => void): { packed: PackedData; packing: Packing; eosId: number } {
   const eosId = tokenizer.eosId ?? tokenizer.tokenToId('<|endoftext|>');
-  if (eosId === undefined) throw new DistilleryError('the tokenizer has no end-of-text token', 'use a tokenizer.json with <|endoftext|> or </s>');
+  if (eosId === undefined) {
+    throw new DistilleryError(`the tokenizer${o.tokenizerOf ? ` of ${o.tokenizerOf}` : ''} has no end-of-text token`, 'use a tokenizer.json with <|endoftext|> or </s>');
+  }
   const kinds = docs.map((d) => ({ conversation: typeof d !== 'string' && d.conversation === true }));
   checkChatTokens(chat, kinds, tokenizer);
   const packing = packingFor(o.packing, kinds);

@@ -282,19 +282,20 @@ export function readModelDirExtras(dir: string, opts: { tokenizerJson?: boolean 
   if (fs.existsSync(tcPath)) out.tokenizerConfig = readJson(tcPath, 'tokenizer_config.json');
   // as transformers loads them: chat_template.jinja (the default) and additional_chat_templates/<name>.jinja, where
   // any is present, over tokenizer_config.json's chat_template; named ones are kept as transformers' list of them
-  const jinja = path.join(dir, 'chat_template.jinja');
+  const jinjaPath = path.join(dir, 'chat_template.jinja');
+  const jinja = fs.existsSync(jinjaPath) ? fs.readFileSync(jinjaPath, 'utf8') : null;
   const namedDir = path.join(dir, 'additional_chat_templates');
   const namedFiles = fs.existsSync(namedDir) && fs.statSync(namedDir).isDirectory()
     ? fs.readdirSync(namedDir).filter((f) => f.endsWith('.jinja')).sort() : [];
   if (namedFiles.length > 0) {
     const list = [
-      ...(fs.existsSync(jinja) ? [{ name: 'default', template: fs.readFileSync(jinja, 'utf8') }] : []),
+      ...(jinja !== null ? [{ name: 'default', template: jinja }] : []),
       ...namedFiles.map((f) => ({ name: f.slice(0, -'.jinja'.length), template: fs.readFileSync(path.join(namedDir, f), 'utf8') })),
     ];
     out.tokenizerConfig = { ...(out.tokenizerConfig ?? {}), chat_template: list };
   }
   const fromConfig = out.tokenizerConfig ? chatTemplateFromConfig(out.tokenizerConfig.chat_template) : null;
-  if (fs.existsSync(jinja)) out.chatTemplate = fs.readFileSync(jinja, 'utf8');
+  if (jinja !== null) out.chatTemplate = jinja;
   else if (fromConfig !== null) out.chatTemplate = fromConfig;
   const genPath = path.join(dir, 'generation_config.json');
   if (fs.existsSync(genPath)) out.generationConfig = readJson(genPath, 'generation_config.json');

@@ -141,7 +141,7 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
         'restore the data the run was started with, or start a new run on the new data (--overwrite, or another --out)');
     }
   }
-  const { packed, packing, eosId } = packForJob(tokenizer, docs, chat, { seq: o.seq, packing: runPacking(o, saved, docs, log) }, log);
+  const { packed, packing, eosId } = packForJob(tokenizer, docs, chat, { seq: o.seq, packing: runPacking(o, saved, docs, log), tokenizerOf: chosen.role === 'trained' ? undefined : chosen.from }, log);
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
   if (cache) {
     cache.checkRun({

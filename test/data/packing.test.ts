@@ -204,6 +204,9 @@ test('packForJob: the end-of-text id (eosId, else <|endoftext|>), the chat-token
   assert.throws(() => packForJob({ ...tok, tokenToId: (s: string) => (s === '<|endoftext|>' ? 0 : undefined) }, chat, DEFAULT_CHAT_FORMAT, { seq: 8 }, log),
     (e: unknown) => e instanceof DistilleryError && /no chat template/.test(e.message));
   assert.throws(() => packForJob({ ...tok, tokenToId: () => undefined }, text, DEFAULT_CHAT_FORMAT, { seq: 8 }, log),
-    (e: unknown) => e instanceof DistilleryError && /no end-of-text token/.test(e.message));
+    (e: unknown) => e instanceof DistilleryError && e.message === 'the tokenizer has no end-of-text token');
+  // the error names where the tokenizer came from (eval named its --model before packForJob)
+  assert.throws(() => packForJob({ ...tok, tokenToId: () => undefined }, text, DEFAULT_CHAT_FORMAT, { seq: 8, tokenizerOf: 'runs/x/best' }, log),
+    (e: unknown) => e instanceof DistilleryError && e.message === 'the tokenizer of runs/x/best has no end-of-text token');
   assert.equal(packForJob({ ...tok, eosId: 7, tokenToId: () => undefined }, text, DEFAULT_CHAT_FORMAT, { seq: 8 }, log).eosId, 7);
 });

@@ -192,7 +192,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
     const docs = readDocs(o, chat, log);
     // packed as training packs: by default conversations whole (bfd), text joined and cut (wrapped)
-    const { packed } = packForJob(tok, docs, chat, o, log);
+    const { packed } = packForJob(tok, docs, chat, { ...o, tokenizerOf: o.model }, log);
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
