@@ -20,6 +20,7 @@ import type { LoadedCheckpoint } from '../model/checkpoint.js';
 import { readHfConfigFile, toHfConfig, type ModelConfig } from '../model/config.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
 import { withChatTemplate } from '../tokenizer/chat.js';
+import { packingOfDescription } from '../data/pack.js';
 import { DistilleryError, fileError } from '../util/errors.js';
 import { decodeWindow, decodeWindowInto, recordLayout, type RecordLayout } from './format.js';
 import { formatSparse, parseSparse, type SparseEntry, type SparseRep } from './sparse.js';
@@ -223,7 +224,7 @@ export class TeacherCache {
     if (m.data.sha256 !== e.dataSha256) diffs.push(`data (sha256 ${short(m.data.sha256)} of ${m.data.files.join(', ')} in the cache, ${short(e.dataSha256)} for this run)`);
     if (m.seq !== e.seq) diffs.push(`--seq (${m.seq} in the cache, ${e.seq} for this run)`);
     if (m.packing !== e.packing) {
-      const mode = m.packing.startsWith('documents joined') ? 'wrapped' : m.packing.startsWith('best-fit') ? 'bfd' : null;
+      const mode = packingOfDescription(m.packing);
       diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run${mode ? `; the cache's is --packing ${mode}` : ''})`);
     }
     if (m.temperature !== e.temperature) diffs.push(`--temperature (${m.temperature} in the cache, ${e.temperature} for this run)`);

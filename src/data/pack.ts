@@ -13,6 +13,9 @@
  *   longer than seqLen + 1 tokens fills windows of its own, split as 'wrapped' splits (counted in `splitDocs`); its
  *   last piece is placed as a document of that length. Documents sharing a window attend to the ones before them in
  *   it, as under 'wrapped'. (TRL cuts such a document to its max_length instead, dropping the rest.)
+ * - 'none' (TRL's packing=False, as its SFT and GKD trainers run by default): one document a window, in the data's
+ *   order, padded; a document longer than seqLen + 1 tokens is split as under 'bfd'. No document sees another, at the
+ *   cost of the padding's compute.
  *
  * A document with loss spans (chat data under `--loss-on assistant`) counts a target where that TOKEN's character range
  * meets a span: transformers' assistant-token mask, which runs from the token holding a span's first character
@@ -39,16 +42,26 @@ export interface TokenEncoder {
  * from its prompt, else 'wrapped').
  */
 export function packingFor(choice: PackingChoice | undefined, docs: ReadonlyArray<{ conversation?: boolean }>): Packing {
-  if (choice === 'wrapped' || choice === 'bfd') return choice;
+  if (choice !== undefined && choice !== 'auto') return choice;
   return docs.some((d) => d.conversation === true) ? 'bfd' : 'wrapped';
+}
+
+const PACKING_WORDS: Readonly<Record<Packing, string>> = {
+  wrapped: 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)',
+  bfd: 'best-fit decreasing: each document whole (a longer one split) in the window it fills best, EOS after each (packDocuments)',
+  none: 'no packing: one document a window (a longer one split), padded, EOS after each (packDocuments)',
+};
+
+/** The packing a describePacking text names (a teacher cache's manifest), or null for text no packing gives. */
+export function packingOfDescription(text: string): Packing | null {
+  return PACKINGS.find((p) => text.startsWith(PACKING_WORDS[p])) ?? null;
 }
 
 /** What a packing does, in words (logs, a teacher cache's manifest). */
 export function describePacking(p: Packing, tokenizer?: { documentPrefix?: readonly number[]; documentSuffix?: readonly number[] }): string {
   const around = [...(tokenizer?.documentPrefix ?? []), ...(tokenizer?.documentSuffix ?? [])].length > 0
     ? '; text documents inside the tokenizer\'s post-processor tokens' : '';
-  return (p === 'wrapped' ? 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)'
-    : 'best-fit decreasing: each document whole (a longer one split) in the window it fills best, EOS after each (packDocuments)') + around;
+  return PACKING_WORDS[p] + around;
 }
 
 /** A document: plain text (every token counts), or text with the character ranges whose tokens carry loss. */
@@ -64,8 +77,8 @@ export interface Window {
 }
 
 /** How documents fill windows (see the module comment). */
-export type Packing = 'wrapped' | 'bfd';
-export const PACKINGS: readonly Packing[] = ['wrapped', 'bfd'];
+export type Packing = 'wrapped' | 'bfd' | 'none';
+export const PACKINGS: readonly Packing[] = ['wrapped', 'bfd', 'none'];
 
 export interface PackOptions {
   seqLen: number;
@@ -86,7 +99,7 @@ export interface PackedData {
   emptyWindows: number;
   numDocs: number;
   packing: Packing;
-  /** 'bfd': documents longer than a window (seqLen + 1 tokens), split across windows of their own (0 under 'wrapped'). */
+  /** 'bfd' and 'none': documents longer than a window (seqLen + 1 tokens), split across windows of their own (0 under 'wrapped'). */
   splitDocs: number;
 }
 
@@ -166,16 +179,18 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     // a document longer than a window fills windows of its own, split as 'wrapped' splits the stream; its last
     // piece is placed like a document of that length (documents after it in its window see it)
     type Piece = { doc: number; from: number; to: number };
+    // 'bfd' places the pieces below; 'none' gives each its own window here, in the data's order
     const pieces: Piece[] = [];
+    const place = (p: Piece): void => { if (packing === 'none') windowOf([p]); else pieces.push(p); };
     chunks.forEach((c, i) => {
-      if (c.length <= cap) { pieces.push({ doc: i, from: 0, to: c.length }); return; }
+      if (c.length <= cap) { place({ doc: i, from: 0, to: c.length }); return; }
       splitDocs++;
       let s = 0;
       for (; s + cap < c.length; s += T) {
         const w: Piece[] = [{ doc: i, from: s, to: s + cap }];
         windowOf(w);
       }
-      if (s + 1 < c.length) pieces.push({ doc: i, from: s, to: c.length });
+      if (s + 1 < c.length) place({ doc: i, from: s, to: c.length });
     });
     const order = pieces.map((p, k) => [p.to - p.from, k] as const).sort((x, y) => y[0] - x[0] || x[1] - y[1]);
     // best fit: the open windows by the room they have left (room -> window indices), searched upward from a length
@@ -211,7 +226,7 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
   return { windows, totalTokens: n, targetTokens, numDocs: docs.length, emptyWindows, packing, splitDocs };
 }
 
-/** The warning for documents split across windows ('bfd'). */
+/** The warning for documents split across windows ('bfd', 'none'). */
 export function logSplitDocs(p: PackedData, seq: number, log: (s: string) => void): void {
   if (p.splitDocs === 0) return;
   log(`warning: ${p.splitDocs} of ${p.numDocs} documents are longer than --seq ${seq} + 1 tokens and are split across windows of their own (a later window does not see the document's beginning); raise --seq to keep each whole`);

@@ -298,6 +298,30 @@ test('teacher-cache on chat data: only the assistant positions are cached; disti
   assert.match(m.packing, /^best-fit decreasing/);
   await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'wrapped'), packing: 'wrapped' }), { log: () => {} }),
     (e: unknown) => e instanceof DistilleryError && /packing \(best-fit decreasing.* in the cache, documents joined by EOS.* for this run; the cache's is --packing bfd\)/.test(e.message));
+  await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'none'), packing: 'none' }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /packing \(best-fit decreasing.* in the cache, no packing: one document a window.* for this run; the cache's is --packing bfd\)/.test(e.message));
+});
+
+test('--packing none (one conversation a window): the cache holds a window per conversation, and a distillation packing the same trains from it', async () => {
+  const dir = tempDir();
+  const teacherDir = path.join(dir, 'teacher');
+  writeTinyCheckpoint(teacherDir, 15);
+  const chat = path.join(dir, 'chat.jsonl');
+  fs.writeFileSync(chat, Array.from({ length: 10 }, (_, i) => JSON.stringify({ messages: [
+    { role: 'user', content: TEXT[i % TEXT.length]!.slice(0, 3) }, { role: 'assistant', content: TEXT[(i + 1) % TEXT.length]!.slice(0, 3) },
+  ] })).join('\n') + '\n');
+  fs.writeFileSync(path.join(dir, 'student.json'), fs.readFileSync(path.join(teacherDir, 'config.json')));
+  const logs: string[] = [];
+  const cacheDir = path.join(dir, 'cache');
+  await buildTeacherCache(jobOptions(teacherDir, chat, cacheDir, { packing: 'none', seq: 64 }), { log: () => {} });
+  const m = readManifest(cacheDir)!;
+  assert.match(m.packing, /^no packing: one document a window/);
+  assert.equal(m.windows, 10, 'ten conversations, each shorter than a window: ten windows');
+  const ok = await runTraining(runOpts(dir, chat, { teacherCache: cacheDir, packing: 'none', seq: 64, steps: 3 }), { log: (l) => logs.push(l) });
+  assert.equal(ok.status, 'completed');
+  assert.match(logs.join('\n'), /windows of 64 \(packing none\)/);
+  await assert.rejects(runTraining(runOpts(dir, chat, { teacherCache: cacheDir, out: path.join(dir, 'auto'), seq: 64, steps: 3 }), { log: () => {} }),
+    (e: unknown) => e instanceof DistilleryError && /packing \(no packing.* in the cache, best-fit decreasing.* for this run; the cache's is --packing none\)/.test(e.message));
 });
 
 test('a cache of an older format version is refused by name, with what to do', () => {

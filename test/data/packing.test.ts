@@ -5,7 +5,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { packDocuments, packForJob, packingFor } from '../../src/data/index.js';
+import { describePacking, packDocuments, packForJob, packingFor, packingOfDescription, PACKINGS } from '../../src/data/index.js';
 import { DEFAULT_CHAT_FORMAT } from '../../src/tokenizer/chat.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { tokenMeetsSpan, type PackDoc } from '../../src/data/pack.js';
@@ -90,6 +90,39 @@ test('bfd: a split document\'s last piece placed after another document does not
   assert.ok(at > 0, 'the piece follows the other document');
   assert.equal(w.mask[at - 1], 0, 'the piece\'s first token, already a target of the first piece, is not one here');
   assert.equal(p.targetTokens, 13 + 6);
+});
+
+test('none (TRL without packing): one document a window in the data\'s order, padded; a longer one split as bfd splits it; each window starts at its document\'s first token', () => {
+  const docs = docsOf([6, 25, 2, 10]);
+  const p = packDocuments(charTok, docs, { seqLen: 10, eosId: EOS, packing: 'none' });
+  assert.equal(p.packing, 'none');
+  assert.equal(p.splitDocs, 1);
+  const toks = docs.map((d) => [...charTok.encode(d), EOS]); // 7, 26, 3, 11 tokens
+  // the 26-token document: pieces [0, 11), [10, 21), [20, 26), as under bfd, each in a window of its own
+  assert.deepEqual(p.windows.map(windowTokens), [toks[0], toks[1]!.slice(0, 11), toks[1]!.slice(10, 21), toks[1]!.slice(20), toks[2], toks[3]]);
+  // the padding: inputs EOS, targets -1, mask 0 past each document
+  const w0 = p.windows[0]!;
+  assert.deepEqual([...w0.inputs.subarray(7)], [EOS, EOS, EOS]);
+  assert.deepEqual([...w0.targets.subarray(6)], [-1, -1, -1, -1]);
+  assert.deepEqual([...w0.mask.subarray(5)], [1, 0, 0, 0, 0]);
+  // every token after a document's first is a target exactly once (a split piece's first token only in the piece before)
+  assert.equal(p.targetTokens, 6 + 25 + 2 + 10);
+  assert.deepEqual(p.windows.map((w) => w.id), [0, 1, 2, 3, 4, 5]);
+  // the same windows as bfd gives each document packed alone
+  docs.forEach((d, i) => {
+    const alone = packDocuments(charTok, [d], { seqLen: 10, eosId: EOS, packing: 'bfd' }).windows.map(windowTokens);
+    assert.deepEqual(p.windows.map(windowTokens).filter((w) => toks[i]!.includes(w[0]!)), alone, `document ${i}`);
+  });
+  assert.equal(packingFor('none', [{ conversation: true }]), 'none');
+});
+
+test('a packing\'s description (a teacher cache\'s manifest) names the packing again, with or without the tokenizer\'s note', () => {
+  for (const p of PACKINGS) {
+    assert.equal(packingOfDescription(describePacking(p)), p);
+    assert.equal(packingOfDescription(describePacking(p, { documentPrefix: [1] })), p);
+  }
+  assert.equal(new Set(PACKINGS.map((p) => describePacking(p))).size, PACKINGS.length);
+  assert.equal(packingOfDescription('something an older version wrote'), null);
 });
 
 test('wrapped is the old stream packing; bfd and wrapped agree on a single document that fits; auto picks bfd on conversations', () => {

@@ -14,7 +14,7 @@ import type { FrozenDtype } from '../../model/frozen.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
-import { capDocs, loadDocCorpus, loadDocs, packForJob, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
+import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -39,7 +39,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'json', kind: 'boolean', description: 'print the results as one JSON object' },
   { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the tokens the loss counts (the assistant replies, as in training, or all)', defaultText: 'assistant' },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
-  { name: 'packing', kind: 'string', choices: ['auto', 'wrapped', 'bfd'], description: 'how documents fill the windows, as in training (auto: bfd when the data has conversations, else wrapped)', defaultText: 'auto' },
+  { name: 'packing', kind: 'string', choices: ['auto', ...PACKINGS], description: 'how documents fill the windows, as in training (bfd, wrapped, none; auto: bfd when the data has conversations, else wrapped)', defaultText: 'auto' },
   { name: 'model-dtype', kind: 'string', choices: ['auto', 'nf4'], defaultText: 'auto', description: 'storage of the model\'s projection matrices: auto (the compute dtype) or nf4 (4 bits, QLoRA\'s format): measures what quantization costs' },
   { name: 'teacher-dtype', kind: 'string', choices: ['auto', 'nf4'], defaultText: 'auto', description: 'with --teacher: storage of the teacher\'s projection matrices (auto or nf4)' },
   PRECISION_FLAG,

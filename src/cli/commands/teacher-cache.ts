@@ -17,7 +17,7 @@ import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { gpusOf, launchGpus } from '../gpus.js';
 import type { PrecisionFlag } from '../../train/precision.js';
-import type { PackingChoice } from '../../data/index.js';
+import { PACKINGS, type PackingChoice } from '../../data/index.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint folder (or Hub id in the local HF cache) (required)' },
@@ -31,7 +31,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'val-fraction', kind: 'number', description: 'the validation share distill will use (recorded; every window is cached)', defaultText: String(D.valFraction) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
   { name: 'loss-on', kind: 'string', choices: ['assistant', 'all'], description: 'chat data: the positions the loss counts (only those are cached)', defaultText: 'assistant' },
-  { name: 'packing', kind: 'string', choices: ['auto', 'wrapped', 'bfd'], description: 'how documents fill the windows, as distill\'s --packing (bfd: each whole; wrapped: joined and cut; auto: bfd when the data has conversations)', defaultText: 'auto' },
+  { name: 'packing', kind: 'string', choices: ['auto', ...PACKINGS], description: 'how documents fill the windows, as distill\'s --packing (bfd: each whole; wrapped: joined and cut; none: one document a window; auto: bfd when the data has conversations)', defaultText: 'auto' },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'chat template options, a JSON object, e.g. \'{"enable_thinking": false}\'' },
   { name: 'shard-windows', kind: 'integer', description: 'windows per shard file (a killed job loses at most one shard)', defaultText: String(DEFAULT_SHARD_WINDOWS) },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where the teacher runs', defaultText: 'cpu' },
