@@ -16,6 +16,7 @@
  * what its own prefix rendering added that appears after the previous span (holding the reply's content).
  */
 import { Environment, Template } from '@huggingface/jinja';
+import { installPythonPrinting } from './jinja-python.js';
 import { DistilleryError } from '../util/errors.js';
 
 /** One message of a conversation: role and content, plus whatever else the data gives (tool_calls, reasoning_content, ...). */
@@ -198,6 +199,8 @@ function patchStringStrip(): void {
   });
 }
 patchStringStrip();
+// Python's str() wherever a value becomes text (src/tokenizer/jinja-python.ts)
+installPythonPrinting();
 
 const compiled = new Map<string, Template>();
 

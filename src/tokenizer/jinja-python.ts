@@ -1,0 +1,204 @@
+/**
+ * Python's printing of values inside chat templates. Templates run in Python's Jinja under transformers, where a
+ * value becomes text by Python's str(): `{{ flag }}` prints `True`, `{{ none }}` prints `None`, a dict or a list prints
+ * its repr (`{'name': 'f', 'n': [1, 2.5]}`), `x ~ y` and the `string` filter use str(), a float prints as Python's repr
+ * (`1e-05`, `1.5e+16`) and `tojson` is transformers' json.dumps (floats by repr, sort_keys by code point).
+ * @huggingface/jinja 0.5.11 prints JavaScript's forms instead (`true`, nothing, JSON, `0.00001`) and has no `string`
+ * filter for a dict or None at all, so SmolLM3's template, which lists `xml_tools` with `tool | string`, fails.
+ *
+ * installPythonPrinting() wraps three methods of the engine's Interpreter (evaluateBlock: what `{{ }}` prints;
+ * evaluateBinaryExpression: `~`; applyFilter: `string` and `tojson`) so that they print as Python does. The engine's
+ * value types are told apart by their `type` field, which the engine sets on every value. What stays different: a
+ * number with an integral value written as a float in the data (`21.0`) is an integer in JavaScript and prints `21`.
+ */
+import { Interpreter } from '@huggingface/jinja';
+
+/** The engine's runtime value, as far as printing needs it. */
+export interface JinjaValue { type: string; value: unknown }
+
+/** Python's repr of a float (shortest round-trip digits; exponent form below 1e-4 and from 1e16). */
+export function pyFloatRepr(x: number): string {
+  if (Number.isNaN(x)) return 'nan';
+  if (!Number.isFinite(x)) return x > 0 ? 'inf' : '-inf';
+  if (x === 0) return Object.is(x, -0) ? '-0.0' : '0.0';
+  const [mant, exp] = Math.abs(x).toExponential().split('e') as [string, string];
+  const digits = mant.replace('.', '');
+  const e = Number(exp), decpt = e + 1, sign = x < 0 ? '-' : '';
+  if (decpt > -4 && decpt <= 16) {
+    if (decpt <= 0) return `${sign}0.${'0'.repeat(-decpt)}${digits}`;
+    if (decpt >= digits.length) return `${sign}${digits}${'0'.repeat(decpt - digits.length)}.0`;
+    return `${sign}${digits.slice(0, decpt)}.${digits.slice(decpt)}`;
+  }
+  const m = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+  return `${sign}${m}e${e < 0 ? '-' : '+'}${String(Math.abs(e)).padStart(2, '0')}`;
+}
+
+/** Characters Python's str.isprintable() rejects (other than the escapes repr writes by name). */
+const NON_PRINTABLE = /[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}]|[^\P{Zs} ]/u;
+
+/** Python's repr of a str: single quotes unless it holds a ' and no ", escapes for what is not printable. */
+export function pyStrRepr(s: string): string {
+  const q = s.includes("'") && !s.includes('"') ? '"' : "'";
+  let out = q;
+  for (const ch of s) {
+    const cp = ch.codePointAt(0)!;
+    if (ch === '\\' || ch === q) out += '\\' + ch;
+    else if (ch === '\n') out += '\\n';
+    else if (ch === '\r') out += '\\r';
+    else if (ch === '\t') out += '\\t';
+    else if (NON_PRINTABLE.test(ch)) {
+      out += cp < 0x100 ? `\\x${cp.toString(16).padStart(2, '0')}` : cp < 0x10000 ? `\\u${cp.toString(16).padStart(4, '0')}` : `\\U${cp.toString(16).padStart(8, '0')}`;
+    } else out += ch;
+  }
+  return out + q;
+}
+
+function entries(v: JinjaValue): Array<[string, JinjaValue]> {
+  return Array.from((v.value as Map<string, JinjaValue>).entries());
+}
+
+/** Python's repr of a value (inside a list or dict). */
+export function pyRepr(v: JinjaValue): string {
+  return v.type === 'StringValue' ? pyStrRepr(v.value as string) : pyStr(v);
+}
+
+/** Python's str() of a value; null for a value Python has no plain form of here (the engine's own printing stays). */
+export function pyStrOrNull(v: JinjaValue): string | null {
+  switch (v.type) {
+    case 'StringValue': return v.value as string;
+    case 'IntegerValue': return String(v.value);
+    case 'FloatValue': return pyFloatRepr(v.value as number);
+    case 'BooleanValue': return v.value ? 'True' : 'False';
+    case 'NullValue': return 'None';
+    case 'UndefinedValue': return '';
+    case 'ArrayValue': return `[${(v.value as JinjaValue[]).map(pyRepr).join(', ')}]`;
+    case 'TupleValue': {
+      const items = (v.value as JinjaValue[]).map(pyRepr);
+      return `(${items.join(', ')}${items.length === 1 ? ',' : ''})`;
+    }
+    case 'ObjectValue': case 'KeywordArgumentsValue':
+      return `{${entries(v).map(([k, x]) => `${pyStrRepr(k)}: ${pyRepr(x)}`).join(', ')}}`;
+    default: return null;
+  }
+}
+
+/** Python's str() of a value, else the engine's printing of it. */
+export function pyStr(v: JinjaValue): string {
+  return pyStrOrNull(v) ?? String(v);
+}
+
+/** json.dumps' string: JSON's escapes; with ensure_ascii, every non-ASCII character as \uXXXX (surrogate pairs). */
+function jsonString(s: string, ensureAscii: boolean): string {
+  const j = JSON.stringify(s);
+  if (!ensureAscii) return j;
+  let out = '';
+  for (let i = 0; i < j.length; i++) {
+    const c = j.charCodeAt(i);
+    out += c < 0x80 ? j[i] : `\\u${c.toString(16).padStart(4, '0')}`;
+  }
+  return out;
+}
+
+export interface JsonDumpsOptions { indent: number | null; ensureAscii: boolean; sortKeys: boolean; separators: [string, string] | null }
+
+/**
+ * transformers' tojson: json.dumps(x, ensure_ascii, indent, separators, sort_keys). Floats by Python's repr (NaN,
+ * Infinity as json.dumps writes them), sort_keys by code point, the separators (', ', ': ') or, with an indent,
+ * (',', ': '); an undefined value is null, as the engine's tojson has it.
+ */
+export function pyJsonDumps(v: JinjaValue, o: JsonDumpsOptions, depth = 0): string {
+  const [itemSep, keySep] = o.separators ?? (o.indent !== null ? [',', ': '] : [', ', ': ']);
+  switch (v.type) {
+    case 'NullValue': case 'UndefinedValue': return 'null';
+    case 'BooleanValue': return v.value ? 'true' : 'false';
+    case 'IntegerValue': return String(v.value);
+    case 'FloatValue': {
+      const x = v.value as number;
+      return Number.isNaN(x) ? 'NaN' : !Number.isFinite(x) ? (x > 0 ? 'Infinity' : '-Infinity') : pyFloatRepr(x);
+    }
+    case 'StringValue': return jsonString(v.value as string, o.ensureAscii);
+    case 'ArrayValue': case 'TupleValue': case 'ObjectValue': case 'KeywordArgumentsValue': case 'NamespaceValue': {
+      const isList = v.type === 'ArrayValue' || v.type === 'TupleValue';
+      let items: string[];
+      if (isList) items = (v.value as JinjaValue[]).map((x) => pyJsonDumps(x, o, depth + 1));
+      else {
+        let es = entries(v);
+        if (o.sortKeys) es = es.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+        items = es.map(([k, x]) => `${jsonString(k, o.ensureAscii)}${keySep}${pyJsonDumps(x, o, depth + 1)}`);
+      }
+      const [open, close] = isList ? ['[', ']'] : ['{', '}'];
+      if (items.length === 0) return open + close;
+      if (o.indent === null) return open + items.join(itemSep) + close;
+      const pad = '\n' + ' '.repeat(o.indent * (depth + 1)), end = '\n' + ' '.repeat(o.indent * depth);
+      return open + pad + items.join(itemSep + pad) + end + close;
+    }
+    default: throw new Error(`Object of type ${v.type} is not JSON serializable`);
+  }
+}
+
+type Node = { type: string; value?: unknown; left?: Node; right?: Node; operator?: { value: string }; callee?: Node; args?: Node[] };
+type Env = unknown;
+interface InterpreterShape {
+  evaluate(n: Node, env: Env): JinjaValue;
+  evaluateBlock(statements: Node[], env: Env): JinjaValue;
+  evaluateBinaryExpression(n: Node, env: Env): JinjaValue;
+  applyFilter(operand: JinjaValue, filter: Node, env: Env): JinjaValue;
+  evaluateArguments(args: Node[], env: Env): [JinjaValue[], Map<string, JinjaValue>];
+}
+
+/** Statements: what they evaluate to is not printed (an expression's None is). */
+const STATEMENTS = new Set(['Set', 'If', 'For', 'Macro', 'CallStatement', 'Break', 'Continue', 'FilterStatement', 'Comment', 'Program']);
+
+let installed: boolean | null = null;
+
+/**
+ * Installs Python's printing into the engine (once; returns whether it could: false when the engine no longer has the
+ * methods it wraps, which test/tokenizer/jinja-python.test.ts reports).
+ */
+export function installPythonPrinting(): boolean {
+  if (installed !== null) return installed;
+  const proto = Interpreter.prototype as unknown as InterpreterShape;
+  if (typeof proto.evaluateBlock !== 'function' || typeof proto.evaluateBinaryExpression !== 'function'
+    || typeof proto.applyFilter !== 'function' || typeof proto.evaluateArguments !== 'function') return (installed = false);
+  const origBinary = proto.evaluateBinaryExpression, origFilter = proto.applyFilter;
+  // any block's result is a StringValue: the engine's own one, reused
+  const StringValue = (proto.evaluateBlock.call(Object.create(proto) as InterpreterShape, [], null) as unknown as { constructor: new (s: string) => JinjaValue }).constructor;
+  proto.evaluateBlock = function (this: InterpreterShape, statements: Node[], env: Env): JinjaValue {
+    let out = '';
+    for (const s of statements) {
+      const v = this.evaluate(s, env);
+      if (v.type === 'UndefinedValue' || (v.type === 'NullValue' && STATEMENTS.has(s.type))) continue;
+      out += pyStr(v);
+    }
+    return new StringValue(out);
+  };
+  proto.evaluateBinaryExpression = function (this: InterpreterShape, n: Node, env: Env): JinjaValue {
+    if (n.operator?.value !== '~') return origBinary.call(this, n, env);
+    return new StringValue(pyStr(this.evaluate(n.left!, env)) + pyStr(this.evaluate(n.right!, env)));
+  };
+  proto.applyFilter = function (this: InterpreterShape, operand: JinjaValue, filter: Node, env: Env): JinjaValue {
+    if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pyStr(operand));
+    if (filter.type === 'Identifier' && filter.value === 'tojson') {
+      return new StringValue(pyJsonDumps(operand, { indent: null, ensureAscii: false, sortKeys: false, separators: null }));
+    }
+    if (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'tojson') {
+      const [, kw] = this.evaluateArguments(filter.args ?? [], env);
+      const indent = kw.get('indent'), ascii = kw.get('ensure_ascii'), sort = kw.get('sort_keys'), sep = kw.get('separators');
+      const none = (x: JinjaValue | undefined): boolean => x === undefined || x.type === 'NullValue';
+      if (!none(indent) && indent!.type !== 'IntegerValue') throw new Error('If set, indent must be a number');
+      if (ascii !== undefined && ascii.type !== 'BooleanValue') throw new Error('If set, ensure_ascii must be a boolean');
+      if (sort !== undefined && sort.type !== 'BooleanValue') throw new Error('If set, sort_keys must be a boolean');
+      let separators: [string, string] | null = null;
+      if (!none(sep)) {
+        const xs = sep!.type === 'ArrayValue' || sep!.type === 'TupleValue' ? sep!.value as JinjaValue[] : [];
+        if (xs.length !== 2 || xs.some((x) => x.type !== 'StringValue')) throw new Error('separators must be a tuple of two strings');
+        separators = [xs[0]!.value as string, xs[1]!.value as string];
+      }
+      return new StringValue(pyJsonDumps(operand, {
+        indent: none(indent) ? null : indent!.value as number, ensureAscii: ascii?.value === true, sortKeys: sort?.value === true, separators,
+      }));
+    }
+    return origFilter.call(this, operand, filter, env);
+  };
+  return (installed = true);
+}
