@@ -16,6 +16,7 @@ import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type Flag
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 import { parseLoraTargets } from '../model/lora.js';
 import { DistilleryError } from '../util/errors.js';
+import { parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
@@ -111,7 +112,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
 /** The chat template options of `--chat-template-kwargs` (a JSON object), or a UsageError naming `label`. */
 export function parseTemplateKwargs(json: string, label = '--chat-template-kwargs'): Record<string, unknown> {
   let v: unknown;
-  try { v = JSON.parse(json); } catch (e) {
+  try { v = parsePyJson(json); } catch (e) {
     throw new UsageError(`${label}: not valid JSON (${(e as Error).message})`, 'pass a JSON object, e.g. --chat-template-kwargs \'{"enable_thinking": false}\'');
   }
   if (typeof v !== 'object' || v === null || Array.isArray(v)) {

@@ -16,6 +16,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError, InputError } from '../util/errors.js';
+import { PyFloat, parsePyJson } from '../util/py-json.js';
 
 /** One message of a conversation: role and content, plus whatever else the line gives (tool_calls, reasoning_content, ...). */
 export interface ChatMessage {
@@ -118,7 +119,7 @@ export type JsonlRecord = { text: string } | { messages: ChatMessage[]; tools: u
 /** The first integer in `v` that a float64 cannot hold exactly (its digits as JSON.parse left them), else null. */
 function unsafeInteger(v: unknown): string | null {
   if (typeof v === 'number') return Number.isInteger(v) && !Number.isSafeInteger(v) ? String(v) : null;
-  if (v === null || typeof v !== 'object') return null;
+  if (v === null || typeof v !== 'object' || v instanceof PyFloat) return null; // a float (1e300) is one in Python too
   for (const x of Array.isArray(v) ? v : Object.values(v as Record<string, unknown>)) {
     const r = unsafeInteger(x);
     if (r !== null) return r;
@@ -130,7 +131,7 @@ function unsafeInteger(v: unknown): string | null {
 export function parseJsonlLine(line: string, where: string): JsonlRecord {
   let j: unknown;
   try {
-    j = JSON.parse(line);
+    j = parsePyJson(line); // floats as Python reads them (21.0 stays a float for the chat template)
   } catch (e) {
     throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, 'each line of a .jsonl file must be one JSON object');
   }

@@ -8,10 +8,12 @@
  *
  * installPythonPrinting() wraps three methods of the engine's Interpreter (evaluateBlock: what `{{ }}` prints;
  * evaluateBinaryExpression: `~`; applyFilter: `string` and `tojson`) so that they print as Python does. The engine's
- * value types are told apart by their `type` field, which the engine sets on every value. What stays different: a
- * number with an integral value written as a float in the data (`21.0`) is an integer in JavaScript and prints `21`.
+ * value types are told apart by their `type` field, which the engine sets on every value. A float with an integral
+ * value in the data (`21.0`), which JavaScript cannot tell from an integer, comes as a PyFloat from parsePyJson
+ * (src/util/py-json.ts): Environment.set is wrapped to give the engine a float for it.
  */
-import { Interpreter } from '@huggingface/jinja';
+import { Environment, Interpreter } from '@huggingface/jinja';
+import { PyFloat } from '../util/py-json.js';
 
 /** The engine's runtime value, as far as printing needs it. */
 export interface JinjaValue { type: string; value: unknown }
@@ -146,6 +148,13 @@ interface InterpreterShape {
   evaluateArguments(args: Node[], env: Env): [JinjaValue[], Map<string, JinjaValue>];
 }
 
+/** Whether a template variable holds a PyFloat anywhere. */
+function hasPyFloat(v: unknown): boolean {
+  if (v instanceof PyFloat) return true;
+  if (v === null || typeof v !== 'object') return false;
+  return (Array.isArray(v) ? v : Object.values(v as Record<string, unknown>)).some(hasPyFloat);
+}
+
 /** Statements: what they evaluate to is not printed (an expression's None is). */
 const STATEMENTS = new Set(['Set', 'If', 'For', 'Macro', 'CallStatement', 'Break', 'Continue', 'FilterStatement', 'Comment', 'Program']);
 
@@ -158,8 +167,31 @@ let installed: boolean | null = null;
 export function installPythonPrinting(): boolean {
   if (installed !== null) return installed;
   const proto = Interpreter.prototype as unknown as InterpreterShape;
+  type EnvShape = { set(name: string, v: unknown): unknown; declareVariable(name: string, v: JinjaValue): unknown; variables: Map<string, JinjaValue> };
+  const envProto = Environment.prototype as unknown as EnvShape;
   if (typeof proto.evaluateBlock !== 'function' || typeof proto.evaluateBinaryExpression !== 'function'
-    || typeof proto.applyFilter !== 'function' || typeof proto.evaluateArguments !== 'function') return (installed = false);
+    || typeof proto.applyFilter !== 'function' || typeof proto.evaluateArguments !== 'function'
+    || typeof envProto.set !== 'function' || typeof envProto.declareVariable !== 'function') return (installed = false);
+  // the engine's own conversion of a JavaScript value, and the constructors of its float, list and dict values
+  const origSet = envProto.set;
+  const engine = (v: unknown): JinjaValue => {
+    const e = new Environment() as unknown as EnvShape;
+    origSet.call(e, 'v', v);
+    return e.variables.get('v')!;
+  };
+  type Ctor<T> = new (v: T) => JinjaValue;
+  const FloatValue = engine(0.5).constructor as Ctor<number>;
+  const ArrayValue = engine([]).constructor as Ctor<JinjaValue[]>;
+  const ObjectValue = engine({}).constructor as Ctor<Map<string, JinjaValue>>;
+  const convert = (v: unknown): JinjaValue => {
+    if (v instanceof PyFloat) return new FloatValue(v.value);
+    if (!hasPyFloat(v)) return engine(v);
+    if (Array.isArray(v)) return new ArrayValue(v.map(convert));
+    return new ObjectValue(new Map(Object.entries(v as Record<string, unknown>).map(([k, x]) => [k, convert(x)])));
+  };
+  envProto.set = function (this: EnvShape, name: string, v: unknown): unknown {
+    return hasPyFloat(v) ? this.declareVariable(name, convert(v)) : origSet.call(this, name, v);
+  };
   const origBinary = proto.evaluateBinaryExpression, origFilter = proto.applyFilter;
   // any block's result is a StringValue: the engine's own one, reused
   const StringValue = (proto.evaluateBlock.call(Object.create(proto) as InterpreterShape, [], null) as unknown as { constructor: new (s: string) => JinjaValue }).constructor;

@@ -3,19 +3,24 @@
  * (test/fixtures/chat-templates/python-values.json, written by scripts/hf-compat/jinja-values.py from
  * python-values-probes.json): booleans, None, floats by Python's repr, str/list/dict/tuple reprs (quotes, escapes,
  * characters Python does not print), `~`, the `string` filter, transformers' `tojson` (indent, sort_keys by code point,
- * ensure_ascii, separators, floats), message fields. Also Python's float repr against its rules, and the difference
- * that stays: an integral float in the data prints as an integer.
+ * ensure_ascii, separators, floats), message fields, floats with an integral value read from JSON (21.0). Also
+ * Python's float repr against its rules, parsePyJson against JSON.parse, and a data line's floats through a real
+ * template.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
+import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { chatFormatOf, renderChat } from '../../src/tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, renderChat, type ChatMessage } from '../../src/tokenizer/chat.js';
 import { installPythonPrinting, pyFloatRepr } from '../../src/tokenizer/jinja-python.js';
+import { PyFloat, parsePyJson } from '../../src/util/py-json.js';
+import { loadDocuments, parseJsonlLine } from '../../src/data/documents.js';
 
 const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/chat-templates');
-const probes = JSON.parse(fs.readFileSync(path.join(FIX, 'python-values-probes.json'), 'utf8')) as { vars: Record<string, unknown> };
+// read as the data is read (parsePyJson: 21.0 stays a float), as Python's json.load reads it
+const probes = parsePyJson(fs.readFileSync(path.join(FIX, 'python-values-probes.json'), 'utf8')) as { vars: Record<string, unknown> };
 const expected = JSON.parse(fs.readFileSync(path.join(FIX, 'python-values.json'), 'utf8')) as { source: string; cases: Array<{ template: string; text: string }> };
 
 /** Renders a probe with the fixture's variables as template options (the variables a template sees). */
@@ -48,8 +53,38 @@ test('pyFloatRepr follows Python\'s repr: shortest digits, exponent form below 1
   for (const [x, want] of cases) assert.equal(pyFloatRepr(x), want, String(x));
 });
 
-test('what stays different: an integral float in the data is an integer in JavaScript (21.0 prints 21; Python prints 21.0)', () => {
-  assert.equal(render('{{ x }}|{{ [x] | tojson }}'.replace(/x/g, 'n')), '7|[7]');
-  const f = chatFormatOf('{{ t }}', 'probe');
-  assert.equal(renderChat(f, [{ role: 'user', content: '' }], { kwargs: { t: JSON.parse('21.0') as number } }), '21');
+test('parsePyJson: JSON.parse\'s values (and errors), but numbers written with a fraction or an exponent and an integral value are PyFloats', () => {
+  const text = '{"a": 21.0, "b": 21, "c": 1.5, "d": [1e3, -0.0, 2E-0, 0], "e": "21.0 \\"q\\" \\\\", "__proto__": {"x": 1.0}, "f": 1e300, "g": {}, "h": []}';
+  const v = parsePyJson(text) as Record<string, unknown>;
+  const plain = JSON.parse(text) as Record<string, unknown>;
+  assert.ok(v.a instanceof PyFloat && (v.a as PyFloat).value === 21);
+  assert.equal(v.b, 21); assert.equal(v.c, 1.5);
+  const d = v.d as unknown[];
+  assert.ok(d[0] instanceof PyFloat && d[1] instanceof PyFloat && Object.is((d[1] as PyFloat).value, -0) && d[2] instanceof PyFloat);
+  assert.equal(d[3], 0);
+  assert.equal(v.e, plain.e);
+  assert.ok(Object.prototype.hasOwnProperty.call(v, '__proto__') && Object.getPrototypeOf(v) === Object.prototype, '__proto__ an own key, as JSON.parse makes it');
+  assert.ok(v.f instanceof PyFloat);
+  assert.deepEqual([v.g, v.h], [{}, []]);
+  // the same value everywhere else: JSON.stringify writes it as JSON.parse's number
+  assert.equal(JSON.stringify(v), JSON.stringify(plain));
+  // without such a number, JSON.parse's result itself; invalid JSON, JSON.parse's error
+  assert.deepEqual(parsePyJson('{"a": [1, 2.5, "3.0"]}'), { a: [1, 2.5, '3.0'] });
+  assert.throws(() => parsePyJson('{"a": 1.0,}'), SyntaxError);
+});
+
+test('a float of the data keeps its form through a chat line to the template (Qwen2.5\'s tojson of the tools; a tool call\'s arguments)', () => {
+  const qwen = chatFormatOf(fs.readFileSync(path.join(FIX, 'qwen2.5-instruct.jinja'), 'utf8'), 'qwen2.5');
+  const line = JSON.stringify({ messages: [{ role: 'user', content: 'weather?' }] }).slice(0, -1)
+    + ', "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {"t": {"type": "number", "default": 1.0, "maximum": 1e2}}}}}]}';
+  const rec = parseJsonlLine(line, 'test:1') as { messages: ChatMessage[]; tools: unknown[] };
+  const text = renderChat(qwen, rec.messages, { tools: rec.tools, addGenerationPrompt: true });
+  assert.ok(text.includes('"default": 1.0, "maximum": 100.0'), text);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-pyf-'));
+  const f = path.join(dir, 'c.jsonl');
+  fs.writeFileSync(f, '{"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "w", "arguments": {"t": 20.0, "n": 3}}}]}]}\n');
+  const [doc] = loadDocuments([f], { renderChat: chatRenderer(qwen, { lossOn: 'all' }) });
+  assert.ok(String(doc).includes('"arguments": {"t": 20.0, "n": 3}'), String(doc));
+  // a float beyond 2^53 is a float in Python too: not refused as an integer JavaScript would change
+  assert.doesNotThrow(() => parseJsonlLine('{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"big": 1e300}}', 'test:2'));
 });

@@ -24,6 +24,7 @@ import { chatFormatOf, endOfTurnIds, renderChat, type ChatMessage } from '../../
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 import { parseJsonlLine } from '../../data/index.js';
+import { parsePyJson } from '../../util/py-json.js';
 
 /** --base: the base model of a LoRA adapter folder given as --model (eval, generate). */
 export const BASE_FLAG: FlagSpec = { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' };
@@ -248,7 +249,7 @@ function readPrompts(file: string): Array<{ index: number; prompt?: string; mess
   text.split('\n').forEach((line, i) => {
     if (!line.trim()) return;
     let j: unknown;
-    try { j = JSON.parse(line); } catch (e) {
+    try { j = parsePyJson(line); } catch (e) {
       throw new InputError(`--prompts ${file}:${i + 1}: not valid JSON (${(e as Error).message})`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
     }
     if (typeof j !== 'object' || j === null || Array.isArray(j)) {
@@ -263,7 +264,7 @@ function readPrompts(file: string): Array<{ index: number; prompt?: string; mess
     if (text !== undefined) out.push({ index: out.length, prompt: text });
     else if (Array.isArray(r.messages)) {
       // the same rules as training's chat lines (a non-empty list of {role, content})
-      out.push({ index: out.length, messages: (parseJsonlLine(JSON.stringify({ messages: r.messages }), where) as { messages: ChatMessage[] }).messages });
+      out.push({ index: out.length, messages: (parseJsonlLine(line, where) as { messages: ChatMessage[] }).messages });
     } else throw new InputError(`${where}: no "prompt", "text" or "messages"`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
   });
   if (out.length === 0) throw new InputError(`--prompts ${file} holds no prompts`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
