@@ -274,15 +274,22 @@ test('distill --teacher-cache: refuses a cache made for other settings; trains w
   assert.equal(resumed.finalValLoss, full.finalValLoss);
 });
 
-test('teacher-cache on chat data: only the assistant positions are cached; distill --teacher-cache trains on them and refuses another --loss-on', async () => {
+/** A tiny teacher (also the student's config) and n two-turn conversations of the demo text (each turn cut to `chars`). */
+function chatFixture(n: number, chars?: number): { dir: string; teacherDir: string; chat: string } {
   const dir = tempDir();
   const teacherDir = path.join(dir, 'teacher');
   writeTinyCheckpoint(teacherDir, 15);
   const chat = path.join(dir, 'chat.jsonl');
-  fs.writeFileSync(chat, Array.from({ length: 12 }, (_, i) => JSON.stringify({ messages: [
-    { role: 'user', content: TEXT[i % TEXT.length] }, { role: 'assistant', content: TEXT[(i + 1) % TEXT.length] },
+  const turn = (i: number): string => TEXT[i % TEXT.length]!.slice(0, chars);
+  fs.writeFileSync(chat, Array.from({ length: n }, (_, i) => JSON.stringify({ messages: [
+    { role: 'user', content: turn(i) }, { role: 'assistant', content: turn(i + 1) },
   ] })).join('\n') + '\n');
   fs.writeFileSync(path.join(dir, 'student.json'), fs.readFileSync(path.join(teacherDir, 'config.json')));
+  return { dir, teacherDir, chat };
+}
+
+test('teacher-cache on chat data: only the assistant positions are cached; distill --teacher-cache trains on them and refuses another --loss-on', async () => {
+  const { dir, teacherDir, chat } = chatFixture(12);
   const cacheDir = path.join(dir, 'cache');
   await buildTeacherCache(jobOptions(teacherDir, chat, cacheDir), { log: () => {} });
   const m = readManifest(cacheDir)!;
@@ -303,14 +310,7 @@ test('teacher-cache on chat data: only the assistant positions are cached; disti
 });
 
 test('--packing none (one conversation a window): the cache holds a window per conversation, and a distillation packing the same trains from it', async () => {
-  const dir = tempDir();
-  const teacherDir = path.join(dir, 'teacher');
-  writeTinyCheckpoint(teacherDir, 15);
-  const chat = path.join(dir, 'chat.jsonl');
-  fs.writeFileSync(chat, Array.from({ length: 10 }, (_, i) => JSON.stringify({ messages: [
-    { role: 'user', content: TEXT[i % TEXT.length]!.slice(0, 3) }, { role: 'assistant', content: TEXT[(i + 1) % TEXT.length]!.slice(0, 3) },
-  ] })).join('\n') + '\n');
-  fs.writeFileSync(path.join(dir, 'student.json'), fs.readFileSync(path.join(teacherDir, 'config.json')));
+  const { dir, teacherDir, chat } = chatFixture(10, 3);
   const logs: string[] = [];
   const cacheDir = path.join(dir, 'cache');
   await buildTeacherCache(jobOptions(teacherDir, chat, cacheDir, { packing: 'none', seq: 64 }), { log: () => {} });
