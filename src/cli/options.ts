@@ -16,7 +16,7 @@ import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type Flag
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 import { parseLoraTargets } from '../model/lora.js';
 import { DistilleryError } from '../util/errors.js';
-import { parsePyJson } from '../util/py-json.js';
+import { isJsonObject, parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
@@ -115,7 +115,7 @@ export function parseTemplateKwargs(json: string, label = '--chat-template-kwarg
   try { v = parsePyJson(json); } catch (e) {
     throw new UsageError(`${label}: not valid JSON (${(e as Error).message})`, 'pass a JSON object, e.g. --chat-template-kwargs \'{"enable_thinking": false}\'');
   }
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+  if (!isJsonObject(v)) {
     throw new UsageError(`${label}: must be a JSON object of template variables, got ${JSON.stringify(v)}`, 'pass e.g. --chat-template-kwargs \'{"enable_thinking": false}\'');
   }
   return v as Record<string, unknown>;

@@ -16,7 +16,7 @@
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { DistilleryError, InputError } from '../util/errors.js';
-import { PyFloat, parsePyJson } from '../util/py-json.js';
+import { PyFloat, isJsonObject, parsePyJson } from '../util/py-json.js';
 
 /** One message of a conversation: role and content, plus whatever else the line gives (tool_calls, reasoning_content, ...). */
 export interface ChatMessage {
@@ -135,7 +135,7 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
   } catch (e) {
     throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, 'each line of a .jsonl file must be one JSON object');
   }
-  if (typeof j !== 'object' || j === null || Array.isArray(j)) {
+  if (!isJsonObject(j)) {
     throw new InputError(`${where}: expected a JSON object, got ${Array.isArray(j) ? 'an array' : JSON.stringify(j)}`,
       'write {"text": "..."} or {"messages": [{"role": "user", "content": "..."}]} on each line');
   }
@@ -165,7 +165,7 @@ export function parseJsonlLine(line: string, where: string): JsonlRecord {
       throw new InputError(`${where}: "tools" must be a list of tool definitions`, 'write "tools": [{"type": "function", "function": {...}}]');
     }
     const kw = o.chat_template_kwargs;
-    if (kw !== undefined && kw !== null && (typeof kw !== 'object' || Array.isArray(kw))) {
+    if (kw !== undefined && kw !== null && !isJsonObject(kw)) {
       throw new InputError(`${where}: "chat_template_kwargs" must be an object of template variables`, 'write "chat_template_kwargs": {"enable_thinking": false}');
     }
     return { messages: msgs, tools: (o.tools as unknown[] | undefined) ?? null, kwargs: (kw as Record<string, unknown> | undefined) ?? null };

@@ -61,7 +61,7 @@ function entries(v: JinjaValue): Array<[string, JinjaValue]> {
 
 /** Python's repr of a value (inside a list or dict). */
 export function pyRepr(v: JinjaValue): string {
-  return v.type === 'StringValue' ? pyStrRepr(v.value as string) : pyStr(v);
+  return v.type === 'StringValue' ? pyStrRepr(v.value as string) : v.type === 'UndefinedValue' ? 'Undefined' : pyStr(v);
 }
 
 /** Python's str() of a value; null for a value Python has no plain form of here (the engine's own printing stays). */
@@ -80,6 +80,8 @@ export function pyStrOrNull(v: JinjaValue): string | null {
     }
     case 'ObjectValue': case 'KeywordArgumentsValue':
       return `{${entries(v).map(([k, x]) => `${pyStrRepr(k)}: ${pyRepr(x)}`).join(', ')}}`;
+    case 'NamespaceValue':
+      return `<Namespace {${entries(v).map(([k, x]) => `${pyStrRepr(k)}: ${pyRepr(x)}`).join(', ')}}>`;
     default: return null;
   }
 }
@@ -89,19 +91,26 @@ export function pyStr(v: JinjaValue): string {
   return pyStrOrNull(v) ?? String(v);
 }
 
-/** json.dumps' string: JSON's escapes; with ensure_ascii, every non-ASCII character as \uXXXX (surrogate pairs). */
+/** json.dumps' string: JSON's escapes; with ensure_ascii, every character past '~' (DEL and non-ASCII) as \uXXXX (surrogate pairs). */
 function jsonString(s: string, ensureAscii: boolean): string {
   const j = JSON.stringify(s);
   if (!ensureAscii) return j;
   let out = '';
   for (let i = 0; i < j.length; i++) {
     const c = j.charCodeAt(i);
-    out += c < 0x80 ? j[i] : `\\u${c.toString(16).padStart(4, '0')}`;
+    out += c < 0x7f ? j[i] : `\\u${c.toString(16).padStart(4, '0')}`;
   }
   return out;
 }
 
-export interface JsonDumpsOptions { indent: number | null; ensureAscii: boolean; sortKeys: boolean; separators: [string, string] | null }
+/** Python's order of str: by code point (JavaScript's < compares UTF-16 units: an emoji before U+FF01). */
+export function byCodePoint(a: string, b: string): number {
+  const x = Array.from(a, (c) => c.codePointAt(0)!), y = Array.from(b, (c) => c.codePointAt(0)!);
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i]! - y[i]!;
+  return x.length - y.length;
+}
+
+export interface JsonDumpsOptions { indent: string | null; ensureAscii: boolean; sortKeys: boolean; separators: [string, string] | null }
 
 /**
  * transformers' tojson: json.dumps(x, ensure_ascii, indent, separators, sort_keys). Floats by Python's repr (NaN,
@@ -125,13 +134,13 @@ export function pyJsonDumps(v: JinjaValue, o: JsonDumpsOptions, depth = 0): stri
       if (isList) items = (v.value as JinjaValue[]).map((x) => pyJsonDumps(x, o, depth + 1));
       else {
         let es = entries(v);
-        if (o.sortKeys) es = es.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+        if (o.sortKeys) es = es.sort(([a], [b]) => byCodePoint(a, b));
         items = es.map(([k, x]) => `${jsonString(k, o.ensureAscii)}${keySep}${pyJsonDumps(x, o, depth + 1)}`);
       }
       const [open, close] = isList ? ['[', ']'] : ['{', '}'];
       if (items.length === 0) return open + close;
       if (o.indent === null) return open + items.join(itemSep) + close;
-      const pad = '\n' + ' '.repeat(o.indent * (depth + 1)), end = '\n' + ' '.repeat(o.indent * depth);
+      const pad = '\n' + o.indent.repeat(depth + 1), end = '\n' + o.indent.repeat(depth);
       return open + pad + items.join(itemSep + pad) + end + close;
     }
     default: throw new Error(`Object of type ${v.type} is not JSON serializable`);
@@ -214,21 +223,36 @@ export function installPythonPrinting(): boolean {
       return new StringValue(pyJsonDumps(operand, { indent: null, ensureAscii: false, sortKeys: false, separators: null }));
     }
     if (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'tojson') {
-      const [, kw] = this.evaluateArguments(filter.args ?? [], env);
-      const indent = kw.get('indent'), ascii = kw.get('ensure_ascii'), sort = kw.get('sort_keys'), sep = kw.get('separators');
+      // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False), by position or name
+      const [args, kw] = this.evaluateArguments(filter.args ?? [], env);
+      const arg = (i: number, name: string): JinjaValue | undefined => kw.get(name) ?? args[i];
+      const indent = arg(1, 'indent'), ascii = arg(0, 'ensure_ascii'), sep = arg(2, 'separators'), sort = arg(3, 'sort_keys');
       const none = (x: JinjaValue | undefined): boolean => x === undefined || x.type === 'NullValue';
-      if (!none(indent) && indent!.type !== 'IntegerValue') throw new Error('If set, indent must be a number');
-      if (ascii !== undefined && ascii.type !== 'BooleanValue') throw new Error('If set, ensure_ascii must be a boolean');
-      if (sort !== undefined && sort.type !== 'BooleanValue') throw new Error('If set, sort_keys must be a boolean');
+      let indentStr: string | null = null;
+      if (!none(indent)) {
+        if (indent!.type === 'StringValue') indentStr = indent!.value as string;
+        else if (indent!.type === 'IntegerValue' || indent!.type === 'BooleanValue') indentStr = ' '.repeat(Math.max(0, Number(indent!.value)));
+        else throw new Error('If set, indent must be a number or a string');
+      }
+      if (!none(ascii) && ascii!.type !== 'BooleanValue') throw new Error('If set, ensure_ascii must be a boolean');
+      if (!none(sort) && sort!.type !== 'BooleanValue') throw new Error('If set, sort_keys must be a boolean');
       let separators: [string, string] | null = null;
       if (!none(sep)) {
         const xs = sep!.type === 'ArrayValue' || sep!.type === 'TupleValue' ? sep!.value as JinjaValue[] : [];
         if (xs.length !== 2 || xs.some((x) => x.type !== 'StringValue')) throw new Error('separators must be a tuple of two strings');
         separators = [xs[0]!.value as string, xs[1]!.value as string];
       }
-      return new StringValue(pyJsonDumps(operand, {
-        indent: none(indent) ? null : indent!.value as number, ensureAscii: ascii?.value === true, sortKeys: sort?.value === true, separators,
-      }));
+      return new StringValue(pyJsonDumps(operand, { indent: indentStr, ensureAscii: ascii?.value === true, sortKeys: sort?.value === true, separators }));
+    }
+    // join(d='') over a list: Python's str of each item (True, None, 1.0); join(attribute=...) stays the engine's
+    const isJoin = (filter.type === 'Identifier' && filter.value === 'join')
+      || (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'join');
+    if (isJoin && (operand.type === 'ArrayValue' || operand.type === 'TupleValue')) {
+      const [args, kw] = filter.type === 'CallExpression' ? this.evaluateArguments(filter.args ?? [], env) : [[], new Map<string, JinjaValue>()];
+      if (!kw.has('attribute')) {
+        const d = kw.get('d') ?? args[0];
+        return new StringValue((operand.value as JinjaValue[]).map(pyStr).join(d === undefined ? '' : pyStr(d)));
+      }
     }
     return origFilter.call(this, operand, filter, env);
   };

@@ -15,6 +15,11 @@ export class PyFloat {
   toString(): string { return String(this.value); }
 }
 
+/** A JSON object (not an array, null or a number: a PyFloat is an object to typeof). */
+export function isJsonObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v) && !(v instanceof PyFloat);
+}
+
 const NUMBER = /-?(?:0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?/y;
 const WS = /[ \t\n\r]*/y;
 

@@ -15,7 +15,10 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chatFormatOf, chatRenderer, renderChat, type ChatMessage } from '../../src/tokenizer/chat.js';
 import { installPythonPrinting, pyFloatRepr } from '../../src/tokenizer/jinja-python.js';
-import { PyFloat, parsePyJson } from '../../src/util/py-json.js';
+import { PyFloat, isJsonObject, parsePyJson } from '../../src/util/py-json.js';
+import { parseTemplateKwargs } from '../../src/cli/options.js';
+import { UsageError } from '../../src/cli/args.js';
+import { InputError } from '../../src/util/errors.js';
 import { loadDocuments, parseJsonlLine } from '../../src/data/documents.js';
 
 const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/chat-templates');
@@ -71,6 +74,12 @@ test('parsePyJson: JSON.parse\'s values (and errors), but numbers written with a
   // without such a number, JSON.parse's result itself; invalid JSON, JSON.parse's error
   assert.deepEqual(parsePyJson('{"a": [1, 2.5, "3.0"]}'), { a: [1, 2.5, '3.0'] });
   assert.throws(() => parsePyJson('{"a": 1.0,}'), SyntaxError);
+  // a PyFloat is an object to typeof: a top-level 1.0 is still not a JSON object where one is wanted
+  assert.equal(isJsonObject(parsePyJson('1.0')), false);
+  assert.throws(() => parseTemplateKwargs('1.0'), (e: unknown) => e instanceof UsageError && /must be a JSON object/.test(e.message));
+  assert.throws(() => parseJsonlLine('1.0', 'd:1'), (e: unknown) => e instanceof InputError && /d:1: expected a JSON object/.test(e.message));
+  assert.throws(() => parseJsonlLine('{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 2.0}', 'd:2'),
+    (e: unknown) => e instanceof InputError && /"chat_template_kwargs" must be an object/.test(e.message));
 });
 
 test('a float of the data keeps its form through a chat line to the template (Qwen2.5\'s tojson of the tools; a tool call\'s arguments)', () => {

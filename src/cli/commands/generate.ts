@@ -24,7 +24,7 @@ import { chatFormatOf, endOfTurnIds, renderChat, type ChatMessage } from '../../
 import { parseTemplateKwargs } from '../options.js';
 import { resolveModelArg } from '../model-ref.js';
 import { parseJsonlLine } from '../../data/index.js';
-import { parsePyJson } from '../../util/py-json.js';
+import { isJsonObject, parsePyJson } from '../../util/py-json.js';
 
 /** --base: the base model of a LoRA adapter folder given as --model (eval, generate). */
 export const BASE_FLAG: FlagSpec = { name: 'base', kind: 'string', metavar: '<dir>', description: 'with a LoRA adapter folder as --model: its base model (default: the folder the adapter names)' };
@@ -252,7 +252,7 @@ function readPrompts(file: string): Array<{ index: number; prompt?: string; mess
     try { j = parsePyJson(line); } catch (e) {
       throw new InputError(`--prompts ${file}:${i + 1}: not valid JSON (${(e as Error).message})`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
     }
-    if (typeof j !== 'object' || j === null || Array.isArray(j)) {
+    if (!isJsonObject(j)) {
       throw new InputError(`--prompts ${file}:${i + 1}: not a JSON object`, 'one JSON object per line: {"prompt": "..."} or {"messages": [...]}');
     }
     const r = j as { prompt?: unknown; text?: unknown; messages?: unknown };
