@@ -15,8 +15,8 @@
  * the reasoning of earlier turns), the reply is located in the whole rendering: the longest tail (whole lines) of
  * what its own prefix rendering added that appears after the previous span (holding the reply's content).
  */
-import { Environment, Template } from '@huggingface/jinja';
-import { installPythonPrinting } from './jinja-python.js';
+import { Template } from '@huggingface/jinja';
+import { installPythonSemantics } from './jinja-python.js';
 import { DistilleryError } from '../util/errors.js';
 
 /** One message of a conversation: role and content, plus whatever else the data gives (tool_calls, reasoning_content, ...). */
@@ -150,57 +150,8 @@ export function strftime(d: Date, fmt: string): string {
   });
 }
 
-/**
- * Python's str.strip / lstrip / rstrip take the characters to strip (`content.lstrip('\n')` in Qwen3's and SmolLM3's
- * templates); @huggingface/jinja 0.5.11 ignores the argument and strips all whitespace, which drops a reply's leading
- * indentation. The string methods are replaced, once, by ones that honour it (no argument or None: whitespace, as
- * before). The engine's classes are not exported: they are reached through a value the Environment converts. Should
- * the engine change shape, nothing is replaced, and test/tokenizer/chat.test.ts says so.
- */
-function pyStrip(s: string, chars: string | null, side: 'both' | 'left' | 'right'): string {
-  if (chars === null) return side === 'both' ? s.trim() : side === 'left' ? s.trimStart() : s.trimEnd();
-  const set = new Set(Array.from(chars));
-  const cps = Array.from(s);
-  let a = 0, b = cps.length;
-  if (side !== 'right') while (a < b && set.has(cps[a]!)) a++;
-  if (side !== 'left') while (b > a && set.has(cps[b - 1]!)) b--;
-  return cps.slice(a, b).join('');
-}
-
-interface EngineValue { value: unknown; builtins: Map<string, unknown> }
-function patchStringStrip(): void {
-  const env = new Environment();
-  env.set('s', '');
-  const sv = (env as unknown as { variables: Map<string, EngineValue> }).variables.get('s');
-  if (!sv) return;
-  const proto = Object.getPrototypeOf(sv) as object;
-  const getter = Object.getOwnPropertyDescriptor(proto, 'builtins')?.get;
-  const fn = sv.builtins.get('strip');
-  if (!getter || !fn || typeof fn !== 'object') return;
-  type Ctor<T> = new (v: T) => EngineValue;
-  const FunctionValue = (fn as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
-  const StringValue = (sv as unknown as { constructor: Ctor<string> }).constructor;
-  const patched = new WeakSet<Map<string, unknown>>();
-  Object.defineProperty(proto, 'builtins', {
-    configurable: true,
-    get(this: EngineValue) {
-      const m = getter.call(this) as Map<string, unknown>;
-      if (!patched.has(m)) {
-        const text = String(this.value);
-        const method = (side: 'both' | 'left' | 'right') => new FunctionValue((args: EngineValue[]) => {
-          const c = args[0]?.value;
-          return new StringValue(pyStrip(text, typeof c === 'string' ? c : null, side));
-        });
-        m.set('strip', method('both')); m.set('lstrip', method('left')); m.set('rstrip', method('right'));
-        patched.add(m);
-      }
-      return m;
-    },
-  });
-}
-patchStringStrip();
-// Python's str() wherever a value becomes text (src/tokenizer/jinja-python.ts)
-installPythonPrinting();
+// Python's semantics where the engine differs: str.strip(chars) and printing (src/tokenizer/jinja-python.ts)
+installPythonSemantics();
 
 const compiled = new Map<string, Template>();
 

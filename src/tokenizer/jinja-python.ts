@@ -1,5 +1,8 @@
 /**
- * Python's printing of values inside chat templates. Templates run in Python's Jinja under transformers, where a
+ * Python's semantics inside chat templates, where @huggingface/jinja 0.5.11 has JavaScript's: str.strip(chars) (see
+ * pyStrip below) and the printing of values; installPythonSemantics() installs both, once.
+ *
+ * Printing. Templates run in Python's Jinja under transformers, where a
  * value becomes text by Python's str(): `{{ flag }}` prints `True`, `{{ none }}` prints `None`, a dict or a list prints
  * its repr (`{'name': 'f', 'n': [1, 2.5]}`), `x ~ y` and the `string` filter use str(), a float prints as Python's repr
  * (`1e-05`, `1.5e+16`) and `tojson` is transformers' json.dumps (floats by repr, sort_keys by code point).
@@ -257,4 +260,63 @@ export function installPythonPrinting(): boolean {
     return origFilter.call(this, operand, filter, env);
   };
   return (installed = true);
+}
+
+/**
+ * Python's str.strip / lstrip / rstrip take the characters to strip (`content.lstrip('\n')` in Qwen3's and SmolLM3's
+ * templates); @huggingface/jinja 0.5.11 ignores the argument and strips all whitespace, which drops a reply's leading
+ * indentation. The string methods are replaced, once, by ones that honour it (no argument or None: whitespace, as
+ * before). The engine's classes are not exported: they are reached through a value the Environment converts. Should
+ * the engine change shape, nothing is replaced, and test/tokenizer/jinja-python.test.ts says so.
+ */
+function pyStrip(s: string, chars: string | null, side: 'both' | 'left' | 'right'): string {
+  if (chars === null) return side === 'both' ? s.trim() : side === 'left' ? s.trimStart() : s.trimEnd();
+  const set = new Set(Array.from(chars));
+  const cps = Array.from(s);
+  let a = 0, b = cps.length;
+  if (side !== 'right') while (a < b && set.has(cps[a]!)) a++;
+  if (side !== 'left') while (b > a && set.has(cps[b - 1]!)) b--;
+  return cps.slice(a, b).join('');
+}
+
+interface EngineValue { value: unknown; builtins: Map<string, unknown> }
+let stripInstalled: boolean | null = null;
+function patchStringStrip(): boolean {
+  if (stripInstalled !== null) return stripInstalled;
+  stripInstalled = false;
+  const env = new Environment();
+  env.set('s', '');
+  const sv = (env as unknown as { variables: Map<string, EngineValue> }).variables.get('s');
+  if (!sv) return false;
+  const proto = Object.getPrototypeOf(sv) as object;
+  const getter = Object.getOwnPropertyDescriptor(proto, 'builtins')?.get;
+  const fn = sv.builtins.get('strip');
+  if (!getter || !fn || typeof fn !== 'object') return false;
+  type Ctor<T> = new (v: T) => EngineValue;
+  const FunctionValue = (fn as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
+  const StringValue = (sv as unknown as { constructor: Ctor<string> }).constructor;
+  const patched = new WeakSet<Map<string, unknown>>();
+  Object.defineProperty(proto, 'builtins', {
+    configurable: true,
+    get(this: EngineValue) {
+      const m = getter.call(this) as Map<string, unknown>;
+      if (!patched.has(m)) {
+        const text = String(this.value);
+        const method = (side: 'both' | 'left' | 'right') => new FunctionValue((args: EngineValue[]) => {
+          const c = args[0]?.value;
+          return new StringValue(pyStrip(text, typeof c === 'string' ? c : null, side));
+        });
+        m.set('strip', method('both')); m.set('lstrip', method('left')); m.set('rstrip', method('right'));
+        patched.add(m);
+      }
+      return m;
+    },
+  });
+  return (stripInstalled = true);
+}
+
+/** Python's str.strip(chars) and printing, installed into the engine once (false where the engine changed shape). */
+export function installPythonSemantics(): boolean {
+  const strip = patchStringStrip();
+  return installPythonPrinting() && strip;
 }

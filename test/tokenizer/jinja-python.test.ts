@@ -14,7 +14,7 @@ import * as os from 'node:os';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chatFormatOf, chatRenderer, renderChat, type ChatMessage } from '../../src/tokenizer/chat.js';
-import { installPythonPrinting, pyFloatRepr } from '../../src/tokenizer/jinja-python.js';
+import { installPythonSemantics, pyFloatRepr } from '../../src/tokenizer/jinja-python.js';
 import { PyFloat, isJsonObject, parsePyJson } from '../../src/util/py-json.js';
 import { parseTemplateKwargs } from '../../src/cli/options.js';
 import { UsageError } from '../../src/cli/args.js';
@@ -31,8 +31,8 @@ function render(template: string): string {
   return renderChat(chatFormatOf(template, 'probe'), [{ role: 'user', content: 'unused' }], { kwargs: probes.vars });
 }
 
-test('the engine takes Python\'s printing (its Interpreter still has the methods wrapped)', () => {
-  assert.equal(installPythonPrinting(), true);
+test('the engine takes Python\'s semantics (its Interpreter, Environment and string values still have what is wrapped)', () => {
+  assert.equal(installPythonSemantics(), true);
 });
 
 test(`values print as Python's jinja prints them (${expected.source})`, () => {
