@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { runCli, tempDir, writeTinyCheckpoint } from './fixtures.js';
+import { samplingNotice } from '../../src/cli/commands/generate.js';
 
 const run = runCli;
 
@@ -58,4 +59,28 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
     assert.equal(r.code, 2, r.err);
     assert.match(r.err, re);
   }
+});
+
+test('generate says when generation_config.json samples and distillery decodes greedily (the flags that sample as it says; what is not applied, by name); not when a sampling flag is given', async () => {
+  // transformers' defaults where the file is silent: temperature 1, top_p 1, top_k 50
+  assert.equal(samplingNotice(null, 'g', false), null);
+  assert.equal(samplingNotice({ temperature: 0.7 }, 'g', false), null, 'do_sample absent: transformers decodes greedily too');
+  const qwen = { do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.05, eos_token_id: [151645, 151643] };
+  assert.equal(samplingNotice(qwen, 'q', true),
+    'note: q samples (do_sample: true, temperature 0.7, top_p 0.8, top_k 20), as transformers\' generate() would; distillery decodes greedily unless told: '
+    + '--temperature 0.7 --top-p 0.8 --top-k 20 samples as it says, without repetition_penalty 1.05, which distillery does not apply');
+  assert.match(samplingNotice(qwen, 'q', false)!, /--temperature 0\.7 --top-p 0\.8 samples as it says, without repetition_penalty 1\.05, top_k 20 \(--top-k goes with --prompts\)/);
+  assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l', true)!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says$/);
+  const dir = tempDir();
+  const model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 8);
+  fs.writeFileSync(path.join(model, 'generation_config.json'), JSON.stringify(qwen));
+  const base = ['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '2', '--threads', '1'];
+  const quiet = await run([...base, '--temperature', '0']);
+  assert.equal(quiet.code, 0, quiet.err);
+  assert.doesNotMatch(quiet.err, /samples/);
+  const told = await run(base);
+  assert.equal(told.code, 0, told.err);
+  assert.match(told.err, /^note: .*generation_config\.json samples \(do_sample: true, temperature 0\.7/m);
+  assert.equal(told.out, quiet.out, 'still greedy');
 });

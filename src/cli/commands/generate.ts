@@ -85,6 +85,28 @@ export interface GenerateOptions {
   /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
   precision?: PrecisionFlag | undefined;
   cuda?: CudaOptions;
+  /** Whether --temperature, --top-p or --top-k was given (else generation_config.json's sampling is announced). */
+  samplingGiven?: boolean;
+}
+
+/**
+ * What transformers' generate() would do by default with a generation_config.json that samples, and distillery does
+ * not (it decodes greedily unless told): one line saying so, with the flags that sample as the file says and the
+ * settings distillery does not apply, by name; null when the file does not ask for sampling. transformers' defaults
+ * where the file is silent: temperature 1, top_p 1, top_k 50.
+ */
+export function samplingNotice(gen: Record<string, unknown> | null, file: string, batched: boolean): string | null {
+  if (!gen || gen.do_sample !== true) return null;
+  const num = (k: string, d: number): number => (typeof gen[k] === 'number' ? gen[k] as number : d);
+  const t = num('temperature', 1), p = num('top_p', 1), k = num('top_k', 50);
+  const said = [`temperature ${t}`, `top_p ${p}`, `top_k ${k}${typeof gen.top_k === 'number' ? '' : ' (transformers\' default)'}`];
+  const flags = [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(batched && k > 0 ? [`--top-k ${k}`] : [])];
+  // what distillery's sampler does not do, where the file sets it off its neutral value
+  const neutral: Record<string, number> = { repetition_penalty: 1, min_p: 0, typical_p: 1, no_repeat_ngram_size: 0, epsilon_cutoff: 0, eta_cutoff: 0 };
+  const unapplied = Object.entries(neutral).filter(([key, n]) => typeof gen[key] === 'number' && gen[key] !== n).map(([key]) => `${key} ${gen[key] as number}`);
+  if (!batched && k > 0) unapplied.push(`top_k ${k} (--top-k goes with --prompts)`);
+  return `note: ${file} samples (do_sample: true, ${said.join(', ')}), as transformers' generate() would; distillery decodes greedily unless told: `
+    + `${flags.join(' ')} samples as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ''}`;
 }
 
 /**
@@ -150,6 +172,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
     ...(typeof values.precision === 'string' ? { precision: values.precision as PrecisionFlag } : {}),
+    samplingGiven: values.temperature !== undefined || values['top-p'] !== undefined || values['top-k'] !== undefined,
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
@@ -175,6 +198,8 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   if (ck.adapter) io.err(`${describeMerge(ck.adapter)}\n`);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
+  const notice = o.samplingGiven ? null : samplingNotice(ck.generationConfig, `${o.model}'s generation_config.json`, o.prompts !== undefined);
+  if (notice) io.err(`${notice}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.prompts !== undefined) return generateBatched(o, io, ck, tokenizer);
   let text = o.prompt;
