@@ -190,7 +190,7 @@ export class BatchGenerator {
    * that gives it the same sequence number (sequence0: the batch's first; default 0). topK: 0 = off. rowStopIds: each
    * sequence's own stop ids (a text prompt beside a conversation), else stopIds for all.
    */
-  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { topK?: number; sequence0?: number; rowStopIds?: ReadonlyArray<readonly number[]> }): BatchResult {
+  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { sequence0?: number; rowStopIds?: ReadonlyArray<readonly number[]> }): BatchResult {
     const B = prompts.length;
     const longest = Math.max(...prompts.map((p) => p.length));
     if (longest + opts.maxNewTokens > this.maxLen) {
@@ -264,7 +264,7 @@ export class BatchGenerator {
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
         if (done[b]) { next[b] = tokens[b]!.at(-1) ?? 0; continue; }
-        const id = sample(logits.subarray(b * V, b * V + sv), opts.temperature, opts.topP, rngs[b]!);
+        const id = sample(logits.subarray(b * V, b * V + sv), opts.temperature, opts.topP, rngs[b]!, opts.topK ?? 0);
         if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; next[b] = id; continue; }
         tokens[b]!.push(id);
         next[b] = id;

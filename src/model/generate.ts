@@ -1,13 +1,15 @@
 /**
  * Text generation with a KV cache: a prefill pass over the prompt writes every layer's keys and values into the
  * cache, then each decode step runs one token through the layers attending to the cache. Uses the weights of a
- * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature,
- * top-p) happens on the host from the last position's logits.
+ * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature, top-k,
+ * top-p: the rule of the device sampler, src/backend/cpu/kernels/sample.ts) happens on the host from the last
+ * position's logits, one uniform of the seeded stream a sampled token.
  */
 import type { TensorInfo } from './params.js';
 import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
+import { sampleRow } from '../backend/cpu/kernels/sample.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 
@@ -16,6 +18,8 @@ export interface SamplingOptions {
   temperature: number;
   /** Nucleus sampling: keep the smallest set of tokens whose probability sums to topP (1 = off). */
   topP: number;
+  /** Keep the k most likely tokens (ties at the cut kept; 0 or absent = off). */
+  topK?: number;
   maxNewTokens: number;
   /** Stop when one of these ids is produced (it is not included in the output). */
   stopIds?: number[];
@@ -138,7 +142,7 @@ export class Generator {
     const sv = samplingVocab(opts, this.m.config.vocabSize);
     let logits = this.step(Int32Array.from(prompt));
     for (let i = 0; i < opts.maxNewTokens; i++) {
-      const id = sample(logits.subarray(0, sv), opts.temperature, opts.topP, rng);
+      const id = sample(logits.subarray(0, sv), opts.temperature, opts.topP, rng, opts.topK ?? 0);
       if (opts.stopIds?.includes(id)) break;
       out.push(id);
       onToken?.(id);
@@ -149,30 +153,11 @@ export class Generator {
   }
 }
 
-/** Picks a token id from logits: argmax when temperature is 0, else softmax(logits / T) restricted to top-p. */
-export function sample(logits: ArrayLike<number>, temperature: number, topP: number, rng: Rng): number {
-  const V = logits.length;
-  if (temperature <= 0) {
-    let best = 0;
-    for (let i = 1; i < V; i++) if (logits[i]! > logits[best]!) best = i;
-    return best;
-  }
-  let mx = -Infinity;
-  for (let i = 0; i < V; i++) mx = Math.max(mx, logits[i]!);
-  const probs = new Float64Array(V);
-  let sum = 0;
-  for (let i = 0; i < V; i++) { probs[i] = Math.exp((logits[i]! - mx) / temperature); sum += probs[i]!; }
-  for (let i = 0; i < V; i++) probs[i]! /= sum;
-  let candidates: number[];
-  if (topP < 1) {
-    const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => probs[b]! - probs[a]!);
-    candidates = [];
-    let acc = 0;
-    for (const i of order) { candidates.push(i); acc += probs[i]!; if (acc >= topP) break; }
-  } else candidates = Array.from({ length: V }, (_, i) => i);
-  let total = 0;
-  for (const i of candidates) total += probs[i]!;
-  let r = rng.next() * total;
-  for (const i of candidates) { r -= probs[i]!; if (r <= 0) return i; }
-  return candidates[candidates.length - 1]!;
+/**
+ * Picks a token id from logits as the device sampler does (sampleRow: argmax at temperature 0, else softmax(logits / T)
+ * cut to the top-k and the top-p nucleus, ties at a cut kept), with the next uniform of `rng` (none drawn when greedy).
+ */
+export function sample(logits: ArrayLike<number>, temperature: number, topP: number, rng: Rng, topK = 0): number {
+  if (!(temperature > 0)) return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, 0);
+  return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, rng.next());
 }

@@ -9,6 +9,9 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { runCli, tempDir, writeTinyCheckpoint } from './fixtures.js';
 import { samplingNotice } from '../../src/cli/commands/generate.js';
+import { sample } from '../../src/model/generate.js';
+import { sampleRow } from '../../src/backend/cpu/kernels/sample.js';
+import { Rng } from '../../src/util/rng.js';
 
 const run = runCli;
 
@@ -49,7 +52,7 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
     [['generate', '--model', model, '--prompts', num], /num\.jsonl:1: "prompt" must be a string, got 5/],
     [['generate', '--model', model, '--prompt', 'x', '--chat-template-kwargs', '{"a": 1}'], /--chat-template-kwargs goes with --chat/],
     [['generate', '--model', model, '--prompts', dir], /--prompts .* is not a file/],
-    [['generate', '--model', model, '--prompt', 'x', '--batch', '4', '--top-k', '5'], /--batch and --top-k go with --prompts/],
+    [['generate', '--model', model, '--prompt', 'x', '--batch', '4', '--top-k', '5'], /--batch goes with --prompts/],
     [['generate', '--model', model, '--prompts', file, '--prompt', 'x'], /--prompt and --prompts: pass one of them/],
     [['generate', '--model', model, '--prompts', path.join(dir, 'none.jsonl')], /--prompts: .*none\.jsonl does not exist/],
     [[...base, '--batch', '0'], /--batch must be a positive integer/],
@@ -63,14 +66,13 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
 
 test('generate says when generation_config.json samples and distillery decodes greedily (the flags that sample as it says; what is not applied, by name); not when a sampling flag is given', async () => {
   // transformers' defaults where the file is silent: temperature 1, top_p 1, top_k 50
-  assert.equal(samplingNotice(null, 'g', false), null);
-  assert.equal(samplingNotice({ temperature: 0.7 }, 'g', false), null, 'do_sample absent: transformers decodes greedily too');
+  assert.equal(samplingNotice(null, 'g'), null);
+  assert.equal(samplingNotice({ temperature: 0.7 }, 'g'), null, 'do_sample absent: transformers decodes greedily too');
   const qwen = { do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.05, eos_token_id: [151645, 151643] };
-  assert.equal(samplingNotice(qwen, 'q', true),
+  assert.equal(samplingNotice(qwen, 'q'),
     'note: q samples (do_sample: true, temperature 0.7, top_p 0.8, top_k 20), as transformers\' generate() would; distillery decodes greedily unless told: '
     + '--temperature 0.7 --top-p 0.8 --top-k 20 samples as it says, without repetition_penalty 1.05, which distillery does not apply');
-  assert.match(samplingNotice(qwen, 'q', false)!, /--temperature 0\.7 --top-p 0\.8 samples as it says, without repetition_penalty 1\.05, top_k 20 \(--top-k goes with --prompts\)/);
-  assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l', true)!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says$/);
+  assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l')!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says$/);
   const dir = tempDir();
   const model = path.join(dir, 'm');
   writeTinyCheckpoint(model, 8);
@@ -83,4 +85,22 @@ test('generate says when generation_config.json samples and distillery decodes g
   assert.equal(told.code, 0, told.err);
   assert.match(told.err, /^note: .*generation_config\.json samples \(do_sample: true, temperature 0\.7/m);
   assert.equal(told.out, quiet.out, 'still greedy');
+});
+
+test('generate --prompt takes --top-k (the device sampler\'s rule on the host): top-k 1 at any temperature is greedy; top-k widens what a seed draws', async () => {
+  const dir = tempDir();
+  const model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 8);
+  const base = ['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '8', '--threads', '1'];
+  const greedy = await run(base);
+  const k1 = await run([...base, '--temperature', '2', '--top-k', '1', '--seed', '5']);
+  assert.equal(k1.code, 0, k1.err);
+  assert.equal(k1.out, greedy.out);
+  // sample() is sampleRow with the seeded stream's uniforms: the same ids as the reference drawn by hand
+  const z = Float32Array.from({ length: 40 }, (_, j) => Math.sin(j * 1.7) * 3);
+  const rng = new Rng(9), ref = new Rng(9);
+  for (let i = 0; i < 20; i++) {
+    const s = { temperature: 0.9, topK: 7, topP: 0.8 };
+    assert.equal(sample(z, s.temperature, s.topP, rng, s.topK), sampleRow(z, 0, 40, s, ref.next()));
+  }
 });

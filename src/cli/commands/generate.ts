@@ -35,7 +35,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'prompt', kind: 'string', metavar: '<text>', description: 'the text to continue (this or --prompts)' },
   { name: 'prompts', kind: 'string', metavar: '<file.jsonl>', description: 'many prompts, one JSON object per line ({"prompt"} or {"text"}: text to continue; {"messages"}: a conversation, rendered with the chat template and an open assistant turn), generated in batches; one JSON line per prompt to stdout' },
   { name: 'batch', kind: 'integer', description: 'with --prompts: sequences generated together (prompts of different lengths share a batch)', defaultText: '8' },
-  { name: 'top-k', kind: 'integer', description: 'with --prompts: keep the k most likely tokens (0 = off)', defaultText: '0' },
+  { name: 'top-k', kind: 'integer', description: 'keep the k most likely tokens (0 = off)', defaultText: '0' },
   { name: 'max-new-tokens', kind: 'integer', description: 'most tokens to generate', defaultText: '64' },
   { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
@@ -95,16 +95,15 @@ export interface GenerateOptions {
  * settings distillery does not apply, by name; null when the file does not ask for sampling. transformers' defaults
  * where the file is silent: temperature 1, top_p 1, top_k 50.
  */
-export function samplingNotice(gen: Record<string, unknown> | null, file: string, batched: boolean): string | null {
+export function samplingNotice(gen: Record<string, unknown> | null, file: string): string | null {
   if (!gen || gen.do_sample !== true) return null;
   const num = (k: string, d: number): number => (typeof gen[k] === 'number' ? gen[k] as number : d);
   const t = num('temperature', 1), p = num('top_p', 1), k = num('top_k', 50);
   const said = [`temperature ${t}`, `top_p ${p}`, `top_k ${k}${typeof gen.top_k === 'number' ? '' : ' (transformers\' default)'}`];
-  const flags = [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(batched && k > 0 ? [`--top-k ${k}`] : [])];
+  const flags = [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(k > 0 ? [`--top-k ${k}`] : [])];
   // what distillery's sampler does not do, where the file sets it off its neutral value
   const neutral: Record<string, number> = { repetition_penalty: 1, min_p: 0, typical_p: 1, no_repeat_ngram_size: 0, epsilon_cutoff: 0, eta_cutoff: 0 };
   const unapplied = Object.entries(neutral).filter(([key, n]) => typeof gen[key] === 'number' && gen[key] !== n).map(([key]) => `${key} ${gen[key] as number}`);
-  if (!batched && k > 0) unapplied.push(`top_k ${k} (--top-k goes with --prompts)`);
   return `note: ${file} samples (do_sample: true, ${said.join(', ')}), as transformers' generate() would; distillery decodes greedily unless told: `
     + `${flags.join(' ')} samples as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ''}`;
 }
@@ -149,9 +148,8 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     throw new UsageError('generate: no prompt given (--prompt or --prompts)', "pass --prompt 'Once upon a time', or --prompts prompts.jsonl");
   }
   if (typeof values.prompt === 'string') {
-    // --batch and --top-k belong to --prompts (the single prompt streams, sampled on the host): refused, not ignored
-    const stray = (['batch', 'top-k'] as const).filter((k) => values[k] !== undefined);
-    if (stray.length) throw new UsageError(`generate: ${stray.map((k) => `--${k}`).join(' and ')} ${stray.length > 1 ? 'go' : 'goes'} with --prompts`, 'put the prompt in a .jsonl file and pass --prompts, or drop the flag');
+    // --batch belongs to --prompts (the single prompt streams): refused, not ignored
+    if (values.batch !== undefined) throw new UsageError('generate: --batch goes with --prompts', 'put the prompt in a .jsonl file and pass --prompts, or drop the flag');
   }
   if (typeof values.prompts === 'string' && !fs.existsSync(values.prompts)) {
     throw new UsageError(`--prompts: ${values.prompts} does not exist`, 'pass a .jsonl file with one {"prompt": ...} or {"messages": [...]} per line');
@@ -198,7 +196,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   if (ck.adapter) io.err(`${describeMerge(ck.adapter)}\n`);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
-  const notice = o.samplingGiven ? null : samplingNotice(ck.generationConfig, `${o.model}'s generation_config.json`, o.prompts !== undefined);
+  const notice = o.samplingGiven ? null : samplingNotice(ck.generationConfig, `${o.model}'s generation_config.json`);
   if (notice) io.err(`${notice}\n`);
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.prompts !== undefined) return generateBatched(o, io, ck, tokenizer);
@@ -236,7 +234,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     const gen = new Generator(model, maxLen);
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {
-      temperature: o.temperature, topP: o.topP, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
+      temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
       vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
     }, (id) => { const s = dec.push(id); if (s) io.out(s); });
     const rest = dec.flush();

@@ -18,10 +18,12 @@ export function sampleRow(z: ArrayLike<number>, off: number, vocab: number, s: S
   for (let j = 0; j < vocab; j++) { const x = z[off + j]!; if (x > mx) { mx = x; arg = j; } }
   if (!(s.temperature > 0)) return arg;
   const invT = 1 / s.temperature;
-  const order = Array.from({ length: vocab }, (_, j) => j).sort((a, b) => z[off + b]! - z[off + a]! || a - b);
+  const cutK = s.topK > 0 && s.topK < vocab, cutP = s.topP < 1;
+  // the sorted order only where a cut needs it (plain temperature sampling is one pass: the host streams with it)
+  const order = cutK || cutP ? Array.from({ length: vocab }, (_, j) => j).sort((a, b) => z[off + b]! - z[off + a]! || a - b) : [];
   let theta = -Infinity;
-  if (s.topK > 0 && s.topK < vocab) theta = z[off + order[s.topK - 1]!]!;
-  if (s.topP < 1) {
+  if (cutK) theta = z[off + order[s.topK - 1]!]!;
+  if (cutP) {
     let massK = 0;
     for (let j = 0; j < vocab; j++) if (z[off + j]! >= theta) massK += Math.exp((z[off + j]! - mx) * invT);
     let acc = 0;
