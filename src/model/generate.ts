@@ -158,6 +158,5 @@ export class Generator {
  * cut to the top-k and the top-p nucleus, ties at a cut kept), with the next uniform of `rng` (none drawn when greedy).
  */
 export function sample(logits: ArrayLike<number>, temperature: number, topP: number, rng: Rng, topK = 0): number {
-  if (!(temperature > 0)) return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, 0);
-  return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, rng.next());
+  return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, temperature > 0 ? rng.next() : 0);
 }

@@ -10,7 +10,7 @@
  * filter for a dict or None at all, so SmolLM3's template, which lists `xml_tools` with `tool | string`, fails.
  *
  * installPythonPrinting() wraps three methods of the engine's Interpreter (evaluateBlock: what `{{ }}` prints;
- * evaluateBinaryExpression: `~`; applyFilter: `string` and `tojson`) so that they print as Python does. The engine's
+ * evaluateBinaryExpression: `~`; applyFilter: `string`, `tojson` and `join`) so that they print as Python does. The engine's
  * value types are told apart by their `type` field, which the engine sets on every value. A float with an integral
  * value in the data (`21.0`), which JavaScript cannot tell from an integer, comes as a PyFloat from parsePyJson
  * (src/util/py-json.ts): Environment.set is wrapped to give the engine a float for it.
@@ -222,12 +222,12 @@ export function installPythonPrinting(): boolean {
   };
   proto.applyFilter = function (this: InterpreterShape, operand: JinjaValue, filter: Node, env: Env): JinjaValue {
     if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pyStr(operand));
-    if (filter.type === 'Identifier' && filter.value === 'tojson') {
-      return new StringValue(pyJsonDumps(operand, { indent: null, ensureAscii: false, sortKeys: false, separators: null }));
-    }
-    if (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'tojson') {
+    // `f` or `f(...)`: the filter's name, and its arguments (evaluated only for the filters handled here)
+    const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
+    const argsOf = (): [JinjaValue[], Map<string, JinjaValue>] => (filter.type === 'CallExpression' ? this.evaluateArguments(filter.args ?? [], env) : [[], new Map()]);
+    if (name === 'tojson') {
       // transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False), by position or name
-      const [args, kw] = this.evaluateArguments(filter.args ?? [], env);
+      const [args, kw] = argsOf();
       const arg = (i: number, name: string): JinjaValue | undefined => kw.get(name) ?? args[i];
       const indent = arg(1, 'indent'), ascii = arg(0, 'ensure_ascii'), sep = arg(2, 'separators'), sort = arg(3, 'sort_keys');
       const none = (x: JinjaValue | undefined): boolean => x === undefined || x.type === 'NullValue';
@@ -248,10 +248,8 @@ export function installPythonPrinting(): boolean {
       return new StringValue(pyJsonDumps(operand, { indent: indentStr, ensureAscii: ascii?.value === true, sortKeys: sort?.value === true, separators }));
     }
     // join(d='') over a list: Python's str of each item (True, None, 1.0); join(attribute=...) stays the engine's
-    const isJoin = (filter.type === 'Identifier' && filter.value === 'join')
-      || (filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' && filter.callee.value === 'join');
-    if (isJoin && (operand.type === 'ArrayValue' || operand.type === 'TupleValue')) {
-      const [args, kw] = filter.type === 'CallExpression' ? this.evaluateArguments(filter.args ?? [], env) : [[], new Map<string, JinjaValue>()];
+    if (name === 'join' && (operand.type === 'ArrayValue' || operand.type === 'TupleValue')) {
+      const [args, kw] = argsOf();
       if (!kw.has('attribute')) {
         const d = kw.get('d') ?? args[0];
         return new StringValue((operand.value as JinjaValue[]).map(pyStr).join(d === undefined ? '' : pyStr(d)));
