@@ -33,6 +33,33 @@ export type { RopeSpec } from './rope.js';
  */
 export interface SeqPositions { readonly seqPositions: IntBuf }
 
+/**
+ * Documents packed into one training window, each attending only to itself (padding-free packing, as transformers'
+ * DataCollatorWithFlattening and FlashAttention's varlen kernels do it): an int buffer [B·T] holding each row's position
+ * inside its document (0 at a document's first token, +1 a row after; a window's padding is a document of its own).
+ * Row t then attends to keys t − pos[t] .. t only, and RoPE rotates it by pos[t]: each document computes what it would
+ * alone. Positions are read on the device (a captured step replays with new ones). The caller keeps every pos[t] ≤ t,
+ * 0 at t = 0 and pos[t] ∈ {0, pos[t − 1] + 1} (documents are contiguous; a backend reading them on the device cannot
+ * check them: packDocuments makes them, checkDocPositions checks them on the host before an upload).
+ */
+export interface DocPositions { readonly docPositions: IntBuf }
+
+/**
+ * Throws unless `pos` holds valid document positions for b windows of t rows (DocPositions): 0 at each window's first
+ * row, and every later row either 0 (a new document) or its predecessor's + 1.
+ */
+export function checkDocPositions(pos: ArrayLike<number>, b: number, t: number): void {
+  if (pos.length < b * t) throw new RangeError(`document positions: ${pos.length} for ${b} windows of ${t} rows`);
+  for (let w = 0; w < b; w++) {
+    for (let i = 0; i < t; i++) {
+      const p = pos[w * t + i]!, prev = i === 0 ? -1 : pos[w * t + i - 1]!;
+      if (p !== 0 && p !== prev + 1) {
+        throw new RangeError(`document positions: window ${w} row ${i} is at ${p} after ${prev} (a row starts a document at 0 or follows its predecessor)`);
+      }
+    }
+  }
+}
+
 /** Sampling settings of Backend.sampleTokens: temperature (0 = greedy), top-k (0 = off), top-p (1 = off). */
 export interface SampleParams { temperature: number; topK: number; topP: number }
 
@@ -277,21 +304,21 @@ export interface Backend {
 
   /**
    * Rotary embedding, rotate-half (NeoX / HF Llama, Qwen2) layout, in [B, T, heads, headDim].
-   * Position of row t is pos0 + t; with per-sequence start positions (a SeqPositions int buffer [B], batched generation
+   * Position of row t is pos0 + t; with documents (DocPositions), row r of the B·T rows is at pos[r]; with per-sequence start positions (a SeqPositions int buffer [B], batched generation
    * of prompts of different lengths), row t of sequence b is at pos0[b] + t. angle(p, i) = p · ropeInvFreq(rope, headDim)[i] for i < headDim/2, and cos and
    * sin are multiplied by ropeAttentionFactor(rope) (src/backend/rope.ts: plain, linear, llama3 and yarn RoPE as
    * HF transformers computes them). out may alias inp. `bias` [heads · headDim] (a q/k projection's): added to every row
    * first, out = R(inp + bias), in float with one rounding into a bf16 out (so no separate pass adds it). `strides`: the
    * row strides of out and inp (RopeStrides; a rotation in place needs equal ones).
    */
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions | DocPositions,
     bias?: Buf | null, strides?: RopeStrides): void;
   /**
    * dinp += Rᵀ dout; with `accumulate` false, dinp = Rᵀ dout (overwritten, never read: the caller need not zero it).
    * dinp may alias dout with equal strides (each element is read before it is written). `strides`: out is dinp's, inp
    * is dout's (RopeStrides).
    */
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | DocPositions,
     accumulate?: boolean, strides?: RopeStrides): void;
 
   /**
@@ -299,17 +326,20 @@ export interface Backend {
    * q/out: [B, T, nHeads, hd]; k, v: [B, T, nKv, hd]; query head h reads kv head floor(h / (nHeads / nKv)).
    * lse: [B, nHeads, T], written with the natural-log log-sum-exp of each query row's scaled, causally masked
    * scores, lse[b, h, i] = log Σ_{j ≤ i} exp(q_i·k_j / sqrt(hd)): the only state saved for backward (memory is
-   * linear in T; no [T, T] probabilities exist).
+   * linear in T; no [T, T] probabilities exist). With `docs` (DocPositions), row i attends to keys i − pos[i] .. i only
+   * (its document's), and the sums above run over those keys.
    */
-  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void;
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number,
+    docs?: DocPositions | null): void;
   /**
    * dq += ..., dk += ..., dv += ... from the forward's inputs, its output `out` and its `lse`; with `accumulate` false,
    * dq, dk and dv are overwritten (never read: the caller need not zero them). Backends recompute
    * P = exp(scale·q·kᵀ − lse) and use rowsum(P ⊙ dP) = Σ_d dout·out (they may keep that D in scratch they own).
+   * `docs`: the forward's (P is 0 outside a row's document).
    */
   attentionBackward(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate?: boolean,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate?: boolean, docs?: DocPositions | null,
   ): void;
 
   /**

@@ -22,6 +22,7 @@ import { readCheckpoint } from '../model/checkpoint.js';
 import { parameterCount, toHfConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
 import { describePacking, packForJob, type PackingChoice } from '../data/index.js';
+import { windowPositions } from '../data/index.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
 import { lossVocabulary, tokenizerHash } from '../tokenizer/identity.js';
 import { writeFileAtomic } from '../io/atomic.js';
@@ -201,6 +202,8 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   const { packed, packing } = packForJob(tokenizer, docs, chat, { ...o, tokenizerOf: `the teacher ${o.teacher}` }, log);
   const windows = packed.windows;
   if (windows.length === 0) throw new DistilleryError('the data packs into no windows', `add data, or lower --seq (${o.seq})`);
+  // 'bfd' windows hold documents that attend only to themselves (Window.positions)
+  const documents = windows[0]!.positions !== undefined;
   const { lossVocab, note } = lossVocabulary(tokenizer.vocabSize, [{ name: 'teacher', vocabSize: ck.config.vocabSize }]);
   if (note) log(note);
   const rep = o.sparse;
@@ -246,7 +249,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     if (backend.prepare) {
       await backend.prepare(jobClosures({ student: ck.config, teacher: ck.config, batch: B, seq: T, lossVocab, precision, cacheTeacher: rep, teacherFrozen: o.teacherDtype }));
     }
-    teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision, frozenDtype: o.teacherDtype });
+    teacher = new Transformer(backend, ck.config, { batch: B, seq: T, training: false, label: 'teacher', precision, frozenDtype: o.teacherDtype, documents });
     teacher.setWeights(ck.weights);
     pass = new TeacherPass(teacher, lossVocab, o.temperature, rep);
   }
@@ -313,12 +316,16 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     while (inflight.length > 0 || next < batches.length) {
       if (next < batches.length && inflight.length < 2) {
         const bw = batches[next++]!, { b0, nb } = bw;
-        const ids = new Int32Array(B * T);
-        for (let b = 0; b < B; b++) ids.set(windows[b0 + Math.min(b, nb - 1)]!.inputs, b * T);
+        const ids = new Int32Array(B * T), positions = documents ? new Int32Array(B * T) : null;
+        for (let b = 0; b < B; b++) {
+          const w = windows[b0 + Math.min(b, nb - 1)]!;
+          ids.set(w.inputs, b * T);
+          positions?.set(windowPositions(w), b * T);
+        }
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
         // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
         pass!.start(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0),
-          (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; });
+          (r0, rows) => { for (let r = r0; r < r0 + rows; r++) if (counted(r)) return true; return false; }, positions);
         inflight.push(bw);
         if (inflight.length < 2 && next < batches.length) continue;
       }

@@ -74,8 +74,9 @@ export class TeacherPass {
    * start + collect + TeacherPass.entries; a job that overlaps the host's share with the device's calls them itself.
    */
   run(ids: Int32Array, b: number, t: number, uniform: (row: number) => number,
-    onRows: (entries: SparseEntry[], r0: number) => void, wanted: (r0: number, rows: number) => boolean = () => true): void {
-    this.start(ids, b, t, uniform, wanted);
+    onRows: (entries: SparseEntry[], r0: number) => void, wanted: (r0: number, rows: number) => boolean = () => true,
+    positions: Int32Array | null = null): void {
+    this.start(ids, b, t, uniform, wanted, positions);
     const h = this.collect();
     if (h) TeacherPass.entries(h, onRows);
   }
@@ -88,8 +89,10 @@ export class TeacherPass {
    * sparse rows stay on the device, then their copies to the host are queued. Two passes may be pending: the device
    * runs the second while the host reads the first's rows (collect). Every op is ordered on the device's stream, so
    * one set of device buffers serves both: the second pass overwrites the rows only after the first's copies.
+   * `positions`: each row's position in its document ('bfd' windows; a teacher made with `documents`), or null.
    */
-  start(ids: Int32Array, b: number, t: number, uniform: (row: number) => number, wanted: (r0: number, rows: number) => boolean = () => true): void {
+  start(ids: Int32Array, b: number, t: number, uniform: (row: number) => number, wanted: (r0: number, rows: number) => boolean = () => true,
+    positions: Int32Array | null = null): void {
     const m = this.teacher, be = m.backend, C = m.config.hiddenSize, V = this.width, n = b * t, S = this.slots;
     if (this.pending.length >= 2) throw new Error('TeacherPass.start: two passes are pending; collect one first');
     if (n > m.batch * m.seq) throw new DistilleryError(`a teacher-cache pass of ${b} × ${t} exceeds the teacher's ${m.batch} × ${m.seq}`);
@@ -99,7 +102,7 @@ export class TeacherPass {
       if (wanted(r0, rows)) chunks.push([r0, rows]);
     }
     if (chunks.length === 0) { this.pending.push({ chunks, n, rb: null }); return; }
-    m.stageInputs(ids, b, t);
+    m.stageInputs(ids, b, t, positions);
     const uniforms = new Float32Array(n);
     for (let r = 0; r < n; r++) uniforms[r] = uniform(r);
     be.upload(be.view(this.u, 0, n), uniforms);

@@ -27,11 +27,18 @@ export interface Batch {
   tokens: number;
   /** The windows' ids (Window.id; −1 where a window has none), one per row. */
   windows: Int32Array;
+  /** Row-major [B, T]: each row's position in its document (Window.positions), where the windows carry them. */
+  positions?: Int32Array;
 }
 
 export interface BatchLoaderOptions {
   batchSize: number;
   seed: number;
+}
+
+/** A window's document positions (Window.positions); one that has none is one document (0 .. T − 1). */
+export function windowPositions(w: Window): Int32Array {
+  return w.positions ?? Int32Array.from({ length: w.inputs.length }, (_, i) => i);
 }
 
 function epochSeed(seed: number, epoch: number): number {
@@ -89,6 +96,7 @@ export class BatchLoader {
     const B = this.batchSize, T = this.seqLen, n = this.windows.length;
     const inputs = new Int32Array(B * T), targets = new Int32Array(B * T), mask = new Float32Array(B * T);
     const windows = new Int32Array(B);
+    const positions = this.windows[0]!.positions ? new Int32Array(B * T) : undefined;
     let tokens = 0;
     for (let b = 0; b < B; b++) {
       if (this.pos.index >= n) { this.pos.epoch++; this.pos.index = 0; }
@@ -98,9 +106,10 @@ export class BatchLoader {
       inputs.set(w.inputs, b * T);
       targets.set(w.targets, b * T);
       mask.set(w.mask, b * T);
+      if (positions) positions.set(windowPositions(w), b * T);
       for (let t = 0; t < T; t++) tokens += w.mask[t]!;
     }
-    return { inputs, targets, mask, tokens, windows };
+    return positions ? { inputs, targets, mask, tokens, windows, positions } : { inputs, targets, mask, tokens, windows };
   }
 
   /** The serializable position (a copy). */

@@ -11,8 +11,10 @@
  * - 'bfd' (chat data: TRL's default packing strategy): no document is split. Longest first, each goes whole into the
  *   window it fills best (the least room left that holds it), else opens a new one (best-fit decreasing). A document
  *   longer than seqLen + 1 tokens fills windows of its own, split as 'wrapped' splits (counted in `splitDocs`); its
- *   last piece is placed as a document of that length. Documents sharing a window attend to the ones before them in
- *   it, as under 'wrapped'. (TRL cuts such a document to its max_length instead, dropping the rest.)
+ *   last piece is placed as a document of that length. Documents sharing a window do not see each other: each row
+ *   attends to its own document's rows only, at RoPE positions from 0 at the document's first token (`positions`),
+ *   as TRL's padding-free bfd packing runs them (position_ids reset per document, FlashAttention's varlen kernels):
+ *   each computes what it would alone. (TRL cuts such a document to its max_length instead, dropping the rest.)
  * - 'none' (TRL's packing=False, as its SFT and GKD trainers run by default): one document a window, in the data's
  *   order, padded; a document longer than seqLen + 1 tokens is split as under 'bfd'. No document sees another, at the
  *   cost of the padding's compute.
@@ -48,7 +50,7 @@ export function packingFor(choice: PackingChoice | undefined, docs: ReadonlyArra
 
 const PACKING_WORDS: Readonly<Record<Packing, string>> = {
   wrapped: 'documents joined by EOS, windows of seq + 1 tokens with stride seq (packDocuments)',
-  bfd: 'best-fit decreasing: each document whole (a longer one split) in the window it fills best, EOS after each (packDocuments)',
+  bfd: 'best-fit decreasing: each document whole (a longer one split) in the window it fills best, EOS after each, attending only to itself at positions from 0 (packDocuments)',
   none: 'no packing: one document a window (a longer one split), padded, EOS after each (packDocuments)',
 };
 
@@ -74,6 +76,12 @@ export interface Window {
   mask: Float32Array;
   /** The window's index in the packed data (packDocuments sets it): a teacher cache's key for it. */
   id?: number;
+  /**
+   * 'bfd' windows: each input row's position in its document (0 at a document's first token; the padding is a document
+   * of its own): the model attends within documents only and rotates by these positions (Backend DocPositions).
+   * Absent: the window is one sequence.
+   */
+  positions?: Int32Array;
 }
 
 /** How documents fill windows (see the module comment). */
@@ -155,7 +163,7 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
   const windows: Window[] = [];
   let targetTokens = 0, emptyWindows = 0;
   /** Adds the window of tokens [0, len] of `ids` (len targets) unless, with loss spans, none of them counts. */
-  const emit = (ids: Int32Array, counted: Uint8Array, len: number): void => {
+  const emit = (ids: Int32Array, counted: Uint8Array, len: number, starts?: readonly number[]): void => {
     const inputs = new Int32Array(T).fill(padId);
     const targets = new Int32Array(T).fill(-1);
     const mask = new Float32Array(T);
@@ -166,7 +174,9 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     // With loss spans, a window may hold no counted target (a long user turn): it would only cost a step.
     if (k === 0 && spanned) { emptyWindows++; return; }
     targetTokens += k;
-    windows.push({ inputs, targets, mask, id: windows.length });
+    const w: Window = { inputs, targets, mask, id: windows.length };
+    if (starts) w.positions = documentPositions(T, starts, len);
+    windows.push(w);
   };
   let splitDocs = 0;
   if (packing === 'wrapped') {
@@ -218,12 +228,32 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
       if (m.from > 0) counted[o] = 0;
       o += m.to - m.from;
     }
-    if (o >= 2) emit(ids, counted, o - 1);
+    // 'bfd': each member a document of its own (a continuation piece too: it cannot see its beginning either way)
+    const starts: number[] = [];
+    let at = 0;
+    for (const m of members) { starts.push(at); at += m.to - m.from; }
+    if (o >= 2) emit(ids, counted, o - 1, packing === 'bfd' ? starts : undefined);
   }
   if (windows.length === 0 && spanned) {
     throw new DistilleryError('no token of the data carries loss (no assistant reply in any window)', 'check the chat data, or pass --loss-on all to train on every token');
   }
   return { windows, totalTokens: n, targetTokens, numDocs: docs.length, emptyWindows, packing, splitDocs };
+}
+
+/**
+ * The document positions of a window of T input rows whose documents start at rows `starts` (ascending, the first 0)
+ * and whose first `len` rows hold tokens: each row's distance from the last start at or before it; the padding rows
+ * from `len` on are one document of their own.
+ */
+export function documentPositions(T: number, starts: readonly number[], len: number): Int32Array {
+  const pos = new Int32Array(T);
+  let k = 0, s = 0;
+  for (let i = 0; i < T; i++) {
+    if (i === len) s = i;
+    else if (i < len) { while (k < starts.length && starts[k]! <= i) s = starts[k++]!; }
+    pos[i] = i - s;
+  }
+  return pos;
 }
 
 /** The warning for documents split across windows ('bfd', 'none'). */

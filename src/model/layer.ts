@@ -5,7 +5,7 @@
  * norm, fused with the closing residual add); everything around the attention (norms, projections, rotary embedding,
  * residuals, SwiGLU MLP) is this one function, so the two paths cannot drift apart.
  */
-import type { Backend, Buf, SeqPositions } from '../backend/backend.js';
+import type { Backend, Buf, DocPositions, SeqPositions } from '../backend/backend.js';
 import { ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
 import type { LayerTensors, TensorInfo } from './params.js';
 import { loraForward, type LoraAdapters, type LoraTarget, type LoraView } from './lora.js';
@@ -102,13 +102,13 @@ export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<
 
 /**
  * out = h + mlp(ln2(h)) with h = x + o_proj(attend(rope(qn(q(ln1))), rope(kn(k(ln1))), v(ln1))); positions start at
- * pos0 (per sequence with SeqPositions: batched generation). qn and kn are Qwen3's per-head q/k norms (identity elsewhere); rope is skipped on SmolLM3's NoPE layers.
+ * pos0 (per sequence with SeqPositions: batched generation; per row with DocPositions: packed documents). qn and kn are Qwen3's per-head q/k norms (identity elsewhere); rope is skipped on SmolLM3's NoPE layers.
  * Expects a.ln1/a.rstd1 to hold x's norm already (inputNorm, or the previous layer's `next`); forms `next` from out.
  * Both residual adds are fused with the norm that reads their sum (Backend.addRmsnormForward), which stores exactly
  * what add followed by rmsnormForward would: x, h, ln1, ln2, rstd1, rstd2 and out are what backward reads.
  */
 export function layerForward(be: Backend, c: ModelConfig, layer: number, w: LayerWeights, a: LayerActivations,
-  b: number, t: number, pos0: number | SeqPositions, attend: AttentionStep, next: NextNorm): void {
+  b: number, t: number, pos0: number | SeqPositions | DocPositions, attend: AttentionStep, next: NextNorm): void {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   const qn = a.qkNorm;
   if (c.qkNorm && !qn) throw new Error('layerForward: a model with q/k norms needs their activations');

@@ -17,7 +17,8 @@
  * the fp32 residual gradient, it is converted into a bf16 scratch (dxB). In fp32 every buffer is fp32 and
  * `weights` is `params`.
  */
-import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
+import type { Backend, Buf, DocPositions, DType, IntBuf } from '../backend/backend.js';
+import { checkDocPositions } from '../backend/backend.js';
 import type { Trainable } from '../train/optimizer.js';
 import { preRopeScratch, ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
 import { TensorWeights, adjacentSpan, float32Of, fusesGateUp, fusesQkv, gateUpSpan, parameterLayout, qkvSpans, sharedFloat32, weightSlice, type ParamLayout, type TensorInfo } from './params.js';
@@ -68,6 +69,12 @@ export interface TransformerOptions {
    * False runs two products: for the tests that hold the two equal.
    */
   fuseGateUp?: boolean | undefined;
+  /**
+   * Windows hold several documents, each attending only to itself with RoPE positions from 0 (padding-free packing,
+   * Backend DocPositions): stageInputs then takes each row's position in its document. Default false: a window is one
+   * sequence (positions 0 .. t − 1, every row attends to all rows before it).
+   */
+  documents?: boolean | undefined;
 }
 
 /** Storage precision of a model's weights and activations. */
@@ -136,6 +143,8 @@ export class Transformer {
   private dlogitsBuf: Buf | null = null;
 
   private readonly ids: IntBuf;
+  /** Each row's position in its document (TransformerOptions.documents), or null. */
+  private readonly docs: DocPositions | null;
   private readonly acts: LayerActs[];
   private readonly xFinal: Buf;
   private readonly lnf: Buf;
@@ -188,6 +197,7 @@ export class Transformer {
     this.grads = trainBase ? backend.alloc(this.layout.total, `${lab} gradients`) : null;
     this.lora = opts.lora ? new LoraAdapters(backend, opts.lora, A, N, training, lab) : null;
     this.ids = backend.allocInt(N, `${lab} token ids`);
+    this.docs = opts.documents === true ? { docPositions: backend.allocInt(N, `${lab} document positions`) } : null;
     // The fused q/k/v projection (layer.ts) over views of the weights' storage, unless adapters sit on q, k or v.
     const fuse = opts.fuseQkv !== false && fusesQkv(this.layout, opts.lora);
     const span = (ts: TensorInfo[]): Buf | null => {
@@ -414,9 +424,9 @@ export class Transformer {
    * Forward pass over ids [b, t] with full logits: a view of [b·t, vocab], in a buffer allocated on the first
    * call. For tools and tests; training and evaluation use forwardHidden() and the step's chunked LM head.
    */
-  forward(ids: Int32Array, b: number, t: number): Buf {
+  forward(ids: Int32Array, b: number, t: number, positions: Int32Array | null = null): Buf {
     const c = this.config, N = b * t, C = c.hiddenSize;
-    const hidden = this.forwardHidden(ids, b, t);
+    const hidden = this.forwardHidden(ids, b, t, positions);
     if (!this.logitsBuf) this.logitsBuf = this.backend.alloc(this.batch * this.seq * c.vocabSize, `${this.label} logits`);
     const logits = this.v(this.logitsBuf, N * c.vocabSize);
     this.backend.matmulForward(logits, hidden, this.headWeight(), null, N, C, c.vocabSize);
@@ -424,21 +434,36 @@ export class Transformer {
   }
 
   /**
-   * Forward pass over ids [b, t] (row-major, b ≤ batch, t ≤ seq) up to the final norm. Returns a view of the
-   * final hidden states [b·t, hidden], the LM head's input.
+   * Forward pass over ids [b, t] (row-major, b ≤ batch, t ≤ seq) up to the final norm (`positions`: stageInputs'). Returns
+   * a view of the final hidden states [b·t, hidden], the LM head's input.
    */
-  forwardHidden(ids: Int32Array, b: number, t: number): Buf {
-    this.stageInputs(ids, b, t);
+  forwardHidden(ids: Int32Array, b: number, t: number, positions: Int32Array | null = null): Buf {
+    this.stageInputs(ids, b, t, positions);
     return this.forwardStaged(b, t);
   }
 
-  /** Uploads token ids [b, t] for forwardStaged (a captured region uploads its inputs before its work). */
-  stageInputs(ids: Int32Array, b: number, t: number): void {
+  /** Whether windows hold several documents, each attending to itself (TransformerOptions.documents). */
+  get documents(): boolean { return this.docs !== null; }
+
+  /**
+   * Uploads token ids [b, t] for forwardStaged (a captured region uploads its inputs before its work), and with
+   * `documents` each row's position in its document ([b, t], checkDocPositions; null: each window one document).
+   */
+  stageInputs(ids: Int32Array, b: number, t: number, positions: Int32Array | null = null): void {
     if (b > this.batch || t > this.seq || b < 1 || t < 1) {
       throw new DistilleryError(`forward shape [${b}, ${t}] exceeds the allocated [${this.batch}, ${this.seq}]`);
     }
     if (ids.length < b * t) throw new DistilleryError(`forward got ${ids.length} token ids for shape [${b}, ${t}]`);
     const N = b * t;
+    if (positions && !this.docs) {
+      throw new DistilleryError(`${this.label}: document positions given to a model made without documents (TransformerOptions.documents)`);
+    }
+    if (this.docs) {
+      // without positions, each window is one document
+      const pos = positions ?? Int32Array.from({ length: N }, (_, i) => i % t);
+      try { checkDocPositions(pos, b, t); } catch (e) { throw new DistilleryError(`${this.label}: ${(e as Error).message}`); }
+      this.backend.uploadInt(this.docs.docPositions, pos.length === N ? pos : pos.subarray(0, N));
+    }
     this.backend.uploadInt(this.ids, ids.length === N ? ids : ids.subarray(0, N));
     this.staged = { b, t };
   }
@@ -470,7 +495,7 @@ export class Transformer {
         ln2: this.v(a.ln2, N * C), rstd2: this.v(a.rstd2, N), gate: a.gate && this.v(a.gate, N * I), up: a.up && this.v(a.up, N * I), gu: a.gu && this.v(a.gu, 2 * N * I),
         act: this.v(a.act, N * I), out: this.v(xNext, N * C), qkNorm: this.qknViews(a.qkn, N), lora: this.layerLora(l),
         qkv: this.qkvBuf && this.v(this.qkvBuf, N * (Q + 2 * KV)),
-      }, b, t, 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim), next);
+      }, b, t, this.docs ?? 0, (q, k, v, att) => be.attentionForward(att, lse, q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim, this.docs), next);
     }
     this.lastShape = { b, t };
     return hidden;
@@ -572,7 +597,7 @@ export class Transformer {
       adapt('o_proj', datt, dxOp, this.v(a.att, N * Q));
       // dq, dk, dv and the rotation's outputs are overwritten (no zeroing pass, the old values never read)
       be.attentionBackward(dq, dk, dv, datt, this.v(a.q, N * Q), this.v(a.k, N * KV), this.v(a.v, N * KV),
-        this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim, false);
+        this.v(a.att, N * Q), this.v(a.lse, b * c.numHeads * t), b, t, c.numHeads, c.numKvHeads, c.headDim, false, this.docs);
       // Back through RoPE (not on NoPE layers) and the q/k norms (Qwen3) to the projections' outputs. gq/gk hold the
       // gradient of the current stage's output; each stage writes into the other buffer of its pair and swaps.
       let gq = dq, gk = dk, fq = dqPre, fk = dkPre;
@@ -585,12 +610,12 @@ export class Transformer {
       // the fused projection's joined gradient [N, Q + 2·KV]: without q/k norms the rotation writes its q and k columns
       const d = wqkv ? this.v(g.dqkv!, N * Wd) : null, rotateInto = ropeOnFusedColumns(c, l, d !== null);
       if (rotateInto && d) {
-        be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, 0, false, { out: Wd });
-        be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false, { out: Wd });
+        be.ropeBackward(be.view(d, 0, N * Wd), gq, b, t, c.numHeads, c.headDim, c.rope, this.docs ?? 0, false, { out: Wd });
+        be.ropeBackward(be.view(d, Q, N * Wd - Q), gk, b, t, c.numKvHeads, c.headDim, c.rope, this.docs ?? 0, false, { out: Wd });
       } else if (usesRope(c, l)) {
         const oq = other(fq), ok = other(fk);
-        be.ropeBackward(oq, gq, b, t, c.numHeads, c.headDim, c.rope, 0, false);
-        be.ropeBackward(ok, gk, b, t, c.numKvHeads, c.headDim, c.rope, 0, false);
+        be.ropeBackward(oq, gq, b, t, c.numHeads, c.headDim, c.rope, this.docs ?? 0, false);
+        be.ropeBackward(ok, gk, b, t, c.numKvHeads, c.headDim, c.rope, this.docs ?? 0, false);
         [gq, fq, gk, fk] = [oq, gq, ok, gk];
       }
       if (qn) {

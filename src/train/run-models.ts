@@ -217,7 +217,9 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   }
   // Data parallel in bf16: each rank keeps the fp32 masters of its optimizer shard only (ZeRO-1; src/parallel/data-parallel.ts).
   const masterRange = world > 1 && !job.lora && precision === 'bf16' ? shardOf(parameterLayout(cfg).total, world, comm.rank) : undefined;
-  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen, masterRange });
+  // 'bfd' windows hold several documents, each attending only to itself (Window.positions)
+  const documents = data.packed.windows[0]?.positions !== undefined;
+  const student = new Transformer(backend, cfg, { batch: o.batch, seq: o.seq, training: true, label: 'student', precision, lora: job.lora, frozenDtype: job.studentFrozen, masterRange, documents });
   /** The whole masters when this rank keeps a shard of them (a collective: every rank calls it at the same point), else undefined. */
   const gatheredMasters = (): Float32Array | undefined => (student.masterLength < student.layout.total ? (opt as ShardedAdamW).gatherMasters() : undefined);
   // A LoRA run's base is --init, frozen; its folders name the base and the SHA-256 of its weights.
@@ -234,7 +236,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
     files = fullStudentFiles(student, cfg, carry);
   }
   const teacher = teacherCk && !cache
-    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen })
+    ? new Transformer(backend, teacherCk.config, { batch: o.batch, seq: o.seq, training: false, label: 'teacher', precision, frozenDtype: job.teacherFrozen, documents })
     : null;
   if (teacher && teacherCk) {
     const t0 = Date.now();

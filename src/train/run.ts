@@ -37,7 +37,7 @@ import type { Backend } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parameterCount } from '../model/config.js';
 import { initialWeights, parameterLayout, reorderFlat } from '../model/params.js';
-import { BatchLoader, type LoaderState, type Window } from '../data/index.js';
+import { BatchLoader, windowPositions, type LoaderState, type Window } from '../data/index.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
@@ -438,7 +438,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   /** An off-policy step's micro-batches (with a teacher cache, its sparse rows decoded on the host). */
   const offPolicyMicro = (): Batch[] => Array.from({ length: o.gradAccum }, () => {
     const b = nextBatch();
-    return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask, sparseRing?.take()) };
+    return { inputs: b.inputs, targets: b.targets, mask: b.mask, b: o.batch, t: o.seq, sparse: sparseOf(b.windows, b.mask, sparseRing?.take()), positions: b.positions };
   });
   // With a teacher cache, the next step's batches are built while the device runs this one (decoding its sparse rows
   // is host work, ~10 ms per 8×1024 batch, that would otherwise leave the GPU idle); a checkpoint records the loader
@@ -615,8 +615,12 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
     const b = batch;
     const inputs = new Int32Array(b * T), targets = new Int32Array(b * T).fill(-1), mask = new Float32Array(b * T);
     const windows = new Int32Array(b).fill(-1);
-    rows.forEach((w, r) => { inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); windows[r] = w.id ?? -1; });
-    out.push({ inputs, targets, mask, b, t: T, windows });
+    // the padding rows (no window) are each one document of their own
+    const positions = rows[0]!.positions ? Int32Array.from({ length: b * T }, (_, i) => i % T) : undefined;
+    rows.forEach((w, r) => {
+      inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); windows[r] = w.id ?? -1; positions?.set(windowPositions(w), r * T);
+    });
+    out.push({ inputs, targets, mask, b, t: T, windows, ...(positions ? { positions } : {}) });
   }
   return out;
 }

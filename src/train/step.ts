@@ -29,6 +29,8 @@ export interface Batch {
   sparse?: SparseHost | undefined;
   /** Also measure the teacher's cross-entropy of the targets (LossSums.teacherCe): on-policy batches, the student's samples. */
   teacherCe?: boolean | undefined;
+  /** [b·t]: each row's position in its document ('bfd' windows, Window.positions), for models made with `documents`. */
+  positions?: Int32Array | undefined;
 }
 
 /** Token-weighted sums over a set of batches. */
@@ -114,8 +116,8 @@ export class StepRunner {
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
     // Inputs first, then the pass as one captured region (a CUDA graph once it repeats): forwards, head and loss, backward.
-    this.teacher?.stageInputs(batch.inputs, b, t);
-    this.student.stageInputs(batch.inputs, b, t);
+    this.teacher?.stageInputs(batch.inputs, b, t, batch.positions ?? null);
+    this.student.stageInputs(batch.inputs, b, t, batch.positions ?? null);
     this.head.stage(batch.targets, w, n, batch.sparse);
     this.student.backend.captured(grad ? 'training pass' : 'evaluation pass', () => {
       const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;

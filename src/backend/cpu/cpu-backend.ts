@@ -48,8 +48,8 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -577,16 +577,29 @@ export class CpuBackend implements Backend {
     }
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions | DocPositions,
     bias?: Buf | null, strides?: RopeStrides): void {
     const o = this.f(out, 'rope out'), x = this.f(inp, 'rope inp');
     const { out: no, inp: ni, so, si } = ropeExtent('ropeForward', b * t, heads * headDim, strides, sameMemory(o, x));
     this.need(o, no, 'ropeForward', 'out'); this.need(x, ni, 'ropeForward', 'inp');
     const bs = bias ? this.f(bias, 'rope bias') : null;
     if (bs) this.need(bs, heads * headDim, 'ropeForward', 'bias');
-    this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * t * so), x.subarray(bi * t * si), 1, t, heads, headDim, rope, p, bs, so, si),
-      (p) => this.rope({ op: 'rope', out: o, inp: x, bias: bs, t, heads, hd: headDim, rope, pos0: p, sign: 1, accumulate: false, so, si, r0: 0, r1: b * t }));
+    if (typeof pos0 === 'object' && 'docPositions' in pos0) {
+      const rowPos = this.docs(pos0, b, t, 'ropeForward');
+      this.rope({ op: 'rope', out: o, inp: x, bias: bs, t, heads, hd: headDim, rope, pos0: 0, sign: 1, accumulate: false, so, si, r0: 0, r1: b * t, rowPos });
+    } else {
+      this.perSequence(pos0, b, 'ropeForward', (bi, p) => ropeForward(o.subarray(bi * t * so), x.subarray(bi * t * si), 1, t, heads, headDim, rope, p, bs, so, si),
+        (p) => this.rope({ op: 'rope', out: o, inp: x, bias: bs, t, heads, hd: headDim, rope, pos0: p, sign: 1, accumulate: false, so, si, r0: 0, r1: b * t, rowPos: null }));
+    }
     this.fin(out, 0, no);
+  }
+
+  /** The host array of document positions for b windows of t rows, checked (checkDocPositions). */
+  private docs(d: DocPositions, b: number, t: number, op: string): Int32Array {
+    const pos = this.i(d.docPositions, `${op} document positions`);
+    this.need(pos, b * t, op, 'document positions');
+    try { checkDocPositions(pos, b, t); } catch (e) { throw new DistilleryError(`cpu backend: ${op}: ${(e as Error).message}`); }
+    return pos;
   }
 
   /** A rotary embedding over all its token rows, split among threads by rows when large (any split: the same bits). */
@@ -607,12 +620,14 @@ export class CpuBackend implements Backend {
     for (let bi = 0; bi < b; bi++) one(bi, pos[bi]!);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | DocPositions,
     accumulate = true, strides?: RopeStrides): void {
     const dx = this.f(dinp, 'rope dinp'), dy = this.f(dout, 'rope dout');
     const { out: no, inp: ni, so, si } = ropeExtent('ropeBackward', b * t, heads * headDim, strides, sameMemory(dx, dy));
     this.need(dx, no, 'ropeBackward', 'dinp'); this.need(dy, ni, 'ropeBackward', 'dout');
-    this.rope({ op: 'rope', out: dx, inp: dy, bias: null, t, heads, hd: headDim, rope, pos0, sign: -1, accumulate, so, si, r0: 0, r1: b * t });
+    const rowPos = typeof pos0 === 'number' ? null : this.docs(pos0, b, t, 'ropeBackward');
+    this.rope({ op: 'rope', out: dx, inp: dy, bias: null, t, heads, hd: headDim, rope, pos0: typeof pos0 === 'number' ? pos0 : 0, sign: -1,
+      accumulate, so, si, r0: 0, r1: b * t, rowPos });
     this.fin(dinp, 0, no);
   }
 
@@ -620,13 +635,15 @@ export class CpuBackend implements Backend {
     check(nKv > 0 && nHeads % nKv === 0, `cpu backend: ${op}: nHeads ${nHeads} is not a multiple of nKv ${nKv}`);
   }
 
-  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
-    this.attentionForwardF32(out, lse, q, k, v, b, t, nHeads, nKv, hd);
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number,
+    docs?: DocPositions | null): void {
+    this.attentionForwardF32(out, lse, q, k, v, b, t, nHeads, nKv, hd, docs ? this.docs(docs, b, t, 'attentionForward') : null);
     this.fin(out, 0, b * t * nHeads * hd);
     this.fin(lse, 0, b * nHeads * t);
   }
 
-  private attentionForwardF32(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+  private attentionForwardF32(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number,
+    pos: Int32Array | null): void {
     this.checkHeads('attentionForward', nHeads, nKv);
     const o = this.f(out, 'attention out'), l = this.f(lse, 'attention lse');
     const qq = this.f(q, 'attention q'), kk = this.f(k, 'attention k'), vv = this.f(v, 'attention v');
@@ -635,7 +652,7 @@ export class CpuBackend implements Backend {
     this.need(l, b * nHeads * t, 'attentionForward', 'lse');
     const units = b * nHeads;
     const scratch = this.inArena(o, l, qq, kk, vv) ? this.attnScratch(units * t) : null;
-    const task: Task = { op: 'attnF', out: o, lse: l, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units, scratch };
+    const task: Task = { op: 'attnF', out: o, lse: l, q: qq, k: kk, v: vv, t, nHeads, nKv, hd, u0: 0, u1: units, scratch, pos };
     if (!this.parallel(units * t * t * hd) || units < 2) {
       runTask(task, this.kernels);
       return;
@@ -645,9 +662,9 @@ export class CpuBackend implements Backend {
 
   attentionBackward(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true, docs?: DocPositions | null,
   ): void {
-    this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd, accumulate);
+    this.attentionBackwardF32(dq, dk, dv, dout, q, k, v, out, lse, b, t, nHeads, nKv, hd, accumulate, docs ? this.docs(docs, b, t, 'attentionBackward') : null);
     this.fin(dq, 0, b * t * nHeads * hd);
     this.fin(dk, 0, b * t * nKv * hd);
     this.fin(dv, 0, b * t * nKv * hd);
@@ -655,7 +672,7 @@ export class CpuBackend implements Backend {
 
   private attentionBackwardF32(
     dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate: boolean,
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate: boolean, pos: Int32Array | null,
   ): void {
     this.checkHeads('attentionBackward', nHeads, nKv);
     const dqq = this.f(dq, 'attention dq'), dkk = this.f(dk, 'attention dk'), dvv = this.f(dv, 'attention dv');
@@ -669,7 +686,7 @@ export class CpuBackend implements Backend {
     if (!accumulate) { dqq.fill(0, 0, qLen); dkk.fill(0, 0, kLen); dvv.fill(0, 0, kLen); }
     const groups = b * nKv;
     const scratch = this.inArena(dqq, dkk, dvv, g, qq, kk, vv, o, l) ? this.attnScratch(2 * groups * t) : null;
-    const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, out: o, lse: l, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch };
+    const task: Task = { op: 'attnB', dq: dqq, dk: dkk, dv: dvv, dout: g, q: qq, k: kk, v: vv, out: o, lse: l, t, nHeads, nKv, hd, g0: 0, g1: groups, scratch, pos };
     if (!this.parallel(b * nHeads * t * t * hd) || groups < 2) {
       runTask(task, this.kernels);
       return;

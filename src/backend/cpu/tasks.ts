@@ -35,6 +35,8 @@ export interface AttnForwardTask {
   t: number; nHeads: number; nKv: number; hd: number; u0: number; u1: number;
   /** WASM only: per-unit scratch rows (b·nHeads·t floats of the WASM memory); null on the JS path. */
   scratch: Float32Array | null;
+  /** Document positions [b·t] (Backend DocPositions), or null. */
+  pos: Int32Array | null;
 }
 export interface AttnBackwardTask {
   op: 'attnB';
@@ -42,6 +44,8 @@ export interface AttnBackwardTask {
   t: number; nHeads: number; nKv: number; hd: number; g0: number; g1: number;
   /** WASM only: per-group scratch rows (2·b·nKv·t floats of the WASM memory); null on the JS path. */
   scratch: Float32Array | null;
+  /** Document positions [b·t] (Backend DocPositions), or null. */
+  pos: Int32Array | null;
 }
 export interface LossTask {
   op: 'loss';
@@ -72,6 +76,8 @@ export interface RopeTask {
   out: FArr; inp: FArr; bias: FArr | null;
   t: number; heads: number; hd: number; rope: RopeSpec; pos0: number; sign: 1 | -1; accumulate: boolean; so: number; si: number;
   r0: number; r1: number;
+  /** Document positions [b·t] (Backend DocPositions): row r at rowPos[r] instead of pos0 + r mod t; or null. */
+  rowPos: Int32Array | null;
 }
 /** Blocks [b0, b1) of an NF4 quantization (src/quant/nf4.ts); x, codes and absmax SharedArrayBuffer-backed. */
 export interface Nf4Task {
@@ -135,18 +141,18 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
     case 'attnF':
       if (x.scratch !== null) {
         needWasm(wasm).attention.forward(x.out as Float32Array, x.lse as Float32Array, x.q as Float32Array, x.k as Float32Array,
-          x.v as Float32Array, x.scratch, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+          x.v as Float32Array, x.scratch, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1, x.pos);
       } else {
-        attentionForward(x.out, x.lse, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1);
+        attentionForward(x.out, x.lse, x.q, x.k, x.v, x.t, x.nHeads, x.nKv, x.hd, x.u0, x.u1, x.pos);
       }
       return;
     case 'attnB':
       if (x.scratch !== null) {
         needWasm(wasm).attention.backward(x.dq as Float32Array, x.dk as Float32Array, x.dv as Float32Array, x.dout as Float32Array,
           x.q as Float32Array, x.k as Float32Array, x.v as Float32Array, x.out as Float32Array, x.lse as Float32Array, x.scratch,
-          x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+          x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1, x.pos);
       } else {
-        attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.out, x.lse, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1);
+        attentionBackward(x.dq, x.dk, x.dv, x.dout, x.q, x.k, x.v, x.out, x.lse, x.t, x.nHeads, x.nKv, x.hd, x.g0, x.g1, x.pos);
       }
       return;
     case 'loss':
@@ -154,7 +160,7 @@ export function runTask(x: Task, wasm: GemmKernels | null): void {
       return;
     case 'rope':
       rotateRows(x.out, x.inp, x.t, x.heads, x.hd, x.rope, x.pos0, x.sign, x.accumulate, x.sign === 1 ? 'ropeForward' : 'ropeBackward',
-        x.bias, x.so, x.si, x.r0, x.r1);
+        x.bias, x.so, x.si, x.r0, x.r1, x.rowPos);
       return;
     case 'nf4':
       quantizeNf4Blocks(x.x, { n: x.n, blockSize: x.blockSize, codes: x.codes, absmax: x.absmax }, x.b0, x.b1);

@@ -14,6 +14,7 @@
  * Node 20's type definitions carry no WebAssembly namespace, so the few members used here are typed locally.
  */
 import { readFileSync } from 'node:fs';
+import { docStart } from './kernels/attention.js';
 
 export interface WasmMemory { readonly buffer: SharedArrayBuffer; grow(pages: number): number }
 /** An opaque compiled WebAssembly.Module (structured-cloneable to worker threads). */
@@ -130,7 +131,7 @@ export class AttentionKernels {
    * scores, then the probabilities, of the row in progress). Writes out and lse[u·T + t].
    */
   forward(out: Float32Array, lse: Float32Array, q: Float32Array, k: Float32Array, v: Float32Array, scratch: Float32Array,
-    T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number): void {
+    T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number, pos: Int32Array | null = null): void {
     const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
     const qs = nHeads * hd, ks = nKv * hd;
     const row = new Float64Array(T);
@@ -139,15 +140,16 @@ export class AttentionKernels {
       const kb = k.byteOffset + 4 * (bi * T * ks + g * hd), vb = v.byteOffset + 4 * (bi * T * ks + g * hd);
       const so = u * T, sb = scratch.byteOffset + 4 * so;
       for (let t = 0; t < T; t++) {
-        const qo = (bi * T + t) * qs + h * hd;
-        x.attn_dots(sb, q.byteOffset + 4 * qo, kb, ks, t + 1, hd, scale);
+        // keys s0..t (s0 = the document's first row): scratch element s holds key s0 + s
+        const qo = (bi * T + t) * qs + h * hd, s0 = docStart(pos, bi, T, t), n = t + 1 - s0, ko = 4 * s0 * ks;
+        x.attn_dots(sb, q.byteOffset + 4 * qo, kb + ko, ks, n, hd, scale);
         let mx = -Infinity;
-        for (let s = 0; s <= t; s++) { const sc = scratch[so + s]; if (sc > mx) mx = sc; }
+        for (let s = 0; s < n; s++) { const sc = scratch[so + s]; if (sc > mx) mx = sc; }
         let sum = 0;
-        for (let s = 0; s <= t; s++) { const e = Math.exp(scratch[so + s] - mx); row[s] = e; sum += e; }
+        for (let s = 0; s < n; s++) { const e = Math.exp(scratch[so + s] - mx); row[s] = e; sum += e; }
         const inv = 1 / sum;
-        for (let s = 0; s <= t; s++) scratch[so + s] = row[s] * inv;
-        x.attn_pv(out.byteOffset + 4 * qo, sb, vb, ks, t + 1, hd, 0);
+        for (let s = 0; s < n; s++) scratch[so + s] = row[s] * inv;
+        x.attn_pv(out.byteOffset + 4 * qo, sb, vb + ko, ks, n, hd, 0);
         lse[so + t] = mx + Math.log(sum);
       }
     }
@@ -159,7 +161,7 @@ export class AttentionKernels {
    */
   backward(dq: Float32Array, dk: Float32Array, dv: Float32Array, dout: Float32Array, q: Float32Array, k: Float32Array,
     v: Float32Array, out: Float32Array, lse: Float32Array, scratch: Float32Array,
-    T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number): void {
+    T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number, pos: Int32Array | null = null): void {
     const x = this.x, rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
     const qs = nHeads * hd, ks = nKv * hd;
     for (let gi = g0; gi < g1; gi++) {
@@ -170,9 +172,10 @@ export class AttentionKernels {
       for (let r = 0; r < rep; r++) {
         const h = g * rep + r, u = bi * nHeads + h;
         for (let t = 0; t < T; t++) {
-          const qe = (bi * T + t) * qs + h * hd, qo = 4 * qe, n = t + 1;
-          x.attn_dots(pb, q.byteOffset + qo, kb, ks, n, hd, scale); // S (the forward's scores, bit for bit)
-          x.attn_dots(sb, dout.byteOffset + qo, vb, ks, n, hd, 1); // dP
+          // keys s0..t (s0 = the document's first row): scratch element s holds key s0 + s
+          const qe = (bi * T + t) * qs + h * hd, qo = 4 * qe, s0 = docStart(pos, bi, T, t), n = t + 1 - s0, o0 = 4 * s0 * ks;
+          x.attn_dots(pb, q.byteOffset + qo, kb + o0, ks, n, hd, scale); // S (the forward's scores, bit for bit)
+          x.attn_dots(sb, dout.byteOffset + qo, vb + o0, ks, n, hd, 1); // dP
           const l = lse[u * T + t];
           let dsum = 0;
           for (let d = 0; d < hd; d++) dsum += dout[qe + d] * out[qe + d];
@@ -181,9 +184,9 @@ export class AttentionKernels {
             scratch[po + s] = p;
             scratch[so + s] = p * (scratch[so + s] - dsum) * scale; // dS
           }
-          x.attn_outer(dvb, pb, dout.byteOffset + qo, ks, n, hd);
-          x.attn_outer(dkb, sb, q.byteOffset + qo, ks, n, hd);
-          x.attn_pv(dq.byteOffset + qo, sb, kb, ks, n, hd, 1);
+          x.attn_outer(dvb + o0, pb, dout.byteOffset + qo, ks, n, hd);
+          x.attn_outer(dkb + o0, sb, q.byteOffset + qo, ks, n, hd);
+          x.attn_pv(dq.byteOffset + qo, sb, kb + o0, ks, n, hd, 1);
         }
       }
     }

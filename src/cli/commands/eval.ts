@@ -14,7 +14,7 @@ import type { FrozenDtype } from '../../model/frozen.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
-import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
+import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, windowPositions, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -131,8 +131,9 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
   for (let s = 0; s < windows.length; s += b) {
     const rows = windows.slice(s, s + b);
     const inputs = new Int32Array(rows.length * t), targets = new Int32Array(rows.length * t), mask = new Float32Array(rows.length * t);
-    rows.forEach((w, i) => { inputs.set(w.inputs, i * t); targets.set(w.targets, i * t); mask.set(w.mask, i * t); });
-    out.push({ inputs, targets, mask, b: rows.length, t });
+    const positions = rows[0]!.positions ? new Int32Array(rows.length * t) : undefined;
+    rows.forEach((w, i) => { inputs.set(w.inputs, i * t); targets.set(w.targets, i * t); mask.set(w.mask, i * t); positions?.set(windowPositions(w), i * t); });
+    out.push({ inputs, targets, mask, b: rows.length, t, ...(positions ? { positions } : {}) });
   }
   return out;
 }
@@ -179,20 +180,21 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}),
         studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined, lora: unmerged?.layout }));
     }
-    const load = (ck: LoadedCheckpoint, label: string): Transformer => {
+    const load = (ck: LoadedCheckpoint, label: string, documents: boolean): Transformer => {
       const frozenDtype = label === 'teacher' ? o.teacherDtype : o.modelDtype;
       const lora = label === 'model' && unmerged ? unmerged.layout : undefined;
-      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype, lora });
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype, lora, documents });
       if (lora) { m.setWeights(unmerged!.base.weights); m.lora!.setWeights(unmerged!.adapter.weights); } else m.setWeights(ck.weights);
       return m;
     };
-    const student = { ...studentCk, model: load(studentCk, 'model'), tokenizer: studentCk.tokenizer };
-    const teacher = teacherCk ? { model: load(teacherCk, 'teacher') } : null;
-    const tok = student.tokenizer;
+    const tok = studentCk.tokenizer;
     const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
     const docs = readDocs(o, chat, log);
-    // packed as training packs: by default conversations whole (bfd), text joined and cut (wrapped)
+    // packed as training packs: by default conversations whole (bfd, each document attending to itself), text joined and cut (wrapped)
     const { packed } = packForJob(tok, docs, chat, { ...o, tokenizerOf: o.model }, log);
+    const documents = packed.windows[0]?.positions !== undefined;
+    const student = { ...studentCk, model: load(studentCk, 'model', documents), tokenizer: studentCk.tokenizer };
+    const teacher = teacherCk ? { model: load(teacherCk, 'teacher', documents) } : null;
     const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
     const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
     const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };

@@ -7,7 +7,8 @@
  * Forward works on a range of (batch, head) units and backward on a range of (batch, kv-head) groups, so the
  * backend can split them among worker threads: a kv group owns its dk/dv rows, so ranges never race. Backward
  * recomputes each probability row from the scores and lse (P = exp(S − lse)), one query row at a time.
- * Scores and softmax are computed in float64 scratch rows whatever the buffer type.
+ * Scores and softmax are computed in float64 scratch rows whatever the buffer type. With document positions `pos`
+ * ([B·T], Backend DocPositions; null: none), row t of sequence b attends to keys from docStart(pos, b, T, t) only.
  */
 import type { FArr } from './types.js';
 
@@ -19,10 +20,15 @@ function score(q: FArr, qo: number, k: FArr, ko: number, hd: number, scale: numb
   return (d0 + d1) * scale;
 }
 
+/** The first key row t of sequence bi attends to: its document's first row (t − pos), or 0 without documents. */
+export function docStart(pos: Int32Array | null, bi: number, T: number, t: number): number {
+  return pos === null ? 0 : t - pos[bi * T + t]!;
+}
+
 /** Units [u0, u1) with u = b·nHeads + h. Writes out rows and lse[u·T + t]. */
 export function attentionForward(
   out: FArr, lse: FArr, q: FArr, k: FArr, v: FArr,
-  T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number,
+  T: number, nHeads: number, nKv: number, hd: number, u0: number, u1: number, pos: Int32Array | null = null,
 ): void {
   const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
   const qs = nHeads * hd, ks = nKv * hd;
@@ -30,18 +36,18 @@ export function attentionForward(
   for (let u = u0; u < u1; u++) {
     const bi = Math.floor(u / nHeads), h = u % nHeads, g = Math.floor(h / rep);
     for (let t = 0; t < T; t++) {
-      const qo = (bi * T + t) * qs + h * hd;
+      const qo = (bi * T + t) * qs + h * hd, s0 = docStart(pos, bi, T, t);
       let mx = -Infinity;
-      for (let s = 0; s <= t; s++) {
+      for (let s = s0; s <= t; s++) {
         const sc = score(q, qo, k, (bi * T + s) * ks + g * hd, hd, scale);
         row[s] = sc;
         if (sc > mx) mx = sc;
       }
       let sum = 0;
-      for (let s = 0; s <= t; s++) { const e = Math.exp(row[s] - mx); row[s] = e; sum += e; }
+      for (let s = s0; s <= t; s++) { const e = Math.exp(row[s] - mx); row[s] = e; sum += e; }
       const inv = 1 / sum;
       acc.fill(0);
-      for (let s = 0; s <= t; s++) {
+      for (let s = s0; s <= t; s++) {
         const p = row[s] * inv;
         const vo = (bi * T + s) * ks + g * hd;
         for (let d = 0; d < hd; d++) acc[d] += p * v[vo + d];
@@ -59,7 +65,7 @@ export function attentionForward(
  */
 export function attentionBackward(
   dq: FArr, dk: FArr, dv: FArr, dout: FArr, q: FArr, k: FArr, v: FArr, out: FArr, lse: FArr,
-  T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number,
+  T: number, nHeads: number, nKv: number, hd: number, g0: number, g1: number, pos: Int32Array | null = null,
 ): void {
   const rep = nHeads / nKv, scale = 1 / Math.sqrt(hd);
   const qs = nHeads * hd, ks = nKv * hd;
@@ -70,11 +76,11 @@ export function attentionBackward(
       const h = g * rep + r;
       const u = bi * nHeads + h;
       for (let t = 0; t < T; t++) {
-        const qo = (bi * T + t) * qs + h * hd;
+        const qo = (bi * T + t) * qs + h * hd, s0 = docStart(pos, bi, T, t);
         const l = lse[u * T + t];
         let dsum = 0;
         for (let d = 0; d < hd; d++) dsum += dout[qo + d] * out[qo + d];
-        for (let s = 0; s <= t; s++) {
+        for (let s = s0; s <= t; s++) {
           const o = (bi * T + s) * ks + g * hd;
           pr[s] = Math.exp(score(q, qo, k, o, hd, scale) - l);
           let d0 = 0;
@@ -82,7 +88,7 @@ export function attentionBackward(
           dp[s] = d0;
         }
         dqAcc.fill(0);
-        for (let s = 0; s <= t; s++) {
+        for (let s = s0; s <= t; s++) {
           const p = pr[s];
           const o = (bi * T + s) * ks + g * hd;
           const ds = p * (dp[s] - dsum) * scale;

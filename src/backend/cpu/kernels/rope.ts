@@ -25,7 +25,7 @@ function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Flo
 
 /**
  * Rotates each (x[i], x[i + hd/2]) pair of token rows [r0, r1) of the b·t rows (row r: sequence ⌊r / t⌋, position
- * pos0 + r mod t) by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose Rᵀ (the backward; the
+ * pos0 + r mod t, or rowPos[r] with document positions (pos0 then 0; every rowPos[r] ≤ r mod t)) by angle·sign: sign +1 is the forward rotation R, sign −1 its transpose Rᵀ (the backward; the
  * attention factor scales both). With accumulate the result is added to out. out may alias inp with equal strides
  * (each pair is read first). Token rows of out and inp start `so` and `si` elements apart. Each row is computed from
  * its own inputs only, so any split of the rows gives the same bits (the CPU backend's worker pool runs the backward
@@ -33,13 +33,13 @@ function tables(t: number, hd: number, rope: RopeSpec, pos0: number): { cos: Flo
  */
 export function rotateRows(
   out: FArr, inp: FArr, t: number, heads: number, hd: number, rope: RopeSpec, pos0: number, sign: 1 | -1,
-  accumulate: boolean, what: string, bias: FArr | null, so: number, si: number, r0: number, r1: number,
+  accumulate: boolean, what: string, bias: FArr | null, so: number, si: number, r0: number, r1: number, rowPos: Int32Array | null = null,
 ): void {
   if (hd % 2 !== 0) throw new RangeError(`${what}: head dim ${hd} must be even`);
   const half = hd >> 1;
   const { cos, sin } = tables(t, hd, rope, pos0);
   for (let r = r0; r < r1; r++) {
-    const tb = (r % t) * half;
+    const tb = (rowPos === null ? r % t : rowPos[r]!) * half;
     for (let h = 0; h < heads; h++) {
       const o = r * so + h * hd, e = r * si + h * hd;
       for (let i = 0; i < half; i++) {
