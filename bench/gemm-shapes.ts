@@ -5,7 +5,8 @@
  * TFLOP/s, so a slow cuBLAS choice for one shape shows up by itself rather than inside a step profile.
  * `--random` fills the operands with random values (all-zero operands run faster); `--model` / `--model-only` add / run
  * only the teacher's whole forward (profile it with DISTILLERY_CUDA_PROFILE=1); `--attn-shapes` times the training attention kernels
- * at the job's shapes (beside scripts/cuda/sdpa-times.py); `--fusions` times the student's q/k/v and gate/up products separate
+ * at the job's shapes (beside scripts/cuda/sdpa-times.py), and with `--docs=<max>` again over packed documents of 20..max tokens
+ * each attending only to itself (the 'bfd' windows' DocPositions); `--fusions` times the student's q/k/v and gate/up products separate
  * against fused (what fusing them would save per layer) and the passes over its whole gradient; `--row-ops` times the
  * memory-bound per-layer backward ops at 8192 rows as a bf16 model runs them (the norm backward into the f32 residual
  * gradient with its bf16 copy; attention and RoPE backward zeroed then accumulated, against overwriting) with the bytes
@@ -19,6 +20,7 @@ import { MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } fr
 import type { Buf, DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';
+import { documentPositions } from '../src/data/pack.js';
 
 // The attention backward's dK/dV partials at their largest (a run sizes them in prepare(); this script does not prepare).
 // --attn-backward=recompute|stored-ds picks the tensor-core attention backward (default: the backend's), its dS scratch at
@@ -62,6 +64,8 @@ for (const [name, k, m] of ['--model-only', '--attn-shapes', '--fusions', '--row
 // repeated launches, with TFLOP/s by the causal count (forward 2·B·H·T²·hd, backward 2.5× that), beside sdpa-times.py.
 // --attn-shapes=<word> times only the shapes whose name holds it (so DISTILLERY_CUDA_PROFILE=1's per-kernel table is one shape's).
 const attnArg = process.argv.find((x) => x === '--attn-shapes' || x.startsWith('--attn-shapes='));
+// --docs=<max>: also with packed documents of 20..max tokens each attending only to itself (Backend DocPositions).
+const docsMax = Number(process.argv.find((x) => x.startsWith('--docs='))?.slice(7) ?? 0);
 if (attnArg) {
   const only = attnArg.includes('=') ? attnArg.slice(attnArg.indexOf('=') + 1) : '';
   for (const [name, B, T, nH, nKv, hd] of ([['qwen2.5-1.5b teacher', 8, 1024, 12, 2, 128], ['qwen2.5-0.5b student', 8, 1024, 14, 2, 64],
@@ -77,6 +81,26 @@ if (attnArg) {
     const bw = time(() => be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd));
     console.log(`[attention ${be.attentionBackwardImpl}] ${name}: B=${B} T=${T} H=${nH} KV=${nKv} hd=${hd}: forward ${f.toFixed(1)} us (${(flops / f / 1e6).toFixed(0)} TFLOP/s), ` +
       `backward ${bw.toFixed(1)} us (${(2.5 * flops / bw / 1e6).toFixed(0)} TFLOP/s)`);
+    if (docsMax > 0) {
+      // packed documents (DocPositions): seeded lengths uniform in [20, docsMax] filling each window, the rest padding
+      let seed = 12345;
+      const next = (): number => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return seed / 2 ** 32; };
+      const pos = new Int32Array(n);
+      let docsN = 0;
+      for (let w = 0; w < B; w++) {
+        const starts: number[] = [];
+        let at = 0;
+        while (at < T) { starts.push(at); at += 20 + Math.floor(next() * (docsMax - 19)); docsN++; }
+        pos.set(documentPositions(T, starts, T), w * T);
+      }
+      const docPositions = be.allocInt(n, 'positions');
+      be.uploadInt(docPositions, pos);
+      const docs = { docPositions };
+      const fd = time(() => be.attentionForward(out, lse, q, k, v, B, T, nH, nKv, hd, docs));
+      const bd = time(() => be.attentionBackward(dq, dk, dv, dout, q, k, v, out, lse, B, T, nH, nKv, hd, true, docs));
+      console.log(`[attention ${be.attentionBackwardImpl}] ${name}, ${docsN} documents of 20..${docsMax} tokens: forward ${fd.toFixed(1)} us (${(f / fd).toFixed(2)}x the causal window), ` +
+        `backward ${bd.toFixed(1)} us (${(bw / bd).toFixed(2)}x)`);
+    }
   }
 }
 

@@ -225,7 +225,9 @@ export class TeacherCache {
     if (m.seq !== e.seq) diffs.push(`--seq (${m.seq} in the cache, ${e.seq} for this run)`);
     if (m.packing !== e.packing) {
       const mode = packingOfDescription(m.packing);
-      diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run${mode ? `; the cache's is --packing ${mode}` : ''})`);
+      // (a 'bfd' cache from before documents attended only to themselves names no packing this version makes)
+      diffs.push(`packing (${m.packing} in the cache, ${e.packing} for this run${mode ? `; the cache's is --packing ${mode}`
+        : '; an earlier version\'s packing: its teacher saw the documents of a window attend to each other'})`);
     }
     if (m.temperature !== e.temperature) diffs.push(`--temperature (${m.temperature} in the cache, ${e.temperature} for this run)`);
     if (m.loss_vocab !== e.lossVocab) diffs.push(`loss vocabulary (${m.loss_vocab} tokens in the cache, ${e.lossVocab} for this run)`);

@@ -95,7 +95,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('genTopK', 'integer', 'on-policy top-k sampling (0 = off)', { check: nonNegInt, distillOnly: true }),
   spec('saveDtype', 'string', 'storage dtype of the final weights', { choices: ['f32', 'bf16'] }),
   spec('lossOn', 'string', 'chat data: the tokens the loss counts: the assistant replies (and their end-of-turn marker), or all', { choices: ['assistant', 'all'] }),
-  spec('packing', 'string', 'how documents fill the --seq windows: bfd (each whole, best-fit decreasing; a document longer than a window is cut), wrapped (joined and cut into windows: a document may be split), none (one document a window, padded: no document sees another, as TRL without packing), auto (bfd when the data has conversations, else wrapped)', { choices: ['auto', ...PACKINGS] }),
+  spec('packing', 'string', 'how documents fill the --seq windows: bfd (each whole, best-fit decreasing, attending only to itself; a document longer than a window is cut), wrapped (joined and cut into windows: a document may be split), none (one document a window, padded: no document sees another, as TRL without packing), auto (bfd when the data has conversations, else wrapped)', { choices: ['auto', ...PACKINGS] }),
   spec('chatTemplateKwargs', 'string', 'chat template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'', { metavar: '<json>' }),
   spec('loraRank', 'integer', 'LoRA: train adapters of this rank on the frozen --init model instead of every weight (0 = off); checkpoints and final/ hold a PEFT adapter folder', { check: nonNegInt }),
   spec('loraAlpha', 'number', 'LoRA: the adapters are scaled by alpha / rank (0 = 2 × --lora-rank)', { check: nonNeg }),

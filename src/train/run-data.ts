@@ -142,6 +142,9 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
     }
   }
   const { packed, packing, eosId } = packForJob(tokenizer, docs, chat, { seq: o.seq, packing: runPacking(o, saved, docs, log), tokenizerOf: chosen.role === 'trained' ? undefined : chosen.from }, log);
+  if (saved && packed.windows[0]?.positions && saved.documents !== true) {
+    log('warning: --resume: the checkpoint was written by an earlier version, whose bfd windows let documents attend to each other; from here on each attends only to itself (the loss may step)');
+  }
   const { train, val } = splitTrainVal(packed.windows, o.valFraction, new Rng(o.seed));
   if (cache) {
     cache.checkRun({

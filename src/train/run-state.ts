@@ -39,6 +39,11 @@ export interface SavedState {
    * (Hugging Face) order: --resume moves those moments into place (reorderFlat).
    */
   paramOrder?: 'grouped';
+  /**
+   * true where the run's windows held documents that attend only to themselves ('bfd' windows, Window.positions);
+   * absent in checkpoints of older versions, whose 'bfd' windows let a window's documents attend to each other.
+   */
+  documents?: boolean;
 }
 
 /** Reads and validates the AdamW moments of a checkpoint: tensors "m" and "v", float32, one per parameter, finite. */

@@ -347,6 +347,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const state: SavedState = {
       version: legacyOrderDiffers ? 2 : 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
       initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}), paramOrder: 'grouped',
+      ...(packed.windows[0]?.positions ? { documents: true } : {}),
     };
     joinCheckpoint(); // the previous write reads the arrays the snapshot downloads into
     const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step

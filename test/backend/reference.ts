@@ -114,3 +114,42 @@ export const LOSS_SPECS: LossSpec[] = [
   { kind: 'jsd', alpha: 0.6, temperature: 2.5, beta: 0.3 },
   { kind: 'jsd', alpha: 1, temperature: 1, beta: 0.5 },
 ];
+
+/** The documents of window w of t rows as [start, end) ranges, from document positions (Backend DocPositions). */
+export function docSegments(pos: ArrayLike<number>, w: number, t: number): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (let i = 0; i < t; i++) {
+    if (pos[w * t + i] === 0) { if (out.length) out[out.length - 1]![1] = i; out.push([i, t]); }
+  }
+  return out;
+}
+
+/** Rows [s, e) of window w of a [b, t, width] tensor. */
+function rowsOf(x: ArrayLike<number>, w: number, t: number, width: number, s: number, e: number): Float64Array {
+  return Float64Array.from({ length: (e - s) * width }, (_, i) => x[(w * t + s) * width + i]!);
+}
+
+/**
+ * attentionRef and attentionBackwardRef over windows of several documents (positions [b·t], Backend DocPositions):
+ * each document's rows run alone through the references (the definition of attention within documents).
+ * Returns fresh [out, lse, dq, dk, dv] (lse [b, nH, t]).
+ */
+export function attentionDocsRef(
+  dout: ArrayLike<number>, q: ArrayLike<number>, k: ArrayLike<number>, v: ArrayLike<number>, pos: ArrayLike<number>,
+  b: number, t: number, nH: number, nKv: number, hd: number,
+): [Float64Array, Float64Array, Float64Array, Float64Array, Float64Array] {
+  const out = new Float64Array(b * t * nH * hd), lse = new Float64Array(b * nH * t);
+  const dq = new Float64Array(b * t * nH * hd), dk = new Float64Array(b * t * nKv * hd), dv = new Float64Array(b * t * nKv * hd);
+  for (let w = 0; w < b; w++) {
+    for (const [s, e] of docSegments(pos, w, t)) {
+      const L = e - s;
+      const qs = rowsOf(q, w, t, nH * hd, s, e), ks = rowsOf(k, w, t, nKv * hd, s, e), vs = rowsOf(v, w, t, nKv * hd, s, e);
+      const [o, l] = attentionRef(qs, ks, vs, 1, L, nH, nKv, hd);
+      const [gq, gk, gv] = attentionBackwardRef(rowsOf(dout, w, t, nH * hd, s, e), qs, ks, vs, 1, L, nH, nKv, hd);
+      out.set(o, (w * t + s) * nH * hd); dq.set(gq, (w * t + s) * nH * hd);
+      dk.set(gk, (w * t + s) * nKv * hd); dv.set(gv, (w * t + s) * nKv * hd);
+      for (let h = 0; h < nH; h++) lse.set(l.subarray(h * L, h * L + L), (w * nH + h) * t + s);
+    }
+  }
+  return [out, lse, dq, dk, dv];
+}

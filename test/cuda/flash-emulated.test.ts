@@ -22,7 +22,8 @@ import {
   attentionForwardBf16, dqDsSmem, dsScratchElems, faSmem,
 } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
-import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
+import { attentionBackwardRef, attentionDocsRef, attentionRef } from '../backend/reference.js';
+import { documentPositions } from '../../src/data/pack.js';
 import { randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
@@ -37,8 +38,21 @@ function rd(name: string, dt: Dt): Float32Array {
 
 const loadAll = `auto q = readf<bf16>(d, "q.bin", (size_t)B*T*nH*HD); auto k = readf<bf16>(d, "k.bin", (size_t)B*T*nKv*HD);
   auto v = readf<bf16>(d, "v.bin", (size_t)B*T*nKv*HD); auto dout = readf<bf16>(d, "dout.bin", (size_t)B*T*nH*HD);
-  auto dsum = readf<float>(d, "dsum.bin", (size_t)B*nH*T); auto lse = readf<float>(d, "lse.bin", (size_t)B*nH*T);`;
+  auto dsum = readf<float>(d, "dsum.bin", (size_t)B*nH*T); auto lse = readf<float>(d, "lse.bin", (size_t)B*nH*T);
+  auto pos = readf<int>(d, "pos.bin", (size_t)B*T); const int* docPos = atoi(a[7]) ? pos.data() : nullptr;`;
 const head = 'int main(int, char** a) { const char* d = a[1]; int B = atoi(a[2]), T = atoi(a[3]), nH = atoi(a[4]), nKv = atoi(a[5]), S = atoi(a[6]);';
+
+/** Document positions of B windows of T rows from each window's document lengths (the rest of a window: the padding document). */
+function positionsOf(B: number, T: number, docs: number[][]): Int32Array {
+  const pos = new Int32Array(B * T);
+  for (let w = 0; w < B; w++) {
+    const starts: number[] = [];
+    let at = 0;
+    for (const len of docs[w % docs.length]!) { starts.push(at); at += len; }
+    pos.set(documentPositions(T, starts, Math.min(at, T)), w * T);
+  }
+  return pos;
+}
 
 interface Launch { spec: KernelSpec; x: number; smem: number; threads: number }
 
@@ -48,14 +62,16 @@ interface Launch { spec: KernelSpec; x: number; smem: number; threads: number }
  * with accumulate false: the starting values must not show).
  */
 function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, hd: number, odt: Dt, S: number, acc = true,
-  storedDs = false): Record<string, number> {
+  storedDs = false, docs: number[][] | null = null): Record<string, number> {
   const r = rng(B * 7919 + T * 101 + nH * 13 + hd);
   const qn = B * T * nH * hd, kn = B * T * nKv * hd;
   const q = randBf16(r, qn, 3), k = randBf16(r, kn, 1), v = randBf16(r, kn, 1), dout = randBf16(r, qn, 1);
   const g0q = randBf16(r, qn, 0.1), g0k = randBf16(r, kn, 0.1), g0v = randBf16(r, kn, 0.1);
   wr('q.bin', q, 'bf16'); wr('k.bin', k, 'bf16'); wr('v.bin', v, 'bf16'); wr('dout.bin', dout, 'bf16');
   wr('dsum.bin', new Float32Array(B * nH * T), 'f32'); wr('lse.bin', new Float32Array(B * nH * T), 'f32');
-  const args = [workDir(), B, T, nH, nKv, S].map(String);
+  const pos = docs ? positionsOf(B, T, docs) : null;
+  writeFileSync(join(workDir(), 'pos.bin'), pos ?? new Int32Array(B * T));
+  const args = [workDir(), B, T, nH, nKv, S, pos ? 1 : 0].map(String);
   const b16 = { q: 'bf16', k: 'bf16', v: 'bf16' } as const;
   const tile = (kind: 'fwd' | 'dq' | 'dkv') => attnTile(kind, hd, 128)!;
   const fwd: Launch = simt ? { spec: attentionForward.make({ headDim: hd, block: 128, out: odt, ...b16 }), x: tile('fwd').tq, smem: tile('fwd').smem, threads: 128 }
@@ -63,7 +79,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   execFileSync(build(fwd.spec, `${head} ${loadAll}
   std::vector<${ct(odt)}> out((size_t)B*T*nH*HD);
   launch({(unsigned)((T + ${fwd.x} - 1) / ${fwd.x}), (unsigned)nH, (unsigned)B}, ${fwd.threads}, ${fwd.smem},
-    [&] { ${fwd.spec.entry}(out.data(), lse.data(), q.data(), k.data(), v.data(), T, nH, nKv); });
+    [&] { ${fwd.spec.entry}(out.data(), lse.data(), q.data(), k.data(), v.data(), T, nH, nKv, docPos); });
   writef(d, "out.bin", out); writef(d, "lse.bin", lse); (void)S; }`), args);
   const out = rd('out.bin', odt), lse = rd('lse.bin', 'f32');
   const dsum = new Float32Array(B * nH * T); // D from the stored out (attention_bwd_pre's; the tensor-core dQ kernel writes its own)
@@ -91,7 +107,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
     execFileSync(build(dqk.spec, `${head} ${loadAll}
   auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD); auto out = readf<${ct(odt)}>(d, "out.bin", (size_t)B*T*nH*HD);
   launch({(unsigned)((T + ${dqk.x} - 1) / ${dqk.x}), (unsigned)nH, (unsigned)B}, ${dqk.threads}, ${dqk.smem},
-    [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), ${simt ? '' : 'out.data(), '}q.data(), k.data(), v.data(), T, nH, nKv); });
+    [&] { ${dqk.spec.entry}(dq.data(), dsum.data(), lse.data(), dout.data(), ${simt ? '' : 'out.data(), '}q.data(), k.data(), v.data(), T, nH, nKv, docPos); });
   writef(d, "dq.out", dq); writef(d, "dsum.bin", dsum); (void)S; }`), args);
     // D as the dK/dV kernel will read it (the tensor-core dQ kernel's), against the float64 sum of the same bf16 products
     const dsumGot = rd('dsum.bin', 'f32');
@@ -108,14 +124,14 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   ${stored ? `std::vector<bf16> ds((size_t)${dsN}, (bf16)0x7fc0);` : ''}
   launch({(unsigned)((T + ${dkv.x} - 1) / ${dkv.x}), (unsigned)(nKv * S), (unsigned)B}, ${dkv.threads}, ${dkv.smem},
     [&] { ${dkv.spec.entry}(dk.data(), dv.data(), S > 1 ? part.data() : nullptr, ${stored ? 'ds.data(), ' : ''}dsum.data(), lse.data(), dout.data(), q.data(), k.data(),
-                            v.data(), T, nH, nKv); });
+                            v.data(), T, nH, nKv, docPos); });
   writef(d, "dk.out", dk); writef(d, "dv.out", dv); writef(d, "part.out", part); ${stored ? 'writef(d, "ds.bin", ds);' : ''} }`), args);
   if (stored) {
     const dqs = attentionBackwardDqDsBf16.make({ headDim: hd, dq: odt, accumulate: acc });
     execFileSync(build(dqs, `${head} ${loadAll}
   auto dq = readf<${ct(odt)}>(d, "dq.bin", (size_t)B*T*nH*HD); auto ds = readf<bf16>(d, "ds.bin", (size_t)${dsN});
   launch({(unsigned)((T + ${FA_QUERY_TILE} - 1) / ${FA_QUERY_TILE}), (unsigned)nH, (unsigned)B}, ${FA_THREADS}, ${dqDsSmem(hd)},
-    [&] { ${dqs.entry}(dq.data(), ds.data(), k.data(), T, nH, nKv); });
+    [&] { ${dqs.entry}(dq.data(), ds.data(), k.data(), T, nH, nKv, docPos); });
   writef(d, "dq.out", dq); (void)S; (void)dsum; (void)lse; (void)q; (void)v; (void)dout; }`), args);
   }
   const dq = Float64Array.from(rd('dq.out', odt)), dk = Float64Array.from(rd('dk.out', odt)), dv = Float64Array.from(rd('dv.out', odt));
@@ -128,8 +144,9 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
       for (let s = 0; s < S; s++) { dk[i] += part[base + s * T * hd]!; dv[i] += part[half + base + s * T * hd]!; }
     }
   }
-  const [oR, lR] = attentionRef(q, k, v, B, T, nH, nKv, hd);
-  const [dqR, dkR, dvR] = attentionBackwardRef(dout, q, k, v, B, T, nH, nKv, hd);
+  // the float64 definition: causal within the window, or each document alone
+  const [oR, lR, dqR, dkR, dvR] = pos ? attentionDocsRef(dout, q, k, v, pos, B, T, nH, nKv, hd)
+    : [...attentionRef(q, k, v, B, T, nH, nKv, hd), ...attentionBackwardRef(dout, q, k, v, B, T, nH, nKv, hd)];
   const minus = (a: Float64Array, b: Float64Array): Float64Array => a.map((y, i) => y - b[i]!);
   let lseErr = 0;
   for (let i = 0; i < lR.length; i++) lseErr = Math.max(lseErr, Math.abs(lse[i]! - lR[i]!));
@@ -137,7 +154,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   return { out: maxRel(out, oR), lse: lseErr, dsum: dsumErr, dq: frob(own(dq, g0q), dqR), dk: frob(own(dk, g0k), dkR), dv: frob(own(dv, g0v), dvR) };
 }
 
-const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?, boolean?]> = [
+const cases: Array<[boolean, number, number, number, number, number, Dt, number, boolean?, boolean?, number[][]?]> = [
   // simt, B, T, nH, nKv, hd, output/gradient dtype, GQA split S, accumulate (default true; false: overwritten)
   [false, 1, 130, 7, 1, 64, 'bf16', 7], [false, 2, 65, 2, 1, 128, 'f32', 1], [false, 1, 15, 4, 2, 128, 'bf16', 2], [false, 1, 1, 2, 2, 64, 'bf16', 1],
   [false, 1, 70, 2, 1, 16, 'bf16', 1], [false, 1, 100, 2, 1, 96, 'f32', 1], [true, 1, 40, 2, 1, 40, 'bf16', 1], [true, 2, 33, 7, 1, 40, 'bf16', 7],
@@ -145,9 +162,16 @@ const cases: Array<[boolean, number, number, number, number, number, Dt, number,
   // the stored-dS pair (the default backward: attention_bwd_dkv_ds_bf16 then attention_bwd_dq_ds_bf16): T past a multiple of 64,
   // hd 128's 32-row query tiles (a dS tile written in halves), GQA split, overwriting and accumulating
   [false, 1, 130, 7, 1, 64, 'bf16', 7, true, true], [false, 2, 100, 2, 1, 128, 'f32', 1, false, true], [false, 1, 65, 4, 2, 32, 'bf16', 2, true, true],
+  // packed documents (DocPositions): starts inside and at tile edges, a document spanning tiles, one-row documents, a key
+  // tile (64 .. 127) whose every query row past the document's end is masked, the padding a document of its own
+  [false, 2, 200, 4, 2, 64, 'bf16', 2, true, true, [[30, 34, 70, 1, 1, 40], [129, 60]]],
+  [false, 1, 200, 2, 1, 128, 'bf16', 1, false, true, [[64, 1, 100, 20]]],
+  [false, 2, 150, 4, 2, 64, 'f32', 2, true, false, [[5, 59, 64, 10], [150]]],
+  [false, 1, 150, 2, 1, 128, 'bf16', 1, false, false, [[31, 33, 1, 70]]],
+  [true, 2, 90, 4, 2, 40, 'bf16', 2, true, false, [[10, 23, 40], [1, 89]]],
 ];
 for (const c of cases) {
-  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}${c[8] === false ? ' overwriting' : ''}${c[9] ? ', stored dS' : ''}`;
+  const name = `${c[0] ? 'SIMT' : 'tensor-core'} bf16 attention B=${c[1]} T=${c[2]} heads ${c[3]}/${c[4]} hd ${c[5]} grads ${c[6]} S=${c[7]}${c[8] === false ? ' overwriting' : ''}${c[9] ? ', stored dS' : ''}${c[10] ? `, documents ${JSON.stringify(c[10])}` : ''}`;
   test(`emulated CUDA: ${name}`, { skip, timeout: 600_000 }, () => {
     const e = emulate(...c);
     process.stderr.write(`[flash-emulated] ${name}: ${Object.entries(e).map(([k, v]) => `${k} ${v.toExponential(2)}`).join(' ')}\n`);

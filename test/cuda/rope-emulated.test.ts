@@ -16,7 +16,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
-import type { Backend, Buf, DType } from '../../src/backend/backend.js';
+import type { Backend, Buf, DocPositions, DType } from '../../src/backend/backend.js';
+import { documentPositions } from '../../src/data/pack.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -60,17 +61,20 @@ template <class T> std::vector<T> readAll(const char* path) {
   fseek(f, 0, SEEK_END); long n = ftell(f); fseek(f, 0, SEEK_SET);
   std::vector<T> v(n / sizeof(T)); if (fread(v.data(), 1, n, f) != (size_t)n) exit(3); fclose(f); return v;
 }
-template <class O, class I> void run(void (*k)(O*, const I*, long long, int, int, int, long long, long long), char** a) {
+template <class O, class I> void run(void (*k)(O*, const I*, long long, int, int, int, long long, long long, const int*), char** a) {
   unsigned grid = atoi(a[2]), block = atoi(a[3]);
   long long rows = atoll(a[4]); int T = atoi(a[5]), heads = atoi(a[6]), pos0 = atoi(a[7]);
   long long so = atoll(a[10]), si = atoll(a[11]);
+  std::vector<int> rowPos;  /* "-": none (null) */
+  if (strcmp(a[12], "-") != 0) rowPos = readAll<int>(a[12]);
+  const int* rp = rowPos.empty() ? nullptr : rowPos.data();
   std::vector<O> out = readAll<O>(a[8]);
   std::vector<I> inp;
   const I* ip = (const I*)out.data();  // "-": inp aliases out
   if (strcmp(a[9], "-") != 0) { inp = readAll<I>(a[9]); ip = inp.data(); }
   gridDim = { grid, 1, 1 };
   for (unsigned b = 0; b < grid; b++)
-    for (unsigned t = 0; t < block; t++) { blockIdx = { b, 0, 0 }; threadIdx = { t, 0, 0 }; k(out.data(), ip, rows, T, heads, pos0, so, si); }
+    for (unsigned t = 0; t < block; t++) { blockIdx = { b, 0, 0 }; threadIdx = { t, 0, 0 }; k(out.data(), ip, rows, T, heads, pos0, so, si, rp); }
   FILE* f = fopen(a[8], "wb"); fwrite(out.data(), sizeof(O), out.size(), f); fclose(f);
 }
 `;
@@ -102,7 +106,18 @@ function recordingBackend(): { be: CudaBackend; launches: Launch[] } {
   return { be, launches };
 }
 
-interface Shape { B: number; T: number; H: number; hd: number; pos0: number }
+/** docs: the document lengths of every window (the rest of a window is the padding document): RoPE by DocPositions. */
+interface Shape { B: number; T: number; H: number; hd: number; pos0: number; docs?: number[] }
+
+/** The document positions of a shape with documents. */
+function positionsOf(s: Shape): Int32Array {
+  const starts: number[] = [];
+  let at = 0;
+  for (const len of s.docs!) { starts.push(at); at += len; }
+  const one = documentPositions(s.T, starts, at), pos = new Int32Array(s.B * s.T);
+  for (let w = 0; w < s.B; w++) pos.set(one, w * s.T);
+  return pos;
+}
 type Op = 'fwd' | 'fwd-inplace' | 'bwd' | 'bwd-set';
 interface Case { rope: RopeSpec; s: Shape; op: Op; out: DType; inp: DType; launch: Launch; outInit: Float32Array; inpInit: Float32Array; ref: ArrayLike<number> }
 
@@ -114,8 +129,14 @@ function apply(b: Backend, c: Omit<Case, 'launch' | 'ref'>): { out: Buf; inp: Bu
   b.upload(out, c.outInit);
   const inp = c.op === 'fwd-inplace' ? out : b.alloc(n, 'inp', c.inp);
   if (inp !== out) b.upload(inp, c.inpInit);
-  if (c.op === 'bwd' || c.op === 'bwd-set') b.ropeBackward(out, inp, B, T, H, hd, c.rope, pos0, c.op === 'bwd');
-  else b.ropeForward(out, inp, B, T, H, hd, c.rope, pos0);
+  let at: number | DocPositions = pos0;
+  if (c.s.docs) {
+    const docPositions = b.allocInt(B * T, 'positions');
+    b.uploadInt(docPositions, positionsOf(c.s));
+    at = { docPositions };
+  }
+  if (c.op === 'bwd' || c.op === 'bwd-set') b.ropeBackward(out, inp, B, T, H, hd, c.rope, at, c.op === 'bwd');
+  else b.ropeForward(out, inp, B, T, H, hd, c.rope, at);
   return { out, inp };
 }
 
@@ -137,6 +158,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
     { B: 2, T: 37, H: 8, hd: 34, pos0: 0 }, // HALF 17, two head groups, position 0 (identity) included
     { B: 1, T: 1, H: 1, hd: 2, pos0: 4095 }, // one token, one head, one pair (generation)
     { B: 1, T: 9, H: 3, hd: 64, pos0: 100 }, // a real head dim
+    { B: 2, T: 13, H: 5, hd: 6, pos0: 0, docs: [4, 1, 6] }, // packed documents: each row at its position in its document
   ];
   const ops: Array<[Op, DType, DType]> = [['fwd', 'f32', 'f32'], ['fwd', 'bf16', 'f32'], ['fwd-inplace', 'bf16', 'bf16'], ['fwd-inplace', 'f32', 'f32'],
     ['bwd', 'bf16', 'bf16'], ['bwd', 'f32', 'bf16'], ['bwd-set', 'bf16', 'bf16'], ['bwd-set', 'f32', 'f32']];
@@ -160,6 +182,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
         const ptr = (b: Buf): bigint => (b as unknown as { ptr: bigint }).ptr;
         assert.equal(launch.slots.readBigUInt64LE(0), ptr(dev.out));
         assert.equal(launch.slots.readBigUInt64LE(8), ptr(dev.inp));
+        assert.equal(launch.slots.readBigUInt64LE(64) !== 0n, s.docs !== undefined, 'rowPos is passed exactly with documents');
         // no block without work: the launch is sized by rows·HALF, not by the element count
         const total = Number(launch.slots.readBigInt64LE(16)) * (s.hd / 2);
         assert.ok((launch.grid[0]! - 1) * launch.block < total, `grid ${launch.grid[0]} × ${launch.block} for ${total} (row, pair) items`);
@@ -195,10 +218,12 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
         const outPath = join(dir, 'out.bin'), inpPath = join(dir, 'inp.bin');
         writeOperand(outPath, c.outInit, c.out);
         if (c.op !== 'fwd-inplace') writeOperand(inpPath, c.inpInit, c.inp);
+        const posPath = join(dir, 'pos.bin');
+        if (c.s.docs) writeFileSync(posPath, positionsOf(c.s));
         execFileSync(join(dir, 'emu'), [String(kernels.indexOf(c.launch.source)), String(grid), String(c.launch.block),
-          String(rows), String(T), String(H), String(pos0), outPath, c.op === 'fwd-inplace' ? '-' : inpPath, String(so), String(si)]);
+          String(rows), String(T), String(H), String(pos0), outPath, c.op === 'fwd-inplace' ? '-' : inpPath, String(so), String(si), c.s.docs ? posPath : '-']);
         const got = readOperand(outPath, c.out);
-        const what = `${c.launch.entry} ${c.rope.type} ${c.op} out ${c.out} inp ${c.inp} B${B} T${T} H${H} hd${hd} pos0 ${pos0} grid ${grid}`;
+        const what = `${c.launch.entry} ${c.rope.type} ${c.op} out ${c.out} inp ${c.inp} B${B} T${T} H${H} hd${hd} pos0 ${pos0}${c.s.docs ? ` documents ${c.s.docs.join(',')}` : ''} grid ${grid}`;
         assert.equal(got.length, c.ref.length, what);
         for (let i = 0; i < got.length; i++) {
           const g = got[i]!, e = c.ref[i]!;

@@ -34,7 +34,7 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   const rk = ropeKernel(false, rope, HD, 128, { out: 'f32', inp: 'f32', seqPos: true });
   const exeRope = build(rk, `int main() { const char* d = "${workDir()}";
   auto q = readf<float>(d, "q", ${q.length}); auto pos = readf<int>(d, "pos", ${B});
-  launch({4, 1, 1}, 128, 0, [&] { ${rk.family}(q.data(), q.data(), ${B * t}LL, ${t}, ${H}, 0, pos.data()); });
+  launch({4, 1, 1}, 128, 0, [&] { ${rk.family}(q.data(), q.data(), ${B * t}LL, ${t}, ${H}, 0, ${H * HD}LL, ${H * HD}LL, nullptr, pos.data()); });
   writef(d, "q_rot", q); }`);
   execFileSync(exeRope);
   const kw = kvCacheWrite.make({ block: 128, cache: 'f32', src: 'f32', seqPos: true });

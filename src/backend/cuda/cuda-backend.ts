@@ -41,7 +41,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, plainHostStaging, ropeExtent } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -941,29 +941,31 @@ export class CudaBackend implements Backend {
     }
   }
 
-  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
-    bias: Buf | null = null, accumulate = true, strides?: RopeStrides): void {
+  private rope(fwd: boolean, out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec,
+    pos0: number | SeqPositions | DocPositions, bias: Buf | null = null, accumulate = true, strides?: RopeStrides): void {
     const what = fwd ? 'ropeForward' : 'ropeBackward';
     const n = b * t * heads * headDim, ext = ropeExtent(what, b * t, heads * headDim, strides, overlaps(this.own(out, what), this.own(inp, what)));
     this.need(out, ext.out, what); this.need(inp, ext.inp, what);
     if (headDim % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${headDim}`);
     if (n <= 0) return;
-    const seq = typeof pos0 !== 'number';
-    if (seq) this.need(pos0.seqPositions, b, what);
+    const docs = typeof pos0 === 'object' && 'docPositions' in pos0 ? pos0.docPositions : null;
+    const seq = typeof pos0 === 'object' && 'seqPositions' in pos0 ? pos0.seqPositions : null;
+    if (seq) this.need(seq, b, what);
+    if (docs) this.need(docs, b * t, what);
     if (bias) this.need(bias, heads * headDim, what);
     const spec = ropeKernel(!fwd, rope, headDim, ELEM_BLOCK,
-      { out: D(out), inp: D(inp), seqPos: seq, bias: bias ? D(bias) : 'none', ...(fwd ? {} : { acc: accumulate }) });
+      { out: D(out), inp: D(inp), seqPos: seq !== null, bias: bias ? D(bias) : 'none', ...(fwd ? {} : { acc: accumulate }) });
     // One thread per (token row of B·T, rotated pair), looping over the heads (kernels/rope.ts): n / heads / 2 of them.
     this.launch(spec, [blocksFor(b * t * (headDim / 2), ELEM_BLOCK), 1, 1], ELEM_BLOCK,
-      [P(out), P(inp), L(b * t), I(t), I(heads), I(seq ? 0 : pos0), L(ext.so), L(ext.si), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : [])]);
+      [P(out), P(inp), L(b * t), I(t), I(heads), I(typeof pos0 === 'number' ? pos0 : 0), L(ext.so), L(ext.si), P(docs), ...(seq ? [P(seq)] : []), ...(bias ? [P(bias)] : [])]);
   }
 
-  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions,
+  ropeForward(out: Buf, inp: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | SeqPositions | DocPositions,
     bias?: Buf | null, strides?: RopeStrides): void {
     this.rope(true, out, inp, b, t, heads, headDim, rope, pos0, bias ?? null, true, strides);
   }
 
-  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number,
+  ropeBackward(dinp: Buf, dout: Buf, b: number, t: number, heads: number, headDim: number, rope: RopeSpec, pos0: number | DocPositions,
     accumulate = true, strides?: RopeStrides): void {
     this.rope(false, dinp, dout, b, t, heads, headDim, rope, pos0, null, accumulate, strides);
   }
@@ -972,14 +974,16 @@ export class CudaBackend implements Backend {
     if (nKv <= 0 || nHeads % nKv !== 0) throw new DistilleryError(`attention: ${nHeads} heads are not a multiple of ${nKv} KV heads`);
   }
 
-  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number): void {
+  attentionForward(out: Buf, lse: Buf, q: Buf, k: Buf, v: Buf, b: number, t: number, nHeads: number, nKv: number, hd: number,
+    docs?: DocPositions | null): void {
     this.checkHeads(nHeads, nKv);
+    if (docs) this.need(docs.docPositions, b * t, 'attentionForward');
     this.need(out, b * t * nHeads * hd, 'attentionForward'); this.need(q, b * t * nHeads * hd, 'attentionForward');
     this.need(k, b * t * nKv * hd, 'attentionForward'); this.need(v, b * t * nKv * hd, 'attentionForward');
     this.need(lse, b * nHeads * t, 'attentionForward');
     this.f32Only('attentionForward', [['lse', lse]]);
     if (b * t <= 0) return;
-    const args = [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv)];
+    const args = [P(out), P(lse), P(q), P(k), P(v), I(t), I(nHeads), I(nKv), P(docs ? docs.docPositions : null)];
     // bf16 q, k, v: tensor cores (bf16 mma, fp32 accumulation) wherever the head dim fits, whatever `attention` says.
     if (bf16MmaOperands(hd, [q.dtype, k.dtype, v.dtype])) {
       this.aligned16('attentionForward', q, k, v);
@@ -1006,8 +1010,9 @@ export class CudaBackend implements Backend {
 
 
   attentionBackward(dq: Buf, dk: Buf, dv: Buf, dout: Buf, q: Buf, k: Buf, v: Buf, out: Buf, lse: Buf,
-    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true): void {
+    b: number, t: number, nHeads: number, nKv: number, hd: number, accumulate = true, docs?: DocPositions | null): void {
     this.checkHeads(nHeads, nKv);
+    if (docs) this.need(docs.docPositions, b * t, 'attentionBackward');
     for (const [x, n] of [[dq, nHeads], [dout, nHeads], [q, nHeads], [out, nHeads], [dk, nKv], [dv, nKv], [k, nKv], [v, nKv]] as const) {
       this.need(x, b * t * n * hd, 'attentionBackward');
     }
@@ -1028,6 +1033,7 @@ export class CudaBackend implements Backend {
       const bc = Math.min(bPer, b - b0);
       const vw = (x: Buf, per: number): Buf => (b0 === 0 && bc === b ? x : this.view(x, b0 * per, bc * per));
       const rows = bc * t * nHeads;
+      const dp = P(docs ? (b0 === 0 && bc === b ? docs.docPositions : this.viewInt(docs.docPositions, b0 * t, bc * t)) : null);
       // D: the recomputing tensor-core dQ kernel computes it for its rows (and writes it for dK/dV); the SIMT path and
       // the stored-dS path (dK/dV runs first) have a pass of their own
       if (fpre) {
@@ -1035,13 +1041,13 @@ export class CudaBackend implements Backend {
           [P(this.dsum), P(vw(dout, qn)), P(vw(out, qn)), L(rows), I(t), I(nHeads)]);
       }
       const launchDq = (): void => this.launch(fq.spec, [fq.gridX, nHeads, bc], fq.block, storedDs
-        ? [P(vw(dq, qn)), P(this.dsTiles), P(vw(k, kn)), I(t), I(nHeads), I(nKv)]
+        ? [P(vw(dq, qn)), P(this.dsTiles), P(vw(k, kn)), I(t), I(nHeads), I(nKv), dp]
         : [P(vw(dq, qn)), P(this.dsum), P(vw(lse, ln)), P(vw(dout, qn)), ...(mma ? [P(vw(out, qn))] : []), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)),
-          I(t), I(nHeads), I(nKv)], fq.smem);
+          I(t), I(nHeads), I(nKv), dp], fq.smem);
       if (!storedDs) launchDq();
       this.launch(fkv.spec, [fkv.gridX, nKv * S, bc], fkv.block,
         [P(vw(dk, kn)), P(vw(dv, kn)), P(S > 1 ? this.dkvPart : null), ...(storedDs ? [P(this.dsTiles)] : []), P(this.dsum), P(vw(lse, ln)),
-          P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv)], fkv.smem);
+          P(vw(dout, qn)), P(vw(q, qn)), P(vw(k, kn)), P(vw(v, kn)), I(t), I(nHeads), I(nKv), dp], fkv.smem);
       if (fred) {
         // (four head dims a thread where hd is a multiple of 4: attention_dkv_reduce)
         this.launch(fred, [blocksFor(hd % 4 === 0 ? bc * kn / 4 : bc * kn, ELEM_BLOCK), 1, 1], ELEM_BLOCK,

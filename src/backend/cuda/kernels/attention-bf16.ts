@@ -32,6 +32,7 @@
  *   fit the scratch.
  */
 import { DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32 } from './spec.js';
+import { DOC_START } from './attention.js';
 
 /** An operand dtype ('f32' | 'bf16'): baked, so it is in the source and the cache key. */
 type Dt = 'f32' | 'bf16';
@@ -89,7 +90,7 @@ function faPrelude(hd: number): string {
 #define LN2 0.6931471805599453f
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL 0xffffffffu
-${dtypeHelpers()}
+${dtypeHelpers()}${DOC_START}
 __device__ __forceinline__ unsigned ld32(const bf16* p) { return *(const unsigned*)p; }
 /* the shared-state-space address of a pointer into shared memory: fragment addresses are computed in 32 bits from a
    tile's base (one add per load once the lane's offset is known) rather than through a 64-bit generic pointer */
@@ -197,13 +198,13 @@ __device__ __forceinline__ void stageRowsAsync(bf16* sh, const bf16* base, long 
     cpAsync16s(dst, ok ? src : base, ok);
   }
 }
-/* a key loop's double buffer of [TILE][STR] K and V tiles (K then V in each half): issues tile jt + 1 (keys from
-   (jt + 1)·TILE) into half (jt + 1) & 1 with cp.async and waits until tile jt has landed (the barrier after it shows
-   it to every warp); the last tile only waits */
+/* a key loop's double buffer of [TILE][STR] K and V tiles (K then V in each half), over key tiles jt0 .. nTiles − 1 (the
+   first staged into half 0 before the loop): issues tile jt + 1 (keys from (jt + 1)·TILE) into half (jt + 1 − jt0) & 1
+   with cp.async and waits until tile jt has landed (the barrier after it shows it to every warp); the last tile only waits */
 template <int TILE> __device__ __forceinline__ void nextKvTile(bf16* buf, const bf16* kb, const bf16* vb, long long ks,
-                                                              int jt, int nTiles, int T) {
+                                                              int jt, int jt0, int nTiles, int T) {
   if (jt + 1 < nTiles) {
-    bf16* nb = buf + ((jt + 1) & 1) * 2 * TILE * STR;
+    bf16* nb = buf + ((jt + 1 - jt0) & 1) * 2 * TILE * STR;
     stageRowsAsync(nb, kb, ks, (jt + 1) * TILE, TILE, T);
     stageRowsAsync(nb + TILE * STR, vb, ks, (jt + 1) * TILE, TILE, T);
     cpCommit();
@@ -294,7 +295,7 @@ export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_FWD_KT}
 extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${fwdMinBlocks(p.headDim)}) ` : ''}attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
-                                                                   const bf16* v, int T, int nH, int nKv) {
+                                                                   const bf16* v, int T, int nH, int nKv, const int* docPos) {
   extern __shared__ __align__(16) unsigned char smraw[];
   /* two buffers of a K tile and a V tile ([BK][STR] each): tile j + 1 loads (cp.async) while tile j is used; the Q
      tile [BQ][STR] is staged in buffer 1 first */
@@ -302,9 +303,11 @@ extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
   /* heaviest first: the grid (query tiles, heads, batches) is walked so that all (head, batch) pairs of the last query
      tile (the most keys under the causal mask) start first and the first tiles come last, so no long block is the tail */
 ${QUERY_TILE_ROWS_KV}
+  /* key tiles from the one holding the tile's first row's first key (its document's start: the smallest of the tile) */
+  const int jt0 = docStart(docPos, b, T, i0) / BK;
   stageRows(buf + 2 * BK * STR, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
-  stageRowsAsync(buf, kb, ks, 0, BK, T);
-  stageRowsAsync(buf + BK * STR, vb, ks, 0, BK, T);
+  stageRowsAsync(buf, kb, ks, jt0 * BK, BK, T);
+  stageRowsAsync(buf + BK * STR, vb, ks, jt0 * BK, BK, T);
   cpCommit();
   __syncthreads();
   const int rw = warp * 16; /* the warp's first row in the tile */
@@ -315,14 +318,16 @@ ${QUERY_TILE_ROWS_KV}
   __syncthreads(); /* Q is in registers: buffer 1 is free for tile 1 */
   const int nTiles = (iEnd + BK - 1) / BK;
   const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
+  /* the first keys of rows iA and iB, and the largest first key of the warp's rows (its last row's, or T − 1's) */
+  const int stA = docStart(docPos, b, T, iA), stB = docStart(docPos, b, T, iB), stW = docStart(docPos, b, T, min(i0 + rw + 15, T - 1));
   float o[NO][4];
   zeroAcc(o);
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
-  for (int jt = 0; jt < nTiles; jt++) {
+  for (int jt = jt0; jt < nTiles; jt++) {
     const int j0 = jt * BK;
-    nextKvTile<BK>(buf, kb, vb, ks, jt, nTiles, T);
+    nextKvTile<BK>(buf, kb, vb, ks, jt, jt0, nTiles, T);
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * BK * STR), vS = kS + 2u * (BK * STR);
+    const unsigned kS = sbuf + 2u * (((jt - jt0) & 1) * 2 * BK * STR), vS = kS + 2u * (BK * STR);
     float sc[BK / 8][4];
     zeroAcc(sc);
 #pragma unroll
@@ -330,31 +335,35 @@ ${QUERY_TILE_ROWS_KV}
 #pragma unroll
       for (int s = 0; s < KS; s++) mmaB2(sc[n], sc[n + 1], qa[s], kS, 8 * n, 16 * s);
     }
-    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row.
-       Scores stay raw (unscaled) here: the maxima scale once, and each probability is one FFMA and one exp2 */
-    const bool diag = j0 + BK - 1 > i0 + rw;
+    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row or
+       fall before its document. Scores stay raw (unscaled) here: the maxima scale once, and each probability is one
+       FFMA and one exp2 */
+    const bool diag = j0 + BK - 1 > i0 + rw || j0 < stW;
     float mxA = NEG_INF, mxB = NEG_INF;
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float x = sc[n][e];
-        if (diag && j0 + 8 * n + 2 * t + (e & 1) > (e < 2 ? iA : iB)) x = NEG_INF;
+        const int j = j0 + 8 * n + 2 * t + (e & 1);
+        if (diag && (j > (e < 2 ? iA : iB) || j < (e < 2 ? stA : stB))) x = NEG_INF;
         sc[n][e] = x;
         if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
       }
     }
     mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 1)); mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 2));
     mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 1)); mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 2));
-    /* key 0 is in the first tile and valid for every row, so the new maxima (log2 units) are finite */
+    /* the new maxima (log2 units); -inf while a row has met none of its keys (a tile before its document: documents),
+       where 0 stands in for them below so that exp2 gives 0, not NaN */
     const float nA = fmaxf(mA, mxA * SCALE_LOG2), nB = fmaxf(mB, mxB * SCALE_LOG2);
-    const float aA = exp2f(mA - nA), aB = exp2f(mB - nB); /* 0 on the first tile */
+    const float zA = nA == NEG_INF ? 0.0f : nA, zB = nB == NEG_INF ? 0.0f : nB;
+    const float aA = exp2f(mA - zA), aB = exp2f(mB - zB); /* 0 on a row's first tile with a key */
     float sA = 0.0f, sB = 0.0f;
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const float pe = exp2f(fmaf(sc[n][e], SCALE_LOG2, -(e < 2 ? nA : nB))); /* 0 for masked keys */
+        const float pe = exp2f(fmaf(sc[n][e], SCALE_LOG2, -(e < 2 ? zA : zB))); /* 0 for masked keys */
         sc[n][e] = pe;
         if (e < 2) sA += pe; else sB += pe;
       }
@@ -409,7 +418,7 @@ export const attentionBackwardDqBf16 = defineFamily<{ headDim: number; dq: Dt; o
 #define BQ ${FA_QUERY_TILE}
 #define KT ${faInnerTile(p.headDim)}
 extern "C" __global__ void ${dqMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dqMinBlocks(p.headDim)}) ` : ''}attention_bwd_dq_bf16(${ctype(p.dq)}* dq, float* dsum, const float* lse,
-    const bf16* dout, const ${ctype(p.out)}* out, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+    const bf16* dout, const ${ctype(p.out)}* out, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv, const int* docPos) {
   __shared__ float Dsh[BQ]; /* D of the tile's rows */
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* buf = (bf16*)smraw;  /* two buffers of a K and a V tile ([KT][STR] each), loaded with cp.async one tile ahead */
@@ -453,21 +462,24 @@ ${QUERY_TILE_ROWS_KV}
 #pragma unroll
   for (int s = 0; s < KS; s++) { fragA(qa[s], smem32(Qst), STR, rw, 16 * s); fragA(da[s], smem32(Dst), STR, rw, 16 * s); }
   __syncthreads(); /* Q and dout are in registers: the staging area takes the K and V tiles */
-  stageRowsAsync(buf, kb, ks, 0, KT, T);
-  stageRowsAsync(buf + KT * STR, vb, ks, 0, KT, T);
+  /* key tiles from the one holding the tile's first row's first key (as the forward) */
+  const int jt0 = docStart(docPos, b, T, i0) / KT;
+  stageRowsAsync(buf, kb, ks, jt0 * KT, KT, T);
+  stageRowsAsync(buf + KT * STR, vb, ks, jt0 * KT, KT, T);
   cpCommit();
   const int nTiles = (iEnd + KT - 1) / KT;
   const int iA = i0 + rw + g, iB = iA + 8;
+  const int stA = docStart(docPos, b, T, iA), stB = docStart(docPos, b, T, iB), stW = docStart(docPos, b, T, min(i0 + rw + 15, T - 1));
   const float* lb = lse + ((long long)b * nH + h) * T;
   const float lA = iA < T ? lb[iA] * LOG2E : 0.0f, lB = iB < T ? lb[iB] * LOG2E : 0.0f;
   const float dA = Dsh[rw + g], dB = Dsh[rw + g + 8]; /* 0 past T */
   float acc[NO][4];
   zeroAcc(acc);
-  for (int jt = 0; jt < nTiles; jt++) {
+  for (int jt = jt0; jt < nTiles; jt++) {
     const int j0 = jt * KT;
-    nextKvTile<KT>(buf, kb, vb, ks, jt, nTiles, T);
+    nextKvTile<KT>(buf, kb, vb, ks, jt, jt0, nTiles, T);
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const unsigned kS = sbuf + 2u * ((jt & 1) * 2 * KT * STR), vS = kS + 2u * (KT * STR);
+    const unsigned kS = sbuf + 2u * (((jt - jt0) & 1) * 2 * KT * STR), vS = kS + 2u * (KT * STR);
     float sc[KT / 8][4], dp[KT / 8][4];
     zeroAcc(sc);
     zeroAcc(dp);
@@ -479,15 +491,16 @@ ${QUERY_TILE_ROWS_KV}
         mmaB2(dp[n], dp[n + 1], da[s], vS, 8 * n, 16 * s);
       }
     }
-    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); rows past T and keys past the row are 0 */
-    const bool full = j0 + KT - 1 <= i0 + rw && i0 + rw + 15 < T;
+    /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); rows past T, keys past the row and keys
+       before its document are 0 */
+    const bool full = j0 + KT - 1 <= i0 + rw && i0 + rw + 15 < T && j0 >= stW;
 #pragma unroll
     for (int n = 0; n < KT / 8; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int i = e < 2 ? iA : iB;
+        const int i = e < 2 ? iA : iB, j = j0 + 8 * n + 2 * t + (e & 1);
         float pe = exp2f(sc[n][e] * SCALE_LOG2 - (e < 2 ? lA : lB));
-        if (!full && (j0 + 8 * n + 2 * t + (e & 1) > i || i >= T)) pe = 0.0f;
+        if (!full && (j > i || i >= T || j < (e < 2 ? stA : stB))) pe = 0.0f;
         sc[n][e] = pe * (dp[n][e] - (e < 2 ? dA : dB));
       }
     }
@@ -529,7 +542,8 @@ function dkvSource(p: Readonly<DkvP>, storeDs: boolean): string {
 #define BKV ${FA_KEY_TILE}
 #define QT ${faInnerTile(p.headDim)}
 extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${dkvMinBlocks(p.headDim)}) ` : ''}${name}(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part,
-    ${storeDs ? 'bf16* ds, ' : ''}const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv) {
+    ${storeDs ? 'bf16* ds, ' : ''}const float* dsum, const float* lse, const bf16* dout, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv,
+    const int* docPos) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* Ks = (bf16*)smraw;      /* [BKV][STR] */
   bf16* Vs = Ks + BKV * STR;    /* [BKV][STR] */
@@ -556,8 +570,18 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
   zeroAcc(adk);
   zeroAcc(adv);
   /* the block's work: for each query head of its split, the query tiles from the key tile's diagonal down (only rows
-     i >= j0 see any of its keys), one sequence so the next tile loads while this one is used, across head boundaries */
-  const int perHead = j0 < T ? (T - j0 + QT - 1) / QT : 0, nTiles = (g1 - g0) * perHead;
+     i >= j0 see any of its keys), one sequence so the next tile loads while this one is used, across head boundaries.
+     With documents, only rows below iLim see them: iLim is the first row whose document starts after the block's last
+     key (starts never decrease: a binary search), rounded up to a 64-row tile of the dS triangle, so that every tile
+     the stored-dS dQ kernel reads (those whose first row's document starts at or before a key of the block) is
+     written whole */
+  int iLim = T;
+  if (docPos != nullptr && j0 < T) {
+    int lo = j0, hi = T; /* the first i in [j0, T) with docStart(i) > j0 + BKV - 1, or T */
+    while (lo < hi) { const int mid = (lo + hi) >> 1; if (docStart(docPos, b, T, mid) > j0 + BKV - 1) hi = mid; else lo = mid + 1; }
+    iLim = min(T, (lo + 63) / 64 * 64);
+  }
+  const int perHead = j0 < T ? (iLim - j0 + QT - 1) / QT : 0, nTiles = (g1 - g0) * perHead;
   /* issues the loads of tile it into buffer it & 1 */
   auto issue = [&](int it) {
     const int h = kvh * G + g0 + it / perHead, i0 = j0 + (it % perHead) * QT;
@@ -595,15 +619,16 @@ extern "C" __global__ void ${dkvMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
           mmaB2(dp[n], dp[n + 1], va, oS, 8 * n, 16 * ss);
         }
       }
-      /* element e of atom n: key e < 2 ? jA : jB, query i0 + 8n + 2t + (e & 1); queries past T or before the key are 0 */
-      const bool full = j0 + rw + 15 <= i0 && i0 + QT <= T;
+      /* element e of atom n: key e < 2 ? jA : jB, query i0 + 8n + 2t + (e & 1); queries past T, before the key, or whose
+         document starts after it are 0 (the tile's last row has its largest start) */
+      const bool full = j0 + rw + 15 <= i0 && i0 + QT <= T && docStart(docPos, b, T, i0 + QT - 1) <= j0 + rw;
 #pragma unroll
       for (int n = 0; n < QT / 8; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          const int ci = 8 * n + 2 * t + (e & 1), i = i0 + ci;
+          const int ci = 8 * n + 2 * t + (e & 1), i = i0 + ci, j = e < 2 ? jA : jB;
           float pe = exp2f(sc[n][e] * SCALE_LOG2 - Ls[ci] * LOG2E);
-          if (!full && ((e < 2 ? jA : jB) > i || i >= T)) pe = 0.0f;
+          if (!full && (j > i || i >= T || j < docStart(docPos, b, T, i))) pe = 0.0f;
           sc[n][e] = pe;
           dp[n][e] = pe * (dp[n][e] - Dm[ci]);
         }
@@ -727,7 +752,8 @@ __device__ __forceinline__ void fragAt(unsigned* a, unsigned base, int r, int c)
 __device__ __forceinline__ void stageDsAsync(bf16* sh, const bf16* src) {
   for (int x = threadIdx.x; x < DSTILE / 8; x += NT) cpAsync16(sh + 8 * x, src + 8 * x, true);
 }
-extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf16* ds, const bf16* k, int T, int nH, int nKv) {
+extern "C" __global__ void attention_bwd_dq_ds_bf16(${ctype(p.dq)}* dq, const bf16* ds, const bf16* k, int T, int nH, int nKv,
+                                                    const int* docPos) {
   extern __shared__ __align__(16) unsigned char smraw[];
   bf16* buf = (bf16*)smraw; /* two buffers of [dS tile (DSTILE, as stored), K tile [BK][STR]] */
 ${QUERY_TILE_HEAVIEST_FIRST}
@@ -738,17 +764,19 @@ ${QUERY_TILE_HEAVIEST_FIRST}
   /* this query tile's row of the triangle: tiles (tile, 0 .. tile) are consecutive */
   const bf16* dsRow = ds + ((((long long)b * nH + h) * (nT * (nT + 1) / 2) + tile * (tile + 1) / 2) << 12);
   const int nTiles = tile + 1;
+  /* key tiles from the one holding the tile's first row's first key: the dK/dV kernel wrote exactly these (documents) */
+  const int jt0 = docStart(docPos, b, T, i0) / BK;
   const int bufElems = DSTILE + BK * STR;
-  stageDsAsync(buf, dsRow);
-  stageRowsAsync(buf + DSTILE, kb, ks, 0, BK, T);
+  stageDsAsync(buf, dsRow + ((long long)jt0 << 12));
+  stageRowsAsync(buf + DSTILE, kb, ks, jt0 * BK, BK, T);
   cpCommit();
   const int rw = warp * 16;
   const unsigned sbuf = smem32(buf);
   float acc[NO][4];
   zeroAcc(acc);
-  for (int jt = 0; jt < nTiles; jt++) {
+  for (int jt = jt0; jt < nTiles; jt++) {
     if (jt + 1 < nTiles) {
-      bf16* nb = buf + ((jt + 1) & 1) * bufElems;
+      bf16* nb = buf + ((jt + 1 - jt0) & 1) * bufElems;
       stageDsAsync(nb, dsRow + ((long long)(jt + 1) << 12));
       stageRowsAsync(nb + DSTILE, kb, ks, (jt + 1) * BK, BK, T);
       cpCommit();
@@ -757,7 +785,7 @@ ${QUERY_TILE_HEAVIEST_FIRST}
       cpWait<0>();
     }
     __syncthreads(); /* tile jt is in shared memory for every warp */
-    const unsigned dS = sbuf + 2u * ((jt & 1) * bufElems), kS = dS + 2u * DSTILE;
+    const unsigned dS = sbuf + 2u * (((jt - jt0) & 1) * bufElems), kS = dS + 2u * DSTILE;
     /* dQ += dS·K: k-step kk covers keys jt·64 + 16kk .. + 15 */
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {

@@ -3,6 +3,7 @@
  * with `attention: 'mma'` (tests); still compile-gated and mutation-tested (index.ts EXPERIMENTAL_FAMILIES).
  */
 import { defineFamily, f32 } from './spec.js';
+import { DOC_START } from './attention.js';
 
 /** Head dims the tensor-core forward supports: multiples of 8 (mma k and n steps) up to 128 (Q and O stay in registers). */
 export const MMA_MAX_HEAD_DIM = 128;
@@ -37,6 +38,7 @@ export const attentionForwardMma = defineFamily<{ headDim: number }>({
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
 #define NEG_INF __int_as_float(0xff800000)
 #define FULL 0xffffffffu
+${DOC_START}
 __device__ __forceinline__ unsigned toTf32(float x) {
   unsigned r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -49,7 +51,7 @@ __device__ __forceinline__ void mma8(float* c, const unsigned* a, unsigned b0, u
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 extern "C" __global__ void attention_fwd_mma(float* out, float* lse, const float* q, const float* k, const float* v,
-                                             int T, int nH, int nKv) {
+                                             int T, int nH, int nKv, const int* docPos) {
   extern __shared__ float smem[];
   float* Ks = smem;               /* [BK][KSTR] */
   float* Vs = smem + BK * KSTR;   /* [BK][VSTR] */
@@ -76,12 +78,14 @@ extern "C" __global__ void attention_fwd_mma(float* out, float* lse, const float
     qa[s][3] = toTf32(Qst[(rw + g + 8) * KSTR + 8 * s + t + 4]);
   }
   const int iA = i0 + rw + g, iB = iA + 8; /* the two query rows this lane's accumulators belong to */
+  const int stA = docStart(docPos, b, T, iA), stB = docStart(docPos, b, T, iB); /* their first keys */
   float o[KS][4];
 #pragma unroll
   for (int n = 0; n < KS; n++) { o[n][0] = 0.0f; o[n][1] = 0.0f; o[n][2] = 0.0f; o[n][3] = 0.0f; }
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f;
   const int srcLo = (lane & ~3) | (t >> 1), srcHi = srcLo + 2; /* quad lanes holding P columns t and t + 4 */
-  for (int j0 = 0; j0 < iEnd; j0 += BK) {
+  /* key tiles from the one holding the tile's first row's first key (its document's start, the tile's smallest) */
+  for (int j0 = docStart(docPos, b, T, i0) / BK * BK; j0 < iEnd; j0 += BK) {
     __syncthreads(); /* the Q staging / previous K and V tiles are no longer read */
     for (int x = threadIdx.x; x < BK * HD; x += 128) {
       const int r = x / HD, d = x - r * HD;
@@ -107,22 +111,23 @@ extern "C" __global__ void attention_fwd_mma(float* out, float* lse, const float
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int j = j0 + 8 * n + 2 * t + (e & 1), i = e < 2 ? iA : iB;
-        const float x = (j <= i && j < T) ? sc[n][e] * SCALE : NEG_INF;
+        const float x = (j <= i && j < T && j >= (e < 2 ? stA : stB)) ? sc[n][e] * SCALE : NEG_INF;
         sc[n][e] = x;
         if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
       }
     }
     mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 1)); mxA = fmaxf(mxA, __shfl_xor_sync(FULL, mxA, 2));
     mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 1)); mxB = fmaxf(mxB, __shfl_xor_sync(FULL, mxB, 2));
-    /* key 0 is in the first tile and valid for every row, so the new maxima are finite */
+    /* the new maxima: -inf while a row has met none of its keys (documents), where 0 stands in below (exp gives 0, not NaN) */
     const float nA = fmaxf(mA, mxA), nB = fmaxf(mB, mxB);
-    const float aA = expf(mA - nA), aB = expf(mB - nB);
+    const float zA = nA == NEG_INF ? 0.0f : nA, zB = nB == NEG_INF ? 0.0f : nB;
+    const float aA = expf(mA - zA), aB = expf(mB - zB);
     float sA = 0.0f, sB = 0.0f;
 #pragma unroll
     for (int n = 0; n < 4; n++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const float pe = expf(sc[n][e] - (e < 2 ? nA : nB)); /* exp(-inf) = 0 for masked keys */
+        const float pe = expf(sc[n][e] - (e < 2 ? zA : zB)); /* exp(-inf) = 0 for masked keys */
         sc[n][e] = pe;
         if (e < 2) sA += pe; else sB += pe;
       }

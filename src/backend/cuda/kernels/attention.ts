@@ -30,6 +30,18 @@
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, LD8_HELPERS, ctype, defineFamily, dtypeHelpers, f32, reductionHelpers } from './spec.js';
 
+/**
+ * The training kernels' document rule (Backend DocPositions): `docPos` (an int per row of the B·T, or null) holds each
+ * row's position in its document, so row i of sequence b attends to keys from i − docPos[b·T + i] on; without it (null),
+ * from 0. Rows past T: 0. Starts never decrease along a sequence, so a tile's first row has its smallest start and its
+ * last row its largest.
+ */
+export const DOC_START = `
+/* the first key row i of sequence b attends to: its document's first row, or 0 without documents (docPos null) */
+__device__ __forceinline__ int docStart(const int* __restrict__ docPos, int b, int T, int i) {
+  return docPos != nullptr && i < T ? i - docPos[(long long)b * T + i] : 0;
+}`;
+
 type AttnP = { headDim: number; block: number };
 /** An operand dtype ('f32' | 'bf16'): baked, so it is in the source and the cache key. */
 type Dt = 'f32' | 'bf16';
@@ -117,7 +129,7 @@ function tiledPrelude(p: Readonly<AttnP>, kind: AttnTileKind): string {
 #define SMEM_BYTES ${t.smem}
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
 #define FULL 0xffffffffu
-${reductionHelpers()}${dtypeHelpers()}
+${reductionHelpers()}${dtypeHelpers()}${DOC_START}
 /* rows [r0, r0 + nrows) of a [*, stride]-strided matrix (row t at base + t·stride; float or bf16) into float
    sh[nrows][HDP]; 0 past T */
 template <typename E>
@@ -162,7 +174,7 @@ export const attentionForward = defineFamily<AttnP & { out: Dt; q: Dt; k: Dt; v:
   example: { headDim: 64, block: 128, out: 'f32', q: 'f32', k: 'f32', v: 'f32' },
   generate: (p) => `${tiledPrelude(p, 'fwd')}
 extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const ${ctype(p.q)}* q, const ${ctype(p.k)}* k,
-                                         const ${ctype(p.v)}* v, int T, int nH, int nKv) {
+                                         const ${ctype(p.v)}* v, int T, int nH, int nKv, const int* docPos) {
   extern __shared__ float smem[];
   float* Qs = smem;            /* [TQ][HDP] */
   float* KV = smem + TQ * HDP; /* [KT][HDP]: the K tile, then the V tile */
@@ -181,8 +193,12 @@ extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const
 #pragma unroll
     for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
   }
-  /* key tiles up to the tile's last row only (causal: tiles above the diagonal are skipped) */
-  for (int j0 = 0; j0 < iEnd; j0 += KT) {
+  int st[RPW]; /* each row's first key (its document's first row; 0 without documents) */
+#pragma unroll
+  for (int rr = 0; rr < RPW; rr++) st[rr] = docStart(docPos, b, T, i0 + warp * RPW + rr);
+  /* key tiles from the one holding the tile's first row's first key (the smallest) up to the tile's last row only
+     (causal: tiles above the diagonal are skipped) */
+  for (int j0 = docStart(docPos, b, T, i0) / KT * KT; j0 < iEnd; j0 += KT) {
     __syncthreads(); /* the Q tile is loaded; the previous V tile is no longer read */
     loadRows(KV, kb, ks, j0, KT, T);
     __syncthreads();
@@ -193,11 +209,11 @@ extern "C" __global__ void attention_fwd(${ctype(p.out)}* out, float* lse, const
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) {
       const int i = i0 + warp * RPW + rr;
-      const bool ok = j <= i && j < T;
+      const bool ok = j <= i && j < T && j >= st[rr];
       const float sc = ok ? s[rr] * SCALE : NEG_INF;
-      /* key 0 is in the first tile and valid for every row, so mn is finite from the first tile on */
+      /* a row's first tile may hold none of its keys (documents): its max stays -inf until one does */
       const float mn = fmaxf(m[rr], warpMax(sc));
-      const float alpha = expf(m[rr] - mn); /* exp(-inf) = 0 on the first tile */
+      const float alpha = mn == NEG_INF ? 1.0f : expf(m[rr] - mn); /* exp(-inf) = 0 on a row's first tile with a key */
       pr[rr] = ok ? expf(sc - mn) : 0.0f;
       l[rr] = l[rr] * alpha + warpSum(pr[rr]);
       m[rr] = mn;
@@ -308,7 +324,7 @@ export const attentionBackward = defineFamily<AttnP & { dq: Dt; dout: Dt; q: Dt;
   example: { headDim: 64, block: 128, dq: 'f32', dout: 'f32', q: 'f32', k: 'f32', v: 'f32' },
   generate: (p) => `${tiledPrelude(p, 'dq')}
 extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, const float* lse, const ${ctype(p.dout)}* dout,
-    const ${ctype(p.q)}* q, const ${ctype(p.k)}* k, const ${ctype(p.v)}* v, int T, int nH, int nKv) {
+    const ${ctype(p.q)}* q, const ${ctype(p.k)}* k, const ${ctype(p.v)}* v, int T, int nH, int nKv, const int* docPos) {
   extern __shared__ float smem[];
   float* Qs = smem;            /* [TQ][HDP] */
   float* Ds = Qs + TQ * HDP;   /* [TQ][HDP] dout rows */
@@ -324,15 +340,17 @@ extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, 
   loadRows(Qs, q + ((long long)b * T * nH + h) * HD, qs, i0, TQ, T);
   loadRows(Ds, dout + ((long long)b * T * nH + h) * HD, qs, i0, TQ, T);
   float lr[RPW], dr[RPW], acc[RPW][DCH];
+  int st[RPW];
 #pragma unroll
   for (int rr = 0; rr < RPW; rr++) {
     const int i = i0 + warp * RPW + rr;
     lr[rr] = i < T ? lb[i] : 0.0f;
     dr[rr] = i < T ? db[i] : 0.0f;
+    st[rr] = docStart(docPos, b, T, i);
 #pragma unroll
     for (int c = 0; c < DCH; c++) acc[rr][c] = 0.0f;
   }
-  for (int j0 = 0; j0 < iEnd; j0 += KT) {
+  for (int j0 = docStart(docPos, b, T, i0) / KT * KT; j0 < iEnd; j0 += KT) {
     __syncthreads(); /* Q and dout tiles loaded; the previous K tile is no longer read */
     loadRows(KV, vb, ks, j0, KT, T);
     __syncthreads();
@@ -348,7 +366,7 @@ extern "C" __global__ void attention_bwd(${ctype(p.dq)}* dq, const float* dsum, 
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) {
       const int i = i0 + warp * RPW + rr;
-      const float pv = (i < T && j <= i) ? expf(s[rr] * SCALE - lr[rr]) : 0.0f;
+      const float pv = (i < T && j <= i && j >= st[rr]) ? expf(s[rr] * SCALE - lr[rr]) : 0.0f;
       ds[rr] = pv * (dp[rr] - dr[rr]) * SCALE;
     }
     addShuffledRows(acc, ds, KV, lane);
@@ -383,7 +401,7 @@ export const attentionBackwardKv = defineFamily<AttnP & { dk: Dt; dv: Dt; dout: 
 #define KPW (KT / NW)
 extern "C" __global__ void attention_bwd_dkv(${ctype(p.dk)}* dk, ${ctype(p.dv)}* dv, float* part, const float* dsum,
     const float* lse, const ${ctype(p.dout)}* dout, const ${ctype(p.q)}* q, const ${ctype(p.k)}* k, const ${ctype(p.v)}* v,
-    int T, int nH, int nKv) {
+    int T, int nH, int nKv, const int* docPos) {
   extern __shared__ float smem[];
   float* Ks = smem;               /* [KT][HDP] */
   float* Vs = Ks + KT * HDP;      /* [KT][HDP] */
@@ -412,8 +430,9 @@ extern "C" __global__ void attention_bwd_dkv(${ctype(p.dk)}* dk, ${ctype(p.dv)}*
     const ${ctype(p.dout)}* db = dout + ((long long)b * T * nH + h) * HD;
     const float* lb = lse + ((long long)b * nH + h) * T;
     const float* sb = dsum + ((long long)b * nH + h) * T;
-    /* only query rows i >= j0 see any of the block's keys */
-    for (int i0 = j0; i0 < T; i0 += TQ) {
+    /* only query rows i >= j0 see any of the block's keys; with documents, none past the rows whose document starts
+       after the block's last key (a tile's first row has its smallest start) */
+    for (int i0 = j0; i0 < T && docStart(docPos, b, T, i0) <= j0 + KT - 1; i0 += TQ) {
       __syncthreads(); /* K and V tiles loaded; the previous Q, dout, P and dS tiles are no longer read */
       loadRows(Qs, qb, qs, i0, TQ, T);
       loadRows(Ds, db, qs, i0, TQ, T);
@@ -433,7 +452,7 @@ extern "C" __global__ void attention_bwd_dkv(${ctype(p.dk)}* dk, ${ctype(p.dv)}*
 #pragma unroll
       for (int rr = 0; rr < RPW; rr++) {
         const int r = warp * RPW + rr, i = i0 + r;
-        const bool ok = i < T && j <= i;
+        const bool ok = i < T && j <= i && j >= docStart(docPos, b, T, i);
         const float pv = ok ? expf(sc[rr] * SCALE - lb[i]) : 0.0f;
         Ps[r * (KT + 1) + lane] = pv;
         Ss[r * (KT + 1) + lane] = ok ? pv * (dp[rr] - sb[i]) * SCALE : 0.0f;

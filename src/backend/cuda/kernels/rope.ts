@@ -53,7 +53,7 @@ const HEAD_GROUP = 4;
 
 /**
  * The kernel of every kind, with `rope`'s inverse-frequency table and attention factor baked. Arguments:
- * (out, inp, rows = B·T, T, heads, pos0, outStride, inStride[, seqPos][, bias]); launch rows·HD/2 threads or fewer
+ * (out, inp, rows = B·T, T, heads, pos0, outStride, inStride, rowPos (null, or a position per row)[, seqPos][, bias]); launch rows·HD/2 threads or fewer
  * (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
@@ -76,16 +76,17 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
 __device__ const double ${name}_inv_freq[HALF] = { ${table} };
 #define ATTN ${f64(attn)}
 ${dtypeHelpers()}
-/* rows = B*T token rows of heads*HD elements, row r of out at r*outStride and of inp at r*inStride; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T. One thread per (row, pair i), all heads.
+/* rows = B*T token rows of heads*HD elements, row r of out at r*outStride and of inp at r*inStride; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T,
+   or rowPos[r] where rowPos is given (documents packed in a window: each row's position in its document). One thread per (row, pair i), all heads.
    out may alias inp (with equal strides).${bias === 'none' ? '' : ' bias[heads*HD] is added to every row before the rotation (in float, one rounding at the store).'} */
 extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}* inp, long long rows, int T, int heads, int pos0, long long outStride,
-                                   long long inStride${seq ? ', const int* seqPos' : ''}${bias === 'none' ? '' : `, const ${ctype(bias)}* bias`}) {
+                                   long long inStride, const int* __restrict__ rowPos${seq ? ', const int* seqPos' : ''}${bias === 'none' ? '' : `, const ${ctype(bias)}* bias`}) {
   long long total = rows * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
     int i = (int)(idx % HALF);
     long long row = idx / HALF;
     int t = (int)(row % T);
-    double ang = (double)(${seq ? '(void)pos0, seqPos[row / T]' : 'pos0'} + t) * ${name}_inv_freq[i];
+    double ang = (double)(rowPos != nullptr ? rowPos[row] : ${seq ? 'seqPos[row / T]' : 'pos0'} + t) * ${name}_inv_freq[i];
     double sd, cd;
     sincos(ang, &sd, &cd);
     float c = (float)(ATTN * cd);
