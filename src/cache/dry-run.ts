@@ -70,7 +70,8 @@ export async function cacheDryRun(o: CacheJobOptions, opts: { tf32?: boolean; wo
   const perPos = maxBitsPerPosition(lay) / 8;
   const windows = packed.windows.length, shards = Math.ceil(windows / o.shardWindows), world = Math.max(1, opts.world ?? 1);
   const maxDisk = Math.ceil(packed.targetTokens * perPos) + windows * 9 + shards * 16;
-  const bytes = estimateJobBytes({ student: config, batch: o.batch, seq: o.seq, training: false, lossVocab, precision: prec.model, studentFrozen: o.teacherDtype });
+  const bytes = estimateJobBytes({ student: config, batch: o.batch, seq: o.seq, training: false, lossVocab, precision: prec.model, studentFrozen: o.teacherDtype,
+    documents: packed.windows[0]?.positions !== undefined });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');

@@ -36,6 +36,8 @@ export interface JobMemory {
   world?: number | undefined;
   /** The LM heads' logits dtype (default f32; src/train/head.ts). */
   logits?: LogitsDtype | undefined;
+  /** Windows of packed documents ('bfd'): each model keeps its rows' document positions (TransformerOptions.documents). */
+  documents?: boolean | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -50,7 +52,8 @@ function frozenWeightBytes(c: ModelConfig, a: number, frozen: FrozenDtype | unde
  * Bytes one Transformer allocates for activations (and gradient scratch when training), with `a` bytes per element
  * of the buffers that feed matrix products (4 in fp32, 2 in bf16; see Transformer's module comment).
  */
-function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number, trainBase: boolean, fusedQkv: boolean): number {
+function activationBytes(c: ModelConfig, b: number, t: number, training: boolean, a: number, trainBase: boolean, fusedQkv: boolean,
+  documents = false): number {
   const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   // f32: x, h (C), rstd1, rstd2, lse; compute dtype: ln1, ln2 (C), q, att (Q), k, v (KV), gate, up (I); and the SwiGLU
   // output (I): per layer when every weight trains, else one shared by all layers (the backward recomputes it).
@@ -65,7 +68,7 @@ function activationBytes(c: ModelConfig, b: number, t: number, training: boolean
   // dtype, the pre-RoPE dq (Q) and dk (KV) where a layer needs them (preRopeScratch), and in bf16 the converted dx (C).
   const pre = training && preRopeScratch(c, new Array<boolean>(c.numLayers).fill(fusedQkv)) ? 1 : 0;
   const scratch = training ? N * 3 * C * F + N * ((2 + pre) * Q + (2 + pre) * KV + 3 * I + (a === F ? 0 : C)) * a : 0;
-  const ids = N * 4; // the int32 token ids
+  const ids = N * 4 * (documents ? 2 : 1); // the int32 token ids (and document positions)
   // The fused q/k/v projection's output and, training, its joined gradient: [N, Q + 2·KV] each, in the compute dtype.
   const fused = fusedQkv ? N * (Q + 2 * KV) * a * (training ? 2 : 1) : 0;
   return layers + final + scratch + ids + fused;
@@ -81,13 +84,13 @@ export function estimateJobBytes(j: JobMemory): number {
   const world = Math.max(1, j.world ?? 1);
   const masters = world > 1 && a !== F ? Math.ceil(p / world) * F : p * F;
   let bytes = (trainBase ? masters + p * (F + (a === F ? 0 : a)) + Math.ceil(p / world) * 2 * F : frozenWeightBytes(j.student, a, j.studentFrozen)) +
-    activationBytes(j.student, j.batch, j.seq, j.training, a, trainBase, fusesQkv(parameterLayout(j.student), j.lora));
+    activationBytes(j.student, j.batch, j.seq, j.training, a, trainBase, fusesQkv(parameterLayout(j.student), j.lora), j.documents);
   if (j.lora) bytes += loraBytes(j.lora, j.batch * j.seq, j.training, a, world);
   const lv = j.lossVocab ?? j.student.vocabSize, vocabs = [j.student.vocabSize, ...(j.teacher ? [j.teacher.vocabSize] : [])];
   // Logits chunks, loss rows (and a bf16 student's dlogits chunk).
   bytes += F * headFloats(j.batch * j.seq, headWidth(lv, ...vocabs), Boolean(j.teacher), defaultChunkFloats(Boolean(j.teacherCacheSlots), j.training && a !== F),
     j.training && a !== F, j.logits);
-  if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)));
+  if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)), j.documents);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);

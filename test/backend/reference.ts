@@ -115,6 +115,20 @@ export const LOSS_SPECS: LossSpec[] = [
   { kind: 'jsd', alpha: 1, temperature: 1, beta: 0.5 },
 ];
 
+/**
+ * Document positions (Backend DocPositions) of b windows of t rows, window w holding documents of the lengths
+ * docs[w % docs.length] in order (what they leave of the window: the padding document).
+ */
+export function docPositionsOf(b: number, t: number, docs: number[][]): Int32Array {
+  const pos = new Int32Array(b * t);
+  for (let w = 0; w < b; w++) {
+    let at = 0;
+    for (const len of docs[w % docs.length]!) { for (let i = 0; i < len && at + i < t; i++) pos[w * t + at + i] = i; at += len; }
+    for (let i = at; i < t; i++) pos[w * t + i] = i - at;
+  }
+  return pos;
+}
+
 /** The documents of window w of t rows as [start, end) ranges, from document positions (Backend DocPositions). */
 export function docSegments(pos: ArrayLike<number>, w: number, t: number): Array<[number, number]> {
   const out: Array<[number, number]> = [];
@@ -125,7 +139,7 @@ export function docSegments(pos: ArrayLike<number>, w: number, t: number): Array
 }
 
 /** Rows [s, e) of window w of a [b, t, width] tensor. */
-function rowsOf(x: ArrayLike<number>, w: number, t: number, width: number, s: number, e: number): Float64Array {
+export function rowsOf(x: ArrayLike<number>, w: number, t: number, width: number, s: number, e: number): Float64Array {
   return Float64Array.from({ length: (e - s) * width }, (_, i) => x[(w * t + s) * width + i]!);
 }
 

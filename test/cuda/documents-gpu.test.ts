@@ -28,11 +28,10 @@ import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
-import { documentPositions } from '../../src/data/pack.js';
 import { Rng } from '../../src/util/rng.js';
 import { gpuOrSkip, randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
-import { attentionDocsRef } from '../backend/reference.js';
+import { attentionDocsRef, docPositionsOf } from '../backend/reference.js';
 
 const { value: backends, skip } = gpuOrSkip(() => {
   const cacheDir = mkdtempSync(join(tmpdir(), 'dk-docs-'));
@@ -44,17 +43,6 @@ const { value: backends, skip } = gpuOrSkip(() => {
 });
 after(() => { if (backends) for (const b of Object.values(backends)) b.dispose(); });
 
-/** Document positions of B windows of T rows, window w holding the documents docs[w % docs.length] (the rest: padding). */
-function positionsOf(B: number, T: number, docs: number[][]): Int32Array {
-  const pos = new Int32Array(B * T);
-  for (let w = 0; w < B; w++) {
-    const starts: number[] = [];
-    let at = 0;
-    for (const len of docs[w % docs.length]!) { starts.push(at); at += len; }
-    pos.set(documentPositions(T, starts, Math.min(at, T)), w * T);
-  }
-  return pos;
-}
 
 /** Chat-like documents filling T rows: lengths from 20 to 400 (seeded), the last one cut to fit. */
 function chatLike(seed: number, T: number): number[] {
@@ -73,7 +61,7 @@ function runCase(c: Case): Record<string, number> {
   const r = rng(c.B * 1000 + c.T + c.hd + c.nH);
   const qn = c.B * c.T * c.nH * c.hd, kn = c.B * c.T * c.nKv * c.hd;
   const q = randBf16(r, qn, 3), k = randBf16(r, kn, 1), v = randBf16(r, kn, 1), dout = randBf16(r, qn, 1);
-  const pos = positionsOf(c.B, c.T, c.docs);
+  const pos = docPositionsOf(c.B, c.T, c.docs);
   const docPositions = be.allocInt(c.B * c.T, 'positions');
   be.uploadInt(docPositions, pos);
   const docs: DocPositions = { docPositions };
@@ -125,7 +113,7 @@ test('cuda attention: document positions of one document per window give the cau
   const Q = up(be, randBf16(r, qn, 3), 'q', 'bf16'), K = up(be, randBf16(r, kn, 1), 'k', 'bf16'), V = up(be, randBf16(r, kn, 1), 'v', 'bf16');
   const G = up(be, randBf16(r, qn, 1), 'dout', 'bf16');
   const docPositions = be.allocInt(B * T, 'positions');
-  be.uploadInt(docPositions, positionsOf(B, T, [[T]]));
+  be.uploadInt(docPositions, docPositionsOf(B, T, [[T]]));
   const results = [null, { docPositions }].map((docs) => {
     const out = be.alloc(qn, 'out', 'bf16'), lse = be.alloc(B * nH * T, 'lse');
     const dq = be.alloc(qn, 'dq', 'bf16'), dk = be.alloc(kn, 'dk', 'bf16'), dv = be.alloc(kn, 'dv', 'bf16');
@@ -151,7 +139,7 @@ test('whole model over packed documents, cuda vs cpu (fp32): logits, gradients, 
     for (const t of layout.tensors) if (t.init === 'zeros' || t.init === 'ones') for (let i = 0; i < t.size; i++) w[t.offset + i]! += 0.1 * rngW.normal();
     const ids = Int32Array.from({ length: n }, (_, i) => (i * 37 + 11) % V);
     const targets = Int32Array.from({ length: n }, (_, i) => (i * 53 + 7) % V);
-    const posA = positionsOf(B, T, [[7, 1, 20, 9], [40]]), posB = positionsOf(B, T, [[3, 30], [12, 12, 12]]);
+    const posA = docPositionsOf(B, T, [[7, 1, 20, 9], [40]]), posB = docPositionsOf(B, T, [[3, 30], [12, 12, 12]]);
     const outcome = (be: Backend): { logits: Float32Array | Float64Array; grads: Float32Array | Float64Array; evals: number[] } => {
       const m = new Transformer(be, QWEN, { batch: B, seq: T, training: true, documents: true });
       m.setWeights(w);

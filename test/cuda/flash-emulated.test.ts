@@ -22,8 +22,7 @@ import {
   attentionForwardBf16, dqDsSmem, dsScratchElems, faSmem,
 } from '../../src/backend/cuda/kernels/attention-bf16.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
-import { attentionBackwardRef, attentionDocsRef, attentionRef } from '../backend/reference.js';
-import { documentPositions } from '../../src/data/pack.js';
+import { attentionBackwardRef, attentionDocsRef, attentionRef, docPositionsOf } from '../backend/reference.js';
 import { randBf16, rng } from './helpers.js';
 import { relErr as maxRel, relFrob as frob } from '../util/compare.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
@@ -42,17 +41,6 @@ const loadAll = `auto q = readf<bf16>(d, "q.bin", (size_t)B*T*nH*HD); auto k = r
   auto pos = readf<int>(d, "pos.bin", (size_t)B*T); const int* docPos = atoi(a[7]) ? pos.data() : nullptr;`;
 const head = 'int main(int, char** a) { const char* d = a[1]; int B = atoi(a[2]), T = atoi(a[3]), nH = atoi(a[4]), nKv = atoi(a[5]), S = atoi(a[6]);';
 
-/** Document positions of B windows of T rows from each window's document lengths (the rest of a window: the padding document). */
-function positionsOf(B: number, T: number, docs: number[][]): Int32Array {
-  const pos = new Int32Array(B * T);
-  for (let w = 0; w < B; w++) {
-    const starts: number[] = [];
-    let at = 0;
-    for (const len of docs[w % docs.length]!) { starts.push(at); at += len; }
-    pos.set(documentPositions(T, starts, Math.min(at, T)), w * T);
-  }
-  return pos;
-}
 
 interface Launch { spec: KernelSpec; x: number; smem: number; threads: number }
 
@@ -69,7 +57,7 @@ function emulate(simt: boolean, B: number, T: number, nH: number, nKv: number, h
   const g0q = randBf16(r, qn, 0.1), g0k = randBf16(r, kn, 0.1), g0v = randBf16(r, kn, 0.1);
   wr('q.bin', q, 'bf16'); wr('k.bin', k, 'bf16'); wr('v.bin', v, 'bf16'); wr('dout.bin', dout, 'bf16');
   wr('dsum.bin', new Float32Array(B * nH * T), 'f32'); wr('lse.bin', new Float32Array(B * nH * T), 'f32');
-  const pos = docs ? positionsOf(B, T, docs) : null;
+  const pos = docs ? docPositionsOf(B, T, docs) : null;
   writeFileSync(join(workDir(), 'pos.bin'), pos ?? new Int32Array(B * T));
   const args = [workDir(), B, T, nH, nKv, S, pos ? 1 : 0].map(String);
   const b16 = { q: 'bf16', k: 'bf16', v: 'bf16' } as const;

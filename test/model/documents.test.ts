@@ -14,22 +14,10 @@ import { initialWeights } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { documentPositions, packDocuments } from '../../src/data/pack.js';
 import { Rng } from '../../src/util/rng.js';
+import { BatchLoader } from '../../src/data/loader.js';
+import { makeEvalBatches } from '../../src/train/run.js';
 import { assertClose, bufOf, randn } from '../backend/helpers.js';
-import { attentionBackwardRef, attentionRef } from '../backend/reference.js';
-
-/** The documents of window w as [start, end) row ranges, read from positions. */
-function segments(pos: Int32Array, w: number, t: number): Array<[number, number]> {
-  const out: Array<[number, number]> = [];
-  for (let i = 0; i < t; i++) {
-    if (pos[w * t + i] === 0) { if (out.length) out[out.length - 1]![1] = i; out.push([i, t]); }
-  }
-  return out;
-}
-
-/** Rows [s, e) of window w of a [b, t, width] tensor. */
-function rows(x: ArrayLike<number>, w: number, t: number, width: number, s: number, e: number): Float64Array {
-  return Float64Array.from({ length: (e - s) * width }, (_, i) => x[(w * t + s) * width + i]!);
-}
+import { attentionBackwardRef, attentionRef, docPositionsOf, docSegments, rowsOf } from '../backend/reference.js';
 
 /** Window layouts: (b, t, document lengths per window; what is left of t is the padding document). */
 const LAYOUTS: Array<[number, number, number[][]]> = [
@@ -37,21 +25,10 @@ const LAYOUTS: Array<[number, number, number[][]]> = [
   [3, 11, [[1, 1, 9], [11], [3, 2, 2, 1]]],
 ];
 
-function positionsOf(b: number, t: number, docs: number[][]): Int32Array {
-  const pos = new Int32Array(b * t);
-  for (let w = 0; w < b; w++) {
-    const starts: number[] = [];
-    let at = 0;
-    for (const len of docs[w]!) { starts.push(at); at += len; }
-    pos.set(documentPositions(t, starts, at), w * t);
-  }
-  return pos;
-}
-
 test('documentPositions counts from each document\'s first row, the padding a document of its own; checkDocPositions refuses others', () => {
   assert.deepEqual(Array.from(documentPositions(8, [0, 2, 3], 5)), [0, 1, 0, 0, 1, 0, 1, 2]);
   assert.deepEqual(Array.from(documentPositions(4, [0], 4)), [0, 1, 2, 3]);
-  checkDocPositions(positionsOf(2, 18, [[5, 7, 4], [9, 9]]), 2, 18);
+  checkDocPositions(docPositionsOf(2, 18, [[5, 7, 4], [9, 9]]), 2, 18);
   assert.throws(() => checkDocPositions(Int32Array.of(1, 2), 1, 2), /row 0 is at 1/);
   assert.throws(() => checkDocPositions(Int32Array.of(0, 1, 3), 1, 3), /row 2 is at 3 after 1/);
   assert.throws(() => checkDocPositions(Int32Array.of(0, 1, 2, 3), 2, 2), /window 1 row 0/);
@@ -65,7 +42,7 @@ for (const [dtype, threads] of [['f64', 1], ['f32', 1], ['f32', 3]] as const) {
       for (const [b, t, docs] of LAYOUTS) {
         for (const [nH, nKv, hd] of [[4, 2, 6], [3, 3, 4]] as const) {
           const rng = new Rng(b * 100 + t + nH);
-          const pos = positionsOf(b, t, docs);
+          const pos = docPositionsOf(b, t, docs);
           const pb = be.allocInt(b * t, 'positions');
           be.uploadInt(pb, pos);
           const dp = { docPositions: pb };
@@ -86,15 +63,15 @@ for (const [dtype, threads] of [['f64', 1], ['f32', 1], ['f32', 3]] as const) {
           const one: Backend = createCpuBackend({ dtype: 'f64', threads: 1 });
           try {
             for (let w = 0; w < b; w++) {
-              for (const [s, e] of segments(pos, w, t)) {
+              for (const [s, e] of docSegments(pos, w, t)) {
                 const L = e - s, what = `${b}x${t} window ${w} rows ${s}..${e} (${nH}/${nKv} heads, hd ${hd})`;
-                const qs = rows(q, w, t, nH * hd, s, e), ks = rows(k, w, t, nKv * hd, s, e), vs = rows(v, w, t, nKv * hd, s, e), gs = rows(g, w, t, nH * hd, s, e);
+                const qs = rowsOf(q, w, t, nH * hd, s, e), ks = rowsOf(k, w, t, nKv * hd, s, e), vs = rowsOf(v, w, t, nKv * hd, s, e), gs = rowsOf(g, w, t, nH * hd, s, e);
                 const [oR, lR] = attentionRef(qs, ks, vs, 1, L, nH, nKv, hd);
                 const [dqR, dkR, dvR] = attentionBackwardRef(gs, qs, ks, vs, 1, L, nH, nKv, hd);
-                assertClose(rows(o!, w, t, nH * hd, s, e), oR, tol, tol, `out ${what}`);
-                assertClose(rows(gq!, w, t, nH * hd, s, e), dqR, tol, tol, `dq ${what}`);
-                assertClose(rows(gk!, w, t, nKv * hd, s, e), dkR, tol, tol, `dk ${what}`);
-                assertClose(rows(gv!, w, t, nKv * hd, s, e), dvR, tol, tol, `dv ${what}`);
+                assertClose(rowsOf(o!, w, t, nH * hd, s, e), oR, tol, tol, `out ${what}`);
+                assertClose(rowsOf(gq!, w, t, nH * hd, s, e), dqR, tol, tol, `dq ${what}`);
+                assertClose(rowsOf(gk!, w, t, nKv * hd, s, e), dkR, tol, tol, `dk ${what}`);
+                assertClose(rowsOf(gv!, w, t, nKv * hd, s, e), dvR, tol, tol, `dv ${what}`);
                 for (let h = 0; h < nH; h++) {
                   const got = Array.from({ length: L }, (_, i) => l![(w * nH + h) * t + s + i]!);
                   assertClose(got, Array.from({ length: L }, (_, i) => lR[h * L + i]!), tol, tol, `lse head ${h} ${what}`);
@@ -103,8 +80,8 @@ for (const [dtype, threads] of [['f64', 1], ['f32', 1], ['f32', 3]] as const) {
                 const X = bufOf(one, qs), Y = one.alloc(qs.length, 'y'), Gs = bufOf(one, gs), Z = one.alloc(gs.length, 'z');
                 one.ropeForward(Y, X, 1, L, nH, hd, rope, 0);
                 one.ropeBackward(Z, Gs, 1, L, nH, hd, rope, 0, false);
-                assertClose(rows(rqh!, w, t, nH * hd, s, e), one.download(Y), tol, tol, `rope forward ${what}`);
-                assertClose(rows(rbh!, w, t, nH * hd, s, e), one.download(Z), tol, tol, `rope backward ${what}`);
+                assertClose(rowsOf(rqh!, w, t, nH * hd, s, e), one.download(Y), tol, tol, `rope forward ${what}`);
+                assertClose(rowsOf(rbh!, w, t, nH * hd, s, e), one.download(Z), tol, tol, `rope backward ${what}`);
               }
             }
           } finally { one.dispose(); }
@@ -135,7 +112,7 @@ for (const [name, cfg] of CONFIGS) {
     const be = createCpuBackend({ dtype: 'f64', threads: 1 });
     try {
       const [b, t, docs] = LAYOUTS[0]!;
-      const pos = positionsOf(b, t, docs);
+      const pos = docPositionsOf(b, t, docs);
       const packed = new Transformer(be, cfg, { batch: b, seq: t, training: true, documents: true });
       const alone = new Transformer(be, cfg, { batch: 1, seq: t, training: true });
       const rng = new Rng(7);
@@ -146,7 +123,7 @@ for (const [name, cfg] of CONFIGS) {
       // the gradient of Σ R ⊙ logits over the documents' rows (the padding rows weigh 0)
       const R = randn(rng, b * t * V);
       for (let wi = 0; wi < b; wi++) {
-        const segs = segments(pos, wi, t), real = docs[wi]!.reduce((a, x) => a + x, 0);
+        const segs = docSegments(pos, wi, t), real = docs[wi]!.reduce((a, x) => a + x, 0);
         for (const [s, e] of segs) if (s >= real) R.fill(0, (wi * t + s) * V, (wi * t + e) * V);
       }
       const logits = be.download(packed.forward(ids, b, t, pos));
@@ -159,14 +136,14 @@ for (const [name, cfg] of CONFIGS) {
       alone.zeroGrad();
       for (let wi = 0; wi < b; wi++) {
         const real = docs[wi]!.reduce((a, x) => a + x, 0);
-        for (const [s, e] of segments(pos, wi, t)) {
+        for (const [s, e] of docSegments(pos, wi, t)) {
           if (s >= real) continue;
           const L = e - s;
-          const got = rows(logits, wi, t, V, s, e);
+          const got = rowsOf(logits, wi, t, V, s, e);
           const ref = be.download(alone.forward(ids.subarray(wi * t + s, wi * t + e), 1, L));
           assertClose(got, ref.subarray(0, L * V), 1e-11, 1e-11, `logits window ${wi} rows ${s}..${e}`);
           const dla = be.alloc(L * V, 'dl alone');
-          be.upload(dla, rows(R, wi, t, V, s, e));
+          be.upload(dla, rowsOf(R, wi, t, V, s, e));
           alone.backward(dla);
         }
       }
@@ -194,4 +171,43 @@ test('packDocuments: bfd windows carry each document\'s positions, wrapped and n
   for (const packing of ['wrapped', 'none'] as const) {
     assert.ok(packDocuments(enc, docs, { seqLen: 8, eosId: 0, packing }).windows.every((w) => w.positions === undefined), packing);
   }
+});
+
+test('the loader and the evaluation batches carry bfd windows\' positions (padding rows: one document each), wrapped windows none', () => {
+  const enc = { encode: (s: string) => Array.from(s, (ch) => ch.charCodeAt(0) - 96) };
+  const docs = ['abcde', 'fg', 'hijklmnop', 'q', 'rstu', 'vw', 'xyz'];
+  const bfd = packDocuments(enc, docs, { seqLen: 8, eosId: 0, packing: 'bfd' }).windows;
+  const loader = new BatchLoader(bfd, { batchSize: 2, seed: 3 });
+  for (let k = 0; k < 4; k++) {
+    const b = loader.next();
+    assert.ok(b.positions, 'a batch of bfd windows has positions');
+    for (let r = 0; r < 2; r++) {
+      const w = bfd.find((x) => x.id === b.windows[r])!;
+      assert.deepEqual(Array.from(b.positions.subarray(r * 8, r * 8 + 8)), Array.from(w.positions!), `batch ${k} row ${r}`);
+    }
+  }
+  const evalBatches = makeEvalBatches(bfd.slice(0, 1), 3, 0);
+  assert.equal(evalBatches.length, 1);
+  const p = evalBatches[0]!.positions!;
+  assert.deepEqual(Array.from(p.subarray(0, 8)), Array.from(bfd[0]!.positions!));
+  assert.deepEqual(Array.from(p.subarray(8, 24)), [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
+  checkDocPositions(p, 3, 8);
+  const wrapped = packDocuments(enc, docs, { seqLen: 8, eosId: 0, packing: 'wrapped' }).windows;
+  assert.equal(new BatchLoader(wrapped, { batchSize: 2, seed: 3 }).next().positions, undefined);
+  assert.equal(makeEvalBatches(wrapped, 2, 0)[0]!.positions, undefined);
+});
+
+test('a model made without documents refuses positions; one made with them takes a batch without as one document a window', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  try {
+    const cfg = tinyConfig();
+    const plain = new Transformer(be, cfg, { batch: 1, seq: 6, training: false });
+    assert.throws(() => plain.stageInputs(new Int32Array(6), 1, 6, new Int32Array(6)), /made without documents/);
+    const m = new Transformer(be, cfg, { batch: 1, seq: 6, training: false, documents: true });
+    assert.throws(() => m.stageInputs(new Int32Array(6), 1, 6, Int32Array.of(0, 1, 2, 4, 5, 6)), /row 3 is at 4 after 2/);
+    const w = initialWeights(m.layout, cfg, new Rng(1), 0.5);
+    m.setWeights(w); plain.setWeights(w);
+    const ids = Int32Array.of(1, 2, 3, 4, 5, 6);
+    assertClose(be.download(m.forward(ids, 1, 6)), be.download(plain.forward(ids, 1, 6)), 0, 0, 'one document a window is the causal window');
+  } finally { be.dispose(); }
 });

@@ -294,9 +294,11 @@ export const attentionForwardBf16 = defineFamily<{ headDim: number; out: Dt }>({
   generate: (p) => `${faPrelude(p.headDim)}
 #define BQ ${FA_QUERY_TILE}
 #define BK ${FA_FWD_KT}
-extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${fwdMinBlocks(p.headDim)}) ` : ''}attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
-                                                                   const bf16* v, int T, int nH, int nKv, const int* docPos) {
-  extern __shared__ __align__(16) unsigned char smraw[];
+/* the kernel's body, once without documents (DOCS false: every document test folds away, the causal window's code)
+   and once with them: the kernel picks one by docPos, uniformly over the grid */
+template <bool DOCS>
+__device__ __forceinline__ void fwdBody(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int T, int nH, int nKv,
+                                        const int* docPos, unsigned char* smraw) {
   /* two buffers of a K tile and a V tile ([BK][STR] each): tile j + 1 loads (cp.async) while tile j is used; the Q
      tile [BQ][STR] is staged in buffer 1 first */
   bf16* buf = (bf16*)smraw;
@@ -304,7 +306,7 @@ extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${
      tile (the most keys under the causal mask) start first and the first tiles come last, so no long block is the tail */
 ${QUERY_TILE_ROWS_KV}
   /* key tiles from the one holding the tile's first row's first key (its document's start: the smallest of the tile) */
-  const int jt0 = docStart(docPos, b, T, i0) / BK;
+  const int jt0 = DOCS ? docStart(docPos, b, T, i0) / BK : 0;
   stageRows(buf + 2 * BK * STR, q + ((long long)b * T * nH + h) * HD, qs, i0, BQ, T);
   stageRowsAsync(buf, kb, ks, jt0 * BK, BK, T);
   stageRowsAsync(buf + BK * STR, vb, ks, jt0 * BK, BK, T);
@@ -319,7 +321,8 @@ ${QUERY_TILE_ROWS_KV}
   const int nTiles = (iEnd + BK - 1) / BK;
   const int iA = i0 + rw + g, iB = iA + 8; /* the rows of this lane's accumulator elements 0, 1 and 2, 3 */
   /* the first keys of rows iA and iB, and the largest first key of the warp's rows (its last row's, or T − 1's) */
-  const int stA = docStart(docPos, b, T, iA), stB = docStart(docPos, b, T, iB), stW = docStart(docPos, b, T, min(i0 + rw + 15, T - 1));
+  const int stA = DOCS ? docStart(docPos, b, T, iA) : 0, stB = DOCS ? docStart(docPos, b, T, iB) : 0;
+  const int stW = DOCS ? docStart(docPos, b, T, min(i0 + rw + 15, T - 1)) : 0;
   float o[NO][4];
   zeroAcc(o);
   float mA = NEG_INF, mB = NEG_INF, lA = 0.0f, lB = 0.0f; /* running max (log2 units) and sum per row */
@@ -338,7 +341,7 @@ ${QUERY_TILE_ROWS_KV}
     /* element e of atom n: row e < 2 ? iA : iB, key j0 + 8n + 2t + (e & 1); mask only where a key can pass a row or
        fall before its document. Scores stay raw (unscaled) here: the maxima scale once, and each probability is one
        FFMA and one exp2 */
-    const bool diag = j0 + BK - 1 > i0 + rw || j0 < stW;
+    const bool diag = j0 + BK - 1 > i0 + rw || (DOCS && j0 < stW);
     float mxA = NEG_INF, mxB = NEG_INF;
 #pragma unroll
     for (int n = 0; n < BK / 8; n++) {
@@ -346,7 +349,7 @@ ${QUERY_TILE_ROWS_KV}
       for (int e = 0; e < 4; e++) {
         float x = sc[n][e];
         const int j = j0 + 8 * n + 2 * t + (e & 1);
-        if (diag && (j > (e < 2 ? iA : iB) || j < (e < 2 ? stA : stB))) x = NEG_INF;
+        if (diag && (j > (e < 2 ? iA : iB) || (DOCS && j < (e < 2 ? stA : stB)))) x = NEG_INF;
         sc[n][e] = x;
         if (e < 2) mxA = fmaxf(mxA, x); else mxB = fmaxf(mxB, x);
       }
@@ -356,7 +359,7 @@ ${QUERY_TILE_ROWS_KV}
     /* the new maxima (log2 units); -inf while a row has met none of its keys (a tile before its document: documents),
        where 0 stands in for them below so that exp2 gives 0, not NaN */
     const float nA = fmaxf(mA, mxA * SCALE_LOG2), nB = fmaxf(mB, mxB * SCALE_LOG2);
-    const float zA = nA == NEG_INF ? 0.0f : nA, zB = nB == NEG_INF ? 0.0f : nB;
+    const float zA = DOCS && nA == NEG_INF ? 0.0f : nA, zB = DOCS && nB == NEG_INF ? 0.0f : nB;
     const float aA = exp2f(mA - zA), aB = exp2f(mB - zB); /* 0 on a row's first tile with a key */
     float sA = 0.0f, sB = 0.0f;
 #pragma unroll
@@ -391,6 +394,12 @@ ${QUERY_TILE_ROWS_KV}
     for (int n = 0; n < NO; n++) st2(out, ob + 8 * n + 2 * t, o[n][2] * inv, o[n][3] * inv);
     if (t == 0) lse[((long long)b * nH + h) * T + iB] = (mB + log2f(lB)) * LN2;
   }
+}
+extern "C" __global__ void ${fwdMinBlocks(p.headDim) ? `__launch_bounds__(NT, ${fwdMinBlocks(p.headDim)}) ` : ''}attention_fwd_bf16(${ctype(p.out)}* out, float* lse, const bf16* q, const bf16* k,
+                                                                   const bf16* v, int T, int nH, int nKv, const int* docPos) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  if (docPos == nullptr) fwdBody<false>(out, lse, q, k, v, T, nH, nKv, docPos, smraw);
+  else fwdBody<true>(out, lse, q, k, v, T, nH, nKv, docPos, smraw);
 }
 `,
 });
