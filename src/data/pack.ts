@@ -14,7 +14,8 @@
  *   last piece is placed as a document of that length. Documents sharing a window do not see each other: each row
  *   attends to its own document's rows only, at RoPE positions from 0 at the document's first token (`positions`),
  *   as TRL's padding-free bfd packing runs them (position_ids reset per document, FlashAttention's varlen kernels):
- *   each computes what it would alone. (TRL cuts such a document to its max_length instead, dropping the rest.)
+ *   each computes what it would alone, and a document's first token is no target of the row before it (the previous
+ *   document's end). (TRL cuts such a document to its max_length instead, dropping the rest.)
  * - 'none' (TRL's packing=False, as its SFT and GKD trainers run by default): one document a window, in the data's
  *   order, padded; a document longer than seqLen + 1 tokens is split as under 'bfd'. No document sees another, at the
  *   cost of the padding's compute.
@@ -224,8 +225,10 @@ export function packDocuments(tokenizer: TokenEncoder, docs: readonly PackDoc[],
     for (const m of members) {
       ids.set(chunks[m.doc]!.slice(m.from, m.to), o);
       counted.set(counts[m.doc]!.subarray(m.from, m.to), o);
-      // a continuation's first token was its previous piece's last target: not a target again, from other context
-      if (m.from > 0) counted[o] = 0;
+      // a continuation's first token was its previous piece's last target: not a target again, from other context; and
+      // under 'bfd' a document's first token is no target of the document before it, which it does not see (TRL's
+      // padding-free collator drops that label too)
+      if (m.from > 0 || (packing === 'bfd' && o > 0)) counted[o] = 0;
       o += m.to - m.from;
     }
     // 'bfd': each member a document of its own (a continuation piece too: it cannot see its beginning either way)

@@ -39,14 +39,19 @@ function firstCounted(mask: Float32Array, r: number, t: number): number {
   return t;
 }
 
-/** The prompts of a batch's b windows of t tokens (see the module comment). */
-export function promptsOf(inputs: Int32Array, mask: Float32Array, b: number, t: number, promptLen: number): number[][] {
+/**
+ * The prompts of a batch's b windows of t tokens (see the module comment). With the windows' document positions ('bfd'
+ * windows: Batch.positions), a prompt stays inside its window's first document.
+ */
+export function promptsOf(inputs: Int32Array, mask: Float32Array, b: number, t: number, promptLen: number, positions?: Int32Array): number[][] {
   const out: number[][] = [];
   for (let r = 0; r < b; r++) {
     const first = firstCounted(mask, r, t);
+    let docEnd = t;
+    if (positions) for (let p = 1; p < t; p++) if (positions[r * t + p] === 0) { docEnd = p; break; }
     // mask[p] counts target p (the token at p + 1): the prompt ends with the token whose successor is the first counted one.
     const chat = first > 0;
-    const len = Math.max(1, Math.min(promptLen, chat ? first + 1 : promptLen, t - 1));
+    const len = Math.max(1, Math.min(promptLen, chat ? first + 1 : promptLen, t - 1, docEnd));
     out.push(Array.from(inputs.subarray(r * t, r * t + len)));
   }
   return out;
@@ -82,10 +87,10 @@ export interface OnPolicyResult { batch: Batch; generated: number }
  * the step), the batch over them. A reply to a conversation also stops at the end-of-turn tokens (`turnEndIds`), as
  * `generate --chat` does; a text continuation at `stopIds` only.
  */
-export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, window: { inputs: Int32Array; mask: Float32Array; b: number; t: number },
+export function onPolicyMicroBatch(gen: BatchGenerator, o: OnPolicyOptions, window: { inputs: Int32Array; mask: Float32Array; b: number; t: number; positions?: Int32Array | undefined },
   seed: number, step: number, micro: { index: number; perStep: number }, stops: { stopIds: number[]; turnEndIds: number[] }, padId: number): OnPolicyResult {
   const { b, t } = window;
-  const prompts = promptsOf(window.inputs, window.mask, b, t, o.promptLen);
+  const prompts = promptsOf(window.inputs, window.mask, b, t, o.promptLen, window.positions);
   const chatStops = [...new Set([...stops.stopIds, ...stops.turnEndIds])];
   const room = t - Math.max(...prompts.map((p) => p.length));
   const r = gen.generateOnDevice(prompts, {

@@ -461,7 +461,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       for (let a = 0; a < o.gradAccum && onPolicyStep; a++) {
         const b = nextBatch();
         // sampling seeded by the global micro-batch index: N ranks draw what one process with N× accumulation would
-        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq }, o.seed, step,
+        const g = onPolicyMicroBatch(onPolicyGen!, onPolicy, { inputs: b.inputs, mask: b.mask, b: o.batch, t: o.seq, positions: b.positions }, o.seed, step,
           { index: a * world + comm.rank, perStep: o.gradAccum * world }, genStops, eosId);
         micro.push(g.batch);
         generated += g.generated;

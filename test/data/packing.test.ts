@@ -35,7 +35,7 @@ function windowTokens(w: { inputs: Int32Array; targets: Int32Array; mask: Float3
   return out;
 }
 
-test('bfd: every document that fits lies whole in one window, placed longest first where it leaves the least room; every token after a window\'s first is a target once', () => {
+test('bfd: every document that fits lies whole in one window, placed longest first where it leaves the least room; every token after its document\'s first is a target once', () => {
   // room 11 (seq 10): lengths with EOS 7, 6, 5, 4, 3 (25 tokens): 7 -> w0 (room 4), 6 -> w1 (5), 5 -> w1 (0),
   // 4 -> w0 (0), 3 -> w2: windows of 11, 11 and 3 tokens.
   const docs = docsOf([6, 5, 4, 3, 2]);
@@ -52,11 +52,15 @@ test('bfd: every document that fits lies whole in one window, placed longest fir
     const holders = wins.filter((w) => w.some((_t, i) => seq.every((x, k) => w[i + k] === x)));
     assert.equal(holders.length, 1, `document ${d.length} lies whole in one window`);
   }
-  // targets: every token but each window's first, once; mask 1 exactly there
+  // targets: every token but each document's first (which its window's row before it, another document's end, does not
+  // see coming), once; mask 1 exactly there
   const total = docs.reduce((a, d) => a + d.length + 1, 0);
   assert.equal(p.totalTokens, total);
-  assert.equal(p.targetTokens, total - wins.length);
-  for (const w of p.windows) for (let i = 0; i < 10; i++) assert.equal(w.mask[i], w.targets[i]! >= 0 ? 1 : 0);
+  assert.equal(p.targetTokens, total - docs.length);
+  for (const w of p.windows) {
+    const len = w.targets.filter((x) => x >= 0).length; // input rows with a token after them (then the padding document)
+    for (let i = 0; i < 10; i++) assert.equal(w.mask[i], w.targets[i]! >= 0 && !(i + 1 < len && w.positions![i + 1] === 0) ? 1 : 0, `row ${i}`);
+  }
 });
 
 test('bfd: a document longer than a window fills windows of its own, split with stride seq; each of its tokens after the first is a target once', () => {
@@ -74,7 +78,7 @@ test('bfd: a document longer than a window fills windows of its own, split with 
   const counts = new Map<number, number>();
   for (const w of p.windows) for (let i = 0; i < 10; i++) if (w.mask[i]) counts.set(w.targets[i]!, (counts.get(w.targets[i]!) ?? 0) + 1);
   for (const t of long.slice(1, -1)) assert.equal(counts.get(t), 1, `token ${t}`);
-  assert.equal(p.targetTokens, 25 + 4, 'the long document\'s 25 targets, the short one\'s 4 (its first follows the piece: a target)');
+  assert.equal(p.targetTokens, 25 + 3, 'the long document\'s 25 targets, the short one\'s 3 (its first, after the piece, is not a target)');
 });
 
 test('bfd: a split document\'s last piece placed after another document does not make its first token a target again', () => {

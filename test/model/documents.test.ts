@@ -168,6 +168,13 @@ test('packDocuments: bfd windows carry each document\'s positions, wrapped and n
     }
   }
   assert.ok(bfd.windows.some((w) => w.positions!.some((p, i) => i > 0 && p === 0 && w.targets[i] !== -1)), 'some window packs two documents');
+  // the row before a document's first token (the previous document's EOS) has that token as its target, which it cannot
+  // see coming: not counted (as TRL's padding-free collator drops it)
+  for (const w of bfd.windows) for (let i = 0; i + 1 < 8; i++) if (w.positions![i + 1] === 0) assert.equal(w.mask[i], 0, `row ${i} of window ${w.id}`);
+  const counted = bfd.windows.reduce((a, w) => a + w.mask.reduce((x, y) => x + y, 0), 0);
+  assert.equal(counted, bfd.targetTokens);
+  // each document counts as many targets as it does alone: its tokens and EOS less one
+  assert.equal(counted, docs.reduce((a, d) => a + d.length, 0));
   for (const packing of ['wrapped', 'none'] as const) {
     assert.ok(packDocuments(enc, docs, { seqLen: 8, eosId: 0, packing }).windows.every((w) => w.positions === undefined), packing);
   }

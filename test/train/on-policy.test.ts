@@ -118,3 +118,11 @@ test('distill --on-policy with padded vocabularies (vocab_size past the tokenize
   assert.equal(rows.length, 4);
   assert.ok(rows.every((x) => x.on_policy === 1 && x.gen_len! > 0 && Number.isFinite(x.loss)));
 });
+
+test('promptsOf keeps a prompt inside its window\'s first document where the windows carry document positions (bfd)', () => {
+  const t = 10, inputs = Int32Array.from({ length: 2 * t }, (_, i) => 100 + i), mask = new Float32Array(2 * t).fill(1);
+  // window 0: documents of 3 and 7 rows; window 1: one document
+  const positions = Int32Array.from([0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+  assert.deepEqual(promptsOf(inputs, mask, 2, t, 6, positions), [[100, 101, 102], [110, 111, 112, 113, 114, 115]]);
+  assert.deepEqual(promptsOf(inputs, mask, 2, t, 6), [[100, 101, 102, 103, 104, 105], [110, 111, 112, 113, 114, 115]]);
+});
