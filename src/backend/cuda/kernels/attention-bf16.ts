@@ -20,6 +20,11 @@
  * ptxas (local nvcc 13.0, sm_90, session 19): forward 128 (bounded to 4 blocks per SM, an 8-byte spill) / 213 registers
  * (hd 64 / 128), dQ 146 / 168 (bounded to 3 blocks, 212 bytes spilled), dK/dV 168 (bounded to 3 blocks, ~100 bytes spilled)
  * / 255 (56 bytes spilled); NVRTC may differ.
+ * Documents (Backend DocPositions): every kernel takes `docPos` (each row's position in its document, or null) as a
+ * run-time argument (DOC_START, attention.ts): a row's keys start at its document's first row; the forward and both dQ
+ * kernels begin at the key tile of their tile's first row's document, the dK/dV kernels end at the first row whose
+ * document starts after their keys (rounded to a 64-row dS tile); the forward's body is instantiated with and without
+ * documents (fwdBody<DOCS>), so the causal window runs the code it ran before.
  * Shared memory: faSmem(). Tried and measured slower (docs/measurements, session 18): skipping the diagonal tile's fully
  * masked atoms, two m-atoms per warp. Not yet done: 8-warp blocks, wgmma/TMA.
  * - The default backward (CudaBackend's AttentionBackwardImpl 'stored-ds', session 20): attention_bwd_pre (D), then
