@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { packBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import type { Backend, Buf, DocPositions, DType } from '../../src/backend/backend.js';
-import { documentPositions } from '../../src/data/pack.js';
+import { docPositionsOf } from '../backend/reference.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -109,15 +109,6 @@ function recordingBackend(): { be: CudaBackend; launches: Launch[] } {
 /** docs: the document lengths of every window (the rest of a window is the padding document): RoPE by DocPositions. */
 interface Shape { B: number; T: number; H: number; hd: number; pos0: number; docs?: number[] }
 
-/** The document positions of a shape with documents. */
-function positionsOf(s: Shape): Int32Array {
-  const starts: number[] = [];
-  let at = 0;
-  for (const len of s.docs!) { starts.push(at); at += len; }
-  const one = documentPositions(s.T, starts, at), pos = new Int32Array(s.B * s.T);
-  for (let w = 0; w < s.B; w++) pos.set(one, w * s.T);
-  return pos;
-}
 type Op = 'fwd' | 'fwd-inplace' | 'bwd' | 'bwd-set';
 interface Case { rope: RopeSpec; s: Shape; op: Op; out: DType; inp: DType; launch: Launch; outInit: Float32Array; inpInit: Float32Array; ref: ArrayLike<number> }
 
@@ -132,7 +123,7 @@ function apply(b: Backend, c: Omit<Case, 'launch' | 'ref'>): { out: Buf; inp: Bu
   let at: number | DocPositions = pos0;
   if (c.s.docs) {
     const docPositions = b.allocInt(B * T, 'positions');
-    b.uploadInt(docPositions, positionsOf(c.s));
+    b.uploadInt(docPositions, docPositionsOf(c.s.B, c.s.T, [c.s.docs!]));
     at = { docPositions };
   }
   if (c.op === 'bwd' || c.op === 'bwd-set') b.ropeBackward(out, inp, B, T, H, hd, c.rope, at, c.op === 'bwd');
@@ -219,7 +210,7 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
         writeOperand(outPath, c.outInit, c.out);
         if (c.op !== 'fwd-inplace') writeOperand(inpPath, c.inpInit, c.inp);
         const posPath = join(dir, 'pos.bin');
-        if (c.s.docs) writeFileSync(posPath, positionsOf(c.s));
+        if (c.s.docs) writeFileSync(posPath, docPositionsOf(c.s.B, c.s.T, [c.s.docs!]));
         execFileSync(join(dir, 'emu'), [String(kernels.indexOf(c.launch.source)), String(grid), String(c.launch.block),
           String(rows), String(T), String(H), String(pos0), outPath, c.op === 'fwd-inplace' ? '-' : inpPath, String(so), String(si), c.s.docs ? posPath : '-']);
         const got = readOperand(outPath, c.out);
