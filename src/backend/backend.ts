@@ -60,8 +60,23 @@ export function checkDocPositions(pos: ArrayLike<number>, b: number, t: number):
   }
 }
 
-/** Sampling settings of Backend.sampleTokens: temperature (0 = greedy), top-k (0 = off), top-p (1 = off). */
-export interface SampleParams { temperature: number; topK: number; topP: number }
+/**
+ * Sampling settings of Backend.sampleTokens: temperature (0 = greedy), top-k (0 = off), top-p (1 = off), and as
+ * transformers' generate() names them, repetition_penalty (absent or 1 = off; it needs the rows' seen-token bitmask)
+ * and min_p (absent or 0 = off).
+ */
+export interface SampleParams { temperature: number; topK: number; topP: number; repetitionPenalty?: number; minP?: number }
+
+/** 32-bit words a row of Backend.sampleTokens' seen-token bitmask takes over a vocabulary of `vocab` ids. */
+export function seenWords(vocab: number): number { return Math.ceil(vocab / 32); }
+
+/** The settings' repetition penalty (1: off) and min-p (0: off), checked (a RangeError names the bad one). */
+export function penaltyAndMinP(s: SampleParams): { penalty: number; minP: number } {
+  const penalty = s.repetitionPenalty ?? 1, minP = s.minP ?? 0;
+  if (!(penalty > 0 && Number.isFinite(penalty))) throw new RangeError(`sampling: the repetition penalty must be a positive number, got ${penalty}`);
+  if (!(minP >= 0 && minP <= 1)) throw new RangeError(`sampling: min-p must be in [0, 1], got ${minP}`);
+  return { penalty, minP };
+}
 
 /** Storage type of a float buffer. */
 export type DType = 'f32' | 'bf16';
@@ -407,9 +422,11 @@ export interface Backend {
    * Samples one token per row of logits [n, ld] over the first `vocab` columns into out[n]: greedy at temperature 0,
    * else from softmax(z / temperature) cut to the top-k logits and the top-p nucleus (thresholds on logit values, ties
    * kept), drawn with uniforms[row] by inverse CDF in index order (src/backend/cpu/kernels/sample.ts is the reference).
-   * No logits leave the device. logits and uniforms are f32.
+   * With a repetition penalty, `seen` is the rows' seen-token bitmask (seenWords(vocab) int32 words a row, bit j & 31 of
+   * word j >> 5): marked ids' logits are penalized first, and each row's drawn id is marked in it (so a replayed decode
+   * step keeps it current). No logits leave the device. logits and uniforms are f32.
    */
-  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number): void;
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number, seen?: IntBuf | null): void;
 
   // ---- optimizer ------------------------------------------------------------------------------------
   /**

@@ -13,12 +13,12 @@
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
 import type { TensorInfo } from './params.js';
-import type { Backend, Buf, DType, IntBuf, SampleParams, SeqPositions } from '../backend/backend.js';
+import { seenWords, type Backend, type Buf, type DType, type IntBuf, type SampleParams, type SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
-import { sample, samplingVocab, type SamplingOptions } from './generate.js';
+import { sample, sampleParams, samplingVocab, seenOf, type SamplingOptions } from './generate.js';
 
 /** The seed sequence b of a batch draws from (so an unbatched generation with this seed reproduces it). */
 export function seedOf(seed: number, b: number): number {
@@ -48,6 +48,8 @@ export class BatchGenerator {
   private readonly logits: Buf;
   private readonly uniforms: Buf;
   private readonly sampled: IntBuf;
+  /** The sequences' seen-token bitmask for a repetition penalty (allocated at the first generation that has one). */
+  private seen: IntBuf | null = null;
   private readonly qkn: QkNormActivations | null;
   /** Tokens held by each sequence (its next position). */
   private lens: Int32Array;
@@ -139,12 +141,23 @@ export class BatchGenerator {
     return this.be.download(this.logitsOf(rows));
   }
 
-  /** The rows' tokens sampled on the device (Backend.sampleTokens) with the given uniforms: only the ids come back. */
-  private sampleOf(rows: number[], s: SampleParams, sv: number, uniforms: number[]): Int32Array {
+  /**
+   * The rows' tokens sampled on the device (Backend.sampleTokens) with the given uniforms: only the ids come back.
+   * seen: the rows' seen-token bitmask on the device (the draws are marked in it), or null.
+   */
+  private sampleOf(rows: number[], s: SampleParams, sv: number, uniforms: number[], seen: IntBuf | null): Int32Array {
     const z = this.logitsOf(rows), be = this.be, b = rows.length;
     be.upload(this.uniforms, uniforms);
-    be.sampleTokens(this.sampled, z, this.uniforms, b, sv, s, this.m.config.vocabSize);
+    be.sampleTokens(this.sampled, z, this.uniforms, b, sv, s, this.m.config.vocabSize, seen);
     return be.downloadInt(be.viewInt(this.sampled, 0, b));
+  }
+
+  /** The device's seen-token bitmask holding `host` (seenOf's, seenWords(sv) words a sequence). */
+  private seenOnDevice(host: Int32Array): IntBuf {
+    this.seen ??= this.be.allocInt(this.batch * seenWords(this.m.config.vocabSize), 'batched generation seen tokens');
+    const view = this.be.viewInt(this.seen, 0, host.length);
+    this.be.uploadInt(view, host);
+    return view;
   }
 
   /** Prefill of the prompts (one per sequence, 1 ≤ length ≤ maxLen): the logits [B, vocab] of each last prompt token. */
@@ -197,14 +210,15 @@ export class BatchGenerator {
       throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
         'lower the number of new tokens or shorten the prompts');
     }
-    const s: SampleParams = { temperature: opts.temperature, topK: opts.topK ?? 0, topP: opts.topP };
+    const s = sampleParams(opts);
     const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0, sv = samplingVocab(opts, this.m.config.vocabSize);
+    const seenHost = seenOf(prompts, sv, s), seen = seenHost ? this.seenOnDevice(seenHost) : null;
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
     const stops: Array<number | null> = prompts.map(() => null);
     const done = new Uint8Array(B);
     const uniformsAt = (step: number): number[] => Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0));
-    let ids = this.sampleOf(this.prefillRows(prompts), s, sv, uniformsAt(0));
+    let ids = this.sampleOf(this.prefillRows(prompts), s, sv, uniformsAt(0), seen);
     for (let step = 0; step < opts.maxNewTokens; step++) {
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
@@ -215,7 +229,7 @@ export class BatchGenerator {
         tokens[b]!.push(id);
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
-      ids = this.decodeSampled(next, s, sv, uniformsAt(step + 1));
+      ids = this.decodeSampled(next, s, sv, uniformsAt(step + 1), seen);
     }
     return { tokens, finish, stops };
   }
@@ -225,7 +239,7 @@ export class BatchGenerator {
    * head and the sampler run as one captured region — a CUDA graph replayed every step, since only device buffers change
    * between steps — and only the B sampled ids come back.
    */
-  private decodeSampled(tokens: Int32Array, s: SampleParams, sv: number, uniforms: number[]): Int32Array {
+  private decodeSampled(tokens: Int32Array, s: SampleParams, sv: number, uniforms: number[], seen: IntBuf | null): Int32Array {
     const B = tokens.length, be = this.be;
     if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
     for (let b = 0; b < B; b++) {
@@ -237,7 +251,7 @@ export class BatchGenerator {
     const rows = Array.from({ length: B }, (_, b) => b);
     be.captured('decode step', () => {
       this.layersStaged(B, 1, this.positions);
-      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize);
+      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
     });
     for (let b = 0; b < B; b++) this.lens[b]!++;
     return be.downloadInt(be.viewInt(this.sampled, 0, B));
@@ -255,6 +269,7 @@ export class BatchGenerator {
         'lower the number of new tokens or shorten the prompts');
     }
     const rngs = prompts.map((_, b) => new Rng(seedOf(opts.seed ?? 0, b)));
+    const s = sampleParams(opts), seen = seenOf(prompts, sv, s), W = seenWords(sv);
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
     const stops: Array<number | null> = prompts.map(() => null);
@@ -264,7 +279,7 @@ export class BatchGenerator {
       const next = new Int32Array(B);
       for (let b = 0; b < B; b++) {
         if (done[b]) { next[b] = tokens[b]!.at(-1) ?? 0; continue; }
-        const id = sample(logits.subarray(b * V, b * V + sv), opts.temperature, opts.topP, rngs[b]!, opts.topK ?? 0);
+        const id = sample(logits.subarray(b * V, b * V + sv), s, rngs[b]!, seen, b * W);
         if (opts.stopIds?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; next[b] = id; continue; }
         tokens[b]!.push(id);
         next[b] = id;

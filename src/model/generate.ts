@@ -1,15 +1,15 @@
 /**
  * Text generation with a KV cache: a prefill pass over the prompt writes every layer's keys and values into the
  * cache, then each decode step runs one token through the layers attending to the cache. Uses the weights of a
- * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (greedy, temperature, top-k,
- * top-p: the rule of the device sampler, src/backend/cpu/kernels/sample.ts) happens on the host from the last
- * position's logits, one uniform of the seeded stream a sampled token.
+ * Transformer (no copy) and its own buffers, allocated once for [1, maxLen]. Sampling (repetition penalty, greedy,
+ * temperature, top-k, top-p, min-p: the rule of the device sampler, src/backend/cpu/kernels/sample.ts) happens on the
+ * host from the last position's logits, one uniform of the seeded stream a sampled token.
  */
 import type { TensorInfo } from './params.js';
-import type { Backend, Buf, DType, IntBuf } from '../backend/backend.js';
+import { seenWords, type Backend, type Buf, type DType, type IntBuf, type SampleParams } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
-import { sampleRow } from '../backend/cpu/kernels/sample.js';
+import { markSeen, sampleRow } from '../backend/cpu/kernels/sample.js';
 import { DistilleryError } from '../util/errors.js';
 import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 
@@ -20,6 +20,13 @@ export interface SamplingOptions {
   topP: number;
   /** Keep the k most likely tokens (ties at the cut kept; 0 or absent = off). */
   topK?: number;
+  /**
+   * transformers' repetition_penalty (absent or 1 = off): the logit of every id already in the sequence (prompt and
+   * generated) is multiplied by it where negative and divided by it otherwise, before anything else (greedy too).
+   */
+  repetitionPenalty?: number;
+  /** transformers' min_p (absent or 0 = off): keep only tokens at least this fraction as likely as the most likely one. */
+  minP?: number;
   maxNewTokens: number;
   /** Stop when one of these ids is produced (it is not included in the output). */
   stopIds?: number[];
@@ -139,10 +146,11 @@ export class Generator {
     this.reset();
     const rng = new Rng(opts.seed ?? 0);
     const out: number[] = [];
-    const sv = samplingVocab(opts, this.m.config.vocabSize);
+    const sv = samplingVocab(opts, this.m.config.vocabSize), s = sampleParams(opts);
+    const seen = seenOf([prompt], sv, s);
     let logits = this.step(Int32Array.from(prompt));
     for (let i = 0; i < opts.maxNewTokens; i++) {
-      const id = sample(logits.subarray(0, sv), opts.temperature, opts.topP, rng, opts.topK ?? 0);
+      const id = sample(logits.subarray(0, sv), s, rng, seen);
       if (opts.stopIds?.includes(id)) break;
       out.push(id);
       onToken?.(id);
@@ -153,10 +161,34 @@ export class Generator {
   }
 }
 
+/** The sampler's settings of generation options. */
+export function sampleParams(opts: SamplingOptions): SampleParams {
+  return {
+    temperature: opts.temperature, topK: opts.topK ?? 0, topP: opts.topP,
+    ...(opts.repetitionPenalty !== undefined ? { repetitionPenalty: opts.repetitionPenalty } : {}),
+    ...(opts.minP !== undefined ? { minP: opts.minP } : {}),
+  };
+}
+
 /**
- * Picks a token id from logits as the device sampler does (sampleRow: argmax at temperature 0, else softmax(logits / T)
- * cut to the top-k and the top-p nucleus, ties at a cut kept), with the next uniform of `rng` (none drawn when greedy).
+ * The seen-token bitmask of sequences starting with these prompts (seenWords(vocab) words a sequence; ids at or past
+ * the sampling vocabulary are never drawn, so never penalized), or null when the settings have no repetition penalty.
  */
-export function sample(logits: ArrayLike<number>, temperature: number, topP: number, rng: Rng, topK = 0): number {
-  return sampleRow(logits, 0, logits.length, { temperature, topK, topP }, temperature > 0 ? rng.next() : 0);
+export function seenOf(prompts: ReadonlyArray<ArrayLike<number>>, vocab: number, s: SampleParams): Int32Array | null {
+  if ((s.repetitionPenalty ?? 1) === 1) return null;
+  const W = seenWords(vocab), seen = new Int32Array(prompts.length * W);
+  prompts.forEach((p, b) => { for (let i = 0; i < p.length; i++) if (p[i]! >= 0 && p[i]! < vocab) markSeen(seen, b * W, p[i]!); });
+  return seen;
+}
+
+/**
+ * Picks a token id from logits as the device sampler does (sampleRow: the repetition penalty over `seen`, then argmax at
+ * temperature 0, else softmax(logits / T) cut to the top-k, the top-p nucleus and min-p, ties at a cut kept), with the
+ * next uniform of `rng` (none drawn when greedy). seen: the sequence's seen-token bitmask at word offset seenOff (row b
+ * of seenOf's), marked with the drawn id here.
+ */
+export function sample(logits: ArrayLike<number>, s: SampleParams, rng: Rng, seen: Int32Array | null = null, seenOff = 0): number {
+  const id = sampleRow(logits, 0, logits.length, s, s.temperature > 0 ? rng.next() : 0, seen, seenOff);
+  if (seen) markSeen(seen, seenOff, id);
+  return id;
 }

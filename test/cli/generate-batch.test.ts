@@ -70,9 +70,14 @@ test('generate says when generation_config.json samples and distillery decodes g
   assert.equal(samplingNotice({ temperature: 0.7 }, 'g'), null, 'do_sample absent: transformers decodes greedily too');
   const qwen = { do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.05, eos_token_id: [151645, 151643] };
   assert.equal(samplingNotice(qwen, 'q'),
-    'note: q samples (do_sample: true, temperature 0.7, top_p 0.8, top_k 20), as transformers\' generate() would; distillery decodes greedily unless told: '
-    + '--temperature 0.7 --top-p 0.8 --top-k 20 samples as it says, without repetition_penalty 1.05, which distillery does not apply');
+    'note: q samples (do_sample: true, temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05), as transformers\' generate() would; distillery decodes greedily unless told: '
+    + '--temperature 0.7 --top-p 0.8 --top-k 20 --repetition-penalty 1.05 samples as it says');
   assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l')!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says$/);
+  assert.match(samplingNotice({ do_sample: true, min_p: 0.05, typical_p: 0.9 }, 'm')!, /min_p 0\.05\).*--temperature 1 --top-k 50 --min-p 0\.05 samples as it says, without typical_p 0\.9, which distillery does not apply$/);
+  // transformers applies a repetition penalty to greedy decoding too: a file that penalizes without sampling is announced
+  assert.equal(samplingNotice({ do_sample: false, repetition_penalty: 1.1, top_p: 0.5 }, 'r'),
+    'note: r penalizes repetition (do_sample: false, repetition_penalty 1.1), as transformers\' generate() would; distillery decodes greedily without a penalty unless told: '
+    + '--repetition-penalty 1.1 decodes as it says');
   const dir = tempDir();
   const model = path.join(dir, 'm');
   writeTinyCheckpoint(model, 8);
@@ -101,6 +106,6 @@ test('generate --prompt takes --top-k (the device sampler\'s rule on the host): 
   const rng = new Rng(9), ref = new Rng(9);
   for (let i = 0; i < 20; i++) {
     const s = { temperature: 0.9, topK: 7, topP: 0.8 };
-    assert.equal(sample(z, s.temperature, s.topP, rng, s.topK), sampleRow(z, 0, 40, s, ref.next()));
+    assert.equal(sample(z, s, rng), sampleRow(z, 0, 40, s, ref.next()));
   }
 });

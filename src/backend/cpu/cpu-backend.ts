@@ -49,7 +49,7 @@
  */
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -58,7 +58,7 @@ import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
-import { sampleRow } from './kernels/sample.js';
+import { markSeen, sampleRow } from './kernels/sample.js';
 import { ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
@@ -836,12 +836,19 @@ export class CpuBackend implements Backend {
     }
   }
 
-  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab): void {
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab, seen: IntBuf | null = null): void {
     const o = this.i(out, 'sampled tokens'), z = this.f(logits, 'sampling logits'), u = this.f(uniforms, 'sampling uniforms');
     check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
     this.need(o, n, 'sampleTokens', 'out'); this.need(u, n, 'sampleTokens', 'uniforms');
     this.need(z, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens', 'logits');
-    for (let i = 0; i < n; i++) o[i] = sampleRow(z, i * ld, vocab, s, u[i]!);
+    const penalized = (s.repetitionPenalty ?? 1) !== 1, W = seenWords(vocab);
+    check(!penalized || seen !== null, 'cpu backend: sampleTokens: a repetition penalty needs the seen-token bitmask');
+    const sw = seen === null ? null : this.i(seen, 'seen-token bitmask');
+    if (sw) this.need(sw, n * W, 'sampleTokens', 'seen');
+    for (let i = 0; i < n; i++) {
+      o[i] = sampleRow(z, i * ld, vocab, s, u[i]!, sw, i * W);
+      if (sw) markSeen(sw, i * W, o[i]!);
+    }
   }
 
   // ---- optimizer --------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, plainHostStaging, ropeExtent } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
 import type { KernelCache } from './kernel-cache.js';
@@ -1189,14 +1189,20 @@ export class CudaBackend implements Backend {
       P(out.tail), P(out.argmax), I(n), I(vocab), I(ld), I(S), F(temperature)]);
   }
 
-  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab): void {
+  sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab, seen: IntBuf | null = null): void {
     if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
     if (!(Number.isInteger(s.topK) && s.topK >= 0) || !(s.topP > 0 && s.topP <= 1)) throw new DistilleryError(`sampleTokens: top-k ${s.topK}, top-p ${s.topP}`);
+    let pm: { penalty: number; minP: number };
+    try { pm = penaltyAndMinP(s); } catch (e) { throw new DistilleryError(`sampleTokens: ${(e as Error).message}`); }
+    if (pm.penalty !== 1 && seen === null) throw new DistilleryError('sampleTokens: a repetition penalty needs the seen-token bitmask');
+    const W = seenWords(vocab);
     this.need(out, n, 'sampleTokens'); this.need(uniforms, n, 'sampleTokens'); this.need(logits, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens');
+    if (seen) this.need(seen, n * W, 'sampleTokens');
     this.f32Only('sampleTokens', [['logits', logits], ['uniforms', uniforms]]);
     if (n <= 0) return;
     this.launch(sampleTokensKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK,
-      [P(out), P(logits), P(uniforms), I(n), I(vocab), I(ld), F(s.temperature), I(s.topK), F(s.topP)]);
+      [P(out), P(logits), P(uniforms), I(n), I(vocab), I(ld), F(s.temperature), I(s.topK), F(s.topP),
+        P(seen), I(W), F(pm.penalty), F(pm.minP)]);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ const FLAGS: FlagSpec[] = [
   { name: 'max-new-tokens', kind: 'integer', description: 'most tokens to generate', defaultText: '64' },
   { name: 'temperature', kind: 'number', description: 'sampling temperature; 0 = greedy (deterministic)', defaultText: '0' },
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
+  { name: 'min-p', kind: 'number', description: 'keep only tokens at least this fraction as likely as the most likely one, as transformers\' min_p (0 = off)', defaultText: '0' },
+  { name: 'repetition-penalty', kind: 'number', description: 'transformers\' repetition_penalty: divide the positive logits (multiply the negative ones) of every id already in the sequence, prompt included, by this, greedy too (1 = off)', defaultText: '1' },
   { name: 'seed', kind: 'integer', description: 'random seed for sampling', defaultText: String(DEFAULT_RUN_OPTIONS.seed) },
   { name: 'chat', kind: 'boolean', description: "render the prompt as a user turn with the model's chat template (Jinja) and open the assistant turn" },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'with --chat: template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
@@ -77,6 +79,10 @@ export interface GenerateOptions {
   maxNewTokens: number;
   temperature: number;
   topP: number;
+  /** transformers' min_p (0 = off). */
+  minP: number;
+  /** transformers' repetition_penalty (1 = off). */
+  repetitionPenalty: number;
   seed: number;
   chat: boolean;
   chatTemplateKwargs?: string | undefined;
@@ -85,27 +91,36 @@ export interface GenerateOptions {
   /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
   precision?: PrecisionFlag | undefined;
   cuda?: CudaOptions;
-  /** Whether --temperature, --top-p or --top-k was given (else generation_config.json's sampling is announced). */
+  /** Whether a sampling flag was given (else generation_config.json's sampling is announced). */
   samplingGiven?: boolean;
 }
 
 /**
- * What transformers' generate() would do by default with a generation_config.json that samples, and distillery does
- * not (it decodes greedily unless told): one line saying so, with the flags that sample as the file says and the
- * settings distillery does not apply, by name; null when the file does not ask for sampling. transformers' defaults
- * where the file is silent: temperature 1, top_p 1, top_k 50.
+ * What transformers' generate() would do by default with a generation_config.json that samples or penalizes repetition,
+ * and distillery does not (it decodes greedily, without a penalty, unless told): one line saying so, with the flags that
+ * do as the file says and the settings distillery does not apply, by name; null when the file asks for neither.
+ * transformers' defaults where the file is silent: temperature 1, top_p 1, top_k 50, min_p none, repetition_penalty 1.
  */
 export function samplingNotice(gen: Record<string, unknown> | null, file: string): string | null {
-  if (!gen || gen.do_sample !== true) return null;
+  if (!gen) return null;
   const num = (k: string, d: number): number => (typeof gen[k] === 'number' ? gen[k] as number : d);
-  const t = num('temperature', 1), p = num('top_p', 1), k = num('top_k', 50);
-  const said = [`temperature ${t}`, `top_p ${p}`, `top_k ${k}${typeof gen.top_k === 'number' ? '' : ' (transformers\' default)'}`];
-  const flags = [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(k > 0 ? [`--top-k ${k}`] : [])];
-  // what distillery's sampler does not do, where the file sets it off its neutral value
-  const neutral: Record<string, number> = { repetition_penalty: 1, min_p: 0, typical_p: 1, no_repeat_ngram_size: 0, epsilon_cutoff: 0, eta_cutoff: 0 };
+  const sampling = gen.do_sample === true, penalty = num('repetition_penalty', 1);
+  if (!sampling && penalty === 1) return null;
+  const t = num('temperature', 1), p = num('top_p', 1), k = num('top_k', 50), minP = num('min_p', 0);
+  const said = [
+    ...(sampling ? [`do_sample: true, temperature ${t}`, `top_p ${p}`, `top_k ${k}${typeof gen.top_k === 'number' ? '' : ' (transformers\' default)'}`] : ['do_sample: false']),
+    ...(sampling && minP > 0 ? [`min_p ${minP}`] : []), ...(penalty !== 1 ? [`repetition_penalty ${penalty}`] : []),
+  ];
+  const flags = [
+    ...(sampling ? [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(k > 0 ? [`--top-k ${k}`] : []), ...(minP > 0 ? [`--min-p ${minP}`] : [])] : []),
+    ...(penalty !== 1 ? [`--repetition-penalty ${penalty}`] : []),
+  ];
+  // what distillery's sampler does not do, where the file sets it off its neutral value (and sampling applies it)
+  const neutral: Record<string, number> = sampling ? { typical_p: 1, no_repeat_ngram_size: 0, epsilon_cutoff: 0, eta_cutoff: 0 } : { no_repeat_ngram_size: 0 };
   const unapplied = Object.entries(neutral).filter(([key, n]) => typeof gen[key] === 'number' && gen[key] !== n).map(([key]) => `${key} ${gen[key] as number}`);
-  return `note: ${file} samples (do_sample: true, ${said.join(', ')}), as transformers' generate() would; distillery decodes greedily unless told: `
-    + `${flags.join(' ')} samples as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ''}`;
+  const what = sampling ? 'samples' : 'penalizes repetition';
+  return `note: ${file} ${what} (${said.join(', ')}), as transformers' generate() would; distillery decodes greedily${sampling ? '' : ' without a penalty'} unless told: `
+    + `${flags.join(' ')} ${sampling ? 'samples' : 'decodes'} as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ''}`;
 }
 
 /**
@@ -165,18 +180,28 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     model: values.model, ...(typeof values.base === 'string' ? { base: values.base } : {}), prompt: typeof values.prompt === 'string' ? values.prompt : '',
     prompts: typeof values.prompts === 'string' ? values.prompts : undefined, batch: num(values.batch, 8), topK: num(values['top-k'], 0),
     maxNewTokens: num(values['max-new-tokens'], 64), temperature: num(values.temperature, 0), topP: num(values['top-p'], 1),
+    minP: num(values['min-p'], 0), repetitionPenalty: num(values['repetition-penalty'], 1),
     seed: num(values.seed, DEFAULT_RUN_OPTIONS.seed), chat: values.chat === true,
     ...(typeof values['chat-template-kwargs'] === 'string' ? { chatTemplateKwargs: values['chat-template-kwargs'] } : {}),
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
     ...(typeof values.precision === 'string' ? { precision: values.precision as PrecisionFlag } : {}),
-    samplingGiven: values.temperature !== undefined || values['top-p'] !== undefined || values['top-k'] !== undefined,
+    samplingGiven: ['temperature', 'top-p', 'top-k', 'min-p', 'repetition-penalty'].some((f) => values[f] !== undefined),
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
   if (!(o.topP > 0 && o.topP <= 1)) throw new UsageError(`--top-p must be in (0, 1], got ${o.topP}`, 'use 1 to turn nucleus sampling off, or e.g. 0.9');
+  if (!(o.minP >= 0 && o.minP <= 1)) throw new UsageError(`--min-p must be in [0, 1], got ${o.minP}`, 'use 0 to turn it off, or e.g. 0.05');
+  if (!(o.repetitionPenalty > 0 && Number.isFinite(o.repetitionPenalty))) {
+    throw new UsageError(`--repetition-penalty must be a positive number, got ${o.repetitionPenalty}`, 'use 1 to turn it off, or e.g. 1.1 (above 1 discourages repeats)');
+  }
   if (!(Number.isInteger(o.batch) && o.batch > 0)) throw new UsageError(`--batch must be a positive integer, got ${o.batch}`, 'e.g. --batch 8');
   if (!(Number.isInteger(o.topK) && o.topK >= 0)) throw new UsageError(`--top-k must be an integer >= 0, got ${o.topK}`, 'use 0 to turn it off, or e.g. 50');
+  // the cuts shape a sampled distribution: with greedy decoding they would do nothing, so they are refused, not ignored
+  const cuts = [['top-k', o.topK !== 0], ['top-p', o.topP !== 1], ['min-p', o.minP !== 0]].filter(([f, on]) => on && values[f as string] !== undefined).map(([f]) => `--${f as string}`);
+  if (o.temperature === 0 && cuts.length) {
+    throw new UsageError(`${cuts.join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and --temperature is 0 (greedy decoding)`, 'add e.g. --temperature 0.7 to sample, or drop the flag (--repetition-penalty applies to greedy decoding too)');
+  }
   const threadsBad = threadsProblem(o.threads);
   if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
   return o;
@@ -234,7 +259,7 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
     const gen = new Generator(model, maxLen);
     const dec = new StreamDecoder(tokenizer);
     const ids = gen.generate(prompt, {
-      temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
+      temperature: o.temperature, topP: o.topP, topK: o.topK, minP: o.minP, repetitionPenalty: o.repetitionPenalty, maxNewTokens: o.maxNewTokens, stopIds, seed: o.seed,
       vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
     }, (id) => { const s = dec.push(id); if (s) io.out(s); });
     const rest = dec.flush();
@@ -336,7 +361,7 @@ async function generateBatched(o: GenerateOptions, io: Io, ck: LoadedCheckpoint,
     for (let i0 = 0; i0 < encoded.length; i0 += B) {
       const group = encoded.slice(i0, i0 + B);
       const r = gen.generateOnDevice(group.map((e) => e.ids), {
-        temperature: o.temperature, topP: o.topP, topK: o.topK, maxNewTokens: o.maxNewTokens, seed: o.seed, sequence0: i0,
+        temperature: o.temperature, topP: o.topP, topK: o.topK, minP: o.minP, repetitionPenalty: o.repetitionPenalty, maxNewTokens: o.maxNewTokens, seed: o.seed, sequence0: i0,
         vocab: Math.min(tokenizer.vocabSize, config.vocabSize), // never the embedding's padding rows
         // each prompt's own stop ids (a conversation's end-of-turn markers), whatever is batched beside it
         rowStopIds: group.map((e) => (e.chat ? chatStops : textStops)),

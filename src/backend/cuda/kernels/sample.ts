@@ -1,15 +1,20 @@
 /**
  * Token sampling on the device (batched generation): one block per row of logits, the rule of the CPU reference
- * (src/backend/cpu/kernels/sample.ts):
+ * (src/backend/cpu/kernels/sample.ts), transformers' order:
+ *   0. with SEEN (the rows' seen-token bitmask, SEEN_W words a row): every logit is read through the repetition penalty
+ *      (a marked id's z becomes z·PENALTY where negative, z / PENALTY otherwise; PENALTY 1 with no SEEN: off);
  *   1. the row's maximum and first argmax (greedy when TEMP ≤ 0: done);
  *   2. top-k: the k-th largest logit by bisection on the order-preserving 32-bit keys of the floats (32 passes counting
  *      keys ≥ mid: exact, ties kept);
  *   3. top-p: the largest key whose kept mass Σ e^{(z−M)/T} (keys ≥ it and ≥ the top-k key) reaches TOPP · the top-k
  *      mass, by the same bisection over masses (32 passes);
- *   4. the draw: r = u · kept mass; each thread sums the kept mass of its contiguous chunk of the vocabulary in double, a
+ *   4. min-p: a token is kept only if e^{(z−M)/T} ≥ MINP as well (0: off; after top-p, as transformers orders them);
+ *   5. the draw: r = u · kept mass; each thread sums the kept mass of its contiguous chunk of the vocabulary in double, a
  *      block scan gives the chunks' (monotone) starts, and the one thread whose chunk holds r walks it in double (the last
- *      chunk with mass also takes an r that rounding put at or past the total) and writes the token.
- * Nothing but the sampled ids leaves the device. Baked: block size. Runtime: TEMP, TOPK, TOPP and the row uniforms.
+ *      chunk with mass also takes an r that rounding put at or past the total) and writes the token, and marks it in
+ *      SEEN (a replayed decode step keeps the bitmask current).
+ * Nothing but the sampled ids leaves the device. Baked: block size. Runtime: TEMP, TOPK, TOPP, PENALTY, MINP, the row
+ * uniforms and the bitmask.
  */
 import { BLOCK_DOMAIN, defineFamily, reductionHelpers } from './spec.js';
 import { scanHelpers } from './sparse-rows.js';
@@ -25,17 +30,29 @@ __device__ __forceinline__ unsigned fkey(float x) {
   const unsigned u = __float_as_uint(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+/* the row's logit j as the rule reads it: through the repetition penalty where the bitmask marks j */
+__device__ __forceinline__ float penalized(const float* z, const unsigned* seen, float P, int j) {
+  const float x = z[j];
+  if (seen == nullptr || !((seen[j >> 5] >> (j & 31)) & 1u)) return x;
+  return x < 0.0f ? x * P : x / P;
+}
 extern "C" __global__ void sample_tokens(int* out, const float* logits, const float* uniforms, int n, int V, int LD,
-                                         float TEMP, int TOPK, float TOPP) {
+                                         float TEMP, int TOPK, float TOPP, unsigned* SEEN, int SEEN_W, float PENALTY,
+                                         float MINP) {
   const int row = blockIdx.x;
   if (row >= n) return;
   const float* z = logits + (long long)row * LD;
+  unsigned* seen = SEEN == nullptr ? nullptr : SEEN + (long long)row * SEEN_W;
+  const float P = PENALTY;
   float m = NEG_INF;
   int am = V;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (x > m) { m = x; am = j; } }
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
-  if (!(TEMP > 0.0f)) { if (threadIdx.x == 0) out[row] = AM; return; }
+  if (!(TEMP > 0.0f)) {
+    if (threadIdx.x == 0) { out[row] = AM; if (seen) seen[AM >> 5] |= 1u << (AM & 31); }
+    return;
+  }
   const float INV_T = 1.0f / TEMP;
   unsigned theta = 0u;
   if (TOPK > 0 && TOPK < V) {
@@ -43,20 +60,20 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
     while (lo < hi) {
       const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
       float c = 0.0f;
-      for (int j = threadIdx.x; j < V; j += BLOCK) c += fkey(z[j]) >= mid ? 1.0f : 0.0f;
+      for (int j = threadIdx.x; j < V; j += BLOCK) c += fkey(penalized(z, seen, P, j)) >= mid ? 1.0f : 0.0f;
       if (blockSum(c) >= (float)TOPK) lo = mid; else hi = mid - 1u;
     }
     theta = lo;
   }
   if (TOPP < 1.0f) {
     float mk = 0.0f;
-    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
+    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
     const float target = TOPP * blockSum(mk);
     unsigned lo = theta, hi = 0xffffffffu;
     while (lo < hi) {
       const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
       float s = 0.0f;
-      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
+      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
       if (blockSum(s) >= target) lo = mid; else hi = mid - 1u;
     }
     theta = lo;
@@ -66,7 +83,12 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
   const int C = (V + BLOCK - 1) / BLOCK;
   const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
   double cs = 0.0;
-  for (int j = j0; j < j1; j++) { const float x = z[j]; if (fkey(x) >= theta) cs += (double)expf((x - M) * INV_T); }
+  for (int j = j0; j < j1; j++) {
+    const float x = penalized(z, seen, P, j);
+    if (fkey(x) < theta) continue;
+    const float e = expf((x - M) * INV_T);
+    if (e >= MINP) cs += (double)e;
+  }
   double start, end, total;
   chunkRange(cs, &start, &end, &total);
   const double r = (double)uniforms[row] * total;
@@ -74,13 +96,17 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
     double acc = start;
     int last = -1, pick = -1;
     for (int j = j0; j < j1; j++) {
-      const float x = z[j];
+      const float x = penalized(z, seen, P, j);
       if (fkey(x) < theta) continue;
-      acc += (double)expf((x - M) * INV_T);
+      const float e = expf((x - M) * INV_T);
+      if (!(e >= MINP)) continue;
+      acc += (double)e;
       last = j;
       if (acc > r) { pick = j; break; }
     }
-    out[row] = pick >= 0 ? pick : last;
+    const int id = pick >= 0 ? pick : last;
+    out[row] = id;
+    if (seen) seen[id >> 5] |= 1u << (id & 31);
   }
 }
 `;
