@@ -37,6 +37,14 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
       assert.equal(one.out, rows[0]!.completion + '\n');
     }
   }
+  // a repetition penalty: the batched sampler (a seen-token bitmask per prompt) decodes greedily what --prompt does
+  const pen = ['--repetition-penalty', '3', '--max-new-tokens', '12'];
+  const batchedPen = await run([...base, ...pen, '--batch', '3']), plain = await run([...base, '--max-new-tokens', '12']);
+  assert.equal(batchedPen.code, 0, batchedPen.err);
+  const penRows = batchedPen.out.trim().split('\n').map((l) => JSON.parse(l) as { completion: string });
+  const onePen = await run(['generate', '--model', model, '--prompt', 'The teacher', '--threads', '1', ...pen]);
+  assert.equal(onePen.out, penRows[0]!.completion + '\n');
+  assert.notEqual(batchedPen.out, plain.out, 'the penalty changes what greedy decoding picks here');
   const bad = path.join(dir, 'bad.jsonl');
   fs.writeFileSync(bad, '{"prompt": "ok"}\n{"nothing": 1}\n');
   const nul = path.join(dir, 'null.jsonl');
@@ -57,6 +65,10 @@ test('generate --prompts: JSON lines in order, independent of --batch, greedy eq
     [['generate', '--model', model, '--prompts', path.join(dir, 'none.jsonl')], /--prompts: .*none\.jsonl does not exist/],
     [[...base, '--batch', '0'], /--batch must be a positive integer/],
     [[...base, '--top-k', '-1'], /--top-k must be an integer >= 0/],
+    [[...base, '--min-p', '1.5', '--temperature', '1'], /--min-p must be in \[0, 1\], got 1\.5/],
+    [[...base, '--repetition-penalty', '0'], /--repetition-penalty must be a positive number, got 0/],
+    [[...base, '--top-k', '5'], /--top-k shapes sampling, and --temperature is 0 \(greedy decoding\)/],
+    [[...base, '--top-p', '0.9', '--min-p', '0.1', '--temperature', '0'], /--top-p, --min-p shape sampling, and --temperature is 0/],
   ] as Array<[string[], RegExp]>) {
     const r = await run(argv);
     assert.equal(r.code, 2, r.err);
