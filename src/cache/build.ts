@@ -22,7 +22,7 @@ import { readCheckpoint } from '../model/checkpoint.js';
 import { parameterCount, toHfConfig } from '../model/config.js';
 import { Transformer, type Precision } from '../model/transformer.js';
 import { describePacking, packForJob, type PackingChoice } from '../data/index.js';
-import { windowPositions } from '../data/index.js';
+import { stackWindows } from '../data/index.js';
 import { chatFormatOf, DEFAULT_CHAT_FORMAT } from '../tokenizer/chat.js';
 import { lossVocabulary, tokenizerHash } from '../tokenizer/identity.js';
 import { writeFileAtomic } from '../io/atomic.js';
@@ -316,12 +316,9 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
     while (inflight.length > 0 || next < batches.length) {
       if (next < batches.length && inflight.length < 2) {
         const bw = batches[next++]!, { b0, nb } = bw;
-        const ids = new Int32Array(B * T), positions = documents ? new Int32Array(B * T) : null;
-        for (let b = 0; b < B; b++) {
-          const w = windows[b0 + Math.min(b, nb - 1)]!;
-          ids.set(w.inputs, b * T);
-          positions?.set(windowPositions(w), b * T);
-        }
+        // a short last batch repeats its last window (its rows count nothing)
+        const stacked = stackWindows(Array.from({ length: B }, (_, b) => windows[b0 + Math.min(b, nb - 1)]!), T);
+        const ids = stacked.inputs, positions = stacked.positions ?? null;
         const counted = (r: number): boolean => Math.floor(r / T) < nb && windows[b0 + Math.floor(r / T)]!.mask[r % T]! > 0;
         // Row r is window b0 + r / T, position r % T; its draws come from the counter-based uniform of (seed, window, position).
         pass!.start(ids, B, T, (r) => cacheUniform(o.seed, b0 + Math.min(Math.floor(r / T), nb - 1), r % T, 0),

@@ -38,7 +38,47 @@ export interface BatchLoaderOptions {
 
 /** A window's document positions (Window.positions); one that has none is one document (0 .. T − 1). */
 export function windowPositions(w: Window): Int32Array {
-  return w.positions ?? Int32Array.from({ length: w.inputs.length }, (_, i) => i);
+  return w.positions ?? oneDocument(w.inputs.length);
+}
+
+/** The positions of a window of T rows that is one document: 0 .. T − 1. */
+function oneDocument(T: number): Int32Array {
+  return Int32Array.from({ length: T }, (_, i) => i);
+}
+
+/** Windows stacked row-major into one [rows, T] batch (stackWindows). */
+export interface StackedWindows {
+  inputs: Int32Array;
+  targets: Int32Array;
+  mask: Float32Array;
+  /** Counted targets. */
+  tokens: number;
+  /** Window.id of each row, −1 for a padding row or a window without one. */
+  windows: Int32Array;
+  /** Each row's position in its document, where the windows carry positions ('bfd' packing). */
+  positions?: Int32Array;
+}
+
+/**
+ * Stacks windows of T tokens into one batch, one row each (the loader's batches, evaluation batches, `eval`, the
+ * teacher-cache job). A null row is padding: input 0, no target (−1, mask 0), one document of its own. Positions come
+ * with the batch when its windows carry them.
+ */
+export function stackWindows(rows: ReadonlyArray<Window | null>, T: number): StackedWindows {
+  const B = rows.length;
+  const inputs = new Int32Array(B * T), targets = new Int32Array(B * T).fill(-1), mask = new Float32Array(B * T);
+  const windows = new Int32Array(B).fill(-1);
+  const positions = rows.some((w) => w?.positions !== undefined) ? new Int32Array(B * T) : undefined;
+  let tokens = 0;
+  rows.forEach((w, b) => {
+    if (w === null) { positions?.set(oneDocument(T), b * T); return; }
+    if (w.inputs.length !== T) throw new DistilleryError(`a window of ${w.inputs.length} tokens in a batch of ${T}-token windows`, 'pack all data with the same seqLen');
+    inputs.set(w.inputs, b * T); targets.set(w.targets, b * T); mask.set(w.mask, b * T);
+    windows[b] = w.id ?? -1;
+    positions?.set(windowPositions(w), b * T);
+    for (let t = 0; t < T; t++) tokens += w.mask[t]!;
+  });
+  return positions ? { inputs, targets, mask, tokens, windows, positions } : { inputs, targets, mask, tokens, windows };
 }
 
 function epochSeed(seed: number, epoch: number): number {
@@ -93,23 +133,14 @@ export class BatchLoader {
   }
 
   next(): Batch {
-    const B = this.batchSize, T = this.seqLen, n = this.windows.length;
-    const inputs = new Int32Array(B * T), targets = new Int32Array(B * T), mask = new Float32Array(B * T);
-    const windows = new Int32Array(B);
-    const positions = this.windows[0]!.positions ? new Int32Array(B * T) : undefined;
-    let tokens = 0;
+    const B = this.batchSize, n = this.windows.length;
+    const rows: Window[] = [];
     for (let b = 0; b < B; b++) {
       if (this.pos.index >= n) { this.pos.epoch++; this.pos.index = 0; }
-      const w = this.windows[this.epochOrder(this.pos.epoch)[this.pos.index]!]!;
+      rows.push(this.windows[this.epochOrder(this.pos.epoch)[this.pos.index]!]!);
       this.pos.index++;
-      windows[b] = w.id ?? -1;
-      inputs.set(w.inputs, b * T);
-      targets.set(w.targets, b * T);
-      mask.set(w.mask, b * T);
-      if (positions) positions.set(windowPositions(w), b * T);
-      for (let t = 0; t < T; t++) tokens += w.mask[t]!;
     }
-    return positions ? { inputs, targets, mask, tokens, windows, positions } : { inputs, targets, mask, tokens, windows };
+    return stackWindows(rows, this.seqLen);
   }
 
   /** The serializable position (a copy). */

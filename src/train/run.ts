@@ -37,7 +37,7 @@ import type { Backend } from '../backend/backend.js';
 import { createBackend, type CudaOptions } from '../backend/create.js';
 import { parameterCount } from '../model/config.js';
 import { initialWeights, parameterLayout, reorderFlat } from '../model/params.js';
-import { BatchLoader, windowPositions, type LoaderState, type Window } from '../data/index.js';
+import { BatchLoader, stackWindows, type LoaderState, type Window } from '../data/index.js';
 import { writeFileAtomic } from '../io/atomic.js';
 import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
 import { ValidationWatch } from './validation-watch.js';
@@ -612,16 +612,10 @@ export function makeEvalBatches(val: Window[], batch: number, maxBatches: number
   const T = val[0]!.inputs.length;
   for (let i = 0; i < val.length; i += batch) {
     if (maxBatches > 0 && out.length >= maxBatches) break;
-    const rows = val.slice(i, i + batch);
-    const b = batch;
-    const inputs = new Int32Array(b * T), targets = new Int32Array(b * T).fill(-1), mask = new Float32Array(b * T);
-    const windows = new Int32Array(b).fill(-1);
-    // the padding rows (no window) are each one document of their own
-    const positions = rows[0]!.positions ? Int32Array.from({ length: b * T }, (_, i) => i % T) : undefined;
-    rows.forEach((w, r) => {
-      inputs.set(w.inputs, r * T); targets.set(w.targets, r * T); mask.set(w.mask, r * T); windows[r] = w.id ?? -1; positions?.set(windowPositions(w), r * T);
-    });
-    out.push({ inputs, targets, mask, b, t: T, windows, ...(positions ? { positions } : {}) });
+    // a short last batch is padded with rows of no window (no targets, each one document of its own)
+    const rows = Array.from({ length: batch }, (_, r) => val[i + r] ?? null);
+    const { inputs, targets, mask, windows, positions } = stackWindows(rows, T);
+    out.push({ inputs, targets, mask, b: batch, t: T, windows, ...(positions ? { positions } : {}) });
   }
   return out;
 }

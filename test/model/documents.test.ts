@@ -199,6 +199,13 @@ test('the loader and the evaluation batches carry bfd windows\' positions (paddi
   assert.deepEqual(Array.from(p.subarray(0, 8)), Array.from(bfd[0]!.positions!));
   assert.deepEqual(Array.from(p.subarray(8, 24)), [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7]);
   checkDocPositions(p, 3, 8);
+  // the padding rows have no window and no targets
+  const e = evalBatches[0]!;
+  assert.deepEqual(Array.from(e.windows), [bfd[0]!.id ?? -1, -1, -1]);
+  assert.ok(e.targets.subarray(8).every((x) => x === -1) && e.mask.subarray(8).every((x) => x === 0) && e.inputs.subarray(8).every((x) => x === 0));
+  assert.deepEqual(Array.from(e.targets.subarray(0, 8)), Array.from(bfd[0]!.targets));
+  const lb = new BatchLoader(bfd, { batchSize: 3, seed: 5 }).next();
+  assert.equal(lb.tokens, lb.mask.reduce((a, x) => a + x, 0));
   const wrapped = packDocuments(enc, docs, { seqLen: 8, eosId: 0, packing: 'wrapped' }).windows;
   assert.equal(new BatchLoader(wrapped, { batchSize: 2, seed: 3 }).next().positions, undefined);
   assert.equal(makeEvalBatches(wrapped, 2, 0)[0]!.positions, undefined);

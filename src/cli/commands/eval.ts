@@ -14,7 +14,7 @@ import type { FrozenDtype } from '../../model/frozen.js';
 import { describeBaked } from '../../model/config.js';
 import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
-import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, windowPositions, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
+import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, stackWindows, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -130,9 +130,7 @@ export function batchWindows(windows: readonly Window[], b: number, t: number): 
   const out: Batch[] = [];
   for (let s = 0; s < windows.length; s += b) {
     const rows = windows.slice(s, s + b);
-    const inputs = new Int32Array(rows.length * t), targets = new Int32Array(rows.length * t), mask = new Float32Array(rows.length * t);
-    const positions = rows[0]!.positions ? new Int32Array(rows.length * t) : undefined;
-    rows.forEach((w, i) => { inputs.set(w.inputs, i * t); targets.set(w.targets, i * t); mask.set(w.mask, i * t); positions?.set(windowPositions(w), i * t); });
+    const { inputs, targets, mask, positions } = stackWindows(rows, t);
     out.push({ inputs, targets, mask, b: rows.length, t, ...(positions ? { positions } : {}) });
   }
   return out;
