@@ -25,7 +25,7 @@ export interface Batch {
   mask: Float32Array;
   /** Number of counted targets in the batch. */
   tokens: number;
-  /** The windows' ids (Window.id; −1 where a window has none), one per row. */
+  /** The windows' ids (Window.id; −1 where a window has none or for a padding row), one per row. */
   windows: Int32Array;
   /** Row-major [B, T]: each row's position in its document (Window.positions), where the windows carry them. */
   positions?: Int32Array;
@@ -46,25 +46,12 @@ function oneDocument(T: number): Int32Array {
   return Int32Array.from({ length: T }, (_, i) => i);
 }
 
-/** Windows stacked row-major into one [rows, T] batch (stackWindows). */
-export interface StackedWindows {
-  inputs: Int32Array;
-  targets: Int32Array;
-  mask: Float32Array;
-  /** Counted targets. */
-  tokens: number;
-  /** Window.id of each row, −1 for a padding row or a window without one. */
-  windows: Int32Array;
-  /** Each row's position in its document, where the windows carry positions ('bfd' packing). */
-  positions?: Int32Array;
-}
-
 /**
  * Stacks windows of T tokens into one batch, one row each (the loader's batches, evaluation batches, `eval`, the
  * teacher-cache job). A null row is padding: input 0, no target (−1, mask 0), one document of its own. Positions come
  * with the batch when its windows carry them.
  */
-export function stackWindows(rows: ReadonlyArray<Window | null>, T: number): StackedWindows {
+export function stackWindows(rows: ReadonlyArray<Window | null>, T: number): Batch {
   const B = rows.length;
   const inputs = new Int32Array(B * T), targets = new Int32Array(B * T).fill(-1), mask = new Float32Array(B * T);
   const windows = new Int32Array(B).fill(-1);
