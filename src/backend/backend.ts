@@ -423,8 +423,9 @@ export interface Backend {
    * else from softmax(z / temperature) cut to the top-k logits and the top-p nucleus (thresholds on logit values, ties
    * kept), drawn with uniforms[row] by inverse CDF in index order (src/backend/cpu/kernels/sample.ts is the reference).
    * With a repetition penalty, `seen` is the rows' seen-token bitmask (seenWords(vocab) int32 words a row, bit j & 31 of
-   * word j >> 5): marked ids' logits are penalized first, and each row's drawn id is marked in it (so a replayed decode
-   * step keeps it current). No logits leave the device. logits and uniforms are f32.
+   * word j >> 5): the marked ids' logits are penalized first, IN PLACE (`logits` is the step's scratch: a second call on
+   * the same rows would penalize them again), and each row's drawn id is marked in `seen` (so a replayed decode step
+   * keeps it current). No logits leave the device. logits and uniforms are f32.
    */
   sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number, seen?: IntBuf | null): void;
 

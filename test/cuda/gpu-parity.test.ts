@@ -333,18 +333,19 @@ parity('sampleTokens (greedy, temperature, top-k, top-p) over 3001 logits', 0, (
 });
 // With a repetition penalty over each row's seen-token bitmask (greedy and sampled) and min-p: the same ids, and the
 // same bitmask after (each draw marked in it).
-parity('sampleTokens with a repetition penalty and min-p over 3001 logits (the bitmask marked)', 0, (r) => {
+parity('sampleTokens with a repetition penalty and min-p over 3001 logits (the bitmask marked, the logits penalized in place)', 1e-6, (r) => {
   const n = 12, V = 3001, W = Math.ceil(V / 32);
   const z = rand(r, n * V, 6), u = Float32Array.from({ length: n }, () => r());
   const seen = new Int32Array(n * W);
   for (let i = 0; i < n; i++) for (let k = 0; k < 200; k++) { const j = Math.floor(r() * V); seen[i * W + (j >>> 5)] |= 1 << (j & 31); }
   return {
-    arrays: { z, u, seen, a: new Int32Array(n), b: new Int32Array(n), c: new Int32Array(n), o: new Float32Array(3 * n + 2 * n * W) },
-    compare: ['o'],
+    // each call on its own copy of the logits: the penalty rewrites them in place; the penalized rows compared too
+    arrays: { z1: z, z2: z.slice(), z3: z.slice(), u, seen, a: new Int32Array(n), b: new Int32Array(n), c: new Int32Array(n), o: new Float32Array(3 * n + 2 * n * W) },
+    compare: ['o', 'z1', 'z2', 'z3'],
     op: (be, x) => {
-      be.sampleTokens(x.a!, x.z!, x.u!, n, V, { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1.6 }, V, x.seen!);
-      be.sampleTokens(x.b!, x.z!, x.u!, n, V, { temperature: 1.2, topK: 0, topP: 0.9, repetitionPenalty: 1.2, minP: 0.05 }, V, x.seen!);
-      be.sampleTokens(x.c!, x.z!, x.u!, n, V, { temperature: 0.8, topK: 40, topP: 1, repetitionPenalty: 0.8, minP: 0.2 }, V, x.seen!);
+      be.sampleTokens(x.a!, x.z1!, x.u!, n, V, { temperature: 0, topK: 0, topP: 1, repetitionPenalty: 1.6 }, V, x.seen!);
+      be.sampleTokens(x.b!, x.z2!, x.u!, n, V, { temperature: 1.2, topK: 0, topP: 0.9, repetitionPenalty: 1.2, minP: 0.05 }, V, x.seen!);
+      be.sampleTokens(x.c!, x.z3!, x.u!, n, V, { temperature: 0.8, topK: 40, topP: 1, repetitionPenalty: 0.8, minP: 0.2 }, V, x.seen!);
       // the bitmask's words as 16-bit halves (exact in float32)
       const marks = [...be.downloadInt(x.seen!)].flatMap((w) => [w & 0xffff, w >>> 16]);
       const ids = [...be.downloadInt(x.a!), ...be.downloadInt(x.b!), ...be.downloadInt(x.c!), ...marks];

@@ -118,13 +118,24 @@ test('sampling rule: the penalty counts an id once (a bitmask), needs the bitmas
   assert.throws(() => sampleRow(z, 0, V, { temperature: 1, topK: 0, topP: 1, minP: 1.5 }, 0.5), /min-p must be in \[0, 1\], got 1\.5/);
   // the backend's sampler marks what it draws (a decode step replayed as a graph keeps the bitmask current)
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
-  const logits = be.alloc(2 * V, 'logits'), u = be.alloc(2, 'uniforms'), out = be.allocInt(2, 'ids'), bits = be.allocInt(2 * seenWords(V), 'seen');
-  be.upload(logits, Float64Array.from({ length: 2 * V }, (_, i) => z[i % V]! + (i >= V ? 0.1 * (i - V) : 0)));
-  be.upload(u, [0.25, 0.75]);
+  const W = seenWords(V);
+  const logits = be.alloc(2 * V, 'logits'), u = be.alloc(2, 'uniforms'), out = be.allocInt(2, 'ids'), bits = be.allocInt(2 * W, 'seen');
+  const rows = Float64Array.from({ length: 2 * V }, (_, i) => z[i % V]! + (i >= V ? 0.1 * (i - V) : 0));
+  const before = new Int32Array(2 * W);
+  for (const j of [2, 31, 33]) markSeen(before, 0, j);
+  markSeen(before, W, 7);
+  be.upload(logits, rows); be.upload(u, [0.25, 0.75]); be.uploadInt(bits, before);
   be.sampleTokens(out, logits, u, 2, V, s, V, bits);
-  const drawn = be.downloadInt(out), marks = be.downloadInt(bits);
+  const drawn = be.downloadInt(out), marks = be.downloadInt(bits), after = be.download(logits);
   for (let b = 0; b < 2; b++) {
-    for (let j = 0; j < V; j++) assert.equal(isSeen(marks, b * seenWords(V), j), j === drawn[b], `row ${b} id ${j}`);
+    // what the rule draws with the row's seen ids penalized, that id marked besides the ones before
+    assert.equal(drawn[b], sampleRow(rows, b * V, V, s, b === 0 ? 0.25 : 0.75, before, b * W));
+    for (let j = 0; j < V; j++) {
+      assert.equal(isSeen(marks, b * W, j), isSeen(before, b * W, j) || j === drawn[b], `row ${b} id ${j}`);
+      // the logits are the step's scratch: the marked ones rewritten in place, the others untouched
+      const x = rows[b * V + j]!, want = isSeen(before, b * W, j) ? (x < 0 ? x * 2 : x / 2) : x;
+      assert.equal(after[b * V + j], want);
+    }
   }
   assert.throws(() => be.sampleTokens(out, logits, u, 2, V, s, V, null), /needs the seen-token bitmask/);
   be.dispose();

@@ -58,7 +58,7 @@ import { biasBackward, gemmNNAcc, gemmNT, transpose } from './kernels/gemm.js';
 import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
-import { markSeen, sampleRow } from './kernels/sample.js';
+import { markSeen, penalizeInPlace, sampleRow } from './kernels/sample.js';
 import { ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
@@ -845,8 +845,11 @@ export class CpuBackend implements Backend {
     check(!penalized || seen !== null, 'cpu backend: sampleTokens: a repetition penalty needs the seen-token bitmask');
     const sw = seen === null ? null : this.i(seen, 'seen-token bitmask');
     if (sw) this.need(sw, n * W, 'sampleTokens', 'seen');
+    // as the device does: the penalty rewrites the marked logits of the (scratch) rows in place, then the rule runs on them
+    const plain: SampleParams = { ...s, repetitionPenalty: 1 };
     for (let i = 0; i < n; i++) {
-      o[i] = sampleRow(z, i * ld, vocab, s, u[i]!, sw, i * W);
+      if (penalized) penalizeInPlace(z, i * ld, vocab, s.repetitionPenalty!, sw!, i * W);
+      o[i] = sampleRow(z, i * ld, vocab, plain, u[i]!);
       if (sw) markSeen(sw, i * W, o[i]!);
     }
   }

@@ -30,6 +30,18 @@ export function markSeen(seen: Int32Array | Uint32Array, off: number, j: number)
 }
 
 /**
+ * The repetition penalty applied in place to a row of logits (Backend.sampleTokens: the device sampler rewrites the
+ * marked ids' logits of its scratch row): each id marked in the bitmask row at word offset seenOff, once.
+ */
+export function penalizeInPlace(z: { [i: number]: number }, off: number, vocab: number, penalty: number, seen: ArrayLike<number>, seenOff: number): void {
+  for (let j = 0; j < vocab; j++) {
+    if (!isSeen(seen, seenOff, j)) continue;
+    const x = z[off + j]!;
+    z[off + j] = x < 0 ? x * penalty : x / penalty;
+  }
+}
+
+/**
  * The row's logits with the repetition penalty applied to its seen ids (a copy), or the row itself (and its offset)
  * when there is no penalty.
  */

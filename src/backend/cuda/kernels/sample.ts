@@ -1,8 +1,9 @@
 /**
  * Token sampling on the device (batched generation): one block per row of logits, the rule of the CPU reference
  * (src/backend/cpu/kernels/sample.ts), transformers' order:
- *   0. with SEEN (the rows' seen-token bitmask, SEEN_W words a row): every logit is read through the repetition penalty
- *      (a marked id's z becomes z·PENALTY where negative, z / PENALTY otherwise; PENALTY 1 with no SEEN: off);
+ *   0. with SEEN (the rows' seen-token bitmask, SEEN_W words a row): the repetition penalty, applied in place to the row
+ *      in the first pass (a marked id's z becomes z·PENALTY where negative, z / PENALTY otherwise): one pass reads the
+ *      bitmask, the later ones the penalized row (reading the bitmask in every pass cost a fifth of a decode step);
  *   1. the row's maximum and first argmax (greedy when TEMP ≤ 0: done);
  *   2. top-k: the k-th largest logit by bisection on the order-preserving 32-bit keys of the floats (32 passes counting
  *      keys ≥ mid: exact, ties kept);
@@ -30,23 +31,26 @@ __device__ __forceinline__ unsigned fkey(float x) {
   const unsigned u = __float_as_uint(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-/* the row's logit j as the rule reads it: through the repetition penalty where the bitmask marks j */
-__device__ __forceinline__ float penalized(const float* z, const unsigned* seen, float P, int j) {
-  const float x = z[j];
-  if (seen == nullptr || !((seen[j >> 5] >> (j & 31)) & 1u)) return x;
-  return x < 0.0f ? x * P : x / P;
-}
-extern "C" __global__ void sample_tokens(int* out, const float* logits, const float* uniforms, int n, int V, int LD,
+extern "C" __global__ void sample_tokens(int* out, float* logits, const float* uniforms, int n, int V, int LD,
                                          float TEMP, int TOPK, float TOPP, unsigned* SEEN, int SEEN_W, float PENALTY,
                                          float MINP) {
   const int row = blockIdx.x;
   if (row >= n) return;
-  const float* z = logits + (long long)row * LD;
+  float* z = logits + (long long)row * LD;
   unsigned* seen = SEEN == nullptr ? nullptr : SEEN + (long long)row * SEEN_W;
-  const float P = PENALTY;
   float m = NEG_INF;
   int am = V;
-  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (x > m) { m = x; am = j; } }
+  if (seen) {
+    /* the repetition penalty, once, in place: each marked logit is read and rewritten by the one thread that owns j; the
+       block's barriers in blockMax make the rewritten row visible to every later pass */
+    for (int j = threadIdx.x; j < V; j += BLOCK) {
+      float x = z[j];
+      if ((seen[j >> 5] >> (j & 31)) & 1u) { x = x < 0.0f ? x * PENALTY : x / PENALTY; z[j] = x; }
+      if (x > m) { m = x; am = j; }
+    }
+  } else {
+    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  }
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
   if (!(TEMP > 0.0f)) {
@@ -60,20 +64,20 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
     while (lo < hi) {
       const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
       float c = 0.0f;
-      for (int j = threadIdx.x; j < V; j += BLOCK) c += fkey(penalized(z, seen, P, j)) >= mid ? 1.0f : 0.0f;
+      for (int j = threadIdx.x; j < V; j += BLOCK) c += fkey(z[j]) >= mid ? 1.0f : 0.0f;
       if (blockSum(c) >= (float)TOPK) lo = mid; else hi = mid - 1u;
     }
     theta = lo;
   }
   if (TOPP < 1.0f) {
     float mk = 0.0f;
-    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
+    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
     const float target = TOPP * blockSum(mk);
     unsigned lo = theta, hi = 0xffffffffu;
     while (lo < hi) {
       const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
       float s = 0.0f;
-      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = penalized(z, seen, P, j); if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
+      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
       if (blockSum(s) >= target) lo = mid; else hi = mid - 1u;
     }
     theta = lo;
@@ -84,7 +88,7 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
   const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
   double cs = 0.0;
   for (int j = j0; j < j1; j++) {
-    const float x = penalized(z, seen, P, j);
+    const float x = z[j];
     if (fkey(x) < theta) continue;
     const float e = expf((x - M) * INV_T);
     if (e >= MINP) cs += (double)e;
@@ -96,7 +100,7 @@ extern "C" __global__ void sample_tokens(int* out, const float* logits, const fl
     double acc = start;
     int last = -1, pick = -1;
     for (int j = j0; j < j1; j++) {
-      const float x = penalized(z, seen, P, j);
+      const float x = z[j];
       if (fkey(x) < theta) continue;
       const float e = expf((x - M) * INV_T);
       if (!(e >= MINP)) continue;
