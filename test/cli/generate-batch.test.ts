@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { runCli, tempDir, writeTinyCheckpoint } from './fixtures.js';
-import { samplingNotice } from '../../src/cli/commands/generate.js';
+import { generateOptions, sampleAsConfig, samplingNotice } from '../../src/cli/commands/generate.js';
 import { sample } from '../../src/model/generate.js';
 import { sampleRow } from '../../src/backend/cpu/kernels/sample.js';
 import { Rng } from '../../src/util/rng.js';
@@ -83,13 +83,13 @@ test('generate says when generation_config.json samples and distillery decodes g
   const qwen = { do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.05, eos_token_id: [151645, 151643] };
   assert.equal(samplingNotice(qwen, 'q'),
     'note: q samples (do_sample: true, temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05), as transformers\' generate() would; distillery decodes greedily unless told: '
-    + '--temperature 0.7 --top-p 0.8 --top-k 20 --repetition-penalty 1.05 samples as it says');
-  assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l')!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says$/);
+    + '--temperature 0.7 --top-p 0.8 --top-k 20 --repetition-penalty 1.05 samples as it says (so does --generation-config auto)');
+  assert.match(samplingNotice({ do_sample: true, temperature: 0.6, top_p: 0.9 }, 'l')!, /top_k 50 \(transformers' default\).*--temperature 0\.6 --top-p 0\.9 --top-k 50 samples as it says \(so does --generation-config auto\)$/);
   assert.match(samplingNotice({ do_sample: true, min_p: 0.05, typical_p: 0.9 }, 'm')!, /min_p 0\.05\).*--temperature 1 --top-k 50 --min-p 0\.05 samples as it says, without typical_p 0\.9, which distillery does not apply$/);
   // transformers applies a repetition penalty to greedy decoding too: a file that penalizes without sampling is announced
   assert.equal(samplingNotice({ do_sample: false, repetition_penalty: 1.1, top_p: 0.5 }, 'r'),
     'note: r penalizes repetition (do_sample: false, repetition_penalty 1.1), as transformers\' generate() would; distillery decodes greedily without a penalty unless told: '
-    + '--repetition-penalty 1.1 decodes as it says');
+    + '--repetition-penalty 1.1 decodes as it says (so does --generation-config auto)');
   const dir = tempDir();
   const model = path.join(dir, 'm');
   writeTinyCheckpoint(model, 8);
@@ -120,4 +120,54 @@ test('generate --prompt takes --top-k (the device sampler\'s rule on the host): 
     const s = { temperature: 0.9, topK: 7, topP: 0.8 };
     assert.equal(sample(z, s, rng), sampleRow(z, 0, 40, s, ref.next()));
   }
+});
+
+test('generate --generation-config auto samples as generation_config.json says (transformers\' defaults where it is silent; flags override; what is not run is refused by name)', async () => {
+  const opts = (argv: string[]) => generateOptions({ model: 'm', prompt: 'x', 'generation-config': 'auto', ...Object.fromEntries(argv.map((a, i, all) => (i % 2 === 0 ? [a.slice(2), Number(all[i + 1])] : null)).filter((x) => x !== null)) });
+  const qwen = { do_sample: true, temperature: 0.7, top_p: 0.8, top_k: 20, repetition_penalty: 1.05 };
+  const a = sampleAsConfig(opts([]), qwen, 'g');
+  assert.deepEqual([a.options.temperature, a.options.topK, a.options.topP, a.options.minP, a.options.repetitionPenalty], [0.7, 20, 0.8, 0, 1.05]);
+  assert.equal(a.said, 'sampling: temperature 0.7, top_k 20, top_p 0.8, repetition_penalty 1.05 (g)');
+  // transformers' defaults where the file is silent: top_k 50, temperature 1
+  const b = sampleAsConfig(opts([]), { do_sample: true, min_p: 0.1 }, 'g').options;
+  assert.deepEqual([b.temperature, b.topK, b.topP, b.minP, b.repetitionPenalty], [1, 50, 1, 0.1, 1]);
+  // do_sample false (or no file): greedy, the file's repetition penalty kept (transformers applies it to greedy decoding)
+  const c = sampleAsConfig(opts([]), { do_sample: false, temperature: 0.7, repetition_penalty: 1.2 }, 'g');
+  assert.deepEqual([c.options.temperature, c.options.repetitionPenalty], [0, 1.2]);
+  assert.equal(c.said, 'sampling: greedy, repetition_penalty 1.2 (g)');
+  assert.equal(sampleAsConfig(opts([]), null, 'g').said, "sampling: greedy (transformers' defaults (no g))");
+  // a flag given overrides its setting only
+  const d = sampleAsConfig(opts(['--temperature', '0.3', '--repetition-penalty', '1']), qwen, 'g');
+  assert.deepEqual([d.options.temperature, d.options.topK, d.options.repetitionPenalty], [0.3, 20, 1]);
+  assert.match(d.said, /overridden by --temperature --repetition-penalty\)$/);
+  for (const [gen, re] of [
+    [{ do_sample: true, num_beams: 4 }, /asks for num_beams 4, which distillery's generation does not run/],
+    [{ do_sample: true, typical_p: 0.9, no_repeat_ngram_size: 3 }, /typical_p 0\.9, no_repeat_ngram_size 3/],
+    [{ do_sample: true, temperature: 'hot' }, /temperature is "hot", not a number/],
+    [{ do_sample: true, top_p: 1.5 }, /out of range .*top_p 1\.5/],
+  ] as Array<[Record<string, unknown>, RegExp]>) assert.throws(() => sampleAsConfig(opts([]), gen, 'g'), re);
+  assert.equal(sampleAsConfig(opts([]), { do_sample: true, num_beams: 1, typical_p: 1 }, 'g').options.topK, 50, 'neutral values are not refused');
+  // a cut given: fine where the file samples, refused where it decodes greedily
+  assert.equal(sampleAsConfig(opts(['--top-k', '3']), qwen, 'g').options.topK, 3);
+  assert.throws(() => sampleAsConfig(opts(['--top-k', '3']), { do_sample: false }, 'g'), /--top-k shapes sampling, and g decodes greedily \(do_sample false\)/);
+
+  // through the CLI: the same text as the flags that say the same, and the line that says so
+  const dir = tempDir();
+  const model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 8);
+  fs.writeFileSync(path.join(model, 'generation_config.json'), JSON.stringify({ ...qwen, top_k: 5, temperature: 1.3 }));
+  const base = ['generate', '--model', model, '--prompt', 'The teacher', '--max-new-tokens', '8', '--threads', '1', '--seed', '9'];
+  const auto = await run([...base, '--generation-config', 'auto']);
+  const flags = await run([...base, '--temperature', '1.3', '--top-k', '5', '--top-p', '0.8', '--repetition-penalty', '1.05']);
+  assert.equal(auto.code, 0, auto.err); assert.equal(flags.code, 0, flags.err);
+  assert.equal(auto.out, flags.out);
+  assert.match(auto.err, /^sampling: temperature 1\.3, top_k 5, top_p 0\.8, repetition_penalty 1\.05 \(.*generation_config\.json\)$/m);
+  assert.doesNotMatch(auto.err, /^note:/m);
+  const greedy = await run([...base, '--generation-config', 'auto', '--temperature', '0']);
+  const greedyFlags = await run([...base, '--repetition-penalty', '1.05']);
+  assert.equal(greedy.out, greedyFlags.out, '--temperature 0 overrides do_sample; the file\'s penalty stays');
+  fs.writeFileSync(path.join(model, 'generation_config.json'), JSON.stringify({ do_sample: true, num_beams: 3 }));
+  const beams = await run([...base, '--generation-config', 'auto']);
+  assert.equal(beams.code, 2, beams.err);
+  assert.match(beams.err, /num_beams 3, which distillery's generation does not run/);
 });

@@ -41,6 +41,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'top-p', kind: 'number', description: 'nucleus sampling: keep the most likely tokens up to this total probability (1 = off)', defaultText: '1' },
   { name: 'min-p', kind: 'number', description: 'keep only tokens at least this fraction as likely as the most likely one, as transformers\' min_p (0 = off)', defaultText: '0' },
   { name: 'repetition-penalty', kind: 'number', description: 'transformers\' repetition_penalty: divide the positive logits (multiply the negative ones) of every id already in the sequence, prompt included, by this, greedy too (1 = off)', defaultText: '1' },
+  { name: 'generation-config', kind: 'string', choices: ['none', 'auto'], description: "auto: sample (or not) as the model's generation_config.json says, as transformers' generate() does (do_sample, temperature, top_k, top_p, min_p, repetition_penalty; flags given override them); none: greedy unless sampling flags are given", defaultText: 'none' },
   { name: 'seed', kind: 'integer', description: 'random seed for sampling', defaultText: String(DEFAULT_RUN_OPTIONS.seed) },
   { name: 'chat', kind: 'boolean', description: "render the prompt as a user turn with the model's chat template (Jinja) and open the assistant turn" },
   { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'with --chat: template options, a JSON object of extra template variables, e.g. \'{"enable_thinking": false}\'' },
@@ -93,6 +94,10 @@ export interface GenerateOptions {
   cuda?: CudaOptions;
   /** Whether a sampling flag was given (else generation_config.json's sampling is announced). */
   samplingGiven?: boolean;
+  /** The sampling flags given (their names without --), which override generation_config.json's values with --generation-config auto. */
+  samplingFlags?: string[];
+  /** 'auto': sample as the model's generation_config.json says (sampleAsConfig); 'none' (default): greedy unless told. */
+  generationConfig?: 'none' | 'auto';
 }
 
 /**
@@ -120,7 +125,7 @@ export function samplingNotice(gen: Record<string, unknown> | null, file: string
   const unapplied = Object.entries(neutral).filter(([key, n]) => typeof gen[key] === 'number' && gen[key] !== n).map(([key]) => `${key} ${gen[key] as number}`);
   const what = sampling ? 'samples' : 'penalizes repetition';
   return `note: ${file} ${what} (${said.join(', ')}), as transformers' generate() would; distillery decodes greedily${sampling ? '' : ' without a penalty'} unless told: `
-    + `${flags.join(' ')} ${sampling ? 'samples' : 'decodes'} as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ''}`;
+    + `${flags.join(' ')} ${sampling ? 'samples' : 'decodes'} as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ' (so does --generation-config auto)'}`;
 }
 
 /**
@@ -152,6 +157,66 @@ export class StreamDecoder {
 }
 
 function num(v: unknown, d: number): number { return typeof v === 'number' ? v : d; }
+
+/** The flags that shape sampling. */
+const SAMPLING_FLAGS = ['temperature', 'top-p', 'top-k', 'min-p', 'repetition-penalty'];
+
+/**
+ * The sampling settings of generation_config.json as transformers' generate() reads them (--generation-config auto),
+ * with the flags given overriding: do_sample false is greedy (temperature 0; the cuts then do nothing), true samples at
+ * the file's temperature, top_k, top_p and min_p, with transformers' defaults where it is silent (temperature 1, top_k 50,
+ * top_p 1, no min_p); repetition_penalty applies either way (default 1). A setting distillery does not run (beam search,
+ * typical_p, no_repeat_ngram_size, epsilon or eta cutoffs, ...) is refused by name: following the file halfway would not
+ * be what transformers does. No file: transformers' defaults (greedy). `file` names the file in messages.
+ */
+export function sampleAsConfig(o: GenerateOptions, gen: Record<string, unknown> | null, file: string): { options: GenerateOptions; said: string } {
+  const g = gen ?? {};
+  const num2 = (k: string, d: number): number => {
+    const v = g[k];
+    if (v === undefined || v === null) return d;
+    if (typeof v !== 'number' || !Number.isFinite(v)) throw new InputError(`${file}: ${k} is ${JSON.stringify(v)}, not a number`, 'fix the file, or pass --generation-config none and the sampling flags');
+    return v;
+  };
+  const unsupported: Array<[string, (v: unknown) => boolean]> = [
+    ['num_beams', (v) => v !== 1], ['typical_p', (v) => v !== 1], ['no_repeat_ngram_size', (v) => v !== 0],
+    ['epsilon_cutoff', (v) => v !== 0], ['eta_cutoff', (v) => v !== 0], ['encoder_repetition_penalty', (v) => v !== 1],
+    ['penalty_alpha', () => true], ['top_h', () => true], ['dola_layers', () => true],
+  ];
+  const refused = unsupported.filter(([k, off]) => g[k] !== undefined && g[k] !== null && off(g[k])).map(([k]) => `${k} ${JSON.stringify(g[k])}`);
+  if (refused.length) {
+    throw new InputError(`${file} asks for ${refused.join(', ')}, which distillery's generation does not run`,
+      'pass --generation-config none and the sampling flags (--temperature, --top-k, --top-p, --min-p, --repetition-penalty) you want');
+  }
+  const sampling = g.do_sample === true;
+  const fromFile = {
+    temperature: sampling ? num2('temperature', 1) : 0, topK: sampling ? num2('top_k', 50) : 0, topP: sampling ? num2('top_p', 1) : 1,
+    minP: sampling ? num2('min_p', 0) : 0, repetitionPenalty: num2('repetition_penalty', 1),
+  };
+  const given = new Set(o.samplingFlags ?? []);
+  const pick = <K extends keyof typeof fromFile>(k: K, flag: string): number => (given.has(flag) ? o[k] : fromFile[k]);
+  const options: GenerateOptions = {
+    ...o,
+    temperature: pick('temperature', 'temperature'), topK: pick('topK', 'top-k'), topP: pick('topP', 'top-p'),
+    minP: pick('minP', 'min-p'), repetitionPenalty: pick('repetitionPenalty', 'repetition-penalty'),
+  };
+  // the values the run now has, checked as the flags are
+  if (!(options.temperature >= 0) || !(options.topP > 0 && options.topP <= 1) || !(options.minP >= 0 && options.minP <= 1)
+    || !(Number.isInteger(options.topK) && options.topK >= 0) || !(options.repetitionPenalty > 0)) {
+    throw new InputError(`${file}: sampling settings out of range (temperature ${options.temperature}, top_k ${options.topK}, top_p ${options.topP}, min_p ${options.minP}, repetition_penalty ${options.repetitionPenalty})`,
+      'fix the file, or pass --generation-config none and the sampling flags');
+  }
+  const cuts = ['top-k', 'top-p', 'min-p'].filter((f) => given.has(f));
+  if (options.temperature === 0 && cuts.length) {
+    throw new UsageError(`${cuts.map((f) => `--${f}`).join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and ${file} decodes greedily (do_sample ${JSON.stringify(g.do_sample ?? false)})${given.has('temperature') ? ' or --temperature is 0' : ''}`,
+      'add e.g. --temperature 0.7 to sample, or drop the flag');
+  }
+  const parts = options.temperature > 0
+    ? [`temperature ${options.temperature}`, ...(options.topK > 0 ? [`top_k ${options.topK}`] : []), ...(options.topP < 1 ? [`top_p ${options.topP}`] : []), ...(options.minP > 0 ? [`min_p ${options.minP}`] : [])]
+    : ['greedy'];
+  if (options.repetitionPenalty !== 1) parts.push(`repetition_penalty ${options.repetitionPenalty}`);
+  const source = gen ? file : `transformers' defaults (no ${file})`;
+  return { options, said: `sampling: ${parts.join(', ')} (${source}${given.size ? `, overridden by ${[...given].map((f) => `--${f}`).join(' ')}` : ''})` };
+}
 
 /** Validates parsed flags into GenerateOptions (pure). */
 export function generateOptions(values: Record<string, unknown>): GenerateOptions {
@@ -186,7 +251,9 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
     ...(typeof values.precision === 'string' ? { precision: values.precision as PrecisionFlag } : {}),
-    samplingGiven: ['temperature', 'top-p', 'top-k', 'min-p', 'repetition-penalty'].some((f) => values[f] !== undefined),
+    samplingGiven: SAMPLING_FLAGS.some((f) => values[f] !== undefined),
+    samplingFlags: SAMPLING_FLAGS.filter((f) => values[f] !== undefined),
+    ...(values['generation-config'] === 'auto' ? { generationConfig: 'auto' as const } : {}),
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
   if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
@@ -199,7 +266,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
   if (!(Number.isInteger(o.topK) && o.topK >= 0)) throw new UsageError(`--top-k must be an integer >= 0, got ${o.topK}`, 'use 0 to turn it off, or e.g. 50');
   // the cuts shape a sampled distribution: with greedy decoding they would do nothing, so they are refused, not ignored
   const cuts = [['top-k', o.topK !== 0], ['top-p', o.topP !== 1], ['min-p', o.minP !== 0]].filter(([f, on]) => on && values[f as string] !== undefined).map(([f]) => `--${f as string}`);
-  if (o.temperature === 0 && cuts.length) {
+  if (o.temperature === 0 && cuts.length && o.generationConfig !== 'auto') { // with auto, the file may sample: sampleAsConfig checks
     throw new UsageError(`${cuts.join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and --temperature is 0 (greedy decoding)`, 'add e.g. --temperature 0.7 to sample, or drop the flag (--repetition-penalty applies to greedy decoding too)');
   }
   const threadsBad = threadsProblem(o.threads);
@@ -221,8 +288,14 @@ export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   if (ck.adapter) io.err(`${describeMerge(ck.adapter)}\n`);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
-  const notice = o.samplingGiven ? null : samplingNotice(ck.generationConfig, `${o.model}'s generation_config.json`);
-  if (notice) io.err(`${notice}\n`);
+  if (o.generationConfig === 'auto') {
+    const r = sampleAsConfig(o, ck.generationConfig, `${o.model}'s generation_config.json`);
+    o = r.options;
+    io.err(`${r.said}\n`);
+  } else {
+    const notice = o.samplingGiven ? null : samplingNotice(ck.generationConfig, `${o.model}'s generation_config.json`);
+    if (notice) io.err(`${notice}\n`);
+  }
   if (!tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'generation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   if (o.prompts !== undefined) return generateBatched(o, io, ck, tokenizer);
   let text = o.prompt;
