@@ -114,7 +114,8 @@ export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a:
 /**
  * Bytes a BatchGenerator (src/model/batch-generate.ts) allocates for `batch` sequences of `maxLen` tokens, with `a`
  * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row,
- * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids.
+ * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids (not the seen-token
+ * bitmask a repetition penalty allocates, batch · ⌈vocab / 32⌉ words: on-policy generation, what this sizes, has none).
  */
 export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number): number {
   const R = batch * maxLen, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;

@@ -142,7 +142,7 @@ test('generate --generation-config auto samples as generation_config.json says (
   assert.match(d.said, /overridden by --temperature --repetition-penalty\)$/);
   for (const [gen, re] of [
     [{ do_sample: true, num_beams: 4 }, /asks for num_beams 4, which distillery's generation does not run/],
-    [{ do_sample: true, typical_p: 0.9, no_repeat_ngram_size: 3 }, /typical_p 0\.9, no_repeat_ngram_size 3/],
+    [{ do_sample: true, typical_p: 0.9, no_repeat_ngram_size: 3 }, /no_repeat_ngram_size 3, typical_p 0\.9/],
     [{ do_sample: true, temperature: 'hot' }, /temperature is "hot", not a number/],
     [{ do_sample: true, top_p: 1.5 }, /out of range .*top_p 1\.5/],
   ] as Array<[Record<string, unknown>, RegExp]>) assert.throws(() => sampleAsConfig(opts([]), gen, 'g'), re);
@@ -150,6 +150,18 @@ test('generate --generation-config auto samples as generation_config.json says (
   // a cut given: fine where the file samples, refused where it decodes greedily
   assert.equal(sampleAsConfig(opts(['--top-k', '3']), qwen, 'g').options.topK, 3);
   assert.throws(() => sampleAsConfig(opts(['--top-k', '3']), { do_sample: false }, 'g'), /--top-k shapes sampling, and g decodes greedily \(do_sample false\)/);
+  assert.equal(sampleAsConfig(opts(['--top-k', '0', '--top-p', '1']), { do_sample: false }, 'g').options.temperature, 0, 'neutral cuts with greedy decoding are fine');
+  // --temperature above 0 over a file that decodes greedily samples with the file's cuts (transformers' defaults where silent)
+  const e = sampleAsConfig(opts(['--temperature', '0.5']), { do_sample: false, top_p: 0.9 }, 'g').options;
+  assert.deepEqual([e.temperature, e.topK, e.topP, e.minP], [0.5, 50, 0.9, 0]);
+  assert.throws(() => sampleAsConfig(opts([]), { do_sample: true, temperature: 0 }, 'g'), /samples \(do_sample true\) at temperature 0, which transformers refuses/);
+  // the settings transformers acts on and distillery does not run: refused by --generation-config auto, named by the notice
+  for (const k of [{ suppress_tokens: [5] }, { min_new_tokens: 4 }, { forced_eos_token_id: 2 }, { sequence_bias: { '[1]': -1 } }, { penalty_alpha: 0.6 }]) {
+    assert.throws(() => sampleAsConfig(opts([]), { do_sample: true, ...k }, 'g'), new RegExp(`asks for ${Object.keys(k)[0]} `));
+    assert.match(samplingNotice({ do_sample: true, ...k }, 'g')!, new RegExp(`without ${Object.keys(k)[0]} .*, which distillery does not apply$`));
+  }
+  assert.doesNotThrow(() => sampleAsConfig(opts([]), { do_sample: true, suppress_tokens: [], min_length: 0, bad_words_ids: null, forced_eos_token_id: null }, 'g'), 'neutral or empty values run');
+  assert.doesNotThrow(() => sampleAsConfig(opts([]), { do_sample: false, typical_p: 0.5 }, 'g'), 'typical_p acts only when sampling');
 
   // through the CLI: the same text as the flags that say the same, and the line that says so
   const dir = tempDir();

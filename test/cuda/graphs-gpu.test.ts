@@ -4,7 +4,8 @@
  * (q/k norms, GQA) from a bf16 teacher for five steps with a changing lr and changing tokens; every parameter, AdamW
  * moment and loss statistic must be identical, and the graph backend must have replayed its regions. Then the op
  * profile inside a graph: each op's time comes from event nodes between the ops of one graph launch, and a GEMM's
- * time there is compared with the same GEMM launched alone (printed; bounded loosely).
+ * time there is compared with the same GEMM launched alone (printed; bounded loosely). And batched generation with a
+ * repetition penalty, its decode steps replayed from a graph, draws what the CPU backend draws.
  */
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -19,6 +20,9 @@ import { Transformer } from '../../src/model/transformer.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
 import { Rng } from '../../src/util/rng.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import type { Backend } from '../../src/backend/backend.js';
+import { BatchGenerator } from '../../src/model/batch-generate.js';
 
 const dir = process.env.DISTILLERY_CACHE_DIR ?? mkdtempSync(join(tmpdir(), 'dk-graphs-'));
 const made: CudaBackend[] = [];
@@ -96,4 +100,32 @@ test('the op profile inside a graph times every op the eager profile times', { s
   assert.ok(ca.size > 10, a);
   assert.deepEqual([...ca].sort(), [...cb].sort(), 'the same ops, the same number of times');
   assert.ok(ca.has('adamw_multi'));
+});
+
+test('batched generation with a repetition penalty: the decode step replayed from a graph keeps the seen-token bitmask current (CUDA equals the CPU backend)', { skip }, () => {
+  const be = backend(true)!;
+  const cpu = createCpuBackend({ threads: 1 });
+  try {
+    const w = initialWeights(parameterLayout(QWEN3), QWEN3, new Rng(5), 1.0); // peaked logits: greedy decoding repeats itself
+    const gen = (b: Backend) => {
+      const m = new Transformer(b, QWEN3, { batch: 1, seq: 1, training: false, precision: 'fp32' });
+      m.setWeights(w);
+      return new BatchGenerator(m, 3, 32);
+    };
+    const prompts = [[1, 2, 3, 2], [40], [7, 8]];
+    const g = gen(be), c = gen(cpu);
+    for (const opts of [
+      { temperature: 0, topP: 1, topK: 0, repetitionPenalty: 1.8, maxNewTokens: 12 },
+      { temperature: 0.8, topP: 0.9, topK: 30, minP: 0.05, repetitionPenalty: 1.3, maxNewTokens: 12, seed: 3 },
+    ]) {
+      const before = be.graphStats.replays;
+      const got = g.generateOnDevice(prompts, opts).tokens, want = c.generateOnDevice(prompts, opts).tokens;
+      assert.deepEqual(got, want, JSON.stringify(opts));
+      assert.ok(be.graphStats.replays - before >= 8, `decode steps replayed: ${be.graphStats.replays - before}`);
+      if (opts.temperature === 0) {
+        const plain = c.generateOnDevice(prompts, { ...opts, repetitionPenalty: 1 }).tokens;
+        assert.notDeepEqual(want, plain, 'the penalty changes greedy decoding here');
+      }
+    }
+  } finally { cpu.dispose(); }
 });

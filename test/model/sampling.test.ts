@@ -138,6 +138,8 @@ test('sampling rule: the penalty counts an id once (a bitmask), needs the bitmas
     }
   }
   assert.throws(() => be.sampleTokens(out, logits, u, 2, V, s, V, null), /needs the seen-token bitmask/);
+  assert.throws(() => be.sampleTokens(out, logits, u, 2, V, { ...s, repetitionPenalty: -2 }, V, bits), /repetition penalty must be a positive number, got -2/);
+  assert.throws(() => be.sampleTokens(out, logits, u, 2, V, { temperature: 1, topK: 0, topP: 1, minP: Number.NaN }, V), /min-p must be in \[0, 1\]/);
   be.dispose();
 });
 

@@ -49,7 +49,7 @@
  */
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
+import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { roundBf16InPlace } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -841,16 +841,18 @@ export class CpuBackend implements Backend {
     check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
     this.need(o, n, 'sampleTokens', 'out'); this.need(u, n, 'sampleTokens', 'uniforms');
     this.need(z, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens', 'logits');
-    const penalized = (s.repetitionPenalty ?? 1) !== 1, W = seenWords(vocab);
+    let pm: { penalty: number; minP: number };
+    try { pm = penaltyAndMinP(s); } catch (e) { throw new Error(`cpu backend: sampleTokens: ${(e as Error).message}`); }
+    const penalized = pm.penalty !== 1, W = seenWords(vocab);
     check(!penalized || seen !== null, 'cpu backend: sampleTokens: a repetition penalty needs the seen-token bitmask');
     const sw = seen === null ? null : this.i(seen, 'seen-token bitmask');
     if (sw) this.need(sw, n * W, 'sampleTokens', 'seen');
     // as the device does: the penalty rewrites the marked logits of the (scratch) rows in place, then the rule runs on them
     const plain: SampleParams = { ...s, repetitionPenalty: 1 };
     for (let i = 0; i < n; i++) {
-      if (penalized) penalizeInPlace(z, i * ld, vocab, s.repetitionPenalty!, sw!, i * W);
+      if (penalized) penalizeInPlace(z, i * ld, vocab, pm.penalty, sw!, i * W);
       o[i] = sampleRow(z, i * ld, vocab, plain, u[i]!);
-      if (sw) markSeen(sw, i * W, o[i]!);
+      if (sw && o[i]! < vocab) markSeen(sw, i * W, o[i]!);
     }
   }
 

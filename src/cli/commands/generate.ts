@@ -92,12 +92,33 @@ export interface GenerateOptions {
   /** --precision (default auto: bf16 on CUDA, fp32 on the CPU). */
   precision?: PrecisionFlag | undefined;
   cuda?: CudaOptions;
-  /** Whether a sampling flag was given (else generation_config.json's sampling is announced). */
+  /** Whether a flag that samples was given (--temperature, --top-k, --top-p, --min-p; else generation_config.json's sampling is announced). */
   samplingGiven?: boolean;
   /** The sampling flags given (their names without --), which override generation_config.json's values with --generation-config auto. */
   samplingFlags?: string[];
   /** 'auto': sample as the model's generation_config.json says (sampleAsConfig); 'none' (default): greedy unless told. */
   generationConfig?: 'none' | 'auto';
+}
+
+/**
+ * The settings of a generation_config.json that transformers' generate() would act on and distillery's generation does
+ * not run, off their neutral values, as "key value" (empty: it runs everything the file asks). The ones transformers
+ * applies only when sampling count only where the file samples. max_new_tokens and max_length are not among them:
+ * --max-new-tokens sets the length.
+ */
+export function unrunSettings(gen: Record<string, unknown>): string[] {
+  const sampling = gen.do_sample === true;
+  const set = (v: unknown): boolean => v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0) && !(typeof v === 'object' && !Array.isArray(v) && Object.keys(v as object).length === 0);
+  const off: Array<[string, (v: unknown) => boolean]> = [
+    ['num_beams', (v) => v !== 1], ['num_beam_groups', (v) => v !== 1], ['diversity_penalty', (v) => v !== 0],
+    ['penalty_alpha', (v) => v !== 0], ['no_repeat_ngram_size', (v) => v !== 0], ['encoder_repetition_penalty', (v) => v !== 1],
+    ['encoder_no_repeat_ngram_size', (v) => v !== 0], ['min_length', (v) => v !== 0], ['min_new_tokens', (v) => v !== 0],
+    ['suppress_tokens', () => true], ['begin_suppress_tokens', () => true], ['bad_words_ids', () => true], ['sequence_bias', () => true],
+    ['forced_bos_token_id', () => true], ['forced_eos_token_id', () => true], ['exponential_decay_length_penalty', () => true],
+    ['guidance_scale', (v) => v !== 1], ['dola_layers', () => true], ['watermarking_config', () => true],
+    ...(sampling ? [['typical_p', (v: unknown) => v !== 1], ['epsilon_cutoff', (v: unknown) => v !== 0], ['eta_cutoff', (v: unknown) => v !== 0], ['top_h', () => true]] as Array<[string, (v: unknown) => boolean]> : []),
+  ];
+  return off.filter(([k, isOff]) => set(gen[k]) && isOff(gen[k])).map(([k]) => `${k} ${JSON.stringify(gen[k])}`);
 }
 
 /**
@@ -120,9 +141,8 @@ export function samplingNotice(gen: Record<string, unknown> | null, file: string
     ...(sampling ? [`--temperature ${t}`, ...(p < 1 ? [`--top-p ${p}`] : []), ...(k > 0 ? [`--top-k ${k}`] : []), ...(minP > 0 ? [`--min-p ${minP}`] : [])] : []),
     ...(penalty !== 1 ? [`--repetition-penalty ${penalty}`] : []),
   ];
-  // what distillery's sampler does not do, where the file sets it off its neutral value (and sampling applies it)
-  const neutral: Record<string, number> = sampling ? { typical_p: 1, no_repeat_ngram_size: 0, epsilon_cutoff: 0, eta_cutoff: 0 } : { no_repeat_ngram_size: 0 };
-  const unapplied = Object.entries(neutral).filter(([key, n]) => typeof gen[key] === 'number' && gen[key] !== n).map(([key]) => `${key} ${gen[key] as number}`);
+  // what distillery's generation does not run, where the file sets it off its neutral value (as --generation-config auto refuses)
+  const unapplied = unrunSettings(gen);
   const what = sampling ? 'samples' : 'penalizes repetition';
   return `note: ${file} ${what} (${said.join(', ')}), as transformers' generate() would; distillery decodes greedily${sampling ? '' : ' without a penalty'} unless told: `
     + `${flags.join(' ')} ${sampling ? 'samples' : 'decodes'} as it says${unapplied.length ? `, without ${unapplied.join(', ')}, which distillery does not apply` : ' (so does --generation-config auto)'}`;
@@ -177,27 +197,29 @@ export function sampleAsConfig(o: GenerateOptions, gen: Record<string, unknown> 
     if (typeof v !== 'number' || !Number.isFinite(v)) throw new InputError(`${file}: ${k} is ${JSON.stringify(v)}, not a number`, 'fix the file, or pass --generation-config none and the sampling flags');
     return v;
   };
-  const unsupported: Array<[string, (v: unknown) => boolean]> = [
-    ['num_beams', (v) => v !== 1], ['typical_p', (v) => v !== 1], ['no_repeat_ngram_size', (v) => v !== 0],
-    ['epsilon_cutoff', (v) => v !== 0], ['eta_cutoff', (v) => v !== 0], ['encoder_repetition_penalty', (v) => v !== 1],
-    ['penalty_alpha', () => true], ['top_h', () => true], ['dola_layers', () => true],
-  ];
-  const refused = unsupported.filter(([k, off]) => g[k] !== undefined && g[k] !== null && off(g[k])).map(([k]) => `${k} ${JSON.stringify(g[k])}`);
+  const refused = unrunSettings(g);
   if (refused.length) {
     throw new InputError(`${file} asks for ${refused.join(', ')}, which distillery's generation does not run`,
       'pass --generation-config none and the sampling flags (--temperature, --top-k, --top-p, --min-p, --repetition-penalty) you want');
   }
   const sampling = g.do_sample === true;
+  if (sampling && num2('temperature', 1) <= 0) {
+    throw new InputError(`${file} samples (do_sample true) at temperature ${num2('temperature', 1)}, which transformers refuses`, 'fix the file (do_sample false decodes greedily), or pass --generation-config none');
+  }
+  // the cuts are the file's (transformers' defaults where it is silent) whenever the run samples: a --temperature above 0
+  // over a file that decodes greedily samples with them too
   const fromFile = {
-    temperature: sampling ? num2('temperature', 1) : 0, topK: sampling ? num2('top_k', 50) : 0, topP: sampling ? num2('top_p', 1) : 1,
-    minP: sampling ? num2('min_p', 0) : 0, repetitionPenalty: num2('repetition_penalty', 1),
+    temperature: sampling ? num2('temperature', 1) : 0, topK: num2('top_k', 50), topP: num2('top_p', 1),
+    minP: num2('min_p', 0), repetitionPenalty: num2('repetition_penalty', 1),
   };
   const given = new Set(o.samplingFlags ?? []);
   const pick = <K extends keyof typeof fromFile>(k: K, flag: string): number => (given.has(flag) ? o[k] : fromFile[k]);
+  const temperature = pick('temperature', 'temperature');
+  // greedy: the file's cuts do nothing (the flags' are checked below)
+  const cut = <K extends 'topK' | 'topP' | 'minP'>(k: K, flag: string, neutral: number): number => (temperature > 0 || given.has(flag) ? pick(k, flag) : neutral);
   const options: GenerateOptions = {
-    ...o,
-    temperature: pick('temperature', 'temperature'), topK: pick('topK', 'top-k'), topP: pick('topP', 'top-p'),
-    minP: pick('minP', 'min-p'), repetitionPenalty: pick('repetitionPenalty', 'repetition-penalty'),
+    ...o, temperature, topK: cut('topK', 'top-k', 0), topP: cut('topP', 'top-p', 1), minP: cut('minP', 'min-p', 0),
+    repetitionPenalty: pick('repetitionPenalty', 'repetition-penalty'),
   };
   // the values the run now has, checked as the flags are
   if (!(options.temperature >= 0) || !(options.topP > 0 && options.topP <= 1) || !(options.minP >= 0 && options.minP <= 1)
@@ -205,7 +227,8 @@ export function sampleAsConfig(o: GenerateOptions, gen: Record<string, unknown> 
     throw new InputError(`${file}: sampling settings out of range (temperature ${options.temperature}, top_k ${options.topK}, top_p ${options.topP}, min_p ${options.minP}, repetition_penalty ${options.repetitionPenalty})`,
       'fix the file, or pass --generation-config none and the sampling flags');
   }
-  const cuts = ['top-k', 'top-p', 'min-p'].filter((f) => given.has(f));
+  const cuts = ([['top-k', options.topK !== 0], ['top-p', options.topP !== 1], ['min-p', options.minP !== 0]] as Array<[string, boolean]>)
+    .filter(([f, on]) => on && given.has(f)).map(([f]) => f);
   if (options.temperature === 0 && cuts.length) {
     throw new UsageError(`${cuts.map((f) => `--${f}`).join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and ${file} decodes greedily (do_sample ${JSON.stringify(g.do_sample ?? false)})${given.has('temperature') ? ' or --temperature is 0' : ''}`,
       'add e.g. --temperature 0.7 to sample, or drop the flag');
@@ -251,7 +274,7 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     device: (values.device as 'cpu' | 'cuda' | undefined) ?? 'cpu', threads: num(values.threads, 0),
     cuda: cudaOptionsFromFlags(values),
     ...(typeof values.precision === 'string' ? { precision: values.precision as PrecisionFlag } : {}),
-    samplingGiven: SAMPLING_FLAGS.some((f) => values[f] !== undefined),
+    samplingGiven: SAMPLING_FLAGS.some((f) => f !== 'repetition-penalty' && values[f] !== undefined),
     samplingFlags: SAMPLING_FLAGS.filter((f) => values[f] !== undefined),
     ...(values['generation-config'] === 'auto' ? { generationConfig: 'auto' as const } : {}),
   };

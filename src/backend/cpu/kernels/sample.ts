@@ -48,7 +48,8 @@ export function penalizeInPlace(z: { [i: number]: number }, off: number, vocab: 
 function penalizedRow(z: ArrayLike<number>, off: number, vocab: number, penalty: number, seen: ArrayLike<number> | null | undefined, seenOff: number): { z: ArrayLike<number>; off: number } {
   if (penalty === 1) return { z, off };
   if (!seen) throw new RangeError('sampling: a repetition penalty needs the seen-token bitmask');
-  const out = new Float64Array(vocab);
+  // the row's own float type: a float32 row penalized here rounds as the backend's in-place penalty does
+  const out = z instanceof Float32Array ? new Float32Array(vocab) : new Float64Array(vocab);
   for (let j = 0; j < vocab; j++) {
     const x = z[off + j]!;
     out[j] = isSeen(seen, seenOff, j) ? (x < 0 ? x * penalty : x / penalty) : x;

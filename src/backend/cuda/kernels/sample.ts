@@ -54,7 +54,8 @@ extern "C" __global__ void sample_tokens(int* out, float* logits, const float* u
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
   if (!(TEMP > 0.0f)) {
-    if (threadIdx.x == 0) { out[row] = AM; if (seen) seen[AM >> 5] |= 1u << (AM & 31); }
+    /* AM == V: a row without a number (all NaN or -inf): nothing to mark */
+    if (threadIdx.x == 0) { out[row] = AM; if (seen && AM < V) seen[AM >> 5] |= 1u << (AM & 31); }
     return;
   }
   const float INV_T = 1.0f / TEMP;
