@@ -4,9 +4,6 @@
 # raw logits and processed scores); generate-hf.js compares distillery's generation and sampling rule with it on the CPU
 # and (if present) CUDA backends. Run ON the GPU machine from the repo root with dist/ built and node on PATH.
 # Exit status 1 if any check fails. Env: WORK (scratch folder).
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-w=${WORK:-/tmp/distillery-hf-generate}; rm -rf "$w"; mkdir -p "$w"
-export DISTILLERY_CACHE_DIR="${DISTILLERY_CACHE_DIR:-$w/kernels}"
+source "$(dirname "$0")/lib.sh" hf-generate
 python3 scripts/hf-compat/hf-generate.py "$w"
 node dist/scripts/hf-compat/generate-hf.js "$w" "$@"
