@@ -70,11 +70,15 @@ export interface SampleParams { temperature: number; topK: number; topP: number;
 /** 32-bit words a row of Backend.sampleTokens' seen-token bitmask takes over a vocabulary of `vocab` ids. */
 export function seenWords(vocab: number): number { return Math.ceil(vocab / 32); }
 
-/** The settings' repetition penalty (1: off) and min-p (0: off), checked (a RangeError names the bad one). */
-export function penaltyAndMinP(s: SampleParams): { penalty: number; minP: number } {
+/**
+ * The settings' repetition penalty (1: off) and min-p (0: off), checked (a RangeError names the bad one), and that a
+ * penalty comes with the seen-token bitmask `seen` (null or undefined: none).
+ */
+export function penaltyAndMinP(s: SampleParams, seen: unknown): { penalty: number; minP: number } {
   const penalty = s.repetitionPenalty ?? 1, minP = s.minP ?? 0;
   if (!(penalty > 0 && Number.isFinite(penalty))) throw new RangeError(`sampling: the repetition penalty must be a positive number, got ${penalty}`);
   if (!(minP >= 0 && minP <= 1)) throw new RangeError(`sampling: min-p must be in [0, 1], got ${minP}`);
+  if (penalty !== 1 && (seen === null || seen === undefined)) throw new RangeError('sampling: a repetition penalty needs the seen-token bitmask');
   return { penalty, minP };
 }
 

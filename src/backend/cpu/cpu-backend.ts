@@ -842,9 +842,8 @@ export class CpuBackend implements Backend {
     this.need(o, n, 'sampleTokens', 'out'); this.need(u, n, 'sampleTokens', 'uniforms');
     this.need(z, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens', 'logits');
     let pm: { penalty: number; minP: number };
-    try { pm = penaltyAndMinP(s); } catch (e) { throw new Error(`cpu backend: sampleTokens: ${(e as Error).message}`); }
+    try { pm = penaltyAndMinP(s, seen); } catch (e) { throw new Error(`cpu backend: sampleTokens: ${(e as Error).message}`); }
     const penalized = pm.penalty !== 1, W = seenWords(vocab);
-    check(!penalized || seen !== null, 'cpu backend: sampleTokens: a repetition penalty needs the seen-token bitmask');
     const sw = seen === null ? null : this.i(seen, 'seen-token bitmask');
     if (sw) this.need(sw, n * W, 'sampleTokens', 'seen');
     // as the device does: the penalty rewrites the marked logits of the (scratch) rows in place, then the rule runs on them

@@ -1193,8 +1193,7 @@ export class CudaBackend implements Backend {
     if (!(Number.isInteger(ld) && ld >= vocab)) throw new DistilleryError(`sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);
     if (!(Number.isInteger(s.topK) && s.topK >= 0) || !(s.topP > 0 && s.topP <= 1)) throw new DistilleryError(`sampleTokens: top-k ${s.topK}, top-p ${s.topP}`);
     let pm: { penalty: number; minP: number };
-    try { pm = penaltyAndMinP(s); } catch (e) { throw new DistilleryError(`sampleTokens: ${(e as Error).message}`); }
-    if (pm.penalty !== 1 && seen === null) throw new DistilleryError('sampleTokens: a repetition penalty needs the seen-token bitmask');
+    try { pm = penaltyAndMinP(s, seen); } catch (e) { throw new DistilleryError(`sampleTokens: ${(e as Error).message}`); }
     const W = seenWords(vocab);
     this.need(out, n, 'sampleTokens'); this.need(uniforms, n, 'sampleTokens'); this.need(logits, n > 0 ? (n - 1) * ld + vocab : 0, 'sampleTokens');
     if (seen) this.need(seen, n * W, 'sampleTokens');

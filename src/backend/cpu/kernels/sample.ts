@@ -42,18 +42,14 @@ export function penalizeInPlace(z: { [i: number]: number }, off: number, vocab: 
 }
 
 /**
- * The row's logits with the repetition penalty applied to its seen ids (a copy), or the row itself (and its offset)
- * when there is no penalty.
+ * The row's logits with the repetition penalty applied to its seen ids (a copy in the row's own float type, so that a
+ * float32 row rounds as the backend's in-place penalty does), or the row itself (and its offset) when there is none.
  */
 function penalizedRow(z: ArrayLike<number>, off: number, vocab: number, penalty: number, seen: ArrayLike<number> | null | undefined, seenOff: number): { z: ArrayLike<number>; off: number } {
   if (penalty === 1) return { z, off };
-  if (!seen) throw new RangeError('sampling: a repetition penalty needs the seen-token bitmask');
-  // the row's own float type: a float32 row penalized here rounds as the backend's in-place penalty does
   const out = z instanceof Float32Array ? new Float32Array(vocab) : new Float64Array(vocab);
-  for (let j = 0; j < vocab; j++) {
-    const x = z[off + j]!;
-    out[j] = isSeen(seen, seenOff, j) ? (x < 0 ? x * penalty : x / penalty) : x;
-  }
+  for (let j = 0; j < vocab; j++) out[j] = z[off + j]!;
+  penalizeInPlace(out, 0, vocab, penalty, seen!, seenOff);
   return { z: out, off: 0 };
 }
 
@@ -86,6 +82,13 @@ function keptRule(z: ArrayLike<number>, off: number, vocab: number, s: SamplePar
   return { mx, arg, theta, invT, minP };
 }
 
+/** The row the rule reads (penalized where the settings say) and its kept set's rule. */
+function ruleOf(z: ArrayLike<number>, off: number, vocab: number, s: SampleParams, seen: ArrayLike<number> | null | undefined, seenOff: number): { z: ArrayLike<number>; off: number; k: Kept } {
+  const { penalty, minP } = penaltyAndMinP(s, seen);
+  const row = penalizedRow(z, off, vocab, penalty, seen, seenOff);
+  return { ...row, k: keptRule(row.z, row.off, vocab, s, minP) };
+}
+
 /** e_j of a token the rule keeps, −1 for one it drops (a kept e_j may underflow to 0). */
 function keptMass(x: number, k: Kept): number {
   if (x < k.theta) return -1;
@@ -99,9 +102,8 @@ function keptMass(x: number, k: Kept): number {
  */
 export function sampleRow(z: ArrayLike<number>, off: number, vocab: number, s: SampleParams, u: number,
   seen?: ArrayLike<number> | null, seenOff = 0): number {
-  const { penalty, minP } = penaltyAndMinP(s);
-  ({ z, off } = penalizedRow(z, off, vocab, penalty, seen, seenOff));
-  const k = keptRule(z, off, vocab, s, minP);
+  let k: Kept;
+  ({ z, off, k } = ruleOf(z, off, vocab, s, seen, seenOff));
   if (!(s.temperature > 0)) return k.arg;
   let mass = 0;
   for (let j = 0; j < vocab; j++) mass += Math.max(0, keptMass(z[off + j]!, k));
@@ -124,9 +126,8 @@ export function sampleRow(z: ArrayLike<number>, off: number, vocab: number, s: S
 export function sampleDistribution(z: ArrayLike<number>, off: number, vocab: number, s: SampleParams,
   seen?: ArrayLike<number> | null, seenOff = 0): Float64Array {
   if (!(s.temperature > 0)) throw new RangeError('sampleDistribution: greedy settings draw no distribution');
-  const { penalty, minP } = penaltyAndMinP(s);
-  ({ z, off } = penalizedRow(z, off, vocab, penalty, seen, seenOff));
-  const k = keptRule(z, off, vocab, s, minP);
+  let k: Kept;
+  ({ z, off, k } = ruleOf(z, off, vocab, s, seen, seenOff));
   const p = new Float64Array(vocab);
   let mass = 0;
   for (let j = 0; j < vocab; j++) { p[j] = Math.max(0, keptMass(z[off + j]!, k)); mass += p[j]!; }
