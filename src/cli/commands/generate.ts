@@ -121,6 +121,42 @@ export function unrunSettings(gen: Record<string, unknown>): string[] {
   return off.filter(([k, isOff]) => set(gen[k]) && isOff(gen[k])).map(([k]) => `${k} ${JSON.stringify(gen[k])}`);
 }
 
+/** transformers' sampling defaults where a generation_config.json is silent (min_p: none). */
+const HF_SAMPLING_DEFAULTS = { temperature: 1, top_k: 50, top_p: 1, min_p: 0, repetition_penalty: 1 } as const;
+
+/**
+ * A generation_config.json's sampling values, transformers' defaults where it is silent. `num` reads one (the notice
+ * reads leniently; --generation-config auto refuses a value that is not a number).
+ */
+function fileSampling(gen: Record<string, unknown>, num: (k: keyof typeof HF_SAMPLING_DEFAULTS, d: number) => number) {
+  const d = HF_SAMPLING_DEFAULTS;
+  return {
+    sampling: gen.do_sample === true, temperature: num('temperature', d.temperature), topK: num('top_k', d.top_k),
+    topP: num('top_p', d.top_p), minP: num('min_p', d.min_p), repetitionPenalty: num('repetition_penalty', d.repetition_penalty),
+  };
+}
+
+/** The cut flags (top-k, top-p, min-p) given with a value that cuts: with greedy decoding they would do nothing. */
+function cutsGiven(o: { topK: number; topP: number; minP: number }, given: (flag: string) => boolean): string[] {
+  return ([['top-k', o.topK !== 0], ['top-p', o.topP !== 1], ['min-p', o.minP !== 0]] as Array<[string, boolean]>)
+    .filter(([f, on]) => on && given(f)).map(([f]) => `--${f}`);
+}
+
+/**
+ * The sampling settings out of their range, as [flag, "must be …", hint], in the order the flags are checked (the flags'
+ * values and those --generation-config auto resolves).
+ */
+function samplingRangeProblems(o: { temperature: number; topP: number; minP: number; repetitionPenalty: number; topK: number }): Array<[string, number, string, string]> {
+  const all: Array<[string, number, boolean, string, string]> = [
+    ['temperature', o.temperature, o.temperature >= 0, 'must be >= 0', 'use 0 for greedy decoding, or e.g. 0.8 to sample'],
+    ['top-p', o.topP, o.topP > 0 && o.topP <= 1, 'must be in (0, 1]', 'use 1 to turn nucleus sampling off, or e.g. 0.9'],
+    ['min-p', o.minP, o.minP >= 0 && o.minP <= 1, 'must be in [0, 1]', 'use 0 to turn it off, or e.g. 0.05'],
+    ['repetition-penalty', o.repetitionPenalty, o.repetitionPenalty > 0 && Number.isFinite(o.repetitionPenalty), 'must be a positive number', 'use 1 to turn it off, or e.g. 1.1 (above 1 discourages repeats)'],
+    ['top-k', o.topK, Number.isInteger(o.topK) && o.topK >= 0, 'must be an integer >= 0', 'use 0 to turn it off, or e.g. 50'],
+  ];
+  return all.filter(([, , ok]) => !ok).map(([f, v, , must, hint]) => [f, v, must, hint]);
+}
+
 /**
  * What transformers' generate() would do by default with a generation_config.json that samples or penalizes repetition,
  * and distillery does not (it decodes greedily, without a penalty, unless told): one line saying so, with the flags that
@@ -129,10 +165,9 @@ export function unrunSettings(gen: Record<string, unknown>): string[] {
  */
 export function samplingNotice(gen: Record<string, unknown> | null, file: string): string | null {
   if (!gen) return null;
-  const num = (k: string, d: number): number => (typeof gen[k] === 'number' ? gen[k] as number : d);
-  const sampling = gen.do_sample === true, penalty = num('repetition_penalty', 1);
+  const f = fileSampling(gen, (k, d) => (typeof gen[k] === 'number' ? gen[k] as number : d));
+  const { sampling, temperature: t, topP: p, topK: k, minP } = f, penalty = f.repetitionPenalty;
   if (!sampling && penalty === 1) return null;
-  const t = num('temperature', 1), p = num('top_p', 1), k = num('top_k', 50), minP = num('min_p', 0);
   const said = [
     ...(sampling ? [`do_sample: true, temperature ${t}`, `top_p ${p}`, `top_k ${k}${typeof gen.top_k === 'number' ? '' : ' (transformers\' default)'}`] : ['do_sample: false']),
     ...(sampling && minP > 0 ? [`min_p ${minP}`] : []), ...(penalty !== 1 ? [`repetition_penalty ${penalty}`] : []),
@@ -202,16 +237,14 @@ export function sampleAsConfig(o: GenerateOptions, gen: Record<string, unknown> 
     throw new InputError(`${file} asks for ${refused.join(', ')}, which distillery's generation does not run`,
       'pass --generation-config none and the sampling flags (--temperature, --top-k, --top-p, --min-p, --repetition-penalty) you want');
   }
-  const sampling = g.do_sample === true;
-  if (sampling && num2('temperature', 1) <= 0) {
-    throw new InputError(`${file} samples (do_sample true) at temperature ${num2('temperature', 1)}, which transformers refuses`, 'fix the file (do_sample false decodes greedily), or pass --generation-config none');
-  }
   // the cuts are the file's (transformers' defaults where it is silent) whenever the run samples: a --temperature above 0
   // over a file that decodes greedily samples with them too
-  const fromFile = {
-    temperature: sampling ? num2('temperature', 1) : 0, topK: num2('top_k', 50), topP: num2('top_p', 1),
-    minP: num2('min_p', 0), repetitionPenalty: num2('repetition_penalty', 1),
-  };
+  const sampling = g.do_sample === true;
+  const { sampling: _, ...file0 } = fileSampling(g, (k, d) => (k === 'temperature' && !sampling ? d : num2(k, d))); // a greedy file's temperature is not read
+  if (sampling && file0.temperature <= 0) {
+    throw new InputError(`${file} samples (do_sample true) at temperature ${file0.temperature}, which transformers refuses`, 'fix the file (do_sample false decodes greedily), or pass --generation-config none');
+  }
+  const fromFile = { ...file0, temperature: sampling ? file0.temperature : 0 };
   const given = new Set(o.samplingFlags ?? []);
   const pick = <K extends keyof typeof fromFile>(k: K, flag: string): number => (given.has(flag) ? o[k] : fromFile[k]);
   const temperature = pick('temperature', 'temperature');
@@ -222,15 +255,13 @@ export function sampleAsConfig(o: GenerateOptions, gen: Record<string, unknown> 
     repetitionPenalty: pick('repetitionPenalty', 'repetition-penalty'),
   };
   // the values the run now has, checked as the flags are
-  if (!(options.temperature >= 0) || !(options.topP > 0 && options.topP <= 1) || !(options.minP >= 0 && options.minP <= 1)
-    || !(Number.isInteger(options.topK) && options.topK >= 0) || !(options.repetitionPenalty > 0)) {
+  if (samplingRangeProblems(options).length) {
     throw new InputError(`${file}: sampling settings out of range (temperature ${options.temperature}, top_k ${options.topK}, top_p ${options.topP}, min_p ${options.minP}, repetition_penalty ${options.repetitionPenalty})`,
       'fix the file, or pass --generation-config none and the sampling flags');
   }
-  const cuts = ([['top-k', options.topK !== 0], ['top-p', options.topP !== 1], ['min-p', options.minP !== 0]] as Array<[string, boolean]>)
-    .filter(([f, on]) => on && given.has(f)).map(([f]) => f);
+  const cuts = cutsGiven(options, (f) => given.has(f));
   if (options.temperature === 0 && cuts.length) {
-    throw new UsageError(`${cuts.map((f) => `--${f}`).join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and ${file} decodes greedily (do_sample ${JSON.stringify(g.do_sample ?? false)})${given.has('temperature') ? ' or --temperature is 0' : ''}`,
+    throw new UsageError(`${cuts.join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and ${file} decodes greedily (do_sample ${JSON.stringify(g.do_sample ?? false)})${given.has('temperature') ? ' or --temperature is 0' : ''}`,
       'add e.g. --temperature 0.7 to sample, or drop the flag');
   }
   const parts = options.temperature > 0
@@ -279,16 +310,11 @@ export function generateOptions(values: Record<string, unknown>): GenerateOption
     ...(values['generation-config'] === 'auto' ? { generationConfig: 'auto' as const } : {}),
   };
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens > 0)) throw new UsageError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`, 'e.g. --max-new-tokens 64');
-  if (!(o.temperature >= 0)) throw new UsageError(`--temperature must be >= 0, got ${o.temperature}`, 'use 0 for greedy decoding, or e.g. 0.8 to sample');
-  if (!(o.topP > 0 && o.topP <= 1)) throw new UsageError(`--top-p must be in (0, 1], got ${o.topP}`, 'use 1 to turn nucleus sampling off, or e.g. 0.9');
-  if (!(o.minP >= 0 && o.minP <= 1)) throw new UsageError(`--min-p must be in [0, 1], got ${o.minP}`, 'use 0 to turn it off, or e.g. 0.05');
-  if (!(o.repetitionPenalty > 0 && Number.isFinite(o.repetitionPenalty))) {
-    throw new UsageError(`--repetition-penalty must be a positive number, got ${o.repetitionPenalty}`, 'use 1 to turn it off, or e.g. 1.1 (above 1 discourages repeats)');
-  }
   if (!(Number.isInteger(o.batch) && o.batch > 0)) throw new UsageError(`--batch must be a positive integer, got ${o.batch}`, 'e.g. --batch 8');
-  if (!(Number.isInteger(o.topK) && o.topK >= 0)) throw new UsageError(`--top-k must be an integer >= 0, got ${o.topK}`, 'use 0 to turn it off, or e.g. 50');
+  const bad = samplingRangeProblems(o)[0];
+  if (bad) throw new UsageError(`--${bad[0]} ${bad[2]}, got ${bad[1]}`, bad[3]);
   // the cuts shape a sampled distribution: with greedy decoding they would do nothing, so they are refused, not ignored
-  const cuts = [['top-k', o.topK !== 0], ['top-p', o.topP !== 1], ['min-p', o.minP !== 0]].filter(([f, on]) => on && values[f as string] !== undefined).map(([f]) => `--${f as string}`);
+  const cuts = cutsGiven(o, (f) => values[f] !== undefined);
   if (o.temperature === 0 && cuts.length && o.generationConfig !== 'auto') { // with auto, the file may sample: sampleAsConfig checks
     throw new UsageError(`${cuts.join(', ')} ${cuts.length > 1 ? 'shape' : 'shapes'} sampling, and --temperature is 0 (greedy decoding)`, 'add e.g. --temperature 0.7 to sample, or drop the flag (--repetition-penalty applies to greedy decoding too)');
   }
