@@ -110,8 +110,11 @@ export class StepRunner {
     return { chunkRows: this.head.chunkRows, lossVocab: this.head.lossVocab };
   }
 
-  /** Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale. */
-  private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): LossSums {
+  /**
+   * Runs forward + loss for one batch; with `grad`, also the backward (accumulating) with the given weight scale.
+   * Returns the per-token statistics (LOSS_STATS a row).
+   */
+  private pass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): Float32Array | Float64Array {
     const n = batch.b * batch.t, { b, t } = batch;
     const w = new Float32Array(n);
     for (let i = 0; i < n; i++) w[i] = batch.mask[i]! * weightScale;
@@ -127,7 +130,13 @@ export class StepRunner {
     });
     // The pass is queued on the device (asynchronous on CUDA); host work that does not touch it overlaps it here.
     whileQueued?.();
-    const s = this.head.readStats(n);
+    return this.head.readStats(n);
+  }
+
+  /** pass() summed over the batch's counted tokens (and the teacher's cross-entropy where the batch asks for it). */
+  private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): LossSums {
+    const s = this.pass(batch, weightScale, grad, whileQueued, ready);
+    const n = batch.b * batch.t;
     const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
     if (batch.teacherCe === true && this.teacher) {
       const ts = this.head.readTeacherStats(n);
@@ -189,6 +198,24 @@ export class StepRunner {
       loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens,
       ...(acc.teacherCeTokens ? { teacherLogLik: -acc.teacherCe! / acc.teacherCeTokens } : {}),
     };
+  }
+
+  /**
+   * Each row's log-likelihood of its counted targets, Σ mask · log p(target), summed in float64 (no gradients): the
+   * score of a continuation (src/eval/choices.ts). The loss vocabulary is the runner's.
+   */
+  rowLogLikelihoods(batch: Batch): Float64Array {
+    const s = this.pass(batch, 0, false);
+    const out = new Float64Array(batch.b);
+    for (let r = 0; r < batch.b; r++) {
+      let ll = 0;
+      for (let p = 0; p < batch.t; p++) {
+        const i = r * batch.t + p, m = batch.mask[i]!;
+        if (m !== 0) ll -= m * s[i * LOSS_STATS + STAT_CE]!;
+      }
+      out[r] = ll;
+    }
+    return out;
   }
 
   /** Mean loss, cross-entropy, divergence and teacher agreement over the given batches (no gradients). */

@@ -206,6 +206,84 @@ test('eval: loss and perplexity; with a teacher, agreement and KL', async () => 
   assert.match(noData.err, /--data: data file .*missing\.txt does not exist/);
 });
 
+test('eval --choices: acc and acc_norm from the written log-likelihoods, the teacher beside, with --data in one run; errors exit 2', async () => {
+  const items = path.join(dir, 'items.jsonl');
+  const lines = [
+    { context: 'The teacher model', choices: ['predicts the next token', 'learns', 'splits text into pieces'], answer: 0 },
+    { context: 'A tokenizer splits text into ', choices: ['pieces', 'dogs'], answer: 'pieces' },
+    { context: 'The quick brown fox', choices: ['jumps over the lazy dog', 'does not mind', 'learns'], answer: 0 },
+    { context: 'Distillation trains a small model on the', choices: ['soft targets', 'quick brown fox'], answer: 0 },
+  ];
+  fs.writeFileSync(items, lines.map((l) => JSON.stringify(l)).join('\n') + '\n');
+  const out = path.join(dir, 'scores.jsonl');
+  const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choices-out', out, '--batch', '4', '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { loss?: number; choices: { items: number; rows: number; acc: number; accNorm: number; seq: number; cut: number; teacher: { acc: number; accNorm: number } } };
+  assert.equal(j.loss, undefined, 'no --data: no loss');
+  assert.equal(j.choices.items, 4);
+  assert.equal(j.choices.rows, 10);
+  assert.equal(j.choices.cut, 0);
+  assert.match(r.err, /choices: 4 items, 10 continuations, scored in windows of \d+ tokens/);
+  const samples = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { where: string; answer: number; logliks: number[]; pred: number; pred_norm: number; teacher_logliks: number[]; teacher_pred: number; teacher_pred_norm: number });
+  assert.deepEqual(samples.map((x) => [x.where, x.answer]), [[`${items}:1`, 0], [`${items}:2`, 0], [`${items}:3`, 0], [`${items}:4`, 0]]);
+  // acc and acc_norm are what the written log-likelihoods give (argmax; per character of the choice)
+  const arg = (v: number[]): number => v.indexOf(Math.max(...v));
+  const mean = (f: (x: typeof samples[number], i: number) => boolean): number => samples.filter(f).length / samples.length;
+  samples.forEach((x, i) => {
+    assert.equal(x.logliks.length, lines[i]!.choices.length);
+    assert.ok(x.logliks.every((v) => v < 0));
+    assert.equal(x.pred, arg(x.logliks));
+    assert.equal(x.pred_norm, arg(x.logliks.map((v, k) => v / lines[i]!.choices[k]!.length)));
+    assert.equal(x.teacher_pred, arg(x.teacher_logliks));
+  });
+  assert.equal(j.choices.acc, mean((x) => x.pred === x.answer));
+  assert.equal(j.choices.accNorm, mean((x) => x.pred_norm === x.answer));
+  assert.equal(j.choices.teacher.acc, mean((x) => x.teacher_pred === x.answer));
+  assert.equal(j.choices.teacher.accNorm, mean((x) => x.teacher_pred_norm === x.answer));
+  // The model's scores do not depend on the teacher, the batch, or the window they are padded to.
+  const alone = path.join(dir, 'scores-alone.jsonl');
+  assert.equal((await run(['eval', '--model', model, '--choices', items, '--choices-out', alone, '--batch', '3', '--seq', '40'])).code, 0);
+  fs.readFileSync(alone, 'utf8').trim().split('\n').forEach((l, i) => {
+    const a = JSON.parse(l) as { logliks: number[]; teacher_logliks?: number[] };
+    assert.equal(a.teacher_logliks, undefined);
+    a.logliks.forEach((v, k) => assert.ok(Math.abs(v - samples[i]!.logliks[k]!) < 1e-4, `item ${i} choice ${k}: ${v} vs ${samples[i]!.logliks[k]}`));
+  });
+  // With --data in the same run: the loss is --data's alone, the choices --choices' alone.
+  const both = await run(['eval', '--model', model, '--data', dataFile, '--choices', items, '--json']);
+  assert.equal(both.code, 0, both.err);
+  const b = JSON.parse(both.out) as { loss: number; choices: typeof j.choices };
+  const dataAlone = JSON.parse((await run(['eval', '--model', model, '--data', dataFile, '--json'])).out) as { loss: number };
+  assert.ok(Math.abs(b.loss - dataAlone.loss) < 1e-6);
+  assert.equal(b.choices.acc, j.choices.acc);
+  assert.equal(b.choices.accNorm, j.choices.accNorm);
+  // A window too small for a context cuts it on the left, with a warning naming the --seq that holds them all.
+  const small = await run(['eval', '--model', model, '--choices', items, '--seq', '16']);
+  assert.equal(small.code, 0, small.err);
+  assert.match(small.err, /warning: --choices: the context of \d+ of 10 continuations was cut on the left to fit --seq 16 \(--seq \d+ holds them all\)/);
+  assert.match(small.out, /^choices\s+4 items, 10 continuations \(windows of 16, \d+ cut on the left\)/m);
+  assert.match(small.out, /^acc\s+\d+\.\d{2}%/m);
+  assert.match(small.out, /^acc_norm\s+\d+\.\d{2}%/m);
+  const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items]);
+  assert.match(text.out, /^teacher\s+acc \d+\.\d{2}%.*; acc_norm \d+\.\d{2}%/m);
+  // Errors, exit 2: neither --data nor --choices; the choice flags without --choices; a bad line, named.
+  const none = await run(['eval', '--model', model]);
+  assert.equal(none.code, 2);
+  assert.match(none.err, /no data given \(--data or --choices\)/);
+  for (const f of [['--choice-delimiter', ' '], ['--choices-out', out]]) {
+    const x = await run(['eval', '--model', model, '--data', dataFile, ...f]);
+    assert.equal(x.code, 2);
+    assert.match(x.err, new RegExp(`${f[0]} goes with --choices`));
+  }
+  const badFile = path.join(dir, 'bad-items.jsonl');
+  fs.writeFileSync(badFile, JSON.stringify(lines[0]) + '\n' + '{"context": "x", "choices": ["a", "b"], "answer": 5}\n');
+  const bad = await run(['eval', '--model', model, '--choices', badFile]);
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /bad-items\.jsonl:2: "answer" 5 is not the index of a choice \(0 to 1\)/);
+  const noFolder = await run(['eval', '--model', model, '--choices', items, '--choices-out', path.join(dir, 'nope', 'x.jsonl')]);
+  assert.equal(noFolder.code, 2);
+  assert.match(noFolder.err, /--choices-out: the folder .*nope does not exist/);
+});
+
 test('train/distill: config file + flags resolve to RunOptions and reach runTraining', async () => {
   const cfg = path.join(dir, 'run.yaml');
   fs.writeFileSync(cfg, `out: ${path.join(dir, 'out')}\ndata:\n  - ${dataFile}\nsteps: 30\ngrad-accum: 2\nminLrRatio: 0.05\nloss: jsd\n`);

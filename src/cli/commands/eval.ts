@@ -3,7 +3,11 @@
  * with --teacher also the student's top-1 agreement with the teacher and the mean KL(p_teacher ‖ p_student) at
  * temperature 1 (StepRunner.evaluate with loss kind 'kl', alpha 1, temperature 1). The data are packed exactly as
  * training packs them (packDocuments: documents + EOS, windows of --seq tokens), and every window is evaluated.
+ * With --choices, multiple-choice items scored by log-likelihood as lm-evaluation-harness scores them (acc, acc_norm;
+ * src/eval/choices.ts), by the model and, with --teacher, by the teacher: how much of its accuracy the model keeps.
  */
+import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
@@ -25,13 +29,18 @@ import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
+import { choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceMetrics, type ChoiceRow } from '../../eval/choices.js';
+import { writeFileAtomic } from '../../io/atomic.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
   BASE_FLAG,
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
-  { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (required; repeatable)" },
-  { name: 'seq', kind: 'integer', description: 'tokens per window', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
+  { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (repeatable; this or --choices)" },
+  { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'multiple-choice items, {"context", "choices", "answer"} a line, scored by log-likelihood as lm-evaluation-harness does (acc, acc_norm; repeatable)' },
+  { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
+  { name: 'choice-delimiter', kind: 'string', metavar: '<text>', description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter)', defaultText: "' '" },
+  { name: 'seq', kind: 'integer', description: 'tokens per window (--choices alone: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
@@ -51,7 +60,16 @@ export interface EvalOptions {
   /** The base of a LoRA adapter folder given as `model` (default: the one the adapter names). */
   base?: string | undefined;
   teacher?: string | undefined;
+  /** Data files for the loss and perplexity (empty with --choices alone). */
   data: string[];
+  /** Multiple-choice files (src/eval/choices.ts); default none. */
+  choices?: string[] | undefined;
+  /** Between an item's context and each choice (default ' '). */
+  choiceDelimiter?: string | undefined;
+  /** With choices: write each item's log-likelihoods and predictions here (JSON lines). */
+  choicesOut?: string | undefined;
+  /** Score --choices in the window the longest item needs (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
+  choiceSeqAuto?: boolean | undefined;
   /** Storage of the model's / the teacher's projection matrices (src/model/frozen.ts; default auto: the compute dtype). */
   modelDtype?: FrozenDtype | undefined;
   teacherDtype?: FrozenDtype | undefined;
@@ -71,11 +89,11 @@ export interface EvalOptions {
 }
 
 export interface EvalResult {
-  /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). */
-  tokens: number;
-  windows: number;
-  loss: number;
-  perplexity: number;
+  /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). Absent with --choices alone. */
+  tokens?: number;
+  windows?: number;
+  loss?: number;
+  perplexity?: number;
   /** With a teacher: fraction of positions where argmax(student) = argmax(teacher). */
   agreement?: number;
   /** With a teacher: mean KL(p_teacher ‖ p_student) at temperature 1, nats per token. */
@@ -84,16 +102,25 @@ export interface EvalResult {
   precision: string;
   /** Storage of the model's projection matrices: 'auto' (the compute dtype) or 'nf4'. */
   modelDtype: FrozenDtype;
+  /** With --choices: the model's accuracy, the window the items were scored in, and with a teacher the teacher's. */
+  choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: { acc: number; accNorm: number } };
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
 export function evalOptions(v: Record<string, unknown>): EvalOptions {
   if (typeof v.model !== 'string') throw new UsageError('eval: no model given (--model)', 'pass --model <checkpoint folder>');
-  const data = v.data as string[] | undefined;
-  if (!data?.length) throw new UsageError('eval: no data given (--data)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs');
+  const data = (v.data as string[] | undefined) ?? [];
+  const choices = (v.choices as string[] | undefined) ?? [];
+  if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
+  for (const f of ['choice-delimiter', 'choices-out']) {
+    if (typeof v[f] === 'string' && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
+  }
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
-    model: v.model, teacher: v.teacher as string | undefined, data, ...(typeof v.base === 'string' ? { base: v.base } : {}),
+    model: v.model, teacher: v.teacher as string | undefined, data, choices,
+    ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
+    ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}),
+    ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
     seq: (v.seq as number | undefined) ?? DEFAULT_RUN_OPTIONS.seq, batch: (v.batch as number | undefined) ?? DEFAULT_RUN_OPTIONS.batch,
@@ -113,6 +140,14 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   if (data.includes('builtin:docs') && data.length > 1) throw new UsageError("--data: 'builtin:docs' cannot be combined with other data files", 'use either builtin:docs or your own files');
   for (const d of data) {
     if (d !== 'builtin:docs' && !realFs.exists(d)) throw new UsageError(`--data: data file ${d} does not exist`, 'check the path');
+  }
+  for (const c of choices) {
+    if (!realFs.exists(c)) throw new UsageError(`--choices: file ${c} does not exist`, 'check the path');
+  }
+  if (o.choicesOut !== undefined) {
+    const folder = path.dirname(path.resolve(o.choicesOut));
+    if (!realFs.exists(folder)) throw new UsageError(`--choices-out: the folder ${folder} does not exist`, 'create it first, or write the file elsewhere');
+    if (realFs.exists(o.choicesOut) && fs.statSync(o.choicesOut).isDirectory()) throw new UsageError(`--choices-out: ${o.choicesOut} is a folder`, 'name a file, e.g. --choices-out scores.jsonl');
   }
   return o;
 }
@@ -145,8 +180,10 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   const studentCk = readModelOrAdapter(modelDir, { base: o.base });
   if (studentCk.adapter) log(describeMerge(studentCk.adapter));
   if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
-  if (o.seq > studentCk.config.maxPositionEmbeddings) {
-    throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${studentCk.config.maxPositionEmbeddings})`, `use --seq ${studentCk.config.maxPositionEmbeddings} or less`);
+  const maxPos = studentCk.config.maxPositionEmbeddings;
+  const choiceFiles = o.choices ?? [];
+  if ((o.data.length || !o.choiceSeqAuto) && o.seq > maxPos) {
+    throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${maxPos})`, `use --seq ${maxPos} or less`);
   }
   const teacherCk = teacherDir !== undefined ? readCheckpoint(teacherDir) : null;
   log(`model: ${describeBaked(studentCk.config)}`);
@@ -156,7 +193,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     // Agreement and KL compare the two models id by id: they must share one tokenizer, not just a vocabulary size.
     if (teacherCk.tokenizer) {
       assertSameTokenizer({ name: 'teacher', tokenizer: teacherCk.tokenizer, from: teacherDir }, { name: 'model', tokenizer: studentCk.tokenizer, from: modelDir },
-        'agreement and KL compare the two models token by token: evaluate against a teacher with the model\'s tokenizer');
+        'agreement, KL and the scores of --choices compare the two models token by token: evaluate against a teacher with the model\'s tokenizer');
     } else {
       log(`warning: the teacher ${o.teacher} has no tokenizer.json: cannot check that it uses the model's tokenizer`);
     }
@@ -164,9 +201,14 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     if (lv.note) log(lv.note);
     lossVocab = lv.lossVocab;
   }
+  const tok = studentCk.tokenizer;
+  // The items first: a bad file is refused before any weights are loaded.
+  const choice = choiceFiles.length ? choiceJob(choiceFiles, o, tok, Math.min(maxPos, teacherCk?.config.maxPositionEmbeddings ?? Infinity), log) : null;
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
   log(`precision: ${prec.name}`);
+  // One model of each: its buffers hold the longest window either part uses.
+  const seq = Math.max(o.data.length ? o.seq : 0, choice?.seq ?? 0);
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
@@ -174,62 +216,120 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     // quantizing W + s·B·A would round much of the adapter away.
     const unmerged = studentCk.adapter && o.modelDtype === 'nf4' ? studentCk.adapter : null;
     if (backend.prepare) {
-      await backend.prepare(jobClosures({ student: studentCk.config, teacher: teacherCk?.config ?? null, batch: o.batch, seq: o.seq,
-        loss: spec, evaluate: true, precision: prec.model, ...(lossVocab !== undefined ? { lossVocab } : {}),
-        studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined, lora: unmerged?.layout }));
+      const common = { batch: o.batch, evaluate: true, precision: prec.model, lora: unmerged?.layout } as const;
+      await backend.prepare([
+        ...(o.data.length ? jobClosures({ ...common, student: studentCk.config, teacher: teacherCk?.config ?? null, seq: o.seq,
+          loss: spec, ...(lossVocab !== undefined ? { lossVocab } : {}), studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined }) : []),
+        // --choices: each model scored alone (plain cross-entropy over its whole vocabulary, as transformers' log_softmax)
+        ...(choice ? jobClosures({ ...common, student: studentCk.config, seq: choice.seq, studentFrozen: o.modelDtype }) : []),
+        ...(choice && teacherCk ? jobClosures({ ...common, student: teacherCk.config, seq: choice.seq, lora: undefined, studentFrozen: o.teacherDtype }) : []),
+      ]);
     }
     const load = (ck: LoadedCheckpoint, label: string, documents: boolean): Transformer => {
       const frozenDtype = label === 'teacher' ? o.teacherDtype : o.modelDtype;
       const lora = label === 'model' && unmerged ? unmerged.layout : undefined;
-      const m = new Transformer(backend, ck.config, { batch: o.batch, seq: o.seq, training: false, label, precision: prec.model, frozenDtype, lora, documents });
+      const m = new Transformer(backend, ck.config, { batch: o.batch, seq, training: false, label, precision: prec.model, frozenDtype, lora, documents });
       if (lora) { m.setWeights(unmerged!.base.weights); m.lora!.setWeights(unmerged!.adapter.weights); } else m.setWeights(ck.weights);
       return m;
     };
-    const tok = studentCk.tokenizer;
     const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
-    const docs = readDocs(o, chat, log);
+    const docs = o.data.length ? readDocs(o, chat, log) : [];
     // packed as training packs: by default conversations whole (bfd, each document attending to itself), text joined and cut (wrapped)
-    const { packed } = packForJob(tok, docs, chat, { ...o, tokenizerOf: o.model }, log);
-    const documents = packed.windows[0]?.positions !== undefined;
-    const student = { ...studentCk, model: load(studentCk, 'model', documents), tokenizer: studentCk.tokenizer };
-    const teacher = teacherCk ? { model: load(teacherCk, 'teacher', documents) } : null;
-    const runner = new StepRunner(student.model, teacher?.model ?? null, spec, { lossVocab });
-    const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
-    const res: EvalResult = { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
-    if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
+    const packed = o.data.length ? packForJob(tok, docs, chat, { ...o, tokenizerOf: o.model }, log).packed : null;
+    const documents = packed?.windows[0]?.positions !== undefined;
+    const student = load(studentCk, 'model', documents);
+    const teacher = teacherCk ? load(teacherCk, 'teacher', documents) : null;
+    const res: EvalResult = { precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
+    if (packed) {
+      const runner = new StepRunner(student, teacher, spec, { lossVocab });
+      const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
+      Object.assign(res, { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity });
+      if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
+    }
+    if (choice) {
+      const padId = tok.padId ?? tok.eosId ?? 0;
+      const score = (m: Transformer, who: string): number[][] => {
+        const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
+        const batches = choiceBatches(choice.rows, o.batch, choice.seq, padId);
+        const t0 = Date.now();
+        let last = t0;
+        const ll = scoreChoices(choice.items, choice.rows, batches, (b) => runner.rowLogLikelihoods(b), (done, total) => {
+          if (Date.now() - last > 5000 && done < total) { last = Date.now(); log(`choices: ${who} ${done}/${total} scored`); }
+        });
+        const sec = (Date.now() - t0) / 1000;
+        log(`choices: ${who} scored ${choice.rows.length} continuations in ${sec.toFixed(2)} s (${Math.round(choice.rows.length / Math.max(sec, 1e-3))}/s)`);
+        return ll;
+      };
+      const ll = score(student, 'model'), tll = teacher ? score(teacher, 'teacher') : null;
+      res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
+      if (tll) {
+        const t = choiceMetrics(choice.items, tll);
+        res.choices.teacher = { acc: t.acc, accNorm: t.accNorm };
+      }
+      if (o.choicesOut !== undefined) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
+    }
     return res;
   } finally {
     backend.dispose();
   }
 }
 
+/** --choices: the items, their rows and the window they are scored in (the longest row's, unless --seq was given). */
+function choiceJob(files: string[], o: EvalOptions, tok: NonNullable<LoadedCheckpoint['tokenizer']>, maxPos: number, log: (line: string) => void): { items: ChoiceItem[]; rows: ChoiceRow[]; seq: number; cut: number } {
+  const items = readChoiceItems(files);
+  const delimiter = o.choiceDelimiter ?? ' ';
+  const seq = o.choiceSeqAuto ? Math.min(choiceWindow(tok, items, delimiter), maxPos) : o.seq;
+  const rows = choiceRows(tok, items, seq, delimiter);
+  const cut = rows.filter((r) => r.cut).length;
+  log(`choices: ${items.length} items, ${rows.length} continuations, scored in windows of ${seq} tokens`);
+  if (cut) {
+    const need = choiceWindow(tok, items, delimiter);
+    log(`warning: --choices: the context of ${cut} of ${rows.length} continuations was cut on the left to fit --seq ${seq}${need <= maxPos ? ` (--seq ${need} holds them all)` : ` (the longest needs ${need} tokens, more than max_position_embeddings ${maxPos})`}`);
+  }
+  return { items, rows, seq, cut };
+}
+
 /** The human-readable report. */
 export function formatEval(r: EvalResult): string {
-  const lines = [
-    `windows     ${r.windows}`,
-    `tokens      ${r.tokens}  (tokens the loss counted)`,
-    `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
-    `perplexity  ${r.perplexity.toFixed(3)}`,
-  ];
+  const lines: string[] = [];
+  if (r.loss !== undefined) {
+    lines.push(
+      `windows     ${r.windows}`,
+      `tokens      ${r.tokens}  (tokens the loss counted)`,
+      `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
+      `perplexity  ${r.perplexity!.toFixed(3)}`,
+    );
+  }
   if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
+  const c = r.choices;
+  if (c) {
+    const pct = (x: number): string => `${(100 * x).toFixed(2)}%`;
+    lines.push(`choices     ${c.items} items, ${c.rows} continuations (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
+    lines.push(`acc         ${pct(c.acc)}  (highest log-likelihood)`, `acc_norm    ${pct(c.accNorm)}  (highest log-likelihood per character)`);
+    if (c.teacher) {
+      const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${pct(m / t)}` : '');
+      lines.push(`teacher     acc ${pct(c.teacher.acc)}${kept(c.acc, c.teacher.acc)}; acc_norm ${pct(c.teacher.accNorm)}${kept(c.accNorm, c.teacher.accNorm)}`);
+    }
+  }
   lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);
   return lines.join('\n') + '\n';
 }
 
 const help = (): string => formatHelp({
-  usage: 'distillery eval --model <dir> --data <file>... [--teacher <dir>] [options]',
-  description: 'Validation loss and perplexity of a checkpoint on data files; with --teacher, also top-1 agreement with the teacher and the mean KL(teacher ‖ model).',
+  usage: 'distillery eval --model <dir> (--data <file>... | --choices <file.jsonl>...) [--teacher <dir>] [options]',
+  description: 'Validation loss and perplexity of a checkpoint on data files; with --teacher, also top-1 agreement with the teacher and the mean KL(teacher ‖ model). With --choices, multiple-choice accuracy by log-likelihood (acc, acc_norm), the teacher\'s beside it.',
   flags: FLAGS,
   examples: [
     'distillery eval --model runs/student/final --data heldout.txt',
     'distillery eval --model runs/student/final --teacher runs/teacher/final --data heldout.jsonl --seq 128 --json',
+    'distillery eval --model runs/student/final --teacher runs/teacher/final --choices arc-easy.jsonl',
   ],
 });
 
 export const evalCommand: Command = {
   name: 'eval',
-  summary: 'validation loss and perplexity (and teacher agreement / KL)',
+  summary: 'validation loss and perplexity (and teacher agreement / KL), multiple-choice accuracy',
   help,
   async run(argv, io: Io) {
     const parsed = parseArgs(argv, FLAGS, 'eval');
