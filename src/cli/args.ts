@@ -42,6 +42,8 @@ export interface FlagSpec {
   description: string;
   /** The default as shown in the help text. */
   defaultText?: string;
+  /** A 'string' flag that may be given as '' (a delimiter); others refuse an empty string. */
+  allowEmpty?: boolean;
 }
 
 export interface ParsedArgs {
@@ -158,7 +160,7 @@ export function coerceValue(spec: FlagSpec, raw: unknown, label: string): unknow
         throw new UsageError(`${label} expects ${spec.choices ? `one of ${spec.choices.join(', ')}` : 'a string'}, got ${show(raw)}`,
           spec.choices ? `choose one of: ${spec.choices.join(', ')}` : label.startsWith('--') ? `pass ${label} <value>` : `write ${spec.name}: "<value>" (quoted)`);
       }
-      if (s === '') throw new UsageError(`${label} expects a value, got an empty string`, label.startsWith('--') ? `pass a non-empty value, or leave ${label} out` : `give ${spec.name} a non-empty value, or remove the line`);
+      if (s === '' && spec.allowEmpty !== true) throw new UsageError(`${label} expects a value, got an empty string`, label.startsWith('--') ? `pass a non-empty value, or leave ${label} out` : `give ${spec.name} a non-empty value, or remove the line`);
       if (spec.choices && !spec.choices.includes(s)) {
         const c = closest(s, spec.choices);
         throw new UsageError(`${label} expects one of ${spec.choices.join(', ')}, got '${s}'`,

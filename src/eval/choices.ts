@@ -9,13 +9,13 @@
  * default); `acc_norm` divides by the choice's length in characters (Unicode code points, Python's `len`), without the
  * delimiter.
  *
- * Tokenization follows the harness's `_encode_pair`: whitespace at the end of the context moves to the start of the
- * continuation; the context and context + continuation are encoded (as transformers' tokenizer(text,
- * add_special_tokens=False): no BOS added, special tokens written in the text read as themselves) and the continuation's
- * tokens are those of the whole past the context's, so a merge across the boundary is scored as the whole's tokens.
- * An empty context is the prefix token alone (the tokenizer's BOS, else its end-of-text token). A row longer than the
- * window keeps its last seq + 1 tokens (the context is cut on the left, as the harness cuts to the model's length);
- * a continuation that does not fit is refused.
+ * Tokenization follows the harness's HF backend (ChoiceEncoder): text is encoded as transformers' tokenizer.encode
+ * encodes it, with the tokenizer's own special tokens (Llama 3's BOS; none for Qwen); whitespace at the end of the
+ * context moves to the start of the continuation, and the continuation's tokens are those of context + continuation
+ * past the context's, so a merge across the boundary is scored as the whole's tokens. An empty context is the prefix
+ * token alone (tokenizer_config.json's bos_token, else its eos_token). A row longer than the window keeps its last
+ * seq + 1 tokens (the context is cut on the left, as the harness cuts to the model's length); a continuation that does
+ * not fit is refused.
  */
 import * as fs from 'node:fs';
 import type { Tokenizer } from '../tokenizer/bpe.js';
@@ -104,80 +104,136 @@ export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
   return items;
 }
 
+/** Python's str.isspace() characters: what str.rstrip() removes (U+001C..U+001F among them). */
+// eslint-disable-next-line no-control-regex -- the control characters Python counts as whitespace
+const PY_TRAILING_SPACE = /[\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/u;
+
+/** tokenizer_config.json's special tokens as strings ('' where it has none), e.g. ChatFormat's bosToken / eosToken. */
+export interface SpecialTokens { bosToken: string; eosToken: string }
+
 /**
- * The context's and the continuation's tokens as lm-evaluation-harness splits them (its `_encode_pair`): trailing
- * whitespace of the context moves to the continuation; the continuation is the whole's tokens past the context's.
+ * Encodes text as lm-evaluation-harness's HF backend does (`HFLM.tok_encode` with its default `add_bos_token=None`):
+ * transformers' `tokenizer.encode(text)` with the tokenizer's own special tokens (its post-processor's: Llama 3's
+ * `<|begin_of_text|>`, nothing for Qwen), except for text that already starts with the prefix token's text.
  */
-export function encodePair(tok: Tokenizer, context: string, continuation: string, prefixId: number): { ctx: number[]; cont: number[] } {
-  const trimmed = context.replace(/[\s\x1c-\x1f]+$/u, ''); // Python's str.rstrip()
-  const moved = context.slice(trimmed.length);
-  const cont = moved + continuation;
-  if (trimmed === '') return { ctx: [prefixId], cont: tok.encode(cont) };
-  const whole = tok.encode(trimmed + cont);
-  const ctx = tok.encode(trimmed);
-  return { ctx, cont: whole.slice(ctx.length) };
+export class ChoiceEncoder {
+  private prefix: { id: number; text: string } | null | undefined;
+  constructor(readonly tok: Tokenizer, private readonly special: SpecialTokens) {}
+
+  /**
+   * The harness's `prefix_token_id`, put before an empty context: tokenizer_config.json's bos_token, else its eos_token
+   * (else, for a folder without one, the tokenizer's BOS or end-of-text token by name); null when there is none.
+   */
+  prefixToken(): { id: number; text: string } | null {
+    if (this.prefix === undefined) {
+      const named = [this.special.bosToken, this.special.eosToken].find((t) => t !== '' && this.tok.tokenToId(t) !== undefined);
+      const id = named !== undefined ? this.tok.tokenToId(named)! : this.tok.bosId ?? this.tok.eosId;
+      this.prefix = id === undefined ? null : { id, text: this.tok.idToToken(id)! };
+    }
+    return this.prefix;
+  }
+
+  /** transformers' tokenizer.encode(text) (add_special_tokens: the tokenizer's own, unless the text starts with the prefix token's text). */
+  encode(text: string, specialTokens = true): number[] {
+    const ids = this.tok.encode(text);
+    const p = this.prefixToken();
+    if (!specialTokens || (p !== null && text.startsWith(p.text))) return ids;
+    const { documentPrefix: pre, documentSuffix: suf } = this.tok;
+    return pre.length || suf.length ? [...pre, ...ids, ...suf] : ids;
+  }
+
+  /**
+   * The context's and the continuation's tokens as the harness splits them: an empty context (or one of whitespace
+   * alone, which the harness cannot score) is the prefix token, the continuation encoded without special tokens (the
+   * prefix taken from its start when it begins with it); otherwise (its `_encode_pair`) trailing whitespace of the
+   * context moves to the continuation, and the continuation's tokens are the whole's past the context's.
+   */
+  pair(context: string, continuation: string, where: string): { ctx: number[]; cont: number[] } {
+    const trimmed = context.replace(PY_TRAILING_SPACE, '');
+    const cont = context.slice(trimmed.length) + continuation;
+    if (trimmed === '') {
+      const p = this.prefixToken();
+      if (p === null) throw new InputError(`${where}: an empty context needs a token to stand for it, and the tokenizer has no BOS or end-of-text token`, 'give the item a context');
+      const ids = this.encode(cont, false);
+      return ids[0] === p.id ? { ctx: ids.slice(0, 1), cont: ids.slice(1) } : { ctx: [p.id], cont: ids };
+    }
+    const whole = this.encode(trimmed + cont);
+    const ctx = this.encode(trimmed);
+    return { ctx, cont: whole.slice(ctx.length) };
+  }
 }
 
-/** The token the harness puts before an empty context: the tokenizer's BOS, else its end-of-text token. */
-export function prefixTokenOf(tok: Tokenizer): number {
-  const id = tok.bosId ?? tok.eosId;
-  if (id === undefined) throw new InputError('the tokenizer has neither a BOS nor an end-of-text token to put before an empty context', 'give every item a non-empty "context"');
-  return id;
-}
+/** One (item, choice) pair's tokens, uncut. */
+export interface EncodedChoice { item: number; choice: number; ctx: number[]; cont: number[] }
 
-/** Rows of a window of `seq` tokens, one per (item, choice), in item order. */
-export function choiceRows(tok: Tokenizer, items: readonly ChoiceItem[], seq: number, delimiter: string): ChoiceRow[] {
-  const prefix = prefixTokenOf(tok);
-  const rows: ChoiceRow[] = [];
+/**
+ * Every item's choices encoded: the context (`context(item)`, default the item's own; a chat rendering with
+ * --choices-chat) and `delimiter + choice`.
+ */
+export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
+  context: (it: ChoiceItem) => string = (it) => it.context): EncodedChoice[] {
+  const out: EncodedChoice[] = [];
   items.forEach((it, i) => {
-    it.choices.forEach((c, k) => {
-      const { ctx, cont } = encodePair(tok, it.context, delimiter + c, prefix);
+    const c = context(it);
+    it.choices.forEach((ch, k) => {
+      const { ctx, cont } = enc.pair(c, delimiter + ch, it.where);
       if (cont.length === 0) throw new InputError(`${it.where}: choice ${k} encodes to no tokens past the context`, 'check the choice\'s text');
-      if (cont.length > seq) {
-        throw new InputError(`${it.where}: choice ${k} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, `use --seq ${cont.length + 1} or more`);
-      }
-      let ids = [...ctx, ...cont];
-      const cut = ids.length > seq + 1;
-      if (cut) ids = ids.slice(ids.length - (seq + 1));
-      rows.push({ item: i, choice: k, ids, contStart: ids.length - cont.length, cut });
+      out.push({ item: i, choice: k, ctx, cont });
     });
   });
-  return rows;
+  return out;
 }
 
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */
-export function choiceWindow(tok: Tokenizer, items: readonly ChoiceItem[], delimiter: string): number {
-  const prefix = prefixTokenOf(tok);
+export function choiceWindow(encoded: readonly EncodedChoice[]): number {
   let most = 1;
-  for (const it of items) for (const c of it.choices) {
-    const { ctx, cont } = encodePair(tok, it.context, delimiter + c, prefix);
-    most = Math.max(most, ctx.length + cont.length - 1);
-  }
+  for (const e of encoded) most = Math.max(most, e.ctx.length + e.cont.length - 1);
   return most;
 }
 
 /**
- * Batches of up to `b` rows in windows of `t` tokens: inputs are a row's tokens but the last, targets the next tokens;
- * the mask counts the continuation's tokens only. Short rows are padded at the end (causal attention: padding after
- * a row's tokens changes nothing before it) with `padId`.
+ * The rows for a window of `seq` tokens: a row longer than seq + 1 tokens keeps its last seq + 1 (the context cut
+ * on the left); a continuation longer than the window is refused.
  */
-export function choiceBatches(rows: readonly ChoiceRow[], b: number, t: number, padId: number): Batch[] {
-  const out: Batch[] = [];
-  for (let s = 0; s < rows.length; s += b) {
-    const part = rows.slice(s, s + b), n = part.length * t;
+export function choiceRows(encoded: readonly EncodedChoice[], items: readonly ChoiceItem[], seq: number): ChoiceRow[] {
+  return encoded.map(({ item, choice, ctx, cont }) => {
+    if (cont.length > seq) {
+      throw new InputError(`${items[item]!.where}: choice ${choice} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, `use --seq ${cont.length} or more`);
+    }
+    let ids = [...ctx, ...cont];
+    const cut = ids.length > seq + 1;
+    if (cut) ids = ids.slice(ids.length - (seq + 1));
+    return { item, choice, ids, contStart: ids.length - cont.length, cut };
+  });
+}
+
+/** Batch lengths are rounded up to a multiple of this (fewer shapes: fewer CUDA graphs), at most the window. */
+export const CHOICE_LENGTH_STEP = 32;
+
+/**
+ * Batches of up to `b` rows, longest first (as the harness orders them), each as long as its longest row's inputs
+ * rounded up to CHOICE_LENGTH_STEP (at most `seq`): inputs are a row's tokens but the last, targets the next tokens; the
+ * mask counts the continuation's tokens only. Short rows are padded at the end with `padId` (causal attention: padding
+ * after a row's tokens changes nothing before it). Made one batch at a time.
+ */
+export function* choiceBatches(rows: readonly ChoiceRow[], b: number, seq: number, padId: number): Generator<{ batch: Batch; rows: ChoiceRow[] }> {
+  const order = rows.map((_, i) => i).sort((x, y) => rows[y]!.ids.length - rows[x]!.ids.length || x - y);
+  for (let s = 0; s < order.length; s += b) {
+    const part = order.slice(s, s + b).map((i) => rows[i]!);
+    const longest = part[0]!.ids.length - 1;
+    if (longest > seq) throw new Error(`a row of ${longest} inputs in a window of ${seq}`);
+    const t = Math.min(seq, Math.ceil(longest / CHOICE_LENGTH_STEP) * CHOICE_LENGTH_STEP), n = part.length * t;
     const inputs = new Int32Array(n).fill(padId), targets = new Int32Array(n).fill(-1), mask = new Float32Array(n);
     part.forEach((r, i) => {
       const L = r.ids.length - 1;
-      if (L > t) throw new Error(`a row of ${L} inputs in a window of ${t}`);
       for (let p = 0; p < L; p++) {
         inputs[i * t + p] = r.ids[p]!;
         targets[i * t + p] = r.ids[p + 1]!;
         if (p + 1 >= r.contStart) mask[i * t + p] = 1;
       }
     });
-    out.push({ inputs, targets, mask, b: part.length, t });
+    yield { batch: { inputs, targets, mask, b: part.length, t }, rows: part };
   }
-  return out;
 }
 
 /** Length in characters as Python's len counts them (code points, not UTF-16 units). */
@@ -187,8 +243,10 @@ export function pyLen(s: string): number {
   return n;
 }
 
-/** The index of the largest value (the first on a tie, as numpy's argmax). */
+/** The index of the largest value (the first on a tie, and the first NaN if any, as numpy's argmax). */
 function argmax(v: readonly number[]): number {
+  const nan = v.findIndex((x) => Number.isNaN(x));
+  if (nan >= 0) return nan;
   let best = 0;
   for (let i = 1; i < v.length; i++) if (v[i]! > v[best]!) best = i;
   return best;
@@ -211,17 +269,18 @@ export function choiceMetrics(items: readonly ChoiceItem[], logliks: readonly nu
 }
 
 /**
- * Scores every row: `rowLogLik(batch)` returns each row's summed log-probability of its counted targets. Returns the
- * log-likelihoods per item and choice, and reports progress after each batch.
+ * Scores every row of the batches: `rowLogLik(batch)` returns each row's summed log-probability of its counted
+ * targets. Returns the log-likelihoods per item and choice, and reports progress after each batch.
  */
-export function scoreChoices(items: readonly ChoiceItem[], rows: readonly ChoiceRow[], batches: readonly Batch[],
-  rowLogLik: (batch: Batch) => Float64Array, progress: (done: number, total: number) => void = () => {}): number[][] {
+export function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
+  rowLogLik: (batch: Batch) => Float64Array, progress: (done: number) => void = () => {}): number[][] {
   const ll = items.map((it) => new Array<number>(it.choices.length).fill(NaN));
-  let r = 0;
-  for (const batch of batches) {
+  let done = 0;
+  for (const { batch, rows } of batches) {
     const got = rowLogLik(batch);
-    for (let i = 0; i < batch.b; i++, r++) ll[rows[r]!.item]![rows[r]!.choice] = got[i]!;
-    progress(r, rows.length);
+    rows.forEach((r, i) => { ll[r.item]![r.choice] = got[i]!; });
+    done += rows.length;
+    progress(done);
   }
   return ll;
 }

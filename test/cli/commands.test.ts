@@ -213,6 +213,8 @@ test('eval --choices: acc and acc_norm from the written log-likelihoods, the tea
     { context: 'A tokenizer splits text into ', choices: ['pieces', 'dogs'], answer: 'pieces' },
     { context: 'The quick brown fox', choices: ['jumps over the lazy dog', 'does not mind', 'learns'], answer: 0 },
     { context: 'Distillation trains a small model on the', choices: ['soft targets', 'quick brown fox'], answer: 0 },
+    // longer than --seq's default 64 tokens: with --data in the same run the models hold the longer window
+    { context: `${TEXT.join(' ')} The teacher model`, choices: ['predicts', 'sleeps'], answer: 0 },
   ];
   fs.writeFileSync(items, lines.map((l) => JSON.stringify(l)).join('\n') + '\n');
   const out = path.join(dir, 'scores.jsonl');
@@ -220,12 +222,13 @@ test('eval --choices: acc and acc_norm from the written log-likelihoods, the tea
   assert.equal(r.code, 0, r.err);
   const j = JSON.parse(r.out) as { loss?: number; choices: { items: number; rows: number; acc: number; accNorm: number; seq: number; cut: number; teacher: { acc: number; accNorm: number } } };
   assert.equal(j.loss, undefined, 'no --data: no loss');
-  assert.equal(j.choices.items, 4);
-  assert.equal(j.choices.rows, 10);
+  assert.equal(j.choices.items, 5);
+  assert.equal(j.choices.rows, 12);
+  assert.ok(j.choices.seq > 64, `the longest row: ${j.choices.seq}`);
   assert.equal(j.choices.cut, 0);
-  assert.match(r.err, /choices: 4 items, 10 continuations, scored in windows of \d+ tokens/);
+  assert.match(r.err, /choices: 5 items, 12 continuations, in windows of up to \d+ tokens/);
   const samples = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { where: string; answer: number; logliks: number[]; pred: number; pred_norm: number; teacher_logliks: number[]; teacher_pred: number; teacher_pred_norm: number });
-  assert.deepEqual(samples.map((x) => [x.where, x.answer]), [[`${items}:1`, 0], [`${items}:2`, 0], [`${items}:3`, 0], [`${items}:4`, 0]]);
+  assert.deepEqual(samples.map((x) => [x.where, x.answer]), lines.map((_, i) => [`${items}:${i + 1}`, 0]));
   // acc and acc_norm are what the written log-likelihoods give (argmax; per character of the choice)
   const arg = (v: number[]): number => v.indexOf(Math.max(...v));
   const mean = (f: (x: typeof samples[number], i: number) => boolean): number => samples.filter(f).length / samples.length;
@@ -242,34 +245,52 @@ test('eval --choices: acc and acc_norm from the written log-likelihoods, the tea
   assert.equal(j.choices.teacher.accNorm, mean((x) => x.teacher_pred_norm === x.answer));
   // The model's scores do not depend on the teacher, the batch, or the window they are padded to.
   const alone = path.join(dir, 'scores-alone.jsonl');
-  assert.equal((await run(['eval', '--model', model, '--choices', items, '--choices-out', alone, '--batch', '3', '--seq', '40'])).code, 0);
+  assert.equal((await run(['eval', '--model', model, '--choices', items, '--choices-out', alone, '--batch', '3', '--seq', String(j.choices.seq + 20)])).code, 0);
   fs.readFileSync(alone, 'utf8').trim().split('\n').forEach((l, i) => {
     const a = JSON.parse(l) as { logliks: number[]; teacher_logliks?: number[] };
     assert.equal(a.teacher_logliks, undefined);
     a.logliks.forEach((v, k) => assert.ok(Math.abs(v - samples[i]!.logliks[k]!) < 1e-4, `item ${i} choice ${k}: ${v} vs ${samples[i]!.logliks[k]}`));
   });
-  // With --data in the same run: the loss is --data's alone, the choices --choices' alone.
-  const both = await run(['eval', '--model', model, '--data', dataFile, '--choices', items, '--json']);
+  // With --data in the same run (windows of 64, the choices' longer): the loss, agreement and KL are --data's alone,
+  // the choices' scores --choices' alone.
+  const bothOut = path.join(dir, 'scores-both.jsonl');
+  const both = await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--choices', items, '--choices-out', bothOut, '--json']);
   assert.equal(both.code, 0, both.err);
-  const b = JSON.parse(both.out) as { loss: number; choices: typeof j.choices };
-  const dataAlone = JSON.parse((await run(['eval', '--model', model, '--data', dataFile, '--json'])).out) as { loss: number };
-  assert.ok(Math.abs(b.loss - dataAlone.loss) < 1e-6);
-  assert.equal(b.choices.acc, j.choices.acc);
-  assert.equal(b.choices.accNorm, j.choices.accNorm);
+  const b = JSON.parse(both.out) as { loss: number; agreement: number; kl: number; choices: typeof j.choices };
+  const dataAlone = JSON.parse((await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--json'])).out) as typeof b;
+  for (const k of ['loss', 'agreement', 'kl'] as const) assert.ok(Math.abs(b[k] - dataAlone[k]) < 1e-6, k);
+  assert.deepEqual(b.choices, j.choices);
+  fs.readFileSync(bothOut, 'utf8').trim().split('\n').forEach((l, i) => {
+    const a = JSON.parse(l) as { logliks: number[]; teacher_logliks: number[] };
+    a.logliks.forEach((v, k) => assert.ok(Math.abs(v - samples[i]!.logliks[k]!) < 1e-5));
+    a.teacher_logliks.forEach((v, k) => assert.ok(Math.abs(v - samples[i]!.teacher_logliks[k]!) < 1e-5));
+  });
   // A window too small for a context cuts it on the left, with a warning naming the --seq that holds them all.
   const small = await run(['eval', '--model', model, '--choices', items, '--seq', '16']);
   assert.equal(small.code, 0, small.err);
-  assert.match(small.err, /warning: --choices: the context of \d+ of 10 continuations was cut on the left to fit --seq 16 \(--seq \d+ holds them all\)/);
-  assert.match(small.out, /^choices\s+4 items, 10 continuations \(windows of 16, \d+ cut on the left\)/m);
+  assert.match(small.err, /warning: --choices: the context of \d+ of 12 continuations was cut on the left to fit --seq 16 \(--seq \d+ holds them all\)/);
+  assert.match(small.out, /^choices\s+5 items, 12 continuations \(windows of 16, \d+ cut on the left\)/m);
   assert.match(small.out, /^acc\s+\d+\.\d{2}%/m);
   assert.match(small.out, /^acc_norm\s+\d+\.\d{2}%/m);
   const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items]);
   assert.match(text.out, /^teacher\s+acc \d+\.\d{2}%.*; acc_norm \d+\.\d{2}%/m);
+  // --choices-chat: each context a user turn of the chat template (this model has none: ChatML, as training), the
+  // delimiter '' as the harness makes it; the same scores as the rendered text written into the items by hand.
+  const chatOut = path.join(dir, 'scores-chat.jsonl'), byHand = path.join(dir, 'items-chatml.jsonl'), byHandOut = path.join(dir, 'scores-chatml.jsonl');
+  const chat = await run(['eval', '--model', model, '--choices', items, '--choices-chat', '--choices-out', chatOut]);
+  assert.equal(chat.code, 0, chat.err);
+  assert.match(chat.err, /\(contexts as a user turn of the chat template\)/);
+  fs.writeFileSync(byHand, lines.map((l) => JSON.stringify({ ...l, context: `<|im_start|>user\n${l.context}<|im_end|>\n<|im_start|>assistant\n` })).join('\n') + '\n');
+  const hand = await run(['eval', '--model', model, '--choices', byHand, '--choice-delimiter', '', '--choices-out', byHandOut]);
+  assert.equal(hand.code, 0, hand.err);
+  const readLl = (f: string): number[][] => fs.readFileSync(f, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { logliks: number[] }).logliks);
+  assert.deepEqual(readLl(chatOut), readLl(byHandOut));
+  assert.notDeepEqual(readLl(chatOut), samples.map((x) => x.logliks));
   // Errors, exit 2: neither --data nor --choices; the choice flags without --choices; a bad line, named.
   const none = await run(['eval', '--model', model]);
   assert.equal(none.code, 2);
   assert.match(none.err, /no data given \(--data or --choices\)/);
-  for (const f of [['--choice-delimiter', ' '], ['--choices-out', out]]) {
+  for (const f of [['--choice-delimiter', ' '], ['--choices-out', out], ['--choices-chat']]) {
     const x = await run(['eval', '--model', model, '--data', dataFile, ...f]);
     assert.equal(x.code, 2);
     assert.match(x.err, new RegExp(`${f[0]} goes with --choices`));

@@ -16,10 +16,17 @@ import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodePair, parseChoiceItems, predictions, pyLen, scoreChoices, type ChoiceItem,
+  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
+  scoreChoices, type ChoiceItem, type SpecialTokens,
 } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
+import { trainBpe } from '../../src/tokenizer/train-bpe.js';
+
+/** A BPE with no special token: no BOS, no end-of-text. */
+function tinyBareTokenizer(): Tokenizer {
+  return trainBpe(['the dog runs', 'the cat sleeps'], { vocabSize: 270, specialTokens: [] });
+}
 
 const qwen = Tokenizer.fromJSON(JSON.parse(fs.readFileSync(qwenTokenizerPath(), 'utf8')) as Record<string, unknown>);
 
@@ -48,7 +55,21 @@ test('items: index or text answers, blank lines skipped, extra keys ignored; eac
   }
 });
 
+const QWEN_INSTRUCT: SpecialTokens = { bosToken: '', eosToken: '<|im_end|>' };
+
+/** Qwen's tokenizer with a post-processor that puts <|endoftext|> first, as Llama 3's puts <|begin_of_text|>. */
+function bosTokenizer(): Tokenizer {
+  const j = JSON.parse(fs.readFileSync(qwenTokenizerPath(), 'utf8')) as Record<string, unknown>;
+  j.post_processor = { type: 'Sequence', processors: [j.post_processor, {
+    type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<|endoftext|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }],
+    pair: [{ SpecialToken: { id: '<|endoftext|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }, { Sequence: { id: 'B', type_id: 1 } }],
+    special_tokens: { '<|endoftext|>': { id: '<|endoftext|>', ids: [151643], tokens: ['<|endoftext|>'] } },
+  }] };
+  return Tokenizer.fromJSON(j);
+}
+
 test("the harness's split: trailing whitespace moves to the continuation, the continuation is the whole's tokens past the context's", () => {
+  const enc = new ChoiceEncoder(qwen, QWEN_INSTRUCT);
   const cases: Array<[string, string]> = [
     ['Question: what is 2 + 2?\nAnswer:', ' 4'],
     ['The capital of France is ', 'Paris'], // the context's space moves: scored as " Paris"
@@ -59,35 +80,61 @@ test("the harness's split: trailing whitespace moves to the continuation, the co
   ];
   for (const [context, cont] of cases) {
     const trimmed = context.replace(/\s+$/, '');
-    const { ctx, cont: c } = encodePair(qwen, context, cont, 0);
+    const { ctx, cont: c } = enc.pair(context, cont, 'f:1');
     assert.deepEqual(ctx, qwen.encode(trimmed), context);
     assert.deepEqual([...ctx, ...c], qwen.encode(trimmed + context.slice(trimmed.length) + cont), context);
   }
   // The moved space is scored: " Paris" is one token, "Paris" after "is " would be another.
-  const paris = encodePair(qwen, 'The capital of France is ', 'Paris', 0).cont;
-  assert.equal(qwen.decode(paris), ' Paris');
-  // An empty context is the prefix token alone.
-  assert.deepEqual(encodePair(qwen, '', ' yes', 7), { ctx: [7], cont: qwen.encode(' yes') });
+  assert.equal(qwen.decode(enc.pair('The capital of France is ', 'Paris', 'f:1').cont), ' Paris');
+  // Python's str.rstrip(): U+0085 is whitespace to Python (moved), U+FEFF is not (kept in the context).
+  assert.equal(qwen.decode(enc.pair('Hi\u0085', 'x', 'f:1').cont), '\u0085x');
+  assert.equal(qwen.decode(enc.pair('Hi\ufeff', 'x', 'f:1').cont), 'x');
   // Special tokens in the text are one token each, as transformers' tokenizer reads them.
-  const im = qwen.tokenToId('<|im_start|>')!;
-  assert.ok(encodePair(qwen, '<|im_start|>user\n', 'x', 0).ctx.includes(im));
+  assert.ok(enc.pair('<|im_start|>user\n', 'x', 'f:1').ctx.includes(qwen.tokenToId('<|im_start|>')!));
 });
 
-test('rows: the window, the left cut of a long context, a continuation too long refused; batches count the continuation only', () => {
-  const tok = tinyTokenizer();
+test("the prefix token of an empty context is tokenizer_config.json's bos_token, else its eos_token; a tokenizer that adds a BOS adds it as transformers does", () => {
+  const imEnd = qwen.tokenToId('<|im_end|>')!, eot = qwen.tokenToId('<|endoftext|>')!;
+  // Qwen Instruct: no BOS, eos_token <|im_end|>; Qwen base: eos_token <|endoftext|>; no tokenizer_config: by name.
+  assert.deepEqual(new ChoiceEncoder(qwen, QWEN_INSTRUCT).pair('', ' yes', 'f:1'), { ctx: [imEnd], cont: qwen.encode(' yes') });
+  assert.deepEqual(new ChoiceEncoder(qwen, { bosToken: '', eosToken: '<|endoftext|>' }).pair('', ' yes', 'f:1').ctx, [eot]);
+  assert.deepEqual(new ChoiceEncoder(qwen, { bosToken: '', eosToken: '' }).pair('', ' yes', 'f:1').ctx, [eot]);
+  // A continuation that starts with the prefix token: that token is the context.
+  assert.deepEqual(new ChoiceEncoder(qwen, QWEN_INSTRUCT).pair('', '<|im_end|>Hi', 'f:1'), { ctx: [imEnd], cont: qwen.encode('Hi') });
+  // Whitespace alone is scored as an empty context (the harness cannot score it).
+  assert.deepEqual(new ChoiceEncoder(qwen, QWEN_INSTRUCT).pair(' \n', 'yes', 'f:1'), { ctx: [imEnd], cont: qwen.encode(' \nyes') });
+  // A BOS-adding tokenizer (Llama 3's kind): the context and the whole start with it, the continuation does not; text
+  // that starts with the prefix token's text gets no second one; an empty context is the BOS, the continuation bare.
+  const bos = bosTokenizer(), enc = new ChoiceEncoder(bos, { bosToken: '<|endoftext|>', eosToken: '<|endoftext|>' });
+  assert.deepEqual(bos.documentPrefix, [eot]);
+  const p = enc.pair('The capital of France is', ' Paris', 'f:1');
+  assert.deepEqual(p.ctx, [eot, ...qwen.encode('The capital of France is')]);
+  assert.deepEqual(p.cont, qwen.encode(' Paris'));
+  assert.deepEqual(enc.pair('<|endoftext|>Once', ' upon', 'f:1').ctx, qwen.encode('<|endoftext|>Once'));
+  assert.deepEqual(enc.pair('', ' Paris', 'f:1'), { ctx: [eot], cont: qwen.encode(' Paris') });
+  // No prefix token at all: contexts score; an empty one is refused, naming the item.
+  const bare = new ChoiceEncoder(tinyBareTokenizer(), { bosToken: '', eosToken: '' });
+  assert.equal(bare.prefixToken(), null);
+  assert.ok(bare.pair('the dog', ' runs', 'f:1').cont.length > 0);
+  assert.throws(() => bare.pair('', ' runs', 'f:7'), (e: unknown) => e instanceof InputError && /f:7: an empty context needs a token/.test(e.message));
+});
+
+test('rows: the window, the left cut of a long context, a continuation too long refused; batches longest first, counting the continuation only', () => {
+  const tok = tinyTokenizer(), enc = new ChoiceEncoder(tok, { bosToken: '', eosToken: '' });
   const long = 'The quick brown fox jumps over the lazy dog, and the dog does not mind. '.repeat(3);
   const items: ChoiceItem[] = [
     { context: 'The teacher model', choices: ['predicts', 'learns the next token'], answer: 0, where: 'f:1' },
     { context: long, choices: ['fox', 'dog'], answer: 1, where: 'f:2' },
   ];
-  const need = choiceWindow(tok, items, ' ');
-  const whole = choiceRows(tok, items, need, ' ');
+  const encoded = encodeChoices(enc, items, ' ');
+  const need = choiceWindow(encoded);
+  const whole = choiceRows(encoded, items, need);
   assert.equal(whole.length, 4);
   assert.ok(whole.every((r) => !r.cut));
   assert.equal(Math.max(...whole.map((r) => r.ids.length - 1)), need);
   // A smaller window keeps each long row's last seq + 1 tokens, and its whole continuation.
   const seq = 12;
-  const cut = choiceRows(tok, items, seq, ' ');
+  const cut = choiceRows(encoded, items, seq);
   for (const [i, r] of cut.entries()) {
     const w = whole[i]!;
     assert.equal(r.cut, w.ids.length > seq + 1);
@@ -95,20 +142,32 @@ test('rows: the window, the left cut of a long context, a continuation too long 
     assert.deepEqual(r.ids.slice(r.contStart), w.ids.slice(w.contStart));
   }
   assert.ok(cut.some((r) => r.cut));
-  const n = encodePair(tok, items[0]!.context, ' learns the next token', 0).cont.length;
-  assert.throws(() => choiceRows(tok, items, n - 1, ' '), (e: unknown) => e instanceof InputError && /f:1: choice 1 is \d+ tokens, more than the window \(--seq \d+\) holds/.test(e.message) && e.hint === `use --seq ${n + 1} or more`);
-  // Batches: inputs are the row but its last token, the mask is 1 exactly where the target is a continuation token.
-  const batches = choiceBatches(cut, 3, seq, 99);
-  assert.deepEqual(batches.map((b) => b.b), [3, 1]);
-  cut.forEach((r, k) => {
-    const b = batches[Math.floor(k / 3)]!, row = k % 3, L = r.ids.length - 1;
-    for (let p = 0; p < seq; p++) {
-      const i = row * seq + p;
-      assert.equal(b.inputs[i], p < L ? r.ids[p] : 99);
-      assert.equal(b.targets[i], p < L ? r.ids[p + 1] : -1);
-      assert.equal(b.mask[i], p < L && p + 1 >= r.contStart ? 1 : 0);
-    }
-  });
+  // The hint's window is enough.
+  const n = encoded[1]!.cont.length;
+  assert.throws(() => choiceRows(encoded, items, n - 1), (e: unknown) => e instanceof InputError && /f:1: choice 1 is \d+ tokens, more than the window \(--seq \d+\) holds/.test(e.message) && e.hint === `use --seq ${n} or more`);
+  assert.doesNotThrow(() => choiceRows(encoded, items, n));
+  // Batches: longest rows first, each batch as long as its longest row rounded up to CHOICE_LENGTH_STEP (at most the
+  // window); inputs are the row but its last token, the mask is 1 exactly where the target is a continuation token.
+  const big = need + 40;
+  const batches = Array.from(choiceBatches(whole, 3, big, 99));
+  assert.deepEqual(batches.map((b) => b.batch.b), [3, 1]);
+  const order = batches.flatMap((b) => b.rows);
+  assert.deepEqual([...order].sort((x, y) => x.item - y.item || x.choice - y.choice), whole);
+  for (let i = 1; i < order.length; i++) assert.ok(order[i - 1]!.ids.length >= order[i]!.ids.length);
+  for (const { batch, rows } of batches) {
+    const longest = rows[0]!.ids.length - 1;
+    assert.equal(batch.t, Math.min(big, Math.ceil(longest / CHOICE_LENGTH_STEP) * CHOICE_LENGTH_STEP));
+    rows.forEach((r, row) => {
+      const L = r.ids.length - 1, t = batch.t;
+      for (let p = 0; p < t; p++) {
+        const i = row * t + p;
+        assert.equal(batch.inputs[i], p < L ? r.ids[p] : 99);
+        assert.equal(batch.targets[i], p < L ? r.ids[p + 1] : -1);
+        assert.equal(batch.mask[i], p < L && p + 1 >= r.contStart ? 1 : 0);
+      }
+    });
+  }
+  assert.equal(Array.from(choiceBatches(whole, 4, need, 99))[0]!.batch.t, need, 'a batch is never longer than the window');
 });
 
 test('acc and acc_norm: argmax (the first on a tie), acc_norm per character as Python counts them', () => {
@@ -122,13 +181,15 @@ test('acc and acc_norm: argmax (the first on a tie), acc_norm per character as P
   const ll = [[-4, -3], [-1, -1, -2]];
   assert.deepEqual(predictions(items, ll), [{ pred: 1, predNorm: 0 }, { pred: 0, predNorm: 0 }]);
   assert.deepEqual(choiceMetrics(items, ll), { items: 2, rows: 5, acc: 0.5, accNorm: 1 });
+  // numpy's argmax takes the first NaN
+  assert.equal(predictions([items[1]!], [[-1, NaN, -0.5]])[0]!.pred, 1);
 });
 
 test("scores: each row's summed log-probability of its continuation, over padded batches, equals the float64 log-softmax of the row's own forward", () => {
   const tok = tinyTokenizer();
   const c: ModelConfig = {
     architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 16, intermediateSize: 32, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 4,
-    rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 64, qkvBias: true, qkNorm: false, noRopeLayers: [],
+    rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 128, qkvBias: true, qkNorm: false, noRopeLayers: [],
   };
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const w = initialWeights(parameterLayout(c), c, new Rng(5), 0.5);
@@ -136,13 +197,18 @@ test("scores: each row's summed log-probability of its continuation, over padded
     { context: 'The teacher model', choices: ['predicts the next token', 'learns', 'splits text'], answer: 0, where: 'f:1' },
     { context: 'A tokenizer splits text into', choices: ['pieces', 'dogs'], answer: 0, where: 'f:2' },
     { context: '', choices: ['The quick brown fox', 'jumps'], answer: 1, where: 'f:3' },
+    { context: 'Distillation trains a small model on the soft targets of a larger one. The quick brown fox', choices: ['jumps over the lazy dog', 'sleeps'], answer: 0, where: 'f:4' },
   ];
-  const seq = choiceWindow(tok, items, ' ');
-  const rows = choiceRows(tok, items, seq, ' ');
+  const encoded = encodeChoices(new ChoiceEncoder(tok, { bosToken: '', eosToken: '<|endoftext|>' }), items, ' ');
+  const seq = choiceWindow(encoded);
+  const rows = choiceRows(encoded, items, seq);
   const m = new Transformer(be, c, { batch: 3, seq, training: false });
   m.setWeights(w);
   const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
-  const got = scoreChoices(items, rows, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowLogLikelihoods(b));
+  // batches of two lengths: the long item's rows in a window, the others in CHOICE_LENGTH_STEP
+  assert.ok(seq > CHOICE_LENGTH_STEP);
+  assert.deepEqual(Array.from(choiceBatches(rows, 3, seq, 0)).map((b) => b.batch.t), [seq, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP]);
+  const got = scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowLogLikelihoods(b));
   const alone = new Transformer(be, c, { batch: 1, seq, training: false });
   alone.setWeights(w);
   for (const r of rows) {

@@ -27,9 +27,13 @@ import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
-import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, renderChat, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
-import { choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceMetrics, type ChoiceRow } from '../../eval/choices.js';
+import {
+  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, readChoiceItems, scoreChoices,
+  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type EncodedChoice,
+} from '../../eval/choices.js';
+import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
 
 const FLAGS: FlagSpec[] = [
@@ -39,8 +43,9 @@ const FLAGS: FlagSpec[] = [
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (repeatable; this or --choices)" },
   { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'multiple-choice items, {"context", "choices", "answer"} a line, scored by log-likelihood as lm-evaluation-harness does (acc, acc_norm; repeatable)' },
   { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
-  { name: 'choice-delimiter', kind: 'string', metavar: '<text>', description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter)', defaultText: "' '" },
-  { name: 'seq', kind: 'integer', description: 'tokens per window (--choices alone: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
+  { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed)', defaultText: "' ', '' with --choices-chat" },
+  { name: 'choices-chat', kind: 'boolean', description: 'with --choices: each context as a user turn of the model\'s chat template with the assistant turn opened (the harness\'s --apply_chat_template; --chat-template-kwargs apply)' },
+  { name: 'seq', kind: 'integer', description: 'tokens per window (--choices without --seq: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
   { name: 'device', kind: 'string', choices: ['cpu', 'cuda'], description: 'where to compute', defaultText: 'cpu' },
@@ -66,9 +71,11 @@ export interface EvalOptions {
   choices?: string[] | undefined;
   /** Between an item's context and each choice (default ' '). */
   choiceDelimiter?: string | undefined;
+  /** With choices: each context as a user turn of the chat template, the assistant turn opened (default false). */
+  choicesChat?: boolean | undefined;
   /** With choices: write each item's log-likelihoods and predictions here (JSON lines). */
   choicesOut?: string | undefined;
-  /** Score --choices in the window the longest item needs (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
+  /** Score --choices in windows of the longest item (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
   choiceSeqAuto?: boolean | undefined;
   /** Storage of the model's / the teacher's projection matrices (src/model/frozen.ts; default auto: the compute dtype). */
   modelDtype?: FrozenDtype | undefined;
@@ -112,14 +119,14 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = (v.data as string[] | undefined) ?? [];
   const choices = (v.choices as string[] | undefined) ?? [];
   if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
-  for (const f of ['choice-delimiter', 'choices-out']) {
-    if (typeof v[f] === 'string' && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
+  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat']) {
+    if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
     ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
-    ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}),
+    ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
@@ -202,8 +209,12 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     lossVocab = lv.lossVocab;
   }
   const tok = studentCk.tokenizer;
-  // The items first: a bad file is refused before any weights are loaded.
-  const choice = choiceFiles.length ? choiceJob(choiceFiles, o, tok, Math.min(maxPos, teacherCk?.config.maxPositionEmbeddings ?? Infinity), log) : null;
+  const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
+  // The items before the backend and the weights' upload: a bad file is refused first.
+  const choice = choiceFiles.length ? choiceJob(choiceFiles, o, {
+    model: { tok, chat },
+    ...(teacherCk ? { teacher: { tok: teacherCk.tokenizer ?? tok, chat: chatFormatOf(teacherCk.chatTemplate, `${o.teacher}'s tokenizer_config.json`, teacherCk.tokenizerConfig) } } : {}),
+  }, Math.min(maxPos, teacherCk?.config.maxPositionEmbeddings ?? Infinity), log) : null;
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
   log(`precision: ${prec.name}`);
@@ -232,7 +243,6 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       if (lora) { m.setWeights(unmerged!.base.weights); m.lora!.setWeights(unmerged!.adapter.weights); } else m.setWeights(ck.weights);
       return m;
     };
-    const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
     const docs = o.data.length ? readDocs(o, chat, log) : [];
     // packed as training packs: by default conversations whole (bfd, each document attending to itself), text joined and cut (wrapped)
     const packed = o.data.length ? packForJob(tok, docs, chat, { ...o, tokenizerOf: o.model }, log).packed : null;
@@ -248,19 +258,18 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     }
     if (choice) {
       const padId = tok.padId ?? tok.eosId ?? 0;
-      const score = (m: Transformer, who: string): number[][] => {
+      const score = (m: Transformer, rows: ChoiceRow[], who: string): number[][] => {
         const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
-        const batches = choiceBatches(choice.rows, o.batch, choice.seq, padId);
         const t0 = Date.now();
         let last = t0;
-        const ll = scoreChoices(choice.items, choice.rows, batches, (b) => runner.rowLogLikelihoods(b), (done, total) => {
-          if (Date.now() - last > 5000 && done < total) { last = Date.now(); log(`choices: ${who} ${done}/${total} scored`); }
+        const ll = scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowLogLikelihoods(b), (done) => {
+          if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
         });
         const sec = (Date.now() - t0) / 1000;
-        log(`choices: ${who} scored ${choice.rows.length} continuations in ${sec.toFixed(2)} s (${Math.round(choice.rows.length / Math.max(sec, 1e-3))}/s)`);
+        log(`choices: ${who} scored ${rows.length} continuations in ${sec.toFixed(2)} s (${Math.round(rows.length / Math.max(sec, 1e-3))}/s)`);
         return ll;
       };
-      const ll = score(student, 'model'), tll = teacher ? score(teacher, 'teacher') : null;
+      const ll = score(student, choice.rows, 'model'), tll = teacher ? score(teacher, choice.teacherRows!, 'teacher') : null;
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) {
         const t = choiceMetrics(choice.items, tll);
@@ -274,19 +283,32 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   }
 }
 
-/** --choices: the items, their rows and the window they are scored in (the longest row's, unless --seq was given). */
-function choiceJob(files: string[], o: EvalOptions, tok: NonNullable<LoadedCheckpoint['tokenizer']>, maxPos: number, log: (line: string) => void): { items: ChoiceItem[]; rows: ChoiceRow[]; seq: number; cut: number } {
+/** A model's side of --choices: its tokenizer and its chat format (tokenizer_config.json's special tokens and template). */
+interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
+
+/**
+ * --choices: the items, each model's rows (the teacher's tokenizer_config.json may name another prefix token or chat
+ * template), and the window they are scored in (the longest row's without --seq, at most max_position_embeddings).
+ */
+function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
+  { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
   const items = readChoiceItems(files);
-  const delimiter = o.choiceDelimiter ?? ' ';
-  const seq = o.choiceSeqAuto ? Math.min(choiceWindow(tok, items, delimiter), maxPos) : o.seq;
-  const rows = choiceRows(tok, items, seq, delimiter);
+  // the harness drops the delimiter when it applies a chat template
+  const delimiter = o.choiceDelimiter ?? (o.choicesChat ? '' : ' ');
+  const kwargs = o.chatTemplateKwargs;
+  const encode = (side: ChoiceSide): EncodedChoice[] => encodeChoices(new ChoiceEncoder(side.tok, side.chat), items, delimiter,
+    o.choicesChat ? (it) => renderChat(side.chat, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : undefined);
+  const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
+  const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
+  const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
+  const rows = choiceRows(model, items, seq), teacherRows = teacher ? choiceRows(teacher, items, seq) : undefined;
   const cut = rows.filter((r) => r.cut).length;
-  log(`choices: ${items.length} items, ${rows.length} continuations, scored in windows of ${seq} tokens`);
-  if (cut) {
-    const need = choiceWindow(tok, items, delimiter);
-    log(`warning: --choices: the context of ${cut} of ${rows.length} continuations was cut on the left to fit --seq ${seq}${need <= maxPos ? ` (--seq ${need} holds them all)` : ` (the longest needs ${need} tokens, more than max_position_embeddings ${maxPos})`}`);
+  log(`choices: ${items.length} items, ${rows.length} continuations${o.choicesChat ? ' (contexts as a user turn of the chat template)' : ''}, in windows of up to ${seq} tokens`);
+  if (cut || teacherRows?.some((r) => r.cut)) {
+    log(`warning: --choices: the context of ${cut} of ${rows.length} continuations${teacherRows ? ` (the teacher's: ${teacherRows.filter((r) => r.cut).length})` : ''} was cut on the left to fit --seq ${seq}`
+      + `${need <= maxPos ? ` (--seq ${need} holds them all)` : ` (the longest needs ${need} tokens, more than max_position_embeddings ${maxPos})`}`);
   }
-  return { items, rows, seq, cut };
+  return { items, rows, ...(teacherRows ? { teacherRows } : {}), seq, cut };
 }
 
 /** The human-readable report. */
