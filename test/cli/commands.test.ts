@@ -286,6 +286,12 @@ test('eval --choices: acc and acc_norm from the written log-likelihoods, the tea
   const readLl = (f: string): number[][] => fs.readFileSync(f, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { logliks: number[] }).logliks);
   assert.deepEqual(readLl(chatOut), readLl(byHandOut));
   assert.notDeepEqual(readLl(chatOut), samples.map((x) => x.logliks));
+  // The data's settings without --data change nothing: a warning each.
+  const idle = await run(['eval', '--model', model, '--choices', items, '--packing', 'bfd', '--chat-template-kwargs', '{"x": 1}']);
+  assert.equal(idle.code, 0, idle.err);
+  assert.match(idle.err, /warning: --packing has no effect without --data\n/);
+  assert.match(idle.err, /warning: --chat-template-kwargs has no effect without --data or --choices-chat\n/);
+  assert.doesNotMatch(chat.err, /warning/);
   // Errors, exit 2: neither --data nor --choices; the choice flags without --choices; a bad line, named.
   const none = await run(['eval', '--model', model]);
   assert.equal(none.code, 2);

@@ -159,6 +159,14 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   return o;
 }
 
+/** Flags given that change nothing in this evaluation (the data's settings without --data), as warnings. */
+export function evalWarnings(v: Record<string, unknown>): string[] {
+  if ((v.data as string[] | undefined)?.length) return [];
+  const idle = ['loss-on', 'packing', 'max-chars'].filter((f) => v[f] !== undefined);
+  if (v['chat-template-kwargs'] !== undefined && v['choices-chat'] !== true) idle.push('chat-template-kwargs');
+  return idle.map((f) => `--${f} has no effect without --data${f === 'chat-template-kwargs' ? ' or --choices-chat' : ''}`);
+}
+
 function readDocs(o: EvalOptions, chat: ChatFormat, log: (line: string) => void): Doc[] {
   if (o.data[0] === 'builtin:docs') return loadDocCorpus(o.maxChars > 0 ? { maxChars: o.maxChars } : {}).documents.map((text) => ({ text, lossSpans: null }));
   // Chat lines are rendered as in training: with the model's chat template, the loss on the tokens --loss-on names.
@@ -358,6 +366,7 @@ export const evalCommand: Command = {
     if (parsed.help) { io.out(help()); return 0; }
     if (parsed.positionals.length) throw new UsageError(`eval: unexpected argument '${parsed.positionals[0]}'`, `data files go after --data: --data ${parsed.positionals.join(' ')}`);
     const o = evalOptions(parsed.values);
+    for (const w of evalWarnings(parsed.values)) io.err(`warning: ${w}\n`);
     const r = await evaluate(o, (l) => io.err(`${l}\n`));
     io.out(o.json ? JSON.stringify(r) + '\n' : formatEval(r));
     return 0;
