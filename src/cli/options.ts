@@ -80,6 +80,8 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('clip', 'number', 'global gradient-norm clip (0 = off)', { check: nonNeg }),
   spec('evalEvery', 'integer', 'evaluate on the validation split every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('evalBatches', 'integer', 'validation batches per evaluation (0 = the whole split)', { check: nonNegInt }),
+  spec('evalChoices', 'list', 'multiple-choice items ({"context", "choices", "answer"} a line) the student scores at every evaluation, as `eval --choices` does: acc and acc_norm in metrics.jsonl (a teacher\'s too, once); repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
+  spec('evalChoicesChat', 'boolean', 'with --eval-choices: each context as a user turn of the chat template, the assistant turn opened (as eval --choices-chat)'),
   spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('seed', 'integer', 'random seed (weights, data order)'),
   spec('valFraction', 'number', 'fraction of the packed windows held out for validation', { check: unitHalfOpen }),
@@ -278,6 +280,13 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     if (d !== BUILTIN_DATA && fs.isDirectory(d) && isInside(merged.out, d)) {
       throw new UsageError(`${labelOf('out')} ${merged.out} is inside the data folder ${d}`, 'put the run outside the data, e.g. --out runs/my-run');
     }
+  }
+
+  for (const c of (merged.evalChoices as string[] | undefined) ?? []) {
+    if (!fs.exists(c) || fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: file ${c} does not exist`, 'pass a .jsonl file of items (relative paths are relative to the current folder)');
+  }
+  if (merged.evalChoicesChat === true && !((merged.evalChoices as string[] | undefined) ?? []).length) {
+    throw new UsageError(`${labelOf('evalChoicesChat')} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
 
   // Cross-field checks.

@@ -37,6 +37,11 @@ export interface JobShape {
   evaluate?: boolean;
   /** Include the optimizer step (training, distillation). */
   train?: boolean;
+  /**
+   * Multiple-choice scoring in the run (--eval-choices, src/train/run-choices.ts): the student, and a teacher, each scored
+   * alone with plain cross-entropy over its whole vocabulary (f32 logits), as `eval --choices` scores them.
+   */
+  choices?: boolean;
   /** Generation with a KV cache of this many positions (prefill + decode); 0 = none. */
   generateLen?: number;
   /** Batched generation of this many sequences (prompts of different lengths; src/model/batch-generate.ts), with generateLen. */
@@ -69,6 +74,7 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   const lora = loraSpecOf(o);
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
+    ...(o.evalChoices.length ? { choices: true } : {}),
     logits: resolveLogits(o.logits, precision),
     ...(lora ? { lora: loraLayout(student, lora) } : {}),
     ...(o.mode === 'distill' && o.teacherDtype === 'nf4' && teacher ? { teacherFrozen: 'nf4' as const } : {}),
@@ -116,6 +122,11 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       // an on-policy step also measures the teacher's cross-entropy of the student's samples
       if (j.train && j.onPolicy && teacher) runner.trainStep([{ ...batch, teacherCe: true }], new AdamW(student.trainable(), adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
+      if (j.choices) {
+        const plain = new StepRunner(student, null, NO_DISTILL);
+        plain.evaluate([batch]);
+        if (teacher) new StepRunner(teacher, null, NO_DISTILL).evaluate([{ ...batch, targets: batch.targets.map((x) => x % j.teacher!.vocabSize) }]);
+      }
     });
   }
   if (j.cacheTeacher) {

@@ -50,6 +50,10 @@ export interface RunOptions {
   evalEvery: number;
   /** Validation batches per evaluation (0 = the whole validation split). */
   evalBatches: number;
+  /** Multiple-choice items (src/eval/choices.ts) scored by the student at every evaluation (acc, acc_norm); none: []. */
+  evalChoices: string[];
+  /** With evalChoices: each context as a user turn of the chat template, the assistant turn opened. */
+  evalChoicesChat: boolean;
   saveEvery: number;
   seed: number;
   valFraction: number;
@@ -118,6 +122,8 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   clip: 1.0,
   evalEvery: 50,
   evalBatches: 0,
+  evalChoices: [],
+  evalChoicesChat: false,
   saveEvery: 100,
   seed: 1234,
   valFraction: 0.1,

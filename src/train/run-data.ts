@@ -98,6 +98,8 @@ export interface RunData {
   initCk: LoadedCheckpoint | null;
   /** The chat and tokenizer files the run carries into the folders it writes (modelExtras). */
   extras: ModelExtras | null;
+  /** The chat format (template, special tokens) the run renders conversations with. */
+  chat: ChatFormat;
   tokenizer: Tokenizer;
   eosId: number;
   /** SHA-256 of the training documents (recorded in checkpoints, checked on --resume and against a teacher cache). */
@@ -159,5 +161,5 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
     log(`data: the loss counts ${packed.targetTokens} of ${packed.totalTokens} tokens (the assistant replies; --loss-on all counts every token)` +
       (packed.emptyWindows ? `; ${packed.emptyWindows} windows without an assistant token left out` : ''));
   }
-  return { cache, teacherCk, initCk, extras, tokenizer, eosId, dataHash, packed, train, val };
+  return { cache, teacherCk, initCk, extras, chat, tokenizer, eosId, dataHash, packed, train, val };
 }

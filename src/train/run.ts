@@ -58,12 +58,19 @@ import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
+import { makeRunChoices, type ChoiceScores } from './run-choices.js';
+import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
 import { loraInitialWeights } from '../model/lora.js';
 import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 
 export interface RunSummary {
+  /**
+   * --eval-choices: the item count, the student's acc and acc_norm at its last scored evaluation (`step`), and a live
+   * teacher's, scored at the start of a new run.
+   */
+  choices?: { items: number; step?: number; acc?: number; accNorm?: number; teacher?: ChoiceScores };
   mode: 'train' | 'distill';
   out: string;
   finalDir: string | null;
@@ -193,7 +200,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const root = comm.rank === 0, world = comm.world;
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const data = prepareRunData(o, log, out, latest, saved);
-  const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val } = data;
+  const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
 
   // ---- models ----------------------------------------------------------------------------------------
   const { cfg, job, student, teacher, files, runner, opt, gatheredMasters, onPolicy, onPolicyGen, genStops } =
@@ -267,6 +274,18 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
+  // --eval-choices: multiple-choice accuracy beside each validation loss (src/train/run-choices.ts)
+  const choices = o.evalChoices.length ? makeRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq, batch: o.batch,
+    ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, student, teacher, tokenizer, chat, comm, log) : null;
+  let lastChoices: (ChoiceScores & { step: number }) | null = null;
+  /** The student's multiple-choice scores at this step, for the metrics row (nothing without --eval-choices). */
+  const choiceMetrics = (at: number): Record<string, number> => {
+    if (!choices) return {};
+    const c = choices.student();
+    lastChoices = { ...c, step: at };
+    return { val_acc: c.acc, val_acc_norm: c.accNorm };
+  };
+  const pct = (x: number): string => `${(100 * x).toFixed(2)}%`;
   /**
    * A validation pass a signal can cut short (one rank: the handler runs between batches): 'stopped' when one did.
    * Several ranks evaluate through to the end (they stop together, at a step's end).
@@ -286,15 +305,24 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   };
   // a signal during the first validation pass stops the run before its first step (nothing trained, no checkpoint)
   let stoppedBeforeFirstStep = false;
+  let teacherChoices: ChoiceScores | null = null;
   if (!saved) {
     const r = await evaluateOrStop();
     const e = r === 'stopped' ? null : r;
     stoppedBeforeFirstStep = r === 'stopped';
+    // the student's multiple-choice scores beside the loss, and the teacher's once, at the start: what the student's are
+    // measured against (also without validation windows)
+    const c = stoppedBeforeFirstStep ? {} : choiceMetrics(0);
+    const t = stoppedBeforeFirstStep ? null : choices?.teacher() ?? null;
+    if (t) teacherChoices = t;
+    const choiceRow = { ...c, ...(t ? { teacher_acc: t.acc, teacher_acc_norm: t.accNorm } : {}) };
     if (e) {
       initialValLoss = e.meanLoss; initialValCe = e.meanCe;
-      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}) });
-      log(`step 0: validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})`);
-    }
+      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceRow });
+    } else if (c.val_acc !== undefined) appendMetric({ step: 0, ...choiceRow });
+    const said = [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
+      c.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}${t ? ` (the teacher's ${pct(t.acc)}, ${pct(t.accNorm)})` : ''}` : ''].filter((x) => x);
+    if (said.length) log(`step 0: ${said.join('; ')}`);
   }
 
   let lastGoodStep: number | null = saved ? saved.step : null;
@@ -432,6 +460,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       parameters: parameterCount(cfg), trainableParameters: files.trainable.layout.total, teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal: stops.signal,
+      ...(choices ? { choices: { items: choices.items, ...(lastChoices ? { step: lastChoices.step, acc: lastChoices.acc, accNorm: lastChoices.accNorm } : {}), ...(teacherChoices ? { teacher: teacherChoices } : {}) } } : {}),
     };
     if (root) writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
@@ -507,10 +536,18 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         const r = await evaluateOrStop();
         lastEval = r === 'stopped' ? null : r;
         lastEvalStep = r === 'stopped' ? -1 : step;
+        const c = r === 'stopped' ? {} : choiceMetrics(step);
+        const said = c.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}` : '';
         if (lastEval) {
-          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}) });
-          if (!o.quiet && root) { progress.done(); log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})`); }
+          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });
+          if (!o.quiet && root) {
+            progress.done();
+            log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})${said ? `; ${said}` : ''}`);
+          }
           afterEval(lastEval.meanLoss);
+        } else if (said) {
+          appendMetric({ step, ...c });
+          if (!o.quiet && root) { progress.done(); log(`step ${step}: ${said}`); }
         }
       }
       const evaluatedNow = lastEval !== null && evalNow ? lastEval.meanLoss : null;

@@ -42,6 +42,7 @@ let dir = '';
 let tok: Tokenizer;
 let tokPath = '';
 let dataPath = '';
+let choicesPath = '';
 
 before(() => {
   dir = fs.mkdtempSync(path.join(tmpdir(), 'dk-prop-'));
@@ -51,6 +52,11 @@ before(() => {
   tok = trainBpe(docs, { vocabSize: 300, specialTokens: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'] });
   tokPath = path.join(dir, 'tokenizer.json');
   fs.writeFileSync(tokPath, JSON.stringify(tok.toJSON()));
+  choicesPath = path.join(dir, 'choices.jsonl');
+  fs.writeFileSync(choicesPath, [
+    { context: 'Returns the', choices: ['a', 'an'], answer: 0 }, { context: '', choices: ['The', 'A'], answer: 1 },
+    { context: 'The number of elements in the array', choices: ['is', 'of'], answer: 0 },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
 });
 after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
 
@@ -108,6 +114,8 @@ interface Case {
   baseNf4: boolean;
   /** bf16 storage and products (--precision bf16, the CUDA default) instead of fp32. */
   bf16: boolean;
+  /** --eval-choices: the student (and a live teacher) score multiple-choice items at every evaluation. */
+  choices: boolean;
 }
 
 function randomCase(seed: number, vocab: number): Case {
@@ -126,6 +134,8 @@ function randomCase(seed: number, vocab: number): Case {
   if (c.teacher && !c.cache && seed % 4 === 2) c.teacherNf4 = true;
   // half the runs in bf16 (--precision bf16, the CUDA default: fp32 masters with a bf16 compute copy, bf16 logits)
   c.bf16 = seed % 2 === 1;
+  // some runs score multiple-choice items at every evaluation
+  c.choices = seed % 5 === 3;
   return c;
 }
 
@@ -144,12 +154,13 @@ function randomCaseBase(seed: number, vocab: number): Case {
     teacherNf4: false,
     baseNf4: false,
     bf16: false,
+    choices: false,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}${c.choices ? ' eval-choices' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -190,6 +201,7 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
     ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(','), baseDtype: c.baseNf4 ? 'nf4' : 'auto' } : {}),
     ...(c.teacherNf4 ? { teacherDtype: 'nf4' } : {}),
+    ...(c.choices ? { evalChoices: [choicesPath] } : {}),
     precision: c.bf16 ? 'bf16' : 'fp32',
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
@@ -217,6 +229,7 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
     ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
     ...(c.lora ? { lora: loraLayout(c.student, c.lora), ...(c.baseNf4 ? { studentFrozen: 'nf4' as const } : {}) } : {}),
     ...(c.teacherNf4 ? { teacherFrozen: 'nf4' as const } : {}),
+    ...(c.choices ? { choices: true } : {}),
     precision, logits: resolveLogits(o.logits, precision),
   })]);
 }
@@ -224,10 +237,11 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
 test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runTraining + Generator.generate on a trace backend)`, { timeout: 120_000 }, async () => {
   const t0 = Date.now();
   const families = new Set<string>();
-  let loraCases = 0;
+  let loraCases = 0, choiceCases = 0;
   for (let i = 0; i < CASES; i++) {
     const c = randomCase(1000 + i, tok.vocabSize);
     if (c.lora) loraCases++;
+    if (c.choices) choiceCases++;
     const { traced, options } = await runtimeSet(c, i);
     const plan = new Set(planFor(c, options).map(hash));
     const missing = traced.filter((s) => !plan.has(hash(s)));
@@ -238,8 +252,8 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
   for (const f of ['dequant_nf4', 'loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
-  if (CASES >= 10) assert.ok(loraCases > 0, 'no case trained LoRA adapters');
-  process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
+  if (CASES >= 10) assert.ok(loraCases > 0 && choiceCases > 0, 'no case trained LoRA adapters, or none scored choices');
+  process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA, ${choiceCases} with --eval-choices), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
 });
 
 test('property check has teeth: the plan of a config with another eps, theta or RoPE kind misses runtime kernels', async () => {
@@ -255,6 +269,18 @@ test('property check has teeth: the plan of a config with another eps, theta or 
     const plan = new Set(planFor({ ...c, student: other }, options).map(hash));
     assert.ok(traced.some((s) => !plan.has(hash(s))), 'a plan for a different model should not cover this run');
   }
+});
+
+test('property check has teeth for --eval-choices: a plan that leaves the choices\' scoring out misses runtime kernels', async () => {
+  // a distillation (its loss kernel is not plain cross-entropy), in bf16 (its logits are bf16; the scoring's f32)
+  let seed = 1;
+  let c = randomCase(seed, tok.vocabSize);
+  while (!(c.teacher && !c.cache && !c.onPolicy && c.bf16)) c = randomCase(++seed, tok.vocabSize);
+  c = { ...c, choices: true };
+  const { traced, options } = await runtimeSet(c, 996);
+  const full = new Set(planFor(c, options).map(hash)), without = new Set(planFor({ ...c, choices: false }, options).map(hash));
+  assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
+  assert.ok(traced.some((s) => !without.has(hash(s))), `case ${seed}: ${describeCase(c)}`);
 });
 
 test('property check has teeth for cached runs: a plan that leaves out the teacher cache (or the cache job) misses runtime kernels', async () => {

@@ -1,0 +1,79 @@
+/**
+ * --eval-choices in training (src/train/run-choices.ts): the student's multiple-choice acc and acc_norm in metrics.jsonl
+ * at every evaluation (also without validation windows), a live teacher's once at step 0, the summary's last scores;
+ * each equal to what `distillery eval --choices` gives for the same weights in the same window (an independent run of
+ * the eval command on the saved final/ model and on the teacher).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { runTraining } from '../../src/train/run.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import { evaluate } from '../../src/cli/commands/eval.js';
+import { readMetrics } from '../../src/train/run-state.js';
+import { corpusFile } from './corpus.js';
+
+const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-choices-'));
+const quiet = { log: (): void => {} };
+
+function opts(dir: string, over: Partial<RunOptions>): RunOptions {
+  return {
+    ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(dir, 'run'), data: [corpusFile(dir)], model: 'tiny',
+    vocabSize: 300, batch: 4, seq: 16, steps: 6, evalEvery: 3, saveEvery: 6, warmup: 1, quiet: true, threads: 1, ...over,
+  };
+}
+
+function itemsFile(dir: string): string {
+  const f = path.join(dir, 'items.jsonl');
+  const items = [
+    { context: 'the model learns to', choices: ['predict next token', 'teacher'], answer: 0 },
+    { context: 'a teacher helps', choices: ['student', 'the text and a model'], answer: 0 },
+    { context: 'the student learns from', choices: ['text', 'token to predict'], answer: 1 },
+    { context: 'next token from text and a teacher helps the student learns to predict the', choices: ['model', 'next'], answer: 0 },
+    { context: '', choices: ['the model', 'learns'], answer: 0 },
+  ];
+  fs.writeFileSync(f, items.map((x) => JSON.stringify(x)).join('\n') + '\n');
+  return f;
+}
+
+test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s at step 0, as eval --choices scores the same weights', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const teacherRun = await runTraining(opts(dir, { out: path.join(dir, 'teacher'), steps: 12 }), quiet);
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, { mode: 'distill', teacher: teacherRun.finalDir!, out: path.join(dir, 'student'), evalChoices: [items] }),
+    { log: (l: string) => { logged.push(l); } });
+  assert.equal(s.status, 'completed');
+  assert.ok(logged.some((l) => /^choices: 5 items, 10 continuations scored at every evaluation$/.test(l)), logged.join('\n'));
+  const rows = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined) as Array<Record<string, number>>;
+  assert.deepEqual(rows.map((r) => r.step), [0, 3, 6]);
+  for (const r of rows) {
+    for (const k of ['val_acc', 'val_acc_norm']) assert.ok(r[k]! >= 0 && r[k]! <= 1 && Number.isInteger(r[k]! * 5), `${k} ${r[k]}`);
+    assert.ok(r.val_loss !== undefined, 'the scores ride on the validation row');
+  }
+  assert.ok(rows[0]!.teacher_acc !== undefined && rows[1]!.teacher_acc === undefined, 'the teacher is scored once, at the start');
+  // The same scores from the eval command, on the weights the run saved (the final step's) and on the teacher.
+  const ev = (model: string) => evaluate({ model, data: [], choices: [items], seq: 16, batch: 3, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+  const mine = (await ev(s.finalDir!)).choices!, teacher = (await ev(teacherRun.finalDir!)).choices!;
+  assert.equal(rows[2]!.val_acc, mine.acc);
+  assert.equal(rows[2]!.val_acc_norm, mine.accNorm);
+  assert.equal(rows[0]!.teacher_acc, teacher.acc);
+  assert.equal(rows[0]!.teacher_acc_norm, teacher.accNorm);
+  assert.deepEqual(s.choices, { items: 5, step: 6, acc: mine.acc, accNorm: mine.accNorm, teacher: { acc: teacher.acc, accNorm: teacher.accNorm } });
+  const summary = JSON.parse(fs.readFileSync(path.join(s.out, 'summary.json'), 'utf8')) as { choices: unknown };
+  assert.deepEqual(summary.choices, s.choices);
+});
+
+test('--eval-choices without validation windows still scores at every evaluation; a context longer than --seq is cut, with a warning', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, { valFraction: 0, evalChoices: [items], seq: 12 }), { log: (l: string) => { logged.push(l); } });
+  const rows = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined) as Array<Record<string, number>>;
+  assert.deepEqual(rows.map((r) => r.step), [0, 3, 6]);
+  assert.ok(rows.every((r) => r.val_loss === undefined && r.teacher_acc === undefined));
+  assert.ok(logged.some((l) => /^warning: --eval-choices: the context of \d+ of 10 continuations is cut on the left to fit --seq 12 \(the longest needs \d+\)$/.test(l)), logged.join('\n'));
+  const mine = (await evaluate({ model: s.finalDir!, data: [], choices: [items], seq: 12, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
+  assert.equal(rows[2]!.val_acc, mine.acc);
+  assert.equal(s.choices?.step, 6);
+});
