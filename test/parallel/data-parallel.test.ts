@@ -16,6 +16,7 @@ import { readFlatCheckpoint } from '../../src/model/checkpoint.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile } from '../train/corpus.js';
 import { launch } from './launch.js';
+import { evaluate } from '../../src/cli/commands/eval.js';
 import { buildTeacherCache, DEFAULT_SHARD_WINDOWS } from '../../src/cache/build.js';
 import { DEFAULT_SPARSE } from '../../src/cache/sparse.js';
 
@@ -61,6 +62,23 @@ test('2 ranks at batch 4 train what 1 process trains with 2 accumulated micro-ba
   assert.deepEqual(fs.readdirSync(path.join(dir, 'dp2')).sort(), ['checkpoints', 'final', 'loss.svg', 'metrics.jsonl', 'summary.json', 'tokenizer.json']);
   const state = JSON.parse(fs.readFileSync(path.join(dir, 'dp2', 'checkpoints', 'latest', 'state.json'), 'utf8')) as { world: number };
   assert.equal(state.world, 2);
+});
+
+test('--eval-choices on 2 ranks: each scores a share of the rows, every rank reports the same scores, equal to eval --choices on the final model', { timeout: 120_000 }, async () => {
+  const items = path.join(dir, 'dp-items.jsonl');
+  fs.writeFileSync(items, [
+    { context: 'the model learns to', choices: ['predict next token', 'teacher'], answer: 0 },
+    { context: 'a teacher helps', choices: ['student', 'the text and a model', 'learns'], answer: 0 },
+    { context: '', choices: ['the model', 'learns'], answer: 0 },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  const o = opts({ out: path.join(dir, 'dp-choices'), evalChoices: [items] });
+  const [r0, r1] = await ranks(o, 2);
+  assert.equal(r0!.error, undefined, r0!.error); assert.equal(r1!.error, undefined, r1!.error);
+  assert.deepEqual(r1!.choices, r0!.choices);
+  const mine = (await evaluate({ model: r0!.finalDir!, data: [], choices: [items], seq: o.seq, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
+  assert.deepEqual(r0!.choices, { items: 3, step: 6, acc: mine.acc, accNorm: mine.accNorm });
+  const rows = readMetrics(path.join(o.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined);
+  assert.deepEqual(rows.map((m) => m.step), [0, 3, 6]);
 });
 
 test('data-parallel resume: stopped at step 3 and resumed on 2 ranks equals the uninterrupted 2-rank run; 1 process is refused', { timeout: 120_000 }, async () => {
