@@ -283,7 +283,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   }
 
   for (const c of (merged.evalChoices as string[] | undefined) ?? []) {
-    if (!fs.exists(c) || fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: file ${c} does not exist`, 'pass a .jsonl file of items (relative paths are relative to the current folder)');
+    if (!fs.exists(c)) throw new UsageError(`${labelOf('evalChoices')}: file ${c} does not exist`, 'pass a .jsonl file of items (relative paths are relative to the current folder)');
+    if (fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: ${c} is a folder`, 'pass the .jsonl file of items itself');
   }
   if (merged.evalChoicesChat === true && !((merged.evalChoices as string[] | undefined) ?? []).length) {
     throw new UsageError(`${labelOf('evalChoicesChat')} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');

@@ -195,10 +195,11 @@ export function choiceWindow(encoded: readonly EncodedChoice[]): number {
  * The rows for a window of `seq` tokens: a row longer than seq + 1 tokens keeps its last seq + 1 (the context cut
  * on the left); a continuation longer than the window is refused.
  */
-export function choiceRows(encoded: readonly EncodedChoice[], items: readonly ChoiceItem[], seq: number): ChoiceRow[] {
+export function choiceRows(encoded: readonly EncodedChoice[], items: readonly ChoiceItem[], seq: number,
+  hint: (tokens: number) => string = (n) => `use --seq ${n} or more`): ChoiceRow[] {
   return encoded.map(({ item, choice, ctx, cont }) => {
     if (cont.length > seq) {
-      throw new InputError(`${items[item]!.where}: choice ${choice} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, `use --seq ${cont.length} or more`);
+      throw new InputError(`${items[item]!.where}: choice ${choice} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
     }
     let ids = [...ctx, ...cont];
     const cut = ids.length > seq + 1;

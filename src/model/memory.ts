@@ -10,7 +10,7 @@ import { parameterCount, preRopeScratch } from './config.js';
 import { fusesQkv, parameterLayout } from './params.js';
 import type { LoraLayout } from './lora.js';
 import { nf4Plan, nf4StorageBytes, type FrozenDtype } from './frozen.js';
-import { defaultChunkFloats, headFloats, headWidth, type LogitsDtype } from '../train/head.js';
+import { defaultChunkFloats, headFloats, headWidth, SCORING_CHUNK_FLOATS, type LogitsDtype } from '../train/head.js';
 
 export interface JobMemory {
   student: ModelConfig;
@@ -38,6 +38,8 @@ export interface JobMemory {
   logits?: LogitsDtype | undefined;
   /** Windows of packed documents ('bfd'): each model keeps its rows' document positions (TransformerOptions.documents). */
   documents?: boolean | undefined;
+  /** --eval-choices: a scoring head (f32 logits, SCORING_CHUNK_FLOATS) for the student and one for a teacher (src/train/run-choices.ts). */
+  choices?: boolean | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -94,6 +96,7 @@ export function estimateJobBytes(j: JobMemory): number {
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
   if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);
+  if (j.choices) for (const m of [j.student, ...(j.teacher ? [j.teacher] : [])]) bytes += F * headFloats(j.batch * j.seq, m.vocabSize, false, SCORING_CHUNK_FLOATS);
   return bytes;
 }
 

@@ -36,6 +36,9 @@ export const DEFAULT_HEAD_CHUNK_FLOATS = 128 * 2 ** 20;
  */
 export type LogitsDtype = 'f32' | 'bf16';
 
+/** A scoring head's logits chunk (floats; HeadOptions.chunkFloats of the --eval-choices runners): its batches are short, so a small chunk costs little (32 Mi floats, 128 MiB in f32). */
+export const SCORING_CHUNK_FLOATS = 1 << 25;
+
 export interface HeadOptions {
   /** Real tokens: the head and the loss run over the first lossVocab rows of each LM head (default: the student's vocab). */
   lossVocab?: number | undefined;
@@ -45,6 +48,8 @@ export interface HeadOptions {
   sparse?: SparseRep | undefined;
   /** The logits chunks' dtype (default 'f32'; 'bf16' needs bf16 models: LogitsDtype). */
   logits?: LogitsDtype | undefined;
+  /** Never computes gradients (a scoring head of a training model): no dlogits chunk. */
+  noGrad?: boolean | undefined;
 }
 
 /**
@@ -120,6 +125,8 @@ export function headFloats(n: number, v: number, withTeacher: boolean, chunkFloa
 
 export class ChunkedHead {
   readonly lossVocab: number;
+  /** A scoring head: compute() refuses a gradient (HeadOptions.noGrad). */
+  private readonly noGrad: boolean;
   /** Columns of each logits row: lossVocab, or lossVocab rounded up for the GEMMs (headWidth). */
   readonly width: number;
   readonly chunkRows: number;
@@ -148,8 +155,9 @@ export class ChunkedHead {
         'the tokenizer must fit in both models\' embeddings');
     }
     this.lossVocab = lv;
+    this.noGrad = opts.noGrad === true;
     this.width = headWidth(lv, vs, vt);
-    const bf16Grad = student.compute !== 'f32' && student.training;
+    const bf16Grad = student.compute !== 'f32' && student.training && opts.noGrad !== true;
     const lg = this.logits = opts.logits ?? 'f32';
     if (lg === 'bf16') {
       const f32 = [student, ...(teacher ? [teacher] : [])].find((m) => m.compute !== 'bf16');
@@ -239,6 +247,7 @@ export class ChunkedHead {
    * for readTeacherStats: how likely the teacher finds the tokens (on-policy batches: the student's samples).
    */
   compute(hs: Buf, ht: Buf | null, n: number, grad: boolean, teacherCe = false): void {
+    if (grad && this.noGrad) throw new Error('a scoring head (HeadOptions.noGrad) computes no gradient');
     const be = this.be, V = this.width, C = this.student.config.hiddenSize, R = this.chunkRows;
     if (n > this.maxRows) throw new DistilleryError(`the loss head got ${n} rows, it was allocated for ${this.maxRows}`);
     if ((ht === null) !== (this.teacher === null)) throw new DistilleryError('the loss head needs the teacher\'s hidden states exactly when it has a teacher');

@@ -21,6 +21,7 @@ import { allocSparseHost } from '../cache/targets.js';
 import { TeacherPass } from '../cache/teacher-pass.js';
 import type { LogitsDtype } from './head.js';
 import { resolveLogits } from './precision.js';
+import { choicesRunner } from './run-choices.js';
 
 const NO_DISTILL: LossSpec = { kind: 'none', alpha: 0, temperature: 1, beta: 0 };
 
@@ -123,9 +124,8 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       if (j.train && j.onPolicy && teacher) runner.trainStep([{ ...batch, teacherCe: true }], new AdamW(student.trainable(), adam), 1e-3, 1);
       if (j.evaluate) runner.evaluate([batch]);
       if (j.choices) {
-        const plain = new StepRunner(student, null, NO_DISTILL);
-        plain.evaluate([batch]);
-        if (teacher) new StepRunner(teacher, null, NO_DISTILL).evaluate([{ ...batch, targets: batch.targets.map((x) => x % j.teacher!.vocabSize) }]);
+        choicesRunner(student).evaluate([batch]);
+        if (teacher) choicesRunner(teacher).evaluate([{ ...batch, targets: batch.targets.map((x) => x % j.teacher!.vocabSize) }]);
       }
     });
   }

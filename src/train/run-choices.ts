@@ -1,71 +1,90 @@
 /**
  * --eval-choices in a train/distill run: the student scores multiple-choice items (src/eval/choices.ts, as
  * `distillery eval --choices` scores them) at every evaluation, and a live teacher once, so that metrics.jsonl shows
- * how much of the teacher's accuracy the student has. Rows are cut to the run's --seq (the models' window) and run as
- * the evaluation pass runs (StepRunner with plain cross-entropy over the whole vocabulary: the same kernels the
- * pre-warm plan traces, src/train/kernel-plan.ts `choices`). With several ranks each scores every world-th row and one
- * host all-reduce gives every rank every score.
+ * how much of the teacher's accuracy the student has. The items are read, encoded and cut to the run's --seq (the
+ * models' window) before anything is written or loaded (prepareRunChoices: a bad file costs nothing); the scoring runs
+ * as the evaluation pass runs (a StepRunner with plain cross-entropy over the whole vocabulary, no gradient, a small
+ * logits chunk, its own captured region: the kernels the pre-warm plan traces, src/train/kernel-plan.ts `choices`).
+ * With several ranks each scores every world-th row and one host all-reduce gives every rank every score; with one,
+ * the scoring yields between batches, so a signal stops it.
  */
 import type { Communicator } from '../parallel/comm.js';
 import type { Transformer } from '../model/transformer.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
+import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeChoices, readChoiceItems, scoreChoices,
+  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeChoices, readChoiceItems,
   type ChoiceItem, type ChoiceRow,
 } from '../eval/choices.js';
 
 /** What a run scores and reports. */
 export interface ChoiceScores { acc: number; accNorm: number }
 
-export interface RunChoices {
-  items: number;
-  /** The student's acc and acc_norm now. */
-  student(): ChoiceScores;
-  /** The teacher's (a live teacher: null without one). */
-  teacher(): ChoiceScores | null;
-}
+/** The items and rows of a run's --eval-choices, read and checked (prepareRunChoices). */
+export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number }
 
-export interface RunChoicesOptions {
-  files: string[];
-  chat: boolean;
-  /** chat template options (--chat-template-kwargs), parsed */
-  kwargs?: Record<string, unknown> | undefined;
-  seq: number;
-  batch: number;
-}
+/** The graph region the choices' scoring records into (apart from the validation pass, whose graphs it would evict). */
+export const CHOICES_REGION = 'choices pass';
 
-/** The run's multiple-choice scorer; `log` gets what it was given and any left cut. */
-export function makeRunChoices(o: RunChoicesOptions, student: Transformer, teacher: Transformer | null, tokenizer: Tokenizer, chat: ChatFormat,
-  comm: Communicator, log: (s: string) => void): RunChoices {
-  const items: ChoiceItem[] = readChoiceItems(o.files);
+/**
+ * Reads, encodes and cuts the items to `seq` (host work only: before the run writes or loads anything). `log` gets
+ * what was read and any left cut.
+ */
+export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number },
+  tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
+  const items = readChoiceItems(o.files);
   const encoded = encodeChoices(new ChoiceEncoder(tokenizer, chat), items, o.chat ? '' : ' ',
     o.chat ? (it) => renderChat(chat, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(o.kwargs ? { kwargs: o.kwargs } : {}) }) : undefined);
-  const rows = choiceRows(encoded, items, o.seq);
+  const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rows.length} continuations${o.chat ? ' (contexts as a user turn of the chat template)' : ''} scored at every evaluation`);
   if (cut) log(`warning: --eval-choices: the context of ${cut} of ${rows.length} continuations is cut on the left to fit --seq ${o.seq} (the longest needs ${choiceWindow(encoded)})`);
-  const padId = tokenizer.padId ?? tokenizer.eosId ?? 0;
-  const mine: ChoiceRow[] = rows.filter((_, i) => i % comm.world === comm.rank);
-  const score = (runner: StepRunner): ChoiceScores => {
-    const ll = scoreChoices(items, choiceBatches(mine, o.batch, o.seq, padId), (b) => runner.rowLogLikelihoods(b));
+  return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0 };
+}
+
+/** The options of a choices runner (the plan's closure builds the same). */
+export function choicesRunner(m: Transformer): StepRunner {
+  return new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 }, { chunkFloats: SCORING_CHUNK_FLOATS, noGrad: true, region: CHOICES_REGION });
+}
+
+export interface RunChoices {
+  items: number;
+  /** The student's acc and acc_norm now; null when `stop()` said so between batches (one rank only). */
+  student(stop: () => boolean): Promise<ChoiceScores | null>;
+  /** The teacher's (null without a live teacher, or when stopped). */
+  teacher(stop: () => boolean): Promise<ChoiceScores | null>;
+}
+
+/** The run's scorer over its models. */
+export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
+  const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
+  const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
+    const ll = p.items.map((it) => new Array<number>(it.choices.length).fill(0));
+    for (const { batch: b, rows } of choiceBatches(mine, batch, seq, p.padId)) {
+      const got = runner.rowLogLikelihoods(b);
+      rows.forEach((r, i) => { ll[r.item]![r.choice] = got[i]!; });
+      if (comm.world === 1) {
+        await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
+        if (stop()) return null;
+      }
+    }
     if (comm.world > 1) {
       // every rank's rows in one vector (0 where another rank scored), summed over the ranks
-      const flat = new Float64Array(rows.length);
-      rows.forEach((r, i) => { if (i % comm.world === comm.rank) flat[i] = ll[r.item]![r.choice]!; });
+      const flat = new Float64Array(p.rows.length);
+      p.rows.forEach((r, i) => { if (i % comm.world === comm.rank) flat[i] = ll[r.item]![r.choice]!; });
       const all = comm.allReduceHost(flat);
-      rows.forEach((r, i) => { ll[r.item]![r.choice] = all[i]!; });
+      p.rows.forEach((r, i) => { ll[r.item]![r.choice] = all[i]!; });
     }
-    const m = choiceMetrics(items, ll);
+    const m = choiceMetrics(p.items, ll);
     return { acc: m.acc, accNorm: m.accNorm };
   };
-  const none = { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 } as const;
-  const studentRunner = new StepRunner(student, null, none);
+  const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;
   return {
-    items: items.length,
-    student: () => score(studentRunner),
-    teacher: () => (teacher ? score(teacherRunner ??= new StepRunner(teacher, null, none)) : null),
+    items: p.items.length,
+    student: (stop) => score(studentRunner, stop),
+    teacher: async (stop) => (teacher ? score(teacherRunner ??= choicesRunner(teacher), stop) : null),
   };
 }

@@ -210,7 +210,8 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
     onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
-    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world, logits: job.logits, documents: data.packed.windows[0]?.positions !== undefined });
+    teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world, logits: job.logits, documents: data.packed.windows[0]?.positions !== undefined,
+    choices: job.choices });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));

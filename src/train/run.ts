@@ -58,7 +58,7 @@ import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
-import { makeRunChoices, type ChoiceScores } from './run-choices.js';
+import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
@@ -201,6 +201,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // ---- data and tokenizer ----------------------------------------------------------------------------
   const data = prepareRunData(o, log, out, latest, saved);
   const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
+  // --eval-choices: the items read and checked before anything is loaded or written (a bad file costs nothing)
+  const preparedChoices = o.evalChoices.length ? prepareRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq,
+    ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, tokenizer, chat, log) : null;
 
   // ---- models ----------------------------------------------------------------------------------------
   const { cfg, job, student, teacher, files, runner, opt, gatheredMasters, onPolicy, onPolicyGen, genStops } =
@@ -275,13 +278,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
   // --eval-choices: multiple-choice accuracy beside each validation loss (src/train/run-choices.ts)
-  const choices = o.evalChoices.length ? makeRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq, batch: o.batch,
-    ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, student, teacher, tokenizer, chat, comm, log) : null;
+  const choices = preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm) : null;
   let lastChoices: (ChoiceScores & { step: number }) | null = null;
-  /** The student's multiple-choice scores at this step, for the metrics row (nothing without --eval-choices). */
-  const choiceMetrics = (at: number): Record<string, number> => {
+  const signalled = (): boolean => stops.signal !== null;
+  /** The student's multiple-choice scores at this step, for the metrics row ({} without --eval-choices; null when a signal stopped them). */
+  const choiceMetrics = async (at: number): Promise<Record<string, number> | null> => {
     if (!choices) return {};
-    const c = choices.student();
+    const c = await choices.student(signalled);
+    if (c === null) return null;
     lastChoices = { ...c, step: at };
     return { val_acc: c.acc, val_acc_norm: c.accNorm };
   };
@@ -311,17 +315,19 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const e = r === 'stopped' ? null : r;
     stoppedBeforeFirstStep = r === 'stopped';
     // the student's multiple-choice scores beside the loss, and the teacher's once, at the start: what the student's are
-    // measured against (also without validation windows)
-    const c = stoppedBeforeFirstStep ? {} : choiceMetrics(0);
-    const t = stoppedBeforeFirstStep ? null : choices?.teacher() ?? null;
-    if (t) teacherChoices = t;
-    const choiceRow = { ...c, ...(t ? { teacher_acc: t.acc, teacher_acc_norm: t.accNorm } : {}) };
-    if (e) {
+    // measured against (also without validation windows); a signal while they are scored stops the run as in the pass
+    const c = stoppedBeforeFirstStep ? {} : await choiceMetrics(0);
+    const t = stoppedBeforeFirstStep || c === null ? null : await choices?.teacher(signalled) ?? null;
+    // (with several ranks a signal stops them together at a step's end: no rank stops here alone)
+    if (c === null || (world === 1 && signalled())) stoppedBeforeFirstStep = true;
+    if (t && !stoppedBeforeFirstStep) teacherChoices = t;
+    const choiceRow = stoppedBeforeFirstStep ? {} : { ...c, ...(t ? { teacher_acc: t.acc, teacher_acc_norm: t.accNorm } : {}) };
+    if (e && !stoppedBeforeFirstStep) {
       initialValLoss = e.meanLoss; initialValCe = e.meanCe;
       appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceRow });
-    } else if (c.val_acc !== undefined) appendMetric({ step: 0, ...choiceRow });
-    const said = [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
-      c.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}${t ? ` (the teacher's ${pct(t.acc)}, ${pct(t.accNorm)})` : ''}` : ''].filter((x) => x);
+    } else if (!stoppedBeforeFirstStep && c?.val_acc !== undefined) appendMetric({ step: 0, ...choiceRow });
+    const said = stoppedBeforeFirstStep ? [] : [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
+      c?.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}${t ? ` (the teacher's ${pct(t.acc)}, ${pct(t.accNorm)})` : ''}` : ''].filter((x) => x);
     if (said.length) log(`step 0: ${said.join('; ')}`);
   }
 
@@ -408,6 +414,14 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}` : null,
     };
   };
+  // --eval-choices on resume: the scores before the checkpoint (the teacher's at step 0, the last of the student's) for the
+  // summary, which rank 0 writes
+  if (saved && root && choices) {
+    for (const m of readMetrics(metricsPath) as Array<Record<string, number | undefined>>) {
+      if (m.teacher_acc !== undefined && m.teacher_acc_norm !== undefined) teacherChoices = { acc: m.teacher_acc, accNorm: m.teacher_acc_norm };
+      if (m.val_acc !== undefined && m.val_acc_norm !== undefined && m.step !== undefined) lastChoices = { acc: m.val_acc, accNorm: m.val_acc_norm, step: m.step };
+    }
+  }
   // the evaluations before the checkpoint, replayed: their warnings stay in the summary (logged when they were made)
   for (const [st, loss] of history.val) { const w = observe(st, loss).warning; if (w) warnings.push(w); }
   // the replayed best must be the model best/ holds; where it is not (best/ went with a crash's steps), none is known
@@ -536,7 +550,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         const r = await evaluateOrStop();
         lastEval = r === 'stopped' ? null : r;
         lastEvalStep = r === 'stopped' ? -1 : step;
-        const c = r === 'stopped' ? {} : choiceMetrics(step);
+        // a signal during the choices' scoring abandons them: the stop below writes the checkpoint of this step
+        const c = (r === 'stopped' ? null : await choiceMetrics(step)) ?? {};
         const said = c.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}` : '';
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });

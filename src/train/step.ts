@@ -70,7 +70,11 @@ export class StepRunner {
    * Rows past it are embedding padding (a vocab_size rounded up, e.g. Qwen2.5-7B's 152064 for 151665 tokens) and
    * get neither probability nor gradient (src/train/head.ts). Default: the student's vocab_size.
    */
-  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, opts: HeadOptions = {}) {
+  /** The captured region of a pass without gradients (default 'evaluation pass'). */
+  private readonly region: string;
+
+  constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, opts: HeadOptions & { region?: string } = {}) {
+    this.region = opts.region ?? 'evaluation pass';
     const vs = student.config.vocabSize, vt = teacher?.config.vocabSize;
     const lv = opts.lossVocab;
     if (lv !== undefined) {
@@ -122,7 +126,7 @@ export class StepRunner {
     this.teacher?.stageInputs(batch.inputs, b, t, batch.positions ?? null);
     this.student.stageInputs(batch.inputs, b, t, batch.positions ?? null);
     this.head.stage(batch.targets, w, n, batch.sparse);
-    this.student.backend.captured(grad ? 'training pass' : 'evaluation pass', () => {
+    this.student.backend.captured(grad ? 'training pass' : this.region, () => {
       const ht = this.teacher ? this.teacher.forwardStaged(b, t) : null;
       const hs = this.student.forwardStaged(b, t);
       this.head.compute(hs, ht, n, grad, batch.teacherCe === true && ht !== null);

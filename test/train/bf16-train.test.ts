@@ -12,6 +12,7 @@ import { dtypeBytes } from '../../src/backend/backend.js';
 import { roundBf16 } from '../../src/backend/bf16.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { estimateJobBytes } from '../../src/model/memory.js';
+import { choicesRunner } from '../../src/train/run-choices.js';
 import { initialWeights } from '../../src/model/params.js';
 import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { Transformer, type Precision } from '../../src/model/transformer.js';
@@ -120,6 +121,9 @@ test('memory estimate equals the bytes a bf16 (and an fp32) job allocates, at de
         new AdamW(m, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
         new StepRunner(m, t, KL);
         assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision }), bytes, `${student.architecture} ${precision}`);
+        // --eval-choices: a scoring head for each model (f32 logits, no dlogits chunk for the bf16 student)
+        choicesRunner(m); choicesRunner(t);
+        assert.equal(estimateJobBytes({ student, teacher, batch: 3, seq: 10, training: true, precision, choices: true }), bytes, `${student.architecture} ${precision} with --eval-choices`);
         // the same student training LoRA adapters (frozen base in the compute dtype, adapters' masters, copy, moments)
         bytes = 0;
         const lora = loraLayout(student, { rank: 4, alpha: 8, targets: [...LORA_TARGETS] });

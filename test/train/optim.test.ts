@@ -14,6 +14,7 @@ import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { estimateJobBytes, largestSeqThatFits } from '../../src/model/memory.js';
+import { choicesRunner } from '../../src/train/run-choices.js';
 import { AdamW } from '../../src/train/optimizer.js';
 import { lrAt } from '../../src/train/schedule.js';
 import { StepRunner, type Batch } from '../../src/train/step.js';
@@ -202,6 +203,16 @@ test('memory estimate equals what the job allocates (student, teacher, optimizer
       new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
       new StepRunner(s, null, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, { sparse: rep });
       assert.equal(estimateJobBytes({ student, teacher: null, batch: 2, seq: 7, training: true, teacherCacheSlots: sparseSlots(rep) }), floats * 4, `cache ${rep.kind}`);
+    }
+    // --eval-choices: a scoring head for the student and one for the teacher (f32 logits; bf16: test/train/bf16-train.test.ts).
+    for (const precision of ['fp32'] as const) {
+      floats = 0;
+      const s = new Transformer(counting, student, { batch: 2, seq: 7, training: true, precision });
+      const tt = new Transformer(counting, teacher, { batch: 2, seq: 7, training: false, precision });
+      new AdamW(s, { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0 });
+      new StepRunner(s, tt, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 });
+      choicesRunner(s); choicesRunner(tt);
+      assert.equal(estimateJobBytes({ student, teacher, batch: 2, seq: 7, training: true, precision, choices: true }), floats * 4, `choices ${precision}`);
     }
     const fit = largestSeqThatFits({ student, teacher, batch: 3, seq: 4096, training: true }, est);
     assert.ok(fit >= 10 && fit < 20, `largest seq for the 10-token budget: ${fit}`);

@@ -14,6 +14,9 @@ import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js
 import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile } from './corpus.js';
+import { runJobShape } from '../../src/train/kernel-plan.js';
+import { presetConfig } from '../../src/model/config.js';
+import { runCli } from '../cli/fixtures.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-choices-'));
 const quiet = { log: (): void => {} };
@@ -76,4 +79,53 @@ test('--eval-choices without validation windows still scores at every evaluation
   const mine = (await evaluate({ model: s.finalDir!, data: [], choices: [items], seq: 12, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
   assert.equal(rows[2]!.val_acc, mine.acc);
   assert.equal(s.choices?.step, 6);
+});
+
+test('--eval-choices and --resume: the teacher\'s step-0 scores and the last of the student\'s carry into the summary; adding the flag on resume warns of nothing', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const teacherRun = await runTraining(opts(dir, { out: path.join(dir, 'teacher'), steps: 6 }), quiet);
+  const o = opts(dir, { mode: 'distill', teacher: teacherRun.finalDir!, out: path.join(dir, 'student'), evalChoices: [items], stopAfter: 3 });
+  const first = await runTraining(o, quiet);
+  assert.equal(first.status, 'stopped');
+  const logged: string[] = [];
+  const resumed = await runTraining({ ...o, stopAfter: 0, resume: true }, { log: (l: string) => { logged.push(l); } });
+  assert.equal(resumed.status, 'completed');
+  assert.deepEqual(resumed.choices?.teacher, first.choices?.teacher);
+  assert.equal(resumed.choices?.step, 6);
+  assert.ok(!logged.some((l) => /--resume with --eval-choices/.test(l)), logged.join('\n'));
+  const rows = readMetrics(path.join(o.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined);
+  assert.deepEqual(rows.map((m) => m.step), [0, 3, 6]);
+  // a run started without the flag and resumed with it: no warning either
+  const plain = opts(dir, { out: path.join(dir, 'plain'), stopAfter: 3 });
+  await runTraining(plain, quiet);
+  const logged2: string[] = [];
+  await runTraining({ ...plain, stopAfter: 0, resume: true, evalChoices: [items] }, { log: (l: string) => { logged2.push(l); } });
+  assert.ok(!logged2.some((l) => /warning: --resume/.test(l)), logged2.join('\n'));
+});
+
+test('a bad --eval-choices file is refused before anything is written: --overwrite keeps the previous run', async () => {
+  const dir = tmp();
+  const o = opts(dir, { steps: 2, evalEvery: 1, saveEvery: 1 });
+  const before = await runTraining(o, quiet);
+  const bad = path.join(dir, 'bad.jsonl');
+  fs.writeFileSync(bad, '{"context": "the", "choices": ["model"], "answer": 0}\n');
+  await assert.rejects(runTraining({ ...o, overwrite: true, evalChoices: [bad] }, quiet), /bad\.jsonl:1: "choices" must be a list of at least two strings/);
+  for (const f of ['final/model.safetensors', 'summary.json', 'checkpoints/latest/state.json']) assert.ok(fs.existsSync(path.join(before.out, f)), `${f} was lost`);
+  // the plan and --dry-run know of the scoring exactly when it runs
+  assert.equal(runJobShape({ ...o, evalChoices: [bad] }, presetConfig('tiny', 300), null).choices, true);
+  assert.equal(runJobShape(o, presetConfig('tiny', 300), null).choices, undefined);
+});
+
+test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choices-chat alone', async () => {
+  const dir = tmp(), data = corpusFile(dir);
+  const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
+  for (const [extra, re] of [
+    [['--eval-choices', dir], /--eval-choices: .* is a folder/],
+    [['--eval-choices', path.join(dir, 'nope.jsonl')], /--eval-choices: file .*nope\.jsonl does not exist/],
+    [['--eval-choices-chat'], /--eval-choices-chat goes with --eval-choices/],
+  ] as Array<[string[], RegExp]>) {
+    const r = await runCli([...base, ...extra]);
+    assert.equal(r.code, 2, r.err);
+    assert.match(r.err, re);
+  }
 });
