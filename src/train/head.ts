@@ -157,7 +157,7 @@ export class ChunkedHead {
     this.lossVocab = lv;
     this.noGrad = opts.noGrad === true;
     this.width = headWidth(lv, vs, vt);
-    const bf16Grad = student.compute !== 'f32' && student.training && opts.noGrad !== true;
+    const bf16Grad = student.compute !== 'f32' && student.training && !this.noGrad;
     const lg = this.logits = opts.logits ?? 'f32';
     if (lg === 'bf16') {
       const f32 = [student, ...(teacher ? [teacher] : [])].find((m) => m.compute !== 'bf16');

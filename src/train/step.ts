@@ -64,15 +64,15 @@ export class NonFiniteLossError extends DistilleryError {
 
 export class StepRunner {
   private readonly head: ChunkedHead;
+  /** The captured region of a pass without gradients (default 'evaluation pass'). */
+  private readonly region: string;
 
   /**
    * `opts.lossVocab`: the vocabulary rows the loss runs over, the tokenizer's real tokens (Tokenizer.vocabSize).
    * Rows past it are embedding padding (a vocab_size rounded up, e.g. Qwen2.5-7B's 152064 for 151665 tokens) and
-   * get neither probability nor gradient (src/train/head.ts). Default: the student's vocab_size.
+   * get neither probability nor gradient (src/train/head.ts). Default: the student's vocab_size. `opts.region`: the
+   * captured region of its passes without gradients (a scoring runner's own, so its graphs do not evict validation's).
    */
-  /** The captured region of a pass without gradients (default 'evaluation pass'). */
-  private readonly region: string;
-
   constructor(readonly student: Transformer, readonly teacher: Transformer | null, readonly spec: LossSpec, opts: HeadOptions & { region?: string } = {}) {
     this.region = opts.region ?? 'evaluation pass';
     const vs = student.config.vocabSize, vt = teacher?.config.vocabSize;
