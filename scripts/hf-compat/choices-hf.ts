@@ -16,7 +16,7 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { createBackend } from '../../src/backend/create.js';
 import { readCheckpoint } from '../../src/model/checkpoint.js';
 import { chatFormatOf } from '../../src/tokenizer/chat.js';
-import { ChoiceEncoder, encodeChoices, readChoiceItems } from '../../src/eval/choices.js';
+import { ChoiceEncoder, encodeForModel, readChoiceItems } from '../../src/eval/choices.js';
 
 interface Row { item: number; choice: number; ctx: number[]; cont: number[]; loglik: number; cut: boolean }
 interface Recorded {
@@ -43,8 +43,9 @@ async function main(): Promise<number> {
     const model = path.join(root, name);
     // The split into tokens: distillery's ChoiceEncoder against transformers' tokenizer and the harness's rules.
     const ck = readCheckpoint(model);
-    const enc = new ChoiceEncoder(ck.tokenizer!, chatFormatOf(ck.chatTemplate, name, ck.tokenizerConfig));
-    const ours = encodeChoices(enc, items, rec.delimiter);
+    const format = chatFormatOf(ck.chatTemplate, name, ck.tokenizerConfig);
+    const enc = new ChoiceEncoder(ck.tokenizer!, format);
+    const ours = encodeForModel(ck.tokenizer!, format, items, { chat: false, delimiter: rec.delimiter });
     let same = 0;
     rec.rows.forEach((r, i) => {
       const got = ours[i]!;

@@ -21,6 +21,7 @@ import * as fs from 'node:fs';
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import { InputError } from '../util/errors.js';
 import type { Batch } from '../train/step.js';
+import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
 
 /** One multiple-choice item. */
 export interface ChoiceItem {
@@ -184,6 +185,26 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
   return out;
 }
 
+/** How an item's context is presented, and the delimiter before each choice. */
+export interface ChoicePrompt {
+  /** As a user turn of the chat template with the assistant turn opened (the harness's --apply_chat_template). */
+  chat: boolean;
+  /** The template's options (--chat-template-kwargs). */
+  kwargs?: Record<string, unknown> | undefined;
+  /** Default: '' with `chat` (the harness drops its target_delimiter then), else ' '. */
+  delimiter?: string | undefined;
+}
+
+/**
+ * Every item's choices encoded for a model: its tokenizer, and its chat format (tokenizer_config.json's special
+ * tokens, and its template with `prompt.chat`).
+ */
+export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
+  const kwargs = prompt.kwargs;
+  return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
+    prompt.chat ? (it) => renderChat(format, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : undefined);
+}
+
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */
 export function choiceWindow(encoded: readonly EncodedChoice[]): number {
   let most = 1;
@@ -271,19 +292,25 @@ export function choiceMetrics(items: readonly ChoiceItem[], logliks: readonly nu
 
 /**
  * Scores every row of the batches: `rowLogLik(batch)` returns each row's summed log-probability of its counted
- * targets. Returns the log-likelihoods per item and choice, and reports progress after each batch.
+ * targets. Returns the log-likelihoods per item and choice (NaN for rows the batches did not hold), or null when
+ * `after` (called after each batch with the rows scored so far) says to stop.
  */
-export function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
-  rowLogLik: (batch: Batch) => Float64Array, progress: (done: number) => void = () => {}): number[][] {
+export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
+  rowLogLik: (batch: Batch) => Float64Array, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<number[][] | null> {
   const ll = items.map((it) => new Array<number>(it.choices.length).fill(NaN));
   let done = 0;
   for (const { batch, rows } of batches) {
     const got = rowLogLik(batch);
     rows.forEach((r, i) => { ll[r.item]![r.choice] = got[i]!; });
     done += rows.length;
-    progress(done);
+    if ((await after(done)) === true) return null;
   }
   return ll;
+}
+
+/** A fraction as a percentage with two decimals, as the reports print acc and acc_norm. */
+export function percent(x: number): string {
+  return `${(100 * x).toFixed(2)}%`;
 }
 
 /**

@@ -11,12 +11,11 @@
 import type { Communicator } from '../parallel/comm.js';
 import type { Transformer } from '../model/transformer.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
-import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
+import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeChoices, readChoiceItems,
-  type ChoiceItem, type ChoiceRow,
+  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
 } from '../eval/choices.js';
 
 /** What a run scores and reports. */
@@ -35,8 +34,7 @@ export const CHOICES_REGION = 'choices pass';
 export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number },
   tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
   const items = readChoiceItems(o.files);
-  const encoded = encodeChoices(new ChoiceEncoder(tokenizer, chat), items, o.chat ? '' : ' ',
-    o.chat ? (it) => renderChat(chat, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(o.kwargs ? { kwargs: o.kwargs } : {}) }) : undefined);
+  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rows.length} continuations${o.chat ? ' (contexts as a user turn of the chat template)' : ''} scored at every evaluation`);
@@ -61,15 +59,12 @@ export interface RunChoices {
 export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
-    const ll = p.items.map((it) => new Array<number>(it.choices.length).fill(0));
-    for (const { batch: b, rows } of choiceBatches(mine, batch, seq, p.padId)) {
-      const got = runner.rowLogLikelihoods(b);
-      rows.forEach((r, i) => { ll[r.item]![r.choice] = got[i]!; });
-      if (comm.world === 1) {
-        await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
-        if (stop()) return null;
-      }
-    }
+    const ll = await scoreChoices(p.items, choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowLogLikelihoods(b), async () => {
+      if (comm.world > 1) return false; // several ranks stop together, at a step's end
+      await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
+      return stop();
+    });
+    if (ll === null) return null;
     if (comm.world > 1) {
       // every rank's rows in one vector (0 where another rank scored), summed over the ranks
       const flat = new Float64Array(p.rows.length);

@@ -59,6 +59,7 @@ import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
 import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
+import { percent } from '../eval/choices.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
@@ -289,7 +290,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     lastChoices = { ...c, step: at };
     return { val_acc: c.acc, val_acc_norm: c.accNorm };
   };
-  const pct = (x: number): string => `${(100 * x).toFixed(2)}%`;
+  /** A metrics row's choices scores as the log says them ('' without). */
+  const choicesSaid = (r: Record<string, number>): string => (r.val_acc !== undefined ? `choices acc ${percent(r.val_acc)}, acc_norm ${percent(r.val_acc_norm!)}` : '');
   /**
    * A validation pass a signal can cut short (one rank: the handler runs between batches): 'stopped' when one did.
    * Several ranks evaluate through to the end (they stop together, at a step's end).
@@ -327,7 +329,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceRow });
     } else if (!stoppedBeforeFirstStep && c?.val_acc !== undefined) appendMetric({ step: 0, ...choiceRow });
     const said = stoppedBeforeFirstStep ? [] : [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
-      c?.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}${t ? ` (the teacher's ${pct(t.acc)}, ${pct(t.accNorm)})` : ''}` : ''].filter((x) => x);
+      c ? `${choicesSaid(c)}${t ? ` (the teacher's ${percent(t.acc)}, ${percent(t.accNorm)})` : ''}` : ''].filter((x) => x);
     if (said.length) log(`step 0: ${said.join('; ')}`);
   }
 
@@ -401,7 +403,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const watch = new ValidationWatch(VAL_RISE_WARN);
   // The run's history (validation losses, the last step losses) as rank 0 reads it after its resume cut, the same on
   // every rank: the others' decisions (a new best/: a collective) must not depend on a file only rank 0 writes.
-  const history = shareHistory(comm, root ? readMetrics(metricsPath) : [], root ? bestStepOnDisk(out) : null);
+  const metricsSoFar = root ? readMetrics(metricsPath) : [];
+  const history = shareHistory(comm, metricsSoFar, root ? bestStepOnDisk(out) : null);
   const warnings: string[] = [];
   const warn = (w: string): void => { warnings.push(w); log(`warning: ${w}`); };
   /** The validation loss at `at` observed; the rising-loss warning it makes, if any (with what best/ holds before it). */
@@ -417,7 +420,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // --eval-choices on resume: the scores before the checkpoint (the teacher's at step 0, the last of the student's) for the
   // summary, which rank 0 writes
   if (saved && root && choices) {
-    for (const m of readMetrics(metricsPath) as Array<Record<string, number | undefined>>) {
+    for (const m of metricsSoFar as Array<Record<string, number | undefined>>) {
       if (m.teacher_acc !== undefined && m.teacher_acc_norm !== undefined) teacherChoices = { acc: m.teacher_acc, accNorm: m.teacher_acc_norm };
       if (m.val_acc !== undefined && m.val_acc_norm !== undefined && m.step !== undefined) lastChoices = { acc: m.val_acc, accNorm: m.val_acc_norm, step: m.step };
     }
@@ -552,7 +555,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         lastEvalStep = r === 'stopped' ? -1 : step;
         // a signal during the choices' scoring abandons them: the stop below writes the checkpoint of this step
         const c = (r === 'stopped' ? null : await choiceMetrics(step)) ?? {};
-        const said = c.val_acc !== undefined ? `choices acc ${pct(c.val_acc)}, acc_norm ${pct(c.val_acc_norm!)}` : '';
+        const said = choicesSaid(c);
         if (lastEval) {
           appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });
           if (!o.quiet && root) {

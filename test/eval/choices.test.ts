@@ -185,7 +185,7 @@ test('acc and acc_norm: argmax (the first on a tie), acc_norm per character as P
   assert.equal(predictions([items[1]!], [[-1, NaN, -0.5]])[0]!.pred, 1);
 });
 
-test("scores: each row's summed log-probability of its continuation, over padded batches, equals the float64 log-softmax of the row's own forward", () => {
+test("scores: each row's summed log-probability of its continuation, over padded batches, equals the float64 log-softmax of the row's own forward", async () => {
   const tok = tinyTokenizer();
   const c: ModelConfig = {
     architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 16, intermediateSize: 32, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 4,
@@ -208,7 +208,7 @@ test("scores: each row's summed log-probability of its continuation, over padded
   // batches of two lengths: the long item's rows in a window, the others in CHOICE_LENGTH_STEP
   assert.ok(seq > CHOICE_LENGTH_STEP);
   assert.deepEqual(Array.from(choiceBatches(rows, 3, seq, 0)).map((b) => b.batch.t), [seq, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP]);
-  const got = scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowLogLikelihoods(b));
+  const got = (await scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowLogLikelihoods(b)))!;
   const alone = new Transformer(be, c, { batch: 1, seq, training: false });
   alone.setWeights(w);
   for (const r of rows) {

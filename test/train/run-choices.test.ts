@@ -10,10 +10,10 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { runTraining } from '../../src/train/run.js';
-import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import type { RunOptions } from '../../src/train/options.js';
 import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
-import { corpusFile } from './corpus.js';
+import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
 import { presetConfig } from '../../src/model/config.js';
 import { runCli } from '../cli/fixtures.js';
@@ -21,12 +21,8 @@ import { runCli } from '../cli/fixtures.js';
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-choices-'));
 const quiet = { log: (): void => {} };
 
-function opts(dir: string, over: Partial<RunOptions>): RunOptions {
-  return {
-    ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(dir, 'run'), data: [corpusFile(dir)], model: 'tiny',
-    vocabSize: 300, batch: 4, seq: 16, steps: 6, evalEvery: 3, saveEvery: 6, warmup: 1, quiet: true, threads: 1, ...over,
-  };
-}
+/** 6 steps, evaluating every 3 (steps 0, 3 and 6 score the items). */
+const opts = (dir: string, over: Partial<RunOptions>): RunOptions => tinyRunOptions(dir, { steps: 6, evalEvery: 3, saveEvery: 6, warmup: 1, ...over });
 
 function itemsFile(dir: string): string {
   const f = path.join(dir, 'items.jsonl');

@@ -9,26 +9,21 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { runTraining } from '../../src/train/run.js';
-import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../../src/train/options.js';
+import type { RunOptions } from '../../src/train/options.js';
 import { readFlatCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { presetConfig, toHfConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout, reorderFlat } from '../../src/model/params.js';
 import { readSafetensors, writeSafetensors } from '../../src/io/safetensors.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
-import { corpusFile } from './corpus.js';
+import { tinyRunOptions } from './corpus.js';
 import { treeBytes } from '../cli/fixtures.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-'));
 const quiet = { log: (): void => {} };
 
 
-function opts(dir: string, over: Partial<RunOptions>): RunOptions {
-  return {
-    ...DEFAULT_RUN_OPTIONS, mode: 'train', out: path.join(dir, 'run'), data: [corpusFile(dir)], model: 'tiny',
-    vocabSize: 300, batch: 4, seq: 16, steps: 8, evalEvery: 4, saveEvery: 4, warmup: 2, quiet: true, threads: 1, ...over,
-  };
-}
+const opts = tinyRunOptions;
 
 test('training on text: loss falls; the run folder has metrics, the SVG curve, the summary and the final model', async () => {
   const dir = tmp();

@@ -27,10 +27,10 @@ import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
 import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
-import { chatFormatOf, chatRenderer, renderChat, type ChatFormat } from '../../tokenizer/chat.js';
+import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import {
-  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, readChoiceItems, scoreChoices,
+  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, percent, readChoiceItems, scoreChoices,
   type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type EncodedChoice,
 } from '../../eval/choices.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
@@ -266,18 +266,18 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     }
     if (choice) {
       const padId = tok.padId ?? tok.eosId ?? 0;
-      const score = (m: Transformer, rows: ChoiceRow[], who: string): number[][] => {
+      const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<number[][]> => {
         const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
         const t0 = Date.now();
         let last = t0;
-        const ll = scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowLogLikelihoods(b), (done) => {
+        const ll = (await scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowLogLikelihoods(b), (done) => {
           if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
-        });
+        }))!;
         const sec = (Date.now() - t0) / 1000;
         log(`choices: ${who} scored ${rows.length} continuations in ${sec.toFixed(2)} s (${Math.round(rows.length / Math.max(sec, 1e-3))}/s)`);
         return ll;
       };
-      const ll = score(student, choice.rows, 'model'), tll = teacher ? score(teacher, choice.teacherRows!, 'teacher') : null;
+      const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) {
         const t = choiceMetrics(choice.items, tll);
@@ -301,11 +301,8 @@ interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
 function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
   { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
   const items = readChoiceItems(files);
-  // the harness drops the delimiter when it applies a chat template
-  const delimiter = o.choiceDelimiter ?? (o.choicesChat ? '' : ' ');
-  const kwargs = o.chatTemplateKwargs;
-  const encode = (side: ChoiceSide): EncodedChoice[] => encodeChoices(new ChoiceEncoder(side.tok, side.chat), items, delimiter,
-    o.choicesChat ? (it) => renderChat(side.chat, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : undefined);
+  const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
+    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter });
   const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
   const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
   const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
@@ -334,12 +331,11 @@ export function formatEval(r: EvalResult): string {
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
   const c = r.choices;
   if (c) {
-    const pct = (x: number): string => `${(100 * x).toFixed(2)}%`;
     lines.push(`choices     ${c.items} items, ${c.rows} continuations (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
-    lines.push(`acc         ${pct(c.acc)}  (highest log-likelihood)`, `acc_norm    ${pct(c.accNorm)}  (highest log-likelihood per character)`);
+    lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood)`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
     if (c.teacher) {
-      const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${pct(m / t)}` : '');
-      lines.push(`teacher     acc ${pct(c.teacher.acc)}${kept(c.acc, c.teacher.acc)}; acc_norm ${pct(c.teacher.accNorm)}${kept(c.accNorm, c.teacher.accNorm)}`);
+      const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${percent(m / t)}` : '');
+      lines.push(`teacher     acc ${percent(c.teacher.acc)}${kept(c.acc, c.teacher.acc)}; acc_norm ${percent(c.teacher.accNorm)}${kept(c.accNorm, c.teacher.accNorm)}`);
     }
   }
   lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);
