@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # distill --eval-choices on the GPU, run ON the GPU machine in one call: a Qwen2.5-1.5B-shaped teacher into a 0.5B-shaped
 # student (random weights, Qwen's tokenizer, bf16, strict kernels: a kernel compiled after the seal fails the run) for a
-# few steps at BxS, scoring ITEMS synthetic multiple-choice items at every evaluation; then `eval --choices` on the run's
-# final model in the same window, whose acc must be the run's last val_acc. Expects dist/ and .devmods/ carried and node
+# few steps at BxS, scoring ITEMS synthetic items (every 4th a continuation item) at every evaluation; then `eval --choices`
+# on the run's final model in the same window, whose acc, greedy and perplexity must be the run's last val_acc, val_greedy, val_cont_ppl. Expects dist/ and .devmods/ carried and node
 # on PATH (source .device/setup.sh). Env: ITEMS (200), SHAPE (8x256), STEPS (4). Output: $OUT/distill-choices-check.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,9 +21,12 @@ import json, random, sys
 random.seed(1)
 words = 'the a man dog is runs holds into over with kitchen river ball then slowly again table door'.split()
 with open(sys.argv[1], 'w') as f:
-    for _ in range(int(sys.argv[2])):
+    for i in range(int(sys.argv[2])):
         ctx = ' '.join(random.choice(words) for _ in range(random.randint(10, 60))).capitalize() + '.'
-        f.write(json.dumps({'context': ctx, 'choices': [' '.join(random.choice(words) for _ in range(random.randint(3, 9))) for _ in range(4)], 'answer': random.randrange(4)}) + '\n')
+        if i % 4 == 3:  # a continuation item (the harness's loglikelihood kind): is_greedy and perplexity
+            f.write(json.dumps({'context': ctx, 'continuation': ' '.join(random.choice(words) for _ in range(random.randint(1, 4)))}) + '\n')
+        else:
+            f.write(json.dumps({'context': ctx, 'choices': [' '.join(random.choice(words) for _ in range(random.randint(3, 9))) for _ in range(4)], 'answer': random.randrange(4)}) + '\n')
 PY
 common=(--device cuda --precision bf16 --strict-kernels --kernel-cache-dir "$work/kc")
 rm -rf "$work/run-choices"
@@ -41,4 +44,7 @@ node -e '
   const rows = fs.readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter((r) => r.val_acc !== undefined);
   const last = rows[rows.length - 1], ev = JSON.parse(fs.readFileSync(process.argv[2], "utf8")).choices;
   console.log(`run step ${last.step} val_acc ${last.val_acc} val_acc_norm ${last.val_acc_norm} | eval acc ${ev.acc} acc_norm ${ev.accNorm}: ${last.val_acc === ev.acc && last.val_acc_norm === ev.accNorm ? "equal" : "DIFFERENT"}`);
+  console.log(`run step ${last.step} val_greedy ${last.val_greedy} val_cont_ppl ${last.val_cont_ppl} | eval greedy ${ev.greedy.acc} perplexity ${ev.greedy.perplexity}: ${last.val_greedy === ev.greedy.acc && last.val_cont_ppl === ev.greedy.perplexity ? "equal" : "DIFFERENT"}`);
+  const first = rows[0];
+  console.log(`step 0 val_accuracy ${first.val_accuracy}; teacher_acc ${first.teacher_acc} teacher_greedy ${first.teacher_greedy} teacher_cont_ppl ${first.teacher_cont_ppl}`);
 ' "$work/run-choices/metrics.jsonl" "$work/eval-choices.json" | tee -a "$txt"

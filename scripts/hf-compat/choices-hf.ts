@@ -5,7 +5,8 @@
  * continuation token ids (the ChoiceEncoder over the folder's tokenizer.json and tokenizer_config.json), every
  * log-likelihood (fp32: relative error ≤ 1e-4; bf16 on CUDA: ≤ 3e-2, the documented bound of bf16 logits) and the
  * predictions behind acc and acc_norm (fp32: identical), through `evaluate` as the CLI runs it, on the CPU backend and,
- * when a GPU is present, the CUDA backend in fp32 and bf16.
+ * when a GPU is present, the CUDA backend in fp32 and bf16; then the loglikelihood items (`"continuation"`): their split,
+ * log-likelihoods, is_greedy (fp32: identical wherever the top-2 logit gap exceeds NEAR_TIE), acc and perplexity.
  * Prints one line per check and exits 1 if any fails.
  *
  * Usage: node dist/scripts/hf-compat/choices-hf.js <dir written by hf-choices.py> [--no-cuda]
@@ -22,8 +23,12 @@ interface Row { item: number; choice: number; ctx: number[]; cont: number[]; log
 interface Recorded {
   transformers: string; seq: number; delimiter: string; prefix: number; rows: Row[];
   results: Array<{ logliks: number[]; pred: number; pred_norm: number }>; acc: number; acc_norm: number;
+  cont: { rows: Array<{ ctx: number[]; cont: number[]; loglik: number; greedy: boolean; margin: number }>; acc: number; perplexity: number };
 }
 interface Sample { logliks: number[]; pred: number; pred_norm: number }
+interface ContSample { loglik: number; greedy: boolean }
+/** Below this top-1/top-2 logit gap a position's argmax may flip between two correct float32 implementations. */
+const NEAR_TIE = 1e-3;
 
 async function main(): Promise<number> {
   const root = process.argv[2];
@@ -69,9 +74,34 @@ async function main(): Promise<number> {
       });
       const where = `${name} ${device} ${precision}`;
       process.stdout.write(`${where}: log-likelihoods max relative error ${worst.toExponential(2)} (bound ${tol}); predictions equal for ${predsSame}/${samples.length} items; `
-        + `acc ${res.choices!.acc.toFixed(4)} / transformers ${rec.acc.toFixed(4)}, acc_norm ${res.choices!.accNorm.toFixed(4)} / ${rec.acc_norm.toFixed(4)}\n`);
+        + `acc ${res.choices!.acc!.toFixed(4)} / transformers ${rec.acc.toFixed(4)}, acc_norm ${res.choices!.accNorm!.toFixed(4)} / ${rec.acc_norm.toFixed(4)}\n`);
       if (!(worst <= tol)) fail(`${where}: log-likelihoods differ by ${worst} (relative) > ${tol}`);
       if (precision === 'fp32' && (predsSame !== samples.length || res.choices!.acc !== rec.acc || res.choices!.accNorm !== rec.acc_norm)) fail(`${where}: predictions differ`);
+      // loglikelihood items (delimiter ''): the token split, each log-likelihood, is_greedy, and the task's acc and perplexity
+      const contFile = path.join(root, `${name}-cont-items.jsonl`), contOut = path.join(root, `${name}-cont-ours-${device}-${precision}.jsonl`);
+      if (device === 'cpu') {
+        const ct = encodeForModel(ck.tokenizer!, format, readChoiceItems([contFile]), { chat: false, delimiter: '' });
+        const split = rec.cont.rows.filter((r, i) => JSON.stringify([ct[i]!.ctx, ct[i]!.cont]) === JSON.stringify([r.ctx, r.cont])).length;
+        process.stdout.write(`${name}: continuation items: ${split}/${rec.cont.rows.length} split as the harness split them\n`);
+        if (split !== rec.cont.rows.length) fail(`${name}: continuation items split otherwise`);
+      }
+      const cres = await evaluate({ model, data: [], choices: [contFile], choicesOut: contOut, choiceDelimiter: '', seq: rec.seq, batch: 4, maxChars: 0, device, threads: 0,
+        json: true, lossOn: 'all', precision, ...(device === 'cuda' ? { cuda: { strict: true } } : {}) });
+      const cs = fs.readFileSync(contOut, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as ContSample);
+      let cworst = 0, greedySame = 0, clear = 0, clearSame = 0;
+      cs.forEach((c, i) => {
+        const t = rec.cont.rows[i]!;
+        cworst = Math.max(cworst, Math.abs(c.loglik - t.loglik) / Math.max(1, Math.abs(t.loglik)));
+        if (c.greedy === t.greedy) greedySame++;
+        if (t.margin > NEAR_TIE) { clear++; if (c.greedy === t.greedy) clearSame++; }
+      });
+      const g = cres.choices!.greedy!;
+      process.stdout.write(`${where}: continuation items: log-likelihoods max relative error ${cworst.toExponential(2)}; is_greedy equal for ${greedySame}/${cs.length} `
+        + `(${clearSame}/${clear} without a near-tie, top-2 gap > ${NEAR_TIE}; transformers: ${rec.cont.rows.filter((r) => r.greedy).length} greedy); `
+        + `acc ${g.acc.toFixed(4)} / transformers ${rec.cont.acc.toFixed(4)}, perplexity ${g.perplexity.toFixed(4)} / ${rec.cont.perplexity.toFixed(4)}\n`);
+      if (!(cworst <= tol)) fail(`${where}: continuation log-likelihoods differ by ${cworst} (relative) > ${tol}`);
+      if (precision === 'fp32' && clearSame !== clear) fail(`${where}: is_greedy differs where the argmax is clear`);
+      if (!(Math.abs(g.perplexity - rec.cont.perplexity) <= tol * 10 * rec.cont.perplexity)) fail(`${where}: perplexity ${g.perplexity} against ${rec.cont.perplexity}`);
     }
   }
   process.stdout.write(failed ? `choices-hf: ${failed} check(s) FAILED\n` : 'choices-hf: all checks pass\n');

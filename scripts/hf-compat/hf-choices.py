@@ -12,11 +12,17 @@ an empty context is prefix_token_id (bos_token_id, else eos_token_id) with the c
 tokens; the row keeps its last max_length + 1 tokens; a choice's log-likelihood is the sum of log_softmax(logits) over its
 tokens (float64 over transformers' float32 logits). acc = argmax of the log-likelihoods, acc_norm = argmax of
 log-likelihood / len(choice).
+Then loglikelihood items (`{"context", "continuation"}`, cont-items.jsonl, scored with the delimiter ''): some
+continuations are the model's own greedy text for the context (3 tokens generated, decoded), the others arbitrary;
+each gets the harness's is_greedy ((logits.argmax(-1) == cont).all() over the continuation's positions), its
+log-likelihood, and the smallest top-1/top-2 logit gap over those positions (a near-tie may flip between two correct
+implementations); acc = mean is_greedy, perplexity = exp(-mean log-likelihood).
 Then `node dist/scripts/hf-compat/choices-hf.js <out>` compares, on the CPU and CUDA backends.
 
 Usage: python3 scripts/hf-compat/hf-choices.py <out-dir> <tokenizer.json>
 """
 import json
+import math
 import os
 import sys
 
@@ -58,6 +64,10 @@ ITEMS = [
     {'context': '<|endoftext|>Once upon a time', 'choices': ['there was', 'a dog'], 'answer': 0},  # the prefix's text first
 ]
 DELIM = ' '
+GREEDY_CONTEXTS = ['The capital of France is', 'Once upon a time', '数学很', 'def f(x):\n    return x +', '',
+                   ' '.join(['The teacher model predicts the next token and the student learns to match it.'] * 6)]
+OTHER_CONTINUATIONS = [('The capital of France is', ' Paris.'), ('A man is sitting on a roof. He', ' starts pulling up roofing.'),
+                       ('', 'The quick brown fox')]
 
 
 def score(name, tok_json, bos, eos):
@@ -108,9 +118,42 @@ def score(name, tok_json, bos, eos):
         results.append({'logliks': lls, 'pred': pred, 'pred_norm': pred_norm})
     acc = sum(r['pred'] == it['answer'] for r, it in zip(results, ITEMS)) / len(ITEMS)
     acc_norm = sum(r['pred_norm'] == it['answer'] for r, it in zip(results, ITEMS)) / len(ITEMS)
+    # loglikelihood items: the model's own greedy continuations (decoded) and arbitrary ones, with the delimiter ''
+    cont_items = []
+    for ctx_text in GREEDY_CONTEXTS:
+        start = tok_encode(ctx_text) if ctx_text else [prefix]  # an empty context is the prefix token
+        ids = list(start)
+        with torch.no_grad():
+            for _ in range(3):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+        cont_items.append({'context': ctx_text, 'continuation': tok.decode(ids[len(start):])})
+    cont_items += [{'context': c, 'continuation': t} for c, t in OTHER_CONTINUATIONS]
+    cont_rows = []
+    for it in cont_items:
+        ctx, cont = encode_pair(it['context'], it['continuation'])
+        full = (ctx + cont)[-(MAX_LEN + 1):]
+        inp = full[:-1]
+        with torch.no_grad():
+            logits = model(torch.tensor([inp])).logits[0]
+        n = len(cont)
+        span = logits[len(inp) - n:]
+        lp = torch.log_softmax(span.double(), -1)
+        ll = sum(float(lp[j, cont[j]]) for j in range(n))
+        greedy = bool((span.argmax(-1) == torch.tensor(cont)).all())
+        top2 = span.topk(2, -1).values
+        margin = float((top2[:, 0] - top2[:, 1]).min())
+        cont_rows.append({'ctx': ctx, 'cont': cont, 'loglik': ll, 'greedy': greedy, 'margin': margin})
+    cont_acc = sum(r['greedy'] for r in cont_rows) / len(cont_rows)
+    cont_ppl = math.exp(-sum(r['loglik'] for r in cont_rows) / len(cont_rows))
+    with open(os.path.join(out, f'{name}-cont-items.jsonl'), 'w') as f:
+        for it in cont_items:
+            f.write(json.dumps(it, ensure_ascii=False) + '\n')
     with open(os.path.join(out, f'{name}.transformers.json'), 'w') as f:
         json.dump({'transformers': transformers.__version__, 'seq': MAX_LEN, 'delimiter': DELIM, 'prefix': prefix, 'rows': rows,
-                   'results': results, 'acc': acc, 'acc_norm': acc_norm}, f)
+                   'results': results, 'acc': acc, 'acc_norm': acc_norm,
+                   'cont': {'rows': cont_rows, 'acc': cont_acc, 'perplexity': cont_ppl}}, f)
+    print(f'hf-choices {name}: {len(cont_rows)} continuation items, {sum(r["greedy"] for r in cont_rows)} greedy; '
+          f'acc {cont_acc:.4f} perplexity {cont_ppl:.4f}')
     print(f'hf-choices {name}: transformers {transformers.__version__}: prefix token {prefix}; {len(ITEMS)} items, {len(rows)} '
           f'continuations ({sum(r["cut"] for r in rows)} cut to {MAX_LEN}); acc {acc:.4f} acc_norm {acc_norm:.4f}')
 

@@ -178,12 +178,13 @@ export function plainHostStaging(bytes: number): HostStaging {
 export const MAX_SPARSE_SLOTS = 256;
 
 /** Number of floats per row that lossForward writes into `stats`. */
-export const LOSS_STATS = 4;
+export const LOSS_STATS = 5;
 /** Column indices of the per-token stats row written by lossForward. */
 export const STAT_LOSS = 0; // the combined loss the gradient is of (unweighted by `weights`)
 export const STAT_CE = 1; // cross-entropy of the student (T = 1) against the next token
 export const STAT_DIV = 2; // the distillation divergence (with the T^2 factor); 0 for kind 'none'
 export const STAT_AGREE = 3; // 1 if argmax(student) == argmax(teacher) else 0; 0 without a teacher
+export const STAT_ACC = 4; // 1 if argmax(student) == the target (the next token) else 0: token accuracy, and is_greedy per row
 
 export interface AdamWStep {
   lr: number;

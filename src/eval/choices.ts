@@ -9,6 +9,10 @@
  * default); `acc_norm` divides by the choice's length in characters (Unicode code points, Python's `len`), without the
  * delimiter.
  *
+ * An item with `"continuation": "..."` instead of choices is one of the harness's `loglikelihood` tasks (LAMBADA's):
+ * its `acc` is whether every token of `delimiter + continuation` is the model's most likely next token (the harness's
+ * is_greedy, argmax's first index on ties), and its log-likelihood goes into `perplexity` = exp(−mean over items).
+ *
  * Tokenization follows the harness's HF backend (ChoiceEncoder): text is encoded as transformers' tokenizer.encode
  * encodes it, with the tokenizer's own special tokens (Llama 3's BOS; none for Qwen); whitespace at the end of the
  * context moves to the start of the continuation, and the continuation's tokens are those of context + continuation
@@ -26,9 +30,12 @@ import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
 /** One multiple-choice item. */
 export interface ChoiceItem {
   context: string;
+  /** The choices; a continuation item's one continuation. */
   choices: string[];
-  /** Index of the right choice. */
+  /** Index of the right choice (0 for a continuation item). */
   answer: number;
+  /** A loglikelihood item (`"continuation"`): scored by is_greedy and perplexity instead of by the best choice. */
+  continuation?: boolean;
   /** `file:line`, for messages. */
   where: string;
 }
@@ -46,16 +53,22 @@ export interface ChoiceRow {
 }
 
 export interface ChoiceMetrics {
+  /** Every item, of both kinds. */
   items: number;
-  /** Choices scored, over every item. */
+  /** Continuations scored, over every item. */
   rows: number;
-  /** Fraction of items whose highest-log-likelihood choice is the answer. */
-  acc: number;
+  /** Over the multiple-choice items (absent without any): the fraction whose highest-log-likelihood choice is the answer. */
+  acc?: number;
   /** The same with each log-likelihood divided by its choice's length in characters. */
-  accNorm: number;
+  accNorm?: number;
+  /** Over the continuation items (absent without any): how many, the is_greedy fraction, exp(−mean log-likelihood). */
+  greedy?: GreedyMetrics;
 }
 
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}';
+/** The harness's metrics of a loglikelihood task (LAMBADA's `acc` and `perplexity`). */
+export interface GreedyMetrics { items: number; acc: number; perplexity: number }
+
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, or {"context": "...", "continuation": "..."}';
 
 /** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
 export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
@@ -68,6 +81,12 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
     const o = j as Record<string, unknown>;
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
+    if (o.continuation !== undefined) {
+      if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: an item has "continuation" or "choices" and "answer", not both`, HINT);
+      if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
+      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, where });
+      return;
+    }
     const ch = o.choices;
     if (!Array.isArray(ch) || ch.length < 2 || !ch.every((c) => typeof c === 'string')) {
       throw new InputError(`${where}: "choices" must be a list of at least two strings`, HINT);
@@ -178,7 +197,7 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
     const c = context(it);
     it.choices.forEach((ch, k) => {
       const { ctx, cont } = enc.pair(c, delimiter + ch, it.where);
-      if (cont.length === 0) throw new InputError(`${it.where}: choice ${k} encodes to no tokens past the context`, 'check the choice\'s text');
+      if (cont.length === 0) throw new InputError(`${it.where}: ${it.continuation ? 'the continuation' : `choice ${k}`} encodes to no tokens past the context`, 'check its text');
       out.push({ item: i, choice: k, ctx, cont });
     });
   });
@@ -220,7 +239,7 @@ export function choiceRows(encoded: readonly EncodedChoice[], items: readonly Ch
   hint: (tokens: number) => string = (n) => `use --seq ${n} or more`): ChoiceRow[] {
   return encoded.map(({ item, choice, ctx, cont }) => {
     if (cont.length > seq) {
-      throw new InputError(`${items[item]!.where}: choice ${choice} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
+      throw new InputError(`${items[item]!.where}: ${items[item]!.continuation ? 'the continuation' : `choice ${choice}`} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
     }
     let ids = [...ctx, ...cont];
     const cut = ids.length > seq + 1;
@@ -282,30 +301,54 @@ export function predictions(items: readonly ChoiceItem[], logliks: readonly numb
   });
 }
 
-/** acc and acc_norm over the items, from each item's choices' log-likelihoods. */
-export function choiceMetrics(items: readonly ChoiceItem[], logliks: readonly number[][]): ChoiceMetrics {
-  const p = predictions(items, logliks);
-  let acc = 0, accNorm = 0, rows = 0;
-  items.forEach((it, i) => { acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0; rows += it.choices.length; });
-  return { items: items.length, rows, acc: acc / items.length, accNorm: accNorm / items.length };
+/** What scoring gives per item and choice: the summed log-likelihood, and whether every token was the greedy one. */
+export interface ChoiceScores {
+  ll: number[][];
+  greedy: boolean[][];
 }
 
 /**
- * Scores every row of the batches: `rowLogLik(batch)` returns each row's summed log-probability of its counted
- * targets. Returns the log-likelihoods per item and choice (NaN for rows the batches did not hold), or null when
- * `after` (called after each batch with the rows scored so far) says to stop.
+ * The metrics over the items: acc and acc_norm over the multiple-choice items, is_greedy and perplexity over the
+ * continuation items (each absent without items of its kind).
+ */
+export function choiceMetrics(items: readonly ChoiceItem[], scores: ChoiceScores): ChoiceMetrics {
+  const p = predictions(items, scores.ll);
+  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0;
+  items.forEach((it, i) => {
+    rows += it.choices.length;
+    if (it.continuation) { cont++; greedy += scores.greedy[i]![0] ? 1 : 0; llSum += scores.ll[i]![0]!; return; }
+    mc++; acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0;
+  });
+  return {
+    items: items.length, rows,
+    ...(mc ? { acc: acc / mc, accNorm: accNorm / mc } : {}),
+    ...(cont ? { greedy: { items: cont, acc: greedy / cont, perplexity: Math.exp(-llSum / cont) } } : {}),
+  };
+}
+
+/** Each row's scores (StepRunner.rowScores): Σ log p of its counted targets, and whether each was the argmax. */
+export interface RowScores { ll: Float64Array; greedy: Uint8Array }
+
+/**
+ * Scores every row of the batches: `score(batch)` returns each row's summed log-probability of its counted targets
+ * and whether all of them were the model's most likely tokens. Returns the scores per item and choice (NaN and false
+ * for rows the batches did not hold), or null when `after` (called after each batch with the rows scored so far)
+ * says to stop.
  */
 export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
-  rowLogLik: (batch: Batch) => Float64Array, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<number[][] | null> {
-  const ll = items.map((it) => new Array<number>(it.choices.length).fill(NaN));
+  score: (batch: Batch) => RowScores, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<ChoiceScores | null> {
+  const out: ChoiceScores = {
+    ll: items.map((it) => new Array<number>(it.choices.length).fill(NaN)),
+    greedy: items.map((it) => new Array<boolean>(it.choices.length).fill(false)),
+  };
   let done = 0;
   for (const { batch, rows } of batches) {
-    const got = rowLogLik(batch);
-    rows.forEach((r, i) => { ll[r.item]![r.choice] = got[i]!; });
+    const got = score(batch);
+    rows.forEach((r, i) => { out.ll[r.item]![r.choice] = got.ll[i]!; out.greedy[r.item]![r.choice] = got.greedy[i] === 1; });
     done += rows.length;
     if ((await after(done)) === true) return null;
   }
-  return ll;
+  return out;
 }
 
 /** A fraction as a percentage with two decimals, as the reports print acc and acc_norm. */
@@ -314,13 +357,19 @@ export function percent(x: number): string {
 }
 
 /**
- * Each item's log-likelihoods and predictions as JSON lines (eval --choices-out): `where`, `answer`, `logliks`,
- * `pred`, `pred_norm`, and with a teacher the same three prefixed `teacher_`.
+ * Each item's log-likelihoods and predictions as JSON lines (eval --choices-out): `where`, then for a multiple-choice
+ * item `answer`, `logliks`, `pred`, `pred_norm`, for a continuation item `loglik` and `greedy`; with a teacher the same
+ * prefixed `teacher_`.
  */
-export function choiceSamples(items: readonly ChoiceItem[], ll: readonly number[][], teacher: readonly number[][] | null): string {
-  const p = predictions(items, ll), tp = teacher ? predictions(items, teacher) : null;
-  return items.map((it, i) => JSON.stringify({
-    where: it.where, answer: it.answer, logliks: ll[i], pred: p[i]!.pred, pred_norm: p[i]!.predNorm,
-    ...(tp ? { teacher_logliks: teacher![i], teacher_pred: tp[i]!.pred, teacher_pred_norm: tp[i]!.predNorm } : {}),
-  }) + '\n').join('');
+export function choiceSamples(items: readonly ChoiceItem[], scores: ChoiceScores, teacher: ChoiceScores | null): string {
+  const p = predictions(items, scores.ll), tp = teacher ? predictions(items, teacher.ll) : null;
+  return items.map((it, i) => JSON.stringify(it.continuation
+    ? {
+      where: it.where, loglik: scores.ll[i]![0], greedy: scores.greedy[i]![0],
+      ...(teacher ? { teacher_loglik: teacher.ll[i]![0], teacher_greedy: teacher.greedy[i]![0] } : {}),
+    }
+    : {
+      where: it.where, answer: it.answer, logliks: scores.ll[i], pred: p[i]!.pred, pred_norm: p[i]!.predNorm,
+      ...(tp ? { teacher_logliks: teacher!.ll[i], teacher_pred: tp[i]!.pred, teacher_pred_norm: tp[i]!.predNorm } : {}),
+    }) + '\n').join('');
 }

@@ -15,11 +15,42 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
+  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, percent, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
 } from '../eval/choices.js';
 
-/** What a run scores and reports. */
-export interface ChoiceScores { acc: number; accNorm: number }
+/**
+ * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
+ * continuations' perplexity over the continuation items (each pair present when the items have that kind).
+ */
+export interface ChoiceScores { acc?: number; accNorm?: number; greedy?: number; contPpl?: number }
+
+/** A run's scores as metrics.jsonl names them, `prefix` 'val' (the student's) or 'teacher'. */
+export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<string, number> {
+  const out: Record<string, number> = {};
+  if (c.acc !== undefined) out[`${prefix}_acc`] = c.acc;
+  if (c.accNorm !== undefined) out[`${prefix}_acc_norm`] = c.accNorm;
+  if (c.greedy !== undefined) out[`${prefix}_greedy`] = c.greedy;
+  if (c.contPpl !== undefined) out[`${prefix}_cont_ppl`] = c.contPpl;
+  return out;
+}
+
+/** choiceRow's inverse: the scores a metrics row holds under `prefix`, or null when it holds none. */
+export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown>): ChoiceScores | null {
+  const num = (k: string): number | undefined => (typeof m[`${prefix}_${k}`] === 'number' ? m[`${prefix}_${k}`] as number : undefined);
+  const c: ChoiceScores = {};
+  const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy'), contPpl = num('cont_ppl');
+  if (acc !== undefined && accNorm !== undefined) { c.acc = acc; c.accNorm = accNorm; }
+  if (greedy !== undefined && contPpl !== undefined) { c.greedy = greedy; c.contPpl = contPpl; }
+  return Object.keys(c).length ? c : null;
+}
+
+/** The scores as the log says them. */
+export function choicesSaid(c: ChoiceScores): string {
+  return [
+    c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
+    c.greedy !== undefined ? `continuations greedy ${percent(c.greedy)}, ppl ${c.contPpl!.toFixed(3)}` : '',
+  ].filter((x) => x).join(', ');
+}
 
 /** The items and rows of a run's --eval-choices, read and checked (prepareRunChoices). */
 export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number }
@@ -49,7 +80,7 @@ export function choicesRunner(m: Transformer): StepRunner {
 
 export interface RunChoices {
   items: number;
-  /** The student's acc and acc_norm now; null when `stop()` said so between batches (one rank only). */
+  /** The student's scores now; null when `stop()` said so between batches (one rank only). */
   student(stop: () => boolean): Promise<ChoiceScores | null>;
   /** The teacher's (null without a live teacher, or when stopped). */
   teacher(stop: () => boolean): Promise<ChoiceScores | null>;
@@ -59,21 +90,23 @@ export interface RunChoices {
 export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
-    const ll = await scoreChoices(p.items, choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowLogLikelihoods(b), async () => {
+    const sc = await scoreChoices(p.items, choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
       if (comm.world > 1) return false; // several ranks stop together, at a step's end
       await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
       return stop();
     });
-    if (ll === null) return null;
+    if (sc === null) return null;
     if (comm.world > 1) {
-      // every rank's rows in one vector (0 where another rank scored), summed over the ranks
-      const flat = new Float64Array(p.rows.length);
-      p.rows.forEach((r, i) => { if (i % comm.world === comm.rank) flat[i] = ll[r.item]![r.choice]!; });
+      // every rank's rows in one vector (0 where another rank scored: log-likelihoods, then greedy flags), summed over the ranks
+      const R = p.rows.length, flat = new Float64Array(2 * R);
+      p.rows.forEach((r, i) => {
+        if (i % comm.world === comm.rank) { flat[i] = sc.ll[r.item]![r.choice]!; flat[R + i] = sc.greedy[r.item]![r.choice] ? 1 : 0; }
+      });
       const all = comm.allReduceHost(flat);
-      p.rows.forEach((r, i) => { ll[r.item]![r.choice] = all[i]!; });
+      p.rows.forEach((r, i) => { sc.ll[r.item]![r.choice] = all[i]!; sc.greedy[r.item]![r.choice] = all[R + i] === 1; });
     }
-    const m = choiceMetrics(p.items, ll);
-    return { acc: m.acc, accNorm: m.accNorm };
+    const m = choiceMetrics(p.items, sc);
+    return { ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: m.greedy.acc, contPpl: m.greedy.perplexity } : {}) };
   };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;

@@ -58,8 +58,7 @@ import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
-import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
-import { percent } from '../eval/choices.js';
+import { choiceRow, choicesSaid, prepareRunChoices, runChoices, scoresOfRow, type ChoiceScores } from './run-choices.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
@@ -68,10 +67,10 @@ import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 
 export interface RunSummary {
   /**
-   * --eval-choices: the item count, the student's acc and acc_norm at its last scored evaluation (`step`), and a live
-   * teacher's, scored at the start of a new run.
+   * --eval-choices: the item count, the student's scores at its last scored evaluation (`step`: acc and acc_norm over
+   * multiple-choice items, greedy and contPpl over continuation items), and a live teacher's, scored at the start of a new run.
    */
-  choices?: { items: number; step?: number; acc?: number; accNorm?: number; teacher?: ChoiceScores };
+  choices?: { items: number; step?: number; teacher?: ChoiceScores } & ChoiceScores;
   mode: 'train' | 'distill';
   out: string;
   finalDir: string | null;
@@ -87,6 +86,8 @@ export interface RunSummary {
   finalValPerplexity: number;
   /** Student-teacher top-1 agreement on validation (distill only). */
   finalAgreement: number | null;
+  /** The validation tokens whose target is the student's most likely token (TRL's mean_token_accuracy), after the last step. */
+  finalValAccuracy: number;
   /** Tokens trained on: those the loss counted (on chat data under --loss-on assistant, the assistant replies'). */
   tokensTrained: number;
   /** The packed data: its tokens and those that carry loss (fewer than all on chat data under --loss-on assistant). */
@@ -282,16 +283,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const choices = preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm) : null;
   let lastChoices: (ChoiceScores & { step: number }) | null = null;
   const signalled = (): boolean => stops.signal !== null;
-  /** The student's multiple-choice scores at this step, for the metrics row ({} without --eval-choices; null when a signal stopped them). */
-  const choiceMetrics = async (at: number): Promise<Record<string, number> | null> => {
-    if (!choices) return {};
+  /** The student's --eval-choices scores at this step (undefined without --eval-choices; null when a signal stopped them). */
+  const scoreChoicesAt = async (at: number): Promise<ChoiceScores | null | undefined> => {
+    if (!choices) return undefined;
     const c = await choices.student(signalled);
-    if (c === null) return null;
-    lastChoices = { ...c, step: at };
-    return { val_acc: c.acc, val_acc_norm: c.accNorm };
+    if (c !== null) lastChoices = { ...c, step: at };
+    return c;
   };
-  /** A metrics row's choices scores as the log says them ('' without). */
-  const choicesSaid = (r: Record<string, number>): string => (r.val_acc !== undefined ? `choices acc ${percent(r.val_acc)}, acc_norm ${percent(r.val_acc_norm!)}` : '');
   /**
    * A validation pass a signal can cut short (one rank: the handler runs between batches): 'stopped' when one did.
    * Several ranks evaluate through to the end (they stop together, at a step's end).
@@ -318,18 +316,18 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     stoppedBeforeFirstStep = r === 'stopped';
     // the student's multiple-choice scores beside the loss, and the teacher's once, at the start: what the student's are
     // measured against (also without validation windows); a signal while they are scored stops the run as in the pass
-    const c = stoppedBeforeFirstStep ? {} : await choiceMetrics(0);
+    const c = stoppedBeforeFirstStep ? undefined : await scoreChoicesAt(0);
     const t = stoppedBeforeFirstStep || c === null ? null : await choices?.teacher(signalled) ?? null;
     // (with several ranks a signal stops them together at a step's end: no rank stops here alone)
     if (c === null || (world === 1 && signalled())) stoppedBeforeFirstStep = true;
     if (t && !stoppedBeforeFirstStep) teacherChoices = t;
-    const choiceRow = stoppedBeforeFirstStep ? {} : { ...c, ...(t ? { teacher_acc: t.acc, teacher_acc_norm: t.accNorm } : {}) };
+    const choiceFields = stoppedBeforeFirstStep || !c ? {} : { ...choiceRow('val', c), ...(t ? choiceRow('teacher', t) : {}) };
     if (e && !stoppedBeforeFirstStep) {
       initialValLoss = e.meanLoss; initialValCe = e.meanCe;
-      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceRow });
-    } else if (!stoppedBeforeFirstStep && c?.val_acc !== undefined) appendMetric({ step: 0, ...choiceRow });
+      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, val_accuracy: e.accuracy, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceFields });
+    } else if (!stoppedBeforeFirstStep && c) appendMetric({ step: 0, ...choiceFields });
     const said = stoppedBeforeFirstStep ? [] : [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
-      c ? `${choicesSaid(c)}${t ? ` (the teacher's ${percent(t.acc)}, ${percent(t.accNorm)})` : ''}` : ''].filter((x) => x);
+      c ? `${choicesSaid(c)}${t ? ` (the teacher's: ${choicesSaid(t)})` : ''}` : ''].filter((x) => x);
     if (said.length) log(`step 0: ${said.join('; ')}`);
   }
 
@@ -421,8 +419,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   // summary, which rank 0 writes
   if (saved && root && choices) {
     for (const m of metricsSoFar as Array<Record<string, number | undefined>>) {
-      if (m.teacher_acc !== undefined && m.teacher_acc_norm !== undefined) teacherChoices = { acc: m.teacher_acc, accNorm: m.teacher_acc_norm };
-      if (m.val_acc !== undefined && m.val_acc_norm !== undefined && m.step !== undefined) lastChoices = { acc: m.val_acc, accNorm: m.val_acc_norm, step: m.step };
+      teacherChoices = scoresOfRow('teacher', m) ?? teacherChoices;
+      const v = scoresOfRow('val', m);
+      if (v && m.step !== undefined) lastChoices = { ...v, step: m.step };
     }
   }
   // the evaluations before the checkpoint, replayed: their warnings stay in the summary (logged when they were made)
@@ -472,12 +471,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       initialTrainLoss, finalTrainLoss: finalTrainLossOf(),
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: distilling && lastEval ? lastEval.agreement : null,
+      finalValAccuracy: lastEval?.accuracy ?? NaN,
       tokensTrained, dataTokens: packed.totalTokens, dataLossTokens: packed.targetTokens, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), trainableParameters: files.trainable.layout.total, teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
       lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal: stops.signal,
-      ...(choices ? { choices: { items: choices.items, ...(lastChoices ? { step: lastChoices.step, acc: lastChoices.acc, accNorm: lastChoices.accNorm } : {}), ...(teacherChoices ? { teacher: teacherChoices } : {}) } } : {}),
+      ...(choices ? { choices: { items: choices.items, ...(lastChoices ?? {}), ...(teacherChoices ? { teacher: teacherChoices } : {}) } } : {}),
     };
     if (root) writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
@@ -533,7 +533,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const secs = (Date.now() - started) / 1000;
       const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
       appendMetric({
-        step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
+        step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), accuracy: r.accuracy, grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
         step_ms: +(thisStep * 1000).toFixed(2),
         ...(onPolicy ? {
           on_policy: onPolicyStep ? 1 : 0,
@@ -554,10 +554,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         lastEval = r === 'stopped' ? null : r;
         lastEvalStep = r === 'stopped' ? -1 : step;
         // a signal during the choices' scoring abandons them: the stop below writes the checkpoint of this step
-        const c = (r === 'stopped' ? null : await choiceMetrics(step)) ?? {};
-        const said = choicesSaid(c);
+        const sc = r === 'stopped' ? null : await scoreChoicesAt(step);
+        const c = sc ? choiceRow('val', sc) : {};
+        const said = sc ? choicesSaid(sc) : '';
         if (lastEval) {
-          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });
+          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, val_accuracy: lastEval.accuracy, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });
           if (!o.quiet && root) {
             progress.done();
             log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})${said ? `; ${said}` : ''}`);

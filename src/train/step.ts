@@ -10,13 +10,14 @@
  * A non-finite loss or gradient norm stops before the update, so the weights stay those of the last good step.
  */
 import type { LossSpec } from '../backend/backend.js';
-import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../backend/backend.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../backend/backend.js';
 import type { Transformer } from '../model/transformer.js';
 import type { Optimizer } from './optimizer.js';
 import type { Communicator } from '../parallel/comm.js';
 import { DistilleryError } from '../util/errors.js';
 import { ChunkedHead, type HeadOptions } from './head.js';
 import type { SparseHost } from '../cache/targets.js';
+import type { RowScores } from '../eval/choices.js';
 
 /** b sequences of t tokens: inputs, next-token targets (−1 on padding) and a 0/1 mask of counted tokens. */
 export interface Batch {
@@ -40,6 +41,8 @@ export interface LossSums {
   ce: number;
   div: number;
   agree: number;
+  /** Σ [argmax of the student == the target]: the tokens it predicts (TRL's mean_token_accuracy once divided). */
+  correct: number;
   /** Σ −log p_teacher(target) over the batches that asked for it (Batch.teacherCe), and their tokens. */
   teacherCe?: number;
   teacherCeTokens?: number;
@@ -51,6 +54,8 @@ export interface StepResult {
   div: number;
   gradNorm: number;
   tokens: number;
+  /** The fraction of counted tokens whose target is the student's most likely token (TRL's mean_token_accuracy). */
+  accuracy: number;
   /** The teacher's mean log-likelihood of the targets of the batches that asked for it (on-policy: the student's samples). */
   teacherLogLik?: number;
 }
@@ -141,7 +146,7 @@ export class StepRunner {
   private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): LossSums {
     const s = this.pass(batch, weightScale, grad, whileQueued, ready);
     const n = batch.b * batch.t;
-    const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
     if (batch.teacherCe === true && this.teacher) {
       const ts = this.head.readTeacherStats(n);
       let ce = 0, tok = 0;
@@ -157,6 +162,7 @@ export class StepRunner {
       sums.ce += m * s[r + STAT_CE]!;
       sums.div += m * s[r + STAT_DIV]!;
       sums.agree += m * s[r + STAT_AGREE]!;
+      sums.correct += m * s[r + STAT_ACC]!;
     }
     return sums;
   }
@@ -176,7 +182,7 @@ export class StepRunner {
     this.student.overwriteGrads();
     // Data parallel: the last micro-batch's backward pass hands its final gradients to the reduction as it goes.
     const ready = optimizer.beginStep?.();
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
     let loss: number, gradNorm: number;
     try {
       micro.forEach((b, i) => {
@@ -184,8 +190,8 @@ export class StepRunner {
         addSums(acc, this.lossPass(b, 1 / total, true, last ? whileQueued : undefined, last ? ready : undefined));
       });
       if (comm && comm.world > 1) {
-        const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
-        Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[5]!, teacherCeTokens: g[6]! } : {});
+        const g = comm.allReduceHost([acc.tokens, acc.loss, acc.ce, acc.div, acc.agree, acc.correct, acc.teacherCe ?? 0, acc.teacherCeTokens ?? 0]);
+        Object.assign(acc, { tokens: g[0]!, loss: g[1]!, ce: g[2]!, div: g[3]!, agree: g[4]!, correct: g[5]! }, acc.teacherCeTokens !== undefined ? { teacherCe: g[6]!, teacherCeTokens: g[7]! } : {});
       }
       loss = acc.loss / acc.tokens;
       if (!Number.isFinite(loss)) throw new NonFiniteLossError('the training loss', loss);
@@ -199,32 +205,35 @@ export class StepRunner {
     const scale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
     optimizer.update(lr, scale);
     return {
-      loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens,
+      loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens, accuracy: acc.correct / acc.tokens,
       ...(acc.teacherCeTokens ? { teacherLogLik: -acc.teacherCe! / acc.teacherCeTokens } : {}),
     };
   }
 
   /**
-   * Each row's log-likelihood of its counted targets, Σ mask · log p(target), summed in float64 (no gradients): the
-   * score of a continuation (src/eval/choices.ts). The loss vocabulary is the runner's.
+   * Each row's log-likelihood of its counted targets, Σ mask · log p(target), summed in float64, and whether every
+   * counted target is the model's most likely token (lm-evaluation-harness's is_greedy), no gradients: the scores of a
+   * continuation (src/eval/choices.ts). The loss vocabulary is the runner's.
    */
-  rowLogLikelihoods(batch: Batch): Float64Array {
+  rowScores(batch: Batch): RowScores {
     const s = this.pass(batch, 0, false);
-    const out = new Float64Array(batch.b);
+    const ll = new Float64Array(batch.b), greedy = new Uint8Array(batch.b);
     for (let r = 0; r < batch.b; r++) {
-      let ll = 0;
+      let sum = 0, all = 1;
       for (let p = 0; p < batch.t; p++) {
         const i = r * batch.t + p, m = batch.mask[i]!;
-        if (m !== 0) ll -= m * s[i * LOSS_STATS + STAT_CE]!;
+        if (m === 0) continue;
+        sum -= m * s[i * LOSS_STATS + STAT_CE]!;
+        if (s[i * LOSS_STATS + STAT_ACC] !== 1) all = 0;
       }
-      out[r] = ll;
+      ll[r] = sum; greedy[r] = all;
     }
-    return out;
+    return { ll, greedy };
   }
 
   /** Mean loss, cross-entropy, divergence and teacher agreement over the given batches (no gradients). */
   evaluate(batches: Iterable<Batch>): EvalSums {
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
     for (const b of batches) addSums(acc, this.lossPass(b, 0, false));
     return means(acc);
   }
@@ -234,7 +243,7 @@ export class StepRunner {
    * order; null as soon as `stop()` holds after a batch (the pass is abandoned).
    */
   async evaluateYielding(batches: Iterable<Batch>, stop: () => boolean): Promise<EvalSums | null> {
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0 };
+    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
     for (const b of batches) {
       addSums(acc, this.lossPass(b, 0, false));
       await new Promise<void>((resolve) => setImmediate(resolve));
@@ -245,17 +254,17 @@ export class StepRunner {
 }
 
 /** Sums over a validation pass and the means the run reports. */
-export type EvalSums = LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; perplexity: number };
+export type EvalSums = LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; accuracy: number; perplexity: number };
 
 function means(acc: LossSums): EvalSums {
   const d = Math.max(acc.tokens, 1);
   return {
-    ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d,
+    ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d, accuracy: acc.correct / d,
     perplexity: Math.exp(acc.ce / d),
   };
 }
 
 function addSums(a: LossSums, b: LossSums): void {
-  a.tokens += b.tokens; a.loss += b.loss; a.ce += b.ce; a.div += b.div; a.agree += b.agree;
+  a.tokens += b.tokens; a.loss += b.loss; a.ce += b.ce; a.div += b.div; a.agree += b.agree; a.correct += b.correct;
   if (b.teacherCe !== undefined) { a.teacherCe = (a.teacherCe ?? 0) + b.teacherCe; a.teacherCeTokens = (a.teacherCeTokens ?? 0) + b.teacherCeTokens!; }
 }

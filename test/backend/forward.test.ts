@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { Backend } from '../../src/backend/backend.js';
-import { LOSS_STATS } from '../../src/backend/backend.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { Rng } from '../../src/util/rng.js';
 import { assertClose, bufOf, randn } from './helpers.js';
@@ -213,6 +213,9 @@ withBackends('loss forward: stats per kind, padding rows, dlogits sums to zero',
     zt[vocab + 3] = 50; zs[vocab + 3] = 50;
     const y = Int32Array.from({ length: n }, () => rng.int(vocab));
     y[4] = -1; // padding
+    // Accuracy (argmax == target, first index on ties): row 1's target is its maximum, row 2 ties at 5 and 9 with y = 9.
+    y[1] = 3;
+    zs[2 * vocab + 5] = 40; zs[2 * vocab + 9] = 40; y[2] = 9;
     const w = Float64Array.from({ length: n }, (_, i) => (i === 4 ? 0 : 0.25));
     const S = bufOf(be, randn(rng, n * LOSS_STATS)), D = be.alloc(n * vocab, 'd'), Y = be.allocInt(n, 'y');
     be.uploadInt(Y, y);
@@ -220,12 +223,13 @@ withBackends('loss forward: stats per kind, padding rows, dlogits sums to zero',
     be.lossForward(S, D, bufOf(be, zs), teacher, Y, bufOf(be, w), n, vocab, spec);
     const ref: number[] = [];
     for (let i = 0; i < n; i++) {
-      if (y[i] === -1) { ref.push(0, 0, 0, 0); continue; }
+      if (y[i] === -1) { ref.push(0, 0, 0, 0, 0); continue; }
       ref.push(...lossRef(zs.subarray(i * vocab, (i + 1) * vocab), spec.kind === 'none' ? null : zt.subarray(i * vocab, (i + 1) * vocab), y[i]!, spec));
     }
     assertClose(be.download(S), ref, rtol * 10, atol * 10, `loss stats ${spec.kind}`);
     const st = be.download(S);
-    if (spec.kind !== 'none') assert.equal(st[1 * LOSS_STATS + 3], 1, 'row 1 agrees on the argmax');
+    if (spec.kind !== 'none') assert.equal(st[1 * LOSS_STATS + STAT_AGREE], 1, 'row 1 agrees on the argmax');
+    assert.deepEqual([st[1 * LOSS_STATS + STAT_ACC], st[2 * LOSS_STATS + STAT_ACC]], [1, 0], 'row 1 predicts its target; row 2 ties before its target');
     const d = be.download(D);
     for (let i = 0; i < n; i++) {
       let s = 0;

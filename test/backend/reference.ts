@@ -89,9 +89,12 @@ export function softmax(z: ArrayLike<number>, T = 1): number[] {
 
 /** Per-row reference of the fused loss: [loss, ce, div, agree]. */
 export function lossRef(zs: ArrayLike<number>, zt: ArrayLike<number> | null, y: number, spec: LossSpec): number[] {
+  // argmax: the first index of the maximum (numpy's and torch's)
+  const am = (a: ArrayLike<number>) => { let b = 0; for (let j = 1; j < a.length; j++) if (a[j]! > a[b]!) b = j; return b; };
+  const acc = am(zs) === y ? 1 : 0;
   const p = softmax(zs);
   const ce = -Math.log(p[y]!);
-  if (spec.kind === 'none' || zt === null) return [ce, ce, 0, 0];
+  if (spec.kind === 'none' || zt === null) return [ce, ce, 0, 0, acc];
   const T = spec.temperature, qs = softmax(zs, T), qt = softmax(zt, T);
   let div = 0;
   for (let j = 0; j < qs.length; j++) {
@@ -103,8 +106,7 @@ export function lossRef(zs: ArrayLike<number>, zt: ArrayLike<number> | null, y: 
     }
   }
   div *= T * T;
-  const am = (a: ArrayLike<number>) => { let b = 0; for (let j = 1; j < a.length; j++) if (a[j]! > a[b]!) b = j; return b; };
-  return [spec.alpha * div + (1 - spec.alpha) * ce, ce, div, am(zs) === am(zt) ? 1 : 0];
+  return [spec.alpha * div + (1 - spec.alpha) * ce, ce, div, am(zs) === am(zt) ? 1 : 0, acc];
 }
 
 export const LOSS_SPECS: LossSpec[] = [

@@ -8,7 +8,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import type { Backend, LossSpec } from '../../src/backend/backend.js';
-import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../src/backend/backend.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../src/backend/backend.js';
 import { sparseRow, parseSparse, type SparseEntry, type SparseRep } from '../../src/cache/sparse.js';
 import { allocSparseHost, setSparseRow, SparseDevice } from '../../src/cache/targets.js';
 import { Rng } from '../../src/util/rng.js';
@@ -153,6 +153,7 @@ test('sparse loss: the sample estimator is unbiased (its mean over draws converg
 test('sparse loss: dlogits is the finite-difference gradient of the reported loss (samples, top-K with a tail, CE mixed in)', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const c = makeCase(21, 3, 13);
+  c.y[0] = c.z.subarray(0, c.V).reduce((b, x, j, a) => (x > a[b]! ? j : b), 0); // row 0 predicts its target (accuracy 1)
   const T = 1.7, h = 1e-6;
   for (const rep of [{ kind: 'sample', n: 5 }, { kind: 'top', k: 4 }] as SparseRep[]) {
     const ents = entriesOf(c, T, rep, new Rng(5));
@@ -171,12 +172,14 @@ test('sparse loss: dlogits is the finite-difference gradient of the reported los
         const fd = (total(zp) - total(zm)) / (2 * h);
         assertClose([s.grad[j]!], [fd], 1e-5, 1e-9, `${rep.kind} ${kind} dlogits[${j}]`);
       }
-      // CE is the data's, independent of the teacher; agreement compares argmaxes.
+      // CE and accuracy are the data's, independent of the teacher; agreement compares argmaxes.
       const d = dense(be, c, spec);
       for (let i = 0; i < c.n; i++) {
         assertClose([s.stats[i * LOSS_STATS + STAT_CE]!], [d.stats[i * LOSS_STATS + STAT_CE]!], 1e-12, 1e-12, 'ce');
         assert.equal(s.stats[i * LOSS_STATS + STAT_AGREE], d.stats[i * LOSS_STATS + STAT_AGREE]);
+        assert.equal(s.stats[i * LOSS_STATS + STAT_ACC], d.stats[i * LOSS_STATS + STAT_ACC]);
       }
+      assert.equal(s.stats[STAT_ACC], 1, 'row 0 predicts its target');
     }
   }
   be.dispose();
@@ -189,7 +192,7 @@ test('sparse loss: padding rows get zero stats and gradient; a mask weight scale
   const rep: SparseRep = { kind: 'sample', n: 3 };
   const ents = entriesOf(c, 2, rep, new Rng(1));
   const s = sparse(be, c, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0.5 }, ents, rep);
-  assert.deepEqual([...s.stats.subarray(LOSS_STATS, 2 * LOSS_STATS)], [0, 0, 0, 0]);
+  assert.deepEqual([...s.stats.subarray(LOSS_STATS, 2 * LOSS_STATS)], new Array<number>(LOSS_STATS).fill(0));
   assert.ok(s.grad.subarray(c.V, 2 * c.V).every((x) => x === 0));
   assert.ok(s.grad.subarray(2 * c.V).some((x) => x !== 0));
   be.dispose();

@@ -175,8 +175,9 @@ test('StreamDecoder holds back incomplete UTF-8 and emits exactly the decoded te
 test('eval: loss and perplexity; with a teacher, agreement and KL', async () => {
   const r = await run(['eval', '--model', model, '--data', dataFile, '--seq', '16', '--batch', '3', '--json']);
   assert.equal(r.code, 0, r.err);
-  const j = JSON.parse(r.out) as { loss: number; perplexity: number; tokens: number; agreement?: number };
+  const j = JSON.parse(r.out) as { loss: number; perplexity: number; tokens: number; accuracy: number; agreement?: number };
   assert.ok(j.tokens > 0);
+  assert.ok(j.accuracy >= 0 && j.accuracy <= 1 && Math.abs(j.accuracy * j.tokens - Math.round(j.accuracy * j.tokens)) < 1e-6, `accuracy ${j.accuracy} of ${j.tokens} tokens: a count of them`);
   assert.ok(j.loss > 0 && Number.isFinite(j.loss));
   assert.ok(Math.abs(j.perplexity - Math.exp(j.loss)) < 1e-6 * j.perplexity);
   assert.equal(j.agreement, undefined);
@@ -199,11 +200,50 @@ test('eval: loss and perplexity; with a teacher, agreement and KL', async () => 
   const text = await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--seq', '16']);
   assert.match(text.out, /^loss\s+\d+\.\d{4}/m);
   assert.match(text.out, /^perplexity\s+\d/m);
+  assert.match(text.out, /^accuracy\s+\d+\.\d{2}%/m);
   assert.match(text.out, /^agreement\s+\d+\.\d+%/m);
   assert.match(text.out, /^kl\s+\d/m);
   const noData = await run(['eval', '--model', model, '--data', path.join(dir, 'missing.txt')]);
   assert.equal(noData.code, 2);
   assert.match(noData.err, /--data: data file .*missing\.txt does not exist/);
+});
+
+test('eval --choices with continuation items: is_greedy and perplexity from the written scores, beside the multiple-choice items\' acc', async () => {
+  const items = path.join(dir, 'cont-items.jsonl');
+  const lines = [
+    { context: 'The teacher model', continuation: ' predicts the next token' },
+    { context: 'A tokenizer splits text into ', choices: ['pieces', 'dogs'], answer: 'pieces' },
+    { context: 'The quick brown fox', continuation: ' jumps over the lazy dog' },
+    { context: '', continuation: 'Distillation trains a small model' },
+  ];
+  fs.writeFileSync(items, lines.map((l) => JSON.stringify(l)).join('\n') + '\n');
+  const out = path.join(dir, 'cont-scores.jsonl');
+  const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choices-out', out, '--choice-delimiter', '', '--json']);
+  assert.equal(r.code, 0, r.err);
+  type G = { items: number; acc: number; perplexity: number };
+  const j = JSON.parse(r.out) as { choices: { items: number; rows: number; acc: number; greedy: G; teacher: { acc: number; greedy: G } } };
+  assert.equal(j.choices.items, 4);
+  assert.equal(j.choices.rows, 5);
+  const samples = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const cont = samples.filter((x) => x.loglik !== undefined) as Array<{ loglik: number; greedy: boolean; teacher_loglik: number; teacher_greedy: boolean }>;
+  assert.equal(cont.length, 3);
+  assert.ok(cont.every((x) => x.loglik < 0 && typeof x.greedy === 'boolean' && x.teacher_loglik < 0));
+  const ppl = (v: number[]): number => Math.exp(-v.reduce((a, b) => a + b, 0) / v.length);
+  assert.deepEqual(j.choices.greedy, { items: 3, acc: cont.filter((x) => x.greedy).length / 3, perplexity: ppl(cont.map((x) => x.loglik)) });
+  assert.deepEqual(j.choices.teacher.greedy, { items: 3, acc: cont.filter((x) => x.teacher_greedy).length / 3, perplexity: ppl(cont.map((x) => x.teacher_loglik)) });
+  const mc = samples[1] as { logliks: number[]; pred: number };
+  assert.equal(j.choices.acc, mc.pred === 0 ? 1 : 0, 'acc is over the one multiple-choice item');
+  const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choice-delimiter', '']);
+  assert.equal(text.code, 0, text.err);
+  assert.match(text.out, /^acc\s+\d+\.\d{2}% {2}\(highest log-likelihood, of 1 multiple-choice item\)/m);
+  assert.match(text.out, /^greedy\s+\d+\.\d{2}% {2}\(continuations whose every token is the model's most likely, of 3 items\)/m);
+  assert.match(text.out, /^cont ppl\s+\d+\.\d{3}/m);
+  assert.match(text.out, /^teacher\s+greedy \d+\.\d{2}%/m);
+  const bad = path.join(dir, 'cont-bad.jsonl');
+  fs.writeFileSync(bad, '{"context": "x", "continuation": "y", "choices": ["a", "b"], "answer": 0}\n');
+  const e = await run(['eval', '--model', model, '--choices', bad]);
+  assert.equal(e.code, 2);
+  assert.match(e.err, /cont-bad\.jsonl:1: an item has "continuation" or "choices" and "answer", not both/);
 });
 
 test('eval --choices: acc and acc_norm from the written log-likelihoods, the teacher beside, with --data in one run; errors exit 2', async () => {

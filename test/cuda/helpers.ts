@@ -6,7 +6,7 @@
 import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
 import { createHash } from 'node:crypto';
 import { roundBf16 } from '../../src/backend/bf16.js';
-import type { Backend, LossSpec } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend, type LossSpec } from '../../src/backend/backend.js';
 import type { KernelCompiler } from '../../src/backend/cuda/ffi/nvrtc.js';
 import type { CudaDriver } from '../../src/backend/cuda/ffi/driver.js';
 import type { Cublas } from '../../src/backend/cuda/ffi/cublas.js';
@@ -66,7 +66,7 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const r2 = b.alloc(n * d.C, 'r2');
     b.addRmsnormForward(x, y, rstd, x, r2, w, n, d.C, d.eps);
     const logits = b.alloc(n * d.vocab, 'logits'), teacher = b.alloc(n * d.vocab, 'teacher');
-    const stats = b.alloc(n * 4, 'stats'), weights = b.alloc(n, 'weights'), targets = b.allocInt(n, 'targets');
+    const stats = b.alloc(n * LOSS_STATS, 'stats'), weights = b.alloc(n, 'weights'), targets = b.allocInt(n, 'targets');
     b.lossForward(stats, logits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, d.vocab, d.loss);
     // the sparse loss of a teacher cache (sample and top-K rows)
     if (d.loss.kind !== 'none') {
@@ -159,7 +159,7 @@ export function allOpsStepBf16(d: ToyDims): (b: Backend) => void {
     const logits = f(n * V, 'logits'), teacher = f(n * V, 'teacher'), dlogits = h16(n * V, 'dlogits');
     b.matmulForward(logits, lnf, headW, null, n, C, V);
     b.matmulForward(teacher, lnf, headW, null, n, C, V); // the bf16 teacher's head
-    const stats = f(n * 4, 'stats'), weights = f(n, 'weights'), targets = b.allocInt(n, 'targets');
+    const stats = f(n * LOSS_STATS, 'stats'), weights = f(n, 'weights'), targets = b.allocInt(n, 'targets');
     b.lossForward(stats, dlogits, logits, d.loss.kind === 'none' ? null : teacher, targets, weights, n, V, d.loss);
     const dHidden = f(n * C, 'dHidden'), dHeadW = f(V * C, 'dHeadW');
     b.matmulBackward(dHidden, dHeadW, null, dlogits, lnf, headW, n, C, V);

@@ -14,6 +14,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { lossKernel, LOSS_KINDS } from '../../src/backend/cuda/kernels/loss.js';
 import { lossRows } from '../../src/backend/cpu/kernels/loss.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE } from '../../src/backend/backend.js';
 import { packBf16, roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
@@ -33,6 +34,11 @@ for (const [close, [V, LD]] of [false, true].flatMap((c) => GEOMETRIES.map((g) =
     const z = Float32Array.from({ length: n * LD }, () => (r() - 0.5) * 12);
     const zt = Float32Array.from({ length: n * LD }, (_, i) => (close ? z[i]! + (r() - 0.5) * 0.02 : (r() - 0.5) * 12));
     const y = Int32Array.from({ length: n }, (_, i) => (i === 3 ? -1 : Math.floor(r() * V)));
+    // Accuracy (argmax z == y, the first index on ties): row 0 ties its maximum at 10 and 20 with y = 10 (a hit), row 5
+    // the same tie with y = 20 (a miss), row 1's target is its maximum (a hit).
+    for (const i of [0, 5]) { z[i * LD + 10] = 7; z[i * LD + 20] = 7; }
+    y[0] = 10; y[5] = 20;
+    y[1] = z.subarray(LD, LD + V).reduce((b, x, j, a) => (x > a[b]! ? j : b), 0);
     const w = Float32Array.from({ length: n }, (_, i) => (i === 3 ? 0 : 0.25));
     for (const [f, a] of [['z', z], ['zt', zt], ['y', y], ['w', w], ['zb', packBf16(z)], ['ztb', packBf16(zt)]] as const) writeFileSync(join(workDir(), f), a);
     // bf16 logits: the kernel reads the rounded values (the reference gets the same), and writes a bf16 gradient over them.
@@ -44,27 +50,31 @@ for (const [close, [V, LD]] of [false, true].flatMap((c) => GEOMETRIES.map((g) =
         const exe = build(spec, lt === 'f32' ? `int main() { const char* d = "${workDir()}";
   auto z = readf<float>(d, "z", ${n * LD}); auto zt = readf<float>(d, "zt", ${n * LD});
   auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
-  std::vector<float> st(${n * 4}); std::vector<${T}> g(${n * LD});
+  std::vector<float> st(${n * LOSS_STATS}); std::vector<${T}> g(${n * LD});
   launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { loss(st.data(), g.data(), z.data(), zt.data(), y.data(), w.data(), ${n}, ${V}, ${LD}, 2.0f, 0.6f, 0.3f); });
   writef(d, "st", st); writef(d, "g", g); }` : `int main() { const char* d = "${workDir()}";
   auto z = readf<bf16>(d, "zb", ${n * LD}); auto zt = readf<bf16>(d, "ztb", ${n * LD});
   auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
-  std::vector<float> st(${n * 4});
+  std::vector<float> st(${n * LOSS_STATS});
   launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { loss(st.data(), z.data(), z.data(), zt.data(), y.data(), w.data(), ${n}, ${V}, ${LD}, 2.0f, 0.6f, 0.3f); });
   writef(d, "st", st); writef(d, "g", z); }`);
         execFileSync(exe);
         const st = readF32('st');
         const gb = readFileSync(join(workDir(), 'g'));
         const g = dt === 'bf16' ? unpackBf16(new Uint16Array(gb.buffer.slice(gb.byteOffset, gb.byteOffset + gb.length))) : readF32('g');
-        const rst = new Float64Array(n * 4), rg = new Float64Array(n * LD);
+        const rst = new Float64Array(n * LOSS_STATS), rg = new Float64Array(n * LD);
         const spec64 = { kind, alpha: 0.6, temperature: 2, beta: 0.3 };
         lossRows(rst, rg, lt === 'bf16' ? zr : Float64Array.from(z), lt === 'bf16' ? ztr : Float64Array.from(zt), y, Float64Array.from(w), V, spec64, 0, n, LD);
         let es = 0, eg = 0, mg = 0;
+        assert.deepEqual([0, 1, 5].map((i) => rst[LOSS_STATS * i + STAT_ACC]), [1, 1, 0], 'the reference scores the planted hits and the tie');
         for (let i = 0; i < n; i++) {
           // Relative, with an absolute floor of 1e-6: a divergence near 1e-5 (nearly identical models) is the difference of
           // float32 sums whose rounding alone is ~1e-7 absolute.
-          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[4 * i + c]! - rst[4 * i + c]!) / Math.max(5e-4, Math.abs(rst[4 * i + c]!)));
-          if (kind !== 'none') assert.equal(st[4 * i + 3], rst[4 * i + 3], `${kind} row ${i}: agreement`);
+          const o = LOSS_STATS * i;
+          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[o + c]! - rst[o + c]!) / Math.max(5e-4, Math.abs(rst[o + c]!)));
+          // kind 'none' reads no teacher on CUDA (agreement 0); the CPU reports it whenever teacher logits are given
+          if (kind !== 'none') assert.equal(st[o + STAT_AGREE], rst[o + STAT_AGREE], `${kind} row ${i}: agreement`);
+          assert.equal(st[o + STAT_ACC], rst[o + STAT_ACC], `${kind} row ${i}: accuracy`);
         }
         for (let i = 0; i < n * LD; i++) {
           const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;

@@ -13,6 +13,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { sparseLossKernel } from '../../src/backend/cuda/kernels/sparse-loss.js';
 import { sparseLossRows } from '../../src/backend/cpu/kernels/sparse-loss.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_DIV } from '../../src/backend/backend.js';
 import { sparseRow, type SparseRep } from '../../src/cache/sparse.js';
 import { allocSparseHost, setSparseRow } from '../../src/cache/targets.js';
 import { packBf16, roundBf16, unpackBf16 } from '../../src/backend/bf16.js';
@@ -34,6 +35,9 @@ for (const [rep, [V, LD]] of ([{ kind: 'sample', n: S }, { kind: 'top', k: S }] 
     const z = Float32Array.from({ length: n * LD }, () => (r() - 0.5) * 10);
     const zt = Float64Array.from({ length: n * V }, () => (r() - 0.5) * 10);
     const y = Int32Array.from({ length: n }, (_, i) => (i === 3 ? -1 : Math.floor(r() * V)));
+    // Accuracy: row 0 ties its maximum at 10 and 20 with y = 10 (a hit), row 5 the same tie with y = 20 (a miss).
+    for (const i of [0, 5]) { z[i * LD + 10] = 6; z[i * LD + 20] = 6; }
+    y[0] = 10; y[5] = 20;
     const w = Float32Array.from({ length: n }, (_, i) => (i === 3 ? 0 : 0.25));
     const h = allocSparseHost(n, S);
     for (let i = 0; i < n; i++) {
@@ -55,7 +59,7 @@ for (const [rep, [V, LD]] of ([{ kind: 'sample', n: S }, { kind: 'top', k: S }] 
   auto z = ${lt === 'bf16' ? `readf<bf16>(d, "zb", ${n * LD})` : `readf<float>(d, "z", ${n * LD})`}; auto y = readf<int>(d, "y", ${n}); auto w = readf<float>(d, "w", ${n});
   auto ids = readf<int>(d, "ids", ${n * S}); auto prob = readf<float>(d, "prob", ${n * S}); auto logq = readf<float>(d, "logq", ${n * S});
   auto tail = readf<float>(d, "tail", ${n}); auto am = readf<int>(d, "am", ${n});
-  std::vector<float> st(${n * 4}); std::vector<${T}> g(${n * LD});
+  std::vector<float> st(${n * LOSS_STATS}); std::vector<${T}> g(${n * LD});
   ${dt === lt ? `${T}* gp = z.data();` : `${T}* gp = g.data();`}
   launch({${n}, 1, 1}, ${BLOCK}, 0, [&] { sparse_loss(st.data(), gp, z.data(), y.data(), w.data(), ids.data(), prob.data(), logq.data(), tail.data(), am.data(), ${n}, ${V}, ${LD}, ${S}, 2.0f, 0.6f, 0.3f); });
   writef(d, "st", st); ${dt === lt ? 'writef(d, "g", z);' : 'writef(d, "g", g);'} }`);
@@ -63,13 +67,16 @@ for (const [rep, [V, LD]] of ([{ kind: 'sample', n: S }, { kind: 'top', k: S }] 
         const st = readF32('st');
         const gb = readFileSync(join(workDir(), 'g'));
         const g = dt === 'bf16' ? unpackBf16(new Uint16Array(gb.buffer.slice(gb.byteOffset, gb.byteOffset + gb.length))) : readF32('g');
-        const rst = new Float64Array(n * 4), rg = new Float64Array(n * LD);
+        const rst = new Float64Array(n * LOSS_STATS), rg = new Float64Array(n * LD);
         const sp = { slots: S, ids: h.ids, prob: Float64Array.from(prob), logq: Float64Array.from(logq), tail: Float64Array.from(tail), argmax: h.argmax };
         sparseLossRows(rst, rg, Float64Array.from(z, lt === 'bf16' ? roundBf16 : (x) => x), y, Float64Array.from(w), sp, V, { kind, alpha: 0.6, temperature: 2, beta: 0.3 }, 0, n, LD);
+        assert.deepEqual([0, 5].map((i) => rst[LOSS_STATS * i + STAT_ACC]), [1, 0], 'the reference scores the planted hit and the tie');
         let es = 0, eg = 0, mg = 0;
         for (let i = 0; i < n; i++) {
-          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[4 * i + c]! - rst[4 * i + c]!) / Math.max(5e-4, Math.abs(rst[4 * i + c]!)));
-          assert.equal(st[4 * i + 3], rst[4 * i + 3], `${kind} row ${i}: agreement`);
+          const o = LOSS_STATS * i;
+          for (let c = 0; c < 3; c++) es = Math.max(es, Math.abs(st[o + c]! - rst[o + c]!) / Math.max(5e-4, Math.abs(rst[o + c]!)));
+          assert.equal(st[o + STAT_AGREE], rst[o + STAT_AGREE], `${kind} row ${i}: agreement`);
+          assert.equal(st[o + STAT_ACC], rst[o + STAT_ACC], `${kind} row ${i}: accuracy`);
         }
         for (let i = 0; i < n * LD; i++) {
           const want = dt === 'bf16' ? roundBf16(rg[i]!) : rg[i]!;
@@ -101,18 +108,18 @@ test('emulated CUDA: sparse loss at the extremes stays finite and equals the flo
   auto z = readf<float>(d, "z2", ${n2 * V2}); auto y = readf<int>(d, "y2", ${n2}); auto w = readf<float>(d, "w2", ${n2});
   auto ids = readf<int>(d, "ids2", ${n2 * S2}); auto prob = readf<float>(d, "prob2", ${n2 * S2}); auto logq = readf<float>(d, "logq2", ${n2 * S2});
   auto tail = readf<float>(d, "tail2", ${n2}); auto am = readf<int>(d, "am2", ${n2});
-  std::vector<float> st(${n2 * 4}), g(${n2 * V2});
+  std::vector<float> st(${n2 * LOSS_STATS}), g(${n2 * V2});
   launch({${n2}, 1, 1}, ${BLOCK}, 0, [&] { sparse_loss(st.data(), g.data(), z.data(), y.data(), w.data(), ids.data(), prob.data(), logq.data(), tail.data(), am.data(), ${n2}, ${V2}, ${V2}, ${S2}, 1.0f, 1.0f, 0.5f); });
   writef(d, "st2", st); writef(d, "g2", g); }`);
     execFileSync(exe);
     const st = readF32('st2'), g = readF32('g2');
-    const rst = new Float64Array(n2 * 4), rg = new Float64Array(n2 * V2);
+    const rst = new Float64Array(n2 * LOSS_STATS), rg = new Float64Array(n2 * V2);
     sparseLossRows(rst, rg, Float64Array.from(z), y, Float64Array.from(w),
       { slots: S2, ids, prob: Float64Array.from(prob), logq: Float64Array.from(logq), tail: Float64Array.from(tail), argmax: am }, V2,
       { kind, alpha: 1, temperature: 1, beta: 0.5 }, 0, n2, V2);
     assert.ok([...st, ...g].every(Number.isFinite), `${kind}: finite stats and gradient`);
     let es = 0, eg = 0, mg = 0;
-    for (let i = 0; i < n2; i++) es = Math.max(es, Math.abs(st[4 * i + 2]! - rst[4 * i + 2]!) / Math.max(1e-3, Math.abs(rst[4 * i + 2]!)));
+    for (let i = 0; i < n2; i++) es = Math.max(es, Math.abs(st[LOSS_STATS * i + STAT_DIV]! - rst[LOSS_STATS * i + STAT_DIV]!) / Math.max(1e-3, Math.abs(rst[LOSS_STATS * i + STAT_DIV]!)));
     for (let i = 0; i < n2 * V2; i++) { eg = Math.max(eg, Math.abs(g[i]! - rg[i]!)); mg = Math.max(mg, Math.abs(rg[i]!)); }
     let wi = 0; for (let i = 0; i < n2 * V2; i++) if (Math.abs(g[i]! - rg[i]!) > Math.abs(g[wi]! - rg[wi]!)) wi = i;
     process.stderr.write(`[sparse-loss-emulated] extremes ${kind}: divergence ${es.toExponential(2)} grad ${(eg / mg).toExponential(2)} (worst element ${wi}: ${g[wi]} vs ${rg[wi]})\n`);

@@ -1,8 +1,9 @@
 /**
  * Multiple-choice scoring (src/eval/choices.ts): the items file and its errors, lm-evaluation-harness's split of a
  * context and its continuation into tokens (Qwen's real tokenizer), the left cut, the batches' masks, acc and
- * acc_norm (characters counted as Python counts them), and the scores themselves: StepRunner.rowLogLikelihoods over
- * padded batches against each row's log-softmax computed in float64 from the full forward of that row alone.
+ * acc_norm (characters counted as Python counts them), continuation items' is_greedy and perplexity, and the scores
+ * themselves: StepRunner.rowScores over padded batches against each row's log-softmax and argmax computed in float64
+ * from the full forward of that row alone.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -16,7 +17,7 @@ import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import {
-  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
+  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
   scoreChoices, type ChoiceItem, type SpecialTokens,
 } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
@@ -35,8 +36,11 @@ test('items: index or text answers, blank lines skipped, extra keys ignored; eac
     '{"context": "2 + 2 =", "choices": ["3", "4"], "answer": 1, "id": "q1"}',
     '',
     '{"context": "", "choices": ["red", "blue", "green"], "answer": "green"}',
+    '{"context": "The cat sat on the", "continuation": " mat", "id": 7}',
   ].join('\n'), 'items.jsonl');
-  assert.deepEqual(items.map((i) => [i.context, i.choices.length, i.answer, i.where]), [['2 + 2 =', 2, 1, 'items.jsonl:1'], ['', 3, 2, 'items.jsonl:3']]);
+  assert.deepEqual(items.map((i) => [i.context, i.choices.length, i.answer, i.where, i.continuation ?? false]),
+    [['2 + 2 =', 2, 1, 'items.jsonl:1', false], ['', 3, 2, 'items.jsonl:3', false], ['The cat sat on the', 1, 0, 'items.jsonl:4', true]]);
+  assert.deepEqual(items[2]!.choices, [' mat']);
   const bad: Array<[string, RegExp]> = [
     ['{"context": "x", "choices": ["a", "b"], "answer": 1', /items\.jsonl:2: invalid JSON/],
     ['["x"]', /items\.jsonl:2: expected a JSON object/],
@@ -48,6 +52,10 @@ test('items: index or text answers, blank lines skipped, extra keys ignored; eac
     ['{"context": "x", "choices": ["a", "b"], "answer": 0.5}', /"answer" 0\.5 is not the index/],
     ['{"context": "x", "choices": ["a", "b"], "answer": "c"}', /"answer" "c" is none of the choices/],
     ['{"context": "x", "choices": ["a", "b"]}', /"answer" must be a choice's index or text \(it is missing\)/],
+    ['{"context": "x", "continuation": ""}', /"continuation" must be a non-empty string/],
+    ['{"context": "x", "continuation": 3}', /"continuation" must be a non-empty string/],
+    ['{"context": "x", "continuation": "a", "choices": ["a", "b"], "answer": 0}', /has "continuation" or "choices" and "answer", not both/],
+    ['{"continuation": "a"}', /"context" must be a string \(it is missing\)/],
   ];
   for (const [line, re] of bad) {
     assert.throws(() => parseChoiceItems(`{"context": "", "choices": ["a", "b"], "answer": 0}\n${line}`, 'items.jsonl'),
@@ -180,9 +188,31 @@ test('acc and acc_norm: argmax (the first on a tie), acc_norm per character as P
   ];
   const ll = [[-4, -3], [-1, -1, -2]];
   assert.deepEqual(predictions(items, ll), [{ pred: 1, predNorm: 0 }, { pred: 0, predNorm: 0 }]);
-  assert.deepEqual(choiceMetrics(items, ll), { items: 2, rows: 5, acc: 0.5, accNorm: 1 });
+  const greedy = ll.map((r) => r.map(() => false));
+  assert.deepEqual(choiceMetrics(items, { ll, greedy }), { items: 2, rows: 5, acc: 0.5, accNorm: 1 });
   // numpy's argmax takes the first NaN
   assert.equal(predictions([items[1]!], [[-1, NaN, -0.5]])[0]!.pred, 1);
+});
+
+test("continuation items: the harness's loglikelihood metrics, acc = mean is_greedy and perplexity = exp(-mean log-likelihood), beside a multiple-choice item's", () => {
+  const items: ChoiceItem[] = [
+    { context: 'c', choices: [' a'], answer: 0, continuation: true, where: 'f:1' },
+    { context: 'c', choices: ['x', 'y'], answer: 1, where: 'f:2' },
+    { context: 'd', choices: [' b c'], answer: 0, continuation: true, where: 'f:3' },
+    { context: 'e', choices: [' d'], answer: 0, continuation: true, where: 'f:4' },
+  ];
+  const ll = [[-0.5], [-2, -1], [-3], [-1]], greedy = [[true], [false, false], [false], [true]];
+  const m = choiceMetrics(items, { ll, greedy });
+  assert.deepEqual({ ...m, greedy: undefined }, { items: 4, rows: 5, acc: 1, accNorm: 1, greedy: undefined });
+  assert.equal(m.greedy!.items, 3);
+  assert.equal(m.greedy!.acc, 2 / 3);
+  assert.ok(Math.abs(m.greedy!.perplexity - Math.exp(4.5 / 3)) < 1e-12);
+  // continuation items alone: no acc / acc_norm
+  const only = choiceMetrics([items[0]!], { ll: [[-0.5]], greedy: [[false]] });
+  assert.deepEqual(only, { items: 1, rows: 1, greedy: { items: 1, acc: 0, perplexity: Math.exp(0.5) } });
+  const lines = choiceSamples(items, { ll, greedy }, null).trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  assert.deepEqual(lines[0], { where: 'f:1', loglik: -0.5, greedy: true });
+  assert.deepEqual(lines[1], { where: 'f:2', answer: 1, logliks: [-2, -1], pred: 1, pred_norm: 1 });
 });
 
 test("scores: each row's summed log-probability of its continuation, over padded batches, equals the float64 log-softmax of the row's own forward", async () => {
@@ -199,7 +229,25 @@ test("scores: each row's summed log-probability of its continuation, over padded
     { context: '', choices: ['The quick brown fox', 'jumps'], answer: 1, where: 'f:3' },
     { context: 'Distillation trains a small model on the soft targets of a larger one. The quick brown fox', choices: ['jumps over the lazy dog', 'sleeps'], answer: 0, where: 'f:4' },
   ];
-  const encoded = encodeChoices(new ChoiceEncoder(tok, { bosToken: '', eosToken: '<|endoftext|>' }), items, ' ');
+  const enc = new ChoiceEncoder(tok, { bosToken: '', eosToken: '<|endoftext|>' });
+  const alone = new Transformer(be, c, { batch: 1, seq: 128, training: false });
+  alone.setWeights(w);
+  /** The first index of the largest of row p of logits z (numpy's and torch's argmax). */
+  const argmaxAt = (z: ArrayLike<number>, p: number): number => {
+    let b = 0;
+    for (let v = 1; v < c.vocabSize; v++) if (z[p * c.vocabSize + v]! > z[p * c.vocabSize + b]!) b = v;
+    return b;
+  };
+  // Continuation items (scored with the delimiter ''): the model's own greedy text after a context (is_greedy where the
+  // text encodes back to the same tokens: after 'Distillation'; after 'The teacher' a partial UTF-8 byte decodes to U+FFFD),
+  // and arbitrary text
+  for (const context of ['Distillation', 'The teacher']) {
+    const ids = enc.encode(context), start = ids.length;
+    for (let k = 0; k < 3; k++) ids.push(argmaxAt(be.download(alone.forward(Int32Array.from(ids), 1, ids.length)), ids.length - 1));
+    items.push({ context, choices: [tok.decode(ids.slice(start))], answer: 0, continuation: true, where: `g:${context}` });
+  }
+  items.push({ context: 'The quick brown', choices: [' fox jumps'], answer: 0, continuation: true, where: 'g:other' });
+  const encoded = [...encodeChoices(enc, items.slice(0, 4), ' '), ...encodeChoices(enc, items.slice(4), '').map((e) => ({ ...e, item: e.item + 4 }))];
   const seq = choiceWindow(encoded);
   const rows = choiceRows(encoded, items, seq);
   const m = new Transformer(be, c, { batch: 3, seq, training: false });
@@ -207,22 +255,34 @@ test("scores: each row's summed log-probability of its continuation, over padded
   const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
   // batches of two lengths: the long item's rows in a window, the others in CHOICE_LENGTH_STEP
   assert.ok(seq > CHOICE_LENGTH_STEP);
-  assert.deepEqual(Array.from(choiceBatches(rows, 3, seq, 0)).map((b) => b.batch.t), [seq, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP]);
-  const got = (await scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowLogLikelihoods(b)))!;
-  const alone = new Transformer(be, c, { batch: 1, seq, training: false });
-  alone.setWeights(w);
+  assert.deepEqual(Array.from(choiceBatches(rows, 3, seq, 0)).map((b) => b.batch.t), [seq, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP]);
+  const got = (await scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowScores(b)))!;
+  let greedyRows = 0;
   for (const r of rows) {
     const L = r.ids.length - 1, V = c.vocabSize;
     const z = be.download(alone.forward(Int32Array.from(r.ids.slice(0, L)), 1, L));
-    let ll = 0;
+    let ll = 0, greedy = true;
     for (let p = r.contStart - 1; p < L; p++) {
       let mx = -Infinity, sum = 0;
       for (let v = 0; v < V; v++) mx = Math.max(mx, z[p * V + v]!);
       for (let v = 0; v < V; v++) sum += Math.exp(z[p * V + v]! - mx);
       ll += z[p * V + r.ids[p + 1]!]! - mx - Math.log(sum);
+      if (argmaxAt(z, p) !== r.ids[p + 1]) greedy = false;
     }
-    const g = got[r.item]![r.choice]!;
+    const g = got.ll[r.item]![r.choice]!;
     assert.ok(Math.abs(g - ll) < 1e-9 * Math.max(1, Math.abs(ll)), `item ${r.item} choice ${r.choice}: ${g} vs ${ll}`);
     assert.ok(ll < 0);
+    assert.equal(got.greedy[r.item]![r.choice], greedy, `item ${r.item} choice ${r.choice}: is_greedy`);
+    if (greedy) greedyRows++;
   }
+  assert.ok(greedyRows >= 1 && greedyRows < rows.length, `both values of is_greedy occur (${greedyRows} of ${rows.length})`);
+  // token accuracy over the same batches: the fraction of counted targets that are the row's argmax
+  let hits = 0, counted = 0;
+  for (const r of rows) {
+    const L = r.ids.length - 1, z = be.download(alone.forward(Int32Array.from(r.ids.slice(0, L)), 1, L));
+    for (let p = r.contStart - 1; p < L; p++) { counted++; if (argmaxAt(z, p) === r.ids[p + 1]) hits++; }
+  }
+  const e = runner.evaluate(Array.from(choiceBatches(rows, 3, seq, tok.eosId!), (b) => b.batch));
+  assert.equal(e.tokens, counted);
+  assert.ok(Math.abs(e.accuracy - hits / counted) < 1e-12, `accuracy ${e.accuracy} vs ${hits}/${counted}`);
 });

@@ -32,6 +32,8 @@ function itemsFile(dir: string): string {
     { context: 'the student learns from', choices: ['text', 'token to predict'], answer: 1 },
     { context: 'next token from text and a teacher helps the student learns to predict the', choices: ['model', 'next'], answer: 0 },
     { context: '', choices: ['the model', 'learns'], answer: 0 },
+    { context: 'the teacher helps the', continuation: 'student' },
+    { context: 'a model learns to predict the next', continuation: 'token' },
   ];
   fs.writeFileSync(f, items.map((x) => JSON.stringify(x)).join('\n') + '\n');
   return f;
@@ -44,12 +46,14 @@ test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s
   const s = await runTraining(opts(dir, { mode: 'distill', teacher: teacherRun.finalDir!, out: path.join(dir, 'student'), evalChoices: [items] }),
     { log: (l: string) => { logged.push(l); } });
   assert.equal(s.status, 'completed');
-  assert.ok(logged.some((l) => /^choices: 5 items, 10 continuations scored at every evaluation$/.test(l)), logged.join('\n'));
+  assert.ok(logged.some((l) => /^choices: 7 items, 12 continuations scored at every evaluation$/.test(l)), logged.join('\n'));
   const rows = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined) as Array<Record<string, number>>;
   assert.deepEqual(rows.map((r) => r.step), [0, 3, 6]);
   for (const r of rows) {
     for (const k of ['val_acc', 'val_acc_norm']) assert.ok(r[k]! >= 0 && r[k]! <= 1 && Number.isInteger(r[k]! * 5), `${k} ${r[k]}`);
+    assert.ok(r.val_greedy! >= 0 && r.val_greedy! <= 1 && Number.isInteger(r.val_greedy! * 2) && r.val_cont_ppl! > 1, `continuations ${r.val_greedy} ${r.val_cont_ppl}`);
     assert.ok(r.val_loss !== undefined, 'the scores ride on the validation row');
+    assert.ok(r.val_accuracy! >= 0 && r.val_accuracy! <= 1, 'the validation rows have the token accuracy');
   }
   assert.ok(rows[0]!.teacher_acc !== undefined && rows[1]!.teacher_acc === undefined, 'the teacher is scored once, at the start');
   // The same scores from the eval command, on the weights the run saved (the final step's) and on the teacher.
@@ -59,7 +63,15 @@ test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s
   assert.equal(rows[2]!.val_acc_norm, mine.accNorm);
   assert.equal(rows[0]!.teacher_acc, teacher.acc);
   assert.equal(rows[0]!.teacher_acc_norm, teacher.accNorm);
-  assert.deepEqual(s.choices, { items: 5, step: 6, acc: mine.acc, accNorm: mine.accNorm, teacher: { acc: teacher.acc, accNorm: teacher.accNorm } });
+  assert.equal(rows[2]!.val_greedy, mine.greedy!.acc);
+  assert.equal(rows[2]!.val_cont_ppl, mine.greedy!.perplexity);
+  assert.equal(rows[0]!.teacher_greedy, teacher.greedy!.acc);
+  assert.equal(rows[0]!.teacher_cont_ppl, teacher.greedy!.perplexity);
+  const both = (m: typeof mine) => ({ acc: m.acc, accNorm: m.accNorm, greedy: m.greedy!.acc, contPpl: m.greedy!.perplexity });
+  assert.deepEqual(s.choices, { items: 7, step: 6, ...both(mine), teacher: both(teacher) });
+  // every training row has the step's token accuracy
+  const steps = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).loss !== undefined) as Array<Record<string, number>>;
+  assert.ok(steps.length === 6 && steps.every((r) => r.accuracy! >= 0 && r.accuracy! <= 1));
   const summary = JSON.parse(fs.readFileSync(path.join(s.out, 'summary.json'), 'utf8')) as { choices: unknown };
   assert.deepEqual(summary.choices, s.choices);
 });
@@ -71,7 +83,7 @@ test('--eval-choices without validation windows still scores at every evaluation
   const rows = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined) as Array<Record<string, number>>;
   assert.deepEqual(rows.map((r) => r.step), [0, 3, 6]);
   assert.ok(rows.every((r) => r.val_loss === undefined && r.teacher_acc === undefined));
-  assert.ok(logged.some((l) => /^warning: --eval-choices: the context of \d+ of 10 continuations is cut on the left to fit --seq 12 \(the longest needs \d+\)$/.test(l)), logged.join('\n'));
+  assert.ok(logged.some((l) => /^warning: --eval-choices: the context of \d+ of 12 continuations is cut on the left to fit --seq 12 \(the longest needs \d+\)$/.test(l)), logged.join('\n'));
   const mine = (await evaluate({ model: s.finalDir!, data: [], choices: [items], seq: 12, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
   assert.equal(rows[2]!.val_acc, mine.acc);
   assert.equal(s.choices?.step, 6);

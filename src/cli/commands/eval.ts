@@ -31,7 +31,7 @@ import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/cha
 import { parseTemplateKwargs } from '../options.js';
 import {
   choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, percent, readChoiceItems, scoreChoices,
-  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type EncodedChoice,
+  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ChoiceScores, type EncodedChoice,
 } from '../../eval/choices.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
@@ -101,6 +101,8 @@ export interface EvalResult {
   windows?: number;
   loss?: number;
   perplexity?: number;
+  /** Fraction of the counted tokens whose target is the model's most likely token (TRL's mean_token_accuracy). */
+  accuracy?: number;
   /** With a teacher: fraction of positions where argmax(student) = argmax(teacher). */
   agreement?: number;
   /** With a teacher: mean KL(p_teacher ‖ p_student) at temperature 1, nats per token. */
@@ -110,7 +112,7 @@ export interface EvalResult {
   /** Storage of the model's projection matrices: 'auto' (the compute dtype) or 'nf4'. */
   modelDtype: FrozenDtype;
   /** With --choices: the model's accuracy, the window the items were scored in, and with a teacher the teacher's. */
-  choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: { acc: number; accNorm: number } };
+  choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy'> };
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
@@ -261,16 +263,16 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     if (packed) {
       const runner = new StepRunner(student, teacher, spec, { lossVocab });
       const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
-      Object.assign(res, { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity });
+      Object.assign(res, { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, accuracy: r.accuracy });
       if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
     }
     if (choice) {
       const padId = tok.padId ?? tok.eosId ?? 0;
-      const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<number[][]> => {
+      const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<ChoiceScores> => {
         const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
         const t0 = Date.now();
         let last = t0;
-        const ll = (await scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowLogLikelihoods(b), (done) => {
+        const ll = (await scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowScores(b), (done) => {
           if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
         }))!;
         const sec = (Date.now() - t0) / 1000;
@@ -280,8 +282,8 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) {
-        const t = choiceMetrics(choice.items, tll);
-        res.choices.teacher = { acc: t.acc, accNorm: t.accNorm };
+        const { acc, accNorm, greedy } = choiceMetrics(choice.items, tll);
+        res.choices.teacher = { ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}) };
       }
       if (o.choicesOut !== undefined) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
     }
@@ -325,6 +327,7 @@ export function formatEval(r: EvalResult): string {
       `tokens      ${r.tokens}  (tokens the loss counted)`,
       `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
       `perplexity  ${r.perplexity!.toFixed(3)}`,
+      `accuracy    ${percent(r.accuracy!)}  (tokens whose target is the model's most likely token)`,
     );
   }
   if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
@@ -332,10 +335,17 @@ export function formatEval(r: EvalResult): string {
   const c = r.choices;
   if (c) {
     lines.push(`choices     ${c.items} items, ${c.rows} continuations (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
-    lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood)`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
-    if (c.teacher) {
-      const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${percent(m / t)}` : '');
-      lines.push(`teacher     acc ${percent(c.teacher.acc)}${kept(c.acc, c.teacher.acc)}; acc_norm ${percent(c.teacher.accNorm)}${kept(c.accNorm, c.teacher.accNorm)}`);
+    const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${percent(m / t)}` : '');
+    const t = c.teacher;
+    if (c.acc !== undefined && c.accNorm !== undefined) {
+      const n = c.items - (c.greedy?.items ?? 0);
+      lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood${c.greedy ? `, of ${n} multiple-choice item${n === 1 ? '' : 's'}` : ''})`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
+      if (t?.acc !== undefined && t.accNorm !== undefined) lines.push(`teacher     acc ${percent(t.acc)}${kept(c.acc, t.acc)}; acc_norm ${percent(t.accNorm)}${kept(c.accNorm, t.accNorm)}`);
+    }
+    if (c.greedy) {
+      lines.push(`greedy      ${percent(c.greedy.acc)}  (continuations whose every token is the model's most likely, of ${c.greedy.items} item${c.greedy.items === 1 ? '' : 's'})`,
+        `cont ppl    ${c.greedy.perplexity.toFixed(3)}  (exp of minus the mean log-likelihood of a continuation)`);
+      if (t?.greedy) lines.push(`teacher     greedy ${percent(t.greedy.acc)}${kept(c.greedy.acc, t.greedy.acc)}; cont ppl ${t.greedy.perplexity.toFixed(3)}`);
     }
   }
   lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);

@@ -11,9 +11,11 @@
  *   jsd = T² [β Σ q_t log(q_t/m) + (1−β) Σ q_s log(q_s/m)], m = β q_t + (1−β) q_s
  *                                                 ∂/∂z_s = T q_s ⊙ (g − Σ q_s g),  g = (1−β) log(q_s/m)
  *   loss = CE for 'none', else α·div + (1−α)·CE; dlogits row = weights[i] · ∂loss/∂z_s.
+ * Stats row (STAT_*): loss, CE, div, agreement [argmax z_s = argmax z_t], accuracy [argmax z_s = y], each argmax the
+ * first index of the row's maximum (numpy's and torch's argmax).
  */
 import type { LossSpec } from '../../backend.js';
-import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
 import type { FArr } from './types.js';
 
 /** log(e^a + e^b), exact for infinite arguments. */
@@ -136,6 +138,7 @@ export function lossRows(
     stats[so + STAT_CE] = ce;
     stats[so + STAT_DIV] = div;
     stats[so + STAT_AGREE] = agree;
+    stats[so + STAT_ACC] = rp.argmax === y ? 1 : 0;
     if (dlogits !== null) {
       for (let j = 0; j < vocab; j++) dlogits[zo + j] = w * grad[j];
       if (ld > vocab) dlogits.fill(0, zo + vocab, zo + ld); // columns past the loss vocabulary get no gradient

@@ -23,7 +23,7 @@
  * (src/backend/cpu/kernels/loss.ts); `agree` compares the student's argmax with the teacher's argmax id.
  */
 import type { LossSpec } from '../../backend.js';
-import { LOSS_STATS, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
 import type { FArr } from './types.js';
 import { paddingRow } from './loss.js';
 
@@ -116,6 +116,7 @@ export function sparseLossRows(
     stats[so + STAT_CE] = ce;
     stats[so + STAT_DIV] = div;
     stats[so + STAT_AGREE] = best === sp.argmax[i] ? 1 : 0;
+    stats[so + STAT_ACC] = best === y ? 1 : 0;
     if (dlogits === null) { for (let k = 0; k < S; k++) { const id = sp.ids[base + k]!; if (id >= 0) inSlots[id] = 0; } continue; }
     // CE gradient (1 − α)(p − onehot(y)), then the divergence's α T [γ [slots] + γ_r q_s/Q_s [others] − Γ q_s].
     // Each token's own term (never a huge tail rate added and then subtracted at a slot: that cancels when Q_s is tiny).

@@ -16,10 +16,13 @@
  *   loss     = CE (kind 'none') or (1-α)·CE + α·DIV
  *   dlogits  = weights[row] · dloss/dz  (overwritten; may alias logits)
  *   agree    = [argmax z == argmax zt] (first index on ties), 0 for kind 'none'
- * stats row: [loss, CE, DIV, agree]; a padding row (y = -1, weight 0) gets zero stats and a zero gradient.
+ *   acc      = [argmax z == y] (first index on ties): token accuracy, and a row's part of is_greedy
+ * stats row (storeStats, STAT_* of backend.ts): [loss, CE, DIV, agree, acc]; a padding row (y = -1, weight 0) gets zero
+ * stats and a zero gradient.
  * Same math as the CPU backend (src/backend/cpu/kernels/loss.ts), there in float64.
  */
 import { LD8_HELPERS, BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
+import { LOSS_STATS, STAT_ACC, STAT_AGREE, STAT_CE, STAT_DIV, STAT_LOSS } from '../../backend.js';
 
 export const LOSS_KINDS = ['none', 'kl', 'reverse-kl', 'jsd'] as const;
 
@@ -92,9 +95,20 @@ export function vecCondition(ptrs: ReadonlyArray<readonly [string, string]>): st
  */
 export function paddingRow(withGrad: boolean): string {
   return `if (y < 0) {  /* padding: uniform per block, so returning before any barrier is safe */
-    if (threadIdx.x < 4) stats[(long long)row * 4 + threadIdx.x] = 0.0f;
+    if (threadIdx.x < ${LOSS_STATS}) stats[(long long)row * ${LOSS_STATS} + threadIdx.x] = 0.0f;
     ${withGrad ? 'for (int j = threadIdx.x; j < LD; j += BLOCK) stf(dlogits, (long long)row * LD + j, 0.0f);' : ''}
     return;
+  }`;
+}
+
+/**
+ * Thread 0's store of a row's stats, LOSS_STATS floats in the STAT_* order of backend.ts (the host reads them by those
+ * names). Shared by loss and sparse_loss; the arguments are C expressions.
+ */
+export function storeStats(loss: string, ce: string, div: string, agree: string, acc: string): string {
+  return `if (threadIdx.x == 0) {
+    float* sr = stats + (long long)row * ${LOSS_STATS};
+    sr[${STAT_LOSS}] = ${loss}; sr[${STAT_CE}] = ${ce}; sr[${STAT_DIV}] = ${div}; sr[${STAT_AGREE}] = ${agree}; sr[${STAT_ACC}] = ${acc};
   }`;
 }
 
@@ -137,7 +151,7 @@ function generate(p: Readonly<LossP>): string {
   int amT = blockArgMax(bestT, argT);
   float agree = amS == amT ? 1.0f : 0.0f;`);
   } else {
-    lines.push('  float agree = 0.0f;');
+    lines.push('  int amS = blockArgMax(bestS, argS);\n  float agree = 0.0f;');
   }
   lines.push(`  float s1 = 0.0f;
   for (int j = threadIdx.x; j < V; j += BLOCK) s1 += fexp(ldf(z, j) - mx);
@@ -169,10 +183,7 @@ function generate(p: Readonly<LossP>): string {
   } else {
     lines.push('  float div = 0.0f;\n  float lossv = ce;');
   }
-  lines.push(`  if (threadIdx.x == 0) {
-    float* st4 = stats + (long long)row * 4;
-    st4[0] = lossv; st4[1] = ce; st4[2] = div; st4[3] = agree;
-  }`);
+  lines.push(`  ${storeStats('lossv', 'ce', 'div', 'agree', 'amS == y ? 1.0f : 0.0f')}`);
   if (p.withGrad) {
     const distGrad = !dist ? '' : p.kind === 'kl' ? '(q - pp)'
       : p.kind === 'reverse-kl' ? 'q * (lq - lp - divRaw)' : `q * ((1.0f - BETA) * (lq - lm) - qg)`;
@@ -271,12 +282,9 @@ function generateOnePass(p: Readonly<LossP>): string {
   const int amS = blockArgMax(m, argS);
   const int amT = blockArgMax(mt, argT);
   const float agree = amS == amT ? 1.0f : 0.0f;
-  const float lossv = (1.0f - ALPHA) * ce + ALPHA * div;` : `(void)argS;
+  const float lossv = (1.0f - ALPHA) * ce + ALPHA * div;` : `const int amS = blockArgMax(m, argS);
   const float div = 0.0f, agree = 0.0f, lossv = ce;`}
-  if (threadIdx.x == 0) {
-    float* st4p = stats + (long long)row * 4;
-    st4p[0] = lossv; st4p[1] = ce; st4p[2] = div; st4p[3] = agree;
-  }${grad}
+  ${storeStats('lossv', 'ce', 'div', 'agree', 'amS == y ? 1.0f : 0.0f')}${grad}
 }
 `;
 }

@@ -11,7 +11,7 @@
  * which cancels in float32), block size. Runtime: temperature, alpha, beta.
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, reductionHelpers } from './spec.js';
-import { ROW_HELPERS, paddingRow, vecCondition } from './loss.js';
+import { ROW_HELPERS, paddingRow, storeStats, vecCondition } from './loss.js';
 
 /** The largest vocabulary the tail bitmap covers (32 KiB of shared memory). */
 export const SPARSE_TAIL_MAX_VOCAB = 262144;
@@ -133,10 +133,7 @@ extern "C" __global__ void sparse_loss(float* stats, ${ctype(p.dlogits)}* dlogit
   }` : '(void)tl;'}
   const float div = TEMP * TEMP * (divS + divT);
   const float lossv = (1.0f - ALPHA) * ce + ALPHA * div;
-  if (threadIdx.x == 0) {
-    float* st4p = stats + (long long)row * 4;
-    st4p[0] = lossv; st4p[1] = ce; st4p[2] = div; st4p[3] = amS == tArgmax[row] ? 1.0f : 0.0f;
-  }${grad}
+  ${storeStats('lossv', 'ce', 'div', 'amS == tArgmax[row] ? 1.0f : 0.0f', 'amS == y ? 1.0f : 0.0f')}${grad}
 }
 `;
 }
