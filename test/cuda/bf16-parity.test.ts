@@ -18,7 +18,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { Backend, Buf, DType, IntBuf, LossSpec } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend, type Buf, type DType, type IntBuf, type LossSpec } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend } from '../../src/backend/cuda/index.js';
 import { plainRope } from '../../src/backend/rope.js';
@@ -226,7 +226,7 @@ for (const spec of [
     const targets = ids(r, n, V); targets[2] = -1;
     const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
     return {
-      arrays: { st: rand(r, n * 4), dl: rand(r, n * LD), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
+      arrays: { st: rand(r, n * LOSS_STATS), dl: rand(r, n * LD), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
       bf16: ['dl'], compare: ['st', 'dl'],
       op: (b, x) => b.lossForward(x.st!, x.dl!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec, LD),
     };
@@ -239,7 +239,7 @@ for (const spec of [
       const targets = ids(r, n, V); targets[2] = -1;
       const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
       return {
-        arrays: { st: rand(r, n * 4), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
+        arrays: { st: rand(r, n * LOSS_STATS), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
         bf16: ['z', 'zt'], compare: ['st', 'z'],
         op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec, LD),
       };

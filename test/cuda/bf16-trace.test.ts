@@ -12,7 +12,7 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache, cacheKey, compileOptions } from '../../src/backend/cuda/kernel-cache.js';
 import { DTYPE_DOMAIN, familyByName } from '../../src/backend/cuda/kernels/index.js';
 import { CUDA_R_16BF, CUDA_R_32F } from '../../src/backend/cuda/ffi/cublas.js';
-import type { Backend } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend } from '../../src/backend/backend.js';
 import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 const ADAM = { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1, step: 1, gradScale: 1 };
@@ -116,9 +116,9 @@ test('operands the CUDA backend keeps in f32 refuse a bf16 buffer by name; a dlo
   assert.throws(() => b.adamw(p, g, m, v, 10, ADAM, p), /may not alias param/);
   b.adamw(p, g, m, v, 10, ADAM, b.alloc(10, 'copy', 'bf16'));
   b.adamw(p, g, m, v, 10, ADAM, b.alloc(10, 'copy32'));
-  const stats = b.alloc(n * 4, 'stats'), wts = b.alloc(n, 'weights'), t = b.allocInt(n, 't'), z = b.alloc(n * V, 'z');
+  const stats = b.alloc(n * LOSS_STATS, 'stats'), wts = b.alloc(n, 'weights'), t = b.allocInt(n, 't'), z = b.alloc(n * V, 'z');
   const spec = { kind: 'none' as const, alpha: 0, temperature: 1, beta: 0 };
-  assert.throws(() => b.lossForward(b.alloc(n * 4, 's16', 'bf16'), null, z, null, t, wts, n, V, spec), /lossForward: stats \(s16\) is bf16/);
+  assert.throws(() => b.lossForward(b.alloc(n * LOSS_STATS, 's16', 'bf16'), null, z, null, t, wts, n, V, spec), /lossForward: stats \(s16\) is bf16/);
   // bf16 logits (--logits bf16) are read as such; a dlogits of another dtype aliasing (overlapping) them is refused
   const dz16 = b.alloc(n * V * 2, 'dz16', 'bf16');
   b.lossForward(stats, null, b.alloc(n * V, 'z16', 'bf16'), null, t, wts, n, V, spec);

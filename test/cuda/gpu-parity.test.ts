@@ -14,7 +14,7 @@ import assert from 'node:assert/strict';
 import { appendFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { Backend, Buf, IntBuf, LossSpec } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend, type Buf, type IntBuf, type LossSpec } from '../../src/backend/backend.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { createCudaBackend, prewarm } from '../../src/backend/cuda/index.js';
 import { QWEN_LIKE, allOpsStep, gpuOrSkip, rand, rng, scaledRopes } from './helpers.js';
@@ -240,6 +240,12 @@ parity('kv cache write + cached attention', 1e-5, (r) => {
     },
   };
 });
+/** The first index of the largest of row i's first V values (rows of LD): a target the loss's accuracy column counts. */
+function argmaxRow(z: ArrayLike<number>, i: number, V: number, LD: number): number {
+  let b = 0;
+  for (let j = 1; j < V; j++) if (z[i * LD + j]! > z[i * LD + b]!) b = j;
+  return b;
+}
 for (const spec of [
   { kind: 'none', alpha: 0, temperature: 1, beta: 0 }, { kind: 'kl', alpha: 0.6, temperature: 2, beta: 0 },
   { kind: 'reverse-kl', alpha: 0.5, temperature: 1.5, beta: 0 }, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 },
@@ -249,15 +255,17 @@ for (const spec of [
     const n = 6, V = 3001;
     const targets = ids(r, n, V); targets[2] = -1;
     const weights = Float32Array.from({ length: n }, (_, i) => (i === 2 ? 0 : 1 / 5));
+    const st = rand(r, n * LOSS_STATS), dl = rand(r, n * V), z = rand(r, n * V, 6);
+    targets[0] = argmaxRow(z, 0, V, V); targets[3] = argmaxRow(z, 3, V, V); // the accuracy column: two hits
     return {
-      arrays: { st: rand(r, n * 4), dl: rand(r, n * V), z: rand(r, n * V, 6), zt: rand(r, n * V, 6), y: targets, w: weights },
+      arrays: { st, dl, z, zt: rand(r, n * V, 6), y: targets, w: weights },
       compare: ['st', 'dl'],
       op: (b, x) => b.lossForward(x.st!, x.dl!, x.z!, spec.kind === 'none' ? null : x.zt!, x.y!, x.w!, n, V, spec),
     };
   });
 }
 parity('loss in place (dlogits aliases logits)', 2e-5, (r) => ({
-  arrays: { st: rand(r, 4 * 4), z: rand(r, 4 * 500, 5), zt: rand(r, 4 * 500, 5), y: ids(r, 4, 500), w: new Float32Array([1, 1, 1, 1]) },
+  arrays: { st: rand(r, 4 * LOSS_STATS), z: rand(r, 4 * 500, 5), zt: rand(r, 4 * 500, 5), y: ids(r, 4, 500), w: new Float32Array([1, 1, 1, 1]) },
   compare: ['st', 'z'], op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, 4, 500, { kind: 'kl', alpha: 0.5, temperature: 2, beta: 0 }),
 }));
 parity('loss over the first 2990 of 3008-float rows, in place (padded head width: ld > vocab)', 2e-5, (r) => {
@@ -265,7 +273,7 @@ parity('loss over the first 2990 of 3008-float rows, in place (padded head width
   const targets = ids(r, n, V); targets[1] = -1;
   const weights = Float32Array.from({ length: n }, (_, i) => (i === 1 ? 0 : 1 / 4));
   return {
-    arrays: { st: rand(r, n * 4), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
+    arrays: { st: rand(r, n * LOSS_STATS), z: rand(r, n * LD, 6), zt: rand(r, n * LD, 6), y: targets, w: weights },
     compare: ['st', 'z'],
     op: (b, x) => b.lossForward(x.st!, x.z!, x.z!, x.zt!, x.y!, x.w!, n, V, { kind: 'jsd', alpha: 0.7, temperature: 2, beta: 0.4 }, LD),
   };
@@ -286,9 +294,11 @@ for (const [rep, spec] of [
       if (i === 4 && rep.kind === 'top') e.tail = -1;
       setSparseRow(h, i, e, rep);
     }
+    const st = rand(r, n * LOSS_STATS), z = rand(r, n * LD, 6);
+    targets[0] = argmaxRow(z, 0, V, LD); // the accuracy column: a hit
     return {
       arrays: {
-        st: rand(r, n * 4), z: rand(r, n * LD, 6), y: targets, w: weights, ids: h.ids, prob: Float32Array.from(h.prob), logq: Float32Array.from(h.logq),
+        st, z, y: targets, w: weights, ids: h.ids, prob: Float32Array.from(h.prob), logq: Float32Array.from(h.logq),
         tail: Float32Array.from(h.tail), am: h.argmax,
       },
       compare: ['st', 'z'],

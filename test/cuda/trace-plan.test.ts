@@ -11,7 +11,7 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kernels/index.js';
 import { DistilleryError } from '../../src/util/errors.js';
-import type { Backend } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend } from '../../src/backend/backend.js';
 import { formatBytes } from '../../src/backend/cuda/ffi/status.js';
 import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
@@ -76,7 +76,7 @@ test('loss parameters the kernel ignores do not split the cache', () => {
 
 test('a distillation loss without teacher logits is a DistilleryError', () => {
   const b = createTraceBackend();
-  const z = b.alloc(8, 'z'), st = b.alloc(8, 's'), w = b.alloc(2, 'w'), t = b.allocInt(2, 't');
+  const z = b.alloc(8, 'z'), st = b.alloc(2 * LOSS_STATS, 's'), w = b.alloc(2, 'w'), t = b.allocInt(2, 't');
   assert.throws(() => b.lossForward(st, null, z, null, t, w, 2, 4, { kind: 'kl', alpha: 0.5, temperature: 1, beta: 0 }), DistilleryError);
 });
 

@@ -7,7 +7,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
-import type { Backend } from '../../src/backend/backend.js';
+import { LOSS_STATS, type Backend } from '../../src/backend/backend.js';
 import { presetConfig, type ModelConfig } from '../../src/model/config.js';
 import { initialWeights } from '../../src/model/params.js';
 import { LORA_TARGETS, loraLayout } from '../../src/model/lora.js';
@@ -56,7 +56,7 @@ test('AdamW: one step equals the textbook update with clipping as a gradient sca
     // The gradient the step will use, computed first with a throwaway step on a copy of the weights.
     m.zeroGrad();
     const logits = m.forward(batch.inputs, 2, 4);
-    const st = be.alloc(8 * 4, 's'), wb = be.alloc(8, 'w'), tg = be.allocInt(8, 't');
+    const st = be.alloc(8 * LOSS_STATS, 's'), wb = be.alloc(8, 'w'), tg = be.allocInt(8, 't');
     be.upload(wb, new Float64Array(8).fill(1 / 8)); be.uploadInt(tg, batch.targets);
     be.lossForward(st, logits, logits, null, tg, wb, 8, 20, noneLoss);
     m.backward(logits);
