@@ -17,7 +17,7 @@
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { usPerCall } from './gpu-timing.js';
 import { MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS, type AttentionBackwardImpl } from '../src/backend/cuda/attention-plan.js';
-import type { Buf, DType } from '../src/backend/backend.js';
+import { LOSS_STATS, type Buf, type DType } from '../src/backend/backend.js';
 import { presetConfig } from '../src/model/config.js';
 import { Transformer } from '../src/model/transformer.js';
 import { documentPositions } from '../src/data/pack.js';
@@ -209,7 +209,7 @@ if (process.argv.includes('--loss-rows')) {
   for (const [what, n] of [['sparse (teacher cache)', 4096], ['dense KL (online)', 820]] as Array<[string, number]>) {
     const z = be.alloc(n * V, 'logits', 'bf16'), zt = be.alloc(n * V, 'teacher logits', 'bf16');
     be.upload(z, rnd(n * V, 16)); be.upload(zt, rnd(n * V, 16));
-    const stats = be.alloc(n * 4, 'stats'), w = be.alloc(n, 'weights'), y = be.allocInt(n, 'targets');
+    const stats = be.alloc(n * LOSS_STATS, 'stats'), w = be.alloc(n, 'weights'), y = be.allocInt(n, 'targets');
     be.upload(w, new Float32Array(n).fill(1 / 8192)); be.uploadInt(y, Int32Array.from({ length: n }, (_, i) => (i * 7919) % V));
     const ids = be.allocInt(n * S, 'ids'), prob = be.alloc(n * S, 'prob'), logq = be.alloc(n * S, 'logq'), tail = be.alloc(n, 'tail'), am = be.allocInt(n, 'argmax');
     be.uploadInt(ids, Int32Array.from({ length: n * S }, (_, i) => (i * 104729) % V)); be.upload(prob, new Float32Array(n * S).fill(1 / S));

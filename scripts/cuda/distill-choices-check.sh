@@ -24,7 +24,7 @@ with open(sys.argv[1], 'w') as f:
     for i in range(int(sys.argv[2])):
         ctx = ' '.join(random.choice(words) for _ in range(random.randint(10, 60))).capitalize() + '.'
         if i % 4 == 3:  # a continuation item (the harness's loglikelihood kind): is_greedy and perplexity
-            f.write(json.dumps({'context': ctx, 'continuation': ' '.join(random.choice(words) for _ in range(random.randint(1, 4)))}) + '\n')
+            f.write(json.dumps({'context': ctx, 'continuation': ' ' + ' '.join(random.choice(words) for _ in range(random.randint(1, 4)))}) + '\n')
         else:
             f.write(json.dumps({'context': ctx, 'choices': [' '.join(random.choice(words) for _ in range(random.randint(3, 9))) for _ in range(4)], 'answer': random.randrange(4)}) + '\n')
 PY
@@ -46,5 +46,5 @@ node -e '
   console.log(`run step ${last.step} val_acc ${last.val_acc} val_acc_norm ${last.val_acc_norm} | eval acc ${ev.acc} acc_norm ${ev.accNorm}: ${last.val_acc === ev.acc && last.val_acc_norm === ev.accNorm ? "equal" : "DIFFERENT"}`);
   console.log(`run step ${last.step} val_greedy ${last.val_greedy} val_cont_ppl ${last.val_cont_ppl} | eval greedy ${ev.greedy.acc} perplexity ${ev.greedy.perplexity}: ${last.val_greedy === ev.greedy.acc && last.val_cont_ppl === ev.greedy.perplexity ? "equal" : "DIFFERENT"}`);
   const first = rows[0];
-  console.log(`step 0 val_accuracy ${first.val_accuracy}; teacher_acc ${first.teacher_acc} teacher_greedy ${first.teacher_greedy} teacher_cont_ppl ${first.teacher_cont_ppl}`);
+  console.log(`step 0 val_token_acc ${first.val_token_acc}; teacher_acc ${first.teacher_acc} teacher_greedy ${first.teacher_greedy} teacher_cont_ppl ${first.teacher_cont_ppl}`);
 ' "$work/run-choices/metrics.jsonl" "$work/eval-choices.json" | tee -a "$txt"

@@ -77,15 +77,16 @@ async function main(): Promise<number> {
         + `acc ${res.choices!.acc!.toFixed(4)} / transformers ${rec.acc.toFixed(4)}, acc_norm ${res.choices!.accNorm!.toFixed(4)} / ${rec.acc_norm.toFixed(4)}\n`);
       if (!(worst <= tol)) fail(`${where}: log-likelihoods differ by ${worst} (relative) > ${tol}`);
       if (precision === 'fp32' && (predsSame !== samples.length || res.choices!.acc !== rec.acc || res.choices!.accNorm !== rec.acc_norm)) fail(`${where}: predictions differ`);
-      // loglikelihood items (delimiter ''): the token split, each log-likelihood, is_greedy, and the task's acc and perplexity
+      // loglikelihood items (scored as written: the default delimiter must not go before them): the token split, each
+      // log-likelihood, is_greedy, and the task's acc and perplexity
       const contFile = path.join(root, `${name}-cont-items.jsonl`), contOut = path.join(root, `${name}-cont-ours-${device}-${precision}.jsonl`);
       if (device === 'cpu') {
-        const ct = encodeForModel(ck.tokenizer!, format, readChoiceItems([contFile]), { chat: false, delimiter: '' });
+        const ct = encodeForModel(ck.tokenizer!, format, readChoiceItems([contFile]), { chat: false });
         const split = rec.cont.rows.filter((r, i) => JSON.stringify([ct[i]!.ctx, ct[i]!.cont]) === JSON.stringify([r.ctx, r.cont])).length;
         process.stdout.write(`${name}: continuation items: ${split}/${rec.cont.rows.length} split as the harness split them\n`);
         if (split !== rec.cont.rows.length) fail(`${name}: continuation items split otherwise`);
       }
-      const cres = await evaluate({ model, data: [], choices: [contFile], choicesOut: contOut, choiceDelimiter: '', seq: rec.seq, batch: 4, maxChars: 0, device, threads: 0,
+      const cres = await evaluate({ model, data: [], choices: [contFile], choicesOut: contOut, seq: rec.seq, batch: 4, maxChars: 0, device, threads: 0,
         json: true, lossOn: 'all', precision, ...(device === 'cuda' ? { cuda: { strict: true } } : {}) });
       const cs = fs.readFileSync(contOut, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as ContSample);
       let cworst = 0, greedySame = 0, clear = 0, clearSame = 0;

@@ -12,7 +12,8 @@ an empty context is prefix_token_id (bos_token_id, else eos_token_id) with the c
 tokens; the row keeps its last max_length + 1 tokens; a choice's log-likelihood is the sum of log_softmax(logits) over its
 tokens (float64 over transformers' float32 logits). acc = argmax of the log-likelihoods, acc_norm = argmax of
 log-likelihood / len(choice).
-Then loglikelihood items (`{"context", "continuation"}`, cont-items.jsonl, scored with the delimiter ''): some
+Then loglikelihood items (`{"context", "continuation"}`, cont-items.jsonl, scored as the harness scores a loglikelihood
+task's target: as written, no target_delimiter): some
 continuations are the model's own greedy text for the context (3 tokens generated, decoded), the others arbitrary;
 each gets the harness's is_greedy ((logits.argmax(-1) == cont).all() over the continuation's positions), its
 log-likelihood, and the smallest top-1/top-2 logit gap over those positions (a near-tie may flip between two correct
@@ -118,7 +119,7 @@ def score(name, tok_json, bos, eos):
         results.append({'logliks': lls, 'pred': pred, 'pred_norm': pred_norm})
     acc = sum(r['pred'] == it['answer'] for r, it in zip(results, ITEMS)) / len(ITEMS)
     acc_norm = sum(r['pred_norm'] == it['answer'] for r, it in zip(results, ITEMS)) / len(ITEMS)
-    # loglikelihood items: the model's own greedy continuations (decoded) and arbitrary ones, with the delimiter ''
+    # loglikelihood items: the model's own greedy continuations (decoded) and arbitrary ones, scored as written
     cont_items = []
     for ctx_text in GREEDY_CONTEXTS:
         start = tok_encode(ctx_text) if ctx_text else [prefix]  # an empty context is the prefix token

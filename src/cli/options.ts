@@ -80,7 +80,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('clip', 'number', 'global gradient-norm clip (0 = off)', { check: nonNeg }),
   spec('evalEvery', 'integer', 'evaluate on the validation split every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('evalBatches', 'integer', 'validation batches per evaluation (0 = the whole split)', { check: nonNegInt }),
-  spec('evalChoices', 'list', 'multiple-choice items ({"context", "choices", "answer"} a line) the student scores at every evaluation, as `eval --choices` does: acc and acc_norm in metrics.jsonl (a teacher\'s too, once); repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
+  spec('evalChoices', 'list', 'items the student scores at every evaluation, as `eval --choices` does: {"context", "choices", "answer"} a line (acc, acc_norm in metrics.jsonl) or {"context", "continuation"} (val_greedy, val_cont_ppl); a teacher\'s too, once; repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
   spec('evalChoicesChat', 'boolean', 'with --eval-choices: each context as a user turn of the chat template, the assistant turn opened (as eval --choices-chat)'),
   spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('seed', 'integer', 'random seed (weights, data order)'),

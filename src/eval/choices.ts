@@ -10,8 +10,10 @@
  * delimiter.
  *
  * An item with `"continuation": "..."` instead of choices is one of the harness's `loglikelihood` tasks (LAMBADA's):
- * its `acc` is whether every token of `delimiter + continuation` is the model's most likely next token (the harness's
- * is_greedy, argmax's first index on ties), and its log-likelihood goes into `perplexity` = exp(−mean over items).
+ * the continuation is scored as written, with no delimiter (the harness sends a loglikelihood task's target as it is:
+ * LAMBADA's carries its own leading space); its `acc` is whether every token of it is the model's most likely next
+ * token (the harness's is_greedy, argmax's first index on ties), and its log-likelihood goes into `perplexity` =
+ * exp(−mean over items).
  *
  * Tokenization follows the harness's HF backend (ChoiceEncoder): text is encoded as transformers' tokenizer.encode
  * encodes it, with the tokenizer's own special tokens (Llama 3's BOS; none for Qwen); whitespace at the end of the
@@ -82,7 +84,7 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     const o = j as Record<string, unknown>;
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
     if (o.continuation !== undefined) {
-      if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: an item has "continuation" or "choices" and "answer", not both`, HINT);
+      if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
       if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
       out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, where });
       return;
@@ -188,7 +190,7 @@ export interface EncodedChoice { item: number; choice: number; ctx: number[]; co
 
 /**
  * Every item's choices encoded: the context (`context(item)`, default the item's own; a chat rendering with
- * --choices-chat) and `delimiter + choice`.
+ * --choices-chat) and `delimiter + choice` (a continuation item's continuation as written).
  */
 export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
   context: (it: ChoiceItem) => string = (it) => it.context): EncodedChoice[] {
@@ -196,7 +198,8 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
   items.forEach((it, i) => {
     const c = context(it);
     it.choices.forEach((ch, k) => {
-      const { ctx, cont } = enc.pair(c, delimiter + ch, it.where);
+      // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only)
+      const { ctx, cont } = enc.pair(c, (it.continuation ? '' : delimiter) + ch, it.where);
       if (cont.length === 0) throw new InputError(`${it.where}: ${it.continuation ? 'the continuation' : `choice ${k}`} encodes to no tokens past the context`, 'check its text');
       out.push({ item: i, choice: k, ctx, cont });
     });

@@ -106,7 +106,7 @@ function placeholderBatch(b: number, t: number, vocab: number, cache?: SparseRep
 /** The closures of a job (see the module comment). */
 export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   const runs: Array<(b: Backend) => void> = [];
-  if (j.train || j.evaluate) {
+  if (j.train || j.evaluate || j.choices) {
     runs.push((be) => {
       const precision = j.precision ?? 'fp32';
       const student = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora, frozenDtype: j.studentFrozen });

@@ -22,25 +22,27 @@ import {
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
  * continuations' perplexity over the continuation items (each pair present when the items have that kind).
  */
-export interface ChoiceScores { acc?: number; accNorm?: number; greedy?: number; contPpl?: number }
+export interface ChoiceScores { acc?: number; accNorm?: number; greedy?: { acc: number; perplexity: number } }
 
 /** A run's scores as metrics.jsonl names them, `prefix` 'val' (the student's) or 'teacher'. */
 export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<string, number> {
   const out: Record<string, number> = {};
   if (c.acc !== undefined) out[`${prefix}_acc`] = c.acc;
   if (c.accNorm !== undefined) out[`${prefix}_acc_norm`] = c.accNorm;
-  if (c.greedy !== undefined) out[`${prefix}_greedy`] = c.greedy;
-  if (c.contPpl !== undefined) out[`${prefix}_cont_ppl`] = c.contPpl;
+  if (c.greedy) { out[`${prefix}_greedy`] = c.greedy.acc; out[`${prefix}_cont_ppl`] = c.greedy.perplexity; }
   return out;
 }
 
-/** choiceRow's inverse: the scores a metrics row holds under `prefix`, or null when it holds none. */
+/**
+ * choiceRow's inverse: the scores a metrics row holds under `prefix`, or null when it holds none. A perplexity too large
+ * for a double was written as JSON's null (JSON.stringify(Infinity)): it reads back as Infinity.
+ */
 export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown>): ChoiceScores | null {
   const num = (k: string): number | undefined => (typeof m[`${prefix}_${k}`] === 'number' ? m[`${prefix}_${k}`] as number : undefined);
   const c: ChoiceScores = {};
-  const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy'), contPpl = num('cont_ppl');
+  const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy');
   if (acc !== undefined && accNorm !== undefined) { c.acc = acc; c.accNorm = accNorm; }
-  if (greedy !== undefined && contPpl !== undefined) { c.greedy = greedy; c.contPpl = contPpl; }
+  if (greedy !== undefined && `${prefix}_cont_ppl` in m) c.greedy = { acc: greedy, perplexity: num('cont_ppl') ?? Infinity };
   return Object.keys(c).length ? c : null;
 }
 
@@ -48,7 +50,7 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
 export function choicesSaid(c: ChoiceScores): string {
   return [
     c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
-    c.greedy !== undefined ? `continuations greedy ${percent(c.greedy)}, ppl ${c.contPpl!.toFixed(3)}` : '',
+    c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
   ].filter((x) => x).join(', ');
 }
 
@@ -106,7 +108,7 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
       p.rows.forEach((r, i) => { sc.ll[r.item]![r.choice] = all[i]!; sc.greedy[r.item]![r.choice] = all[R + i] === 1; });
     }
     const m = choiceMetrics(p.items, sc);
-    return { ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: m.greedy.acc, contPpl: m.greedy.perplexity } : {}) };
+    return { ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}) };
   };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;

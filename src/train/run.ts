@@ -28,8 +28,9 @@
  * --tokenizer) render the data's chat lines and are carried into the checkpoints and the final model.
  *
  * The data and tokenizer are read and checked by prepareRunData (run-data.ts), the models built by buildRunModels
- * (run-models.ts), the folder opened by createRunFolder and openRunFolder (run-start.ts); this module holds the
- * training loop and what it writes.
+ * (run-models.ts), the folder opened by createRunFolder and openRunFolder (run-start.ts); the evaluations run by
+ * RunEvaluation (run-evaluation.ts) and the model written by RunCheckpoints (run-checkpoints.ts); this module holds
+ * the training loop: when to evaluate and save, the metrics, best/, signals and the summary.
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -39,7 +40,7 @@ import { parameterCount } from '../model/config.js';
 import { initialWeights, parameterLayout, reorderFlat } from '../model/params.js';
 import { BatchLoader, stackWindows, type LoaderState, type Window } from '../data/index.js';
 import { writeFileAtomic } from '../io/atomic.js';
-import { BackgroundCheckpoints, PREFAULT_STEP, writeLatest, type LatestCheckpoint } from './checkpoint-writer.js';
+import { RunCheckpoints } from './run-checkpoints.js';
 import { ValidationWatch } from './validation-watch.js';
 import { lockRunFolder } from './run-folder.js';
 import { createRunFolder, damagedCheckpoint, openRunFolder, removeIfEmpty } from './run-start.js';
@@ -48,9 +49,9 @@ import { Rng } from '../util/rng.js';
 import { DistilleryError, fileError } from '../util/errors.js';
 import { distEnv } from '../parallel/env.js';
 import { LocalComm, ncclWanted, type Communicator } from '../parallel/comm.js';
-import { HostComm, commTimeoutMs } from '../parallel/host-comm.js';
+import { HostComm } from '../parallel/host-comm.js';
 import { lrAt } from './schedule.js';
-import { NonFiniteLossError, type Batch, type StepRunner } from './step.js';
+import { NonFiniteLossError, type Batch, type EvalSums } from './step.js';
 import type { RunOptions } from './options.js';
 import { prepareRunData } from './run-data.js';
 import { isOnPolicyStep, onPolicyMicroBatch } from './on-policy.js';
@@ -58,7 +59,8 @@ import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
-import { choiceRow, choicesSaid, prepareRunChoices, runChoices, scoresOfRow, type ChoiceScores } from './run-choices.js';
+import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
+import { RunEvaluation } from './run-evaluation.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
 import { buildRunModels } from './run-models.js';
@@ -68,7 +70,7 @@ import type { CudaBackend } from '../backend/cuda/cuda-backend.js';
 export interface RunSummary {
   /**
    * --eval-choices: the item count, the student's scores at its last scored evaluation (`step`: acc and acc_norm over
-   * multiple-choice items, greedy and contPpl over continuation items), and a live teacher's, scored at the start of a new run.
+   * multiple-choice items, greedy's acc and perplexity over continuation items), and a live teacher's, scored at the start of a new run.
    */
   choices?: { items: number; step?: number; teacher?: ChoiceScores } & ChoiceScores;
   mode: 'train' | 'distill';
@@ -87,7 +89,7 @@ export interface RunSummary {
   /** Student-teacher top-1 agreement on validation (distill only). */
   finalAgreement: number | null;
   /** The validation tokens whose target is the student's most likely token (TRL's mean_token_accuracy), after the last step. */
-  finalValAccuracy: number;
+  finalValTokenAccuracy: number;
   /** Tokens trained on: those the loss counted (on chat data under --loss-on assistant, the assistant replies'). */
   tokensTrained: number;
   /** The packed data: its tokens and those that carry loss (fewer than all on chat data under --loss-on assistant). */
@@ -278,27 +280,9 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   }
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
-  const evaluate = (): ReturnType<StepRunner['evaluate']> | null => (evalBatches.length ? runner.evaluate(evalBatches) : null);
-  // --eval-choices: multiple-choice accuracy beside each validation loss (src/train/run-choices.ts)
-  const choices = preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm) : null;
-  let lastChoices: (ChoiceScores & { step: number }) | null = null;
-  const signalled = (): boolean => stops.signal !== null;
-  /** The student's --eval-choices scores at this step (undefined without --eval-choices; null when a signal stopped them). */
-  const scoreChoicesAt = async (at: number): Promise<ChoiceScores | null | undefined> => {
-    if (!choices) return undefined;
-    const c = await choices.student(signalled);
-    if (c !== null) lastChoices = { ...c, step: at };
-    return c;
-  };
-  /**
-   * A validation pass a signal can cut short (one rank: the handler runs between batches): 'stopped' when one did.
-   * Several ranks evaluate through to the end (they stop together, at a step's end).
-   */
-  const evaluateOrStop = async (): Promise<ReturnType<typeof evaluate> | 'stopped'> => {
-    if (!evalBatches.length) return null;
-    if (world > 1) return runner.evaluate(evalBatches);
-    return (await runner.evaluateYielding(evalBatches, () => stops.signal !== null)) ?? 'stopped';
-  };
+  // the validation pass and --eval-choices' scores beside it (src/train/run-choices.ts)
+  const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm) : null,
+    comm, stops, distilling);
   const appendMetric = (m: Record<string, unknown>): void => {
     if (!root) return;
     try { appendNoFollow(metricsPath, JSON.stringify(m) + '\n'); } catch (e) {
@@ -307,94 +291,32 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `free disk space, then continue with --resume${fs.existsSync(latest) ? ` (the last checkpoint, ${latest}, is intact)` : ''}`);
     }
   };
-  // a signal during the first validation pass stops the run before its first step (nothing trained, no checkpoint)
+  // a signal during the first evaluation stops the run before its first step (nothing trained, no checkpoint); with
+  // --eval-choices the student's scores come beside the loss, and a live teacher's once, at the start: what the
+  // student's are measured against (also without validation windows)
   let stoppedBeforeFirstStep = false;
-  let teacherChoices: ChoiceScores | null = null;
   if (!saved) {
-    const r = await evaluateOrStop();
-    const e = r === 'stopped' ? null : r;
-    stoppedBeforeFirstStep = r === 'stopped';
-    // the student's multiple-choice scores beside the loss, and the teacher's once, at the start: what the student's are
-    // measured against (also without validation windows); a signal while they are scored stops the run as in the pass
-    const c = stoppedBeforeFirstStep ? undefined : await scoreChoicesAt(0);
-    const t = stoppedBeforeFirstStep || c === null ? null : await choices?.teacher(signalled) ?? null;
+    const ev = await evals.run(0, true);
     // (with several ranks a signal stops them together at a step's end: no rank stops here alone)
-    if (c === null || (world === 1 && signalled())) stoppedBeforeFirstStep = true;
-    if (t && !stoppedBeforeFirstStep) teacherChoices = t;
-    const choiceFields = stoppedBeforeFirstStep || !c ? {} : { ...choiceRow('val', c), ...(t ? choiceRow('teacher', t) : {}) };
-    if (e && !stoppedBeforeFirstStep) {
-      initialValLoss = e.meanLoss; initialValCe = e.meanCe;
-      appendMetric({ step: 0, val_loss: e.meanLoss, val_ce: e.meanCe, val_ppl: e.perplexity, val_accuracy: e.accuracy, ...(distilling ? { val_div: e.meanDiv, agreement: e.agreement } : {}), ...choiceFields });
-    } else if (!stoppedBeforeFirstStep && c) appendMetric({ step: 0, ...choiceFields });
-    const said = stoppedBeforeFirstStep ? [] : [e ? `validation loss ${e.meanLoss.toFixed(4)} (ce ${e.meanCe.toFixed(4)})` : '',
-      c ? `${choicesSaid(c)}${t ? ` (the teacher's: ${choicesSaid(t)})` : ''}` : ''].filter((x) => x);
-    if (said.length) log(`step 0: ${said.join('; ')}`);
+    stoppedBeforeFirstStep = ev.stopped !== null || (world === 1 && stops.signal !== null);
+    if (!stoppedBeforeFirstStep) {
+      if (ev.pass) { initialValLoss = ev.pass.meanLoss; initialValCe = ev.pass.meanCe; }
+      const row = evals.row(0, ev);
+      if (row) appendMetric(row);
+      const said = [ev.pass ? `validation loss ${ev.pass.meanLoss.toFixed(4)} (ce ${ev.pass.meanCe.toFixed(4)})` : '', evals.said(0, ev)].filter((x) => x);
+      if (said.length) log(`step 0: ${said.join('; ')}`);
+    }
   }
 
-  let lastGoodStep: number | null = saved ? saved.step : null;
-  // checkpoints/latest is written on a worker thread while training goes on (src/train/checkpoint-writer.ts); on this
-  // thread with DISTILLERY_BACKGROUND_CHECKPOINTS=0, or a test's duringCheckpointWrite hook (it runs inside the write)
-  const background = root && !hooks.duringCheckpointWrite && process.env.DISTILLERY_BACKGROUND_CHECKPOINTS !== '0';
-  const checkpoints = background ? new BackgroundCheckpoints(files.resumeWriter, hooks.checkpointWriteDelayMs) : null;
-  // A first download into new host arrays pays a page fault per page (12 bytes per parameter: seconds for a 0.5B model):
-  // the worker maps the arrays the saves download into while the first steps run.
-  const kept = opt.keptMoments?.();
-  checkpoints?.prefault([...files.keptArrays(), ...(kept ? [kept.m, kept.v] : [])]);
-  /** The other ranks wait for rank 0's file writes (checkpoints, best/, final/) without the collectives' timeout. */
-  const waitForRootIo = (): void => { if (world > 1) comm.barrier(Math.max(commTimeoutMs(), 3_600_000)); };
-  /** Waits for the write in flight on rank 0 (a failed one throws); a written checkpoint is the last good one from then on. */
-  const finishWrite = (): { step: number; seconds: number; waited: number } | null => {
-    const j = checkpoints?.join() ?? null;
-    if (j && j.step !== PREFAULT_STEP) { lastGoodStep = j.step; hooks.afterCheckpointWrite?.(j.step, latest); }
-    return j;
-  };
-  /**
-   * Every rank at the same point: rank 0 waits for its write in flight (saying so when training had to wait for the
-   * disk, but for the run's last write), the others for rank 0 without the collectives' timeout (the collective that
-   * follows — a gather of the sharded masters or moments — would otherwise time out while rank 0 waits for its disk).
-   */
-  const joinCheckpoint = (atEnd = false): void => {
-    const j = finishWrite();
-    if (j && j.step !== PREFAULT_STEP && j.waited >= 0.1 && !atEnd) {
-      log(`checkpoint: writing step ${j.step}'s took ${j.seconds.toFixed(1)}s; the run waited ${j.waited.toFixed(1)}s for it (raise --save-every to hide the writes behind training)`);
-    }
-    waitForRootIo();
-  };
-  /**
-   * Writes checkpoints/latest if the weights are good (see the module comment); `lossOnWeights` is a loss computed
-   * from the current weights when one is at hand. Returns why they are not good instead of writing, or null.
-   */
-  const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => {
-    const ss = backend.sumSquares(files.trainable.params, files.trainable.masterLength ?? files.trainable.layout.total);
-    let why: string | null = null;
-    if (!Number.isFinite(ss)) why = `the update of step ${step} made the weights non-finite (sum of squares ${ss})`;
-    else {
-      const lossNow = lossOnWeights ?? runner.evaluate([probe]).meanLoss;
-      if (!Number.isFinite(lossNow)) why = `the weights after step ${step} give a non-finite loss (${lossNow})`;
-    }
-    // With several ranks the probe batch is each rank's own: every rank takes the same verdict (any rank's failure).
-    if (world > 1) {
-      const failed = comm.allReduceHost([why === null ? 0 : 1])[0]!;
-      if (failed > 0 && why === null) why = `the weights after step ${step} give a non-finite loss on ${failed} of ${world} ranks' batches`;
-    }
-    if (why !== null) return why;
-    const state: SavedState = {
-      version: legacyOrderDiffers ? 2 : 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
-      initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}), paramOrder: 'grouped',
-      ...(packed.windows[0]?.positions ? { documents: true } : {}),
-    };
-    joinCheckpoint(); // the previous write reads the arrays the snapshot downloads into
-    const { m, v } = opt.gatherMoments(); // a collective with data parallelism: every rank gets here at the same step
-    const masters = gatheredMasters();
-    if (root) {
-      const c: LatestCheckpoint = { latest, resumeDir: files.resumeDir, weights: files.resumeWeights(masters), m, v, state: JSON.stringify(state, null, 1), step };
-      if (checkpoints) checkpoints.submit(c);
-      else { writeLatest(c, files.resumeWriter, hooks.duringCheckpointWrite); hooks.afterCheckpointWrite?.(step, latest); }
-    }
-    waitForRootIo();
-    if (!checkpoints) lastGoodStep = step; // a background write counts once it is done (finishWrite)
-    return null;
-  };
+  const ckpt = new RunCheckpoints({ backend, comm, log, hooks, latest, files, opt, runner, gatheredMasters, saveDtype: o.saveDtype, lastGoodStep: saved ? saved.step : null });
+  /** The state checkpoints/latest records now (the loader position before any batches built ahead). */
+  const stateNow = (): SavedState => ({
+    version: legacyOrderDiffers ? 2 : 1, step, optimizerStep: opt.step, loader: ahead ? ahead.loaderBefore : loader.state(), tokensTrained,
+    initialTrainLoss, initialValLoss, initialValCe, options: o, dataHash, ...(world > 1 ? { world } : {}), paramOrder: 'grouped',
+    ...(packed.windows[0]?.positions ? { documents: true } : {}),
+  });
+  /** Writes checkpoints/latest if the weights are good; why they are not, or null. */
+  const saveLatest = (lossOnWeights: number | null, probe: Batch): string | null => ckpt.saveLatest(step, stateNow, lossOnWeights, probe);
 
   // Best validation checkpoint and the rising-validation warning, restored from metrics.jsonl on resume.
   const bestDir = path.join(out, 'checkpoints', 'best');
@@ -415,15 +337,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
         `the model may be overfitting or diverging${bestBefore !== null ? `; ${bestDir} holds step ${bestBefore} (validation loss ${fmt(bestLossBefore!)})` : ''}` : null,
     };
   };
-  // --eval-choices on resume: the scores before the checkpoint (the teacher's at step 0, the last of the student's) for the
-  // summary, which rank 0 writes
-  if (saved && root && choices) {
-    for (const m of metricsSoFar as Array<Record<string, number | undefined>>) {
-      teacherChoices = scoresOfRow('teacher', m) ?? teacherChoices;
-      const v = scoresOfRow('val', m);
-      if (v && m.step !== undefined) lastChoices = { ...v, step: m.step };
-    }
-  }
+  // --eval-choices on resume: the scores before the checkpoint, for the summary, which rank 0 writes
+  if (saved && root) evals.restore(metricsSoFar as Array<Record<string, unknown>>);
   // the evaluations before the checkpoint, replayed: their warnings stay in the summary (logged when they were made)
   for (const [st, loss] of history.val) { const w = observe(st, loss).warning; if (w) warnings.push(w); }
   // the replayed best must be the model best/ holds; where it is not (best/ went with a crash's steps), none is known
@@ -434,10 +349,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     const v = observe(step, valLoss);
     if (v.warning) warn(v.warning);
     if (v.best) {
-      joinCheckpoint(); // best/ downloads into the arrays a checkpoint write may still read
-      const masters = gatheredMasters();
-      if (root) files.writeUser(bestDir, o.saveDtype, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' }, masters);
-      waitForRootIo();
+      ckpt.join();
+      ckpt.writeUser(bestDir, { 'best.json': JSON.stringify({ step, val_loss: valLoss }, null, 1) + '\n' });
     }
   };
 
@@ -450,7 +363,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const progress = new Progress(o.steps, o.mode === 'distill' ? 'distill' : 'train', Math.max(1, Math.floor(o.steps / 20)),
     process.stderr, startStep);
   let status = 'completed';
-  let lastEval = null as ReturnType<typeof evaluate>;
+  let lastEval = null as EvalSums | null;
   let lastEvalStep = -1;
   /** The next step's batches when they were built ahead (see lookAhead), with the loader position before them. */
   let ahead = null as { step: number; micro: Batch[]; loaderBefore: LoaderState } | null;
@@ -458,11 +371,11 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   /** Ends a failed run: the summary says why, the error names the last good checkpoint. */
   const fail = (atStep: number, why: string, hint: string | undefined): DistilleryError => {
     // the message names the last checkpoint on disk: a write in flight ends first (its failure is only a warning here)
-    try { finishWrite(); } catch (e) { log(`warning: writing ${latest} failed too: ${e instanceof Error ? e.message : String(e)}`); }
+    try { ckpt.finishWrite(); } catch (e) { log(`warning: writing ${latest} failed too: ${e instanceof Error ? e.message : String(e)}`); }
     status = `failed at step ${atStep}: ${why}`;
     writeSummary(null);
     return new DistilleryError(`training stopped at step ${atStep}: ${why}`,
-      `${lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
+      `${ckpt.lastGoodStep !== null && fs.existsSync(latest) ? `the last good checkpoint is ${latest} (step ${ckpt.lastGoodStep}; resume with --resume)` : 'no good checkpoint had been saved yet'}; ${hint ?? ''}`);
   };
   /** summary.json: written at the end of every run, failed ones included. */
   const writeSummary = (finalDir: string | null): RunSummary => {
@@ -471,13 +384,13 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       initialTrainLoss, finalTrainLoss: finalTrainLossOf(),
       initialValLoss, finalValLoss: lastEval?.meanLoss ?? NaN, initialValCe, finalValCe: lastEval?.meanCe ?? NaN,
       finalValPerplexity: lastEval?.perplexity ?? NaN, finalAgreement: distilling && lastEval ? lastEval.agreement : null,
-      finalValAccuracy: lastEval?.accuracy ?? NaN,
+      finalValTokenAccuracy: lastEval?.tokenAccuracy ?? NaN,
       tokensTrained, dataTokens: packed.totalTokens, dataLossTokens: packed.targetTokens, seconds: (Date.now() - started) / 1000,
       tokensPerSecond: (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9),
       parameters: parameterCount(cfg), trainableParameters: files.trainable.layout.total, teacherParameters: teacher ? parameterCount(teacher.config) : cache ? cache.manifest.teacher.parameters : null, status,
-      lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
+      lastGoodStep: ckpt.lastGoodStep, bestValLoss: watch.bestLoss, bestStep: watch.bestStep, warnings: [...warnings, ...divergenceWarnings(initialTrainLoss, finalTrainLossOf(), initialValLoss, lastEval?.meanLoss ?? NaN)],
       signal: stops.signal,
-      ...(choices ? { choices: { items: choices.items, ...(lastChoices ?? {}), ...(teacherChoices ? { teacher: teacherChoices } : {}) } } : {}),
+      ...(evals.summary() ? { choices: evals.summary() } : {}),
     };
     if (root) writeFileAtomic(path.join(out, 'summary.json'), JSON.stringify(summary, null, 2) + '\n');
     return summary;
@@ -533,7 +446,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       const secs = (Date.now() - started) / 1000;
       const tps = (tokensTrained - tokensAtStart) / Math.max(stepSeconds, 1e-9);
       appendMetric({
-        step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), accuracy: r.accuracy, grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
+        step, lr, loss: r.loss, ce: r.ce, ...(distilling ? { div: r.div } : {}), token_acc: r.tokenAccuracy, grad_norm: r.gradNorm, tokens: tokensTrained, tokens_per_s: Math.round(tps), seconds: +secs.toFixed(2),
         step_ms: +(thisStep * 1000).toFixed(2),
         ...(onPolicy ? {
           on_policy: onPolicyStep ? 1 : 0,
@@ -549,25 +462,19 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
       // then evaluates (and picks best/) as the uninterrupted one does; the stop's checkpoint is checked on a batch
       const evalNow = step % o.evalEvery === 0 || step === o.steps;
       if (evalNow) {
-        // a signal during the pass abandons it: the stop below writes the checkpoint of this step
-        const r = await evaluateOrStop();
-        lastEval = r === 'stopped' ? null : r;
-        lastEvalStep = r === 'stopped' ? -1 : step;
-        // a signal during the choices' scoring abandons them: the stop below writes the checkpoint of this step
-        const sc = r === 'stopped' ? null : await scoreChoicesAt(step);
-        const c = sc ? choiceRow('val', sc) : {};
-        const said = sc ? choicesSaid(sc) : '';
+        // a signal during the pass or the choices' scoring abandons it: the stop below writes the checkpoint of this step
+        const ev = await evals.run(step);
+        lastEval = ev.pass;
+        lastEvalStep = step;
+        const row = evals.row(step, ev), said = evals.said(step, ev);
+        if (row) appendMetric(row);
         if (lastEval) {
-          appendMetric({ step, val_loss: lastEval.meanLoss, val_ce: lastEval.meanCe, val_ppl: lastEval.perplexity, val_accuracy: lastEval.accuracy, ...(distilling ? { val_div: lastEval.meanDiv, agreement: lastEval.agreement } : {}), ...c });
           if (!o.quiet && root) {
             progress.done();
             log(`step ${step}: validation loss ${lastEval.meanLoss.toFixed(4)} (ce ${lastEval.meanCe.toFixed(4)}, ppl ${lastEval.perplexity.toFixed(2)})${said ? `; ${said}` : ''}`);
           }
           afterEval(lastEval.meanLoss);
-        } else if (said) {
-          appendMetric({ step, ...c });
-          if (!o.quiet && root) { progress.done(); log(`step ${step}: ${said}`); }
-        }
+        } else if (said && !o.quiet && root) { progress.done(); log(`step ${step}: ${said}`); }
       }
       const evaluatedNow = lastEval !== null && evalNow ? lastEval.meanLoss : null;
       let savedNow = false;
@@ -595,7 +502,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     }
   } catch (e) {
     // the checkpoint write in flight ends before the run stops; the run's own error is the one that counts
-    try { checkpoints?.close(); } catch (w) { log(`warning: writing ${latest} failed too: ${w instanceof Error ? w.message : String(w)}`); }
+    ckpt.close(true);
     // summary.json says the run failed (not a previous run's status), where it can still be written
     if (!status.startsWith('failed')) {
       status = `failed at step ${step}: ${e instanceof Error ? e.message : String(e)}`;
@@ -608,19 +515,17 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
     if (root) try { writeLossSvg(out, metricsPath, o.mode); } catch (e) { log(`warning: could not write loss.svg: ${e instanceof Error ? e.message : String(e)}`); }
   }
   // the checkpoint write in flight ends before the run goes on (final/, the summary): a failed write is the run's error
-  joinCheckpoint(true);
-  checkpoints?.close();
+  ckpt.join(true);
+  ckpt.close();
   // the summary's final validation figures are of the weights the run ends with, also when it did not evaluate them
   // (a --stop-after or a signal between evaluations, a --resume of a finished run): not a metrics row, not a best/
   // (a run a signal stopped skips it: the summary then has no final validation figures)
   if (stops.signal !== null && (lastEval === null || lastEvalStep !== step)) lastEval = null;
-  else if (lastEval === null || lastEvalStep !== step) lastEval = evaluate();
+  else if (lastEval === null || lastEvalStep !== step) lastEval = evals.pass();
   let finalDir: string | null = null;
   if (status === 'completed') {
     finalDir = path.join(out, 'final');
-    const masters = gatheredMasters();
-    if (root) files.writeUser(finalDir, o.saveDtype, undefined, masters);
-    waitForRootIo();
+    ckpt.writeUser(finalDir);
   }
   const summary = writeSummary(finalDir);
   log(`${o.mode}: loss ${fmt(summary.initialTrainLoss)} → ${fmt(summary.finalTrainLoss)} (train), ` +

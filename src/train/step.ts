@@ -55,7 +55,7 @@ export interface StepResult {
   gradNorm: number;
   tokens: number;
   /** The fraction of counted tokens whose target is the student's most likely token (TRL's mean_token_accuracy). */
-  accuracy: number;
+  tokenAccuracy: number;
   /** The teacher's mean log-likelihood of the targets of the batches that asked for it (on-policy: the student's samples). */
   teacherLogLik?: number;
 }
@@ -205,7 +205,7 @@ export class StepRunner {
     const scale = clip > 0 && gradNorm > clip ? clip / gradNorm : 1;
     optimizer.update(lr, scale);
     return {
-      loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens, accuracy: acc.correct / acc.tokens,
+      loss, ce: acc.ce / acc.tokens, div: acc.div / acc.tokens, gradNorm, tokens: acc.tokens, tokenAccuracy: acc.correct / acc.tokens,
       ...(acc.teacherCeTokens ? { teacherLogLik: -acc.teacherCe! / acc.teacherCeTokens } : {}),
     };
   }
@@ -254,12 +254,12 @@ export class StepRunner {
 }
 
 /** Sums over a validation pass and the means the run reports. */
-export type EvalSums = LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; accuracy: number; perplexity: number };
+export type EvalSums = LossSums & { meanLoss: number; meanCe: number; meanDiv: number; agreement: number; tokenAccuracy: number; perplexity: number };
 
 function means(acc: LossSums): EvalSums {
   const d = Math.max(acc.tokens, 1);
   return {
-    ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d, accuracy: acc.correct / d,
+    ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d, tokenAccuracy: acc.correct / d,
     perplexity: Math.exp(acc.ce / d),
   };
 }

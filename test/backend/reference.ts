@@ -87,7 +87,7 @@ export function softmax(z: ArrayLike<number>, T = 1): number[] {
   return e.map((x) => x / sum);
 }
 
-/** Per-row reference of the fused loss: [loss, ce, div, agree]. */
+/** Per-row reference of the fused loss: [loss, ce, div, agree, acc]. */
 export function lossRef(zs: ArrayLike<number>, zt: ArrayLike<number> | null, y: number, spec: LossSpec): number[] {
   // argmax: the first index of the maximum (numpy's and torch's)
   const am = (a: ArrayLike<number>) => { let b = 0; for (let j = 1; j < a.length; j++) if (a[j]! > a[b]!) b = j; return b; };

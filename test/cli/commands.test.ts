@@ -175,9 +175,9 @@ test('StreamDecoder holds back incomplete UTF-8 and emits exactly the decoded te
 test('eval: loss and perplexity; with a teacher, agreement and KL', async () => {
   const r = await run(['eval', '--model', model, '--data', dataFile, '--seq', '16', '--batch', '3', '--json']);
   assert.equal(r.code, 0, r.err);
-  const j = JSON.parse(r.out) as { loss: number; perplexity: number; tokens: number; accuracy: number; agreement?: number };
+  const j = JSON.parse(r.out) as { loss: number; perplexity: number; tokens: number; tokenAccuracy: number; agreement?: number };
   assert.ok(j.tokens > 0);
-  assert.ok(j.accuracy >= 0 && j.accuracy <= 1 && Math.abs(j.accuracy * j.tokens - Math.round(j.accuracy * j.tokens)) < 1e-6, `accuracy ${j.accuracy} of ${j.tokens} tokens: a count of them`);
+  assert.ok(j.tokenAccuracy >= 0 && j.tokenAccuracy <= 1 && Math.abs(j.tokenAccuracy * j.tokens - Math.round(j.tokenAccuracy * j.tokens)) < 1e-6, `token accuracy ${j.tokenAccuracy} of ${j.tokens} tokens: a count of them`);
   assert.ok(j.loss > 0 && Number.isFinite(j.loss));
   assert.ok(Math.abs(j.perplexity - Math.exp(j.loss)) < 1e-6 * j.perplexity);
   assert.equal(j.agreement, undefined);
@@ -200,7 +200,7 @@ test('eval: loss and perplexity; with a teacher, agreement and KL', async () => 
   const text = await run(['eval', '--model', model, '--teacher', teacher, '--data', dataFile, '--seq', '16']);
   assert.match(text.out, /^loss\s+\d+\.\d{4}/m);
   assert.match(text.out, /^perplexity\s+\d/m);
-  assert.match(text.out, /^accuracy\s+\d+\.\d{2}%/m);
+  assert.match(text.out, /^token acc\s+\d+\.\d{2}%/m);
   assert.match(text.out, /^agreement\s+\d+\.\d+%/m);
   assert.match(text.out, /^kl\s+\d/m);
   const noData = await run(['eval', '--model', model, '--data', path.join(dir, 'missing.txt')]);
@@ -218,7 +218,8 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
   ];
   fs.writeFileSync(items, lines.map((l) => JSON.stringify(l)).join('\n') + '\n');
   const out = path.join(dir, 'cont-scores.jsonl');
-  const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choices-out', out, '--choice-delimiter', '', '--json']);
+  // the multiple-choice item's choices get the default delimiter (a space); the continuations go as written
+  const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choices-out', out, '--json']);
   assert.equal(r.code, 0, r.err);
   type G = { items: number; acc: number; perplexity: number };
   const j = JSON.parse(r.out) as { choices: { items: number; rows: number; acc: number; greedy: G; teacher: { acc: number; greedy: G } } };
@@ -231,9 +232,14 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
   const ppl = (v: number[]): number => Math.exp(-v.reduce((a, b) => a + b, 0) / v.length);
   assert.deepEqual(j.choices.greedy, { items: 3, acc: cont.filter((x) => x.greedy).length / 3, perplexity: ppl(cont.map((x) => x.loglik)) });
   assert.deepEqual(j.choices.teacher.greedy, { items: 3, acc: cont.filter((x) => x.teacher_greedy).length / 3, perplexity: ppl(cont.map((x) => x.teacher_loglik)) });
+  const d = path.join(dir, 'cont-scores-delim.jsonl');
+  assert.equal((await run(['eval', '--model', model, '--choices', items, '--choices-out', d, '--choice-delimiter', ' :: '])).code, 0);
+  const withDelim = fs.readFileSync(d, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loglik?: number; logliks?: number[] });
+  [0, 2, 3].forEach((i) => assert.ok(Math.abs(withDelim[i]!.loglik! - (samples[i] as { loglik: number }).loglik) < 1e-5, `item ${i}: no delimiter before a continuation`));
+  assert.ok(Math.abs(withDelim[1]!.logliks![0]! - (samples[1] as { logliks: number[] }).logliks[0]!) > 1e-3, 'a choice gets the delimiter');
   const mc = samples[1] as { logliks: number[]; pred: number };
   assert.equal(j.choices.acc, mc.pred === 0 ? 1 : 0, 'acc is over the one multiple-choice item');
-  const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--choice-delimiter', '']);
+  const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items]);
   assert.equal(text.code, 0, text.err);
   assert.match(text.out, /^acc\s+\d+\.\d{2}% {2}\(highest log-likelihood, of 1 multiple-choice item\)/m);
   assert.match(text.out, /^greedy\s+\d+\.\d{2}% {2}\(continuations whose every token is the model's most likely, of 3 items\)/m);
@@ -243,7 +249,7 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
   fs.writeFileSync(bad, '{"context": "x", "continuation": "y", "choices": ["a", "b"], "answer": 0}\n');
   const e = await run(['eval', '--model', model, '--choices', bad]);
   assert.equal(e.code, 2);
-  assert.match(e.err, /cont-bad\.jsonl:1: an item has "continuation" or "choices" and "answer", not both/);
+  assert.match(e.err, /cont-bad\.jsonl:1: "continuation" goes without "choices" and "answer"/);
 });
 
 test('eval --choices: acc and acc_norm from the written log-likelihoods, the teacher beside, with --data in one run; errors exit 2', async () => {

@@ -54,7 +54,8 @@ test('items: index or text answers, blank lines skipped, extra keys ignored; eac
     ['{"context": "x", "choices": ["a", "b"]}', /"answer" must be a choice's index or text \(it is missing\)/],
     ['{"context": "x", "continuation": ""}', /"continuation" must be a non-empty string/],
     ['{"context": "x", "continuation": 3}', /"continuation" must be a non-empty string/],
-    ['{"context": "x", "continuation": "a", "choices": ["a", "b"], "answer": 0}', /has "continuation" or "choices" and "answer", not both/],
+    ['{"context": "x", "continuation": "a", "choices": ["a", "b"], "answer": 0}', /"continuation" goes without "choices" and "answer"/],
+    ['{"context": "x", "continuation": "a", "answer": 0}', /"continuation" goes without "choices" and "answer"/],
     ['{"continuation": "a"}', /"context" must be a string \(it is missing\)/],
   ];
   for (const [line, re] of bad) {
@@ -238,7 +239,7 @@ test("scores: each row's summed log-probability of its continuation, over padded
     for (let v = 1; v < c.vocabSize; v++) if (z[p * c.vocabSize + v]! > z[p * c.vocabSize + b]!) b = v;
     return b;
   };
-  // Continuation items (scored with the delimiter ''): the model's own greedy text after a context (is_greedy where the
+  // Continuation items (no delimiter before them): the model's own greedy text after a context (is_greedy where the
   // text encodes back to the same tokens: after 'Distillation'; after 'The teacher' a partial UTF-8 byte decodes to U+FFFD),
   // and arbitrary text
   for (const context of ['Distillation', 'The teacher']) {
@@ -247,7 +248,9 @@ test("scores: each row's summed log-probability of its continuation, over padded
     items.push({ context, choices: [tok.decode(ids.slice(start))], answer: 0, continuation: true, where: `g:${context}` });
   }
   items.push({ context: 'The quick brown', choices: [' fox jumps'], answer: 0, continuation: true, where: 'g:other' });
-  const encoded = [...encodeChoices(enc, items.slice(0, 4), ' '), ...encodeChoices(enc, items.slice(4), '').map((e) => ({ ...e, item: e.item + 4 }))];
+  const encoded = encodeChoices(enc, items, ' ');
+  // a continuation is scored as written: no delimiter before it
+  assert.deepEqual(encoded.filter((e) => e.item >= 4).map((e) => e.cont), items.slice(4).map((it) => enc.pair(it.context, it.choices[0]!, '').cont));
   const seq = choiceWindow(encoded);
   const rows = choiceRows(encoded, items, seq);
   const m = new Transformer(be, c, { batch: 3, seq, training: false });
@@ -284,5 +287,5 @@ test("scores: each row's summed log-probability of its continuation, over padded
   }
   const e = runner.evaluate(Array.from(choiceBatches(rows, 3, seq, tok.eosId!), (b) => b.batch));
   assert.equal(e.tokens, counted);
-  assert.ok(Math.abs(e.accuracy - hits / counted) < 1e-12, `accuracy ${e.accuracy} vs ${hits}/${counted}`);
+  assert.ok(Math.abs(e.tokenAccuracy - hits / counted) < 1e-12, `token accuracy ${e.tokenAccuracy} vs ${hits}/${counted}`);
 });

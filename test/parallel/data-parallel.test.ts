@@ -52,6 +52,8 @@ test('2 ranks at batch 4 train what 1 process trains with 2 accumulated micro-ba
   assert.equal(b.length, 6);
   a.forEach((m, i) => assert.ok(Math.abs(m.loss! - b[i]!.loss!) <= 1e-5 * Math.abs(m.loss!), `step ${i + 1}: loss ${m.loss} vs ${b[i]!.loss}`));
   a.forEach((m, i) => assert.ok(Math.abs(m.grad_norm! - b[i]!.grad_norm!) <= 1e-4 * m.grad_norm!, `step ${i + 1}: grad norm ${m.grad_norm} vs ${b[i]!.grad_norm}`));
+  // the step's token accuracy over both ranks' tokens (a float32 near-tie may flip one token of the 128)
+  a.forEach((m, i) => assert.ok(Math.abs(m.token_acc! - b[i]!.token_acc!) <= 1 / 128 + 1e-12, `step ${i + 1}: token accuracy ${m.token_acc} vs ${b[i]!.token_acc}`));
   const w1 = readFlatCheckpoint(path.join(dir, 'single', 'final')).weights, w2 = readFlatCheckpoint(path.join(dir, 'dp2', 'final')).weights;
   let worst = 0, scale = 0;
   for (let i = 0; i < w1.length; i++) { worst = Math.max(worst, Math.abs(w1[i]! - w2[i]!)); scale = Math.max(scale, Math.abs(w1[i]!)); }
@@ -70,13 +72,15 @@ test('--eval-choices on 2 ranks: each scores a share of the rows, every rank rep
     { context: 'the model learns to', choices: ['predict next token', 'teacher'], answer: 0 },
     { context: 'a teacher helps', choices: ['student', 'the text and a model', 'learns'], answer: 0 },
     { context: '', choices: ['the model', 'learns'], answer: 0 },
+    { context: 'the teacher helps the', continuation: ' student' },
+    { context: 'a model learns to predict the', continuation: ' next token' },
   ].map((x) => JSON.stringify(x)).join('\n') + '\n');
   const o = opts({ out: path.join(dir, 'dp-choices'), evalChoices: [items] });
   const [r0, r1] = await ranks(o, 2);
   assert.equal(r0!.error, undefined, r0!.error); assert.equal(r1!.error, undefined, r1!.error);
   assert.deepEqual(r1!.choices, r0!.choices);
   const mine = (await evaluate({ model: r0!.finalDir!, data: [], choices: [items], seq: o.seq, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
-  assert.deepEqual(r0!.choices, { items: 3, step: 6, acc: mine.acc, accNorm: mine.accNorm });
+  assert.deepEqual(r0!.choices, { items: 5, step: 6, acc: mine.acc, accNorm: mine.accNorm, greedy: { acc: mine.greedy!.acc, perplexity: mine.greedy!.perplexity } });
   const rows = readMetrics(path.join(o.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined);
   assert.deepEqual(rows.map((m) => m.step), [0, 3, 6]);
 });

@@ -15,6 +15,7 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
+import { choiceRow, choicesSaid, scoresOfRow } from '../../src/train/run-choices.js';
 import { presetConfig } from '../../src/model/config.js';
 import { runCli } from '../cli/fixtures.js';
 
@@ -32,8 +33,8 @@ function itemsFile(dir: string): string {
     { context: 'the student learns from', choices: ['text', 'token to predict'], answer: 1 },
     { context: 'next token from text and a teacher helps the student learns to predict the', choices: ['model', 'next'], answer: 0 },
     { context: '', choices: ['the model', 'learns'], answer: 0 },
-    { context: 'the teacher helps the', continuation: 'student' },
-    { context: 'a model learns to predict the next', continuation: 'token' },
+    { context: 'the teacher helps the', continuation: ' student' },
+    { context: 'a model learns to predict the next', continuation: ' token' },
   ];
   fs.writeFileSync(f, items.map((x) => JSON.stringify(x)).join('\n') + '\n');
   return f;
@@ -53,7 +54,7 @@ test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s
     for (const k of ['val_acc', 'val_acc_norm']) assert.ok(r[k]! >= 0 && r[k]! <= 1 && Number.isInteger(r[k]! * 5), `${k} ${r[k]}`);
     assert.ok(r.val_greedy! >= 0 && r.val_greedy! <= 1 && Number.isInteger(r.val_greedy! * 2) && r.val_cont_ppl! > 1, `continuations ${r.val_greedy} ${r.val_cont_ppl}`);
     assert.ok(r.val_loss !== undefined, 'the scores ride on the validation row');
-    assert.ok(r.val_accuracy! >= 0 && r.val_accuracy! <= 1, 'the validation rows have the token accuracy');
+    assert.ok(r.val_token_acc! >= 0 && r.val_token_acc! <= 1, 'the validation rows have the token accuracy');
   }
   assert.ok(rows[0]!.teacher_acc !== undefined && rows[1]!.teacher_acc === undefined, 'the teacher is scored once, at the start');
   // The same scores from the eval command, on the weights the run saved (the final step's) and on the teacher.
@@ -67,11 +68,11 @@ test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s
   assert.equal(rows[2]!.val_cont_ppl, mine.greedy!.perplexity);
   assert.equal(rows[0]!.teacher_greedy, teacher.greedy!.acc);
   assert.equal(rows[0]!.teacher_cont_ppl, teacher.greedy!.perplexity);
-  const both = (m: typeof mine) => ({ acc: m.acc, accNorm: m.accNorm, greedy: m.greedy!.acc, contPpl: m.greedy!.perplexity });
+  const both = (m: typeof mine) => ({ acc: m.acc, accNorm: m.accNorm, greedy: { acc: m.greedy!.acc, perplexity: m.greedy!.perplexity } });
   assert.deepEqual(s.choices, { items: 7, step: 6, ...both(mine), teacher: both(teacher) });
   // every training row has the step's token accuracy
   const steps = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).loss !== undefined) as Array<Record<string, number>>;
-  assert.ok(steps.length === 6 && steps.every((r) => r.accuracy! >= 0 && r.accuracy! <= 1));
+  assert.ok(steps.length === 6 && steps.every((r) => r.token_acc! >= 0 && r.token_acc! <= 1));
   const summary = JSON.parse(fs.readFileSync(path.join(s.out, 'summary.json'), 'utf8')) as { choices: unknown };
   assert.deepEqual(summary.choices, s.choices);
 });
@@ -136,4 +137,16 @@ test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choic
     assert.equal(r.code, 2, r.err);
     assert.match(r.err, re);
   }
+});
+
+test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexity too large for a double (JSON null) read as Infinity', () => {
+  const c = { acc: 0.5, accNorm: 0.25, greedy: { acc: 0.75, perplexity: 12.5 } };
+  const row = choiceRow('val', c);
+  assert.deepEqual(row, { val_acc: 0.5, val_acc_norm: 0.25, val_greedy: 0.75, val_cont_ppl: 12.5 });
+  assert.deepEqual(scoresOfRow('val', JSON.parse(JSON.stringify({ step: 3, ...row })) as Record<string, unknown>), c);
+  assert.equal(scoresOfRow('teacher', row), null, 'another prefix: nothing');
+  const huge = JSON.parse(JSON.stringify(choiceRow('teacher', { greedy: { acc: 0, perplexity: Infinity } }))) as Record<string, unknown>;
+  assert.equal(huge.teacher_cont_ppl, null);
+  assert.deepEqual(scoresOfRow('teacher', huge), { greedy: { acc: 0, perplexity: Infinity } });
+  assert.equal(choicesSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
 });

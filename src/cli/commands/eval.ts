@@ -20,6 +20,7 @@ import { Transformer } from '../../model/transformer.js';
 import { jobClosures } from '../../train/kernel-plan.js';
 import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, stackWindows, reportNoAssistant, type PackingChoice, type Doc, type Window } from '../../data/index.js';
 import { StepRunner, type Batch } from '../../train/step.js';
+import { choicesRunner } from '../../train/run-choices.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
 import { DistilleryError } from '../../util/errors.js';
 import { BASE_FLAG, CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
@@ -41,9 +42,9 @@ const FLAGS: FlagSpec[] = [
   BASE_FLAG,
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (repeatable; this or --choices)" },
-  { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'multiple-choice items, {"context", "choices", "answer"} a line, scored by log-likelihood as lm-evaluation-harness does (acc, acc_norm; repeatable)' },
+  { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'items scored by log-likelihood as lm-evaluation-harness scores them, a JSON line each: {"context", "choices", "answer"} (acc, acc_norm) or {"context", "continuation"} (is_greedy acc, perplexity; repeatable)' },
   { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
-  { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed)', defaultText: "' ', '' with --choices-chat" },
+  { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed; a continuation goes as written)', defaultText: "' ', '' with --choices-chat" },
   { name: 'choices-chat', kind: 'boolean', description: 'with --choices: each context as a user turn of the model\'s chat template with the assistant turn opened (the harness\'s --apply_chat_template; --chat-template-kwargs apply)' },
   { name: 'seq', kind: 'integer', description: 'tokens per window (--choices without --seq: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
@@ -102,7 +103,7 @@ export interface EvalResult {
   loss?: number;
   perplexity?: number;
   /** Fraction of the counted tokens whose target is the model's most likely token (TRL's mean_token_accuracy). */
-  accuracy?: number;
+  tokenAccuracy?: number;
   /** With a teacher: fraction of positions where argmax(student) = argmax(teacher). */
   agreement?: number;
   /** With a teacher: mean KL(p_teacher ‖ p_student) at temperature 1, nats per token. */
@@ -241,9 +242,10 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       await backend.prepare([
         ...(o.data.length ? jobClosures({ ...common, student: studentCk.config, teacher: teacherCk?.config ?? null, seq: o.seq,
           loss: spec, ...(lossVocab !== undefined ? { lossVocab } : {}), studentFrozen: o.modelDtype, teacherFrozen: teacherCk ? o.teacherDtype : undefined }) : []),
-        // --choices: each model scored alone (plain cross-entropy over its whole vocabulary, as transformers' log_softmax)
-        ...(choice ? jobClosures({ ...common, student: studentCk.config, seq: choice.seq, studentFrozen: o.modelDtype }) : []),
-        ...(choice && teacherCk ? jobClosures({ ...common, student: teacherCk.config, seq: choice.seq, lora: undefined, studentFrozen: o.teacherDtype }) : []),
+        // --choices: each model scored alone (plain cross-entropy over its whole vocabulary, as transformers' log_softmax),
+        // on the scoring head a run's --eval-choices uses (choicesRunner)
+        ...(choice ? jobClosures({ ...common, evaluate: false, choices: true, student: studentCk.config, seq: choice.seq, studentFrozen: o.modelDtype }) : []),
+        ...(choice && teacherCk ? jobClosures({ ...common, evaluate: false, choices: true, student: teacherCk.config, seq: choice.seq, lora: undefined, studentFrozen: o.teacherDtype }) : []),
       ]);
     }
     const load = (ck: LoadedCheckpoint, label: string, documents: boolean): Transformer => {
@@ -263,13 +265,14 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     if (packed) {
       const runner = new StepRunner(student, teacher, spec, { lossVocab });
       const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
-      Object.assign(res, { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, accuracy: r.accuracy });
+      Object.assign(res, { tokens: r.tokens, windows: packed.windows.length, loss: r.meanCe, perplexity: r.perplexity, tokenAccuracy: r.tokenAccuracy });
       if (teacher) { res.agreement = r.agreement; res.kl = r.meanDiv; }
     }
     if (choice) {
       const padId = tok.padId ?? tok.eosId ?? 0;
       const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<ChoiceScores> => {
-        const runner = new StepRunner(m, null, { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 });
+        // a no-gradient head of small logits chunks (SCORING_CHUNK_FLOATS): the batches are short
+        const runner = choicesRunner(m);
         const t0 = Date.now();
         let last = t0;
         const ll = (await scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowScores(b), (done) => {
@@ -327,7 +330,7 @@ export function formatEval(r: EvalResult): string {
       `tokens      ${r.tokens}  (tokens the loss counted)`,
       `loss        ${r.loss.toFixed(4)}  (next-token cross-entropy, nats/token)`,
       `perplexity  ${r.perplexity!.toFixed(3)}`,
-      `accuracy    ${percent(r.accuracy!)}  (tokens whose target is the model's most likely token)`,
+      `token acc   ${percent(r.tokenAccuracy!)}  (tokens whose target is the model's most likely token)`,
     );
   }
   if (r.agreement !== undefined) lines.push(`agreement   ${(100 * r.agreement).toFixed(2)}%  (top-1, model vs teacher)`);
