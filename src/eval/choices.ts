@@ -40,6 +40,8 @@ export interface ChoiceItem {
   continuation?: boolean;
   /** `file:line`, for messages. */
   where: string;
+  /** The items file it was read from (per-file metrics). */
+  file?: string;
 }
 
 /** One scored sequence: an item's context followed by one of its choices. */
@@ -86,7 +88,7 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     if (o.continuation !== undefined) {
       if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
       if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
-      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, where });
+      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, where, file });
       return;
     }
     const ch = o.choices;
@@ -108,7 +110,7 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     } else {
       throw new InputError(`${where}: "answer" must be a choice's index or text${o.answer === undefined ? ' (it is missing)' : ''}`, HINT);
     }
-    out.push({ context: o.context, choices, answer, where });
+    out.push({ context: o.context, choices, answer, where, file });
   });
   return out;
 }
@@ -352,6 +354,27 @@ export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterab
     if ((await after(done)) === true) return null;
   }
   return out;
+}
+
+/** Each items file's metrics (ChoiceItem.file), in the order the files were read: the harness reports a task's own. */
+export function metricsByFile(items: readonly ChoiceItem[], scores: ChoiceScores): Array<{ file: string } & ChoiceMetrics> {
+  const groups = new Map<string, number[]>();
+  items.forEach((it, i) => {
+    const f = it.file ?? '';
+    const g = groups.get(f);
+    if (g) g.push(i); else groups.set(f, [i]);
+  });
+  return [...groups].map(([file, idx]) => ({
+    file, ...choiceMetrics(idx.map((i) => items[i]!), { ll: idx.map((i) => scores.ll[i]!), greedy: idx.map((i) => scores.greedy[i]!) }),
+  }));
+}
+
+/** Scores as the logs say them: acc and acc_norm of multiple-choice items, greedy and perplexity of continuations. */
+export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | undefined; greedy?: { acc: number; perplexity: number } | undefined }): string {
+  return [
+    c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
+    c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
+  ].filter((x) => x).join(', ');
 }
 
 /** A fraction as a percentage with two decimals, as the reports print acc and acc_norm. */

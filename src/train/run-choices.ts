@@ -15,7 +15,7 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, percent, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
+  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, scoresSaid, type ChoiceItem, type ChoiceRow,
 } from '../eval/choices.js';
 
 /**
@@ -47,12 +47,7 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
 }
 
 /** The scores as the log says them. */
-export function choicesSaid(c: ChoiceScores): string {
-  return [
-    c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
-    c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
-  ].filter((x) => x).join(', ');
-}
+export const choicesSaid = (c: ChoiceScores): string => scoresSaid(c);
 
 /** The items and rows of a run's --eval-choices, read and checked (prepareRunChoices). */
 export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number }

@@ -252,6 +252,45 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
   assert.match(e.err, /cont-bad\.jsonl:1: "continuation" goes without "choices" and "answer"/);
 });
 
+test('eval --choices with several files: each file\'s metrics (a task\'s own) beside the pooled ones, equal to that file scored alone', async () => {
+  const a = path.join(dir, 'task-a.jsonl'), b = path.join(dir, 'task-b.jsonl');
+  fs.writeFileSync(a, [
+    { context: 'The teacher model', choices: ['predicts the next token', 'learns'], answer: 0 },
+    { context: 'A tokenizer splits text into', choices: ['pieces', 'dogs', 'models'], answer: 0 },
+  ].map((l) => JSON.stringify(l)).join('\n') + '\n');
+  fs.writeFileSync(b, [
+    { context: 'The quick brown fox', continuation: ' jumps over the lazy dog' },
+    { context: 'Distillation trains a small', choices: ['model', 'fox'], answer: 0 },
+  ].map((l) => JSON.stringify(l)).join('\n') + '\n');
+  type M = { items: number; rows: number; acc?: number; accNorm?: number; greedy?: { items: number; acc: number; perplexity: number } };
+  type R = { choices: M & { files?: Array<M & { file: string; teacher?: M }>; teacher?: M } };
+  const ev = async (...files: string[]): Promise<R> => {
+    const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', ...files, '--seq', '32', '--json']);
+    assert.equal(r.code, 0, r.err);
+    return JSON.parse(r.out) as R;
+  };
+  const both = await ev(a, b), onlyA = await ev(a), onlyB = await ev(b);
+  assert.equal(onlyA.choices.files, undefined, 'one file: no per-file list');
+  assert.deepEqual(both.choices.files!.map((f) => f.file), [a, b]);
+  for (const [f, one] of [[both.choices.files![0]!, onlyA], [both.choices.files![1]!, onlyB]] as const) {
+    const { teacher: t, ...rest } = one.choices as M & { teacher?: M; seq?: number; cut?: number };
+    delete (rest as { seq?: number }).seq; delete (rest as { cut?: number }).cut;
+    const { teacher: ft, file: _f, ...frest } = f;
+    for (const k of ['acc', 'accNorm'] as const) assert.ok(Math.abs((frest[k] ?? 0) - (rest[k] ?? 0)) < 1e-12, `${f.file} ${k}`);
+    assert.equal(frest.items, rest.items);
+    if (rest.greedy) {
+      assert.equal(frest.greedy!.acc, rest.greedy.acc);
+      assert.ok(Math.abs(frest.greedy!.perplexity - rest.greedy.perplexity) < 1e-6 * rest.greedy.perplexity, `${f.file} perplexity`);
+    }
+    assert.equal(ft?.acc, t?.acc);
+  }
+  assert.equal(both.choices.items, 4);
+  assert.equal(both.choices.greedy!.items, 1);
+  const text = await run(['eval', '--model', model, '--choices', a, b, '--seq', '32']);
+  assert.match(text.out, new RegExp(`^  ${a.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: 2 items, choices acc \\d+\\.\\d{2}%, acc_norm \\d+\\.\\d{2}%$`, 'm'));
+  assert.match(text.out, /: 2 items, choices acc \d+\.\d{2}%, acc_norm \d+\.\d{2}%, continuations greedy \d+\.\d{2}%, ppl \d/m);
+});
+
 test('eval --choices: acc and acc_norm from the written log-likelihoods, the teacher beside, with --data in one run; errors exit 2', async () => {
   const items = path.join(dir, 'items.jsonl');
   const lines = [

@@ -31,7 +31,7 @@ import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, percent, readChoiceItems, scoreChoices,
+  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
   type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ChoiceScores, type EncodedChoice,
 } from '../../eval/choices.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
@@ -96,6 +96,9 @@ export interface EvalOptions {
   cuda?: CudaOptions;
 }
 
+/** A teacher's side of the --choices metrics. */
+type TeacherScores = Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy'>;
+
 export interface EvalResult {
   /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). Absent with --choices alone. */
   tokens?: number;
@@ -112,8 +115,11 @@ export interface EvalResult {
   precision: string;
   /** Storage of the model's projection matrices: 'auto' (the compute dtype) or 'nf4'. */
   modelDtype: FrozenDtype;
-  /** With --choices: the model's accuracy, the window the items were scored in, and with a teacher the teacher's. */
-  choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy'> };
+  /**
+   * With --choices: the model's metrics over every item, the window the items were scored in, with a teacher the
+   * teacher's, and with several files each file's.
+   */
+  choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: TeacherScores; files?: Array<{ file: string; teacher?: TeacherScores } & ChoiceMetrics> };
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
@@ -283,10 +289,13 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         return ll;
       };
       const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
+      const teacherPart = ({ acc, accNorm, greedy }: ChoiceMetrics): TeacherScores => ({ ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}) });
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
-      if (tll) {
-        const { acc, accNorm, greedy } = choiceMetrics(choice.items, tll);
-        res.choices.teacher = { ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}) };
+      if (tll) res.choices.teacher = teacherPart(choiceMetrics(choice.items, tll));
+      // several files: each one's own metrics too (a task's, as the harness reports them), the teacher's beside
+      if (choiceFiles.length > 1) {
+        const t = tll ? metricsByFile(choice.items, tll) : null;
+        res.choices.files = metricsByFile(choice.items, ll).map((m, i) => ({ ...m, ...(t ? { teacher: teacherPart(t[i]!) } : {}) }));
       }
       if (o.choicesOut !== undefined) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
     }
@@ -349,6 +358,9 @@ export function formatEval(r: EvalResult): string {
       lines.push(`greedy      ${percent(c.greedy.acc)}  (continuations whose every token is the model's most likely, of ${c.greedy.items} item${c.greedy.items === 1 ? '' : 's'})`,
         `cont ppl    ${c.greedy.perplexity.toFixed(3)}  (exp of minus the mean log-likelihood of a continuation)`);
       if (t?.greedy) lines.push(`teacher     greedy ${percent(t.greedy.acc)}${kept(c.greedy.acc, t.greedy.acc)}; cont ppl ${t.greedy.perplexity.toFixed(3)}`);
+    }
+    for (const f of c.files ?? []) {
+      lines.push(`  ${f.file}: ${f.items} items, ${scoresSaid(f)}${f.teacher ? ` (the teacher's: ${scoresSaid(f.teacher)})` : ''}`);
     }
   }
   lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);
