@@ -16,6 +16,7 @@ import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
   choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, scoresSaid, type ChoiceItem, type ChoiceRow,
+  type ChoiceScores as ChoiceScoresOfItems,
 } from '../eval/choices.js';
 
 /**
@@ -83,6 +84,19 @@ export interface RunChoices {
   teacher(stop: () => boolean): Promise<ChoiceScores | null>;
 }
 
+/**
+ * Several ranks: each scored every world-th of `rows` into `sc`; one host all-reduce of the rows' log-likelihoods and
+ * greedy flags (0 where another rank scored) gives every rank every row's scores, in place.
+ */
+export function shareRowScores(rows: readonly ChoiceRow[], sc: ChoiceScoresOfItems, comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>): void {
+  const R = rows.length, flat = new Float64Array(2 * R);
+  rows.forEach((r, i) => {
+    if (i % comm.world === comm.rank) { flat[i] = sc.ll[r.item]![r.choice]!; flat[R + i] = sc.greedy[r.item]![r.choice] ? 1 : 0; }
+  });
+  const all = comm.allReduceHost(flat);
+  rows.forEach((r, i) => { sc.ll[r.item]![r.choice] = all[i]!; sc.greedy[r.item]![r.choice] = all[R + i] === 1; });
+}
+
 /** The run's scorer over its models. */
 export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
@@ -93,15 +107,7 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
       return stop();
     });
     if (sc === null) return null;
-    if (comm.world > 1) {
-      // every rank's rows in one vector (0 where another rank scored: log-likelihoods, then greedy flags), summed over the ranks
-      const R = p.rows.length, flat = new Float64Array(2 * R);
-      p.rows.forEach((r, i) => {
-        if (i % comm.world === comm.rank) { flat[i] = sc.ll[r.item]![r.choice]!; flat[R + i] = sc.greedy[r.item]![r.choice] ? 1 : 0; }
-      });
-      const all = comm.allReduceHost(flat);
-      p.rows.forEach((r, i) => { sc.ll[r.item]![r.choice] = all[i]!; sc.greedy[r.item]![r.choice] = all[R + i] === 1; });
-    }
+    if (comm.world > 1) shareRowScores(p.rows, sc, comm);
     const m = choiceMetrics(p.items, sc);
     return { ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}) };
   };

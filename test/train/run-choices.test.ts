@@ -15,7 +15,7 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
-import { choiceRow, choicesSaid, scoresOfRow } from '../../src/train/run-choices.js';
+import { choiceRow, choicesSaid, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
 import { presetConfig } from '../../src/model/config.js';
 import { runCli } from '../cli/fixtures.js';
 
@@ -149,4 +149,26 @@ test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexi
   assert.equal(huge.teacher_cont_ppl, null);
   assert.deepEqual(scoresOfRow('teacher', huge), { greedy: { acc: 0, perplexity: Infinity } });
   assert.equal(choicesSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
+});
+
+test('data parallel: shareRowScores gives every rank every row\'s log-likelihood and greedy flag (both values), from the rows each rank scored', () => {
+  const rows = [0, 1, 2, 3, 4].map((k) => ({ item: k < 2 ? 0 : k - 1, choice: k < 2 ? k : 0, ids: [1, 2], contStart: 1, cut: false }));
+  const truth = { ll: [[-1.5, -2.5], [-0.25], [-3], [-4.75]], greedy: [[false, true], [true], [false], [true]] };
+  // what each of 2 ranks holds after scoring its share (row i on rank i % 2); the rest as scoreChoices leaves it
+  const held = [0, 1].map((rank) => {
+    const sc = { ll: truth.ll.map((r) => r.map(() => NaN)), greedy: truth.greedy.map((r) => r.map(() => false)) };
+    rows.forEach((r, i) => { if (i % 2 === rank) { sc.ll[r.item]![r.choice] = truth.ll[r.item]![r.choice]!; sc.greedy[r.item]![r.choice] = truth.greedy[r.item]![r.choice]!; } });
+    return sc;
+  });
+  // a host all-reduce over the two ranks: each rank's vector as it packs it, then the sum every rank gets back
+  const sent: Float64Array[] = [];
+  for (const rank of [0, 1]) {
+    shareRowScores(rows, structuredClone(held[rank]!), { world: 2, rank, allReduceHost: (x) => (sent[rank] = Float64Array.from(x)) });
+  }
+  const sum = sent[0]!.map((v, i) => v + sent[1]![i]!);
+  for (const rank of [0, 1]) {
+    const sc = structuredClone(held[rank]!);
+    shareRowScores(rows, sc, { world: 2, rank, allReduceHost: () => Float64Array.from(sum) });
+    assert.deepEqual(sc, truth, `rank ${rank} has every row's scores`);
+  }
 });
