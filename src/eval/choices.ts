@@ -307,7 +307,7 @@ export function predictions(items: readonly ChoiceItem[], logliks: readonly numb
 }
 
 /** What scoring gives per item and choice: the summed log-likelihood, and whether every token was the greedy one. */
-export interface ChoiceScores {
+export interface ItemScores {
   ll: number[][];
   greedy: boolean[][];
 }
@@ -316,7 +316,7 @@ export interface ChoiceScores {
  * The metrics over the items: acc and acc_norm over the multiple-choice items, is_greedy and perplexity over the
  * continuation items (each absent without items of its kind).
  */
-export function choiceMetrics(items: readonly ChoiceItem[], scores: ChoiceScores): ChoiceMetrics {
+export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores): ChoiceMetrics {
   const p = predictions(items, scores.ll);
   let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0;
   items.forEach((it, i) => {
@@ -341,8 +341,8 @@ export interface RowScores { ll: Float64Array; greedy: Uint8Array }
  * says to stop.
  */
 export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
-  score: (batch: Batch) => RowScores, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<ChoiceScores | null> {
-  const out: ChoiceScores = {
+  score: (batch: Batch) => RowScores, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<ItemScores | null> {
+  const out: ItemScores = {
     ll: items.map((it) => new Array<number>(it.choices.length).fill(NaN)),
     greedy: items.map((it) => new Array<boolean>(it.choices.length).fill(false)),
   };
@@ -357,7 +357,7 @@ export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterab
 }
 
 /** Each items file's metrics (ChoiceItem.file), in the order the files were read: the harness reports a task's own. */
-export function metricsByFile(items: readonly ChoiceItem[], scores: ChoiceScores): Array<{ file: string } & ChoiceMetrics> {
+export function metricsByFile(items: readonly ChoiceItem[], scores: ItemScores): Array<{ file: string } & ChoiceMetrics> {
   const groups = new Map<string, number[]>();
   items.forEach((it, i) => {
     const f = it.file ?? '';
@@ -387,7 +387,7 @@ export function percent(x: number): string {
  * item `answer`, `logliks`, `pred`, `pred_norm`, for a continuation item `loglik` and `greedy`; with a teacher the same
  * prefixed `teacher_`.
  */
-export function choiceSamples(items: readonly ChoiceItem[], scores: ChoiceScores, teacher: ChoiceScores | null): string {
+export function choiceSamples(items: readonly ChoiceItem[], scores: ItemScores, teacher: ItemScores | null): string {
   const p = predictions(items, scores.ll), tp = teacher ? predictions(items, teacher.ll) : null;
   return items.map((it, i) => JSON.stringify(it.continuation
     ? {

@@ -15,8 +15,8 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, scoresSaid, type ChoiceItem, type ChoiceRow,
-  type ChoiceScores as ChoiceScoresOfItems,
+  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
+  type ItemScores,
 } from '../eval/choices.js';
 
 /**
@@ -46,9 +46,6 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   if (greedy !== undefined && `${prefix}_cont_ppl` in m) c.greedy = { acc: greedy, perplexity: num('cont_ppl') ?? Infinity };
   return Object.keys(c).length ? c : null;
 }
-
-/** The scores as the log says them. */
-export const choicesSaid = (c: ChoiceScores): string => scoresSaid(c);
 
 /** The items and rows of a run's --eval-choices, read and checked (prepareRunChoices). */
 export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number }
@@ -88,7 +85,7 @@ export interface RunChoices {
  * Several ranks: each scored every world-th of `rows` into `sc`; one host all-reduce of the rows' log-likelihoods and
  * greedy flags (0 where another rank scored) gives every rank every row's scores, in place.
  */
-export function shareRowScores(rows: readonly ChoiceRow[], sc: ChoiceScoresOfItems, comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>): void {
+export function shareRowScores(rows: readonly ChoiceRow[], sc: ItemScores, comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>): void {
   const R = rows.length, flat = new Float64Array(2 * R);
   rows.forEach((r, i) => {
     if (i % comm.world === comm.rank) { flat[i] = sc.ll[r.item]![r.choice]!; flat[R + i] = sc.greedy[r.item]![r.choice] ? 1 : 0; }

@@ -6,7 +6,8 @@
 import type { Communicator } from '../parallel/comm.js';
 import type { EvalSums, StepRunner, Batch } from './step.js';
 import type { StopRequests } from './stop-requests.js';
-import { choiceRow, choicesSaid, scoresOfRow, type ChoiceScores, type RunChoices } from './run-choices.js';
+import { choiceRow, scoresOfRow, type ChoiceScores, type RunChoices } from './run-choices.js';
+import { scoresSaid } from '../eval/choices.js';
 
 /**
  * What one evaluation found: the validation pass (null without windows, or when a signal stopped it) and the student's
@@ -64,7 +65,7 @@ export class RunEvaluation {
   said(step: number, e: Evaluated): string {
     if (!e.choices) return '';
     const t = step === 0 ? this.teacherChoices : null;
-    return `${choicesSaid(e.choices)}${t ? ` (the teacher's: ${choicesSaid(t)})` : ''}`;
+    return `${scoresSaid(e.choices)}${t ? ` (the teacher's: ${scoresSaid(t)})` : ''}`;
   }
 
   /** --resume: the scores before the checkpoint (the teacher's at step 0, the last of the student's), for the summary. */

@@ -146,7 +146,7 @@ export class StepRunner {
   private lossPass(batch: Batch, weightScale: number, grad: boolean, whileQueued?: () => void, ready?: (begin: number, end: number) => void): LossSums {
     const s = this.pass(batch, weightScale, grad, whileQueued, ready);
     const n = batch.b * batch.t;
-    const sums: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
+    const sums: LossSums = emptySums();
     if (batch.teacherCe === true && this.teacher) {
       const ts = this.head.readTeacherStats(n);
       let ce = 0, tok = 0;
@@ -182,7 +182,7 @@ export class StepRunner {
     this.student.overwriteGrads();
     // Data parallel: the last micro-batch's backward pass hands its final gradients to the reduction as it goes.
     const ready = optimizer.beginStep?.();
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
+    const acc: LossSums = emptySums();
     let loss: number, gradNorm: number;
     try {
       micro.forEach((b, i) => {
@@ -233,7 +233,7 @@ export class StepRunner {
 
   /** Mean loss, cross-entropy, divergence and teacher agreement over the given batches (no gradients). */
   evaluate(batches: Iterable<Batch>): EvalSums {
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
+    const acc: LossSums = emptySums();
     for (const b of batches) addSums(acc, this.lossPass(b, 0, false));
     return means(acc);
   }
@@ -243,7 +243,7 @@ export class StepRunner {
    * order; null as soon as `stop()` holds after a batch (the pass is abandoned).
    */
   async evaluateYielding(batches: Iterable<Batch>, stop: () => boolean): Promise<EvalSums | null> {
-    const acc: LossSums = { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
+    const acc: LossSums = emptySums();
     for (const b of batches) {
       addSums(acc, this.lossPass(b, 0, false));
       await new Promise<void>((resolve) => setImmediate(resolve));
@@ -262,6 +262,11 @@ function means(acc: LossSums): EvalSums {
     ...acc, meanLoss: acc.loss / d, meanCe: acc.ce / d, meanDiv: acc.div / d, agreement: acc.agree / d, tokenAccuracy: acc.correct / d,
     perplexity: Math.exp(acc.ce / d),
   };
+}
+
+/** Sums over no tokens yet. */
+function emptySums(): LossSums {
+  return { tokens: 0, loss: 0, ce: 0, div: 0, agree: 0, correct: 0 };
 }
 
 function addSums(a: LossSums, b: LossSums): void {

@@ -15,7 +15,8 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
-import { choiceRow, choicesSaid, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
+import { choiceRow, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
+import { scoresSaid } from '../../src/eval/choices.js';
 import { presetConfig } from '../../src/model/config.js';
 import { runCli } from '../cli/fixtures.js';
 
@@ -148,7 +149,7 @@ test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexi
   const huge = JSON.parse(JSON.stringify(choiceRow('teacher', { greedy: { acc: 0, perplexity: Infinity } }))) as Record<string, unknown>;
   assert.equal(huge.teacher_cont_ppl, null);
   assert.deepEqual(scoresOfRow('teacher', huge), { greedy: { acc: 0, perplexity: Infinity } });
-  assert.equal(choicesSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
+  assert.equal(scoresSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
 });
 
 test('data parallel: shareRowScores gives every rank every row\'s log-likelihood and greedy flag (both values), from the rows each rank scored', () => {

@@ -32,7 +32,7 @@ import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/cha
 import { parseTemplateKwargs } from '../options.js';
 import {
   choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
-  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ChoiceScores, type EncodedChoice,
+  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ItemScores, type EncodedChoice,
 } from '../../eval/choices.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
@@ -276,7 +276,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     }
     if (choice) {
       const padId = tok.padId ?? tok.eosId ?? 0;
-      const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<ChoiceScores> => {
+      const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<ItemScores> => {
         // a no-gradient head of small logits chunks (SCORING_CHUNK_FLOATS): the batches are short
         const runner = choicesRunner(m);
         const t0 = Date.now();
