@@ -123,9 +123,11 @@ extern "C" __global__ void loss(float* stats, ${ctype(p.dlogits)}* dlogits, cons
                                 float TEMP, float ALPHA, float BETA) {`;
 }
 
-function generate(p: Readonly<LossP>): string {
-  const dist = p.kind !== 'none';
-  const jsd = dist && p.kind === 'jsd';
+/**
+ * The multi-pass form, for jsd only (the other kinds run generateOnePass): its log m needs both log-sum-exps before the
+ * divergence's pass, so the student row is read for its maximum, its T = 1 and T sums, the divergence and the gradient.
+ */
+function generateJsd(p: Readonly<LossP>): string {
   const lines: string[] = [];
   // log m = log(β·p + (1−β)·q), with the β = 0 and β = 1 ends exact (β is uniform over the grid: no divergence).
   const logm = `(BETA <= 0.0f ? lq : BETA >= 1.0f ? lp : fmaxf(LOGB + lp, LOG1MB + lq) + log1pf(expf(-fabsf((LOGB + lp) - (LOG1MB + lq)))))`;
@@ -141,8 +143,7 @@ function generate(p: Readonly<LossP>): string {
   int argS = V;
   for (int j = threadIdx.x; j < V; j += BLOCK) { float x = ldf(z, j); if (x > bestS) { bestS = x; argS = j; } }
   mx = blockMax(bestS);`);
-  if (dist) {
-    lines.push(`  const ${ctype(p.teacher)}* zt = teacher + (long long)row * LD;
+  lines.push(`  const ${ctype(p.teacher)}* zt = teacher + (long long)row * LD;
   float bestT = NEG_INF;
   int argT = V;
   for (int j = threadIdx.x; j < V; j += BLOCK) { float x = ldf(zt, j); if (x > bestT) { bestT = x; argT = j; } }
@@ -150,54 +151,43 @@ function generate(p: Readonly<LossP>): string {
   int amS = blockArgMax(bestS, argS);
   int amT = blockArgMax(bestT, argT);
   float agree = amS == amT ? 1.0f : 0.0f;`);
-  } else {
-    lines.push('  int amS = blockArgMax(bestS, argS);\n  float agree = 0.0f;');
-  }
   lines.push(`  float s1 = 0.0f;
   for (int j = threadIdx.x; j < V; j += BLOCK) s1 += fexp(ldf(z, j) - mx);
   float lse1 = mx + logf(blockSum(s1));
   float ce = lse1 - zy;`);
-  if (dist) {
-    lines.push(`  const float INV_T = 1.0f / TEMP;
+  lines.push(`  const float INV_T = 1.0f / TEMP;
   const float LOGB = logf(fmaxf(BETA, 1e-30f)), LOG1MB = logf(fmaxf(1.0f - BETA, 1e-30f));
   (void)LOGB; (void)LOG1MB; (void)BETA;
   float ss = 0.0f, st = 0.0f;
   for (int j = threadIdx.x; j < V; j += BLOCK) { ss += fexp((ldf(z, j) - mx) * INV_T); st += fexp((ldf(zt, j) - mxt) * INV_T); }
   float lseS = mx * INV_T + logf(blockSum(ss));
   float lseT = mxt * INV_T + logf(blockSum(st));
-  float dv = 0.0f${jsd ? ', qg = 0.0f' : ''};
+  float dv = 0.0f, qg = 0.0f;
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float lq = ldf(z, j) * INV_T - lseS;
     float lp = ldf(zt, j) * INV_T - lseT;
     float q = fexp(lq), pp = fexp(lp);
-    ${p.kind === 'kl' ? 'dv += pp * (lp - lq);'
-      : p.kind === 'reverse-kl' ? 'dv += q * (lq - lp);'
-        : `float lm = ${logm};
+    float lm = ${logm};
     dv += BETA * pp * (lp - lm) + (1.0f - BETA) * q * (lq - lm);
-    qg += q * (1.0f - BETA) * (lq - lm);`}
+    qg += q * (1.0f - BETA) * (lq - lm);
   }
   float divRaw = blockSum(dv);
-  ${jsd ? 'qg = blockSum(qg);' : ''}
+  qg = blockSum(qg);
   float div = TEMP * TEMP * divRaw;
   float lossv = (1.0f - ALPHA) * ce + ALPHA * div;`);
-  } else {
-    lines.push('  float div = 0.0f;\n  float lossv = ce;');
-  }
   lines.push(`  ${storeStats('lossv', 'ce', 'div', 'agree', 'amS == y ? 1.0f : 0.0f')}`);
   if (p.withGrad) {
-    const distGrad = !dist ? '' : p.kind === 'kl' ? '(q - pp)'
-      : p.kind === 'reverse-kl' ? 'q * (lq - lp - divRaw)' : `q * ((1.0f - BETA) * (lq - lm) - qg)`;
     lines.push(`  float w = weights[row];
   ${ctype(p.dlogits)}* g = dlogits + (long long)row * LD;
   for (int j = V + threadIdx.x; j < LD; j += BLOCK) stf(g, j, 0.0f); /* columns past the loss vocabulary: no gradient */
   for (int j = threadIdx.x; j < V; j += BLOCK) {
     float x = ldf(z, j);
     float ceg = fexp(x - lse1) - (j == y ? 1.0f : 0.0f);
-    ${dist ? `float lq = x * INV_T - lseS;
+    float lq = x * INV_T - lseS;
     float lp = ldf(zt, j) * INV_T - lseT;
     float q = fexp(lq), pp = fexp(lp);
-    ${p.kind === 'jsd' ? `float lm = ${logm};` : '(void)pp;'}
-    float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * ${distGrad};` : 'float d = ceg;'}
+    float lm = ${logm};
+    float d = (1.0f - ALPHA) * ceg + ALPHA * TEMP * q * ((1.0f - BETA) * (lq - lm) - qg);
     stf(g, j, w * d);
   }`);
   }
@@ -206,8 +196,8 @@ function generate(p: Readonly<LossP>): string {
 }
 
 /**
- * The one-pass statistics variant for kinds 'none', 'kl' and 'reverse-kl' (jsd keeps the multi-pass form above: its
- * log m needs both log-sum-exps first). Each thread walks its columns once, keeping online (running-max rescaled) sums:
+ * The one-pass statistics variant for kinds 'none', 'kl' and 'reverse-kl' (jsd keeps the multi-pass form above). Each
+ * thread walks its columns once, keeping online (running-max rescaled) sums:
  *   m, s1 = Σ e^(z−m), ss = Σ e^((z−m)/T)             (student, T = 1 and T)
  *   mt, st = Σ e^((zt−mt)/T)                             (teacher)
  *   kl:  a = Σ e^((zt−mt)/T) · (zt − z)    → Σ p·(u − s) = a / (T·st), KL(p‖q) = Σ p(u − s) − lseT + lseS
@@ -296,5 +286,5 @@ export const lossKernel = defineFamily<LossP>({
     teacher: DTYPE_DOMAIN, block: BLOCK_DOMAIN,
   },
   example: { kind: 'jsd', withGrad: true, dlogits: 'bf16', logits: 'bf16', teacher: 'f32', block: 256 },
-  generate: (p) => (p.kind === 'jsd' ? generate(p) : generateOnePass(p)),
+  generate: (p) => (p.kind === 'jsd' ? generateJsd(p) : generateOnePass(p)),
 });
