@@ -28,6 +28,7 @@ import type { Tokenizer } from '../tokenizer/bpe.js';
 import { InputError } from '../util/errors.js';
 import type { Batch } from '../train/step.js';
 import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
+import { promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
 
 /** One multiple-choice item. */
 export interface ChoiceItem {
@@ -42,6 +43,10 @@ export interface ChoiceItem {
   where: string;
   /** The items file it was read from (per-file metrics). */
   file?: string;
+  /** Text before everything else in its prompt (the harness's task description, e.g. MMLU's subject line). */
+  description?: string;
+  /** Its line's object with the keys sorted: few-shot sampling leaves out the items equal to it, as the harness does. */
+  doc?: string;
 }
 
 /** One scored sequence: an item's context followed by one of its choices. */
@@ -84,11 +89,13 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     try { j = JSON.parse(line); } catch (e) { throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, HINT); }
     if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
     const o = j as Record<string, unknown>;
+    if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
+    const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
     if (o.continuation !== undefined) {
       if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
       if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
-      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, where, file });
+      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, ...extra });
       return;
     }
     const ch = o.choices;
@@ -110,9 +117,19 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     } else {
       throw new InputError(`${where}: "answer" must be a choice's index or text${o.answer === undefined ? ' (it is missing)' : ''}`, HINT);
     }
-    out.push({ context: o.context, choices, answer, where, file });
+    out.push({ context: o.context, choices, answer, ...extra });
   });
   return out;
+}
+
+/** JSON with every object's keys sorted: equal for lines Python would read as equal dicts. */
+function sortedJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(sortedJson).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o).sort().map((k) => `${JSON.stringify(k)}:${sortedJson(o[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
 }
 
 /** Reads the items of JSON-lines files, in order. */
@@ -191,14 +208,14 @@ export class ChoiceEncoder {
 export interface EncodedChoice { item: number; choice: number; ctx: number[]; cont: number[] }
 
 /**
- * Every item's choices encoded: the context (`context(item)`, default the item's own; a chat rendering with
- * --choices-chat) and `delimiter + choice` (a continuation item's continuation as written).
+ * Every item's choices encoded: the context (`context(item, index)`, default the item's own; its prompt with a
+ * description, examples or a chat template: encodeForModel) and `delimiter + choice` (a continuation item's continuation as written).
  */
 export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
-  context: (it: ChoiceItem) => string = (it) => it.context): EncodedChoice[] {
+  context: (it: ChoiceItem, i: number) => string = (it) => it.context): EncodedChoice[] {
   const out: EncodedChoice[] = [];
   items.forEach((it, i) => {
-    const c = context(it);
+    const c = context(it, i);
     it.choices.forEach((ch, k) => {
       // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only)
       const { ctx, cont } = enc.pair(c, (it.continuation ? '' : delimiter) + ch, it.where);
@@ -211,22 +228,30 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
 
 /** How an item's context is presented, and the delimiter before each choice. */
 export interface ChoicePrompt {
-  /** As a user turn of the chat template with the assistant turn opened (the harness's --apply_chat_template). */
+  /** As turns of the chat template with the assistant turn opened (the harness's --apply_chat_template). */
   chat: boolean;
   /** The template's options (--chat-template-kwargs). */
   kwargs?: Record<string, unknown> | undefined;
   /** Default: '' with `chat` (the harness drops its target_delimiter then), else ' '. */
   delimiter?: string | undefined;
+  /** Examples before each item (src/eval/fewshot.ts; default none). */
+  fewshot?: FewshotOptions | undefined;
+  /** With `chat` and examples: the examples and the item as one user turn (default: a turn each, the harness's default). */
+  singleTurn?: boolean | undefined;
 }
 
 /**
  * Every item's choices encoded for a model: its tokenizer, and its chat format (tokenizer_config.json's special
- * tokens, and its template with `prompt.chat`).
+ * tokens, and its template with `prompt.chat`). The context is the item's prompt (src/eval/fewshot.ts): its
+ * description, its examples and its own context, as text or as the chat template's turns.
  */
 export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
   const kwargs = prompt.kwargs;
+  // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
+  const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ');
   return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
-    prompt.chat ? (it) => renderChat(format, [{ role: 'user', content: it.context }], { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) }) : undefined);
+    prompt.chat ? (_it, i) => renderChat(format, turnsMessages(turns[i]!, prompt.singleTurn === true), { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) })
+      : (_it, i) => turnsText(turns[i]!));
 }
 
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */

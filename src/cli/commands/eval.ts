@@ -34,6 +34,7 @@ import {
   choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
   type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ItemScores, type EncodedChoice,
 } from '../../eval/choices.js';
+import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
 
@@ -46,6 +47,12 @@ const FLAGS: FlagSpec[] = [
   { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
   { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed; a continuation goes as written)', defaultText: "' ', '' with --choices-chat" },
   { name: 'choices-chat', kind: 'boolean', description: 'with --choices: each context as a user turn of the model\'s chat template with the assistant turn opened (the harness\'s --apply_chat_template; --chat-template-kwargs apply)' },
+  { name: 'fewshot', kind: 'integer', metavar: '<n>', description: 'with --choices: n examples (a context and its answer) before each item, as the harness\'s --num_fewshot builds them', defaultText: '0' },
+  { name: 'fewshot-from', kind: 'list', metavar: '<file.jsonl>...', description: 'with --fewshot: the examples\' items, one file per --choices file (the harness\'s fewshot_split)', defaultText: 'each --choices file\'s own items, the item itself left out' },
+  { name: 'fewshot-sampler', kind: 'string', choices: [...FEWSHOT_SAMPLERS], description: 'with --fewshot: random (the harness\'s default sampler, CPython\'s random.sample) or first_n (the first n, MMLU\'s)', defaultText: FEWSHOT_DEFAULTS.sampler },
+  { name: 'fewshot-seed', kind: 'integer', description: 'with --fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', defaultText: String(FEWSHOT_DEFAULTS.seed) },
+  { name: 'fewshot-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'with --fewshot: what follows each example (the harness\'s fewshot_delimiter)', defaultText: "'\\n\\n'" },
+  { name: 'fewshot-single-turn', kind: 'boolean', description: 'with --fewshot and --choices-chat: the examples and the item as one user turn (default: a user and an assistant turn per example, the harness\'s fewshot_as_multiturn)' },
   { name: 'seq', kind: 'integer', description: 'tokens per window (--choices without --seq: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
@@ -74,6 +81,8 @@ export interface EvalOptions {
   choiceDelimiter?: string | undefined;
   /** With choices: each context as a user turn of the chat template, the assistant turn opened (default false). */
   choicesChat?: boolean | undefined;
+  /** With choices: examples before each item (src/eval/fewshot.ts; the examples' files resolved to `fewshotFrom`). */
+  fewshot?: (Omit<FewshotOptions, 'pools'> & { from?: string[] | undefined; singleTurn?: boolean | undefined }) | undefined;
   /** With choices: write each item's log-likelihoods and predictions here (JSON lines). */
   choicesOut?: string | undefined;
   /** Score --choices in windows of the longest item (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
@@ -128,14 +137,16 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = (v.data as string[] | undefined) ?? [];
   const choices = (v.choices as string[] | undefined) ?? [];
   if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
-  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat']) {
+  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot']) {
     if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
+  const fewshot = fewshotOptions(v, choices);
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
     ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
     ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
+    ...(fewshot ? { fewshot } : {}),
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
@@ -166,6 +177,36 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (realFs.exists(o.choicesOut) && fs.statSync(o.choicesOut).isDirectory()) throw new UsageError(`--choices-out: ${o.choicesOut} is a folder`, 'name a file, e.g. --choices-out scores.jsonl');
   }
   return o;
+}
+
+/** --fewshot and its settings, checked (undefined without --fewshot). */
+function fewshotOptions(v: Record<string, unknown>, choices: readonly string[]): EvalOptions['fewshot'] {
+  const rest = ['fewshot-from', 'fewshot-sampler', 'fewshot-seed', 'fewshot-delimiter', 'fewshot-single-turn'];
+  if (v.fewshot === undefined) {
+    const given = rest.find((f) => v[f] !== undefined);
+    if (given) throw new UsageError(`eval: --${given} goes with --fewshot`, `pass --fewshot <n>, or drop --${given}`);
+    return undefined;
+  }
+  const n = v.fewshot as number;
+  if (!(Number.isInteger(n) && n >= 0)) throw new UsageError(`--fewshot must be an integer >= 0, got ${n}`, 'e.g. --fewshot 5 (0: no examples)');
+  const seed = (v['fewshot-seed'] as number | undefined) ?? FEWSHOT_DEFAULTS.seed;
+  if (!(Number.isSafeInteger(seed) && seed >= 0)) throw new UsageError(`--fewshot-seed must be an integer >= 0, got ${seed}`, `e.g. --fewshot-seed ${FEWSHOT_DEFAULTS.seed} (the harness's default)`);
+  if (v['fewshot-single-turn'] !== undefined && v['choices-chat'] !== true) throw new UsageError('eval: --fewshot-single-turn goes with --choices-chat', 'pass --choices-chat, or drop --fewshot-single-turn');
+  const from = v['fewshot-from'] as string[] | undefined;
+  if (from) {
+    if (from.length !== choices.length) {
+      throw new UsageError(`eval: ${from.length} --fewshot-from file${from.length === 1 ? '' : 's'} for ${choices.length} --choices file${choices.length === 1 ? '' : 's'}`,
+        'give one examples file per --choices file, in the same order, or none (each file\'s own items are its examples)');
+    }
+    for (const f of from) {
+      if (!realFs.exists(f)) throw new UsageError(`--fewshot-from: file ${f} does not exist`, 'check the path');
+    }
+  }
+  return {
+    n, seed, sampler: (v['fewshot-sampler'] as FewshotOptions['sampler'] | undefined) ?? FEWSHOT_DEFAULTS.sampler,
+    delimiter: (v['fewshot-delimiter'] as string | undefined) ?? FEWSHOT_DEFAULTS.delimiter,
+    ...(from ? { from } : {}), ...(v['fewshot-single-turn'] === true ? { singleTurn: true } : {}),
+  };
 }
 
 /** Flags given that change nothing in this evaluation (the data's settings without --data), as warnings. */
@@ -315,14 +356,16 @@ interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
 function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
   { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
   const items = readChoiceItems(files);
+  const shot = o.fewshot;
+  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(shot.from ? { pools: shot.from.map((f) => readChoiceItems([f])) } : {}) } : undefined;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
-    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter });
+    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn });
   const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
   const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
   const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
   const rows = choiceRows(model, items, seq), teacherRows = teacher ? choiceRows(teacher, items, seq) : undefined;
   const cut = rows.filter((r) => r.cut).length;
-  log(`choices: ${items.length} items, ${rows.length} continuations${o.choicesChat ? ' (contexts as a user turn of the chat template)' : ''}, in windows of up to ${seq} tokens`);
+  log(`choices: ${items.length} items, ${rows.length} continuations${fewshotSaid(fewshot, shot?.from)}${o.choicesChat ? ` (contexts as ${shot?.n && !shot.singleTurn ? 'turns' : 'a user turn'} of the chat template)` : ''}, in windows of up to ${seq} tokens`);
   if (cut || teacherRows?.some((r) => r.cut)) {
     log(`warning: --choices: the context of ${cut} of ${rows.length} continuations${teacherRows ? ` (the teacher's: ${teacherRows.filter((r) => r.cut).length})` : ''} was cut on the left to fit --seq ${seq}`
       + `${need <= maxPos ? ` (--seq ${need} holds them all)` : ` (the longest needs ${need} tokens, more than max_position_embeddings ${maxPos})`}`);

@@ -1,0 +1,118 @@
+"""Few-shot prompts built by lm-evaluation-harness's own code, for test/eval/fewshot.test.ts: ConfigurableTask's
+fewshot_context and build_qa_turn, its samplers (ContextSampler, FirstNSampler) and Message / multiturn_to_singleturn,
+imported from a checkout of the harness's source (its heavy imports, datasets and the like, stubbed: none of them is
+reached by these functions). The task object is made without __init__ (no dataset) and given the config fields these
+functions read, as a task YAML with doc_to_text: context, doc_to_choice: choices, doc_to_target: answer would.
+
+    git -C <harness repo> archive HEAD lm_eval | tar -x -C /tmp/lmeval
+    python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json
+"""
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import json
+import sys
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+root, commit = sys.argv[1], sys.argv[2]
+sys.path.insert(0, root)
+_version = importlib.metadata.version
+importlib.metadata.version = lambda n: "0.0" if n in ("lm_eval", "lm-eval") else _version(n)
+STUB = {"datasets", "tqdm", "sacrebleu", "dill"}
+
+
+class _Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        m = MagicMock()
+        m.__path__, m.__spec__, m.__name__ = [], spec, spec.name
+        return m
+
+    def exec_module(self, module):
+        pass
+
+
+class _Stubs(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] not in STUB:
+            return None
+        return importlib.machinery.ModuleSpec(name, _Loader(), is_package=True)
+
+
+sys.meta_path.insert(0, _Stubs())
+from lm_eval.api import samplers  # noqa: E402
+from lm_eval.api.task import ConfigurableTask  # noqa: E402
+
+WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
+
+
+def mc_docs(n, tag, description=None):
+    docs = []
+    for i in range(n):
+        d = {"context": f"Question {tag}{i}: which word comes {i % 5} after {WORDS[i % 16]}?\nAnswer:",
+             "choices": [WORDS[(i + k) % 16] for k in range(2 + i % 3)], "answer": i % (2 + i % 3)}
+        if description is not None:
+            d["description"] = description if i % 4 else f"Subject {tag}: words.\n\n"
+        docs.append(d)
+    return docs
+
+
+def cont_docs(n, tag):
+    return [{"context": f"The {tag} story {i} ends with the word", "continuation": f" {WORDS[(3 * i) % 16]}"} for i in range(n)]
+
+
+def task(kind, description, fewshot_delim, split_same, target_delim):
+    t = object.__new__(ConfigurableTask)
+    t.prompt = None
+    t.multiple_input = 0
+    t.features = ["context", "choices", "answer", "description", "continuation"]
+    choice = "choices" if kind == "mc" else None
+    target = "answer" if kind == "mc" else "continuation"
+    t._config = SimpleNamespace(description="description" if description else None, fewshot_delimiter=fewshot_delim,
+                                target_delimiter=target_delim, test_split="test", doc_to_text="context",
+                                doc_to_choice=choice, doc_to_target=target, gen_prefix=None)
+    t.fewshot_cfg = SimpleNamespace(split="test" if split_same else "train", doc_to_text="context", doc_to_choice=choice,
+                                    doc_to_target=target, gen_prefix=None, target_delimiter=target_delim,
+                                    fewshot_delimiter=fewshot_delim)
+    return t
+
+
+def chat(messages, add_generation_prompt):
+    return json.dumps({"messages": messages, "add_generation_prompt": add_generation_prompt})
+
+
+cases = []
+
+
+def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_delim="\n\n", target_delim=" ", modes=("text", "multiturn", "singleturn")):
+    out = {"name": name, "items": items, "pool": pool, "n": n, "sampler": sampler, "seed": seed,
+           "fewshot_delimiter": fewshot_delim, "target_delimiter": target_delim}
+    for mode in modes:
+        t = task(kind, description, fewshot_delim, pool is None, target_delim)
+        cls = samplers.get_sampler("default" if sampler == "random" else sampler)
+        t.sampler = cls(list(items if pool is None else pool), rnd=None)
+        t.sampler.set_rnd(seed)  # the evaluator's task.set_fewshot_seed(fewshot_random_seed)
+        got = []
+        for d in items:
+            if mode == "text":
+                got.append(t.fewshot_context(d, n))
+            else:
+                got.append(json.loads(t.fewshot_context(d, n, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn",
+                                                        chat_template=chat)))
+        out[mode] = got
+    cases.append(out)
+
+
+case("mc-own-random-3", "mc", mc_docs(12, "A"), None, 3, "random", 1234)
+case("mc-own-random-0", "mc", mc_docs(5, "Z", description="Zero-shot subject.\n\n"), None, 0, "random", 1234, description=True)
+case("mc-pool-random-2-descriptions", "mc", mc_docs(9, "B", description="About words.\n\n"), mc_docs(8, "T"), 2, "random", 42, description=True)
+case("mc-own-first_n-4", "mc", mc_docs(7, "C"), None, 4, "first_n", 1234)
+case("mc-pool-first_n-2", "mc", mc_docs(5, "D"), mc_docs(6, "U"), 2, "first_n", 1234)
+case("mc-own-random-set-path", "mc", mc_docs(100, "E"), None, 5, "random", 7, modes=("text",))
+case("mc-own-random-delims", "mc", mc_docs(10, "F"), None, 2, "random", 1234, fewshot_delim="\n###\n", target_delim=" :: ")
+case("continuation-own-random-2", "cont", cont_docs(8, "G"), None, 2, "random", 1234, target_delim="")
+json.dump({"harness_commit": commit, "python": sys.version.split()[0],
+           "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",
+           "cases": cases}, sys.stdout, ensure_ascii=False)
+print()
