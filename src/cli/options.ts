@@ -82,6 +82,10 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('evalBatches', 'integer', 'validation batches per evaluation (0 = the whole split)', { check: nonNegInt }),
   spec('evalChoices', 'list', 'items the student scores at every evaluation, as `eval --choices` does: {"context", "choices", "answer"} a line (acc, acc_norm in metrics.jsonl) or {"context", "continuation"} (val_greedy, val_cont_ppl); a teacher\'s too, once; repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
   spec('evalChoicesChat', 'boolean', 'with --eval-choices: each context as a user turn of the chat template, the assistant turn opened (as eval --choices-chat)'),
+  spec('evalFewshot', 'integer', 'with --eval-choices: n examples before each item, as eval --fewshot (the harness\'s --num_fewshot; "\\n\\n" after each example)', { check: nonNegInt, metavar: '<n>' }),
+  spec('evalFewshotFrom', 'list', 'with --eval-fewshot: the examples\' items, one file per --eval-choices file (as eval --fewshot-from)', { metavar: '<file.jsonl>...', defaultText: 'each file\'s own items, the item itself left out' }),
+  spec('evalFewshotSampler', 'string', 'with --eval-fewshot: random (the harness\'s default) or first_n', { choices: ['random', 'first_n'] }),
+  spec('evalFewshotSeed', 'integer', 'with --eval-fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', { check: nonNegInt }),
   spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('seed', 'integer', 'random seed (weights, data order)'),
   spec('valFraction', 'number', 'fraction of the packed windows held out for validation', { check: unitHalfOpen }),
@@ -286,8 +290,20 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     if (!fs.exists(c)) throw new UsageError(`${labelOf('evalChoices')}: file ${c} does not exist`, 'pass a .jsonl file of items (relative paths are relative to the current folder)');
     if (fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: ${c} is a folder`, 'pass the .jsonl file of items itself');
   }
-  if (merged.evalChoicesChat === true && !((merged.evalChoices as string[] | undefined) ?? []).length) {
-    throw new UsageError(`${labelOf('evalChoicesChat')} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
+  const choiceFiles = (merged.evalChoices as string[] | undefined) ?? [];
+  for (const f of ['evalChoicesChat', 'evalFewshot'] as const) {
+    if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0)) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
+  }
+  for (const f of ['evalFewshotFrom', 'evalFewshotSampler', 'evalFewshotSeed'] as const) {
+    if (label.has(f) && !label.has('evalFewshot')) throw new UsageError(`${labelOf(f)} goes with --eval-fewshot`, 'pass --eval-fewshot <n>, or drop it');
+  }
+  const shotFiles = (merged.evalFewshotFrom as string[] | undefined) ?? [];
+  if (shotFiles.length && shotFiles.length !== choiceFiles.length) {
+    throw new UsageError(`${labelOf('evalFewshotFrom')}: ${shotFiles.length} file${shotFiles.length === 1 ? '' : 's'} for ${choiceFiles.length} --eval-choices file${choiceFiles.length === 1 ? '' : 's'}`,
+      'give one examples file per --eval-choices file, in the same order, or none (each file\'s own items are its examples)');
+  }
+  for (const c of shotFiles) {
+    if (!fs.exists(c) || fs.isDirectory(c)) throw new UsageError(`${labelOf('evalFewshotFrom')}: ${c} is not a file`, 'pass the .jsonl file of examples (relative paths are relative to the current folder)');
   }
 
   // Cross-field checks.

@@ -54,6 +54,14 @@ export interface RunOptions {
   evalChoices: string[];
   /** With evalChoices: each context as a user turn of the chat template, the assistant turn opened. */
   evalChoicesChat: boolean;
+  /** With evalChoices: examples before each item, as `eval --fewshot` (src/eval/fewshot.ts; 0: none). */
+  evalFewshot: number;
+  /** With evalFewshot: the examples' files, one per evalChoices file (none: each file's own items). */
+  evalFewshotFrom: string[];
+  /** With evalFewshot: 'random' (the harness's default sampler) or 'first_n'. */
+  evalFewshotSampler: 'random' | 'first_n';
+  /** With evalFewshot: the random sampler's seed (the harness's fewshot_random_seed). */
+  evalFewshotSeed: number;
   saveEvery: number;
   seed: number;
   valFraction: number;
@@ -124,6 +132,10 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalBatches: 0,
   evalChoices: [],
   evalChoicesChat: false,
+  evalFewshot: 0,
+  evalFewshotFrom: [],
+  evalFewshotSampler: 'random',
+  evalFewshotSeed: 1234,
   saveEvery: 100,
   seed: 1234,
   valFraction: 0.1,

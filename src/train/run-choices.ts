@@ -18,6 +18,7 @@ import {
   choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
   type ItemScores,
 } from '../eval/choices.js';
+import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 
 /**
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
@@ -57,13 +58,15 @@ export const CHOICES_REGION = 'choices pass';
  * Reads, encodes and cuts the items to `seq` (host work only: before the run writes or loads anything). `log` gets
  * what was read and any left cut.
  */
-export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number },
-  tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
+export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number;
+  fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined }, tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
   const items = readChoiceItems(o.files);
-  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs });
+  const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
+    ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
+  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
-  log(`choices: ${items.length} items, ${rows.length} continuations${o.chat ? ' (contexts as a user turn of the chat template)' : ''} scored at every evaluation`);
+  log(`choices: ${items.length} items, ${rows.length} continuations${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? ` (contexts as ${fewshot ? 'turns' : 'a user turn'} of the chat template)` : ''} scored at every evaluation`);
   if (cut) log(`warning: --eval-choices: the context of ${cut} of ${rows.length} continuations is cut on the left to fit --seq ${o.seq} (the longest needs ${choiceWindow(encoded)})`);
   return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0 };
 }

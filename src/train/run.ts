@@ -59,6 +59,7 @@ import { StopRequests } from './stop-requests.js';
 import { appendNoFollow, readMetrics, readMoments, shareHistory, truncateMetrics, writeLossSvg, type SavedState } from './run-state.js';
 import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.js';
 import { sparseSlots } from '../cache/sparse.js';
+import { FEWSHOT_DEFAULTS } from '../eval/fewshot.js';
 import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
 import { RunEvaluation } from './run-evaluation.js';
 import { parseTemplateKwargs } from '../cli/options.js';
@@ -207,6 +208,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
   // --eval-choices: the items read and checked before anything is loaded or written (a bad file costs nothing)
   const preparedChoices = o.evalChoices.length ? prepareRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq,
+    fewshot: { n: o.evalFewshot, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom,
     ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, tokenizer, chat, log) : null;
 
   // ---- models ----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { main } from '../../src/cli/main.js';
 import { StreamDecoder } from '../../src/cli/commands/generate.js';
 import { parameterCount, type ModelConfig } from '../../src/model/config.js';
@@ -250,6 +251,61 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
   const e = await run(['eval', '--model', model, '--choices', bad]);
   assert.equal(e.code, 2);
   assert.match(e.err, /cont-bad\.jsonl:1: "continuation" goes without "choices" and "answer"/);
+});
+
+test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same log-likelihoods as those prompts written into the file', async () => {
+  // test/fixtures/fewshot/harness-prompts.json: what lm-evaluation-harness's own fewshot_context built for these items
+  type Case = { name: string; items: Array<Record<string, unknown>>; pool: Array<Record<string, unknown>> | null; n: number; sampler: string; seed: number; text: string[] };
+  const fix = JSON.parse(fs.readFileSync(path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/fewshot/harness-prompts.json'), 'utf8')) as { cases: Case[] };
+  const write = (name: string, docs: Array<Record<string, unknown>>): string => {
+    const f = path.join(dir, name);
+    fs.writeFileSync(f, docs.map((d) => JSON.stringify(d)).join('\n') + '\n');
+    return f;
+  };
+  const scores = async (args: string[]): Promise<Array<{ logliks?: number[]; loglik?: number }>> => {
+    const out = path.join(dir, 'fewshot-scores.jsonl');
+    const r = await run(['eval', '--model', model, ...args, '--choices-out', out, '--json']);
+    assert.equal(r.code, 0, r.err);
+    return fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { logliks?: number[]; loglik?: number });
+  };
+  for (const name of ['mc-own-random-3', 'mc-pool-first_n-2', 'continuation-own-random-2']) {
+    const c = fix.cases.find((x) => x.name === name)!;
+    const items = write(`${name}.jsonl`, c.items);
+    const args = ['--choices', items, '--fewshot', String(c.n), '--fewshot-sampler', c.sampler, '--fewshot-seed', String(c.seed),
+      ...(c.pool ? ['--fewshot-from', write(`${name}-pool.jsonl`, c.pool)] : [])];
+    const prebuilt = write(`${name}-prebuilt.jsonl`, c.items.map((d, i) => ({ ...d, context: c.text[i] })));
+    const [got, want] = [await scores(args), await scores(['--choices', prebuilt])];
+    assert.equal(got.length, c.items.length);
+    got.forEach((g, i) => assert.deepEqual(g.logliks ?? [g.loglik], want[i]!.logliks ?? [want[i]!.loglik], `${name} item ${i}`));
+    // and the examples change the scores (the prompts differ from the items' own contexts)
+    const zero = await scores(['--choices', items]);
+    assert.ok(zero.some((z, i) => JSON.stringify(z.logliks ?? z.loglik) !== JSON.stringify(got[i]!.logliks ?? got[i]!.loglik)), `${name}: --fewshot changed nothing`);
+  }
+  // with the chat template (this model has none: ChatML): an example is a user turn and an assistant turn, or with
+  // --fewshot-single-turn one user turn holding the text; the same scores as those renderings written by hand
+  const docs = fix.cases.find((x) => x.name === 'mc-own-first_n-4')!.items.slice(0, 3) as Array<{ context: string; choices: string[]; answer: number }>;
+  const chatItems = write('fewshot-chat.jsonl', docs);
+  const shot = (i: number): (typeof docs)[number] => docs[i === 0 ? 1 : 0]!; // first_n, the item itself left out
+  const turn = (role: string, text: string): string => `<|im_start|>${role}\n${text}<|im_end|>\n`;
+  const multi = docs.map((d, i) => ({ ...d, context: turn('user', shot(i).context) + turn('assistant', shot(i).choices[shot(i).answer]!) + turn('user', d.context) + '<|im_start|>assistant\n' }));
+  const single = docs.map((d, i) => ({ ...d, context: turn('user', `${shot(i).context} ${shot(i).choices[shot(i).answer]}\n\n${d.context}`) + '<|im_start|>assistant\n' }));
+  const chatArgs = ['--choices', chatItems, '--choices-chat', '--fewshot', '1', '--fewshot-sampler', 'first_n'];
+  const lls = async (args: string[]): Promise<unknown[]> => (await scores(args)).map((x) => x.logliks);
+  assert.deepEqual(await lls(chatArgs), await lls(['--choices', write('fewshot-multi.jsonl', multi), '--choice-delimiter', '']));
+  assert.deepEqual(await lls([...chatArgs, '--fewshot-single-turn']), await lls(['--choices', write('fewshot-single.jsonl', single), '--choice-delimiter', '']));
+  assert.notDeepEqual(await lls(chatArgs), await lls([...chatArgs, '--fewshot-single-turn']));
+  const items = write('fewshot-small.jsonl', fix.cases[0]!.items.slice(0, 3));
+  for (const [args, re] of [
+    [['--fewshot', '3'], /--fewshot 3 needs 3 examples for .*fewshot-small\.jsonl:1, and .*fewshot-small\.jsonl holds 2 other than the item itself/],
+    [['--fewshot-seed', '5'], /--fewshot-seed goes with --fewshot/],
+    [['--fewshot', '1', '--fewshot-single-turn'], /--fewshot-single-turn goes with --choices-chat/],
+    [['--fewshot', '1', '--fewshot-from', items, items], /2 --fewshot-from files for 1 --choices file/],
+    [['--fewshot', '-1'], /--fewshot must be an integer >= 0/],
+  ] as Array<[string[], RegExp]>) {
+    const e = await run(['eval', '--model', model, '--choices', items, ...args]);
+    assert.equal(e.code, 2, `${args.join(' ')}: ${e.err}`);
+    assert.match(e.err, re);
+  }
 });
 
 test('eval --choices with several files: each file\'s metrics (a task\'s own) beside the pooled ones, equal to that file scored alone', async () => {

@@ -126,6 +126,29 @@ test('a bad --eval-choices file is refused before anything is written: --overwri
   assert.equal(runJobShape(o, presetConfig('tiny', 300), null).choices, undefined);
 });
 
+test('--eval-fewshot: the run scores the few-shot prompts eval --fewshot scores (first_n and random, examples from another file)', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const shots = path.join(dir, 'shots.jsonl');
+  fs.writeFileSync(shots, [
+    { context: 'the text', choices: ['model', 'teacher'], answer: 1 },
+    { context: 'predict the', continuation: ' next token' },
+    { context: 'a student', choices: ['learns', 'text'], answer: 0 },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  for (const [sampler, from] of [['first_n', []], ['random', [shots]]] as Array<['first_n' | 'random', string[]]>) {
+    const logged: string[] = [];
+    const s = await runTraining(opts(dir, { out: path.join(dir, `run-${sampler}`), evalChoices: [items], evalFewshot: 2, evalFewshotSampler: sampler, evalFewshotSeed: 7, evalFewshotFrom: from, seq: 48, steps: 3, evalEvery: 3, saveEvery: 3 }),
+      { log: (l: string) => { logged.push(l); } });
+    assert.ok(logged.some((l) => new RegExp(`^choices: 7 items, 12 continuations, 2-shot \\(${sampler === 'random' ? 'random, seed 7' : 'the first'}, from ${from.length ? '.*shots\\.jsonl' : 'each file\'s other items'}\\) scored`).test(l)), logged.join('\n'));
+    const last = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined).pop() as Record<string, number>;
+    const fewshot = { n: 2, sampler, seed: 7, delimiter: '\n\n', ...(from.length ? { from } : {}) };
+    const ev = await evaluate({ model: s.finalDir!, data: [], choices: [items], fewshot, seq: 48, batch: 3, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+    const zero = await evaluate({ model: s.finalDir!, data: [], choices: [items], seq: 48, batch: 3, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+    assert.equal(last.val_acc, ev.choices!.acc);
+    assert.equal(last.val_cont_ppl, ev.choices!.greedy!.perplexity);
+    assert.notEqual(last.val_cont_ppl, zero.choices!.greedy!.perplexity, 'the examples change the scores');
+  }
+});
+
 test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choices-chat alone', async () => {
   const dir = tmp(), data = corpusFile(dir);
   const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
@@ -133,6 +156,10 @@ test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choic
     [['--eval-choices', dir], /--eval-choices: .* is a folder/],
     [['--eval-choices', path.join(dir, 'nope.jsonl')], /--eval-choices: file .*nope\.jsonl does not exist/],
     [['--eval-choices-chat'], /--eval-choices-chat goes with --eval-choices/],
+    [['--eval-fewshot', '2'], /--eval-fewshot goes with --eval-choices/],
+    [['--eval-choices', itemsFile(dir), '--eval-fewshot-seed', '3'], /--eval-fewshot-seed goes with --eval-fewshot/],
+    [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--eval-fewshot-from', itemsFile(dir), itemsFile(dir)], /--eval-fewshot-from: 2 files for 1 --eval-choices file/],
+    [['--eval-choices', itemsFile(dir), '--eval-fewshot', '-1'], /--eval-fewshot must be an integer >= 0/],
   ] as Array<[string[], RegExp]>) {
     const r = await runCli([...base, ...extra]);
     assert.equal(r.code, 2, r.err);
