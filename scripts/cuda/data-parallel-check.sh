@@ -19,7 +19,6 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/data-parallel.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 NGPUS=${NGPUS:-$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)}

@@ -16,7 +16,7 @@ out=${OUT:-/tmp/distillery-device-run}
 mkdir -p "$out"
 sum="$out/summary.txt"
 : > "$sum"
-say() { echo "$*" | tee -a "$sum"; }
+txt="$sum"; source scripts/cuda/bench-lib.sh # its say() appends to $txt
 B=${B:-4}; S=${S:-256}; STEPS=${STEPS:-50}; PARTS=${PARTS:-a c d e f}; PHASES=${PHASES:-cold warm}; PROFILE=${PROFILE:-0}
 tf32=(); [ "${TF32:-0}" = 1 ] && tf32=(--tf32)
 work=/tmp/distillery-device-run; rm -rf "$work"; mkdir -p "$work"

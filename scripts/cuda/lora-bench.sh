@@ -9,13 +9,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/lora-bench.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 TEACHER=${TEACHER:-qwen2.5-3b}; STUDENT=${STUDENT:-qwen2.5-1.5b}; RANK=${RANK:-16}; SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-10}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
 say "== $TEACHER -> $STUDENT at $SHAPE: LoRA r=$RANK (every projection) vs full training"
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
+say_device
 for mode in "lora:$RANK" full; do
   run_s() { node dist/scripts/cuda/lora-step.js "$TEACHER" "$STUDENT" "$mode" "$B" "$S" "$STEPS" > "$work/lora-$mode.json" 2> "$work/lora-$mode.log"; }
   read -r rc mib < <(peak_of run_s)

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 ln -sfn .devmods/node_modules node_modules
 out=${OUT:-/tmp/distillery-ncu}; mkdir -p "$out"
 txt="$out/kernels.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
+source scripts/cuda/bench-lib.sh
 PARTS=${PARTS:-attn ncu-attn forward step}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version); $(ncu --version | tail -1)"

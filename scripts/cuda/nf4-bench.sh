@@ -10,12 +10,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/nf4-bench.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 BIG=${BIG:-qwen2.5-7b}; SMALL=${SMALL:-qwen2.5-0.5b}; SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-10}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
 source scripts/cuda/bench-lib.sh
-say "== device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1); node $(node --version)"
+say_device
 one() { # label teacher student mode teacher_dtype
   local label=$1; shift
   run_s() { TEACHER_DTYPE=$4 node dist/scripts/cuda/lora-step.js "$1" "$2" "$3" "$B" "$S" "$STEPS" > "$work/nf4-$label.json" 2> "$work/nf4-$label.log"; }

@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-curve}; mkdir -p "$out"
 txt="$out/precision-curve.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
+source scripts/cuda/bench-lib.sh
 STEPS=${STEPS:-50}; SHAPE=${SHAPE:-4x512}; LR=${LR:-3e-4}
 B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"

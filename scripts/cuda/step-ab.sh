@@ -15,7 +15,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/step-ab.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-14}; B=${SHAPE%x*}; S=${SHAPE#*x}
 ORDER=${ORDER:-cached:new cached:old cached:new cached:old online:new online:old}
 work=/tmp/distillery-bench; mkdir -p "$work"

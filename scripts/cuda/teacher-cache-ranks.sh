@@ -11,7 +11,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/teacher-cache-ranks.txt"; : > "$txt"
-say() { echo "$*" | tee -a "$txt"; }
 GPUS=${GPUS:-2}; MAX_CHARS=${MAX_CHARS:-3000000}; SHARD_WINDOWS=${SHARD_WINDOWS:-16}; STEPS=${STEPS:-12}
 work=/tmp/distillery-bench; mkdir -p "$work"
 export NCCL_NVLS_ENABLE=0
