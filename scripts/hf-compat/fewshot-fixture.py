@@ -1,46 +1,22 @@
 """Few-shot prompts built by lm-evaluation-harness's own code, for test/eval/fewshot.test.ts: ConfigurableTask's
 fewshot_context and build_qa_turn, its samplers (ContextSampler, FirstNSampler) and Message / multiturn_to_singleturn,
-imported from a checkout of the harness's source (its heavy imports, datasets and the like, stubbed: none of them is
-reached by these functions). The task object is made without __init__ (no dataset) and given the config fields these
-functions read, as a task YAML with doc_to_text: context, doc_to_choice: choices, doc_to_target: answer would.
+imported from a checkout of the harness's source (harness_source.py). The task object is made without __init__ (no
+dataset) and given the config fields these functions read, as a task YAML with doc_to_text: context, doc_to_choice:
+choices, doc_to_target: answer would.
 
     git -C <harness repo> archive HEAD lm_eval | tar -x -C /tmp/lmeval
     python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json
 """
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.metadata
 import json
+import os
 import sys
 from types import SimpleNamespace
-from unittest.mock import MagicMock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness_source  # noqa: E402
 
 root, commit = sys.argv[1], sys.argv[2]
-sys.path.insert(0, root)
-_version = importlib.metadata.version
-importlib.metadata.version = lambda n: "0.0" if n in ("lm_eval", "lm-eval") else _version(n)
-STUB = {"datasets", "tqdm", "sacrebleu", "dill"}
-
-
-class _Loader(importlib.abc.Loader):
-    def create_module(self, spec):
-        m = MagicMock()
-        m.__path__, m.__spec__, m.__name__ = [], spec, spec.name
-        return m
-
-    def exec_module(self, module):
-        pass
-
-
-class _Stubs(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] not in STUB:
-            return None
-        return importlib.machinery.ModuleSpec(name, _Loader(), is_package=True)
-
-
-sys.meta_path.insert(0, _Stubs())
+harness_source.load(root)
 from lm_eval.api import samplers  # noqa: E402
 from lm_eval.api.task import ConfigurableTask  # noqa: E402
 

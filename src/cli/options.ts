@@ -80,7 +80,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('clip', 'number', 'global gradient-norm clip (0 = off)', { check: nonNeg }),
   spec('evalEvery', 'integer', 'evaluate on the validation split every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('evalBatches', 'integer', 'validation batches per evaluation (0 = the whole split)', { check: nonNegInt }),
-  spec('evalChoices', 'list', 'items the student scores at every evaluation, as `eval --choices` does: {"context", "choices", "answer"} a line (acc, acc_norm in metrics.jsonl) or {"context", "continuation"} (val_greedy, val_cont_ppl); a teacher\'s too, once; repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
+  spec('evalChoices', 'list', 'items the student scores at every evaluation, as `eval --choices` does: {"context", "choices", "answer"} a line (acc, acc_norm in metrics.jsonl), {"context", "continuation"} (val_greedy, val_cont_ppl) or {"text"} (val_word_ppl, val_byte_ppl, val_bits_per_byte, in windows of --seq); a teacher\'s too, once; repeatable', { metavar: '<file.jsonl>...', defaultText: 'none' }),
   spec('evalChoicesChat', 'boolean', 'with --eval-choices: each context as a user turn of the chat template, the assistant turn opened (as eval --choices-chat)'),
   spec('evalFewshot', 'integer', 'with --eval-choices: n examples before each item, as eval --fewshot (the harness\'s --num_fewshot; "\\n\\n" after each example)', { check: nonNegInt, metavar: '<n>' }),
   spec('evalFewshotFrom', 'list', 'with --eval-fewshot: the examples\' items, one file per --eval-choices file (as eval --fewshot-from)', { metavar: '<file.jsonl>...', defaultText: 'each file\'s own items, the item itself left out' }),

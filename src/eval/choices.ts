@@ -15,6 +15,12 @@
  * token (the harness's is_greedy, argmax's first index on ties), and its log-likelihood goes into `perplexity` =
  * exp(−mean over items).
  *
+ * An item with `"text": "..."` is one of the harness's `loglikelihood_rolling` tasks (wikitext's): the whole text is
+ * scored in the harness's rolling windows (rollingWindows: the prefix token, then windows of up to `window` tokens, each
+ * conditioned on the tokens before it that fit), and its summed log-likelihood goes into `word_perplexity` =
+ * exp(−Σ ll / Σ words), `byte_perplexity` = exp(−Σ ll / Σ bytes) and `bits_per_byte` = −Σ ll / Σ bytes / ln 2, words
+ * counted as the harness counts them (Python's re.split(r"\s+")) unless the item gives `"words"` (and `"bytes"`).
+ *
  * Tokenization follows the harness's HF backend (ChoiceEncoder): text is encoded as transformers' tokenizer.encode
  * encodes it, with the tokenizer's own special tokens (Llama 3's BOS; none for Qwen); whitespace at the end of the
  * context moves to the start of the continuation, and the continuation's tokens are those of context + continuation
@@ -39,6 +45,11 @@ export interface ChoiceItem {
   answer: number;
   /** A loglikelihood item (`"continuation"`): scored by is_greedy and perplexity instead of by the best choice. */
   continuation?: boolean;
+  /**
+   * A loglikelihood_rolling item (`"text"`, its text the one choice): scored whole in rolling windows, per word and per
+   * byte (the harness's counts, or the item's own `"words"` / `"bytes"`).
+   */
+  rolling?: { words: number; bytes: number };
   /** `file:line`, for messages. */
   where: string;
   /** The items file it was read from (per-file metrics). */
@@ -72,12 +83,17 @@ export interface ChoiceMetrics {
   accNorm?: number;
   /** Over the continuation items (absent without any): how many, the is_greedy fraction, exp(−mean log-likelihood). */
   greedy?: GreedyMetrics;
+  /** Over the text items (absent without any): word and byte perplexity, bits per byte. */
+  rolling?: RollingMetrics;
 }
 
 /** The harness's metrics of a loglikelihood task (LAMBADA's `acc` and `perplexity`). */
 export interface GreedyMetrics { items: number; acc: number; perplexity: number }
 
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, or {"context": "...", "continuation": "..."}';
+/** The harness's metrics of a loglikelihood_rolling task (wikitext's), over its texts' summed log-likelihoods. */
+export interface RollingMetrics { items: number; wordPerplexity: number; bytePerplexity: number; bitsPerByte: number }
+
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, or {"text": "..."}';
 
 /** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
 export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
@@ -91,6 +107,19 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     const o = j as Record<string, unknown>;
     if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
     const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
+    if (o.text !== undefined) {
+      const other = ['context', 'choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
+      if (other.length) throw new InputError(`${where}: "text" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
+      if (typeof o.text !== 'string' || o.text === '') throw new InputError(`${where}: "text" must be a non-empty string`, HINT);
+      const count = (k: 'words' | 'bytes', d: number): number => {
+        const v = o[k];
+        if (v === undefined) return d;
+        if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new InputError(`${where}: "${k}" must be a positive integer`, `the count the ${k === 'words' ? 'word' : 'byte'} perplexity divides by (default: the text's, as the harness counts it)`);
+        return v;
+      };
+      out.push({ context: '', choices: [o.text], answer: 0, rolling: { words: count('words', pyWords(o.text)), bytes: count('bytes', Buffer.byteLength(o.text, 'utf8')) }, ...extra });
+      return;
+    }
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
     if (o.continuation !== undefined) {
       if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
@@ -145,9 +174,15 @@ export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
   return items;
 }
 
-/** Python's str.isspace() characters: what str.rstrip() removes (U+001C..U+001F among them). */
-// eslint-disable-next-line no-control-regex -- the control characters Python counts as whitespace
-const PY_TRAILING_SPACE = /[\t\n\v\f\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+$/u;
+/** Python's str.isspace() characters: what str.rstrip() removes and `\s` matches in a str pattern (U+001C..U+001F among them, not U+FEFF). */
+const PY_SPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+';
+const PY_TRAILING_SPACE = new RegExp(`${PY_SPACE}$`, 'u');
+const PY_SPACE_RUN = new RegExp(PY_SPACE, 'u');
+
+/** The harness's word count of a text (Task.count_words): len(re.split(r"\s+", text)), empty pieces at the ends counted. */
+export function pyWords(text: string): number {
+  return text.split(PY_SPACE_RUN).length;
+}
 
 /** tokenizer_config.json's special tokens as strings ('' where it has none), e.g. ChatFormat's bosToken / eosToken. */
 export interface SpecialTokens { bosToken: string; eosToken: string }
@@ -212,9 +247,16 @@ export interface EncodedChoice { item: number; choice: number; ctx: number[]; co
  * description, examples or a chat template: encodeForModel) and `delimiter + choice` (a continuation item's continuation as written).
  */
 export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
-  context: (it: ChoiceItem, i: number) => string = (it) => it.context): EncodedChoice[] {
+  context: (it: ChoiceItem, i: number) => string = (it) => it.context, window?: number): EncodedChoice[] {
   const out: EncodedChoice[] = [];
   items.forEach((it, i) => {
+    if (it.rolling) {
+      if (window === undefined) throw new Error('text items need the rolling window');
+      const p = enc.prefixToken();
+      if (p === null) throw new InputError(`${it.where}: a text is scored after a token that stands for its start, and the tokenizer has no BOS or end-of-text token`, 'score it as a continuation item with a context instead');
+      rollingWindows(enc.encode(it.choices[0]!), p.id, window).forEach(([ctx, cont], w) => out.push({ item: i, choice: w, ctx, cont }));
+      return;
+    }
     const c = context(it, i);
     it.choices.forEach((ch, k) => {
       // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only)
@@ -223,6 +265,27 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
       out.push({ item: i, choice: k, ctx, cont });
     });
   });
+  return out;
+}
+
+/**
+ * The harness's rolling windows of a text's tokens (utils.get_rolling_token_windows with context_len 1, then
+ * make_disjoint_window, as HFLM.loglikelihood_rolling calls them): [context, scored tokens] pairs. The first window
+ * scores the first `window` tokens after `prefix`; each later one the next `window` (the last: what is left), after as
+ * many of the tokens before them as fill the window's inputs (one, but for the last).
+ */
+export function rollingWindows(tokens: readonly number[], prefix: number, window: number): Array<[number[], number[]]> {
+  if (!(Number.isInteger(window) && window >= 1)) throw new Error(`rollingWindows: window ${window}`);
+  const out: Array<[number[], number[]]> = [];
+  if (tokens.length === 0) return out;
+  const first = Math.min(window, tokens.length);
+  out.push([[prefix], tokens.slice(0, first)]);
+  for (let done = first; done < tokens.length;) {
+    const len = Math.min(tokens.length - done, window), end = done + len;
+    // inputs tokens[end - window - 1, end - 1), of which the ones before the scored tokens are the context
+    out.push([tokens.slice(end - window - 1, end - len), tokens.slice(end - len, end)]);
+    done = end;
+  }
   return out;
 }
 
@@ -238,6 +301,8 @@ export interface ChoicePrompt {
   fewshot?: FewshotOptions | undefined;
   /** With `chat` and examples: the examples and the item as one user turn (default: a turn each, the harness's default). */
   singleTurn?: boolean | undefined;
+  /** The rolling windows' length for text items (the harness's max_length; required with text items). */
+  rollingWindow?: number | undefined;
 }
 
 /**
@@ -251,7 +316,7 @@ export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readon
   const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ');
   return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
     prompt.chat ? (_it, i) => renderChat(format, turnsMessages(turns[i]!, prompt.singleTurn === true), { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) })
-      : (_it, i) => turnsText(turns[i]!));
+      : (_it, i) => turnsText(turns[i]!), prompt.rollingWindow);
 }
 
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */
@@ -268,6 +333,7 @@ export function choiceWindow(encoded: readonly EncodedChoice[]): number {
 export function choiceRows(encoded: readonly EncodedChoice[], items: readonly ChoiceItem[], seq: number,
   hint: (tokens: number) => string = (n) => `use --seq ${n} or more`): ChoiceRow[] {
   return encoded.map(({ item, choice, ctx, cont }) => {
+    if (items[item]!.rolling && ctx.length + cont.length > seq + 1) throw new Error(`${items[item]!.where}: a rolling window of ${ctx.length + cont.length - 1} inputs in a window of ${seq}`);
     if (cont.length > seq) {
       throw new InputError(`${items[item]!.where}: ${items[item]!.continuation ? 'the continuation' : `choice ${choice}`} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
     }
@@ -323,10 +389,11 @@ function argmax(v: readonly number[]): number {
   return best;
 }
 
-/** Each item's predictions: by log-likelihood, and by log-likelihood per character of the choice. */
+/** Each item's predictions: by log-likelihood, and by log-likelihood per character of the choice (0 for a text item). */
 export function predictions(items: readonly ChoiceItem[], logliks: readonly number[][]): Array<{ pred: number; predNorm: number }> {
   return items.map((it, i) => {
     const ll = logliks[i]!;
+    if (it.rolling) return { pred: 0, predNorm: 0 };
     return { pred: argmax(ll), predNorm: argmax(ll.map((x, k) => x / pyLen(it.choices[k]!))) };
   });
 }
@@ -343,9 +410,10 @@ export interface ItemScores {
  */
 export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores): ChoiceMetrics {
   const p = predictions(items, scores.ll);
-  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0;
+  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0, texts = 0, textLl = 0, words = 0, bytes = 0;
   items.forEach((it, i) => {
-    rows += it.choices.length;
+    rows += scores.ll[i]!.length;
+    if (it.rolling) { texts++; textLl += textLoglik(scores.ll[i]!); words += it.rolling.words; bytes += it.rolling.bytes; return; }
     if (it.continuation) { cont++; greedy += scores.greedy[i]![0] ? 1 : 0; llSum += scores.ll[i]![0]!; return; }
     mc++; acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0;
   });
@@ -353,7 +421,22 @@ export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores):
     items: items.length, rows,
     ...(mc ? { acc: acc / mc, accNorm: accNorm / mc } : {}),
     ...(cont ? { greedy: { items: cont, acc: greedy / cont, perplexity: Math.exp(-llSum / cont) } } : {}),
+    ...(texts ? { rolling: { items: texts, wordPerplexity: Math.exp(-textLl / words), bytePerplexity: Math.exp(-textLl / bytes), bitsPerByte: -textLl / bytes / Math.LN2 } } : {}),
   };
+}
+
+/** A text item's log-likelihood: its windows' sum (the harness sums a request's windows). */
+export function textLoglik(windows: readonly number[]): number {
+  let sum = 0;
+  for (const x of windows) sum += x;
+  return sum;
+}
+
+/** How many rows each item has (its choices; a text item's windows): the shape of its scores. */
+export function choiceSlots(items: readonly ChoiceItem[], rows: readonly ChoiceRow[]): number[] {
+  const slots = items.map((it) => (it.rolling ? 0 : it.choices.length));
+  for (const r of rows) if (items[r.item]!.rolling) slots[r.item] = Math.max(slots[r.item]!, r.choice + 1);
+  return slots;
 }
 
 /** Each row's scores (StepRunner.rowScores): Σ log p of its counted targets, and whether each was the argmax. */
@@ -363,13 +446,13 @@ export interface RowScores { ll: Float64Array; greedy: Uint8Array }
  * Scores every row of the batches: `score(batch)` returns each row's summed log-probability of its counted targets
  * and whether all of them were the model's most likely tokens. Returns the scores per item and choice (NaN and false
  * for rows the batches did not hold), or null when `after` (called after each batch with the rows scored so far)
- * says to stop.
+ * says to stop. `slots`: each item's row count (choiceSlots).
  */
-export async function scoreChoices(items: readonly ChoiceItem[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
+export async function scoreChoices(slots: readonly number[], batches: Iterable<{ batch: Batch; rows: readonly ChoiceRow[] }>,
   score: (batch: Batch) => RowScores, after: (done: number) => boolean | void | Promise<boolean | void> = () => {}): Promise<ItemScores | null> {
   const out: ItemScores = {
-    ll: items.map((it) => new Array<number>(it.choices.length).fill(NaN)),
-    greedy: items.map((it) => new Array<boolean>(it.choices.length).fill(false)),
+    ll: slots.map((n) => new Array<number>(n).fill(NaN)),
+    greedy: slots.map((n) => new Array<boolean>(n).fill(false)),
   };
   let done = 0;
   for (const { batch, rows } of batches) {
@@ -395,10 +478,12 @@ export function metricsByFile(items: readonly ChoiceItem[], scores: ItemScores):
 }
 
 /** Scores as the logs say them: acc and acc_norm of multiple-choice items, greedy and perplexity of continuations. */
-export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | undefined; greedy?: { acc: number; perplexity: number } | undefined }): string {
+export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | undefined; greedy?: { acc: number; perplexity: number } | undefined;
+  rolling?: { wordPerplexity: number; bitsPerByte: number } | undefined }): string {
   return [
     c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
     c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
+    c.rolling ? `texts word ppl ${c.rolling.wordPerplexity.toFixed(3)}, bits/byte ${c.rolling.bitsPerByte.toFixed(4)}` : '',
   ].filter((x) => x).join(', ');
 }
 
@@ -409,12 +494,17 @@ export function percent(x: number): string {
 
 /**
  * Each item's log-likelihoods and predictions as JSON lines (eval --choices-out): `where`, then for a multiple-choice
- * item `answer`, `logliks`, `pred`, `pred_norm`, for a continuation item `loglik` and `greedy`; with a teacher the same
- * prefixed `teacher_`.
+ * item `answer`, `logliks`, `pred`, `pred_norm`, for a continuation item `loglik` and `greedy`, for a text item `loglik`
+ * (its windows' sum), `words`, `bytes` and `windows`; with a teacher the same prefixed `teacher_`.
  */
 export function choiceSamples(items: readonly ChoiceItem[], scores: ItemScores, teacher: ItemScores | null): string {
   const p = predictions(items, scores.ll), tp = teacher ? predictions(items, teacher.ll) : null;
-  return items.map((it, i) => JSON.stringify(it.continuation
+  return items.map((it, i) => JSON.stringify(it.rolling
+    ? {
+      where: it.where, loglik: textLoglik(scores.ll[i]!), words: it.rolling.words, bytes: it.rolling.bytes, windows: scores.ll[i]!.length,
+      ...(teacher ? { teacher_loglik: textLoglik(teacher.ll[i]!) } : {}),
+    }
+    : it.continuation
     ? {
       where: it.where, loglik: scores.ll[i]![0], greedy: scores.greedy[i]![0],
       ...(teacher ? { teacher_loglik: teacher.ll[i]![0], teacher_greedy: teacher.greedy[i]![0] } : {}),

@@ -62,6 +62,9 @@ export function fewshotExamples(items: readonly ChoiceItem[], o: FewshotOptions)
     throw new InputError(`${o.pools.length} few-shot file${o.pools.length === 1 ? '' : 's'} for ${groups.size} items file${groups.size === 1 ? '' : 's'}`,
       'give one few-shot file per items file, in the same order, or none (each file\'s own items are its examples)');
   }
+  // the harness's rolling tasks (a text scored whole) take no examples, and are none
+  const text = o.n > 0 ? [...items, ...(o.pools ?? []).flat()].find((it) => it.rolling) : undefined;
+  if (text) throw new InputError(`${text.where}: a text item takes no few-shot examples, nor is one`, 'score the text items without --fewshot (a file of their own, or another eval)');
   const out: Array<readonly ChoiceItem[]> = new Array<readonly ChoiceItem[]>(items.length);
   [...groups.values()].forEach((idx, g) => {
     const own = o.pools === undefined;

@@ -15,16 +15,20 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
+  choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
   type ItemScores,
 } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 
 /**
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
- * continuations' perplexity over the continuation items (each pair present when the items have that kind).
+ * continuations' perplexity over the continuation items, the word and byte perplexities and bits per byte over the text
+ * items (each present when the items have that kind).
  */
-export interface ChoiceScores { acc?: number; accNorm?: number; greedy?: { acc: number; perplexity: number } }
+export interface ChoiceScores {
+  acc?: number; accNorm?: number; greedy?: { acc: number; perplexity: number };
+  rolling?: { wordPerplexity: number; bytePerplexity: number; bitsPerByte: number };
+}
 
 /** A run's scores as metrics.jsonl names them, `prefix` 'val' (the student's) or 'teacher'. */
 export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<string, number> {
@@ -32,6 +36,9 @@ export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<st
   if (c.acc !== undefined) out[`${prefix}_acc`] = c.acc;
   if (c.accNorm !== undefined) out[`${prefix}_acc_norm`] = c.accNorm;
   if (c.greedy) { out[`${prefix}_greedy`] = c.greedy.acc; out[`${prefix}_cont_ppl`] = c.greedy.perplexity; }
+  if (c.rolling) {
+    out[`${prefix}_word_ppl`] = c.rolling.wordPerplexity; out[`${prefix}_byte_ppl`] = c.rolling.bytePerplexity; out[`${prefix}_bits_per_byte`] = c.rolling.bitsPerByte;
+  }
   return out;
 }
 
@@ -45,6 +52,8 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy');
   if (acc !== undefined && accNorm !== undefined) { c.acc = acc; c.accNorm = accNorm; }
   if (greedy !== undefined && `${prefix}_cont_ppl` in m) c.greedy = { acc: greedy, perplexity: num('cont_ppl') ?? Infinity };
+  const bpb = num('bits_per_byte');
+  if (bpb !== undefined && `${prefix}_word_ppl` in m) c.rolling = { wordPerplexity: num('word_ppl') ?? Infinity, bytePerplexity: num('byte_ppl') ?? Infinity, bitsPerByte: bpb };
   return Object.keys(c).length ? c : null;
 }
 
@@ -63,7 +72,8 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const items = readChoiceItems(o.files);
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
     ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
-  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot });
+  // text items in rolling windows of the run's --seq (the harness's max_length)
+  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rows.length} continuations${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? ` (contexts as ${fewshot ? 'turns' : 'a user turn'} of the chat template)` : ''} scored at every evaluation`);
@@ -101,7 +111,7 @@ export function shareRowScores(rows: readonly ChoiceRow[], sc: ItemScores, comm:
 export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
-    const sc = await scoreChoices(p.items, choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
+    const sc = await scoreChoices(choiceSlots(p.items, p.rows), choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
       if (comm.world > 1) return false; // several ranks stop together, at a step's end
       await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
       return stop();
@@ -109,7 +119,10 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
     if (sc === null) return null;
     if (comm.world > 1) shareRowScores(p.rows, sc, comm);
     const m = choiceMetrics(p.items, sc);
-    return { ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}) };
+    return {
+      ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}),
+      ...(m.rolling ? { rolling: { wordPerplexity: m.rolling.wordPerplexity, bytePerplexity: m.rolling.bytePerplexity, bitsPerByte: m.rolling.bitsPerByte } } : {}),
+    };
   };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;

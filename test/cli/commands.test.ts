@@ -308,6 +308,42 @@ test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same 
   }
 });
 
+test('eval --choices with text items: word and byte perplexity and bits per byte from the written log-likelihoods, in windows of --seq or the model\'s', async () => {
+  const items = path.join(dir, 'texts.jsonl');
+  fs.writeFileSync(items, [
+    { text: 'Distillation trains a small model on the soft targets of a larger one. The quick brown fox jumps over the lazy dog.' },
+    { text: 'The teacher model predicts the next token.', words: 9 },
+    { context: 'A tokenizer splits text into', choices: ['pieces', 'dogs'], answer: 0 },
+  ].map((l) => JSON.stringify(l)).join('\n') + '\n');
+  type Rm = { items: number; wordPerplexity: number; bytePerplexity: number; bitsPerByte: number };
+  const out = path.join(dir, 'texts-scores.jsonl');
+  const r = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--seq', '8', '--choices-out', out, '--json']);
+  assert.equal(r.code, 0, r.err);
+  const j = JSON.parse(r.out) as { choices: { items: number; rows: number; acc: number; rolling: Rm; teacher: { rolling: Rm } } };
+  const lines = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loglik: number; words: number; bytes: number; windows: number; teacher_loglik: number });
+  const texts = lines.slice(0, 2);
+  assert.deepEqual(texts.map((t) => t.words), [22, 9]); // Python: len(re.split(r"\s+", text)); the second its own
+  assert.deepEqual(texts.map((t) => t.bytes), [115, 42]);
+  assert.ok(texts[0]!.windows > 2 && texts[1]!.windows >= 1, `windows of 8 tokens: ${texts.map((t) => t.windows)}`);
+  assert.equal(j.choices.rows, texts[0]!.windows + texts[1]!.windows + 2);
+  const ll = texts[0]!.loglik + texts[1]!.loglik, tll = texts[0]!.teacher_loglik + texts[1]!.teacher_loglik;
+  const close = (a: number, b: number): boolean => Math.abs(a - b) <= 1e-12 * Math.abs(b);
+  assert.ok(close(j.choices.rolling.wordPerplexity, Math.exp(-ll / 31)) && close(j.choices.rolling.bytePerplexity, Math.exp(-ll / 157)), JSON.stringify(j.choices.rolling));
+  assert.ok(close(j.choices.rolling.bitsPerByte, -ll / 157 / Math.LN2));
+  assert.ok(close(j.choices.teacher.rolling.wordPerplexity, Math.exp(-tll / 31)));
+  assert.equal(j.choices.rolling.items, 2);
+  assert.ok(j.choices.acc === 0 || j.choices.acc === 1, 'acc over the one multiple-choice item');
+  // without --seq the windows are the model's max_position_embeddings: one window a text here
+  const whole = path.join(dir, 'texts-whole.jsonl');
+  assert.equal((await run(['eval', '--model', model, '--choices', items, '--choices-out', whole])).code, 0);
+  assert.deepEqual(fs.readFileSync(whole, 'utf8').trim().split('\n').slice(0, 2).map((l) => (JSON.parse(l) as { windows: number }).windows), [1, 1]);
+  const text = await run(['eval', '--model', model, '--teacher', teacher, '--choices', items, '--seq', '8']);
+  assert.equal(text.code, 0, text.err);
+  assert.match(text.out, /^word ppl\s+\d+\.\d{3} {2}\(exp of minus the log-likelihood per word, of 2 texts in rolling windows\)$/m);
+  assert.match(text.out, /^bits\/byte\s+\d+\.\d{4}$/m);
+  assert.match(text.out, /^teacher\s+word ppl \d+\.\d{3}; byte ppl \d+\.\d{4}; bits\/byte \d+\.\d{4}$/m);
+});
+
 test('eval --choices with several files: each file\'s metrics (a task\'s own) beside the pooled ones, equal to that file scored alone', async () => {
   const a = path.join(dir, 'task-a.jsonl'), b = path.join(dir, 'task-b.jsonl');
   fs.writeFileSync(a, [

@@ -17,7 +17,7 @@ import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import {
-  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
+  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
   scoreChoices, type ChoiceItem, type SpecialTokens,
 } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
@@ -259,7 +259,7 @@ test("scores: each row's summed log-probability of its continuation, over padded
   // batches of two lengths: the long item's rows in a window, the others in CHOICE_LENGTH_STEP
   assert.ok(seq > CHOICE_LENGTH_STEP);
   assert.deepEqual(Array.from(choiceBatches(rows, 3, seq, 0)).map((b) => b.batch.t), [seq, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP, CHOICE_LENGTH_STEP]);
-  const got = (await scoreChoices(items, choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowScores(b)))!;
+  const got = (await scoreChoices(choiceSlots(items, rows), choiceBatches(rows, 3, seq, tok.eosId!), (b) => runner.rowScores(b)))!;
   let greedyRows = 0;
   for (const r of rows) {
     const L = r.ids.length - 1, V = c.vocabSize;

@@ -149,6 +149,24 @@ test('--eval-fewshot: the run scores the few-shot prompts eval --fewshot scores 
   }
 });
 
+test('--eval-choices with text items: val_word_ppl, val_byte_ppl, val_bits_per_byte in windows of --seq, as eval --choices --seq scores them', async () => {
+  const dir = tmp(), items = path.join(dir, 'texts.jsonl');
+  fs.writeFileSync(items, [
+    { text: 'the teacher helps the student learns to predict the next token from text and a model' },
+    { text: 'a model learns', words: 4 },
+    { context: 'the teacher helps the', continuation: ' student' },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  const s = await runTraining(opts(dir, { evalChoices: [items], seq: 8, steps: 3, evalEvery: 3, saveEvery: 3 }), quiet);
+  const last = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_word_ppl !== undefined).pop() as Record<string, number>;
+  const ev = (await evaluate({ model: s.finalDir!, data: [], choices: [items], seq: 8, batch: 3, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
+  assert.equal(last.step, 3);
+  assert.equal(last.val_word_ppl, ev.rolling!.wordPerplexity);
+  assert.equal(last.val_byte_ppl, ev.rolling!.bytePerplexity);
+  assert.equal(last.val_bits_per_byte, ev.rolling!.bitsPerByte);
+  assert.equal(last.val_cont_ppl, ev.greedy!.perplexity);
+  assert.deepEqual(s.choices!.rolling, { wordPerplexity: ev.rolling!.wordPerplexity, bytePerplexity: ev.rolling!.bytePerplexity, bitsPerByte: ev.rolling!.bitsPerByte });
+});
+
 test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choices-chat alone', async () => {
   const dir = tmp(), data = corpusFile(dir);
   const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
@@ -177,6 +195,11 @@ test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexi
   assert.equal(huge.teacher_cont_ppl, null);
   assert.deepEqual(scoresOfRow('teacher', huge), { greedy: { acc: 0, perplexity: Infinity } });
   assert.equal(scoresSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
+  const t = { rolling: { wordPerplexity: 40.5, bytePerplexity: 2.25, bitsPerByte: 1.17 } };
+  const trow = choiceRow('val', t);
+  assert.deepEqual(trow, { val_word_ppl: 40.5, val_byte_ppl: 2.25, val_bits_per_byte: 1.17 });
+  assert.deepEqual(scoresOfRow('val', JSON.parse(JSON.stringify(trow)) as Record<string, unknown>), t);
+  assert.equal(scoresSaid(t), 'texts word ppl 40.500, bits/byte 1.1700');
 });
 
 test('data parallel: shareRowScores gives every rank every row\'s log-likelihood and greedy flag (both values), from the rows each rank scored', () => {

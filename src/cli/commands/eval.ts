@@ -31,7 +31,7 @@ import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
+  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
   type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ItemScores, type EncodedChoice,
 } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
@@ -43,7 +43,7 @@ const FLAGS: FlagSpec[] = [
   BASE_FLAG,
   { name: 'teacher', kind: 'string', metavar: '<dir|hub id>', description: 'teacher checkpoint (same tokenizer): also report top-1 agreement and KL(teacher ‖ model)' },
   { name: 'data', kind: 'list', metavar: '<file>...', description: "text/.jsonl files or folders, or 'builtin:docs' (repeatable; this or --choices)" },
-  { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'items scored by log-likelihood as lm-evaluation-harness scores them, a JSON line each: {"context", "choices", "answer"} (acc, acc_norm) or {"context", "continuation"} (is_greedy acc, perplexity; repeatable)' },
+  { name: 'choices', kind: 'list', metavar: '<file.jsonl>...', description: 'items scored by log-likelihood as lm-evaluation-harness scores them, a JSON line each: {"context", "choices", "answer"} (acc, acc_norm), {"context", "continuation"} (is_greedy acc, perplexity) or {"text"} (word and byte perplexity, bits per byte; repeatable)' },
   { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
   { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed; a continuation goes as written)', defaultText: "' ', '' with --choices-chat" },
   { name: 'choices-chat', kind: 'boolean', description: 'with --choices: each context as a user turn of the model\'s chat template with the assistant turn opened (the harness\'s --apply_chat_template; --chat-template-kwargs apply)' },
@@ -106,7 +106,7 @@ export interface EvalOptions {
 }
 
 /** A teacher's side of the --choices metrics. */
-type TeacherScores = Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy'>;
+type TeacherScores = Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy' | 'rolling'>;
 
 export interface EvalResult {
   /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). Absent with --choices alone. */
@@ -322,7 +322,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         const runner = choicesRunner(m);
         const t0 = Date.now();
         let last = t0;
-        const ll = (await scoreChoices(choice.items, choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowScores(b), (done) => {
+        const ll = (await scoreChoices(choiceSlots(choice.items, rows), choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowScores(b), (done) => {
           if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
         }))!;
         const sec = (Date.now() - t0) / 1000;
@@ -330,7 +330,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         return ll;
       };
       const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
-      const teacherPart = ({ acc, accNorm, greedy }: ChoiceMetrics): TeacherScores => ({ ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}) });
+      const teacherPart = ({ acc, accNorm, greedy, rolling }: ChoiceMetrics): TeacherScores => ({ ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}), ...(rolling ? { rolling } : {}) });
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) res.choices.teacher = teacherPart(choiceMetrics(choice.items, tll));
       // several files: each one's own metrics too (a task's, as the harness reports them), the teacher's beside
@@ -358,8 +358,10 @@ function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; 
   const items = readChoiceItems(files);
   const shot = o.fewshot;
   const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(shot.from ? { pools: shot.from.map((f) => readChoiceItems([f])) } : {}) } : undefined;
+  // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
+  const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
-    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn });
+    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, rollingWindow });
   const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
   const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
   const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
@@ -401,6 +403,12 @@ export function formatEval(r: EvalResult): string {
       lines.push(`greedy      ${percent(c.greedy.acc)}  (continuations whose every token is the model's most likely, of ${c.greedy.items} item${c.greedy.items === 1 ? '' : 's'})`,
         `cont ppl    ${c.greedy.perplexity.toFixed(3)}  (exp of minus the mean log-likelihood of a continuation)`);
       if (t?.greedy) lines.push(`teacher     greedy ${percent(t.greedy.acc)}${kept(c.greedy.acc, t.greedy.acc)}; cont ppl ${t.greedy.perplexity.toFixed(3)}`);
+    }
+    if (c.rolling) {
+      const n = c.rolling.items;
+      lines.push(`word ppl    ${c.rolling.wordPerplexity.toFixed(3)}  (exp of minus the log-likelihood per word, of ${n} text${n === 1 ? '' : 's'} in rolling windows)`,
+        `byte ppl    ${c.rolling.bytePerplexity.toFixed(4)}  (per UTF-8 byte)`, `bits/byte   ${c.rolling.bitsPerByte.toFixed(4)}`);
+      if (t?.rolling) lines.push(`teacher     word ppl ${t.rolling.wordPerplexity.toFixed(3)}; byte ppl ${t.rolling.bytePerplexity.toFixed(4)}; bits/byte ${t.rolling.bitsPerByte.toFixed(4)}`);
     }
     for (const f of c.files ?? []) {
       lines.push(`  ${f.file}: ${f.items} items, ${scoresSaid(f)}${f.teacher ? ` (the teacher's: ${scoresSaid(f.teacher)})` : ''}`);
