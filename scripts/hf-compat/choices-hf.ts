@@ -6,7 +6,9 @@
  * log-likelihood (fp32: relative error ≤ 1e-4; bf16 on CUDA: ≤ 3e-2, the documented bound of bf16 logits) and the
  * predictions behind acc and acc_norm (fp32: identical), through `evaluate` as the CLI runs it, on the CPU backend and,
  * when a GPU is present, the CUDA backend in fp32 and bf16; then the loglikelihood items (`"continuation"`): their split,
- * log-likelihoods, is_greedy (fp32: identical wherever the top-2 logit gap exceeds NEAR_TIE), acc and perplexity.
+ * log-likelihoods, is_greedy (fp32: identical wherever the top-2 logit gap exceeds NEAR_TIE), acc and perplexity; then
+ * the text items (`"text"`): their rolling windows' tokens, each text's summed log-likelihood and the word and byte
+ * perplexities and bits per byte.
  * Prints one line per check and exits 1 if any fails.
  *
  * Usage: node dist/scripts/hf-compat/choices-hf.js <dir written by hf-choices.py> [--no-cuda]
@@ -24,6 +26,7 @@ interface Recorded {
   transformers: string; seq: number; delimiter: string; prefix: number; rows: Row[];
   results: Array<{ logliks: number[]; pred: number; pred_norm: number }>; acc: number; acc_norm: number;
   cont: { rows: Array<{ ctx: number[]; cont: number[]; loglik: number; greedy: boolean; margin: number }>; acc: number; perplexity: number };
+  text: { rows: Array<{ windows: Array<[number[], number[]]>; loglik: number; words: number; bytes: number }>; word_perplexity: number; byte_perplexity: number; bits_per_byte: number };
 }
 interface Sample { logliks: number[]; pred: number; pred_norm: number }
 interface ContSample { loglik: number; greedy: boolean }
@@ -103,6 +106,33 @@ async function main(): Promise<number> {
       if (!(cworst <= tol)) fail(`${where}: continuation log-likelihoods differ by ${cworst} (relative) > ${tol}`);
       if (precision === 'fp32' && clearSame !== clear) fail(`${where}: is_greedy differs where the argmax is clear`);
       if (!(Math.abs(g.perplexity - rec.cont.perplexity) <= tol * 10 * rec.cont.perplexity)) fail(`${where}: perplexity ${g.perplexity} against ${rec.cont.perplexity}`);
+      // text items: the rolling windows (CPU: the tokens), each text's log-likelihood, the word / byte metrics
+      const textFile = path.join(root, 'text-items.jsonl'), textOut = path.join(root, `${name}-text-ours-${device}-${precision}.jsonl`);
+      if (device === 'cpu') {
+        const tw = encodeForModel(ck.tokenizer!, format, readChoiceItems([textFile]), { chat: false, rollingWindow: rec.seq });
+        const want = rec.text.rows.flatMap((r) => r.windows);
+        const same = want.filter((w, i) => JSON.stringify([tw[i]?.ctx, tw[i]?.cont]) === JSON.stringify(w)).length;
+        process.stdout.write(`${name}: text items: ${same}/${want.length} rolling windows of ${rec.seq} as the harness cuts them (ours: ${tw.length})\n`);
+        if (same !== want.length || tw.length !== want.length) fail(`${name}: text items' windows differ`);
+      }
+      const tres = await evaluate({ model, data: [], choices: [textFile], choicesOut: textOut, seq: rec.seq, batch: 4, maxChars: 0, device, threads: 0,
+        json: true, lossOn: 'all', precision, ...(device === 'cuda' ? { cuda: { strict: true } } : {}) });
+      const ts = fs.readFileSync(textOut, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loglik: number; words: number; bytes: number });
+      let tworst = 0, counts = 0;
+      ts.forEach((t, i) => {
+        const r = rec.text.rows[i]!;
+        tworst = Math.max(tworst, Math.abs(t.loglik - r.loglik) / Math.max(1, Math.abs(r.loglik)));
+        if (t.words === r.words && t.bytes === r.bytes) counts++;
+      });
+      const rm = tres.choices!.rolling!;
+      const rel = (a: number, b: number): number => Math.abs(a - b) / Math.abs(b);
+      const mworst = Math.max(rel(rm.wordPerplexity, rec.text.word_perplexity), rel(rm.bytePerplexity, rec.text.byte_perplexity), rel(rm.bitsPerByte, rec.text.bits_per_byte));
+      process.stdout.write(`${where}: text items: log-likelihoods max relative error ${tworst.toExponential(2)}; words and bytes equal for ${counts}/${ts.length}; `
+        + `word ppl ${rm.wordPerplexity.toFixed(4)} / transformers ${rec.text.word_perplexity.toFixed(4)}, byte ppl ${rm.bytePerplexity.toFixed(5)} / ${rec.text.byte_perplexity.toFixed(5)}, `
+        + `bits/byte ${rm.bitsPerByte.toFixed(5)} / ${rec.text.bits_per_byte.toFixed(5)} (max relative error ${mworst.toExponential(2)})\n`);
+      if (!(tworst <= tol)) fail(`${where}: text log-likelihoods differ by ${tworst} (relative) > ${tol}`);
+      if (counts !== ts.length) fail(`${where}: word or byte counts differ`);
+      if (!(mworst <= tol * 10)) fail(`${where}: text metrics differ by ${mworst} (relative)`);
     }
   }
   process.stdout.write(failed ? `choices-hf: ${failed} check(s) FAILED\n` : 'choices-hf: all checks pass\n');

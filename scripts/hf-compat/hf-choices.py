@@ -18,6 +18,11 @@ continuations are the model's own greedy text for the context (3 tokens generate
 each gets the harness's is_greedy ((logits.argmax(-1) == cont).all() over the continuation's positions), its
 log-likelihood, and the smallest top-1/top-2 logit gap over those positions (a near-tie may flip between two correct
 implementations); acc = mean is_greedy, perplexity = exp(-mean log-likelihood).
+Then text items (`{"text"}`, text-items.jsonl: the harness's loglikelihood_rolling tasks, wikitext's): each text encoded
+with HFLM.tok_encode, cut into the harness's rolling windows of max_length = MAX_LEN tokens (get_rolling_token_windows
+with context_len 1 and make_disjoint_window, transcribed: the prefix token, then each window after the tokens before it
+that fill its inputs), each window's continuation scored as above and summed per text; word_perplexity =
+exp(-sum ll / sum words), byte_perplexity, bits_per_byte, words as len(re.split(r"\s+", text)).
 Then `node dist/scripts/hf-compat/choices-hf.js <out>` compares, on the CPU and CUDA backends.
 
 Usage: python3 scripts/hf-compat/hf-choices.py <out-dir> <tokenizer.json>
@@ -25,6 +30,7 @@ Usage: python3 scripts/hf-compat/hf-choices.py <out-dir> <tokenizer.json>
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -67,6 +73,28 @@ ITEMS = [
 DELIM = ' '
 GREEDY_CONTEXTS = ['The capital of France is', 'Once upon a time', '数学很', 'def f(x):\n    return x +', '',
                    ' '.join(['The teacher model predicts the next token and the student learns to match it.'] * 6)]
+TEXTS = ['The quick brown fox jumps over the lazy dog.',
+         ' '.join(['Distillation trains a small student model on the soft targets of a larger teacher, token by token.'] * 5),
+         '数学很有趣。 The student learns 😀 from the teacher,\n\n= = History = =\n the end .',
+         '<|endoftext|>Once upon a time there was a dog who liked to run along the river every single morning before breakfast.']
+
+
+def rolling_windows(tokens, prefix, max_len):
+    # lm-evaluation-harness utils.get_rolling_token_windows (context_len 1) then make_disjoint_window, transcribed
+    out = []
+    if not tokens:
+        return out
+    first = min(max_len, len(tokens))
+    out.append(([prefix] + tokens[:first - 1], tokens[:first]))
+    done = first
+    while done < len(tokens):
+        n = min(len(tokens) - done, max_len)
+        end = done + n
+        out.append((tokens[end - max_len - 1:end - 1], tokens[end - n:end]))
+        done += n
+    return [(a[:len(a) - (len(b) - 1)], b) for a, b in out]
+
+
 OTHER_CONTINUATIONS = [('The capital of France is', ' Paris.'), ('A man is sitting on a roof. He', ' starts pulling up roofing.'),
                        ('', 'The quick brown fox')]
 
@@ -144,6 +172,20 @@ def score(name, tok_json, bos, eos):
         top2 = span.topk(2, -1).values
         margin = float((top2[:, 0] - top2[:, 1]).min())
         cont_rows.append({'ctx': ctx, 'cont': cont, 'loglik': ll, 'greedy': greedy, 'margin': margin})
+    # text items: the harness's rolling windows, summed per text
+    text_rows = []
+    for text in TEXTS:
+        wins = rolling_windows(tok_encode(text), prefix, MAX_LEN)
+        ll = 0.0
+        for ctx, cont in wins:
+            inp = (ctx + cont)[:-1]
+            with torch.no_grad():
+                lp = torch.log_softmax(model(torch.tensor([inp])).logits[0].double(), -1)
+            ll += sum(float(lp[len(inp) - len(cont) + j, cont[j]]) for j in range(len(cont)))
+        text_rows.append({'windows': [[c, t] for c, t in wins], 'loglik': ll, 'words': len(re.split(r'\s+', text)), 'bytes': len(text.encode('utf-8'))})
+    t_ll, t_words, t_bytes = sum(r['loglik'] for r in text_rows), sum(r['words'] for r in text_rows), sum(r['bytes'] for r in text_rows)
+    text_metrics = {'word_perplexity': math.exp(-t_ll / t_words), 'byte_perplexity': math.exp(-t_ll / t_bytes), 'bits_per_byte': -t_ll / t_bytes / math.log(2)}
+    print(f'hf-choices {name}: {len(TEXTS)} text items, {sum(len(r["windows"]) for r in text_rows)} windows of {MAX_LEN}; {text_metrics}')
     cont_acc = sum(r['greedy'] for r in cont_rows) / len(cont_rows)
     cont_ppl = math.exp(-sum(r['loglik'] for r in cont_rows) / len(cont_rows))
     with open(os.path.join(out, f'{name}-cont-items.jsonl'), 'w') as f:
@@ -152,7 +194,7 @@ def score(name, tok_json, bos, eos):
     with open(os.path.join(out, f'{name}.transformers.json'), 'w') as f:
         json.dump({'transformers': transformers.__version__, 'seq': MAX_LEN, 'delimiter': DELIM, 'prefix': prefix, 'rows': rows,
                    'results': results, 'acc': acc, 'acc_norm': acc_norm,
-                   'cont': {'rows': cont_rows, 'acc': cont_acc, 'perplexity': cont_ppl}}, f)
+                   'cont': {'rows': cont_rows, 'acc': cont_acc, 'perplexity': cont_ppl}, 'text': {'rows': text_rows, **text_metrics}}, f)
     print(f'hf-choices {name}: {len(cont_rows)} continuation items, {sum(r["greedy"] for r in cont_rows)} greedy; '
           f'acc {cont_acc:.4f} perplexity {cont_ppl:.4f}')
     print(f'hf-choices {name}: transformers {transformers.__version__}: prefix token {prefix}; {len(ITEMS)} items, {len(rows)} '
@@ -162,5 +204,8 @@ def score(name, tok_json, bos, eos):
 with open(os.path.join(out, 'items.jsonl'), 'w') as f:
     for it in ITEMS:
         f.write(json.dumps(it, ensure_ascii=False) + '\n')
+with open(os.path.join(out, 'text-items.jsonl'), 'w') as f:
+    for t in TEXTS:
+        f.write(json.dumps({'text': t}, ensure_ascii=False) + '\n')
 for name, (tj, bos, eos) in VARIANTS.items():
     score(name, tj, bos, eos)
