@@ -22,7 +22,7 @@ Then text items (`{"text"}`, text-items.jsonl: the harness's loglikelihood_rolli
 with HFLM.tok_encode, cut into the harness's rolling windows of max_length = MAX_LEN tokens (get_rolling_token_windows
 with context_len 1 and make_disjoint_window, transcribed: the prefix token, then each window after the tokens before it
 that fill its inputs), each window's continuation scored as above and summed per text; word_perplexity =
-exp(-sum ll / sum words), byte_perplexity, bits_per_byte, words as len(re.split(r"\s+", text)).
+exp(-sum ll / sum words), byte_perplexity, bits_per_byte, words as len(re.split(r"\\s+", text)).
 Then `node dist/scripts/hf-compat/choices-hf.js <out>` compares, on the CPU and CUDA backends.
 
 Usage: python3 scripts/hf-compat/hf-choices.py <out-dir> <tokenizer.json>
