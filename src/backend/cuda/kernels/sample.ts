@@ -31,6 +31,18 @@ __device__ __forceinline__ unsigned fkey(float x) {
   const unsigned u = __float_as_uint(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+/* this thread's part of the mass e^{(z-M)/T} of the row's tokens whose key is at least t (top-p's passes) */
+__device__ __forceinline__ float massFrom(const float* z, int V, unsigned t, float M, float INV_T) {
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= t) s += expf((x - M) * INV_T); }
+  return s;
+}
+/* a token's mass e^{(x-M)/T} when the cuts keep it (its key at least theta, the mass at least MINP), else -1 (NaN: -1) */
+__device__ __forceinline__ float keptMass(float x, unsigned theta, float M, float INV_T, float MINP) {
+  if (fkey(x) < theta) return -1.0f;
+  const float e = expf((x - M) * INV_T);
+  return e >= MINP ? e : -1.0f;
+}
 extern "C" __global__ void sample_tokens(int* out, float* logits, const float* uniforms, int n, int V, int LD,
                                          float TEMP, int TOPK, float TOPP, unsigned* SEEN, int SEEN_W, float PENALTY,
                                          float MINP) {
@@ -40,16 +52,12 @@ extern "C" __global__ void sample_tokens(int* out, float* logits, const float* u
   unsigned* seen = SEEN == nullptr ? nullptr : SEEN + (long long)row * SEEN_W;
   float m = NEG_INF;
   int am = V;
-  if (seen) {
-    /* the repetition penalty, once, in place: each marked logit is read and rewritten by the one thread that owns j; the
-       block's barriers in blockMax make the rewritten row visible to every later pass */
-    for (int j = threadIdx.x; j < V; j += BLOCK) {
-      float x = z[j];
-      if ((seen[j >> 5] >> (j & 31)) & 1u) { x = x < 0.0f ? x * PENALTY : x / PENALTY; z[j] = x; }
-      if (x > m) { m = x; am = j; }
-    }
-  } else {
-    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (x > m) { m = x; am = j; } }
+  /* with SEEN, the repetition penalty, once, in place: each marked logit is read and rewritten by the one thread that
+     owns j; the block's barriers in blockMax make the rewritten row visible to every later pass */
+  for (int j = threadIdx.x; j < V; j += BLOCK) {
+    float x = z[j];
+    if (seen && ((seen[j >> 5] >> (j & 31)) & 1u)) { x = x < 0.0f ? x * PENALTY : x / PENALTY; z[j] = x; }
+    if (x > m) { m = x; am = j; }
   }
   const float M = blockMax(m);
   const int AM = blockArgMax(m, am);
@@ -71,15 +79,11 @@ extern "C" __global__ void sample_tokens(int* out, float* logits, const float* u
     theta = lo;
   }
   if (TOPP < 1.0f) {
-    float mk = 0.0f;
-    for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= theta) mk += expf((x - M) * INV_T); }
-    const float target = TOPP * blockSum(mk);
+    const float target = TOPP * blockSum(massFrom(z, V, theta, M, INV_T));
     unsigned lo = theta, hi = 0xffffffffu;
     while (lo < hi) {
       const unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) >> 1);
-      float s = 0.0f;
-      for (int j = threadIdx.x; j < V; j += BLOCK) { const float x = z[j]; if (fkey(x) >= mid) s += expf((x - M) * INV_T); }
-      if (blockSum(s) >= target) lo = mid; else hi = mid - 1u;
+      if (blockSum(massFrom(z, V, mid, M, INV_T)) >= target) lo = mid; else hi = mid - 1u;
     }
     theta = lo;
   }
@@ -89,10 +93,8 @@ extern "C" __global__ void sample_tokens(int* out, float* logits, const float* u
   const int j0 = min(V, (int)threadIdx.x * C), j1 = min(V, j0 + C);
   double cs = 0.0;
   for (int j = j0; j < j1; j++) {
-    const float x = z[j];
-    if (fkey(x) < theta) continue;
-    const float e = expf((x - M) * INV_T);
-    if (e >= MINP) cs += (double)e;
+    const float e = keptMass(z[j], theta, M, INV_T, MINP);
+    if (e >= 0.0f) cs += (double)e;
   }
   double start, end, total;
   chunkRange(cs, &start, &end, &total);
@@ -101,10 +103,8 @@ extern "C" __global__ void sample_tokens(int* out, float* logits, const float* u
     double acc = start;
     int last = -1, pick = -1;
     for (int j = j0; j < j1; j++) {
-      const float x = z[j];
-      if (fkey(x) < theta) continue;
-      const float e = expf((x - M) * INV_T);
-      if (!(e >= MINP)) continue;
+      const float e = keptMass(z[j], theta, M, INV_T, MINP);
+      if (e < 0.0f) continue;
       acc += (double)e;
       last = j;
       if (acc > r) { pick = j; break; }
