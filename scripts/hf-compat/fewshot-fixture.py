@@ -87,7 +87,8 @@ case("mc-own-first_n-4", "mc", mc_docs(7, "C"), None, 4, "first_n", 1234)
 case("mc-pool-first_n-2", "mc", mc_docs(5, "D"), mc_docs(6, "U"), 2, "first_n", 1234)
 case("mc-own-random-set-path", "mc", mc_docs(100, "E"), None, 5, "random", 7, modes=("text",))
 case("mc-own-random-delims", "mc", mc_docs(10, "F"), None, 2, "random", 1234, fewshot_delim="\n###\n", target_delim=" :: ")
-case("continuation-own-random-2", "cont", cont_docs(8, "G"), None, 2, "random", 1234, target_delim="")
+case("continuation-own-random-2", "cont", cont_docs(8, "G"), None, 2, "random", 1234)  # lambada_openai's default target_delimiter " "
+case("continuation-own-random-2-no-delimiter", "cont", cont_docs(6, "H"), None, 2, "random", 99, target_delim="")
 json.dump({"harness_commit": commit, "python": sys.version.split()[0],
            "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",
            "cases": cases}, sys.stdout, ensure_ascii=False)

@@ -291,6 +291,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     if (fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: ${c} is a folder`, 'pass the .jsonl file of items itself');
   }
   const choiceFiles = (merged.evalChoices as string[] | undefined) ?? [];
+  const twice = choiceFiles.find((f, i) => choiceFiles.findIndex((g) => path.resolve(g) === path.resolve(f)) !== i);
+  if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, 'give each items file once (each is a task, with its own metrics and examples)');
   for (const f of ['evalChoicesChat', 'evalFewshot'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0)) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }

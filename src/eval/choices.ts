@@ -31,7 +31,7 @@
  */
 import * as fs from 'node:fs';
 import type { Tokenizer } from '../tokenizer/bpe.js';
-import { InputError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import type { Batch } from '../train/step.js';
 import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
 import { promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
@@ -91,7 +91,7 @@ export interface ChoiceMetrics {
 export interface GreedyMetrics { items: number; acc: number; perplexity: number }
 
 /** The harness's metrics of a loglikelihood_rolling task (wikitext's), over its texts' summed log-likelihoods. */
-export interface RollingMetrics { items: number; wordPerplexity: number; bytePerplexity: number; bitsPerByte: number }
+export interface RollingMetrics { items: number; windows: number; wordPerplexity: number; bytePerplexity: number; bitsPerByte: number }
 
 const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, or {"text": "..."}';
 
@@ -107,8 +107,8 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     const o = j as Record<string, unknown>;
     if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
     const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
-    if (o.text !== undefined) {
-      const other = ['context', 'choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
+    if (o.text !== undefined && o.context === undefined) {
+      const other = ['choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
       if (other.length) throw new InputError(`${where}: "text" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
       if (typeof o.text !== 'string' || o.text === '') throw new InputError(`${where}: "text" must be a non-empty string`, HINT);
       const count = (k: 'words' | 'bytes', d: number): number => {
@@ -303,6 +303,8 @@ export interface ChoicePrompt {
   singleTurn?: boolean | undefined;
   /** The rolling windows' length for text items (the harness's max_length; required with text items). */
   rollingWindow?: number | undefined;
+  /** Where a warning goes (a template that refused the description's system turn). */
+  warn?: ((line: string) => void) | undefined;
 }
 
 /**
@@ -314,9 +316,19 @@ export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readon
   const kwargs = prompt.kwargs;
   // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
   const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ');
+  const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
+  let warned = false;
+  // as the harness's apply_chat_template: a template that refuses the conversation gets it again without the system turn
+  const chat = (i: number): string => {
+    const msgs = turnsMessages(turns[i]!, prompt.singleTurn === true);
+    try { return renderChat(format, msgs, opts); } catch (e) {
+      if (!(e instanceof DistilleryError) || msgs[0]?.role !== 'system') throw e;
+      if (!warned) { warned = true; prompt.warn?.(`warning: ${format.from}'s chat template refused a system turn (${e.message.replace(/^.*refused the conversation: /, '')}): the descriptions go without it, as the harness retries`); }
+      return renderChat(format, msgs.slice(1), opts);
+    }
+  };
   return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
-    prompt.chat ? (_it, i) => renderChat(format, turnsMessages(turns[i]!, prompt.singleTurn === true), { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) })
-      : (_it, i) => turnsText(turns[i]!), prompt.rollingWindow);
+    prompt.chat ? (_it, i) => chat(i) : (_it, i) => turnsText(turns[i]!), prompt.rollingWindow);
 }
 
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */
@@ -410,10 +422,10 @@ export interface ItemScores {
  */
 export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores): ChoiceMetrics {
   const p = predictions(items, scores.ll);
-  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0, texts = 0, textLl = 0, words = 0, bytes = 0;
+  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0, texts = 0, windows = 0, textLl = 0, words = 0, bytes = 0;
   items.forEach((it, i) => {
     rows += scores.ll[i]!.length;
-    if (it.rolling) { texts++; textLl += textLoglik(scores.ll[i]!); words += it.rolling.words; bytes += it.rolling.bytes; return; }
+    if (it.rolling) { texts++; windows += scores.ll[i]!.length; textLl += textLoglik(scores.ll[i]!); words += it.rolling.words; bytes += it.rolling.bytes; return; }
     if (it.continuation) { cont++; greedy += scores.greedy[i]![0] ? 1 : 0; llSum += scores.ll[i]![0]!; return; }
     mc++; acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0;
   });
@@ -421,7 +433,7 @@ export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores):
     items: items.length, rows,
     ...(mc ? { acc: acc / mc, accNorm: accNorm / mc } : {}),
     ...(cont ? { greedy: { items: cont, acc: greedy / cont, perplexity: Math.exp(-llSum / cont) } } : {}),
-    ...(texts ? { rolling: { items: texts, wordPerplexity: Math.exp(-textLl / words), bytePerplexity: Math.exp(-textLl / bytes), bitsPerByte: -textLl / bytes / Math.LN2 } } : {}),
+    ...(texts ? { rolling: { items: texts, windows, wordPerplexity: Math.exp(-textLl / words), bytePerplexity: Math.exp(-textLl / bytes), bitsPerByte: -textLl / bytes / Math.LN2 } } : {}),
   };
 }
 
@@ -485,6 +497,23 @@ export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | und
     c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
     c.rolling ? `texts word ppl ${c.rolling.wordPerplexity.toFixed(3)}, bits/byte ${c.rolling.bitsPerByte.toFixed(4)}` : '',
   ].filter((x) => x).join(', ');
+}
+
+/**
+ * What the rows are, for a log line: "12 continuations", "3 continuations and 5 text windows", "5 text windows"; and
+ * how the contexts meet the chat template (with `chat`: turns where some prompt has a system turn or examples).
+ */
+export function rowsSaid(items: readonly ChoiceItem[], rows: readonly ChoiceRow[]): string {
+  const windows = rows.filter((r) => items[r.item]!.rolling).length, cont = rows.length - windows;
+  return [cont || !windows ? `${cont} continuation${cont === 1 ? '' : 's'}` : '', windows ? `${windows} text window${windows === 1 ? '' : 's'}` : ''].filter((x) => x).join(' and ');
+}
+
+/** With --choices-chat: how the prompts go to the template ('' when every item is a text, scored as it is). */
+export function chatSaid(items: readonly ChoiceItem[], fewshot: number, singleTurn: boolean): string {
+  const prompts = items.filter((it) => !it.rolling);
+  if (!prompts.length) return '';
+  const turns = prompts.some((it) => it.description) || (fewshot > 0 && !singleTurn);
+  return ` (contexts as ${turns ? 'turns' : 'a user turn'} of the chat template)`;
 }
 
 /** A fraction as a percentage with two decimals, as the reports print acc and acc_norm. */

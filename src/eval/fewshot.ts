@@ -15,8 +15,9 @@
  * 1234 by default) drawing for its items in file order; from the items' own file it draws n + 1 and drops the item
  * itself (and any item equal to it, compared by value as Python compares the docs), keeping the first n. `first_n`
  * takes the first n examples (MMLU's canonical order), the item itself left out when they are its own file's.
- * A multiple-choice example's answer is its right choice after the target delimiter; a continuation example's is its
- * continuation as written.
+ * An example's answer follows its context after the target delimiter: a multiple-choice example's right choice, a
+ * continuation example's continuation (the harness puts the delimiter there too, so LAMBADA's examples read
+ * "…  word" with its own leading space). Text items (rolling) get no examples and are none.
  */
 import { InputError } from '../util/errors.js';
 import type { ChatMessage } from '../tokenizer/chat.js';
@@ -62,18 +63,17 @@ export function fewshotExamples(items: readonly ChoiceItem[], o: FewshotOptions)
     throw new InputError(`${o.pools.length} few-shot file${o.pools.length === 1 ? '' : 's'} for ${groups.size} items file${groups.size === 1 ? '' : 's'}`,
       'give one few-shot file per items file, in the same order, or none (each file\'s own items are its examples)');
   }
-  // the harness's rolling tasks (a text scored whole) take no examples, and are none
-  const text = o.n > 0 ? [...items, ...(o.pools ?? []).flat()].find((it) => it.rolling) : undefined;
-  if (text) throw new InputError(`${text.where}: a text item takes no few-shot examples, nor is one`, 'score the text items without --fewshot (a file of their own, or another eval)');
   const out: Array<readonly ChoiceItem[]> = new Array<readonly ChoiceItem[]>(items.length);
   [...groups.values()].forEach((idx, g) => {
     const own = o.pools === undefined;
-    const pool: readonly ChoiceItem[] = o.pools ? o.pools[g]! : idx.map((i) => items[i]!);
+    // text items (the harness's rolling tasks, scored whole) get no examples and are none
+    const pool: readonly ChoiceItem[] = (o.pools ? o.pools[g]! : idx.map((i) => items[i]!)).filter((x) => !x.rolling);
     const rnd = new PyRandom(o.seed);
     const file = items[idx[0]!]!.file ?? 'the items';
     if (o.n === 0) { for (const i of idx) out[i] = []; return; }
     for (const i of idx) {
       const it = items[i]!;
+      if (it.rolling) { out[i] = []; continue; }
       const need = o.n + (own ? 1 : 0);
       if (o.sampler === 'first_n') {
         const left = own ? pool.filter((x) => docKey(x) !== docKey(it)) : pool;
@@ -116,7 +116,8 @@ export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | nu
     const turns: PromptTurn[] = [];
     if (it.description) turns.push({ role: 'system', content: it.description, after: '' });
     for (const ex of shots?.[i] ?? []) {
-      turns.push({ role: 'user', content: ex.context, after: ex.continuation ? '' : targetDelimiter });
+      // the harness's build_qa_turn puts the target delimiter after every example's context, a loglikelihood task's too
+      turns.push({ role: 'user', content: ex.context, after: targetDelimiter });
       turns.push({ role: 'assistant', content: ex.choices[ex.answer]!, after: o!.delimiter });
     }
     turns.push({ role: 'user', content: it.context, after: '' });

@@ -15,7 +15,7 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
+  chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
   type ItemScores,
 } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
@@ -52,8 +52,10 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy');
   if (acc !== undefined && accNorm !== undefined) { c.acc = acc; c.accNorm = accNorm; }
   if (greedy !== undefined && `${prefix}_cont_ppl` in m) c.greedy = { acc: greedy, perplexity: num('cont_ppl') ?? Infinity };
-  const bpb = num('bits_per_byte');
-  if (bpb !== undefined && `${prefix}_word_ppl` in m) c.rolling = { wordPerplexity: num('word_ppl') ?? Infinity, bytePerplexity: num('byte_ppl') ?? Infinity, bitsPerByte: bpb };
+  // a text's log-likelihood of -Infinity makes all three infinite (JSON null)
+  if (`${prefix}_word_ppl` in m && `${prefix}_bits_per_byte` in m) {
+    c.rolling = { wordPerplexity: num('word_ppl') ?? Infinity, bytePerplexity: num('byte_ppl') ?? Infinity, bitsPerByte: num('bits_per_byte') ?? Infinity };
+  }
   return Object.keys(c).length ? c : null;
 }
 
@@ -73,10 +75,10 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
     ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
   // text items in rolling windows of the run's --seq (the harness's max_length)
-  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq });
+  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq, warn: log });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
-  log(`choices: ${items.length} items, ${rows.length} continuations${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? ` (contexts as ${fewshot ? 'turns' : 'a user turn'} of the chat template)` : ''} scored at every evaluation`);
+  log(`choices: ${items.length} items, ${rowsSaid(items, rows)}${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? chatSaid(items, fewshot?.n ?? 0, false) : ''} scored at every evaluation`);
   if (cut) log(`warning: --eval-choices: the context of ${cut} of ${rows.length} continuations is cut on the left to fit --seq ${o.seq} (the longest needs ${choiceWindow(encoded)})`);
   return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0 };
 }

@@ -342,6 +342,11 @@ test('eval --choices with text items: word and byte perplexity and bits per byte
   assert.match(text.out, /^word ppl\s+\d+\.\d{3} {2}\(exp of minus the log-likelihood per word, of 2 texts in rolling windows\)$/m);
   assert.match(text.out, /^bits\/byte\s+\d+\.\d{4}$/m);
   assert.match(text.out, /^teacher\s+word ppl \d+\.\d{3}; byte ppl \d+\.\d{4}; bits\/byte \d+\.\d{4}$/m);
+  assert.match(text.out, /^choices\s+3 items, 2 continuations and \d+ text windows \(windows of 8, 2 cut on the left\)$/m);
+  assert.match(text.out, /^acc\s+\d+\.\d{2}% {2}\(highest log-likelihood, of 1 multiple-choice item\)$/m);
+  const twice = await run(['eval', '--model', model, '--choices', items, items]);
+  assert.equal(twice.code, 2);
+  assert.match(twice.err, /--choices: .*texts\.jsonl is given twice/);
 });
 
 test('eval --choices with several files: each file\'s metrics (a task\'s own) beside the pooled ones, equal to that file scored alone', async () => {

@@ -11,7 +11,9 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseChoiceItems, type ChoiceItem } from '../../src/eval/choices.js';
+import { chatSaid, encodeForModel, parseChoiceItems, rowsSaid, type ChoiceItem } from '../../src/eval/choices.js';
+import { chatFormatOf, CHATML_TEMPLATE } from '../../src/tokenizer/chat.js';
+import { tinyTokenizer } from '../cli/fixtures.js';
 import { fewshotExamples, promptTurns, turnsMessages, turnsText, type FewshotOptions } from '../../src/eval/fewshot.js';
 import { InputError } from '../../src/util/errors.js';
 
@@ -27,7 +29,7 @@ const lines = (docs: object[], file: string): ChoiceItem[] => parseChoiceItems(d
 
 test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn', () => {
   const fix = JSON.parse(fs.readFileSync(FIX, 'utf8')) as { cases: Case[] };
-  assert.equal(fix.cases.length, 8);
+  assert.equal(fix.cases.length, 9);
   let compared = 0;
   for (const c of fix.cases) {
     const items = lines(c.items, `${c.name}.jsonl`);
@@ -92,4 +94,24 @@ test('a description goes first, even with no examples; an item\'s description mu
   assert.deepEqual(turnsMessages(promptTurns(items, null, ' ')[0]!, false), [{ role: 'system', content: 'About letters.\n\n' }, { role: 'user', content: 'Q' }]);
   assert.throws(() => parseChoiceItems('{"context": "Q", "choices": ["a", "b"], "answer": 0, "description": 3}', 'd.jsonl'),
     (e: unknown) => e instanceof InputError && /d\.jsonl:1: "description" must be a string/.test(e.message));
+});
+
+test('a chat template that refuses a system turn gets the prompt again without it, with one warning, as the harness retries', () => {
+  const tok = tinyTokenizer();
+  const items = parseChoiceItems([
+    JSON.stringify({ context: 'Q1', choices: ['a', 'b'], answer: 0, description: 'About letters.' }),
+    JSON.stringify({ context: 'Q2', choices: ['a', 'b'], answer: 1, description: 'About letters.' }),
+  ].join('\n'), 'c.jsonl');
+  const strict = chatFormatOf(`{%- if messages[0]['role'] == 'system' -%}{{ raise_exception('System role not supported') }}{%- endif -%}${CHATML_TEMPLATE}`, 'strict', null);
+  const plain = chatFormatOf(CHATML_TEMPLATE, 'plain', null);
+  const warned: string[] = [];
+  const got = encodeForModel(tok, strict, items, { chat: true, warn: (l) => warned.push(l) });
+  const without = encodeForModel(tok, plain, items.map((it) => ({ ...it, description: undefined }) as ChoiceItem), { chat: true });
+  assert.deepEqual(got, without);
+  assert.equal(warned.length, 1);
+  assert.match(warned[0]!, /strict's chat template refused a system turn \(System role not supported\): the descriptions go without it/);
+  // with the system turn kept where the template takes it
+  assert.notDeepEqual(encodeForModel(tok, plain, items, { chat: true }), without);
+  assert.equal(chatSaid(items, 0, false), ' (contexts as turns of the chat template)');
+  assert.equal(rowsSaid(items, [{ item: 0, choice: 0, ids: [1, 2], contStart: 1, cut: false }]), '1 continuation');
 });

@@ -53,13 +53,18 @@ test('text items: parsed with the harness\'s counts or their own, refused when m
   assert.deepEqual(items.map((i) => [i.choices, i.rolling]), [[['one two  three\n'], { words: 4, bytes: 15 }], [['detokenized page'], { words: 7, bytes: 40 }]]);
   for (const [line, re] of [
     ['{"text": ""}', /t\.jsonl:1: "text" must be a non-empty string/],
-    ['{"text": "a", "context": "b"}', /t\.jsonl:1: "text" goes without "context"/],
+    ['{"text": "a", "choices": ["b", "c"]}', /t\.jsonl:1: "text" goes without "choices"/],
     ['{"text": "a", "words": 0}', /t\.jsonl:1: "words" must be a positive integer/],
     ['{"text": "a", "bytes": 1.5}', /t\.jsonl:1: "bytes" must be a positive integer/],
   ] as Array<[string, RegExp]>) {
     assert.throws(() => parseChoiceItems(line, 't.jsonl'), (e: unknown) => e instanceof InputError && re.test(e.message), line);
   }
-  assert.throws(() => fewshotExamples(items, { n: 1, sampler: 'first_n', seed: 1, delimiter: '' }), (e: unknown) => e instanceof InputError && /t\.jsonl:1: a text item takes no few-shot examples/.test(e.message));
+  // a line with a context is a choice or continuation item whatever else it holds (LAMBADA's rows carry a "text" field)
+  assert.equal(parseChoiceItems('{"context": "a b", "continuation": " c", "text": "a b c"}', 't.jsonl')[0]!.continuation, true);
+  // text items get no few-shot examples and are none
+  const mixed = [...items, ...parseChoiceItems(['{"context": "Q1", "choices": ["a", "b"], "answer": 0}', '{"context": "Q2", "choices": ["a", "b"], "answer": 1}'].join('\n'), 't.jsonl')];
+  const shots = fewshotExamples(mixed, { n: 1, sampler: 'first_n', seed: 1, delimiter: '' });
+  assert.deepEqual(shots.map((x) => x.map((e) => e.context)), [[], [], ['Q2'], ['Q1']]);
 });
 
 test('text metrics: word and byte perplexity and bits per byte over the texts\' summed windows, as the harness aggregates them', () => {
@@ -68,7 +73,7 @@ test('text metrics: word and byte perplexity and bits per byte over the texts\' 
   const m = choiceMetrics(items, { ll, greedy: [[false, false], [false], [true]] });
   const sum = -3 - 1.5 - 2, words = 3 + 5, bytes = 5 + 4;
   assert.equal(m.rows, 4);
-  assert.deepEqual(m.rolling, { items: 2, wordPerplexity: Math.exp(-sum / words), bytePerplexity: Math.exp(-sum / bytes), bitsPerByte: -sum / bytes / Math.log(2) });
+  assert.deepEqual(m.rolling, { items: 2, windows: 3, wordPerplexity: Math.exp(-sum / words), bytePerplexity: Math.exp(-sum / bytes), bitsPerByte: -sum / bytes / Math.log(2) });
   assert.deepEqual(m.greedy, { items: 1, acc: 1, perplexity: Math.exp(0.25) });
   assert.equal(m.acc, undefined);
   assert.equal(textLoglik([-3, -1.5]), -4.5);

@@ -170,6 +170,8 @@ test('--eval-choices with text items: val_word_ppl, val_byte_ppl, val_bits_per_b
 test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choices-chat alone', async () => {
   const dir = tmp(), data = corpusFile(dir);
   const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
+  const bigSeed = path.join(dir, 'big-seed.yaml');
+  fs.writeFileSync(bigSeed, 'eval_fewshot_seed: 9007199254740993\n');
   for (const [extra, re] of [
     [['--eval-choices', dir], /--eval-choices: .* is a folder/],
     [['--eval-choices', path.join(dir, 'nope.jsonl')], /--eval-choices: file .*nope\.jsonl does not exist/],
@@ -178,6 +180,8 @@ test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choic
     [['--eval-choices', itemsFile(dir), '--eval-fewshot-seed', '3'], /--eval-fewshot-seed goes with --eval-fewshot/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--eval-fewshot-from', itemsFile(dir), itemsFile(dir)], /--eval-fewshot-from: 2 files for 1 --eval-choices file/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '-1'], /--eval-fewshot must be an integer >= 0/],
+    [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--config', bigSeed], /eval_fewshot_seed in .*big-seed\.yaml expects an integer/], // beyond 2^53: not an integer a double holds
+    [['--eval-choices', itemsFile(dir), itemsFile(dir)], /--eval-choices: .*items\.jsonl is given twice/],
   ] as Array<[string[], RegExp]>) {
     const r = await runCli([...base, ...extra]);
     assert.equal(r.code, 2, r.err);
@@ -200,6 +204,8 @@ test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexi
   assert.deepEqual(trow, { val_word_ppl: 40.5, val_byte_ppl: 2.25, val_bits_per_byte: 1.17 });
   assert.deepEqual(scoresOfRow('val', JSON.parse(JSON.stringify(trow)) as Record<string, unknown>), t);
   assert.equal(scoresSaid(t), 'texts word ppl 40.500, bits/byte 1.1700');
+  const inf = { rolling: { wordPerplexity: Infinity, bytePerplexity: Infinity, bitsPerByte: Infinity } };
+  assert.deepEqual(scoresOfRow('teacher', JSON.parse(JSON.stringify(choiceRow('teacher', inf))) as Record<string, unknown>), inf, 'infinite text scores (JSON null) read back');
 });
 
 test('data parallel: shareRowScores gives every rank every row\'s log-likelihood and greedy flag (both values), from the rows each rank scored', () => {

@@ -31,7 +31,7 @@ import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
 import {
-  choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
+  chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
   type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ItemScores, type EncodedChoice,
 } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
@@ -171,6 +171,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   for (const c of choices) {
     if (!realFs.exists(c)) throw new UsageError(`--choices: file ${c} does not exist`, 'check the path');
   }
+  const twice = choices.find((f, i) => choices.findIndex((g) => path.resolve(g) === path.resolve(f)) !== i);
+  if (twice !== undefined) throw new UsageError(`--choices: ${twice} is given twice`, 'give each items file once (each is a task, with its own metrics and examples)');
   if (o.choicesOut !== undefined) {
     const folder = path.dirname(path.resolve(o.choicesOut));
     if (!realFs.exists(folder)) throw new UsageError(`--choices-out: the folder ${folder} does not exist`, 'create it first, or write the file elsewhere');
@@ -326,7 +328,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
           if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
         }))!;
         const sec = (Date.now() - t0) / 1000;
-        log(`choices: ${who} scored ${rows.length} continuations in ${sec.toFixed(2)} s (${Math.round(rows.length / Math.max(sec, 1e-3))}/s)`);
+        log(`choices: ${who} scored ${rowsSaid(choice.items, rows)} in ${sec.toFixed(2)} s (${Math.round(rows.length / Math.max(sec, 1e-3))}/s)`);
         return ll;
       };
       const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
@@ -361,13 +363,13 @@ function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; 
   // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
   const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
-    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, rollingWindow });
+    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, rollingWindow, warn: log });
   const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
   const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
   const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
   const rows = choiceRows(model, items, seq), teacherRows = teacher ? choiceRows(teacher, items, seq) : undefined;
   const cut = rows.filter((r) => r.cut).length;
-  log(`choices: ${items.length} items, ${rows.length} continuations${fewshotSaid(fewshot, shot?.from)}${o.choicesChat ? ` (contexts as ${shot?.n && !shot.singleTurn ? 'turns' : 'a user turn'} of the chat template)` : ''}, in windows of up to ${seq} tokens`);
+  log(`choices: ${items.length} items, ${rowsSaid(items, rows)}${fewshotSaid(fewshot, shot?.from)}${o.choicesChat ? chatSaid(items, shot?.n ?? 0, shot?.singleTurn === true) : ''}, in windows of up to ${seq} tokens`);
   if (cut || teacherRows?.some((r) => r.cut)) {
     log(`warning: --choices: the context of ${cut} of ${rows.length} continuations${teacherRows ? ` (the teacher's: ${teacherRows.filter((r) => r.cut).length})` : ''} was cut on the left to fit --seq ${seq}`
       + `${need <= maxPos ? ` (--seq ${need} holds them all)` : ` (the longest needs ${need} tokens, more than max_position_embeddings ${maxPos})`}`);
@@ -391,12 +393,14 @@ export function formatEval(r: EvalResult): string {
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
   const c = r.choices;
   if (c) {
-    lines.push(`choices     ${c.items} items, ${c.rows} continuations (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
+    const windows = c.rolling?.windows ?? 0, conts = c.rows - windows;
+    const rowsText = [conts || !windows ? `${conts} continuations` : '', windows ? `${windows} text windows` : ''].filter((x) => x).join(' and ');
+    lines.push(`choices     ${c.items} items, ${rowsText} (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
     const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${percent(m / t)}` : '');
     const t = c.teacher;
     if (c.acc !== undefined && c.accNorm !== undefined) {
-      const n = c.items - (c.greedy?.items ?? 0);
-      lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood${c.greedy ? `, of ${n} multiple-choice item${n === 1 ? '' : 's'}` : ''})`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
+      const n = c.items - (c.greedy?.items ?? 0) - (c.rolling?.items ?? 0);
+      lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood${c.greedy || c.rolling ? `, of ${n} multiple-choice item${n === 1 ? '' : 's'}` : ''})`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
       if (t?.acc !== undefined && t.accNorm !== undefined) lines.push(`teacher     acc ${percent(t.acc)}${kept(c.acc, t.acc)}; acc_norm ${percent(t.accNorm)}${kept(c.accNorm, t.accNorm)}`);
     }
     if (c.greedy) {
