@@ -19,7 +19,8 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { createBackend } from '../../src/backend/create.js';
 import { readCheckpoint } from '../../src/model/checkpoint.js';
 import { chatFormatOf } from '../../src/tokenizer/chat.js';
-import { ChoiceEncoder, encodeForModel, readChoiceItems } from '../../src/eval/choices.js';
+import { readChoiceItems } from '../../src/eval/items.js';
+import { ChoiceEncoder, encodeForModel } from '../../src/eval/encode.js';
 
 interface Row { item: number; choice: number; ctx: number[]; cont: number[]; loglik: number; cut: boolean }
 interface Recorded {

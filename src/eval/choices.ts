@@ -1,64 +1,21 @@
 /**
- * Multiple-choice scoring by log-likelihood, the way lm-evaluation-harness scores its `multiple_choice` tasks
- * (HellaSwag, ARC, PIQA, MMLU in its log-likelihood form): for every item, each choice's continuation is scored by the
- * model's summed log-probability of its tokens after the context; the prediction is the choice with the highest sum
- * (`acc`), or with the highest sum per character of the choice (`acc_norm`, the harness's length normalization).
- *
- * Items are JSON lines: `{"context": "...", "choices": ["...", ...], "answer": <index | the choice's text>}` (other
- * keys are ignored). The scored continuation is `delimiter + choice` (the harness's `target_delimiter`, a space by
- * default); `acc_norm` divides by the choice's length in characters (Unicode code points, Python's `len`), without the
- * delimiter.
- *
- * An item with `"continuation": "..."` instead of choices is one of the harness's `loglikelihood` tasks (LAMBADA's):
- * the continuation is scored as written, with no delimiter (the harness sends a loglikelihood task's target as it is:
- * LAMBADA's carries its own leading space); its `acc` is whether every token of it is the model's most likely next
- * token (the harness's is_greedy, argmax's first index on ties), and its log-likelihood goes into `perplexity` =
- * exp(−mean over items).
- *
- * An item with `"text": "..."` is one of the harness's `loglikelihood_rolling` tasks (wikitext's): the whole text is
- * scored in the harness's rolling windows (rollingWindows: the prefix token, then windows of up to `window` tokens, each
- * conditioned on the tokens before it that fit), and its summed log-likelihood goes into `word_perplexity` =
- * exp(−Σ ll / Σ words), `byte_perplexity` = exp(−Σ ll / Σ bytes) and `bits_per_byte` = −Σ ll / Σ bytes / ln 2, words
- * counted as the harness counts them (Python's re.split(r"\s+")) unless the item gives `"words"` (and `"bytes"`).
- *
- * Tokenization follows the harness's HF backend (ChoiceEncoder): text is encoded as transformers' tokenizer.encode
- * encodes it, with the tokenizer's own special tokens (Llama 3's BOS; none for Qwen); whitespace at the end of the
- * context moves to the start of the continuation, and the continuation's tokens are those of context + continuation
- * past the context's, so a merge across the boundary is scored as the whole's tokens. An empty context is the prefix
- * token alone (tokenizer_config.json's bos_token, else its eos_token). A row longer than the window keeps its last
- * seq + 1 tokens (the context is cut on the left, as the harness cuts to the model's length); a continuation that does
- * not fit is refused.
+ * Scoring items by log-likelihood, the way lm-evaluation-harness scores its `multiple_choice`, `loglikelihood` and
+ * `loglikelihood_rolling` tasks (the items: src/eval/items.ts; their tokens: src/eval/encode.ts):
+ * - a multiple-choice item: each choice's continuation is scored by the model's summed log-probability of its tokens
+ *   after the context; the prediction is the choice with the highest sum (`acc`), or with the highest sum per
+ *   character of the choice (`acc_norm`, Python's len, without the delimiter);
+ * - a continuation item: `acc` is whether every token of it is the model's most likely next token (is_greedy, argmax's
+ *   first index on ties), and its log-likelihood goes into `perplexity` = exp(−mean over items);
+ * - a text item: its windows' log-likelihoods are summed, into `word_perplexity` = exp(−Σ ll / Σ words),
+ *   `byte_perplexity` = exp(−Σ ll / Σ bytes) and `bits_per_byte` = −Σ ll / Σ bytes / ln 2.
+ * Rows (an item's context and one continuation, or one window) longer than the window keep their last seq + 1 tokens
+ * (the context cut on the left, as the harness cuts to the model's length); a continuation that does not fit is refused.
+ * Rows run longest first in batches (choiceBatches); scoreChoices gathers each row's scores per item.
  */
-import * as fs from 'node:fs';
-import type { Tokenizer } from '../tokenizer/bpe.js';
-import { DistilleryError, InputError } from '../util/errors.js';
+import { InputError } from '../util/errors.js';
 import type { Batch } from '../train/step.js';
-import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
-import { promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
-
-/** One multiple-choice item. */
-export interface ChoiceItem {
-  context: string;
-  /** The choices; a continuation item's one continuation. */
-  choices: string[];
-  /** Index of the right choice (0 for a continuation item). */
-  answer: number;
-  /** A loglikelihood item (`"continuation"`): scored by is_greedy and perplexity instead of by the best choice. */
-  continuation?: boolean;
-  /**
-   * A loglikelihood_rolling item (`"text"`, its text the one choice): scored whole in rolling windows, per word and per
-   * byte (the harness's counts, or the item's own `"words"` / `"bytes"`).
-   */
-  rolling?: { words: number; bytes: number };
-  /** `file:line`, for messages. */
-  where: string;
-  /** The items file it was read from (per-file metrics). */
-  file?: string;
-  /** Text before everything else in its prompt (the harness's task description, e.g. MMLU's subject line). */
-  description?: string;
-  /** Its line's object with the keys sorted: few-shot sampling leaves out the items equal to it, as the harness does. */
-  doc?: string;
-}
+import type { EncodedChoice } from './encode.js';
+import { pyLen, type ChoiceItem } from './items.js';
 
 /** One scored sequence: an item's context followed by one of its choices. */
 export interface ChoiceRow {
@@ -92,244 +49,6 @@ export interface GreedyMetrics { items: number; acc: number; perplexity: number 
 
 /** The harness's metrics of a loglikelihood_rolling task (wikitext's), over its texts' summed log-likelihoods. */
 export interface RollingMetrics { items: number; windows: number; wordPerplexity: number; bytePerplexity: number; bitsPerByte: number }
-
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, or {"text": "..."}';
-
-/** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
-export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
-  const out: ChoiceItem[] = [];
-  text.split(/\r?\n/).forEach((line, i) => {
-    if (line.trim() === '') return;
-    const where = `${file}:${i + 1}`;
-    let j: unknown;
-    try { j = JSON.parse(line); } catch (e) { throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, HINT); }
-    if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
-    const o = j as Record<string, unknown>;
-    if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
-    const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
-    if (o.text !== undefined && o.context === undefined) {
-      const other = ['choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
-      if (other.length) throw new InputError(`${where}: "text" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
-      if (typeof o.text !== 'string' || o.text === '') throw new InputError(`${where}: "text" must be a non-empty string`, HINT);
-      const count = (k: 'words' | 'bytes', d: number): number => {
-        const v = o[k];
-        if (v === undefined) return d;
-        if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new InputError(`${where}: "${k}" must be a positive integer`, `the count the ${k === 'words' ? 'word' : 'byte'} perplexity divides by (default: the text's, as the harness counts it)`);
-        return v;
-      };
-      out.push({ context: '', choices: [o.text], answer: 0, rolling: { words: count('words', pyWords(o.text)), bytes: count('bytes', Buffer.byteLength(o.text, 'utf8')) }, ...extra });
-      return;
-    }
-    if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
-    if (o.continuation !== undefined) {
-      if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
-      if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
-      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, ...extra });
-      return;
-    }
-    const ch = o.choices;
-    if (!Array.isArray(ch) || ch.length < 2 || !ch.every((c) => typeof c === 'string')) {
-      throw new InputError(`${where}: "choices" must be a list of at least two strings`, HINT);
-    }
-    const choices = ch as string[];
-    const empty = choices.findIndex((c) => c === '');
-    if (empty >= 0) throw new InputError(`${where}: choice ${empty} is empty`, 'every choice needs text to score');
-    let answer: number;
-    if (typeof o.answer === 'number') {
-      if (!Number.isInteger(o.answer) || o.answer < 0 || o.answer >= choices.length) {
-        throw new InputError(`${where}: "answer" ${o.answer} is not the index of a choice (0 to ${choices.length - 1})`, HINT);
-      }
-      answer = o.answer;
-    } else if (typeof o.answer === 'string') {
-      answer = choices.indexOf(o.answer);
-      if (answer < 0) throw new InputError(`${where}: "answer" ${JSON.stringify(o.answer)} is none of the choices`, 'give the right choice\'s index, or its exact text');
-    } else {
-      throw new InputError(`${where}: "answer" must be a choice's index or text${o.answer === undefined ? ' (it is missing)' : ''}`, HINT);
-    }
-    out.push({ context: o.context, choices, answer, ...extra });
-  });
-  return out;
-}
-
-/** JSON with every object's keys sorted: equal for lines Python would read as equal dicts. */
-function sortedJson(v: unknown): string {
-  if (Array.isArray(v)) return `[${v.map(sortedJson).join(',')}]`;
-  if (v !== null && typeof v === 'object') {
-    const o = v as Record<string, unknown>;
-    return `{${Object.keys(o).sort().map((k) => `${JSON.stringify(k)}:${sortedJson(o[k])}`).join(',')}}`;
-  }
-  return JSON.stringify(v);
-}
-
-/** Reads the items of JSON-lines files, in order. */
-export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
-  const items: ChoiceItem[] = [];
-  for (const f of files) {
-    let text: string;
-    try { text = fs.readFileSync(f, 'utf8'); } catch (e) { throw new InputError(`cannot read --choices file ${f} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, 'check the path'); }
-    const got = parseChoiceItems(text, f);
-    if (got.length === 0) throw new InputError(`--choices file ${f} holds no items`, HINT);
-    items.push(...got);
-  }
-  return items;
-}
-
-/** Python's str.isspace() characters: what str.rstrip() removes and `\s` matches in a str pattern (U+001C..U+001F among them, not U+FEFF). */
-const PY_SPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+';
-const PY_TRAILING_SPACE = new RegExp(`${PY_SPACE}$`, 'u');
-const PY_SPACE_RUN = new RegExp(PY_SPACE, 'u');
-
-/** The harness's word count of a text (Task.count_words): len(re.split(r"\s+", text)), empty pieces at the ends counted. */
-export function pyWords(text: string): number {
-  return text.split(PY_SPACE_RUN).length;
-}
-
-/** tokenizer_config.json's special tokens as strings ('' where it has none), e.g. ChatFormat's bosToken / eosToken. */
-export interface SpecialTokens { bosToken: string; eosToken: string }
-
-/**
- * Encodes text as lm-evaluation-harness's HF backend does (`HFLM.tok_encode` with its default `add_bos_token=None`):
- * transformers' `tokenizer.encode(text)` with the tokenizer's own special tokens (its post-processor's: Llama 3's
- * `<|begin_of_text|>`, nothing for Qwen), except for text that already starts with the prefix token's text.
- */
-export class ChoiceEncoder {
-  private prefix: { id: number; text: string } | null | undefined;
-  constructor(readonly tok: Tokenizer, private readonly special: SpecialTokens) {}
-
-  /**
-   * The harness's `prefix_token_id`, put before an empty context: tokenizer_config.json's bos_token, else its eos_token
-   * (else, for a folder without one, the tokenizer's BOS or end-of-text token by name); null when there is none.
-   */
-  prefixToken(): { id: number; text: string } | null {
-    if (this.prefix === undefined) {
-      const named = [this.special.bosToken, this.special.eosToken].find((t) => t !== '' && this.tok.tokenToId(t) !== undefined);
-      const id = named !== undefined ? this.tok.tokenToId(named)! : this.tok.bosId ?? this.tok.eosId;
-      this.prefix = id === undefined ? null : { id, text: this.tok.idToToken(id)! };
-    }
-    return this.prefix;
-  }
-
-  /** transformers' tokenizer.encode(text) (add_special_tokens: the tokenizer's own, unless the text starts with the prefix token's text). */
-  encode(text: string, specialTokens = true): number[] {
-    const ids = this.tok.encode(text);
-    const p = this.prefixToken();
-    if (!specialTokens || (p !== null && text.startsWith(p.text))) return ids;
-    const { documentPrefix: pre, documentSuffix: suf } = this.tok;
-    return pre.length || suf.length ? [...pre, ...ids, ...suf] : ids;
-  }
-
-  /**
-   * The context's and the continuation's tokens as the harness splits them: an empty context (or one of whitespace
-   * alone, which the harness cannot score) is the prefix token, the continuation encoded without special tokens (the
-   * prefix taken from its start when it begins with it); otherwise (its `_encode_pair`) trailing whitespace of the
-   * context moves to the continuation, and the continuation's tokens are the whole's past the context's.
-   */
-  pair(context: string, continuation: string, where: string): { ctx: number[]; cont: number[] } {
-    const trimmed = context.replace(PY_TRAILING_SPACE, '');
-    const cont = context.slice(trimmed.length) + continuation;
-    if (trimmed === '') {
-      const p = this.prefixToken();
-      if (p === null) throw new InputError(`${where}: an empty context needs a token to stand for it, and the tokenizer has no BOS or end-of-text token`, 'give the item a context');
-      const ids = this.encode(cont, false);
-      return ids[0] === p.id ? { ctx: ids.slice(0, 1), cont: ids.slice(1) } : { ctx: [p.id], cont: ids };
-    }
-    const whole = this.encode(trimmed + cont);
-    const ctx = this.encode(trimmed);
-    return { ctx, cont: whole.slice(ctx.length) };
-  }
-}
-
-/** One (item, choice) pair's tokens, uncut. */
-export interface EncodedChoice { item: number; choice: number; ctx: number[]; cont: number[] }
-
-/**
- * Every item's choices encoded: the context (`context(item, index)`, default the item's own; its prompt with a
- * description, examples or a chat template: encodeForModel) and `delimiter + choice` (a continuation item's continuation as written).
- */
-export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
-  context: (it: ChoiceItem, i: number) => string = (it) => it.context, window?: number): EncodedChoice[] {
-  const out: EncodedChoice[] = [];
-  items.forEach((it, i) => {
-    if (it.rolling) {
-      if (window === undefined) throw new Error('text items need the rolling window');
-      const p = enc.prefixToken();
-      if (p === null) throw new InputError(`${it.where}: a text is scored after a token that stands for its start, and the tokenizer has no BOS or end-of-text token`, 'score it as a continuation item with a context instead');
-      rollingWindows(enc.encode(it.choices[0]!), p.id, window).forEach(([ctx, cont], w) => out.push({ item: i, choice: w, ctx, cont }));
-      return;
-    }
-    const c = context(it, i);
-    it.choices.forEach((ch, k) => {
-      // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only)
-      const { ctx, cont } = enc.pair(c, (it.continuation ? '' : delimiter) + ch, it.where);
-      if (cont.length === 0) throw new InputError(`${it.where}: ${it.continuation ? 'the continuation' : `choice ${k}`} encodes to no tokens past the context`, 'check its text');
-      out.push({ item: i, choice: k, ctx, cont });
-    });
-  });
-  return out;
-}
-
-/**
- * The harness's rolling windows of a text's tokens (utils.get_rolling_token_windows with context_len 1, then
- * make_disjoint_window, as HFLM.loglikelihood_rolling calls them): [context, scored tokens] pairs. The first window
- * scores the first `window` tokens after `prefix`; each later one the next `window` (the last: what is left), after as
- * many of the tokens before them as fill the window's inputs (one, but for the last).
- */
-export function rollingWindows(tokens: readonly number[], prefix: number, window: number): Array<[number[], number[]]> {
-  if (!(Number.isInteger(window) && window >= 1)) throw new Error(`rollingWindows: window ${window}`);
-  const out: Array<[number[], number[]]> = [];
-  if (tokens.length === 0) return out;
-  const first = Math.min(window, tokens.length);
-  out.push([[prefix], tokens.slice(0, first)]);
-  for (let done = first; done < tokens.length;) {
-    const len = Math.min(tokens.length - done, window), end = done + len;
-    // inputs tokens[end - window - 1, end - 1), of which the ones before the scored tokens are the context
-    out.push([tokens.slice(end - window - 1, end - len), tokens.slice(end - len, end)]);
-    done = end;
-  }
-  return out;
-}
-
-/** How an item's context is presented, and the delimiter before each choice. */
-export interface ChoicePrompt {
-  /** As turns of the chat template with the assistant turn opened (the harness's --apply_chat_template). */
-  chat: boolean;
-  /** The template's options (--chat-template-kwargs). */
-  kwargs?: Record<string, unknown> | undefined;
-  /** Default: '' with `chat` (the harness drops its target_delimiter then), else ' '. */
-  delimiter?: string | undefined;
-  /** Examples before each item (src/eval/fewshot.ts; default none). */
-  fewshot?: FewshotOptions | undefined;
-  /** With `chat` and examples: the examples and the item as one user turn (default: a turn each, the harness's default). */
-  singleTurn?: boolean | undefined;
-  /** The rolling windows' length for text items (the harness's max_length; required with text items). */
-  rollingWindow?: number | undefined;
-  /** Where a warning goes (a template that refused the description's system turn). */
-  warn?: ((line: string) => void) | undefined;
-}
-
-/**
- * Every item's choices encoded for a model: its tokenizer, and its chat format (tokenizer_config.json's special
- * tokens, and its template with `prompt.chat`). The context is the item's prompt (src/eval/fewshot.ts): its
- * description, its examples and its own context, as text or as the chat template's turns.
- */
-export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
-  const kwargs = prompt.kwargs;
-  // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
-  const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ');
-  const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
-  let warned = false;
-  // as the harness's apply_chat_template: a template that refuses the conversation gets it again without the system turn
-  const chat = (i: number): string => {
-    const msgs = turnsMessages(turns[i]!, prompt.singleTurn === true);
-    try { return renderChat(format, msgs, opts); } catch (e) {
-      if (!(e instanceof DistilleryError) || msgs[0]?.role !== 'system') throw e;
-      if (!warned) { warned = true; prompt.warn?.(`warning: ${format.from}'s chat template refused a system turn (${e.message.replace(/^.*refused the conversation: /, '')}): the descriptions go without it, as the harness retries`); }
-      return renderChat(format, msgs.slice(1), opts);
-    }
-  };
-  return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
-    prompt.chat ? (_it, i) => chat(i) : (_it, i) => turnsText(turns[i]!), prompt.rollingWindow);
-}
 
 /** The window that holds every row whole: the longest row's inputs (its tokens but the last). */
 export function choiceWindow(encoded: readonly EncodedChoice[]): number {
@@ -383,13 +102,6 @@ export function* choiceBatches(rows: readonly ChoiceRow[], b: number, seq: numbe
     });
     yield { batch: { inputs, targets, mask, b: part.length, t }, rows: part };
   }
-}
-
-/** Length in characters as Python's len counts them (code points, not UTF-16 units). */
-export function pyLen(s: string): number {
-  let n = 0;
-  for (const _ of s) n++;
-  return n;
 }
 
 /** The index of the largest value (the first on a tie, and the first NaN if any, as numpy's argmax). */

@@ -21,7 +21,7 @@
  */
 import { InputError } from '../util/errors.js';
 import type { ChatMessage } from '../tokenizer/chat.js';
-import type { ChoiceItem } from './choices.js';
+import type { ChoiceItem } from './items.js';
 import { PyRandom } from './py-random.js';
 
 /** The harness's few-shot settings (`--num_fewshot`, the task's fewshot_config, `--seed`'s fourth value). */

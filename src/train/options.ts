@@ -50,7 +50,7 @@ export interface RunOptions {
   evalEvery: number;
   /** Validation batches per evaluation (0 = the whole validation split). */
   evalBatches: number;
-  /** Items files (src/eval/choices.ts) scored by the student at every evaluation (multiple choice: acc, acc_norm; continuations: greedy, perplexity); none: []. */
+  /** Items files (src/eval/items.ts) scored by the student at every evaluation (multiple choice: acc, acc_norm; continuations: greedy, perplexity; texts: word and byte perplexity, bits per byte); none: []. */
   evalChoices: string[];
   /** With evalChoices: each context as a user turn of the chat template, the assistant turn opened. */
   evalChoicesChat: boolean;

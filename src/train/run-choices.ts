@@ -14,10 +14,9 @@ import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
-import {
-  chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, encodeForModel, readChoiceItems, scoreChoices, type ChoiceItem, type ChoiceRow,
-  type ItemScores,
-} from '../eval/choices.js';
+import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
+import { encodeForModel } from '../eval/encode.js';
+import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, scoreChoices, type ChoiceRow, type ItemScores } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 
 /**

@@ -16,10 +16,9 @@ import { StepRunner } from '../../src/train/step.js';
 import { Tokenizer } from '../../src/tokenizer/bpe.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
-import {
-  CHOICE_LENGTH_STEP, ChoiceEncoder, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, encodeChoices, parseChoiceItems, predictions, pyLen,
-  scoreChoices, type ChoiceItem, type SpecialTokens,
-} from '../../src/eval/choices.js';
+import { parseChoiceItems, pyLen, type ChoiceItem } from '../../src/eval/items.js';
+import { ChoiceEncoder, encodeChoices, type SpecialTokens } from '../../src/eval/encode.js';
+import { CHOICE_LENGTH_STEP, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, predictions, scoreChoices } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
 import { trainBpe } from '../../src/tokenizer/train-bpe.js';

@@ -17,10 +17,9 @@ import { Transformer } from '../../src/model/transformer.js';
 import { StepRunner } from '../../src/train/step.js';
 import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
-import {
-  ChoiceEncoder, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, encodeChoices, parseChoiceItems, pyWords,
-  rollingWindows, scoreChoices, textLoglik,
-} from '../../src/eval/choices.js';
+import { parseChoiceItems, pyWords } from '../../src/eval/items.js';
+import { ChoiceEncoder, encodeChoices, rollingWindows } from '../../src/eval/encode.js';
+import { choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, scoreChoices, textLoglik } from '../../src/eval/choices.js';
 import { fewshotExamples } from '../../src/eval/fewshot.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
 

@@ -30,10 +30,9 @@ import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
-import {
-  chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, encodeForModel, metricsByFile, percent, readChoiceItems, scoreChoices, scoresSaid,
-  type ChoiceItem, type ChoiceMetrics, type ChoiceRow, type ItemScores, type EncodedChoice,
-} from '../../eval/choices.js';
+import { readChoiceItems, type ChoiceItem } from '../../eval/items.js';
+import { encodeForModel, type EncodedChoice } from '../../eval/encode.js';
+import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
@@ -75,7 +74,7 @@ export interface EvalOptions {
   teacher?: string | undefined;
   /** Data files for the loss and perplexity (empty with --choices alone). */
   data: string[];
-  /** Multiple-choice files (src/eval/choices.ts); default none. */
+  /** Items files (src/eval/items.ts: multiple choice, continuations, texts); default none. */
   choices?: string[] | undefined;
   /** Between an item's context and each choice (default ' '). */
   choiceDelimiter?: string | undefined;

@@ -1,0 +1,135 @@
+/**
+ * The items lm-evaluation-harness-style scoring reads (src/eval/choices.ts scores them), one JSON line each:
+ * - `{"context": "...", "choices": ["...", ...], "answer": <index | the choice's text>}`: a multiple-choice item (the
+ *   harness's `multiple_choice` tasks: HellaSwag, ARC, PIQA, MMLU);
+ * - `{"context": "...", "continuation": "..."}`: a `loglikelihood` item (LAMBADA's), scored as written;
+ * - `{"text": "..."}` (no context): a `loglikelihood_rolling` item (wikitext's), scored whole in rolling windows, per
+ *   word and per byte (`"words"`, `"bytes"`: the counts, default the harness's);
+ * and an optional `"description"` before the context (the harness's task description). Other keys are ignored, but
+ * each line's whole object is kept (sorted) for few-shot sampling's equality. Text is measured as Python measures it:
+ * `pyLen` (len: code points), `pyWords` (len(re.split(r"\s+"))), PY_TRAILING_SPACE (str.isspace).
+ */
+import * as fs from 'node:fs';
+import { InputError } from '../util/errors.js';
+
+/** One multiple-choice item. */
+export interface ChoiceItem {
+  context: string;
+  /** The choices; a continuation item's one continuation. */
+  choices: string[];
+  /** Index of the right choice (0 for a continuation item). */
+  answer: number;
+  /** A loglikelihood item (`"continuation"`): scored by is_greedy and perplexity instead of by the best choice. */
+  continuation?: boolean;
+  /**
+   * A loglikelihood_rolling item (`"text"`, its text the one choice): scored whole in rolling windows, per word and per
+   * byte (the harness's counts, or the item's own `"words"` / `"bytes"`).
+   */
+  rolling?: { words: number; bytes: number };
+  /** `file:line`, for messages. */
+  where: string;
+  /** The items file it was read from (per-file metrics). */
+  file?: string;
+  /** Text before everything else in its prompt (the harness's task description, e.g. MMLU's subject line). */
+  description?: string;
+  /** Its line's object with the keys sorted: few-shot sampling leaves out the items equal to it, as the harness does. */
+  doc?: string;
+}
+
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, or {"text": "..."}';
+
+/** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
+export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
+  const out: ChoiceItem[] = [];
+  text.split(/\r?\n/).forEach((line, i) => {
+    if (line.trim() === '') return;
+    const where = `${file}:${i + 1}`;
+    let j: unknown;
+    try { j = JSON.parse(line); } catch (e) { throw new InputError(`${where}: invalid JSON (${(e as Error).message})`, HINT); }
+    if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
+    const o = j as Record<string, unknown>;
+    if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
+    const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
+    if (o.text !== undefined && o.context === undefined) {
+      const other = ['choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
+      if (other.length) throw new InputError(`${where}: "text" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
+      if (typeof o.text !== 'string' || o.text === '') throw new InputError(`${where}: "text" must be a non-empty string`, HINT);
+      const count = (k: 'words' | 'bytes', d: number): number => {
+        const v = o[k];
+        if (v === undefined) return d;
+        if (typeof v !== 'number' || !Number.isInteger(v) || v < 1) throw new InputError(`${where}: "${k}" must be a positive integer`, `the count the ${k === 'words' ? 'word' : 'byte'} perplexity divides by (default: the text's, as the harness counts it)`);
+        return v;
+      };
+      out.push({ context: '', choices: [o.text], answer: 0, rolling: { words: count('words', pyWords(o.text)), bytes: count('bytes', Buffer.byteLength(o.text, 'utf8')) }, ...extra });
+      return;
+    }
+    if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
+    if (o.continuation !== undefined) {
+      if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
+      if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
+      out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, ...extra });
+      return;
+    }
+    const ch = o.choices;
+    if (!Array.isArray(ch) || ch.length < 2 || !ch.every((c) => typeof c === 'string')) {
+      throw new InputError(`${where}: "choices" must be a list of at least two strings`, HINT);
+    }
+    const choices = ch as string[];
+    const empty = choices.findIndex((c) => c === '');
+    if (empty >= 0) throw new InputError(`${where}: choice ${empty} is empty`, 'every choice needs text to score');
+    let answer: number;
+    if (typeof o.answer === 'number') {
+      if (!Number.isInteger(o.answer) || o.answer < 0 || o.answer >= choices.length) {
+        throw new InputError(`${where}: "answer" ${o.answer} is not the index of a choice (0 to ${choices.length - 1})`, HINT);
+      }
+      answer = o.answer;
+    } else if (typeof o.answer === 'string') {
+      answer = choices.indexOf(o.answer);
+      if (answer < 0) throw new InputError(`${where}: "answer" ${JSON.stringify(o.answer)} is none of the choices`, 'give the right choice\'s index, or its exact text');
+    } else {
+      throw new InputError(`${where}: "answer" must be a choice's index or text${o.answer === undefined ? ' (it is missing)' : ''}`, HINT);
+    }
+    out.push({ context: o.context, choices, answer, ...extra });
+  });
+  return out;
+}
+
+/** JSON with every object's keys sorted: equal for lines Python would read as equal dicts. */
+function sortedJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(sortedJson).join(',')}]`;
+  if (v !== null && typeof v === 'object') {
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o).sort().map((k) => `${JSON.stringify(k)}:${sortedJson(o[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(v);
+}
+
+/** Reads the items of JSON-lines files, in order. */
+export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
+  const items: ChoiceItem[] = [];
+  for (const f of files) {
+    let text: string;
+    try { text = fs.readFileSync(f, 'utf8'); } catch (e) { throw new InputError(`cannot read --choices file ${f} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, 'check the path'); }
+    const got = parseChoiceItems(text, f);
+    if (got.length === 0) throw new InputError(`--choices file ${f} holds no items`, HINT);
+    items.push(...got);
+  }
+  return items;
+}
+
+/** Python's str.isspace() characters: what str.rstrip() removes and `\s` matches in a str pattern (U+001C..U+001F among them, not U+FEFF). */
+const PY_SPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+';
+export const PY_TRAILING_SPACE = new RegExp(`${PY_SPACE}$`, 'u');
+const PY_SPACE_RUN = new RegExp(PY_SPACE, 'u');
+
+/** The harness's word count of a text (Task.count_words): len(re.split(r"\s+", text)), empty pieces at the ends counted. */
+export function pyWords(text: string): number {
+  return text.split(PY_SPACE_RUN).length;
+}
+
+/** Length in characters as Python's len counts them (code points, not UTF-16 units). */
+export function pyLen(s: string): number {
+  let n = 0;
+  for (const _ of s) n++;
+  return n;
+}
