@@ -34,6 +34,12 @@ def mc_docs(n, tag, description=None):
     return docs
 
 
+def mi_docs(n, tag):
+    # Winogrande's kind: the sentence up to the blank with each option, the rest of it the shared continuation
+    return [{"contexts": [f"{tag}{i}: the {WORDS[i % 16]} would not fit in the {WORDS[(i + 3) % 16]} because the {o}" for o in (WORDS[(i + 5) % 16], WORDS[(i + 7) % 16])],
+             "continuation": f"was too {WORDS[(i + 2) % 16]}.", "answer": i % 2} for i in range(n)]
+
+
 def cont_docs(n, tag):
     return [{"context": f"The {tag} story {i} ends with the word", "continuation": f" {WORDS[(3 * i) % 16]}"} for i in range(n)]
 
@@ -41,14 +47,15 @@ def cont_docs(n, tag):
 def task(kind, description, fewshot_delim, split_same, target_delim):
     t = object.__new__(ConfigurableTask)
     t.prompt = None
-    t.multiple_input = 0
-    t.features = ["context", "choices", "answer", "description", "continuation"]
-    choice = "choices" if kind == "mc" else None
+    t.multiple_input = 2 if kind == "mi" else 0  # as the harness sets it when doc_to_text gives an int
+    t.features = ["context", "choices", "answer", "description", "continuation", "contexts"]
+    choice = {"mc": "choices", "mi": "contexts"}.get(kind)
     target = "answer" if kind == "mc" else "continuation"
+    text = "answer" if kind == "mi" else "context"  # Winogrande's doc_to_text: the right option's index
     t._config = SimpleNamespace(description="description" if description else None, fewshot_delimiter=fewshot_delim,
-                                target_delimiter=target_delim, test_split="test", doc_to_text="context",
+                                target_delimiter=target_delim, test_split="test", doc_to_text=text,
                                 doc_to_choice=choice, doc_to_target=target, gen_prefix=None)
-    t.fewshot_cfg = SimpleNamespace(split="test" if split_same else "train", doc_to_text="context", doc_to_choice=choice,
+    t.fewshot_cfg = SimpleNamespace(split="test" if split_same else "train", doc_to_text=text, doc_to_choice=choice,
                                     doc_to_target=target, gen_prefix=None, target_delimiter=target_delim,
                                     fewshot_delimiter=fewshot_delim)
     return t
@@ -74,8 +81,8 @@ def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_d
             if mode == "text":
                 got.append(t.fewshot_context(d, n))
             else:
-                got.append(json.loads(t.fewshot_context(d, n, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn",
-                                                        chat_template=chat)))
+                r = t.fewshot_context(d, n, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn", chat_template=chat)
+                got.append([json.loads(x) for x in r] if isinstance(r, list) else json.loads(r))
         out[mode] = got
     cases.append(out)
 
@@ -88,6 +95,8 @@ case("mc-pool-first_n-2", "mc", mc_docs(5, "D"), mc_docs(6, "U"), 2, "first_n", 
 case("mc-own-random-set-path", "mc", mc_docs(100, "E"), None, 5, "random", 7, modes=("text",))
 case("mc-own-random-delims", "mc", mc_docs(10, "F"), None, 2, "random", 1234, fewshot_delim="\n###\n", target_delim=" :: ")
 case("continuation-own-random-2", "cont", cont_docs(8, "G"), None, 2, "random", 1234)  # lambada_openai's default target_delimiter " "
+case("multiple-input-own-random-2", "mi", mi_docs(9, "W"), None, 2, "random", 1234)
+case("multiple-input-pool-first_n-1-descriptions", "mi", [dict(d, description="Fill the blank.\n\n") for d in mi_docs(4, "X")], mi_docs(3, "Y"), 1, "first_n", 1234, description=True)
 case("continuation-own-random-2-no-delimiter", "cont", cont_docs(6, "H"), None, 2, "random", 99, target_delim="")
 json.dump({"harness_commit": commit, "python": sys.version.split()[0],
            "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",

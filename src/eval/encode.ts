@@ -11,7 +11,7 @@
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError, InputError } from '../util/errors.js';
 import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
-import { promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
+import { choiceTurns, promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
 import { PY_TRAILING_SPACE, type ChoiceItem } from './items.js';
 
 /** tokenizer_config.json's special tokens as strings ('' where it has none), e.g. ChatFormat's bosToken / eosToken. */
@@ -73,11 +73,12 @@ export class ChoiceEncoder {
 export interface EncodedChoice { item: number; choice: number; ctx: number[]; cont: number[] }
 
 /**
- * Every item's choices encoded: the context (`context(item, index)`, default the item's own; its prompt with a
- * description, examples or a chat template: encodeForModel) and `delimiter + choice` (a continuation item's continuation as written).
+ * Every item's choices encoded: the context (`context(item, index, choice)`, default the item's own, a multiple-input
+ * item's choice-th context; its prompt with a description, examples or a chat template: encodeForModel) and
+ * `delimiter + choice` (a continuation item's continuation as written; a multiple-input item's `delimiter + shared`).
  */
 export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
-  context: (it: ChoiceItem, i: number) => string = (it) => it.context, window?: number): EncodedChoice[] {
+  context: (it: ChoiceItem, i: number, k: number) => string = (it, _i, k) => (it.shared !== undefined ? it.choices[k]! : it.context), window?: number): EncodedChoice[] {
   const out: EncodedChoice[] = [];
   items.forEach((it, i) => {
     if (it.rolling) {
@@ -87,11 +88,13 @@ export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], 
       rollingWindows(enc.encode(it.choices[0]!), p.id, window).forEach(([ctx, cont], w) => out.push({ item: i, choice: w, ctx, cont }));
       return;
     }
-    const c = context(it, i);
+    const c = it.shared === undefined ? context(it, i, 0) : '';
     it.choices.forEach((ch, k) => {
-      // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only)
-      const { ctx, cont } = enc.pair(c, (it.continuation ? '' : delimiter) + ch, it.where);
-      if (cont.length === 0) throw new InputError(`${it.where}: ${it.continuation ? 'the continuation' : `choice ${k}`} encodes to no tokens past the context`, 'check its text');
+      // a loglikelihood task's target goes as written (the harness puts target_delimiter before choices only); a
+      // multiple-input item scores its one continuation after each of its contexts
+      const { ctx, cont } = it.shared !== undefined ? enc.pair(context(it, i, k), delimiter + it.shared, it.where)
+        : enc.pair(c, (it.continuation ? '' : delimiter) + ch, it.where);
+      if (cont.length === 0) throw new InputError(`${it.where}: ${it.continuation || it.shared !== undefined ? 'the continuation' : `choice ${k}`} encodes to no tokens past the context`, 'check its text');
       out.push({ item: i, choice: k, ctx, cont });
     });
   });
@@ -149,8 +152,8 @@ export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readon
   const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
   let warned = false;
   // as the harness's apply_chat_template: a template that refuses the conversation gets it again without the system turn
-  const chat = (i: number): string => {
-    const msgs = turnsMessages(turns[i]!, prompt.singleTurn === true);
+  const chat = (i: number, k: number): string => {
+    const msgs = turnsMessages(choiceTurns(turns[i]!, items[i]!, k), prompt.singleTurn === true);
     try { return renderChat(format, msgs, opts); } catch (e) {
       if (!(e instanceof DistilleryError) || msgs[0]?.role !== 'system') throw e;
       if (!warned) { warned = true; prompt.warn?.(`warning: ${format.from}'s chat template refused a system turn (${e.message.replace(/^.*refused the conversation: /, '')}): the descriptions go without it, as the harness retries`); }
@@ -158,5 +161,5 @@ export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readon
     }
   };
   return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
-    prompt.chat ? (_it, i) => chat(i) : (_it, i) => turnsText(turns[i]!), prompt.rollingWindow);
+    prompt.chat ? (_it, i, k) => chat(i, k) : (it, i, k) => turnsText(choiceTurns(turns[i]!, it, k)), prompt.rollingWindow);
 }

@@ -117,12 +117,22 @@ export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | nu
     if (it.description) turns.push({ role: 'system', content: it.description, after: '' });
     for (const ex of shots?.[i] ?? []) {
       // the harness's build_qa_turn puts the target delimiter after every example's context, a loglikelihood task's too
-      turns.push({ role: 'user', content: ex.context, after: targetDelimiter });
-      turns.push({ role: 'assistant', content: ex.choices[ex.answer]!, after: o!.delimiter });
+      // a multiple-input example (Winogrande's): its right context, then the continuation they share
+      turns.push({ role: 'user', content: ex.shared !== undefined ? ex.choices[ex.answer]! : ex.context, after: targetDelimiter });
+      turns.push({ role: 'assistant', content: ex.shared ?? ex.choices[ex.answer]!, after: o!.delimiter });
     }
     turns.push({ role: 'user', content: it.context, after: '' });
     return turns;
   });
+}
+
+/**
+ * The turns of an item's prompt for its choice k: a multiple-input item's last user turn is its k-th context (the
+ * harness's multiple_input_context: the same description and examples before each), any other item's its own.
+ */
+export function choiceTurns(turns: readonly PromptTurn[], it: ChoiceItem, k: number): readonly PromptTurn[] {
+  if (it.shared === undefined) return turns;
+  return [...turns.slice(0, -1), { ...turns[turns.length - 1]!, content: it.choices[k]! }];
 }
 
 /** The turns as plain text (the harness's `messages_to_text`). */

@@ -3,6 +3,8 @@
  * - `{"context": "...", "choices": ["...", ...], "answer": <index | the choice's text>}`: a multiple-choice item (the
  *   harness's `multiple_choice` tasks: HellaSwag, ARC, PIQA, MMLU);
  * - `{"context": "...", "continuation": "..."}`: a `loglikelihood` item (LAMBADA's), scored as written;
+ * - `{"contexts": ["...", ...], "continuation": "...", "answer": <index | the context's text>}`: a multiple-input item
+ *   (Winogrande's): the continuation scored after each context, the prediction the context it is likeliest after;
  * - `{"text": "..."}` (no context): a `loglikelihood_rolling` item (wikitext's), scored whole in rolling windows, per
  *   word and per byte (`"words"`, `"bytes"`: the counts, default the harness's);
  * and an optional `"description"` before the context (the harness's task description). Other keys are ignored, but
@@ -26,6 +28,11 @@ export interface ChoiceItem {
    * byte (the harness's counts, or the item's own `"words"` / `"bytes"`).
    */
   rolling?: { words: number; bytes: number };
+  /**
+   * A multiple-input item (`"contexts"`, the harness's Winogrande kind): `choices` are its contexts, each scored with
+   * this one continuation after the delimiter; the prediction is the context under which it is likeliest.
+   */
+  shared?: string;
   /** `file:line`, for messages. */
   where: string;
   /** The items file it was read from (per-file metrics). */
@@ -36,7 +43,7 @@ export interface ChoiceItem {
   doc?: string;
 }
 
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, or {"text": "..."}';
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, {"contexts": ["...", "..."], "continuation": "...", "answer": <index>}, or {"text": "..."}';
 
 /** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
 export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
@@ -63,6 +70,13 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
       out.push({ context: '', choices: [o.text], answer: 0, rolling: { words: count('words', pyWords(o.text)), bytes: count('bytes', Buffer.byteLength(o.text, 'utf8')) }, ...extra });
       return;
     }
+    if (o.contexts !== undefined && o.context === undefined) {
+      if (o.choices !== undefined) throw new InputError(`${where}: "contexts" goes without "choices"`, HINT);
+      const contexts = options(o.contexts, 'contexts', where);
+      if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string (what each context is scored with)`, HINT);
+      out.push({ context: '', choices: contexts, answer: answerOf(o.answer, contexts, 'context', where), shared: o.continuation, ...extra });
+      return;
+    }
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
     if (o.continuation !== undefined) {
       if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
@@ -70,28 +84,32 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
       out.push({ context: o.context, choices: [o.continuation], answer: 0, continuation: true, ...extra });
       return;
     }
-    const ch = o.choices;
-    if (!Array.isArray(ch) || ch.length < 2 || !ch.every((c) => typeof c === 'string')) {
-      throw new InputError(`${where}: "choices" must be a list of at least two strings`, HINT);
-    }
-    const choices = ch as string[];
-    const empty = choices.findIndex((c) => c === '');
-    if (empty >= 0) throw new InputError(`${where}: choice ${empty} is empty`, 'every choice needs text to score');
-    let answer: number;
-    if (typeof o.answer === 'number') {
-      if (!Number.isInteger(o.answer) || o.answer < 0 || o.answer >= choices.length) {
-        throw new InputError(`${where}: "answer" ${o.answer} is not the index of a choice (0 to ${choices.length - 1})`, HINT);
-      }
-      answer = o.answer;
-    } else if (typeof o.answer === 'string') {
-      answer = choices.indexOf(o.answer);
-      if (answer < 0) throw new InputError(`${where}: "answer" ${JSON.stringify(o.answer)} is none of the choices`, 'give the right choice\'s index, or its exact text');
-    } else {
-      throw new InputError(`${where}: "answer" must be a choice's index or text${o.answer === undefined ? ' (it is missing)' : ''}`, HINT);
-    }
-    out.push({ context: o.context, choices, answer, ...extra });
+    const choices = options(o.choices, 'choices', where);
+    out.push({ context: o.context, choices, answer: answerOf(o.answer, choices, 'choice', where), ...extra });
   });
   return out;
+}
+
+/** An item's options ("choices" or "contexts"): at least two non-empty strings. */
+function options(v: unknown, key: 'choices' | 'contexts', where: string): string[] {
+  if (!Array.isArray(v) || v.length < 2 || !v.every((c) => typeof c === 'string')) throw new InputError(`${where}: "${key}" must be a list of at least two strings`, HINT);
+  const empty = (v as string[]).findIndex((c) => c === '');
+  if (empty >= 0) throw new InputError(`${where}: ${key === 'choices' ? 'choice' : 'context'} ${empty} is empty`, `every ${key === 'choices' ? 'choice' : 'context'} needs text to score`);
+  return v as string[];
+}
+
+/** The right option's index, from "answer" as an index or as the option's exact text. */
+function answerOf(a: unknown, opts: readonly string[], what: 'choice' | 'context', where: string): number {
+  if (typeof a === 'number') {
+    if (!Number.isInteger(a) || a < 0 || a >= opts.length) throw new InputError(`${where}: "answer" ${a} is not the index of a ${what} (0 to ${opts.length - 1})`, HINT);
+    return a;
+  }
+  if (typeof a === 'string') {
+    const i = opts.indexOf(a);
+    if (i < 0) throw new InputError(`${where}: "answer" ${JSON.stringify(a)} is none of the ${what}s`, `give the right ${what}'s index, or its exact text`);
+    return i;
+  }
+  throw new InputError(`${where}: "answer" must be a ${what}'s index or text${a === undefined ? ' (it is missing)' : ''}`, HINT);
 }
 
 /** JSON with every object's keys sorted: equal for lines Python would read as equal dicts. */

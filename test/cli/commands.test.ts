@@ -255,7 +255,7 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
 
 test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same log-likelihoods as those prompts written into the file', async () => {
   // test/fixtures/fewshot/harness-prompts.json: what lm-evaluation-harness's own fewshot_context built for these items
-  type Case = { name: string; items: Array<Record<string, unknown>>; pool: Array<Record<string, unknown>> | null; n: number; sampler: string; seed: number; text: string[] };
+  type Case = { name: string; items: Array<Record<string, unknown>>; pool: Array<Record<string, unknown>> | null; n: number; sampler: string; seed: number; text: Array<string | string[]> };
   const fix = JSON.parse(fs.readFileSync(path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/fewshot/harness-prompts.json'), 'utf8')) as { cases: Case[] };
   const write = (name: string, docs: Array<Record<string, unknown>>): string => {
     const f = path.join(dir, name);
@@ -268,12 +268,13 @@ test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same 
     assert.equal(r.code, 0, r.err);
     return fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { logliks?: number[]; loglik?: number });
   };
-  for (const name of ['mc-own-random-3', 'mc-pool-first_n-2', 'continuation-own-random-2']) {
+  for (const name of ['mc-own-random-3', 'mc-pool-first_n-2', 'continuation-own-random-2', 'multiple-input-own-random-2']) {
     const c = fix.cases.find((x) => x.name === name)!;
     const items = write(`${name}.jsonl`, c.items);
     const args = ['--choices', items, '--fewshot', String(c.n), '--fewshot-sampler', c.sampler, '--fewshot-seed', String(c.seed),
       ...(c.pool ? ['--fewshot-from', write(`${name}-pool.jsonl`, c.pool)] : [])];
-    const prebuilt = write(`${name}-prebuilt.jsonl`, c.items.map((d, i) => ({ ...d, context: c.text[i] })));
+    // a multiple-input item's prompts (one per context) as its contexts
+    const prebuilt = write(`${name}-prebuilt.jsonl`, c.items.map((d, i) => (Array.isArray(c.text[i]) ? { ...d, contexts: c.text[i] } : { ...d, context: c.text[i] })));
     const [got, want] = [await scores(args), await scores(['--choices', prebuilt])];
     assert.equal(got.length, c.items.length);
     got.forEach((g, i) => assert.deepEqual(g.logliks ?? [g.loglik], want[i]!.logliks ?? [want[i]!.loglik], `${name} item ${i}`));
@@ -306,6 +307,38 @@ test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same 
     assert.equal(e.code, 2, `${args.join(' ')}: ${e.err}`);
     assert.match(e.err, re);
   }
+});
+
+test('eval --choices with multiple-input items (Winogrande\'s): the continuation scored after each context, as continuation items score it; acc its likeliest context', async () => {
+  const mi = [
+    { contexts: ['The trophy would not fit in the suitcase because the trophy', 'The trophy would not fit in the suitcase because the suitcase'], continuation: 'was too big.', answer: 0 },
+    { contexts: ['The teacher helped the student because the teacher', 'The teacher helped the student because the student'], continuation: 'needed help.', answer: 'The teacher helped the student because the student' },
+  ];
+  const items = path.join(dir, 'mi.jsonl'), as = path.join(dir, 'mi-as-cont.jsonl');
+  fs.writeFileSync(items, mi.map((l) => JSON.stringify(l)).join('\n') + '\n');
+  // the same rows as continuation items: each context, then the delimiter and the shared continuation
+  fs.writeFileSync(as, mi.flatMap((l) => l.contexts.map((c) => JSON.stringify({ context: c, continuation: ` ${l.continuation}` }))).join('\n') + '\n');
+  const out = path.join(dir, 'mi-scores.jsonl'), outAs = path.join(dir, 'mi-as-scores.jsonl');
+  const r = await run(['eval', '--model', model, '--choices', items, '--choices-out', out, '--json']);
+  assert.equal(r.code, 0, r.err);
+  assert.equal((await run(['eval', '--model', model, '--choices', as, '--choices-out', outAs])).code, 0);
+  const got = fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { answer: number; logliks: number[]; pred: number; pred_norm: number });
+  const want = fs.readFileSync(outAs, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { loglik: number }).loglik);
+  assert.deepEqual(got.flatMap((g) => g.logliks), want);
+  assert.deepEqual(got.map((g) => g.answer), [0, 1]);
+  const argmax = (v: number[]): number => v.indexOf(Math.max(...v));
+  got.forEach((g, i) => {
+    assert.equal(g.pred, argmax(g.logliks));
+    assert.equal(g.pred_norm, argmax(g.logliks.map((x, k) => x / [...mi[i]!.contexts[k]!].length)), 'acc_norm divides by the context\'s length, as the harness divides by its options\'');
+  });
+  const j = JSON.parse(r.out) as { choices: { acc: number; rows: number } };
+  assert.equal(j.choices.rows, 4);
+  assert.equal(j.choices.acc, got.filter((g) => g.pred === g.answer).length / 2);
+  const bad = path.join(dir, 'mi-bad.jsonl');
+  fs.writeFileSync(bad, JSON.stringify({ contexts: ['a', 'b'], answer: 0 }) + '\n');
+  const e = await run(['eval', '--model', model, '--choices', bad]);
+  assert.equal(e.code, 2);
+  assert.match(e.err, /mi-bad\.jsonl:1: "continuation" must be a non-empty string \(what each context is scored with\)/);
 });
 
 test('eval --choices with text items: word and byte perplexity and bits per byte from the written log-likelihoods, in windows of --seq or the model\'s', async () => {

@@ -16,7 +16,7 @@ import { encodeForModel } from '../../src/eval/encode.js';
 import { chatSaid, rowsSaid } from '../../src/eval/choices.js';
 import { chatFormatOf, CHATML_TEMPLATE } from '../../src/tokenizer/chat.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
-import { fewshotExamples, promptTurns, turnsMessages, turnsText, type FewshotOptions } from '../../src/eval/fewshot.js';
+import { choiceTurns, fewshotExamples, promptTurns, turnsMessages, turnsText, type FewshotOptions, type PromptTurn } from '../../src/eval/fewshot.js';
 import { InputError } from '../../src/util/errors.js';
 
 const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/fewshot/harness-prompts.json');
@@ -24,22 +24,26 @@ const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..
 interface Case {
   name: string; items: object[]; pool: object[] | null; n: number; sampler: 'random' | 'first_n'; seed: number;
   fewshot_delimiter: string; target_delimiter: string;
-  text: string[]; multiturn?: Array<{ messages: unknown[] }>; singleturn?: Array<{ messages: unknown[] }>;
+  // a multiple-input item's prompts: one per context
+  text: Array<string | string[]>; multiturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>; singleturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>;
 }
 
 const lines = (docs: object[], file: string): ChoiceItem[] => parseChoiceItems(docs.map((d) => JSON.stringify(d)).join('\n'), file);
 
 test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn', () => {
   const fix = JSON.parse(fs.readFileSync(FIX, 'utf8')) as { cases: Case[] };
-  assert.equal(fix.cases.length, 9);
+  assert.equal(fix.cases.length, 11);
   let compared = 0;
   for (const c of fix.cases) {
     const items = lines(c.items, `${c.name}.jsonl`);
     const o: FewshotOptions = { n: c.n, sampler: c.sampler, seed: c.seed, delimiter: c.fewshot_delimiter, ...(c.pool ? { pools: [lines(c.pool, 'pool.jsonl')] } : {}) };
     const turns = promptTurns(items, o, c.target_delimiter);
-    assert.deepEqual(turns.map(turnsText), c.text, `${c.name}: text`);
-    if (c.multiturn) assert.deepEqual(turns.map((t) => turnsMessages(t, false)), c.multiturn.map((m) => m.messages), `${c.name}: turns`);
-    if (c.singleturn) assert.deepEqual(turns.map((t) => turnsMessages(t, true)), c.singleturn.map((m) => m.messages), `${c.name}: one user turn`);
+    // each item's prompt, or a multiple-input item's prompts, one per context
+    const each = <T>(f: (t: readonly PromptTurn[]) => T): Array<T | T[]> => turns.map((t, i) => (items[i]!.shared !== undefined ? items[i]!.choices.map((_, k) => f(choiceTurns(t, items[i]!, k))) : f(t)));
+    const msgs = (m: { messages: unknown[] } | Array<{ messages: unknown[] }>): unknown => (Array.isArray(m) ? m.map((x) => x.messages) : m.messages);
+    assert.deepEqual(each(turnsText), c.text, `${c.name}: text`);
+    if (c.multiturn) assert.deepEqual(each((t) => turnsMessages(t, false)), c.multiturn.map(msgs), `${c.name}: turns`);
+    if (c.singleturn) assert.deepEqual(each((t) => turnsMessages(t, true)), c.singleturn.map(msgs), `${c.name}: one user turn`);
     compared += c.text.length;
   }
   assert.ok(compared > 150);
