@@ -66,7 +66,7 @@ export function choiceRows(encoded: readonly EncodedChoice[], items: readonly Ch
   return encoded.map(({ item, choice, ctx, cont }) => {
     if (items[item]!.rolling && ctx.length + cont.length > seq + 1) throw new Error(`${items[item]!.where}: a rolling window of ${ctx.length + cont.length - 1} inputs in a window of ${seq}`);
     if (cont.length > seq) {
-      throw new InputError(`${items[item]!.where}: ${items[item]!.continuation ? 'the continuation' : `choice ${choice}`} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
+      throw new InputError(`${items[item]!.where}: ${items[item]!.continuation || items[item]!.shared !== undefined ? 'the continuation' : `choice ${choice}`} is ${cont.length} tokens, more than the window (--seq ${seq}) holds`, hint(cont.length));
     }
     let ids = [...ctx, ...cont];
     const cut = ids.length > seq + 1;
@@ -211,13 +211,16 @@ export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | und
   ].filter((x) => x).join(', ');
 }
 
-/**
- * What the rows are, for a log line: "12 continuations", "3 continuations and 5 text windows", "5 text windows"; and
- * how the contexts meet the chat template (with `chat`: turns where some prompt has a system turn or examples).
- */
+/** What the rows are, for a log line: "12 continuations", "3 continuations and 5 text windows", "5 text windows". */
 export function rowsSaid(items: readonly ChoiceItem[], rows: readonly ChoiceRow[]): string {
-  const windows = rows.filter((r) => items[r.item]!.rolling).length, cont = rows.length - windows;
-  return [cont || !windows ? `${cont} continuation${cont === 1 ? '' : 's'}` : '', windows ? `${windows} text window${windows === 1 ? '' : 's'}` : ''].filter((x) => x).join(' and ');
+  const windows = rows.filter((r) => items[r.item]!.rolling).length;
+  return rowCounts(rows.length - windows, windows);
+}
+
+/** "N continuations", "N continuations and W text windows" or "W text windows" (singular for one). */
+export function rowCounts(continuations: number, windows: number): string {
+  const n = (k: number, what: string): string => `${k} ${what}${k === 1 ? '' : 's'}`;
+  return [continuations || !windows ? n(continuations, 'continuation') : '', windows ? n(windows, 'text window') : ''].filter((x) => x).join(' and ');
 }
 
 /** With --choices-chat: how the prompts go to the template ('' when every item is a text, scored as it is). */

@@ -43,7 +43,7 @@ export interface ChoiceItem {
   doc?: string;
 }
 
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, {"contexts": ["...", "..."], "continuation": "...", "answer": <index>}, or {"text": "..."}';
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, {"contexts": ["...", "..."], "continuation": "...", "answer": <index or the right context\'s text>}, or {"text": "..."}';
 
 /** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
 export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
@@ -57,7 +57,8 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     const o = j as Record<string, unknown>;
     if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
     const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
-    if (o.text !== undefined && o.context === undefined) {
+    if (o.contexts !== undefined && o.context !== undefined) throw new InputError(`${where}: "contexts" goes without "context"`, 'a line has one context, or a list of them (a multiple-input item)');
+    if (o.text !== undefined && o.context === undefined && o.contexts === undefined) {
       const other = ['choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
       if (other.length) throw new InputError(`${where}: "text" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
       if (typeof o.text !== 'string' || o.text === '') throw new InputError(`${where}: "text" must be a non-empty string`, HINT);

@@ -339,6 +339,16 @@ test('eval --choices with multiple-input items (Winogrande\'s): the continuation
   const e = await run(['eval', '--model', model, '--choices', bad]);
   assert.equal(e.code, 2);
   assert.match(e.err, /mi-bad\.jsonl:1: "continuation" must be a non-empty string \(what each context is scored with\)/);
+  fs.writeFileSync(bad, JSON.stringify({ context: 'x', contexts: ['a', 'b'], continuation: 'c', answer: 0 }) + '\n');
+  const both = await run(['eval', '--model', model, '--choices', bad]);
+  assert.equal(both.code, 2);
+  assert.match(both.err, /mi-bad\.jsonl:1: "contexts" goes without "context"/);
+  // a stray "text" key does not make a multiple-input line a text item; a continuation too long names the continuation
+  const stray = path.join(dir, 'mi-stray.jsonl');
+  fs.writeFileSync(stray, JSON.stringify({ ...mi[0], text: 'raw row' }) + '\n');
+  const st = await run(['eval', '--model', model, '--choices', stray, '--seq', '2']);
+  assert.equal(st.code, 2);
+  assert.match(st.err, /mi-stray\.jsonl:1: the continuation is \d+ tokens, more than the window \(--seq 2\) holds/);
 });
 
 test('eval --choices with text items: word and byte perplexity and bits per byte from the written log-likelihoods, in windows of --seq or the model\'s', async () => {

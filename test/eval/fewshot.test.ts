@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseChoiceItems, type ChoiceItem } from '../../src/eval/items.js';
 import { encodeForModel } from '../../src/eval/encode.js';
-import { chatSaid, rowsSaid } from '../../src/eval/choices.js';
+import { chatSaid, rowCounts, rowsSaid } from '../../src/eval/choices.js';
 import { chatFormatOf, CHATML_TEMPLATE } from '../../src/tokenizer/chat.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
 import { choiceTurns, fewshotExamples, promptTurns, turnsMessages, turnsText, type FewshotOptions, type PromptTurn } from '../../src/eval/fewshot.js';
@@ -120,4 +120,5 @@ test('a chat template that refuses a system turn gets the prompt again without i
   assert.notDeepEqual(encodeForModel(tok, plain, items, { chat: true }), without);
   assert.equal(chatSaid(items, 0, false), ' (contexts as turns of the chat template)');
   assert.equal(rowsSaid(items, [{ item: 0, choice: 0, ids: [1, 2], contStart: 1, cut: false }]), '1 continuation');
+  assert.deepEqual([rowCounts(1, 0), rowCounts(0, 3), rowCounts(2, 1), rowCounts(0, 0)], ['1 continuation', '3 text windows', '2 continuations and 1 text window', '0 continuations']);
 });

@@ -32,7 +32,7 @@ import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/cha
 import { parseTemplateKwargs } from '../options.js';
 import { readChoiceItems, type ChoiceItem } from '../../eval/items.js';
 import { encodeForModel, type EncodedChoice } from '../../eval/encode.js';
-import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
+import { chatSaid, rowCounts, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
@@ -392,9 +392,8 @@ export function formatEval(r: EvalResult): string {
   if (r.kl !== undefined) lines.push(`kl          ${r.kl.toFixed(4)}  (mean KL(teacher ‖ model) at T = 1, nats/token)`);
   const c = r.choices;
   if (c) {
-    const windows = c.rolling?.windows ?? 0, conts = c.rows - windows;
-    const rowsText = [conts || !windows ? `${conts} continuations` : '', windows ? `${windows} text windows` : ''].filter((x) => x).join(' and ');
-    lines.push(`choices     ${c.items} items, ${rowsText} (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
+    const windows = c.rolling?.windows ?? 0;
+    lines.push(`choices     ${c.items} items, ${rowCounts(c.rows - windows, windows)} (windows of ${c.seq}${c.cut ? `, ${c.cut} cut on the left` : ''})`);
     const kept = (m: number, t: number): string => (t > 0 ? `, the model keeps ${percent(m / t)}` : '');
     const t = c.teacher;
     if (c.acc !== undefined && c.accNorm !== undefined) {
