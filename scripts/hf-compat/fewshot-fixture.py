@@ -68,9 +68,10 @@ def chat(messages, add_generation_prompt):
 cases = []
 
 
-def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_delim="\n\n", target_delim=" ", modes=("text", "multiturn", "singleturn")):
+def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_delim="\n\n", target_delim=" ", modes=("text", "multiturn", "singleturn"),
+         system=None):
     out = {"name": name, "items": items, "pool": pool, "n": n, "sampler": sampler, "seed": seed,
-           "fewshot_delimiter": fewshot_delim, "target_delimiter": target_delim}
+           "fewshot_delimiter": fewshot_delim, "target_delimiter": target_delim, "system_instruction": system}
     for mode in modes:
         t = task(kind, description, fewshot_delim, pool is None, target_delim)
         cls = samplers.get_sampler("default" if sampler == "random" else sampler)
@@ -79,9 +80,9 @@ def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_d
         got = []
         for d in items:
             if mode == "text":
-                got.append(t.fewshot_context(d, n))
+                got.append(t.fewshot_context(d, n, system_instruction=system))
             else:
-                r = t.fewshot_context(d, n, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn", chat_template=chat)
+                r = t.fewshot_context(d, n, system_instruction=system, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn", chat_template=chat)
                 got.append([json.loads(x) for x in r] if isinstance(r, list) else json.loads(r))
         out[mode] = got
     cases.append(out)
@@ -97,6 +98,9 @@ case("mc-own-random-delims", "mc", mc_docs(10, "F"), None, 2, "random", 1234, fe
 case("continuation-own-random-2", "cont", cont_docs(8, "G"), None, 2, "random", 1234)  # lambada_openai's default target_delimiter " "
 case("multiple-input-own-random-2", "mi", mi_docs(9, "W"), None, 2, "random", 1234)
 case("multiple-input-pool-first_n-1-descriptions", "mi", [dict(d, description="Fill the blank.\n\n") for d in mi_docs(4, "X")], mi_docs(3, "Y"), 1, "first_n", 1234, description=True)
+case("mc-system-instruction-descriptions", "mc", mc_docs(6, "S", description="About words.\n\n"), None, 1, "first_n", 1234, description=True,
+     system="You are a careful reader.")
+case("mc-system-instruction-trailing-space", "mc", mc_docs(4, "R"), None, 1, "random", 5, system="Answer briefly. ")
 case("continuation-own-random-2-no-delimiter", "cont", cont_docs(6, "H"), None, 2, "random", 99, target_delim="")
 json.dump({"harness_commit": commit, "python": sys.version.split()[0],
            "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",

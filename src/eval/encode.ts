@@ -136,6 +136,8 @@ export interface ChoicePrompt {
   singleTurn?: boolean | undefined;
   /** The rolling windows' length for text items (the harness's max_length; required with text items). */
   rollingWindow?: number | undefined;
+  /** Before each item's description, in its system turn (the harness's --system_instruction). */
+  systemInstruction?: string | undefined;
   /** Where a warning goes (a template that refused the description's system turn). */
   warn?: ((line: string) => void) | undefined;
 }
@@ -148,7 +150,7 @@ export interface ChoicePrompt {
 export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
   const kwargs = prompt.kwargs;
   // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
-  const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ');
+  const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ', prompt.systemInstruction);
   const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
   let warned = false;
   // as the harness's apply_chat_template: a template that refuses the conversation gets it again without the system turn

@@ -21,7 +21,7 @@
  */
 import { InputError } from '../util/errors.js';
 import type { ChatMessage } from '../tokenizer/chat.js';
-import type { ChoiceItem } from './items.js';
+import { pyIsSpace, type ChoiceItem } from './items.js';
 import { PyRandom } from './py-random.js';
 
 /** The harness's few-shot settings (`--num_fewshot`, the task's fewshot_config, `--seed`'s fourth value). */
@@ -110,11 +110,13 @@ export function docKey(it: ChoiceItem): string {
  * user: the item's context. `targetDelimiter` goes between a multiple-choice example's context and its answer (the
  * harness's target_delimiter, which its chat mode keeps for the examples).
  */
-export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | null, targetDelimiter: string): PromptTurn[][] {
+export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | null, targetDelimiter: string, systemInstruction?: string): PromptTurn[][] {
   const shots = o && o.n > 0 ? fewshotExamples(items, o) : null;
   return items.map((it, i) => {
     const turns: PromptTurn[] = [];
-    if (it.description) turns.push({ role: 'system', content: it.description, after: '' });
+    // the harness's system prompt: maybe_delimit(system_instruction, description, fewshot_delimiter)
+    const system = maybeDelimit(systemInstruction ?? '', it.description ?? '', o?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
+    if (system) turns.push({ role: 'system', content: system, after: '' });
     for (const ex of shots?.[i] ?? []) {
       // the harness's build_qa_turn puts the target delimiter after every example's context, a loglikelihood task's too
       // a multiple-input example (Winogrande's): its right context, then the continuation they share
@@ -133,6 +135,13 @@ export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | nu
 export function choiceTurns(turns: readonly PromptTurn[], it: ChoiceItem, k: number): readonly PromptTurn[] {
   if (it.shared === undefined) return turns;
   return [...turns.slice(0, -1), { ...turns[turns.length - 1]!, content: it.choices[k]! }];
+}
+
+/** The harness's maybe_delimit: prefix + delimiter + suffix, without the delimiter where either has whitespace at the join. */
+export function maybeDelimit(prefix: string, suffix: string, delimiter: string): string {
+  if (!prefix) return suffix;
+  if (!suffix) return prefix;
+  return pyIsSpace([...prefix].pop()!) || pyIsSpace([...suffix][0]!) ? prefix + suffix : prefix + delimiter + suffix;
 }
 
 /** The turns as plain text (the harness's `messages_to_text`). */

@@ -140,6 +140,12 @@ export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
 const PY_SPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+';
 export const PY_TRAILING_SPACE = new RegExp(`${PY_SPACE}$`, 'u');
 const PY_SPACE_RUN = new RegExp(PY_SPACE, 'u');
+const PY_SPACE_ONE = new RegExp(`^${PY_SPACE}$`, 'u');
+
+/** Python's `ch.isspace()` for one character. */
+export function pyIsSpace(ch: string): boolean {
+  return PY_SPACE_ONE.test(ch);
+}
 
 /** The harness's word count of a text (Task.count_words): len(re.split(r"\s+", text)), empty pieces at the ends counted. */
 export function pyWords(text: string): number {

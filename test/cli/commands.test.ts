@@ -255,7 +255,7 @@ test('eval --choices with continuation items: is_greedy and perplexity from the 
 
 test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same log-likelihoods as those prompts written into the file', async () => {
   // test/fixtures/fewshot/harness-prompts.json: what lm-evaluation-harness's own fewshot_context built for these items
-  type Case = { name: string; items: Array<Record<string, unknown>>; pool: Array<Record<string, unknown>> | null; n: number; sampler: string; seed: number; text: Array<string | string[]> };
+  type Case = { name: string; items: Array<Record<string, unknown>>; pool: Array<Record<string, unknown>> | null; n: number; sampler: string; seed: number; text: Array<string | string[]>; system_instruction: string | null };
   const fix = JSON.parse(fs.readFileSync(path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/fewshot/harness-prompts.json'), 'utf8')) as { cases: Case[] };
   const write = (name: string, docs: Array<Record<string, unknown>>): string => {
     const f = path.join(dir, name);
@@ -268,13 +268,14 @@ test('eval --choices --fewshot scores the harness\'s few-shot prompts: the same 
     assert.equal(r.code, 0, r.err);
     return fs.readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { logliks?: number[]; loglik?: number });
   };
-  for (const name of ['mc-own-random-3', 'mc-pool-first_n-2', 'continuation-own-random-2', 'multiple-input-own-random-2']) {
+  for (const name of ['mc-own-random-3', 'mc-pool-first_n-2', 'continuation-own-random-2', 'multiple-input-own-random-2', 'mc-system-instruction-descriptions']) {
     const c = fix.cases.find((x) => x.name === name)!;
     const items = write(`${name}.jsonl`, c.items);
     const args = ['--choices', items, '--fewshot', String(c.n), '--fewshot-sampler', c.sampler, '--fewshot-seed', String(c.seed),
-      ...(c.pool ? ['--fewshot-from', write(`${name}-pool.jsonl`, c.pool)] : [])];
+      ...(c.pool ? ['--fewshot-from', write(`${name}-pool.jsonl`, c.pool)] : []), ...(c.system_instruction ? ['--system-instruction', c.system_instruction] : [])];
     // a multiple-input item's prompts (one per context) as its contexts
-    const prebuilt = write(`${name}-prebuilt.jsonl`, c.items.map((d, i) => (Array.isArray(c.text[i]) ? { ...d, contexts: c.text[i] } : { ...d, context: c.text[i] })));
+    // (the description is in the prompt already)
+    const prebuilt = write(`${name}-prebuilt.jsonl`, c.items.map(({ description: _d, ...d }, i) => (Array.isArray(c.text[i]) ? { ...d, contexts: c.text[i] } : { ...d, context: c.text[i] })));
     const [got, want] = [await scores(args), await scores(['--choices', prebuilt])];
     assert.equal(got.length, c.items.length);
     got.forEach((g, i) => assert.deepEqual(g.logliks ?? [g.loglik], want[i]!.logliks ?? [want[i]!.loglik], `${name} item ${i}`));
@@ -521,7 +522,7 @@ test('eval --choices: acc and acc_norm from the written log-likelihoods, the tea
   const none = await run(['eval', '--model', model]);
   assert.equal(none.code, 2);
   assert.match(none.err, /no data given \(--data or --choices\)/);
-  for (const f of [['--choice-delimiter', ' '], ['--choices-out', out], ['--choices-chat']]) {
+  for (const f of [['--choice-delimiter', ' '], ['--choices-out', out], ['--choices-chat'], ['--system-instruction', 'Be brief.']]) {
     const x = await run(['eval', '--model', model, '--data', dataFile, ...f]);
     assert.equal(x.code, 2);
     assert.match(x.err, new RegExp(`${f[0]} goes with --choices`));

@@ -23,7 +23,7 @@ const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..
 
 interface Case {
   name: string; items: object[]; pool: object[] | null; n: number; sampler: 'random' | 'first_n'; seed: number;
-  fewshot_delimiter: string; target_delimiter: string;
+  fewshot_delimiter: string; target_delimiter: string; system_instruction: string | null;
   // a multiple-input item's prompts: one per context
   text: Array<string | string[]>; multiturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>; singleturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>;
 }
@@ -32,12 +32,12 @@ const lines = (docs: object[], file: string): ChoiceItem[] => parseChoiceItems(d
 
 test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn', () => {
   const fix = JSON.parse(fs.readFileSync(FIX, 'utf8')) as { cases: Case[] };
-  assert.equal(fix.cases.length, 11);
+  assert.equal(fix.cases.length, 13);
   let compared = 0;
   for (const c of fix.cases) {
     const items = lines(c.items, `${c.name}.jsonl`);
     const o: FewshotOptions = { n: c.n, sampler: c.sampler, seed: c.seed, delimiter: c.fewshot_delimiter, ...(c.pool ? { pools: [lines(c.pool, 'pool.jsonl')] } : {}) };
-    const turns = promptTurns(items, o, c.target_delimiter);
+    const turns = promptTurns(items, o, c.target_delimiter, c.system_instruction ?? undefined);
     // each item's prompt, or a multiple-input item's prompts, one per context
     const each = <T>(f: (t: readonly PromptTurn[]) => T): Array<T | T[]> => turns.map((t, i) => (items[i]!.shared !== undefined ? items[i]!.choices.map((_, k) => f(choiceTurns(t, items[i]!, k))) : f(t)));
     const msgs = (m: { messages: unknown[] } | Array<{ messages: unknown[] }>): unknown => (Array.isArray(m) ? m.map((x) => x.messages) : m.messages);

@@ -46,6 +46,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'choices-out', kind: 'string', metavar: '<file.jsonl>', description: 'with --choices: write each item\'s log-likelihoods and predictions (the model\'s, the teacher\'s), a JSON line an item' },
   { name: 'choice-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'what goes between an item\'s context and each choice (the harness\'s target_delimiter; \'\' allowed; a continuation goes as written)', defaultText: "' ', '' with --choices-chat" },
   { name: 'choices-chat', kind: 'boolean', description: 'with --choices: each context as a user turn of the model\'s chat template with the assistant turn opened (the harness\'s --apply_chat_template; --chat-template-kwargs apply)' },
+  { name: 'system-instruction', kind: 'string', metavar: '<text>', description: 'with --choices: a system turn before each item\'s description and examples (the harness\'s --system_instruction; plain text: the prompt\'s start)' },
   { name: 'fewshot', kind: 'integer', metavar: '<n>', description: 'with --choices: n examples (a context and its answer) before each item, as the harness\'s --num_fewshot builds them', defaultText: '0' },
   { name: 'fewshot-from', kind: 'list', metavar: '<file.jsonl>...', description: 'with --fewshot: the examples\' items, one file per --choices file (the harness\'s fewshot_split)', defaultText: 'each --choices file\'s own items, the item itself left out' },
   { name: 'fewshot-sampler', kind: 'string', choices: [...FEWSHOT_SAMPLERS], description: 'with --fewshot: random (the harness\'s default sampler, CPython\'s random.sample) or first_n (the first n, MMLU\'s)', defaultText: FEWSHOT_DEFAULTS.sampler },
@@ -82,6 +83,8 @@ export interface EvalOptions {
   choicesChat?: boolean | undefined;
   /** With choices: examples before each item (src/eval/fewshot.ts; the examples' files resolved to `fewshotFrom`). */
   fewshot?: (Omit<FewshotOptions, 'pools'> & { from?: string[] | undefined; singleTurn?: boolean | undefined }) | undefined;
+  /** With choices: before each item's description (the harness's --system_instruction). */
+  systemInstruction?: string | undefined;
   /** With choices: write each item's log-likelihoods and predictions here (JSON lines). */
   choicesOut?: string | undefined;
   /** Score --choices in windows of the longest item (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
@@ -136,7 +139,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = (v.data as string[] | undefined) ?? [];
   const choices = (v.choices as string[] | undefined) ?? [];
   if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
-  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot']) {
+  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot', 'system-instruction']) {
     if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
   const fewshot = fewshotOptions(v, choices);
@@ -145,7 +148,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
     ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
     ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
-    ...(fewshot ? { fewshot } : {}),
+    ...(fewshot ? { fewshot } : {}), ...(typeof v['system-instruction'] === 'string' ? { systemInstruction: v['system-instruction'] } : {}),
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
@@ -362,7 +365,7 @@ function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; 
   // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
   const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
-    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, rollingWindow, warn: log });
+    { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, rollingWindow, warn: log, systemInstruction: o.systemInstruction });
   const model = encode(sides.model), teacher = sides.teacher ? encode(sides.teacher) : undefined;
   const need = Math.max(choiceWindow(model), teacher ? choiceWindow(teacher) : 0);
   const seq = o.choiceSeqAuto ? Math.min(need, maxPos) : o.seq;
