@@ -18,6 +18,7 @@ import { parseLoraTargets } from '../model/lora.js';
 import { DistilleryError } from '../util/errors.js';
 import { isJsonObject, parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
+import { examplesPairing, repeatedFile, REPEATED_FILE_HINT } from '../eval/items.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
 type Check = (v: number) => string | null;
@@ -291,8 +292,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     if (fs.isDirectory(c)) throw new UsageError(`${labelOf('evalChoices')}: ${c} is a folder`, 'pass the .jsonl file of items itself');
   }
   const choiceFiles = (merged.evalChoices as string[] | undefined) ?? [];
-  const twice = choiceFiles.find((f, i) => choiceFiles.findIndex((g) => path.resolve(g) === path.resolve(f)) !== i);
-  if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, 'give each items file once (each is a task, with its own metrics and examples)');
+  const twice = repeatedFile(choiceFiles);
+  if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, REPEATED_FILE_HINT);
   for (const f of ['evalChoicesChat', 'evalFewshot'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0)) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
@@ -300,10 +301,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
     if (label.has(f) && !label.has('evalFewshot')) throw new UsageError(`${labelOf(f)} goes with --eval-fewshot`, 'pass --eval-fewshot <n>, or drop it');
   }
   const shotFiles = (merged.evalFewshotFrom as string[] | undefined) ?? [];
-  if (shotFiles.length && shotFiles.length !== choiceFiles.length) {
-    throw new UsageError(`${labelOf('evalFewshotFrom')}: ${shotFiles.length} file${shotFiles.length === 1 ? '' : 's'} for ${choiceFiles.length} --eval-choices file${choiceFiles.length === 1 ? '' : 's'}`,
-      'give one examples file per --eval-choices file, in the same order, or none (each file\'s own items are its examples)');
-  }
+  const pairing = shotFiles.length ? examplesPairing(shotFiles.length, choiceFiles.length, labelOf('evalFewshotFrom'), '--eval-choices') : null;
+  if (pairing) throw new UsageError(pairing.message, pairing.hint);
   for (const c of shotFiles) {
     if (!fs.exists(c) || fs.isDirectory(c)) throw new UsageError(`${labelOf('evalFewshotFrom')}: ${c} is not a file`, 'pass the .jsonl file of examples (relative paths are relative to the current folder)');
   }

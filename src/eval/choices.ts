@@ -15,7 +15,7 @@
 import { InputError } from '../util/errors.js';
 import type { Batch } from '../train/step.js';
 import type { EncodedChoice } from './encode.js';
-import { pyLen, type ChoiceItem } from './items.js';
+import { itemsByFile, pyLen, type ChoiceItem } from './items.js';
 
 /** One scored sequence: an item's context followed by one of its choices. */
 export interface ChoiceRow {
@@ -190,13 +190,7 @@ export async function scoreChoices(slots: readonly number[], batches: Iterable<{
 
 /** Each items file's metrics (ChoiceItem.file), in the order the files were read: the harness reports a task's own. */
 export function metricsByFile(items: readonly ChoiceItem[], scores: ItemScores): Array<{ file: string } & ChoiceMetrics> {
-  const groups = new Map<string, number[]>();
-  items.forEach((it, i) => {
-    const f = it.file ?? '';
-    const g = groups.get(f);
-    if (g) g.push(i); else groups.set(f, [i]);
-  });
-  return [...groups].map(([file, idx]) => ({
+  return itemsByFile(items).map(({ file, idx }) => ({
     file, ...choiceMetrics(idx.map((i) => items[i]!), { ll: idx.map((i) => scores.ll[i]!), greedy: idx.map((i) => scores.greedy[i]!) }),
   }));
 }

@@ -21,7 +21,7 @@
  */
 import { InputError } from '../util/errors.js';
 import type { ChatMessage } from '../tokenizer/chat.js';
-import { pyIsSpace, type ChoiceItem } from './items.js';
+import { examplesPairing, itemsByFile, pyIsSpace, type ChoiceItem } from './items.js';
 import { PyRandom } from './py-random.js';
 
 /** The harness's few-shot settings (`--num_fewshot`, the task's fewshot_config, `--seed`'s fourth value). */
@@ -53,18 +53,11 @@ export interface PromptTurn { role: 'system' | 'user' | 'assistant'; content: st
  * `o.pools`, when given, holds one pool per file in the order the files first appear.
  */
 export function fewshotExamples(items: readonly ChoiceItem[], o: FewshotOptions): Array<readonly ChoiceItem[]> {
-  const groups = new Map<string, number[]>();
-  items.forEach((it, i) => {
-    const f = it.file ?? '';
-    if (!groups.has(f)) groups.set(f, []);
-    groups.get(f)!.push(i);
-  });
-  if (o.pools && o.pools.length !== groups.size) {
-    throw new InputError(`${o.pools.length} few-shot file${o.pools.length === 1 ? '' : 's'} for ${groups.size} items file${groups.size === 1 ? '' : 's'}`,
-      'give one few-shot file per items file, in the same order, or none (each file\'s own items are its examples)');
-  }
+  const groups = itemsByFile(items);
+  const pairing = o.pools ? examplesPairing(o.pools.length, groups.length, 'few-shot', 'items') : null;
+  if (pairing) throw new InputError(pairing.message, pairing.hint);
   const out: Array<readonly ChoiceItem[]> = new Array<readonly ChoiceItem[]>(items.length);
-  [...groups.values()].forEach((idx, g) => {
+  groups.forEach(({ idx }, g) => {
     const own = o.pools === undefined;
     // text items (the harness's rolling tasks, scored whole) get no examples and are none
     const pool: readonly ChoiceItem[] = (o.pools ? o.pools[g]! : idx.map((i) => items[i]!)).filter((x) => !x.rolling);

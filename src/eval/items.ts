@@ -12,6 +12,7 @@
  * `pyLen` (len: code points), `pyWords` (len(re.split(r"\s+"))), PY_TRAILING_SPACE (str.isspace).
  */
 import * as fs from 'node:fs';
+import * as path from 'node:path';
 import { InputError } from '../util/errors.js';
 
 /** One multiple-choice item. */
@@ -134,6 +135,36 @@ export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
     items.push(...got);
   }
   return items;
+}
+
+/** The items' indices grouped by the file each came from (a task), the files in the order they first appear. */
+export function itemsByFile(items: readonly ChoiceItem[]): Array<{ file: string; idx: number[] }> {
+  const groups = new Map<string, number[]>();
+  items.forEach((it, i) => {
+    const f = it.file ?? '';
+    const g = groups.get(f);
+    if (g) g.push(i); else groups.set(f, [i]);
+  });
+  return [...groups].map(([file, idx]) => ({ file, idx }));
+}
+
+/** The first items file named twice (the same path however written), or undefined: each file is a task of its own. */
+export function repeatedFile(files: readonly string[]): string | undefined {
+  return files.find((f, i) => files.findIndex((g) => path.resolve(g) === path.resolve(f)) !== i);
+}
+
+export const REPEATED_FILE_HINT = 'give each items file once (each is a task, with its own metrics and examples)';
+
+/**
+ * Why `examples` few-shot files do not pair with `items` items files (one per items file, in their order), or null;
+ * the flags name them in the message.
+ */
+export function examplesPairing(examples: number, items: number, examplesFlag: string, itemsFlag: string): { message: string; hint: string } | null {
+  if (examples === items) return null;
+  return {
+    message: `${examples} ${examplesFlag} file${examples === 1 ? '' : 's'} for ${items} ${itemsFlag} file${items === 1 ? '' : 's'}`,
+    hint: `give one examples file per ${itemsFlag} file, in the same order, or none (each file's own items are its examples)`,
+  };
 }
 
 /** Python's str.isspace() characters: what str.rstrip() removes and `\s` matches in a str pattern (U+001C..U+001F among them, not U+FEFF). */

@@ -20,7 +20,7 @@ import { parseChoiceItems, pyLen, type ChoiceItem } from '../../src/eval/items.j
 import { ChoiceEncoder, encodeChoices, type SpecialTokens } from '../../src/eval/encode.js';
 import { CHOICE_LENGTH_STEP, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, predictions, scoreChoices } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
-import { tinyTokenizer } from '../cli/fixtures.js';
+import { tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
 import { trainBpe } from '../../src/tokenizer/train-bpe.js';
 
 /** A BPE with no special token: no BOS, no end-of-text. */
@@ -217,10 +217,7 @@ test("continuation items: the harness's loglikelihood metrics, acc = mean is_gre
 
 test("scores: each row's summed log-probability of its continuation, over padded batches, equals the float64 log-softmax of the row's own forward", async () => {
   const tok = tinyTokenizer();
-  const c: ModelConfig = {
-    architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 16, intermediateSize: 32, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 4,
-    rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 128, qkvBias: true, qkNorm: false, noRopeLayers: [],
-  };
+  const c: ModelConfig = tinyConfig(tok.vocabSize, { maxPositionEmbeddings: 128 });
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const w = initialWeights(parameterLayout(c), c, new Rng(5), 0.5);
   const items: ChoiceItem[] = [

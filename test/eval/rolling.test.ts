@@ -21,7 +21,7 @@ import { parseChoiceItems, pyWords } from '../../src/eval/items.js';
 import { ChoiceEncoder, encodeChoices, rollingWindows } from '../../src/eval/encode.js';
 import { choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, scoreChoices, textLoglik } from '../../src/eval/choices.js';
 import { fewshotExamples } from '../../src/eval/fewshot.js';
-import { tinyTokenizer } from '../cli/fixtures.js';
+import { tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
 
 const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/rolling/harness-windows.json');
 
@@ -82,10 +82,7 @@ test('text metrics: word and byte perplexity and bits per byte over the texts\' 
 
 test('text scores: the sum over the windows of each window\'s float64 log-softmax; one window scores as a continuation after an empty context', async () => {
   const tok = tinyTokenizer();
-  const c: ModelConfig = {
-    architecture: 'qwen2', vocabSize: tok.vocabSize, hiddenSize: 16, intermediateSize: 32, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 4,
-    rope: { type: 'default', theta: 10000 }, rmsNormEps: 1e-6, tieWordEmbeddings: false, maxPositionEmbeddings: 128, qkvBias: true, qkNorm: false, noRopeLayers: [],
-  };
+  const c: ModelConfig = tinyConfig(tok.vocabSize, { maxPositionEmbeddings: 128 });
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const w = initialWeights(parameterLayout(c), c, new Rng(9), 0.5);
   const long = 'Distillation trains a small model on the soft targets of a larger one. The quick brown fox jumps over the lazy dog.';

@@ -178,7 +178,7 @@ test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choic
     [['--eval-choices-chat'], /--eval-choices-chat goes with --eval-choices/],
     [['--eval-fewshot', '2'], /--eval-fewshot goes with --eval-choices/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot-seed', '3'], /--eval-fewshot-seed goes with --eval-fewshot/],
-    [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--eval-fewshot-from', itemsFile(dir), itemsFile(dir)], /--eval-fewshot-from: 2 files for 1 --eval-choices file/],
+    [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--eval-fewshot-from', itemsFile(dir), itemsFile(dir)], /2 --eval-fewshot-from files for 1 --eval-choices file/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '-1'], /--eval-fewshot must be an integer >= 0/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--config', bigSeed], /eval_fewshot_seed in .*big-seed\.yaml expects an integer/], // beyond 2^53: not an integer a double holds
     [['--eval-choices', itemsFile(dir), itemsFile(dir)], /--eval-choices: .*items\.jsonl is given twice/],

@@ -30,7 +30,7 @@ import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
-import { readChoiceItems, type ChoiceItem } from '../../eval/items.js';
+import { examplesPairing, readChoiceItems, repeatedFile, REPEATED_FILE_HINT, type ChoiceItem } from '../../eval/items.js';
 import { encodeForModel, type EncodedChoice } from '../../eval/encode.js';
 import { chatSaid, rowCounts, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
@@ -173,8 +173,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   for (const c of choices) {
     if (!realFs.exists(c)) throw new UsageError(`--choices: file ${c} does not exist`, 'check the path');
   }
-  const twice = choices.find((f, i) => choices.findIndex((g) => path.resolve(g) === path.resolve(f)) !== i);
-  if (twice !== undefined) throw new UsageError(`--choices: ${twice} is given twice`, 'give each items file once (each is a task, with its own metrics and examples)');
+  const twice = repeatedFile(choices);
+  if (twice !== undefined) throw new UsageError(`--choices: ${twice} is given twice`, REPEATED_FILE_HINT);
   if (o.choicesOut !== undefined) {
     const folder = path.dirname(path.resolve(o.choicesOut));
     if (!realFs.exists(folder)) throw new UsageError(`--choices-out: the folder ${folder} does not exist`, 'create it first, or write the file elsewhere');
@@ -198,10 +198,8 @@ function fewshotOptions(v: Record<string, unknown>, choices: readonly string[]):
   if (v['fewshot-single-turn'] !== undefined && v['choices-chat'] !== true) throw new UsageError('eval: --fewshot-single-turn goes with --choices-chat', 'pass --choices-chat, or drop --fewshot-single-turn');
   const from = v['fewshot-from'] as string[] | undefined;
   if (from) {
-    if (from.length !== choices.length) {
-      throw new UsageError(`eval: ${from.length} --fewshot-from file${from.length === 1 ? '' : 's'} for ${choices.length} --choices file${choices.length === 1 ? '' : 's'}`,
-        'give one examples file per --choices file, in the same order, or none (each file\'s own items are its examples)');
-    }
+    const pairing = examplesPairing(from.length, choices.length, '--fewshot-from', '--choices');
+    if (pairing) throw new UsageError(`eval: ${pairing.message}`, pairing.hint);
     for (const f of from) {
       if (!realFs.exists(f)) throw new UsageError(`--fewshot-from: file ${f} does not exist`, 'check the path');
     }
