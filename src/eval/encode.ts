@@ -148,12 +148,20 @@ export interface ChoicePrompt {
  * description, its examples and its own context, as text or as the chat template's turns.
  */
 export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
+  return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '), itemPrompts(format, items, prompt), prompt.rollingWindow);
+}
+
+/**
+ * Each item's prompt as text, for its choice k (a multiple-input item's k-th context; 0 otherwise): its description,
+ * examples and context (src/eval/fewshot.ts), joined as text or rendered by the chat template with the assistant turn
+ * opened. A template that refuses the system turn gets the conversation again without it (as the harness retries).
+ */
+export function itemPrompts(format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): (it: ChoiceItem, i: number, k: number) => string {
   const kwargs = prompt.kwargs;
   // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
   const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ', prompt.systemInstruction);
   const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
   let warned = false;
-  // as the harness's apply_chat_template: a template that refuses the conversation gets it again without the system turn
   const chat = (i: number, k: number): string => {
     const msgs = turnsMessages(choiceTurns(turns[i]!, items[i]!, k), prompt.singleTurn === true);
     try { return renderChat(format, msgs, opts); } catch (e) {
@@ -162,6 +170,5 @@ export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readon
       return renderChat(format, msgs.slice(1), opts);
     }
   };
-  return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '),
-    prompt.chat ? (_it, i, k) => chat(i, k) : (it, i, k) => turnsText(choiceTurns(turns[i]!, it, k)), prompt.rollingWindow);
+  return prompt.chat ? (_it, i, k) => chat(i, k) : (it, i, k) => turnsText(choiceTurns(turns[i]!, it, k));
 }

@@ -34,6 +34,11 @@ export interface ChoiceItem {
    * this one continuation after the delimiter; the prediction is the context under which it is likeliest.
    */
   shared?: string;
+  /**
+   * A generate_until item (`"target"`): generated, not scored; `choices` holds its first target (a few-shot example's
+   * answer, as the harness takes a list's first), `targets` every one exact_match accepts.
+   */
+  generate?: { targets: string[] };
   /** `file:line`, for messages. */
   where: string;
   /** The items file it was read from (per-file metrics). */
@@ -44,7 +49,7 @@ export interface ChoiceItem {
   doc?: string;
 }
 
-const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, {"contexts": ["...", "..."], "continuation": "...", "answer": <index or the right context\'s text>}, or {"text": "..."}';
+const HINT = 'each line: {"context": "...", "choices": ["...", "..."], "answer": <index or the right choice\'s text>}, {"context": "...", "continuation": "..."}, {"contexts": ["...", "..."], "continuation": "...", "answer": <index or the right context\'s text>}, {"text": "..."}, or {"context": "...", "target": "..."}';
 
 /** Parses the items of a JSON-lines file's text; `file` names it in errors. Blank lines are skipped. */
 export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
@@ -80,6 +85,16 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
       return;
     }
     if (typeof o.context !== 'string') throw new InputError(`${where}: "context" must be a string${o.context === undefined ? ' (it is missing)' : ''}`, HINT);
+    if (o.target !== undefined) {
+      const other = ['choices', 'answer', 'continuation'].filter((k) => o[k] !== undefined);
+      if (other.length) throw new InputError(`${where}: "target" goes without ${other.map((k) => `"${k}"`).join(', ')}`, HINT);
+      const targets = typeof o.target === 'string' ? [o.target] : o.target;
+      if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string')) {
+        throw new InputError(`${where}: "target" must be a string or a non-empty list of strings`, 'what the filtered answer is compared with (a list: any of them)');
+      }
+      out.push({ context: o.context, choices: [targets[0] as string], answer: 0, generate: { targets: targets as string[] }, ...extra });
+      return;
+    }
     if (o.continuation !== undefined) {
       if (o.choices !== undefined || o.answer !== undefined) throw new InputError(`${where}: "continuation" goes without "choices" and "answer"`, HINT);
       if (typeof o.continuation !== 'string' || o.continuation === '') throw new InputError(`${where}: "continuation" must be a non-empty string`, HINT);
@@ -132,6 +147,9 @@ export function readChoiceItems(files: readonly string[]): ChoiceItem[] {
     try { text = fs.readFileSync(f, 'utf8'); } catch (e) { throw new InputError(`cannot read --choices file ${f} (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`, 'check the path'); }
     const got = parseChoiceItems(text, f);
     if (got.length === 0) throw new InputError(`--choices file ${f} holds no items`, HINT);
+    // a file is one task, and a harness task has one output type: generation items go in files of their own
+    const gen = got.find((it) => it.generate), other = got.find((it) => !it.generate);
+    if (gen && other) throw new InputError(`${f} mixes generation items ("target", e.g. ${gen.where}) with scored ones (${other.where})`, 'put the generation items in a file of their own: each file is a task');
     items.push(...got);
   }
   return items;

@@ -28,7 +28,7 @@ export function seedOf(seed: number, b: number): number {
 export interface BatchResult {
   /** The generated ids of each sequence (stop token excluded). */
   tokens: number[][];
-  /** Why each sequence ended: a stop token, or the length budget. */
+  /** Why each sequence ended: a stop token, the caller's stopWhen (a stop string), or the length budget. */
   finish: Array<'stop' | 'length'>;
   /** The stop id that ended each sequence (null: the length budget). */
   stops: Array<number | null>;
@@ -203,7 +203,11 @@ export class BatchGenerator {
    * that gives it the same sequence number (sequence0: the batch's first; default 0). topK: 0 = off. rowStopIds: each
    * sequence's own stop ids (a text prompt beside a conversation), else stopIds for all.
    */
-  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & { sequence0?: number; rowStopIds?: ReadonlyArray<readonly number[]> }): BatchResult {
+  generateOnDevice(prompts: ReadonlyArray<ArrayLike<number>>, opts: SamplingOptions & {
+    sequence0?: number; rowStopIds?: ReadonlyArray<readonly number[]>;
+    /** Asked after each token a sequence keeps: true ends it there ('stop', no stop id), e.g. when a stop string appears. */
+    stopWhen?: (b: number, tokens: readonly number[]) => boolean;
+  }): BatchResult {
     const B = prompts.length;
     const longest = Math.max(...prompts.map((p) => p.length));
     if (longest + opts.maxNewTokens > this.maxLen) {
@@ -227,6 +231,7 @@ export class BatchGenerator {
         if (done[b]) continue;
         if ((opts.rowStopIds?.[b] ?? opts.stopIds)?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; continue; }
         tokens[b]!.push(id);
+        if (opts.stopWhen?.(b, tokens[b]!)) { done[b] = 1; finish[b] = 'stop'; }
       }
       if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
       ids = this.decodeSampled(next, s, sv, uniformsAt(step + 1), seen);

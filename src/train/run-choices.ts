@@ -15,6 +15,7 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
+import { InputError } from '../util/errors.js';
 import { encodeForModel } from '../eval/encode.js';
 import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, scoreChoices, type ChoiceRow, type ItemScores } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
@@ -71,6 +72,11 @@ export const CHOICES_REGION = 'choices pass';
 export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number;
   fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined }, tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
   const items = readChoiceItems(o.files);
+  const gen = items.find((it) => it.generate);
+  if (gen) {
+    throw new InputError(`--eval-choices: ${gen.where} is a generation item ("target"), which a run does not score`,
+      'score generation items on the run\'s checkpoints with distillery eval --choices (greedy generation and exact_match)');
+  }
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
     ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
   // text items in rolling windows of the run's --seq (the harness's max_length)

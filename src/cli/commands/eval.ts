@@ -22,7 +22,7 @@ import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, stackWindows, r
 import { StepRunner, type Batch } from '../../train/step.js';
 import { choicesRunner } from '../../train/run-choices.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
-import { DistilleryError } from '../../util/errors.js';
+import { DistilleryError, InputError } from '../../util/errors.js';
 import { BASE_FLAG, CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
 import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
@@ -30,12 +30,16 @@ import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
-import { examplesPairing, readChoiceItems, repeatedFile, REPEATED_FILE_HINT, type ChoiceItem } from '../../eval/items.js';
+import { examplesPairing, itemsByFile, readChoiceItems, repeatedFile, REPEATED_FILE_HINT, type ChoiceItem } from '../../eval/items.js';
 import { encodeForModel, type EncodedChoice } from '../../eval/encode.js';
 import { chatSaid, rowCounts, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
+import { checkFilterNames, DEFAULT_MAX_GEN_TOKS, GENERATION_PRESETS, generationMetrics, NO_FILTER, parseExactMatch, parseFilter, stopStrings,
+  type GenerationMetrics, type GenerationOutcome, type GenerationPreset, type GenerationSettings } from '../../eval/generation.js';
+import { generationPrompts, runGeneration, type GenerationPrompts } from '../../eval/generate-items.js';
+import { eosIds } from '../../model/config.js';
 
 const FLAGS: FlagSpec[] = [
   { name: 'model', kind: 'string', metavar: '<dir|hub id>', description: 'checkpoint folder (or Hub id in the local HF cache) to evaluate (required)' },
@@ -53,6 +57,11 @@ const FLAGS: FlagSpec[] = [
   { name: 'fewshot-seed', kind: 'integer', description: 'with --fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', defaultText: String(FEWSHOT_DEFAULTS.seed) },
   { name: 'fewshot-delimiter', kind: 'string', metavar: '<text>', allowEmpty: true, description: 'with --fewshot: what follows each example (the harness\'s fewshot_delimiter)', defaultText: "'\\n\\n'" },
   { name: 'fewshot-single-turn', kind: 'boolean', description: 'with --fewshot and --choices-chat: the examples and the item as one user turn (default: a user and an assistant turn per example, the harness\'s fewshot_as_multiturn)' },
+  { name: 'until', kind: 'list', metavar: '<text>...', description: 'with generation items ("target"): stop strings, the text kept is the one before the first (the harness\'s generation_kwargs.until; the tokenizer\'s eos_token is added)', defaultText: 'the few-shot delimiter' },
+  { name: 'max-gen-toks', kind: 'integer', description: 'with generation items: new tokens at most per item (the harness\'s max_gen_toks)', defaultText: String(DEFAULT_MAX_GEN_TOKS) },
+  { name: 'filter', kind: 'list', metavar: '<json>...', description: 'with generation items: answer filter pipelines, each a harness filter_list entry as JSON, e.g. \'{"name": "strict-match", "filter": [{"function": "regex", "regex_pattern": "#### (\\\\-?[0-9\\\\.\\\\,]+)"}, {"function": "take_first"}]}\'; each is reported as exact_match,<name>', defaultText: 'none: the text as generated' },
+  { name: 'exact-match', kind: 'string', metavar: '<json>', description: 'with generation items: exact_match\'s settings as the harness\'s metric_list writes them, e.g. \'{"ignore_case": true, "regexes_to_ignore": [","]}\'', defaultText: '{}' },
+  { name: 'preset', kind: 'string', choices: Object.keys(GENERATION_PRESETS), description: 'with generation items: a harness task\'s settings (gsm8k: until, the strict-match and flexible-extract filters, exact_match\'s settings and 5-shot, as lm_eval/tasks/gsm8k/gsm8k.yaml); flags given override them' },
   { name: 'seq', kind: 'integer', description: 'tokens per window (--choices without --seq: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
@@ -85,6 +94,10 @@ export interface EvalOptions {
   fewshot?: (Omit<FewshotOptions, 'pools'> & { from?: string[] | undefined; singleTurn?: boolean | undefined }) | undefined;
   /** With choices: before each item's description (the harness's --system_instruction). */
   systemInstruction?: string | undefined;
+  /** With choices: how generation items are generated and scored (src/eval/generation.ts). */
+  generation?: GenerationSettings | undefined;
+  /** The generation flags given (--until, --max-gen-toks, --filter, --exact-match, --preset): warned about without generation items. */
+  generationFlags?: string[] | undefined;
   /** With choices: write each item's log-likelihoods and predictions here (JSON lines). */
   choicesOut?: string | undefined;
   /** Score --choices in windows of the longest item (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
@@ -131,6 +144,14 @@ export interface EvalResult {
    * teacher's, and with several files each file's.
    */
   choices?: ChoiceMetrics & { seq: number; cut: number; teacher?: TeacherScores; files?: Array<{ file: string; teacher?: TeacherScores } & ChoiceMetrics> };
+  /**
+   * With generation items: exact_match per filter pipeline over them (the teacher's beside), the settings they ran
+   * with, the tokens generated, and with several files each file's.
+   */
+  generation?: GenerationMetrics & {
+    maxGenToks: number; until: string[]; tokens: number; cut: number; teacher?: GenerationMetrics;
+    files?: Array<{ file: string; teacher?: GenerationMetrics } & GenerationMetrics>;
+  };
 }
 
 /** Validates parsed flags into EvalOptions (pure apart from the existence of the data files). */
@@ -139,16 +160,20 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = (v.data as string[] | undefined) ?? [];
   const choices = (v.choices as string[] | undefined) ?? [];
   if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
-  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot', 'system-instruction']) {
+  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot', 'system-instruction', ...GENERATION_FLAGS]) {
     if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
-  const fewshot = fewshotOptions(v, choices);
+  const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
+  // a preset's num_fewshot is the default, as a harness task's
+  const fewshot = fewshotOptions(preset && v.fewshot === undefined ? { ...v, fewshot: preset.fewshot } : v, choices);
+  const generation = generationOptions(v, fewshot?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
     ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
     ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
     ...(fewshot ? { fewshot } : {}), ...(typeof v['system-instruction'] === 'string' ? { systemInstruction: v['system-instruction'] } : {}),
+    generation, generationFlags: GENERATION_FLAGS.filter((f) => v[f] !== undefined),
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
@@ -181,6 +206,30 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (realFs.exists(o.choicesOut) && fs.statSync(o.choicesOut).isDirectory()) throw new UsageError(`--choices-out: ${o.choicesOut} is a folder`, 'name a file, e.g. --choices-out scores.jsonl');
   }
   return o;
+}
+
+const GENERATION_FLAGS = ['until', 'max-gen-toks', 'filter', 'exact-match', 'preset'];
+
+/** The generation items' settings: the flags', else the preset's, else the harness's defaults (until: the few-shot delimiter). */
+function generationOptions(v: Record<string, unknown>, fewshotDelimiter: string): GenerationSettings {
+  const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
+  const maxGenToks = (v['max-gen-toks'] as number | undefined) ?? DEFAULT_MAX_GEN_TOKS;
+  if (!(Number.isInteger(maxGenToks) && maxGenToks >= 1)) throw new UsageError(`--max-gen-toks must be a positive integer, got ${maxGenToks}`, `e.g. --max-gen-toks ${DEFAULT_MAX_GEN_TOKS} (the harness's default)`);
+  const json = (text: string, flag: string): unknown => {
+    try { return JSON.parse(text); } catch (e) { throw new UsageError(`${flag}: not valid JSON (${(e as Error).message})`, 'quote the JSON for the shell, e.g. --exact-match \'{"ignore_case": true}\''); }
+  };
+  const usage = <T>(f: () => T): T => {
+    try { return f(); } catch (e) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
+  };
+  const filterJson = (v.filter as string[] | undefined)?.map((t, k) => ({ j: json(t, `--filter ${k + 1}`), what: `--filter ${k + 1}` }))
+    ?? preset?.filters.map((j) => ({ j: j as unknown, what: `--preset ${String(v.preset)}'s filter ${j.name}` }));
+  const filters = filterJson ? usage(() => filterJson.map(({ j, what }) => parseFilter(j, what))) : [NO_FILTER];
+  usage(() => checkFilterNames(filters));
+  const matchJson = typeof v['exact-match'] === 'string' ? json(v['exact-match'], '--exact-match') : preset?.exactMatch ?? {};
+  return {
+    until: (v.until as string[] | undefined) ?? (preset ? [...preset.until] : [fewshotDelimiter]), maxGenToks, filters,
+    match: usage(() => parseExactMatch(matchJson, typeof v['exact-match'] === 'string' ? '--exact-match' : `--preset ${String(v.preset)}'s exact_match`)),
+  };
 }
 
 /** --fewshot and its settings, checked (undefined without --fewshot). */
@@ -271,15 +320,27 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   const tok = studentCk.tokenizer;
   const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
   // The items before the backend and the weights' upload: a bad file is refused first.
-  const choice = choiceFiles.length ? choiceJob(choiceFiles, o, {
+  const allItems = choiceFiles.length ? readChoiceItems(choiceFiles) : [];
+  const pools = o.fewshot?.from?.map((f) => readChoiceItems([f]));
+  // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
+  const scored = allItems.filter((it) => !it.generate), generated = allItems.filter((it) => it.generate);
+  const poolsOf = (part: readonly ChoiceItem[]): Array<readonly ChoiceItem[]> | undefined =>
+    pools && choiceFiles.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : []));
+  const sides = {
     model: { tok, chat },
     ...(teacherCk ? { teacher: { tok: teacherCk.tokenizer ?? tok, chat: chatFormatOf(teacherCk.chatTemplate, `${o.teacher}'s tokenizer_config.json`, teacherCk.tokenizerConfig) } } : {}),
-  }, Math.min(maxPos, teacherCk?.config.maxPositionEmbeddings ?? Infinity), log) : null;
+  };
+  const choice = scored.length ? choiceJob(scored, poolsOf(scored), o, sides, Math.min(maxPos, teacherCk?.config.maxPositionEmbeddings ?? Infinity), log) : null;
+  if (!generated.length && o.generationFlags?.length) log(`warning: ${o.generationFlags.map((f) => `--${f}`).join(', ')} ha${o.generationFlags.length === 1 ? 's' : 've'} no effect: no --choices file holds generation items ("target")`);
+  const gen = generated.length ? generationJob(generated, poolsOf(generated), o, sides, { model: studentCk, ...(teacherCk ? { teacher: teacherCk } : {}) }, log) : null;
+  if (gen && studentCk.adapter && o.modelDtype === 'nf4') {
+    throw new UsageError('eval: generation items with an adapter on an nf4 base are not supported', 'drop --model-dtype nf4 (the adapter is merged into the weights), or evaluate the generation items apart');
+  }
   const spec: LossSpec = teacherCk ? { kind: 'kl', alpha: 1, temperature: 1, beta: 0.5 } : { kind: 'none', alpha: 0, temperature: 1, beta: 0.5 };
   const prec = resolvePrecision(o.precision, o.cuda?.tf32, o.device);
   log(`precision: ${prec.name}`);
   // One model of each: its buffers hold the longest window either part uses.
-  const seq = Math.max(o.data.length ? o.seq : 0, choice?.seq ?? 0);
+  const seq = Math.max(1, o.data.length ? o.seq : 0, choice?.seq ?? 0);
   const backend = await createBackend({ device: o.device, threads: o.threads, ...o.cuda, tf32: prec.tf32 });
   try {
     // Pre-warm (CUDA): compile every kernel the evaluation launches, then seal, before any weights.
@@ -295,6 +356,9 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         // on the scoring head a run's --eval-choices uses (choicesRunner)
         ...(choice ? jobClosures({ ...common, evaluate: false, choices: true, student: studentCk.config, seq: choice.seq, studentFrozen: o.modelDtype }) : []),
         ...(choice && teacherCk ? jobClosures({ ...common, evaluate: false, choices: true, student: teacherCk.config, seq: choice.seq, lora: undefined, studentFrozen: o.teacherDtype }) : []),
+        // generation items: batched greedy generation with a KV cache as long as the longest prompt and its new tokens
+        ...(gen ? gen.sides.flatMap((g) => jobClosures({ student: g.ck.config, batch: 1, seq: 1, precision: prec.model, generateLen: Math.max(3, g.prompts.longest + gen.settings.maxGenToks),
+          generateBatch: Math.max(2, Math.min(o.batch, generated.length)), studentFrozen: g.who === 'teacher' ? o.teacherDtype : o.modelDtype })) : []),
       ]);
     }
     const load = (ck: LoadedCheckpoint, label: string, documents: boolean): Transformer => {
@@ -311,6 +375,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const student = load(studentCk, 'model', documents);
     const teacher = teacherCk ? load(teacherCk, 'teacher', documents) : null;
     const res: EvalResult = { precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
+    let scoredLines: { items: ChoiceItem[]; text: string } | null = null;
     if (packed) {
       const runner = new StepRunner(student, teacher, spec, { lossVocab });
       const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
@@ -340,12 +405,86 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         const t = tll ? metricsByFile(choice.items, tll) : null;
         res.choices.files = metricsByFile(choice.items, ll).map((m, i) => ({ ...m, ...(t ? { teacher: teacherPart(t[i]!) } : {}) }));
       }
-      if (o.choicesOut !== undefined) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
+      if (o.choicesOut !== undefined && !gen) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
+      if (gen) scoredLines = { items: choice.items, text: choiceSamples(choice.items, ll, tll) };
+    }
+    if (gen) {
+      const outcomes = gen.sides.map((g) => {
+        const t0 = Date.now();
+        let last = t0;
+        const m = g.who === 'teacher' ? teacher! : student;
+        const got = runGeneration(m, g.tok, generated, g.prompts, gen.settings, {
+          stopIds: g.stopIds, until: g.until, batch: o.batch,
+          progress: (done) => { if (Date.now() - last > 5000 && done < generated.length) { last = Date.now(); log(`generation: ${g.who} ${done}/${generated.length} items`); } },
+        });
+        const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
+        log(`generation: ${g.who} generated ${tokens} tokens for ${generated.length} items in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s)`);
+        return { who: g.who, got, tokens };
+      });
+      const mine = outcomes[0]!, theirs = outcomes[1];
+      res.generation = {
+        ...generationMetrics(mine.got, gen.settings), maxGenToks: gen.settings.maxGenToks, until: gen.sides[0]!.until, tokens: mine.tokens, cut: gen.sides[0]!.prompts.cut,
+        ...(theirs ? { teacher: generationMetrics(theirs.got, gen.settings) } : {}),
+      };
+      const genFiles = itemsByFile(generated);
+      if (genFiles.length > 1) {
+        res.generation.files = genFiles.map(({ file, idx }) => ({
+          file, ...generationMetrics(idx.map((i) => mine.got[i]!), gen.settings),
+          ...(theirs ? { teacher: generationMetrics(idx.map((i) => theirs.got[i]!), gen.settings) } : {}),
+        }));
+      }
+      if (o.choicesOut !== undefined) {
+        writeFileAtomic(o.choicesOut, samplesInOrder(allItems, scoredLines, generated, generationSamples(generated, gen.settings, mine.got, theirs?.got ?? null)));
+      }
     }
     return res;
   } finally {
     backend.dispose();
   }
+}
+
+/** One model's side of the generation items: its prompts, its end-of-sequence ids and stop strings. */
+interface GenerationSide { who: 'model' | 'teacher'; ck: LoadedCheckpoint; tok: Tokenizer; prompts: GenerationPrompts; stopIds: number[]; until: string[] }
+
+/**
+ * The generation items: each model's prompts (its tokenizer, chat format and positions), its end-of-sequence ids (its
+ * generation config's, else its config's, as transformers' generate stops) and its stop strings (with its eos_token).
+ */
+function generationJob(items: ChoiceItem[], pools: Array<readonly ChoiceItem[]> | undefined, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide },
+  cks: { model: LoadedCheckpoint; teacher?: LoadedCheckpoint }, log: (line: string) => void): { settings: GenerationSettings; sides: GenerationSide[] } {
+  const settings = o.generation!;
+  const shot = o.fewshot;
+  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(pools ? { pools } : {}) } : undefined;
+  const out = (['model', 'teacher'] as const).flatMap((who): GenerationSide[] => {
+    const side = sides[who], ck = cks[who];
+    if (!side || !ck) return [];
+    const prompts = generationPrompts(side.tok, side.chat, items, { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, systemInstruction: o.systemInstruction, warn: log },
+      ck.config.maxPositionEmbeddings, settings.maxGenToks);
+    const eosId = side.tok.eosId;
+    const eosText = side.chat.eosToken !== '' ? side.chat.eosToken : eosId !== undefined ? side.tok.idToToken(eosId) ?? null : null;
+    const stopIds = ck.generationEosIds.length ? [...ck.generationEosIds] : eosIds(ck.config);
+    if (prompts.cut) log(`warning: --choices: ${prompts.cut} of ${items.length} ${who === 'teacher' ? 'teacher ' : ''}prompts were cut on the left to ${ck.config.maxPositionEmbeddings - settings.maxGenToks} tokens (max_position_embeddings less --max-gen-toks), as the harness cuts them`);
+    return [{ who, ck, tok: side.tok, prompts, stopIds, until: stopStrings(settings.until, eosText) }];
+  });
+  log(`generation: ${items.length} items${fewshotSaid(fewshot, shot?.from)}${o.choicesChat ? ' (prompts through the chat template)' : ''}, greedy, up to ${settings.maxGenToks} new tokens, until ${JSON.stringify(out[0]!.until)}; filters ${settings.filters.map((f) => f.name).join(', ')}`);
+  return { settings, sides: out };
+}
+
+/** Each generation item's text and answers as JSON lines: `where`, `generation`, `answers` and `exact_match` per filter (the teacher's prefixed `teacher_`). */
+export function generationSamples(items: readonly ChoiceItem[], s: GenerationSettings, mine: readonly GenerationOutcome[], theirs: readonly GenerationOutcome[] | null): string[] {
+  const named = (v: readonly (string | number)[]): Record<string, string | number> => Object.fromEntries(s.filters.map((f, k) => [f.name, v[k]!]));
+  return items.map((it, i) => JSON.stringify({
+    where: it.where, generation: mine[i]!.text, tokens: mine[i]!.tokens, answers: named(mine[i]!.answers), exact_match: named(mine[i]!.matches),
+    ...(theirs ? { teacher_generation: theirs[i]!.text, teacher_answers: named(theirs[i]!.answers), teacher_exact_match: named(theirs[i]!.matches) } : {}),
+  }) + '\n');
+}
+
+/** --choices-out's lines in the items' order: the scored items' (choiceSamples, one a line) and the generation items'. */
+function samplesInOrder(all: readonly ChoiceItem[], scored: { items: ChoiceItem[]; text: string } | null, generated: readonly ChoiceItem[], genLines: readonly string[]): string {
+  const line = new Map<ChoiceItem, string>();
+  if (scored) scored.text.split('\n').slice(0, -1).forEach((l, i) => line.set(scored.items[i]!, l + '\n'));
+  generated.forEach((it, i) => line.set(it, genLines[i]!));
+  return all.map((it) => line.get(it) ?? '').join('');
 }
 
 /** A model's side of --choices: its tokenizer and its chat format (tokenizer_config.json's special tokens and template). */
@@ -355,11 +494,10 @@ interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
  * --choices: the items, each model's rows (the teacher's tokenizer_config.json may name another prefix token or chat
  * template), and the window they are scored in (the longest row's without --seq, at most max_position_embeddings).
  */
-function choiceJob(files: string[], o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
+function choiceJob(items: ChoiceItem[], pools: Array<readonly ChoiceItem[]> | undefined, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
   { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
-  const items = readChoiceItems(files);
   const shot = o.fewshot;
-  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(shot.from ? { pools: shot.from.map((f) => readChoiceItems([f])) } : {}) } : undefined;
+  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(pools ? { pools } : {}) } : undefined;
   // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
   const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
@@ -417,6 +555,18 @@ export function formatEval(r: EvalResult): string {
       lines.push(`  ${f.file}: ${f.items} items, ${scoresSaid(f)}${f.teacher ? ` (the teacher's: ${scoresSaid(f.teacher)})` : ''}`);
     }
   }
+  const g = r.generation;
+  if (g) {
+    lines.push(`generation  ${g.items} item${g.items === 1 ? '' : 's'}, greedy, ${g.tokens} tokens generated (up to ${g.maxGenToks} each)${g.cut ? `, ${g.cut} prompts cut on the left` : ''}`);
+    for (const [name, v] of Object.entries(g.exactMatch)) {
+      const t = g.teacher?.exactMatch[name];
+      lines.push(`exact_match ${percent(v)}  (${name})${t !== undefined ? `; teacher ${percent(t)}${t > 0 ? `, the model keeps ${percent(v / t)}` : ''}` : ''}`);
+    }
+    for (const f of g.files ?? []) {
+      const said = (m: GenerationMetrics): string => Object.entries(m.exactMatch).map(([n, v]) => `${n} ${percent(v)}`).join(', ');
+      lines.push(`  ${f.file}: ${f.items} items, exact_match ${said(f)}${f.teacher ? ` (the teacher's: ${said(f.teacher)})` : ''}`);
+    }
+  }
   lines.push(`precision   ${r.precision}${r.modelDtype === 'nf4' ? ' (projection matrices in nf4)' : ''}`);
   return lines.join('\n') + '\n';
 }
@@ -429,6 +579,7 @@ const help = (): string => formatHelp({
     'distillery eval --model runs/student/final --data heldout.txt',
     'distillery eval --model runs/student/final --teacher runs/teacher/final --data heldout.jsonl --seq 128 --json',
     'distillery eval --model runs/student/final --teacher runs/teacher/final --choices arc-easy.jsonl',
+    'distillery eval --model runs/student/final --teacher runs/teacher/final --choices gsm8k.jsonl --preset gsm8k --device cuda',
   ],
 });
 
