@@ -67,4 +67,31 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   be.dispose();
 });
 
+test('emulated CUDA: cached attention of several queries (a prefill at pos0) equals the CPU backend, at head dims that fill the lanes and that do not', { skip, timeout: 300_000 }, () => {
+  for (const [hd, t2, pos0, tm] of [[80, 5, 3, 12], [128, 3, 0, 40], [64, 2, 37, 40]] as const) {
+    const r = rng(hd);
+    const q = Float32Array.from({ length: B * t2 * H * hd }, () => r() - 0.5);
+    const kc = Float32Array.from({ length: B * tm * KV * hd }, () => 2 * (r() - 0.5));
+    const vc = Float32Array.from({ length: B * tm * KV * hd }, () => r() - 0.5);
+    for (const [f, a] of [['q2', q], ['kc2', kc], ['vc2', vc]] as const) writeFileSync(join(workDir(), f), a);
+    const ac = attentionCached.make({ headDim: hd, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
+    const exe = build(ac, `int main() { const char* d = "${workDir()}";
+    auto q = readf<float>(d, "q2", ${q.length}); auto kc = readf<float>(d, "kc2", ${kc.length}); auto vc = readf<float>(d, "vc2", ${vc.length});
+    std::vector<float> out(${q.length});
+    launch({${t2}, ${H}, ${B}}, 128, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${H}, ${KV}); });
+    writef(d, "att2", out); }`);
+    execFileSync(exe);
+    const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+    const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
+    const OUT = be.alloc(q.length, 'out');
+    be.attentionCached(OUT, up(q), up(kc), up(vc), B, t2, pos0, tm, H, KV, hd);
+    const want = be.download(OUT), got = readF32('att2');
+    let e = 0;
+    for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
+    process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0}: ${e.toExponential(2)}\n`);
+    assert.ok(e <= 1e-5, `hd ${hd}: ${e}`);
+    be.dispose();
+  }
+});
+
 test('emulated CUDA: seqpos clean up', { skip }, () => { cleanUp(); });

@@ -590,61 +590,62 @@ extern "C" __global__ void kv_cache_write(${ctype(p.cache)}* cache, const ${ctyp
 
 /**
  * Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i; with `seqPos`, sequence b's
- * queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths).
+ * queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths). Each warp takes every
+ * NW-th cache row (a row's head dims across the lanes, DCH a lane: the row read whole by the warp) with an online
+ * softmax of its own; the warps' maxima, sums and weighted values are then merged, threads over the head dims.
  */
 export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean }>({
   name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN, seqPos: { kind: 'bool' } },
   example: { headDim: 64, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false },
   generate: (p) => `${prelude(p)}
+#define NW (BLOCK / 32)
+#define DCH ((HD + 31) / 32)
 extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
                                             const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv${p.seqPos ? ', const int* seqPos' : ''}) {
   int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   int kvh = h / (nH / nKv);
   int L = ${p.seqPos ? 'seqPos[b]' : 'pos0'} + i + 1;
-  __shared__ float qs[HD];
-  __shared__ float ws[BLOCK];
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __shared__ float wm[NW], wl[NW];
+  __shared__ float wacc[NW][HD];
   const long long qoff = (((long long)b * t + i) * nH + h) * HD;
-  for (int d = threadIdx.x; d < HD; d += BLOCK) qs[d] = ldf(q, qoff + d);
-  __syncthreads();
-  float mx = NEG_INF;
-  for (int j = threadIdx.x; j < L; j += BLOCK) {
+  float qv[DCH], acc[DCH];
+  for (int c = 0; c < DCH; c++) {
+    int d = lane + 32 * c;
+    qv[c] = d < HD ? ldf(q, qoff + d) : 0.0f;
+    acc[c] = 0.0f;
+  }
+  float m = NEG_INF, l = 0.0f;
+  for (int j = w; j < L; j += NW) {
     const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
     float s = 0.0f;
-    for (int d = 0; d < HD; d++) s += qs[d] * ldf(kc, kj + d);
-    mx = fmaxf(mx, s * SCALE);
-  }
-  mx = blockMax(mx);
-  float acc[PER_THREAD];
-  for (int r = 0; r < PER_THREAD; r++) acc[r] = 0.0f;
-  float sum = 0.0f;
-  for (int j0 = 0; j0 < L; j0 += BLOCK) {
-    int j = j0 + threadIdx.x;
-    float w = 0.0f;
-    if (j < L) {
-      const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
-      float s = 0.0f;
-      for (int d = 0; d < HD; d++) s += qs[d] * ldf(kc, kj + d);
-      w = expf(s * SCALE - mx);
+    for (int c = 0; c < DCH; c++) {
+      int d = lane + 32 * c;
+      if (d < HD) s += qv[c] * ldf(kc, kj + d);
     }
-    sum += w;
-    ws[threadIdx.x] = w;
-    __syncthreads();
-    int cnt = min(BLOCK, L - j0);
-    for (int r = 0; r < PER_THREAD; r++) {
-      int d = threadIdx.x + r * BLOCK;
-      if (d < HD) {
-        float a = 0.0f;
-        for (int jj = 0; jj < cnt; jj++) a += ws[jj] * ldf(vc, (((long long)b * tMax + j0 + jj) * nKv + kvh) * HD + d);
-        acc[r] += a;
-      }
+    s = warpSum(s) * SCALE;
+    float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+    l = l * corr + pj;
+    for (int c = 0; c < DCH; c++) {
+      int d = lane + 32 * c;
+      acc[c] = acc[c] * corr + (d < HD ? pj * ldf(vc, kj + d) : 0.0f);
     }
-    __syncthreads();
+    m = mn;
   }
-  sum = blockSum(sum);
-  float inv = 1.0f / sum;
-  for (int r = 0; r < PER_THREAD; r++) {
-    int d = threadIdx.x + r * BLOCK;
-    if (d < HD) stf(out, qoff + d, acc[r] * inv);
+  if (lane == 0) { wm[w] = m; wl[w] = l; }
+  for (int c = 0; c < DCH; c++) {
+    int d = lane + 32 * c;
+    if (d < HD) wacc[w][d] = acc[c];
+  }
+  __syncthreads();
+  float M = NEG_INF;
+  for (int k = 0; k < NW; k++) M = fmaxf(M, wm[k]);
+  float den = 0.0f;
+  for (int k = 0; k < NW; k++) if (wl[k] != 0.0f) den += wl[k] * expf(wm[k] - M);
+  for (int d = threadIdx.x; d < HD; d += BLOCK) {
+    float a = 0.0f;
+    for (int k = 0; k < NW; k++) if (wl[k] != 0.0f) a += wacc[k][d] * expf(wm[k] - M);
+    stf(out, qoff + d, a / den);
   }
 }
 `,
