@@ -52,7 +52,7 @@ def walk(v):
 
 
 for f in files:
-    if not f.endswith(".yaml"):
+    if not f.endswith("yaml"):  # task files and their templates (_default_template_yaml)
         continue
     text = subprocess.run(["git", "-C", repo, "show", f"HEAD:{f}"], capture_output=True, text=True, check=True).stdout
     if "regex" not in text:
@@ -104,8 +104,9 @@ def regex_filter(p, g, r):
 
 # beyond the tasks' own: the Python syntax the translation rewrites (flags, classes, anchors, names, quantifiers)
 extra = {r"(?i)the answer is (\w+)", r"(?m)^\w+\.?$", r"\d+", r"\D+", r"[\d,]+", r"[^\s\w]", r"\W+", r"\S+", r"\B\w",
-         r"(?P<n>\w)(?P=n)", r"l{,2}", r"o{1}n", r"x{", r"[]a]", r"\Aline|two\.\Z", r"two\.$", r"(?#comment)answer", r"(?a)\w+",
-         r"[\]\[]", r"\.", r"(?s)line.two", r"line.two", r"\n", r"\x41|\u00e9"}
+         r"(?P<n>\w)\w", r"l{,2}", r"o{1}n", r"x{", r"[]a]", r"\Aline|two\.\Z", r"two\.$", r"(?#comment)answer", r"(?a)\w+",
+         r"[\]\[]", r"\.", r"(?s)line.two", r"line.two", r"\n", r"\x41|\u00e9", r"a{,}", r"|a", r"a*?", r"x*|b", r"\s*",
+         r"[\s\S]+", r"[^\S\n]+", r"[\w\-]+", r"[^\d\s]+", r"\101|\0", r"(\d+)?x", r"(?:ab)+", r"(?:(\d)|x)?y"}
 pattern_cases = []
 for p in sorted(patterns | ignores | extra):
     try:

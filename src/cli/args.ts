@@ -146,7 +146,7 @@ export function coerceValue(spec: FlagSpec, raw: unknown, label: string): unknow
     case 'list': {
       const arr = Array.isArray(raw) ? raw : [raw];
       if (arr.length === 0 || !arr.every((x) => typeof x === 'string' && x !== '')) {
-        throw new UsageError(`${label} expects one or more file names, got ${show(raw)}`, 'give each entry as a non-empty string');
+        throw new UsageError(`${label} expects one or more ${spec.metavar !== undefined && !spec.metavar.startsWith('<file') ? 'non-empty values' : 'file names'}, got ${show(raw)}`, 'give each entry as a non-empty string');
       }
       return arr.slice() as string[];
     }

@@ -22,10 +22,11 @@ export interface GenerationPrompts { ids: number[][]; cut: number; longest: numb
  * The items' prompts for a model: as text or chat turns (itemPrompts), encoded, each cut on the left to
  * `maxPositions − maxGenToks` tokens (the harness's left_truncate_len).
  */
-export function generationPrompts(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt, maxPositions: number, maxGenToks: number): GenerationPrompts {
+export function generationPrompts(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt, maxPositions: number, maxGenToks: number,
+  who = 'model'): GenerationPrompts {
   const room = maxPositions - maxGenToks;
   if (room < 1) {
-    throw new InputError(`--max-gen-toks ${maxGenToks} leaves no room for a prompt in the model's ${maxPositions} positions`, `use --max-gen-toks ${Math.max(1, maxPositions - 512)} or less`);
+    throw new InputError(`--max-gen-toks ${maxGenToks} leaves no room for a prompt in the ${who}'s ${maxPositions} positions`, `use --max-gen-toks ${Math.max(1, Math.floor(maxPositions / 2))} or less`);
   }
   const text = itemPrompts(format, items, prompt), enc = new ChoiceEncoder(tok, format);
   let cut = 0, longest = 0;
@@ -100,7 +101,7 @@ export function runGeneration(model: Transformer, tok: Tokenizer, items: readonl
     });
     part.forEach((i, k) => {
       const ids = res.tokens[k]!;
-      out[i] = scoreGeneration(cutAtStops(text(ids), r.until), ids.length, items[i]!.generate!.targets, s);
+      out[i] = scoreGeneration(cutAtStops(text(ids), r.until), ids.length, items[i]!.generate!.targets, s, items[i]!.where);
     });
     r.progress?.(Math.min(n, s0 + B));
   }

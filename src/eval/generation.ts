@@ -86,6 +86,9 @@ export function parseFilter(json: unknown, what: string): FilterPipeline {
         throw new InputError(`${at}: the filter function ${JSON.stringify(f.function)} is not one distillery runs`, 'regex, take_first, remove_whitespace, lowercase, uppercase or map');
     }
   });
+  // the harness's take_first turns each item's responses into one string: a step after it would run over its characters
+  const first = steps.findIndex((st) => st.function === 'take_first');
+  if (first >= 0 && first < steps.length - 1) throw new InputError(`${what}: take_first must be the last step`, 'the harness\'s take_first leaves a string, which a later step would take apart character by character: move it to the end');
   return { name: o.name, steps };
 }
 
@@ -95,8 +98,12 @@ export function parseExactMatch(json: unknown, what: string): ExactMatchOptions 
   if (!isJsonObject(json)) throw new InputError(`${what} must be a JSON object`, hint);
   const o = json as Record<string, unknown>;
   const known = ['regexes_to_ignore', 'ignore_case', 'ignore_punctuation', 'ignore_numbers'];
-  const bad = Object.keys(o).find((k) => !known.includes(k));
-  if (bad !== undefined) throw new InputError(`${what}: unknown key "${bad}"`, `its keys: ${known.join(', ')}`);
+  // a metric_list entry as the task writes it: its metric, aggregation and direction are exact_match's own
+  const entry = { metric: 'exact_match', aggregation: 'mean', higher_is_better: true } as Record<string, unknown>;
+  const bad = Object.keys(o).find((k) => !known.includes(k) && !(k in entry));
+  if (bad !== undefined) throw new InputError(`${what}: unknown key "${bad}"`, `its keys: ${known.join(', ')} (and a metric_list entry's metric, aggregation, higher_is_better)`);
+  const other = Object.keys(entry).find((k) => o[k] !== undefined && o[k] !== entry[k]);
+  if (other !== undefined) throw new InputError(`${what}: "${other}" is ${JSON.stringify(o[other])}, and generation items are scored by exact_match (${other} ${JSON.stringify(entry[other])})`, 'leave it out, or give exact_match\'s');
   for (const k of known.slice(1)) if (o[k] !== undefined && typeof o[k] !== 'boolean') throw new InputError(`${what}: "${k}" must be true or false`, hint);
   const r = o.regexes_to_ignore ?? [];
   if (!Array.isArray(r) || !r.every((x) => typeof x === 'string')) throw new InputError(`${what}: "regexes_to_ignore" must be a list of strings`, hint);
@@ -150,7 +157,11 @@ export function applyFilter(p: FilterPipeline, text: string): string {
       case 'remove_whitespace': v = pyStrip(v); break;
       case 'lowercase': v = v.toLowerCase(); break;
       case 'uppercase': v = v.toUpperCase(); break;
-      case 'map': v = Object.prototype.hasOwnProperty.call(s.mapping, v) ? s.mapping[v]! : s.defaultValue ?? 'None'; break;
+      case 'map':
+        if (Object.prototype.hasOwnProperty.call(s.mapping, v)) v = s.mapping[v]!;
+        else if (s.defaultValue !== null) v = s.defaultValue;
+        else throw new InputError(`the map filter has no entry for the answer ${JSON.stringify(v)} and no default_value (the harness fails here too)`, 'give the map step a "default_value"');
+        break;
     }
   }
   return v;
@@ -183,9 +194,13 @@ export interface GenerationOutcome {
   matches: number[];
 }
 
-/** Scores a generated text: each pipeline's answer against the item's targets. */
-export function scoreGeneration(text: string, tokens: number, targets: readonly string[], s: GenerationSettings): GenerationOutcome {
-  const answers = s.filters.map((f) => applyFilter(f, text));
+/** Scores a generated text: each pipeline's answer against the item's targets; `where` names the item in a filter's error. */
+export function scoreGeneration(text: string, tokens: number, targets: readonly string[], s: GenerationSettings, where = 'an item'): GenerationOutcome {
+  const answers = s.filters.map((f) => {
+    try { return applyFilter(f, text); } catch (e) {
+      throw e instanceof InputError ? new InputError(`${where}: filter ${JSON.stringify(f.name)}: ${e.message}`, e.hint) : e;
+    }
+  });
   return { text, tokens, answers, matches: answers.map((a) => exactMatch(a, targets, s.match)) };
 }
 

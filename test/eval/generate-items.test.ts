@@ -136,6 +136,46 @@ test('eval --choices --fewshot with generation items: the prompt holds the examp
   assert.match(p.err, /generation: 6 items, 5-shot \(random, seed 1234/);
 });
 
+test('a stop string far into a long generation (past the last tokens the step decodes) ends it where the whole text says', async () => {
+  const dir = tempDir(), tok = tinyTokenizer(), eos = tok.tokenToId(EOS)!;
+  const model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 7, { eosTokenId: eos });
+  const context = 'The teacher model', max = 120;
+  const ref = greedy(model, context, max, eos);
+  assert.ok(ref.length > 100, `the reference runs long (${ref.length} tokens)`);
+  // a stop string from about 90 tokens in: far past the 16 last tokens the check decodes each step
+  const before = tok.decode(ref.slice(0, 90), { skipSpecialTokens: true });
+  const full = tok.decode(ref, { skipSpecialTokens: true });
+  const k = [...Array(full.length - before.length).keys()].map((x) => x + before.length).find((i) => !/\uFFFD/.test(full.slice(i, i + 2)) && full.slice(i, i + 2).length === 2 && !full.slice(0, i).includes(full.slice(i, i + 2)))!;
+  const stop = full.slice(k, k + 2);
+  const items = path.join(dir, 'g.jsonl'), out = path.join(dir, 'o.jsonl');
+  fs.writeFileSync(items, `${JSON.stringify({ context, target: 'x' })}\n`);
+  const r = await runCli(['eval', '--model', model, '--choices', items, `--until=${stop}`, '--max-gen-toks', String(max), '--choices-out', out]);
+  assert.equal(r.code, 0, r.err);
+  const line = JSON.parse(fs.readFileSync(out, 'utf8')) as Line;
+  assert.equal(line.generation, kept(ref, [stop, EOS]));
+  assert.equal(line.generation, full.slice(0, k));
+  assert.ok(line.tokens > 80 && line.tokens < ref.length, `ended at the stop string: ${line.tokens} of ${ref.length} tokens`);
+});
+
+test('--preset gsm8k gives its 5 examples to the generation items only: a multiple-choice file beside them scores as without it', async () => {
+  const dir = tempDir(), model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 2);
+  const mc = path.join(dir, 'mc.jsonl'), gen = path.join(dir, 'gen.jsonl');
+  fs.writeFileSync(mc, Array.from({ length: 7 }, (_, i) => JSON.stringify({ context: `The teacher model ${i}`, choices: ['predicts', 'learns', 'splits'], answer: i % 3 })).join('\n') + '\n');
+  fs.writeFileSync(gen, Array.from({ length: 6 }, (_, i) => JSON.stringify({ context: `Question: ${i}?\nAnswer:`, target: `#### ${i}` })).join('\n') + '\n');
+  const plain = await runCli(['eval', '--model', model, '--choices', mc, '--json']);
+  const both = await runCli(['eval', '--model', model, '--choices', mc, gen, '--preset', 'gsm8k', '--max-gen-toks', '2', '--json']);
+  assert.equal(plain.code, 0, plain.err);
+  assert.equal(both.code, 0, both.err);
+  const a = JSON.parse(plain.out) as { choices: { acc: number; accNorm: number } }, b = JSON.parse(both.out) as { choices: { acc: number; accNorm: number; files?: unknown[] }; generation: { items: number } };
+  assert.deepEqual([b.choices.acc, b.choices.accNorm], [a.choices.acc, a.choices.accNorm]);
+  assert.equal(b.choices.files, undefined, 'one file of scored items: no per-file lines');
+  assert.equal(b.generation.items, 6);
+  assert.match(both.err, /choices: 7 items, 21 continuations, in windows/);
+  assert.match(both.err, /generation: 6 items, 5-shot/);
+});
+
 test('generation items: bad settings and files are refused with the flag named (exit 2), and runs refuse them by name', async () => {
   const dir = tempDir(), model = path.join(dir, 'm');
   writeTinyCheckpoint(model, 1);
@@ -149,7 +189,9 @@ test('generation items: bad settings and files are refused with the flag named (
     [['--choices', items, '--filter', '{"name": "a", "filter": [{"function": "take_first"}]}', '{"name": "a", "filter": [{"function": "lowercase"}]}'], /two filters are named "a"/],
     [['--choices', items, '--exact-match', '{"ignore_case": 1}'], /"ignore_case" must be true or false/],
     [['--choices', items, '--max-gen-toks', '0'], /--max-gen-toks must be a positive integer/],
-    [['--choices', items, '--max-gen-toks', '300'], /--max-gen-toks 300 leaves no room for a prompt in the model's 256 positions/],
+    [['--choices', items, '--max-gen-toks', '300'], /--max-gen-toks 300 leaves no room for a prompt in the model's 256 positions[^]*use --max-gen-toks 128 or less/],
+    [['--choices', items, '--max-gen-toks', '4', '--filter', '{"name": "a", "filter": [{"function": "regex", "regex_pattern": "([\\\\s\\\\S])", "group_select": 500}]}'], /g\.jsonl:1: filter "a": the regex filter's group_select 500 is out of range/],
+    [['--choices', items, '--until', 'a', '--until='], /--until expects one or more non-empty values/],
     [['--choices', mixed], /mixes generation items \("target", e\.g\. .*mixed\.jsonl:1\) with scored ones \(.*mixed\.jsonl:2\)/],
     [['--data', 'builtin:docs', '--until', 'x'], /--until goes with --choices/],
   ];

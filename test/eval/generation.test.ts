@@ -10,7 +10,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { pyFindall, pyRegex, pyStrip, pySub } from '../../src/eval/py-regex.js';
-import { applyFilter, cutAtStops, exactMatch, GENERATION_PRESETS, parseExactMatch, parseFilter, stopStrings } from '../../src/eval/generation.js';
+import { applyFilter, cutAtStops, exactMatch, GENERATION_PRESETS, parseExactMatch, parseFilter, scoreGeneration, stopStrings } from '../../src/eval/generation.js';
 import { stopsSettled } from '../../src/eval/generate-items.js';
 import { parseChoiceItems } from '../../src/eval/items.js';
 import { InputError } from '../../src/util/errors.js';
@@ -24,7 +24,7 @@ const fixture = JSON.parse(fs.readFileSync(path.join(here, '../../../test/fixtur
 };
 
 test('Python regular expressions: every regex_pattern and regexes_to_ignore of the harness\'s tasks (and the syntax the translation rewrites) finds and removes what CPython\'s re does', () => {
-  assert.ok(fixture.patterns.length >= 50, 'the harness\'s patterns and the extra ones');
+  assert.ok(fixture.patterns.length >= 120, 'the harness\'s patterns (its task files and templates) and the extra ones');
   for (const c of fixture.patterns) {
     const p = pyRegex(c.pattern);
     c.results.forEach((r, i) => {
@@ -91,14 +91,20 @@ test('generation may end once nothing that follows can change the text kept (the
     let s = '';
     for (let k = 0; k < 12; k++) { rng = (rng * 1103515245 + 12345) >>> 0; s += alphabet[rng % alphabet.length]; }
     const whole = cutAtStops(s, stops);
+    let settled = false;
     for (let k = 1; k <= s.length; k++) {
-      if (stopsSettled(s.slice(0, k), stops)) { assert.equal(cutAtStops(s.slice(0, k), stops), whole, JSON.stringify(s)); break; }
+      if (stopsSettled(s.slice(0, k), stops)) { assert.equal(cutAtStops(s.slice(0, k), stops), whole, JSON.stringify(s)); settled = true; break; }
     }
+    // and it does end: a stop string whole before the last few characters (the longest stop string's length) settles it
+    if (stops.some((u) => s.slice(0, s.length - 4).includes(u))) assert.ok(settled, `never settled: ${JSON.stringify(s)}`);
   }
 });
 
 test('Python syntax JavaScript cannot say is refused by name', () => {
-  for (const [p, what] of [['(?x) a b', /verbose/], ['(?i:a)b', /flags inside/], ['(?>a)', /atomic/], ['a++', /possessive/], ['(a)?(?(1)b|c)', /conditional/], ['\\N{DIGIT ONE}', /named character/], ['\\q', /unknown escape/], ['[a', /unterminated/]] as const) {
+  for (const [p, what] of [['(?x) a b', /verbose/], ['(?i:a)b', /flags inside/], ['(?>a)', /atomic/], ['a++', /possessive/], ['(a)?(?(1)b|c)', /conditional/],
+    ['\\N{DIGIT ONE}', /named character/], ['\\q', /unknown escape/], ['[a', /unterminated/], ['(a)?b\\1', /back-reference/], ['(?P<n>a)(?P=n)', /back-reference/],
+    ['(?:(a)|b)+', /capturing group inside a repeated group/], ['(a*)+b', /capturing group inside a repeated group/], ['(?:x(\\d){2,3})', /capturing group inside a repeated group/],
+    ['[\\B]', /inside a character class/], ['(a', /unclosed group/], ['a)', /unbalanced/]] as const) {
     assert.throws(() => pyRegex(p), (e: unknown) => e instanceof InputError && what.test(e.message), p);
   }
   assert.equal(pyStrip('\u3000 x \x1c'), 'x');
@@ -122,6 +128,18 @@ test('filters and exact_match settings: the harness\'s YAML shape, bad ones name
   ];
   for (const [j, re] of bad) assert.throws(() => parseFilter(j, '--filter 1'), (e: unknown) => e instanceof InputError && re.test(e.message), JSON.stringify(j));
   assert.throws(() => parseExactMatch({ ignore_case: 'yes' }, '--exact-match'), /"ignore_case" must be true or false/);
+  // a metric_list entry as the task writes it is taken; another metric is not
+  assert.equal(parseExactMatch({ metric: 'exact_match', aggregation: 'mean', higher_is_better: true, ignore_case: true }, 'm').ignoreCase, true);
+  assert.throws(() => parseExactMatch({ metric: 'bleu' }, '--exact-match'), /"metric" is "bleu", and generation items are scored by exact_match/);
+  // take_first last (the harness's leaves a string a later step would take apart); map without a default fails on a stray answer, as the harness does
+  assert.throws(() => parseFilter({ name: 'x', filter: [{ function: 'take_first' }, { function: 'lowercase' }] }, '--filter 1'), /take_first must be the last step/);
+  const noDefault = parseFilter({ name: 'm', filter: [{ function: 'map', mapping_dict: { yes: 'A' } }] }, 'm');
+  assert.equal(applyFilter(noDefault, 'yes'), 'A');
+  assert.throws(() => applyFilter(noDefault, 'no'), /no entry for the answer "no" and no default_value/);
+  // a filter's error names the item and the pipeline
+  const far = parseFilter({ name: 'far', filter: [{ function: 'regex', regex_pattern: '(\\d)', group_select: 5 }] }, 'far');
+  const settings = { until: [], maxGenToks: 4, filters: [far], match: parseExactMatch({}, 'm') };
+  assert.throws(() => scoreGeneration('1 2', 2, ['1'], settings, 'g.jsonl:3'), (e: unknown) => e instanceof InputError && /^g\.jsonl:3: filter "far": the regex filter's group_select 5 is out of range for 2 matches/.test(e.message));
   assert.throws(() => parseExactMatch({ regexes: [] }, '--exact-match'), /unknown key "regexes"/);
 });
 

@@ -92,6 +92,8 @@ export interface EvalOptions {
   choicesChat?: boolean | undefined;
   /** With choices: examples before each item (src/eval/fewshot.ts; the examples' files resolved to `fewshotFrom`). */
   fewshot?: (Omit<FewshotOptions, 'pools'> & { from?: string[] | undefined; singleTurn?: boolean | undefined }) | undefined;
+  /** The generation items' examples when they differ from `fewshot` (a --preset's num_fewshot without --fewshot: its task's alone). */
+  generationFewshot?: EvalOptions['fewshot'];
   /** With choices: before each item's description (the harness's --system_instruction). */
   systemInstruction?: string | undefined;
   /** With choices: how generation items are generated and scored (src/eval/generation.ts). */
@@ -165,14 +167,17 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   }
   const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
   // a preset's num_fewshot is the default, as a harness task's
-  const fewshot = fewshotOptions(preset && v.fewshot === undefined ? { ...v, fewshot: preset.fewshot } : v, choices);
-  const generation = generationOptions(v, fewshot?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
+  // a preset's num_fewshot is its task's: the generation items' default, not the other files'
+  const presetShots = preset && v.fewshot === undefined ? fewshotOptions({ ...v, fewshot: preset.fewshot }, choices) : undefined;
+  const fewshot = presetShots ? undefined : fewshotOptions(v, choices);
+  const generation = generationOptions(v, (presetShots ?? fewshot)?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
     ...(typeof v['choice-delimiter'] === 'string' ? { choiceDelimiter: v['choice-delimiter'] } : {}), choiceSeqAuto: v.seq === undefined,
     ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
-    ...(fewshot ? { fewshot } : {}), ...(typeof v['system-instruction'] === 'string' ? { systemInstruction: v['system-instruction'] } : {}),
+    ...(fewshot ? { fewshot } : {}), ...(presetShots ? { generationFewshot: presetShots } : {}),
+    ...(typeof v['system-instruction'] === 'string' ? { systemInstruction: v['system-instruction'] } : {}),
     generation, generationFlags: GENERATION_FLAGS.filter((f) => v[f] !== undefined),
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
@@ -321,7 +326,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
   // The items before the backend and the weights' upload: a bad file is refused first.
   const allItems = choiceFiles.length ? readChoiceItems(choiceFiles) : [];
-  const pools = o.fewshot?.from?.map((f) => readChoiceItems([f]));
+  const pools = (o.generationFewshot ?? o.fewshot)?.from?.map((f) => readChoiceItems([f]));
   // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
   const scored = allItems.filter((it) => !it.generate), generated = allItems.filter((it) => it.generate);
   const poolsOf = (part: readonly ChoiceItem[]): Array<readonly ChoiceItem[]> | undefined =>
@@ -401,7 +406,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) res.choices.teacher = teacherPart(choiceMetrics(choice.items, tll));
       // several files: each one's own metrics too (a task's, as the harness reports them), the teacher's beside
-      if (choiceFiles.length > 1) {
+      if (itemsByFile(choice.items).length > 1) {
         const t = tll ? metricsByFile(choice.items, tll) : null;
         res.choices.files = metricsByFile(choice.items, ll).map((m, i) => ({ ...m, ...(t ? { teacher: teacherPart(t[i]!) } : {}) }));
       }
@@ -453,13 +458,13 @@ interface GenerationSide { who: 'model' | 'teacher'; ck: LoadedCheckpoint; tok: 
 function generationJob(items: ChoiceItem[], pools: Array<readonly ChoiceItem[]> | undefined, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide },
   cks: { model: LoadedCheckpoint; teacher?: LoadedCheckpoint }, log: (line: string) => void): { settings: GenerationSettings; sides: GenerationSide[] } {
   const settings = o.generation!;
-  const shot = o.fewshot;
+  const shot = o.generationFewshot ?? o.fewshot;
   const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(pools ? { pools } : {}) } : undefined;
   const out = (['model', 'teacher'] as const).flatMap((who): GenerationSide[] => {
     const side = sides[who], ck = cks[who];
     if (!side || !ck) return [];
     const prompts = generationPrompts(side.tok, side.chat, items, { chat: o.choicesChat === true, kwargs: o.chatTemplateKwargs, delimiter: o.choiceDelimiter, fewshot, singleTurn: shot?.singleTurn, systemInstruction: o.systemInstruction, warn: log },
-      ck.config.maxPositionEmbeddings, settings.maxGenToks);
+      ck.config.maxPositionEmbeddings, settings.maxGenToks, who);
     const eosId = side.tok.eosId;
     const eosText = side.chat.eosToken !== '' ? side.chat.eosToken : eosId !== undefined ? side.tok.idToToken(eosId) ?? null : null;
     const stopIds = ck.generationEosIds.length ? [...ck.generationEosIds] : eosIds(ck.config);
