@@ -39,6 +39,11 @@ export interface FewshotOptions {
    * scored); absent: each file's own items, the item itself left out.
    */
   pools?: ReadonlyArray<readonly ChoiceItem[]> | undefined;
+  /**
+   * The pools are the items' own files, whole (eval --limit scores the first items of each, and their examples are
+   * drawn as without it): the item itself is left out, as with no pools.
+   */
+  ownPools?: boolean | undefined;
 }
 
 export const FEWSHOT_DEFAULTS = { sampler: 'random', seed: 1234, delimiter: '\n\n' } as const;
@@ -58,7 +63,7 @@ export function fewshotExamples(items: readonly ChoiceItem[], o: FewshotOptions)
   if (pairing) throw new InputError(pairing.message, pairing.hint);
   const out: Array<readonly ChoiceItem[]> = new Array<readonly ChoiceItem[]>(items.length);
   groups.forEach(({ idx }, g) => {
-    const own = o.pools === undefined;
+    const own = o.pools === undefined || o.ownPools === true;
     // text items (the harness's rolling tasks, scored whole) get no examples and are none
     const pool: readonly ChoiceItem[] = (o.pools ? o.pools[g]! : idx.map((i) => items[i]!)).filter((x) => !x.rolling);
     const rnd = new PyRandom(o.seed);

@@ -176,6 +176,30 @@ test('--preset gsm8k gives its 5 examples to the generation items only: a multip
   assert.match(both.err, /generation: 6 items, 5-shot/);
 });
 
+test('eval --limit scores the first items of each file (or that fraction, rounded up) with the examples they get without it', async () => {
+  const dir = tempDir(), model = path.join(dir, 'm');
+  writeTinyCheckpoint(model, 2);
+  const mc = path.join(dir, 'mc.jsonl'), gen = path.join(dir, 'gen.jsonl');
+  fs.writeFileSync(mc, Array.from({ length: 6 }, (_, i) => JSON.stringify({ context: `The teacher model ${i}`, choices: ['predicts', 'learns the', 'splits'], answer: i % 3 })).join('\n') + '\n');
+  fs.writeFileSync(gen, Array.from({ length: 5 }, (_, i) => JSON.stringify({ context: `A tokenizer ${i}`, target: `x${i}` })).join('\n') + '\n');
+  const lines = async (extra: string[]): Promise<string[]> => {
+    const out = path.join(dir, 'o.jsonl');
+    const r = await runCli(['eval', '--model', model, '--choices', mc, gen, '--fewshot', '2', '--max-gen-toks', '3', '--choices-out', out, ...extra]);
+    assert.equal(r.code, 0, r.err);
+    return fs.readFileSync(out, 'utf8').trim().split('\n');
+  };
+  const all = await lines([]);
+  assert.equal(all.length, 11);
+  // the first 3 of each file (5 generation items: 3 as well); 0.4 of 6 and of 5, rounded up: 3 and 2
+  assert.deepEqual(await lines(['--limit', '3']), [...all.slice(0, 3), ...all.slice(6, 9)]);
+  assert.deepEqual(await lines(['--limit', '0.4']), [...all.slice(0, 3), ...all.slice(6, 8)]);
+  for (const bad of ['0', '1.5', '-2']) {
+    const r = await runCli(['eval', '--model', model, '--choices', mc, '--limit', bad]);
+    assert.equal(r.code, 2, bad);
+    assert.match(r.err, /--limit must be a whole number of items or a fraction between 0 and 1/);
+  }
+});
+
 test('generation items: bad settings and files are refused with the flag named (exit 2), and runs refuse them by name', async () => {
   const dir = tempDir(), model = path.join(dir, 'm');
   writeTinyCheckpoint(model, 1);

@@ -62,6 +62,7 @@ const FLAGS: FlagSpec[] = [
   { name: 'filter', kind: 'list', metavar: '<json>...', description: 'with generation items: answer filter pipelines, each a harness filter_list entry as JSON, e.g. \'{"name": "strict-match", "filter": [{"function": "regex", "regex_pattern": "#### (\\\\-?[0-9\\\\.\\\\,]+)"}, {"function": "take_first"}]}\'; each is reported as exact_match,<name>', defaultText: 'none: the text as generated' },
   { name: 'exact-match', kind: 'string', metavar: '<json>', description: 'with generation items: exact_match\'s settings as the harness\'s metric_list writes them, e.g. \'{"ignore_case": true, "regexes_to_ignore": [","]}\'', defaultText: '{}' },
   { name: 'preset', kind: 'string', choices: Object.keys(GENERATION_PRESETS), description: 'with generation items: a harness task\'s settings (gsm8k: until, the strict-match and flexible-extract filters, exact_match\'s settings and 5-shot, as lm_eval/tasks/gsm8k/gsm8k.yaml); flags given override them' },
+  { name: 'limit', kind: 'number', metavar: '<n>', description: 'with --choices: the first n items of each file (below 1: that fraction of each, rounded up), their examples drawn as without it (the harness\'s --limit)' },
   { name: 'seq', kind: 'integer', description: 'tokens per window (--choices without --seq: the longest item\'s, up to max_position_embeddings)', defaultText: String(DEFAULT_RUN_OPTIONS.seq) },
   { name: 'batch', kind: 'integer', description: 'windows per forward pass', defaultText: String(DEFAULT_RUN_OPTIONS.batch) },
   { name: 'max-chars', kind: 'integer', description: 'cap on characters read from the data (0 = no cap)', defaultText: '0' },
@@ -104,6 +105,8 @@ export interface EvalOptions {
   choicesOut?: string | undefined;
   /** Score --choices in windows of the longest item (up to max_position_embeddings) instead of `seq`: the CLI without --seq. */
   choiceSeqAuto?: boolean | undefined;
+  /** With choices: score the first `limit` items of each file (below 1: that fraction, rounded up; the harness's --limit). */
+  limit?: number | undefined;
   /** Storage of the model's / the teacher's projection matrices (src/model/frozen.ts; default auto: the compute dtype). */
   modelDtype?: FrozenDtype | undefined;
   teacherDtype?: FrozenDtype | undefined;
@@ -162,7 +165,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
   const data = (v.data as string[] | undefined) ?? [];
   const choices = (v.choices as string[] | undefined) ?? [];
   if (!data.length && !choices.length) throw new UsageError('eval: no data given (--data or --choices)', 'pass --data <file> (repeatable; .txt, .md, .jsonl, a folder) or --data builtin:docs, or --choices <items.jsonl>');
-  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot', 'system-instruction', ...GENERATION_FLAGS]) {
+  for (const f of ['choice-delimiter', 'choices-out', 'choices-chat', 'fewshot', 'system-instruction', 'limit', ...GENERATION_FLAGS]) {
     if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
   const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
@@ -178,7 +181,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     ...(typeof v['choices-out'] === 'string' ? { choicesOut: v['choices-out'] } : {}), choicesChat: v['choices-chat'] === true,
     ...(fewshot ? { fewshot } : {}), ...(presetShots ? { generationFewshot: presetShots } : {}),
     ...(typeof v['system-instruction'] === 'string' ? { systemInstruction: v['system-instruction'] } : {}),
-    generation, generationFlags: GENERATION_FLAGS.filter((f) => v[f] !== undefined),
+    generation, generationFlags: GENERATION_FLAGS.filter((f) => v[f] !== undefined), ...(v.limit !== undefined ? { limit: v.limit as number } : {}),
     ...(typeof v.base === 'string' ? { base: v.base } : {}),
     ...(typeof v['model-dtype'] === 'string' ? { modelDtype: v['model-dtype'] as FrozenDtype } : {}),
     ...(typeof v['teacher-dtype'] === 'string' ? { teacherDtype: v['teacher-dtype'] as FrozenDtype } : {}),
@@ -194,6 +197,9 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
   }
   if (o.maxChars < 0) throw new UsageError(`--max-chars must be >= 0, got ${o.maxChars}`, 'use 0 for no cap');
+  if (o.limit !== undefined && !(o.limit > 0 && (o.limit < 1 || Number.isSafeInteger(o.limit)))) {
+    throw new UsageError(`--limit must be a whole number of items or a fraction between 0 and 1, got ${o.limit}`, 'e.g. --limit 100 (the first 100 items of each file) or --limit 0.1');
+  }
   const threadsBad = threadsProblem(o.threads);
   if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
   if (data.includes('builtin:docs') && data.length > 1) throw new UsageError("--data: 'builtin:docs' cannot be combined with other data files", 'use either builtin:docs or your own files');
@@ -265,6 +271,11 @@ function fewshotOptions(v: Record<string, unknown>, choices: readonly string[]):
   };
 }
 
+/** The first `limit` items of each file (a fraction below 1: that share of each file, rounded up), as the harness's --limit. */
+export function limitItems(items: readonly ChoiceItem[], limit: number): ChoiceItem[] {
+  return itemsByFile(items).flatMap(({ idx }) => idx.slice(0, limit < 1 ? Math.ceil(idx.length * limit) : limit).map((i) => items[i]!));
+}
+
 /** Flags given that change nothing in this evaluation (the data's settings without --data), as warnings. */
 export function evalWarnings(v: Record<string, unknown>): string[] {
   if ((v.data as string[] | undefined)?.length) return [];
@@ -325,12 +336,16 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   const tok = studentCk.tokenizer;
   const chat = chatFormatOf(studentCk.chatTemplate, `${o.model}'s tokenizer_config.json`, studentCk.tokenizerConfig);
   // The items before the backend and the weights' upload: a bad file is refused first.
-  const allItems = choiceFiles.length ? readChoiceItems(choiceFiles) : [];
-  const pools = (o.generationFewshot ?? o.fewshot)?.from?.map((f) => readChoiceItems([f]));
+  const read = choiceFiles.length ? readChoiceItems(choiceFiles) : [];
+  // --limit: the first items of each file (the harness's); their examples are drawn from the whole file, as without it
+  const allItems = o.limit !== undefined ? limitItems(read, o.limit) : read;
+  if (o.limit !== undefined) log(`choices: --limit ${o.limit}: ${allItems.length} of ${read.length} items (the first of each file)`);
+  const from = (o.generationFewshot ?? o.fewshot)?.from;
+  const pools = from ? from.map((f) => readChoiceItems([f])) : o.limit !== undefined ? choiceFiles.map((f) => read.filter((it) => it.file === f)) : undefined;
   // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
   const scored = allItems.filter((it) => !it.generate), generated = allItems.filter((it) => it.generate);
-  const poolsOf = (part: readonly ChoiceItem[]): Array<readonly ChoiceItem[]> | undefined =>
-    pools && choiceFiles.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : []));
+  const poolsOf = (part: readonly ChoiceItem[]): Pick<FewshotOptions, 'pools' | 'ownPools'> =>
+    (pools ? { pools: choiceFiles.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : [])), ...(from ? {} : { ownPools: true }) } : {});
   const sides = {
     model: { tok, chat },
     ...(teacherCk ? { teacher: { tok: teacherCk.tokenizer ?? tok, chat: chatFormatOf(teacherCk.chatTemplate, `${o.teacher}'s tokenizer_config.json`, teacherCk.tokenizerConfig) } } : {}),
@@ -455,11 +470,11 @@ interface GenerationSide { who: 'model' | 'teacher'; ck: LoadedCheckpoint; tok: 
  * The generation items: each model's prompts (its tokenizer, chat format and positions), its end-of-sequence ids (its
  * generation config's, else its config's, as transformers' generate stops) and its stop strings (with its eos_token).
  */
-function generationJob(items: ChoiceItem[], pools: Array<readonly ChoiceItem[]> | undefined, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide },
+function generationJob(items: ChoiceItem[], pools: Pick<FewshotOptions, 'pools' | 'ownPools'>, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide },
   cks: { model: LoadedCheckpoint; teacher?: LoadedCheckpoint }, log: (line: string) => void): { settings: GenerationSettings; sides: GenerationSide[] } {
   const settings = o.generation!;
   const shot = o.generationFewshot ?? o.fewshot;
-  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(pools ? { pools } : {}) } : undefined;
+  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...pools } : undefined;
   const out = (['model', 'teacher'] as const).flatMap((who): GenerationSide[] => {
     const side = sides[who], ck = cks[who];
     if (!side || !ck) return [];
@@ -499,10 +514,10 @@ interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
  * --choices: the items, each model's rows (the teacher's tokenizer_config.json may name another prefix token or chat
  * template), and the window they are scored in (the longest row's without --seq, at most max_position_embeddings).
  */
-function choiceJob(items: ChoiceItem[], pools: Array<readonly ChoiceItem[]> | undefined, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
+function choiceJob(items: ChoiceItem[], pools: Pick<FewshotOptions, 'pools' | 'ownPools'>, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
   { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
   const shot = o.fewshot;
-  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...(pools ? { pools } : {}) } : undefined;
+  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...pools } : undefined;
   // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
   const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
