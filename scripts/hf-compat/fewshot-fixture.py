@@ -44,13 +44,19 @@ def cont_docs(n, tag):
     return [{"context": f"The {tag} story {i} ends with the word", "continuation": f" {WORDS[(3 * i) % 16]}"} for i in range(n)]
 
 
+def gen_docs(tag):
+    # generate_until docs: a target, a list of targets, and empty ones (a "" target is no answer to build_qa_turn; [""] is one)
+    return [{"context": f"Question {tag}{i}?\nAnswer:", "target": t} for i, t in
+            enumerate(["#### 1", "", ["#### 3", "three"], [""], "#### 5", "", "#### 7"])]
+
+
 def task(kind, description, fewshot_delim, split_same, target_delim):
     t = object.__new__(ConfigurableTask)
     t.prompt = None
     t.multiple_input = 2 if kind == "mi" else 0  # as the harness sets it when doc_to_text gives an int
-    t.features = ["context", "choices", "answer", "description", "continuation", "contexts"]
+    t.features = ["context", "choices", "answer", "description", "continuation", "contexts", "target"]
     choice = {"mc": "choices", "mi": "contexts"}.get(kind)
-    target = "answer" if kind == "mc" else "continuation"
+    target = "answer" if kind == "mc" else "target" if kind == "gen" else "continuation"
     text = "answer" if kind == "mi" else "context"  # Winogrande's doc_to_text: the right option's index
     t._config = SimpleNamespace(description="description" if description else None, fewshot_delimiter=fewshot_delim,
                                 target_delimiter=target_delim, test_split="test", doc_to_text=text,
@@ -101,6 +107,8 @@ case("multiple-input-pool-first_n-1-descriptions", "mi", [dict(d, description="F
 case("mc-system-instruction-descriptions", "mc", mc_docs(6, "S", description="About words.\n\n"), None, 1, "first_n", 1234, description=True,
      system="You are a careful reader.")
 case("mc-system-instruction-trailing-space", "mc", mc_docs(4, "R"), None, 1, "random", 5, system="Answer briefly. ")
+case("generation-own-first_n-4-empty-targets", "gen", gen_docs("K"), None, 4, "first_n", 1234)
+case("generation-own-random-3", "gen", gen_docs("L"), None, 3, "random", 1234)
 case("continuation-own-random-2-no-delimiter", "cont", cont_docs(6, "H"), None, 2, "random", 99, target_delim="")
 json.dump({"harness_commit": commit, "python": sys.version.split()[0],
            "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",

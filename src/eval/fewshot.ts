@@ -116,6 +116,8 @@ export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | nu
     const system = maybeDelimit(systemInstruction ?? '', it.description ?? '', o?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
     if (system) turns.push({ role: 'system', content: system, after: '' });
     for (const ex of shots?.[i] ?? []) {
+      // an example without an answer (a target of "") is its context alone, with no delimiter after it (build_qa_turn)
+      if (ex.generate?.noAnswer) { turns.push({ role: 'user', content: ex.context, after: '' }); continue; }
       // the harness's build_qa_turn puts the target delimiter after every example's context, a loglikelihood task's too
       // a multiple-input example (Winogrande's): its right context, then the continuation they share
       turns.push({ role: 'user', content: ex.shared !== undefined ? ex.choices[ex.answer]! : ex.context, after: targetDelimiter });

@@ -38,7 +38,7 @@ export interface ChoiceItem {
    * A generate_until item (`"target"`): generated, not scored; `choices` holds its first target (a few-shot example's
    * answer, as the harness takes a list's first), `targets` every one exact_match accepts.
    */
-  generate?: { targets: string[] };
+  generate?: { targets: string[]; noAnswer?: boolean };
   /** `file:line`, for messages. */
   where: string;
   /** The items file it was read from (per-file metrics). */
@@ -92,7 +92,8 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
       if (!Array.isArray(targets) || targets.length === 0 || !targets.every((t) => typeof t === 'string')) {
         throw new InputError(`${where}: "target" must be a string or a non-empty list of strings`, 'what the filtered answer is compared with (a list: any of them)');
       }
-      out.push({ context: o.context, choices: [targets[0] as string], answer: 0, generate: { targets: targets as string[] }, ...extra });
+      // an empty string (not a list) is no answer to the harness: as an example, its context alone
+      out.push({ context: o.context, choices: [targets[0] as string], answer: 0, generate: { targets: targets as string[], ...(o.target === '' ? { noAnswer: true } : {}) }, ...extra });
       return;
     }
     if (o.continuation !== undefined) {

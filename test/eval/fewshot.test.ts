@@ -32,7 +32,7 @@ const lines = (docs: object[], file: string): ChoiceItem[] => parseChoiceItems(d
 
 test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn', () => {
   const fix = JSON.parse(fs.readFileSync(FIX, 'utf8')) as { cases: Case[] };
-  assert.equal(fix.cases.length, 13);
+  assert.equal(fix.cases.length, 15);
   let compared = 0;
   for (const c of fix.cases) {
     const items = lines(c.items, `${c.name}.jsonl`);

@@ -13,6 +13,7 @@ import { pyFindall, pyRegex, pyStrip, pySub } from '../../src/eval/py-regex.js';
 import { applyFilter, cutAtStops, exactMatch, GENERATION_PRESETS, parseExactMatch, parseFilter, scoreGeneration, stopStrings } from '../../src/eval/generation.js';
 import { stopsSettled } from '../../src/eval/generate-items.js';
 import { parseChoiceItems } from '../../src/eval/items.js';
+import { promptTurns, turnsText } from '../../src/eval/fewshot.js';
 import { InputError } from '../../src/util/errors.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -152,6 +153,10 @@ test('generation items: {"context", "target"} lines, a list of targets, the kind
   // a few-shot example's answer is its (first) target
   assert.deepEqual(items.map((it) => it.choices[it.answer]), ['It is 2.\n#### 2', 'Paris']);
   assert.throws(() => parseChoiceItems(JSON.stringify({ context: 'c', target: 'x', choices: ['a', 'b'] }), 'g.jsonl'), /"target" goes without "choices"/);
+  // as an example, a target of "" is no answer to the harness's build_qa_turn: the context alone, no delimiters; [""] is an empty answer
+  const three = parseChoiceItems([{ context: 'Q1', target: '' }, { context: 'Q2', target: [''] }, { context: 'Q3', target: 'A3' }].map((x) => JSON.stringify(x)).join('\n'), 'e.jsonl');
+  const turns = promptTurns([three[2]!], { n: 2, sampler: 'first_n', seed: 1234, delimiter: '\n\n', pools: [three.slice(0, 2)] }, ' ');
+  assert.equal(turnsText(turns[0]!), 'Q1Q2 \n\nQ3');
   assert.throws(() => parseChoiceItems(JSON.stringify({ context: 'c', target: [] }), 'g.jsonl'), /"target" must be a string or a non-empty list/);
   assert.throws(() => parseChoiceItems(JSON.stringify({ target: 'x' }), 'g.jsonl'), /"context" must be a string/);
 });
