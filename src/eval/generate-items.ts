@@ -32,8 +32,12 @@ export function generationPrompts(tok: Tokenizer, format: ChatFormat, items: rea
   let cut = 0, longest = 0;
   const ids = items.map((it, i) => {
     let p = enc.encode(text(it, i, 0));
-    if (p.length === 0) p = enc.prefixToken() ? [enc.prefixToken()!.id] : p;
-    if (p.length === 0) throw new InputError(`${it.where}: the prompt is empty, and the tokenizer has no BOS or end-of-text token to start from`, 'give the item a context');
+    if (p.length === 0) {
+      // an empty prompt starts from the prefix token, as an empty context does
+      const pre = enc.prefixToken();
+      if (!pre) throw new InputError(`${it.where}: the prompt is empty, and the tokenizer has no BOS or end-of-text token to start from`, 'give the item a context');
+      p = [pre.id];
+    }
     if (p.length > room) { p = p.slice(p.length - room); cut++; }
     longest = Math.max(longest, p.length);
     return p;

@@ -169,11 +169,10 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (v[f] !== undefined && !choices.length) throw new UsageError(`eval: --${f} goes with --choices`, `pass --choices <items.jsonl>, or drop --${f}`);
   }
   const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
-  // a preset's num_fewshot is the default, as a harness task's
   // a preset's num_fewshot is its task's: the generation items' default, not the other files'
   const presetShots = preset && v.fewshot === undefined ? fewshotOptions({ ...v, fewshot: preset.fewshot }, choices) : undefined;
   const fewshot = presetShots ? undefined : fewshotOptions(v, choices);
-  const generation = generationOptions(v, (presetShots ?? fewshot)?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
+  const generation = generationOptions(v, preset, (presetShots ?? fewshot)?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
   if (typeof v['teacher-dtype'] === 'string' && typeof v.teacher !== 'string') throw new UsageError('eval: --teacher-dtype goes with --teacher', 'pass --teacher <folder>, or drop --teacher-dtype');
   const o: EvalOptions = {
     model: v.model, teacher: v.teacher as string | undefined, data, choices,
@@ -222,8 +221,7 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
 const GENERATION_FLAGS = ['until', 'max-gen-toks', 'filter', 'exact-match', 'preset'];
 
 /** The generation items' settings: the flags', else the preset's, else the harness's defaults (until: the few-shot delimiter). */
-function generationOptions(v: Record<string, unknown>, fewshotDelimiter: string): GenerationSettings {
-  const preset = typeof v.preset === 'string' ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
+function generationOptions(v: Record<string, unknown>, preset: (typeof GENERATION_PRESETS)[GenerationPreset] | undefined, fewshotDelimiter: string): GenerationSettings {
   const maxGenToks = (v['max-gen-toks'] as number | undefined) ?? DEFAULT_MAX_GEN_TOKS;
   if (!(Number.isInteger(maxGenToks) && maxGenToks >= 1)) throw new UsageError(`--max-gen-toks must be a positive integer, got ${maxGenToks}`, `e.g. --max-gen-toks ${DEFAULT_MAX_GEN_TOKS} (the harness's default)`);
   const json = (text: string, flag: string): unknown => {
@@ -395,7 +393,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
     const student = load(studentCk, 'model', documents);
     const teacher = teacherCk ? load(teacherCk, 'teacher', documents) : null;
     const res: EvalResult = { precision: prec.name, modelDtype: o.modelDtype ?? 'auto' };
-    let scoredLines: { items: ChoiceItem[]; text: string } | null = null;
+    let scoredLines: { items: ChoiceItem[]; text: string } | null = null, genLines: string[] = [];
     if (packed) {
       const runner = new StepRunner(student, teacher, spec, { lossVocab });
       const r = runner.evaluate(batchWindows(packed.windows, o.batch, o.seq));
@@ -407,10 +405,9 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       const score = async (m: Transformer, rows: ChoiceRow[], who: string): Promise<ItemScores> => {
         // a no-gradient head of small logits chunks (SCORING_CHUNK_FLOATS): the batches are short
         const runner = choicesRunner(m);
-        const t0 = Date.now();
-        let last = t0;
+        const t0 = Date.now(), progress = throttled(log, 5000);
         const ll = (await scoreChoices(choiceSlots(choice.items, rows), choiceBatches(rows, o.batch, choice.seq, padId), (b) => runner.rowScores(b), (done) => {
-          if (Date.now() - last > 5000 && done < rows.length) { last = Date.now(); log(`choices: ${who} ${done}/${rows.length} scored`); }
+          if (done < rows.length) progress(`choices: ${who} ${done}/${rows.length} scored`);
         }))!;
         const sec = (Date.now() - t0) / 1000;
         log(`choices: ${who} scored ${rowsSaid(choice.items, rows)} in ${sec.toFixed(2)} s (${Math.round(rows.length / Math.max(sec, 1e-3))}/s)`);
@@ -425,17 +422,15 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         const t = tll ? metricsByFile(choice.items, tll) : null;
         res.choices.files = metricsByFile(choice.items, ll).map((m, i) => ({ ...m, ...(t ? { teacher: teacherPart(t[i]!) } : {}) }));
       }
-      if (o.choicesOut !== undefined && !gen) writeFileAtomic(o.choicesOut, choiceSamples(choice.items, ll, tll));
-      if (gen) scoredLines = { items: choice.items, text: choiceSamples(choice.items, ll, tll) };
+      if (o.choicesOut !== undefined) scoredLines = { items: choice.items, text: choiceSamples(choice.items, ll, tll) };
     }
     if (gen) {
       const outcomes = gen.sides.map((g) => {
-        const t0 = Date.now();
-        let last = t0;
+        const t0 = Date.now(), progress = throttled(log, 5000);
         const m = g.who === 'teacher' ? teacher! : student;
         const got = runGeneration(m, g.tok, generated, g.prompts, gen.settings, {
           stopIds: g.stopIds, until: g.until, batch: o.batch,
-          progress: (done) => { if (Date.now() - last > 5000 && done < generated.length) { last = Date.now(); log(`generation: ${g.who} ${done}/${generated.length} items`); } },
+          progress: (done) => { if (done < generated.length) progress(`generation: ${g.who} ${done}/${generated.length} items`); },
         });
         const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
         log(`generation: ${g.who} generated ${tokens} tokens for ${generated.length} items in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s)`);
@@ -453,14 +448,24 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
           ...(theirs ? { teacher: generationMetrics(idx.map((i) => theirs.got[i]!), gen.settings) } : {}),
         }));
       }
-      if (o.choicesOut !== undefined) {
-        writeFileAtomic(o.choicesOut, samplesInOrder(allItems, scoredLines, generated, generationSamples(generated, gen.settings, mine.got, theirs?.got ?? null)));
-      }
+      if (o.choicesOut !== undefined) genLines = generationSamples(generated, gen.settings, mine.got, theirs?.got ?? null);
     }
+    if (o.choicesOut !== undefined) writeFileAtomic(o.choicesOut, samplesInOrder(allItems, scoredLines, generated, genLines));
     return res;
   } finally {
     backend.dispose();
   }
+}
+
+/** The few-shot settings with the examples' pools (undefined without --fewshot). */
+function fewshotWith(shot: EvalOptions['fewshot'], pools: Pick<FewshotOptions, 'pools' | 'ownPools'>): FewshotOptions | undefined {
+  return shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...pools } : undefined;
+}
+
+/** A log that says a line at most once every `ms` (progress on long work): the first call waits `ms` too. */
+function throttled(log: (line: string) => void, ms: number): (line: string) => void {
+  let last = Date.now();
+  return (line) => { if (Date.now() - last > ms) { last = Date.now(); log(line); } };
 }
 
 /** One model's side of the generation items: its prompts, its end-of-sequence ids and stop strings. */
@@ -474,7 +479,7 @@ function generationJob(items: ChoiceItem[], pools: Pick<FewshotOptions, 'pools' 
   cks: { model: LoadedCheckpoint; teacher?: LoadedCheckpoint }, log: (line: string) => void): { settings: GenerationSettings; sides: GenerationSide[] } {
   const settings = o.generation!;
   const shot = o.generationFewshot ?? o.fewshot;
-  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...pools } : undefined;
+  const fewshot = fewshotWith(shot, pools);
   const out = (['model', 'teacher'] as const).flatMap((who): GenerationSide[] => {
     const side = sides[who], ck = cks[who];
     if (!side || !ck) return [];
@@ -517,7 +522,7 @@ interface ChoiceSide { tok: Tokenizer; chat: ChatFormat }
 function choiceJob(items: ChoiceItem[], pools: Pick<FewshotOptions, 'pools' | 'ownPools'>, o: EvalOptions, sides: { model: ChoiceSide; teacher?: ChoiceSide }, maxPos: number, log: (line: string) => void):
   { items: ChoiceItem[]; rows: ChoiceRow[]; teacherRows?: ChoiceRow[]; seq: number; cut: number } {
   const shot = o.fewshot;
-  const fewshot: FewshotOptions | undefined = shot ? { n: shot.n, sampler: shot.sampler, seed: shot.seed, delimiter: shot.delimiter, ...pools } : undefined;
+  const fewshot = fewshotWith(shot, pools);
   // text items' rolling windows: --seq's length, else the model's (the harness's max_length: max_position_embeddings)
   const rollingWindow = o.choiceSeqAuto ? maxPos : o.seq;
   const encode = (side: ChoiceSide): EncodedChoice[] => encodeForModel(side.tok, side.chat, items,
