@@ -3,7 +3,8 @@
  *
  * Prefill: the prompts, right-padded to the longest, run as one [B, P] forward from position 0 (a padded row's keys and
  * values land in the cache past its prompt, where nothing attends to them: a query attends causally to rows up to its
- * own position, and the sequence's first decode step overwrites the first padded row). The logits of each sequence's
+ * own position, and the sequence's first decode step overwrites the first padded row). Its attention is training's
+ * causal forward over the rows it writes (the flash kernel on CUDA), not the cache-reading kernel of the decode steps. The logits of each sequence's
  * last prompt token are gathered (one row per sequence) and go through the LM head as one product.
  * Decode: one token per sequence per step, each at its own position — the generation ops read per-sequence start
  * positions from a device buffer (Backend SeqPositions), uploaded each step — so sequences of different lengths advance
@@ -17,7 +18,7 @@ import { seenWords, type Backend, type Buf, type DType, type IntBuf, type Sample
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
+import { cachedAttentionStep, inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 import { sample, sampleParams, samplingVocab, seenOf, type SamplingOptions } from './generate.js';
 
 /** The seed sequence b of a batch draws from (so an unbatched generation with this seed reproduces it). */
@@ -44,6 +45,8 @@ export class BatchGenerator {
   private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
   private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
   private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
+  /** The prefill attention's log-sum-exp rows [B, nHeads, P] (the training forward's output, unread here). */
+  private readonly lse: Buf;
   private readonly last: Buf;
   private readonly logits: Buf;
   private readonly uniforms: Buf;
@@ -80,6 +83,7 @@ export class BatchGenerator {
     this.x = a(R * C, 'x'); this.h = a(R * C, 'h'); this.ln = a(R * C, 'norm', A); this.rstd = a(R, 'rstd');
     this.q = a(R * Q, 'q', A); this.k = a(R * KV, 'k', A); this.v = a(R * KV, 'v', A); this.att = a(R * Q, 'attention', A);
     this.gate = a(R * I, 'gate', A); this.up = a(R * I, 'up', A); this.act = a(R * I, 'swiglu', A);
+    this.lse = a(R * c.numHeads, 'prefill attention lse');
     this.last = a(batch * C, 'last positions', A);
     this.logits = a(batch * c.vocabSize, 'logits');
     this.uniforms = a(batch, 'sampling uniforms');
@@ -118,11 +122,8 @@ export class BatchGenerator {
       const kc = this.kCache[l]!, vc = this.vCache[l]!;
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
       this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0, (qq, kk, vv, aa) => {
-        be.kvCacheWrite(kc, kk, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-        be.kvCacheWrite(vc, vv, b, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-        be.attentionCached(aa, qq, kc, vc, b, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
-      }, next);
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0,
+        cachedAttentionStep(be, c, kc, vc, this.lse, b, t, pos0, this.maxLen), next);
     }
   }
 

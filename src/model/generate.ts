@@ -11,7 +11,7 @@ import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { markSeen, sampleRow } from '../backend/cpu/kernels/sample.js';
 import { DistilleryError } from '../util/errors.js';
-import { inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
+import { cachedAttentionStep, inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
 
 export interface SamplingOptions {
   /** 0 means greedy. */
@@ -56,6 +56,8 @@ export class Generator {
   private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
   private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
   private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
+  /** The prefill attention's log-sum-exp rows [nHeads, t] (the training forward's output, unread here). */
+  private readonly lse: Buf;
   private readonly logits: Buf;
   /** Qwen3's q/k norm inputs and rstds, [maxLen] rows (null without q/k norms). */
   private readonly qkn: QkNormActivations | null;
@@ -86,6 +88,7 @@ export class Generator {
     this.x = a(T * C, 'x'); this.h = a(T * C, 'h'); this.ln = a(T * C, 'norm', A); this.rstd = a(T, 'rstd');
     this.q = a(T * Q, 'q', A); this.k = a(T * KV, 'k', A); this.v = a(T * KV, 'v', A); this.att = a(T * Q, 'attention', A);
     this.gate = a(T * I, 'gate', A); this.up = a(T * I, 'up', A); this.act = a(T * I, 'swiglu', A);
+    this.lse = a(T * c.numHeads, 'prefill attention lse');
     this.logits = a(c.vocabSize, 'logits');
     this.qkn = c.qkNorm ? {
       qRaw: a(T * Q, 'q before q_norm', A), kRaw: a(T * KV, 'k before k_norm', A),
@@ -128,11 +131,8 @@ export class Generator {
       const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
       // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
       this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, 1, t, pos0, (qq, kk, vv, aa) => {
-        be.kvCacheWrite(kc, kk, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-        be.kvCacheWrite(vc, vv, 1, t, pos0, this.maxLen, c.numKvHeads, c.headDim);
-        be.attentionCached(aa, qq, kc, vc, 1, t, pos0, this.maxLen, c.numHeads, c.numKvHeads, c.headDim);
-      }, next);
+      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, 1, t, pos0,
+        cachedAttentionStep(be, c, kc, vc, this.lse, 1, t, pos0, this.maxLen), next);
     }
     // The final norm covers every position (fused with the last layer's add); only the last position's logits are needed.
     const lnLast = be.view(this.ln, (t - 1) * C, C);

@@ -96,6 +96,23 @@ export interface NextNorm { weight: Buf; out: Buf; rstd: Buf }
 export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
 
 /** The first layer's input norm (every later layer's comes out of the previous layer's closing add): a.ln1, a.rstd1 from a.x. */
+/**
+ * The attention step of generation against a KV cache of [b, tMax] rows: the new keys and values are written at
+ * pos0.. of each sequence, then the queries attend causally to the cache. A prefill from position 0 (pos0 the number 0)
+ * attends only to the rows it has just written, which is the causal attention of training over q, k and v themselves:
+ * it runs the training forward (the flash kernel on CUDA; `lse` [b, nHeads, t] is its scratch), and every other step
+ * the cache-reading kernel. Rows of a right-padded prefill past a sequence's prompt compute what nothing reads.
+ */
+export function cachedAttentionStep(be: Backend, c: ModelConfig, kCache: Buf, vCache: Buf, lse: Buf, b: number, t: number,
+  pos0: number | SeqPositions, tMax: number): AttentionStep {
+  return (q, k, v, att) => {
+    be.kvCacheWrite(kCache, k, b, t, pos0, tMax, c.numKvHeads, c.headDim);
+    be.kvCacheWrite(vCache, v, b, t, pos0, tMax, c.numKvHeads, c.headDim);
+    if (pos0 === 0) be.attentionForward(att, be.view(lse, 0, b * c.numHeads * t), q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim);
+    else be.attentionCached(att, q, kCache, vCache, b, t, pos0, tMax, c.numHeads, c.numKvHeads, c.headDim);
+  };
+}
+
 export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<LayerActivations, 'x' | 'ln1' | 'rstd1'>, n: number): void {
   be.rmsnormForward(a.ln1, a.rstd1, a.x, w.ln1, n, c.hiddenSize, c.rmsNormEps);
 }

@@ -116,14 +116,15 @@ export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a:
 
 /**
  * Bytes a BatchGenerator (src/model/batch-generate.ts) allocates for `batch` sequences of `maxLen` tokens, with `a`
- * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row,
+ * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row
+ * (the prefill attention's log-sum-exp included),
  * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids (not the seen-token
  * bitmask a repetition penalty allocates, batch · ⌈vocab / 32⌉ words: on-policy generation, what this sizes, has none).
  */
 export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number): number {
   const R = batch * maxLen, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   const kv = 2 * c.numLayers * R * KV * a;
-  const acts = R * (2 * C + 1) * F + R * (C + 2 * Q + 2 * KV + 3 * I) * a;
+  const acts = R * (2 * C + 1 + c.numHeads /* prefill lse */) * F + R * (C + 2 * Q + 2 * KV + 3 * I) * a;
   const qkn = c.qkNorm ? R * (Q + KV) * a + R * (c.numHeads + c.numKvHeads) * F : 0;
   return kv + acts + qkn + R * F /* ids */ + batch * F /* positions */ + batch * C * a + batch * c.vocabSize * F + 2 * batch * F;
 }

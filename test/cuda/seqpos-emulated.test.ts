@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ropeKernel } from '../../src/backend/cuda/kernels/rope.js';
-import { attentionCached, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
+import { attentionCached, cachedAttentionBlock, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
@@ -43,11 +43,12 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   launch({2, 1, 1}, 128, 0, [&] { kv_cache_write(kc.data(), kv.data(), ${B}, ${t}, 0, ${tMax}, ${KV * HD}, pos.data()); });
   writef(d, "kc_out", kc); }`);
   execFileSync(exeKv);
-  const ac = attentionCached.make({ headDim: HD, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
+  const acBlock = cachedAttentionBlock(HD);
+  const ac = attentionCached.make({ headDim: HD, block: acBlock, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
   const exeAtt = build(ac, `int main() { const char* d = "${workDir()}";
   auto q = readf<float>(d, "q_rot", ${q.length}); auto kc = readf<float>(d, "kc_out", ${kc.length}); auto vc = readf<float>(d, "vc", ${vc.length});
   auto pos = readf<int>(d, "pos", ${B}); std::vector<float> out(${q.length});
-  launch({${t}, ${H}, ${B}}, 128, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, pos.data()); });
+  launch({${t}, ${H}, ${B}}, ${acBlock}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, pos.data()); });
   writef(d, "att", out); }`);
   execFileSync(exeAtt);
   // The CPU backend, float64, the same inputs.
@@ -67,18 +68,20 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   be.dispose();
 });
 
-test('emulated CUDA: cached attention of several queries (a prefill at pos0) equals the CPU backend, at head dims that fill the lanes and that do not', { skip, timeout: 300_000 }, () => {
-  for (const [hd, t2, pos0, tm] of [[80, 5, 3, 12], [128, 3, 0, 40], [64, 2, 37, 40]] as const) {
+test('emulated CUDA: cached attention of several queries (a prefill at pos0) equals the CPU backend, at head dims that fill the lanes and that do not, with the backend\'s block and with 4 warps', { skip, timeout: 600_000 }, () => {
+  // fewer rows than warps, rows ending inside a round of UN rows a warp, several rounds, a long cache
+  for (const [hd, t2, pos0, tm, block] of [[80, 5, 3, 12, 0], [128, 3, 0, 40, 0], [64, 2, 37, 40, 0], [64, 2, 150, 160, 0], [64, 3, 70, 80, 128], [96, 2, 9, 16, 128]] as const) {
+    const bl = block || cachedAttentionBlock(hd);
     const r = rng(hd);
     const q = Float32Array.from({ length: B * t2 * H * hd }, () => r() - 0.5);
     const kc = Float32Array.from({ length: B * tm * KV * hd }, () => 2 * (r() - 0.5));
     const vc = Float32Array.from({ length: B * tm * KV * hd }, () => r() - 0.5);
     for (const [f, a] of [['q2', q], ['kc2', kc], ['vc2', vc]] as const) writeFileSync(join(workDir(), f), a);
-    const ac = attentionCached.make({ headDim: hd, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
+    const ac = attentionCached.make({ headDim: hd, block: bl, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
     const exe = build(ac, `int main() { const char* d = "${workDir()}";
     auto q = readf<float>(d, "q2", ${q.length}); auto kc = readf<float>(d, "kc2", ${kc.length}); auto vc = readf<float>(d, "vc2", ${vc.length});
     std::vector<float> out(${q.length});
-    launch({${t2}, ${H}, ${B}}, 128, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${H}, ${KV}); });
+    launch({${t2}, ${H}, ${B}}, ${bl}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${H}, ${KV}); });
     writef(d, "att2", out); }`);
     execFileSync(exe);
     const be = createCpuBackend({ dtype: 'f64', threads: 1 });
@@ -88,7 +91,7 @@ test('emulated CUDA: cached attention of several queries (a prefill at pos0) equ
     const want = be.download(OUT), got = readF32('att2');
     let e = 0;
     for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
-    process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0}: ${e.toExponential(2)}\n`);
+    process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0} block ${bl}: ${e.toExponential(2)}\n`);
     assert.ok(e <= 1e-5, `hd ${hd}: ${e}`);
     be.dispose();
   }

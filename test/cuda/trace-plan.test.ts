@@ -13,6 +13,9 @@ import { ALL_FAMILIES, EXPERIMENTAL_FAMILIES } from '../../src/backend/cuda/kern
 import { DistilleryError } from '../../src/util/errors.js';
 import { LOSS_STATS, type Backend } from '../../src/backend/backend.js';
 import { formatBytes } from '../../src/backend/cuda/ffi/status.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { BatchGenerator } from '../../src/model/batch-generate.js';
+import { tinyConfig } from '../cli/fixtures.js';
 import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 test('the trace backend records every kernel family the steps (fp32 and the bf16 data flow) use, and downloads zeros', () => {
@@ -205,4 +208,29 @@ test('a second prepare() for a larger run sizes from the defaults, not from the 
   const sizes = new Map(b.memoryReport().split('\n').slice(1).map((l) => l.split(': ') as [string, string]));
   assert.equal(sizes.get('attention backward scratch'), formatBytes(4 * 4 * 4096));
   b.dispose();
+});
+
+test('generation: a prefill from position 0 runs training\'s causal attention (the flash kernel), the decode steps the cache-reading kernel; both pre-warmed', async () => {
+  const cfg = tinyConfig(96, { hiddenSize: 128, numHeads: 2, numKvHeads: 1, headDim: 64, numLayers: 3 });
+  for (const [precision, flash] of [['bf16', 'attention_fwd_bf16'], ['fp32', 'attention_fwd']] as const) {
+    const run = (be: Backend): BatchGenerator => {
+      const g = new BatchGenerator(new Transformer(be, cfg, { batch: 1, seq: 1, training: false, precision }), 2, 16);
+      g.prefill([[1, 2, 3], [4, 5]]);
+      return g;
+    };
+    const b = createTraceBackend();
+    const g = run(b);
+    assert.equal(b.launches.get(flash), cfg.numLayers, `${precision}: the prefill's attention`);
+    assert.equal(b.launches.get('attention_cached') ?? 0, 0, `${precision}: the prefill reads no cache`);
+    g.decode(Int32Array.of(6, 7));
+    assert.equal(b.launches.get('attention_cached'), cfg.numLayers, `${precision}: a decode step reads the cache`);
+    assert.equal(b.launches.get(flash), cfg.numLayers);
+    // what generation launches is what its pre-warm plans (the same closure): zero misses after the seal
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true });
+    await cache.prewarm(planKernels([(be) => { run(be).decode(Int32Array.of(6, 7)); }]));
+    const dev = deviceBackend(cache);
+    run(dev).decode(Int32Array.of(6, 7));
+    assert.equal(cache.counters.missesAfterSeal, 0);
+    dev.dispose();
+  }
 });

@@ -56,7 +56,7 @@ import {
 } from './kernels/norm.js';
 import { ropeKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
-import { SMEM_DEFAULT, attentionCached, attentionForward, kvCacheWrite } from './kernels/attention.js';
+import { SMEM_DEFAULT, attentionCached, attentionForward, cachedAttentionBlock, kvCacheWrite } from './kernels/attention.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
@@ -1078,8 +1078,9 @@ export class CudaBackend implements Backend {
     if (seq) this.need(pos0.seqPositions, b, 'attentionCached');
     else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
     if (b * t <= 0) return;
-    this.launch(attentionCached.make({ headDim: hd, block: ATTN_BLOCK, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
-      [t, nHeads, b], ATTN_BLOCK,
+    const block = cachedAttentionBlock(hd);
+    this.launch(attentionCached.make({ headDim: hd, block, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
+      [t, nHeads, b], block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 

@@ -591,8 +591,10 @@ extern "C" __global__ void kv_cache_write(${ctype(p.cache)}* cache, const ${ctyp
 /**
  * Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i; with `seqPos`, sequence b's
  * queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths). Each warp takes every
- * NW-th cache row (a row's head dims across the lanes, DCH a lane: the row read whole by the warp) with an online
- * softmax of its own; the warps' maxima, sums and weighted values are then merged, threads over the head dims.
+ * NW-th cache row (a row's head dims across the lanes, DCH a lane: the row read whole by the warp), UN rows a round
+ * whose keys and values are all loaded before the first score is reduced (UN loads in flight, not one), with an online
+ * softmax of its own; the warps' maxima, sums and weighted values are then merged, threads over the head dims. A decode
+ * step is B·nH blocks: the backend gives them many warps (cachedAttentionBlock), each a short walk over the cache.
  */
 export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean }>({
   name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN, seqPos: { kind: 'bool' } },
@@ -600,6 +602,7 @@ export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc
   generate: (p) => `${prelude(p)}
 #define NW (BLOCK / 32)
 #define DCH ((HD + 31) / 32)
+#define UN 4
 extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
                                             const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv${p.seqPos ? ', const int* seqPos' : ''}) {
   int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -616,19 +619,35 @@ extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(
     acc[c] = 0.0f;
   }
   float m = NEG_INF, l = 0.0f;
-  for (int j = w; j < L; j += NW) {
-    const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
-    float s = 0.0f;
-    for (int c = 0; c < DCH; c++) {
-      int d = lane + 32 * c;
-      if (d < HD) s += qv[c] * ldf(kc, kj + d);
+  for (int j0 = w; j0 < L; j0 += NW * UN) {
+    float s[UN], vr[UN][DCH];
+    // the round's rows (warp-uniform: j depends on the warp alone): every load issued, then the reductions
+    for (int u = 0; u < UN; u++) {
+      int j = j0 + u * NW;
+      float x = 0.0f;
+      for (int c = 0; c < DCH; c++) vr[u][c] = 0.0f;
+      if (j < L) {
+        const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
+        for (int c = 0; c < DCH; c++) {
+          int d = lane + 32 * c;
+          if (d < HD) { x += qv[c] * ldf(kc, kj + d); vr[u][c] = ldf(vc, kj + d); }
+        }
+      }
+      s[u] = x;
     }
-    s = warpSum(s) * SCALE;
-    float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
-    l = l * corr + pj;
-    for (int c = 0; c < DCH; c++) {
-      int d = lane + 32 * c;
-      acc[c] = acc[c] * corr + (d < HD ? pj * ldf(vc, kj + d) : 0.0f);
+    float mn = m;
+    for (int u = 0; u < UN; u++) {
+      s[u] = warpSum(s[u]) * SCALE;
+      if (j0 + u * NW < L) mn = fmaxf(mn, s[u]);
+    }
+    float corr = expf(m - mn);
+    l *= corr;
+    for (int c = 0; c < DCH; c++) acc[c] *= corr;
+    for (int u = 0; u < UN; u++) {
+      if (j0 + u * NW >= L) break;
+      float pj = expf(s[u] - mn);
+      l += pj;
+      for (int c = 0; c < DCH; c++) acc[c] += pj * vr[u][c];
     }
     m = mn;
   }
@@ -650,3 +669,9 @@ extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(
 }
 `,
 });
+
+/**
+ * attention_cached's block: 16 warps for head dims up to 128 (a decode step has only B·nH blocks, and each warp's walk
+ * over the cache is a chain of dependent rounds: more warps, shorter chains), else 4 (its shared sums are NW·HD floats).
+ */
+export function cachedAttentionBlock(headDim: number): number { return headDim <= 128 ? 512 : 128; }
