@@ -13,12 +13,11 @@
  * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
-import type { TensorInfo } from './params.js';
 import { seenWords, type Backend, type Buf, type DType, type IntBuf, type SampleParams, type SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
-import { cachedAttentionStep, inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
+import { CachedLayers } from './cached-layers.js';
 import { sample, sampleParams, samplingVocab, seenOf, type SamplingOptions } from './generate.js';
 
 /** The seed sequence b of a batch draws from (so an unbatched generation with this seed reproduces it). */
@@ -38,22 +37,14 @@ export interface BatchResult {
 export class BatchGenerator {
   private readonly m: Transformer;
   private readonly be: Backend;
-  private readonly kCache: Buf[];
-  private readonly vCache: Buf[];
-  private readonly ids: IntBuf;
+  private readonly cl: CachedLayers;
   private readonly positions: SeqPositions;
-  private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
-  private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
-  private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
-  /** The prefill attention's log-sum-exp rows [B, nHeads, P] (the training forward's output, unread here). */
-  private readonly lse: Buf;
   private readonly last: Buf;
   private readonly logits: Buf;
   private readonly uniforms: Buf;
   private readonly sampled: IntBuf;
   /** The sequences' seen-token bitmask for a repetition penalty (allocated at the first generation that has one). */
   private seen: IntBuf | null = null;
-  private readonly qkn: QkNormActivations | null;
   /** Tokens held by each sequence (its next position). */
   private lens: Int32Array;
 
@@ -70,67 +61,27 @@ export class BatchGenerator {
         'create the model with batch × seq covering the generation, or merge the adapter into the weights');
     }
     this.m = model; this.be = be;
-    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, R = batch * maxLen;
-    this.kCache = []; this.vCache = [];
-    for (let l = 0; l < c.numLayers; l++) {
-      this.kCache.push(be.alloc(R * KV, `KV cache (layer ${l} keys)`, model.compute));
-      this.vCache.push(be.alloc(R * KV, `KV cache (layer ${l} values)`, model.compute));
-    }
-    const A = model.compute;
+    const C = c.hiddenSize, A = model.compute;
+    this.cl = new CachedLayers(model, batch, maxLen, 'batched generation');
     const a = (n: number, what: string, d: DType = 'f32'): Buf => be.alloc(n, `batched generation ${what}`, d);
-    this.ids = be.allocInt(R, 'batched generation token ids');
     this.positions = { seqPositions: be.allocInt(batch, 'batched generation positions') };
-    this.x = a(R * C, 'x'); this.h = a(R * C, 'h'); this.ln = a(R * C, 'norm', A); this.rstd = a(R, 'rstd');
-    this.q = a(R * Q, 'q', A); this.k = a(R * KV, 'k', A); this.v = a(R * KV, 'v', A); this.att = a(R * Q, 'attention', A);
-    this.gate = a(R * I, 'gate', A); this.up = a(R * I, 'up', A); this.act = a(R * I, 'swiglu', A);
-    this.lse = a(R * c.numHeads, 'prefill attention lse');
     this.last = a(batch * C, 'last positions', A);
     this.logits = a(batch * c.vocabSize, 'logits');
     this.uniforms = a(batch, 'sampling uniforms');
     this.sampled = be.allocInt(batch, 'batched generation sampled ids');
-    this.qkn = c.qkNorm ? {
-      qRaw: a(R * Q, 'q before q_norm', A), kRaw: a(R * KV, 'k before k_norm', A),
-      rstdQ: a(R * c.numHeads, 'q_norm rstd'), rstdK: a(R * c.numKvHeads, 'k_norm rstd'),
-    } : null;
     this.lens = new Int32Array(batch);
   }
 
   /** Runs [b, t] tokens through the layers from pos0 (a number: every sequence; SeqPositions: each its own). */
   private layers(tokens: Int32Array, b: number, t: number, pos0: number | SeqPositions): void {
-    this.be.uploadInt(this.ids, tokens);
-    this.layersStaged(b, t, pos0);
-  }
-
-  /** layers() over the token ids already uploaded: device work only (it fits in a captured region). */
-  private layersStaged(b: number, t: number, pos0: number | SeqPositions): void {
-    const c = this.m.config, be = this.be, L = this.m.layout, n = b * t;
-    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-    const vw = (buf: Buf, k: number): Buf => be.view(buf, 0, k);
-    const x = vw(this.x, n * C), ln = vw(this.ln, n * C), rstd = vw(this.rstd, n);
-    const p = (ti: TensorInfo | null): Buf | null => (ti ? this.m.p(ti) : null);
-    be.embeddingForward(x, this.ids, p(L.embed)!, n, C);
-    const qkNorm = this.qkn && {
-      qRaw: vw(this.qkn.qRaw, n * Q), kRaw: vw(this.qkn.kRaw, n * KV),
-      rstdQ: vw(this.qkn.rstdQ, n * c.numHeads), rstdK: vw(this.qkn.rstdK, n * c.numKvHeads),
-    };
-    const bufs = {
-      ln1: ln, rstd1: rstd, q: vw(this.q, n * Q), k: vw(this.k, n * KV), v: vw(this.v, n * KV), att: vw(this.att, n * Q), h: vw(this.h, n * C),
-      ln2: ln, rstd2: rstd, gate: vw(this.gate, n * I), up: vw(this.up, n * I), act: vw(this.act, n * I), qkNorm,
-    };
-    inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, n);
-    for (let l = 0; l < c.numLayers; l++) {
-      const kc = this.kCache[l]!, vc = this.vCache[l]!;
-      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
-      this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0,
-        cachedAttentionStep(be, c, kc, vc, this.lse, b, t, pos0, this.maxLen), next);
-    }
+    this.be.uploadInt(this.cl.ids, tokens);
+    this.cl.run(b, t, pos0);
   }
 
   /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the device. */
   private logitsOf(rows: number[]): Buf {
     const c = this.m.config, be = this.be, C = c.hiddenSize, b = rows.length;
-    rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.ln, r * C, C)));
+    rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.cl.ln, r * C, C)));
     const w = this.m.headWeight();
     const z = be.view(this.logits, 0, b * c.vocabSize);
     be.matmulForward(z, be.view(this.last, 0, b * C), w, null, b, C, c.vocabSize);
@@ -252,11 +203,11 @@ export class BatchGenerator {
       if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
     }
     be.uploadInt(this.positions.seqPositions, this.lens);
-    be.uploadInt(this.ids, tokens);
+    be.uploadInt(this.cl.ids, tokens);
     be.upload(this.uniforms, uniforms);
     const rows = Array.from({ length: B }, (_, b) => b);
     be.captured('decode step', () => {
-      this.layersStaged(B, 1, this.positions);
+      this.cl.run(B, 1, this.positions);
       be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
     });
     for (let b = 0; b < B; b++) this.lens[b]!++;

@@ -6,12 +6,12 @@
  * host from the last position's logits, one uniform of the seeded stream a sampled token.
  */
 import type { TensorInfo } from './params.js';
-import { seenWords, type Backend, type Buf, type DType, type IntBuf, type SampleParams } from '../backend/backend.js';
+import { seenWords, type Backend, type Buf, type SampleParams } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
 import { markSeen, sampleRow } from '../backend/cpu/kernels/sample.js';
 import { DistilleryError } from '../util/errors.js';
-import { cachedAttentionStep, inputNorm, layerForward, type NextNorm, type QkNormActivations } from './layer.js';
+import { CachedLayers } from './cached-layers.js';
 
 export interface SamplingOptions {
   /** 0 means greedy. */
@@ -50,17 +50,8 @@ export class Generator {
   readonly maxLen: number;
   private readonly m: Transformer;
   private readonly be: Backend;
-  private readonly kCache: Buf[];
-  private readonly vCache: Buf[];
-  private readonly ids: IntBuf;
-  private readonly x: Buf; private readonly h: Buf; private readonly ln: Buf; private readonly rstd: Buf;
-  private readonly q: Buf; private readonly k: Buf; private readonly v: Buf; private readonly att: Buf;
-  private readonly gate: Buf; private readonly up: Buf; private readonly act: Buf;
-  /** The prefill attention's log-sum-exp rows [nHeads, t] (the training forward's output, unread here). */
-  private readonly lse: Buf;
+  private readonly cl: CachedLayers;
   private readonly logits: Buf;
-  /** Qwen3's q/k norm inputs and rstds, [maxLen] rows (null without q/k norms). */
-  private readonly qkn: QkNormActivations | null;
   private pos = 0;
 
   /** maxLen: the longest prompt + generated sequence this generator will hold (the KV cache size). */
@@ -75,25 +66,8 @@ export class Generator {
         'create the model with batch × seq covering the generation, or merge the adapter into the weights');
     }
     this.m = model; this.be = be; this.maxLen = maxLen;
-    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, T = maxLen;
-    this.kCache = []; this.vCache = [];
-    for (let l = 0; l < c.numLayers; l++) {
-      this.kCache.push(be.alloc(T * KV, `KV cache (layer ${l} keys)`, model.compute));
-      this.vCache.push(be.alloc(T * KV, `KV cache (layer ${l} values)`, model.compute));
-    }
-    // Buffers that feed matrix products or attention in the model's compute dtype (as Transformer's activations).
-    const A = model.compute;
-    const a = (n: number, what: string, d: DType = 'f32'): Buf => be.alloc(n, `generation ${what}`, d);
-    this.ids = be.allocInt(T, 'generation token ids');
-    this.x = a(T * C, 'x'); this.h = a(T * C, 'h'); this.ln = a(T * C, 'norm', A); this.rstd = a(T, 'rstd');
-    this.q = a(T * Q, 'q', A); this.k = a(T * KV, 'k', A); this.v = a(T * KV, 'v', A); this.att = a(T * Q, 'attention', A);
-    this.gate = a(T * I, 'gate', A); this.up = a(T * I, 'up', A); this.act = a(T * I, 'swiglu', A);
-    this.lse = a(T * c.numHeads, 'prefill attention lse');
-    this.logits = a(c.vocabSize, 'logits');
-    this.qkn = c.qkNorm ? {
-      qRaw: a(T * Q, 'q before q_norm', A), kRaw: a(T * KV, 'k before k_norm', A),
-      rstdQ: a(T * c.numHeads, 'q_norm rstd'), rstdK: a(T * c.numKvHeads, 'k_norm rstd'),
-    } : null;
+    this.cl = new CachedLayers(model, 1, maxLen, 'generation');
+    this.logits = be.alloc(c.vocabSize, 'generation logits');
   }
 
   reset(): void {
@@ -110,32 +84,12 @@ export class Generator {
     if (pos0 + t > this.maxLen) {
       throw new DistilleryError(`sequence of ${pos0 + t} tokens exceeds the generator's ${this.maxLen}`, 'lower --max-new-tokens or shorten the prompt');
     }
-    const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-    const vw = (b: Buf, n: number): Buf => be.view(b, 0, n);
-    const x = vw(this.x, t * C), h = vw(this.h, t * C), ln = vw(this.ln, t * C), rstd = vw(this.rstd, t);
-    const q = vw(this.q, t * Q), k = vw(this.k, t * KV), v = vw(this.v, t * KV), att = vw(this.att, t * Q);
-    const gate = vw(this.gate, t * I), up = vw(this.up, t * I), act = vw(this.act, t * I);
+    const C = c.hiddenSize;
     const p = (ti: TensorInfo | null): Buf | null => (ti ? this.m.p(ti) : null);
-    be.uploadInt(this.ids, tokens);
-    be.embeddingForward(x, this.ids, p(L.embed)!, t, C);
-    const qkNorm = this.qkn && {
-      qRaw: vw(this.qkn.qRaw, t * Q), kRaw: vw(this.qkn.kRaw, t * KV),
-      rstdQ: vw(this.qkn.rstdQ, t * c.numHeads), rstdK: vw(this.qkn.rstdK, t * c.numKvHeads),
-    };
-    const bufs = { ln1: ln, rstd1: rstd, q, k, v, att, h, ln2: ln, rstd2: rstd, gate, up, act, qkNorm };
-    const finalNorm: NextNorm = { weight: p(L.finalNorm)!, out: ln, rstd };
-    inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, t);
-    for (let l = 0; l < c.numLayers; l++) {
-      const kc = this.kCache[l]!, vc = this.vCache[l]!;
-      // The layer's closing add forms the next layer's input norm (or the final norm) in the one norm buffer.
-      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : finalNorm;
-      // x is both the layer's input and output here: h holds the residual in between, so out may reuse x.
-      this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, 1, t, pos0,
-        cachedAttentionStep(be, c, kc, vc, this.lse, 1, t, pos0, this.maxLen), next);
-    }
+    be.uploadInt(this.cl.ids, tokens);
+    this.cl.run(1, t, pos0);
     // The final norm covers every position (fused with the last layer's add); only the last position's logits are needed.
-    const lnLast = be.view(this.ln, (t - 1) * C, C);
+    const lnLast = be.view(this.cl.ln, (t - 1) * C, C);
     be.matmulForward(this.logits, lnLast, p(L.lmHead ?? L.embed)!, null, 1, C, c.vocabSize);
     this.pos += t;
     return be.download(this.logits);

@@ -95,7 +95,7 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)), j.documents);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
-  if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a);
+  if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a, fusesQkv(parameterLayout(j.student), j.lora));
   if (j.choices) for (const m of [j.student, ...(j.teacher ? [j.teacher] : [])]) bytes += F * headFloats(j.batch * j.seq, m.vocabSize, false, SCORING_CHUNK_FLOATS);
   return bytes;
 }
@@ -117,14 +117,15 @@ export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a:
 /**
  * Bytes a BatchGenerator (src/model/batch-generate.ts) allocates for `batch` sequences of `maxLen` tokens, with `a`
  * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row
- * (the prefill attention's log-sum-exp included),
+ * (the prefill attention's log-sum-exp included, and the fused q/k/v product's output where the model has one:
+ * src/model/cached-layers.ts),
  * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids (not the seen-token
  * bitmask a repetition penalty allocates, batch · ⌈vocab / 32⌉ words: on-policy generation, what this sizes, has none).
  */
-export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number): number {
+export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number, fusedQkv: boolean): number {
   const R = batch * maxLen, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
   const kv = 2 * c.numLayers * R * KV * a;
-  const acts = R * (2 * C + 1 + c.numHeads /* prefill lse */) * F + R * (C + 2 * Q + 2 * KV + 3 * I) * a;
+  const acts = R * (2 * C + 1 + c.numHeads /* prefill lse */) * F + R * (C + 2 * Q + 2 * KV + 3 * I + (fusedQkv ? Q + 2 * KV : 0)) * a;
   const qkn = c.qkNorm ? R * (Q + KV) * a + R * (c.numHeads + c.numKvHeads) * F : 0;
   return kv + acts + qkn + R * F /* ids */ + batch * F /* positions */ + batch * C * a + batch * c.vocabSize * F + 2 * batch * F;
 }

@@ -140,9 +140,12 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
   if (j.generateLen && j.generateLen > 2 && j.generateBatch && j.generateBatch > 1) {
     const len = j.generateLen, B = j.generateBatch;
     runs.push((be) => {
-      // On-policy LoRA generates with the adapters unmerged, from the student's own buffers (batch × seq rows).
-      const rows = j.lora ? { batch: B, seq: len } : { batch: 1, seq: 1 };
-      const m = new Transformer(be, j.student, { ...rows, training: false, precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen });
+      // On-policy distillation generates with the run's own student (a training model: its fused products, its LoRA
+      // adapters unmerged over its batch × seq rows), as src/train/run-models.ts builds it; eval and generate with an
+      // inference model of their own.
+      const m = j.onPolicy
+        ? new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen })
+        : new Transformer(be, j.student, { ...(j.lora ? { batch: B, seq: len } : { batch: 1, seq: 1 }), training: false, precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen });
       const g = new BatchGenerator(m, B, len);
       // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device
       g.generateOnDevice(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
