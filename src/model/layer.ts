@@ -95,7 +95,6 @@ export interface NextNorm { weight: Buf; out: Buf; rstd: Buf }
 /** Computes att [b·t, nHeads·hd] from q (rotated), k (rotated) and v. */
 export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
 
-/** The first layer's input norm (every later layer's comes out of the previous layer's closing add): a.ln1, a.rstd1 from a.x. */
 /**
  * The attention step of generation against a KV cache of [b, tMax] rows: the new keys and values are written at
  * pos0.. of each sequence, then the queries attend causally to the cache. A prefill from position 0 (pos0 the number 0)
@@ -113,6 +112,7 @@ export function cachedAttentionStep(be: Backend, c: ModelConfig, kCache: Buf, vC
   };
 }
 
+/** The first layer's input norm (every later layer's comes out of the previous layer's closing add): a.ln1, a.rstd1 from a.x. */
 export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<LayerActivations, 'x' | 'ln1' | 'rstd1'>, n: number): void {
   be.rmsnormForward(a.ln1, a.rstd1, a.x, w.ln1, n, c.hiddenSize, c.rmsNormEps);
 }

@@ -146,9 +146,11 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const m = j.onPolicy
         ? new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen })
         : new Transformer(be, j.student, { ...(j.lora ? { batch: B, seq: len } : { batch: 1, seq: 1 }), training: false, precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen });
-      const g = new BatchGenerator(m, B, len);
+      // the on-policy generator is the run's: a batch of the run's --batch (a LoRA student holds no more rows)
+      const GB = j.onPolicy ? j.batch : B;
+      const g = new BatchGenerator(m, GB, len);
       // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device
-      g.generateOnDevice(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
+      g.generateOnDevice(Array.from({ length: GB }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
     });
   }
   if (j.generateLen && j.generateLen > 1) {

@@ -256,6 +256,16 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
   process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA, ${choiceCases} with --eval-choices), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
 });
 
+test('on-policy LoRA at --batch 1: the plan generates as the run does (a batch of 1 over the student\'s own rows) and covers the run', async () => {
+  let seed = 1;
+  while (!(randomCase(seed, tok.vocabSize).onPolicy && randomCase(seed, tok.vocabSize).lora)) seed++;
+  const c: Case = { ...randomCase(seed, tok.vocabSize), batch: 1 };
+  const { traced, options } = await runtimeSet(c, 995);
+  const plan = new Set(planFor(c, options).map(hash));
+  assert.deepEqual(traced.filter((s) => !plan.has(hash(s))).map((s) => s.describe()), [], `case ${seed}: ${describeCase(c)}`);
+  assert.ok(traced.some((s) => s.family === 'attention_cached'), 'the run generated');
+});
+
 test('property check has teeth: the plan of a config with another eps, theta or RoPE kind misses runtime kernels', async () => {
   const c = randomCase(7, tok.vocabSize);
   const { traced, options } = await runtimeSet(c, 999);

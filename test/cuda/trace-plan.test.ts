@@ -16,6 +16,7 @@ import { formatBytes } from '../../src/backend/cuda/ffi/status.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { tinyConfig } from '../cli/fixtures.js';
+import { jobClosures } from '../../src/train/kernel-plan.js';
 import { FakeCompiler, LLAMA_LIKE, QWEN_LIKE, allOpsStep, allOpsStepBf16, attentionOpsBf16, fakeCublas, fakeDriver } from './helpers.js';
 
 test('the trace backend records every kernel family the steps (fp32 and the bf16 data flow) use, and downloads zeros', () => {
@@ -225,9 +226,9 @@ test('generation: a prefill from position 0 runs training\'s causal attention (t
     g.decode(Int32Array.of(6, 7));
     assert.equal(b.launches.get('attention_cached'), cfg.numLayers, `${precision}: a decode step reads the cache`);
     assert.equal(b.launches.get(flash), cfg.numLayers);
-    // what generation launches is what its pre-warm plans (the same closure): zero misses after the seal
+    // what generation launches is what eval's and generate's pre-warm plans (jobClosures): zero misses after the seal
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true });
-    await cache.prewarm(planKernels([(be) => { run(be).decode(Int32Array.of(6, 7)); }]));
+    await cache.prewarm(planKernels(jobClosures({ student: cfg, batch: 1, seq: 1, generateLen: 16, generateBatch: 2, precision })));
     const dev = deviceBackend(cache);
     run(dev).decode(Int32Array.of(6, 7));
     assert.equal(cache.counters.missesAfterSeal, 0);
