@@ -3,7 +3,8 @@
  * `loglikelihood_rolling` tasks (the items: src/eval/items.ts; their tokens: src/eval/encode.ts):
  * - a multiple-choice item: each choice's continuation is scored by the model's summed log-probability of its tokens
  *   after the context; the prediction is the choice with the highest sum (`acc`), or with the highest sum per
- *   character of the choice (`acc_norm`, Python's len, without the delimiter);
+ *   character of the choice (`acc_norm`, Python's len, without the delimiter) or per UTF-8 byte of it (`acc_bytes`);
+ *   `brier_score` is the mean squared distance of the softmax of the sums from the answer's one-hot;
  * - a continuation item: `acc` is whether every token of it is the model's most likely next token (is_greedy, argmax's
  *   first index on ties), and its log-likelihood goes into `perplexity` = exp(−mean over items);
  * - a text item: its windows' log-likelihoods are summed, into `word_perplexity` = exp(−Σ ll / Σ words),
@@ -38,6 +39,13 @@ export interface ChoiceMetrics {
   acc?: number;
   /** The same with each log-likelihood divided by its choice's length in characters. */
   accNorm?: number;
+  /** The same divided by its choice's length in UTF-8 bytes (the harness's acc_bytes). */
+  accBytes?: number;
+  /**
+   * The harness's brier_score: the mean over the items of Σ_k (softmax(log-likelihoods)_k − [k = answer])² (lower is
+   * better; the harness needs every item to have as many choices, this takes any).
+   */
+  brierScore?: number;
   /** Over the continuation items (absent without any): how many, the is_greedy fraction, exp(−mean log-likelihood). */
   greedy?: GreedyMetrics;
   /** Over the text items (absent without any): word and byte perplexity, bits per byte. */
@@ -113,13 +121,28 @@ function argmax(v: readonly number[]): number {
   return best;
 }
 
-/** Each item's predictions: by log-likelihood, and by log-likelihood per character of the choice (0 for a text item). */
-export function predictions(items: readonly ChoiceItem[], logliks: readonly number[][]): Array<{ pred: number; predNorm: number }> {
+/**
+ * Each item's predictions: by log-likelihood, by log-likelihood per character of the choice and per UTF-8 byte of it
+ * (0 for a text item).
+ */
+export function predictions(items: readonly ChoiceItem[], logliks: readonly number[][]): Array<{ pred: number; predNorm: number; predBytes: number }> {
   return items.map((it, i) => {
     const ll = logliks[i]!;
-    if (it.rolling) return { pred: 0, predNorm: 0 };
-    return { pred: argmax(ll), predNorm: argmax(ll.map((x, k) => x / pyLen(it.choices[k]!))) };
+    if (it.rolling) return { pred: 0, predNorm: 0, predBytes: 0 };
+    return {
+      pred: argmax(ll), predNorm: argmax(ll.map((x, k) => x / pyLen(it.choices[k]!))),
+      predBytes: argmax(ll.map((x, k) => x / Buffer.byteLength(it.choices[k]!, 'utf8'))),
+    };
   });
+}
+
+/**
+ * The harness's brier_score term of one item: Σ over its choices of (p_k − [k = answer])², p = softmax of the choices'
+ * log-likelihoods (its utils.softmax: exp(x − max) / Σ).
+ */
+export function brierTerm(ll: readonly number[], answer: number): number {
+  const top = Math.max(...ll), e = ll.map((x) => Math.exp(x - top)), z = e.reduce((a, b) => a + b, 0);
+  return e.reduce((a, x, k) => a + (x / z - (k === answer ? 1 : 0)) ** 2, 0);
 }
 
 /** What scoring gives per item and choice: the summed log-likelihood, and whether every token was the greedy one. */
@@ -134,16 +157,17 @@ export interface ItemScores {
  */
 export function choiceMetrics(items: readonly ChoiceItem[], scores: ItemScores): ChoiceMetrics {
   const p = predictions(items, scores.ll);
-  let mc = 0, acc = 0, accNorm = 0, rows = 0, cont = 0, greedy = 0, llSum = 0, texts = 0, windows = 0, textLl = 0, words = 0, bytes = 0;
+  let mc = 0, acc = 0, accNorm = 0, accBytes = 0, brier = 0, rows = 0, cont = 0, greedy = 0, llSum = 0, texts = 0, windows = 0, textLl = 0, words = 0, bytes = 0;
   items.forEach((it, i) => {
     rows += scores.ll[i]!.length;
     if (it.rolling) { texts++; windows += scores.ll[i]!.length; textLl += textLoglik(scores.ll[i]!); words += it.rolling.words; bytes += it.rolling.bytes; return; }
     if (it.continuation) { cont++; greedy += scores.greedy[i]![0] ? 1 : 0; llSum += scores.ll[i]![0]!; return; }
-    mc++; acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0;
+    mc++; acc += p[i]!.pred === it.answer ? 1 : 0; accNorm += p[i]!.predNorm === it.answer ? 1 : 0; accBytes += p[i]!.predBytes === it.answer ? 1 : 0;
+    brier += brierTerm(scores.ll[i]!, it.answer);
   });
   return {
     items: items.length, rows,
-    ...(mc ? { acc: acc / mc, accNorm: accNorm / mc } : {}),
+    ...(mc ? { acc: acc / mc, accNorm: accNorm / mc, accBytes: accBytes / mc, brierScore: brier / mc } : {}),
     ...(cont ? { greedy: { items: cont, acc: greedy / cont, perplexity: Math.exp(-llSum / cont) } } : {}),
     ...(texts ? { rolling: { items: texts, windows, wordPerplexity: Math.exp(-textLl / words), bytePerplexity: Math.exp(-textLl / bytes), bitsPerByte: -textLl / bytes / Math.LN2 } } : {}),
   };

@@ -18,7 +18,7 @@ import { InputError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
 import { parseChoiceItems, pyLen, type ChoiceItem } from '../../src/eval/items.js';
 import { ChoiceEncoder, encodeChoices, type SpecialTokens } from '../../src/eval/encode.js';
-import { CHOICE_LENGTH_STEP, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, predictions, scoreChoices } from '../../src/eval/choices.js';
+import { CHOICE_LENGTH_STEP, choiceBatches, choiceSlots, choiceMetrics, choiceRows, choiceSamples, choiceWindow, brierTerm, predictions, scoreChoices } from '../../src/eval/choices.js';
 import { qwenTokenizerPath } from '../tokenizer/qwen.js';
 import { tinyConfig, tinyTokenizer } from '../cli/fixtures.js';
 import { trainBpe } from '../../src/tokenizer/train-bpe.js';
@@ -187,9 +187,18 @@ test('acc and acc_norm: argmax (the first on a tie), acc_norm per character as P
     { context: 'c', choices: ['x', 'y', 'z'], answer: 0, where: 'f:2' },
   ];
   const ll = [[-4, -3], [-1, -1, -2]];
-  assert.deepEqual(predictions(items, ll), [{ pred: 1, predNorm: 0 }, { pred: 0, predNorm: 0 }]);
+  // per UTF-8 byte ('𝔘' is 4): -4/2 = -2 < -3/4, so acc_bytes picks 1 where acc_norm picks 0
+  assert.deepEqual(predictions(items, ll), [{ pred: 1, predNorm: 0, predBytes: 1 }, { pred: 0, predNorm: 0, predBytes: 0 }]);
   const greedy = ll.map((r) => r.map(() => false));
-  assert.deepEqual(choiceMetrics(items, { ll, greedy }), { items: 2, rows: 5, acc: 0.5, accNorm: 1 });
+  const m = choiceMetrics(items, { ll, greedy });
+  assert.deepEqual({ ...m, brierScore: undefined }, { items: 2, rows: 5, acc: 0.5, accNorm: 1, accBytes: 0.5, brierScore: undefined });
+  // brier_score by hand: softmax([-4, -3]) = [1, e] / (1 + e) against answer 0; softmax([-1, -1, -2]) = [1, 1, 1/e] / (2 + 1/e) against 0
+  const p1 = Math.E / (1 + Math.E), z2 = 2 + 1 / Math.E;
+  const want = ((1 - p1 - 1) ** 2 + p1 ** 2 + (1 / z2 - 1) ** 2 + (1 / z2) ** 2 + (1 / Math.E / z2) ** 2) / 2;
+  assert.ok(Math.abs(m.brierScore! - want) < 1e-12, `${m.brierScore} vs ${want}`);
+  // a certain, right prediction scores 0; a certain, wrong one 2
+  assert.ok(brierTerm([0, -800], 0) < 1e-300);
+  assert.equal(brierTerm([-800, 0], 0), 2);
   // numpy's argmax takes the first NaN
   assert.equal(predictions([items[1]!], [[-1, NaN, -0.5]])[0]!.pred, 1);
 });
@@ -203,7 +212,8 @@ test("continuation items: the harness's loglikelihood metrics, acc = mean is_gre
   ];
   const ll = [[-0.5], [-2, -1], [-3], [-1]], greedy = [[true], [false, false], [false], [true]];
   const m = choiceMetrics(items, { ll, greedy });
-  assert.deepEqual({ ...m, greedy: undefined }, { items: 4, rows: 5, acc: 1, accNorm: 1, greedy: undefined });
+  assert.deepEqual({ ...m, greedy: undefined, brierScore: undefined }, { items: 4, rows: 5, acc: 1, accNorm: 1, accBytes: 1, greedy: undefined, brierScore: undefined });
+  assert.ok(Math.abs(m.brierScore! - 2 / (1 + Math.E) ** 2) < 1e-12, 'one multiple-choice item: softmax([-2, -1]) against answer 1');
   assert.equal(m.greedy!.items, 3);
   assert.equal(m.greedy!.acc, 2 / 3);
   assert.ok(Math.abs(m.greedy!.perplexity - Math.exp(4.5 / 3)) < 1e-12);

@@ -126,7 +126,7 @@ export interface EvalOptions {
 }
 
 /** A teacher's side of the --choices metrics. */
-type TeacherScores = Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'greedy' | 'rolling'>;
+type TeacherScores = Pick<ChoiceMetrics, 'acc' | 'accNorm' | 'accBytes' | 'brierScore' | 'greedy' | 'rolling'>;
 
 export interface EvalResult {
   /** Tokens the loss counted (on chat data under --loss-on assistant: the assistant replies'). Absent with --choices alone. */
@@ -414,7 +414,8 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
         return ll;
       };
       const ll = await score(student, choice.rows, 'model'), tll = teacher ? await score(teacher, choice.teacherRows!, 'teacher') : null;
-      const teacherPart = ({ acc, accNorm, greedy, rolling }: ChoiceMetrics): TeacherScores => ({ ...(acc !== undefined ? { acc, accNorm } : {}), ...(greedy ? { greedy } : {}), ...(rolling ? { rolling } : {}) });
+      const teacherPart = ({ acc, accNorm, accBytes, brierScore, greedy, rolling }: ChoiceMetrics): TeacherScores =>
+        ({ ...(acc !== undefined ? { acc, accNorm, accBytes, brierScore } : {}), ...(greedy ? { greedy } : {}), ...(rolling ? { rolling } : {}) });
       res.choices = { ...choiceMetrics(choice.items, ll), seq: choice.seq, cut: choice.cut };
       if (tll) res.choices.teacher = teacherPart(choiceMetrics(choice.items, tll));
       // several files: each one's own metrics too (a task's, as the harness reports them), the teacher's beside
@@ -563,6 +564,9 @@ export function formatEval(r: EvalResult): string {
     if (c.acc !== undefined && c.accNorm !== undefined) {
       const n = c.items - (c.greedy?.items ?? 0) - (c.rolling?.items ?? 0);
       lines.push(`acc         ${percent(c.acc)}  (highest log-likelihood${c.greedy || c.rolling ? `, of ${n} multiple-choice item${n === 1 ? '' : 's'}` : ''})`, `acc_norm    ${percent(c.accNorm)}  (highest log-likelihood per character)`);
+      if (c.accBytes !== undefined && c.brierScore !== undefined) {
+        lines.push(`acc_bytes   ${percent(c.accBytes)}  (highest log-likelihood per UTF-8 byte)`, `brier       ${c.brierScore.toFixed(4)}  (brier_score: the choices' softmax against the answer, lower is better)`);
+      }
       if (t?.acc !== undefined && t.accNorm !== undefined) lines.push(`teacher     acc ${percent(t.acc)}${kept(c.acc, t.acc)}; acc_norm ${percent(t.accNorm)}${kept(c.accNorm, t.accNorm)}`);
     }
     if (c.greedy) {
