@@ -87,6 +87,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('evalFewshotFrom', 'list', 'with --eval-fewshot: the examples\' items, one file per --eval-choices file (as eval --fewshot-from)', { metavar: '<file.jsonl>...', defaultText: 'each file\'s own items, the item itself left out' }),
   spec('evalFewshotSampler', 'string', 'with --eval-fewshot: random (the harness\'s default) or first_n', { choices: ['random', 'first_n'] }),
   spec('evalFewshotSeed', 'integer', 'with --eval-fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', { check: nonNegInt }),
+  spec('evalSystemInstruction', 'string', 'with --eval-choices: a system turn before each item\'s description and examples, as eval --system-instruction (the harness\'s --system_instruction; plain text: the prompt\'s start)', { metavar: '<text>', defaultText: 'none' }),
   spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('seed', 'integer', 'random seed (weights, data order)'),
   spec('valFraction', 'number', 'fraction of the packed windows held out for validation', { check: unitHalfOpen }),
@@ -294,8 +295,8 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   const choiceFiles = (merged.evalChoices as string[] | undefined) ?? [];
   const twice = repeatedFile(choiceFiles);
   if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, REPEATED_FILE_HINT);
-  for (const f of ['evalChoicesChat', 'evalFewshot'] as const) {
-    if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0)) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
+  for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction'] as const) {
+    if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0) || (typeof merged[f] === 'string' && merged[f] !== '')) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
   for (const f of ['evalFewshotFrom', 'evalFewshotSampler', 'evalFewshotSeed'] as const) {
     if (label.has(f) && !label.has('evalFewshot')) throw new UsageError(`${labelOf(f)} goes with --eval-fewshot`, 'pass --eval-fewshot <n>, or drop it');

@@ -62,6 +62,8 @@ export interface RunOptions {
   evalFewshotSampler: 'random' | 'first_n';
   /** With evalFewshot: the random sampler's seed (the harness's fewshot_random_seed). */
   evalFewshotSeed: number;
+  /** With evalChoices: a system turn before each item's description and examples (the harness's --system_instruction; '': none). */
+  evalSystemInstruction: string;
   saveEvery: number;
   seed: number;
   valFraction: number;
@@ -136,6 +138,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalFewshotFrom: [],
   evalFewshotSampler: 'random',
   evalFewshotSeed: 1234,
+  evalSystemInstruction: '',
   saveEvery: 100,
   seed: 1234,
   valFraction: 0.1,

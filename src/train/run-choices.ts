@@ -69,7 +69,7 @@ export const CHOICES_REGION = 'choices pass';
  * Reads, encodes and cuts the items to `seq` (host work only: before the run writes or loads anything). `log` gets
  * what was read and any left cut.
  */
-export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number;
+export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number; systemInstruction?: string | undefined;
   fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined }, tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
   const items = readChoiceItems(o.files);
   const gen = items.find((it) => it.generate);
@@ -80,7 +80,7 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
     ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
   // text items in rolling windows of the run's --seq (the harness's max_length)
-  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq, warn: log });
+  const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq, warn: log, systemInstruction: o.systemInstruction || undefined });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rowsSaid(items, rows)}${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? chatSaid(items, fewshot?.n ?? 0, false) : ''} scored at every evaluation`);

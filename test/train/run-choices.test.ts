@@ -149,6 +149,19 @@ test('--eval-fewshot: the run scores the few-shot prompts eval --fewshot scores 
   }
 });
 
+test('--eval-system-instruction: the run scores the prompts eval --system-instruction scores (the instruction first)', async () => {
+  const dir = tmp(), items = itemsFile(dir), instruction = 'Answer with the likeliest word.';
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, { out: path.join(dir, 'run-system'), evalChoices: [items], evalSystemInstruction: instruction, seq: 48, steps: 3, evalEvery: 3, saveEvery: 3 }),
+    { log: (l: string) => { logged.push(l); } });
+  const last = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined).pop() as Record<string, number>;
+  const common = { model: s.finalDir!, data: [], choices: [items], seq: 48, batch: 3, maxChars: 0, device: 'cpu' as const, threads: 1, json: true, lossOn: 'all' as const };
+  const ev = await evaluate({ ...common, systemInstruction: instruction }), plain = await evaluate(common);
+  assert.equal(last.val_acc, ev.choices!.acc);
+  assert.equal(last.val_cont_ppl, ev.choices!.greedy!.perplexity);
+  assert.notEqual(last.val_cont_ppl, plain.choices!.greedy!.perplexity, 'the instruction changes the scores');
+});
+
 test('--eval-choices with text items: val_word_ppl, val_byte_ppl, val_bits_per_byte in windows of --seq, as eval --choices --seq scores them', async () => {
   const dir = tmp(), items = path.join(dir, 'texts.jsonl');
   fs.writeFileSync(items, [
@@ -177,6 +190,7 @@ test('--eval-choices usage errors exit 2: a folder, a missing file, --eval-choic
     [['--eval-choices', path.join(dir, 'nope.jsonl')], /--eval-choices: file .*nope\.jsonl does not exist/],
     [['--eval-choices-chat'], /--eval-choices-chat goes with --eval-choices/],
     [['--eval-fewshot', '2'], /--eval-fewshot goes with --eval-choices/],
+    [['--eval-system-instruction', 'Be brief.'], /--eval-system-instruction goes with --eval-choices/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot-seed', '3'], /--eval-fewshot-seed goes with --eval-fewshot/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '1', '--eval-fewshot-from', itemsFile(dir), itemsFile(dir)], /2 --eval-fewshot-from files for 1 --eval-choices file/],
     [['--eval-choices', itemsFile(dir), '--eval-fewshot', '-1'], /--eval-fewshot must be an integer >= 0/],
