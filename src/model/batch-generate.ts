@@ -52,14 +52,6 @@ export class BatchGenerator {
   constructor(model: Transformer, readonly batch: number, readonly maxLen: number) {
     const c = model.config, be = model.backend;
     if (!(Number.isInteger(batch) && batch >= 1)) throw new DistilleryError(`the generation batch must be a positive integer, got ${batch}`);
-    if (maxLen > c.maxPositionEmbeddings) {
-      throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
-    }
-    // LoRA adapters run unmerged: their saved t = s·(x·Aᵀ) rows come from the model's own buffers (batch × seq rows).
-    if (model.lora && model.batch * model.seq < batch * maxLen) {
-      throw new DistilleryError(`generation with LoRA adapters needs a model allocated for ${batch * maxLen} rows, this one has ${model.batch * model.seq}`,
-        'create the model with batch × seq covering the generation, or merge the adapter into the weights');
-    }
     this.m = model; this.be = be;
     const C = c.hiddenSize, A = model.compute;
     this.cl = new CachedLayers(model, batch, maxLen, 'batched generation');

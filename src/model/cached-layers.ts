@@ -10,6 +10,7 @@
 import type { TensorInfo } from './params.js';
 import type { Backend, Buf, DType, IntBuf, SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
+import { DistilleryError } from '../util/errors.js';
 import { cachedAttentionStep, inputNorm, layerForward, type LayerActivations, type NextNorm, type QkNormActivations } from './layer.js';
 
 export class CachedLayers {
@@ -32,6 +33,14 @@ export class CachedLayers {
   /** `label`: how the allocations are named (e.g. 'batched generation'). */
   constructor(private readonly m: Transformer, batch: number, readonly maxLen: number, label: string) {
     const c = m.config, be = m.backend, A = m.compute;
+    if (maxLen > c.maxPositionEmbeddings) {
+      throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
+    }
+    // LoRA adapters run unmerged: their saved t = s·(x·Aᵀ) rows come from the model's own buffers (batch × seq rows).
+    if (m.lora && m.batch * m.seq < batch * maxLen) {
+      throw new DistilleryError(`generation with LoRA adapters needs a model allocated for ${batch * maxLen} rows, this one has ${m.batch * m.seq}`,
+        'create the model with batch × seq covering the generation, or merge the adapter into the weights');
+    }
     const C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize, R = batch * maxLen;
     this.be = be;
     this.kCache = []; this.vCache = [];

@@ -5,7 +5,6 @@
  * temperature, top-k, top-p, min-p: the rule of the device sampler, src/backend/cpu/kernels/sample.ts) happens on the
  * host from the last position's logits, one uniform of the seeded stream a sampled token.
  */
-import type { TensorInfo } from './params.js';
 import { seenWords, type Backend, type Buf, type SampleParams } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng } from '../util/rng.js';
@@ -57,16 +56,8 @@ export class Generator {
   /** maxLen: the longest prompt + generated sequence this generator will hold (the KV cache size). */
   constructor(model: Transformer, maxLen: number) {
     const c = model.config, be = model.backend;
-    if (maxLen > c.maxPositionEmbeddings) {
-      throw new DistilleryError(`generation length ${maxLen} exceeds max_position_embeddings ${c.maxPositionEmbeddings}`);
-    }
-    // LoRA adapters run unmerged: their saved t = s·(x·Aᵀ) rows come from the model's own buffers (batch × seq rows).
-    if (model.lora && model.batch * model.seq < maxLen) {
-      throw new DistilleryError(`generation with LoRA adapters needs a model allocated for ${maxLen} rows, this one has ${model.batch * model.seq}`,
-        'create the model with batch × seq covering the generation, or merge the adapter into the weights');
-    }
-    this.m = model; this.be = be; this.maxLen = maxLen;
     this.cl = new CachedLayers(model, 1, maxLen, 'generation');
+    this.m = model; this.be = be; this.maxLen = maxLen;
     this.logits = be.alloc(c.vocabSize, 'generation logits');
   }
 
@@ -79,18 +70,17 @@ export class Generator {
    * returns the logits of the last one.
    */
   step(tokens: Int32Array): Float32Array | Float64Array {
-    const c = this.m.config, be = this.be, L = this.m.layout, t = tokens.length, pos0 = this.pos;
+    const c = this.m.config, be = this.be, t = tokens.length, pos0 = this.pos;
     if (t < 1) throw new DistilleryError('generation needs at least one prompt token');
     if (pos0 + t > this.maxLen) {
       throw new DistilleryError(`sequence of ${pos0 + t} tokens exceeds the generator's ${this.maxLen}`, 'lower --max-new-tokens or shorten the prompt');
     }
     const C = c.hiddenSize;
-    const p = (ti: TensorInfo | null): Buf | null => (ti ? this.m.p(ti) : null);
     be.uploadInt(this.cl.ids, tokens);
     this.cl.run(1, t, pos0);
     // The final norm covers every position (fused with the last layer's add); only the last position's logits are needed.
     const lnLast = be.view(this.cl.ln, (t - 1) * C, C);
-    be.matmulForward(this.logits, lnLast, p(L.lmHead ?? L.embed)!, null, 1, C, c.vocabSize);
+    be.matmulForward(this.logits, lnLast, this.m.headWeight(), null, 1, C, c.vocabSize);
     this.pos += t;
     return be.download(this.logits);
   }
