@@ -15,7 +15,9 @@ import { threadsProblem } from '../backend/create.js';
 import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 import { parseLoraTargets } from '../model/lora.js';
-import { DistilleryError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
+import { GENERATION_PRESETS } from '../eval/generation.js';
+import { runGenerationSettings } from '../train/run-generation.js';
 import { isJsonObject, parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
 import { examplesPairing, repeatedFile, REPEATED_FILE_HINT } from '../eval/items.js';
@@ -88,6 +90,11 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('evalFewshotSampler', 'string', 'with --eval-fewshot: random (the harness\'s default) or first_n', { choices: ['random', 'first_n'] }),
   spec('evalFewshotSeed', 'integer', 'with --eval-fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', { check: nonNegInt }),
   spec('evalSystemInstruction', 'string', 'with --eval-choices: a system turn before each item\'s description and examples, as eval --system-instruction (the harness\'s --system_instruction; plain text: the prompt\'s start)', { metavar: '<text>', defaultText: 'none' }),
+  spec('evalMaxGenToks', 'integer', 'with generation items ({"context", "target"}) in --eval-choices: new tokens at most per item, greedy (as eval --max-gen-toks; the prompt is cut on the left to --seq less this)', { check: positiveInt, metavar: '<n>' }),
+  spec('evalUntil', 'list', 'with generation items: stop strings, the text kept is the one before the first (as eval --until; the tokenizer\'s eos_token is added)', { metavar: '<text>...', defaultText: 'the preset\'s, else the few-shot delimiter' }),
+  spec('evalFilter', 'list', 'with generation items: filter pipelines, each a harness task\'s filter_list entry as JSON (as eval --filter); each is reported as val_exact_match_<name>', { metavar: '<json>...', defaultText: 'the preset\'s, else "none" (the text)' }),
+  spec('evalExactMatch', 'string', 'with generation items: exact_match\'s settings as JSON (as eval --exact-match)', { metavar: '<json>', defaultText: 'the preset\'s, else {}' }),
+  spec('evalPreset', 'string', 'with generation items: a harness task\'s settings (gsm8k: until, the strict-match and flexible-extract filters, exact_match\'s settings, and 5 examples unless --eval-fewshot says), as eval --preset; the flags above override them', { choices: Object.keys(GENERATION_PRESETS), defaultText: 'none' }),
   spec('saveEvery', 'integer', 'write a resumable checkpoint every N steps (0 = only at the end)', { check: nonNegInt }),
   spec('seed', 'integer', 'random seed (weights, data order)'),
   spec('valFraction', 'number', 'fraction of the packed windows held out for validation', { check: unitHalfOpen }),
@@ -297,6 +304,12 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, REPEATED_FILE_HINT);
   for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0) || (typeof merged[f] === 'string' && merged[f] !== '')) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
+  }
+  const genFlags = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const).filter((f) => label.has(f));
+  if (genFlags.length && !choiceFiles.length) throw new UsageError(`${labelOf(genFlags[0]!)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl> with generation items ({"context", "target"}), or drop it');
+  if (genFlags.length) {
+    // the settings checked now (a bad filter costs nothing); the run parses them again where it reads the items
+    try { runGenerationSettings(merged as unknown as RunOptions, labelOf); } catch (e: unknown) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
   }
   for (const f of ['evalFewshotFrom', 'evalFewshotSampler', 'evalFewshotSeed'] as const) {
     if (label.has(f) && !label.has('evalFewshot')) throw new UsageError(`${labelOf(f)} goes with --eval-fewshot`, 'pass --eval-fewshot <n>, or drop it');

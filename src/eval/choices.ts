@@ -221,11 +221,13 @@ export function metricsByFile(items: readonly ChoiceItem[], scores: ItemScores):
 
 /** Scores as the logs say them: acc and acc_norm of multiple-choice items, greedy and perplexity of continuations. */
 export function scoresSaid(c: { acc?: number | undefined; accNorm?: number | undefined; greedy?: { acc: number; perplexity: number } | undefined;
-  rolling?: { wordPerplexity: number; bitsPerByte: number } | undefined }): string {
+  rolling?: { wordPerplexity: number; bitsPerByte: number } | undefined; exactMatch?: Record<string, number> | undefined }): string {
+  const em = Object.entries(c.exactMatch ?? {});
   return [
     c.acc !== undefined ? `choices acc ${percent(c.acc)}, acc_norm ${percent(c.accNorm!)}` : '',
     c.greedy ? `continuations greedy ${percent(c.greedy.acc)}, ppl ${c.greedy.perplexity.toFixed(3)}` : '',
     c.rolling ? `texts word ppl ${c.rolling.wordPerplexity.toFixed(3)}, bits/byte ${c.rolling.bitsPerByte.toFixed(4)}` : '',
+    em.length ? `generation exact_match ${em.map(([f, v]) => `${f} ${percent(v)}`).join(', ')}` : '',
   ].filter((x) => x).join(', ');
 }
 

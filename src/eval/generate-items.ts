@@ -10,7 +10,7 @@ import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import type { Transformer } from '../model/transformer.js';
 import { BatchGenerator } from '../model/batch-generate.js';
-import { InputError } from '../util/errors.js';
+import { DistilleryError, InputError } from '../util/errors.js';
 import { ChoiceEncoder, itemPrompts, type ChoicePrompt } from './encode.js';
 import type { ChoiceItem } from './items.js';
 import { cutAtStops, scoreGeneration, type GenerationOutcome, type GenerationSettings } from './generation.js';
@@ -28,19 +28,29 @@ export function generationPrompts(tok: Tokenizer, format: ChatFormat, items: rea
   if (room < 1) {
     throw new InputError(`--max-gen-toks ${maxGenToks} leaves no room for a prompt in the ${who}'s ${maxPositions} positions`, `use --max-gen-toks ${Math.max(1, Math.floor(maxPositions / 2))} or less`);
   }
+  return cutPrompts(encodePrompts(tok, format, items, prompt), room);
+}
+
+/** The items' prompts encoded (itemPrompts, then ChoiceEncoder), uncut. */
+export function encodePrompts(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): number[][] {
   const text = itemPrompts(format, items, prompt), enc = new ChoiceEncoder(tok, format);
+  return items.map((it, i) => {
+    const p = enc.encode(text(it, i, 0));
+    if (p.length > 0) return p;
+    // an empty prompt starts from the prefix token, as an empty context does
+    const pre = enc.prefixToken();
+    if (!pre) throw new InputError(`${it.where}: the prompt is empty, and the tokenizer has no BOS or end-of-text token to start from`, 'give the item a context');
+    return [pre.id];
+  });
+}
+
+/** Encoded prompts cut on the left to `room` tokens each (room ≥ 1). */
+export function cutPrompts(encoded: readonly number[][], room: number): GenerationPrompts {
   let cut = 0, longest = 0;
-  const ids = items.map((it, i) => {
-    let p = enc.encode(text(it, i, 0));
-    if (p.length === 0) {
-      // an empty prompt starts from the prefix token, as an empty context does
-      const pre = enc.prefixToken();
-      if (!pre) throw new InputError(`${it.where}: the prompt is empty, and the tokenizer has no BOS or end-of-text token to start from`, 'give the item a context');
-      p = [pre.id];
-    }
-    if (p.length > room) { p = p.slice(p.length - room); cut++; }
-    longest = Math.max(longest, p.length);
-    return p;
+  const ids = encoded.map((p) => {
+    const q = p.length > room ? (cut++, p.slice(p.length - room)) : p;
+    longest = Math.max(longest, q.length);
+    return q;
   });
   return { ids, cut, longest };
 }
@@ -76,12 +86,18 @@ export interface GenerationRun {
   batch: number;
   /** Called now and then with the items done. */
   progress?: (done: number) => void;
+  /** The generator to use (its batch and length covering the prompts'); default: one made for them. */
+  generator?: BatchGenerator;
+  /** Awaited between batches: true stops the generation (runGeneration then gives null). */
+  between?: () => Promise<boolean>;
 }
 
-/** Generates every prompt greedily and scores its text; outcomes in the items' order. */
-export function runGeneration(model: Transformer, tok: Tokenizer, items: readonly ChoiceItem[], prompts: GenerationPrompts, s: GenerationSettings, r: GenerationRun): GenerationOutcome[] {
-  const n = items.length, B = Math.max(1, Math.min(r.batch, n));
-  const gen = new BatchGenerator(model, B, prompts.longest + s.maxGenToks);
+/** Generates every prompt greedily and scores its text; outcomes in the items' order (null: `between` stopped it). */
+export async function runGeneration(model: Transformer, tok: Tokenizer, items: readonly ChoiceItem[], prompts: GenerationPrompts, s: GenerationSettings,
+  r: GenerationRun): Promise<GenerationOutcome[] | null> {
+  const n = items.length, B = Math.max(1, Math.min(r.generator?.batch ?? r.batch, n));
+  const gen = r.generator ?? new BatchGenerator(model, B, prompts.longest + s.maxGenToks);
+  if (gen.maxLen < prompts.longest + s.maxGenToks) throw new DistilleryError(`a generator of ${gen.maxLen} positions for prompts of up to ${prompts.longest} tokens and ${s.maxGenToks} new ones`);
   const order = prompts.ids.map((_, i) => i).sort((a, b) => prompts.ids[b]!.length - prompts.ids[a]!.length || a - b);
   const out = new Array<GenerationOutcome>(n);
   const text = (ids: readonly number[]): string => tok.decode(ids, { skipSpecialTokens: true });
@@ -108,6 +124,7 @@ export function runGeneration(model: Transformer, tok: Tokenizer, items: readonl
       out[i] = scoreGeneration(cutAtStops(text(ids), r.until), ids.length, items[i]!.generate!.targets, s, items[i]!.where);
     });
     r.progress?.(Math.min(n, s0 + B));
+    if (s0 + B < n && r.between && await r.between()) return null;
   }
   return out;
 }

@@ -125,6 +125,32 @@ export const GENERATION_PRESETS = {
 
 export type GenerationPreset = keyof typeof GENERATION_PRESETS;
 
+/** The generation settings as given on a command line (eval's --max-gen-toks …, a run's --eval-max-gen-toks …). */
+export interface GenerationFlags { maxGenToks?: number | undefined; until?: string[] | undefined; filter?: string[] | undefined; exactMatch?: string | undefined; preset?: string | undefined }
+
+/**
+ * The generation items' settings: the flags', else the preset's, else the harness's defaults (until: the few-shot
+ * delimiter). `flag` names a setting's flag in errors (e.g. 'maxGenToks' → '--max-gen-toks'); errors are InputErrors.
+ */
+export function generationSettings(v: GenerationFlags, fewshotDelimiter: string, flag: (k: keyof GenerationFlags) => string): GenerationSettings {
+  const preset = v.preset !== undefined ? GENERATION_PRESETS[v.preset as GenerationPreset] : undefined;
+  if (v.preset !== undefined && !preset) throw new InputError(`${flag('preset')} ${v.preset} is not a preset distillery knows`, `one of: ${Object.keys(GENERATION_PRESETS).join(', ')}`);
+  const maxGenToks = v.maxGenToks ?? DEFAULT_MAX_GEN_TOKS;
+  if (!(Number.isInteger(maxGenToks) && maxGenToks >= 1)) throw new InputError(`${flag('maxGenToks')} must be a positive integer, got ${maxGenToks}`, `e.g. ${flag('maxGenToks')} ${DEFAULT_MAX_GEN_TOKS} (the harness's default)`);
+  const json = (text: string, what: string): unknown => {
+    try { return JSON.parse(text); } catch (e) { throw new InputError(`${what}: not valid JSON (${(e as Error).message})`, `quote the JSON for the shell, e.g. ${flag('exactMatch')} '{"ignore_case": true}'`); }
+  };
+  const filterJson = v.filter?.map((t, k) => ({ j: json(t, `${flag('filter')} ${k + 1}`), what: `${flag('filter')} ${k + 1}` }))
+    ?? preset?.filters.map((j) => ({ j: j as unknown, what: `${flag('preset')} ${String(v.preset)}'s filter ${j.name}` }));
+  const filters = filterJson ? filterJson.map(({ j, what }) => parseFilter(j, what)) : [NO_FILTER];
+  checkFilterNames(filters);
+  const matchJson = v.exactMatch !== undefined ? json(v.exactMatch, flag('exactMatch')) : preset?.exactMatch ?? {};
+  return {
+    until: v.until ?? (preset ? [...preset.until] : [fewshotDelimiter]), maxGenToks, filters,
+    match: parseExactMatch(matchJson, v.exactMatch !== undefined ? flag('exactMatch') : `${flag('preset')} ${String(v.preset)}'s exact_match`),
+  };
+}
+
 /** The harness's postprocess_generated_text: the text before the first appearance of any non-empty stop string. */
 export function cutAtStops(text: string, until: readonly string[]): string {
   let out = text;

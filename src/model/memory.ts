@@ -40,6 +40,11 @@ export interface JobMemory {
   documents?: boolean | undefined;
   /** --eval-choices: a scoring head (f32 logits, SCORING_CHUNK_FLOATS) for the student and one for a teacher (src/train/run-choices.ts). */
   choices?: boolean | undefined;
+  /**
+   * Generation items in --eval-choices (src/train/run-generation.ts): a generator of `batch` × `seq` for the student
+   * (the on-policy one where the run has it) and one for a teacher.
+   */
+  generateItems?: boolean | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -95,7 +100,8 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)), j.documents);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
-  if (j.onPolicy) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a, fusesQkv(parameterLayout(j.student), j.lora));
+  if (j.onPolicy || j.generateItems) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a, fusesQkv(parameterLayout(j.student), j.lora));
+  if (j.generateItems && j.teacher) bytes += batchGeneratorBytes(j.teacher, j.batch, j.seq, a, fusesQkv(parameterLayout(j.teacher)));
   if (j.choices) for (const m of [j.student, ...(j.teacher ? [j.teacher] : [])]) bytes += F * headFloats(j.batch * j.seq, m.vocabSize, false, SCORING_CHUNK_FLOATS);
   return bytes;
 }

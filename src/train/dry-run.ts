@@ -8,6 +8,7 @@
  * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend with the attention the
  * run's backend would pick (attentionFor(--tf32)): the pre-warm set.
  */
+import { readChoiceItems } from '../eval/items.js';
 import { resolvePrecision } from './precision.js';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -97,13 +98,15 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   const cfg = studentConfig(o, tok ?? { vocabSize: o.vocabSize, eosId: undefined }, teacher, init);
   const { lossVocab: jobLossVocab } = runLossVocab(tok?.vocabSize ?? o.vocabSize, cfg, teacher?.config ?? null);
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
-  const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep);
+  // generation items in --eval-choices add a generator per model (the plan reads the items' kinds, not their prompts)
+  const generateItems = o.evalChoices.length > 0 && readChoiceItems(o.evalChoices).some((it) => it.generate);
+  const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep, { generateItems });
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,
     precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora,
     teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world: opts.world, logits: job.logits,
     // (the plan reads no data, so --packing auto counts no document positions: 4 bytes a token and model at most)
-    documents: o.packing === 'bfd', choices: job.choices });
+    documents: o.packing === 'bfd', choices: job.choices, generateItems: job.generateItems });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');

@@ -49,6 +49,11 @@ export interface JobShape {
   generateBatch?: number;
   /** On-policy distillation: the student generates (batched, seq long) and the step measures the teacher's cross-entropy. */
   onPolicy?: boolean;
+  /**
+   * Generation items in the run's --eval-choices (src/train/run-generation.ts): the run's student, and a teacher, each
+   * generate greedily on a generator of the run's batch × seq.
+   */
+  generateItems?: boolean;
   /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
@@ -68,7 +73,7 @@ export interface JobShape {
 
 /** The job a train/distill run with options `o` runs (its step, its evaluation): what it pre-warms and what --dry-run plans. */
 export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelConfig | null, lossVocab?: number,
-  precision: Precision = 'fp32', teacherCache?: SparseRep): JobShape {
+  precision: Precision = 'fp32', teacherCache?: SparseRep, items: { generateItems?: boolean } = {}): JobShape {
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
@@ -76,11 +81,12 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
     ...(o.evalChoices.length ? { choices: true } : {}),
+    ...(o.evalChoices.length && items.generateItems ? { generateItems: true } : {}),
     logits: resolveLogits(o.logits, precision),
     ...(lora ? { lora: loraLayout(student, lora) } : {}),
     ...(o.mode === 'distill' && o.teacherDtype === 'nf4' && teacher ? { teacherFrozen: 'nf4' as const } : {}),
     ...(lora && o.baseDtype === 'nf4' ? { studentFrozen: 'nf4' as const } : {}),
-    ...(o.mode === 'distill' && o.onPolicy > 0 ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
+    ...(o.mode === 'distill' && o.onPolicy > 0 ? { onPolicy: true } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay },
   };
 }
@@ -137,20 +143,35 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => 0.5, () => undefined);
     });
   }
+  if (j.onPolicy || j.generateItems) {
+    runs.push((be) => {
+      // Generation inside a run (on-policy completions, --eval-choices generation items) runs on a generator of the
+      // run's batch × seq over the run's own student (a training model: its fused products, its LoRA adapters unmerged
+      // over its own rows), as src/train/run-models.ts and src/train/run.ts build them, and a live teacher's.
+      const precision = j.precision ?? 'fp32';
+      const m = new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision, lora: j.lora, frozenDtype: j.studentFrozen });
+      const g = new BatchGenerator(m, j.batch, j.seq);
+      // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device: on-policy
+      // samples, generation items are greedy
+      const prompts = Array.from({ length: j.batch }, (_, b) => [0, 1].slice(0, 1 + (b % 2)));
+      if (j.onPolicy) g.generateOnDevice(prompts, { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
+      if (j.generateItems) {
+        g.generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: 2 });
+        if (j.teacher) {
+          const t = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision, frozenDtype: j.teacherFrozen });
+          new BatchGenerator(t, j.batch, j.seq).generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: 2 });
+        }
+      }
+    });
+  }
   if (j.generateLen && j.generateLen > 2 && j.generateBatch && j.generateBatch > 1) {
     const len = j.generateLen, B = j.generateBatch;
     runs.push((be) => {
-      // On-policy distillation generates with the run's own student (a training model: its fused products, its LoRA
-      // adapters unmerged over its batch × seq rows), as src/train/run-models.ts builds it; eval and generate with an
-      // inference model of their own.
-      const m = j.onPolicy
-        ? new Transformer(be, j.student, { batch: j.batch, seq: j.seq, training: Boolean(j.train), precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen })
-        : new Transformer(be, j.student, { ...(j.lora ? { batch: B, seq: len } : { batch: 1, seq: 1 }), training: false, precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen });
-      // the on-policy generator is the run's: a batch of the run's --batch (a LoRA student holds no more rows)
-      const GB = j.onPolicy ? j.batch : B;
-      const g = new BatchGenerator(m, GB, len);
+      // eval and generate generate with an inference model of their own (a LoRA adapter unmerged over the generator's rows)
+      const m = new Transformer(be, j.student, { ...(j.lora ? { batch: B, seq: len } : { batch: 1, seq: 1 }), training: false, precision: j.precision ?? 'fp32', lora: j.lora, frozenDtype: j.studentFrozen });
+      const g = new BatchGenerator(m, B, len);
       // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device
-      g.generateOnDevice(Array.from({ length: GB }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
+      g.generateOnDevice(Array.from({ length: B }, (_, b) => [0, 1].slice(0, 1 + (b % 2))), { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
     });
   }
   if (j.generateLen && j.generateLen > 1) {

@@ -64,6 +64,16 @@ export interface RunOptions {
   evalFewshotSeed: number;
   /** With evalChoices: a system turn before each item's description and examples (the harness's --system_instruction; '': none). */
   evalSystemInstruction: string;
+  /** Generation items of evalChoices: new tokens at most per item (the harness's max_gen_toks). */
+  evalMaxGenToks: number;
+  /** Generation items: stop strings ([]: the preset's, else the few-shot delimiter; the tokenizer's eos_token is added). */
+  evalUntil: string[];
+  /** Generation items: filter pipelines as JSON, a harness task's filter_list entries ([]: the preset's, else none). */
+  evalFilter: string[];
+  /** Generation items: exact_match's settings as JSON ('': the preset's, else none). */
+  evalExactMatch: string;
+  /** Generation items: a harness task's settings ('': none; 'gsm8k'). */
+  evalPreset: string;
   saveEvery: number;
   seed: number;
   valFraction: number;
@@ -139,6 +149,11 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalFewshotSampler: 'random',
   evalFewshotSeed: 1234,
   evalSystemInstruction: '',
+  evalMaxGenToks: 256,
+  evalUntil: [],
+  evalFilter: [],
+  evalExactMatch: '',
+  evalPreset: '',
   saveEvery: 100,
   seed: 1234,
   valFraction: 0.1,

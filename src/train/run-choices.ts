@@ -15,10 +15,14 @@ import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
-import { InputError } from '../util/errors.js';
 import { encodeForModel } from '../eval/encode.js';
 import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, scoreChoices, type ChoiceRow, type ItemScores } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
+import type { BatchGenerator } from '../model/batch-generate.js';
+import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
+import { prepareRunGeneration, RunGeneration, type ExactMatchScores, type PreparedGeneration } from './run-generation.js';
+
+type GenerationField = 'evalMaxGenToks' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
 
 /**
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
@@ -28,6 +32,8 @@ import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 export interface ChoiceScores {
   acc?: number; accNorm?: number; greedy?: { acc: number; perplexity: number };
   rolling?: { wordPerplexity: number; bytePerplexity: number; bitsPerByte: number };
+  /** Generation items: exact_match per filter pipeline (src/train/run-generation.ts). */
+  exactMatch?: ExactMatchScores;
 }
 
 /** A run's scores as metrics.jsonl names them, `prefix` 'val' (the student's) or 'teacher'. */
@@ -39,6 +45,7 @@ export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<st
   if (c.rolling) {
     out[`${prefix}_word_ppl`] = c.rolling.wordPerplexity; out[`${prefix}_byte_ppl`] = c.rolling.bytePerplexity; out[`${prefix}_bits_per_byte`] = c.rolling.bitsPerByte;
   }
+  for (const [filter, v] of Object.entries(c.exactMatch ?? {})) out[`${prefix}_${EXACT_MATCH}${filter}`] = v;
   return out;
 }
 
@@ -56,11 +63,19 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   if (`${prefix}_word_ppl` in m && `${prefix}_bits_per_byte` in m) {
     c.rolling = { wordPerplexity: num('word_ppl') ?? Infinity, bytePerplexity: num('byte_ppl') ?? Infinity, bitsPerByte: num('bits_per_byte') ?? Infinity };
   }
+  const em = Object.keys(m).filter((k) => k.startsWith(`${prefix}_${EXACT_MATCH}`) && typeof m[k] === 'number');
+  if (em.length) c.exactMatch = Object.fromEntries(em.map((k) => [k.slice(`${prefix}_${EXACT_MATCH}`.length), m[k] as number]));
   return Object.keys(c).length ? c : null;
 }
 
-/** The items and rows of a run's --eval-choices, read and checked (prepareRunChoices). */
-export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number }
+/** metrics.jsonl's exact_match keys: `val_exact_match_<filter>` (the harness prints "exact_match,<filter>"). */
+const EXACT_MATCH = 'exact_match_';
+
+/**
+ * The items and rows of a run's --eval-choices, read and checked (prepareRunChoices): the scored items (multiple
+ * choice, continuations, texts) and their rows, and the generation items (null without).
+ */
+export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number; generation: PreparedGeneration | null }
 
 /** The graph region the choices' scoring records into (apart from the validation pass, whose graphs it would evict). */
 export const CHOICES_REGION = 'choices pass';
@@ -70,22 +85,31 @@ export const CHOICES_REGION = 'choices pass';
  * what was read and any left cut.
  */
 export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number; systemInstruction?: string | undefined;
-  fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined }, tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
-  const items = readChoiceItems(o.files);
-  const gen = items.find((it) => it.generate);
-  if (gen) {
-    throw new InputError(`--eval-choices: ${gen.where} is a generation item ("target"), which a run does not score`,
-      'score generation items on the run\'s checkpoints with distillery eval --choices (greedy generation and exact_match)');
+  fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined; generation?: Pick<RunOptions, GenerationField> | undefined },
+  tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
+  const all = readChoiceItems(o.files);
+  // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
+  const items = all.filter((it) => !it.generate), generated = all.filter((it) => it.generate);
+  const pools = o.fewshotFrom?.length ? o.fewshotFrom.map((f) => readChoiceItems([f])) : undefined;
+  const poolsOf = (part: readonly ChoiceItem[]): Pick<FewshotOptions, 'pools'> =>
+    (pools ? { pools: o.files.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : [])) } : {});
+  const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0 ? { ...o.fewshot, ...poolsOf(items) } : undefined;
+  const g = o.generation ?? DEFAULT_RUN_OPTIONS;
+  const generation = generated.length ? prepareRunGeneration(generated, { ...g, seq: o.seq, chat: o.chat, kwargs: o.kwargs, systemInstruction: o.systemInstruction,
+    fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom }, tokenizer, chat, log) : null;
+  const given = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const)
+    .filter((f) => JSON.stringify(g[f]) !== JSON.stringify(DEFAULT_RUN_OPTIONS[f]));
+  if (!generated.length && given.length) {
+    log(`warning: ${given.map((f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(', ')} ha${given.length === 1 ? 's' : 've'} no effect: no --eval-choices file holds generation items ("target")`);
   }
-  const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0
-    ? { ...o.fewshot, ...(o.fewshotFrom?.length ? { pools: o.fewshotFrom.map((f) => readChoiceItems([f])) } : {}) } : undefined;
+  if (!items.length) return { items, rows: [], padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation };
   // text items in rolling windows of the run's --seq (the harness's max_length)
   const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq, warn: log, systemInstruction: o.systemInstruction || undefined });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rowsSaid(items, rows)}${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? chatSaid(items, fewshot?.n ?? 0, false) : ''} scored at every evaluation`);
   if (cut) log(`warning: --eval-choices: the context of ${cut} of ${rows.length} continuations is cut on the left to fit --seq ${o.seq} (the longest needs ${choiceWindow(encoded)})`);
-  return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0 };
+  return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation };
 }
 
 /** The options of a choices runner (the plan's closure builds the same). */
@@ -101,6 +125,16 @@ export interface RunChoices {
   teacher(stop: () => boolean): Promise<ChoiceScores | null>;
 }
 
+/** What a run's generation items generate with: the tokenizer, the ids generation stops at, and each model's generator (made at first use). */
+export interface RunGenerators {
+  tokenizer: Tokenizer;
+  stopIds: readonly number[];
+  student: () => BatchGenerator;
+  teacher: () => BatchGenerator;
+}
+
+const noGen = (): BatchGenerator => { throw new Error('no generator'); };
+
 /**
  * Several ranks: each scored every world-th of `rows` into `sc`; one host all-reduce of the rows' log-likelihoods and
  * greedy flags (0 where another rank scored) gives every rank every row's scores, in place.
@@ -114,10 +148,14 @@ export function shareRowScores(rows: readonly ChoiceRow[], sc: ItemScores, comm:
   rows.forEach((r, i) => { sc.ll[r.item]![r.choice] = all[i]!; sc.greedy[r.item]![r.choice] = all[R + i] === 1; });
 }
 
-/** The run's scorer over its models. */
-export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator): RunChoices {
+/** The run's scorer over its models (`gens`: what generation items need; required with them). */
+export function runChoices(p: PreparedChoices, batch: number, seq: number, student: Transformer, teacher: Transformer | null, comm: Communicator,
+  gens?: RunGenerators): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
+  if (p.generation && !gens) throw new Error('runChoices: generation items need the run\'s generators');
+  const generation = p.generation && gens ? new RunGeneration(p.generation, gens.tokenizer, gens.stopIds, comm) : null;
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
+    if (!p.rows.length) return {};
     const sc = await scoreChoices(choiceSlots(p.items, p.rows), choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
       if (comm.world > 1) return false; // several ranks stop together, at a step's end
       await new Promise<void>((resolve) => setImmediate(resolve)); // a signal's handler runs here
@@ -131,11 +169,18 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
       ...(m.rolling ? { rolling: { wordPerplexity: m.rolling.wordPerplexity, bytePerplexity: m.rolling.bytePerplexity, bitsPerByte: m.rolling.bitsPerByte } } : {}),
     };
   };
+  /** The scored items' scores, then the generation items' exact_match. */
+  const both = async (m: Transformer, runner: StepRunner, gen: () => BatchGenerator, stop: () => boolean): Promise<ChoiceScores | null> => {
+    const c = await score(runner, stop);
+    if (c === null || !generation) return c;
+    const em = await generation.score(m, gen(), stop);
+    return em === null ? null : { ...c, exactMatch: em };
+  };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;
   return {
-    items: p.items.length,
-    student: (stop) => score(studentRunner, stop),
-    teacher: async (stop) => (teacher ? score(teacherRunner ??= choicesRunner(teacher), stop) : null),
+    items: p.items.length + (p.generation?.items.length ?? 0),
+    student: (stop) => both(student, studentRunner, gens?.student ?? noGen, stop),
+    teacher: async (stop) => (teacher ? both(teacher, teacherRunner ??= choicesRunner(teacher), gens?.teacher ?? noGen, stop) : null),
   };
 }

@@ -188,7 +188,7 @@ export interface RunModels {
  * that cannot fit the device before anything is allocated, and logs what was built. Writes nothing to the run folder.
  */
 export async function buildRunModels(o: RunOptions, backend: Backend, prec: ResolvedPrecision, comm: Communicator, data: RunData,
-  log: (s: string) => void): Promise<RunModels> {
+  log: (s: string) => void, items: { generateItems?: boolean } = {}): Promise<RunModels> {
   const world = comm.world;
   const { cache, teacherCk, initCk, extras, tokenizer, eosId } = data;
   const cfg = studentConfig(o, tokenizer, teacherCk, initCk);
@@ -206,12 +206,12 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   };
   // One description of the job for the pre-warm, the step and --dry-run: they cannot disagree.
   const precision = prec.model;
-  const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep);
+  const job = runJobShape(o, cfg, cache ? null : teacherCk?.config ?? null, lossVocab, precision, cache?.rep, items);
   const spec: LossSpec = job.loss!, adam = job.adam!;
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
     onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
     teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world, logits: job.logits, documents: data.packed.windows[0]?.positions !== undefined,
-    choices: job.choices });
+    choices: job.choices, generateItems: job.generateItems });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));

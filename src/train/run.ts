@@ -61,6 +61,7 @@ import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.j
 import { sparseSlots } from '../cache/sparse.js';
 import { FEWSHOT_DEFAULTS } from '../eval/fewshot.js';
 import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
+import { BatchGenerator } from '../model/batch-generate.js';
 import { RunEvaluation } from './run-evaluation.js';
 import { parseTemplateKwargs } from '../cli/options.js';
 import { resolvePrecision, type ResolvedPrecision } from './precision.js';
@@ -208,12 +209,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
   // --eval-choices: the items read and checked before anything is loaded or written (a bad file costs nothing)
   const preparedChoices = o.evalChoices.length ? prepareRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq, systemInstruction: o.evalSystemInstruction,
-    fewshot: { n: o.evalFewshot, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom,
+    fewshot: { n: o.evalFewshot, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom, generation: o,
     ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, tokenizer, chat, log) : null;
 
   // ---- models ----------------------------------------------------------------------------------------
   const { cfg, job, student, teacher, files, runner, opt, gatheredMasters, onPolicy, onPolicyGen, genStops } =
-    await buildRunModels(o, backend, prec, comm, data, log);
+    await buildRunModels(o, backend, prec, comm, data, log, { generateItems: Boolean(preparedChoices?.generation) });
   const distilling = teacher !== null || cache !== null;
 
   // ---- training: batches, weights, evaluation, steps, checkpoints ---------------------------------------
@@ -283,7 +284,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const evalBatches = makeEvalBatches(val, o.batch, o.evalBatches);
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   // the validation pass and --eval-choices' scores beside it (src/train/run-choices.ts)
-  const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm) : null,
+  let itemGen: BatchGenerator | null = null, teacherItemGen: BatchGenerator | null = null;
+  const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm, {
+    // generation items: the student's generator (the on-policy one where the run has it) and a teacher's, made at first use
+    tokenizer, stopIds: genStops.stopIds, student: () => (itemGen ??= onPolicyGen ?? new BatchGenerator(student, o.batch, o.seq)),
+    teacher: () => (teacherItemGen ??= new BatchGenerator(teacher!, o.batch, o.seq)),
+  }) : null,
     comm, stops, distilling);
   const appendMetric = (m: Record<string, unknown>): void => {
     if (!root) return;

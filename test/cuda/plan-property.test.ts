@@ -43,6 +43,7 @@ let tok: Tokenizer;
 let tokPath = '';
 let dataPath = '';
 let choicesPath = '';
+let generationPath = '';
 
 before(() => {
   dir = fs.mkdtempSync(path.join(tmpdir(), 'dk-prop-'));
@@ -56,6 +57,10 @@ before(() => {
   fs.writeFileSync(choicesPath, [
     { context: 'Returns the', choices: ['a', 'an'], answer: 0 }, { context: '', choices: ['The', 'A'], answer: 1 },
     { context: 'The number of elements in the array', choices: ['is', 'of'], answer: 0 },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  generationPath = path.join(dir, 'generation.jsonl');
+  fs.writeFileSync(generationPath, [
+    { context: 'Returns the number of', target: 'elements' }, { context: 'The', target: ['array', 'list'] }, { context: 'Each element of the', target: 'array' },
   ].map((x) => JSON.stringify(x)).join('\n') + '\n');
 });
 after(() => { fs.rmSync(dir, { recursive: true, force: true }); });
@@ -116,6 +121,8 @@ interface Case {
   bf16: boolean;
   /** --eval-choices: the student (and a live teacher) score multiple-choice items at every evaluation. */
   choices: boolean;
+  /** With choices: generation items beside them (the student, and a live teacher, generate greedily). */
+  generate: boolean;
 }
 
 function randomCase(seed: number, vocab: number): Case {
@@ -136,6 +143,8 @@ function randomCase(seed: number, vocab: number): Case {
   c.bf16 = seed % 2 === 1;
   // some runs score multiple-choice items at every evaluation
   c.choices = seed % 5 === 3;
+  // half of those generate too (generation items in --eval-choices)
+  c.generate = c.choices && seed % 2 === 0;
   return c;
 }
 
@@ -155,12 +164,13 @@ function randomCaseBase(seed: number, vocab: number): Case {
     baseNf4: false,
     bf16: false,
     choices: false,
+    generate: false,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}${c.choices ? ' eval-choices' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}${c.choices ? ' eval-choices' : ''}${c.generate ? ' +generation' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -201,7 +211,8 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
     valFraction: 0.2, seed: i, ...(c.onPolicy ? { onPolicy: 1, genTemperature: 1, genTopP: 0.9, genTopK: 5 } : {}),
     ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(','), baseDtype: c.baseNf4 ? 'nf4' : 'auto' } : {}),
     ...(c.teacherNf4 ? { teacherDtype: 'nf4' } : {}),
-    ...(c.choices ? { evalChoices: [choicesPath] } : {}),
+    ...(c.choices ? { evalChoices: [choicesPath, ...(c.generate ? [generationPath] : [])] } : {}),
+    ...(c.generate ? { evalMaxGenToks: Math.max(1, Math.floor(c.seq / 2)) } : {}),
     precision: c.bf16 ? 'bf16' : 'fp32',
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
@@ -226,7 +237,8 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
   return planKernels([...cacheJob, ...jobClosures({
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
-    ...(c.onPolicy ? { onPolicy: true, generateLen: o.seq, generateBatch: Math.max(2, o.batch) } : {}),
+    ...(c.onPolicy ? { onPolicy: true } : {}),
+    ...(c.generate ? { generateItems: true } : {}),
     ...(c.lora ? { lora: loraLayout(c.student, c.lora), ...(c.baseNf4 ? { studentFrozen: 'nf4' as const } : {}) } : {}),
     ...(c.teacherNf4 ? { teacherFrozen: 'nf4' as const } : {}),
     ...(c.choices ? { choices: true } : {}),
@@ -237,11 +249,12 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
 test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runTraining + Generator.generate on a trace backend)`, { timeout: 120_000 }, async () => {
   const t0 = Date.now();
   const families = new Set<string>();
-  let loraCases = 0, choiceCases = 0;
+  let loraCases = 0, choiceCases = 0, generateCases = 0;
   for (let i = 0; i < CASES; i++) {
     const c = randomCase(1000 + i, tok.vocabSize);
     if (c.lora) loraCases++;
     if (c.choices) choiceCases++;
+    if (c.generate) generateCases++;
     const { traced, options } = await runtimeSet(c, i);
     const plan = new Set(planFor(c, options).map(hash));
     const missing = traced.filter((s) => !plan.has(hash(s)));
@@ -252,8 +265,8 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
   for (const f of ['dequant_nf4', 'loss', 'sparse_loss', 'sample_tokens', 'adamw_multi', 'attention_bwd', 'attention_cached', 'kv_cache_write', 'rmsnorm_rows_bwd', 'embedding_bwd']) {
     assert.ok(families.has(f), `no case exercised ${f}`);
   }
-  if (CASES >= 10) assert.ok(loraCases > 0 && choiceCases > 0, 'no case trained LoRA adapters, or none scored choices');
-  process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA, ${choiceCases} with --eval-choices), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
+  if (CASES >= 10) assert.ok(loraCases > 0 && choiceCases > 0 && generateCases > 0, 'no case trained LoRA adapters, or none scored choices, or none generated items');
+  process.stderr.write(`plan property: ${CASES} cases (${loraCases} LoRA, ${choiceCases} with --eval-choices, ${generateCases} with generation items), ${families.size} kernel families, ${Date.now() - t0} ms\n`);
 });
 
 test('on-policy LoRA at --batch 1: the plan generates as the run does (a batch of 1 over the student\'s own rows) and covers the run', async () => {
@@ -289,6 +302,19 @@ test('property check has teeth for --eval-choices: a plan that leaves the choice
   c = { ...c, choices: true };
   const { traced, options } = await runtimeSet(c, 996);
   const full = new Set(planFor(c, options).map(hash)), without = new Set(planFor({ ...c, choices: false }, options).map(hash));
+  assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
+  assert.ok(traced.some((s) => !without.has(hash(s))), `case ${seed}: ${describeCase(c)}`);
+});
+
+test('property check has teeth for generation items: a plan that leaves them out misses the kernels the run\'s own models generate with', async () => {
+  // a bf16 LoRA distillation from a live teacher, not on-policy: the items are the only generation of the run
+  let seed = 1;
+  let c = randomCase(seed, tok.vocabSize);
+  while (!(c.teacher && !c.cache && !c.onPolicy && c.bf16 && c.lora)) c = randomCase(++seed, tok.vocabSize);
+  c = { ...c, choices: true, generate: true };
+  const { traced, options } = await runtimeSet(c, 994);
+  assert.ok(traced.some((s) => s.family === 'attention_cached'), 'the run generated');
+  const full = new Set(planFor(c, options).map(hash)), without = new Set(planFor({ ...c, generate: false }, options).map(hash));
   assert.deepEqual(traced.filter((s) => !full.has(hash(s))).map((s) => s.describe()), []);
   assert.ok(traced.some((s) => !without.has(hash(s))), `case ${seed}: ${describeCase(c)}`);
 });

@@ -12,6 +12,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { readCheckpoint } from '../../src/model/checkpoint.js';
 import { Generator } from '../../src/model/generate.js';
 import { Transformer } from '../../src/model/transformer.js';
+import { DEFAULT_RUN_OPTIONS } from '../../src/train/options.js';
 import { prepareRunChoices } from '../../src/train/run-choices.js';
 import { DEFAULT_CHAT_FORMAT } from '../../src/tokenizer/chat.js';
 import { runCli, tempDir, tinyTokenizer, writeTinyCheckpoint } from '../cli/fixtures.js';
@@ -229,5 +230,11 @@ test('generation items: bad settings and files are refused with the flag named (
   const w = await runCli(['eval', '--model', model, '--choices', mc, '--preset', 'gsm8k', '--fewshot', '0']);
   assert.equal(w.code, 0, w.err);
   assert.match(w.err, /warning: --preset has no effect: no --choices file holds generation items/);
-  assert.throws(() => prepareRunChoices({ files: [items], chat: false, seq: 32 }, tinyTokenizer(), DEFAULT_CHAT_FORMAT, () => {}), /g\.jsonl:1 is a generation item \("target"\), which a run does not score/);
+  // a run's generation prompts live in its window: max_gen_toks must leave room in --seq
+  assert.throws(() => prepareRunChoices({ files: [items], chat: false, seq: 32 }, tinyTokenizer(), DEFAULT_CHAT_FORMAT, () => {}),
+    /--eval-max-gen-toks 256 leaves no room for a generation item's prompt in the run's window \(--seq 32\)/);
+  const said: string[] = [];
+  const p = prepareRunChoices({ files: [items], chat: false, seq: 32, generation: { ...DEFAULT_RUN_OPTIONS, evalMaxGenToks: 30 } }, tinyTokenizer(), DEFAULT_CHAT_FORMAT, (l) => said.push(l));
+  assert.ok(p.generation && p.generation.prompts.ids.every((x) => x.length <= 2) && p.rows.length === 0);
+  assert.ok(said.some((l) => /generation prompts are cut on the left to 2 tokens \(--seq 32 less --eval-max-gen-toks 30\)/.test(l)), said.join('\n'));
 });

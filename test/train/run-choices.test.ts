@@ -17,8 +17,19 @@ import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
 import { choiceRow, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
 import { scoresSaid } from '../../src/eval/choices.js';
+import { generationSettings } from '../../src/eval/generation.js';
 import { presetConfig } from '../../src/model/config.js';
-import { runCli } from '../cli/fixtures.js';
+import { runCli, tinyTokenizer } from '../cli/fixtures.js';
+import { DEFAULT_RUN_OPTIONS } from '../../src/train/options.js';
+import { prepareRunChoices } from '../../src/train/run-choices.js';
+import { RunGeneration } from '../../src/train/run-generation.js';
+import { runGeneration } from '../../src/eval/generate-items.js';
+import { DEFAULT_CHAT_FORMAT } from '../../src/tokenizer/chat.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
+import { Transformer } from '../../src/model/transformer.js';
+import { BatchGenerator } from '../../src/model/batch-generate.js';
+import { initialWeights, parameterLayout } from '../../src/model/params.js';
+import { Rng } from '../../src/util/rng.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-run-choices-'));
 const quiet = { log: (): void => {} };
@@ -242,4 +253,119 @@ test('data parallel: shareRowScores gives every rank every row\'s log-likelihood
     shareRowScores(rows, sc, { world: 2, rank, allReduceHost: () => Float64Array.from(sum) });
     assert.deepEqual(sc, truth, `rank ${rank} has every row's scores`);
   }
+});
+
+/** Generation items (GSM8K's kind) whose targets are given per item. */
+function generationItems(dir: string, name: string, targets: string[]): string {
+  const f = path.join(dir, name);
+  const contexts = ['the model learns to', 'a teacher helps', 'the student learns from', 'next token from text', 'predict the', 'a model', 'the text and', 'learns'];
+  fs.writeFileSync(f, targets.map((target, i) => JSON.stringify({ context: contexts[i % contexts.length], target })).join('\n') + '\n');
+  return f;
+}
+
+test('--eval-choices with generation items: val_exact_match_<filter> at every evaluation and a live teacher\'s at step 0, the texts eval --choices generates', async () => {
+  const dir = tmp();
+  // a trained model, the run's --init and its teacher: at step 0 the student is the teacher and both are this model
+  const base = await runTraining(opts(dir, { out: path.join(dir, 'base'), steps: 12 }), quiet);
+  const n = 7, gen = { seq: 32, batch: 3 };
+  // what eval --choices generates for each item from that model (greedy, 6 new tokens at most, "\n\n" and eos_token stop)
+  const probe = generationItems(dir, 'probe.jsonl', Array.from({ length: n }, () => 'x'));
+  const samples = path.join(dir, 'samples.jsonl');
+  const generation = generationSettings({ maxGenToks: 6 }, '\n\n', (k) => k);
+  await evaluate({ model: base.finalDir!, data: [], choices: [probe], generation, choicesOut: samples, seq: gen.seq, batch: gen.batch, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+  const texts = fs.readFileSync(samples, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { generation: string }).generation);
+  assert.equal(texts.length, n);
+  assert.ok(new Set(texts).size > 1, `the items' texts differ: ${JSON.stringify(texts)}`);
+  // the targets: the text eval generated for items 0, 2, 4 and 6, another text for the rest; so exact_match is 4/7
+  // exactly when the run generates each item's text as eval does, and a regex filter's first word agrees too
+  const items = generationItems(dir, 'items.jsonl', texts.map((t, i) => (i % 2 === 0 ? t : `${t} and more`)));
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, {
+    mode: 'distill', teacher: base.finalDir!, init: base.finalDir!, out: path.join(dir, 'student'), evalChoices: [items], evalMaxGenToks: 6, ...gen,
+    evalFilter: [JSON.stringify({ name: 'first-word', filter: [{ function: 'regex', regex_pattern: '(\\S+)' }, { function: 'take_first' }] }), JSON.stringify({ name: 'none', filter: [{ function: 'take_first' }] })],
+  }), { log: (l: string) => { logged.push(l); } });
+  assert.equal(s.status, 'completed');
+  assert.ok(logged.some((l) => /^generation: 7 items, greedy, up to 6 new tokens, until \["\\n\\n",.*\]; filters first-word, none; generated at every evaluation$/.test(l)), logged.join('\n'));
+  const rows = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_exact_match_none !== undefined) as Array<Record<string, number>>;
+  assert.deepEqual(rows.map((r) => r.step), [0, 3, 6]);
+  assert.equal(rows[0]!.val_exact_match_none, 4 / 7);
+  assert.equal(rows[0]!.teacher_exact_match_none, 4 / 7);
+  // the first-word filter: the text's first run of non-spaces (else "[invalid]") against the item's target
+  const targets = texts.map((t, i) => (i % 2 === 0 ? t : `${t} and more`));
+  const firstWord = texts.filter((t, i) => (/\S+/.exec(t)?.[0] ?? '[invalid]') === targets[i]).length / n;
+  assert.equal(rows[0]!['val_exact_match_first-word'], firstWord);
+  assert.ok(rows[1]!.teacher_exact_match_none === undefined, 'the teacher generates once, at the start');
+  assert.ok(rows.every((r) => r.val_acc === undefined), 'no scored items: no acc');
+  // the final step's scores are eval's on the weights the run saved, and the summary carries them
+  const ev = await evaluate({ model: s.finalDir!, data: [], choices: [items], generation, seq: gen.seq, batch: gen.batch, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' });
+  assert.equal(rows[2]!.val_exact_match_none, ev.generation!.exactMatch.none);
+  assert.deepEqual(s.choices?.exactMatch?.none, rows[2]!.val_exact_match_none);
+  assert.deepEqual(s.choices?.teacher?.exactMatch, { 'first-word': rows[0]!['teacher_exact_match_first-word'], none: 4 / 7 });
+  assert.ok(logged.some((l) => /generation exact_match first-word \d+\.\d\d%, none 57\.14%/.test(l)), 'the log line says the scores');
+});
+
+test('generation items\' metrics rows and back: val_exact_match_<filter> per filter, read back on resume; the log line', () => {
+  const c = { exactMatch: { 'strict-match': 0.25, 'flexible-extract': 0.5 } };
+  const row = choiceRow('val', c);
+  assert.deepEqual(row, { 'val_exact_match_strict-match': 0.25, 'val_exact_match_flexible-extract': 0.5 });
+  assert.deepEqual(scoresOfRow('val', { step: 9, ...row }), c);
+  assert.equal(scoresOfRow('teacher', row), null);
+  assert.equal(scoresSaid({ acc: 0.5, accNorm: 0.5, ...c }), 'choices acc 50.00%, acc_norm 50.00%, generation exact_match strict-match 25.00%, flexible-extract 50.00%');
+});
+
+test('data parallel: generation items are split across ranks (item i on rank i % world) and one host all-reduce gives every rank every match', async () => {
+  const dir = tmp();
+  const items = generationItems(dir, 'g.jsonl', ['a', 'b', 'c', 'd', 'e']);
+  const tok = tinyTokenizer();
+  const prep = prepareRunChoices({ files: [items], chat: false, seq: 24, generation: { ...DEFAULT_RUN_OPTIONS, evalMaxGenToks: 4 } }, tok, DEFAULT_CHAT_FORMAT, () => {}).generation!;
+  const be = createCpuBackend({ threads: 1 });
+  const cfg = presetConfig('tiny', tok.vocabSize);
+  const m = new Transformer(be, cfg, { batch: 2, seq: 24, training: false });
+  m.setWeights(initialWeights(parameterLayout(cfg), cfg, new Rng(3)));
+  // every item's matches with one rank; then each of 2 ranks' share, summed as the all-reduce would
+  const exact = (targets: string[]): string => generationItems(dir, 'h.jsonl', targets);
+  const one = new RunGeneration(prep, tok, [0], { world: 1, rank: 0, allReduceHost: (x) => Float64Array.from(x) });
+  const gen = new BatchGenerator(m, 2, 24);
+  const whole = await one.score(m, gen, () => false);
+  assert.ok(whole && whole.none !== undefined);
+  // the texts themselves as targets for items 0, 1 and 3: 3/5 when each rank generated its own items and shared them
+  const texts: string[] = [];
+  for (let i = 0; i < 5; i++) {
+    const r = await runGeneration(m, tok, [prep.items[i]!], { ids: [prep.prompts.ids[i]!], cut: 0, longest: prep.prompts.ids[i]!.length }, prep.settings, { stopIds: [0], until: prep.until, batch: 1 });
+    texts.push(r![0]!.text);
+  }
+  const prep2 = prepareRunChoices({ files: [exact(texts.map((t, i) => ([0, 1, 3].includes(i) ? t : `${t}!`)))], chat: false, seq: 24, generation: { ...DEFAULT_RUN_OPTIONS, evalMaxGenToks: 4 } }, tok, DEFAULT_CHAT_FORMAT, () => {}).generation!;
+  const sent: Float64Array[] = [];
+  for (const rank of [0, 1]) await new RunGeneration(prep2, tok, [0], { world: 2, rank, allReduceHost: (x) => (sent[rank] = Float64Array.from(x)) }).score(m, gen, () => false);
+  assert.deepEqual([...sent[0]!], [1, 0, 0, 0, 0], 'rank 0 generated items 0, 2 and 4');
+  assert.deepEqual([...sent[1]!], [0, 1, 0, 1, 0], 'rank 1 generated items 1 and 3');
+  const got = await new RunGeneration(prep2, tok, [0], { world: 2, rank: 0, allReduceHost: (x) => Float64Array.from(x).map((v, i) => v + sent[1]![i]!) }).score(m, gen, () => false);
+  assert.deepEqual(got, { none: 3 / 5 });
+  // one rank stops between batches when asked
+  const stopped = await new RunGeneration(prep2, tok, [0], { world: 1, rank: 0, allReduceHost: (x) => Float64Array.from(x) }).score(m, gen, () => true);
+  assert.equal(stopped, null);
+  be.dispose?.();
+});
+
+test('generation settings of a run: usage errors exit 2 (without --eval-choices, bad JSON, an unknown preset); a --seq too short for the new tokens is refused', async () => {
+  const dir = tmp(), data = corpusFile(dir);
+  const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
+  const items = generationItems(dir, 'g.jsonl', ['a', 'b']);
+  for (const [extra, re] of [
+    [['--eval-max-gen-toks', '8'], /--eval-max-gen-toks goes with --eval-choices/],
+    [['--eval-preset', 'gsm8k'], /--eval-preset goes with --eval-choices/],
+    [['--eval-choices', items, '--eval-preset', 'mmlu'], /--eval-preset/],
+    [['--eval-choices', items, '--eval-filter', '{"name": '], /--eval-filter 1: not valid JSON/],
+    [['--eval-choices', items, '--eval-exact-match', '{"ignore_cases": true}'], /--eval-exact-match: unknown key "ignore_cases"/],
+    [['--eval-choices', items, '--eval-max-gen-toks', '0'], /--eval-max-gen-toks must be/],
+  ] as Array<[string[], RegExp]>) {
+    const r = await runCli([...base, ...extra]);
+    assert.equal(r.code, 2, `${extra.join(' ')}: ${r.err}`);
+    assert.match(r.err, re);
+    assert.doesNotMatch(r.err, /\n\s+at /, 'no stack trace');
+  }
+  const r = await runCli([...base, '--eval-choices', items, '--seq', '16', '--eval-max-gen-toks', '16']);
+  assert.notEqual(r.code, 0);
+  assert.match(r.err, /--eval-max-gen-toks 16 leaves no room for a generation item's prompt in the run's window \(--seq 16\)[^]*use --eval-max-gen-toks 8 or less/);
+  assert.ok(!fs.existsSync(path.join(dir, 'run', 'metrics.jsonl')), 'refused before anything is written');
 });

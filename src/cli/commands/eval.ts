@@ -36,8 +36,8 @@ import { chatSaid, rowCounts, choiceBatches, choiceMetrics, choiceRows, choiceSa
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
 import type { Tokenizer } from '../../tokenizer/bpe.js';
 import { writeFileAtomic } from '../../io/atomic.js';
-import { checkFilterNames, DEFAULT_MAX_GEN_TOKS, GENERATION_PRESETS, generationMetrics, NO_FILTER, parseExactMatch, parseFilter, stopStrings,
-  type GenerationMetrics, type GenerationOutcome, type GenerationPreset, type GenerationSettings } from '../../eval/generation.js';
+import { DEFAULT_MAX_GEN_TOKS, GENERATION_PRESETS, generationMetrics, generationSettings, stopStrings,
+  type GenerationFlags, type GenerationMetrics, type GenerationOutcome, type GenerationPreset, type GenerationSettings } from '../../eval/generation.js';
 import { generationPrompts, runGeneration, type GenerationPrompts } from '../../eval/generate-items.js';
 import { eosIds } from '../../model/config.js';
 
@@ -220,25 +220,15 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
 
 const GENERATION_FLAGS = ['until', 'max-gen-toks', 'filter', 'exact-match', 'preset'];
 
-/** The generation items' settings: the flags', else the preset's, else the harness's defaults (until: the few-shot delimiter). */
+/** The generation items' settings (generationSettings), its errors as usage errors. */
 function generationOptions(v: Record<string, unknown>, preset: (typeof GENERATION_PRESETS)[GenerationPreset] | undefined, fewshotDelimiter: string): GenerationSettings {
-  const maxGenToks = (v['max-gen-toks'] as number | undefined) ?? DEFAULT_MAX_GEN_TOKS;
-  if (!(Number.isInteger(maxGenToks) && maxGenToks >= 1)) throw new UsageError(`--max-gen-toks must be a positive integer, got ${maxGenToks}`, `e.g. --max-gen-toks ${DEFAULT_MAX_GEN_TOKS} (the harness's default)`);
-  const json = (text: string, flag: string): unknown => {
-    try { return JSON.parse(text); } catch (e) { throw new UsageError(`${flag}: not valid JSON (${(e as Error).message})`, 'quote the JSON for the shell, e.g. --exact-match \'{"ignore_case": true}\''); }
-  };
-  const usage = <T>(f: () => T): T => {
-    try { return f(); } catch (e) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
-  };
-  const filterJson = (v.filter as string[] | undefined)?.map((t, k) => ({ j: json(t, `--filter ${k + 1}`), what: `--filter ${k + 1}` }))
-    ?? preset?.filters.map((j) => ({ j: j as unknown, what: `--preset ${String(v.preset)}'s filter ${j.name}` }));
-  const filters = filterJson ? usage(() => filterJson.map(({ j, what }) => parseFilter(j, what))) : [NO_FILTER];
-  usage(() => checkFilterNames(filters));
-  const matchJson = typeof v['exact-match'] === 'string' ? json(v['exact-match'], '--exact-match') : preset?.exactMatch ?? {};
-  return {
-    until: (v.until as string[] | undefined) ?? (preset ? [...preset.until] : [fewshotDelimiter]), maxGenToks, filters,
-    match: usage(() => parseExactMatch(matchJson, typeof v['exact-match'] === 'string' ? '--exact-match' : `--preset ${String(v.preset)}'s exact_match`)),
-  };
+  const names: Record<keyof GenerationFlags, string> = { maxGenToks: '--max-gen-toks', until: '--until', filter: '--filter', exactMatch: '--exact-match', preset: '--preset' };
+  try {
+    return generationSettings({
+      maxGenToks: v['max-gen-toks'] as number | undefined, until: v.until as string[] | undefined, filter: v.filter as string[] | undefined,
+      exactMatch: v['exact-match'] as string | undefined, preset: preset ? String(v.preset) : undefined,
+    }, fewshotDelimiter, (k) => names[k]);
+  } catch (e) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
 }
 
 /** --fewshot and its settings, checked (undefined without --fewshot). */
@@ -426,17 +416,18 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
       if (o.choicesOut !== undefined) scoredLines = { items: choice.items, text: choiceSamples(choice.items, ll, tll) };
     }
     if (gen) {
-      const outcomes = gen.sides.map((g) => {
+      const outcomes: Array<{ who: string; got: GenerationOutcome[]; tokens: number }> = [];
+      for (const g of gen.sides) {
         const t0 = Date.now(), progress = throttled(log, 5000);
         const m = g.who === 'teacher' ? teacher! : student;
-        const got = runGeneration(m, g.tok, generated, g.prompts, gen.settings, {
+        const got = (await runGeneration(m, g.tok, generated, g.prompts, gen.settings, {
           stopIds: g.stopIds, until: g.until, batch: o.batch,
           progress: (done) => { if (done < generated.length) progress(`generation: ${g.who} ${done}/${generated.length} items`); },
-        });
+        }))!;
         const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
         log(`generation: ${g.who} generated ${tokens} tokens for ${generated.length} items in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s)`);
-        return { who: g.who, got, tokens };
-      });
+        outcomes.push({ who: g.who, got, tokens });
+      }
       const mine = outcomes[0]!, theirs = outcomes[1];
       res.generation = {
         ...generationMetrics(mine.got, gen.settings), maxGenToks: gen.settings.maxGenToks, until: gen.sides[0]!.until, tokens: mine.tokens, cut: gen.sides[0]!.prompts.cut,

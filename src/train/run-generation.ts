@@ -1,0 +1,117 @@
+/**
+ * Generation items ({"context", "target"}: GSM8K's kind) in a train/distill run's --eval-choices: at every evaluation
+ * the student continues each item's prompt greedily and exact_match scores the text (src/eval/generation.ts, as
+ * `distillery eval --choices` scores generation items), a live teacher once; metrics.jsonl gets one
+ * `val_exact_match_<filter>` per filter pipeline (`teacher_exact_match_<filter>` at step 0).
+ *
+ * - The prompts are encoded as eval encodes them and cut on the left to the run's --seq less --eval-max-gen-toks (the
+ *   run's window is the harness's max_length here, as for the other items of a run; eval uses the model's positions, so
+ *   the two agree when the prompts fit). The items are read, encoded and cut before anything is loaded or written.
+ * - Generation runs on a BatchGenerator of the run's --batch sequences of --seq positions over the run's own models (the
+ *   student as it trains: its fused products, its LoRA adapters unmerged over its own batch × seq rows), the one the
+ *   pre-warm plans (src/train/kernel-plan.ts `generateItems`) and the memory check counts; on-policy runs share theirs.
+ * - Several ranks each generate every world-th item, and one host all-reduce of the matches gives every rank every
+ *   item's; with one rank, a signal stops the generation between batches.
+ */
+import type { Communicator } from '../parallel/comm.js';
+import type { Transformer } from '../model/transformer.js';
+import type { BatchGenerator } from '../model/batch-generate.js';
+import type { Tokenizer } from '../tokenizer/bpe.js';
+import type { ChatFormat } from '../tokenizer/chat.js';
+import type { RunOptions } from './options.js';
+import type { ChoiceItem } from '../eval/items.js';
+import { InputError } from '../util/errors.js';
+import { FEWSHOT_DEFAULTS, fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
+import { GENERATION_PRESETS, generationSettings, stopStrings, type GenerationFlags, type GenerationPreset, type GenerationSettings } from '../eval/generation.js';
+import { cutPrompts, encodePrompts, runGeneration, type GenerationPrompts } from '../eval/generate-items.js';
+
+type GenerationField = 'evalMaxGenToks' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
+const FIELDS: Record<keyof GenerationFlags, GenerationField> = {
+  maxGenToks: 'evalMaxGenToks', until: 'evalUntil', filter: 'evalFilter', exactMatch: 'evalExactMatch', preset: 'evalPreset',
+};
+
+/** The run's generation settings from its options (InputErrors naming the setting through `flag`, e.g. '--eval-filter'). */
+export function runGenerationSettings(o: Pick<RunOptions, GenerationField>,
+  flag: (f: GenerationField) => string = (f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`): GenerationSettings {
+  return generationSettings({
+    maxGenToks: o.evalMaxGenToks, until: o.evalUntil.length ? o.evalUntil : undefined, filter: o.evalFilter.length ? o.evalFilter : undefined,
+    exactMatch: o.evalExactMatch !== '' ? o.evalExactMatch : undefined, preset: o.evalPreset !== '' ? o.evalPreset : undefined,
+  }, FEWSHOT_DEFAULTS.delimiter, (k) => flag(FIELDS[k]));
+}
+
+/** The generation items of a run, read, encoded and cut (prepareRunGeneration). */
+export interface PreparedGeneration {
+  items: ChoiceItem[];
+  settings: GenerationSettings;
+  /** Each item's prompt, cut to --seq less max_gen_toks. */
+  prompts: GenerationPrompts;
+  /** The stop strings (the settings' and the tokenizer's eos_token). */
+  until: string[];
+}
+
+/**
+ * The generation items' prompts and settings (host work only). `fewshot`: the examples of the other items, or
+ * undefined; a --eval-preset's own number of examples applies when it is undefined.
+ */
+export function prepareRunGeneration(items: ChoiceItem[], o: Pick<RunOptions, GenerationField | 'seq'> & { chat: boolean; kwargs?: Record<string, unknown> | undefined;
+  systemInstruction?: string | undefined; fewshot?: Omit<FewshotOptions, 'n'> & { n?: number } | undefined; fewshotFrom?: string[] | undefined },
+  tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedGeneration {
+  const settings = runGenerationSettings(o);
+  const room = o.seq - settings.maxGenToks;
+  if (room < 1) {
+    throw new InputError(`--eval-max-gen-toks ${settings.maxGenToks} leaves no room for a generation item's prompt in the run's window (--seq ${o.seq})`,
+      `use --eval-max-gen-toks ${Math.max(1, Math.floor(o.seq / 2))} or less`);
+  }
+  // a preset's examples (gsm8k: 5) where --eval-fewshot gives none
+  const presetShots = o.evalPreset !== '' && !(o.fewshot?.n) ? presetFewshot(o.evalPreset) : 0;
+  const n = o.fewshot?.n || presetShots;
+  const fewshot: FewshotOptions | undefined = n > 0 ? { sampler: FEWSHOT_DEFAULTS.sampler, seed: FEWSHOT_DEFAULTS.seed, delimiter: FEWSHOT_DEFAULTS.delimiter, ...o.fewshot, n } : undefined;
+  const encoded = encodePrompts(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, systemInstruction: o.systemInstruction || undefined, warn: log });
+  const prompts = cutPrompts(encoded, room);
+  const eosId = tokenizer.eosId;
+  const eosText = chat.eosToken !== '' ? chat.eosToken : eosId !== undefined ? tokenizer.idToToken(eosId) ?? null : null;
+  const until = stopStrings(settings.until, eosText);
+  log(`generation: ${items.length} items${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? ' (prompts through the chat template)' : ''}, greedy, up to ${settings.maxGenToks} new tokens, ` +
+    `until ${JSON.stringify(until)}; filters ${settings.filters.map((f) => f.name).join(', ')}; generated at every evaluation`);
+  if (prompts.cut) log(`warning: --eval-choices: ${prompts.cut} of ${items.length} generation prompts are cut on the left to ${room} tokens (--seq ${o.seq} less --eval-max-gen-toks ${settings.maxGenToks})`);
+  return { items, settings, prompts, until };
+}
+
+function presetFewshot(name: string): number {
+  return GENERATION_PRESETS[name as GenerationPreset]?.fewshot ?? 0;
+}
+
+/** exact_match per filter pipeline, by the pipeline's name. */
+export type ExactMatchScores = Record<string, number>;
+
+/** Scores a model's generation of the prepared items (see the module comment). */
+export class RunGeneration {
+  constructor(private readonly p: PreparedGeneration, private readonly tokenizer: Tokenizer, private readonly stopIds: readonly number[],
+    private readonly comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>) {}
+
+  get items(): number { return this.p.items.length; }
+
+  /** The model's exact_match per filter over every item; null when `stop()` said so between batches (one rank only). */
+  async score(model: Transformer, generator: BatchGenerator, stop: () => boolean): Promise<ExactMatchScores | null> {
+    const { items, prompts, settings } = this.p, world = this.comm.world, rank = this.comm.rank;
+    const mine = items.map((_, i) => i).filter((i) => i % world === rank);
+    const ids = mine.map((i) => prompts.ids[i]!);
+    const got = await runGeneration(model, this.tokenizer, mine.map((i) => items[i]!), { ids, cut: 0, longest: Math.max(0, ...ids.map((x) => x.length)) }, settings, {
+      stopIds: [...this.stopIds], until: this.p.until, batch: generator.batch, generator,
+      ...(world === 1 ? { between: async () => { await new Promise<void>((resolve) => setImmediate(resolve)); return stop(); } } : {}),
+    });
+    if (got === null) return null;
+    // every item's matches, [item][filter], from each rank's share (0 where another rank generated)
+    const F = settings.filters.length;
+    let flat: Float64Array = new Float64Array(items.length * F);
+    mine.forEach((i, k) => { for (let f = 0; f < F; f++) flat[i * F + f] = got[k]!.matches[f]!; });
+    if (world > 1) flat = this.comm.allReduceHost(flat);
+    const out: ExactMatchScores = {};
+    settings.filters.forEach((f, k) => {
+      let sum = 0;
+      for (let i = 0; i < items.length; i++) sum += flat[i * F + k]!;
+      out[f.name] = sum / Math.max(1, items.length);
+    });
+    return out;
+  }
+}
