@@ -131,6 +131,8 @@ export interface RunGenerators {
   stopIds: readonly number[];
   student: () => BatchGenerator;
   teacher: () => BatchGenerator;
+  /** Gets a line per generation (its tokens, items and time). */
+  log?: (s: string) => void;
 }
 
 const noGen = (): BatchGenerator => { throw new Error('no generator'); };
@@ -153,7 +155,7 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
   gens?: RunGenerators): RunChoices {
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
   if (p.generation && !gens) throw new Error('runChoices: generation items need the run\'s generators');
-  const generation = p.generation && gens ? new RunGeneration(p.generation, gens.tokenizer, gens.stopIds, comm) : null;
+  const generation = p.generation && gens ? new RunGeneration(p.generation, gens.tokenizer, gens.stopIds, comm, gens.log) : null;
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
     if (!p.rows.length) return {};
     const sc = await scoreChoices(choiceSlots(p.items, p.rows), choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
@@ -170,17 +172,17 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
     };
   };
   /** The scored items' scores, then the generation items' exact_match. */
-  const both = async (m: Transformer, runner: StepRunner, gen: () => BatchGenerator, stop: () => boolean): Promise<ChoiceScores | null> => {
+  const both = async (m: Transformer, runner: StepRunner, gen: () => BatchGenerator, stop: () => boolean, who: string): Promise<ChoiceScores | null> => {
     const c = await score(runner, stop);
     if (c === null || !generation) return c;
-    const em = await generation.score(m, gen(), stop);
+    const em = await generation.score(m, gen(), stop, who);
     return em === null ? null : { ...c, exactMatch: em };
   };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;
   return {
     items: p.items.length + (p.generation?.items.length ?? 0),
-    student: (stop) => both(student, studentRunner, gens?.student ?? noGen, stop),
-    teacher: async (stop) => (teacher ? both(teacher, teacherRunner ??= choicesRunner(teacher), gens?.teacher ?? noGen, stop) : null),
+    student: (stop) => both(student, studentRunner, gens?.student ?? noGen, stop, 'the student'),
+    teacher: async (stop) => (teacher ? both(teacher, teacherRunner ??= choicesRunner(teacher), gens?.teacher ?? noGen, stop, 'the teacher') : null),
   };
 }

@@ -86,14 +86,15 @@ export type ExactMatchScores = Record<string, number>;
 
 /** Scores a model's generation of the prepared items (see the module comment). */
 export class RunGeneration {
+  /** `log` gets a line per generation: the tokens, items and time (this rank's). */
   constructor(private readonly p: PreparedGeneration, private readonly tokenizer: Tokenizer, private readonly stopIds: readonly number[],
-    private readonly comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>) {}
+    private readonly comm: Pick<Communicator, 'world' | 'rank' | 'allReduceHost'>, private readonly log: (s: string) => void = () => {}) {}
 
   get items(): number { return this.p.items.length; }
 
   /** The model's exact_match per filter over every item; null when `stop()` said so between batches (one rank only). */
-  async score(model: Transformer, generator: BatchGenerator, stop: () => boolean): Promise<ExactMatchScores | null> {
-    const { items, prompts, settings } = this.p, world = this.comm.world, rank = this.comm.rank;
+  async score(model: Transformer, generator: BatchGenerator, stop: () => boolean, who = 'the model'): Promise<ExactMatchScores | null> {
+    const { items, prompts, settings } = this.p, world = this.comm.world, rank = this.comm.rank, t0 = Date.now();
     const mine = items.map((_, i) => i).filter((i) => i % world === rank);
     const ids = mine.map((i) => prompts.ids[i]!);
     const got = await runGeneration(model, this.tokenizer, mine.map((i) => items[i]!), { ids, cut: 0, longest: Math.max(0, ...ids.map((x) => x.length)) }, settings, {
@@ -101,6 +102,8 @@ export class RunGeneration {
       ...(world === 1 ? { between: async () => { await new Promise<void>((resolve) => setImmediate(resolve)); return stop(); } } : {}),
     });
     if (got === null) return null;
+    const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
+    this.log(`generation: ${who} generated ${tokens} tokens for ${mine.length} items${world > 1 ? ` (rank ${rank}'s share)` : ''} in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s)`);
     // every item's matches, [item][filter], from each rank's share (0 where another rank generated)
     const F = settings.filters.length;
     let flat: Float64Array = new Float64Array(items.length * F);

@@ -288,7 +288,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm, {
     // generation items: the student's generator (the on-policy one where the run has it) and a teacher's, made at first use
     tokenizer, stopIds: genStops.stopIds, student: () => (itemGen ??= onPolicyGen ?? new BatchGenerator(student, o.batch, o.seq)),
-    teacher: () => (teacherItemGen ??= new BatchGenerator(teacher!, o.batch, o.seq)),
+    teacher: () => (teacherItemGen ??= new BatchGenerator(teacher!, o.batch, o.seq)), log,
   }) : null,
     comm, stops, distilling);
   const appendMetric = (m: Record<string, unknown>): void => {

@@ -146,3 +146,23 @@ test('train --dry-run --json: checkpoint_host_bytes is what the run\'s model and
   const text = await run(['train', '--data', data, '--out', path.join(dir, 'h'), '--model', 'tiny', '--batch', '2', '--seq', '16', '--dry-run']);
   assert.match(text.out, /host .* kept for checkpoint snapshots/);
 });
+
+test('distill --dry-run --device cuda with generation items in --eval-choices: a generator of batch × seq per model in the memory, their kernels in the plan', async () => {
+  const items = path.join(dir, 'gen-items.jsonl'), mc = path.join(dir, 'mc-items.jsonl');
+  fs.writeFileSync(items, '{"context": "the model", "target": "learns"}\n');
+  fs.writeFileSync(mc, '{"context": "the model", "choices": ["learns", "teaches"], "answer": 0}\n');
+  const base = ['distill', '--teacher', teacher, '--data', data, '--out', path.join(dir, 'run-gen'), '--model', 'tiny', '--batch', '2', '--seq', '16',
+    '--device', 'cuda', '--dry-run', '--json', '--eval-max-gen-toks', '4'];
+  const withGen = await run([...base, '--eval-choices', mc, items]), without = await run([...base, '--eval-choices', mc]);
+  assert.equal(withGen.code, 0, withGen.err);
+  assert.equal(without.code, 0, without.err);
+  const { presetConfig } = await import('../../src/model/config.js');
+  const { batchGeneratorBytes } = await import('../../src/model/memory.js');
+  const student = presetConfig('tiny', tcfg.vocabSize);
+  const a = JSON.parse(withGen.out) as { device_bytes: number; kernels: unknown[] }, b = JSON.parse(without.out) as { device_bytes: number; kernels: unknown[] };
+  // bf16 (the CUDA default): the student's generator and the teacher's
+  const { fusesQkv, parameterLayout } = await import('../../src/model/params.js');
+  const fused = (c: ModelConfig): boolean => fusesQkv(parameterLayout(c));
+  assert.equal(a.device_bytes - b.device_bytes, batchGeneratorBytes(student, 2, 16, 2, fused(student)) + batchGeneratorBytes(tcfg, 2, 16, 2, fused(tcfg)));
+  assert.ok(a.kernels.length > b.kernels.length, 'the generation kernels are planned');
+});

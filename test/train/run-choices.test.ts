@@ -302,6 +302,8 @@ test('--eval-choices with generation items: val_exact_match_<filter> at every ev
   assert.deepEqual(s.choices?.exactMatch?.none, rows[2]!.val_exact_match_none);
   assert.deepEqual(s.choices?.teacher?.exactMatch, { 'first-word': rows[0]!['teacher_exact_match_first-word'], none: 4 / 7 });
   assert.ok(logged.some((l) => /generation exact_match first-word \d+\.\d\d%, none 57\.14%/.test(l)), 'the log line says the scores');
+  assert.equal(logged.filter((l) => /^generation: the student generated \d+ tokens for 7 items in \d+\.\d\d s \(\d+ tokens\/s\)$/.test(l)).length, 3, 'a line per evaluation');
+  assert.equal(logged.filter((l) => /^generation: the teacher generated/.test(l)).length, 1);
 });
 
 test('generation items\' metrics rows and back: val_exact_match_<filter> per filter, read back on resume; the log line', () => {
