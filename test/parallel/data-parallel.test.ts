@@ -17,6 +17,7 @@ import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile } from '../train/corpus.js';
 import { launch } from './launch.js';
 import { evaluate } from '../../src/cli/commands/eval.js';
+import { generationSettings } from '../../src/eval/generation.js';
 import { buildTeacherCache, DEFAULT_SHARD_WINDOWS } from '../../src/cache/build.js';
 import { DEFAULT_SPARSE } from '../../src/cache/sparse.js';
 
@@ -75,12 +76,20 @@ test('--eval-choices on 2 ranks: each scores a share of the rows, every rank rep
     { context: 'the teacher helps the', continuation: ' student' },
     { context: 'a model learns to predict the', continuation: ' next token' },
   ].map((x) => JSON.stringify(x)).join('\n') + '\n');
-  const o = opts({ out: path.join(dir, 'dp-choices'), evalChoices: [items] });
+  // generation items too (each rank generates every other item): the answer is the text's first non-space character,
+  // right when it is one of a few letters
+  const gen = path.join(dir, 'dp-generation.jsonl'), letters = ['t', 'e', 'a', 's', 'o', 'n'];
+  fs.writeFileSync(gen, ['the model', 'a teacher', 'the student learns', 'next token', 'predict', 'a'].map((context) => JSON.stringify({ context, target: letters })).join('\n') + '\n');
+  const firstChar = JSON.stringify({ name: 'first', filter: [{ function: 'regex', regex_pattern: '(\\S)' }, { function: 'take_first' }] });
+  const o = opts({ out: path.join(dir, 'dp-choices'), evalChoices: [items, gen], evalMaxGenToks: 4, evalFilter: [firstChar] });
   const [r0, r1] = await ranks(o, 2);
   assert.equal(r0!.error, undefined, r0!.error); assert.equal(r1!.error, undefined, r1!.error);
   assert.deepEqual(r1!.choices, r0!.choices);
-  const mine = (await evaluate({ model: r0!.finalDir!, data: [], choices: [items], seq: o.seq, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all' })).choices!;
-  assert.deepEqual(r0!.choices, { items: 5, step: 6, acc: mine.acc, accNorm: mine.accNorm, greedy: { acc: mine.greedy!.acc, perplexity: mine.greedy!.perplexity } });
+  const ev = await evaluate({ model: r0!.finalDir!, data: [], choices: [items, gen], seq: o.seq, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all',
+    generation: generationSettings({ maxGenToks: 4, filter: [firstChar] }, '\n\n', (k) => k) });
+  const mine = ev.choices!;
+  assert.deepEqual(r0!.choices, { items: 11, step: 6, acc: mine.acc, accNorm: mine.accNorm, greedy: { acc: mine.greedy!.acc, perplexity: mine.greedy!.perplexity }, exactMatch: ev.generation!.exactMatch });
+  process.stderr.write(`data parallel generation items: exact_match ${JSON.stringify(ev.generation!.exactMatch)} on both ranks and in eval\n`);
   const rows = readMetrics(path.join(o.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined);
   assert.deepEqual(rows.map((m) => m.step), [0, 3, 6]);
 });
