@@ -81,6 +81,9 @@ function presetFewshot(name: string): number {
   return GENERATION_PRESETS[name as GenerationPreset]?.fewshot ?? 0;
 }
 
+/** How often a long generation says how far it is. */
+const PROGRESS_MS = 10_000;
+
 /** exact_match per filter pipeline, by the pipeline's name. */
 export type ExactMatchScores = Record<string, number>;
 
@@ -95,10 +98,13 @@ export class RunGeneration {
   /** The model's exact_match per filter over every item; null when `stop()` said so between batches (one rank only). */
   async score(model: Transformer, generator: BatchGenerator, stop: () => boolean, who = 'the model'): Promise<ExactMatchScores | null> {
     const { items, prompts, settings } = this.p, world = this.comm.world, rank = this.comm.rank, t0 = Date.now();
+    let said = t0;
     const mine = items.map((_, i) => i).filter((i) => i % world === rank);
     const ids = mine.map((i) => prompts.ids[i]!);
     const got = await runGeneration(model, this.tokenizer, mine.map((i) => items[i]!), { ids, cut: 0, longest: Math.max(0, ...ids.map((x) => x.length)) }, settings, {
       stopIds: [...this.stopIds], until: this.p.until, batch: generator.batch, generator,
+      // a line every PROGRESS_MS on long work (GSM8K's 1319 items take a while)
+      progress: (done) => { if (done < mine.length && Date.now() - said > PROGRESS_MS) { said = Date.now(); this.log(`generation: ${who} ${done}/${mine.length} items`); } },
       ...(world === 1 ? { between: async () => { await new Promise<void>((resolve) => setImmediate(resolve)); return stop(); } } : {}),
     });
     if (got === null) return null;
