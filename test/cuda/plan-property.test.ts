@@ -174,7 +174,7 @@ function describeCase(c: Case): string {
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
-async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; options: RunOptions }> {
+async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; run: KernelSpec[]; options: RunOptions }> {
   const caseDir = path.join(dir, `case-${i}`);
   fs.mkdirSync(caseDir, { recursive: true });
   const cfgPath = path.join(caseDir, 'student.json');
@@ -218,16 +218,18 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; o
   const summary = await runTraining(options, { backend: trace, log: () => {} });
   assert.equal(summary.status, 'completed');
   assert.equal(prepared, 1, 'runTraining calls prepare() once');
+  const run = [...trace.traced.values()];
   // generation with a random prompt length (greedy on the trace backend's zero logits)
   const m = new Transformer(trace, c.student, { batch: 1, seq: 1, training: false, precision: c.bf16 ? 'bf16' : 'fp32' });
   const g = new Generator(m, c.prompt + 3);
   g.generate(Array.from({ length: c.prompt }, (_, k) => (k * 7 + 3) % c.student.vocabSize), { temperature: 0, topP: 1, maxNewTokens: 3 });
   const traced = [...trace.traced.values()];
   trace.dispose();
-  return { traced, options };
+  return { traced, run, options };
 }
 
-function planFor(c: Case, o: RunOptions): KernelSpec[] {
+/** The plan of the case's run (and, with `generator`, of the test's own Generator.generate beside it). */
+function planFor(c: Case, o: RunOptions, generator = true): KernelSpec[] {
   const loss: LossSpec = o.mode === 'train'
     ? { kind: 'none', alpha: 0, temperature: 1, beta: o.beta }
     : { kind: o.loss, alpha: o.alpha, temperature: o.temperature, beta: o.beta };
@@ -235,7 +237,7 @@ function planFor(c: Case, o: RunOptions): KernelSpec[] {
   const precision = c.bf16 ? 'bf16' as const : 'fp32' as const;
   const cacheJob = c.cache && c.teacher ? jobClosures({ student: c.teacher, teacher: c.teacher, batch: o.batch, seq: o.seq, cacheTeacher: c.cache, precision }) : [];
   return planKernels([...cacheJob, ...jobClosures({
-    student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, generateLen: 2,
+    student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, ...(generator ? { generateLen: 2 } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
     ...(c.onPolicy ? { onPolicy: true } : {}),
     ...(c.generate ? { generateItems: true } : {}),
@@ -255,10 +257,13 @@ test(`property: runtime kernels ⊆ plan over ${CASES} random configs (real runT
     if (c.lora) loraCases++;
     if (c.choices) choiceCases++;
     if (c.generate) generateCases++;
-    const { traced, options } = await runtimeSet(c, i);
+    const { traced, run, options } = await runtimeSet(c, i);
     const plan = new Set(planFor(c, options).map(hash));
     const missing = traced.filter((s) => !plan.has(hash(s)));
     assert.deepEqual(missing.map((s) => s.describe()), [], `case ${i}: ${describeCase(c)}`);
+    // the run alone within the run's own plan (no Generator closure to cover its generation)
+    const runPlan = new Set(planFor(c, options, false).map(hash));
+    assert.deepEqual(run.filter((s) => !runPlan.has(hash(s))).map((s) => s.describe()), [], `case ${i} (the run alone): ${describeCase(c)}`);
     assert.ok(traced.length >= 15, `case ${i}: only ${traced.length} kernels traced`);
     for (const s of traced) families.add(s.family);
   }
