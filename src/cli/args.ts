@@ -144,7 +144,9 @@ export function coerceValue(spec: FlagSpec, raw: unknown, label: string): unknow
         label.startsWith('--') ? `write ${label} or --no-${spec.name}` : `write ${spec.name}: true or ${spec.name}: false`);
     }
     case 'list': {
-      const arr = Array.isArray(raw) ? raw : [raw];
+      // JSON-valued entries written as mappings in a config file (YAML's natural form) are that JSON
+      const json = (x: unknown): unknown => (spec.metavar === '<json>...' && x !== null && typeof x === 'object' && !Array.isArray(x) ? JSON.stringify(x) : x);
+      const arr = (Array.isArray(raw) ? raw : [raw]).map(json);
       if (arr.length === 0 || !arr.every((x) => typeof x === 'string' && x !== '')) {
         throw new UsageError(`${label} expects one or more ${spec.metavar !== undefined && !spec.metavar.startsWith('<file') ? 'non-empty values' : 'file names'}, got ${show(raw)}`, 'give each entry as a non-empty string');
       }

@@ -9,6 +9,7 @@
  * run's backend would pick (attentionFor(--tf32)): the pre-warm set.
  */
 import { readChoiceItems } from '../eval/items.js';
+import { checkGenerationRoom } from './run-generation.js';
 import { resolvePrecision } from './precision.js';
 import { createHash } from 'node:crypto';
 import * as fs from 'node:fs';
@@ -100,6 +101,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
   // generation items in --eval-choices add a generator per model (the plan reads the items' kinds, not their prompts)
   const generateItems = o.evalChoices.length > 0 && readChoiceItems(o.evalChoices).some((it) => it.generate);
+  checkGenerationRoom(o); // the run would refuse it
   const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep, { generateItems });
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,

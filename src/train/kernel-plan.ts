@@ -143,7 +143,7 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       pass.run(placeholderBatch(j.batch, j.seq, j.lossVocab ?? j.teacher.vocabSize).inputs, j.batch, j.seq, () => 0.5, () => undefined);
     });
   }
-  if (j.onPolicy || j.generateItems) {
+  if ((j.onPolicy || j.generateItems) && j.seq >= 2) {
     runs.push((be) => {
       // Generation inside a run (on-policy completions, --eval-choices generation items) runs on a generator of the
       // run's batch × seq over the run's own student (a training model: its fused products, its LoRA adapters unmerged
@@ -153,13 +153,15 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const g = new BatchGenerator(m, j.batch, j.seq);
       // prompts of two lengths (prefill), then decode steps at per-sequence positions, sampled on the device: on-policy
       // samples, generation items are greedy
-      const prompts = Array.from({ length: j.batch }, (_, b) => [0, 1].slice(0, 1 + (b % 2)));
-      if (j.onPolicy) g.generateOnDevice(prompts, { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: 2 });
+      // (sized to the window: 2 new tokens run a decode step, which a window of 2 never has room for)
+      const P = j.seq >= 4 ? 2 : 1, N = j.seq >= 3 ? 2 : 1;
+      const prompts = Array.from({ length: j.batch }, (_, b) => [0, 1].slice(0, 1 + (b % P)));
+      if (j.onPolicy) g.generateOnDevice(prompts, { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: N });
       if (j.generateItems) {
-        g.generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: 2 });
+        g.generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: N });
         if (j.teacher) {
           const t = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision, frozenDtype: j.teacherFrozen });
-          new BatchGenerator(t, j.batch, j.seq).generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: 2 });
+          new BatchGenerator(t, j.batch, j.seq).generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: N });
         }
       }
     });

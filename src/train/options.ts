@@ -54,8 +54,11 @@ export interface RunOptions {
   evalChoices: string[];
   /** With evalChoices: each context as a user turn of the chat template, the assistant turn opened. */
   evalChoicesChat: boolean;
-  /** With evalChoices: examples before each item, as `eval --fewshot` (src/eval/fewshot.ts; 0: none). */
-  evalFewshot: number;
+  /**
+   * With evalChoices: examples before each item, as `eval --fewshot` (src/eval/fewshot.ts; 0: none). Unset: none, but
+   * for generation items under evalPreset, the preset's own (as `eval --preset` without --fewshot).
+   */
+  evalFewshot?: number | undefined;
   /** With evalFewshot: the examples' files, one per evalChoices file (none: each file's own items). */
   evalFewshotFrom: string[];
   /** With evalFewshot: 'random' (the harness's default sampler) or 'first_n'. */
@@ -144,7 +147,6 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalBatches: 0,
   evalChoices: [],
   evalChoicesChat: false,
-  evalFewshot: 0,
   evalFewshotFrom: [],
   evalFewshotSampler: 'random',
   evalFewshotSeed: 1234,

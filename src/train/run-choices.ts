@@ -85,7 +85,9 @@ export const CHOICES_REGION = 'choices pass';
  * what was read and any left cut.
  */
 export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number; systemInstruction?: string | undefined;
-  fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined; generation?: Pick<RunOptions, GenerationField> | undefined },
+  fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined; generation?: Pick<RunOptions, GenerationField> | undefined;
+  /** Whether the run's --eval-fewshot was given (0 too): without it, a --eval-preset's own examples go before generation items. */
+  fewshotGiven?: boolean | undefined },
   tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
   const all = readChoiceItems(o.files);
   // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
@@ -96,7 +98,7 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0 ? { ...o.fewshot, ...poolsOf(items) } : undefined;
   const g = o.generation ?? DEFAULT_RUN_OPTIONS;
   const generation = generated.length ? prepareRunGeneration(generated, { ...g, seq: o.seq, chat: o.chat, kwargs: o.kwargs, systemInstruction: o.systemInstruction,
-    fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom }, tokenizer, chat, log) : null;
+    fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom, fewshotGiven: o.fewshotGiven ?? (o.fewshot?.n ?? 0) > 0 }, tokenizer, chat, log) : null;
   const given = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const)
     .filter((f) => JSON.stringify(g[f]) !== JSON.stringify(DEFAULT_RUN_OPTIONS[f]));
   if (!generated.length && given.length) {

@@ -19,7 +19,7 @@ import type { BatchGenerator } from '../model/batch-generate.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import type { RunOptions } from './options.js';
-import type { ChoiceItem } from '../eval/items.js';
+import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
 import { InputError } from '../util/errors.js';
 import { FEWSHOT_DEFAULTS, fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 import { GENERATION_PRESETS, generationSettings, stopStrings, type GenerationFlags, type GenerationPreset, type GenerationSettings } from '../eval/generation.js';
@@ -39,6 +39,25 @@ export function runGenerationSettings(o: Pick<RunOptions, GenerationField>,
   }, FEWSHOT_DEFAULTS.delimiter, (k) => flag(FIELDS[k]));
 }
 
+/**
+ * Refuses a run whose --eval-choices hold generation items that --seq leaves no room for (the new tokens and at least one
+ * prompt token), before any data work: reads the items' kinds only.
+ */
+export function checkGenerationRoom(o: Pick<RunOptions, GenerationField | 'seq' | 'evalChoices'>): void {
+  if (!o.evalChoices.length || !readChoiceItems(o.evalChoices).some((it) => it.generate)) return;
+  roomFor(o.seq, runGenerationSettings(o).maxGenToks);
+}
+
+/** The prompt tokens a window of `seq` leaves beside `maxGenToks` new ones (at least 1, else refused). */
+function roomFor(seq: number, maxGenToks: number): number {
+  const room = seq - maxGenToks;
+  if (room < 1) {
+    throw new InputError(`--eval-max-gen-toks ${maxGenToks} leaves no room for a generation item's prompt in the run's window (--seq ${seq})`,
+      `use --eval-max-gen-toks ${Math.max(1, Math.floor(seq / 2))} or less, or a longer --seq`);
+  }
+  return room;
+}
+
 /** The generation items of a run, read, encoded and cut (prepareRunGeneration). */
 export interface PreparedGeneration {
   items: ChoiceItem[];
@@ -54,17 +73,15 @@ export interface PreparedGeneration {
  * undefined; a --eval-preset's own number of examples applies when it is undefined.
  */
 export function prepareRunGeneration(items: ChoiceItem[], o: Pick<RunOptions, GenerationField | 'seq'> & { chat: boolean; kwargs?: Record<string, unknown> | undefined;
-  systemInstruction?: string | undefined; fewshot?: Omit<FewshotOptions, 'n'> & { n?: number } | undefined; fewshotFrom?: string[] | undefined },
+  systemInstruction?: string | undefined; fewshot?: Omit<FewshotOptions, 'n'> & { n?: number } | undefined; fewshotFrom?: string[] | undefined;
+  /** Whether the number of examples was given (0 too); if not, a preset's own apply. */
+  fewshotGiven?: boolean | undefined },
   tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedGeneration {
   const settings = runGenerationSettings(o);
-  const room = o.seq - settings.maxGenToks;
-  if (room < 1) {
-    throw new InputError(`--eval-max-gen-toks ${settings.maxGenToks} leaves no room for a generation item's prompt in the run's window (--seq ${o.seq})`,
-      `use --eval-max-gen-toks ${Math.max(1, Math.floor(o.seq / 2))} or less`);
-  }
-  // a preset's examples (gsm8k: 5) where --eval-fewshot gives none
-  const presetShots = o.evalPreset !== '' && !(o.fewshot?.n) ? presetFewshot(o.evalPreset) : 0;
-  const n = o.fewshot?.n || presetShots;
+  const room = roomFor(o.seq, settings.maxGenToks);
+  // a preset's examples (gsm8k: 5) where --eval-fewshot is not given (as eval --preset without --fewshot)
+  const given = o.fewshotGiven ?? (o.fewshot?.n ?? 0) > 0;
+  const n = given ? o.fewshot?.n ?? 0 : o.evalPreset !== '' ? presetFewshot(o.evalPreset) : 0;
   const fewshot: FewshotOptions | undefined = n > 0 ? { sampler: FEWSHOT_DEFAULTS.sampler, seed: FEWSHOT_DEFAULTS.seed, delimiter: FEWSHOT_DEFAULTS.delimiter, ...o.fewshot, n } : undefined;
   const encoded = encodePrompts(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, systemInstruction: o.systemInstruction || undefined, warn: log });
   const prompts = cutPrompts(encoded, room);

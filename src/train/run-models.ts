@@ -184,6 +184,16 @@ export interface RunModels {
 }
 
 /**
+ * The ids a run's generation ends at (on-policy completions, generation items): the tokenizer's end of text, the
+ * student's config's eos ids, and the generation configs' of --init (whose generation_config.json the final model
+ * carries, so `eval` on it stops there too) and of the teacher.
+ */
+export function runStopIds(eosId: number, cfg: ModelConfig, initCk: Pick<LoadedCheckpoint, 'generationEosIds'> | null,
+  teacherCk: Pick<LoadedCheckpoint, 'generationEosIds'> | null): number[] {
+  return [...new Set([eosId, ...eosIds(cfg), ...(initCk?.generationEosIds ?? []), ...(teacherCk?.generationEosIds ?? [])])];
+}
+
+/**
  * Builds the run's models on `backend` for the data and tokenizer `data` (see the module comment), refusing a job
  * that cannot fit the device before anything is allocated, and logs what was built. Writes nothing to the run folder.
  */
@@ -260,7 +270,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   if (onPolicy && !teacher) throw new DistilleryError('on-policy distillation needs a live teacher (--teacher)', 'drop --on-policy, or pass --teacher');
   const onPolicyGen = onPolicy ? new BatchGenerator(student, o.batch, o.seq) : null;
   // the student's completions end at an end-of-text id; a reply to a conversation also at the end of its turn
-  const genStops = { stopIds: [...new Set([eosId, ...eosIds(cfg), ...(teacherCk?.generationEosIds ?? [])])], turnEndIds: endOfTurnIds(tokenizer) };
+  const genStops = { stopIds: runStopIds(eosId, cfg, initCk, teacherCk), turnEndIds: endOfTurnIds(tokenizer) };
   if (onPolicy) {
     log(`on-policy: ${(100 * onPolicy.fraction).toFixed(0)}% of the steps train on the student's completions (prompts of up to ${onPolicy.promptLen} tokens, ` +
       `up to ${onPolicy.genLen} new; temperature ${onPolicy.temperature}, top-p ${onPolicy.topP}, top-k ${onPolicy.topK}), scored by the teacher`);

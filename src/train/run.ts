@@ -61,6 +61,7 @@ import { allocSparseHost, SparseRing, type SparseHost } from '../cache/targets.j
 import { sparseSlots } from '../cache/sparse.js';
 import { FEWSHOT_DEFAULTS } from '../eval/fewshot.js';
 import { prepareRunChoices, runChoices, type ChoiceScores } from './run-choices.js';
+import { checkGenerationRoom } from './run-generation.js';
 import { BatchGenerator } from '../model/batch-generate.js';
 import { RunEvaluation } from './run-evaluation.js';
 import { parseTemplateKwargs } from '../cli/options.js';
@@ -158,6 +159,8 @@ export async function runTraining(o: RunOptions, hooks: RunHooks = {}): Promise<
 async function runRank(o: RunOptions, hooks: RunHooks, comm: Communicator, localRank: number | undefined): Promise<RunSummary> {
   const root = comm.rank === 0;
   const log = !root ? () => {} : hooks.log ?? ((s: string) => process.stderr.write(s + '\n'));
+  // generation items that --seq leaves no room for are refused before the folder, the data or the models
+  checkGenerationRoom(o);
   const { out, created } = createRunFolder(o, root);
   const lock = root ? lockRunFolder(out) : null;
   try {
@@ -209,7 +212,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
   // --eval-choices: the items read and checked before anything is loaded or written (a bad file costs nothing)
   const preparedChoices = o.evalChoices.length ? prepareRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq, systemInstruction: o.evalSystemInstruction,
-    fewshot: { n: o.evalFewshot, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom, generation: o,
+    fewshot: { n: o.evalFewshot ?? 0, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom, fewshotGiven: o.evalFewshot !== undefined, generation: o,
     ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, tokenizer, chat, log) : null;
 
   // ---- models ----------------------------------------------------------------------------------------

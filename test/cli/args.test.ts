@@ -103,6 +103,12 @@ test('coerceValue accepts config-file values (numbers, booleans, lists) and name
   const json: FlagSpec = { name: 'chat-template-kwargs', kind: 'string', metavar: '<json>', description: 'x' };
   assert.equal(coerceValue(json, { enable_thinking: false, n: 2 }, 'chatTemplateKwargs in a.yaml'), '{"enable_thinking":false,"n":2}');
   usageError(() => coerceValue(json, [1], 'chatTemplateKwargs in a.yaml'), /expects a string, got/);
+  // and a list of JSON values (a run's evalFilter) written as YAML mappings: each that JSON; strings as they are
+  const jsons: FlagSpec = { name: 'eval-filter', kind: 'list', metavar: '<json>...', description: 'x' };
+  assert.deepEqual(coerceValue(jsons, [{ name: 'a', filter: [{ function: 'take_first' }] }, '{"name": "b"}'], 'evalFilter in a.yaml'),
+    ['{"name":"a","filter":[{"function":"take_first"}]}', '{"name": "b"}']);
+  assert.deepEqual(coerceValue(jsons, { name: 'a' }, 'evalFilter in a.yaml'), ['{"name":"a"}']);
+  usageError(() => coerceValue({ ...jsons, metavar: '<file>...' }, [{ name: 'a' }], 'data in a.yaml'), /expects one or more file names/);
 });
 
 test('name helpers', () => {

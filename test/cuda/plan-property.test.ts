@@ -143,8 +143,8 @@ function randomCase(seed: number, vocab: number): Case {
   c.bf16 = seed % 2 === 1;
   // some runs score multiple-choice items at every evaluation
   c.choices = seed % 5 === 3;
-  // half of those generate too (generation items in --eval-choices)
-  c.generate = c.choices && seed % 2 === 0;
+  // half of those generate too (generation items in --eval-choices), in fp32 and in bf16
+  c.generate = c.choices && seed % 4 < 2;
   return c;
 }
 

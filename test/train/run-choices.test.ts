@@ -23,6 +23,7 @@ import { runCli, tinyTokenizer } from '../cli/fixtures.js';
 import { DEFAULT_RUN_OPTIONS } from '../../src/train/options.js';
 import { prepareRunChoices } from '../../src/train/run-choices.js';
 import { RunGeneration } from '../../src/train/run-generation.js';
+import { runStopIds } from '../../src/train/run-models.js';
 import { runGeneration } from '../../src/eval/generate-items.js';
 import { DEFAULT_CHAT_FORMAT } from '../../src/tokenizer/chat.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
@@ -349,7 +350,7 @@ test('data parallel: generation items are split across ranks (item i on rank i %
   be.dispose?.();
 });
 
-test('generation settings of a run: usage errors exit 2 (without --eval-choices, bad JSON, an unknown preset); a --seq too short for the new tokens is refused', async () => {
+test('generation settings of a run: usage errors exit 2 (without --eval-choices, bad JSON, an unknown preset); a --seq too short for the new tokens is refused (exit 2) before anything is written, by --dry-run too', async () => {
   const dir = tmp(), data = corpusFile(dir);
   const base = ['train', '--data', data, '--out', path.join(dir, 'run'), '--steps', '2', '--quiet'];
   const items = generationItems(dir, 'g.jsonl', ['a', 'b']);
@@ -366,8 +367,37 @@ test('generation settings of a run: usage errors exit 2 (without --eval-choices,
     assert.match(r.err, re);
     assert.doesNotMatch(r.err, /\n\s+at /, 'no stack trace');
   }
-  const r = await runCli([...base, '--eval-choices', items, '--seq', '16', '--eval-max-gen-toks', '16']);
-  assert.notEqual(r.code, 0);
-  assert.match(r.err, /--eval-max-gen-toks 16 leaves no room for a generation item's prompt in the run's window \(--seq 16\)[^]*use --eval-max-gen-toks 8 or less/);
-  assert.ok(!fs.existsSync(path.join(dir, 'run', 'metrics.jsonl')), 'refused before anything is written');
+  // the defaults (--seq 64, 256 new tokens) leave no room: refused before the run folder, the data or the models, and by --dry-run
+  for (const extra of [[], ['--seq', '16', '--eval-max-gen-toks', '16'], ['--dry-run']]) {
+    const r = await runCli([...base, '--eval-choices', items, ...extra]);
+    assert.equal(r.code, 2, r.err);
+    const [seq, n] = extra.includes('--seq') ? [16, 16] : [64, 256];
+    assert.match(r.err, new RegExp(`--eval-max-gen-toks ${n} leaves no room for a generation item's prompt in the run's window \\(--seq ${seq}\\)[^]*use --eval-max-gen-toks ${seq / 2} or less`));
+    assert.doesNotMatch(r.err, /\n\s+at /, 'no stack trace');
+    assert.ok(!fs.existsSync(path.join(dir, 'run')), 'refused before anything is written');
+  }
+});
+
+test('--eval-preset\'s examples: 5 before each generation item unless --eval-fewshot is given (0 too), as eval --preset without and with --fewshot', () => {
+  const dir = tmp(), tok = tinyTokenizer();
+  const items = generationItems(dir, 'g.jsonl', ['a', 'b', 'c', 'd', 'e', 'f', 'g']);
+  const prep = (given: boolean, n: number): { said: string; longest: number } => {
+    const said: string[] = [];
+    const p = prepareRunChoices({ files: [items], chat: false, seq: 512, fewshot: { n, sampler: 'first_n', seed: 1234, delimiter: '\n\n' }, fewshotGiven: given,
+      generation: { ...DEFAULT_RUN_OPTIONS, evalPreset: 'gsm8k', evalMaxGenToks: 8 } }, tok, DEFAULT_CHAT_FORMAT, (l) => said.push(l));
+    return { said: said.join('\n'), longest: p.generation!.prompts.longest };
+  };
+  const preset = prep(false, 0), zero = prep(true, 0), two = prep(true, 2);
+  assert.match(preset.said, /^generation: 7 items, 5-shot \(the first, from each file's other items\), greedy/m);
+  assert.match(zero.said, /^generation: 7 items, greedy/m);
+  assert.match(two.said, /^generation: 7 items, 2-shot/m);
+  assert.ok(zero.longest < two.longest && two.longest < preset.longest, `${zero.longest} < ${two.longest} < ${preset.longest}`);
+});
+
+test('the ids a run\'s generation stops at: the tokenizer\'s end of text, the student config\'s, and --init\'s and the teacher\'s generation configs\'', () => {
+  const cfg = { ...presetConfig('tiny', 300), eosTokenId: [3] };
+  const ids = runStopIds(1, cfg, { generationEosIds: [7, 8] }, { generationEosIds: [9, 1] });
+  for (const id of [1, 3, 7, 8, 9]) assert.ok(ids.includes(id), `${id} in ${ids.join(',')}`);
+  assert.equal(new Set(ids).size, ids.length, 'each once');
+  assert.deepEqual(runStopIds(1, cfg, null, null).filter((x) => [7, 8, 9].includes(x)), []);
 });
