@@ -30,7 +30,10 @@ type GenerationField = 'evalMaxGenToks' | 'evalUntil' | 'evalFilter' | 'evalExac
  * items (each present when the items have that kind).
  */
 export interface ChoiceScores {
-  acc?: number; accNorm?: number; greedy?: { acc: number; perplexity: number };
+  acc?: number; accNorm?: number;
+  /** Multiple-choice items: acc over the log-likelihood per UTF-8 byte, and the Brier score (eval --choices' acc_bytes, brier_score). */
+  accBytes?: number; brierScore?: number;
+  greedy?: { acc: number; perplexity: number };
   rolling?: { wordPerplexity: number; bytePerplexity: number; bitsPerByte: number };
   /** Generation items: exact_match per filter pipeline (src/train/run-generation.ts). */
   exactMatch?: ExactMatchScores;
@@ -41,6 +44,8 @@ export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<st
   const out: Record<string, number> = {};
   if (c.acc !== undefined) out[`${prefix}_acc`] = c.acc;
   if (c.accNorm !== undefined) out[`${prefix}_acc_norm`] = c.accNorm;
+  if (c.accBytes !== undefined) out[`${prefix}_acc_bytes`] = c.accBytes;
+  if (c.brierScore !== undefined) out[`${prefix}_brier_score`] = c.brierScore;
   if (c.greedy) { out[`${prefix}_greedy`] = c.greedy.acc; out[`${prefix}_cont_ppl`] = c.greedy.perplexity; }
   if (c.rolling) {
     out[`${prefix}_word_ppl`] = c.rolling.wordPerplexity; out[`${prefix}_byte_ppl`] = c.rolling.bytePerplexity; out[`${prefix}_bits_per_byte`] = c.rolling.bitsPerByte;
@@ -58,6 +63,9 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   const c: ChoiceScores = {};
   const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy');
   if (acc !== undefined && accNorm !== undefined) { c.acc = acc; c.accNorm = accNorm; }
+  // (rows of an earlier version have no acc_bytes or brier_score)
+  const accBytes = num('acc_bytes'), brierScore = num('brier_score');
+  if (c.acc !== undefined && accBytes !== undefined && brierScore !== undefined) { c.accBytes = accBytes; c.brierScore = brierScore; }
   if (greedy !== undefined && `${prefix}_cont_ppl` in m) c.greedy = { acc: greedy, perplexity: num('cont_ppl') ?? Infinity };
   // a text's log-likelihood of -Infinity makes all three infinite (JSON null)
   if (`${prefix}_word_ppl` in m && `${prefix}_bits_per_byte` in m) {
@@ -169,7 +177,7 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
     if (comm.world > 1) shareRowScores(p.rows, sc, comm);
     const m = choiceMetrics(p.items, sc);
     return {
-      ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}),
+      ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm!, accBytes: m.accBytes!, brierScore: m.brierScore! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}),
       ...(m.rolling ? { rolling: { wordPerplexity: m.rolling.wordPerplexity, bytePerplexity: m.rolling.bytePerplexity, bitsPerByte: m.rolling.bitsPerByte } } : {}),
     };
   };

@@ -81,7 +81,10 @@ test('--eval-choices: acc and acc_norm at every evaluation and a live teacher\'s
   assert.equal(rows[2]!.val_cont_ppl, mine.greedy!.perplexity);
   assert.equal(rows[0]!.teacher_greedy, teacher.greedy!.acc);
   assert.equal(rows[0]!.teacher_cont_ppl, teacher.greedy!.perplexity);
-  const both = (m: typeof mine) => ({ acc: m.acc, accNorm: m.accNorm, greedy: { acc: m.greedy!.acc, perplexity: m.greedy!.perplexity } });
+  const both = (m: typeof mine) => ({ acc: m.acc, accNorm: m.accNorm, accBytes: m.accBytes, brierScore: m.brierScore, greedy: { acc: m.greedy!.acc, perplexity: m.greedy!.perplexity } });
+  assert.equal(rows[2]!.val_acc_bytes, mine.accBytes);
+  assert.equal(rows[2]!.val_brier_score, mine.brierScore);
+  assert.equal(rows[0]!.teacher_brier_score, teacher.brierScore);
   assert.deepEqual(s.choices, { items: 7, step: 6, ...both(mine), teacher: both(teacher) });
   // every training row has the step's token accuracy
   const steps = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).loss !== undefined) as Array<Record<string, number>>;
@@ -225,6 +228,9 @@ test('metrics rows of the scores and back: choiceRow and scoresOfRow, a perplexi
   assert.equal(huge.teacher_cont_ppl, null);
   assert.deepEqual(scoresOfRow('teacher', huge), { greedy: { acc: 0, perplexity: Infinity } });
   assert.equal(scoresSaid(c), 'choices acc 50.00%, acc_norm 25.00%, continuations greedy 75.00%, ppl 12.500');
+  const b = { acc: 0.5, accNorm: 0.25, accBytes: 0.75, brierScore: 0.625 };
+  assert.deepEqual(choiceRow('teacher', b), { teacher_acc: 0.5, teacher_acc_norm: 0.25, teacher_acc_bytes: 0.75, teacher_brier_score: 0.625 });
+  assert.deepEqual(scoresOfRow('teacher', choiceRow('teacher', b)), b);
   const t = { rolling: { wordPerplexity: 40.5, bytePerplexity: 2.25, bitsPerByte: 1.17 } };
   const trow = choiceRow('val', t);
   assert.deepEqual(trow, { val_word_ppl: 40.5, val_byte_ppl: 2.25, val_bits_per_byte: 1.17 });
