@@ -20,7 +20,7 @@ import { GENERATION_PRESETS } from '../eval/generation.js';
 import { runGenerationSettings } from '../train/run-generation.js';
 import { isJsonObject, parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
-import { examplesPairing, repeatedFile, REPEATED_FILE_HINT } from '../eval/items.js';
+import { examplesPairing, limitProblem, repeatedFile, REPEATED_FILE_HINT } from '../eval/items.js';
 
 type Field = Exclude<keyof RunOptions, 'mode'>;
 type Check = (v: number) => string | null;
@@ -90,6 +90,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('evalFewshotSampler', 'string', 'with --eval-fewshot: random (the harness\'s default) or first_n', { choices: ['random', 'first_n'] }),
   spec('evalFewshotSeed', 'integer', 'with --eval-fewshot: the random sampler\'s seed (the harness\'s fewshot_random_seed)', { check: nonNegInt }),
   spec('evalSystemInstruction', 'string', 'with --eval-choices: a system turn before each item\'s description and examples, as eval --system-instruction (the harness\'s --system_instruction; plain text: the prompt\'s start)', { metavar: '<text>', defaultText: 'none' }),
+  spec('evalLimit', 'number', 'with --eval-choices: the first n items of each file (below 1: that fraction of each, rounded up), their examples drawn from the whole file, as eval --limit (the harness\'s --limit; 0 = all)', { check: (v) => (v === 0 ? null : limitProblem(v)), metavar: '<n>' }),
   spec('evalMaxGenToks', 'integer', 'with generation items ({"context", "target"}) in --eval-choices: new tokens at most per item, greedy (as eval --max-gen-toks; the prompt is cut on the left to --seq less this)', { check: positiveInt, metavar: '<n>' }),
   spec('evalUntil', 'list', 'with generation items: stop strings, the text kept is the one before the first (as eval --until; the tokenizer\'s eos_token is added)', { metavar: '<text>...', defaultText: 'the preset\'s, else the few-shot delimiter' }),
   spec('evalFilter', 'list', 'with generation items: filter pipelines, each a harness task\'s filter_list entry as JSON (as eval --filter); each is reported as val_exact_match_<name>', { metavar: '<json>...', defaultText: 'the preset\'s, else "none" (the text)' }),
@@ -302,7 +303,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   const choiceFiles = (merged.evalChoices as string[] | undefined) ?? [];
   const twice = repeatedFile(choiceFiles);
   if (twice !== undefined) throw new UsageError(`${labelOf('evalChoices')}: ${twice} is given twice`, REPEATED_FILE_HINT);
-  for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction'] as const) {
+  for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction', 'evalLimit'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0) || (typeof merged[f] === 'string' && merged[f] !== '')) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
   const genFlags = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const).filter((f) => label.has(f));

@@ -208,3 +208,16 @@ export function pyLen(s: string): number {
   for (const _ of s) n++;
   return n;
 }
+
+/**
+ * The first `limit` items of each file (below 1: that fraction of each, rounded up), in the items' order: the
+ * harness's --limit (eval --limit, a run's --eval-limit).
+ */
+export function limitItems(items: readonly ChoiceItem[], limit: number): ChoiceItem[] {
+  return itemsByFile(items).flatMap(({ idx }) => idx.slice(0, limit < 1 ? Math.ceil(idx.length * limit) : limit).map((i) => items[i]!));
+}
+
+/** A --limit's value is a whole number of items or a fraction between 0 and 1 (null), else what it must be. */
+export function limitProblem(limit: number): string | null {
+  return limit > 0 && (limit < 1 || Number.isSafeInteger(limit)) ? null : 'a whole number of items or a fraction between 0 and 1';
+}

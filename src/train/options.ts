@@ -67,6 +67,8 @@ export interface RunOptions {
   evalFewshotSeed: number;
   /** With evalChoices: a system turn before each item's description and examples (the harness's --system_instruction; '': none). */
   evalSystemInstruction: string;
+  /** With evalChoices: the first n items of each file (below 1: that fraction of each, rounded up; 0: all), the harness's --limit. */
+  evalLimit: number;
   /** Generation items of evalChoices: new tokens at most per item (the harness's max_gen_toks). */
   evalMaxGenToks: number;
   /** Generation items: stop strings ([]: the preset's, else the few-shot delimiter; the tokenizer's eos_token is added). */
@@ -151,6 +153,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalFewshotSampler: 'random',
   evalFewshotSeed: 1234,
   evalSystemInstruction: '',
+  evalLimit: 0,
   evalMaxGenToks: 256,
   evalUntil: [],
   evalFilter: [],

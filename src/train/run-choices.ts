@@ -14,7 +14,7 @@ import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
-import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
+import { limitItems, readChoiceItems, type ChoiceItem } from '../eval/items.js';
 import { encodeForModel } from '../eval/encode.js';
 import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, scoreChoices, type ChoiceRow, type ItemScores } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
@@ -95,14 +95,20 @@ export const CHOICES_REGION = 'choices pass';
 export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: Record<string, unknown> | undefined; seq: number; systemInstruction?: string | undefined;
   fewshot?: Omit<FewshotOptions, 'pools'> | undefined; fewshotFrom?: string[] | undefined; generation?: Pick<RunOptions, GenerationField> | undefined;
   /** Whether the run's --eval-fewshot was given (0 too): without it, a --eval-preset's own examples go before generation items. */
-  fewshotGiven?: boolean | undefined },
+  fewshotGiven?: boolean | undefined;
+  /** The first n items of each file (below 1: that fraction; 0 or none: all), their examples from the whole file. */
+  limit?: number | undefined },
   tokenizer: Tokenizer, chat: ChatFormat, log: (s: string) => void): PreparedChoices {
-  const all = readChoiceItems(o.files);
+  const read = readChoiceItems(o.files);
+  const all = o.limit ? limitItems(read, o.limit) : read;
+  if (o.limit) log(`choices: --eval-limit ${o.limit}: ${all.length} of ${read.length} items (the first of each file)`);
   // scored items and generation items each go their own way; a file holds one kind (a task), its examples its own
   const items = all.filter((it) => !it.generate), generated = all.filter((it) => it.generate);
-  const pools = o.fewshotFrom?.length ? o.fewshotFrom.map((f) => readChoiceItems([f])) : undefined;
-  const poolsOf = (part: readonly ChoiceItem[]): Pick<FewshotOptions, 'pools'> =>
-    (pools ? { pools: o.files.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : [])) } : {});
+  // examples from --eval-fewshot-from, else (under a limit) from each file's whole items, the item itself left out
+  const from = o.fewshotFrom?.length ? o.fewshotFrom : undefined;
+  const pools = from ? from.map((f) => readChoiceItems([f])) : o.limit ? o.files.map((f) => read.filter((it) => it.file === f)) : undefined;
+  const poolsOf = (part: readonly ChoiceItem[]): Pick<FewshotOptions, 'pools' | 'ownPools'> =>
+    (pools ? { pools: o.files.flatMap((f, k) => (part.some((it) => it.file === f) ? [pools[k]!] : [])), ...(from ? {} : { ownPools: true }) } : {});
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0 ? { ...o.fewshot, ...poolsOf(items) } : undefined;
   const g = o.generation ?? DEFAULT_RUN_OPTIONS;
   const generation = generated.length ? prepareRunGeneration(generated, { ...g, seq: o.seq, chat: o.chat, kwargs: o.kwargs, systemInstruction: o.systemInstruction,

@@ -212,7 +212,7 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   const { cache, initCk, tokenizer, eosId, dataHash, packed, train, val, chat } = data;
   // --eval-choices: the items read and checked before anything is loaded or written (a bad file costs nothing)
   const preparedChoices = o.evalChoices.length ? prepareRunChoices({ files: o.evalChoices, chat: o.evalChoicesChat, seq: o.seq, systemInstruction: o.evalSystemInstruction,
-    fewshot: { n: o.evalFewshot ?? 0, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom, fewshotGiven: o.evalFewshot !== undefined, generation: o,
+    fewshot: { n: o.evalFewshot ?? 0, sampler: o.evalFewshotSampler, seed: o.evalFewshotSeed, delimiter: FEWSHOT_DEFAULTS.delimiter }, fewshotFrom: o.evalFewshotFrom, fewshotGiven: o.evalFewshot !== undefined, generation: o, limit: o.evalLimit,
     ...(o.chatTemplateKwargs !== undefined ? { kwargs: parseTemplateKwargs(o.chatTemplateKwargs) } : {}) }, tokenizer, chat, log) : null;
 
   // ---- models ----------------------------------------------------------------------------------------

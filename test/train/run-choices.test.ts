@@ -407,3 +407,31 @@ test('the ids a run\'s generation stops at: the tokenizer\'s end of text, the st
   assert.equal(new Set(ids).size, ids.length, 'each once');
   assert.deepEqual(runStopIds(1, cfg, null, null).filter((x) => [7, 8, 9].includes(x)), []);
 });
+
+test('--eval-limit: the first n items of each file (a fraction: that share), their examples from the whole file, as eval --limit scores them', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const gen = generationItems(dir, 'g.jsonl', ['a', 'b', 'c', 'd', 'e', 'f']);
+  const logged: string[] = [];
+  const s = await runTraining(opts(dir, { out: path.join(dir, 'run-limit'), evalChoices: [items, gen], evalLimit: 0.5, evalFewshot: 2, evalMaxGenToks: 4, seq: 64, steps: 3, evalEvery: 3, saveEvery: 3 }),
+    { log: (l: string) => { logged.push(l); } });
+  assert.ok(logged.some((l) => l === 'choices: --eval-limit 0.5: 7 of 13 items (the first of each file)'), logged.join('\n'));
+  const last = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined).pop() as Record<string, number>;
+  const common = { model: s.finalDir!, data: [], choices: [items, gen], seq: 64, batch: 4, maxChars: 0, device: 'cpu' as const, threads: 1, json: true, lossOn: 'all' as const,
+    fewshot: { n: 2, sampler: 'random' as const, seed: 1234, delimiter: '\n\n' }, generation: generationSettings({ maxGenToks: 4 }, '\n\n', (k) => k) };
+  const ev = await evaluate({ ...common, limit: 0.5 }), whole = await evaluate(common);
+  assert.equal(s.choices!.items, 7);
+  assert.equal(last.val_acc, ev.choices!.acc);
+  assert.equal(last.val_acc_norm, ev.choices!.accNorm);
+  assert.equal(last.val_brier_score, ev.choices!.brierScore, 'the same prompts (a continuous score)');
+  assert.equal(last.val_exact_match_none, ev.generation!.exactMatch.none);
+  // the first 4 of the 7 scored items are the multiple-choice ones: the continuation items are left out, as by eval
+  assert.ok(last.val_cont_ppl === undefined && ev.choices!.greedy === undefined && whole.choices!.greedy !== undefined);
+  // usage: a bad value, and the flag alone
+  const base = ['train', '--data', corpusFile(dir), '--out', path.join(dir, 'bad'), '--steps', '2', '--quiet'];
+  for (const [extra, re] of [[['--eval-choices', items, '--eval-limit', '1.5'], /--eval-limit must be a whole number of items or a fraction between 0 and 1, got 1\.5/],
+    [['--eval-limit', '3'], /--eval-limit goes with --eval-choices/]] as Array<[string[], RegExp]>) {
+    const r = await runCli([...base, ...extra]);
+    assert.equal(r.code, 2, r.err);
+    assert.match(r.err, re);
+  }
+});

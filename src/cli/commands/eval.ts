@@ -30,7 +30,7 @@ import { resolveModelArg } from '../model-ref.js';
 import { assertSameTokenizer, lossVocabulary } from '../../tokenizer/identity.js';
 import { chatFormatOf, chatRenderer, type ChatFormat } from '../../tokenizer/chat.js';
 import { parseTemplateKwargs } from '../options.js';
-import { examplesPairing, itemsByFile, readChoiceItems, repeatedFile, REPEATED_FILE_HINT, type ChoiceItem } from '../../eval/items.js';
+import { examplesPairing, itemsByFile, limitItems, limitProblem, readChoiceItems, repeatedFile, REPEATED_FILE_HINT, type ChoiceItem } from '../../eval/items.js';
 import { encodeForModel, type EncodedChoice } from '../../eval/encode.js';
 import { chatSaid, rowCounts, choiceBatches, choiceMetrics, choiceRows, choiceSamples, choiceSlots, choiceWindow, rowsSaid, metricsByFile, percent, scoreChoices, scoresSaid, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../../eval/choices.js';
 import { FEWSHOT_DEFAULTS, FEWSHOT_SAMPLERS, fewshotSaid, type FewshotOptions } from '../../eval/fewshot.js';
@@ -196,8 +196,8 @@ export function evalOptions(v: Record<string, unknown>): EvalOptions {
     if (!(Number.isInteger(x) && x > 0)) throw new UsageError(`${k} must be a positive integer, got ${x}`, `e.g. ${k} ${k === '--seq' ? 64 : 8}`);
   }
   if (o.maxChars < 0) throw new UsageError(`--max-chars must be >= 0, got ${o.maxChars}`, 'use 0 for no cap');
-  if (o.limit !== undefined && !(o.limit > 0 && (o.limit < 1 || Number.isSafeInteger(o.limit)))) {
-    throw new UsageError(`--limit must be a whole number of items or a fraction between 0 and 1, got ${o.limit}`, 'e.g. --limit 100 (the first 100 items of each file) or --limit 0.1');
+  if (o.limit !== undefined && limitProblem(o.limit) !== null) {
+    throw new UsageError(`--limit must be ${limitProblem(o.limit)!}, got ${o.limit}`, 'e.g. --limit 100 (the first 100 items of each file) or --limit 0.1');
   }
   const threadsBad = threadsProblem(o.threads);
   if (threadsBad !== null) throw new UsageError(`--threads must be ${threadsBad}, got ${o.threads}`, 'use 0 for all cores');
@@ -257,11 +257,6 @@ function fewshotOptions(v: Record<string, unknown>, choices: readonly string[]):
     delimiter: (v['fewshot-delimiter'] as string | undefined) ?? FEWSHOT_DEFAULTS.delimiter,
     ...(from ? { from } : {}), ...(v['fewshot-single-turn'] === true ? { singleTurn: true } : {}),
   };
-}
-
-/** The first `limit` items of each file (a fraction below 1: that share of each file, rounded up), as the harness's --limit. */
-export function limitItems(items: readonly ChoiceItem[], limit: number): ChoiceItem[] {
-  return itemsByFile(items).flatMap(({ idx }) => idx.slice(0, limit < 1 ? Math.ceil(idx.length * limit) : limit).map((i) => items[i]!));
 }
 
 /** Flags given that change nothing in this evaluation (the data's settings without --data), as warnings. */
