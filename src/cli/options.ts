@@ -92,6 +92,7 @@ export const RUN_FIELDS: readonly FieldSpec[] = [
   spec('evalSystemInstruction', 'string', 'with --eval-choices: a system turn before each item\'s description and examples, as eval --system-instruction (the harness\'s --system_instruction; plain text: the prompt\'s start)', { metavar: '<text>', defaultText: 'none' }),
   spec('evalLimit', 'number', 'with --eval-choices: the first n items of each file (below 1: that fraction of each, rounded up), their examples drawn from the whole file, as eval --limit (the harness\'s --limit; 0 = all)', { check: (v) => (v === 0 ? null : limitProblem(v)), metavar: '<n>' }),
   spec('evalMaxGenToks', 'integer', 'with generation items ({"context", "target"}) in --eval-choices: new tokens at most per item, greedy (as eval --max-gen-toks; the prompt is cut on the left to --seq less this)', { check: positiveInt, metavar: '<n>' }),
+  spec('evalGenBatch', 'integer', 'with generation items: sequences generated together (more is faster and takes more memory: a KV cache and activations of this many × --seq; with LoRA adapters at most --batch)', { check: nonNegInt, metavar: '<n>', defaultText: '--batch' }),
   spec('evalUntil', 'list', 'with generation items: stop strings, the text kept is the one before the first (as eval --until; the tokenizer\'s eos_token is added)', { metavar: '<text>...', defaultText: 'the preset\'s, else the few-shot delimiter' }),
   spec('evalFilter', 'list', 'with generation items: filter pipelines, each a harness task\'s filter_list entry as JSON (as eval --filter); each is reported as val_exact_match_<name>', { metavar: '<json>...', defaultText: 'the preset\'s, else "none" (the text)' }),
   spec('evalExactMatch', 'string', 'with generation items: exact_match\'s settings as JSON (as eval --exact-match)', { metavar: '<json>', defaultText: 'the preset\'s, else {}' }),
@@ -306,7 +307,11 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction', 'evalLimit'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0) || (typeof merged[f] === 'string' && merged[f] !== '')) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
-  const genFlags = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const).filter((f) => label.has(f));
+  const genFlags = (['evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const).filter((f) => label.has(f));
+  if ((merged.evalGenBatch as number) > (merged.batch as number) && (merged.loraRank as number) > 0) {
+    throw new UsageError(`${labelOf('evalGenBatch')} ${String(merged.evalGenBatch)} exceeds ${labelOf('batch')} ${String(merged.batch)}, and LoRA adapters generate over the student's own batch × seq rows`,
+      `use ${labelOf('evalGenBatch')} ${String(merged.batch)} or less (or merge the adapters and evaluate with distillery eval)`);
+  }
   if (genFlags.length && !choiceFiles.length) throw new UsageError(`${labelOf(genFlags[0]!)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl> with generation items ({"context", "target"}), or drop it');
   if (genFlags.length) {
     // the settings checked now (a bad filter costs nothing); the run parses them again where it reads the items

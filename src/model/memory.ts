@@ -45,6 +45,8 @@ export interface JobMemory {
    * (the on-policy one where the run has it) and one for a teacher.
    */
   generateItems?: boolean | undefined;
+  /** With generateItems: the sequences its generators hold (default: batch). */
+  itemsBatch?: number | undefined;
 }
 
 const F = 4; // bytes per float32
@@ -100,8 +102,11 @@ export function estimateJobBytes(j: JobMemory): number {
   if (j.teacher) bytes += frozenWeightBytes(j.teacher, a, j.teacherFrozen) + activationBytes(j.teacher, j.batch, j.seq, false, a, false, fusesQkv(parameterLayout(j.teacher)), j.documents);
   // A teacher cache's rows (src/cache/targets.ts): ids, weights and log-probabilities per slot; tail and argmax per row.
   if (j.teacherCacheSlots) bytes += j.batch * j.seq * (3 * j.teacherCacheSlots + 2) * F;
-  if (j.onPolicy || j.generateItems) bytes += batchGeneratorBytes(j.student, j.batch, j.seq, a, fusesQkv(parameterLayout(j.student), j.lora));
-  if (j.generateItems && j.teacher) bytes += batchGeneratorBytes(j.teacher, j.batch, j.seq, a, fusesQkv(parameterLayout(j.teacher)));
+  // the items share the on-policy generator where their batches agree (src/train/run.ts)
+  const IB = j.itemsBatch ?? j.batch, studentGen = (b: number): number => batchGeneratorBytes(j.student, b, j.seq, a, fusesQkv(parameterLayout(j.student), j.lora));
+  if (j.onPolicy) bytes += studentGen(j.batch);
+  if (j.generateItems && !(j.onPolicy && IB === j.batch)) bytes += studentGen(IB);
+  if (j.generateItems && j.teacher) bytes += batchGeneratorBytes(j.teacher, IB, j.seq, a, fusesQkv(parameterLayout(j.teacher)));
   if (j.choices) for (const m of [j.student, ...(j.teacher ? [j.teacher] : [])]) bytes += F * headFloats(j.batch * j.seq, m.vocabSize, false, SCORING_CHUNK_FLOATS);
   return bytes;
 }

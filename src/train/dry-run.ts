@@ -108,7 +108,7 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
     precision: prec.model, teacherCacheSlots: cacheRep ? sparseSlots(cacheRep) : undefined, onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, lora: job.lora,
     teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world: opts.world, logits: job.logits,
     // (the plan reads no data, so --packing auto counts no document positions: 4 bytes a token and model at most)
-    documents: o.packing === 'bfd', choices: job.choices, generateItems: job.generateItems });
+    documents: o.packing === 'bfd', choices: job.choices, generateItems: job.generateItems, itemsBatch: job.itemsBatch });
   let kernels: DryRunKernel[] = [];
   if (o.device === 'cuda') {
     const { planKernels } = await import('../backend/cuda/plan.js');

@@ -54,6 +54,8 @@ export interface JobShape {
    * generate greedily on a generator of the run's batch × seq.
    */
   generateItems?: boolean;
+  /** With generateItems: the sequences generated together (default: batch). */
+  itemsBatch?: number | undefined;
   /** Vocabulary rows the loss runs over (padded embeddings; default: the student's vocab_size). */
   lossVocab?: number | undefined;
   /** The models' precision (default fp32): it decides the operand dtypes, so the kernels. */
@@ -81,7 +83,7 @@ export function runJobShape(o: RunOptions, student: ModelConfig, teacher: ModelC
   return {
     student, teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, lossVocab, precision, teacherCache,
     ...(o.evalChoices.length ? { choices: true } : {}),
-    ...(o.evalChoices.length && items.generateItems ? { generateItems: true } : {}),
+    ...(o.evalChoices.length && items.generateItems ? { generateItems: true, itemsBatch: o.evalGenBatch || o.batch } : {}),
     logits: resolveLogits(o.logits, precision),
     ...(lora ? { lora: loraLayout(student, lora) } : {}),
     ...(o.mode === 'distill' && o.teacherDtype === 'nf4' && teacher ? { teacherFrozen: 'nf4' as const } : {}),
@@ -158,10 +160,13 @@ export function jobClosures(j: JobShape): Array<(b: Backend) => void> {
       const prompts = Array.from({ length: j.batch }, (_, b) => [0, 1].slice(0, 1 + (b % P)));
       if (j.onPolicy) g.generateOnDevice(prompts, { temperature: 1, topP: 0.9, topK: 8, maxNewTokens: N });
       if (j.generateItems) {
-        g.generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: N });
+        // the items' generator: the on-policy one where their batches agree (src/train/run.ts), else one of its own
+        const IB = j.itemsBatch ?? j.batch;
+        const items = Array.from({ length: IB }, (_, b) => [0, 1].slice(0, 1 + (b % P)));
+        (IB === j.batch ? g : new BatchGenerator(m, IB, j.seq)).generateOnDevice(items, { temperature: 0, topP: 1, maxNewTokens: N });
         if (j.teacher) {
           const t = new Transformer(be, j.teacher, { batch: j.batch, seq: j.seq, training: false, precision, frozenDtype: j.teacherFrozen });
-          new BatchGenerator(t, j.batch, j.seq).generateOnDevice(prompts, { temperature: 0, topP: 1, maxNewTokens: N });
+          new BatchGenerator(t, IB, j.seq).generateOnDevice(items, { temperature: 0, topP: 1, maxNewTokens: N });
         }
       }
     });

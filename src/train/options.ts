@@ -71,6 +71,8 @@ export interface RunOptions {
   evalLimit: number;
   /** Generation items of evalChoices: new tokens at most per item (the harness's max_gen_toks). */
   evalMaxGenToks: number;
+  /** Generation items: sequences generated together (0: --batch; more is faster, in more memory; LoRA: at most --batch). */
+  evalGenBatch: number;
   /** Generation items: stop strings ([]: the preset's, else the few-shot delimiter; the tokenizer's eos_token is added). */
   evalUntil: string[];
   /** Generation items: filter pipelines as JSON, a harness task's filter_list entries ([]: the preset's, else none). */
@@ -155,6 +157,7 @@ export const DEFAULT_RUN_OPTIONS: Omit<RunOptions, 'out' | 'data' | 'mode'> = {
   evalSystemInstruction: '',
   evalLimit: 0,
   evalMaxGenToks: 256,
+  evalGenBatch: 0,
   evalUntil: [],
   evalFilter: [],
   evalExactMatch: '',

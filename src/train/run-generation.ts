@@ -7,7 +7,7 @@
  * - The prompts are encoded as eval encodes them and cut on the left to the run's --seq less --eval-max-gen-toks (the
  *   run's window is the harness's max_length here, as for the other items of a run; eval uses the model's positions, so
  *   the two agree when the prompts fit). The items are read, encoded and cut before anything is loaded or written.
- * - Generation runs on a BatchGenerator of the run's --batch sequences of --seq positions over the run's own models (the
+ * - Generation runs on a BatchGenerator of --eval-gen-batch (default --batch) sequences of --seq positions over the run's own models (the
  *   student as it trains: its fused products, its LoRA adapters unmerged over its own batch × seq rows), the one the
  *   pre-warm plans (src/train/kernel-plan.ts `generateItems`) and the memory check counts; on-policy runs share theirs.
  * - Several ranks each generate every world-th item, and one host all-reduce of the matches gives every rank every
@@ -126,7 +126,7 @@ export class RunGeneration {
     });
     if (got === null) return null;
     const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
-    this.log(`generation: ${who} generated ${tokens} tokens for ${mine.length} items${world > 1 ? ` (rank ${rank}'s share)` : ''} in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s)`);
+    this.log(`generation: ${who} generated ${tokens} tokens for ${mine.length} items${world > 1 ? ` (rank ${rank}'s share)` : ''} in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s, ${generator.batch} at a time)`);
     // every item's matches, [item][filter], from each rank's share (0 where another rank generated)
     const F = settings.filters.length;
     let flat: Float64Array = new Float64Array(items.length * F);

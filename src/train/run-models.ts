@@ -221,7 +221,7 @@ export async function buildRunModels(o: RunOptions, backend: Backend, prec: Reso
   checkDeviceMemory(backend, { student: cfg, teacher: cache ? null : teacherCk?.config ?? null, teacherCacheSlots: cache ? sparseSlots(cache.rep) : undefined,
     onPolicy: o.mode === 'distill' && (o.onPolicy ?? 0) > 0, batch: o.batch, seq: o.seq, training: true, lossVocab, precision, lora: job.lora,
     teacherFrozen: job.teacherFrozen, studentFrozen: job.studentFrozen, world, logits: job.logits, documents: data.packed.windows[0]?.positions !== undefined,
-    choices: job.choices, generateItems: job.generateItems });
+    choices: job.choices, generateItems: job.generateItems, itemsBatch: job.itemsBatch });
   // Pre-warm (CUDA): compile every kernel this job's step and evaluation launch, then seal, before any weights.
   if (backend.prepare) {
     await backend.prepare(jobClosures(job));

@@ -96,7 +96,7 @@ export function readSavedState(file: string): SavedState {
 /** Options that may change between a checkpoint and its resume (they don't change what is computed). */
 // (packing and lossOn: checked by prepareRunData, run-data.ts: the packing it resolves to, --loss-on refused)
 const RESUME_FREE: ReadonlyArray<keyof RunOptions> = ['resume', 'overwrite', 'stopAfter', 'quiet', 'threads', 'device', 'evalEvery', 'saveEvery', 'evalBatches', 'out', 'saveDtype', 'packing', 'lossOn', 'evalChoices', 'evalChoicesChat', 'evalFewshot', 'evalFewshotFrom', 'evalFewshotSampler', 'evalFewshotSeed', 'evalSystemInstruction',
-  'evalLimit', 'evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'];
+  'evalLimit', 'evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'];
 
 export function checkResumeCompatible(a: RunOptions, b: RunOptions, log: (s: string) => void): void {
   const keys: Array<keyof RunOptions> = ['mode', 'model', 'batch', 'seq', 'seed', 'valFraction', 'gradAccum', 'loss', 'teacher', 'teacherCache', 'vocabSize', 'maxChars',

@@ -288,10 +288,12 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   // the validation pass and --eval-choices' scores beside it (src/train/run-choices.ts)
   let itemGen: BatchGenerator | null = null, teacherItemGen: BatchGenerator | null = null;
+  const itemsBatch = o.evalGenBatch || o.batch;
   const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm, {
     // generation items: the student's generator (the on-policy one where the run has it) and a teacher's, made at first use
-    tokenizer, stopIds: genStops.stopIds, student: () => (itemGen ??= onPolicyGen ?? new BatchGenerator(student, o.batch, o.seq)),
-    teacher: () => (teacherItemGen ??= new BatchGenerator(teacher!, o.batch, o.seq)), log,
+    tokenizer, stopIds: genStops.stopIds,
+    student: () => (itemGen ??= onPolicyGen && itemsBatch === o.batch ? onPolicyGen : new BatchGenerator(student, itemsBatch, o.seq)),
+    teacher: () => (teacherItemGen ??= new BatchGenerator(teacher!, itemsBatch, o.seq)), log,
   }) : null,
     comm, stops, distilling);
   const appendMetric = (m: Record<string, unknown>): void => {

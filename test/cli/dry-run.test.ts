@@ -165,4 +165,9 @@ test('distill --dry-run --device cuda with generation items in --eval-choices: a
   const fused = (c: ModelConfig): boolean => fusesQkv(parameterLayout(c));
   assert.equal(a.device_bytes - b.device_bytes, batchGeneratorBytes(student, 2, 16, 2, fused(student)) + batchGeneratorBytes(tcfg, 2, 16, 2, fused(tcfg)));
   assert.ok(a.kernels.length > b.kernels.length, 'the generation kernels are planned');
+  // --eval-gen-batch 5: generators of 5 sequences
+  const five = await run([...base, '--eval-choices', mc, items, '--eval-gen-batch', '5']);
+  assert.equal(five.code, 0, five.err);
+  assert.equal((JSON.parse(five.out) as { device_bytes: number }).device_bytes - b.device_bytes,
+    batchGeneratorBytes(student, 5, 16, 2, fused(student)) + batchGeneratorBytes(tcfg, 5, 16, 2, fused(tcfg)));
 });

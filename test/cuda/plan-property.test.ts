@@ -123,6 +123,8 @@ interface Case {
   choices: boolean;
   /** With choices: generation items beside them (the student, and a live teacher, generate greedily). */
   generate: boolean;
+  /** With generate: --eval-gen-batch (0: the run's batch; LoRA: at most it). */
+  genBatch: number;
 }
 
 function randomCase(seed: number, vocab: number): Case {
@@ -145,6 +147,9 @@ function randomCase(seed: number, vocab: number): Case {
   c.choices = seed % 5 === 3;
   // half of those generate too (generation items in --eval-choices), in fp32 and in bf16
   c.generate = c.choices && seed % 4 < 2;
+  // their generators hold the run's batch, or more or fewer sequences (LoRA: at most the batch)
+  c.genBatch = c.generate ? [0, 1, c.batch + 2][seed % 3]! : 0;
+  if (c.lora && c.genBatch > c.batch) c.genBatch = c.batch;
   return c;
 }
 
@@ -165,12 +170,13 @@ function randomCaseBase(seed: number, vocab: number): Case {
     bf16: false,
     choices: false,
     generate: false,
+    genBatch: 0,
   };
 }
 
 function describeCase(c: Case): string {
   const m = (x: ModelConfig): string => `${x.architecture} C${x.hiddenSize} I${x.intermediateSize} L${x.numLayers} h${x.numHeads}/${x.numKvHeads}x${x.headDim} eps${x.rmsNormEps} ${describeRope(x.rope)} ${x.tieWordEmbeddings ? 'tied' : 'untied'} ${x.qkvBias ? (oProjBias(x) ? 'bias+o' : 'bias') : 'nobias'}${x.qkNorm ? ' qknorm' : ''}${x.noRopeLayers.length ? ` nope[${x.noRopeLayers.join(',')}]` : ''}`;
-  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}${c.choices ? ' eval-choices' : ''}${c.generate ? ' +generation' : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
+  return `${m(c.student)}${c.teacher ? ` <- ${m(c.teacher)}` : ''}${c.cache ? ` via cache ${formatSparse(c.cache)}` : ''}${c.onPolicy ? ' on-policy' : ''}${c.lora ? ` lora r${c.lora.rank} a${c.lora.alpha} ${c.lora.targets.join(',')}${c.baseNf4 ? ' base nf4' : ''}` : ''}${c.teacherNf4 ? ' teacher nf4' : ''}${c.bf16 ? ' bf16' : ''}${c.choices ? ' eval-choices' : ''}${c.generate ? ` +generation(batch ${c.genBatch || c.batch})` : ''}; B${c.batch} T${c.seq} accum${c.gradAccum} ${c.kind} a${c.alpha} T${c.temperature} b${c.beta} prompt${c.prompt}`;
 }
 
 /** The runtime kernel set of a real run + a real generation, on one trace backend. */
@@ -212,7 +218,7 @@ async function runtimeSet(c: Case, i: number): Promise<{ traced: KernelSpec[]; r
     ...(c.lora ? { init: initDir, loraRank: c.lora.rank, loraAlpha: c.lora.alpha, loraTargets: c.lora.targets.join(','), baseDtype: c.baseNf4 ? 'nf4' : 'auto' } : {}),
     ...(c.teacherNf4 ? { teacherDtype: 'nf4' } : {}),
     ...(c.choices ? { evalChoices: [choicesPath, ...(c.generate ? [generationPath] : [])] } : {}),
-    ...(c.generate ? { evalMaxGenToks: Math.max(1, Math.floor(c.seq / 2)) } : {}),
+    ...(c.generate ? { evalMaxGenToks: Math.max(1, Math.floor(c.seq / 2)), evalGenBatch: c.genBatch } : {}),
     precision: c.bf16 ? 'bf16' : 'fp32',
   };
   const summary = await runTraining(options, { backend: trace, log: () => {} });
@@ -240,7 +246,7 @@ function planFor(c: Case, o: RunOptions, generator = true): KernelSpec[] {
     student: c.student, teacher: c.cache ? null : c.teacher, batch: o.batch, seq: o.seq, loss, train: true, evaluate: true, ...(generator ? { generateLen: 2 } : {}),
     adam: { beta1: o.beta1, beta2: o.beta2, eps: o.adamEps, weightDecay: o.weightDecay }, teacherCache: c.cache ?? undefined,
     ...(c.onPolicy ? { onPolicy: true } : {}),
-    ...(c.generate ? { generateItems: true } : {}),
+    ...(c.generate ? { generateItems: true, itemsBatch: c.genBatch || o.batch } : {}),
     ...(c.lora ? { lora: loraLayout(c.student, c.lora), ...(c.baseNf4 ? { studentFrozen: 'nf4' as const } : {}) } : {}),
     ...(c.teacherNf4 ? { teacherFrozen: 'nf4' as const } : {}),
     ...(c.choices ? { choices: true } : {}),

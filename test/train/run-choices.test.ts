@@ -309,8 +309,17 @@ test('--eval-choices with generation items: val_exact_match_<filter> at every ev
   assert.deepEqual(s.choices?.exactMatch?.none, rows[2]!.val_exact_match_none);
   assert.deepEqual(s.choices?.teacher?.exactMatch, { 'first-word': rows[0]!['teacher_exact_match_first-word'], none: 4 / 7 });
   assert.ok(logged.some((l) => /generation exact_match first-word \d+\.\d\d%, none 57\.14%/.test(l)), 'the log line says the scores');
-  assert.equal(logged.filter((l) => /^generation: the student generated \d+ tokens for 7 items in \d+\.\d\d s \(\d+ tokens\/s\)$/.test(l)).length, 3, 'a line per evaluation');
+  assert.equal(logged.filter((l) => /^generation: the student generated \d+ tokens for 7 items in \d+\.\d\d s \(\d+ tokens\/s, 3 at a time\)$/.test(l)).length, 3, 'a line per evaluation');
   assert.equal(logged.filter((l) => /^generation: the teacher generated/.test(l)).length, 1);
+  // --eval-gen-batch: 5 sequences at a time (the student's and the teacher's generators), the same texts
+  const logged5: string[] = [];
+  const s5 = await runTraining(opts(dir, {
+    mode: 'distill', teacher: base.finalDir!, init: base.finalDir!, out: path.join(dir, 'student5'), evalChoices: [items], evalMaxGenToks: 6, ...gen, evalGenBatch: 5, steps: 1, evalEvery: 1,
+  }), { log: (l: string) => { logged5.push(l); } });
+  const first5 = readMetrics(path.join(s5.out, 'metrics.jsonl'))[0] as Record<string, number>;
+  assert.equal(first5.val_exact_match_none, 4 / 7);
+  assert.equal(first5.teacher_exact_match_none, 4 / 7);
+  assert.ok(logged5.some((l) => /^generation: the student generated \d+ tokens for 7 items in .*, 5 at a time\)$/.test(l)), logged5.join('\n'));
 });
 
 test('generation items\' metrics rows and back: val_exact_match_<filter> per filter, read back on resume; the log line', () => {
@@ -367,6 +376,7 @@ test('generation settings of a run: usage errors exit 2 (without --eval-choices,
     [['--eval-choices', items, '--eval-filter', '{"name": '], /--eval-filter 1: not valid JSON/],
     [['--eval-choices', items, '--eval-exact-match', '{"ignore_cases": true}'], /--eval-exact-match: unknown key "ignore_cases"/],
     [['--eval-choices', items, '--eval-max-gen-toks', '0'], /--eval-max-gen-toks must be/],
+    [['--eval-choices', items, '--eval-gen-batch', '9', '--init', dir, '--lora-rank', '4'], /--eval-gen-batch 9 exceeds --batch 8, and LoRA adapters generate over the student's own batch × seq rows/],
   ] as Array<[string[], RegExp]>) {
     const r = await runCli([...base, ...extra]);
     assert.equal(r.code, 2, `${extra.join(' ')}: ${r.err}`);
