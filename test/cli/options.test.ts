@@ -35,7 +35,7 @@ test('defaults come from DEFAULT_RUN_OPTIONS; mode, out and data from the comman
 
 test('every RunOptions field has a flag, in kebab-case', () => {
   const fields = RUN_FIELDS.map((f) => f.field).sort();
-  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher', 'teacherCache', 'chatTemplateKwargs'].sort();
+  const expected = [...Object.keys(DEFAULT_RUN_OPTIONS), 'out', 'data', 'tokenizer', 'init', 'teacher', 'teacherCache', 'chatTemplateKwargs', 'evalFewshot'].sort();
   assert.deepEqual(fields, expected);
   const names = runFlags('distill').map((f) => f.name);
   for (const n of ['grad-accum', 'lr', 'min-lr-ratio', 'eval-every', 'save-every', 'val-fraction', 'loss', 'alpha', 'temperature',
