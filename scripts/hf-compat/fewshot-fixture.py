@@ -50,19 +50,24 @@ def gen_docs(tag):
             enumerate(["#### 1", "", ["#### 3", "three"], [""], "#### 5", "", "#### 7"])]
 
 
-def task(kind, description, fewshot_delim, split_same, target_delim):
+def with_prefix(docs, prefixes):
+    # the docs' gen_prefix field, one of `prefixes` each (the task names the field: gen_prefix: gen_prefix)
+    return [dict(d, gen_prefix=prefixes[i % len(prefixes)]) for i, d in enumerate(docs)]
+
+
+def task(kind, description, fewshot_delim, split_same, target_delim, gen_prefix=None):
     t = object.__new__(ConfigurableTask)
     t.prompt = None
     t.multiple_input = 2 if kind == "mi" else 0  # as the harness sets it when doc_to_text gives an int
-    t.features = ["context", "choices", "answer", "description", "continuation", "contexts", "target"]
+    t.features = ["context", "choices", "answer", "description", "continuation", "contexts", "target", "gen_prefix"]
     choice = {"mc": "choices", "mi": "contexts"}.get(kind)
     target = "answer" if kind == "mc" else "target" if kind == "gen" else "continuation"
     text = "answer" if kind == "mi" else "context"  # Winogrande's doc_to_text: the right option's index
     t._config = SimpleNamespace(description="description" if description else None, fewshot_delimiter=fewshot_delim,
                                 target_delimiter=target_delim, test_split="test", doc_to_text=text,
-                                doc_to_choice=choice, doc_to_target=target, gen_prefix=None)
+                                doc_to_choice=choice, doc_to_target=target, gen_prefix=gen_prefix)
     t.fewshot_cfg = SimpleNamespace(split="test" if split_same else "train", doc_to_text=text, doc_to_choice=choice,
-                                    doc_to_target=target, gen_prefix=None, target_delimiter=target_delim,
+                                    doc_to_target=target, gen_prefix=gen_prefix, target_delimiter=target_delim,
                                     fewshot_delimiter=fewshot_delim)
     return t
 
@@ -75,20 +80,21 @@ cases = []
 
 
 def case(name, kind, items, pool, n, sampler, seed, description=False, fewshot_delim="\n\n", target_delim=" ", modes=("text", "multiturn", "singleturn"),
-         system=None):
+         system=None, gen_prefix=None):
     out = {"name": name, "items": items, "pool": pool, "n": n, "sampler": sampler, "seed": seed,
            "fewshot_delimiter": fewshot_delim, "target_delimiter": target_delim, "system_instruction": system}
     for mode in modes:
-        t = task(kind, description, fewshot_delim, pool is None, target_delim)
+        t = task(kind, description, fewshot_delim, pool is None, target_delim, gen_prefix)
         cls = samplers.get_sampler("default" if sampler == "random" else sampler)
         t.sampler = cls(list(items if pool is None else pool), rnd=None)
         t.sampler.set_rnd(seed)  # the evaluator's task.set_fewshot_seed(fewshot_random_seed)
         got = []
         for d in items:
+            gp = t.doc_to_prefix(d)  # as the evaluator passes it (None without the task's gen_prefix)
             if mode == "text":
-                got.append(t.fewshot_context(d, n, system_instruction=system))
+                got.append(t.fewshot_context(d, n, system_instruction=system, gen_prefix=gp))
             else:
-                r = t.fewshot_context(d, n, system_instruction=system, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn", chat_template=chat)
+                r = t.fewshot_context(d, n, system_instruction=system, apply_chat_template=True, fewshot_as_multiturn=mode == "multiturn", chat_template=chat, gen_prefix=gp)
                 got.append([json.loads(x) for x in r] if isinstance(r, list) else json.loads(r))
         out[mode] = got
     cases.append(out)
@@ -110,6 +116,13 @@ case("mc-system-instruction-trailing-space", "mc", mc_docs(4, "R"), None, 1, "ra
 case("generation-own-first_n-4-empty-targets", "gen", gen_docs("K"), None, 4, "first_n", 1234)
 case("generation-own-random-3", "gen", gen_docs("L"), None, 3, "random", 1234)
 case("continuation-own-random-2-no-delimiter", "cont", cont_docs(6, "H"), None, 2, "random", 99, target_delim="")
+# gen_prefix (Llama 3's instruct tasks: "The best answer is"): the examples' answers after their own, the item's as an
+# assistant turn to continue; one with a trailing space, one after a context that ends in a space, an empty one
+case("mc-gen-prefix-own-random-2", "mc", with_prefix(mc_docs(8, "P"), ["The best answer is", "Answer: ", ""]), None, 2, "random", 1234, gen_prefix="gen_prefix")
+case("mc-gen-prefix-context-space-first_n-1", "mc", with_prefix([dict(d, context=d["context"] + " ") for d in mc_docs(4, "Q")], ["The answer is"]), None, 1, "first_n", 1234,
+     gen_prefix="gen_prefix", system="Be exact.")
+case("generation-gen-prefix-own-first_n-3", "gen", with_prefix(gen_docs("M"), ["Let's think step by step.", "\nReasoning:"]), None, 3, "first_n", 1234, gen_prefix="gen_prefix")
+case("continuation-gen-prefix-own-random-1", "cont", with_prefix(cont_docs(5, "N"), ["It ends:"]), None, 1, "random", 3, gen_prefix="gen_prefix")
 json.dump({"harness_commit": commit, "python": sys.version.split()[0],
            "command": "python3 scripts/hf-compat/fewshot-fixture.py /tmp/lmeval <commit> > test/fixtures/fewshot/harness-prompts.json",
            "cases": cases}, sys.stdout, ensure_ascii=False)

@@ -77,10 +77,11 @@ export interface EncodedChoice { item: number; choice: number; ctx: number[]; co
  * item's choice-th context; its prompt with a description, examples or a chat template: encodeForModel) and
  * `delimiter + choice` (a continuation item's continuation as written; a multiple-input item's `delimiter + shared`).
  */
-export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiter: string,
+export function encodeChoices(enc: ChoiceEncoder, items: readonly ChoiceItem[], delimiterOf: string | ((it: ChoiceItem) => string),
   context: (it: ChoiceItem, i: number, k: number) => string = (it, _i, k) => (it.shared !== undefined ? it.choices[k]! : it.context), window?: number): EncodedChoice[] {
   const out: EncodedChoice[] = [];
   items.forEach((it, i) => {
+    const delimiter = typeof delimiterOf === 'string' ? delimiterOf : delimiterOf(it);
     if (it.rolling) {
       if (window === undefined) throw new Error('text items need the rolling window');
       const p = enc.prefixToken();
@@ -148,7 +149,17 @@ export interface ChoicePrompt {
  * description, its examples and its own context, as text or as the chat template's turns.
  */
 export function encodeForModel(tok: Tokenizer, format: ChatFormat, items: readonly ChoiceItem[], prompt: ChoicePrompt): EncodedChoice[] {
-  return encodeChoices(new ChoiceEncoder(tok, format), items, prompt.delimiter ?? (prompt.chat ? '' : ' '), itemPrompts(format, items, prompt), prompt.rollingWindow);
+  return encodeChoices(new ChoiceEncoder(tok, format), items, (it) => choiceDelimiter(it, prompt), itemPrompts(format, items, prompt), prompt.rollingWindow);
+}
+
+/**
+ * The delimiter before an item's choices (the harness's construct_requests): the target delimiter (default ' '); with
+ * the chat template none (default ''), but after a gen_prefix that does not end in whitespace the target delimiter.
+ */
+export function choiceDelimiter(it: ChoiceItem, prompt: Pick<ChoicePrompt, 'chat' | 'delimiter'>): string {
+  if (!prompt.chat) return prompt.delimiter ?? ' ';
+  const gp = it.genPrefix;
+  return gp && !PY_TRAILING_SPACE.test(gp) ? prompt.delimiter ?? ' ' : prompt.delimiter ?? '';
 }
 
 /**
@@ -160,9 +171,12 @@ export function itemPrompts(format: ChatFormat, items: readonly ChoiceItem[], pr
   const kwargs = prompt.kwargs;
   // the examples keep the target delimiter in chat mode too (the harness drops it before the scored choice alone)
   const turns = promptTurns(items, prompt.fewshot ?? null, prompt.delimiter ?? ' ', prompt.systemInstruction);
-  const opts = { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) };
   let warned = false;
   const chat = (i: number, k: number): string => {
+    // a gen_prefix is an assistant turn the rendering ends inside (the harness: add_generation_prompt off, transformers'
+    // continue_final_message on); otherwise the assistant turn is opened
+    const gp = Boolean(items[i]!.genPrefix);
+    const opts = { addGenerationPrompt: !gp, continueFinalMessage: gp, ...(kwargs ? { kwargs } : {}) };
     const msgs = turnsMessages(choiceTurns(turns[i]!, items[i]!, k), prompt.singleTurn === true);
     try { return renderChat(format, msgs, opts); } catch (e) {
       if (!(e instanceof DistilleryError) || msgs[0]?.role !== 'system') throw e;

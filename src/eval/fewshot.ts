@@ -116,16 +116,33 @@ export function promptTurns(items: readonly ChoiceItem[], o: FewshotOptions | nu
     const system = maybeDelimit(systemInstruction ?? '', it.description ?? '', o?.delimiter ?? FEWSHOT_DEFAULTS.delimiter);
     if (system) turns.push({ role: 'system', content: system, after: '' });
     for (const ex of shots?.[i] ?? []) {
-      // an example without an answer (a target of "") is its context alone, with no delimiter after it (build_qa_turn)
-      if (ex.generate?.noAnswer) { turns.push({ role: 'user', content: ex.context, after: '' }); continue; }
+      // an example without an answer (a target of "") is its context alone (and its gen_prefix), as the item is
+      if (ex.generate?.noAnswer) { turns.push(...questionTurns(ex.context, ex.genPrefix, targetDelimiter)); continue; }
       // the harness's build_qa_turn puts the target delimiter after every example's context, a loglikelihood task's too
+      // (with a gen_prefix: only where the two would touch, and the answer after the gen_prefix and a space)
       // a multiple-input example (Winogrande's): its right context, then the continuation they share
-      turns.push({ role: 'user', content: ex.shared !== undefined ? ex.choices[ex.answer]! : ex.context, after: targetDelimiter });
-      turns.push({ role: 'assistant', content: ex.shared ?? ex.choices[ex.answer]!, after: o!.delimiter });
+      const q = ex.shared !== undefined ? ex.choices[ex.answer]! : ex.context, gp = ex.genPrefix;
+      turns.push({ role: 'user', content: q, after: !gp || requiresDelimiter(q, gp) ? targetDelimiter : '' });
+      turns.push({ role: 'assistant', content: maybeDelimit(gp ?? '', ex.shared ?? ex.choices[ex.answer]!, ' '), after: o!.delimiter });
     }
-    turns.push({ role: 'user', content: it.context, after: '' });
+    turns.push(...questionTurns(it.context, it.genPrefix, targetDelimiter));
     return turns;
   });
+}
+
+/**
+ * The turns of a question without its answer (build_qa_turn without one): the user's context, then with a gen_prefix an
+ * assistant turn holding it (the target delimiter between them where they would touch), which generation continues.
+ */
+function questionTurns(q: string, genPrefix: string | undefined, targetDelimiter: string): PromptTurn[] {
+  if (!genPrefix) return [{ role: 'user', content: q, after: '' }];
+  return [{ role: 'user', content: q, after: requiresDelimiter(q, genPrefix) ? targetDelimiter : '' }, { role: 'assistant', content: genPrefix, after: '' }];
+}
+
+/** The harness's requires_delimiter: whether neither string has whitespace where they join (an empty prefix needs none). */
+export function requiresDelimiter(prefix: string, suffix: string): boolean {
+  if (prefix === '') return false;
+  return !(pyIsSpace([...prefix].pop()!) || pyIsSpace([...suffix][0] ?? ''));
 }
 
 /**
@@ -158,7 +175,10 @@ export function turnsMessages(turns: readonly PromptTurn[], singleTurn: boolean)
   const system = turns[0]?.role === 'system' ? [{ role: 'system', content: turns[0].content }] : [];
   const rest = turns.slice(system.length);
   if (!singleTurn) return [...system, ...rest.map((t) => ({ role: t.role, content: t.content }))];
-  return [...system, { role: 'user', content: turnsText(rest.map((t, k) => (k === rest.length - 1 ? { ...t, after: '' } : t))) }];
+  // a last assistant turn (a gen_prefix) stays a turn of its own after the one user turn
+  const last = rest.at(-1)?.role === 'assistant' ? rest.at(-1)! : null, user = last ? rest.slice(0, -1) : rest;
+  return [...system, { role: 'user', content: turnsText(user.map((t, k) => (k === user.length - 1 ? { ...t, after: '' } : t))) },
+    ...(last ? [{ role: 'assistant', content: last.content }] : [])];
 }
 
 /** How the examples were chosen, for a log line: ", 5-shot (random, seed 1234, from dev.jsonl)" ('' without). */

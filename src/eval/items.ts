@@ -7,13 +7,16 @@
  *   (Winogrande's): the continuation scored after each context, the prediction the context it is likeliest after;
  * - `{"text": "..."}` (no context): a `loglikelihood_rolling` item (wikitext's), scored whole in rolling windows, per
  *   word and per byte (`"words"`, `"bytes"`: the counts, default the harness's);
- * and an optional `"description"` before the context (the harness's task description). Other keys are ignored, but
+ * and an optional `"description"` before the context (the harness's task description) and `"gen_prefix"` after it (the
+ * harness's gen_prefix: the start of the answer, e.g. Llama 3's "The best answer is"; not on text or multiple-input
+ * items). Other keys are ignored, but
  * each line's whole object is kept (sorted) for few-shot sampling's equality. Text is measured as Python measures it:
  * `pyLen` (len: code points), `pyWords` (len(re.split(r"\s+"))), PY_TRAILING_SPACE (str.isspace).
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { InputError } from '../util/errors.js';
+import { PY_SPACE } from '../util/py-space.js';
 
 /** One multiple-choice item. */
 export interface ChoiceItem {
@@ -45,6 +48,11 @@ export interface ChoiceItem {
   file?: string;
   /** Text before everything else in its prompt (the harness's task description, e.g. MMLU's subject line). */
   description?: string;
+  /**
+   * The start of the answer after the context (the harness's gen_prefix): an assistant turn the chat template continues,
+   * or text after the context; a few-shot example's answer follows its own.
+   */
+  genPrefix?: string;
   /** Its line's object with the keys sorted: few-shot sampling leaves out the items equal to it, as the harness does. */
   doc?: string;
 }
@@ -62,7 +70,14 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
     const o = j as Record<string, unknown>;
     if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
-    const extra = { where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}) };
+    if (o.gen_prefix !== undefined && typeof o.gen_prefix !== 'string') throw new InputError(`${where}: "gen_prefix" must be a string`, 'the start of the answer, e.g. "The best answer is"');
+    if (o.gen_prefix !== undefined && (o.text !== undefined || o.contexts !== undefined)) {
+      throw new InputError(`${where}: "gen_prefix" goes with a "context" (a multiple-choice, continuation or generation item), not ${o.text !== undefined ? 'a text item' : 'a multiple-input item'}`, 'drop it from this line');
+    }
+    const extra = {
+      where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}),
+      ...(typeof o.gen_prefix === 'string' && o.gen_prefix !== '' ? { genPrefix: o.gen_prefix } : {}),
+    };
     if (o.contexts !== undefined && o.context !== undefined) throw new InputError(`${where}: "contexts" goes without "context"`, 'a line has one context, or a list of them (a multiple-input item)');
     if (o.text !== undefined && o.context === undefined && o.contexts === undefined) {
       const other = ['choices', 'answer', 'continuation', 'description'].filter((k) => o[k] !== undefined);
@@ -186,8 +201,6 @@ export function examplesPairing(examples: number, items: number, examplesFlag: s
   };
 }
 
-/** Python's str.isspace() characters: what str.rstrip() removes and `\s` matches in a str pattern (U+001C..U+001F among them, not U+FEFF). */
-const PY_SPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]+';
 export const PY_TRAILING_SPACE = new RegExp(`${PY_SPACE}$`, 'u');
 const PY_SPACE_RUN = new RegExp(PY_SPACE, 'u');
 const PY_SPACE_ONE = new RegExp(`^${PY_SPACE}$`, 'u');

@@ -18,6 +18,7 @@
 import { Template } from '@huggingface/jinja';
 import { installPythonSemantics } from './jinja-python.js';
 import { DistilleryError } from '../util/errors.js';
+import { pyRstrip, pyStripSpace } from '../util/py-space.js';
 
 /** One message of a conversation: role and content, plus whatever else the data gives (tool_calls, reasoning_content, ...). */
 export interface ChatMessage {
@@ -52,6 +53,11 @@ export interface ChatRenderOptions {
   kwargs?: Record<string, unknown>;
   /** The clock strftime_now reads (tests fix it; default now). */
   now?: Date;
+  /**
+   * End the text inside the last message, which generation continues (transformers' continue_final_message; with
+   * addGenerationPrompt false): the template's own end of that turn is cut off.
+   */
+  continueFinalMessage?: boolean;
 }
 
 /** A plain ChatML template (Jinja, as transformers / transformers.js `apply_chat_template` run it). */
@@ -208,7 +214,30 @@ function run(f: ChatFormat, source: string, messages: readonly ChatMessage[], o:
 /** Renders a conversation with the format's template (the data's chat lines, generate --chat). */
 export function renderChat(format: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): string {
   const f = formatFor(format, opts);
-  return run(f, f.template, messages, opts);
+  return opts.continueFinalMessage ? continued(f, messages, opts) : run(f, f.template, messages, opts);
+}
+
+/** transformers' marker for continue_final_message: put after the last message's text, the rendering is cut where it lands. */
+const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
+
+/**
+ * A rendering that ends inside the last message, as transformers' apply_chat_template(continue_final_message=True)
+ * makes it: the marker appended to that message's text, the conversation rendered, then cut at the marker's last
+ * appearance (and, where the template trimmed the space after the marker, the trailing whitespace before it too). A
+ * template that drops the message's text or the marker is refused, as transformers refuses it.
+ */
+function continued(f: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions): string {
+  const last = messages.at(-1);
+  if (!last || typeof last.content !== 'string') {
+    throw new DistilleryError('continuing the final message needs a last message with text', 'end the conversation with the turn to continue (e.g. an assistant turn holding the start of the answer)');
+  }
+  const text = run(f, f.template, [...messages.slice(0, -1), { ...last, content: last.content + CONTINUE_TAG }], { ...opts, addGenerationPrompt: false });
+  const tag = CONTINUE_TAG.trim(), at = text.lastIndexOf(tag);
+  if (!text.includes(pyStripSpace(last.content)) || at < 0) {
+    throw new DistilleryError(`the chat template of ${f.from} drops part of the final message, so it cannot be continued (transformers refuses it too)`,
+      'use a template that renders the last turn\'s text as given, or evaluate without the chat template');
+  }
+  return text.slice(at, at + CONTINUE_TAG.length) === CONTINUE_TAG ? text.slice(0, at) : pyRstrip(text.slice(0, at));
 }
 
 /** The format a conversation renders with: the `tool_use` template when it has tools and the model names one. */

@@ -25,14 +25,18 @@ interface Case {
   name: string; items: object[]; pool: object[] | null; n: number; sampler: 'random' | 'first_n'; seed: number;
   fewshot_delimiter: string; target_delimiter: string; system_instruction: string | null;
   // a multiple-input item's prompts: one per context
-  text: Array<string | string[]>; multiturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>; singleturn?: Array<{ messages: unknown[] } | Array<{ messages: unknown[] }>>;
+  text: Array<string | string[]>; multiturn?: Array<Rendered | Rendered[]>; singleturn?: Array<Rendered | Rendered[]>;
+}
+
+/** What the harness passed its chat template: the messages and whether the assistant turn is opened (not with a gen_prefix). */
+interface Rendered { messages: unknown[]; add_generation_prompt: boolean
 }
 
 const lines = (docs: object[], file: string): ChoiceItem[] => parseChoiceItems(docs.map((d) => JSON.stringify(d)).join('\n'), file);
 
-test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn', () => {
+test('few-shot prompts are the harness\'s own: the same examples, text, chat turns and single user turn (gen_prefix too)', () => {
   const fix = JSON.parse(fs.readFileSync(FIX, 'utf8')) as { cases: Case[] };
-  assert.equal(fix.cases.length, 15);
+  assert.equal(fix.cases.length, 19);
   let compared = 0;
   for (const c of fix.cases) {
     const items = lines(c.items, `${c.name}.jsonl`);
@@ -44,6 +48,10 @@ test('few-shot prompts are the harness\'s own: the same examples, text, chat tur
     assert.deepEqual(each(turnsText), c.text, `${c.name}: text`);
     if (c.multiturn) assert.deepEqual(each((t) => turnsMessages(t, false)), c.multiturn.map(msgs), `${c.name}: turns`);
     if (c.singleturn) assert.deepEqual(each((t) => turnsMessages(t, true)), c.singleturn.map(msgs), `${c.name}: one user turn`);
+    // the assistant turn is opened unless the item has a gen_prefix, which the rendering ends inside (src/eval/encode.ts)
+    for (const [i, r] of (c.multiturn ?? []).entries()) {
+      for (const x of Array.isArray(r) ? r : [r]) assert.equal(x.add_generation_prompt, !items[i]!.genPrefix, `${c.name} ${i}: add_generation_prompt`);
+    }
     compared += c.text.length;
   }
   assert.ok(compared > 150);
