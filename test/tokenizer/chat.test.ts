@@ -294,3 +294,22 @@ test('a named template list: the default renders conversations, its tool_use ent
   assert.throws(() => renderChatWithSpans(chatFormatOf(null, 'a model', { chat_template: [{ name: 'rag', template: 'R' }] }), [{ role: 'user', content: 'hi' }], { tools: [{}] }),
     (e: unknown) => e instanceof DistilleryError && /no default one, which a conversation renders with/.test(e.message));
 });
+
+test('continuing the final message (a gen_prefix) renders as transformers\' continue_final_message does (test/fixtures/chat-templates/continued.json)', () => {
+  const fix = JSON.parse(fs.readFileSync(path.join(FIX, 'continued.json'), 'utf8')) as {
+    source: string; cases: Array<{ template: string; conversation: string; messages: ChatMessage[]; kwargs: Record<string, unknown>; text?: string; error?: string }>;
+  };
+  assert.ok(fix.source.startsWith('transformers') && fix.cases.length >= 20);
+  let trimmed = 0;
+  for (const c of fix.cases) {
+    const what = `${c.template} / ${c.conversation} / ${JSON.stringify(c.kwargs)}`;
+    const opts = { addGenerationPrompt: false, continueFinalMessage: true, kwargs: c.kwargs, now: NOW };
+    if (c.error !== undefined) { assert.throws(() => renderChat(formatOf(c.template), c.messages, opts), DistilleryError, what); continue; }
+    assert.equal(renderChat(formatOf(c.template), c.messages, opts), c.text, what);
+    if (!c.text!.endsWith(c.messages.at(-1)!.content!)) trimmed++; // a template that trims the text: cut before the trailing space
+  }
+  assert.ok(trimmed > 0, 'a case where the template trimmed the last message');
+  // a template that drops the final message's text cannot be continued (transformers refuses it too)
+  const drops = chatFormatOf("{% for m in messages %}{{ m.role }}{% if m.role != 'assistant' %}: {{ m.content }}{% endif %}\n{% endfor %}", 'a test template', {});
+  assert.throws(() => renderChat(drops, [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'The best answer is' }], { continueFinalMessage: true }), /drops part of the final message/);
+});
