@@ -10,7 +10,7 @@
  */
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import { DistilleryError, InputError } from '../util/errors.js';
-import { renderChat, type ChatFormat } from '../tokenizer/chat.js';
+import { ChatContinueError, renderChat, type ChatFormat } from '../tokenizer/chat.js';
 import { choiceTurns, promptTurns, turnsMessages, turnsText, type FewshotOptions } from './fewshot.js';
 import { PY_TRAILING_SPACE, type ChoiceItem } from './items.js';
 
@@ -179,7 +179,8 @@ export function itemPrompts(format: ChatFormat, items: readonly ChoiceItem[], pr
     const opts = { addGenerationPrompt: !gp, continueFinalMessage: gp, ...(kwargs ? { kwargs } : {}) };
     const msgs = turnsMessages(choiceTurns(turns[i]!, items[i]!, k), prompt.singleTurn === true);
     try { return renderChat(format, msgs, opts); } catch (e) {
-      if (!(e instanceof DistilleryError) || msgs[0]?.role !== 'system') throw e;
+      // (the harness retries a template's refusal only, not a final message that cannot be continued)
+      if (!(e instanceof DistilleryError) || e instanceof ChatContinueError || msgs[0]?.role !== 'system') throw e;
       if (!warned) { warned = true; prompt.warn?.(`warning: ${format.from}'s chat template refused a system turn (${e.message.replace(/^.*refused the conversation: /, '')}): the descriptions go without it, as the harness retries`); }
       return renderChat(format, msgs.slice(1), opts);
     }

@@ -70,9 +70,11 @@ export function parseChoiceItems(text: string, file: string): ChoiceItem[] {
     if (typeof j !== 'object' || j === null || Array.isArray(j)) throw new InputError(`${where}: expected a JSON object`, HINT);
     const o = j as Record<string, unknown>;
     if (o.description !== undefined && typeof o.description !== 'string') throw new InputError(`${where}: "description" must be a string`, HINT);
-    if (o.gen_prefix !== undefined && typeof o.gen_prefix !== 'string') throw new InputError(`${where}: "gen_prefix" must be a string`, 'the start of the answer, e.g. "The best answer is"');
-    if (o.gen_prefix !== undefined && (o.text !== undefined || o.contexts !== undefined)) {
-      throw new InputError(`${where}: "gen_prefix" goes with a "context" (a multiple-choice, continuation or generation item), not ${o.text !== undefined ? 'a text item' : 'a multiple-input item'}`, 'drop it from this line');
+    // (null: none, as the harness's None)
+    if (o.gen_prefix !== undefined && o.gen_prefix !== null && typeof o.gen_prefix !== 'string') throw new InputError(`${where}: "gen_prefix" must be a string`, 'the start of the answer, e.g. "The best answer is"');
+    const textItem = o.text !== undefined && o.context === undefined && o.contexts === undefined;
+    if (typeof o.gen_prefix === 'string' && o.gen_prefix !== '' && (textItem || o.contexts !== undefined)) {
+      throw new InputError(`${where}: "gen_prefix" goes with a "context" (a multiple-choice, continuation or generation item), not ${textItem ? 'a text item' : 'a multiple-input item'}`, 'drop it from this line');
     }
     const extra = {
       where, file, doc: sortedJson(o), ...(typeof o.description === 'string' && o.description !== '' ? { description: o.description } : {}),

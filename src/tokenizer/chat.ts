@@ -217,6 +217,9 @@ export function renderChat(format: ChatFormat, messages: readonly ChatMessage[],
   return opts.continueFinalMessage ? continued(f, messages, opts) : run(f, f.template, messages, opts);
 }
 
+/** A conversation whose final message the template cannot end inside (transformers' ValueError; not a template refusal to retry). */
+export class ChatContinueError extends DistilleryError {}
+
 /** transformers' marker for continue_final_message: put after the last message's text, the rendering is cut where it lands. */
 const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
 
@@ -227,6 +230,9 @@ const CONTINUE_TAG = 'CONTINUE_FINAL_MESSAGE_TAG ';
  * template that drops the message's text or the marker is refused, as transformers refuses it.
  */
 function continued(f: ChatFormat, messages: readonly ChatMessage[], opts: ChatRenderOptions): string {
+  if (opts.addGenerationPrompt) throw new Error('renderChat: continueFinalMessage goes without addGenerationPrompt (transformers refuses both)');
+  // transformers looks for the field it continues ("content") in the template's source first
+  if (!f.template.includes('content')) throw new ChatContinueError(`the chat template of ${f.from} never reads a message's content, so the final message cannot be continued (transformers refuses it too)`, 'use a template that renders the messages\' text, or evaluate without the chat template');
   const last = messages.at(-1);
   if (!last || typeof last.content !== 'string') {
     throw new DistilleryError('continuing the final message needs a last message with text', 'end the conversation with the turn to continue (e.g. an assistant turn holding the start of the answer)');
@@ -234,7 +240,7 @@ function continued(f: ChatFormat, messages: readonly ChatMessage[], opts: ChatRe
   const text = run(f, f.template, [...messages.slice(0, -1), { ...last, content: last.content + CONTINUE_TAG }], { ...opts, addGenerationPrompt: false });
   const tag = CONTINUE_TAG.trim(), at = text.lastIndexOf(tag);
   if (!text.includes(pyStripSpace(last.content)) || at < 0) {
-    throw new DistilleryError(`the chat template of ${f.from} drops part of the final message, so it cannot be continued (transformers refuses it too)`,
+    throw new ChatContinueError(`the chat template of ${f.from} drops part of the final message, so it cannot be continued (transformers refuses it too)`,
       'use a template that renders the last turn\'s text as given, or evaluate without the chat template');
   }
   return text.slice(at, at + CONTINUE_TAG.length) === CONTINUE_TAG ? text.slice(0, at) : pyRstrip(text.slice(0, at));

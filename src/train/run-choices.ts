@@ -22,7 +22,7 @@ import type { BatchGenerator } from '../model/batch-generate.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
 import { prepareRunGeneration, RunGeneration, type ExactMatchScores, type PreparedGeneration } from './run-generation.js';
 
-type GenerationField = 'evalMaxGenToks' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
+type GenerationField = 'evalMaxGenToks' | 'evalGenBatch' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
 
 /**
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
@@ -113,7 +113,7 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const g = o.generation ?? DEFAULT_RUN_OPTIONS;
   const generation = generated.length ? prepareRunGeneration(generated, { ...g, seq: o.seq, chat: o.chat, kwargs: o.kwargs, systemInstruction: o.systemInstruction,
     fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom, fewshotGiven: o.fewshotGiven ?? (o.fewshot?.n ?? 0) > 0 }, tokenizer, chat, log) : null;
-  const given = (['evalMaxGenToks', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const)
+  const given = (['evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const)
     .filter((f) => JSON.stringify(g[f]) !== JSON.stringify(DEFAULT_RUN_OPTIONS[f]));
   if (!generated.length && given.length) {
     log(`warning: ${given.map((f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(', ')} ha${given.length === 1 ? 's' : 've'} no effect: no --eval-choices file holds generation items ("target")`);

@@ -126,7 +126,7 @@ export class RunGeneration {
     });
     if (got === null) return null;
     const sec = (Date.now() - t0) / 1000, tokens = got.reduce((a, x) => a + x.tokens, 0);
-    this.log(`generation: ${who} generated ${tokens} tokens for ${mine.length} items${world > 1 ? ` (rank ${rank}'s share)` : ''} in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s, ${generator.batch} at a time)`);
+    this.log(`generation: ${who} generated ${tokens} tokens for ${mine.length} items${world > 1 ? ` (rank ${rank}'s share)` : ''} in ${sec.toFixed(2)} s (${Math.round(tokens / Math.max(sec, 1e-3))} tokens/s, ${Math.min(generator.batch, mine.length)} at a time)`);
     // every item's matches, [item][filter], from each rank's share (0 where another rank generated)
     const F = settings.filters.length;
     let flat: Float64Array = new Float64Array(items.length * F);

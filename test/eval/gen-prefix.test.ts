@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { parseChoiceItems } from '../../src/eval/items.js';
 import { ChoiceEncoder, encodeForModel } from '../../src/eval/encode.js';
 import { encodePrompts } from '../../src/eval/generate-items.js';
-import { DEFAULT_CHAT_FORMAT, renderChat } from '../../src/tokenizer/chat.js';
+import { ChatContinueError, DEFAULT_CHAT_FORMAT, chatFormatOf, renderChat } from '../../src/tokenizer/chat.js';
 import { tinyTokenizer } from '../cli/fixtures.js';
 
 const Q = 'Which is larger, 3 or 5?\nA. 3\nB. 5';
@@ -50,4 +50,16 @@ test('gen_prefix goes with a context: refused on text and multiple-input items, 
   assert.throws(() => items([{ contexts: ['a', 'b'], continuation: 'c', answer: 0, gen_prefix: 'x' }]), /not a multiple-input item/);
   assert.throws(() => items([{ context: 'q', choices: ['a', 'b'], answer: 0, gen_prefix: 3 }]), /"gen_prefix" must be a string/);
   assert.equal(items([{ context: 'q', choices: ['a', 'b'], answer: 0, gen_prefix: '' }])[0]!.genPrefix, undefined, 'an empty one is none (the harness tests it for truth)');
+});
+
+test('gen_prefix: null is none; an item with an unrelated "text" key still takes one; a template that never reads content cannot be continued', () => {
+  assert.equal(items([{ context: 'q', choices: ['a', 'b'], answer: 0, gen_prefix: null }])[0]!.genPrefix, undefined);
+  assert.equal(items([{ context: 'q', text: 'an id', choices: ['a', 'b'], answer: 0, gen_prefix: 'X' }])[0]!.genPrefix, 'X');
+  const noContent = chatFormatOf("{% for m in messages %}{{ m.role }}\n{% endfor %}", 'a test template', {});
+  assert.throws(() => renderChat(noContent, [{ role: 'user', content: 'q' }, { role: 'assistant', content: 'X' }], { continueFinalMessage: true }), ChatContinueError);
+  // a prefix the template cannot continue is an error, not a refused system turn to retry without
+  const [it] = items([{ context: 'q', choices: ['a', 'b'], answer: 0, gen_prefix: 'X', description: 'A system turn.' }]);
+  const warned: string[] = [];
+  assert.throws(() => encodeForModel(tinyTokenizer(), noContent, [it!], { chat: true, warn: (l) => warned.push(l) }), ChatContinueError);
+  assert.deepEqual(warned, []);
 });
