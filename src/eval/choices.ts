@@ -247,8 +247,9 @@ export function rowCounts(continuations: number, windows: number): string {
 export function chatSaid(items: readonly ChoiceItem[], fewshot: number, singleTurn: boolean): string {
   const prompts = items.filter((it) => !it.rolling);
   if (!prompts.length) return '';
-  const turns = prompts.some((it) => it.description) || (fewshot > 0 && !singleTurn);
-  return ` (contexts as ${turns ? 'turns' : 'a user turn'} of the chat template)`;
+  const turns = prompts.some((it) => it.description || it.genPrefix) || (fewshot > 0 && !singleTurn);
+  const continued = prompts.some((it) => it.genPrefix) ? ', each gen_prefix an assistant turn continued' : '';
+  return ` (contexts as ${turns ? 'turns' : 'a user turn'} of the chat template${continued})`;
 }
 
 /** A fraction as a percentage with two decimals, as the reports print acc and acc_norm. */

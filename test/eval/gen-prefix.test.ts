@@ -7,6 +7,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { parseChoiceItems } from '../../src/eval/items.js';
+import { chatSaid } from '../../src/eval/choices.js';
 import { ChoiceEncoder, encodeForModel } from '../../src/eval/encode.js';
 import { encodePrompts } from '../../src/eval/generate-items.js';
 import { ChatContinueError, DEFAULT_CHAT_FORMAT, chatFormatOf, renderChat } from '../../src/tokenizer/chat.js';
@@ -62,4 +63,9 @@ test('gen_prefix: null is none; an item with an unrelated "text" key still takes
   const warned: string[] = [];
   assert.throws(() => encodeForModel(tinyTokenizer(), noContent, [it!], { chat: true, warn: (l) => warned.push(l) }), ChatContinueError);
   assert.deepEqual(warned, []);
+});
+
+test('the log says gen_prefix turns are continued', () => {
+  assert.equal(chatSaid(items([{ context: 'q', choices: ['a', 'b'], answer: 0, gen_prefix: 'X' }]), 0, false), ' (contexts as turns of the chat template, each gen_prefix an assistant turn continued)');
+  assert.equal(chatSaid(items([{ context: 'q', choices: ['a', 'b'], answer: 0 }]), 0, false), ' (contexts as a user turn of the chat template)');
 });
