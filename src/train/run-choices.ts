@@ -8,6 +8,7 @@
  * With several ranks each scores every world-th row and one host all-reduce gives every rank every score; with one,
  * the scoring yields between batches, so a signal stops it.
  */
+import * as path from 'node:path';
 import type { Communicator } from '../parallel/comm.js';
 import type { Transformer } from '../model/transformer.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
@@ -16,7 +17,7 @@ import { StepRunner } from './step.js';
 import { SCORING_CHUNK_FLOATS } from './head.js';
 import { limitItems, readChoiceItems, type ChoiceItem } from '../eval/items.js';
 import { encodeForModel } from '../eval/encode.js';
-import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, rowsSaid, scoreChoices, type ChoiceRow, type ItemScores } from '../eval/choices.js';
+import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choiceWindow, metricsByFile, rowsSaid, scoreChoices, type ChoiceMetrics, type ChoiceRow, type ItemScores } from '../eval/choices.js';
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 import type { BatchGenerator } from '../model/batch-generate.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
@@ -37,6 +38,21 @@ export interface ChoiceScores {
   rolling?: { wordPerplexity: number; bytePerplexity: number; bitsPerByte: number };
   /** Generation items: exact_match per filter pipeline (src/train/run-generation.ts). */
   exactMatch?: ExactMatchScores;
+  /**
+   * With several --eval-choices files (tasks): each file's own scores, as eval reports them per file; `file` is its tag
+   * in metrics.jsonl (fileTags: its name without .jsonl).
+   */
+  files?: Array<{ file: string; scores: ChoiceScores }>;
+}
+
+/**
+ * Each --eval-choices file's tag in metrics.jsonl (`val_acc:<tag>`): its base name without `.jsonl`, or, where two
+ * files share one, the path as given.
+ */
+export function fileTags(files: readonly string[]): Map<string, string> {
+  const stem = (f: string): string => path.basename(f).replace(/\.jsonl$/i, '');
+  const shared = new Set(files.map(stem).filter((s, i, all) => all.indexOf(s) !== i));
+  return new Map(files.map((f) => [f, shared.has(stem(f)) ? f : stem(f)]));
 }
 
 /** A run's scores as metrics.jsonl names them, `prefix` 'val' (the student's) or 'teacher'. */
@@ -51,6 +67,8 @@ export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<st
     out[`${prefix}_word_ppl`] = c.rolling.wordPerplexity; out[`${prefix}_byte_ppl`] = c.rolling.bytePerplexity; out[`${prefix}_bits_per_byte`] = c.rolling.bitsPerByte;
   }
   for (const [filter, v] of Object.entries(c.exactMatch ?? {})) out[`${prefix}_${EXACT_MATCH}${filter}`] = v;
+  // each file's scores under its tag, after the last ':' (`val_acc:arc-easy`, `val_exact_match_strict-match:gsm8k`)
+  for (const f of c.files ?? []) for (const [k, v] of Object.entries(choiceRow(prefix, f.scores))) out[`${k}:${f.file}`] = v;
   return out;
 }
 
@@ -58,7 +76,16 @@ export function choiceRow(prefix: 'val' | 'teacher', c: ChoiceScores): Record<st
  * choiceRow's inverse: the scores a metrics row holds under `prefix`, or null when it holds none. A perplexity too large
  * for a double was written as JSON's null (JSON.stringify(Infinity)): it reads back as Infinity.
  */
-export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown>): ChoiceScores | null {
+export function scoresOfRow(prefix: 'val' | 'teacher', row: Record<string, unknown>): ChoiceScores | null {
+  // the whole run's keys, and each file's (after the last ':') apart
+  const m: Record<string, unknown> = {}, byFile = new Map<string, Record<string, unknown>>();
+  for (const [k, v] of Object.entries(row)) {
+    const at = k.lastIndexOf(':');
+    if (at < 0) { m[k] = v; continue; }
+    const tag = k.slice(at + 1);
+    if (!byFile.has(tag)) byFile.set(tag, {});
+    byFile.get(tag)![k.slice(0, at)] = v;
+  }
   const num = (k: string): number | undefined => (typeof m[`${prefix}_${k}`] === 'number' ? m[`${prefix}_${k}`] as number : undefined);
   const c: ChoiceScores = {};
   const acc = num('acc'), accNorm = num('acc_norm'), greedy = num('greedy');
@@ -73,6 +100,8 @@ export function scoresOfRow(prefix: 'val' | 'teacher', m: Record<string, unknown
   }
   const em = Object.keys(m).filter((k) => k.startsWith(`${prefix}_${EXACT_MATCH}`) && typeof m[k] === 'number');
   if (em.length) c.exactMatch = Object.fromEntries(em.map((k) => [k.slice(`${prefix}_${EXACT_MATCH}`.length), m[k] as number]));
+  const files = [...byFile].flatMap(([file, keys]) => { const s = scoresOfRow(prefix, keys); return s ? [{ file, scores: s }] : []; });
+  if (files.length) c.files = files;
   return Object.keys(c).length ? c : null;
 }
 
@@ -83,7 +112,11 @@ const EXACT_MATCH = 'exact_match_';
  * The items and rows of a run's --eval-choices, read and checked (prepareRunChoices): the scored items (multiple
  * choice, continuations, texts) and their rows, and the generation items (null without).
  */
-export interface PreparedChoices { items: ChoiceItem[]; rows: ChoiceRow[]; padId: number; generation: PreparedGeneration | null }
+export interface PreparedChoices {
+  items: ChoiceItem[]; rows: ChoiceRow[]; padId: number; generation: PreparedGeneration | null;
+  /** The --eval-choices files in their order (each file's scores go apart when there are several). */
+  files: string[];
+}
 
 /** The graph region the choices' scoring records into (apart from the validation pass, whose graphs it would evict). */
 export const CHOICES_REGION = 'choices pass';
@@ -118,14 +151,14 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   if (!generated.length && given.length) {
     log(`warning: ${given.map((f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(', ')} ha${given.length === 1 ? 's' : 've'} no effect: no --eval-choices file holds generation items ("target")`);
   }
-  if (!items.length) return { items, rows: [], padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation };
+  if (!items.length) return { items, rows: [], padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation, files: o.files };
   // text items in rolling windows of the run's --seq (the harness's max_length)
   const encoded = encodeForModel(tokenizer, chat, items, { chat: o.chat, kwargs: o.kwargs, fewshot, rollingWindow: o.seq, warn: log, systemInstruction: o.systemInstruction || undefined });
   const rows = choiceRows(encoded, items, o.seq, (n) => `shorten or drop that item (the run's window is --seq ${o.seq}; it needs ${n})`);
   const cut = rows.filter((r) => r.cut).length;
   log(`choices: ${items.length} items, ${rowsSaid(items, rows)}${fewshotSaid(fewshot, o.fewshotFrom)}${o.chat ? chatSaid(items, fewshot?.n ?? 0, false) : ''} scored at every evaluation`);
   if (cut) log(`warning: --eval-choices: the context of ${cut} of ${rows.length} continuations is cut on the left to fit --seq ${o.seq} (the longest needs ${choiceWindow(encoded)})`);
-  return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation };
+  return { items, rows, padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation, files: o.files };
 }
 
 /** The options of a choices runner (the plan's closure builds the same). */
@@ -153,6 +186,14 @@ export interface RunGenerators {
 
 const noGen = (): BatchGenerator => { throw new Error('no generator'); };
 
+/** The scores a run reports of a set of items' metrics. */
+function scoresOf(m: ChoiceMetrics): ChoiceScores {
+  return {
+    ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm!, accBytes: m.accBytes!, brierScore: m.brierScore! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}),
+    ...(m.rolling ? { rolling: { wordPerplexity: m.rolling.wordPerplexity, bytePerplexity: m.rolling.bytePerplexity, bitsPerByte: m.rolling.bitsPerByte } } : {}),
+  };
+}
+
 /**
  * Several ranks: each scored every world-th of `rows` into `sc`; one host all-reduce of the rows' log-likelihoods and
  * greedy flags (0 where another rank scored) gives every rank every row's scores, in place.
@@ -172,6 +213,9 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
   const mine = p.rows.filter((_, i) => i % comm.world === comm.rank);
   if (p.generation && !gens) throw new Error('runChoices: generation items need the run\'s generators');
   const generation = p.generation && gens ? new RunGeneration(p.generation, gens.tokenizer, gens.stopIds, comm, gens.log) : null;
+  // several files (tasks): each one's scores apart too, under its tag
+  const several = p.files.length > 1, tags = fileTags(p.files), tagOrder = [...tags.values()];
+  const order = (tag: string): number => tagOrder.indexOf(tag);
   const score = async (runner: StepRunner, stop: () => boolean): Promise<ChoiceScores | null> => {
     if (!p.rows.length) return {};
     const sc = await scoreChoices(choiceSlots(p.items, p.rows), choiceBatches(mine, batch, seq, p.padId), (b) => runner.rowScores(b), async () => {
@@ -181,18 +225,20 @@ export function runChoices(p: PreparedChoices, batch: number, seq: number, stude
     });
     if (sc === null) return null;
     if (comm.world > 1) shareRowScores(p.rows, sc, comm);
-    const m = choiceMetrics(p.items, sc);
-    return {
-      ...(m.acc !== undefined ? { acc: m.acc, accNorm: m.accNorm!, accBytes: m.accBytes!, brierScore: m.brierScore! } : {}), ...(m.greedy ? { greedy: { acc: m.greedy.acc, perplexity: m.greedy.perplexity } } : {}),
-      ...(m.rolling ? { rolling: { wordPerplexity: m.rolling.wordPerplexity, bytePerplexity: m.rolling.bytePerplexity, bitsPerByte: m.rolling.bitsPerByte } } : {}),
-    };
+    const s: ChoiceScores = scoresOf(choiceMetrics(p.items, sc));
+    if (several) s.files = metricsByFile(p.items, sc).map((f) => ({ file: tags.get(f.file) ?? f.file, scores: scoresOf(f) }));
+    return s;
   };
-  /** The scored items' scores, then the generation items' exact_match. */
+  /** The scored items' scores, then the generation items' exact_match (each file's apart with several). */
   const both = async (m: Transformer, runner: StepRunner, gen: () => BatchGenerator, stop: () => boolean, who: string): Promise<ChoiceScores | null> => {
     const c = await score(runner, stop);
     if (c === null || !generation) return c;
     const em = await generation.score(m, gen(), stop, who);
-    return em === null ? null : { ...c, exactMatch: em };
+    if (em === null) return null;
+    const files = several ? [...(c.files ?? []), ...em.files.map((f) => ({ file: tags.get(f.file) ?? f.file, scores: { exactMatch: f.exactMatch } }))] : undefined;
+    // in the --eval-choices order
+    files?.sort((a, b) => order(a.file) - order(b.file));
+    return { ...c, exactMatch: em.all, ...(files ? { files } : {}) };
   };
   const studentRunner = choicesRunner(student);
   let teacherRunner: StepRunner | null = null;

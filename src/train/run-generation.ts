@@ -19,7 +19,7 @@ import type { BatchGenerator } from '../model/batch-generate.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import type { RunOptions } from './options.js';
-import { readChoiceItems, type ChoiceItem } from '../eval/items.js';
+import { itemsByFile, readChoiceItems, type ChoiceItem } from '../eval/items.js';
 import { InputError } from '../util/errors.js';
 import { FEWSHOT_DEFAULTS, fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 import { GENERATION_PRESETS, generationSettings, stopStrings, type GenerationFlags, type GenerationPreset, type GenerationSettings } from '../eval/generation.js';
@@ -112,8 +112,12 @@ export class RunGeneration {
 
   get items(): number { return this.p.items.length; }
 
-  /** The model's exact_match per filter over every item; null when `stop()` said so between batches (one rank only). */
-  async score(model: Transformer, generator: BatchGenerator, stop: () => boolean, who = 'the model'): Promise<ExactMatchScores | null> {
+  /**
+   * The model's exact_match per filter over every item, and over each file's items; null when `stop()` said so between
+   * batches (one rank only).
+   */
+  async score(model: Transformer, generator: BatchGenerator, stop: () => boolean, who = 'the model'):
+    Promise<{ all: ExactMatchScores; files: Array<{ file: string; exactMatch: ExactMatchScores }> } | null> {
     const { items, prompts, settings } = this.p, world = this.comm.world, rank = this.comm.rank, t0 = Date.now();
     let said = t0;
     const mine = items.map((_, i) => i).filter((i) => i % world === rank);
@@ -132,12 +136,15 @@ export class RunGeneration {
     let flat: Float64Array = new Float64Array(items.length * F);
     mine.forEach((i, k) => { for (let f = 0; f < F; f++) flat[i * F + f] = got[k]!.matches[f]!; });
     if (world > 1) flat = this.comm.allReduceHost(flat);
-    const out: ExactMatchScores = {};
-    settings.filters.forEach((f, k) => {
-      let sum = 0;
-      for (let i = 0; i < items.length; i++) sum += flat[i * F + k]!;
-      out[f.name] = sum / Math.max(1, items.length);
-    });
-    return out;
+    const mean = (idx: readonly number[]): ExactMatchScores => {
+      const out: ExactMatchScores = {};
+      settings.filters.forEach((f, k) => {
+        let sum = 0;
+        for (const i of idx) sum += flat[i * F + k]!;
+        out[f.name] = sum / Math.max(1, idx.length);
+      });
+      return out;
+    };
+    return { all: mean(items.map((_, i) => i)), files: itemsByFile(items).map(({ file, idx }) => ({ file, exactMatch: mean(idx) })) };
   }
 }

@@ -88,7 +88,10 @@ test('--eval-choices on 2 ranks: each scores a share of the rows, every rank rep
   const ev = await evaluate({ model: r0!.finalDir!, data: [], choices: [items, gen], seq: o.seq, batch: 2, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all',
     generation: generationSettings({ maxGenToks: 4, filter: [firstChar] }, '\n\n', (k) => k) });
   const mine = ev.choices!;
-  assert.deepEqual(r0!.choices, { items: 11, step: 6, acc: mine.acc, accNorm: mine.accNorm, accBytes: mine.accBytes, brierScore: mine.brierScore, greedy: { acc: mine.greedy!.acc, perplexity: mine.greedy!.perplexity }, exactMatch: ev.generation!.exactMatch });
+  const { files, ...whole } = r0!.choices!;
+  assert.deepEqual(whole, { items: 11, step: 6, acc: mine.acc, accNorm: mine.accNorm, accBytes: mine.accBytes, brierScore: mine.brierScore, greedy: { acc: mine.greedy!.acc, perplexity: mine.greedy!.perplexity }, exactMatch: ev.generation!.exactMatch });
+  assert.deepEqual(files!.map((f) => f.file), ['dp-items', 'dp-generation'], 'each file apart');
+  assert.deepEqual(files![1]!.scores, { exactMatch: ev.generation!.exactMatch });
   process.stderr.write(`data parallel generation items: exact_match ${JSON.stringify(ev.generation!.exactMatch)} on both ranks and in eval\n`);
   const rows = readMetrics(path.join(o.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined);
   assert.deepEqual(rows.map((m) => m.step), [0, 3, 6]);

@@ -15,7 +15,7 @@ import { evaluate } from '../../src/cli/commands/eval.js';
 import { readMetrics } from '../../src/train/run-state.js';
 import { corpusFile, tinyRunOptions } from './corpus.js';
 import { runJobShape } from '../../src/train/kernel-plan.js';
-import { choiceRow, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
+import { choiceRow, fileTags, scoresOfRow, shareRowScores } from '../../src/train/run-choices.js';
 import { scoresSaid } from '../../src/eval/choices.js';
 import { generationSettings } from '../../src/eval/generation.js';
 import { presetConfig } from '../../src/model/config.js';
@@ -345,7 +345,7 @@ test('data parallel: generation items are split across ranks (item i on rank i %
   const one = new RunGeneration(prep, tok, [0], { world: 1, rank: 0, allReduceHost: (x) => Float64Array.from(x) });
   const gen = new BatchGenerator(m, 2, 24);
   const whole = await one.score(m, gen, () => false);
-  assert.ok(whole && whole.none !== undefined);
+  assert.ok(whole && whole.all.none !== undefined);
   // the texts themselves as targets for items 0, 1 and 3: 3/5 when each rank generated its own items and shared them
   const texts: string[] = [];
   for (let i = 0; i < 5; i++) {
@@ -358,7 +358,7 @@ test('data parallel: generation items are split across ranks (item i on rank i %
   assert.deepEqual([...sent[0]!], [1, 0, 0, 0, 0], 'rank 0 generated items 0, 2 and 4');
   assert.deepEqual([...sent[1]!], [0, 1, 0, 1, 0], 'rank 1 generated items 1 and 3');
   const got = await new RunGeneration(prep2, tok, [0], { world: 2, rank: 0, allReduceHost: (x) => Float64Array.from(x).map((v, i) => v + sent[1]![i]!) }).score(m, gen, () => false);
-  assert.deepEqual(got, { none: 3 / 5 });
+  assert.deepEqual(got, { all: { none: 3 / 5 }, files: [{ file: prep2.items[0]!.file!, exactMatch: { none: 3 / 5 } }] });
   // one rank stops between batches when asked
   const stopped = await new RunGeneration(prep2, tok, [0], { world: 1, rank: 0, allReduceHost: (x) => Float64Array.from(x) }).score(m, gen, () => true);
   assert.equal(stopped, null);
@@ -444,4 +444,32 @@ test('--eval-limit: the first n items of each file (a fraction: that share), the
     assert.equal(r.code, 2, r.err);
     assert.match(r.err, re);
   }
+});
+
+test('several --eval-choices files (tasks): each file\'s scores apart too (val_acc:<file>, val_exact_match_<filter>:<file>), as eval reports them per file; back from a row', async () => {
+  const dir = tmp(), items = itemsFile(dir);
+  const other = path.join(dir, 'other.jsonl');
+  fs.writeFileSync(other, [
+    { context: 'a student learns', choices: ['text', 'the model'], answer: 1 }, { context: 'predict the', choices: ['next token', 'teacher'], answer: 0 },
+    { context: 'the model', choices: ['learns', 'helps'], answer: 0 },
+  ].map((x) => JSON.stringify(x)).join('\n') + '\n');
+  const gen = generationItems(dir, 'g.jsonl', ['a', 'b', 'c']);
+  const s = await runTraining(opts(dir, { out: path.join(dir, 'run-files'), evalChoices: [items, gen, other], evalMaxGenToks: 4, seq: 32, steps: 3, evalEvery: 3, saveEvery: 3 }), quiet);
+  const last = readMetrics(path.join(s.out, 'metrics.jsonl')).filter((m) => (m as Record<string, unknown>).val_acc !== undefined).pop() as Record<string, number>;
+  const ev = await evaluate({ model: s.finalDir!, data: [], choices: [items, gen, other], seq: 32, batch: 4, maxChars: 0, device: 'cpu', threads: 1, json: true, lossOn: 'all',
+    generation: generationSettings({ maxGenToks: 4 }, '\n\n', (k) => k) });
+  const byFile = (f: string) => ev.choices!.files!.find((x) => x.file === f)!;
+  assert.equal(last['val_acc:items'], byFile(items).acc);
+  assert.equal(last['val_brier_score:other'], byFile(other).brierScore);
+  assert.equal(last['val_cont_ppl:items'], byFile(items).greedy!.perplexity);
+  assert.equal(last['val_exact_match_none:g'], ev.generation!.exactMatch.none);
+  assert.equal(last.val_acc, ev.choices!.acc, 'and the whole run\'s, as before');
+  assert.deepEqual(s.choices!.files!.map((f) => f.file), ['items', 'g', 'other'], 'in the --eval-choices order');
+  // back from the row (resume): the same scores, file by file
+  assert.deepEqual(scoresOfRow('val', last)!.files, s.choices!.files);
+  // two files of one name are told apart by their paths
+  assert.deepEqual([...fileTags(['a/x.jsonl', 'b/x.jsonl', 'y.JSONL'])], [['a/x.jsonl', 'a/x.jsonl'], ['b/x.jsonl', 'b/x.jsonl'], ['y.JSONL', 'y']]);
+  const row = choiceRow('teacher', { acc: 0.5, accNorm: 0.5, files: [{ file: 'arc', scores: { acc: 0.25, accNorm: 0.75 } }, { file: 'gsm8k', scores: { exactMatch: { 'strict-match': 0.125 } } }] });
+  assert.deepEqual(row, { teacher_acc: 0.5, teacher_acc_norm: 0.5, 'teacher_acc:arc': 0.25, 'teacher_acc_norm:arc': 0.75, 'teacher_exact_match_strict-match:gsm8k': 0.125 });
+  assert.deepEqual(scoresOfRow('teacher', row), { acc: 0.5, accNorm: 0.5, files: [{ file: 'arc', scores: { acc: 0.25, accNorm: 0.75 } }, { file: 'gsm8k', scores: { exactMatch: { 'strict-match': 0.125 } } }] });
 });
