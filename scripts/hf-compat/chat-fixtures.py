@@ -9,22 +9,17 @@ Usage: python3 scripts/hf-compat/chat-fixtures.py <tokenizer.json> <fixtures dir
   trim_blocks, lstrip_blocks, loopcontrols, {% generation %}, raise_exception, strftime_now, tojson without ASCII
   escaping or key sorting); no ids and no masks.
 """
-import datetime as _dt
 import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixed_clock import fixed_datetime  # noqa: E402
+
 tok_file, folder = sys.argv[1], sys.argv[2]
 text_only = '--text-only' in sys.argv
 spec = json.load(open(os.path.join(folder, 'conversations.json')))
-NOW = _dt.datetime.strptime(spec['now'], '%Y-%m-%d')
-
-
-class FixedDatetime(_dt.datetime):
-    @classmethod
-    def now(cls, tz=None):
-        return cls(NOW.year, NOW.month, NOW.day)
-
+FixedDatetime = fixed_datetime(spec['now'])
 
 if text_only:
     from jinja2 import nodes

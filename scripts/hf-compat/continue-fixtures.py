@@ -7,7 +7,6 @@ machine has 5.17):
 
     python3 scripts/hf-compat/continue-fixtures.py <tokenizer.json> test/fixtures/chat-templates
 """
-import datetime as _dt
 import json
 import os
 import sys
@@ -16,18 +15,12 @@ import transformers
 import transformers.utils.chat_template_utils as ctu
 from transformers import PreTrainedTokenizerFast
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fixed_clock import fixed_datetime  # noqa: E402
+
 tok_file, folder = sys.argv[1], sys.argv[2]
 spec = json.load(open(os.path.join(folder, 'conversations.json')))
-NOW = _dt.datetime.strptime(spec['now'], '%Y-%m-%d')
-
-
-class FixedDatetime(_dt.datetime):
-    @classmethod
-    def now(cls, tz=None):
-        return cls(NOW.year, NOW.month, NOW.day)
-
-
-ctu.datetime = FixedDatetime
+ctu.datetime = fixed_datetime(spec['now'])  # strftime_now reads datetime.now() there
 Q = 'Which is larger, 3 or 5?\nA. 3\nB. 5\nYour response should end with "The best answer is [the_answer_letter]".'
 conversations = {
     'prefix': [{'role': 'user', 'content': Q}, {'role': 'assistant', 'content': 'The best answer is'}],

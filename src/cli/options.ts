@@ -17,7 +17,7 @@ import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 import { parseLoraTargets } from '../model/lora.js';
 import { DistilleryError, InputError } from '../util/errors.js';
 import { GENERATION_PRESETS } from '../eval/generation.js';
-import { runGenerationSettings } from '../train/run-generation.js';
+import { RUN_GENERATION_FIELDS, runGenerationSettings } from '../train/run-generation.js';
 import { isJsonObject, parsePyJson } from '../util/py-json.js';
 import { PACKINGS } from '../data/pack.js';
 import { examplesPairing, limitProblem, repeatedFile, REPEATED_FILE_HINT } from '../eval/items.js';
@@ -307,7 +307,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   for (const f of ['evalChoicesChat', 'evalFewshot', 'evalSystemInstruction', 'evalLimit'] as const) {
     if ((merged[f] === true || (typeof merged[f] === 'number' && merged[f] > 0) || (typeof merged[f] === 'string' && merged[f] !== '')) && !choiceFiles.length) throw new UsageError(`${labelOf(f)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl>, or drop it');
   }
-  const genFlags = (['evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const).filter((f) => label.has(f));
+  const genFlags = RUN_GENERATION_FIELDS.filter((f) => label.has(f));
   if ((merged.evalGenBatch as number) > (merged.batch as number) && (merged.loraRank as number) > 0) {
     throw new UsageError(`${labelOf('evalGenBatch')} ${String(merged.evalGenBatch)} exceeds ${labelOf('batch')} ${String(merged.batch)}, and LoRA adapters generate over the student's own batch × seq rows`,
       `use ${labelOf('evalGenBatch')} ${String(merged.batch)} or less (or merge the adapters and evaluate with distillery eval)`);

@@ -8,7 +8,6 @@
  * for --device cuda, the kernel plan from planKernels(jobClosures(job)) on the tracing backend with the attention the
  * run's backend would pick (attentionFor(--tf32)): the pre-warm set.
  */
-import { readChoiceItems } from '../eval/items.js';
 import { checkGenerationRoom } from './run-generation.js';
 import { resolvePrecision } from './precision.js';
 import { createHash } from 'node:crypto';
@@ -100,8 +99,8 @@ export async function dryRun(o: RunOptions, opts: { tf32?: boolean; world?: numb
   const { lossVocab: jobLossVocab } = runLossVocab(tok?.vocabSize ?? o.vocabSize, cfg, teacher?.config ?? null);
   const prec = resolvePrecision(o.precision, opts.tf32, o.device);
   // generation items in --eval-choices add a generator per model (the plan reads the items' kinds, not their prompts)
-  const generateItems = o.evalChoices.length > 0 && readChoiceItems(o.evalChoices).some((it) => it.generate);
-  checkGenerationRoom(o); // the run would refuse it
+  // (refused where --seq leaves no room for them, as the run refuses it)
+  const generateItems = checkGenerationRoom(o);
   const job = runJobShape(o, cfg, inMemory, jobLossVocab, prec.model, cacheRep, { generateItems });
   const n = o.batch * o.seq, lossVocab = job.lossVocab ?? cfg.vocabSize;
   const bytes = estimateJobBytes({ student: cfg, teacher: inMemory, batch: o.batch, seq: o.seq, training: true, lossVocab,

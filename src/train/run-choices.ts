@@ -21,9 +21,10 @@ import { chatSaid, choiceBatches, choiceMetrics, choiceRows, choiceSlots, choice
 import { fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 import type { BatchGenerator } from '../model/batch-generate.js';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from './options.js';
-import { prepareRunGeneration, RunGeneration, type ExactMatchScores, type PreparedGeneration } from './run-generation.js';
+import { prepareRunGeneration, RunGeneration, RUN_GENERATION_FIELDS, type ExactMatchScores, type PreparedGeneration } from './run-generation.js';
+import { camelToKebab } from '../cli/args.js';
 
-type GenerationField = 'evalMaxGenToks' | 'evalGenBatch' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
+type GenerationField = (typeof RUN_GENERATION_FIELDS)[number];
 
 /**
  * What a run scores and reports: acc and acc_norm over the multiple-choice items, the is_greedy fraction and the
@@ -145,11 +146,10 @@ export function prepareRunChoices(o: { files: string[]; chat: boolean; kwargs?: 
   const fewshot: FewshotOptions | undefined = o.fewshot && o.fewshot.n > 0 ? { ...o.fewshot, ...poolsOf(items) } : undefined;
   const g = o.generation ?? DEFAULT_RUN_OPTIONS;
   const generation = generated.length ? prepareRunGeneration(generated, { ...g, seq: o.seq, chat: o.chat, kwargs: o.kwargs, systemInstruction: o.systemInstruction,
-    fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom, fewshotGiven: o.fewshotGiven ?? (o.fewshot?.n ?? 0) > 0 }, tokenizer, chat, log) : null;
-  const given = (['evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const)
-    .filter((f) => JSON.stringify(g[f]) !== JSON.stringify(DEFAULT_RUN_OPTIONS[f]));
+    fewshot: o.fewshot ? { ...o.fewshot, ...poolsOf(generated) } : undefined, fewshotFrom: o.fewshotFrom, fewshotGiven: o.fewshotGiven }, tokenizer, chat, log) : null;
+  const given = RUN_GENERATION_FIELDS.filter((f) => JSON.stringify(g[f]) !== JSON.stringify(DEFAULT_RUN_OPTIONS[f]));
   if (!generated.length && given.length) {
-    log(`warning: ${given.map((f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(', ')} ha${given.length === 1 ? 's' : 've'} no effect: no --eval-choices file holds generation items ("target")`);
+    log(`warning: ${given.map((f) => `--${camelToKebab(f)}`).join(', ')} ha${given.length === 1 ? 's' : 've'} no effect: no --eval-choices file holds generation items ("target")`);
   }
   if (!items.length) return { items, rows: [], padId: tokenizer.padId ?? tokenizer.eosId ?? 0, generation, files: o.files };
   // text items in rolling windows of the run's --seq (the harness's max_length)

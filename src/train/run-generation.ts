@@ -19,20 +19,23 @@ import type { BatchGenerator } from '../model/batch-generate.js';
 import type { Tokenizer } from '../tokenizer/bpe.js';
 import type { ChatFormat } from '../tokenizer/chat.js';
 import type { RunOptions } from './options.js';
+import { camelToKebab } from '../cli/args.js';
 import { itemsByFile, readChoiceItems, type ChoiceItem } from '../eval/items.js';
 import { InputError } from '../util/errors.js';
 import { FEWSHOT_DEFAULTS, fewshotSaid, type FewshotOptions } from '../eval/fewshot.js';
 import { GENERATION_PRESETS, generationSettings, stopStrings, type GenerationFlags, type GenerationPreset, type GenerationSettings } from '../eval/generation.js';
 import { cutPrompts, encodePrompts, runGeneration, type GenerationPrompts } from '../eval/generate-items.js';
 
-type GenerationField = 'evalMaxGenToks' | 'evalUntil' | 'evalFilter' | 'evalExactMatch' | 'evalPreset';
+/** The run's options that only generation items use (refused without --eval-choices, said to do nothing without the items). */
+export const RUN_GENERATION_FIELDS = ['evalMaxGenToks', 'evalGenBatch', 'evalUntil', 'evalFilter', 'evalExactMatch', 'evalPreset'] as const;
+type GenerationField = Exclude<(typeof RUN_GENERATION_FIELDS)[number], 'evalGenBatch'>;
 const FIELDS: Record<keyof GenerationFlags, GenerationField> = {
   maxGenToks: 'evalMaxGenToks', until: 'evalUntil', filter: 'evalFilter', exactMatch: 'evalExactMatch', preset: 'evalPreset',
 };
 
 /** The run's generation settings from its options (InputErrors naming the setting through `flag`, e.g. '--eval-filter'). */
 export function runGenerationSettings(o: Pick<RunOptions, GenerationField>,
-  flag: (f: GenerationField) => string = (f) => `--${f.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`): GenerationSettings {
+  flag: (f: GenerationField) => string = (f) => `--${camelToKebab(f)}`): GenerationSettings {
   return generationSettings({
     maxGenToks: o.evalMaxGenToks, until: o.evalUntil.length ? o.evalUntil : undefined, filter: o.evalFilter.length ? o.evalFilter : undefined,
     exactMatch: o.evalExactMatch !== '' ? o.evalExactMatch : undefined, preset: o.evalPreset !== '' ? o.evalPreset : undefined,
@@ -40,12 +43,13 @@ export function runGenerationSettings(o: Pick<RunOptions, GenerationField>,
 }
 
 /**
- * Refuses a run whose --eval-choices hold generation items that --seq leaves no room for (the new tokens and at least one
- * prompt token), before any data work: reads the items' kinds only.
+ * Whether the run's --eval-choices hold generation items, refusing them where --seq leaves no room (the new tokens and
+ * at least one prompt token), before any data work: reads the items' kinds only.
  */
-export function checkGenerationRoom(o: Pick<RunOptions, GenerationField | 'seq' | 'evalChoices'>): void {
-  if (!o.evalChoices.length || !readChoiceItems(o.evalChoices).some((it) => it.generate)) return;
+export function checkGenerationRoom(o: Pick<RunOptions, GenerationField | 'seq' | 'evalChoices'>): boolean {
+  if (!o.evalChoices.length || !readChoiceItems(o.evalChoices).some((it) => it.generate)) return false;
   roomFor(o.seq, runGenerationSettings(o).maxGenToks);
+  return true;
 }
 
 /** The prompt tokens a window of `seq` leaves beside `maxGenToks` new ones (at least 1, else refused). */
