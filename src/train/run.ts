@@ -288,7 +288,8 @@ async function runWithBackend(o: RunOptions, hooks: RunHooks, backend: Backend, 
   for (const b of evalBatches) b.sparse = sparseOf(b.windows, b.mask);
   // the validation pass and --eval-choices' scores beside it (src/train/run-choices.ts)
   let itemGen: BatchGenerator | null = null, teacherItemGen: BatchGenerator | null = null;
-  const itemsBatch = o.evalGenBatch || o.batch;
+  // (the batch the job's plan and memory check sized them for)
+  const itemsBatch = job.itemsBatch ?? o.batch;
   const evals = new RunEvaluation(runner, evalBatches, preparedChoices ? runChoices(preparedChoices, o.batch, o.seq, student, teacher, comm, {
     // generation items: the student's generator (the on-policy one where the run has it) and a teacher's, made at first use
     tokenizer, stopIds: genStops.stopIds,
