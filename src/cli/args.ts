@@ -22,6 +22,11 @@ export class UsageError extends InputError {
   }
 }
 
+/** `f()`, its input errors made usage errors (settings checked while the flags are read). */
+export function asUsage<T>(f: () => T): T {
+  try { return f(); } catch (e) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
+}
+
 /** Where a command writes: tests pass collectors, the binary passes process.stdout / process.stderr. */
 export interface Io {
   out: (s: string) => void;

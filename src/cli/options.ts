@@ -12,10 +12,10 @@ import * as nodeFs from 'node:fs';
 import { DEFAULT_RUN_OPTIONS, type RunOptions } from '../train/options.js';
 import { presetConfig, PRESET_NAMES } from '../model/config.js';
 import { threadsProblem } from '../backend/create.js';
-import { camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
+import { asUsage, camelToKebab, closest, coerceValue, kebabToCamel, UsageError, type FlagSpec } from './args.js';
 import { looksLikeHubId, type HubResolution } from '../io/hf-cache.js';
 import { parseLoraTargets } from '../model/lora.js';
-import { DistilleryError, InputError } from '../util/errors.js';
+import { DistilleryError } from '../util/errors.js';
 import { GENERATION_PRESETS } from '../eval/generation.js';
 import { RUN_GENERATION_FIELDS, runGenerationSettings } from '../train/run-generation.js';
 import { isJsonObject, parsePyJson } from '../util/py-json.js';
@@ -315,7 +315,7 @@ export function resolveRunOptions(input: ResolveInput): Resolved {
   if (genFlags.length && !choiceFiles.length) throw new UsageError(`${labelOf(genFlags[0]!)} goes with --eval-choices`, 'pass --eval-choices <items.jsonl> with generation items ({"context", "target"}), or drop it');
   if (genFlags.length) {
     // the settings checked now (a bad filter costs nothing); the run parses them again where it reads the items
-    try { runGenerationSettings(merged as unknown as RunOptions, labelOf); } catch (e: unknown) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
+    asUsage(() => runGenerationSettings(merged as unknown as RunOptions, labelOf));
   }
   for (const f of ['evalFewshotFrom', 'evalFewshotSampler', 'evalFewshotSeed'] as const) {
     if (label.has(f) && !label.has('evalFewshot')) throw new UsageError(`${labelOf(f)} goes with --eval-fewshot`, 'pass --eval-fewshot <n>, or drop it');

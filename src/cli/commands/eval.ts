@@ -8,7 +8,7 @@
  */
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
+import { asUsage, formatHelp, parseArgs, UsageError, type FlagSpec, type Io } from '../args.js';
 import type { Command } from '../command.js';
 import { createBackend, cudaOptionsFromFlags, threadsProblem, type CudaOptions } from '../../backend/create.js';
 import type { LossSpec } from '../../backend/backend.js';
@@ -22,7 +22,7 @@ import { capDocs, loadDocCorpus, loadDocs, packForJob, PACKINGS, stackWindows, r
 import { StepRunner, type Batch } from '../../train/step.js';
 import { choicesRunner } from '../../train/run-choices.js';
 import { DEFAULT_RUN_OPTIONS } from '../../train/options.js';
-import { DistilleryError, InputError } from '../../util/errors.js';
+import { DistilleryError } from '../../util/errors.js';
 import { BASE_FLAG, CUDA_FLAGS, PRECISION_FLAG, requireModelDir } from './generate.js';
 import { resolvePrecision, type PrecisionFlag } from '../../train/precision.js';
 import { realFs } from './train.js';
@@ -223,12 +223,10 @@ const GENERATION_FLAGS = ['until', 'max-gen-toks', 'filter', 'exact-match', 'pre
 /** The generation items' settings (generationSettings), its errors as usage errors. */
 function generationOptions(v: Record<string, unknown>, preset: (typeof GENERATION_PRESETS)[GenerationPreset] | undefined, fewshotDelimiter: string): GenerationSettings {
   const names: Record<keyof GenerationFlags, string> = { maxGenToks: '--max-gen-toks', until: '--until', filter: '--filter', exactMatch: '--exact-match', preset: '--preset' };
-  try {
-    return generationSettings({
-      maxGenToks: v['max-gen-toks'] as number | undefined, until: v.until as string[] | undefined, filter: v.filter as string[] | undefined,
-      exactMatch: v['exact-match'] as string | undefined, preset: preset ? String(v.preset) : undefined,
-    }, fewshotDelimiter, (k) => names[k]);
-  } catch (e) { throw e instanceof InputError && !(e instanceof UsageError) ? new UsageError(e.message, e.hint) : e; }
+  return asUsage(() => generationSettings({
+    maxGenToks: v['max-gen-toks'] as number | undefined, until: v.until as string[] | undefined, filter: v.filter as string[] | undefined,
+    exactMatch: v['exact-match'] as string | undefined, preset: preset ? String(v.preset) : undefined,
+  }, fewshotDelimiter, (k) => names[k]));
 }
 
 /** --fewshot and its settings, checked (undefined without --fewshot). */
