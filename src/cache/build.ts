@@ -189,7 +189,7 @@ async function buildWith(o: CacheJobOptions, hooks: CacheJobHooks, backend: Back
   existing: CacheManifest | null, precision: Precision, comm: Communicator): Promise<CacheJobSummary> {
   const { rank, world } = comm;
   const started = Date.now();
-  const ck = readCheckpoint(o.teacher);
+  const ck = readCheckpoint(o.teacher, { tensorByTensor: true }); // only uploaded and hashed
   if (!ck.tokenizer) throw new DistilleryError(`the teacher folder ${o.teacher} has no tokenizer.json`, 'copy the teacher\'s tokenizer.json into it');
   const tokenizer = ck.tokenizer;
   if (o.seq > ck.config.maxPositionEmbeddings) {

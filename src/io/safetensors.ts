@@ -12,6 +12,7 @@
 import * as fs from 'node:fs';
 import { DistilleryError } from '../util/errors.js';
 import { MAX_IO_BYTES, writeAll, writeFileAtomicWith } from './atomic.js';
+import { packBf16 } from '../backend/bf16.js';
 
 export type SafetensorsDtype = 'F32' | 'F16' | 'BF16';
 
@@ -179,21 +180,32 @@ function halfToFloatTable(): Float32Array {
 
 function decode(bytes: Uint8Array, dtype: SafetensorsDtype, numel: number): Float32Array {
   const out = new Float32Array(numel);
-  if (dtype === 'F32') {
-    new Uint8Array(out.buffer).set(bytes);
-  } else {
-    // bytes is a fresh Buffer-backed array; copy into an aligned buffer to view as u16.
-    const u16 = new Uint16Array(numel);
-    new Uint8Array(u16.buffer).set(bytes);
-    if (dtype === 'BF16') {
-      const o32 = new Uint32Array(out.buffer);
-      for (let i = 0; i < numel; i++) o32[i] = u16[i]! << 16;
-    } else {
-      const tab = halfToFloatTable();
-      for (let i = 0; i < numel; i++) out[i] = tab[u16[i]!]!;
-    }
-  }
+  decodeInto(bytes, dtype, out);
   return out;
+}
+
+/** The values of a tensor's bytes (F32, F16 or BF16, little-endian) into `out` (their count of it). */
+function decodeInto(bytes: Uint8Array, dtype: SafetensorsDtype, out: Float32Array): void {
+  const numel = out.length;
+  if (dtype === 'F32') {
+    new Uint8Array(out.buffer, out.byteOffset, numel * 4).set(bytes);
+    return;
+  }
+  // bytes may be unaligned for a u16 view (a Buffer's pool): copied once into an aligned array
+  const u16 = bytes.byteOffset % 2 === 0 ? new Uint16Array(bytes.buffer, bytes.byteOffset, numel) : bitsOf(bytes, numel);
+  if (dtype === 'BF16') {
+    const o32 = new Uint32Array(out.buffer, out.byteOffset, numel);
+    for (let i = 0; i < numel; i++) o32[i] = u16[i]! << 16;
+  } else {
+    const tab = halfToFloatTable();
+    for (let i = 0; i < numel; i++) out[i] = tab[u16[i]!]!;
+  }
+}
+
+function bitsOf(bytes: Uint8Array, numel: number): Uint16Array {
+  const u16 = new Uint16Array(numel);
+  new Uint8Array(u16.buffer).set(bytes);
+  return u16;
 }
 
 export interface ReadOptions {
@@ -206,6 +218,13 @@ export interface LazyTensor {
   dtype: SafetensorsDtype;
   shape: number[];
   read(): Float32Array;
+  /** read()'s values into `out` (as many as the tensor has), with no array of its own. */
+  readInto(out: Float32Array): void;
+  /**
+   * The values' bfloat16 bit patterns: a BF16 tensor's own bytes, as stored (no conversion); F32 and F16 values rounded
+   * to nearest even, as packBf16 rounds them (what uploading read() into a bf16 buffer stores).
+   */
+  readBf16(): Uint16Array;
 }
 
 /**
@@ -223,15 +242,29 @@ export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors
     }
     const dtype = info.dtype as SafetensorsDtype;
     const numel = info.shape.reduce((a, d) => a * d, 1);
+    const bytesInto = (bytes: Uint8Array): void => {
+      const fd = openForRead(file);
+      try { readExactly(fd, bytes, info.begin, file); } finally { fs.closeSync(fd); }
+    };
+    const read = (): Float32Array => {
+      const bytes = new Uint8Array(info.end - info.begin);
+      bytesInto(bytes);
+      return decode(bytes, dtype, numel);
+    };
     tensors.set(name, {
-      dtype, shape: info.shape,
-      read: () => {
-        const fd = openForRead(file);
-        try {
-          const bytes = new Uint8Array(info.end - info.begin);
-          readExactly(fd, bytes, info.begin, file);
-          return decode(bytes, dtype, numel);
-        } finally { fs.closeSync(fd); }
+      dtype, shape: info.shape, read,
+      readInto: (out) => {
+        if (out.length !== numel) throw new Error(`${file}: tensor "${name}" has ${numel} values, read into ${out.length}`);
+        if (dtype === 'F32') { bytesInto(new Uint8Array(out.buffer, out.byteOffset, numel * 4)); return; }
+        const bytes = new Uint8Array(info.end - info.begin);
+        bytesInto(bytes);
+        decodeInto(bytes, dtype, out);
+      },
+      readBf16: () => {
+        if (dtype !== 'BF16') return packBf16(read());
+        const bits = new Uint16Array(numel);
+        bytesInto(new Uint8Array(bits.buffer));
+        return bits;
       },
     });
   }

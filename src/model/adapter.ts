@@ -276,12 +276,13 @@ export function readAdapterOnBase(dir: string, baseOverride?: string): AdapterOn
  * A model folder or an adapter folder as one checkpoint: an adapter is merged into its base (W + (alpha/r)·B·A, in
  * float32), which is what PEFT's merge_and_unload computes. The tokenizer is the adapter folder's when it has one
  * (a run that trained with --tokenizer), else the base's; so are the chat and generation files. `adapter` describes
- * the merge (null for a model folder).
+ * the merge (null for a model folder). `tensorByTensor`: a model folder's weights are kept tensor by tensor
+ * (readCheckpoint's option, for a model that is only uploaded).
  */
-export function readModelOrAdapter(dir: string, opts: { base?: string | undefined } = {}): LoadedCheckpoint & { adapter: AdapterOnBase | null } {
+export function readModelOrAdapter(dir: string, opts: { base?: string | undefined; tensorByTensor?: boolean } = {}): LoadedCheckpoint & { adapter: AdapterOnBase | null } {
   if (!isAdapterDir(dir)) {
     if (opts.base !== undefined) throw new DistilleryError(`--base: ${dir} is a model folder, not a LoRA adapter`, 'drop --base (it names the base of an adapter folder)');
-    return { ...readCheckpoint(dir), adapter: null };
+    return { ...readCheckpoint(dir, { tensorByTensor: opts.tensorByTensor ?? false }), adapter: null };
   }
   const a = readAdapterOnBase(dir, opts.base);
   const merged = mergeLora(a.base.weights, parameterLayout(a.base.config).layers, a.layout, a.adapter.weights);

@@ -8,6 +8,7 @@ import type { Backend } from '../backend/backend.js';
 import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
 import { MAX_FLAT_WEIGHTS, TensorWeights, flatWeights, packWeights, unpackWeights, parameterLayout, tensorOf, type ParamLayout, type Weights } from './params.js';
 import { DistilleryError } from '../util/errors.js';
+import { fromBf16Bits } from '../backend/bf16.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
 import { loadModelDirLazy, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
@@ -44,17 +45,28 @@ export function readFlatCheckpoint(dir: string): LoadedCheckpoint & { weights: F
   return { ...ck, weights: flatWeights(ck.weights, `reading ${dir} whole`) };
 }
 
+export interface ReadCheckpointOptions {
+  /** Parameters above which the weights are kept tensor by tensor (default MAX_FLAT_WEIGHTS, or the environment's). */
+  maxFlat?: number;
+  /**
+   * Keep the weights tensor by tensor at any size: for a model whose weights are only uploaded (a teacher, a model that
+   * eval or generate runs), so that no float32 array of the whole model is made, and a bf16 checkpoint loaded into bf16
+   * weights is uploaded as its own bits (TensorWeights.bf16), with no float32 values in between.
+   */
+  tensorByTensor?: boolean;
+}
+
 /**
  * Reads and validates a checkpoint folder: config, every tensor by name and shape, the tokenizer if present.
  * Weights that are NaN or infinite are refused, naming the tensor (such a model computes nothing meaningful).
  */
-export function readCheckpoint(dir: string, opts: { maxFlat?: number } = {}): LoadedCheckpoint {
+export function readCheckpoint(dir: string, opts: ReadCheckpointOptions = {}): LoadedCheckpoint {
   // The tensors are read as they are placed (lazily): a flat model holds its array and one tensor at a time; a model
   // kept tensor by tensor reads each when it is asked for (and checks it then), so a 7B teacher is never whole in memory.
   const loaded = loadModelDirLazy(dir);
   const config = parseHfConfig(loaded.config);
   const layout = parameterLayout(config);
-  const packed = packWeights(layout, loaded.tensors, dir, opts.maxFlat ?? maxFlatFromEnv());
+  const packed = packWeights(layout, loaded.tensors, dir, opts.tensorByTensor ? 0 : opts.maxFlat ?? maxFlatFromEnv());
   const nonFinite = (bad: { name: string; index: number; value: number }): DistilleryError => new DistilleryError(
     `${dir}: tensor "${bad.name}" holds a non-finite value (${bad.value} at element ${bad.index})`,
     'the checkpoint is damaged or was saved after training diverged; use an earlier checkpoint');
@@ -64,7 +76,11 @@ export function readCheckpoint(dir: string, opts: { maxFlat?: number } = {}): Lo
       const d = packed.tensor(t), i = firstNonFiniteIndex(d);
       if (i >= 0) throw nonFinite({ name: t.name, index: i, value: d[i]! });
       return d;
-    });
+    }, packed.hasBf16 ? (t) => {
+      const d = packed.bf16(t), i = firstNonFiniteBf16(d);
+      if (i >= 0) throw nonFinite({ name: t.name, index: i, value: fromBf16Bits(d[i]!) });
+      return d;
+    } : null);
   } else {
     const bad = firstNonFinite(layout, packed);
     if (bad) throw nonFinite(bad);
@@ -110,9 +126,20 @@ export function firstNonFinite(layout: ParamLayout, weights: Weights): { name: s
   return null;
 }
 
-/** The index of a tensor's first NaN or infinite value, or -1. */
+/** The index of a tensor's first NaN or infinite value, or -1 (float32: by the exponent bits, all set). */
 function firstNonFiniteIndex(d: ArrayLike<number>): number {
+  if (d instanceof Float32Array) {
+    const u = new Uint32Array(d.buffer, d.byteOffset, d.length);
+    for (let i = 0; i < u.length; i++) if ((u[i]! & 0x7f800000) === 0x7f800000) return i;
+    return -1;
+  }
   for (let i = 0; i < d.length; i++) if (!Number.isFinite(d[i]!)) return i;
+  return -1;
+}
+
+/** The index of the first NaN or infinite bf16 bit pattern (all exponent bits set), or -1. */
+function firstNonFiniteBf16(bits: Uint16Array): number {
+  for (let i = 0; i < bits.length; i++) if ((bits[i]! & 0x7f80) === 0x7f80) return i;
   return -1;
 }
 

@@ -6,6 +6,7 @@
 import { oProjBias, type ModelConfig } from './config.js';
 import { Rng } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
+import { packBf16 } from '../backend/bf16.js';
 
 export interface TensorInfo {
   /** The Hugging Face state-dict name, e.g. `model.layers.3.self_attn.q_proj.weight`. */
@@ -198,7 +199,8 @@ export class TensorWeights {
    * `read` gives a tensor's values; it may read them from disk at each call (readCheckpoint: a 7B model never whole
    * in memory), so a caller reads each tensor once where it can.
    */
-  constructor(readonly layout: ParamLayout, private readonly read: (t: TensorInfo) => Float32Array) {}
+  constructor(readonly layout: ParamLayout, private readonly read: (t: TensorInfo) => Float32Array,
+    private readonly readBits: ((t: TensorInfo) => Uint16Array) | null = null) {}
   /** Tensors given in memory by name. */
   static of(layout: ParamLayout, data: ReadonlyMap<string, Float32Array>): TensorWeights {
     for (const t of layout.tensors) if (!data.has(t.name)) throw new Error(`TensorWeights: no tensor ${t.name}`);
@@ -209,6 +211,17 @@ export class TensorWeights {
   /** One tensor's values. */
   tensor(t: TensorInfo): Float32Array {
     const d = this.read(t);
+    if (d.length !== t.size) throw new Error(`TensorWeights: tensor ${t.name} has ${d.length} values, the layout ${t.size}`);
+    return d;
+  }
+  /** Whether bf16(t) reads bit patterns without float32 values in between (a checkpoint's tensors do). */
+  get hasBf16(): boolean { return this.readBits !== null; }
+  /**
+   * One tensor's values as bfloat16 bit patterns, the values of tensor(t) rounded to nearest even (for a bf16 file,
+   * its own bits: what a bf16 upload of tensor(t) stores, without the float32 array in between).
+   */
+  bf16(t: TensorInfo): Uint16Array {
+    const d = this.readBits ? this.readBits(t) : packBf16(this.tensor(t));
     if (d.length !== t.size) throw new Error(`TensorWeights: tensor ${t.name} has ${d.length} values, the layout ${t.size}`);
     return d;
   }
@@ -230,7 +243,8 @@ export function flatWeights(w: Weights, what: string): Float32Array {
 }
 
 /** A named tensor of a checkpoint: its values read, or read when asked. */
-type NamedTensor = { shape: number[]; data: Float32Array } | { shape: number[]; read(): Float32Array };
+type NamedTensor = { shape: number[]; data: Float32Array }
+  | { shape: number[]; read(): Float32Array; readInto?(out: Float32Array): void; readBf16?(): Uint16Array };
 
 /**
  * Places named tensors (from a safetensors file; read now, or lazily: `read()`) into a flat weight array, checking names
@@ -270,9 +284,18 @@ export function packWeights(
     }
   }
   const get = (t: TensorInfo): Float32Array => { const x = named.get(t.name)!; return 'data' in x ? x.data : x.read(); };
-  if (layout.total > maxFlat) return new TensorWeights(layout, get);
+  if (layout.total > maxFlat) {
+    const lazyBits = [...named.values()].every((x) => 'readBf16' in x && x.readBf16 !== undefined);
+    const bits = (t: TensorInfo): Uint16Array => { const x = named.get(t.name)!; return 'readBf16' in x && x.readBf16 ? x.readBf16() : packBf16(get(t)); };
+    return new TensorWeights(layout, get, lazyBits ? bits : null);
+  }
   const w = allocateWeights(layout.total, source);
-  for (const t of layout.tensors) w.set(get(t), t.offset);
+  for (const t of layout.tensors) {
+    // read straight into place where the tensor can (no array of its own to copy from)
+    const x = named.get(t.name)!;
+    if ('readInto' in x && x.readInto) x.readInto(w.subarray(t.offset, t.offset + t.size));
+    else w.set(get(t), t.offset);
+  }
   return w;
 }
 

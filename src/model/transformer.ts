@@ -318,8 +318,11 @@ export class Transformer {
       // tensor by tensor (a model above one typed array): the compute copy and, sharded, the masters' part of each
       const be = this.backend, mo = this.masterOffset, ml = this.masterLength, sharded = ml < this.layout.total;
       for (const t of this.layout.tensors) {
+        const dst = be.view(sharded ? this.weights : this.params, t.offset, t.size);
+        // bf16 weights alone (no float32 masters to fill): a checkpoint's tensors go up as bf16 bits, no float32 between
+        if (!sharded && dst.dtype === 'bf16' && w.hasBf16) { be.uploadBf16(dst, w.bf16(t)); continue; }
         const d = w.tensor(t);
-        be.upload(be.view(sharded ? this.weights : this.params, t.offset, t.size), d);
+        be.upload(dst, d);
         if (!sharded) continue;
         const b = Math.max(t.offset, mo), e = Math.min(t.offset + t.size, mo + ml);
         if (e > b) be.upload(be.view(this.params, b - mo, e - b), d.subarray(b - t.offset, e - t.offset));

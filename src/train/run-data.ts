@@ -30,7 +30,7 @@ export type DataOptions = Pick<RunOptions, 'data' | 'maxChars' | 'lossOn' | 'cha
 
 export function loadTeacher(o: Pick<RunOptions, 'teacher'>): LoadedCheckpoint {
   if (!o.teacher) throw new DistilleryError('distill needs a teacher', 'pass --teacher <checkpoint folder>');
-  return readCheckpoint(o.teacher);
+  return readCheckpoint(o.teacher, { tensorByTensor: true }); // only uploaded: no float32 copy of the whole teacher
 }
 
 export function readData(o: DataOptions, log: (s: string) => void, chat: ChatFormat): Doc[] {

@@ -9,7 +9,8 @@ import fsCjs from 'node:fs';
 import { syncBuiltinESMExports } from 'node:module';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { BF16_WRITE_CHUNK, f32ToBf16Bits, readSafetensors, readSafetensorsHeader, writeSafetensors } from '../../src/io/safetensors.js';
+import { BF16_WRITE_CHUNK, f32ToBf16Bits, lazySafetensors, readSafetensors, readSafetensorsHeader, writeSafetensors } from '../../src/io/safetensors.js';
+import { packBf16 } from '../../src/backend/bf16.js';
 import { DistilleryError } from '../../src/util/errors.js';
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-st-'));
@@ -208,4 +209,32 @@ test('a bf16 write converts in chunks: a tensor past BF16_WRITE_CHUNK (and an em
     assert.equal(mismatches, 0);
     assert.equal(back.get('empty')!.data.length, 0);
   } finally { fs.rmSync(dir, { recursive: true, force: true }); }
+});
+
+test('a lazy tensor reads into a given array (readInto) and as bf16 bits (readBf16): a BF16 tensor\'s own bytes, F32 and F16 values rounded as packBf16 rounds them', () => {
+  const vals = [0, -0, 1, -2, 0.5, 65504, 6.103515625e-5, 0.333251953125, -1234, 1.00390625, 3.0000001];
+  const f = path.join(tmp, 'lazy.safetensors');
+  const f32 = new Float32Array(vals), h16 = new Uint16Array(vals.slice(0, -1).map(toHalf)); // F32 values bf16 rounds (1 + 2^-8 ties to even, 3.0000001 down); F16 ones it holds exactly
+  const b16 = f32ToBf16Bits(Float32Array.from([1.5, -3.25, 1e-3, 7, -0, 65504]));
+  const bytes = new Uint8Array(f32.byteLength + h16.byteLength + b16.byteLength);
+  bytes.set(new Uint8Array(f32.buffer), 0);
+  bytes.set(new Uint8Array(h16.buffer), f32.byteLength);
+  const bAt = f32.byteLength + h16.byteLength;
+  bytes.set(new Uint8Array(b16.buffer), bAt);
+  fs.writeFileSync(f, rawFile({
+    a: { dtype: 'F32', shape: [vals.length], data_offsets: [0, f32.byteLength] },
+    h: { dtype: 'F16', shape: [vals.length - 1], data_offsets: [f32.byteLength, f32.byteLength + h16.byteLength] },
+    b: { dtype: 'BF16', shape: [2, 3], data_offsets: [bAt, bAt + b16.byteLength] },
+  }, bytes));
+  const { tensors } = lazySafetensors(f);
+  for (const name of ['a', 'h', 'b']) {
+    const t = tensors.get(name)!, v = t.read();
+    const into = new Float32Array(v.length + 3);
+    t.readInto(into.subarray(2, 2 + v.length));
+    assert.deepEqual(into.subarray(2, 2 + v.length), v, `${name}: readInto`);
+    assert.deepEqual([into[0], into[1], into[into.length - 1]], [0, 0, 0], `${name}: nothing written outside`);
+    assert.deepEqual(t.readBf16(), packBf16(v), `${name}: bits`);
+    assert.throws(() => t.readInto(new Float32Array(v.length + 1)), /read into/);
+  }
+  assert.deepEqual(tensors.get('b')!.readBf16(), b16, 'a BF16 tensor: its own bits');
 });

@@ -19,6 +19,8 @@ import { loraInitialWeights, loraLayout, mergeLora } from '../../src/model/lora.
 import { weightsHash } from '../../src/model/weights-hash.js';
 import { DistilleryError } from '../../src/util/errors.js';
 import { Rng } from '../../src/util/rng.js';
+import { packBf16 } from '../../src/backend/bf16.js';
+import { readSafetensorsHeader } from '../../src/io/safetensors.js';
 
 const tmp = (): string => fs.mkdtempSync(path.join(os.tmpdir(), 'distillery-tw-'));
 const cfg = presetConfig('tiny', 300);
@@ -125,5 +127,56 @@ test('unpackWeights: a float32 array\'s tensors are views of it (a save copies n
     const d = u64.get(t.name)!.data;
     assert.ok(d instanceof Float32Array);
     assert.deepEqual(d, f32.subarray(t.offset, t.offset + t.size), t.name);
+  }
+});
+
+test('a checkpoint read tensor by tensor (readCheckpoint tensorByTensor) puts its bf16 bits into bf16 weights as they are stored, and loads as its flat array does', () => {
+  for (const dtype of ['bf16', 'f32'] as const) {
+    const dir = path.join(tmp(), 'm');
+    writeCheckpoint(dir, cfg, flat, { dtype, maxShardBytes: 30000 });
+    const ck = readCheckpoint(dir, { tensorByTensor: true });
+    const w = ck.weights;
+    assert.ok(w instanceof TensorWeights && w.hasBf16, dtype);
+    const flatCk = readCheckpoint(dir).weights as Float32Array;
+    assert.ok(flatCk instanceof Float32Array);
+    for (const t of layout.tensors) {
+      assert.deepEqual(w.bf16(t), packBf16(flatCk.subarray(t.offset, t.offset + t.size)), `${dtype} ${t.name}: bits`);
+      assert.deepEqual(w.tensor(t), flatCk.subarray(t.offset, t.offset + t.size), `${dtype} ${t.name}: values`);
+    }
+    for (const precision of ['bf16', 'fp32'] as const) {
+      const be = createCpuBackend({ threads: 1 });
+      let bits = 0;
+      const up = be.uploadBf16.bind(be);
+      be.uploadBf16 = (dst, b) => { bits++; up(dst, b); };
+      const mk = (): Transformer => new Transformer(be, cfg, { batch: 2, seq: 8, training: false, precision });
+      const a = mk(), b = mk();
+      a.setWeights(flatCk);
+      assert.equal(bits, 0);
+      b.setWeights(w);
+      assert.equal(bits, precision === 'bf16' ? layout.tensors.length : 0, `${dtype} ${precision}: every tensor as bits into bf16 weights, none into f32`);
+      assert.deepEqual(be.download(b.params), be.download(a.params), `${dtype} ${precision}: the weights`);
+      be.dispose();
+    }
+  }
+  // a bf16 file's bits are the file's own bytes
+  const dir = path.join(tmp(), 'm');
+  writeCheckpoint(dir, cfg, flat, { dtype: 'bf16' });
+  const t = layout.tensors[4]!, raw = readSafetensorsHeader(path.join(dir, 'model.safetensors'));
+  const info = raw.tensors.get(t.name)!, bytes = fs.readFileSync(path.join(dir, 'model.safetensors')).subarray(info.begin, info.end);
+  assert.deepEqual(new Uint8Array((readCheckpoint(dir, { tensorByTensor: true }).weights as TensorWeights).bf16(t).buffer), new Uint8Array(bytes));
+});
+
+test('a bf16 checkpoint read tensor by tensor refuses a non-finite value by name when its bits are read', () => {
+  for (const [value, shown] of [[NaN, 'NaN'], [-Infinity, '-Infinity']] as const) {
+    const bad = Float32Array.from(flat);
+    const t = layout.tensors[6]!;
+    bad[t.offset + 3] = value;
+    const dir = path.join(tmp(), 'm');
+    writeCheckpoint(dir, cfg, bad, { dtype: 'bf16' });
+    const w = readCheckpoint(dir, { tensorByTensor: true }).weights as TensorWeights;
+    const be = createCpuBackend({ threads: 1 });
+    const m = new Transformer(be, cfg, { batch: 1, seq: 4, training: false, precision: 'bf16' });
+    assert.throws(() => m.setWeights(w), (e: unknown) => e instanceof DistilleryError && e.message.includes(`tensor "${t.name}" holds a non-finite value (${shown} at element 3)`));
+    be.dispose();
   }
 });

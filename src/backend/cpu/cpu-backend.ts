@@ -50,7 +50,7 @@
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
-import { roundBf16InPlace } from '../bf16.js';
+import { fromBf16Bits, roundBf16InPlace, unpackBf16 } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
 import { attentionCached, kvCacheWrite } from './kernels/attention.js';
@@ -325,6 +325,14 @@ export class CpuBackend implements Backend {
       `cpu backend: upload of ${src.length} at ${dstOffset} overflows a buffer of ${d.length}`);
     d.set(src, dstOffset);
     this.fin(dst, dstOffset, dstOffset + src.length);
+  }
+
+  uploadBf16(dst: Buf, bits: Uint16Array): void {
+    const d = this.f(dst, 'uploadBf16 destination');
+    check(dst.dtype === 'bf16', `cpu backend: uploadBf16 into a ${dst.dtype} buffer (bf16 only)`);
+    check(bits.length <= d.length, `cpu backend: uploadBf16 of ${bits.length} overflows a buffer of ${d.length}`);
+    if (d instanceof Float32Array) unpackBf16(bits, d);
+    else for (let i = 0; i < bits.length; i++) d[i] = fromBf16Bits(bits[i]!);
   }
 
   uploadInt(dst: IntBuf, src: Int32Array): void {

@@ -457,6 +457,15 @@ export class CudaBackend implements Backend {
     this.htod(d.ptr + BigInt(dstOffset * d.elem), f, f.length * d.elem, `uploading ${d.label}`);
   }
 
+  uploadBf16(dst: Buf, bits: Uint16Array): void {
+    const d = this.own(dst, 'uploadBf16');
+    if (d.dtype !== 'bf16') throw new Error(`uploadBf16 into ${d.label}, a ${d.dtype} buffer (bf16 only)`);
+    if (bits.length > d.length) throw new Error(`uploadBf16 of ${bits.length} overflows ${d.label} (${d.length})`);
+    this.hostTransfer(`uploading ${d.label}`, true);
+    if (!this.dev || bits.length === 0) return;
+    this.htod(d.ptr, bits, bits.length * 2, `uploading ${d.label}`);
+  }
+
   uploadInt(dst: IntBuf, src: Int32Array): void {
     const d = this.own(dst, 'uploadInt');
     if (src.length > d.length) throw new Error(`uploadInt of ${src.length} overflows ${d.label} (${d.length})`);

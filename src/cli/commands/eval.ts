@@ -290,7 +290,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   requireModelDir(modelDir, '--model');
   const teacherDir = o.teacher !== undefined ? resolveModelArg(o.teacher, '--teacher') : undefined;
   if (teacherDir !== undefined) requireModelDir(teacherDir, '--teacher');
-  const studentCk = readModelOrAdapter(modelDir, { base: o.base });
+  const studentCk = readModelOrAdapter(modelDir, { base: o.base, tensorByTensor: true });
   if (studentCk.adapter) log(describeMerge(studentCk.adapter));
   if (!studentCk.tokenizer) throw new DistilleryError(`${o.model} has no tokenizer.json`, 'evaluation needs the tokenizer the model was trained with; copy its tokenizer.json into the folder');
   const maxPos = studentCk.config.maxPositionEmbeddings;
@@ -298,7 +298,7 @@ export async function evaluate(o: EvalOptions, log: (line: string) => void = () 
   if ((o.data.length || !o.choiceSeqAuto) && o.seq > maxPos) {
     throw new UsageError(`--seq ${o.seq} exceeds the model's max_position_embeddings (${maxPos})`, `use --seq ${maxPos} or less`);
   }
-  const teacherCk = teacherDir !== undefined ? readCheckpoint(teacherDir) : null;
+  const teacherCk = teacherDir !== undefined ? readCheckpoint(teacherDir, { tensorByTensor: true }) : null;
   log(`model: ${describeBaked(studentCk.config)}`);
   if (teacherCk) log(`teacher: ${describeBaked(teacherCk.config)}`);
   let lossVocab: number | undefined;

@@ -333,7 +333,7 @@ export function requireModelDir(dir: string, flag: string): void {
 export async function generate(o: GenerateOptions, io: Io): Promise<number[]> {
   const dir = resolveModelArg(o.model, '--model');
   requireModelDir(dir, '--model');
-  const ck = readModelOrAdapter(dir, { base: o.base });
+  const ck = readModelOrAdapter(dir, { base: o.base, tensorByTensor: true });
   if (ck.adapter) io.err(`${describeMerge(ck.adapter)}\n`);
   const { tokenizer, config } = ck;
   io.err(`model: ${describeBaked(config)}\n`);
