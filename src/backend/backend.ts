@@ -438,6 +438,14 @@ export interface Backend {
    * keeps it current). No logits leave the device. logits and uniforms are f32.
    */
   sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number, seen?: IntBuf | null): void;
+  /**
+   * Advances a batched generation's decode loop on the device, after a step sampled its tokens into `sampled`: for each
+   * of n ≤ 1024 sequences, ids[b] = sampled[b] (the next step's input), positions[b] += 1, and uniforms[b] =
+   * table[(step + 1) · n + b] with step = counter[0] (0 where step + 1 ≥ rows, the table's rows of n draws each), then
+   * counter[0] = step + 1. A decode step captured with it reads nothing from the host, so steps can be queued ahead of
+   * their results (BatchGenerator.generateOnDevice).
+   */
+  decodeAdvance(ids: IntBuf, positions: IntBuf, sampled: IntBuf, uniforms: Buf, table: Buf, counter: IntBuf, n: number, rows: number): void;
 
   // ---- optimizer ------------------------------------------------------------------------------------
   /**

@@ -7,13 +7,16 @@
  * causal forward over the rows it writes (the flash kernel on CUDA), not the cache-reading kernel of the decode steps. The logits of each sequence's
  * last prompt token are gathered (one row per sequence) and go through the LM head as one product.
  * Decode: one token per sequence per step, each at its own position — the generation ops read per-sequence start
- * positions from a device buffer (Backend SeqPositions), uploaded each step — so sequences of different lengths advance
- * together. Stop tokens end a sequence (it keeps a slot in the batch until every sequence ends or the budget is spent).
+ * positions from a device buffer (Backend SeqPositions) — so sequences of different lengths advance together. Stop
+ * tokens end a sequence (it keeps a slot in the batch until every sequence ends or the budget is spent).
+ * generateOnDevice keeps the whole loop on the device: a step's sampled ids become the next step's input there, its
+ * positions and uniforms advance there (Backend.decodeAdvance), so the host queues step i + 1 before it reads step i's
+ * ids (a readback that overlaps the GPU's work) and the GPU never waits for the host between steps.
  *
  * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
-import { seenWords, type Backend, type Buf, type DType, type IntBuf, type SampleParams, type SeqPositions } from '../backend/backend.js';
+import { seenWords, type Backend, type Buf, type DType, type IntBuf, type Readback, type SampleParams, type SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
@@ -43,6 +46,11 @@ export class BatchGenerator {
   private readonly logits: Buf;
   private readonly uniforms: Buf;
   private readonly sampled: IntBuf;
+  /** generateOnDevice's draws, [steps + 1, n] uniforms uploaded once a generation (room for maxLen + 1 rows), and its step counter (decodeAdvance). */
+  private readonly table: Buf;
+  private readonly counter: IntBuf;
+  /** Two readbacks of the sampled ids, alternating: a step's ids are read while the next step runs (made when first used). */
+  private readbacks: [Readback, Readback] | null = null;
   /** The sequences' seen-token bitmask for a repetition penalty (allocated at the first generation that has one). */
   private seen: IntBuf | null = null;
   /** Tokens held by each sequence (its next position). */
@@ -61,6 +69,8 @@ export class BatchGenerator {
     this.logits = a(batch * c.vocabSize, 'logits');
     this.uniforms = a(batch, 'sampling uniforms');
     this.sampled = be.allocInt(batch, 'batched generation sampled ids');
+    this.table = a((maxLen + 1) * batch, 'sampling uniforms of every step');
+    this.counter = be.allocInt(1, 'batched generation step counter');
     this.lens = new Int32Array(batch);
   }
 
@@ -83,17 +93,6 @@ export class BatchGenerator {
   /** The same, on the host. */
   private headOf(rows: number[]): Float32Array | Float64Array {
     return this.be.download(this.logitsOf(rows));
-  }
-
-  /**
-   * The rows' tokens sampled on the device (Backend.sampleTokens) with the given uniforms: only the ids come back.
-   * seen: the rows' seen-token bitmask on the device (the draws are marked in it), or null.
-   */
-  private sampleOf(rows: number[], s: SampleParams, sv: number, uniforms: number[], seen: IntBuf | null): Int32Array {
-    const z = this.logitsOf(rows), be = this.be, b = rows.length;
-    be.upload(this.uniforms, uniforms);
-    be.sampleTokens(this.sampled, z, this.uniforms, b, sv, s, this.m.config.vocabSize, seen);
-    return be.downloadInt(be.viewInt(this.sampled, 0, b));
   }
 
   /** The device's seen-token bitmask holding `host` (seenOf's, seenWords(sv) words a sequence). */
@@ -165,45 +164,63 @@ export class BatchGenerator {
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
     const stops: Array<number | null> = prompts.map(() => null);
     const done = new Uint8Array(B);
-    const uniformsAt = (step: number): number[] => Array.from({ length: B }, (_, b) => hashUniform(seed, s0 + b, step, 0));
-    let ids = this.sampleOf(this.prefillRows(prompts), s, sv, uniformsAt(0), seen);
-    for (let step = 0; step < opts.maxNewTokens; step++) {
-      const next = new Int32Array(B);
+    // Every step's uniforms up front (row i: step i's draws), so that a decode step needs nothing from the host.
+    const steps = opts.maxNewTokens, be = this.be;
+    const table = new Float32Array((steps + 1) * B);
+    for (let i = 0; i <= steps; i++) for (let b = 0; b < B; b++) table[i * B + b] = hashUniform(seed, s0 + b, i, 0);
+    be.upload(this.table, table);
+    const rows = this.prefillRows(prompts);
+    be.upload(this.uniforms, table.subarray(0, B));
+    be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
+    const first = be.downloadInt(be.viewInt(this.sampled, 0, B));
+    const readbacks = this.readbacks ??= [0, 1].map(() => be.readback([], [this.sampled], 'batched generation sampled ids')) as [Readback, Readback];
+    /** Step i's ids: the prefill's at 0, else read back (queued after step i). */
+    const idsOf = (i: number): Int32Array => (i === 0 ? first : readbacks[i % 2]!.wait().ints[0]!);
+    // The device's loop state for step 1: the prefill's draws as input, each sequence at its next position, draws of row 1.
+    be.uploadInt(this.positions.seqPositions, Int32Array.from(this.lens, (l) => l - 1));
+    be.uploadInt(this.counter, new Int32Array([0]));
+    // rows: the table's capacity, not this call's steps, so that every call of B sequences replays one graph
+    const tableRows = this.maxLen + 1;
+    be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, tableRows);
+    let launched = 0;
+    const launch = (): void => {
+      launched++;
       for (let b = 0; b < B; b++) {
-        const id = ids[b]!;
-        next[b] = done[b] ? (tokens[b]!.at(-1) ?? 0) : id;
+        if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
+      }
+      this.decodeStep(B, s, sv, seen, tableRows);
+      readbacks[launched % 2]!.queue();
+    };
+    // Step i + 1 is queued before step i's ids are read, so the GPU runs it while the host reads and records: the ids
+    // of step i decide only what is kept (a sequence that ended goes on being computed, its tokens dropped).
+    for (let step = 0; step < steps; step++) {
+      if (launched === step && step + 1 < steps) launch();
+      const ids = idsOf(step);
+      for (let b = 0; b < B; b++) {
         if (done[b]) continue;
+        const id = ids[b]!;
         if ((opts.rowStopIds?.[b] ?? opts.stopIds)?.includes(id)) { done[b] = 1; finish[b] = 'stop'; stops[b] = id; continue; }
         tokens[b]!.push(id);
         if (opts.stopWhen?.(b, tokens[b]!)) { done[b] = 1; finish[b] = 'stop'; }
       }
-      if (done.every((d) => d === 1) || step + 1 === opts.maxNewTokens) break;
-      ids = this.decodeSampled(next, s, sv, uniformsAt(step + 1), seen);
+      if (done.every((d) => d === 1) || step + 1 === steps) break;
     }
     return { tokens, finish, stops };
   }
 
   /**
-   * One decode step sampled on the device: the inputs (ids, positions, uniforms) are uploaded, then the layers, the LM
-   * head and the sampler run as one captured region — a CUDA graph replayed every step, since only device buffers change
-   * between steps — and only the B sampled ids come back.
+   * One decode step, on the device alone: the layers over each sequence's input id at its position, the LM head, the
+   * sampler, and decodeAdvance (the draws become the next input, positions move on, the next row of uniforms) — one
+   * captured region, a CUDA graph replayed every step, since nothing in it changes between steps.
    */
-  private decodeSampled(tokens: Int32Array, s: SampleParams, sv: number, uniforms: number[], seen: IntBuf | null): Int32Array {
-    const B = tokens.length, be = this.be;
-    if (B !== this.lens.length) throw new DistilleryError(`decode got ${B} tokens for ${this.lens.length} sequences`);
-    for (let b = 0; b < B; b++) {
-      if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
-    }
-    be.uploadInt(this.positions.seqPositions, this.lens);
-    be.uploadInt(this.cl.ids, tokens);
-    be.upload(this.uniforms, uniforms);
-    const rows = Array.from({ length: B }, (_, b) => b);
+  private decodeStep(B: number, s: SampleParams, sv: number, seen: IntBuf | null, rows: number): void {
+    const be = this.be;
     be.captured('decode step', () => {
       this.cl.run(B, 1, this.positions);
-      be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
+      be.sampleTokens(this.sampled, this.logitsOf(Array.from({ length: B }, (_, b) => b)), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
+      be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, rows);
     });
     for (let b = 0; b < B; b++) this.lens[b]!++;
-    return be.downloadInt(be.viewInt(this.sampled, 0, B));
   }
 
   /**

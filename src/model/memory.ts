@@ -130,7 +130,8 @@ export function loraBytes(lay: LoraLayout, tokens: number, training: boolean, a:
  * bytes per element of its compute-dtype buffers: the KV cache of every layer, one layer's activations for every row
  * (the prefill attention's log-sum-exp included, and the fused q/k/v product's output where the model has one:
  * src/model/cached-layers.ts),
- * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms and sampled ids (not the seen-token
+ * the token ids, per-sequence positions, the gathered last rows, the logits, uniforms, sampled ids, every step's uniforms
+ * and the step counter (not the seen-token
  * bitmask a repetition penalty allocates, batch · ⌈vocab / 32⌉ words: on-policy generation, what this sizes, has none).
  */
 export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: number, a: number, fusedQkv: boolean): number {
@@ -138,7 +139,8 @@ export function batchGeneratorBytes(c: ModelConfig, batch: number, maxLen: numbe
   const kv = 2 * c.numLayers * R * KV * a;
   const acts = R * (2 * C + 1 + c.numHeads /* prefill lse */) * F + R * (C + 2 * Q + 2 * KV + 3 * I + (fusedQkv ? Q + 2 * KV : 0)) * a;
   const qkn = c.qkNorm ? R * (Q + KV) * a + R * (c.numHeads + c.numKvHeads) * F : 0;
-  return kv + acts + qkn + R * F /* ids */ + batch * F /* positions */ + batch * C * a + batch * c.vocabSize * F + 2 * batch * F;
+  return kv + acts + qkn + R * F /* ids */ + batch * F /* positions */ + batch * C * a + batch * c.vocabSize * F + 2 * batch * F
+    + (maxLen + 1) * batch * F /* every step's uniforms */ + F /* the step counter */;
 }
 
 /** The largest sequence length (≤ seq) whose estimate fits in `bytes`, or 0 if none does. */

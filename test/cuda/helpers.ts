@@ -80,6 +80,8 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
       b.sparseTeacherRows(rowsOut, teacher, b.alloc(n, 'uniforms'), n, d.vocab, 2, 'top');
       // batched generation's device sampler
       b.sampleTokens(b.allocInt(n, 'sampled'), teacher, b.alloc(n, 'uniforms'), n, d.vocab, { temperature: 1, topK: 4, topP: 0.9 });
+      // and its decode loop's step on the device
+      b.decodeAdvance(b.allocInt(d.B, 'ids'), b.allocInt(d.B, 'positions'), b.allocInt(d.B, 'sampled'), b.alloc(d.B, 'uniforms'), b.alloc(3 * d.B, 'table'), b.allocInt(1, 'counter'), d.B, 3);
     }
     // backward
     const dq = b.alloc(q.length, 'dq'), dk = b.alloc(k.length, 'dk'), dv = b.alloc(v.length, 'dv'), datt = b.alloc(att.length, 'datt');

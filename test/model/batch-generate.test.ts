@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
-import type { Backend } from '../../src/backend/backend.js';
+import type { Backend, Readback } from '../../src/backend/backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
@@ -175,5 +175,43 @@ test('generation draws only the tokenizer\'s ids (SamplingOptions.vocab): embedd
     assert.equal(greedy[b]![0], best, `sequence ${b}`);
   });
   assert.throws(() => g.generate(PROMPTS, { ...opts, vocab: V + 1 }), /sampling vocabulary/);
+  be.dispose();
+});
+
+test('generateOnDevice keeps the decode loop on the device: no upload between steps, step i + 1 queued before step i\'s ids are read, the same tokens as one step at a time', () => {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const c = CONFIGS[0]![1];
+  const m = model(be, c, 5);
+  const g = new BatchGenerator(m, PROMPTS.length, 24);
+  const opts = { temperature: 1.1, topP: 0.9, topK: 20, maxNewTokens: 7, seed: 99 };
+  const reference = g.generateOnDevice(PROMPTS, opts);
+  // the same generation, the backend's calls logged
+  const log: string[] = [];
+  type Fn = (...a: unknown[]) => unknown;
+  const rec = be as unknown as Record<string, Fn>;
+  const spy = (k: string, wrap: (orig: Fn) => Fn): void => { const orig = rec[k]!.bind(be); rec[k] = wrap(orig); };
+  for (const k of ['upload', 'uploadInt', 'downloadInt', 'download']) spy(k, (orig) => (...a) => { log.push(k); return orig(...a); });
+  let steps = 0;
+  spy('captured', (orig) => (label, body) => { log.push(`${String(label)} ${++steps}`); return orig(label, body); });
+  spy('readback', (orig) => (...a) => {
+    const rb = orig(...a) as Readback;
+    return { queue: () => { rb.queue(); }, wait: () => { log.push('read'); return rb.wait(); } };
+  });
+  const g2 = new BatchGenerator(m, PROMPTS.length, 24);
+  const got = g2.generateOnDevice(PROMPTS, opts);
+  assert.deepEqual(got, reference);
+  const first = log.indexOf('decode step 1');
+  assert.ok(first > 0);
+  assert.deepEqual(log.slice(first).filter((e) => !e.startsWith('decode step') && !e.startsWith('read')), [], 'nothing but decode steps and their readbacks after the first step');
+  assert.equal(steps, opts.maxNewTokens - 1, 'one decode step a new token after the prefill\'s');
+  // readbacks alternate (two objects): read k of object j is step 2(k − 1) + j + 1; step s + 1 is queued before step s is read
+  const decodeAt = (s: number): number => log.indexOf(`decode step ${s}`);
+  const reads = log.map((e, i) => [e, i] as const).filter(([e]) => e.startsWith('read')).map(([, i]) => i);
+  assert.equal(reads.length, steps);
+  reads.forEach((at, r) => {
+    const s = r + 1;
+    if (s < steps) assert.ok(decodeAt(s + 1) < at, `step ${s + 1} queued before step ${s}'s ids are read`);
+    assert.ok(decodeAt(s) < at);
+  });
   be.dispose();
 });

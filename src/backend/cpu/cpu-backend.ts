@@ -844,6 +844,20 @@ export class CpuBackend implements Backend {
     }
   }
 
+  decodeAdvance(ids: IntBuf, positions: IntBuf, sampled: IntBuf, uniforms: Buf, table: Buf, counter: IntBuf, n: number, rows: number): void {
+    const id = this.i(ids, 'decodeAdvance ids'), pos = this.i(positions, 'decodeAdvance positions'), s = this.i(sampled, 'decodeAdvance sampled');
+    const u = this.f(uniforms, 'decodeAdvance uniforms'), tab = this.f(table, 'decodeAdvance table'), c = this.i(counter, 'decodeAdvance counter');
+    check(Number.isInteger(n) && n >= 0 && n <= 1024 && Number.isInteger(rows) && rows >= 0, `cpu backend: decodeAdvance: ${n} sequences, ${rows} rows`);
+    for (const [a, k, w] of [[id, n, 'ids'], [pos, n, 'positions'], [s, n, 'sampled'], [u, n, 'uniforms'], [tab, rows * n, 'table'], [c, 1, 'counter']] as const) this.need(a, k, 'decodeAdvance', w);
+    const next = c[0]! + 1;
+    for (let b = 0; b < n; b++) {
+      id[b] = s[b]!;
+      pos[b]! += 1;
+      u[b] = next < rows ? tab[next * n + b]! : 0;
+    }
+    c[0] = next;
+  }
+
   sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld: number = vocab, seen: IntBuf | null = null): void {
     const o = this.i(out, 'sampled tokens'), z = this.f(logits, 'sampling logits'), u = this.f(uniforms, 'sampling uniforms');
     check(Number.isInteger(ld) && ld >= vocab, `cpu backend: sampleTokens: row stride ${ld} below the vocabulary ${vocab}`);

@@ -10,3 +10,5 @@ export const ATTN_BLOCK = 128;
 export const LOSS_BLOCK = 512;
 /** Threads per block of sample_rows (one row a block; 64 registers a thread: four blocks an SM at 256). */
 export const SAMPLE_ROWS_BLOCK = 256;
+/** decode_advance: one block, a thread per sequence of a generation batch (the most sequences Backend.decodeAdvance takes). */
+export const DECODE_ADVANCE_BLOCK = 1024;

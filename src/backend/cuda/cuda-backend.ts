@@ -66,13 +66,13 @@ import {
 import { lossKernel } from './kernels/loss.js';
 import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.js';
 import { SAMPLE_MAX_TILES, SAMPLE_TILE, sampleRowsKernel, topRowsKernel } from './kernels/sparse-rows.js';
-import { sampleTokensKernel } from './kernels/sample.js';
+import { decodeAdvanceKernel, sampleTokensKernel } from './kernels/sample.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
 import type { WaitGuard } from './bounded-wait.js';
 
-import { ATTN_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK, SAMPLE_ROWS_BLOCK } from './block-sizes.js';
+import { ATTN_BLOCK, DECODE_ADVANCE_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK, SAMPLE_ROWS_BLOCK } from './block-sizes.js';
 import {
   DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, attentionScratchSizes, bf16MmaOperands,
   maxScratch, planAttentionBackward, simtAttentionTile, type AttentionBackwardImpl, type AttentionScratch,
@@ -1212,6 +1212,16 @@ export class CudaBackend implements Backend {
     this.launch(sampleTokensKernel.make({ block: LOSS_BLOCK }), [n, 1, 1], LOSS_BLOCK,
       [P(out), P(logits), P(uniforms), I(n), I(vocab), I(ld), F(s.temperature), I(s.topK), F(s.topP),
         P(seen), I(W), F(pm.penalty), F(pm.minP)]);
+  }
+
+  decodeAdvance(ids: IntBuf, positions: IntBuf, sampled: IntBuf, uniforms: Buf, table: Buf, counter: IntBuf, n: number, rows: number): void {
+    if (!(Number.isInteger(n) && n >= 0 && n <= DECODE_ADVANCE_BLOCK)) throw new DistilleryError(`decodeAdvance: ${n} sequences (at most ${DECODE_ADVANCE_BLOCK})`);
+    if (!(Number.isInteger(rows) && rows >= 0)) throw new DistilleryError(`decodeAdvance: ${rows} table rows`);
+    for (const [b, k] of [[ids, n], [positions, n], [sampled, n], [uniforms, n], [table, rows * n], [counter, 1]] as const) this.need(b, k, 'decodeAdvance');
+    this.f32Only('decodeAdvance', [['uniforms', uniforms], ['table', table]]);
+    if (n === 0) return;
+    this.launch(decodeAdvanceKernel.make({ block: DECODE_ADVANCE_BLOCK }), [1, 1, 1], DECODE_ADVANCE_BLOCK,
+      [P(ids), P(positions), P(sampled), P(uniforms), P(table), P(counter), I(n), I(rows)]);
   }
 
   // ---- optimizer ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import {
 import { lossKernel } from './loss.js';
 import { sparseLossKernel } from './sparse-loss.js';
 import { sampleRowsKernel, topRowsKernel } from './sparse-rows.js';
-import { sampleTokensKernel } from './sample.js';
+import { decodeAdvanceKernel, sampleTokensKernel } from './sample.js';
 import { dequantNf4 } from './quant.js';
 
 export * from './spec.js';
@@ -44,7 +44,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
-  swigluForward, swigluBackward, swigluBackwardSet, swigluForwardRows, swigluBackwardRows, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
+  swigluForward, swigluBackward, swigluBackwardSet, swigluForwardRows, swigluBackwardRows, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, decodeAdvanceKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
   dequantNf4,
 ];
 

@@ -123,3 +123,29 @@ export const sampleTokensKernel = defineFamily<SampleTokensP>({
   example: { block: 512 },
   generate,
 });
+
+/**
+ * The device side of one batched-generation decode step, after its tokens are sampled (Backend.decodeAdvance): one
+ * thread per sequence b < N: ids[b] = sampled[b], positions[b] += 1, uniforms[b] = table[(step + 1) · N + b] with
+ * step = counter[0] (0 past the table's ROWS rows); then thread 0 sets counter[0] = step + 1. One block (N ≤ BLOCK), so
+ * every thread reads the counter before thread 0 writes it. Baked: block size. Runtime: N and the table's rows.
+ */
+export const decodeAdvanceKernel = defineFamily<{ block: number }>({
+  name: 'decode_advance',
+  schema: { block: BLOCK_DOMAIN },
+  example: { block: 256 },
+  generate: (p) => `#define BLOCK ${p.block}
+extern "C" __global__ void decode_advance(int* ids, int* positions, const int* sampled, float* uniforms, const float* table,
+                                          int* counter, int N, int ROWS) {
+  int b = threadIdx.x;
+  int next = counter[0] + 1;
+  if (b < N) {
+    ids[b] = sampled[b];
+    positions[b] += 1;
+    uniforms[b] = next < ROWS ? table[(long long)next * N + b] : 0.0f;
+  }
+  __syncthreads();
+  if (b == 0) counter[0] = next;
+}
+`,
+});
