@@ -3,7 +3,8 @@
 # Qwen2.5-0.5B-shaped model (random init, vocab 151936, bf16, prompts of PROMPT_LEN tokens, NEW new tokens, greedy) at
 # each batch of BATCHES, three ways: plain (tokens/s and the CUDA timeline: host ms recording a decode step against its
 # GPU ms), with DISTILLERY_CUDA_PROFILE=1 (the decode step's ops, GPU time each), and under node --cpu-prof (the host's
-# JavaScript, by function, self time).
+# JavaScript, by function, self time). The plain run's line also gives the whole command's wall time (the model's
+# loading, the kernels' pre-warm and the generation).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Env: BATCHES ("8 64"), PROMPT_LEN (128), NEW (256), MODEL (qwen2.5-0.5b), DIST (dist: another build's folder to
 # profile, e.g. a baseline carried beside it). Output: $OUT/decode-profile.txt.
@@ -25,8 +26,8 @@ for B in $BATCHES; do
   node dist/scripts/cuda/fixed-length-prompts.js "$work/gen-$MODEL" "$B" "$PROMPT_LEN" "$work/prompts-$B.jsonl"
   gen() { node "$@" "$entry" generate --device cuda --model "$work/gen-$MODEL" --prompts "$work/prompts-$B.jsonl" --batch "$B" \
     --max-new-tokens "$NEW" --temperature 0 --strict-kernels --kernel-cache-dir "$work/kc" > "$work/gen.jsonl" 2> "$work/gen.log"; }
-  gen; DISTILLERY_CUDA_TIMELINE=1 gen; rc=$?
-  say "== batch $B: rc=$rc $(grep -E 'generated .* tokens/s' "$work/gen.log")"
+  gen; t0=$(date +%s.%N); DISTILLERY_CUDA_TIMELINE=1 gen; rc=$?; t1=$(date +%s.%N)
+  say "== batch $B: rc=$rc $(grep -E 'generated .* tokens/s' "$work/gen.log"); the whole command $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s (loading the model included)"
   grep -E '^\[cuda-timeline\] (region|decode)' "$work/gen.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/gen.log" | tee -a "$txt"
   DISTILLERY_CUDA_PROFILE=1 gen
