@@ -137,9 +137,21 @@ function firstNonFiniteIndex(d: ArrayLike<number>): number {
   return -1;
 }
 
-/** The index of the first NaN or infinite bf16 bit pattern (all exponent bits set), or -1. */
-function firstNonFiniteBf16(bits: Uint16Array): number {
-  for (let i = 0; i < bits.length; i++) if ((bits[i]! & 0x7f80) === 0x7f80) return i;
+/**
+ * The index of the first NaN or infinite bf16 bit pattern (all exponent bits set), or -1. Two patterns a 32-bit word
+ * where the array is aligned: adding 0x80 to a pattern's exponent bits carries into its sign bit exactly when they are
+ * all set, and the low pattern's carry stops below the high one.
+ */
+export function firstNonFiniteBf16(bits: Uint16Array): number {
+  let i = 0;
+  if (bits.byteOffset % 4 === 0) {
+    const w = new Uint32Array(bits.buffer, bits.byteOffset, bits.length >> 1);
+    for (let k = 0; k < w.length; k++) {
+      if ((((w[k]! & 0x7f807f80) + 0x00800080) & 0x80008000) !== 0) { i = 2 * k; break; }
+      i = 2 * k + 2;
+    }
+  }
+  for (; i < bits.length; i++) if ((bits[i]! & 0x7f80) === 0x7f80) return i;
   return -1;
 }
 

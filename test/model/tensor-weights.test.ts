@@ -13,7 +13,7 @@ import * as path from 'node:path';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { presetConfig } from '../../src/model/config.js';
 import { MAX_FLAT_WEIGHTS, TensorWeights, flatWeights, initialWeights, packWeights, parameterLayout, unpackWeights } from '../../src/model/params.js';
-import { readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
+import { firstNonFiniteBf16, readCheckpoint, writeCheckpoint } from '../../src/model/checkpoint.js';
 import { Transformer, type Precision } from '../../src/model/transformer.js';
 import { loraInitialWeights, loraLayout, mergeLora } from '../../src/model/lora.js';
 import { weightsHash } from '../../src/model/weights-hash.js';
@@ -179,4 +179,17 @@ test('a bf16 checkpoint read tensor by tensor refuses a non-finite value by name
     assert.throws(() => m.setWeights(w), (e: unknown) => e instanceof DistilleryError && e.message.includes(`tensor "${t.name}" holds a non-finite value (${shown} at element 3)`));
     be.dispose();
   }
+});
+
+test('firstNonFiniteBf16 (two patterns a word) finds what the one-pattern rule finds, for every bf16 pattern at every place', () => {
+  const rule = (bits: Uint16Array): number => { for (let i = 0; i < bits.length; i++) if ((bits[i]! & 0x7f80) === 0x7f80) return i; return -1; };
+  let checked = 0;
+  for (let p = 0; p < 65536; p++) {
+    const cases = [new Uint16Array([p, 0x3f80, 0x3f80]), new Uint16Array([0x3f80, p, 0x3f80]), new Uint16Array([0x3f80, 0x3f80, p]),
+      new Uint16Array([p, p]), new Uint16Array(5).fill(0xc000).subarray(1, 4)]; // the last one unaligned for a word view
+    cases[4]![1] = p;
+    for (const c of cases) { assert.equal(firstNonFiniteBf16(c), rule(c), `pattern ${p.toString(16)} in [${[...c].map((x) => x.toString(16))}]`); checked++; }
+  }
+  assert.equal(checked, 5 * 65536);
+  assert.equal(firstNonFiniteBf16(new Uint16Array([0x3f80, 0x3f80, 0x3f80, 0x7f80])), 3, '+Infinity in the second word\'s high half');
 });
