@@ -469,6 +469,15 @@ export interface Backend {
    * otherwise runs them as launched; the CPU backend runs the body. `label` names the region in the timeline.
    */
   captured<R>(label: string, body: () => R): R;
+  /**
+   * captured() for a loop whose every step issues the same work, only the contents of device buffers changing (a decode
+   * step: BatchGenerator.generateOnDevice): runs `body` once as a captured region and returns `again`, which issues that
+   * work once more without the host walking the body op by op (CUDA: the recorded ops go back to the graph runner, one
+   * graph launch a segment). For as long as nothing the body reads on the host changes (the loop's constants). The CUDA
+   * backend records the body again at again's first call and every REPEAT_CHECK_EVERY-th after, without issuing it, and
+   * throws when that differs from what it repeats; the CPU backend runs the body at each call.
+   */
+  capturedRepeat(label: string, body: () => void): () => void;
 }
 
 /**

@@ -182,13 +182,11 @@ export class BatchGenerator {
     // rows: the table's capacity, not this call's steps, so that every call of B sequences replays one graph
     const tableRows = this.maxLen + 1;
     be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, tableRows);
+    const decode = this.decodeSteps(B, s, sv, seen, tableRows);
     let launched = 0;
     const launch = (): void => {
       launched++;
-      for (let b = 0; b < B; b++) {
-        if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
-      }
-      this.decodeStep(B, s, sv, seen, tableRows);
+      decode();
       readbacks[launched % 2]!.queue();
     };
     // Step i + 1 is queued before step i's ids are read, so the GPU runs it while the host reads and records: the ids
@@ -209,18 +207,28 @@ export class BatchGenerator {
   }
 
   /**
-   * One decode step, on the device alone: the layers over each sequence's input id at its position, the LM head, the
-   * sampler, and decodeAdvance (the draws become the next input, positions move on, the next row of uniforms) — one
-   * captured region, a CUDA graph replayed every step, since nothing in it changes between steps.
+   * The decode steps of one generation, on the device alone: the layers over each sequence's input id at its position,
+   * the LM head, the sampler, and decodeAdvance (the draws become the next input, positions move on, the next row of
+   * uniforms). Recorded at the first step (a captured region: a CUDA graph once it has been seen) and repeated after
+   * without the model's code running again (Backend.capturedRepeat), since nothing in it changes within a generation.
    */
-  private decodeStep(B: number, s: SampleParams, sv: number, seen: IntBuf | null, rows: number): void {
-    const be = this.be;
-    be.captured('decode step', () => {
-      this.cl.run(B, 1, this.positions);
-      be.sampleTokens(this.sampled, this.logitsOf(Array.from({ length: B }, (_, b) => b)), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
-      be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, rows);
-    });
-    for (let b = 0; b < B; b++) this.lens[b]!++;
+  private decodeSteps(B: number, s: SampleParams, sv: number, seen: IntBuf | null, rows: number): () => void {
+    const be = this.be, V = this.m.config.vocabSize, lastRows = Array.from({ length: B }, (_, b) => b);
+    let again: (() => void) | null = null;
+    return () => {
+      for (let b = 0; b < B; b++) {
+        if (this.lens[b]! >= this.maxLen) throw new DistilleryError(`sequence ${b} would pass the generator's ${this.maxLen} tokens`, 'lower the number of new tokens');
+      }
+      if (again) again();
+      else {
+        again = be.capturedRepeat('decode step', () => {
+          this.cl.run(B, 1, this.positions);
+          be.sampleTokens(this.sampled, this.logitsOf(lastRows), this.uniforms, B, sv, s, V, seen);
+          be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, rows);
+        });
+      }
+      for (let b = 0; b < B; b++) this.lens[b]!++;
+    };
   }
 
   /**

@@ -7,7 +7,7 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CudaBackend, segmentOps } from '../../src/backend/cuda/cuda-backend.js';
+import { CudaBackend, REPEAT_CHECK_EVERY, segmentOps } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { GraphRunner, formatTimeline, graphsFromEnv, type GraphOp } from '../../src/backend/cuda/graphs.js';
 import { ADAMW_CHUNK, ADAMW_CHUNK_WORDS, adamwChunkTable } from '../../src/backend/cuda/kernels/elementwise.js';
@@ -23,6 +23,7 @@ import { ShardedAdamW } from '../../src/parallel/data-parallel.js';
 import type { CommWork } from '../../src/parallel/comm.js';
 import { OneRankView } from '../parallel/fake-comm.js';
 import type { Backend, Buf } from '../../src/backend/backend.js';
+import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 
 function setup(graphs = true) {
   const driver = fakeDriver();
@@ -321,4 +322,41 @@ test('data parallel with NCCL-like collectives: the buckets fork to the side str
   }
   assert.throws(() => s.be.captured('r', () => { s.be.sideCollective('x', () => {}); s.be.joinSide(); }), /joinSide inside the captured region "r"/);
   s.be.dispose();
+});
+
+test('capturedRepeat: the region is recorded once and repeated from its segments (eager, captured, replayed), the body run again only to check it', () => {
+  const s = setup();
+  const be = s.be, x = be.alloc(64, 'x'), y = be.alloc(64, 'y');
+  let bodies = 0, scale = 2;
+  const body = (): void => { bodies++; be.scale(y, scale, 64); be.add(x, x, y, 64); };
+  const modes: string[] = [];
+  const again = be.capturedRepeat('repeated', body);
+  modes.push(be.lastRegionMode!);
+  const launchesBefore = s.driver.calls.filter((c) => c === 'launch').length;
+  for (let i = 0; i < 4; i++) { again(); modes.push(be.lastRegionMode!); }
+  assert.deepEqual(modes, ['eager', 'capture', 'replay', 'replay', 'replay']);
+  assert.equal(bodies, 2, 'the body ran when recorded and once more, unissued, at the first repeat\'s check');
+  // the repeats issued graphs, not ops: one eager region's launches, then none outside a capture
+  assert.equal(s.driver.calls.filter((c) => c === 'launch').length, launchesBefore, 'no op launched eagerly by a repeat after the first region');
+  assert.ok(s.driver.calls.filter((c) => c === 'graphLaunch').length >= 3);
+  // the check every REPEAT_CHECK_EVERY-th repeat: a host value the body reads changed, and the repeat refuses by name
+  scale = 3;
+  for (let i = 4; i < REPEAT_CHECK_EVERY; i++) again(); // repeats 5 to 64: not checked (scale changed unnoticed until the 65th)
+  assert.throws(() => again(), /captured region "repeated" repeated: its body now issues other work than when it was recorded/);
+  // and a body that changes before the first repeat is caught at once
+  let n = 64;
+  const again2 = be.capturedRepeat('repeated 2', () => { be.scale(y, 2, n); });
+  n = 32;
+  assert.throws(() => again2(), /captured region "repeated 2" repeated/);
+  s.be.dispose();
+});
+
+test('capturedRepeat on the CPU backend runs the body at every call; a trace backend traces it once', () => {
+  const cpu = createCpuBackend({ threads: 1 });
+  const x = cpu.alloc(4, 'x');
+  cpu.upload(x, [1, 2, 3, 4]);
+  const again = cpu.capturedRepeat('r', () => cpu.add(x, x, x, 4));
+  again(); again();
+  assert.deepEqual([...cpu.download(x)], [8, 16, 24, 32]);
+  cpu.dispose();
 });

@@ -178,7 +178,7 @@ test('generation draws only the tokenizer\'s ids (SamplingOptions.vocab): embedd
   be.dispose();
 });
 
-test('generateOnDevice keeps the decode loop on the device: no upload between steps, step i + 1 queued before step i\'s ids are read, the same tokens as one step at a time', () => {
+test('generateOnDevice keeps the decode loop on the device: no upload between steps, one recorded step repeated, step i + 1 queued before step i\'s ids are read, the same tokens as one step at a time', () => {
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const c = CONFIGS[0]![1];
   const m = model(be, c, 5);
@@ -192,7 +192,11 @@ test('generateOnDevice keeps the decode loop on the device: no upload between st
   const spy = (k: string, wrap: (orig: Fn) => Fn): void => { const orig = rec[k]!.bind(be); rec[k] = wrap(orig); };
   for (const k of ['upload', 'uploadInt', 'downloadInt', 'download']) spy(k, (orig) => (...a) => { log.push(k); return orig(...a); });
   let steps = 0;
-  spy('captured', (orig) => (label, body) => { log.push(`${String(label)} ${++steps}`); return orig(label, body); });
+  spy('capturedRepeat', (orig) => (label, body) => {
+    log.push(`${String(label)} ${++steps}`);
+    const again = orig(label, body) as () => void;
+    return () => { log.push(`${String(label)} ${++steps}`); again(); };
+  });
   spy('readback', (orig) => (...a) => {
     const rb = orig(...a) as Readback;
     return { queue: () => { rb.queue(); }, wait: () => { log.push('read'); return rb.wait(); } };

@@ -898,6 +898,7 @@ export class CpuBackend implements Backend {
 
   /** The CPU has no graphs: the region runs as written. */
   captured<R>(_label: string, body: () => R): R { return body(); }
+  capturedRepeat(_label: string, body: () => void): () => void { body(); return body; }
 
   private adamwF32(param: Buf, grad: Buf, m: Buf, v: Buf, n: number, s: AdamWStep): void {
     const p = this.f(param, 'adamw param'), g = this.f(grad, 'adamw grad'), mm = this.f(m, 'adamw m'), vv = this.f(v, 'adamw v');

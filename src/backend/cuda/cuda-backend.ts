@@ -80,6 +80,8 @@ import {
 
 /** Cap on sumSquares partial sums (one double per block; the grid-stride loop covers any n). */
 export const DEFAULT_SCRATCH_BLOCKS = 1024;
+/** capturedRepeat checks a repeated region against its body at its first repeat and every this-many after. */
+export const REPEAT_CHECK_EVERY = 64;
 /** Column-reduction partials (the norms' backward, bias_grad → col_reduce): R row chunks (blocks) × C columns. */
 export const DEFAULT_COLSUM_FLOATS = 1 << 20;
 /** Row chunks of the two-stage column reductions (stage 1 grid's y) and the fewest rows one chunk sums. */
@@ -219,7 +221,11 @@ export class CudaBackend implements Backend {
    * The captured region being recorded (null outside one): its ops since the last segment was handed to the runner,
    * the segment's index, the ops recorded in the whole region, and when the segment's recording began.
    */
-  private rec: { label: string; ops: GraphOp[]; seg: number; total: number; t0: number } | null = null;
+  private rec: {
+    label: string; ops: GraphOp[]; seg: number; total: number; t0: number;
+    /** capturedRepeat: the region's segments, kept to issue again; `run` false: recorded only (a repeat's check). */
+    kept?: GraphOp[][]; run?: boolean; side?: boolean;
+  } | null = null;
   /** The mode the last captured region ran in (tests and the bench read it). */
   lastRegionMode: RegionMode | null = null;
   /** AdamW's per-step values in device memory (ADAMW_SCALARS floats) and the chunk tables of adamwSegments. */
@@ -363,7 +369,8 @@ export class CudaBackend implements Backend {
     const r = this.rec!;
     if (r.ops.length === 0) return;
     const now = performance.now();
-    this.lastRegionMode = this.graphs!.run(r.label, r.seg, r.ops, now - r.t0);
+    r.kept?.push(r.ops);
+    if (r.run !== false) this.lastRegionMode = this.graphs!.run(r.label, r.seg, r.ops, now - r.t0);
     r.ops = [];
     r.seg++;
     r.t0 = performance.now();
@@ -380,6 +387,49 @@ export class CudaBackend implements Backend {
     } catch (err) {
       // The ops recorded before the throw run as launched, as an uncaptured body would have issued them.
       const pending = this.rec?.ops ?? [];
+      this.rec = null;
+      for (const op of pending) op.issue();
+      throw err;
+    } finally {
+      this.rec = null;
+    }
+  }
+
+  /**
+   * Backend.capturedRepeat: the region is recorded once, as captured() records it, keeping its segments; `again` hands
+   * the same segments to the graph runner (their fingerprints computed once), so a replay costs the host a graph launch
+   * a segment and nothing a op. `again` records the body once more without issuing it at its first call and every
+   * REPEAT_CHECK_EVERY-th after, and throws naming the region when what it records differs from what it repeats.
+   */
+  capturedRepeat(label: string, body: () => void): () => void {
+    if (!this.dev || !this.graphs) { body(); return body; }
+    const segs = this.recordKept(label, body, true);
+    const fps = segs.map((ops) => ops.map((o) => o.fp).join('\n'));
+    let calls = 0;
+    return () => {
+      if (calls++ % REPEAT_CHECK_EVERY === 0) {
+        const now = this.recordKept(label, body, false).map((ops) => ops.map((o) => o.fp).join('\n'));
+        if (now.length !== fps.length || now.some((fp, i) => fp !== fps[i])) {
+          throw new Error(`captured region "${label}" repeated: its body now issues other work than when it was recorded (a host value it reads changed); record it again instead`);
+        }
+      }
+      const t0 = performance.now();
+      segs.forEach((ops, i) => { this.lastRegionMode = this.graphs!.run(label, i, ops, i === 0 ? performance.now() - t0 : 0, fps[i]); });
+    };
+  }
+
+  /** Runs body as a captured region whose segments are kept (and, with `run` false, recorded only: nothing issued). */
+  private recordKept(label: string, body: () => void, run: boolean): GraphOp[][] {
+    if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.rec.label}"`);
+    const kept: GraphOp[][] = [];
+    this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now(), kept, run };
+    try {
+      body();
+      if (this.rec.side) throw new Error(`captured region "${label}" forks a collective to the side stream: it cannot be repeated`);
+      this.flushSegment();
+      return kept;
+    } catch (err) {
+      const pending = this.rec?.run === false ? [] : this.rec?.ops ?? [];
       this.rec = null;
       for (const op of pending) op.issue();
       throw err;
@@ -693,6 +743,7 @@ export class CudaBackend implements Backend {
    */
   sideCollective(what: string, issue: (stream: unknown) => void): void {
     if (!this.dev) throw new Error('sideCollective: a trace backend has no device');
+    if (this.rec?.kept) { this.rec.side = true; return; } // refused at the region's end (capturedRepeat)
     if (this.rec) this.flushSegment();
     this.dev.driver.forkSide(what);
     issue(this.dev.driver.sideStream);

@@ -121,14 +121,14 @@ export class GraphRunner {
 
   /**
    * Runs segment `seg` of a recorded region: eagerly, by capturing it, or by launching its graph (see the file
-   * comment). Each segment is its own graph; the timeline sums a region's segments under its label.
+   * comment). Each segment is its own graph; the timeline sums a region's segments under its label. `fp`: the ops'
+   * fingerprint when the caller has it already (the ops' fps joined by newlines), else computed here.
    */
-  run(label: string, seg: number, ops: readonly GraphOp[], recordMs: number): RegionMode {
+  run(label: string, seg: number, ops: readonly GraphOp[], recordMs: number, fp: string = ops.map((o) => o.fp).join('\n')): RegionMode {
     this.collect();
     const slot = `${label}#${seg}`;
     let entries = this.byLabel.get(slot);
     if (!entries) this.byLabel.set(slot, entries = []);
-    const fp = ops.map((o) => o.fp).join('\n');
     let e = entries.find((x) => x.fp === fp);
     if (!e) {
       e = { fp, seen: 0, exec: null, ops: ops.length, prof: null };
