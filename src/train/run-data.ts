@@ -119,7 +119,8 @@ export function prepareRunData(o: RunOptions, log: (s: string) => void, out: str
   // A teacher cache stands in for the teacher: its header (config, tokenizer, chat files) decides what the teacher would.
   const cache = o.mode === 'distill' && o.teacherCache ? TeacherCache.open(o.teacherCache) : null;
   const teacherCk: LoadedCheckpoint | null = o.mode === 'distill' ? (cache ? cache.teacherHeader() : loadTeacher(o)) : null;
-  const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init) : null;
+  // A LoRA base is frozen (only uploaded, and hashed): tensor by tensor, as a teacher; a model that trains needs one flat array
+  const initCk: LoadedCheckpoint | null = o.init ? readCheckpoint(o.init, { tensorByTensor: o.loraRank > 0 }) : null;
   checkSeqFits(o, teacherCk, initCk);
   const extras = modelExtras(o, teacherCk, initCk);
   const chat: ChatFormat = extras ? chatFormatOf(extras.chatTemplate, extras.from, extras.tokenizerConfig) : DEFAULT_CHAT_FORMAT;
