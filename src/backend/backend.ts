@@ -177,6 +177,9 @@ export function plainHostStaging(bytes: number): HostStaging {
 /** The most slots a sparse teacher row may have (one CUDA block of threads holds a row's slots). */
 export const MAX_SPARSE_SLOTS = 256;
 
+/** The most sequences one Backend.decodeAdvance takes (CUDA: one block, a thread a sequence); a larger batch generates in parts. */
+export const MAX_DECODE_SEQUENCES = 1024;
+
 /** Number of floats per row that lossForward writes into `stats`. */
 export const LOSS_STATS = 5;
 /** Column indices of the per-token stats row written by lossForward. */
@@ -440,7 +443,7 @@ export interface Backend {
   sampleTokens(out: IntBuf, logits: Buf, uniforms: Buf, n: number, vocab: number, s: SampleParams, ld?: number, seen?: IntBuf | null): void;
   /**
    * Advances a batched generation's decode loop on the device, after a step sampled its tokens into `sampled`: for each
-   * of n ≤ 1024 sequences, ids[b] = sampled[b] (the next step's input), positions[b] += 1, and uniforms[b] =
+   * of n ≤ MAX_DECODE_SEQUENCES sequences, ids[b] = sampled[b] (the next step's input), positions[b] += 1, and uniforms[b] =
    * table[(step + 1) · n + b] with step = counter[0] (0 where step + 1 ≥ rows, the table's rows of n draws each), then
    * counter[0] = step + 1. A decode step captured with it reads nothing from the host, so steps can be queued ahead of
    * their results (BatchGenerator.generateOnDevice).

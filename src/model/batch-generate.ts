@@ -16,7 +16,7 @@
  * Sampling happens on the host from the gathered last-position logits [B, vocab] (src/model/generate.ts's sample, with
  * one Rng per sequence: sequence b draws what an unbatched generation of it with seed seedOf(seed, b) would).
  */
-import { seenWords, type Backend, type Buf, type DType, type IntBuf, type Readback, type SampleParams, type SeqPositions } from '../backend/backend.js';
+import { MAX_DECODE_SEQUENCES, seenWords, type Backend, type Buf, type DType, type IntBuf, type Readback, type SampleParams, type SeqPositions } from '../backend/backend.js';
 import type { Transformer } from './transformer.js';
 import { Rng, hashUniform } from '../util/rng.js';
 import { DistilleryError } from '../util/errors.js';
@@ -151,14 +151,29 @@ export class BatchGenerator {
     /** Asked after each token a sequence keeps: true ends it there ('stop', no stop id), e.g. when a stop string appears. */
     stopWhen?: (b: number, tokens: readonly number[]) => boolean;
   }): BatchResult {
-    const B = prompts.length;
+    const B = prompts.length, s0 = opts.sequence0 ?? 0;
+    if (!(Number.isInteger(opts.maxNewTokens) && opts.maxNewTokens >= 0)) throw new DistilleryError(`generation: ${opts.maxNewTokens} new tokens (a whole number ≥ 0)`);
+    if (B > MAX_DECODE_SEQUENCES) {
+      // The device loop advances at most MAX_DECODE_SEQUENCES sequences (Backend.decodeAdvance): a larger batch goes in
+      // parts, each sequence drawing what it draws in any batch (its uniforms hash its sequence number).
+      const out: BatchResult = { tokens: [], finish: [], stops: [] };
+      for (let i = 0; i < B; i += MAX_DECODE_SEQUENCES) {
+        const stopWhen = opts.stopWhen;
+        const part = this.generateOnDevice(prompts.slice(i, i + MAX_DECODE_SEQUENCES), {
+          ...opts, sequence0: s0 + i, ...(opts.rowStopIds ? { rowStopIds: opts.rowStopIds.slice(i, i + MAX_DECODE_SEQUENCES) } : {}),
+          ...(stopWhen ? { stopWhen: (b: number, t: readonly number[]) => stopWhen(i + b, t) } : {}),
+        });
+        out.tokens.push(...part.tokens); out.finish.push(...part.finish); out.stops.push(...part.stops);
+      }
+      return out;
+    }
     const longest = Math.max(...prompts.map((p) => p.length));
     if (longest + opts.maxNewTokens > this.maxLen) {
       throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
         'lower the number of new tokens or shorten the prompts');
     }
     const s = sampleParams(opts);
-    const seed = opts.seed ?? 0, s0 = opts.sequence0 ?? 0, sv = samplingVocab(opts, this.m.config.vocabSize);
+    const seed = opts.seed ?? 0, sv = samplingVocab(opts, this.m.config.vocabSize);
     const seenHost = seenOf(prompts, sv, s), seen = seenHost ? this.seenOnDevice(seenHost) : null;
     const tokens: number[][] = prompts.map(() => []);
     const finish: Array<'stop' | 'length'> = prompts.map(() => 'length');
@@ -166,34 +181,15 @@ export class BatchGenerator {
     const done = new Uint8Array(B);
     // Every step's uniforms up front (row i: step i's draws), so that a decode step needs nothing from the host.
     const steps = opts.maxNewTokens, be = this.be;
-    const table = new Float32Array((steps + 1) * B);
+    const table = new Float64Array((steps + 1) * B); // the CPU's float64 reference mode keeps them as drawn
     for (let i = 0; i <= steps; i++) for (let b = 0; b < B; b++) table[i * B + b] = hashUniform(seed, s0 + b, i, 0);
     be.upload(this.table, table);
     const rows = this.prefillRows(prompts);
     be.upload(this.uniforms, table.subarray(0, B));
     be.sampleTokens(this.sampled, this.logitsOf(rows), this.uniforms, B, sv, s, this.m.config.vocabSize, seen);
     const first = be.downloadInt(be.viewInt(this.sampled, 0, B));
-    const readbacks = this.readbacks ??= [0, 1].map(() => be.readback([], [this.sampled], 'batched generation sampled ids')) as [Readback, Readback];
-    /** Step i's ids: the prefill's at 0, else read back (queued after step i). */
-    const idsOf = (i: number): Int32Array => (i === 0 ? first : readbacks[i % 2]!.wait().ints[0]!);
-    // The device's loop state for step 1: the prefill's draws as input, each sequence at its next position, draws of row 1.
-    be.uploadInt(this.positions.seqPositions, Int32Array.from(this.lens, (l) => l - 1));
-    be.uploadInt(this.counter, new Int32Array([0]));
-    // rows: the table's capacity, not this call's steps, so that every call of B sequences replays one graph
-    const tableRows = this.maxLen + 1;
-    be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, tableRows);
-    const decode = this.decodeSteps(B, s, sv, seen, tableRows);
-    let launched = 0;
-    const launch = (): void => {
-      launched++;
-      decode();
-      readbacks[launched % 2]!.queue();
-    };
-    // Step i + 1 is queued before step i's ids are read, so the GPU runs it while the host reads and records: the ids
-    // of step i decide only what is kept (a sequence that ended goes on being computed, its tokens dropped).
-    for (let step = 0; step < steps; step++) {
-      if (launched === step && step + 1 < steps) launch();
-      const ids = idsOf(step);
+    /** Keeps step `step`'s ids of the sequences still going; whether the generation is over. */
+    const take = (step: number, ids: Int32Array): boolean => {
       for (let b = 0; b < B; b++) {
         if (done[b]) continue;
         const id = ids[b]!;
@@ -201,7 +197,24 @@ export class BatchGenerator {
         tokens[b]!.push(id);
         if (opts.stopWhen?.(b, tokens[b]!)) { done[b] = 1; finish[b] = 'stop'; }
       }
-      if (done.every((d) => d === 1) || step + 1 === steps) break;
+      return done.every((d) => d === 1) || step + 1 === steps;
+    };
+    if (steps === 0 || take(0, first)) return { tokens, finish, stops };
+    const readbacks = this.readbacks ??= [0, 1].map(() => be.readback([], [this.sampled], 'batched generation sampled ids')) as [Readback, Readback];
+    // The device's loop state for step 1: the prefill's draws as input, each sequence at its next position, draws of row 1.
+    be.uploadInt(this.positions.seqPositions, Int32Array.from(this.lens, (l) => l - 1));
+    be.uploadInt(this.counter, new Int32Array([0]));
+    // rows: the table's capacity, not this call's steps, so that every call of B sequences replays one graph
+    const tableRows = this.maxLen + 1;
+    be.decodeAdvance(this.cl.ids, this.positions.seqPositions, this.sampled, this.uniforms, this.table, this.counter, B, tableRows);
+    const decode = this.decodeSteps(B, s, sv, seen, tableRows);
+    // Step i + 1 is queued before step i's ids are read, so the GPU runs it while the host reads them and checks the
+    // stops: the ids of step i decide only what is kept (a sequence that ended goes on being computed, its tokens dropped).
+    decode();
+    readbacks[1]!.queue();
+    for (let step = 1; step < steps; step++) {
+      if (step + 1 < steps) { decode(); readbacks[(step + 1) % 2]!.queue(); }
+      if (take(step, readbacks[step % 2]!.wait().ints[0]!)) break;
     }
     return { tokens, finish, stops };
   }

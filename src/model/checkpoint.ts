@@ -8,7 +8,6 @@ import type { Backend } from '../backend/backend.js';
 import { parseHfConfig, toHfConfig, type ModelConfig } from './config.js';
 import { MAX_FLAT_WEIGHTS, TensorWeights, flatWeights, packWeights, unpackWeights, parameterLayout, tensorOf, type ParamLayout, type Weights } from './params.js';
 import { DistilleryError } from '../util/errors.js';
-import { fromBf16Bits } from '../backend/bf16.js';
 import { Transformer, type TransformerOptions } from './transformer.js';
 import { loadModelDirLazy, minimalTokenizerConfig, saveModelDirSync, generationEosIds } from '../io/checkpoint-dir.js';
 import { Tokenizer } from '../tokenizer/bpe.js';
@@ -78,7 +77,15 @@ export function readCheckpoint(dir: string, opts: ReadCheckpointOptions = {}): L
       return d;
     }, packed.hasBf16 ? (t) => {
       const d = packed.bf16(t), i = firstNonFiniteBf16(d);
-      if (i >= 0) throw nonFinite({ name: t.name, index: i, value: fromBf16Bits(d[i]!) });
+      if (i >= 0) {
+        // a float32 (or float16) file's value may be finite and still past bf16's largest: say which
+        const v = packed.tensor(t)[i]!;
+        if (Number.isFinite(v)) {
+          throw new DistilleryError(`${dir}: tensor "${t.name}" holds ${v} at element ${i}, beyond bfloat16's range (±3.39e38), so bf16 weights cannot hold it`,
+            'run the model in float32 (--precision fp32), or fix the checkpoint');
+        }
+        throw nonFinite({ name: t.name, index: i, value: v });
+      }
       return d;
     } : null);
   } else {

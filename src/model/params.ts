@@ -285,9 +285,9 @@ export function packWeights(
   }
   const get = (t: TensorInfo): Float32Array => { const x = named.get(t.name)!; return 'data' in x ? x.data : x.read(); };
   if (layout.total > maxFlat) {
-    const lazyBits = [...named.values()].every((x) => 'readBf16' in x && x.readBf16 !== undefined);
+    // bf16 bits tensor by tensor: a file's own (readBf16), else the values rounded (a tied head's embedding held in memory)
     const bits = (t: TensorInfo): Uint16Array => { const x = named.get(t.name)!; return 'readBf16' in x && x.readBf16 ? x.readBf16() : packBf16(get(t)); };
-    return new TensorWeights(layout, get, lazyBits ? bits : null);
+    return new TensorWeights(layout, get, bits);
   }
   const w = allocateWeights(layout.total, source);
   for (const t of layout.tensors) {

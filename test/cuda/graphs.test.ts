@@ -348,6 +348,12 @@ test('capturedRepeat: the region is recorded once and repeated from its segments
   const again2 = be.capturedRepeat('repeated 2', () => { be.scale(y, 2, n); });
   n = 32;
   assert.throws(() => again2(), /captured region "repeated 2" repeated/);
+  // what a repeat cannot carry is refused when recorded: an upload (it would run at the recording only), a collective on
+  // the side stream; and a repeat inside another region
+  assert.throws(() => be.capturedRepeat('with upload', () => { be.upload(x, [1]); be.scale(y, 2, 64); }), /uploading x inside the repeated region "with upload"/);
+  assert.throws(() => be.capturedRepeat('with side', () => { be.scale(y, 2, 64); be.sideCollective('a collective', () => {}); }), /"with side" forks a collective to the side stream: it cannot be repeated/);
+  const again3 = be.capturedRepeat('inner', () => { be.scale(y, 2, 64); });
+  assert.throws(() => be.captured('outer', () => { be.scale(x, 2, 64); again3(); }), /captured region "inner" repeated inside "outer"/);
   s.be.dispose();
 });
 

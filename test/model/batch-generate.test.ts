@@ -8,7 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
-import type { Backend, Readback } from '../../src/backend/backend.js';
+import { MAX_DECODE_SEQUENCES, type Backend, type Readback } from '../../src/backend/backend.js';
 import type { ModelConfig } from '../../src/model/config.js';
 import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
@@ -217,5 +217,36 @@ test('generateOnDevice keeps the decode loop on the device: no upload between st
     if (s < steps) assert.ok(decodeAt(s + 1) < at, `step ${s + 1} queued before step ${s}'s ids are read`);
     assert.ok(decodeAt(s) < at);
   });
+  be.dispose();
+});
+
+test('generateOnDevice past MAX_DECODE_SEQUENCES sequences goes in parts, each sequence as it is alone (its stop ids and stopWhen by its own index); 0 or 1 new tokens; a bad count refused', () => {
+  const be = createCpuBackend({ threads: 1 });
+  const c = cfg({ numLayers: 1 });
+  const m = model(be, c, 3);
+  const B = MAX_DECODE_SEQUENCES + 5;
+  const prompts = Array.from({ length: B }, (_, b) => [1 + (b % 7), 2 + (b % 11), 3 + (b % 5)].slice(0, 1 + (b % 3)));
+  const opts = { temperature: 1, topP: 0.95, topK: 0, maxNewTokens: 3, seed: 5 };
+  const g = new BatchGenerator(m, B, 8);
+  const one = new BatchGenerator(m, 1, 8);
+  const rowStopIds = prompts.map(() => [] as number[]);
+  const alone = (b: number): number[] => one.generateOnDevice([prompts[b]!], { ...opts, sequence0: b }).tokens[0]!;
+  const last = B - 1;
+  rowStopIds[last] = [alone(last)[1]!];
+  const asked: number[] = [];
+  const r = g.generateOnDevice(prompts, { ...opts, rowStopIds, stopWhen: (b) => { if (b === MAX_DECODE_SEQUENCES) asked.push(b); return b === 2; } });
+  assert.equal(r.tokens.length, B);
+  for (const b of [0, 1, MAX_DECODE_SEQUENCES - 1, MAX_DECODE_SEQUENCES, MAX_DECODE_SEQUENCES + 3]) assert.deepEqual(r.tokens[b], alone(b), `sequence ${b}`);
+  assert.deepEqual(r.tokens[2], alone(2).slice(0, 1), 'stopWhen ends sequence 2 after its first token');
+  assert.equal(r.finish[2], 'stop');
+  assert.deepEqual(r.tokens[last], alone(last).slice(0, 1), 'the last sequence\'s own stop id, in the second part');
+  assert.equal(r.stops[last], rowStopIds[last]![0]);
+  assert.ok(asked.length > 0, 'stopWhen is asked with the sequence\'s index in the whole batch');
+  // 1 new token: the prefill's draw alone; 0: nothing
+  const few = new BatchGenerator(m, 3, 8);
+  const three = prompts.slice(0, 3);
+  assert.deepEqual(few.generateOnDevice(three, { ...opts, maxNewTokens: 1 }).tokens, [0, 1, 2].map((b) => alone(b).slice(0, 1)));
+  assert.deepEqual(few.generateOnDevice(three, { ...opts, maxNewTokens: 0 }).tokens, [[], [], []]);
+  assert.throws(() => few.generateOnDevice(three, { ...opts, maxNewTokens: 2.5 }), /2\.5 new tokens/);
   be.dispose();
 });

@@ -193,3 +193,18 @@ test('firstNonFiniteBf16 (two patterns a word) finds what the one-pattern rule f
   assert.equal(checked, 5 * 65536);
   assert.equal(firstNonFiniteBf16(new Uint16Array([0x3f80, 0x3f80, 0x3f80, 0x7f80])), 3, '+Infinity in the second word\'s high half');
 });
+
+test('a float32 checkpoint\'s finite value past bfloat16\'s range is refused for bf16 weights as what it is (not as a non-finite value in the file)', () => {
+  const big = Float32Array.from(flat);
+  const t = layout.tensors[2]!;
+  big[t.offset + 1] = 3.4e38;
+  const dir = path.join(tmp(), 'm');
+  writeCheckpoint(dir, cfg, big, { dtype: 'f32' });
+  const w = readCheckpoint(dir, { tensorByTensor: true }).weights as TensorWeights;
+  const be = createCpuBackend({ threads: 1 });
+  const m = new Transformer(be, cfg, { batch: 1, seq: 4, training: false, precision: 'bf16' });
+  assert.throws(() => m.setWeights(w), (e: unknown) => e instanceof DistilleryError && e.message.includes(`tensor "${t.name}" holds ${Math.fround(3.4e38)} at element 1, beyond bfloat16's range`) && /--precision fp32/.test(e.hint ?? ''));
+  const f32 = new Transformer(be, cfg, { batch: 1, seq: 4, training: false, precision: 'fp32' });
+  f32.setWeights(w); // float32 weights hold it
+  be.dispose();
+});

@@ -49,7 +49,7 @@
  */
 import * as os from 'node:os';
 import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
-import { LOSS_STATS, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
+import { LOSS_STATS, MAX_DECODE_SEQUENCES, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { fromBf16Bits, roundBf16InPlace, unpackBf16 } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
 import * as ew from './kernels/elementwise.js';
@@ -847,7 +847,7 @@ export class CpuBackend implements Backend {
   decodeAdvance(ids: IntBuf, positions: IntBuf, sampled: IntBuf, uniforms: Buf, table: Buf, counter: IntBuf, n: number, rows: number): void {
     const id = this.i(ids, 'decodeAdvance ids'), pos = this.i(positions, 'decodeAdvance positions'), s = this.i(sampled, 'decodeAdvance sampled');
     const u = this.f(uniforms, 'decodeAdvance uniforms'), tab = this.f(table, 'decodeAdvance table'), c = this.i(counter, 'decodeAdvance counter');
-    check(Number.isInteger(n) && n >= 0 && n <= 1024 && Number.isInteger(rows) && rows >= 0, `cpu backend: decodeAdvance: ${n} sequences, ${rows} rows`);
+    check(Number.isInteger(n) && n >= 0 && n <= MAX_DECODE_SEQUENCES && Number.isInteger(rows) && rows >= 0, `cpu backend: decodeAdvance: ${n} sequences (at most ${MAX_DECODE_SEQUENCES}), ${rows} rows`);
     for (const [a, k, w] of [[id, n, 'ids'], [pos, n, 'positions'], [s, n, 'sampled'], [u, n, 'uniforms'], [tab, rows * n, 'table'], [c, 1, 'counter']] as const) this.need(a, k, 'decodeAdvance', w);
     const next = c[0]! + 1;
     for (let b = 0; b < n; b++) {

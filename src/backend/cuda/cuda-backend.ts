@@ -224,7 +224,7 @@ export class CudaBackend implements Backend {
   private rec: {
     label: string; ops: GraphOp[]; seg: number; total: number; t0: number;
     /** capturedRepeat: the region's segments, kept to issue again; `run` false: recorded only (a repeat's check). */
-    kept?: GraphOp[][]; run?: boolean; side?: boolean;
+    kept?: GraphOp[][]; run?: boolean;
   } | null = null;
   /** The mode the last captured region ran in (tests and the bench read it). */
   lastRegionMode: RegionMode | null = null;
@@ -345,6 +345,7 @@ export class CudaBackend implements Backend {
   /** A host transfer inside a captured region: uploads only before the region's first op; nothing read back. */
   private hostTransfer(what: string, upload: boolean): void {
     if (this.rec === null) return;
+    if (this.rec.kept) throw new Error(`${what} inside the repeated region "${this.rec.label}": a repeat issues its recorded ops only; upload its inputs before it`);
     if (upload && this.rec.total === 0) return;
     throw new Error(upload
       ? `${what} inside the captured region "${this.rec.label}" after its first GPU op: upload a region's inputs before its work`
@@ -407,6 +408,7 @@ export class CudaBackend implements Backend {
     const fps = segs.map((ops) => ops.map((o) => o.fp).join('\n'));
     let calls = 0;
     return () => {
+      if (this.rec) throw new Error(`captured region "${label}" repeated inside "${this.rec.label}"`);
       if (calls++ % REPEAT_CHECK_EVERY === 0) {
         const now = this.recordKept(label, body, false).map((ops) => ops.map((o) => o.fp).join('\n'));
         if (now.length !== fps.length || now.some((fp, i) => fp !== fps[i])) {
@@ -425,7 +427,6 @@ export class CudaBackend implements Backend {
     this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now(), kept, run };
     try {
       body();
-      if (this.rec.side) throw new Error(`captured region "${label}" forks a collective to the side stream: it cannot be repeated`);
       this.flushSegment();
       return kept;
     } catch (err) {
@@ -743,7 +744,7 @@ export class CudaBackend implements Backend {
    */
   sideCollective(what: string, issue: (stream: unknown) => void): void {
     if (!this.dev) throw new Error('sideCollective: a trace backend has no device');
-    if (this.rec?.kept) { this.rec.side = true; return; } // refused at the region's end (capturedRepeat)
+    if (this.rec?.kept) throw new Error(`captured region "${this.rec.label}" forks a collective to the side stream: it cannot be repeated`);
     if (this.rec) this.flushSegment();
     this.dev.driver.forkSide(what);
     issue(this.dev.driver.sideStream);
