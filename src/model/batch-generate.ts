@@ -83,10 +83,12 @@ export class BatchGenerator {
   /** Logits [b, vocab] of the rows `rows` (indices into the last layers() call's b·t rows), on the device. */
   private logitsOf(rows: number[]): Buf {
     const c = this.m.config, be = this.be, C = c.hiddenSize, b = rows.length;
-    rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.cl.ln, r * C, C)));
+    // A decode step's rows are the first b already (one a sequence): the head reads them in place, no copy a row
+    const inPlace = rows.every((r, i) => r === i);
+    if (!inPlace) rows.forEach((r, i) => be.copy(be.view(this.last, i * C, C), be.view(this.cl.ln, r * C, C)));
     const w = this.m.headWeight();
     const z = be.view(this.logits, 0, b * c.vocabSize);
-    be.matmulForward(z, be.view(this.last, 0, b * C), w, null, b, C, c.vocabSize);
+    be.matmulForward(z, be.view(inPlace ? this.cl.ln : this.last, 0, b * C), w, null, b, C, c.vocabSize);
     return z;
   }
 

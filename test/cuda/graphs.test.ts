@@ -202,6 +202,8 @@ test('batched generation: the device-sampled decode step is one region, captured
   const after = s.be.graphStats;
   // 5 decode steps: eager, capture, then 3 replays (of its segments)
   assert.ok(after.captures > before.captures, JSON.stringify(after));
+  // a decode step's head reads the norm's rows in place: the only device-to-device copies are the prefill's 3 gathers
+  assert.equal(s.driver.calls.filter((c) => c.endsWith('dtod')).length, 3, JSON.stringify(s.driver.calls.filter((c) => c.includes('dtod'))));
   assert.ok(after.replays - before.replays >= 3 * (after.captures - before.captures), JSON.stringify({ before, after }));
   s.be.dispose();
 });
