@@ -155,6 +155,13 @@ export class BatchGenerator {
   }): BatchResult {
     const B = prompts.length, s0 = opts.sequence0 ?? 0;
     if (!(Number.isInteger(opts.maxNewTokens) && opts.maxNewTokens >= 0)) throw new DistilleryError(`generation: ${opts.maxNewTokens} new tokens (a whole number ≥ 0)`);
+    if (B < 1 || B > this.batch) throw new DistilleryError(`${B} prompts for a generation batch of ${this.batch}`);
+    if (prompts.some((p) => p.length < 1)) throw new DistilleryError('generation needs at least one prompt token per sequence');
+    const longest = Math.max(...prompts.map((p) => p.length));
+    if (longest + opts.maxNewTokens > this.maxLen) {
+      throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
+        'lower the number of new tokens or shorten the prompts');
+    }
     if (B > MAX_DECODE_SEQUENCES) {
       // The device loop advances at most MAX_DECODE_SEQUENCES sequences (Backend.decodeAdvance): a larger batch goes in
       // parts, each sequence drawing what it draws in any batch (its uniforms hash its sequence number).
@@ -168,11 +175,6 @@ export class BatchGenerator {
         out.tokens.push(...part.tokens); out.finish.push(...part.finish); out.stops.push(...part.stops);
       }
       return out;
-    }
-    const longest = Math.max(...prompts.map((p) => p.length));
-    if (longest + opts.maxNewTokens > this.maxLen) {
-      throw new DistilleryError(`a prompt of ${longest} tokens and ${opts.maxNewTokens} new ones exceed the generator's ${this.maxLen}`,
-        'lower the number of new tokens or shorten the prompts');
     }
     const s = sampleParams(opts);
     const seed = opts.seed ?? 0, sv = samplingVocab(opts, this.m.config.vocabSize);
@@ -201,7 +203,7 @@ export class BatchGenerator {
       }
       return done.every((d) => d === 1) || step + 1 === steps;
     };
-    if (steps === 0 || take(0, first)) return { tokens, finish, stops };
+    if (steps < 2) { if (steps === 1) take(0, first); return { tokens, finish, stops }; }
     const readbacks = this.readbacks ??= [0, 1].map(() => be.readback([], [this.sampled], 'batched generation sampled ids')) as [Readback, Readback];
     // The device's loop state for step 1: the prefill's draws as input, each sequence at its next position, draws of row 1.
     be.uploadInt(this.positions.seqPositions, Int32Array.from(this.lens, (l) => l - 1));
@@ -214,6 +216,7 @@ export class BatchGenerator {
     // stops: the ids of step i decide only what is kept (a sequence that ended goes on being computed, its tokens dropped).
     decode();
     readbacks[1]!.queue();
+    if (take(0, first)) return { tokens, finish, stops }; // (step 1, queued, is dropped)
     for (let step = 1; step < steps; step++) {
       if (step + 1 < steps) { decode(); readbacks[(step + 1) % 2]!.queue(); }
       if (take(step, readbacks[step % 2]!.wait().ints[0]!)) break;

@@ -78,7 +78,7 @@ export function readCheckpoint(dir: string, opts: ReadCheckpointOptions = {}): L
     }, packed.hasBf16 ? (t) => {
       const d = packed.bf16(t), i = firstNonFiniteBf16(d);
       if (i >= 0) {
-        // a float32 (or float16) file's value may be finite and still past bf16's largest: say which
+        // a float32 file's value may be finite and still past bf16's largest: say which
         const v = packed.tensor(t)[i]!;
         if (Number.isFinite(v)) {
           throw new DistilleryError(`${dir}: tensor "${t.name}" holds ${v} at element ${i}, beyond bfloat16's range (±3.39e38), so bf16 weights cannot hold it`,

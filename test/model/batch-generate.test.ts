@@ -248,5 +248,11 @@ test('generateOnDevice past MAX_DECODE_SEQUENCES sequences goes in parts, each s
   assert.deepEqual(few.generateOnDevice(three, { ...opts, maxNewTokens: 1 }).tokens, [0, 1, 2].map((b) => alone(b).slice(0, 1)));
   assert.deepEqual(few.generateOnDevice(three, { ...opts, maxNewTokens: 0 }).tokens, [[], [], []]);
   assert.throws(() => few.generateOnDevice(three, { ...opts, maxNewTokens: 2.5 }), /2\.5 new tokens/);
+  // the whole batch is checked before any part runs: its size, and every prompt against the length limit
+  assert.throws(() => new BatchGenerator(m, B - 2, 8).generateOnDevice(prompts, opts), new RegExp(`${B} prompts for a generation batch of ${B - 2}`));
+  let asks = 0;
+  const tooLong = prompts.map((p, b) => (b === B - 1 ? [1, 2, 3, 4, 5, 6] : p));
+  assert.throws(() => g.generateOnDevice(tooLong, { ...opts, stopWhen: () => { asks++; return false; } }), /a prompt of 6 tokens and 3 new ones exceed the generator's 8/);
+  assert.equal(asks, 0, 'nothing generated before the refusal');
   be.dispose();
 });
