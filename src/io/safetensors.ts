@@ -178,34 +178,16 @@ function halfToFloatTable(): Float32Array {
   return t;
 }
 
-function decode(bytes: Uint8Array, dtype: SafetensorsDtype, numel: number): Float32Array {
-  const out = new Float32Array(numel);
-  decodeInto(bytes, dtype, out);
-  return out;
-}
-
-/** The values of a tensor's bytes (F32, F16 or BF16, little-endian) into `out` (their count of it). */
-function decodeInto(bytes: Uint8Array, dtype: SafetensorsDtype, out: Float32Array): void {
-  const numel = out.length;
-  if (dtype === 'F32') {
-    new Uint8Array(out.buffer, out.byteOffset, numel * 4).set(bytes);
-    return;
-  }
-  // bytes may be unaligned for a u16 view (a Buffer's pool): copied once into an aligned array
-  const u16 = bytes.byteOffset % 2 === 0 ? new Uint16Array(bytes.buffer, bytes.byteOffset, numel) : bitsOf(bytes, numel);
+/** The float32 values of 16-bit patterns (BF16: the high half of each; F16: by the half-float table) into `out`. */
+function widen(bits: Uint16Array, dtype: 'F16' | 'BF16', out: Float32Array): void {
+  const n = bits.length;
   if (dtype === 'BF16') {
-    const o32 = new Uint32Array(out.buffer, out.byteOffset, numel);
-    for (let i = 0; i < numel; i++) o32[i] = u16[i]! << 16;
+    const o32 = new Uint32Array(out.buffer, out.byteOffset, n);
+    for (let i = 0; i < n; i++) o32[i] = bits[i]! << 16;
   } else {
     const tab = halfToFloatTable();
-    for (let i = 0; i < numel; i++) out[i] = tab[u16[i]!]!;
+    for (let i = 0; i < n; i++) out[i] = tab[bits[i]!]!;
   }
-}
-
-function bitsOf(bytes: Uint8Array, numel: number): Uint16Array {
-  const u16 = new Uint16Array(numel);
-  new Uint8Array(u16.buffer).set(bytes);
-  return u16;
 }
 
 export interface ReadOptions {
@@ -246,26 +228,17 @@ export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors
       const fd = openForRead(file);
       try { readExactly(fd, bytes, info.begin, file); } finally { fs.closeSync(fd); }
     };
-    const read = (): Float32Array => {
-      const bytes = new Uint8Array(info.end - info.begin);
-      bytesInto(bytes);
-      return decode(bytes, dtype, numel);
+    /** A 16-bit tensor's patterns, read into an array of their own (aligned). */
+    const bits16 = (): Uint16Array => { const b = new Uint16Array(numel); bytesInto(new Uint8Array(b.buffer)); return b; };
+    const readInto = (out: Float32Array): void => {
+      if (out.length !== numel) throw new Error(`${file}: tensor "${name}" has ${numel} values, read into ${out.length}`);
+      if (dtype === 'F32') bytesInto(new Uint8Array(out.buffer, out.byteOffset, numel * 4));
+      else widen(bits16(), dtype, out);
     };
+    const read = (): Float32Array => { const out = new Float32Array(numel); readInto(out); return out; };
     tensors.set(name, {
-      dtype, shape: info.shape, read,
-      readInto: (out) => {
-        if (out.length !== numel) throw new Error(`${file}: tensor "${name}" has ${numel} values, read into ${out.length}`);
-        if (dtype === 'F32') { bytesInto(new Uint8Array(out.buffer, out.byteOffset, numel * 4)); return; }
-        const bytes = new Uint8Array(info.end - info.begin);
-        bytesInto(bytes);
-        decodeInto(bytes, dtype, out);
-      },
-      readBf16: () => {
-        if (dtype !== 'BF16') return packBf16(read());
-        const bits = new Uint16Array(numel);
-        bytesInto(new Uint8Array(bits.buffer));
-        return bits;
-      },
+      dtype, shape: info.shape, read, readInto,
+      readBf16: () => (dtype === 'BF16' ? bits16() : packBf16(read())),
     });
   }
   return { tensors, metadata: header.metadata };
