@@ -68,7 +68,7 @@ import { sparseLossKernel, SPARSE_TAIL_MAX_VOCAB } from './kernels/sparse-loss.j
 import { SAMPLE_MAX_TILES, SAMPLE_TILE, sampleRowsKernel, topRowsKernel } from './kernels/sparse-rows.js';
 import { decodeAdvanceKernel, sampleTokensKernel } from './kernels/sample.js';
 import { OpProfiler, formatProfile, profileFromEnv } from './profile.js';
-import { GraphRunner, formatTimeline, graphsFromEnv, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
+import { GraphRunner, formatTimeline, graphsFromEnv, segmentFingerprint, timelineFromEnv, type GraphOp, type RegionMode, type TimelineRow } from './graphs.js';
 import { ADAMW_CHUNK_WORDS, ADAMW_SCALARS, adamwChunkTable, adamwMultiKernel } from './kernels/elementwise.js';
 import type { WaitGuard } from './bounded-wait.js';
 
@@ -379,15 +379,23 @@ export class CudaBackend implements Backend {
 
   captured<R>(label: string, body: () => R): R {
     if (!this.dev || !this.graphs) return body();
+    return this.recordRegion(label, body, null);
+  }
+
+  /**
+   * Runs body as a captured region; with `keep`, its segments are kept in keep.kept (and with keep.run false recorded
+   * only: nothing issued, a repeat's check). A body that throws has issued the ops it recorded, as uncaptured.
+   */
+  private recordRegion<R>(label: string, body: () => R, keep: { kept: GraphOp[][]; run: boolean } | null): R {
     if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.rec.label}"`);
-    this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now() };
+    this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now(), ...keep };
     try {
       const out = body();
       this.flushSegment();
       return out;
     } catch (err) {
       // The ops recorded before the throw run as launched, as an uncaptured body would have issued them.
-      const pending = this.rec?.ops ?? [];
+      const pending = this.rec?.run === false ? [] : this.rec?.ops ?? [];
       this.rec = null;
       for (const op of pending) op.issue();
       throw err;
@@ -405,12 +413,12 @@ export class CudaBackend implements Backend {
   capturedRepeat(label: string, body: () => void): () => void {
     if (!this.dev || !this.graphs) { body(); return body; }
     const segs = this.recordKept(label, body, true);
-    const fps = segs.map((ops) => ops.map((o) => o.fp).join('\n'));
+    const fps = segs.map(segmentFingerprint);
     let calls = 0;
     return () => {
       if (this.rec) throw new Error(`captured region "${label}" repeated inside "${this.rec.label}"`);
       if (calls++ % REPEAT_CHECK_EVERY === 0) {
-        const now = this.recordKept(label, body, false).map((ops) => ops.map((o) => o.fp).join('\n'));
+        const now = this.recordKept(label, body, false).map(segmentFingerprint);
         if (now.length !== fps.length || now.some((fp, i) => fp !== fps[i])) {
           throw new Error(`captured region "${label}" repeated: its body now issues other work than when it was recorded (a host value it reads changed); record it again instead`);
         }
@@ -420,23 +428,11 @@ export class CudaBackend implements Backend {
     };
   }
 
-  /** Runs body as a captured region whose segments are kept (and, with `run` false, recorded only: nothing issued). */
+  /** The segments of body recorded as a region (issued as captured() issues them, or with `run` false not at all). */
   private recordKept(label: string, body: () => void, run: boolean): GraphOp[][] {
-    if (this.rec) throw new Error(`captured region "${label}" opened inside "${this.rec.label}"`);
     const kept: GraphOp[][] = [];
-    this.rec = { label, ops: [], seg: 0, total: 0, t0: performance.now(), kept, run };
-    try {
-      body();
-      this.flushSegment();
-      return kept;
-    } catch (err) {
-      const pending = this.rec?.run === false ? [] : this.rec?.ops ?? [];
-      this.rec = null;
-      for (const op of pending) op.issue();
-      throw err;
-    } finally {
-      this.rec = null;
-    }
+    this.recordRegion(label, body, { kept, run });
+    return kept;
   }
 
   /** Regions replayed from CUDA graphs and graphs captured so far. */

@@ -52,6 +52,11 @@ export interface GraphProfile {
 
 export type RegionMode = 'eager' | 'capture' | 'replay';
 
+/** A segment's fingerprint: its ops' fingerprints, one a line (equal fingerprints: the same work, one graph). */
+export function segmentFingerprint(ops: readonly GraphOp[]): string {
+  return ops.map((o) => o.fp).join('\n');
+}
+
 export interface TimelineRow {
   label: string;
   mode: RegionMode;
@@ -122,9 +127,9 @@ export class GraphRunner {
   /**
    * Runs segment `seg` of a recorded region: eagerly, by capturing it, or by launching its graph (see the file
    * comment). Each segment is its own graph; the timeline sums a region's segments under its label. `fp`: the ops'
-   * fingerprint when the caller has it already (the ops' fps joined by newlines), else computed here.
+   * fingerprint (segmentFingerprint) when the caller has it already, else computed here.
    */
-  run(label: string, seg: number, ops: readonly GraphOp[], recordMs: number, fp: string = ops.map((o) => o.fp).join('\n')): RegionMode {
+  run(label: string, seg: number, ops: readonly GraphOp[], recordMs: number, fp: string = segmentFingerprint(ops)): RegionMode {
     this.collect();
     const slot = `${label}#${seg}`;
     let entries = this.byLabel.get(slot);
