@@ -27,6 +27,9 @@ import type { RopeSpec } from './rope.js';
 
 export type { RopeSpec } from './rope.js';
 
+/** Qwen3's per-head q/k RMSNorm as Backend.ropeKvCacheWrite applies it: the weights [headDim] and eps. */
+export interface QkNormWeights { q: Buf; k: Buf; eps: number }
+
 /**
  * Per-sequence start positions for the generation ops (ropeForward, kvCacheWrite, attentionCached): an int buffer of
  * B positions, one per sequence of the batch, read on the device (so a captured decode step replays with new ones).
@@ -376,6 +379,18 @@ export interface Backend {
    * the positions below tMax − t + 1; a backend reading positions from device memory cannot check them).
    */
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nKv: number, hd: number): void;
+  /**
+   * Generation's step from the fused q/k/v product to attentionCached, in one pass: for each of the b·t token rows of
+   * qkv [b·t, Q + 2·KV] (columns q | k | v; Q = nHeads·hd, KV = nKv·hd), q = R(q_cols + bias_q) into `q` [b·t, Q],
+   * R(k_cols + bias_k) into kCache and v_cols + bias_v into vCache at the row's position (as kvCacheWrite), R the
+   * rotation of ropeForward at that position. It stores exactly what copyColumns (v, with its bias), ropeForward (q and k
+   * from qkv's columns, with their biases) and kvCacheWrite (k, v) store: each value summed and rotated in float and
+   * rounded once. q, kCache and vCache share one dtype. `bias`: the q, k and v biases joined [Q + 2·KV], or null.
+   * `qkNorm` (Qwen3): each q and k head is first normed as rmsnormForward norms a row of hd (weights [hd], eps), as the
+   * split copy (copyColumns, with its bias) and the norm would store it in q's dtype, then rotated (only rstd is not kept).
+   */
+  ropeKvCacheWrite(q: Buf, kCache: Buf, vCache: Buf, qkv: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,
+    nHeads: number, nKv: number, hd: number, rope: RopeSpec, bias: Buf | null, qkNorm?: QkNormWeights | null): void;
   /**
    * Inference attention against a KV cache: queries q [B, t, nHeads, hd] at positions pos0..pos0+t-1 attend
    * causally to cache rows 0..pos0+t-1 (the caller has written them with kvCacheWrite). out: [B, t, nHeads, hd].

@@ -5,7 +5,7 @@
  * norm, fused with the closing residual add); everything around the attention (norms, projections, rotary embedding,
  * residuals, SwiGLU MLP) is this one function, so the two paths cannot drift apart.
  */
-import type { Backend, Buf, DocPositions, SeqPositions } from '../backend/backend.js';
+import type { Backend, Buf, DocPositions, QkNormWeights, SeqPositions } from '../backend/backend.js';
 import { ropeOnFusedColumns, usesRope, type ModelConfig } from './config.js';
 import type { LayerTensors, TensorInfo } from './params.js';
 import { loraForward, type LoraAdapters, type LoraTarget, type LoraView } from './lora.js';
@@ -93,7 +93,17 @@ export interface QkNormActivations { qRaw: Buf; kRaw: Buf; rstdQ: Buf; rstdK: Bu
 export interface NextNorm { weight: Buf; out: Buf; rstd: Buf }
 
 /** Computes att [b·t, nHeads·hd] from q (rotated), k (rotated) and v. */
-export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
+export interface AttentionStep {
+  (q: Buf, k: Buf, v: Buf, att: Buf): void;
+  /**
+   * Present where the step attends from a KV cache it writes (generation past the prefill): given the fused q/k/v
+   * product's output [b·t, Q + 2·KV], the joined bias (or null) and the q/k norms (Qwen3; or null), it norms and
+   * rotates q into `q`, writes the normed, rotated keys and the values into the cache in the same pass
+   * (Backend.ropeKvCacheWrite) and attends. A layer with RoPE that runs the fused product hands it those instead of
+   * splitting, norming and rotating them itself (a NoPE layer does not).
+   */
+  fromFusedQkv?: (q: Buf, qkv: Buf, bias: Buf | null, qkNorm: QkNormWeights | null, att: Buf) => void;
+}
 
 /**
  * The attention step of generation against a KV cache of [b, tMax] rows: the new keys and values are written at
@@ -104,12 +114,20 @@ export type AttentionStep = (q: Buf, k: Buf, v: Buf, att: Buf) => void;
  */
 export function cachedAttentionStep(be: Backend, c: ModelConfig, kCache: Buf, vCache: Buf, lse: Buf, b: number, t: number,
   pos0: number | SeqPositions, tMax: number): AttentionStep {
-  return (q, k, v, att) => {
+  const fromCache = (q: Buf, att: Buf): void => be.attentionCached(att, q, kCache, vCache, b, t, pos0, tMax, c.numHeads, c.numKvHeads, c.headDim);
+  const step: AttentionStep = (q, k, v, att) => {
     be.kvCacheWrite(kCache, k, b, t, pos0, tMax, c.numKvHeads, c.headDim);
     be.kvCacheWrite(vCache, v, b, t, pos0, tMax, c.numKvHeads, c.headDim);
     if (pos0 === 0) be.attentionForward(att, be.view(lse, 0, b * c.numHeads * t), q, k, v, b, t, c.numHeads, c.numKvHeads, c.headDim);
-    else be.attentionCached(att, q, kCache, vCache, b, t, pos0, tMax, c.numHeads, c.numKvHeads, c.headDim);
+    else fromCache(q, att);
   };
+  if (pos0 !== 0) {
+    step.fromFusedQkv = (q, qkv, bias, qkNorm, att) => {
+      be.ropeKvCacheWrite(q, kCache, vCache, qkv, b, t, pos0, tMax, c.numHeads, c.numKvHeads, c.headDim, c.rope, bias, qkNorm);
+      fromCache(q, att);
+    };
+  }
+  return step;
 }
 
 /** The first layer's input norm (every later layer's comes out of the previous layer's closing add): a.ln1, a.rstd1 from a.x. */
@@ -126,20 +144,39 @@ export function inputNorm(be: Backend, c: ModelConfig, w: LayerWeights, a: Pick<
  */
 export function layerForward(be: Backend, c: ModelConfig, layer: number, w: LayerWeights, a: LayerActivations,
   b: number, t: number, pos0: number | SeqPositions | DocPositions, attend: AttentionStep, next: NextNorm): void {
-  const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim, I = c.intermediateSize;
-  const qn = a.qkNorm;
-  if (c.qkNorm && !qn) throw new Error('layerForward: a model with q/k norms needs their activations');
-  // With q/k norms the projections write the norms' inputs; each (token, head) row of hd is normed into q / k.
-  const lo = a.lora ?? null;
+  if (c.qkNorm && !a.qkNorm) throw new Error('layerForward: a model with q/k norms needs their activations');
+  const lo = a.lora ?? null, N = b * t;
   const adapt = (target: LoraTarget, out: Buf, inp: Buf): void => {
     const v = lo?.views.get(target);
     if (v) loraForward(be, lo!.ad, v, out, inp, N);
   };
+  const fused = Boolean(w.wqkv && a.qkv);
+  if (fused && usesRope(c, layer) && attend.fromFusedQkv && (w.bq === null) === (w.bqkv === null)) {
+    // generation past the prefill: the q/k norms, the rotation and the cache writes read the product's columns in one pass
+    const Q = c.numHeads * c.headDim, W = Q + 2 * c.numKvHeads * c.headDim;
+    be.matmulForward(a.qkv!, a.ln1, w.wqkv!, null, N, c.hiddenSize, W);
+    attend.fromFusedQkv(a.q, a.qkv!, w.bqkv, c.qkNorm ? { q: w.qNorm!, k: w.kNorm!, eps: c.rmsNormEps } : null, a.att);
+  } else {
+    attentionInputs(be, c, layer, w, a, b, t, pos0, fused, adapt);
+    attend(a.q, a.k, a.v, a.att);
+  }
+  outputAndMlp(be, c, layer, w, a, N, next, adapt);
+}
+
+/** Applies a layer's adapter on `target` (if it has one) to the product out = inp · Wᵀ just formed. */
+type Adapt = (target: LoraTarget, out: Buf, inp: Buf) => void;
+
+/** a.q, a.k (rotated, normed with q/k norms) and a.v from a.ln1: the q/k/v products, q/k norms and rotary embedding. */
+function attentionInputs(be: Backend, c: ModelConfig, layer: number, w: LayerWeights, a: LayerActivations,
+  b: number, t: number, pos0: number | SeqPositions | DocPositions, fused: boolean, adapt: Adapt): void {
+  const N = b * t, C = c.hiddenSize, Q = c.numHeads * c.headDim, KV = c.numKvHeads * c.headDim;
+  // With q/k norms the projections write the norms' inputs; each (token, head) row of hd is normed into q / k.
+  const qn = a.qkNorm;
   // Without q/k norms, a rotated q/k gets its projection's bias inside the rotation (ropeForward's bias), not as a pass of its own.
   const biasInRope = !qn && usesRope(c, layer);
   const qOut = qn ? qn.qRaw : a.q, kOut = qn ? qn.kRaw : a.k;
   // A fused product whose q and k the rotation reads in place (strided rows of [N, Q + 2·KV]): no split copy for them.
-  const W = Q + 2 * KV, fused = Boolean(w.wqkv && a.qkv), rotateFused = ropeOnFusedColumns(c, layer, fused);
+  const W = Q + 2 * KV, rotateFused = ropeOnFusedColumns(c, layer, fused);
   if (fused) {
     // One product [N, Q + 2·KV]; v split out with its bias, q and k rotated from its columns below or, where the
     // rotation does not add their biases, split out with them (added as after a product's store): on the CPU the same
@@ -171,7 +208,11 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
     be.ropeForward(a.q, a.q, b, t, c.numHeads, c.headDim, c.rope, pos0, biasInRope ? w.bq : null);
     be.ropeForward(a.k, a.k, b, t, c.numKvHeads, c.headDim, c.rope, pos0, biasInRope ? w.bk : null);
   }
-  attend(a.q, a.k, a.v, a.att);
+}
+
+/** The layer's output into a.out and `next` from a.att: the o product, the residual adds and norms, the SwiGLU MLP. */
+function outputAndMlp(be: Backend, c: ModelConfig, layer: number, w: LayerWeights, a: LayerActivations, N: number, next: NextNorm, adapt: Adapt): void {
+  const C = c.hiddenSize, Q = c.numHeads * c.headDim, I = c.intermediateSize;
   be.matmulForward(a.h, a.att, w.wo, w.bo, N, Q, C);
   adapt('o_proj', a.h, a.att);
   be.addRmsnormForward(a.h, a.ln2, a.rstd2, a.h, a.x, w.ln2, N, C, c.rmsNormEps);

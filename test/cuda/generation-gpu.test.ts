@@ -72,3 +72,62 @@ for (const [name, cfg] of FAMILIES) {
     }
   });
 }
+
+test('ropeKvCacheWrite on CUDA stores what the ops it replaces store on CUDA, bit for bit, and the CPU backend\'s values (f32 and bf16, biases, q/k norms, per-sequence positions, every RoPE kind)', { skip }, () => {
+  const cpu = createCpuBackend({ threads: 1 });
+  const rng = new Rng(1130);
+  const ropes: ModelConfig['rope'][] = [
+    { type: 'default', theta: 1e6 }, { type: 'linear', theta: 1e4, factor: 4 },
+    { type: 'llama3', theta: 5e5, factor: 32, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositionEmbeddings: 8192 },
+    { type: 'yarn', theta: 1e6, factor: 4, originalMaxPositionEmbeddings: 32768, betaFast: 32, betaSlow: 1, attentionFactor: 1.1386, truncate: true },
+  ];
+  const B = 5, nKv = 2, tMax = 300;
+  const rand = (n: number, s = 1): Float32Array => Float32Array.from({ length: n }, () => s * rng.normal());
+  try {
+    for (const rope of ropes) {
+      // Qwen2.5-0.5B's heads with biases; Qwen3's (head_dim 128) with q/k norms
+      for (const [nH, hd, norms] of [[14, 64, false], [16, 128, true]] as const) {
+        const Q = nH * hd, KV = nKv * hd, W = Q + 2 * KV;
+        for (const [dt, t, pos] of [['bf16', 1, [0, 17, 299, 128, 5]], ['f32', 1, [3, 0, 250, 1, 2]], ['bf16', 3, [10, 0, 297, 40, 1]]] as const) {
+          const init = { qkv: rand(B * t * W), bias: rand(W), kc: rand(B * tMax * KV), vc: rand(B * tMax * KV), qw: rand(hd, 0.3).map((x) => 1 + x), kw: rand(hd, 0.3).map((x) => 1 + x) };
+          const run = (be: Backend, fused: boolean): Float32Array[] => {
+            const up = (x: Float32Array, w: string): ReturnType<Backend['alloc']> => { const b = be.alloc(x.length, w, dt); be.upload(b, x); return b; };
+            const qkv = up(init.qkv, 'qkv'), bias = up(init.bias, 'bias'), kc = up(init.kc, 'kc'), vc = up(init.vc, 'vc');
+            const qkNorm = norms ? { q: up(init.qw, 'q_norm'), k: up(init.kw, 'k_norm'), eps: 1e-6 } : null;
+            const q = be.alloc(B * t * Q, 'q', dt), seqPositions = be.allocInt(B, 'positions');
+            be.uploadInt(seqPositions, Int32Array.from(pos));
+            const p0 = { seqPositions };
+            if (fused) be.ropeKvCacheWrite(q, kc, vc, qkv, B, t, p0, tMax, nH, nKv, hd, rope, bias, qkNorm);
+            else {
+              const k = be.alloc(B * t * KV, 'k', dt), v = be.alloc(B * t * KV, 'v', dt);
+              be.copyColumns(v, KV, 0, qkv, W, Q + KV, B * t, KV, be.view(bias, Q + KV, KV));
+              if (qkNorm) {
+                // layer.ts's q/k-norm sequence: split with the biases, norm, rotate in place
+                const qRaw = be.alloc(B * t * Q, 'q raw', dt), kRaw = be.alloc(B * t * KV, 'k raw', dt);
+                be.copyColumns(qRaw, Q, 0, qkv, W, 0, B * t, Q, be.view(bias, 0, Q));
+                be.copyColumns(kRaw, KV, 0, qkv, W, Q, B * t, KV, be.view(bias, Q, KV));
+                be.rmsnormForward(q, be.alloc(B * t * nH, 'rstd q'), qRaw, qkNorm.q, B * t * nH, hd, 1e-6);
+                be.rmsnormForward(k, be.alloc(B * t * nKv, 'rstd k'), kRaw, qkNorm.k, B * t * nKv, hd, 1e-6);
+                be.ropeForward(q, q, B, t, nH, hd, rope, p0);
+                be.ropeForward(k, k, B, t, nKv, hd, rope, p0);
+              } else {
+                be.ropeForward(q, be.view(qkv, 0, B * t * W), B, t, nH, hd, rope, p0, be.view(bias, 0, Q), { inp: W });
+                be.ropeForward(k, be.view(qkv, Q, B * t * W - Q), B, t, nKv, hd, rope, p0, be.view(bias, Q, KV), { inp: W });
+              }
+              be.kvCacheWrite(kc, k, B, t, p0, tMax, nKv, hd);
+              be.kvCacheWrite(vc, v, B, t, p0, tMax, nKv, hd);
+            }
+            return [q, kc, vc].map((x) => Float32Array.from(be.download(x)));
+          };
+          const f = run(cuda!, true), u = run(cuda!, false), c = run(cpu, true);
+          ['q', 'k cache', 'v cache'].forEach((name, j) => {
+            const what = `${rope.type} ${dt} t ${t}${norms ? ' q/k norms' : ''}: ${name}`;
+            assert.deepEqual(new Uint32Array(f[j]!.buffer), new Uint32Array(u[j]!.buffer), `${what}: fused vs the ops it replaces`);
+            const e = maxRel(f[j]!, c[j]!);
+            assert.ok(e < (dt === 'bf16' ? 8e-3 : norms ? 1e-5 : 1e-6), `${what}: CUDA vs CPU ${e}`);
+          });
+        }
+      }
+    }
+  } finally { cpu.dispose(); }
+});

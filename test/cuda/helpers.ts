@@ -112,6 +112,12 @@ export function allOpsStep(d: ToyDims): (b: Backend) => void {
     const kc = b.alloc(d.B * tMax * d.nKv * d.hd, 'kc'), vc = b.alloc(d.B * tMax * d.nKv * d.hd, 'vc');
     b.kvCacheWrite(kc, k, d.B, d.T, 0, tMax, d.nKv, d.hd);
     b.attentionCached(att, q, kc, vc, d.B, d.T, 0, tMax, d.nH, d.nKv, d.hd);
+    // a decode step's rotation and cache writes from the fused q/k/v product, every RoPE kind
+    const W = (d.nH + 2 * d.nKv) * d.hd, qkv = b.alloc(d.B * W, 'qkv'), bqkv = b.alloc(W, 'bqkv');
+    const seqPositions = b.allocInt(d.B, 'positions');
+    for (const r of [plainRope(d.theta), ...scaledRopes(d.theta)]) {
+      b.ropeKvCacheWrite(q, kc, vc, qkv, d.B, 1, { seqPositions }, tMax, d.nH, d.nKv, d.hd, r, d.qkvBias ? bqkv : null);
+    }
   };
 }
 

@@ -229,3 +229,120 @@ test('RoPE kernels (every kind, fwd/bwd, f32/bf16, odd shapes) run on a host emu
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+/** The host program of rope_*kv_fwd launches: main(argv) runs kernel argv[1] over the files named after it. */
+function kvProgram(kernels: string[], params: Array<{ seqPos: boolean; bias: string; out: string; inp: string }>): string {
+  const ct = (d: string): string => (d === 'bf16' ? 'unsigned short' : 'float'); // bf16's typedef lives in each kernel's namespace
+  let prog = PRELUDE;
+  kernels.forEach((src, k) => {
+    const host = src.replace(dtypeHelpers(), HOST_HELPERS).replace(/extern "C" /g, '');
+    prog += `#undef BLOCK\n#undef HD\n#undef HALF\n#undef HU\n#undef ATTN\nnamespace k${k} {\n${host}\n}\n`;
+  });
+  const entryOf = (src: string): string => /__global__ void (\w+)\(/.exec(src)![1]!;
+  const cases = kernels.map((src, k) => {
+    const p = params[k]!, O = ct(p.out), I = ct(p.inp), B = ct(p.bias);
+    return `    case ${k}: {
+      std::vector<${O}> q = readAll<${O}>(a[4]), kc = readAll<${O}>(a[5]), vc = readAll<${O}>(a[6]);
+      std::vector<${I}> qkv = readAll<${I}>(a[7]);
+      ${p.seqPos ? 'std::vector<int> sp = readAll<int>(a[8]);' : ''}
+      ${p.bias !== 'none' ? `std::vector<${B}> bias = readAll<${B}>(a[9]);` : ''}
+      gridDim = { grid, 1, 1 };
+      for (unsigned b = 0; b < grid; b++)
+        for (unsigned t = 0; t < block; t++) {
+          blockIdx = { b, 0, 0 }; threadIdx = { t, 0, 0 };
+          k${k}::${entryOf(src)}(q.data(), kc.data(), vc.data(), qkv.data(), rows, T, nH, nKv, pos0, tMax${p.seqPos ? ', sp.data()' : ''}${p.bias !== 'none' ? ', bias.data()' : ''});
+        }
+      writeAll(a[4], q); writeAll(a[5], kc); writeAll(a[6], vc);
+      break;
+    }`;
+  });
+  return `${prog}
+template <class T> void writeAll(const char* path, const std::vector<T>& v) { FILE* f = fopen(path, "wb"); fwrite(v.data(), sizeof(T), v.size(), f); fclose(f); }
+int main(int argc, char** a) {
+  (void)argc;
+  unsigned grid = atoi(a[2]), block = atoi(a[3]);
+  long long rows = atoll(a[10]); int T = atoi(a[11]), nH = atoi(a[12]), nKv = atoi(a[13]), pos0 = atoi(a[14]), tMax = atoi(a[15]);
+  switch (atoi(a[1])) {
+${cases.join('\n')}
+    default: return 4;
+  }
+  return 0;
+}
+`;
+}
+
+test('the rotation-with-cache-write kernels (every kind, f32/bf16, biases, per-sequence positions) run on a host emulator over the grid CudaBackend launches: they equal the CPU backend', { skip, timeout: 120_000 }, () => {
+  const ropes: RopeSpec[] = [plainRope(10000), ...scaledRopes(5e5)];
+  interface KvShape { B: number; T: number; nH: number; nKv: number; hd: number; tMax: number; pos: number | number[] }
+  const shapes: KvShape[] = [
+    { B: 3, T: 1, nH: 5, nKv: 1, hd: 6, tMax: 7, pos: [0, 6, 2] }, // decode at per-sequence positions; HALF 3; heads = a group of 4 + 1
+    { B: 2, T: 3, nH: 8, nKv: 4, hd: 64, tMax: 9, pos: 5 }, // a chunk at a scalar position, a real head dim
+    { B: 1, T: 1, nH: 1, nKv: 1, hd: 2, tMax: 4096, pos: [4095] }, // one pair, the cache's last row
+  ];
+  const { be, launches } = recordingBackend();
+  const cpu = createCpuBackend({ dtype: 'f32', threads: 1 });
+  const r = rng(20261130);
+  interface KvCase { what: string; dt: DType; launch: Launch; files: Array<[string, Float32Array | Int32Array, DType | 'int']>; ref: Float32Array[]; s: KvShape }
+  const cases: KvCase[] = [];
+  for (const rope of ropes) {
+    for (const s of shapes) {
+      for (const [dt, inDt, withBias] of [['f32', 'f32', true], ['bf16', 'bf16', true], ['bf16', 'bf16', false], ['bf16', 'f32', true]] as Array<[DType, DType, boolean]>) {
+        const Q = s.nH * s.hd, KV = s.nKv * s.hd, W = Q + 2 * KV, N = s.B * s.T, C = s.B * s.tMax * KV;
+        const init = { q: new Float32Array(N * Q).fill(NaN), kc: rand(r, C), vc: rand(r, C), qkv: rand(r, N * W), bias: rand(r, W) };
+        const onto = (b: Backend): Float32Array[] => {
+          const up = (x: Float32Array, d: DType, w: string): Buf => { const buf = b.alloc(x.length, w, d); b.upload(buf, x); return buf; };
+          const q = up(init.q, dt, 'q'), kc = up(init.kc, dt, 'kc'), vc = up(init.vc, dt, 'vc'), qkv = up(init.qkv, inDt, 'qkv');
+          const bias = withBias ? up(init.bias, inDt, 'bias') : null;
+          let pos0: number | { seqPositions: ReturnType<Backend['allocInt']> } = typeof s.pos === 'number' ? s.pos : 0;
+          if (typeof s.pos !== 'number') { const sp = b.allocInt(s.B, 'positions'); b.uploadInt(sp, Int32Array.from(s.pos)); pos0 = { seqPositions: sp }; }
+          b.ropeKvCacheWrite(q, kc, vc, qkv, s.B, s.T, pos0, s.tMax, s.nH, s.nKv, s.hd, rope, bias);
+          return [q, kc, vc].map((x) => Float32Array.from(b.download(x)));
+        };
+        const before = launches.length;
+        onto(be);
+        assert.equal(launches.length, before + 1, 'one launch per ropeKvCacheWrite');
+        const ref = onto(cpu);
+        const files: KvCase['files'] = [['q', init.q, dt], ['kc', init.kc, dt], ['vc', init.vc, dt], ['qkv', init.qkv, inDt],
+          ['pos', Int32Array.from(typeof s.pos === 'number' ? [] : s.pos), 'int'], ['bias', init.bias, inDt]];
+        cases.push({ what: `${rope.type} ${JSON.stringify(s)} ${dt} qkv ${inDt} bias ${withBias}`, dt, launch: launches[before]!, files, ref, s });
+      }
+    }
+  }
+  cpu.dispose();
+  const kernels = [...new Set(cases.map((c) => c.launch.source))];
+  const params = kernels.map((src) => {
+    const m = /\/\/ params: (.*)/.exec(src)![1]!;
+    const get = (k: string): string => new RegExp(`\\b${k}=(\\S+)`).exec(m)![1]!;
+    return { seqPos: get('seqPos') === 'true', bias: get('bias'), out: get('out'), inp: get('inp') };
+  });
+  const dir = mkdtempSync(join(tmpdir(), 'dk-rope-kv-emu-'));
+  try {
+    writeFileSync(join(dir, 'emu.cpp'), kvProgram(kernels, params));
+    execFileSync('g++', ['-std=c++17', '-O0', '-o', join(dir, 'emu'), join(dir, 'emu.cpp')], { stdio: ['ignore', 'ignore', 'pipe'] });
+    for (const c of cases) {
+      const sl = c.launch.slots, { B, T, nH, nKv, tMax } = c.s;
+      assert.deepEqual([Number(sl.readBigInt64LE(32)), sl.readInt32LE(40), sl.readInt32LE(48), sl.readInt32LE(56), sl.readInt32LE(64), sl.readInt32LE(72)],
+        [B * T, T, nH, nKv, typeof c.s.pos === 'number' ? c.s.pos : 0, tMax], `arguments (rows, T, nH, nKv, pos0, tMax): ${c.what}`);
+      for (const grid of new Set([c.launch.grid[0]!, 1])) {
+        const paths = c.files.map(([name, data, d]) => {
+          const path = join(dir, `${name}.bin`);
+          if (d === 'int') writeFileSync(path, data as Int32Array); else writeOperand(path, data as Float32Array, d);
+          return path;
+        });
+        execFileSync(join(dir, 'emu'), [String(kernels.indexOf(c.launch.source)), String(grid), String(c.launch.block), ...paths,
+          String(B * T), String(T), String(nH), String(nKv), String(typeof c.s.pos === 'number' ? c.s.pos : 0), String(tMax)]);
+        ['q', 'k cache', 'v cache'].forEach((name, j) => {
+          const got = readOperand(paths[j]!, c.dt), want = c.ref[j]!;
+          assert.equal(got.length, want.length);
+          for (let i = 0; i < got.length; i++) {
+            const g = got[i]!, e = want[i]!;
+            const tol = c.dt === 'bf16' ? bf16Ulp(Math.max(Math.abs(g), Math.abs(e))) + 1e-6 : 1e-6;
+            if (!(Math.abs(g - e) <= tol)) assert.fail(`${c.what} grid ${grid}: ${name} element ${i} = ${g}, CPU ${e} (tolerance ${tol})`);
+          }
+        });
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

@@ -48,7 +48,7 @@
  *   1×896×4864      1.5 →  6.8  /  1.1 →  2.2             2.2 → 12.9  /  1.1 →  3.8
  */
 import * as os from 'node:os';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, QkNormWeights, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_DECODE_SEQUENCES, MAX_SPARSE_SLOTS, checkDocPositions, checkMatmulDtypes, copyColumnsExtent, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { fromBf16Bits, roundBf16InPlace, unpackBf16 } from '../bf16.js';
 import { DistilleryError, check } from '../../util/errors.js';
@@ -59,7 +59,7 @@ import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
 import { markSeen, penalizeInPlace, sampleRow } from './kernels/sample.js';
-import { ropeForward } from './kernels/rope.js';
+import { ropeForward, rotateRows } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
 import { runTask, splitRange, type Task } from './tasks.js';
@@ -118,6 +118,8 @@ export class CpuBackend implements Backend {
   private pool: WorkerPool | null = null;
   private scratch: FArr;
   private attnRows: Float32Array | null = null;
+  /** ropeKvCacheWrite's rows for the q/k norms (the split heads, the normed heads, their rstd). */
+  private qkScratch: FArr | null = null;
   private disposed = false;
   private allocated = 0;
   /** f32 mode with WASM kernels: the memory every float buffer lives in, and the kernels over it. */
@@ -709,6 +711,48 @@ export class CpuBackend implements Backend {
     this.perSequence(pos0, b, 'kvCacheWrite', (bi, p) => kvCacheWrite(c.subarray(bi * cs, bi * cs + cs), s.subarray(bi * ss, bi * ss + ss), 1, t, p, tMax, nKv, hd),
       (p) => kvCacheWrite(c, s, b, t, p, tMax, nKv, hd));
     this.fin(cache, 0, b * tMax * nKv * hd);
+  }
+
+  ropeKvCacheWrite(q: Buf, kCache: Buf, vCache: Buf, qkv: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,
+    nHeads: number, nKv: number, hd: number, rope: RopeSpec, bias: Buf | null, qkNorm: QkNormWeights | null = null): void {
+    const op = 'ropeKvCacheWrite', Q = nHeads * hd, KV = nKv * hd, W = Q + 2 * KV, n = b * t;
+    const kc = this.f(kCache, 'k cache'), vc = this.f(vCache, 'v cache'), x = this.f(qkv, 'q/k/v product');
+    const bs = bias === null ? null : this.f(bias, 'q/k/v bias');
+    if (q.dtype !== kCache.dtype || vCache.dtype !== kCache.dtype) throw new DistilleryError(`cpu backend: ${op}: q (${q.dtype}) and the caches (${kCache.dtype}, ${vCache.dtype}) need one dtype`);
+    this.need(kc, b * tMax * KV, op, 'kCache'); this.need(vc, b * tMax * KV, op, 'vCache'); this.need(x, n * W, op, 'qkv');
+    if (bs !== null) this.need(bs, W, op, 'bias');
+    const part = (o: number, len: number): Buf | null => (bias === null ? null : this.view(bias, o, len));
+    // The rows the rotation reads: the product's q and k columns with their biases, or (q/k norms) the normed heads,
+    // formed as the split copy and rmsnormForward form them, in q's dtype.
+    let qSrc = qkv, kSrc: FArr = x, kOff = Q, kStride = W, qBias = part(0, Q), kBias = bs && bs.subarray(Q, Q + KV);
+    if (qkNorm) {
+      // scratch the backend keeps (grown, never per call: a repeated decode step runs this again)
+      const QK = n * (Q + KV), need = 2 * QK + n * (nHeads + nKv);
+      if (this.qkScratch === null || this.qkScratch.length < need) this.qkScratch = this.shared(need);
+      const sc = this.qkScratch, dt = q.dtype, at = (o: number, len: number, d: DType): Buf => this.tag(sc.subarray(o, o + len), d);
+      const qRaw = at(0, n * Q, dt), kRaw = at(n * Q, n * KV, dt), qn = at(QK, n * Q, dt), kn = at(QK + n * Q, n * KV, dt);
+      const rstd = at(2 * QK, n * (nHeads + nKv), 'f32');
+      this.copyColumns(qRaw, Q, 0, qkv, W, 0, n, Q, part(0, Q));
+      this.copyColumns(kRaw, KV, 0, qkv, W, Q, n, KV, part(Q, KV));
+      this.rmsnormForward(qn, this.view(rstd, 0, n * nHeads), qRaw, qkNorm.q, n * nHeads, hd, qkNorm.eps);
+      this.rmsnormForward(kn, this.view(rstd, n * nHeads, n * nKv), kRaw, qkNorm.k, n * nKv, hd, qkNorm.eps);
+      qSrc = qn; kSrc = this.f(kn, 'k normed'); kOff = 0; kStride = KV; qBias = null; kBias = null;
+    }
+    // q: the rotation, as ropeForward (which checks q and the head dim)
+    this.ropeForward(q, qSrc, b, t, nHeads, hd, rope, pos0, qBias, { out: Q, inp: qkNorm ? Q : W });
+    const bv = bs && bs.subarray(Q + KV, W);
+    const write = (bi: number, p: number): void => {
+      if (p < 0 || p + t > tMax) throw new DistilleryError(`cpu backend: ${op}: rows [${p}, ${p + t}) outside the cache of ${tMax}`, 'raise the generation length limit');
+      const c0 = (bi * tMax + p) * KV;
+      // k: rotated straight into the cache rows; v: its columns plus its bias
+      rotateRows(kc.subarray(c0), kSrc.subarray(bi * t * kStride + kOff), t, nKv, hd, rope, p, 1, false, op, kBias, KV, kStride, 0, t);
+      for (let r = 0; r < t; r++) {
+        const s0 = (bi * t + r) * W + Q + KV, d0 = c0 + r * KV;
+        for (let c = 0; c < KV; c++) vc[d0 + c] = x[s0 + c]! + (bv ? bv[c]! : 0);
+      }
+      this.fin(kCache, c0, c0 + t * KV); this.fin(vCache, c0, c0 + t * KV);
+    };
+    this.perSequence(pos0, b, op, write, (p) => { for (let bi = 0; bi < b; bi++) write(bi, p); });
   }
 
   attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nHeads: number, nKv: number, hd: number): void {

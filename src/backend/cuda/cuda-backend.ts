@@ -41,7 +41,7 @@
  */
 import { planKernels } from './plan.js';
 import koffi from 'koffi';
-import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
+import type { AdamWSegment, AdamWStep, Backend, Buf, DocPositions, DType, HostStaging, IntBuf, LossSpec, QkNormWeights, Readback, RopeSpec, RopeStrides, SampleParams, SeqPositions, SparseRowsOut, SparseTargets } from '../backend.js';
 import { LOSS_STATS, MAX_SPARSE_SLOTS, checkMatmulDtypes, copyColumnsExtent, dtypeBytes, penaltyAndMinP, plainHostStaging, ropeExtent, seenWords } from '../backend.js';
 import { packBf16, unpackBf16 } from '../bf16.js';
 import { DistilleryError } from '../../util/errors.js';
@@ -54,7 +54,7 @@ import { blocksFor } from './kernels/spec.js';
 import {
   addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward, ROWS_NORM_MAX_C, ROWS_NORM_WARPS,
 } from './kernels/norm.js';
-import { ropeKernel } from './kernels/rope.js';
+import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
 import { SMEM_DEFAULT, attentionCached, attentionForward, cachedAttentionBlock, kvCacheWrite } from './kernels/attention.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
@@ -1124,6 +1124,33 @@ export class CudaBackend implements Backend {
     if (n <= 0) return;
     this.launch(kvCacheWrite.make({ block: ELEM_BLOCK, cache: cache.dtype, src: src.dtype, seqPos: seq }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
       [P(cache), P(src), I(b), I(t), I(seq ? 0 : pos0), I(tMax), I(nKv * hd), ...(seq ? [P(pos0.seqPositions)] : [])]);
+  }
+
+  ropeKvCacheWrite(q: Buf, kCache: Buf, vCache: Buf, qkv: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,
+    nHeads: number, nKv: number, hd: number, rope: RopeSpec, bias: Buf | null, qkNorm: QkNormWeights | null = null): void {
+    const op = 'ropeKvCacheWrite', Q = nHeads * hd, KV = nKv * hd, W = Q + 2 * KV, n = b * t;
+    this.checkHeads(nHeads, nKv);
+    if (hd % 2 !== 0) throw new DistilleryError(`RoPE needs an even head dimension, got ${hd}`);
+    if (q.dtype !== kCache.dtype || vCache.dtype !== kCache.dtype) throw new Error(`${op}: q (${q.dtype}) and the caches (${kCache.dtype}, ${vCache.dtype}) need one dtype`);
+    this.need(q, n * Q, op); this.need(kCache, b * tMax * KV, op); this.need(vCache, b * tMax * KV, op); this.need(qkv, n * W, op);
+    if (bias) this.need(bias, W, op);
+    if (qkNorm) {
+      this.need(qkNorm.q, hd, op); this.need(qkNorm.k, hd, op);
+      if (qkNorm.q.dtype !== qkNorm.k.dtype) throw new Error(`${op}: the q and k norm weights need one dtype`);
+    }
+    for (const o of [q, kCache, vCache]) if (overlaps(this.own(o, op), this.own(qkv, op))) throw new Error(`${op}: an output overlaps the q/k/v product`);
+    // Per-sequence positions live on the device: the caller keeps them inside the cache (Backend.kvCacheWrite).
+    const seq = typeof pos0 !== 'number';
+    if (seq) this.need(pos0.seqPositions, b, op);
+    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    if (n <= 0) return;
+    const spec = ropeKvKernel(rope, hd, ELEM_BLOCK,
+      { out: D(q), inp: D(qkv), seqPos: seq, bias: bias ? D(bias) : 'none', norm: qkNorm ? D(qkNorm.q) : 'none', eps: qkNorm?.eps ?? 0 });
+    // kernels/rope.ts: one thread per (token row, head of q, k or v, pair), or with norms one warp per (row, head)
+    const units = n * (nHeads + 2 * nKv), threads = qkNorm ? units * 32 : units * (hd / 2);
+    this.launch(spec, [blocksFor(threads, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
+      [P(q), P(kCache), P(vCache), P(qkv), L(n), I(t), I(nHeads), I(nKv), I(seq ? 0 : pos0), I(tMax), ...(seq ? [P(pos0.seqPositions)] : []), ...(bias ? [P(bias)] : []),
+        ...(qkNorm ? [P(qkNorm.q), P(qkNorm.k)] : [])]);
   }
 
   attentionCached(out: Buf, q: Buf, kCache: Buf, vCache: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,

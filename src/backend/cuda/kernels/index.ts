@@ -2,8 +2,8 @@
 import type { KernelFamily, ParamRecord } from './spec.js';
 import { addRmsnormForward, rmsnormBackward, rmsnormForward, rmsnormRowsBackward, rmsnormRowsForward } from './norm.js';
 import {
-  ropeBackward, ropeForward, ropeLinearBackward, ropeLinearForward, ropeLlama3Backward, ropeLlama3Forward, ropeYarnBackward,
-  ropeYarnForward,
+  ropeBackward, ropeForward, ropeKvForward, ropeLinearBackward, ropeLinearForward, ropeLinearKvForward, ropeLlama3Backward, ropeLlama3Forward,
+  ropeLlama3KvForward, ropeYarnBackward, ropeYarnForward, ropeYarnKvForward,
 } from './rope.js';
 import {
   attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
@@ -41,6 +41,7 @@ type AnyFamily = KernelFamily<any>;
 export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
+  ropeKvForward, ropeLinearKvForward, ropeLlama3KvForward, ropeYarnKvForward,
   attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,

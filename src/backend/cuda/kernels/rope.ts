@@ -26,7 +26,7 @@
  */
 import { ropeInvFreq, yarnMscale, type RopeSpec } from '../../rope.js';
 import {
-  BLOCK_DOMAIN, DTYPE_DOMAIN, OPTIONAL_DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f64, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
+  BLOCK_DOMAIN, DTYPE_DOMAIN, OPTIONAL_DTYPE_DOMAIN, ctype, defineFamily, dtypeHelpers, f32, f64, reductionHelpers, type KernelFamily, type KernelSpec, type ParamRecord, type Schema,
 } from './spec.js';
 
 type RopeP = { headDim: number; theta: number; out: string; inp: string; seqPos: boolean; bias: string; block: number };
@@ -52,15 +52,138 @@ export interface RopeDtypes { out: string; inp: string; seqPos?: boolean; bias?:
 const HEAD_GROUP = 4;
 
 /**
+ * What every RoPE kernel of one kind starts with: BLOCK, HD, HALF, HU, the kind's inverse frequencies as a double
+ * table (ropeInvFreq, the CPU backend's own float64 function) and its attention factor ATTN, and the dtype helpers.
+ */
+function ropePrelude(name: string, rope: RopeSpec, headDim: number, block: number): string {
+  const table = Array.from(ropeInvFreq(rope, headDim), (v) => f64(v)).join(', ');
+  const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
+  return `#define BLOCK ${block}
+#define HD ${headDim}
+#define HALF ${headDim / 2}
+#define HU ${HEAD_GROUP}
+__device__ const double ${name}_inv_freq[HALF] = { ${table} };
+#define ATTN ${f64(attn)}
+${dtypeHelpers()}`;
+}
+
+/**
+ * Generation's step from the fused q/k/v product to the cached attention, in one launch (Backend.ropeKvCacheWrite): row
+ * r of qkv [rows, Q + 2·KV] (columns q | k | v, Q = nH·HD, KV = nKv·HD) is token r % T of sequence b = r / T, at
+ * position p = pos0 (or seqPos[b]) + r % T. Its U = nH + 2·nKv heads (q's, then k's, then v's: head u at columns
+ * u·HD) are the units of the launch: one thread per (row, unit, pair i < HALF), idx = (row·U + u)·HALF + i, a bijection
+ * onto those triples (grid-stride loop), so that a decode step's few rows still spread over many threads, consecutive
+ * threads on consecutive columns. A q head is rotated into q [rows, Q], a k head into kc's row b·tMax + p, a v head's
+ * elements i and i + HALF copied into vc's; each with its bias column (in float, one rounding at the store). Every value
+ * is computed as ropeForward, copyColumns and kv_cache_write compute it (the same loads, sums and rotation in double
+ * angle, float product), so the result is theirs bit for bit. `out`: the dtype of q and both caches; `inp`: qkv's;
+ * `bias`: 'none' or the dtype of the joined bias [Q + 2·KV].
+ */
+function ropeKvSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
+  if (dt.norm !== 'none') return ropeKvNormSource(name, rope, headDim, block, dt);
+  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', O = ctype(dt.out), I = ctype(dt.inp), B = bias === 'none' ? null : ctype(bias);
+  return `${ropePrelude(name, rope, headDim, block)}
+extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv, long long rows, int T, int nH, int nKv, int pos0,
+                                   int tMax${seq ? ', const int* seqPos' : ''}${B ? `, const ${B}* bias` : ''}) {
+  const int Q = nH * HD, KV = nKv * HD, U = nH + 2 * nKv;
+  const long long W = (long long)Q + 2 * KV, total = rows * U * HALF;
+  for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
+    const int i = (int)(idx % HALF);
+    const long long ru = idx / HALF, row = ru / U, b = row / T;
+    const int u = (int)(ru % U), col = u * HD + i;
+    const int p = ${seq ? 'seqPos[b]' : 'pos0'} + (int)(row % T);
+    const ${I}* src = qkv + row * W + col;
+    const float x1 = ldf(src, 0)${B ? ' + ldf(bias, col)' : ''}, x2 = ldf(src, HALF)${B ? ' + ldf(bias, col + HALF)' : ''};
+    const long long cache = (b * tMax + p) * KV;
+    if (u >= nH + nKv) {
+      const long long d = cache + (col - Q - KV);
+      stf(vc, d, x1); stf(vc, d + HALF, x2);
+    } else {
+      double sd, cd;
+      sincos((double)p * ${name}_inv_freq[i], &sd, &cd);
+      const float c = (float)(ATTN * cd), s = (float)(ATTN * sd);
+      ${O}* dst = u < nH ? q + row * Q + col : kc + cache + (col - Q);
+      stf(dst, 0, x1 * c - x2 * s); stf(dst, HALF, x2 * c + x1 * s);
+    }
+  }
+}
+`;
+}
+
+/** The kv families' dtypes: RopeDtypes, and `norm` ('none', or the dtype of Qwen3's q/k norm weights) with its eps. */
+export interface RopeKvDtypes extends RopeDtypes { norm: string; eps: number }
+
+/**
+ * ropeKvSource with Qwen3's per-head q/k RMSNorm before the rotation (`norm` the weights' dtype, `eps` baked): one warp
+ * per (row, unit) over the grid's warps (idx = row·U + u), lanes over the head's elements e = lane + 32·j as
+ * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps)), so a q
+ * or k head is normed into exactly what that kernel stores (x · r · w, rounded to q's dtype: the normed activation), then
+ * staged in shared memory and rotated from there, a lane per pair; each element read is first rounded to q's dtype, with
+ * its bias added where there is one (what the split copy stores and the norm reads). v heads are copied (with their bias) as ropeKvSource copies them.
+ * Arguments: ropeKvSource's, then qw and kw (the q and k norm weights [HD]).
+ */
+function ropeKvNormSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
+  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', O = ctype(dt.out), I = ctype(dt.inp), B = bias === 'none' ? null : ctype(bias);
+  const rnd = dt.out === 'bf16' ? (x: string): string => `bf2f(f2bf(${x}))` : (x: string): string => x;
+  return `${ropePrelude(name, rope, headDim, block)}${reductionHelpers()}
+#define WARPS (BLOCK / 32)
+#define NV ((HD + 31) / 32)
+#define EPS ${f32(dt.eps)}
+extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv, long long rows, int T, int nH, int nKv, int pos0,
+                                   int tMax${seq ? ', const int* seqPos' : ''}${B ? `, const ${B}* bias` : ''}, const ${ctype(dt.norm)}* qw, const ${ctype(dt.norm)}* kw) {
+  __shared__ float hs[WARPS][HD];
+  const int Q = nH * HD, KV = nKv * HD, U = nH + 2 * nKv, lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+  const long long W = (long long)Q + 2 * KV, units = rows * U;
+  float* h = hs[wi];
+  /* warp-uniform loop: every lane of a warp takes the same units */
+  for (long long wu = (long long)blockIdx.x * WARPS + wi; wu < units; wu += (long long)gridDim.x * WARPS) {
+    const long long row = wu / U, b = row / T;
+    const int u = (int)(wu % U), c0 = u * HD;
+    const int p = ${seq ? 'seqPos[b]' : 'pos0'} + (int)(row % T);
+    const ${I}* src = qkv + row * W + c0;
+    const long long cache = (b * tMax + p) * KV;
+    if (u >= nH + nKv) {
+      ${O}* dst = vc + cache + (c0 - Q - KV);
+      for (int e = lane; e < HD; e += 32) stf(dst, e, ldf(src, e)${B ? ' + ldf(bias, c0 + e)' : ''});
+      continue;
+    }
+    const ${ctype(dt.norm)}* w = u < nH ? qw : kw;
+    float v[NV];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int e = lane + 32 * j;
+      v[j] = e < HD ? ${rnd(B ? 'ldf(src, e) + ldf(bias, c0 + e)' : 'ldf(src, e)')} : 0.0f;
+      ss += v[j] * v[j];
+    }
+    ss = warpSum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)HD + EPS);
+#pragma unroll
+    for (int j = 0; j < NV; j++) {
+      const int e = lane + 32 * j;
+      if (e < HD) h[e] = ${rnd('v[j] * r * ldf(w, e)')};
+    }
+    __syncwarp();
+    ${O}* dst = u < nH ? q + row * Q + c0 : kc + cache + (c0 - Q);
+    for (int i = lane; i < HALF; i += 32) {
+      double sd, cd;
+      sincos((double)p * ${name}_inv_freq[i], &sd, &cd);
+      const float c = (float)(ATTN * cd), s = (float)(ATTN * sd), x1 = h[i], x2 = h[i + HALF];
+      stf(dst, i, x1 * c - x2 * s); stf(dst, i + HALF, x2 * c + x1 * s);
+    }
+    __syncwarp();  /* the next unit's norm overwrites h */
+  }
+}
+`;
+}
+
+/**
  * The kernel of every kind, with `rope`'s inverse-frequency table and attention factor baked. Arguments:
  * (out, inp, rows = B·T, T, heads, pos0, outStride, inStride, rowPos (null, or a position per row)[, seqPos][, bias]); launch rows·HD/2 threads or fewer
  * (grid-stride loop).
  */
 function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: number, block: number, dt: RopeDtypes): string {
   const seq = dt.seqPos === true, bias = dt.bias ?? 'none', acc = backward && dt.acc !== false;
-  const inv = ropeInvFreq(rope, headDim);
-  const attn = rope.type === 'yarn' ? rope.attentionFactor : 1;
-  const table = Array.from(inv, (v) => f64(v)).join(', ');
   const load = acc
     ? `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF); o1[u] = ldf(out, eo); o2[u] = ldf(out, eo + HALF);`
     : `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
@@ -69,13 +192,7 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
     : backward
       ? `stf(out, eo, y1[u] * c + y2[u] * s); stf(out, eo + HALF, -y1[u] * s + y2[u] * c);`
       : `stf(out, eo, y1[u] * c - y2[u] * s); stf(out, eo + HALF, y2[u] * c + y1[u] * s);`;
-  return `#define BLOCK ${block}
-#define HD ${headDim}
-#define HALF ${headDim / 2}
-#define HU ${HEAD_GROUP}
-__device__ const double ${name}_inv_freq[HALF] = { ${table} };
-#define ATTN ${f64(attn)}
-${dtypeHelpers()}
+  return `${ropePrelude(name, rope, headDim, block)}
 /* rows = B*T token rows of heads*HD elements, row r of out at r*outStride and of inp at r*inStride; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T,
    or rowPos[r] where rowPos is given (documents packed in a window: each row's position in its document). One thread per (row, pair i), all heads.
    out may alias inp (with equal strides).${bias === 'none' ? '' : ' bias[heads*HD] is added to every row before the rotation (in float, one rounding at the store).'} */
@@ -114,6 +231,23 @@ const plainSource = (name: string, backward: boolean, p: Readonly<RopeP>): strin
 export const ropeForward = defineFamily<RopeP>({
   name: 'rope_fwd', schema, example: { headDim: 64, theta: 1000000, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'bf16', block: 256 },
   generate: (p) => plainSource('rope_fwd', false, p),
+});
+
+/** A kv family's parameters: the forward's, with the q/k norms' weight dtype ('none': no norms) and eps. */
+type Kv<P> = P & { norm: string; eps: number };
+/** A kv family's schema: the forward's, with `norm` and `eps`. */
+function kvSchema<S>(s: S): S & { norm: typeof OPTIONAL_DTYPE_DOMAIN; eps: { kind: 'float'; min: 0 } } {
+  return { ...s, norm: OPTIONAL_DTYPE_DOMAIN, eps: { kind: 'float', min: 0 } };
+}
+
+/**
+ * Generation's rotation and KV-cache write from the fused q/k/v product (ropeKvSource; with q/k norms,
+ * ropeKvNormSource): out = q's and the caches' dtype, inp = qkv's.
+ */
+export const ropeKvForward = defineFamily<Kv<RopeP>>({
+  name: 'rope_kv_fwd', schema: kvSchema(schema),
+  example: { headDim: 128, theta: 1000000, out: 'bf16', inp: 'bf16', seqPos: true, bias: 'none', norm: 'bf16', eps: 1e-6, block: 256 },
+  generate: (p) => ropeKvSource('rope_kv_fwd', { type: 'default', theta: p.theta }, p.headDim, p.block, p),
 });
 
 /** dinp += Rᵀ dout, or with acc false dinp = Rᵀ dout (out = dinp, inp = dout in the generated signature). */
@@ -165,10 +299,11 @@ const yarnExample: YarnP = {
   attentionFactor: yarnMscale(4), truncate: false, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'f32', block: 256,
 };
 
-function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; bias: string; block: number }>(
+/** A scaled kind's three families: the forward, the backward and generation's rotation with the KV-cache write. */
+function scaledFamilies<P extends ParamRecord & { headDim: number; out: string; inp: string; seqPos: boolean; bias: string; block: number }>(
   kind: string, s: Schema<P>, example: P,
   toRope: (p: Readonly<P>) => RopeSpec,
-): [KernelFamily<P>, KernelFamily<Bwd<P>>] {
+): [KernelFamily<P>, KernelFamily<Bwd<P>>, KernelFamily<Kv<P>>] {
   const fwd = defineFamily<P>({
     name: `rope_${kind}_fwd`, schema: s, example,
     generate: (p) => ropeSource(`rope_${kind}_fwd`, false, toRope(p), p.headDim, p.block, p),
@@ -180,13 +315,43 @@ function scaledPair<P extends ParamRecord & { headDim: number; out: string; inp:
     generate: (p) => ropeSource(`rope_${kind}_bwd`, true, toRope({ ...p, bias: 'none' } as unknown as P), p.headDim as number, p.block as number,
       { out: p.out as string, inp: p.inp as string, seqPos: p.seqPos as boolean, acc: p.acc as boolean }),
   });
-  return [fwd, bwd];
+  const kv = defineFamily<Kv<P>>({
+    name: `rope_${kind}_kv_fwd`, schema: kvSchema(s) as unknown as Schema<Kv<P>>, example: { ...example, seqPos: true, norm: 'bf16', eps: 1e-6 },
+    generate: (p) => ropeKvSource(`rope_${kind}_kv_fwd`, toRope(p), p.headDim, p.block, p),
+  });
+  return [fwd, bwd, kv];
 }
 
-export const [ropeLinearForward, ropeLinearBackward] = scaledPair<LinearP>(
+export const [ropeLinearForward, ropeLinearBackward, ropeLinearKvForward] = scaledFamilies<LinearP>(
   'linear', linearSchema, { headDim: 64, theta: 10000, factor: 4, out: 'bf16', inp: 'bf16', seqPos: false, bias: 'none', block: 256 }, linearRope);
-export const [ropeLlama3Forward, ropeLlama3Backward] = scaledPair<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
-export const [ropeYarnForward, ropeYarnBackward] = scaledPair<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
+export const [ropeLlama3Forward, ropeLlama3Backward, ropeLlama3KvForward] = scaledFamilies<Llama3P>('llama3', llama3Schema, llama3Example, llama3Rope);
+export const [ropeYarnForward, ropeYarnBackward, ropeYarnKvForward] = scaledFamilies<YarnP>('yarn', yarnSchema, yarnExample, yarnRope);
+
+/** Which of a kind's families: the forward, the backward, or generation's rotation with the KV-cache write. */
+type RopeMode = 'fwd' | 'bwd' | 'kv';
+
+/** The spec of `mode`'s family of `rope`'s kind, with the kind's parameters and `common` (dtypes, seqPos, bias or acc, block). */
+function kindSpec(mode: RopeMode, rope: RopeSpec, headDim: number, common: Record<string, string | number | boolean>): KernelSpec {
+  const pick = <A, B, K>(fams: [KernelFamily<A & ParamRecord>, KernelFamily<B & ParamRecord>, KernelFamily<K & ParamRecord>], p: Record<string, unknown>): KernelSpec =>
+    mode === 'bwd' ? fams[1].make(p as B & ParamRecord) : mode === 'fwd' ? fams[0].make(p as A & ParamRecord) : fams[2].make(p as K & ParamRecord);
+  const base = { headDim, theta: rope.theta, ...common };
+  switch (rope.type) {
+    case 'default':
+      return pick([ropeForward, ropeBackward, ropeKvForward], base);
+    case 'linear':
+      return pick([ropeLinearForward, ropeLinearBackward, ropeLinearKvForward], { ...base, factor: rope.factor });
+    case 'llama3':
+      return pick([ropeLlama3Forward, ropeLlama3Backward, ropeLlama3KvForward], {
+        ...base, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
+        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
+      });
+    case 'yarn':
+      return pick([ropeYarnForward, ropeYarnBackward, ropeYarnKvForward], {
+        ...base, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
+        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate,
+      });
+  }
+}
 
 /**
  * The kernel spec that rotates (forward) or back-propagates (backward) with this RoPE. `dt`: the dtypes of out and inp
@@ -197,26 +362,16 @@ export function ropeKernel(backward: boolean, rope: RopeSpec, headDim: number, b
   const { out, inp } = dt, seqPos = dt.seqPos === true, bias = dt.bias ?? 'none', acc = dt.acc !== false;
   if (backward && bias !== 'none') throw new Error('rope: a bias is added in the forward only');
   if (!backward && dt.acc !== undefined) throw new Error('rope: the forward overwrites its output (acc is a backward parameter)');
-  switch (rope.type) {
-    case 'default':
-      return backward ? ropeBackward.make({ headDim, theta: rope.theta, out, inp, seqPos, block, acc })
-        : ropeForward.make({ headDim, theta: rope.theta, out, inp, seqPos, bias, block });
-    case 'linear':
-      return backward ? ropeLinearBackward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, block, acc })
-        : ropeLinearForward.make({ headDim, theta: rope.theta, factor: rope.factor, out, inp, seqPos, bias, block });
-    case 'llama3': {
-      const p = {
-        headDim, theta: rope.theta, factor: rope.factor, lowFreqFactor: rope.lowFreqFactor, highFreqFactor: rope.highFreqFactor,
-        originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings, out, inp, seqPos, block,
-      };
-      return backward ? ropeLlama3Backward.make({ ...p, acc }) : ropeLlama3Forward.make({ ...p, bias });
-    }
-    case 'yarn': {
-      const p = {
-        headDim, theta: rope.theta, factor: rope.factor, originalMaxPositionEmbeddings: rope.originalMaxPositionEmbeddings,
-        betaFast: rope.betaFast, betaSlow: rope.betaSlow, attentionFactor: rope.attentionFactor, truncate: rope.truncate, out, inp, seqPos, block,
-      };
-      return backward ? ropeYarnBackward.make({ ...p, acc }) : ropeYarnForward.make({ ...p, bias });
-    }
-  }
+  return backward ? kindSpec('bwd', rope, headDim, { out, inp, seqPos, block, acc }) : kindSpec('fwd', rope, headDim, { out, inp, seqPos, bias, block });
+}
+
+/**
+ * The kernel spec of generation's rotation and KV-cache write (ropeKvSource) with this RoPE: `dt.out` the dtype of q and
+ * the caches, `dt.inp` the fused product's, `dt.bias` the joined q/k/v bias's (or 'none'), `dt.seqPos` per-sequence
+ * positions, `dt.norm` the q/k norm weights' (or 'none') with `dt.eps`.
+ */
+export function ropeKvKernel(rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): KernelSpec {
+  if (dt.acc !== undefined) throw new Error('rope: the forward overwrites its output (acc is a backward parameter)');
+  // eps only where there are norms (no two keys for one kernel)
+  return kindSpec('kv', rope, headDim, { out: dt.out, inp: dt.inp, seqPos: dt.seqPos === true, bias: dt.bias ?? 'none', norm: dt.norm, eps: dt.norm === 'none' ? 0 : dt.eps, block });
 }
