@@ -383,9 +383,10 @@ export interface Backend {
    * Generation's step from the fused q/k/v product to attentionCached, in one pass: for each of the b·t token rows of
    * qkv [b·t, Q + 2·KV] (columns q | k | v; Q = nHeads·hd, KV = nKv·hd), q = R(q_cols + bias_q) into `q` [b·t, Q],
    * R(k_cols + bias_k) into kCache and v_cols + bias_v into vCache at the row's position (as kvCacheWrite), R the
-   * rotation of ropeForward at that position. It stores exactly what copyColumns (v, with its bias), ropeForward (q and k
-   * from qkv's columns, with their biases) and kvCacheWrite (k, v) store: each value summed and rotated in float and
-   * rounded once. q, kCache and vCache share one dtype. `bias`: the q, k and v biases joined [Q + 2·KV], or null.
+   * rotation of ropeForward at that position. It stores what copyColumns (v, with its bias), ropeForward (q and k from
+   * qkv's columns, with their biases) and kvCacheWrite (k, v) store: each value summed and rotated in float and rounded
+   * once (the same bits on the CPU; on CUDA q and k to the rounding of the rotation's products, which the compiler
+   * may contract into an FMA the other way round). q, kCache and vCache share one dtype. `bias`: the q, k and v biases joined [Q + 2·KV], or null.
    * `qkNorm` (Qwen3): each q and k head is first normed as rmsnormForward norms a row of hd (weights [hd], eps), as the
    * split copy (copyColumns, with its bias) and the norm would store it in q's dtype, then rotated (only rstd is not kept).
    */

@@ -76,7 +76,9 @@ ${dtypeHelpers()}`;
  * threads on consecutive columns. A q head is rotated into q [rows, Q], a k head into kc's row b·tMax + p, a v head's
  * elements i and i + HALF copied into vc's; each with its bias column (in float, one rounding at the store). Every value
  * is computed as ropeForward, copyColumns and kv_cache_write compute it (the same loads, sums and rotation in double
- * angle, float product), so the result is theirs bit for bit. `out`: the dtype of q and both caches; `inp`: qkv's;
+ * angle, float product): v bit for bit, q and k to the rounding of the rotation's products (the compiler may contract
+ * x1·c − x2·s into an FMA the other way round: 3 ulps of a cancelling f32 result seen on an H200, and once in ~15k
+ * values a bf16 rounding tipped by 1 ulp). `out`: the dtype of q and both caches; `inp`: qkv's;
  * `bias`: 'none' or the dtype of the joined bias [Q + 2·KV].
  */
 function ropeKvSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
@@ -116,10 +118,11 @@ export interface RopeKvDtypes extends RopeDtypes { norm: string; eps: number }
 /**
  * ropeKvSource with Qwen3's per-head q/k RMSNorm before the rotation (`norm` the weights' dtype, `eps` baked): one warp
  * per (row, unit) over the grid's warps (idx = row·U + u), lanes over the head's elements e = lane + 32·j as
- * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps)), so a q
- * or k head is normed into exactly what that kernel stores (x · r · w, rounded to q's dtype: the normed activation), then
- * staged in shared memory and rotated from there, a lane per pair; each element read is first rounded to q's dtype, with
- * its bias added where there is one (what the split copy stores and the norm reads). v heads are copied (with their bias) as ropeKvSource copies them.
+ * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps); head
+ * dims up to ROWS_NORM_MAX_C, where rmsnormForward runs that kernel), so a q or k head is normed into what it stores
+ * (x · r · w, rounded to q's dtype: the normed activation), then staged in shared memory and rotated from there, a
+ * lane per pair; each element read is first rounded to q's dtype, with its bias added where there is one (what the
+ * split copy stores and the norm reads). v heads are copied (with their bias) as ropeKvSource copies them.
  * Arguments: ropeKvSource's, then qw and kw (the q and k norm weights [HD]).
  */
 function ropeKvNormSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
