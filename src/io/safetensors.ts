@@ -42,6 +42,17 @@ export interface SafetensorsHeader {
   metadata: Record<string, string>;
   /** Byte offset of the data section. */
   dataStart: number;
+  /** The file's identity when the header was read (fileStamp): a later read of its tensors checks it is the same file. */
+  stamp: string;
+}
+
+/**
+ * A file's identity: device, inode, size and modification time (ns). A file replaced (a new inode) or written to (a new
+ * modification time) since gets another stamp.
+ */
+function fileStamp(fd: number): string {
+  const st = fs.fstatSync(fd, { bigint: true });
+  return `${st.dev}:${st.ino}:${st.size}:${st.mtimeNs}`;
 }
 
 const DTYPE_SIZE: Record<string, number> = {
@@ -139,7 +150,7 @@ function parseHeader(file: string, fd: number): SafetensorsHeader {
     pos = t.end;
   }
   if (pos !== size) throw corrupt(file, `${size - pos} trailing bytes after the last tensor`);
-  return { tensors, metadata, dataStart };
+  return { tensors, metadata, dataStart, stamp: fileStamp(fd) };
 }
 
 function openForRead(file: string): number {
@@ -211,7 +222,9 @@ export interface LazyTensor {
 
 /**
  * A safetensors file's header, with each tensor (F32/F16/BF16) read as a Float32Array only when asked: what loads a
- * model tensor by tensor without the whole of it in memory (a 7B teacher).
+ * model tensor by tensor without the whole of it in memory (a 7B teacher). A read finding the file replaced or written
+ * to since the header was read is refused (DistilleryError naming the file): the tensors of one model, however often
+ * read (a teacher cache's hash of the weights, then their upload), are the same bytes.
  */
 export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors: Map<string, LazyTensor>; metadata: Record<string, string> } {
   const header = readSafetensorsHeader(file);
@@ -226,7 +239,14 @@ export function lazySafetensors(file: string, opts: ReadOptions = {}): { tensors
     const numel = info.shape.reduce((a, d) => a * d, 1);
     const bytesInto = (bytes: Uint8Array): void => {
       const fd = openForRead(file);
-      try { readExactly(fd, bytes, info.begin, file); } finally { fs.closeSync(fd); }
+      try {
+        // every tensor comes from the file whose header placed it (a model hashed, then uploaded, is read twice)
+        if (fileStamp(fd) !== header.stamp) {
+          throw new DistilleryError(`${file} changed while distillery was reading it (replaced or written to since its header was read)`,
+            'do not overwrite a checkpoint that a run is reading; run the command again once the file is complete');
+        }
+        readExactly(fd, bytes, info.begin, file);
+      } finally { fs.closeSync(fd); }
     };
     /** A 16-bit tensor's patterns, read into an array of their own (aligned). */
     const bits16 = (): Uint16Array => { const b = new Uint16Array(numel); bytesInto(new Uint8Array(b.buffer)); return b; };

@@ -238,3 +238,24 @@ test('a lazy tensor reads into a given array (readInto) and as bf16 bits (readBf
   }
   assert.deepEqual(tensors.get('b')!.readBf16(), b16, 'a BF16 tensor: its own bits');
 });
+
+test('a lazy tensor refuses to read a file replaced or written to since its header was read, naming it (a model hashed then uploaded is read twice)', () => {
+  const f = path.join(tmp, 'changing.safetensors');
+  const one = new Float32Array([1, 2, 3, 4]), two = new Float32Array([5, 6, 7, 8]);
+  writeSafetensors(f, { w: { shape: [4], data: one } });
+  const lazy = lazySafetensors(f).tensors.get('w')!;
+  assert.deepEqual([...lazy.read()], [...one]);
+  assert.deepEqual([...lazy.read()], [...one], 'an unchanged file reads again');
+  // replaced by an atomic rewrite of the same size (a new inode): the old header's offsets would read the new values
+  writeSafetensors(f, { w: { shape: [4], data: two } });
+  assert.throws(() => lazy.read(), (e: unknown) => e instanceof DistilleryError && e.message.includes(f) && /changed while/.test(e.message));
+  assert.throws(() => lazy.readBf16(), /changed while/);
+  // written to in place (same inode, another modification time)
+  const again = lazySafetensors(f).tensors.get('w')!;
+  assert.deepEqual([...again.read()], [...two]);
+  const bytes = fs.readFileSync(f);
+  fs.writeFileSync(f, bytes);
+  const later = new Date(Date.now() + 10_000);
+  fs.utimesSync(f, later, later);
+  assert.throws(() => again.readInto(new Float32Array(4)), /changed while/);
+});
