@@ -2,10 +2,10 @@
  * The layers of generation over a KV cache of [batch, maxLen] rows, shared by Generator (one sequence) and
  * BatchGenerator (several): the cache, one layer's activations for every row, and the forward over t new tokens of b
  * sequences from pos0 (a number: every sequence; SeqPositions: each its own). The layers are Transformer's own
- * (layerForward), with the model's weights as it runs them: its fused q/k/v product where its weights have one, and its
- * fused gate/up product where every layer's weights have one (a training model's), so generation launches the products
- * the model's other passes launch. The attention is cachedAttentionStep's: training's causal forward for a prefill from
- * position 0, the cache-reading kernel otherwise.
+ * (layerForward), with the model's weights as generation runs them (Transformer.decodeLayerW): its fused q/k/v product
+ * where its weights have one, and a fused gate/up product wherever the storage keeps gate and up adjacent without
+ * adapters on them (a forward-only model's too: a decode step pays a launch per product). The attention is
+ * cachedAttentionStep's: training's causal forward for a prefill from position 0, the cache-reading kernel otherwise.
  */
 import type { TensorInfo } from './params.js';
 import type { Backend, Buf, DType, IntBuf, SeqPositions } from '../backend/backend.js';
@@ -52,11 +52,11 @@ export class CachedLayers {
     this.ids = be.allocInt(R, `${label} token ids`);
     this.x = a(R * C, 'x'); this.h = a(R * C, 'h'); this.ln = a(R * C, 'norm', A); this.rstd = a(R, 'rstd');
     this.q = a(R * Q, 'q', A); this.k = a(R * KV, 'k', A); this.v = a(R * KV, 'v', A); this.att = a(R * Q, 'attention', A);
-    const gu = m.layerW.every((w) => w.wgu !== null);
+    const gu = m.decodeLayerW.every((w) => w.wgu !== null);
     this.gu = gu ? a(2 * R * I, 'gate|up', A) : null;
     this.gate = gu ? null : a(R * I, 'gate', A); this.up = gu ? null : a(R * I, 'up', A);
     this.act = a(R * I, 'swiglu', A);
-    this.qkv = m.layerW.some((w) => w.wqkv !== null) ? a(R * (Q + 2 * KV), 'fused q/k/v output', A) : null;
+    this.qkv = m.decodeLayerW.some((w) => w.wqkv !== null) ? a(R * (Q + 2 * KV), 'fused q/k/v output', A) : null;
     this.lse = a(R * c.numHeads, 'prefill attention lse');
     this.qkn = c.qkNorm ? {
       qRaw: a(R * Q, 'q before q_norm', A), kRaw: a(R * KV, 'k before k_norm', A),
@@ -84,13 +84,13 @@ export class CachedLayers {
       ln2: ln, rstd2: rstd, gate: this.gate && vw(this.gate, n * I), up: this.up && vw(this.up, n * I), gu: this.gu && vw(this.gu, 2 * n * I),
       act: vw(this.act, n * I), qkv: this.qkv && vw(this.qkv, n * (Q + 2 * KV)), qkNorm,
     };
-    inputNorm(be, c, this.m.layerW[0]!, { x, ln1: ln, rstd1: rstd }, n);
+    inputNorm(be, c, this.m.decodeLayerW[0]!, { x, ln1: ln, rstd1: rstd }, n);
     for (let l = 0; l < c.numLayers; l++) {
       // The layer's closing add forms the next layer's input norm (or the final norm) in the one norm buffer; x is both
       // the layer's input and output (h holds the residual in between).
-      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.layerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
+      const next: NextNorm = l + 1 < c.numLayers ? { weight: this.m.decodeLayerW[l + 1]!.ln1, out: ln, rstd } : { weight: p(L.finalNorm)!, out: ln, rstd };
       this.m.materialize(l);
-      layerForward(be, c, l, this.m.layerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0,
+      layerForward(be, c, l, this.m.decodeLayerW[l]!, { ...bufs, x, out: x, lora: this.m.layerLora(l) }, b, t, pos0,
         cachedAttentionStep(be, c, this.kCache[l]!, this.vCache[l]!, this.lse, b, t, pos0, this.maxLen), next);
     }
   }

@@ -156,8 +156,15 @@ export class Transformer {
   private readonly label: string;
   /** Whether each layer keeps its SwiGLU output for backward (every weight trains), else one buffer the backward refills. */
   private readonly actKept: boolean;
-  /** Views of each layer's weights (shared with the generator). */
+  /** Views of each layer's weights. */
   readonly layerW: LayerWeights[];
+  /**
+   * The layers' weights as generation runs them (src/model/cached-layers.ts): layerW, with the gate and up projections
+   * joined wherever the storage keeps them adjacent and no adapter sits on them, in a model that only runs forward too.
+   * A decode step's few rows pay a launch per product (one joined product of 2·intermediate columns instead of two);
+   * training's forward over thousands of rows keeps its own choice (fuseGateUp).
+   */
+  readonly decodeLayerW: LayerWeights[];
   /** The fused q/k/v projection's output [N, Q + 2·KV] (one for all layers: split at once), null where it does not run. */
   private readonly qkvBuf: Buf | null;
 
@@ -213,6 +220,8 @@ export class Transformer {
     if (fuseGU && !layerW.every((w) => w.wgu)) layerW = weightsOf(false);
     this.layerW = layerW;
     const gu = layerW.every((w) => w.wgu !== null);
+    const joined = !gu && opts.fuseGateUp !== false && fusesGateUp(this.layout, opts.lora) ? weightsOf(true) : null;
+    this.decodeLayerW = joined?.every((w) => w.wgu !== null) ? joined : layerW;
     const W = Q + 2 * KV;
     this.qkvBuf = this.layerW.some((w) => w.wqkv) ? backend.alloc(N * W, `${lab} activations (fused q/k/v output)`, A) : null;
     // SwiGLU's output: kept per layer when every weight trains (the down projection's weight gradient reads it; keeping it

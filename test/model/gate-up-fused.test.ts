@@ -118,3 +118,31 @@ test('an NF4 base fuses gate/up too (adjacent in the one-layer scratch): logits 
     assert.ok(worst <= 1e-5, `largest difference ${worst}`);
   } finally { be.dispose(); }
 });
+
+test('generation joins gate and up in a forward-only model too (decodeLayerW), with the logits of two products, bit for bit; not where an adapter sits on either, nor with fuseGateUp false', async () => {
+  const { BatchGenerator } = await import('../../src/model/batch-generate.js');
+  const be = createCpuBackend({ dtype: 'f32', threads: 1 });
+  try {
+    for (const c of [cfg(), cfg({ architecture: 'qwen3', qkvBias: false, qkNorm: true })]) {
+      const w = initialWeights(parameterLayout(c), c, new Rng(7), 0.5);
+      const make = (fuseGateUp?: boolean): Transformer => {
+        const m = new Transformer(be, c, { batch: 2, seq: 16, training: false, ...(fuseGateUp === undefined ? {} : { fuseGateUp }) });
+        m.setWeights(w);
+        return m;
+      };
+      const joined = make(), two = make(false);
+      assert.ok(joined.layerW.every((x) => x.wgu === null), 'the forward keeps two products');
+      assert.ok(joined.decodeLayerW.every((x) => x.wgu !== null), 'generation runs one');
+      assert.ok(two.decodeLayerW.every((x) => x.wgu === null), 'fuseGateUp false: two products in generation too');
+      const ga = new BatchGenerator(joined, 2, 16), gb = new BatchGenerator(two, 2, 16);
+      const prompts = [[1, 2, 3, 4], [5, 6]];
+      assert.deepEqual([...ga.prefill(prompts)], [...gb.prefill(prompts)], `${c.architecture} prefill`);
+      for (let s = 0; s < 3; s++) {
+        const next = Int32Array.of(3 + s, 7 - s);
+        assert.deepEqual([...ga.decode(next)], [...gb.decode(next)], `${c.architecture} decode step ${s}`);
+      }
+    }
+    const lora = new Transformer(be, cfg(), { batch: 1, seq: 4, training: false, lora: loraLayout(cfg(), { rank: 2, alpha: 4, targets: ['up_proj'] }) });
+    assert.ok(lora.decodeLayerW.every((x) => x.wgu === null), 'an adapter on up_proj keeps two products');
+  } finally { be.dispose(); }
+});
