@@ -151,8 +151,9 @@ export function layerForward(be: Backend, c: ModelConfig, layer: number, w: Laye
     if (v) loraForward(be, lo!.ad, v, out, inp, N);
   };
   const fused = Boolean(w.wqkv && a.qkv);
-  if (fused && usesRope(c, layer) && attend.fromFusedQkv && (w.bq === null) === (w.bqkv === null)) {
-    // generation past the prefill: the q/k norms, the rotation and the cache writes read the product's columns in one pass
+  if (fused && usesRope(c, layer) && attend.fromFusedQkv) {
+    // generation past the prefill: the q/k norms, the rotation and the cache writes read the product's columns in one
+    // pass (a fused layer has its joined bias where it has biases, and no adapter on q, k or v: layerWeights, fusesQkv)
     const Q = c.numHeads * c.headDim, W = Q + 2 * c.numKvHeads * c.headDim;
     be.matmulForward(a.qkv!, a.ln1, w.wqkv!, null, N, c.hiddenSize, W);
     attend.fromFusedQkv(a.q, a.qkv!, w.bqkv, c.qkNorm ? { q: w.qNorm!, k: w.kNorm!, eps: c.rmsNormEps } : null, a.att);

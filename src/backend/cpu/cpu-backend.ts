@@ -401,6 +401,7 @@ export class CpuBackend implements Backend {
     this.kernels = null;
     this.scratch = this.shared(0);
     this.attnRows = null;
+    this.qkScratch = null;
     this.allocated = 0;
   }
 
@@ -728,7 +729,7 @@ export class CpuBackend implements Backend {
     if (qkNorm) {
       // scratch the backend keeps (grown, never per call: a repeated decode step runs this again)
       const QK = n * (Q + KV), need = 2 * QK + n * (nHeads + nKv);
-      if (this.qkScratch === null || this.qkScratch.length < need) this.qkScratch = this.shared(need);
+      if (this.qkScratch === null || this.qkScratch.length < need) this.qkScratch = this.shared(Math.max(need, Math.ceil((this.qkScratch?.length ?? 0) * 1.5)));
       const sc = this.qkScratch, dt = q.dtype, at = (o: number, len: number, d: DType): Buf => this.tag(sc.subarray(o, o + len), d);
       const qRaw = at(0, n * Q, dt), kRaw = at(n * Q, n * KV, dt), qn = at(QK, n * Q, dt), kn = at(QK + n * Q, n * KV, dt);
       const rstd = at(2 * QK, n * (nHeads + nKv), 'f32');

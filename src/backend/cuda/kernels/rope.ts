@@ -118,8 +118,9 @@ export interface RopeKvDtypes extends RopeDtypes { norm: string; eps: number }
 /**
  * ropeKvSource with Qwen3's per-head q/k RMSNorm before the rotation (`norm` the weights' dtype, `eps` baked): one warp
  * per (row, unit) over the grid's warps (idx = row·U + u), lanes over the head's elements e = lane + 32·j as
- * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps); head
- * dims up to ROWS_NORM_MAX_C, where rmsnormForward runs that kernel), so a q or k head is normed into what it stores
+ * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps); for head
+ * dims up to ROWS_NORM_MAX_C, where rmsnormForward runs that kernel: above, it sums a row in a block's order, so the
+ * two agree to float rounding, no Qwen3 has such heads), so a q or k head is normed into what it stores
  * (x · r · w, rounded to q's dtype: the normed activation), then staged in shared memory and rotated from there, a
  * lane per pair; each element read is first rounded to q's dtype, with its bias added where there is one (what the
  * split copy stores and the norm reads). v heads are copied (with their bias) as ropeKvSource copies them.
