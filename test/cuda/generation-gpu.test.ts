@@ -131,8 +131,8 @@ test('ropeKvCacheWrite on CUDA stores what the ops it replaces store on CUDA (to
             // (session 51 saw 3 on an H200) and that now and then tips a bf16 rounding (1 bf16 ulp, seen once in
             // ~15k values); so within 2^-22 of the largest f32 value, one bf16 ulp of a bf16 one, and bit for bit in v
             // (a copy with its bias: no product)
-            const tol = (x: number): number => (dt === 'bf16' ? 2 ** (Math.floor(Math.log2(Math.max(Math.abs(x), 2 ** -100))) - 7)
-              : 2 ** -22 * u[j]!.reduce((a, y) => Math.max(a, Math.abs(y)), 1));
+            const f32Tol = 2 ** -22 * u[j]!.reduce((a, y) => Math.max(a, Math.abs(y)), 1);
+            const tol = (x: number): number => (dt === 'bf16' ? 2 ** (Math.floor(Math.log2(Math.max(Math.abs(x), 2 ** -100))) - 7) : f32Tol);
             // the values written (q whole, the caches' rows [p, p + t) of each sequence): nearly all the same bits
             const written = (i: number): boolean => {
               if (j === 0) return true;
