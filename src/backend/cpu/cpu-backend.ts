@@ -59,7 +59,7 @@ import { lossRows } from './kernels/loss.js';
 import { sparseLossRows } from './kernels/sparse-loss.js';
 import { sparseRow } from './kernels/sparse-rows.js';
 import { markSeen, penalizeInPlace, sampleRow } from './kernels/sample.js';
-import { ropeForward, rotateRows } from './kernels/rope.js';
+import { ropeForward } from './kernels/rope.js';
 import type { FArr } from './kernels/types.js';
 import { WorkerPool } from './pool.js';
 import { runTask, splitRange, type Task } from './tasks.js';
@@ -718,14 +718,13 @@ export class CpuBackend implements Backend {
     nHeads: number, nKv: number, hd: number, rope: RopeSpec, bias: Buf | null, qkNorm: QkNormWeights | null = null): void {
     const op = 'ropeKvCacheWrite', Q = nHeads * hd, KV = nKv * hd, W = Q + 2 * KV, n = b * t;
     const kc = this.f(kCache, 'k cache'), vc = this.f(vCache, 'v cache'), x = this.f(qkv, 'q/k/v product');
-    const bs = bias === null ? null : this.f(bias, 'q/k/v bias');
     if (q.dtype !== kCache.dtype || vCache.dtype !== kCache.dtype) throw new DistilleryError(`cpu backend: ${op}: q (${q.dtype}) and the caches (${kCache.dtype}, ${vCache.dtype}) need one dtype`);
     this.need(kc, b * tMax * KV, op, 'kCache'); this.need(vc, b * tMax * KV, op, 'vCache'); this.need(x, n * W, op, 'qkv');
-    if (bs !== null) this.need(bs, W, op, 'bias');
+    if (bias !== null) this.need(this.f(bias, 'q/k/v bias'), W, op, 'bias');
     const part = (o: number, len: number): Buf | null => (bias === null ? null : this.view(bias, o, len));
     // The rows the rotation reads: the product's q and k columns with their biases, or (q/k norms) the normed heads,
-    // formed as the split copy and rmsnormForward form them, in q's dtype.
-    let qSrc = qkv, kSrc: FArr = x, kOff = Q, kStride = W, qBias = part(0, Q), kBias = bs && bs.subarray(Q, Q + KV);
+    // formed as the split copy and rmsnormForward form them, in q's dtype. The op is the backend's own ops in a row.
+    let qSrc = qkv, kSrc = this.view(qkv, Q, n * W - Q), kStride = W, qBias = part(0, Q), kBias = part(Q, KV);
     if (qkNorm) {
       // scratch the backend keeps (grown, never per call: a repeated decode step runs this again)
       const QK = n * (Q + KV), need = 2 * QK + n * (nHeads + nKv);
@@ -737,21 +736,17 @@ export class CpuBackend implements Backend {
       this.copyColumns(kRaw, KV, 0, qkv, W, Q, n, KV, part(Q, KV));
       this.rmsnormForward(qn, this.view(rstd, 0, n * nHeads), qRaw, qkNorm.q, n * nHeads, hd, qkNorm.eps);
       this.rmsnormForward(kn, this.view(rstd, n * nHeads, n * nKv), kRaw, qkNorm.k, n * nKv, hd, qkNorm.eps);
-      qSrc = qn; kSrc = this.f(kn, 'k normed'); kOff = 0; kStride = KV; qBias = null; kBias = null;
+      qSrc = qn; kSrc = kn; kStride = KV; qBias = null; kBias = null;
     }
     // q: the rotation, as ropeForward (which checks q and the head dim)
     this.ropeForward(q, qSrc, b, t, nHeads, hd, rope, pos0, qBias, { out: Q, inp: qkNorm ? Q : W });
-    const bv = bs && bs.subarray(Q + KV, W);
     const write = (bi: number, p: number): void => {
       if (p < 0 || p + t > tMax) throw new DistilleryError(`cpu backend: ${op}: rows [${p}, ${p + t}) outside the cache of ${tMax}`, 'raise the generation length limit');
       const c0 = (bi * tMax + p) * KV;
-      // k: rotated straight into the cache rows; v: its columns plus its bias
-      rotateRows(kc.subarray(c0), kSrc.subarray(bi * t * kStride + kOff), t, nKv, hd, rope, p, 1, false, op, kBias, KV, kStride, 0, t);
-      for (let r = 0; r < t; r++) {
-        const s0 = (bi * t + r) * W + Q + KV, d0 = c0 + r * KV;
-        for (let c = 0; c < KV; c++) vc[d0 + c] = x[s0 + c]! + (bv ? bv[c]! : 0);
-      }
-      this.fin(kCache, c0, c0 + t * KV); this.fin(vCache, c0, c0 + t * KV);
+      // sequence bi's t rows: k rotated straight into its cache rows, v's columns (with its bias) copied into them
+      this.ropeForward(this.view(kCache, c0, t * KV), this.view(kSrc, bi * t * kStride, (t - 1) * kStride + KV), 1, t, nKv, hd, rope, p, kBias,
+        { out: KV, inp: kStride });
+      this.copyColumns(this.view(vCache, c0, t * KV), KV, 0, this.view(qkv, bi * t * W, t * W), W, Q + KV, t, KV, part(Q + KV, KV));
     };
     this.perSequence(pos0, b, op, write, (p) => { for (let bi = 0; bi < b; bi++) write(bi, p); });
   }

@@ -1114,12 +1114,19 @@ export class CudaBackend implements Backend {
     }
   }
 
+  /**
+   * The positions of a KV-cache op's t rows from pos0, checked: per-sequence positions (true) live on the device, and
+   * the caller keeps them inside the cache (Backend.kvCacheWrite); a scalar start must leave its rows inside it.
+   */
+  private cacheRows(pos0: number | SeqPositions, b: number, t: number, tMax: number, op: string): pos0 is SeqPositions {
+    if (typeof pos0 !== 'number') { this.need(pos0.seqPositions, b, op); return true; }
+    if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    return false;
+  }
+
   kvCacheWrite(cache: Buf, src: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number, nKv: number, hd: number): void {
     this.need(cache, b * tMax * nKv * hd, 'kvCacheWrite'); this.need(src, b * t * nKv * hd, 'kvCacheWrite');
-    // Per-sequence positions live on the device: the caller keeps them inside the cache (Backend.kvCacheWrite).
-    const seq = typeof pos0 !== 'number';
-    if (seq) this.need(pos0.seqPositions, b, 'kvCacheWrite');
-    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    const seq = this.cacheRows(pos0, b, t, tMax, 'kvCacheWrite');
     const n = b * t * nKv * hd;
     if (n <= 0) return;
     this.launch(kvCacheWrite.make({ block: ELEM_BLOCK, cache: cache.dtype, src: src.dtype, seqPos: seq }), [blocksFor(n, ELEM_BLOCK), 1, 1], ELEM_BLOCK,
@@ -1139,10 +1146,7 @@ export class CudaBackend implements Backend {
       if (qkNorm.q.dtype !== qkNorm.k.dtype) throw new Error(`${op}: the q and k norm weights need one dtype`);
     }
     for (const o of [q, kCache, vCache]) if (overlaps(this.own(o, op), this.own(qkv, op))) throw new Error(`${op}: an output overlaps the q/k/v product`);
-    // Per-sequence positions live on the device: the caller keeps them inside the cache (Backend.kvCacheWrite).
-    const seq = typeof pos0 !== 'number';
-    if (seq) this.need(pos0.seqPositions, b, op);
-    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`, 'raise the generation length limit');
+    const seq = this.cacheRows(pos0, b, t, tMax, op);
     if (n <= 0) return;
     const spec = ropeKvKernel(rope, hd, ELEM_BLOCK,
       { out: D(q), inp: D(qkv), seqPos: seq, bias: bias ? D(bias) : 'none', norm: qkNorm ? D(qkNorm.q) : 'none', eps: qkNorm?.eps ?? 0 });
@@ -1158,9 +1162,7 @@ export class CudaBackend implements Backend {
     this.checkHeads(nHeads, nKv);
     this.need(out, b * t * nHeads * hd, 'attentionCached'); this.need(q, b * t * nHeads * hd, 'attentionCached');
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
-    const seq = typeof pos0 !== 'number';
-    if (seq) this.need(pos0.seqPositions, b, 'attentionCached');
-    else if (pos0 + t > tMax) throw new DistilleryError(`KV cache overflow: positions up to ${pos0 + t} but the cache holds ${tMax}`);
+    const seq = this.cacheRows(pos0, b, t, tMax, 'attentionCached');
     if (b * t <= 0) return;
     const block = cachedAttentionBlock(hd);
     this.launch(attentionCached.make({ headDim: hd, block, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),

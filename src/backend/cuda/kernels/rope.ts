@@ -83,10 +83,9 @@ ${dtypeHelpers()}`;
  */
 function ropeKvSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
   if (dt.norm !== 'none') return ropeKvNormSource(name, rope, headDim, block, dt);
-  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', O = ctype(dt.out), I = ctype(dt.inp), B = bias === 'none' ? null : ctype(bias);
+  const { seq, O, I, B, entry } = kvEntry(name, dt);
   return `${ropePrelude(name, rope, headDim, block)}
-extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv, long long rows, int T, int nH, int nKv, int pos0,
-                                   int tMax${seq ? ', const int* seqPos' : ''}${B ? `, const ${B}* bias` : ''}) {
+${entry}) {
   const int Q = nH * HD, KV = nKv * HD, U = nH + 2 * nKv;
   const long long W = (long long)Q + 2 * KV, total = rows * U * HALF;
   for (long long idx = (long long)blockIdx.x * BLOCK + threadIdx.x; idx < total; idx += (long long)gridDim.x * BLOCK) {
@@ -116,6 +115,17 @@ extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv,
 export interface RopeKvDtypes extends RopeDtypes { norm: string; eps: number }
 
 /**
+ * The kv kernels' shared entry: the C types of q and the caches (O), of qkv (I) and of the bias (B, null without one),
+ * whether positions are per sequence, and the signature up to its optional trailing arguments (the norms' weights).
+ */
+function kvEntry(name: string, dt: RopeKvDtypes): { seq: boolean; O: string; I: string; B: string | null; entry: string } {
+  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', O = ctype(dt.out), I = ctype(dt.inp), B = bias === 'none' ? null : ctype(bias);
+  const entry = `extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv, long long rows, int T, int nH, int nKv, int pos0,
+                                   int tMax${seq ? ', const int* seqPos' : ''}${B ? `, const ${B}* bias` : ''}`;
+  return { seq, O, I, B, entry };
+}
+
+/**
  * ropeKvSource with Qwen3's per-head q/k RMSNorm before the rotation (`norm` the weights' dtype, `eps` baked): one warp
  * per (row, unit) over the grid's warps (idx = row·U + u), lanes over the head's elements e = lane + 32·j as
  * rmsnorm_rows_fwd reads a row (the same sum of squares in the same order, warpSum, 1 / sqrt(ss / HD + eps); for head
@@ -127,14 +137,13 @@ export interface RopeKvDtypes extends RopeDtypes { norm: string; eps: number }
  * Arguments: ropeKvSource's, then qw and kw (the q and k norm weights [HD]).
  */
 function ropeKvNormSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
-  const seq = dt.seqPos === true, bias = dt.bias ?? 'none', O = ctype(dt.out), I = ctype(dt.inp), B = bias === 'none' ? null : ctype(bias);
+  const { seq, O, I, B, entry } = kvEntry(name, dt);
   const rnd = dt.out === 'bf16' ? (x: string): string => `bf2f(f2bf(${x}))` : (x: string): string => x;
   return `${ropePrelude(name, rope, headDim, block)}${reductionHelpers()}
 #define WARPS (BLOCK / 32)
 #define NV ((HD + 31) / 32)
 #define EPS ${f32(dt.eps)}
-extern "C" __global__ void ${name}(${O}* q, ${O}* kc, ${O}* vc, const ${I}* qkv, long long rows, int T, int nH, int nKv, int pos0,
-                                   int tMax${seq ? ', const int* seqPos' : ''}${B ? `, const ${B}* bias` : ''}, const ${ctype(dt.norm)}* qw, const ${ctype(dt.norm)}* kw) {
+${entry}, const ${ctype(dt.norm)}* qw, const ${ctype(dt.norm)}* kw) {
   __shared__ float hs[WARPS][HD];
   const int Q = nH * HD, KV = nKv * HD, U = nH + 2 * nKv, lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
   const long long W = (long long)Q + 2 * KV, units = rows * U;
