@@ -2,7 +2,7 @@
  * Straightforward float64 references for the CPU backend tests (written independently of the kernels):
  * causal GQA attention and the fused per-token loss, plus the loss configurations the tests sweep.
  */
-import type { LossSpec } from '../../src/backend/backend.js';
+import type { Backend, Buf, LossSpec, QkNormWeights, RopeSpec, SeqPositions } from '../../src/backend/backend.js';
 
 /**
  * Causal GQA attention reference: returns [out, lse], lse [B, nH, T] = log Σ_{j ≤ i} exp(q_i·k_j / sqrt(hd)) (natural
@@ -168,4 +168,31 @@ export function attentionDocsRef(
     }
   }
   return [out, lse, dq, dk, dv];
+}
+
+/**
+ * What Backend.ropeKvCacheWrite replaces, in layer.ts's own sequence of ops: the split copies (with the biases), the q/k
+ * norms and the rotation in place, or the rotation from the product's columns; then the two cache writes. Its arguments
+ * are ropeKvCacheWrite's (q, k and v scratch in q's dtype). Used by test/backend/rope-kv-cache.test.ts and test/cuda/generation-gpu.test.ts.
+ */
+export function ropeKvCacheWriteUnfused(be: Backend, q: Buf, kc: Buf, vc: Buf, qkv: Buf, b: number, t: number, pos0: number | SeqPositions, tMax: number,
+  nH: number, nKv: number, hd: number, rope: RopeSpec, bias: Buf | null, norm: QkNormWeights | null): void {
+  const Q = nH * hd, KV = nKv * hd, W = Q + 2 * KV, N = b * t, dt = q.dtype;
+  const k = be.alloc(N * KV, 'k', dt), v = be.alloc(N * KV, 'v', dt);
+  const part = (o: number, n: number): Buf | null => (bias ? be.view(bias, o, n) : null);
+  be.copyColumns(v, KV, 0, qkv, W, Q + KV, N, KV, part(Q + KV, KV));
+  if (norm) {
+    const qRaw = be.alloc(N * Q, 'q raw', dt), kRaw = be.alloc(N * KV, 'k raw', dt);
+    be.copyColumns(qRaw, Q, 0, qkv, W, 0, N, Q, part(0, Q));
+    be.copyColumns(kRaw, KV, 0, qkv, W, Q, N, KV, part(Q, KV));
+    be.rmsnormForward(q, be.alloc(N * nH, 'rstd q'), qRaw, norm.q, N * nH, hd, norm.eps);
+    be.rmsnormForward(k, be.alloc(N * nKv, 'rstd k'), kRaw, norm.k, N * nKv, hd, norm.eps);
+    be.ropeForward(q, q, b, t, nH, hd, rope, pos0);
+    be.ropeForward(k, k, b, t, nKv, hd, rope, pos0);
+  } else {
+    be.ropeForward(q, be.view(qkv, 0, N * W), b, t, nH, hd, rope, pos0, part(0, Q), { inp: W });
+    be.ropeForward(k, be.view(qkv, Q, N * W - Q), b, t, nKv, hd, rope, pos0, part(Q, KV), { inp: W });
+  }
+  be.kvCacheWrite(kc, k, b, t, pos0, tMax, nKv, hd);
+  be.kvCacheWrite(vc, v, b, t, pos0, tMax, nKv, hd);
 }

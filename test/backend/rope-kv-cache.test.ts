@@ -13,6 +13,7 @@ import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { ropeAttentionFactor, ropeInvFreq, plainRope, type RopeSpec } from '../../src/backend/rope.js';
 import { Rng } from '../../src/util/rng.js';
 import { randn } from './helpers.js';
+import { ropeKvCacheWriteUnfused } from './reference.js';
 
 const ROPES: RopeSpec[] = [
   plainRope(10000),
@@ -43,34 +44,14 @@ function positions(be: Backend, s: Shape): number | SeqPositions {
 
 /** q, kCache, vCache after the fused op (`fused`) or after the ops it replaces. */
 function run(be: Backend, s: Shape, rope: RopeSpec, inp: Inputs, dt: DType, fused: boolean): { q: Float32Array; kc: Float32Array; vc: Float32Array } {
-  const { b, t, nH, nKv, hd, tMax } = s, Q = nH * hd, KV = nKv * hd, W = Q + 2 * KV, N = b * t;
+  const { b, t, nH, nKv, hd, tMax } = s, N = b * t, Q = nH * hd;
   const qkv = upload(be, inp.qkv, dt, 'qkv'), bias = inp.bias && upload(be, inp.bias, dt, 'bias');
   const kc = upload(be, inp.kc, dt, 'k cache'), vc = upload(be, inp.vc, dt, 'v cache');
   const q = upload(be, new Float64Array(N * Q).fill(NaN), dt, 'q');
   const pos0 = positions(be, s);
   const norm = inp.norm && { q: upload(be, inp.norm.q, dt, 'q_norm'), k: upload(be, inp.norm.k, dt, 'k_norm'), eps: EPS };
-  if (fused) {
-    be.ropeKvCacheWrite(q, kc, vc, qkv, b, t, pos0, tMax, nH, nKv, hd, rope, bias, norm);
-  } else {
-    // layer.ts's own sequence of ops: split (with biases), q/k norms and rotation in place, or rotation from the columns
-    const k = be.alloc(N * KV, 'k', dt), v = be.alloc(N * KV, 'v', dt);
-    const part = (o: number, n: number): Buf | null => (bias ? be.view(bias, o, n) : null);
-    be.copyColumns(v, KV, 0, qkv, W, Q + KV, N, KV, part(Q + KV, KV));
-    if (norm) {
-      const qRaw = be.alloc(N * Q, 'q raw', dt), kRaw = be.alloc(N * KV, 'k raw', dt);
-      be.copyColumns(qRaw, Q, 0, qkv, W, 0, N, Q, part(0, Q));
-      be.copyColumns(kRaw, KV, 0, qkv, W, Q, N, KV, part(Q, KV));
-      be.rmsnormForward(q, be.alloc(N * nH, 'rstd q'), qRaw, norm.q, N * nH, hd, EPS);
-      be.rmsnormForward(k, be.alloc(N * nKv, 'rstd k'), kRaw, norm.k, N * nKv, hd, EPS);
-      be.ropeForward(q, q, b, t, nH, hd, rope, pos0);
-      be.ropeForward(k, k, b, t, nKv, hd, rope, pos0);
-    } else {
-      be.ropeForward(q, be.view(qkv, 0, N * W), b, t, nH, hd, rope, pos0, part(0, Q), { inp: W });
-      be.ropeForward(k, be.view(qkv, Q, N * W - Q), b, t, nKv, hd, rope, pos0, part(Q, KV), { inp: W });
-    }
-    be.kvCacheWrite(kc, k, b, t, pos0, tMax, nKv, hd);
-    be.kvCacheWrite(vc, v, b, t, pos0, tMax, nKv, hd);
-  }
+  if (fused) be.ropeKvCacheWrite(q, kc, vc, qkv, b, t, pos0, tMax, nH, nKv, hd, rope, bias, norm);
+  else ropeKvCacheWriteUnfused(be, q, kc, vc, qkv, b, t, pos0, tMax, nH, nKv, hd, rope, bias, norm);
   return { q: Float32Array.from(be.download(q)), kc: Float32Array.from(be.download(kc)), vc: Float32Array.from(be.download(vc)) };
 }
 

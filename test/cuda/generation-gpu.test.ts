@@ -18,6 +18,7 @@ import { initialWeights, parameterLayout } from '../../src/model/params.js';
 import { Transformer } from '../../src/model/transformer.js';
 import { BatchGenerator } from '../../src/model/batch-generate.js';
 import { Rng } from '../../src/util/rng.js';
+import { ropeKvCacheWriteUnfused } from '../backend/reference.js';
 
 const dir = process.env.DISTILLERY_CACHE_DIR ?? mkdtempSync(join(tmpdir(), 'dk-generation-'));
 let cuda: CudaBackend | null = null, reason = '';
@@ -96,31 +97,12 @@ test('ropeKvCacheWrite on CUDA stores what the ops it replaces store on CUDA (to
           const run = (be: Backend, fused: boolean): Float32Array[] => {
             const up = (x: Float32Array, w: string): ReturnType<Backend['alloc']> => { const b = be.alloc(x.length, w, dt); be.upload(b, x); return b; };
             const qkv = up(init.qkv, 'qkv'), bias = withBias ? up(init.bias, 'bias') : null, kc = up(init.kc, 'kc'), vc = up(init.vc, 'vc');
-            const part = (o: number, n: number): ReturnType<Backend['alloc']> | null => bias && be.view(bias, o, n);
             const qkNorm = norms ? { q: up(init.qw, 'q_norm'), k: up(init.kw, 'k_norm'), eps: 1e-6 } : null;
             const q = be.alloc(B * t * Q, 'q', dt);
             let p0: number | { seqPositions: ReturnType<Backend['allocInt']> } = typeof pos === 'number' ? pos : 0;
             if (typeof pos !== 'number') { const seqPositions = be.allocInt(B, 'positions'); be.uploadInt(seqPositions, Int32Array.from(pos)); p0 = { seqPositions }; }
             if (fused) be.ropeKvCacheWrite(q, kc, vc, qkv, B, t, p0, tMax, nH, nKv, hd, rope, bias, qkNorm);
-            else {
-              const k = be.alloc(B * t * KV, 'k', dt), v = be.alloc(B * t * KV, 'v', dt);
-              be.copyColumns(v, KV, 0, qkv, W, Q + KV, B * t, KV, part(Q + KV, KV));
-              if (qkNorm) {
-                // layer.ts's q/k-norm sequence: split with the biases, norm, rotate in place
-                const qRaw = be.alloc(B * t * Q, 'q raw', dt), kRaw = be.alloc(B * t * KV, 'k raw', dt);
-                be.copyColumns(qRaw, Q, 0, qkv, W, 0, B * t, Q, part(0, Q));
-                be.copyColumns(kRaw, KV, 0, qkv, W, Q, B * t, KV, part(Q, KV));
-                be.rmsnormForward(q, be.alloc(B * t * nH, 'rstd q'), qRaw, qkNorm.q, B * t * nH, hd, 1e-6);
-                be.rmsnormForward(k, be.alloc(B * t * nKv, 'rstd k'), kRaw, qkNorm.k, B * t * nKv, hd, 1e-6);
-                be.ropeForward(q, q, B, t, nH, hd, rope, p0);
-                be.ropeForward(k, k, B, t, nKv, hd, rope, p0);
-              } else {
-                be.ropeForward(q, be.view(qkv, 0, B * t * W), B, t, nH, hd, rope, p0, part(0, Q), { inp: W });
-                be.ropeForward(k, be.view(qkv, Q, B * t * W - Q), B, t, nKv, hd, rope, p0, part(Q, KV), { inp: W });
-              }
-              be.kvCacheWrite(kc, k, B, t, p0, tMax, nKv, hd);
-              be.kvCacheWrite(vc, v, B, t, p0, tMax, nKv, hd);
-            }
+            else ropeKvCacheWriteUnfused(be, q, kc, vc, qkv, B, t, p0, tMax, nH, nKv, hd, rope, bias, qkNorm);
             return [q, kc, vc].map((x) => Float32Array.from(be.download(x)));
           };
           const f = run(cuda!, true), u = run(cuda!, false), c = run(cpu, true);
