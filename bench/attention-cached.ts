@@ -3,14 +3,19 @@
  * CUDA, at the models' head shapes, batches and cache lengths: GPU µs per call, timed over a captured region of REPS
  * calls replayed (so the host's launch cost is out of the figure), and the bandwidth that implies over the bytes a call
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
- * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64]
+ * `--sweep` also times attention_cached's other layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
+ * the one cachedAttentionPlan picks, launched directly and unsplit (the backend's call splits a grid of few blocks).
+ * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--sweep]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
+import { attentionCached, cachedAttentionPlan, cachedAttentionSplits } from '../src/backend/cuda/kernels/attention.js';
+import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
+import type { Buf } from '../src/backend/backend.js';
 
 const REPS = 50;
 const arg = (name: string, dflt: string): number[] =>
   (process.argv.find((x) => x.startsWith(`--${name}=`))?.split('=')[1] ?? dflt).split(',').map(Number);
-const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64');
+const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), sweep = process.argv.includes('--sweep');
 const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); } });
 const shapes: Array<[string, number, number, number]> = [
   ['qwen2.5-0.5b (14/2 heads, hd 64)', 14, 2, 64], ['qwen3-0.6b (16/8 heads, hd 128)', 16, 8, 128],
@@ -34,7 +39,33 @@ for (const [name, nH, nKv, hd] of shapes) {
       be.synchronize();
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
-      console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s`);
+      console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
+        ` (block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`);
+      if (sweep) {
+        // the kernel launched directly (CudaBackend.launch is private: a benchmark's reach, not an API)
+        const launch = (be as unknown as { launch(s: KernelSpec, g: readonly [number, number, number], b: number, a: unknown[]): void }).launch.bind(be);
+        const P = (x: Buf): unknown => ({ t: 'p', v: (x as unknown as { ptr: bigint }).ptr }), I = (v: number): unknown => ({ t: 'i', v });
+        const chosen = cachedAttentionPlan(hd, nH / nKv, true);
+        const row: string[] = [];
+        for (const block of [64, 128, 256, 512, 1024]) {
+          if ((block / 32) * (nH / nKv) * (hd + 2) * 4 > 46 * 1024) continue; // the merge's shared memory
+          for (const un of [1, 2, 4]) {
+            const spec = attentionCached.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+            const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un}`, () => {
+              for (let r = 0; r < REPS; r++) launch(spec, [1, nKv, B], block, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), { t: 'p', v: 0n }, I(1)]);
+            });
+            try {
+              rep(); be.synchronize();
+              const s0 = process.hrtime.bigint();
+              for (let k = 0; k < 4; k++) rep();
+              be.synchronize();
+              const u2 = Number(process.hrtime.bigint() - s0) / 1e3 / (4 * REPS);
+              row.push(`${block}/${un}${block === chosen.block && un === chosen.un ? '*' : ''} ${u2.toFixed(1)}`);
+            } catch (e) { row.push(`${block}/${un} failed (${(e as Error).message.slice(0, 60)})`); }
+          }
+        }
+        console.log(`[attention-cached sweep] block/un us: ${row.join(' | ')}`);
+      }
     }
   }
 }

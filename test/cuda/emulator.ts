@@ -29,6 +29,7 @@ export const EMU = String.raw`// Host emulation of the CUDA subset the attention
 #include <vector>
 #include <algorithm>
 #include <memory>
+#include <atomic>
 using std::min; using std::max;
 struct dim3e { unsigned x, y, z; };
 thread_local dim3e threadIdx, blockIdx;
@@ -62,6 +63,7 @@ inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
 inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { warpsync(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {

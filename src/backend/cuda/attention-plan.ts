@@ -66,27 +66,40 @@ export type AttentionBackwardImpl = 'stored-ds' | 'recompute';
 /** The default attention backward (measured faster at the 8 × 1024 student and teacher shapes on an H100, session 20). */
 export const DEFAULT_ATTN_BACKWARD: AttentionBackwardImpl = 'stored-ds';
 
-/** The attention backward's scratch: D floats, dK/dV partial floats, dS bf16 elements. */
-export interface AttentionScratch { dsum: number; dkv: number; ds: number }
+/**
+ * Generation's cached attention splits a short grid's cache rows over blocks (attention_cached, cachedAttentionSplits)
+ * whose partials, and the counters that elect the block merging them, live in this scratch (floats): 4 MiB until
+ * prepare() sizes it to the traced run's need, at most MAX_ATTN_CACHED_FLOATS. A call whose splits do not fit takes as
+ * many as do (at least 2, else none).
+ */
+export const DEFAULT_ATTN_CACHED_FLOATS = 1 << 20;
+export const MAX_ATTN_CACHED_FLOATS = 1 << 24;
+
+/** The attention scratch: the backward's D floats, dK/dV partial floats and dS bf16 elements; cached attention's split floats. */
+export interface AttentionScratch { dsum: number; dkv: number; ds: number; cached: number }
 
 /**
  * The attention backward's scratch sizes for a run whose traced calls needed `need` (D for every batch · head ·
  * position, dK/dV partials and dS tiles for the whole batch): the D scratch down to the need (at most
  * DEFAULT_ATTN_DSUM), the partials and the dS scratch to it (at most MAX_ATTN_DKV_FLOATS, MAX_ATTN_DS_ELEMS; beyond
- * that the batch runs in chunks). null: the run has no attention backward (the defaults stay). The one rule prepare()
- * applies and planKernels plans with.
+ * that the batch runs in chunks), and cached attention's split scratch to its need (DEFAULT_ATTN_CACHED_FLOATS to
+ * MAX_ATTN_CACHED_FLOATS). null: the run has neither (the defaults stay); without a backward the backward's defaults
+ * stay. The one rule prepare() applies and planKernels plans with.
  */
 export function attentionScratchSizes(need: AttentionScratch): AttentionScratch | null {
-  if (need.dsum === 0) return null;
+  if (need.dsum === 0 && need.cached === 0) return null;
+  const cached = Math.min(Math.max(need.cached, DEFAULT_ATTN_CACHED_FLOATS), MAX_ATTN_CACHED_FLOATS);
+  if (need.dsum === 0) return { dsum: DEFAULT_ATTN_DSUM, dkv: DEFAULT_ATTN_DKV_FLOATS, ds: DEFAULT_ATTN_DS_ELEMS, cached };
   return {
     dsum: Math.min(need.dsum, DEFAULT_ATTN_DSUM), dkv: Math.min(Math.max(need.dkv, 1), MAX_ATTN_DKV_FLOATS),
-    ds: Math.min(Math.max(need.ds, 1), MAX_ATTN_DS_ELEMS),
+    ds: Math.min(Math.max(need.ds, 1), MAX_ATTN_DS_ELEMS), cached,
   };
 }
 
 /** Raises each of `into`'s scratch needs to `from`'s where that is larger. */
 export function maxScratch(into: AttentionScratch, from: Readonly<AttentionScratch>): void {
   into.dsum = Math.max(into.dsum, from.dsum); into.dkv = Math.max(into.dkv, from.dkv); into.ds = Math.max(into.ds, from.ds);
+  into.cached = Math.max(into.cached, from.cached);
 }
 
 /**
@@ -170,7 +183,7 @@ export function planAttentionBackward(call: AttentionBackwardCall, be: Attention
   // (the bound is the tensor-core kernels', measured; the SIMT kernels split whenever the group has several heads)
   const splits = nHeads > nKv && (!mma || Math.ceil(t / FA_KEY_TILE) * nKv * b < DKV_SPLIT_BELOW_BLOCKS);
   const dsPer = dsScratchElems(1, nHeads, t), wantsDs = mma && be.impl === 'stored-ds';
-  const need: AttentionScratch = { dsum: perBatch * b, dkv: splits ? 2 * nHeads * t * hd * b : 0, ds: wantsDs ? dsPer * b : 0 };
+  const need: AttentionScratch = { dsum: perBatch * b, dkv: splits ? 2 * nHeads * t * hd * b : 0, ds: wantsDs ? dsPer * b : 0, cached: 0 };
   let bPer = Math.min(b, Math.floor(be.dsumFloats / perBatch));
   if (bPer < 1) {
     throw new DistilleryError(`attention backward: ${nHeads} heads × ${t} positions exceed the ${be.dsumFloats}-float scratch`,

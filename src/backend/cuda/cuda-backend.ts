@@ -56,7 +56,7 @@ import {
 } from './kernels/norm.js';
 import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
-import { SMEM_DEFAULT, attentionCached, attentionForward, cachedAttentionBlock, kvCacheWrite } from './kernels/attention.js';
+import { CACHED_COUNTERS, SMEM_DEFAULT, attentionCached, attentionForward, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite } from './kernels/attention.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
@@ -74,7 +74,7 @@ import type { WaitGuard } from './bounded-wait.js';
 
 import { ATTN_BLOCK, DECODE_ADVANCE_BLOCK, ELEM_BLOCK, EMB_BWD_BLOCK, LOSS_BLOCK, ROW_BLOCK, SAMPLE_ROWS_BLOCK } from './block-sizes.js';
 import {
-  DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, attentionScratchSizes, bf16MmaOperands,
+  DEFAULT_ATTN_BACKWARD, DEFAULT_ATTN_CACHED_FLOATS, DEFAULT_ATTN_DKV_FLOATS, DEFAULT_ATTN_DSUM, DEFAULT_ATTN_DS_ELEMS, attentionScratchSizes, bf16MmaOperands,
   maxScratch, planAttentionBackward, simtAttentionTile, type AttentionBackwardImpl, type AttentionScratch,
 } from './attention-plan.js';
 
@@ -131,6 +131,8 @@ export interface DeviceParts {
   attnDkvFloats?: number;
   /** bf16 elements of the stored-dS attention backward's scratch (default DEFAULT_ATTN_DS_ELEMS). */
   attnDsElems?: number;
+  /** Floats of cached attention's split scratch (default DEFAULT_ATTN_CACHED_FLOATS). */
+  attnCachedFloats?: number;
   /** The bf16 tensor-core attention backward (see AttentionBackwardImpl; default 'stored-ds'). */
   attnBackward?: AttentionBackwardImpl;
   /**
@@ -163,6 +165,8 @@ export interface TraceOptions {
   attnDsumFloats?: number;
   attnDkvFloats?: number;
   attnDsElems?: number;
+  /** Cached attention's split scratch (floats): how many blocks a short decode grid splits over depends on it. */
+  attnCachedFloats?: number;
 }
 
 export class CudaBackend implements Backend {
@@ -201,13 +205,16 @@ export class CudaBackend implements Backend {
   private dkvFloats: number;
   private dsTiles: CudaBuf | null = null;
   private dsElems: number;
+  /** Cached attention's split partials, after CACHED_COUNTERS ints of counters (zero between calls). */
+  private cachedPart: CudaBuf | null = null;
+  private cachedFloats: number;
   private readonly attnBwd: AttentionBackwardImpl;
   /** The bf16 tensor-core attention backward this backend runs (and traces with in prepare()). */
   get attentionBackwardImpl(): AttentionBackwardImpl { return this.attnBwd; }
   /** Whether the attention scratch sizes were given (tests): prepare() then keeps them. */
   private readonly scratchGiven: boolean;
   /** The largest attention-backward scratch a call asked for (both modes): D floats, dK/dV partial floats, dS elements. */
-  readonly scratchNeed: AttentionScratch = { dsum: 0, dkv: 0, ds: 0 };
+  readonly scratchNeed: AttentionScratch = { dsum: 0, dkv: 0, ds: 0, cached: 0 };
   private colPart: CudaBuf | null = null;
   private readonly colsumFloats: number;
   private disposed = false;
@@ -248,7 +255,9 @@ export class CudaBackend implements Backend {
     this.attnBwd = o?.attnBackward ?? DEFAULT_ATTN_BACKWARD;
     this.dkvFloats = o?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.dsElems = o?.attnDsElems ?? DEFAULT_ATTN_DS_ELEMS;
-    this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined || parts?.attnDsElems !== undefined;
+    this.cachedFloats = o?.attnCachedFloats ?? DEFAULT_ATTN_CACHED_FLOATS;
+    this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined || parts?.attnDsElems !== undefined ||
+      parts?.attnCachedFloats !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
     this.name = mode === 'trace' ? 'cuda-trace' : `cuda (${parts!.driver.deviceName}, ${parts!.driver.arch})`;
     if (this.dev) {
@@ -259,6 +268,7 @@ export class CudaBackend implements Backend {
       this.dsum = this.rawAlloc(this.dsumFloats, 'attention backward scratch');
       this.dkvPart = this.rawAlloc(this.dkvFloats, 'attention backward dK/dV partials');
       this.dsTiles = this.rawAlloc(this.dsElems, 'attention backward dS tiles', 'bf16');
+      this.cachedPart = this.rawAlloc(this.cachedFloats, 'cached attention split partials');
       this.colPart = this.rawAlloc(this.colsumFloats, 'column-reduction partials');
       const ws = parts!.cublasWorkspaceBytes ?? DEFAULT_CUBLAS_WORKSPACE;
       this.workspace = this.rawAlloc(Math.ceil(ws / 4), 'cuBLAS workspace');
@@ -648,23 +658,27 @@ export class CudaBackend implements Backend {
    */
   planFor(runs: ReadonlyArray<(b: Backend) => void>): KernelSpec[] {
     if (this.dev && !this.scratchGiven && (this.graphs?.captures ?? 0) === 0) {
-      const need: AttentionScratch = { dsum: 0, dkv: 0, ds: 0 };
+      const need: AttentionScratch = { dsum: 0, dkv: 0, ds: 0, cached: 0 };
       // The needs are traced at the default sizes (as planKernels does), not at sizes an earlier prepare() chose.
       planKernels(runs, {
         attention: this.attnImpl, attnBackward: this.attnBwd,
         attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS, attnDsElems: DEFAULT_ATTN_DS_ELEMS,
-        onTraced: (b) => maxScratch(need, b.scratchNeed),
+        attnCachedFloats: DEFAULT_ATTN_CACHED_FLOATS, onTraced: (b) => maxScratch(need, b.scratchNeed),
       });
       const sizes = attentionScratchSizes(need);
       if (sizes) this.sizeScratch(sizes);
     }
     return planKernels(runs, {
       attention: this.attnImpl, attnBackward: this.attnBwd, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats, attnDsElems: this.dsElems,
+      attnCachedFloats: this.cachedFloats,
     });
   }
 
-  /** Reallocates the attention backward's scratch at the given sizes (D and partials in floats, dS in bf16 elements). */
-  private sizeScratch({ dsum, dkv, ds }: AttentionScratch): void {
+  /**
+   * Reallocates the attention scratch at the given sizes (D, partials and cached attention's split scratch in floats, dS
+   * in bf16 elements); a new allocation is zeroed, so cached attention's counters start at zero.
+   */
+  private sizeScratch({ dsum, dkv, ds, cached }: AttentionScratch): void {
     if (!this.dev) return;
     const swap = (old: CudaBuf | null, n: number, label: string, dtype: DType = 'f32'): CudaBuf => {
       if (old) {
@@ -677,6 +691,7 @@ export class CudaBackend implements Backend {
     if (dsum !== this.dsumFloats) { this.dsum = swap(this.dsum, dsum, 'attention backward scratch'); this.dsumFloats = dsum; }
     if (dkv !== this.dkvFloats) { this.dkvPart = swap(this.dkvPart, dkv, 'attention backward dK/dV partials'); this.dkvFloats = dkv; }
     if (ds !== this.dsElems) { this.dsTiles = swap(this.dsTiles, ds, 'attention backward dS tiles', 'bf16'); this.dsElems = ds; }
+    if (cached !== this.cachedFloats) { this.cachedPart = swap(this.cachedPart, cached, 'cached attention split partials'); this.cachedFloats = cached; }
   }
 
   dispose(): void {
@@ -1164,10 +1179,18 @@ export class CudaBackend implements Backend {
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
     const seq = this.cacheRows(pos0, b, t, tMax, 'attentionCached');
     if (b * t <= 0) return;
-    const block = cachedAttentionBlock(hd);
-    this.launch(attentionCached.make({ headDim: hd, block, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
-      [t, nHeads, b], block,
-      [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
+    // 16-byte aligned rows: every operand at a 16-byte offset of its allocation (cuMemAlloc's are 256-byte aligned). The
+    // offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
+    const aligned = [out, q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
+    const plan = cachedAttentionPlan(hd, nHeads / nKv, aligned);
+    // A short grid splits the cache rows over blocks, as many splits as the scratch holds (the kernel is the same either way)
+    const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
+    this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
+    const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), splits = fit >= 2 ? fit : 1;
+    this.launch(attentionCached.make({ headDim: hd, group: nHeads / nKv, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
+      [t * splits, nKv, b], plan.block,
+      [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
+        ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {

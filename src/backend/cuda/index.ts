@@ -38,6 +38,8 @@ export interface CudaBackendOptions {
   attnDkvFloats?: number;
   /** bf16 elements of the stored-dS attention backward's scratch (default DEFAULT_ATTN_DS_ELEMS; prepare() sizes it). */
   attnDsElems?: number;
+  /** Floats of cached attention's split scratch (default DEFAULT_ATTN_CACHED_FLOATS; prepare() sizes it). */
+  attnCachedFloats?: number;
   /** The bf16 tensor-core attention backward (AttentionBackwardImpl; default DEFAULT_ATTN_BACKWARD). */
   attnBackward?: AttentionBackwardImpl;
   /** Training attention forward on TF32 tensor cores (see DeviceParts.attention); default: 'mma' with tf32, else 'simt'. */
@@ -65,6 +67,7 @@ export function createCudaBackend(o: CudaBackendOptions = {}): CudaBackend {
     ...(o.attnDsumFloats !== undefined ? { attnDsumFloats: o.attnDsumFloats } : {}),
     ...(o.attnDkvFloats !== undefined ? { attnDkvFloats: o.attnDkvFloats } : {}),
     ...(o.attnDsElems !== undefined ? { attnDsElems: o.attnDsElems } : {}),
+    ...(o.attnCachedFloats !== undefined ? { attnCachedFloats: o.attnCachedFloats } : {}),
     ...(o.attnBackward !== undefined ? { attnBackward: o.attnBackward } : {}),
     attention: o.attention ?? attentionFor(o.tf32 ?? false),
     ...(o.graphs !== undefined ? { graphs: o.graphs } : {}),

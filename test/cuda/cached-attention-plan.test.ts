@@ -1,0 +1,91 @@
+/**
+ * Generation's cached attention on CUDA, without a GPU: the layout cachedAttentionPlan picks for a head shape (8-element
+ * loads only where rows are 16-byte aligned, the merge's shared memory and the registers within bounds), how many blocks
+ * a short grid's cache rows split over (cachedAttentionSplits), and that a backend launches that many (grid t·splits ×
+ * nKv × B) once prepare() has sized the split scratch for the run, and as many as fit before. The kernel's numbers:
+ * seqpos-emulated.test.ts (host emulator, opt-in) and generation-gpu / flash-attention-bf16 (GPU).
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { CACHED_COUNTERS, attentionCached, cachedAttentionPlan, cachedAttentionSplits } from '../../src/backend/cuda/kernels/attention.js';
+import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
+import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
+import { DEFAULT_ATTN_CACHED_FLOATS, attentionScratchSizes } from '../../src/backend/cuda/attention-plan.js';
+import { planKernels } from '../../src/backend/cuda/plan.js';
+import type { Backend } from '../../src/backend/backend.js';
+import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
+
+test('cachedAttentionPlan: 8-element loads only for aligned rows of a head dim that is a multiple of 8; the merge fits 32 KiB and a block fits a register file', () => {
+  for (let hd = 8; hd <= 256; hd += 4) {
+    for (let g = 1; g <= 16; g++) {
+      for (const aligned of [true, false]) {
+        const p = cachedAttentionPlan(hd, g, aligned);
+        assert.equal(p.vec, aligned && hd % 8 === 0 ? 8 : 1, `hd ${hd} group ${g} aligned ${aligned}`);
+        assert.ok(p.block >= 32 && p.block <= 512 && (p.block & (p.block - 1)) === 0, `block ${p.block}`);
+        assert.ok((p.block / 32) * g * (hd + 2) * 4 <= 32 * 1024 || p.block === 32, `hd ${hd} group ${g}: the merge's shared memory`);
+        assert.ok([1, 2, 4].includes(p.un));
+        // the generated source compiles to the layout asked for (the spec's own check of its parameters)
+        assert.match(attentionCached.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).source(),
+          new RegExp(`#define VEC ${p.vec}\\n`));
+      }
+    }
+  }
+  // the shapes generation runs: Qwen2.5-0.5B (14/2 heads, hd 64) and Qwen3-0.6B (16/8, hd 128)
+  assert.deepEqual(cachedAttentionPlan(64, 7, true), { block: 256, vec: 8, un: 1 });
+  assert.deepEqual(cachedAttentionPlan(128, 2, true), { block: 256, vec: 8, un: 4 });
+});
+
+test('cachedAttentionSplits: a grid of CACHED_COUNTERS blocks or more is not split; a shorter one splits toward it, at most one split per 64 rows of the cache and 16', () => {
+  assert.equal(cachedAttentionSplits(64, 1, 8, 4096), 1, 'Qwen3-0.6B at batch 64: 512 blocks');
+  assert.equal(cachedAttentionSplits(128, 1, 2, 4096), 1, '256 blocks');
+  assert.equal(cachedAttentionSplits(64, 1, 2, 4096), 2, '128 blocks');
+  assert.equal(cachedAttentionSplits(8, 1, 2, 384), 6, 'Qwen2.5-0.5B at batch 8, a cache of 384: 6 runs of 64 rows');
+  assert.equal(cachedAttentionSplits(8, 1, 2, 4096), 16, 'at most 16');
+  assert.equal(cachedAttentionSplits(1, 1, 1, 40), 1, 'a cache of fewer than 65 rows');
+  assert.equal(cachedAttentionSplits(1, 3, 8, 1000), 11, 'a prefill chunk of 3 rows: 24 blocks');
+  for (const [b, t, kv, tm] of [[1, 1, 1, 1], [3, 5, 7, 11], [200, 1, 1, 100000], [1, 255, 1, 70000]]) {
+    const s = cachedAttentionSplits(b!, t!, kv!, tm!);
+    assert.ok(s >= 1 && s <= 16 && (s === 1 || b! * t! * kv! < CACHED_COUNTERS), `${b} ${t} ${kv} ${tm}: ${s}`);
+  }
+});
+
+/** One decode call of cached attention at a shape whose splits outgrow the default scratch (16 sequences, 1 KV head). */
+const B = 16, NH = 64, NKV = 1, HD = 256, TMAX = 4096;
+const decode = (be: Backend): void => {
+  const q = be.alloc(B * NH * HD, 'q', 'bf16'), out = be.alloc(B * NH * HD, 'out', 'bf16');
+  const kc = be.alloc(B * TMAX * NKV * HD, 'kc', 'bf16'), vc = be.alloc(B * TMAX * NKV * HD, 'vc', 'bf16');
+  be.attentionCached(out, q, kc, vc, B, 1, TMAX - 1, TMAX, NH, NKV, HD);
+};
+
+test('a device backend splits as many times as its scratch holds, and prepare() sizes the scratch so that the run splits as planned', async () => {
+  const want = cachedAttentionSplits(B, 1, NKV, TMAX), per = B * NH * (HD + 2);
+  assert.equal(want, 16);
+  const need = CACHED_COUNTERS + want * per;
+  assert.ok(need > DEFAULT_ATTN_CACHED_FLOATS, 'the shape needs more than the default');
+  const grids = async (prepare: boolean, cachedFloats?: number): Promise<number[][]> => {
+    const launches: number[][] = [];
+    const driver = Object.assign(fakeDriver(), {
+      launch: (fn: unknown, grid: readonly [number, number, number]) => { if (String(fn).includes('attention_cached')) launches.push([...grid]); },
+    });
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: prepare, log: () => {} });
+    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(cachedFloats ? { attnCachedFloats: cachedFloats } : {}) });
+    try {
+      if (prepare) await be.prepare([decode]);
+      decode(be);
+      assert.equal(be.scratchNeed.cached, need, 'the call records what its splits need');
+    } finally { be.dispose(); }
+    return launches;
+  };
+  const fit = Math.floor((DEFAULT_ATTN_CACHED_FLOATS - CACHED_COUNTERS) / per);
+  assert.deepEqual(await grids(false), [[fit, NKV, B]], `unprepared: the ${fit} splits the default scratch holds`);
+  assert.deepEqual(await grids(true), [[want, NKV, B]], 'prepared: every split');
+  assert.deepEqual(await grids(false, CACHED_COUNTERS + per + 1), [[1, NKV, B]], 'room for one split: none');
+  assert.deepEqual(await grids(false, CACHED_COUNTERS + 2 * per), [[2, NKV, B]], 'room for two');
+  // the sizes prepare() and a dry run's plan derive from the need
+  assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: need })?.cached, need);
+  assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: 5 })?.cached, DEFAULT_ATTN_CACHED_FLOATS, 'never below the default');
+  assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: 0 }), null, 'nothing to size');
+  // the split and unsplit calls launch the same kernel, so the plan does not depend on the scratch
+  const ids = (floats: number): string[] => planKernels([decode], { attnCachedFloats: floats }).map((s) => s.id);
+  assert.deepEqual(ids(CACHED_COUNTERS + 1), ids(need));
+});
