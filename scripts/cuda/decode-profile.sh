@@ -7,7 +7,8 @@
 # loading, the kernels' pre-warm and the generation).
 # Expects dist/ and .devmods/ carried and node on PATH (source .device/setup.sh).
 # Env: BATCHES ("8 64"), PROMPT_LEN (128), NEW (256), MODEL (qwen2.5-0.5b), DIST (dist: another build's folder to
-# profile, e.g. a baseline carried beside it). Output: $OUT/decode-profile.txt.
+# profile, e.g. a baseline carried beside it), QUICK (1: the plain run's tokens/s and timeline only, no op profile or
+# host profile). Output: $OUT/decode-profile.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp/distillery-bench}; mkdir -p "$out"
@@ -30,6 +31,7 @@ for B in $BATCHES; do
   say "== batch $B: rc=$rc $(grep -E 'generated .* tokens/s' "$work/gen.log"); the whole command $(awk "BEGIN { printf \"%.1f\", $t1 - $t0 }") s (loading the model included)"
   grep -E '^\[cuda-timeline\] (region|decode)' "$work/gen.log" | tee -a "$txt"
   [ "$rc" != 0 ] && tail -15 "$work/gen.log" | tee -a "$txt"
+  [ "${QUICK:-}" = 1 ] && continue
   DISTILLERY_CUDA_PROFILE=1 gen
   say "== batch $B, op profile (every region; the decode steps are most of the calls)"
   grep -E '^\[cuda-profile\]' "$work/gen.log" | head -40 | tee -a "$txt"

@@ -75,15 +75,15 @@ test('emulated CUDA: cached attention of several queries (a prefill at pos0) equ
   // [hd, t, pos0, tMax, heads, kv heads, 16-byte aligned, block (0: the plan's)]: fewer rows than row slots, rows ending
   // inside a round, several rounds, a long cache; groups of 7 (Qwen2.5-0.5B), 3, 2 and 1 (MHA); a head dim of 36 (no
   // 8-element loads), 80 (slots of 16 lanes, 10 busy) and 96
-  // The last column splits each query row's cache rows over that many blocks (partials merged by the last block; splits
-  // past the row's length are empty).
-  const cases: Array<[number, number, number, number, number, number, boolean, number, number]> = [
-    [80, 5, 3, 12, 6, 2, true, 0, 1], [128, 3, 0, 40, 4, 2, true, 0, 1], [64, 2, 37, 40, 14, 2, true, 0, 1], [64, 2, 150, 160, 6, 2, true, 0, 1],
-    [64, 3, 70, 80, 2, 2, true, 64, 1], [96, 2, 9, 16, 6, 2, true, 64, 1], [36, 2, 20, 24, 6, 2, false, 0, 1], [64, 1, 50, 51, 6, 2, false, 0, 1],
-    [64, 1, 150, 160, 14, 2, true, 0, 6], [128, 3, 2, 40, 4, 2, true, 64, 4], [80, 2, 20, 24, 6, 2, false, 0, 16],
+  // The split column splits each query row's cache rows over that many blocks (partials merged by the last block; splits
+  // past the row's length are empty); block and un 0 take the plan's.
+  const cases: Array<[number, number, number, number, number, number, boolean, number, number, number]> = [
+    [80, 5, 3, 12, 6, 2, true, 0, 0, 1], [128, 3, 0, 40, 4, 2, true, 0, 0, 1], [64, 2, 37, 40, 14, 2, true, 0, 0, 1], [64, 2, 150, 160, 6, 2, true, 0, 1, 1],
+    [64, 3, 70, 80, 2, 2, true, 64, 2, 1], [96, 2, 9, 16, 6, 2, true, 64, 0, 1], [36, 2, 20, 24, 6, 2, false, 0, 0, 1], [64, 1, 50, 51, 6, 2, false, 0, 2, 1],
+    [64, 1, 150, 160, 14, 2, true, 0, 0, 6], [128, 3, 2, 40, 4, 2, true, 64, 1, 4], [80, 2, 20, 24, 6, 2, false, 0, 0, 16],
   ];
-  for (const [hd, t2, pos0, tm, h2, kv2, aligned, block, splits] of cases) {
-    const plan = { ...cachedAttentionPlan(hd, h2 / kv2, aligned), ...(block ? { block } : {}) };
+  for (const [hd, t2, pos0, tm, h2, kv2, aligned, block, un, splits] of cases) {
+    const plan = { ...cachedAttentionPlan(hd, h2 / kv2, aligned), ...(block ? { block } : {}), ...(un ? { un } : {}) };
     const r = rng(hd + h2);
     const q = Float32Array.from({ length: B * t2 * h2 * hd }, () => r() - 0.5);
     const kc = Float32Array.from({ length: B * tm * kv2 * hd }, () => 2 * (r() - 0.5));

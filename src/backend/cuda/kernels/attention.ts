@@ -598,10 +598,18 @@ export interface CachedAttnPlan {
   un: number;
 }
 
-/** Floats a thread may keep for its query heads, accumulators and rows in flight (the rest of 255 registers is addressing). */
-const CACHED_FLOATS = 128;
+/**
+ * Floats a thread may keep for its query heads, accumulators and rows in flight (of 255 registers, the rest addressing):
+ * rows in flight come first. Measured on an H200 (bench/attention-cached.ts --sweep, bf16, unsplit grids): 4 rows a slot
+ * against 1 took Qwen2.5-0.5B's 14/2 heads at hd 64 from 18.0 to 11.7 us (batch 8, 256 rows) and 54.8 to 32.6 (1024
+ * rows), Qwen2.5-1.5B's 12/2 at hd 128 from 26.8 to 17.0 and 94.1 to 54.6, Llama-3-8B's 32/8 at batch 8 from 15.6 (2
+ * rows) to 13.7; only grids of 512 blocks and more ran faster with fewer (Qwen3-0.6B batch 64: 25.5 against 31.2 us).
+ */
+const CACHED_FLOATS = 224;
+/** Threads a block of attention_cached (8 warps: 256 against 512 measured even or better once grids are split). */
+const CACHED_BLOCK = 256;
 /** Shared memory of attention_cached's merge (each warp's maxima, sums and weighted values per query head). */
-const CACHED_SMEM = 32 * 1024;
+const CACHED_SMEM = 40 * 1024;
 
 function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
   const nch = Math.ceil(headDim / vec);
@@ -612,9 +620,9 @@ function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
 
 /**
  * attention_cached's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (every
- * operand's base, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where they can;
- * rows in flight (un) and warps (block) are as many as fit CACHED_FLOATS a thread, one block in a 64k register file and
- * the merge in CACHED_SMEM.
+ * operand at a 16-byte offset, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where
+ * they can; rows in flight (un) as many as fit CACHED_FLOATS a thread; CACHED_BLOCK threads, fewer where the merge would
+ * not fit CACHED_SMEM.
  */
 export function cachedAttentionPlan(headDim: number, group: number, aligned: boolean): CachedAttnPlan {
   const vec = aligned && headDim % 8 === 0 ? 8 : 1;
@@ -622,9 +630,8 @@ export function cachedAttentionPlan(headDim: number, group: number, aligned: boo
   const cv = ch * vec, fixed = 2 * group * cv + 2 * group;
   let un = 4;
   while (un > 1 && fixed + un * (2 * cv + group) > CACHED_FLOATS) un /= 2;
-  const regs = Math.min(255, fixed + un * (2 * cv + group) + 32);
-  let nw = 16;
-  while (nw > 1 && (nw * 32 * regs > 65536 || nw * group * (headDim + 2) * 4 > CACHED_SMEM)) nw /= 2;
+  let nw = CACHED_BLOCK / 32;
+  while (nw > 1 && nw * group * (headDim + 2) * 4 > CACHED_SMEM) nw /= 2;
   return { block: nw * 32, vec, un };
 }
 
