@@ -3,12 +3,12 @@
  * CUDA, at the models' head shapes, batches and cache lengths: GPU µs per call, timed over a captured region of REPS
  * calls replayed (so the host's launch cost is out of the figure), and the bandwidth that implies over the bytes a call
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
- * `--sweep` also times attention_cached's other layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
+ * `--sweep` also times attention_cached_gqa's layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
  * the one cachedAttentionPlan picks, launched directly and unsplit (the backend's call splits a grid of few blocks).
  * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--sweep]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
-import { attentionCached, cachedAttentionPlan, cachedAttentionSplits } from '../src/backend/cuda/kernels/attention.js';
+import { attentionCachedGqa, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits } from '../src/backend/cuda/kernels/attention.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
 
@@ -40,9 +40,11 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
-        ` (block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`);
+        (cachedAttentionKernel(B, 1, nKv, nH / nKv) === 'head' ? ' (attention_cached)'
+          : ` (attention_cached_gqa, block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`));
       if (sweep) {
-        // the kernel launched directly (CudaBackend.launch is private: a benchmark's reach, not an API)
+        // attention_cached_gqa launched directly, whichever kernel the backend picks (CudaBackend.launch is private: a
+        // benchmark's reach, not an API)
         const launch = (be as unknown as { launch(s: KernelSpec, g: readonly [number, number, number], b: number, a: unknown[]): void }).launch.bind(be);
         const P = (x: Buf): unknown => ({ t: 'p', v: (x as unknown as { ptr: bigint }).ptr }), I = (v: number): unknown => ({ t: 'i', v });
         const chosen = cachedAttentionPlan(hd, nH / nKv, true);
@@ -50,7 +52,7 @@ for (const [name, nH, nKv, hd] of shapes) {
         for (const block of [64, 128, 256, 512, 1024]) {
           if ((block / 32) * (nH / nKv) * (hd + 2) * 4 > 46 * 1024) continue; // the merge's shared memory
           for (const un of [1, 2, 4]) {
-            const spec = attentionCached.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+            const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
             const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un}`, () => {
               for (let r = 0; r < REPS; r++) launch(spec, [1, nKv, B], block, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), { t: 'p', v: 0n }, I(1)]);
             });

@@ -20,11 +20,11 @@ say "== this build$([ "${SWEEP:-}" = 1 ] && echo ', with the sweep (block/un us;
 node dist/bench/attention-cached.js "${args[@]}" $([ "${SWEEP:-}" = 1 ] && echo --sweep) 2>&1 | tee -a "$txt"
 say "== registers and spills of the planned kernels (ptxas, sm_90)"
 node --input-type=module -e '
-  import { attentionCached, cachedAttentionPlan } from "./dist/src/backend/cuda/kernels/attention.js";
+  import { attentionCachedGqa, cachedAttentionPlan } from "./dist/src/backend/cuda/kernels/attention.js";
   import { writeFileSync } from "node:fs";
   for (const [hd, g] of [[64, 7], [128, 2], [128, 6], [128, 4], [64, 1]]) {
     const p = cachedAttentionPlan(hd, g, true);
-    const s = attentionCached.make({ headDim: hd, group: g, ...p, out: "bf16", q: "bf16", kc: "bf16", vc: "bf16", seqPos: false });
+    const s = attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: "bf16", q: "bf16", kc: "bf16", vc: "bf16", seqPos: false });
     writeFileSync(`${process.argv[1]}/ac-hd${hd}-g${g}-b${p.block}-un${p.un}.cu`, s.source());
   }' "$work"
 for f in "$work"/ac-*.cu; do

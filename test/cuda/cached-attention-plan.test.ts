@@ -1,13 +1,17 @@
 /**
- * Generation's cached attention on CUDA, without a GPU: the layout cachedAttentionPlan picks for a head shape (8-element
- * loads only where rows are 16-byte aligned, the merge's shared memory and the registers within bounds), how many blocks
- * a short grid's cache rows split over (cachedAttentionSplits), and that a backend launches that many (grid t·splits ×
- * nKv × B) once prepare() has sized the split scratch for the run, and as many as fit before. The kernel's numbers:
- * seqpos-emulated.test.ts (host emulator, opt-in) and generation-gpu / flash-attention-bf16 (GPU).
+ * Generation's cached attention on CUDA, without a GPU: which kernel a call launches (cachedAttentionKernel: a block per
+ * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, else one per KV head for its group), the layout
+ * cachedAttentionPlan picks for the group kernel (8-element loads only where rows are 16-byte aligned, the merge's shared
+ * memory and the registers within bounds), how many blocks a short grid's cache rows split over (cachedAttentionSplits),
+ * and that a backend launches that many (grid t·splits × nKv × B) once prepare() has sized the split scratch for the run,
+ * and as many as fit before. The kernels' numbers: seqpos-emulated.test.ts (host emulator, opt-in) and generation-gpu /
+ * flash-attention-bf16 (GPU).
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { CACHED_COUNTERS, attentionCached, cachedAttentionPlan, cachedAttentionSplits } from '../../src/backend/cuda/kernels/attention.js';
+import {
+  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+} from '../../src/backend/cuda/kernels/attention.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { DEFAULT_ATTN_CACHED_FLOATS, attentionScratchSizes } from '../../src/backend/cuda/attention-plan.js';
@@ -15,24 +19,25 @@ import { planKernels } from '../../src/backend/cuda/plan.js';
 import type { Backend } from '../../src/backend/backend.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 
-test('cachedAttentionPlan: 8-element loads only for aligned rows of a head dim that is a multiple of 8; the merge fits 40 KiB', () => {
+test('cachedAttentionPlan: 8-element loads only for aligned rows of a head dim that is a multiple of 8; the merge fits 32 KiB and a block a register file', () => {
   for (let hd = 8; hd <= 256; hd += 4) {
-    for (let g = 1; g <= 16; g++) {
+    for (let g = 1; g <= CACHED_GQA_MAX_GROUP; g++) {
       for (const aligned of [true, false]) {
         const p = cachedAttentionPlan(hd, g, aligned);
         assert.equal(p.vec, aligned && hd % 8 === 0 ? 8 : 1, `hd ${hd} group ${g} aligned ${aligned}`);
-        assert.ok(p.block >= 32 && p.block <= 256 && (p.block & (p.block - 1)) === 0, `block ${p.block}`);
-        assert.ok((p.block / 32) * g * (hd + 2) * 4 <= 40 * 1024 || p.block === 32, `hd ${hd} group ${g}: the merge's shared memory`);
+        assert.ok(p.block >= 32 && p.block <= 512 && (p.block & (p.block - 1)) === 0, `block ${p.block}`);
+        assert.ok((p.block / 32) * g * (hd + 2) * 4 <= 32 * 1024 || p.block === 32, `hd ${hd} group ${g}: the merge's shared memory`);
         assert.ok([1, 2, 4].includes(p.un));
         // the generated source compiles to the layout asked for (the spec's own check of its parameters)
-        assert.match(attentionCached.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).source(),
+        assert.match(attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).source(),
           new RegExp(`#define VEC ${p.vec}\\n`));
       }
     }
   }
   // the shapes generation runs: Qwen2.5-0.5B (14/2 heads, hd 64) and Qwen3-0.6B (16/8, hd 128)
-  assert.deepEqual(cachedAttentionPlan(64, 7, true), { block: 256, vec: 8, un: 4 });
+  assert.deepEqual(cachedAttentionPlan(64, 7, true), { block: 256, vec: 8, un: 1 });
   assert.deepEqual(cachedAttentionPlan(128, 2, true), { block: 256, vec: 8, un: 4 });
+  assert.deepEqual(cachedAttentionPlan(128, 4, true), { block: 256, vec: 8, un: 2 }, 'Llama-3-8B');
 });
 
 test('cachedAttentionSplits: a grid of CACHED_COUNTERS blocks or more is not split; a shorter one splits toward it, at most one split per 64 rows of the cache and 16', () => {
@@ -49,8 +54,8 @@ test('cachedAttentionSplits: a grid of CACHED_COUNTERS blocks or more is not spl
   }
 });
 
-/** One decode call of cached attention at a shape whose splits outgrow the default scratch (16 sequences, 1 KV head). */
-const B = 16, NH = 64, NKV = 1, HD = 256, TMAX = 4096;
+/** One decode call of cached attention at a shape whose splits outgrow the default scratch (64 sequences, 1 KV head). */
+const B = 64, NH = 16, NKV = 1, HD = 256, TMAX = 4096;
 const decode = (be: Backend): void => {
   const q = be.alloc(B * NH * HD, 'q', 'bf16'), out = be.alloc(B * NH * HD, 'out', 'bf16');
   const kc = be.alloc(B * TMAX * NKV * HD, 'kc', 'bf16'), vc = be.alloc(B * TMAX * NKV * HD, 'vc', 'bf16');
@@ -59,13 +64,14 @@ const decode = (be: Backend): void => {
 
 test('a device backend splits as many times as its scratch holds, and prepare() sizes the scratch so that the run splits as planned', async () => {
   const want = cachedAttentionSplits(B, 1, NKV, TMAX), per = B * NH * (HD + 2);
-  assert.equal(want, 16);
+  assert.equal(want, 4);
+  assert.equal(cachedAttentionKernel(B, 1, NKV, NH / NKV), 'gqa');
   const need = CACHED_COUNTERS + want * per;
   assert.ok(need > DEFAULT_ATTN_CACHED_FLOATS, 'the shape needs more than the default');
   const grids = async (prepare: boolean, cachedFloats?: number): Promise<number[][]> => {
     const launches: number[][] = [];
     const driver = Object.assign(fakeDriver(), {
-      launch: (fn: unknown, grid: readonly [number, number, number]) => { if (String(fn).includes('attention_cached')) launches.push([...grid]); },
+      launch: (fn: unknown, grid: readonly [number, number, number]) => { if (String(fn) === 'attention_cached_gqa') launches.push([...grid]); },
     });
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: prepare, log: () => {} });
     const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(cachedFloats ? { attnCachedFloats: cachedFloats } : {}) });
@@ -77,7 +83,7 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
     return launches;
   };
   const fit = Math.floor((DEFAULT_ATTN_CACHED_FLOATS - CACHED_COUNTERS) / per);
-  assert.deepEqual(await grids(false), [[fit, NKV, B]], `unprepared: the ${fit} splits the default scratch holds`);
+  assert.deepEqual(await grids(false), [[fit >= 2 ? fit : 1, NKV, B]], `unprepared: the ${fit} splits the default scratch holds`);
   assert.deepEqual(await grids(true), [[want, NKV, B]], 'prepared: every split');
   assert.deepEqual(await grids(false, CACHED_COUNTERS + per + 1), [[1, NKV, B]], 'room for one split: none');
   assert.deepEqual(await grids(false, CACHED_COUNTERS + 2 * per), [[2, NKV, B]], 'room for two');
@@ -88,4 +94,54 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   // the split and unsplit calls launch the same kernel, so the plan does not depend on the scratch
   const ids = (floats: number): string[] => planKernels([decode], { attnCachedFloats: floats }).map((s) => s.id);
   assert.deepEqual(ids(CACHED_COUNTERS + 1), ids(need));
+});
+
+test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
+  for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
+    [64, 1, 64, 2, 64]] as const) {
+    const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
+    const driver = Object.assign(fakeDriver(), {
+      launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
+    });
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+    try {
+      const tMax = 300;
+      const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
+      const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+      be.attentionCached(out, q, kc, vc, b, t, 100, tMax, nH, nKv, hd);
+      const gqa = b * t * nKv >= CACHED_GQA_MIN_BLOCKS && nH / nKv <= CACHED_GQA_MAX_GROUP;
+      assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv), gqa ? 'gqa' : 'head');
+      assert.equal(launches.length, 1);
+      const l = launches[0]!;
+      if (gqa) {
+        const splits = cachedAttentionSplits(b, t, nKv, tMax);
+        assert.deepEqual({ fn: l.fn, grid: l.grid, block: l.block }, { fn: 'attention_cached_gqa', grid: [t * splits, nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true).block });
+      } else {
+        assert.deepEqual({ fn: l.fn, grid: l.grid, block: l.block }, { fn: 'attention_cached', grid: [t, nH, b], block: cachedAttentionBlock(hd) });
+      }
+    } finally { be.dispose(); }
+  }
+});
+
+test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk)', async () => {
+  for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
+    const be = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log: () => {} });
+    const tMax = 256;
+    const call = (b: number, t: number, seqPos: boolean) => (x: Backend): void => {
+      const q = x.alloc(b * t * nH * hd, 'q', 'bf16'), out = x.alloc(b * t * nH * hd, 'out', 'bf16');
+      const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+      const pos = x.allocInt(b, 'pos');
+      x.attentionCached(out, q, kc, vc, b, t, seqPos ? { seqPositions: pos } : 100, tMax, nH, nKv, hd);
+    };
+    try {
+      await be.prepare([call(traced, 1, true), call(1, 1, false)]);
+      // every call a run of this shape can make: fewer sequences than traced, a chunk of rows at a position
+      for (const b of [1, 2, 7, 8, 32, 64]) if (b <= traced) call(b, 1, true)(be);
+      for (const t of [1, 3, 64, 100]) call(1, t, false)(be);
+      assert.equal(cache.counters.missesAfterSeal, 0, `heads ${nH}/${nKv}, traced at ${traced} sequences`);
+      assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
+    } finally { be.dispose(); }
+  }
 });

@@ -213,14 +213,17 @@ test('stored-dS backward at the scratch\'s edges: batches in chunks of whole seq
   }
 });
 
-test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match the CPU backend', { skip, timeout: 300_000 }, () => {
-  for (const hd of [64, 128, 40]) {
-    const B = 2, t0 = 37, t1 = 5, nH = 14, nKv = 2, tMax = 48;
+test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match the CPU backend (a block per query head, and per KV head for the group, split)', { skip, timeout: 300_000 }, () => {
+  // 14/2 heads, batch 2: the 37-row prefill has 148 (row, KV head) pairs (attention_cached_gqa, unsplit), the 5-row step
+  // 20 (attention_cached); 16/8 heads, batch 8: the prefill unsplit, the decode steps' 64 pairs split 4 ways
+  const cases: Array<[number, number, number, number, number, number, number]> = [[64, 2, 14, 2, 48, 37, 5], [128, 2, 14, 2, 48, 37, 5], [40, 2, 14, 2, 48, 37, 5],
+    [128, 8, 16, 8, 200, 150, 1]];
+  for (const [hd, B, nH, nKv, tMax, t0, t1] of cases) {
     const run1 = (b: Backend): Float64Array => {
       const kc = b.alloc(B * tMax * nKv * hd, 'kc', 'bf16'), vc = b.alloc(B * tMax * nKv * hd, 'vc', 'bf16');
       const outs: number[] = [];
       let pos = 0;
-      for (const [t, seed] of [[t0, 1], [t1, 2]] as const) {
+      for (const [t, seed] of [[t0, 1], [t1, 2], [t1, 3]] as const) { // two steps after the prefill: a split call finds its counters reset
         const rr = rng(seed * 977 + hd);
         const q = up(b, randBf16(rr, B * t * nH * hd, 3), 'q', 'bf16');
         const k = up(b, randBf16(rr, B * t * nKv * hd, 1), 'k', 'f32'), v = up(b, randBf16(rr, B * t * nKv * hd, 1), 'v', 'bf16');
@@ -235,7 +238,7 @@ test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match t
     };
     const got = run1(cuda!), ref = run1(cpu!);
     const e = maxRel(got, ref);
-    process.stderr.write(`[flash-attention-bf16] cached hd ${hd} vs cpu bf16: ${e.toExponential(2)}\n`);
+    process.stderr.write(`[flash-attention-bf16] cached hd ${hd} B=${B} heads ${nH}/${nKv} vs cpu bf16: ${e.toExponential(2)}\n`);
     assert.ok(e <= TOL_OUT, `cached attention hd ${hd}: ${e} > ${TOL_OUT}`);
   }
 });

@@ -1,6 +1,6 @@
 /**
  * OPT-IN (DISTILLERY_EMULATE_CUDA=1, g++): the generation kernels with per-sequence start positions (batched generation
- * of prompts of different lengths: rope_fwd, kv_cache_write and attention_cached with `seqPos`) compiled for the host on
+ * of prompts of different lengths: rope_fwd, kv_cache_write, attention_cached and attention_cached_gqa with `seqPos`) compiled for the host on
  * the emulator of ./emulator.ts and compared with the CPU backend in float64 on the same inputs (the CPU's per-sequence
  * ops equal its scalar ops sequence by sequence: test/model/batch-generate.test.ts).
  */
@@ -10,13 +10,13 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ropeKernel } from '../../src/backend/cuda/kernels/rope.js';
-import { attentionCached, cachedAttentionPlan, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
+import { attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionPlan, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';
 
 const B = 3, t = 1, H = 6, KV = 2, HD = 64, tMax = 20, POS = [0, 7, 19];
-/** The per-sequence test's cached attention splits its rows over 3 blocks (a sequence at position 0 leaves two empty). */
+/** The per-sequence test's attention_cached_gqa splits its rows over 3 blocks (a sequence at position 0 leaves two empty). */
 const SPLITS = 3;
 
 function readF32(name: string): Float32Array {
@@ -45,15 +45,24 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   launch({2, 1, 1}, 128, 0, [&] { kv_cache_write(kc.data(), kv.data(), ${B}, ${t}, 0, ${tMax}, ${KV * HD}, pos.data()); });
   writef(d, "kc_out", kc); }`);
   execFileSync(exeKv);
-  const acPlan = cachedAttentionPlan(HD, H / KV, true);
-  const ac = attentionCached.make({ headDim: HD, group: H / KV, ...acPlan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
+  // both cached attentions: a block per query head (attention_cached), and per KV head for the group, split (attention_cached_gqa)
+  const acBlock = cachedAttentionBlock(HD);
+  const ac = attentionCached.make({ headDim: HD, block: acBlock, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
   const exeAtt = build(ac, `int main() { const char* d = "${workDir()}";
   auto q = readf<float>(d, "q_rot", ${q.length}); auto kc = readf<float>(d, "kc_out", ${kc.length}); auto vc = readf<float>(d, "vc", ${vc.length});
   auto pos = readf<int>(d, "pos", ${B}); std::vector<float> out(${q.length});
-  std::vector<float> part(CACHED_COUNTERS + ${B * t * H * SPLITS * (HD + 2)}, 0.0f);
-  launch({${t * SPLITS}, ${KV}, ${B}}, ${acPlan.block}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, part.data(), ${SPLITS}, pos.data()); });
+  launch({${t}, ${H}, ${B}}, ${acBlock}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, pos.data()); });
   writef(d, "att", out); }`);
   execFileSync(exeAtt);
+  const gPlan = cachedAttentionPlan(HD, H / KV, true);
+  const gq = attentionCachedGqa.make({ headDim: HD, group: H / KV, ...gPlan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true });
+  const exeGqa = build(gq, `int main() { const char* d = "${workDir()}";
+  auto q = readf<float>(d, "q_rot", ${q.length}); auto kc = readf<float>(d, "kc_out", ${kc.length}); auto vc = readf<float>(d, "vc", ${vc.length});
+  auto pos = readf<int>(d, "pos", ${B}); std::vector<float> out(${q.length});
+  std::vector<float> part(CACHED_COUNTERS + ${B * t * H * SPLITS * (HD + 2)}, 0.0f);
+  launch({${t * SPLITS}, ${KV}, ${B}}, ${gPlan.block}, 0, [&] { attention_cached_gqa(out.data(), q.data(), kc.data(), vc.data(), ${t}, 0, ${tMax}, ${H}, ${KV}, part.data(), ${SPLITS}, pos.data()); });
+  writef(d, "att_gqa", out); }`);
+  execFileSync(exeGqa);
   // The CPU backend, float64, the same inputs.
   const be = createCpuBackend({ dtype: 'f64', threads: 1 });
   const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
@@ -64,14 +73,45 @@ test('emulated CUDA: rope, KV cache write and cached attention at per-sequence p
   be.attentionCached(OUT, Q, KC, VC, B, t, { seqPositions }, tMax, H, KV, HD);
   const err = (a: ArrayLike<number>, b: ArrayLike<number>): number => { let e = 0; for (let i = 0; i < a.length; i++) e = Math.max(e, Math.abs(a[i]! - b[i]!)); return e; };
   const eRope = err(readF32('q_rot'), be.download(Q)), eKv = err(readF32('kc_out'), be.download(KC)), eAtt = err(readF32('att'), be.download(OUT));
-  process.stderr.write(`[seqpos-emulated] rope ${eRope.toExponential(2)} kv ${eKv.toExponential(2)} attention ${eAtt.toExponential(2)}\n`);
+  const eGqa = err(readF32('att_gqa'), be.download(OUT));
+  process.stderr.write(`[seqpos-emulated] rope ${eRope.toExponential(2)} kv ${eKv.toExponential(2)} attention ${eAtt.toExponential(2)} gqa ${eGqa.toExponential(2)}\n`);
   assert.ok(eRope <= 1e-6, `rope ${eRope}`);
   assert.equal(eKv, 0, 'the cache write is a copy');
   assert.ok(eAtt <= 1e-5, `attention ${eAtt}`);
+  assert.ok(eGqa <= 1e-5, `attention over the group, split ${SPLITS} ways: ${eGqa}`);
   be.dispose();
 });
 
-test('emulated CUDA: cached attention of several queries (a prefill at pos0) equals the CPU backend, over GQA groups, head dims that fill a row slot and that do not, 8-element and 1-element loads, the plan\'s block and 2 warps', { skip, timeout: 600_000 }, () => {
+test('emulated CUDA: cached attention a block per query head (attention_cached) of several queries (a prefill at pos0) equals the CPU backend, at head dims that fill the lanes and that do not, with the backend\'s block and with 4 warps', { skip, timeout: 600_000 }, () => {
+  // fewer rows than warps, rows ending inside a round of UN rows a warp, several rounds, a long cache
+  for (const [hd, t2, pos0, tm, block] of [[80, 5, 3, 12, 0], [128, 3, 0, 40, 0], [64, 2, 37, 40, 0], [64, 2, 150, 160, 0], [64, 3, 70, 80, 128], [96, 2, 9, 16, 128]] as const) {
+    const bl = block || cachedAttentionBlock(hd);
+    const r = rng(hd);
+    const q = Float32Array.from({ length: B * t2 * H * hd }, () => r() - 0.5);
+    const kc = Float32Array.from({ length: B * tm * KV * hd }, () => 2 * (r() - 0.5));
+    const vc = Float32Array.from({ length: B * tm * KV * hd }, () => r() - 0.5);
+    for (const [f, a] of [['q2', q], ['kc2', kc], ['vc2', vc]] as const) writeFileSync(join(workDir(), f), a);
+    const ac = attentionCached.make({ headDim: hd, block: bl, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
+    const exe = build(ac, `int main() { const char* d = "${workDir()}";
+    auto q = readf<float>(d, "q2", ${q.length}); auto kc = readf<float>(d, "kc2", ${kc.length}); auto vc = readf<float>(d, "vc2", ${vc.length});
+    std::vector<float> out(${q.length});
+    launch({${t2}, ${H}, ${B}}, ${bl}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${H}, ${KV}); });
+    writef(d, "att2", out); }`);
+    execFileSync(exe);
+    const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+    const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
+    const OUT = be.alloc(q.length, 'out');
+    be.attentionCached(OUT, up(q), up(kc), up(vc), B, t2, pos0, tm, H, KV, hd);
+    const want = be.download(OUT), got = readF32('att2');
+    let e = 0;
+    for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
+    process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0} block ${bl}: ${e.toExponential(2)}\n`);
+    assert.ok(e <= 1e-5, `hd ${hd}: ${e}`);
+    be.dispose();
+  }
+});
+
+test('emulated CUDA: cached attention over the GQA group (attention_cached_gqa) of several queries (a prefill at pos0) equals the CPU backend, over groups, head dims that fill a row slot and that do not, 8-element and 1-element loads, the plan\'s block and 2 warps', { skip, timeout: 600_000 }, () => {
   // [hd, t, pos0, tMax, heads, kv heads, 16-byte aligned, block (0: the plan's)]: fewer rows than row slots, rows ending
   // inside a round, several rounds, a long cache; groups of 7 (Qwen2.5-0.5B), 3, 2 and 1 (MHA); a head dim of 36 (no
   // 8-element loads), 80 (slots of 16 lanes, 10 busy) and 96
@@ -89,11 +129,11 @@ test('emulated CUDA: cached attention of several queries (a prefill at pos0) equ
     const kc = Float32Array.from({ length: B * tm * kv2 * hd }, () => 2 * (r() - 0.5));
     const vc = Float32Array.from({ length: B * tm * kv2 * hd }, () => r() - 0.5);
     for (const [f, a] of [['q2', q], ['kc2', kc], ['vc2', vc]] as const) writeFileSync(join(workDir(), f), a);
-    const ac = attentionCached.make({ headDim: hd, group: h2 / kv2, ...plan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
+    const ac = attentionCachedGqa.make({ headDim: hd, group: h2 / kv2, ...plan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false });
     const exe = build(ac, `int main() { const char* d = "${workDir()}";
     auto q = readf<float>(d, "q2", ${q.length}); auto kc = readf<float>(d, "kc2", ${kc.length}); auto vc = readf<float>(d, "vc2", ${vc.length});
     std::vector<float> out(${q.length}), part(CACHED_COUNTERS + ${B * t2 * h2 * splits * (hd + 2)}, 0.0f);
-    launch({${t2 * splits}, ${kv2}, ${B}}, ${plan.block}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${h2}, ${kv2}, part.data(), ${splits}); });
+    launch({${t2 * splits}, ${kv2}, ${B}}, ${plan.block}, 0, [&] { attention_cached_gqa(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${h2}, ${kv2}, part.data(), ${splits}); });
     writef(d, "att2", out); part.resize(CACHED_COUNTERS); writef(d, "cnt2", part); }`);
     execFileSync(exe);
     const cnt = new Int32Array(readF32('cnt2').buffer);

@@ -85,14 +85,14 @@ export function representativeSpecs(): KernelSpec[] {
       mk('rope_fwd', { headDim, theta, out: d, inp: d, seqPos: false, bias: d, block: 256 });
       for (const acc of [true, false]) mk('rope_bwd', { headDim, theta, out: d, inp: d, seqPos: false, block: 256, acc });
     }
-    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) attn(fam, headDim);
+    for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv', 'attention_cached']) attn(fam, headDim);
   }
-  // generation's cached attention at the plans models get: GQA groups of 1 (MHA) to 7 (Qwen2.5-0.5B), rows loaded 8
+  // generation's cached attention over GQA groups at the plans models get: GQA groups of 1 (MHA) to 7 (Qwen2.5-0.5B), rows loaded 8
   // elements at once and one at a time (a view off 16 bytes; a head dim not a multiple of 8)
   for (const [headDim, group] of [[64, 7], [64, 1], [128, 2], [128, 6], [80, 4], [256, 8], [36, 3]] as const) {
     for (const aligned of [true, false]) {
       const plan = cachedAttentionPlan(headDim, group, aligned);
-      for (const dt of ['f32', 'bf16']) mk('attention_cached', { headDim, group, ...plan, out: dt, q: dt, kc: dt, vc: dt, seqPos: !aligned });
+      for (const dt of ['f32', 'bf16']) mk('attention_cached_gqa', { headDim, group, ...plan, out: dt, q: dt, kc: dt, vc: dt, seqPos: !aligned });
     }
   }
   // every head dim configs use (Llama/Qwen 64, 128; Phi-style 80, 96; small 32; 256, which opts in to > 48 KiB shared memory)

@@ -56,7 +56,10 @@ import {
 } from './kernels/norm.js';
 import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
-import { CACHED_COUNTERS, SMEM_DEFAULT, attentionCached, attentionForward, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite } from './kernels/attention.js';
+import {
+  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, SMEM_DEFAULT, attentionCached, attentionCachedGqa, attentionForward, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan,
+  cachedAttentionSplits, kvCacheWrite,
+} from './kernels/attention.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
@@ -1179,16 +1182,27 @@ export class CudaBackend implements Backend {
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
     const seq = this.cacheRows(pos0, b, t, tMax, 'attentionCached');
     if (b * t <= 0) return;
-    // 16-byte aligned rows: every operand at a 16-byte offset of its allocation (cuMemAlloc's are 256-byte aligned). The
-    // offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
-    const aligned = [out, q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
-    const plan = cachedAttentionPlan(hd, nHeads / nKv, aligned);
+    const group = nHeads / nKv;
+    const head = attentionCached.make({ headDim: hd, block: cachedAttentionBlock(hd), out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq });
+    // 16-byte aligned rows: q and the caches at 16-byte offsets of their allocations (cuMemAlloc's are 256-byte aligned).
+    // The offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
+    const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
+    const plan = cachedAttentionPlan(hd, group, aligned);
+    const gqa = group <= CACHED_GQA_MAX_GROUP
+      ? attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }) : null;
+    // The kernel depends on the call's sequences and rows, which a run's traced call need not share (a last, shorter group
+    // of prompts; a chunk of another length): a trace plans both kernels a call of this shape can take.
+    if (!this.dev) for (const spec of [head, gqa]) if (spec && !this.traced.has(spec.id)) this.traced.set(spec.id, spec);
+    if (cachedAttentionKernel(b, t, nKv, group) === 'head' || !gqa) {
+      this.launch(head, [t, nHeads, b], head.params.block,
+        [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
+      return;
+    }
     // A short grid splits the cache rows over blocks, as many splits as the scratch holds (the kernel is the same either way)
     const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
     this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
     const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), splits = fit >= 2 ? fit : 1;
-    this.launch(attentionCached.make({ headDim: hd, group: nHeads / nKv, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }),
-      [t * splits, nKv, b], plan.block,
+    this.launch(gqa, [t * splits, nKv, b], plan.block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
         ...(seq ? [P(pos0.seqPositions)] : [])]);
   }

@@ -588,7 +588,95 @@ extern "C" __global__ void kv_cache_write(${ctype(p.cache)}* cache, const ${ctyp
 `,
 });
 
-/** How attention_cached is laid out for one head shape: baked (the source depends on each). See cachedAttentionPlan. */
+/**
+ * Grid (t, nH, B). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i; with `seqPos`, sequence b's
+ * queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths). Each warp takes every
+ * NW-th cache row (a row's head dims across the lanes, DCH a lane: the row read whole by the warp), UN rows a round
+ * whose keys and values are all loaded before the first score is reduced (UN loads in flight, not one), with an online
+ * softmax of its own; the warps' maxima, sums and weighted values are then merged, threads over the head dims. A decode
+ * step is B·nH blocks: the backend gives them many warps (cachedAttentionBlock), each a short walk over the cache.
+ */
+export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean }>({
+  name: 'attention_cached', schema: { ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN, seqPos: { kind: 'bool' } },
+  example: { headDim: 64, block: 128, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false },
+  generate: (p) => `${prelude(p)}
+#define NW (BLOCK / 32)
+#define DCH ((HD + 31) / 32)
+#define UN 4
+extern "C" __global__ void attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
+                                            const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv${p.seqPos ? ', const int* seqPos' : ''}) {
+  int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  int kvh = h / (nH / nKv);
+  int L = ${p.seqPos ? 'seqPos[b]' : 'pos0'} + i + 1;
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  __shared__ float wm[NW], wl[NW];
+  __shared__ float wacc[NW][HD];
+  const long long qoff = (((long long)b * t + i) * nH + h) * HD;
+  float qv[DCH], acc[DCH];
+  for (int c = 0; c < DCH; c++) {
+    int d = lane + 32 * c;
+    qv[c] = d < HD ? ldf(q, qoff + d) : 0.0f;
+    acc[c] = 0.0f;
+  }
+  float m = NEG_INF, l = 0.0f;
+  for (int j0 = w; j0 < L; j0 += NW * UN) {
+    float s[UN], vr[UN][DCH];
+    // the round's rows (warp-uniform: j depends on the warp alone): every load issued, then the reductions
+    for (int u = 0; u < UN; u++) {
+      int j = j0 + u * NW;
+      float x = 0.0f;
+      for (int c = 0; c < DCH; c++) vr[u][c] = 0.0f;
+      if (j < L) {
+        const long long kj = (((long long)b * tMax + j) * nKv + kvh) * HD;
+        for (int c = 0; c < DCH; c++) {
+          int d = lane + 32 * c;
+          if (d < HD) { x += qv[c] * ldf(kc, kj + d); vr[u][c] = ldf(vc, kj + d); }
+        }
+      }
+      s[u] = x;
+    }
+    float mn = m;
+    for (int u = 0; u < UN; u++) {
+      s[u] = warpSum(s[u]) * SCALE;
+      if (j0 + u * NW < L) mn = fmaxf(mn, s[u]);
+    }
+    float corr = expf(m - mn);
+    l *= corr;
+    for (int c = 0; c < DCH; c++) acc[c] *= corr;
+    for (int u = 0; u < UN; u++) {
+      if (j0 + u * NW >= L) break;
+      float pj = expf(s[u] - mn);
+      l += pj;
+      for (int c = 0; c < DCH; c++) acc[c] += pj * vr[u][c];
+    }
+    m = mn;
+  }
+  if (lane == 0) { wm[w] = m; wl[w] = l; }
+  for (int c = 0; c < DCH; c++) {
+    int d = lane + 32 * c;
+    if (d < HD) wacc[w][d] = acc[c];
+  }
+  __syncthreads();
+  float M = NEG_INF;
+  for (int k = 0; k < NW; k++) M = fmaxf(M, wm[k]);
+  float den = 0.0f;
+  for (int k = 0; k < NW; k++) if (wl[k] != 0.0f) den += wl[k] * expf(wm[k] - M);
+  for (int d = threadIdx.x; d < HD; d += BLOCK) {
+    float a = 0.0f;
+    for (int k = 0; k < NW; k++) if (wl[k] != 0.0f) a += wacc[k][d] * expf(wm[k] - M);
+    stf(out, qoff + d, a / den);
+  }
+}
+`,
+});
+
+/**
+ * attention_cached's block: 16 warps for head dims up to 128 (a decode step has only B·nH blocks, and each warp's walk
+ * over the cache is a chain of dependent rounds: more warps, shorter chains), else 4 (its shared sums are NW·HD floats).
+ */
+export function cachedAttentionBlock(headDim: number): number { return headDim <= 128 ? 512 : 128; }
+
+/** How attention_cached_gqa is laid out for one head shape: baked (the source depends on each). See cachedAttentionPlan. */
 export interface CachedAttnPlan {
   /** Threads a block (NW = block/32 warps). */
   block: number;
@@ -599,17 +687,15 @@ export interface CachedAttnPlan {
 }
 
 /**
- * Floats a thread may keep for its query heads, accumulators and rows in flight (of 255 registers, the rest addressing):
- * rows in flight come first. Measured on an H200 (bench/attention-cached.ts --sweep, bf16, unsplit grids): 4 rows a slot
- * against 1 took Qwen2.5-0.5B's 14/2 heads at hd 64 from 18.0 to 11.7 us (batch 8, 256 rows) and 54.8 to 32.6 (1024
- * rows), Qwen2.5-1.5B's 12/2 at hd 128 from 26.8 to 17.0 and 94.1 to 54.6, Llama-3-8B's 32/8 at batch 8 from 15.6 (2
- * rows) to 13.7; only grids of 512 blocks and more ran faster with fewer (Qwen3-0.6B batch 64: 25.5 against 31.2 us).
+ * Floats a thread may keep for its query heads, accumulators and rows in flight (the rest of 255 registers is addressing).
+ * Measured on an H200 with split grids (bench/attention-cached.ts, bf16, batch 64 at 256 / 1024 / 4096 rows): this budget
+ * (1 row in flight a slot for Qwen2.5-0.5B's 14/2 heads and 1.5B's 12/2, 2 for Llama-3-8B's 32/8) took 16.8 / 38.1 /
+ * 137 us, 22.7 / 68.2 / 242 and 44.0 / 151 (1024 rows); 4 rows everywhere took 22.2 / 45.6 / 159, 29.2 / 84.6 / 280 and
+ * 68.3 / 237 (more registers, fewer blocks an SM). Unsplit grids of few blocks prefer 4 (the --sweep lines).
  */
-const CACHED_FLOATS = 224;
-/** Threads a block of attention_cached (8 warps: 256 against 512 measured even or better once grids are split). */
-const CACHED_BLOCK = 256;
-/** Shared memory of attention_cached's merge (each warp's maxima, sums and weighted values per query head). */
-const CACHED_SMEM = 40 * 1024;
+const CACHED_FLOATS = 128;
+/** Shared memory of attention_cached_gqa's merge (each warp's maxima, sums and weighted values per query head). */
+const CACHED_SMEM = 32 * 1024;
 
 function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
   const nch = Math.ceil(headDim / vec);
@@ -619,10 +705,10 @@ function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
 }
 
 /**
- * attention_cached's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (every
- * operand at a 16-byte offset, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where
- * they can; rows in flight (un) as many as fit CACHED_FLOATS a thread; CACHED_BLOCK threads, fewer where the merge would
- * not fit CACHED_SMEM.
+ * attention_cached_gqa's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (every
+ * operand's base, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where they can;
+ * rows in flight (un) and warps (block) are as many as fit CACHED_FLOATS a thread, one block in a 64k register file and
+ * the merge in CACHED_SMEM.
  */
 export function cachedAttentionPlan(headDim: number, group: number, aligned: boolean): CachedAttnPlan {
   const vec = aligned && headDim % 8 === 0 ? 8 : 1;
@@ -630,8 +716,9 @@ export function cachedAttentionPlan(headDim: number, group: number, aligned: boo
   const cv = ch * vec, fixed = 2 * group * cv + 2 * group;
   let un = 4;
   while (un > 1 && fixed + un * (2 * cv + group) > CACHED_FLOATS) un /= 2;
-  let nw = CACHED_BLOCK / 32;
-  while (nw > 1 && nw * group * (headDim + 2) * 4 > CACHED_SMEM) nw /= 2;
+  const regs = Math.min(255, fixed + un * (2 * cv + group) + 32);
+  let nw = 16;
+  while (nw > 1 && (nw * 32 * regs > 65536 || nw * group * (headDim + 2) * 4 > CACHED_SMEM)) nw /= 2;
   return { block: nw * 32, vec, un };
 }
 
@@ -657,6 +744,23 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
 }
 
 /**
+ * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
+ * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, else attention_cached (a
+ * block per query head, each reading its rows), and for groups past CACHED_GQA_MAX_GROUP. The sequences and rows of a call
+ * change within a run (a last, shorter group of prompts), so a trace plans both kernels for every call (CudaBackend).
+ * Measured on an H200 (bench/attention-cached.ts, bf16, 256 / 1024 / 4096 cache rows, us): at 16 pairs (Qwen2.5-0.5B's 2 KV
+ * heads at batch 8) attention_cached took 7.1 / 16.8 / 55.0 and attention_cached_gqa, split 4 to 16 ways, 11.6 / 19.5 /
+ * 29.6 (the block that merges reads the splits' partials one after another); at 64 pairs (Qwen3-0.6B's 8 at batch 8) 8.9 /
+ * 23.9 / 145 against 7.6 / 13.9 / 56.6; at 128 (0.5B at batch 64) 28.5 / 82.1 / 344 against 16.8 / 38.1 / 137.
+ */
+export const CACHED_GQA_MIN_BLOCKS = 64;
+/** The largest GQA group attention_cached_gqa takes (its registers and merge grow with the group; past it, attention_cached). */
+export const CACHED_GQA_MAX_GROUP = 16;
+export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number): 'head' | 'gqa' {
+  return group <= CACHED_GQA_MAX_GROUP && b * t * nKv >= CACHED_GQA_MIN_BLOCKS ? 'gqa' : 'head';
+}
+
+/**
  * Grid (t·nsplit, nKv, B): a block per query row, KV head and split, for the group of G = nH/nKv query heads that share it (each cache
  * row is read once for all of them). Queries at positions pos0..pos0+t-1 attend to cache rows 0..pos0+i; with `seqPos`,
  * sequence b's queries are at seqPos[b]..seqPos[b]+t-1 (batched generation of prompts of different lengths). A row is
@@ -668,11 +772,11 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
  * (after CACHED_COUNTERS ints of counters), and the last block of a (row, KV head) to finish (an atomic counter, reset
  * by it) merges the splits in split order, so the result does not depend on the blocks' order.
  */
-export const attentionCached = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean; group: number; vec: number; un: number }>({
-  name: 'attention_cached',
+export const attentionCachedGqa = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean; group: number; vec: number; un: number }>({
+  name: 'attention_cached_gqa',
   schema: {
     ...schema, out: DTYPE_DOMAIN, q: DTYPE_DOMAIN, kc: DTYPE_DOMAIN, vc: DTYPE_DOMAIN, seqPos: { kind: 'bool' },
-    group: { kind: 'int', min: 1, max: 64 }, vec: { kind: 'pow2', min: 1, max: 8 }, un: { kind: 'pow2', min: 1, max: 4 },
+    group: { kind: 'int', min: 1, max: 16 }, vec: { kind: 'pow2', min: 1, max: 8 }, un: { kind: 'pow2', min: 1, max: 4 },
   },
   example: { headDim: 64, block: 256, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false, group: 2, vec: 8, un: 4 },
   generate: (p) => {
@@ -707,7 +811,7 @@ template <typename T> __device__ __forceinline__ void ldrow(const T* p, long lon
     }
   }
 }
-extern "C" __global__ void __launch_bounds__(BLOCK) attention_cached(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
+extern "C" __global__ void __launch_bounds__(BLOCK) attention_cached_gqa(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
                                             const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv, float* part, int nsplit${p.seqPos ? ', const int* seqPos' : ''}) {
   int i = blockIdx.x / nsplit, s = blockIdx.x - i * nsplit, kvh = blockIdx.y, b = blockIdx.z;
   int L = ${p.seqPos ? 'seqPos[b]' : 'pos0'} + i + 1;

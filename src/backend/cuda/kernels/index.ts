@@ -6,7 +6,7 @@ import {
   ropeLlama3KvForward, ropeYarnBackward, ropeYarnForward, ropeYarnKvForward,
 } from './rope.js';
 import {
-  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionDkvReduce, attentionForward, kvCacheWrite,
+  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionCachedGqa, attentionDkvReduce, attentionForward, kvCacheWrite,
 } from './attention.js';
 import {
   attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16, attentionBackwardDqDsBf16, attentionForwardBf16,
@@ -42,7 +42,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   ropeKvForward, ropeLinearKvForward, ropeLlama3KvForward, ropeYarnKvForward,
-  attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached,
+  attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached, attentionCachedGqa,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, swigluBackwardSet, swigluForwardRows, swigluBackwardRows, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, decodeAdvanceKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
