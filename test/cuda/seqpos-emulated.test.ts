@@ -24,6 +24,20 @@ function readF32(name: string): Float32Array {
   return new Float32Array(b.buffer.slice(b.byteOffset, b.byteOffset + b.length));
 }
 
+/** The largest difference of `got` from the CPU backend's cached attention (float64) over the same inputs, B sequences at pos0. */
+function cpuError(got: Float32Array, q: Float32Array, kc: Float32Array, vc: Float32Array, t: number, pos0: number, tm: number,
+  h: number, kv: number, hd: number): number {
+  const be = createCpuBackend({ dtype: 'f64', threads: 1 });
+  const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
+  const OUT = be.alloc(q.length, 'out');
+  be.attentionCached(OUT, up(q), up(kc), up(vc), B, t, pos0, tm, h, kv, hd);
+  const want = be.download(OUT);
+  be.dispose();
+  let e = 0;
+  for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
+  return e;
+}
+
 test('emulated CUDA: rope, KV cache write and cached attention at per-sequence positions equal the CPU backend', { skip, timeout: 300_000 }, () => {
   const r = rng(4);
   const q = Float32Array.from({ length: B * t * H * HD }, () => r() - 0.5);
@@ -98,16 +112,9 @@ test('emulated CUDA: cached attention a block per query head (attention_cached) 
     launch({${t2}, ${H}, ${B}}, ${bl}, 0, [&] { attention_cached(out.data(), q.data(), kc.data(), vc.data(), ${t2}, ${pos0}, ${tm}, ${H}, ${KV}); });
     writef(d, "att2", out); }`);
     execFileSync(exe);
-    const be = createCpuBackend({ dtype: 'f64', threads: 1 });
-    const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
-    const OUT = be.alloc(q.length, 'out');
-    be.attentionCached(OUT, up(q), up(kc), up(vc), B, t2, pos0, tm, H, KV, hd);
-    const want = be.download(OUT), got = readF32('att2');
-    let e = 0;
-    for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
+    const e = cpuError(readF32('att2'), q, kc, vc, t2, pos0, tm, H, KV, hd);
     process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0} block ${bl}: ${e.toExponential(2)}\n`);
     assert.ok(e <= 1e-5, `hd ${hd}: ${e}`);
-    be.dispose();
   }
 });
 
@@ -138,16 +145,9 @@ test('emulated CUDA: cached attention over the GQA group (attention_cached_gqa) 
     execFileSync(exe);
     const cnt = new Int32Array(readF32('cnt2').buffer);
     assert.ok(cnt.every((c) => c === 0), 'the counters are back at zero for the next call');
-    const be = createCpuBackend({ dtype: 'f64', threads: 1 });
-    const up = (a: Float32Array): ReturnType<typeof be.alloc> => { const x = be.alloc(a.length, 'x'); be.upload(x, a); return x; };
-    const OUT = be.alloc(q.length, 'out');
-    be.attentionCached(OUT, up(q), up(kc), up(vc), B, t2, pos0, tm, h2, kv2, hd);
-    const want = be.download(OUT), got = readF32('att2');
-    let e = 0;
-    for (let k = 0; k < got.length; k++) e = Math.max(e, Math.abs(got[k]! - want[k]!));
+    const e = cpuError(readF32('att2'), q, kc, vc, t2, pos0, tm, h2, kv2, hd);
     process.stderr.write(`[seqpos-emulated] cached attention hd ${hd} t ${t2} pos0 ${pos0} heads ${h2}/${kv2} vec ${plan.vec} un ${plan.un} block ${plan.block} splits ${splits}: ${e.toExponential(2)}\n`);
     assert.ok(e <= 1e-5, `hd ${hd} heads ${h2}/${kv2}: ${e}`);
-    be.dispose();
   }
 });
 
