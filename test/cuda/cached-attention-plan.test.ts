@@ -16,6 +16,7 @@ import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { DEFAULT_ATTN_CACHED_FLOATS, attentionScratchSizes } from '../../src/backend/cuda/attention-plan.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
+import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import type { Backend } from '../../src/backend/backend.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
 
@@ -68,14 +69,16 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.equal(cachedAttentionKernel(B, 1, NKV, NH / NKV), 'gqa');
   const need = CACHED_COUNTERS + want * per;
   assert.ok(need > DEFAULT_ATTN_CACHED_FLOATS, 'the shape needs more than the default');
-  const grids = async (prepare: boolean, cachedFloats?: number): Promise<number[][]> => {
+  // `sealedWith`: a strict cache pre-warmed with these kernels (a miss throws)
+  const grids = async (prepare: boolean, cachedFloats?: number, sealedWith?: KernelSpec[]): Promise<number[][]> => {
     const launches: number[][] = [];
     const driver = Object.assign(fakeDriver(), {
       launch: (fn: unknown, grid: readonly [number, number, number]) => { if (String(fn) === 'attention_cached_gqa') launches.push([...grid]); },
     });
-    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: prepare, log: () => {} });
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: prepare || sealedWith !== undefined, log: () => {} });
     const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(cachedFloats ? { attnCachedFloats: cachedFloats } : {}) });
     try {
+      if (sealedWith) await cache.prewarm(sealedWith);
       if (prepare) await be.prepare([decode]);
       decode(be);
       assert.equal(be.scratchNeed.cached, need, 'the call records what its splits need');
@@ -91,9 +94,10 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: need })?.cached, need);
   assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: 5 })?.cached, DEFAULT_ATTN_CACHED_FLOATS, 'never below the default');
   assert.equal(attentionScratchSizes({ dsum: 0, dkv: 0, ds: 0, cached: 0 }), null, 'nothing to size');
-  // the split and unsplit calls launch the same kernel, so the plan does not depend on the scratch
-  const ids = (floats: number): string[] => planKernels([decode], { attnCachedFloats: floats }).map((s) => s.id);
-  assert.deepEqual(ids(CACHED_COUNTERS + 1), ids(need));
+  // the split and unsplit calls launch the same kernel, so the plan (traced without any scratch) serves both
+  const plan = planKernels([decode]);
+  assert.deepEqual(await grids(false, CACHED_COUNTERS + per + 1, plan), [[1, NKV, B]], 'unsplit, from the plan');
+  assert.deepEqual(await grids(false, need, plan), [[want, NKV, B]], 'split, from the plan');
 });
 
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {

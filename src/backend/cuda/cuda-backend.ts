@@ -168,8 +168,6 @@ export interface TraceOptions {
   attnDsumFloats?: number;
   attnDkvFloats?: number;
   attnDsElems?: number;
-  /** Cached attention's split scratch (floats): how many blocks a short decode grid splits over depends on it. */
-  attnCachedFloats?: number;
 }
 
 export class CudaBackend implements Backend {
@@ -258,7 +256,8 @@ export class CudaBackend implements Backend {
     this.attnBwd = o?.attnBackward ?? DEFAULT_ATTN_BACKWARD;
     this.dkvFloats = o?.attnDkvFloats ?? DEFAULT_ATTN_DKV_FLOATS;
     this.dsElems = o?.attnDsElems ?? DEFAULT_ATTN_DS_ELEMS;
-    this.cachedFloats = o?.attnCachedFloats ?? DEFAULT_ATTN_CACHED_FLOATS;
+    // (cached attention's split count depends on it, its kernel does not: a trace needs no size)
+    this.cachedFloats = parts?.attnCachedFloats ?? DEFAULT_ATTN_CACHED_FLOATS;
     this.scratchGiven = parts?.attnDsumFloats !== undefined || parts?.attnDkvFloats !== undefined || parts?.attnDsElems !== undefined ||
       parts?.attnCachedFloats !== undefined;
     this.colsumFloats = parts?.colsumFloats ?? DEFAULT_COLSUM_FLOATS;
@@ -666,14 +665,13 @@ export class CudaBackend implements Backend {
       planKernels(runs, {
         attention: this.attnImpl, attnBackward: this.attnBwd,
         attnDsumFloats: DEFAULT_ATTN_DSUM, attnDkvFloats: DEFAULT_ATTN_DKV_FLOATS, attnDsElems: DEFAULT_ATTN_DS_ELEMS,
-        attnCachedFloats: DEFAULT_ATTN_CACHED_FLOATS, onTraced: (b) => maxScratch(need, b.scratchNeed),
+        onTraced: (b) => maxScratch(need, b.scratchNeed),
       });
       const sizes = attentionScratchSizes(need);
       if (sizes) this.sizeScratch(sizes);
     }
     return planKernels(runs, {
       attention: this.attnImpl, attnBackward: this.attnBwd, attnDsumFloats: this.dsumFloats, attnDkvFloats: this.dkvFloats, attnDsElems: this.dsElems,
-      attnCachedFloats: this.cachedFloats,
     });
   }
 

@@ -26,14 +26,14 @@ export interface PlanOptions extends TraceOptions {
  * `kernels plan` lists what the run will launch.
  */
 export function planKernels(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions = {}): KernelSpec[] {
-  if (opts.attnDsumFloats === undefined && opts.attnDkvFloats === undefined && opts.attnDsElems === undefined && opts.attnCachedFloats === undefined) {
+  if (opts.attnDsumFloats === undefined && opts.attnDkvFloats === undefined && opts.attnDsElems === undefined) {
     const need: AttentionScratch = { dsum: 0, dkv: 0, ds: 0, cached: 0 };
     traceRuns(runs, {
       ...(opts.attention !== undefined ? { attention: opts.attention } : {}),
       ...(opts.attnBackward !== undefined ? { attnBackward: opts.attnBackward } : {}),
     }, (b) => maxScratch(need, b.scratchNeed));
     const sizes = attentionScratchSizes(need);
-    if (sizes) opts = { ...opts, attnDsumFloats: sizes.dsum, attnDkvFloats: sizes.dkv, attnDsElems: sizes.ds, attnCachedFloats: sizes.cached };
+    if (sizes) opts = { ...opts, attnDsumFloats: sizes.dsum, attnDkvFloats: sizes.dkv, attnDsElems: sizes.ds };
   }
   return traceRuns(runs, opts, opts.onTraced);
 }
@@ -46,7 +46,6 @@ function traceRuns(runs: ReadonlyArray<(b: Backend) => void>, opts: PlanOptions,
     ...(opts.attnDsumFloats !== undefined ? { attnDsumFloats: opts.attnDsumFloats } : {}),
     ...(opts.attnDkvFloats !== undefined ? { attnDkvFloats: opts.attnDkvFloats } : {}),
     ...(opts.attnDsElems !== undefined ? { attnDsElems: opts.attnDsElems } : {}),
-    ...(opts.attnCachedFloats !== undefined ? { attnCachedFloats: opts.attnCachedFloats } : {}),
   };
   runs.forEach((run, i) => {
     const b = new CudaBackend('trace', trace);

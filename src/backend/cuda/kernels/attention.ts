@@ -705,8 +705,8 @@ function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
 }
 
 /**
- * attention_cached_gqa's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (every
- * operand's base, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where they can;
+ * attention_cached_gqa's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (q's
+ * and the caches' offsets, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where they can;
  * rows in flight (un) and warps (block) are as many as fit CACHED_FLOATS a thread, one block in a 64k register file and
  * the merge in CACHED_SMEM.
  */
@@ -732,7 +732,7 @@ const CACHED_MIN_ROWS = 64;
 const CACHED_MAX_SPLITS = 16;
 
 /**
- * Into how many blocks attention_cached splits each (query row, KV head)'s cache rows: enough that the grid has about
+ * Into how many blocks attention_cached_gqa splits each (query row, KV head)'s cache rows: enough that the grid has about
  * CACHED_COUNTERS blocks (a decode step of few sequences and KV heads has a block or so per SM, each a long walk),
  * at most one per CACHED_MIN_ROWS of the cache's capacity tMax and CACHED_MAX_SPLITS. A function of the call's shape
  * alone: the cache's length is on the device (seqPos) and changes every step of a captured decode loop.
