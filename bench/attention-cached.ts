@@ -40,7 +40,7 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
-        (cachedAttentionKernel(B, 1, nKv, nH / nKv) === 'head' ? ' (attention_cached)'
+        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)'
           : ` (attention_cached_gqa, block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`));
       if (sweep) {
         // attention_cached_gqa launched directly, whichever kernel the backend picks (CudaBackend.launch is private: a

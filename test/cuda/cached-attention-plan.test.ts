@@ -1,6 +1,7 @@
 /**
  * Generation's cached attention on CUDA, without a GPU: which kernel a call launches (cachedAttentionKernel: a block per
- * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, else one per KV head for its group), the layout
+ * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache shorter than CACHED_GQA_LONG_ROWS, else one
+ * per KV head for its group), the layout
  * cachedAttentionPlan picks for the group kernel (8-element loads only where rows are 16-byte aligned, the merge's shared
  * memory and the registers within bounds), how many blocks a short grid's cache rows split over (cachedAttentionSplits),
  * and that a backend launches that many (grid t·splits × nKv × B) once prepare() has sized the split scratch for the run,
@@ -10,7 +11,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
 } from '../../src/backend/cuda/kernels/attention.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -66,7 +67,7 @@ const decode = (be: Backend): void => {
 test('a device backend splits as many times as its scratch holds, and prepare() sizes the scratch so that the run splits as planned', async () => {
   const want = cachedAttentionSplits(B, 1, NKV, TMAX), per = B * NH * (HD + 2);
   assert.equal(want, 4);
-  assert.equal(cachedAttentionKernel(B, 1, NKV, NH / NKV), 'gqa');
+  assert.equal(cachedAttentionKernel(B, 1, NKV, NH / NKV, TMAX), 'gqa');
   const need = CACHED_COUNTERS + want * per;
   assert.ok(need > DEFAULT_ATTN_CACHED_FLOATS, 'the shape needs more than the default');
   // `sealedWith`: a strict cache pre-warmed with these kernels (a miss throws)
@@ -100,9 +101,10 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.deepEqual(await grids(false, need, plan), [[want, NKV, B]], 'split, from the plan');
 });
 
-test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
-  for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
-    [64, 1, 64, 2, 64]] as const) {
+test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache of fewer than CACHED_GQA_LONG_ROWS rows, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
+  assert.equal(CACHED_GQA_LONG_ROWS > 300, true, 'the short cache below is short');
+  for (const tMax of [300, CACHED_GQA_LONG_ROWS - 1, CACHED_GQA_LONG_ROWS]) for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
+    [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64]] as const) {
     const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
     const driver = Object.assign(fakeDriver(), {
       launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
@@ -110,12 +112,11 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, or 
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
     const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
     try {
-      const tMax = 300;
       const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
       const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
       be.attentionCached(out, q, kc, vc, b, t, 100, tMax, nH, nKv, hd);
-      const gqa = b * t * nKv >= CACHED_GQA_MIN_BLOCKS && nH / nKv <= CACHED_GQA_MAX_GROUP;
-      assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv), gqa ? 'gqa' : 'head');
+      const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || tMax >= CACHED_GQA_LONG_ROWS) && nH / nKv <= CACHED_GQA_MAX_GROUP;
+      assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
       assert.equal(launches.length, 1);
       const l = launches[0]!;
       if (gqa) {
@@ -129,7 +130,7 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, or 
 });
 
 test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk)', async () => {
-  for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+  for (const [nH, nKv, hd, traced] of [[32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
     const be = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log: () => {} });
     const tMax = 256;

@@ -64,6 +64,7 @@ inline unsigned atomicOr(unsigned* a, unsigned v) { return __atomic_fetch_or(a, 
 inline unsigned atomicAdd(unsigned* a, unsigned v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* a, int v) { return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline float __ldcg(const float* p) { float v; __atomic_load(p, &v, __ATOMIC_SEQ_CST); return v; }
 inline void warpsync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { warpsync(); }
 inline float __shfl_xor_sync(unsigned, float v, int o) {

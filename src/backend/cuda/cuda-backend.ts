@@ -1191,7 +1191,7 @@ export class CudaBackend implements Backend {
     // The kernel depends on the call's sequences and rows, which a run's traced call need not share (a last, shorter group
     // of prompts; a chunk of another length): a trace plans both kernels a call of this shape can take.
     if (!this.dev) for (const spec of [head, gqa]) if (spec && !this.traced.has(spec.id)) this.traced.set(spec.id, spec);
-    if (cachedAttentionKernel(b, t, nKv, group) === 'head' || !gqa) {
+    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqa) {
       this.launch(head, [t, nHeads, b], head.params.block,
         [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
       return;

@@ -745,19 +745,25 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
 
 /**
  * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
- * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, else attention_cached (a
- * block per query head, each reading its rows), and for groups past CACHED_GQA_MAX_GROUP. The sequences and rows of a call
- * change within a run (a last, shorter group of prompts), so a trace plans both kernels for every call (CudaBackend).
- * Measured on an H200 (bench/attention-cached.ts, bf16, 256 / 1024 / 4096 cache rows, us): at 16 pairs (Qwen2.5-0.5B's 2 KV
- * heads at batch 8) attention_cached took 7.1 / 16.8 / 55.0 and attention_cached_gqa, split 4 to 16 ways, 11.6 / 19.5 /
- * 29.6 (the block that merges reads the splits' partials one after another); at 64 pairs (Qwen3-0.6B's 8 at batch 8) 8.9 /
- * 23.9 / 145 against 7.6 / 13.9 / 56.6; at 128 (0.5B at batch 64) 28.5 / 82.1 / 344 against 16.8 / 38.1 / 137.
+ * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, or when its cache holds
+ * CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from the prompt's up to it);
+ * else attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
+ * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels for
+ * every call (CudaBackend). Measured on an H200 (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096
+ * cache rows; docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at
+ * batch 8 (16 pairs), attention_cached 7.1 / 10.2 / 16.6 / 55.2 against attention_cached_gqa 10.5 / 11.6 / 15.3 / 25.9 (the
+ * split kernel's fixed cost loses at short caches, its single read of each row wins at long ones); that model's decode
+ * steps at batch 8 with a 1024-row cache took 1.27 ms against 1.19 (head / group kernel), with 384 rows 1.10 against 1.14;
+ * at 64 pairs (Qwen3-0.6B at batch 8) 8.9 / - / 23.9 / 145 against 7.6 / 9.6 / 13.9 / 56.6.
  */
 export const CACHED_GQA_MIN_BLOCKS = 64;
+/** The cache capacity from which attention_cached_gqa runs at any number of pairs (see cachedAttentionKernel). */
+export const CACHED_GQA_LONG_ROWS = 1024;
 /** The largest GQA group attention_cached_gqa takes (its registers and merge grow with the group; past it, attention_cached). */
 export const CACHED_GQA_MAX_GROUP = 16;
-export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number): 'head' | 'gqa' {
-  return group <= CACHED_GQA_MAX_GROUP && b * t * nKv >= CACHED_GQA_MIN_BLOCKS ? 'gqa' : 'head';
+export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number, tMax: number): 'head' | 'gqa' {
+  if (group > CACHED_GQA_MAX_GROUP) return 'head';
+  return b * t * nKv >= CACHED_GQA_MIN_BLOCKS || tMax >= CACHED_GQA_LONG_ROWS ? 'gqa' : 'head';
 }
 
 /**
@@ -795,6 +801,7 @@ export const attentionCachedGqa = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt;
 #define NG (NW * RPW)
 #define UN ${p.un}
 #define CACHED_COUNTERS ${CACHED_COUNTERS}
+#define CACHED_MAX_SPLITS ${CACHED_MAX_SPLITS}
 /* the VEC elements of p from off on (off a multiple of VEC) */
 template <typename T> __device__ __forceinline__ void ldv(const T* p, long long off, float* o) {
   ${vec === 8 ? 'ld8(p + off, 0, o);' : `for (int e = 0; e < VEC; e++) o[e] = ldf(p, off + e);`}
@@ -933,21 +940,36 @@ extern "C" __global__ void __launch_bounds__(BLOCK) attention_cached_gqa(${ctype
   __syncthreads();
   if (!lastBlock) return;
   __threadfence();
-  const volatile float* vp = part + pbase;
+  /* the splits' maxima and sums, all loaded at once (L2: ld.cg, the other blocks wrote them), then each split's weight
+     a query head in shared memory (0 for an empty split: its rows all past L), then every weighted value loaded
+     unconditionally (an empty split wrote zeros) and summed in split order */
+  __shared__ float hm[CACHED_MAX_SPLITS][G], hl[CACHED_MAX_SPLITS][G], hden[G];
+  const float* pp0 = part + pbase;
+  for (int x = threadIdx.x; x < nsplit * G; x += BLOCK) {
+    int k = x / G, hh = x - k * G;
+    hm[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2));
+    hl[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2) + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    int hh = threadIdx.x;
+    float M = NEG_INF;
+    for (int k = 0; k < nsplit; k++) M = fmaxf(M, hm[k][hh]);
+    float den = 0.0f;
+    for (int k = 0; k < nsplit; k++) {
+      float f = hl[k][hh] == 0.0f ? 0.0f : expf(hm[k][hh] - M);
+      den += hl[k][hh] * f;
+      hm[k][hh] = f;
+    }
+    hden[hh] = den;
+  }
+  __syncthreads();
   for (int x = threadIdx.x; x < G * HD; x += BLOCK) {
     int hh = x / HD, d = x - hh * HD;
-    float M = NEG_INF;
-    for (int k = 0; k < nsplit; k++) M = fmaxf(M, vp[((long long)k * G + hh) * (HD + 2)]);
-    float den = 0.0f, a = 0.0f;
-    for (int k = 0; k < nsplit; k++) {
-      const volatile float* pk = vp + ((long long)k * G + hh) * (HD + 2);
-      float dk = pk[1];
-      if (dk == 0.0f) continue; /* an empty split (its rows all past L) */
-      float f = expf(pk[0] - M);
-      den += dk * f;
-      a += pk[2 + d] * f;
-    }
-    stf(out, (qrow + hh) * HD + d, a / den);
+    float a = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < nsplit; k++) a += __ldcg(pp0 + ((long long)k * G + hh) * (HD + 2) + 2 + d) * hm[k][hh];
+    stf(out, (qrow + hh) * HD + d, a / hden[hh]);
   }
 }
 `;
