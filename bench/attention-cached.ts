@@ -11,6 +11,7 @@ import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { attentionCachedGqa, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits } from '../src/backend/cuda/kernels/attention.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
+import { packBf16 } from '../src/backend/bf16.js';
 
 const REPS = 50;
 const arg = (name: string, dflt: string): number[] =>
@@ -21,14 +22,22 @@ const shapes: Array<[string, number, number, number]> = [
   ['qwen2.5-0.5b (14/2 heads, hd 64)', 14, 2, 64], ['qwen3-0.6b (16/8 heads, hd 128)', 16, 8, 128],
   ['qwen2.5-1.5b (12/2 heads, hd 128)', 12, 2, 128], ['llama3-8b (32/8 heads, hd 128)', 32, 8, 128],
 ];
-const fill = (n: number, seed: number): Float32Array => Float32Array.from({ length: n }, (_, i) => Math.sin((i + seed) * 12.9898) * 0.5);
+// bf16 bits of a pseudo-random period of FILL_PERIOD values (a prime, so no two rows of the caches are alike), tiled:
+// a 4096-row cache at batch 64 is 268M values, too many to draw and convert one by one (seconds a shape)
+const FILL_PERIOD = 4099;
+const fill = (n: number, seed: number): Uint16Array => {
+  const out = new Uint16Array(n);
+  out.set(packBf16(Float32Array.from({ length: Math.min(n, FILL_PERIOD) }, (_, i) => Math.sin((i + seed) * 12.9898) * 0.5)));
+  for (let have = Math.min(n, FILL_PERIOD); have < n; have *= 2) out.copyWithin(have, 0, Math.min(have, n - have));
+  return out;
+};
 for (const [name, nH, nKv, hd] of shapes) {
   for (const B of batches) {
     for (const L of lens) {
       const tMax = L;
       const q = be.alloc(B * nH * hd, 'q', 'bf16'), out = be.alloc(B * nH * hd, 'out', 'bf16');
       const kc = be.alloc(B * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(B * tMax * nKv * hd, 'vc', 'bf16');
-      be.upload(q, fill(B * nH * hd, 1)); be.upload(kc, fill(B * tMax * nKv * hd, 2)); be.upload(vc, fill(B * tMax * nKv * hd, 3));
+      be.uploadBf16(q, fill(B * nH * hd, 1)); be.uploadBf16(kc, fill(B * tMax * nKv * hd, 2)); be.uploadBf16(vc, fill(B * tMax * nKv * hd, 3));
       // the newest token at position L - 1 attends to all L rows
       const again = be.capturedRepeat(`attention-cached ${name} ${B} ${L}`, () => {
         for (let r = 0; r < REPS; r++) be.attentionCached(out, q, kc, vc, B, 1, L - 1, tMax, nH, nKv, hd);
