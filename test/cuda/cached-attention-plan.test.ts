@@ -10,13 +10,18 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
 } from '../../src/backend/cuda/kernels/attention.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { DEFAULT_ATTN_CACHED_FLOATS, attentionScratchSizes } from '../../src/backend/cuda/attention-plan.js';
 import { planKernels } from '../../src/backend/cuda/plan.js';
+import { findNvcc } from '../../src/backend/cuda/nvcc.js';
 import type { KernelSpec } from '../../src/backend/cuda/kernels/spec.js';
 import type { Backend } from '../../src/backend/backend.js';
 import { FakeCompiler, fakeCublas, fakeDriver } from './helpers.js';
@@ -101,10 +106,10 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.deepEqual(await grids(false, need, plan), [[want, NKV, B]], 'split, from the plan');
 });
 
-test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache of fewer than CACHED_GQA_LONG_ROWS rows, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
+test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
   assert.equal(CACHED_GQA_LONG_ROWS > 300, true, 'the short cache below is short');
   for (const tMax of [300, CACHED_GQA_LONG_ROWS - 1, CACHED_GQA_LONG_ROWS]) for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
-    [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64]] as const) {
+    [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64], [1, 1, 12, 12, 64]] as const) {
     const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
     const driver = Object.assign(fakeDriver(), {
       launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
@@ -115,7 +120,7 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into
       const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
       const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
       be.attentionCached(out, q, kc, vc, b, t, 100, tMax, nH, nKv, hd);
-      const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || tMax >= CACHED_GQA_LONG_ROWS) && nH / nKv <= CACHED_GQA_MAX_GROUP;
+      const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && nH > nKv)) && nH / nKv <= CACHED_GQA_MAX_GROUP;
       assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
       assert.equal(launches.length, 1);
       const l = launches[0]!;
@@ -130,10 +135,9 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into
 });
 
 test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk)', async () => {
-  for (const [nH, nKv, hd, traced] of [[32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+  for (const tMax of [256, CACHED_GQA_LONG_ROWS]) for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
     const be = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log: () => {} });
-    const tMax = 256;
     const call = (b: number, t: number, seqPos: boolean) => (x: Backend): void => {
       const q = x.alloc(b * t * nH * hd, 'q', 'bf16'), out = x.alloc(b * t * nH * hd, 'out', 'bf16');
       const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
@@ -145,8 +149,45 @@ test('pre-warmed from one call, a sealed cache serves the calls of fewer sequenc
       // every call a run of this shape can make: fewer sequences than traced, a chunk of rows at a position
       for (const b of [1, 2, 7, 8, 32, 64]) if (b <= traced) call(b, 1, true)(be);
       for (const t of [1, 3, 64, 100]) call(1, t, false)(be);
-      assert.equal(cache.counters.missesAfterSeal, 0, `heads ${nH}/${nKv}, traced at ${traced} sequences`);
-      assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
+      assert.equal(cache.counters.missesAfterSeal, 0, `heads ${nH}/${nKv}, traced at ${traced} sequences, ${tMax} rows`);
+      // a short cache: fewer sequences than traced take attention_cached; a long one takes the group kernel throughout
+      if (tMax < CACHED_GQA_LONG_ROWS) assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
+      else assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) === 0, 'the group kernel only');
     } finally { be.dispose(); }
   }
+});
+
+test('attention_cached_gqa fits the static 48 KiB at every plan of a head dim up to 256; past it (head dim 736, group 16) a call takes attention_cached', () => {
+  for (let hd = 8; hd <= 256; hd += 4) for (let g = 1; g <= CACHED_GQA_MAX_GROUP; g++) {
+    assert.ok(cachedAttentionGqaSmem(hd, g, cachedAttentionPlan(hd, g, true).block) <= SMEM_DEFAULT, `hd ${hd} group ${g}`);
+  }
+  const [b, nH, nKv, hd, tMax] = [64, 32, 2, 736, 64];
+  assert.ok(cachedAttentionGqaSmem(hd, nH / nKv, cachedAttentionPlan(hd, nH / nKv, true).block) > SMEM_DEFAULT);
+  assert.equal(cachedAttentionKernel(b, 1, nKv, nH / nKv, tMax), 'gqa', 'the pairs alone would take the group kernel');
+  const launches: string[] = [];
+  const driver = Object.assign(fakeDriver(), { launch: (fn: unknown) => { launches.push(String(fn)); } });
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+  try {
+    const q = be.alloc(b * nH * hd, 'q', 'bf16'), out = be.alloc(b * nH * hd, 'out', 'bf16');
+    const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+    be.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
+    assert.deepEqual(launches, ['attention_cached']);
+  } finally { be.dispose(); }
+});
+
+const nvcc = findNvcc();
+test('cachedAttentionGqaSmem is the shared memory ptxas reports for the generated source (sm_90)', { skip: nvcc ? false : 'nvcc not found' }, () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dk-smem-'));
+  try {
+    for (const [hd, g] of [[64, 7], [128, 16], [512, 16], [40, 3]] as const) {
+      const p = cachedAttentionPlan(hd, g, true);
+      const src = join(dir, `k${hd}-${g}.cu`);
+      writeFileSync(src, attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: true }).source());
+      const r = spawnSync(nvcc!.path, ['-arch=sm_90', '-cubin', '--resource-usage', '-o', join(dir, 'k.cubin'), src], { encoding: 'utf8' });
+      const m = /(\d+) bytes smem/.exec(`${r.stdout}${r.stderr}`);
+      assert.ok(m, `ptxas reported no shared memory for hd ${hd} group ${g}: ${r.stderr}`);
+      assert.equal(Number(m[1]), cachedAttentionGqaSmem(hd, g, p.block), `hd ${hd} group ${g} block ${p.block}`);
+    }
+  } finally { rmSync(dir, { recursive: true, force: true }); }
 });

@@ -57,7 +57,7 @@ import {
 import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, SMEM_DEFAULT, attentionCached, attentionCachedGqa, attentionForward, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan,
+  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, SMEM_DEFAULT, attentionCached, attentionCachedGqa, attentionForward, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan,
   cachedAttentionSplits, kvCacheWrite,
 } from './kernels/attention.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
@@ -1186,7 +1186,7 @@ export class CudaBackend implements Backend {
     // The offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
     const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
     const plan = cachedAttentionPlan(hd, group, aligned);
-    const gqa = group <= CACHED_GQA_MAX_GROUP
+    const gqa = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, plan.block) <= SMEM_DEFAULT
       ? attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }) : null;
     // The kernel depends on the call's sequences and rows, which a run's traced call need not share (a last, shorter group
     // of prompts; a chunk of another length): a trace plans both kernels a call of this shape can take.

@@ -729,7 +729,8 @@ export function cachedAttentionPlan(headDim: number, group: number, aligned: boo
 export const CACHED_COUNTERS = 256;
 /** Cache rows a split takes at least (of the cache's capacity; the rows are split by the length at run time). */
 const CACHED_MIN_ROWS = 64;
-const CACHED_MAX_SPLITS = 16;
+/** The most splits a call takes (cachedAttentionSplits; the merge's shared arrays are sized by it). */
+export const CACHED_MAX_SPLITS = 16;
 
 /**
  * Into how many blocks attention_cached_gqa splits each (query row, KV head)'s cache rows: enough that the grid has about
@@ -745,8 +746,9 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
 
 /**
  * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
- * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, or when its cache holds
- * CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from the prompt's up to it);
+ * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, or when a GQA group (2 or
+ * more) reads a cache of CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from
+ * the prompt's up to it);
  * else attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
  * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels for
  * every call (CudaBackend). Measured on an H200 (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096
@@ -763,7 +765,18 @@ export const CACHED_GQA_LONG_ROWS = 1024;
 export const CACHED_GQA_MAX_GROUP = 16;
 export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number, tMax: number): 'head' | 'gqa' {
   if (group > CACHED_GQA_MAX_GROUP) return 'head';
-  return b * t * nKv >= CACHED_GQA_MIN_BLOCKS || tMax >= CACHED_GQA_LONG_ROWS ? 'gqa' : 'head';
+  // the long-cache rule for GQA groups only: at a group of 1 (no GQA) neither kernel was measured against the other there
+  return b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && group >= 2) ? 'gqa' : 'head';
+}
+
+/**
+ * Static shared memory of attention_cached_gqa (bytes) for head dim `headDim`, `group` and `block` threads: the warps'
+ * maxima, sums and weighted values, the split merge's maxima, sums (weights) and denominators, the last-block flag. The
+ * backend launches it only within SMEM_DEFAULT (every plan of a head dim up to 256 is; larger ones take attention_cached).
+ */
+export function cachedAttentionGqaSmem(headDim: number, group: number, block: number): number {
+  const nw = block / 32;
+  return 4 * (2 * nw * group + nw * group * headDim + 2 * CACHED_MAX_SPLITS * group + group + 1);
 }
 
 /**
@@ -776,7 +789,8 @@ export function cachedAttentionKernel(b: number, t: number, nKv: number, group: 
  * then merged by shuffles and the warps through shared memory, threads over the group's head dims. With nsplit > 1 the
  * rows are split into nsplit equal runs, one a block: each block writes its maxima, sums and weighted values to `part`
  * (after CACHED_COUNTERS ints of counters), and the last block of a (row, KV head) to finish (an atomic counter, reset
- * by it) merges the splits in split order, so the result does not depend on the blocks' order.
+ * by it) merges the splits in split order, so the result does not depend on the blocks' order. nsplit is at most
+ * CACHED_MAX_SPLITS (the merge's shared arrays): cachedAttentionSplits' bound, and the backend launches no other.
  */
 export const attentionCachedGqa = defineFamily<AttnP & { out: Dt; q: Dt; kc: Dt; vc: Dt; seqPos: boolean; group: number; vec: number; un: number }>({
   name: 'attention_cached_gqa',
