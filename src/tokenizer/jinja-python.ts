@@ -76,9 +76,10 @@ export function pyStrOrNull(v: JinjaValue): string | null {
     case 'BooleanValue': return v.value ? 'True' : 'False';
     case 'NullValue': return 'None';
     case 'UndefinedValue': return '';
-    case 'ArrayValue': return `[${(v.value as JinjaValue[]).map(pyRepr).join(', ')}]`;
-    case 'TupleValue': {
+    case 'ArrayValue': case 'TupleValue': {
       const items = (v.value as JinjaValue[]).map(pyRepr);
+      // a tuple, or a dict's (key, value) pair (patchDictPairs), as Python prints tuples
+      if (v.type === 'ArrayValue' && !dictPairs.has(v)) return `[${items.join(', ')}]`;
       return `(${items.join(', ')}${items.length === 1 ? ',' : ''})`;
     }
     case 'ObjectValue': case 'KeywordArgumentsValue':
@@ -255,6 +256,8 @@ export function installPythonPrinting(): boolean {
         return new StringValue((operand.value as JinjaValue[]).map(pyStr).join(d === undefined ? '' : pyStr(d)));
       }
     }
+    // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
+    if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();
     return origFilter.call(this, operand, filter, env);
   };
   return (installed = true);
@@ -313,8 +316,53 @@ function patchStringStrip(): boolean {
   return (stripInstalled = true);
 }
 
+/**
+ * A dict's `items()`, the `items` filter and `dictsort` give (key, value) pairs, which Python prints as tuples,
+ * `[('a', 1)]`; @huggingface/jinja 0.5.11 makes them lists, `[['a', 1]]`. The pairs stay the engine's lists (its
+ * `for k, v in ...` unpacks lists only; indexing and tojson are the same) and are remembered as pairs, which pyStr prints
+ * as tuples. Installed once; where the engine changed shape, nothing is replaced, and test/tokenizer/jinja-python.test.ts
+ * says so.
+ */
+const dictPairs = new WeakSet<object>();
+let pairsInstalled: boolean | null = null;
+function patchDictPairs(): boolean {
+  if (pairsInstalled !== null) return pairsInstalled;
+  pairsInstalled = false;
+  const env = new Environment();
+  env.set('d', { k: 1 });
+  const dv = (env as unknown as { variables: Map<string, EngineValue> }).variables.get('d');
+  if (!dv) return false;
+  const proto = Object.getPrototypeOf(dv) as { items?: () => EngineValue };
+  const getter = Object.getOwnPropertyDescriptor(proto, 'builtins')?.get;
+  const origItems = proto.items, dictsort = dv.builtins.get('dictsort');
+  if (!getter || typeof origItems !== 'function' || !dictsort || typeof dictsort !== 'object') return false;
+  const probe = origItems.call(dv);
+  if (!Array.isArray(probe.value) || !(probe.value as EngineValue[]).every((p) => Array.isArray(p.value) && p.value.length === 2)) return false;
+  const pairsOf = (list: EngineValue): EngineValue => {
+    for (const p of list.value as EngineValue[]) dictPairs.add(p);
+    return list;
+  };
+  type Ctor<T> = new (v: T) => EngineValue;
+  const FunctionValue = (dictsort as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
+  proto.items = function (this: EngineValue): EngineValue { return pairsOf(origItems.call(this)); };
+  const patched = new WeakSet<Map<string, unknown>>();
+  Object.defineProperty(proto, 'builtins', {
+    configurable: true,
+    get(this: EngineValue) {
+      const m = getter.call(this) as Map<string, unknown>;
+      if (!patched.has(m)) {
+        const sort = m.get('dictsort') as { value: (args: EngineValue[]) => EngineValue };
+        m.set('dictsort', new FunctionValue((args: EngineValue[]) => pairsOf(sort.value(args))));
+        patched.add(m);
+      }
+      return m;
+    },
+  });
+  return (pairsInstalled = true);
+}
+
 /** Python's str.strip(chars) and printing, installed into the engine once (false where the engine changed shape). */
 export function installPythonSemantics(): boolean {
-  const strip = patchStringStrip();
-  return installPythonPrinting() && strip;
+  const strip = patchStringStrip(), pairs = patchDictPairs();
+  return installPythonPrinting() && strip && pairs;
 }

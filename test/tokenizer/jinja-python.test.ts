@@ -3,7 +3,8 @@
  * (test/fixtures/chat-templates/python-values.json, written by scripts/hf-compat/jinja-values.py from
  * python-values-probes.json): booleans, None, floats by Python's repr, str/list/dict/tuple reprs (quotes, escapes,
  * characters Python does not print), `~`, the `string` filter, transformers' `tojson` (indent, sort_keys by code point,
- * ensure_ascii, separators, floats), message fields, floats with an integral value read from JSON (21.0). Also
+ * ensure_ascii, separators, floats), message fields, floats with an integral value read from JSON (21.0), a dict's
+ * items / dictsort pairs as tuples (unpacked by `for k, v`). Also
  * Python's float repr against its rules, parsePyJson against JSON.parse, and a data line's floats through a real
  * template.
  */
