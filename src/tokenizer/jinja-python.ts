@@ -281,6 +281,18 @@ function pyStrip(s: string, chars: string | null, side: 'both' | 'left' | 'right
 }
 
 interface EngineValue { value: unknown; builtins: Map<string, unknown> }
+/** Replaces the `builtins` getter of an engine class's prototype: each value's map (made once, lazily) is rewritten once. */
+function rewriteBuiltins(proto: object, getter: () => unknown, rewrite: (m: Map<string, unknown>, value: EngineValue) => void): void {
+  const done = new WeakSet<Map<string, unknown>>();
+  Object.defineProperty(proto, 'builtins', {
+    configurable: true,
+    get(this: EngineValue) {
+      const m = getter.call(this) as Map<string, unknown>;
+      if (!done.has(m)) { rewrite(m, this); done.add(m); }
+      return m;
+    },
+  });
+}
 let stripInstalled: boolean | null = null;
 function patchStringStrip(): boolean {
   if (stripInstalled !== null) return stripInstalled;
@@ -296,22 +308,13 @@ function patchStringStrip(): boolean {
   type Ctor<T> = new (v: T) => EngineValue;
   const FunctionValue = (fn as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
   const StringValue = (sv as unknown as { constructor: Ctor<string> }).constructor;
-  const patched = new WeakSet<Map<string, unknown>>();
-  Object.defineProperty(proto, 'builtins', {
-    configurable: true,
-    get(this: EngineValue) {
-      const m = getter.call(this) as Map<string, unknown>;
-      if (!patched.has(m)) {
-        const text = String(this.value);
-        const method = (side: 'both' | 'left' | 'right') => new FunctionValue((args: EngineValue[]) => {
-          const c = args[0]?.value;
-          return new StringValue(pyStrip(text, typeof c === 'string' ? c : null, side));
-        });
-        m.set('strip', method('both')); m.set('lstrip', method('left')); m.set('rstrip', method('right'));
-        patched.add(m);
-      }
-      return m;
-    },
+  rewriteBuiltins(proto, getter, (m, value) => {
+    const text = String(value.value);
+    const method = (side: 'both' | 'left' | 'right') => new FunctionValue((args: EngineValue[]) => {
+      const c = args[0]?.value;
+      return new StringValue(pyStrip(text, typeof c === 'string' ? c : null, side));
+    });
+    m.set('strip', method('both')); m.set('lstrip', method('left')); m.set('rstrip', method('right'));
   });
   return (stripInstalled = true);
 }
@@ -345,18 +348,9 @@ function patchDictPairs(): boolean {
   type Ctor<T> = new (v: T) => EngineValue;
   const FunctionValue = (dictsort as { constructor: Ctor<(args: EngineValue[]) => EngineValue> }).constructor;
   proto.items = function (this: EngineValue): EngineValue { return pairsOf(origItems.call(this)); };
-  const patched = new WeakSet<Map<string, unknown>>();
-  Object.defineProperty(proto, 'builtins', {
-    configurable: true,
-    get(this: EngineValue) {
-      const m = getter.call(this) as Map<string, unknown>;
-      if (!patched.has(m)) {
-        const sort = m.get('dictsort') as { value: (args: EngineValue[]) => EngineValue };
-        m.set('dictsort', new FunctionValue((args: EngineValue[]) => pairsOf(sort.value(args))));
-        patched.add(m);
-      }
-      return m;
-    },
+  rewriteBuiltins(proto, getter, (m) => {
+    const sort = m.get('dictsort') as { value: (args: EngineValue[]) => EngineValue };
+    m.set('dictsort', new FunctionValue((args: EngineValue[]) => pairsOf(sort.value(args))));
   });
   return (pairsInstalled = true);
 }
