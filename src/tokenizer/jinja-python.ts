@@ -258,6 +258,8 @@ export function installPythonPrinting(): boolean {
     }
     // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
     if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();
+    // list(pair) is a list (the engine's list filter returns its operand itself, which would stay a pair)
+    if (name === 'list' && dictPairs.has(operand)) return new ArrayValue([...operand.value as JinjaValue[]]);
     return origFilter.call(this, operand, filter, env);
   };
   return (installed = true);
