@@ -8,7 +8,9 @@
  * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--sweep]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
-import { attentionCachedGqa, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits } from '../src/backend/cuda/kernels/attention.js';
+import {
+  SMEM_DEFAULT, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+} from '../src/backend/cuda/kernels/attention.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
 import { packBf16 } from '../src/backend/bf16.js';
@@ -59,7 +61,7 @@ for (const [name, nH, nKv, hd] of shapes) {
         const chosen = cachedAttentionPlan(hd, nH / nKv, true);
         const row: string[] = [];
         for (const block of [64, 128, 256, 512, 1024]) {
-          if ((block / 32) * (nH / nKv) * (hd + 2) * 4 > 46 * 1024) continue; // the merge's shared memory
+          if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
           for (const un of [1, 2, 4]) {
             const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
             const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un}`, () => {

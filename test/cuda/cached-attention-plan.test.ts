@@ -106,31 +106,31 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.deepEqual(await grids(false, need, plan), [[want, NKV, B]], 'split, from the plan');
 });
 
+/** The kernels (name, grid, block) one attentionCached call launches on a device backend (fake driver), its cache tMax rows. */
+function launchesOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): Array<{ fn: string; grid: number[]; block: number }> {
+  const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
+  const driver = Object.assign(fakeDriver(), {
+    launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
+  });
+  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+  try {
+    const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
+    const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+    be.attentionCached(out, q, kc, vc, b, t, tMax - t, tMax, nH, nKv, hd);
+  } finally { be.dispose(); }
+  return launches;
+}
+
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
   assert.equal(CACHED_GQA_LONG_ROWS > 300, true, 'the short cache below is short');
   for (const tMax of [300, CACHED_GQA_LONG_ROWS - 1, CACHED_GQA_LONG_ROWS]) for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
     [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64], [1, 1, 12, 12, 64]] as const) {
-    const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
-    const driver = Object.assign(fakeDriver(), {
-      launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
-    });
-    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
-    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
-    try {
-      const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
-      const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
-      be.attentionCached(out, q, kc, vc, b, t, 100, tMax, nH, nKv, hd);
-      const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && nH > nKv)) && nH / nKv <= CACHED_GQA_MAX_GROUP;
-      assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
-      assert.equal(launches.length, 1);
-      const l = launches[0]!;
-      if (gqa) {
-        const splits = cachedAttentionSplits(b, t, nKv, tMax);
-        assert.deepEqual({ fn: l.fn, grid: l.grid, block: l.block }, { fn: 'attention_cached_gqa', grid: [t * splits, nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true).block });
-      } else {
-        assert.deepEqual({ fn: l.fn, grid: l.grid, block: l.block }, { fn: 'attention_cached', grid: [t, nH, b], block: cachedAttentionBlock(hd) });
-      }
-    } finally { be.dispose(); }
+    const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && nH > nKv)) && nH / nKv <= CACHED_GQA_MAX_GROUP;
+    assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
+    assert.deepEqual(launchesOf(b, t, nH, nKv, hd, tMax), [gqa
+      ? { fn: 'attention_cached_gqa', grid: [t * cachedAttentionSplits(b, t, nKv, tMax), nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true).block }
+      : { fn: 'attention_cached', grid: [t, nH, b], block: cachedAttentionBlock(hd) }]);
   }
 });
 
@@ -164,16 +164,7 @@ test('attention_cached_gqa fits the static 48 KiB at every plan of a head dim up
   const [b, nH, nKv, hd, tMax] = [64, 32, 2, 736, 64];
   assert.ok(cachedAttentionGqaSmem(hd, nH / nKv, cachedAttentionPlan(hd, nH / nKv, true).block) > SMEM_DEFAULT);
   assert.equal(cachedAttentionKernel(b, 1, nKv, nH / nKv, tMax), 'gqa', 'the pairs alone would take the group kernel');
-  const launches: string[] = [];
-  const driver = Object.assign(fakeDriver(), { launch: (fn: unknown) => { launches.push(String(fn)); } });
-  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
-  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
-  try {
-    const q = be.alloc(b * nH * hd, 'q', 'bf16'), out = be.alloc(b * nH * hd, 'out', 'bf16');
-    const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
-    be.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
-    assert.deepEqual(launches, ['attention_cached']);
-  } finally { be.dispose(); }
+  assert.deepEqual(launchesOf(b, 1, nH, nKv, hd, tMax).map((l) => l.fn), ['attention_cached']);
 });
 
 const nvcc = findNvcc();

@@ -748,8 +748,8 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
  * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
  * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, or when a GQA group (2 or
  * more) reads a cache of CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from
- * the prompt's up to it);
- * else attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
+ * the prompt's up to it); else attention_cached (a block per query head, each reading its rows), as for groups past
+ * CACHED_GQA_MAX_GROUP. The
  * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels for
  * every call (CudaBackend). Measured on an H200 (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096
  * cache rows; docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at
