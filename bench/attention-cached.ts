@@ -5,7 +5,9 @@
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
  * `--sweep` also times attention_cached_gqa's layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
  * the one cachedAttentionPlan picks, launched directly and unsplit (the backend's call splits a grid of few blocks).
- * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--sweep]
+ * `--capacity=N` gives the caches N rows (at least L), as a decode's do: its capacity is the prompt's length and the new
+ * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits) are chosen by the capacity.
+ * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import {
@@ -18,7 +20,7 @@ import { packBf16 } from '../src/backend/bf16.js';
 const REPS = 50;
 const arg = (name: string, dflt: string): number[] =>
   (process.argv.find((x) => x.startsWith(`--${name}=`))?.split('=')[1] ?? dflt).split(',').map(Number);
-const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), sweep = process.argv.includes('--sweep');
+const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), [capacity] = arg('capacity', '0'), sweep = process.argv.includes('--sweep');
 const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); } });
 const shapes: Array<[string, number, number, number]> = [
   ['qwen2.5-0.5b (14/2 heads, hd 64)', 14, 2, 64], ['qwen3-0.6b (16/8 heads, hd 128)', 16, 8, 128],
@@ -36,7 +38,7 @@ const fill = (n: number, seed: number): Uint16Array => {
 for (const [name, nH, nKv, hd] of shapes) {
   for (const B of batches) {
     for (const L of lens) {
-      const tMax = L;
+      const tMax = Math.max(L, capacity);
       const q = be.alloc(B * nH * hd, 'q', 'bf16'), out = be.alloc(B * nH * hd, 'out', 'bf16');
       const kc = be.alloc(B * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(B * tMax * nKv * hd, 'vc', 'bf16');
       be.uploadBf16(q, fill(B * nH * hd, 1)); be.uploadBf16(kc, fill(B * tMax * nKv * hd, 2)); be.uploadBf16(vc, fill(B * tMax * nKv * hd, 3));
@@ -50,7 +52,7 @@ for (const [name, nH, nKv, hd] of shapes) {
       be.synchronize();
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
-      console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
+      console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
         (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)'
           : ` (attention_cached_gqa, block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`));
       if (sweep) {

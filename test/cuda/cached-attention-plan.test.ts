@@ -1,7 +1,7 @@
 /**
  * Generation's cached attention on CUDA, without a GPU: which kernel a call launches (cachedAttentionKernel: a block per
- * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache shorter than CACHED_GQA_LONG_ROWS, else one
- * per KV head for its group), the layout
+ * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache shorter than CACHED_GQA_LONG_ROWS, or than
+ * CACHED_GQA_SMALL_GROUP_ROWS at a group up to CACHED_GQA_SMALL_GROUP, else one per KV head for its group), the layout
  * cachedAttentionPlan picks for the group kernel (8-element loads only where rows are 16-byte aligned, the merge's shared
  * memory and the registers within bounds), how many blocks a short grid's cache rows split over (cachedAttentionSplits),
  * and that a backend launches that many (grid t·splits × nKv × B) once prepare() has sized the split scratch for the run,
@@ -15,7 +15,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
 } from '../../src/backend/cuda/kernels/attention.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -122,11 +122,13 @@ function launchesOf(b: number, t: number, nH: number, nKv: number, hd: number, t
   return launches;
 }
 
-test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more, or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
+test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more (CACHED_GQA_SMALL_GROUP_ROWS up to CACHED_GQA_SMALL_GROUP), or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
   assert.equal(CACHED_GQA_LONG_ROWS > 300, true, 'the short cache below is short');
-  for (const tMax of [300, CACHED_GQA_LONG_ROWS - 1, CACHED_GQA_LONG_ROWS]) for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
-    [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64], [1, 1, 12, 12, 64]] as const) {
-    const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && nH > nKv)) && nH / nKv <= CACHED_GQA_MAX_GROUP;
+  assert.equal(CACHED_GQA_SMALL_GROUP_ROWS > 100 && CACHED_GQA_SMALL_GROUP_ROWS < 300, true, 'the capacities below cross both thresholds');
+  for (const tMax of [100, 300, CACHED_GQA_LONG_ROWS - 1, CACHED_GQA_LONG_ROWS]) for (const [b, t, nH, nKv, hd] of [[8, 1, 14, 2, 64], [1, 3, 16, 8, 128], [8, 1, 16, 8, 128], [64, 1, 14, 2, 64], [4, 4, 32, 4, 128], [2, 1, 4, 4, 64],
+    [64, 1, 64, 2, 64], [1, 1, 14, 2, 64], [1, 1, 16, 8, 128], [4, 1, 4, 4, 64], [1, 1, 12, 12, 64], [2, 1, 12, 4, 128], [2, 1, 8, 4, 64]] as const) {
+    const gqa = (b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (nH > nKv && (tMax >= CACHED_GQA_LONG_ROWS || (nH / nKv <= CACHED_GQA_SMALL_GROUP && tMax >= CACHED_GQA_SMALL_GROUP_ROWS))))
+      && nH / nKv <= CACHED_GQA_MAX_GROUP;
     assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
     assert.deepEqual(launchesOf(b, t, nH, nKv, hd, tMax), [gqa
       ? { fn: 'attention_cached_gqa', grid: [t * cachedAttentionSplits(b, t, nKv, tMax), nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true).block }
@@ -135,14 +137,14 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unl
 });
 
 test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk)', async () => {
-  for (const tMax of [256, CACHED_GQA_LONG_ROWS]) for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+  for (const tMax of [128, 256, CACHED_GQA_LONG_ROWS]) for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
     const be = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log: () => {} });
     const call = (b: number, t: number, seqPos: boolean) => (x: Backend): void => {
       const q = x.alloc(b * t * nH * hd, 'q', 'bf16'), out = x.alloc(b * t * nH * hd, 'out', 'bf16');
       const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
       const pos = x.allocInt(b, 'pos');
-      x.attentionCached(out, q, kc, vc, b, t, seqPos ? { seqPositions: pos } : 100, tMax, nH, nKv, hd);
+      x.attentionCached(out, q, kc, vc, b, t, seqPos ? { seqPositions: pos } : Math.min(100, tMax - t), tMax, nH, nKv, hd);
     };
     try {
       await be.prepare([call(traced, 1, true), call(1, 1, false)]);
@@ -150,8 +152,9 @@ test('pre-warmed from one call, a sealed cache serves the calls of fewer sequenc
       for (const b of [1, 2, 7, 8, 32, 64]) if (b <= traced) call(b, 1, true)(be);
       for (const t of [1, 3, 64, 100]) call(1, t, false)(be);
       assert.equal(cache.counters.missesAfterSeal, 0, `heads ${nH}/${nKv}, traced at ${traced} sequences, ${tMax} rows`);
-      // a short cache: fewer sequences than traced take attention_cached; a long one takes the group kernel throughout
-      if (tMax < CACHED_GQA_LONG_ROWS) assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
+      // a short cache (shorter at a group up to CACHED_GQA_SMALL_GROUP): fewer sequences than traced take
+      // attention_cached; a long one takes the group kernel throughout
+      if (tMax < (nH / nKv <= CACHED_GQA_SMALL_GROUP ? CACHED_GQA_SMALL_GROUP_ROWS : CACHED_GQA_LONG_ROWS)) assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
       else assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) === 0, 'the group kernel only');
     } finally { be.dispose(); }
   }

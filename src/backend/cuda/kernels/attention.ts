@@ -746,9 +746,9 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
 
 /**
  * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
- * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, or when a GQA group (2 or
+ * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, when a GQA group (2 or
  * more) reads a cache of CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from
- * the prompt's up to it); else attention_cached (a block per query head, each reading its rows), as for groups past
+ * the prompt's up to it), or of CACHED_GQA_SMALL_GROUP_ROWS at a group of 2 to CACHED_GQA_SMALL_GROUP; else attention_cached (a block per query head, each reading its rows), as for groups past
  * CACHED_GQA_MAX_GROUP. The
  * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels for
  * every call (CudaBackend). Measured on an H200 (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096
@@ -763,10 +763,23 @@ export const CACHED_GQA_MIN_BLOCKS = 64;
 export const CACHED_GQA_LONG_ROWS = 1024;
 /** The largest GQA group attention_cached_gqa takes (its registers and merge grow with the group; past it, attention_cached). */
 export const CACHED_GQA_MAX_GROUP = 16;
+/**
+ * GQA groups up to this one take attention_cached_gqa at any number of pairs from a cache of CACHED_GQA_SMALL_GROUP_ROWS
+ * rows: its fixed cost grows with the group (the heads' chains of a row are a thread's), and at a group of 2 a block reads
+ * each row once for two heads where attention_cached's block per head reads it twice. H200, bench/attention-cached.ts
+ * --capacity=512 (docs/measurements/generation/gpu-2026-11-30-h200-s54-attention-cached-group2.txt), us at 64 / 128 /
+ * 256 / 512 rows of a 512-row cache, batch 1: Qwen3-0.6B's 16/8 heads 4.7 / 6.0 / 8.7 / 13.5 against 5.9 / 6.2 / 6.4 /
+ * 7.2 (attention_cached / the group kernel; batch 4 alike), Llama-3-8B's 32/8 (group 4) 4.8 / 6.0 / 8.6 / 13.6 against
+ * 7.7 / 8.0 / 8.3 / 10.1, Qwen2.5-0.5B's 14/2 (group 7) 4.2 / 5.1 / 6.7 / 9.9 against 8.9 / 9.2 / 9.8 / 11.1.
+ */
+export const CACHED_GQA_SMALL_GROUP = 2;
+/** The cache capacity from which a group up to CACHED_GQA_SMALL_GROUP takes attention_cached_gqa at any number of pairs. */
+export const CACHED_GQA_SMALL_GROUP_ROWS = 256;
 export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number, tMax: number): 'head' | 'gqa' {
   if (group > CACHED_GQA_MAX_GROUP) return 'head';
-  // the long-cache rule for GQA groups only: at a group of 1 (no GQA) neither kernel was measured against the other there
-  return b * t * nKv >= CACHED_GQA_MIN_BLOCKS || (tMax >= CACHED_GQA_LONG_ROWS && group >= 2) ? 'gqa' : 'head';
+  // the capacity rules for GQA groups only: at a group of 1 (no GQA) neither kernel was measured against the other there
+  if (group >= 2 && tMax >= (group <= CACHED_GQA_SMALL_GROUP ? CACHED_GQA_SMALL_GROUP_ROWS : CACHED_GQA_LONG_ROWS)) return 'gqa';
+  return b * t * nKv >= CACHED_GQA_MIN_BLOCKS ? 'gqa' : 'head';
 }
 
 /**
