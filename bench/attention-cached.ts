@@ -4,14 +4,15 @@
  * calls replayed (so the host's launch cost is out of the figure), and the bandwidth that implies over the bytes a call
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
  * `--sweep` also times attention_cached_gqa's layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
- * the one cachedAttentionPlan picks, launched directly and unsplit (the backend's call splits a grid of few blocks).
+ * the one cachedAttentionPlan picks, launched directly, split as the backend splits the call (cachedAttentionSplits) or
+ * into each count of `--splits=1,2,...` (0: the backend's).
  * `--capacity=N` gives the caches N rows (at least L), as a decode's do: its capacity is the prompt's length and the new
  * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits) are chosen by the capacity.
- * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep]
+ * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep [--splits=0,1]]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import {
-  SMEM_DEFAULT, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, SMEM_DEFAULT, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
 } from '../src/backend/cuda/kernels/attention.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
@@ -21,6 +22,7 @@ const REPS = 50;
 const arg = (name: string, dflt: string): number[] =>
   (process.argv.find((x) => x.startsWith(`--${name}=`))?.split('=')[1] ?? dflt).split(',').map(Number);
 const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), [capacity] = arg('capacity', '0'), sweep = process.argv.includes('--sweep');
+const sweepSplits = arg('splits', '0');
 const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); } });
 const shapes: Array<[string, number, number, number]> = [
   ['qwen2.5-0.5b (14/2 heads, hd 64)', 14, 2, 64], ['qwen3-0.6b (16/8 heads, hd 128)', 16, 8, 128],
@@ -52,34 +54,45 @@ for (const [name, nH, nKv, hd] of shapes) {
       be.synchronize();
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
+      // the kernel, layout and splits the backend launches for this call
+      const splits = cachedAttentionSplits(B, 1, nKv, tMax), plan = cachedAttentionPlan(hd, nH / nKv, true, splits * nKv * B);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
-        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)'
-          : ` (attention_cached_gqa, block ${cachedAttentionPlan(hd, nH / nKv, true).block}, splits ${cachedAttentionSplits(B, 1, nKv, tMax)})`));
+        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${splits})`));
       if (sweep) {
         // attention_cached_gqa launched directly, whichever kernel the backend picks (CudaBackend.launch is private: a
         // benchmark's reach, not an API)
         const launch = (be as unknown as { launch(s: KernelSpec, g: readonly [number, number, number], b: number, a: unknown[]): void }).launch.bind(be);
         const P = (x: Buf): unknown => ({ t: 'p', v: (x as unknown as { ptr: bigint }).ptr }), I = (v: number): unknown => ({ t: 'i', v });
-        const chosen = cachedAttentionPlan(hd, nH / nKv, true);
-        const row: string[] = [];
-        for (const block of [64, 128, 256, 512, 1024]) {
-          if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
-          for (const un of [1, 2, 4]) {
-            const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
-            const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un}`, () => {
-              for (let r = 0; r < REPS; r++) launch(spec, [1, nKv, B], block, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), { t: 'p', v: 0n }, I(1)]);
-            });
-            try {
-              rep(); be.synchronize();
-              const s0 = process.hrtime.bigint();
-              for (let k = 0; k < 4; k++) rep();
-              be.synchronize();
-              const u2 = Number(process.hrtime.bigint() - s0) / 1e3 / (4 * REPS);
-              row.push(`${block}/${un}${block === chosen.block && un === chosen.un ? '*' : ''} ${u2.toFixed(1)}`);
-            } catch (e) { row.push(`${block}/${un} failed (${(e as Error).message.slice(0, 60)})`); }
+        const planned = splits;
+        // the backend's output, to check each layout's against (a layout that times well but computes wrong is marked)
+        const want = be.download(out);
+        const splitsList = [...new Set(sweepSplits.map((x) => x || planned))];
+        // the split partials' scratch (counters zero, as the backend keeps them between calls)
+        const part = be.alloc(CACHED_COUNTERS + Math.max(...splitsList) * B * nH * (hd + 2), 'sweep part');
+        for (const splits of splitsList) {
+          const row: string[] = [], chosen = cachedAttentionPlan(hd, nH / nKv, true, splits * nKv * B);
+          for (const block of [64, 128, 256, 512, 1024]) {
+            if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
+            for (const un of [1, 2, 4]) {
+              const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+              const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un} ${splits}`, () => {
+                for (let r = 0; r < REPS; r++) launch(spec, [splits, nKv, B], block, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), splits > 1 ? P(part) : { t: 'p', v: 0n }, I(splits)]);
+              });
+              try {
+                rep(); be.synchronize();
+                const s0 = process.hrtime.bigint();
+                for (let k = 0; k < 4; k++) rep();
+                be.synchronize();
+                const u2 = Number(process.hrtime.bigint() - s0) / 1e3 / (4 * REPS);
+                const got = be.download(out);
+                let err = 0;
+                for (let k = 0; k < got.length; k++) err = Math.max(err, Math.abs(got[k] - want[k]));
+                row.push(`${block}/${un}${block === chosen.block && un === chosen.un ? '*' : ''} ${u2.toFixed(1)}${err > 1e-2 ? ` WRONG (${err.toExponential(1)})` : ''}`);
+              } catch (e) { row.push(`${block}/${un} failed (${(e as Error).message.slice(0, 60)})`); }
+            }
           }
+          console.log(`[attention-cached sweep] splits ${splits}${splits === planned ? '*' : ''}, block/un us: ${row.join(' | ')}`);
         }
-        console.log(`[attention-cached sweep] block/un us: ${row.join(' | ')}`);
       }
     }
   }

@@ -15,7 +15,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
 } from '../../src/backend/cuda/kernels/attention.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -45,6 +45,16 @@ test('cachedAttentionPlan: 8-element loads only for aligned rows of a head dim t
   assert.deepEqual(cachedAttentionPlan(64, 7, true), { block: 256, vec: 8, un: 1 });
   assert.deepEqual(cachedAttentionPlan(128, 2, true), { block: 256, vec: 8, un: 4 });
   assert.deepEqual(cachedAttentionPlan(128, 4, true), { block: 256, vec: 8, un: 2 }, 'Llama-3-8B');
+  // a small grid keeps 4 rows in flight a slot where the registers allow (Qwen2.5-1.5B's 12/2 heads, hd 128, too)
+  for (const [hd, g] of [[64, 7], [128, 2], [128, 4], [128, 6]] as const) {
+    assert.deepEqual(cachedAttentionPlan(hd, g, true, CACHED_SMALL_GRID), { block: 256, vec: 8, un: 4 }, `hd ${hd} group ${g}, small grid`);
+    assert.deepEqual(cachedAttentionPlan(hd, g, true, CACHED_SMALL_GRID + 1), cachedAttentionPlan(hd, g, true), `hd ${hd} group ${g}, large grid`);
+  }
+  // a small grid's layout never has a larger block than a large one's (the backend checks the shared memory of the latter)
+  for (let hd = 8; hd <= 512; hd += 4) for (let g = 1; g <= CACHED_GQA_MAX_GROUP; g++) for (const aligned of [true, false]) {
+    const small = cachedAttentionPlan(hd, g, aligned, 1), large = cachedAttentionPlan(hd, g, aligned);
+    assert.ok(small.block <= large.block && small.un >= large.un && small.vec === large.vec, `hd ${hd} group ${g} aligned ${aligned}`);
+  }
 });
 
 test('cachedAttentionSplits: a grid of CACHED_COUNTERS blocks or more is not split; a shorter one splits toward it, at most one split per 64 rows of the cache and 16', () => {
@@ -107,20 +117,38 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
 });
 
 /** The kernels (name, grid, block) one attentionCached call launches on a device backend (fake driver), its cache tMax rows. */
-function launchesOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): Array<{ fn: string; grid: number[]; block: number }> {
+/** One attentionCached call on a fake device: its launches, and the kernels it compiled (their specs' describe()). */
+function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
   const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
   const driver = Object.assign(fakeDriver(), {
     launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
   });
-  const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+  const compiler = new FakeCompiler();
+  const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: false, log: () => {} });
   const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
   try {
     const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
     const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
     be.attentionCached(out, q, kc, vc, b, t, tMax - t, tMax, nH, nKv, hd);
   } finally { be.dispose(); }
-  return launches;
+  return { launches, compiled: compiler.labels };
 }
+const launchesOf = (b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): Array<{ fn: string; grid: number[]; block: number }> =>
+  callOf(b, t, nH, nKv, hd, tMax).launches;
+
+test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with the small grid\'s layout (more rows in flight), a larger one with the register budget\'s', () => {
+  for (const [b, nH, nKv, hd, tMax, small] of [[1, 14, 2, 64, 4096, true], [8, 14, 2, 64, 4096, false], [1, 12, 2, 128, 1024, true], [1, 32, 8, 128, 4096, true],
+    [64, 16, 8, 128, 1024, false], [2, 32, 8, 128, 4096, false]] as const) {
+    const blocks = cachedAttentionSplits(b, 1, nKv, tMax) * nKv * b;
+    assert.equal(blocks <= CACHED_SMALL_GRID, small, `${b} x ${nH}/${nKv} heads at ${tMax} rows: ${blocks} blocks`);
+    const plan = cachedAttentionPlan(hd, nH / nKv, true, blocks);
+    const want = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe();
+    const { launches, compiled } = callOf(b, 1, nH, nKv, hd, tMax);
+    assert.deepEqual(compiled, [want]);
+    assert.deepEqual(launches.map((l) => l.block), [plan.block]);
+    if (small) assert.notDeepEqual(plan, cachedAttentionPlan(hd, nH / nKv, true), 'the small grid\'s layout differs here');
+  }
+});
 
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more (CACHED_GQA_SMALL_GROUP_ROWS up to CACHED_GQA_SMALL_GROUP), or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {
   assert.equal(CACHED_GQA_LONG_ROWS > 300, true, 'the short cache below is short');
@@ -131,7 +159,7 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unl
       && nH / nKv <= CACHED_GQA_MAX_GROUP;
     assert.equal(cachedAttentionKernel(b, t, nKv, nH / nKv, tMax), gqa ? 'gqa' : 'head');
     assert.deepEqual(launchesOf(b, t, nH, nKv, hd, tMax), [gqa
-      ? { fn: 'attention_cached_gqa', grid: [t * cachedAttentionSplits(b, t, nKv, tMax), nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true).block }
+      ? { fn: 'attention_cached_gqa', grid: [t * cachedAttentionSplits(b, t, nKv, tMax), nKv, b], block: cachedAttentionPlan(hd, nH / nKv, true, t * cachedAttentionSplits(b, t, nKv, tMax) * nKv * b).block }
       : { fn: 'attention_cached', grid: [t, nH, b], block: cachedAttentionBlock(hd) }]);
   }
 });

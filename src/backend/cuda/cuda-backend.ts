@@ -1185,13 +1185,19 @@ export class CudaBackend implements Backend {
     // 16-byte aligned rows: q and the caches at 16-byte offsets of their allocations (cuMemAlloc's are 256-byte aligned).
     // The offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
     const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
-    const plan = cachedAttentionPlan(hd, group, aligned);
-    const gqa = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, plan.block) <= SMEM_DEFAULT
-      ? attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }) : null;
-    // The kernel depends on the call's sequences and rows, which a run's traced call need not share (a last, shorter group
-    // of prompts; a chunk of another length): a trace plans both kernels a call of this shape can take.
-    if (!this.dev) for (const spec of [head, gqa]) if (spec && !this.traced.has(spec.id)) this.traced.set(spec.id, spec);
-    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqa) {
+    // the group kernel where it fits the static shared memory (a small grid's layout has at most the block of a large
+    // one's), laid out for a grid of `blocks` (a small grid keeps more rows in flight)
+    const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, cachedAttentionPlan(hd, group, aligned).block) <= SMEM_DEFAULT;
+    const gqaFor = (blocks: number): { spec: KernelSpec; block: number } => {
+      const plan = cachedAttentionPlan(hd, group, aligned, blocks);
+      return { spec: attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }), block: plan.block };
+    };
+    // The kernel and its layout depend on the call's sequences and rows, which a run's traced call need not share (a last,
+    // shorter group of prompts; a chunk of another length): a trace plans every kernel a call of this shape can take.
+    if (!this.dev) {
+      for (const spec of [head, ...(gqaFits ? [gqaFor(Infinity).spec, gqaFor(0).spec] : [])]) if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
+    }
+    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqaFits) {
       this.launch(head, [t, nHeads, b], head.params.block,
         [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
       return;
@@ -1200,7 +1206,8 @@ export class CudaBackend implements Backend {
     const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
     this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
     const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), splits = fit >= 2 ? fit : 1;
-    this.launch(gqa, [t * splits, nKv, b], plan.block,
+    const gqa = gqaFor(t * splits * nKv * b);
+    this.launch(gqa.spec, [t * splits, nKv, b], gqa.block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
         ...(seq ? [P(pos0.seqPositions)] : [])]);
   }

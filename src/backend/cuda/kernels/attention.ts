@@ -694,6 +694,18 @@ export interface CachedAttnPlan {
  * 68.3 / 237 (more registers, fewer blocks an SM). Unsplit grids of few blocks prefer 4 (the --sweep lines).
  */
 const CACHED_FLOATS = 128;
+/**
+ * A grid of at most this many blocks (fewer than an H100's or H200's 132 SMs) is small: its SMs hold a block each, so a
+ * block's own rows in flight are what hides the loads, and its threads may keep CACHED_FLOATS_SMALL floats. H200,
+ * bench/attention-cached.ts --sweep, batch 1 (32 blocks for 2 KV heads split 16 ways, 128 for 8), us at 256 / 1024 / 4096
+ * rows (docs/measurements/generation/gpu-2026-11-30-h200-s54-attention-cached-sweep.txt): Qwen2.5-1.5B's 12/2 heads
+ * 12.6 / 15.6 / 32.4 with 1 row in flight a slot against 10.2 / 13.2 / 23.1 with 4, Qwen2.5-0.5B's 14/2 10.2 / 12.9 /
+ * 22.1 against 9.9 / 12.6 / 16.7, Llama-3-8B's 32/8 9.0 / 11.5 / 20.8 (2 rows) against 8.5 / 11.2 / 18.6; at 256 blocks
+ * and more the budget above wins (Qwen2.5-0.5B, batch 8: 14.8 / 25.6 us at 1024 / 4096 rows against 19.7 / 28.4).
+ */
+export const CACHED_SMALL_GRID = 128;
+/** 255 registers less the 32 CACHED_FLOATS's budget leaves for addressing. */
+const CACHED_FLOATS_SMALL = 255 - 32;
 /** Shared memory of attention_cached_gqa's merge (each warp's maxima, sums and weighted values per query head). */
 const CACHED_SMEM = 32 * 1024;
 
@@ -706,16 +718,18 @@ function cachedLanes(headDim: number, vec: number): { r: number; ch: number } {
 
 /**
  * attention_cached_gqa's layout for head dim `headDim` and `group` query heads a KV head, its rows `aligned` to 16 bytes (q's
- * and the caches' offsets, so row offsets, multiples of 8 elements, stay aligned): lanes load 8 elements at once where they can;
- * rows in flight (un) and warps (block) are as many as fit CACHED_FLOATS a thread, one block in a 64k register file and
- * the merge in CACHED_SMEM.
+ * and the caches' offsets, so row offsets, multiples of 8 elements, stay aligned), launched over `gridBlocks` blocks: lanes
+ * load 8 elements at once where they can; rows in flight (un) and warps (block) are as many as fit CACHED_FLOATS a thread
+ * (CACHED_FLOATS_SMALL in a grid of at most CACHED_SMALL_GRID blocks), one block in a 64k register file and the merge in
+ * CACHED_SMEM.
  */
-export function cachedAttentionPlan(headDim: number, group: number, aligned: boolean): CachedAttnPlan {
+export function cachedAttentionPlan(headDim: number, group: number, aligned: boolean, gridBlocks = Infinity): CachedAttnPlan {
   const vec = aligned && headDim % 8 === 0 ? 8 : 1;
   const { ch } = cachedLanes(headDim, vec);
   const cv = ch * vec, fixed = 2 * group * cv + 2 * group;
+  const budget = gridBlocks <= CACHED_SMALL_GRID ? CACHED_FLOATS_SMALL : CACHED_FLOATS;
   let un = 4;
-  while (un > 1 && fixed + un * (2 * cv + group) > CACHED_FLOATS) un /= 2;
+  while (un > 1 && fixed + un * (2 * cv + group) > budget) un /= 2;
   const regs = Math.min(255, fixed + un * (2 * cv + group) + 32);
   let nw = 16;
   while (nw > 1 && (nw * 32 * regs > 65536 || nw * group * (headDim + 2) * 4 > CACHED_SMEM)) nw /= 2;
