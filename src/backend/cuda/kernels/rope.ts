@@ -64,7 +64,17 @@ function ropePrelude(name: string, rope: RopeSpec, headDim: number, block: numbe
 #define HU ${HEAD_GROUP}
 __device__ const double ${name}_inv_freq[HALF] = { ${table} };
 #define ATTN ${f64(attn)}
-${dtypeHelpers()}`;
+${dtypeHelpers()}
+/* the cos and sin of position p's angle for pair i: the angle, its cos and sin in double, each times ATTN rounded once */
+__device__ __forceinline__ void rope_cs(long long p, int i, float* c, float* s) {
+  double sd, cd;
+  sincos((double)p * ${name}_inv_freq[i], &sd, &cd);
+  *c = (float)(ATTN * cd); *s = (float)(ATTN * sd);
+}
+/* pair (x1, x2) rotated by (c, s): (x1 c - x2 s, x2 c + x1 s), each one FMA over the other product rounded, so that every
+   kernel stores the same bits (left to the compiler, x1 c - x2 s contracts one way or the other); (c, -s) rotates back */
+__device__ __forceinline__ float rope_lo(float x1, float x2, float c, float s) { return fmaf(x1, c, -(x2 * s)); }
+__device__ __forceinline__ float rope_hi(float x1, float x2, float c, float s) { return fmaf(x2, c, x1 * s); }`;
 }
 
 /**
@@ -100,11 +110,10 @@ ${entry}) {
       const long long d = cache + (col - Q - KV);
       stf(vc, d, x1); stf(vc, d + HALF, x2);
     } else {
-      double sd, cd;
-      sincos((double)p * ${name}_inv_freq[i], &sd, &cd);
-      const float c = (float)(ATTN * cd), s = (float)(ATTN * sd);
+      float c, s;
+      rope_cs(p, i, &c, &s);
       ${O}* dst = u < nH ? q + row * Q + col : kc + cache + (col - Q);
-      stf(dst, 0, x1 * c - x2 * s); stf(dst, HALF, x2 * c + x1 * s);
+      stf(dst, 0, rope_lo(x1, x2, c, s)); stf(dst, HALF, rope_hi(x1, x2, c, s));
     }
   }
 }
@@ -179,10 +188,9 @@ ${entry}, const ${ctype(dt.norm)}* qw, const ${ctype(dt.norm)}* kw) {
     __syncwarp();
     ${O}* dst = u < nH ? q + row * Q + c0 : kc + cache + (c0 - Q);
     for (int i = lane; i < HALF; i += 32) {
-      double sd, cd;
-      sincos((double)p * ${name}_inv_freq[i], &sd, &cd);
-      const float c = (float)(ATTN * cd), s = (float)(ATTN * sd), x1 = h[i], x2 = h[i + HALF];
-      stf(dst, i, x1 * c - x2 * s); stf(dst, i + HALF, x2 * c + x1 * s);
+      float c, s;
+      rope_cs(p, i, &c, &s);
+      stf(dst, i, rope_lo(h[i], h[i + HALF], c, s)); stf(dst, i + HALF, rope_hi(h[i], h[i + HALF], c, s));
     }
     __syncwarp();  /* the next unit's norm overwrites h */
   }
@@ -200,11 +208,12 @@ function ropeSource(name: string, backward: boolean, rope: RopeSpec, headDim: nu
   const load = acc
     ? `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF); o1[u] = ldf(out, eo); o2[u] = ldf(out, eo + HALF);`
     : `y1[u] = ldf(inp, ei); y2[u] = ldf(inp, ei + HALF);${bias === 'none' ? '' : ' y1[u] += ldf(bias, (h0 + u) * HD + i); y2[u] += ldf(bias, (h0 + u) * HD + i + HALF);'}`;
+  // the backward rotates by (c, -s): Rᵀ dout = (y1 c + y2 s, y2 c - y1 s)
+  const sn = backward ? '-s' : 's';
+  const lo = `rope_lo(y1[u], y2[u], c, ${sn})`, hi = `rope_hi(y1[u], y2[u], c, ${sn})`;
   const store = acc
-    ? `stf(out, eo, o1[u] + (y1[u] * c + y2[u] * s)); stf(out, eo + HALF, o2[u] + (-y1[u] * s + y2[u] * c));`
-    : backward
-      ? `stf(out, eo, y1[u] * c + y2[u] * s); stf(out, eo + HALF, -y1[u] * s + y2[u] * c);`
-      : `stf(out, eo, y1[u] * c - y2[u] * s); stf(out, eo + HALF, y2[u] * c + y1[u] * s);`;
+    ? `stf(out, eo, o1[u] + ${lo}); stf(out, eo + HALF, o2[u] + ${hi});`
+    : `stf(out, eo, ${lo}); stf(out, eo + HALF, ${hi});`;
   return `${ropePrelude(name, rope, headDim, block)}
 /* rows = B*T token rows of heads*HD elements, row r of out at r*outStride and of inp at r*inStride; row r has position ${seq ? 'seqPos[r / T]' : 'pos0'} + r % T,
    or rowPos[r] where rowPos is given (documents packed in a window: each row's position in its document). One thread per (row, pair i), all heads.
@@ -216,11 +225,8 @@ extern "C" __global__ void ${name}(${ctype(dt.out)}* out, const ${ctype(dt.inp)}
     int i = (int)(idx % HALF);
     long long row = idx / HALF;
     int t = (int)(row % T);
-    double ang = (double)(rowPos != nullptr ? rowPos[row] : ${seq ? 'seqPos[row / T]' : 'pos0'} + t) * ${name}_inv_freq[i];
-    double sd, cd;
-    sincos(ang, &sd, &cd);
-    float c = (float)(ATTN * cd);
-    float s = (float)(ATTN * sd);
+    float c, s;
+    rope_cs(rowPos != nullptr ? rowPos[row] : ${seq ? 'seqPos[row / T]' : 'pos0'} + t, i, &c, &s);
     const long long bo = row * outStride + i, bi = row * inStride + i;
     for (int h0 = 0; h0 < heads; h0 += HU) {
       float y1[HU], y2[HU]${acc ? ', o1[HU], o2[HU]' : ''};
