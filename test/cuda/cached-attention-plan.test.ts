@@ -118,14 +118,14 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
 
 /** The kernels (name, grid, block) one attentionCached call launches on a device backend (fake driver), its cache tMax rows. */
 /** One attentionCached call on a fake device: its launches, and the kernels it compiled (their specs' describe()). */
-function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
+function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number, cachedFloats?: number): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
   const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
   const driver = Object.assign(fakeDriver(), {
     launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
   });
   const compiler = new FakeCompiler();
   const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: false, log: () => {} });
-  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(cachedFloats ? { attnCachedFloats: cachedFloats } : {}) });
   try {
     const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
     const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
@@ -148,6 +148,15 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
     assert.deepEqual(launches.map((l) => l.block), [plan.block]);
     if (small) assert.notDeepEqual(plan, cachedAttentionPlan(hd, nH / nKv, true), 'the small grid\'s layout differs here');
   }
+  // the grid the call launches decides, not the one it planned: 16 splits of 8 x 2 pairs (256 blocks) cut to the 4 a
+  // smaller scratch holds (64 blocks) take the small grid's layout
+  const [b, nH, nKv, hd, tMax] = [8, 14, 2, 64, 4096], per = b * nH * (hd + 2);
+  assert.equal(cachedAttentionSplits(b, 1, nKv, tMax) * nKv * b > CACHED_SMALL_GRID, true);
+  const { launches, compiled } = callOf(b, 1, nH, nKv, hd, tMax, CACHED_COUNTERS + 4 * per);
+  const small = cachedAttentionPlan(hd, nH / nKv, true, 4 * nKv * b);
+  assert.equal(small.un, 4);
+  assert.deepEqual(launches, [{ fn: 'attention_cached_gqa', grid: [4, nKv, b], block: small.block }]);
+  assert.deepEqual(compiled, [attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...small, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe()]);
 });
 
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more (CACHED_GQA_SMALL_GROUP_ROWS up to CACHED_GQA_SMALL_GROUP), or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {

@@ -691,12 +691,13 @@ export interface CachedAttnPlan {
  * Measured on an H200 with split grids (bench/attention-cached.ts, bf16, batch 64 at 256 / 1024 / 4096 rows): this budget
  * (1 row in flight a slot for Qwen2.5-0.5B's 14/2 heads and 1.5B's 12/2, 2 for Llama-3-8B's 32/8) took 16.8 / 38.1 /
  * 137 us, 22.7 / 68.2 / 242 and 44.0 / 151 (1024 rows); 4 rows everywhere took 22.2 / 45.6 / 159, 29.2 / 84.6 / 280 and
- * 68.3 / 237 (more registers, fewer blocks an SM). Unsplit grids of few blocks prefer 4 (the --sweep lines).
+ * 68.3 / 237 (more registers, fewer blocks an SM). Grids of few blocks prefer 4: CACHED_SMALL_GRID.
  */
 const CACHED_FLOATS = 128;
 /**
- * A grid of at most this many blocks (fewer than an H100's or H200's 132 SMs) is small: its SMs hold a block each, so a
- * block's own rows in flight are what hides the loads, and its threads may keep CACHED_FLOATS_SMALL floats. H200,
+ * A grid of at most this many blocks (fewer than an H100 SXM's or H200's 132 SMs; about one an SM on an A100's 108 or an
+ * H100 PCIe's 114) is small: its SMs hold a block each, so a block's own rows in flight are what hides the loads, and its
+ * threads may keep CACHED_FLOATS_SMALL floats. H200,
  * bench/attention-cached.ts --sweep, batch 1 (32 blocks for 2 KV heads split 16 ways, 128 for 8), us at 256 / 1024 / 4096
  * rows (docs/measurements/generation/gpu-2026-11-30-h200-s54-attention-cached-sweep.txt): Qwen2.5-1.5B's 12/2 heads
  * 12.6 / 15.6 / 32.4 with 1 row in flight a slot against 10.2 / 13.2 / 23.1 with 4, Qwen2.5-0.5B's 14/2 10.2 / 12.9 /
@@ -762,12 +763,13 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
  * Which cached attention a call launches: attention_cached_gqa (each cache row read once for the GQA group; a short grid
  * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, when a GQA group (2 or
  * more) reads a cache of CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from
- * the prompt's up to it), or of CACHED_GQA_SMALL_GROUP_ROWS at a group of 2 to CACHED_GQA_SMALL_GROUP; else attention_cached (a block per query head, each reading its rows), as for groups past
- * CACHED_GQA_MAX_GROUP. The
- * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels for
- * every call (CudaBackend). Measured on an H200 (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096
- * cache rows; docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at
- * batch 8 (16 pairs), attention_cached 7.1 / 10.2 / 16.6 / 55.2 against attention_cached_gqa 10.5 / 11.6 / 15.3 / 25.9 (the
+ * the prompt's up to it), or of CACHED_GQA_SMALL_GROUP_ROWS at a group of 2 to CACHED_GQA_SMALL_GROUP; else
+ * attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
+ * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels,
+ * and both of the group kernel's layouts (cachedAttentionPlan), for every call (CudaBackend). Measured on an H200
+ * (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096 cache rows;
+ * docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at batch 8
+ * (16 pairs), attention_cached 7.1 / 10.2 / 16.6 / 55.2 against attention_cached_gqa 10.5 / 11.6 / 15.3 / 25.9 (the
  * split kernel's fixed cost loses at short caches, its single read of each row wins at long ones); that model's decode
  * steps at batch 8 with a 1024-row cache took 1.27 ms against 1.19 (head / group kernel), with 384 rows 1.10 against 1.14;
  * at 64 pairs (Qwen3-0.6B at batch 8) 8.9 / - / 23.9 / 145 against 7.6 / 9.6 / 13.9 / 56.6.
