@@ -385,8 +385,7 @@ export interface Backend {
    * R(k_cols + bias_k) into kCache and v_cols + bias_v into vCache at the row's position (as kvCacheWrite), R the
    * rotation of ropeForward at that position. It stores what copyColumns (v, with its bias), ropeForward (q and k from
    * qkv's columns, with their biases) and kvCacheWrite (k, v) store: each value summed and rotated in float and rounded
-   * once (the same bits on the CPU; on CUDA q and k to the rounding of the rotation's products, which the compiler
-   * may contract into an FMA the other way round). q, kCache and vCache share one dtype. `bias`: the q, k and v biases joined [Q + 2·KV], or null.
+   * once (the same bits, on the CPU and on CUDA). q, kCache and vCache share one dtype. `bias`: the q, k and v biases joined [Q + 2·KV], or null.
    * `qkNorm` (Qwen3): each q and k head is first normed as rmsnormForward norms a row of hd (weights [hd], eps), as the
    * split copy (copyColumns, with its bias) and the norm would store it in q's dtype, then rotated (only rstd is not kept).
    */

@@ -86,9 +86,9 @@ __device__ __forceinline__ float rope_hi(float x1, float x2, float c, float s) {
  * threads on consecutive columns. A q head is rotated into q [rows, Q], a k head into kc's row b·tMax + p, a v head's
  * elements i and i + HALF copied into vc's; each with its bias column (in float, one rounding at the store). Every value
  * is computed as ropeForward, copyColumns and kv_cache_write compute it (the same loads, sums and rotation in double
- * angle, float product): v bit for bit, q and k to the rounding of the rotation's products (the compiler may contract
- * x1·c − x2·s into an FMA the other way round: 3 ulps of a cancelling f32 result seen on an H200, and once in ~15k
- * values a bf16 rounding tipped by 1 ulp). `out`: the dtype of q and both caches; `inp`: qkv's;
+ * angle, float product through rope_lo / rope_hi): bit for bit (before the helpers' explicit FMAs the compiler contracted
+ * x1·c − x2·s one way or the other: 3 ulps of a cancelling f32 result seen on an H200, and once in ~15k values a bf16
+ * rounding tipped by 1 ulp). `out`: the dtype of q and both caches; `inp`: qkv's;
  * `bias`: 'none' or the dtype of the joined bias [Q + 2·KV].
  */
 function ropeKvSource(name: string, rope: RopeSpec, headDim: number, block: number, dt: RopeKvDtypes): string {
