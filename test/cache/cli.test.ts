@@ -52,6 +52,8 @@ test('teacher-cache CLI: usage errors, --dry-run, the --json summary, inspect, a
   assert.match(insp.out, /teacher cache .* \(complete\)/);
   assert.match(insp.out, /sample:8 at temperature 2 \(unbiased/);
   assert.match(insp.out, /bytes per token/);
+  // the packing the cache was built with (distill --teacher-cache refuses another): plain text is packed wrapped
+  assert.match(insp.out, /windows +\d+ of --seq \d+, --packing wrapped /);
   const cfg = path.join(dir, 'student.json');
   fs.copyFileSync(path.join(teacher, 'config.json'), cfg);
   const d = await run(['distill', '--teacher-cache', out, '--data', data, '--seq', '8', '--model', cfg, '--out', path.join(dir, 'run'), '--dry-run', '--json']);

@@ -18,6 +18,7 @@ import { generationEosIds, indexedShards, readModelDirExtras, shardTensor } from
 import { chatFormatOf, describeChatFormat } from '../../tokenizer/chat.js';
 import { tokenizerHash } from '../../tokenizer/identity.js';
 import { readManifest } from '../../cache/store.js';
+import { packingOfDescription } from '../../data/pack.js';
 import { ADAPTER_WEIGHTS, isAdapterDir, readAdapterHeader, resolveBaseDir } from '../../model/adapter.js';
 
 const FLAGS: FlagSpec[] = [];
@@ -176,7 +177,7 @@ function inspectCache(dir: string, io: Io): void {
     `teacher        ${m.teacher.architecture} ${humanCount(m.teacher.parameters)} parameters, vocab ${m.teacher.vocab_size}, weights sha256 ${m.teacher.weights_sha256.slice(0, 16)} (${m.teacher.path}), ${m.precision}${m.teacher_dtype === 'nf4' ? ', projection matrices in nf4' : ''}`,
     `tokenizer      identity ${m.tokenizer_sha256.slice(0, 16)}; loss over ${m.loss_vocab} tokens`,
     `data           ${m.data.files.join(', ')}: ${m.data.documents} documents, ${m.data.tokens} tokens (${m.data.loss_tokens} counted, --loss-on ${m.data.loss_on}), sha256 ${m.data.sha256.slice(0, 16)}${m.data.max_chars ? `, --max-chars ${m.data.max_chars}` : ''}`,
-    `windows        ${m.windows} of --seq ${m.seq} (distill with --seq ${m.seq} --temperature ${m.temperature}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,
+    `windows        ${m.windows} of --seq ${m.seq}, --packing ${packingOfDescription(m.packing) ?? `? (${m.packing})`} (distill with --seq ${m.seq} --temperature ${m.temperature}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,
   ];
   for (const l of lines) io.out(l + '\n');
 }
