@@ -11,9 +11,10 @@
  * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep [--splits=0,1]]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
+import { SMEM_DEFAULT } from '../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_MAX_SPLITS, SMEM_DEFAULT, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
-} from '../src/backend/cuda/kernels/attention.js';
+  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+} from '../src/backend/cuda/kernels/attention-cached.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
 import { packBf16 } from '../src/backend/bf16.js';

@@ -14,9 +14,10 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { SMEM_DEFAULT } from '../../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, SMEM_DEFAULT, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
-} from '../../src/backend/cuda/kernels/attention.js';
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+} from '../../src/backend/cuda/kernels/attention-cached.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
 import { DEFAULT_ATTN_CACHED_FLOATS, attentionScratchSizes } from '../../src/backend/cuda/attention-plan.js';

@@ -10,7 +10,7 @@ import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ropeKernel } from '../../src/backend/cuda/kernels/rope.js';
-import { attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionPlan, kvCacheWrite } from '../../src/backend/cuda/kernels/attention.js';
+import { attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionPlan, kvCacheWrite } from '../../src/backend/cuda/kernels/attention-cached.js';
 import { createCpuBackend } from '../../src/backend/cpu/cpu-backend.js';
 import { build, cleanUp, skip, workDir } from './emulator.js';
 import { rng } from './helpers.js';

@@ -10,7 +10,7 @@ import type { KernelCompiler } from './ffi/nvrtc.js';
 import { tryNvrtc } from './ffi/nvrtc.js';
 import { ALL_FAMILIES } from './kernels/index.js';
 import { ropeKernel } from './kernels/rope.js';
-import { cachedAttentionPlan } from './kernels/attention.js';
+import { cachedAttentionPlan } from './kernels/attention-cached.js';
 import { yarnMscale, type RopeSpec } from '../rope.js';
 
 export interface CompileResult { arch: string; spec: KernelSpec; ok: boolean; ms: number; bytes: number; error?: string }

@@ -56,10 +56,11 @@ import {
 } from './kernels/norm.js';
 import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
+import { SMEM_DEFAULT, attentionForward } from './kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, SMEM_DEFAULT, attentionCached, attentionCachedGqa, attentionForward, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan,
+  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan,
   cachedAttentionSplits, kvCacheWrite,
-} from './kernels/attention.js';
+} from './kernels/attention-cached.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {

@@ -5,9 +5,8 @@ import {
   ropeBackward, ropeForward, ropeKvForward, ropeLinearBackward, ropeLinearForward, ropeLinearKvForward, ropeLlama3Backward, ropeLlama3Forward,
   ropeLlama3KvForward, ropeYarnBackward, ropeYarnForward, ropeYarnKvForward,
 } from './rope.js';
-import {
-  attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionCached, attentionCachedGqa, attentionDkvReduce, attentionForward, kvCacheWrite,
-} from './attention.js';
+import { attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionDkvReduce, attentionForward } from './attention.js';
+import { attentionCached, attentionCachedGqa, kvCacheWrite } from './attention-cached.js';
 import {
   attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16, attentionBackwardDqDsBf16, attentionForwardBf16,
 } from './attention-bf16.js';
@@ -26,6 +25,7 @@ export * from './spec.js';
 export * from './norm.js';
 export * from './rope.js';
 export * from './attention.js';
+export * from './attention-cached.js';
 export * from './attention-bf16.js';
 export * from './attention-tf32.js';
 export * from './elementwise.js';
