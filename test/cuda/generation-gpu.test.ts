@@ -116,7 +116,7 @@ test('ropeKvCacheWrite on CUDA stores what the ops it replaces store on CUDA (bi
             // differing at all below
             const f32Tol = 2 ** -22 * u[j]!.reduce((a, y) => Math.max(a, Math.abs(y)), 1);
             const tol = (x: number): number => (dt === 'bf16' ? 2 ** (Math.floor(Math.log2(Math.max(Math.abs(x), 2 ** -100))) - 7) : f32Tol);
-            // the values written (q whole, the caches' rows [p, p + t) of each sequence): nearly all the same bits
+            // the values written (q whole, the caches' rows [p, p + t) of each sequence): all the same bits
             const written = (i: number): boolean => {
               if (j === 0) return true;
               const row = Math.floor(i / KV), b = Math.floor(row / tMax), r = row % tMax, p = typeof pos === 'number' ? pos : pos[b]!;

@@ -6,7 +6,7 @@
  * operand as in attention.ts (whose prelude, schema and operand types these families share).
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, LD8_HELPERS, ctype, defineFamily, dtypeHelpers } from './spec.js';
-import { prelude, schema, type AttnP, type BlockP, type Dt } from './attention.js';
+import { attentionPrelude as prelude, attentionSchema as schema, type AttnBlockP as BlockP, type AttnDtype as Dt, type AttnP } from './attention.js';
 
 /**
  * Grid-stride over B·t·rowElems. cache[b, pos0+tt, :] = src[b, tt, :] with rowElems = nKv·hd; with `seqPos`, sequence b

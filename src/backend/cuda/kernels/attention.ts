@@ -46,8 +46,11 @@ __device__ __forceinline__ int docStart(const int* __restrict__ docPos, int b, i
 /** The parameters every attention family bakes (attention-cached.ts's too). */
 export type AttnP = { headDim: number; block: number };
 /** An operand dtype ('f32' | 'bf16'): baked, so it is in the source and the cache key. */
-export type Dt = 'f32' | 'bf16';
-export const schema = { headDim: { kind: 'int', min: 1, max: 1024 }, block: BLOCK_DOMAIN } as const;
+export type AttnDtype = 'f32' | 'bf16';
+type Dt = AttnDtype;
+/** The schema of headDim and block every SIMT attention family starts from (attention-cached.ts's too). */
+export const attentionSchema = { headDim: { kind: 'int', min: 1, max: 1024 }, block: BLOCK_DOMAIN } as const;
+const schema = attentionSchema;
 /** Keys per tile (one per lane). */
 const KT = 32;
 /** Shared memory a block may use without opting in (cuFuncSetAttribute). */
@@ -110,7 +113,7 @@ export function attnQueryTile(kind: 'fwd' | 'dq', headDim: number, block: number
 export const ATTN_KEY_TILE = KT;
 
 /** BLOCK, HD, SCALE (1/sqrt(HD)), PER_THREAD and the reduction and dtype helpers: the SIMT attention kernels' common start. */
-export function prelude(p: Readonly<AttnP>): string {
+export function attentionPrelude(p: Readonly<AttnP>): string {
   return `#define BLOCK ${p.block}
 #define HD ${p.headDim}
 #define SCALE ${f32(1 / Math.sqrt(p.headDim))}
@@ -294,7 +297,7 @@ export const attentionBackwardPre = defineFamily<AttnP & { dout: Dt; out: Dt }>(
     }
     return;
   }`;
-    return `${prelude(p)}${rpw === 1 ? '' : LD8_HELPERS}
+    return `${attentionPrelude(p)}${rpw === 1 ? '' : LD8_HELPERS}
 /* the D scratch's slot [b][h][t] of row r, whose rows are (b, t, h) in order */
 __device__ __forceinline__ long long dsumIndex(long long r, int T, int nH) {
   const int h = (int)(r % nH);
@@ -505,7 +508,9 @@ extern "C" __global__ void attention_bwd_dkv(${ctype(p.dk)}* dk, ${ctype(p.dv)}*
 `,
 });
 
-export type BlockP = { block: number };
+/** A family that bakes only its block (and dtypes). */
+export type AttnBlockP = { block: number };
+type BlockP = AttnBlockP;
 
 /**
  * Grid-stride over n = B·T·nKv·hd elements of dk/dv ([b][j][kvh][d]): dk += Σ_{s<S} part_dk[b][kvh][s][j][d],
