@@ -56,15 +56,14 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       // the kernel, layout and splits the backend launches for this call
-      const splits = cachedAttentionSplits(B, 1, nKv, tMax), plan = cachedAttentionPlan(hd, nH / nKv, true, splits * nKv * B);
+      const planned = cachedAttentionSplits(B, 1, nKv, tMax), plan = cachedAttentionPlan(hd, nH / nKv, true, planned * nKv * B);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
-        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${splits})`));
+        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${planned})`));
       if (sweep) {
         // attention_cached_gqa launched directly, whichever kernel the backend picks (CudaBackend.launch is private: a
         // benchmark's reach, not an API)
         const launch = (be as unknown as { launch(s: KernelSpec, g: readonly [number, number, number], b: number, a: unknown[]): void }).launch.bind(be);
         const P = (x: Buf): unknown => ({ t: 'p', v: (x as unknown as { ptr: bigint }).ptr }), I = (v: number): unknown => ({ t: 'i', v });
-        const planned = splits;
         // the backend's output, to check each layout's against (a layout that times well but computes wrong is marked): out
         // is zeroed before each layout, and a difference past 5% of the largest output value is wrong (the layouts differ
         // by the bf16 rounding of sums taken in other orders; a layout that skipped half the rows would differ by about

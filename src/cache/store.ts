@@ -142,6 +142,7 @@ export function readManifest(dir: string): CacheManifest | null {
     if (typeof m[k] !== 'number' || !(m[k] > 0)) throw bad(`"${k}" must be a positive number`);
   }
   if (!Array.isArray(m.shards)) throw bad('"shards" must be a list');
+  if (typeof m.packing !== 'string') throw bad('"packing" must be a string');
   try { parseSparse(String(m.sparse)); } catch { throw bad(`"sparse" is ${JSON.stringify(m.sparse)}`); }
   return m as CacheManifest;
 }

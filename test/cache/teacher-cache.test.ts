@@ -329,6 +329,9 @@ test('a cache of an older format version is refused by name, with what to do', (
   const file = path.join(dir, 'manifest.json');
   fs.writeFileSync(file, JSON.stringify({ format: CACHE_FORMAT, version: CACHE_VERSION - 1, seq: 8 }));
   assert.throws(() => readManifest(dir), (e: unknown) => e instanceof DistilleryError && /format version 1; this distillery reads version 2/.test(e.message) && /rebuild/.test(e.hint ?? ''));
+  // a manifest of this version without its packing (inspect and distill read it) is not a manifest
+  fs.writeFileSync(file, JSON.stringify({ format: CACHE_FORMAT, version: CACHE_VERSION, seq: 8, windows: 1, loss_vocab: 300, temperature: 2, windows_per_shard: 1, shards: [], sparse: 'sample:8' }));
+  assert.throws(() => readManifest(dir), (e: unknown) => e instanceof DistilleryError && /not a distillery teacher-cache manifest \("packing" must be a string\)/.test(e.message));
 });
 
 test('teacher-cache --teacher-dtype nf4: the rows are the NF4 teacher\'s (its dequantized weights), the manifest records it, and another dtype is another cache', async () => {

@@ -117,7 +117,6 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   assert.deepEqual(await grids(false, need, plan), [[want, NKV, B]], 'split, from the plan');
 });
 
-/** The kernels (name, grid, block) one attentionCached call launches on a device backend (fake driver), its cache tMax rows. */
 /** One attentionCached call on a fake device: its launches, and the kernels it compiled (their specs' describe()). */
 function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number, cachedFloats?: number): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
   const launches: Array<{ fn: string; grid: number[]; block: number }> = [];

@@ -170,7 +170,7 @@ function inspectCache(dir: string, io: Io): void {
   const m = readManifest(dir)!;
   const pos = m.shards.reduce((a, s) => a + s.positions, 0), bytes = m.shards.reduce((a, s) => a + s.bytes, 0);
   const written = m.shards.reduce((a, s) => a + s.windows, 0);
-  const packing = typeof m.packing === 'string' ? packingOfDescription(m.packing) : null;
+  const packing = packingOfDescription(m.packing);
   const lines = [
     `teacher cache  ${dir} (${m.complete ? 'complete' : `incomplete: ${written} of ${m.windows} windows; rerun its teacher-cache command to finish`})`,
     `sparse         ${m.sparse} at temperature ${m.temperature} (${m.sparse.startsWith('sample') ? 'unbiased: draws from the teacher' : 'top-K and the rest\'s mass: biased'}), sampling seed ${m.sample_seed}`,
@@ -178,7 +178,7 @@ function inspectCache(dir: string, io: Io): void {
     `teacher        ${m.teacher.architecture} ${humanCount(m.teacher.parameters)} parameters, vocab ${m.teacher.vocab_size}, weights sha256 ${m.teacher.weights_sha256.slice(0, 16)} (${m.teacher.path}), ${m.precision}${m.teacher_dtype === 'nf4' ? ', projection matrices in nf4' : ''}`,
     `tokenizer      identity ${m.tokenizer_sha256.slice(0, 16)}; loss over ${m.loss_vocab} tokens`,
     `data           ${m.data.files.join(', ')}: ${m.data.documents} documents, ${m.data.tokens} tokens (${m.data.loss_tokens} counted, --loss-on ${m.data.loss_on}), sha256 ${m.data.sha256.slice(0, 16)}${m.data.max_chars ? `, --max-chars ${m.data.max_chars}` : ''}`,
-    `windows        ${m.windows} of --seq ${m.seq}, --packing ${packing ?? `? (${String(m.packing)})`} (distill with --seq ${m.seq} --temperature ${m.temperature}${packing ? ` --packing ${packing}` : ''}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,
+    `windows        ${m.windows} of --seq ${m.seq}, --packing ${packing ?? `? (${m.packing})`} (distill with --seq ${m.seq} --temperature ${m.temperature}${packing ? ` --packing ${packing}` : ''}${m.data.chat_template_kwargs ? ` --chat-template-kwargs '${m.data.chat_template_kwargs}'` : ''})`,
   ];
   for (const l of lines) io.out(l + '\n');
 }
