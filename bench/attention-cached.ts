@@ -4,7 +4,7 @@
  * calls replayed (so the host's launch cost is out of the figure), and the bandwidth that implies over the bytes a call
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
  * `--sweep` also times attention_cached_gqa's layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
- * the one cachedAttentionPlan picks, launched directly, split as the backend splits the call (cachedAttentionSplits) or
+ * the one the backend picks (CudaBackend.cachedAttentionGqaLayout), launched directly, split as the backend splits the call (cachedAttentionSplits) or
  * into each count of `--splits=1,2,...` (0: the backend's).
  * `--capacity=N` gives the caches N rows (at least L), as a decode's do: its capacity is the prompt's length and the new
  * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits) are chosen by the capacity.
@@ -13,7 +13,7 @@
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { SMEM_DEFAULT } from '../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionSplits,
 } from '../src/backend/cuda/kernels/attention-cached.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
@@ -56,7 +56,7 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       // the kernel, layout and splits the backend launches for this call
-      const planned = cachedAttentionSplits(B, 1, nKv, tMax), plan = cachedAttentionPlan(hd, nH / nKv, true, planned * nKv * B);
+      const planned = cachedAttentionSplits(B, 1, nKv, tMax), plan = be.cachedAttentionGqaLayout(planned * nKv * B, hd, nH / nKv, true);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
         (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${planned})`));
       if (sweep) {
@@ -75,7 +75,7 @@ for (const [name, nH, nKv, hd] of shapes) {
         // the split partials' scratch (counters zero, as the backend keeps them between calls)
         const part = be.alloc(CACHED_COUNTERS + Math.max(...splitsList) * B * nH * (hd + 2), 'sweep part');
         for (const splits of splitsList) {
-          const row: string[] = [], chosen = cachedAttentionPlan(hd, nH / nKv, true, splits * nKv * B);
+          const row: string[] = [], chosen = be.cachedAttentionGqaLayout(splits * nKv * B, hd, nH / nKv, true);
           for (const block of [64, 128, 256, 512, 1024]) {
             if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
             for (const un of [1, 2, 4]) {

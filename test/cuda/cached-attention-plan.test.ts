@@ -16,7 +16,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SMEM_DEFAULT } from '../../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionPlan, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPlan, cachedAttentionSplits, type CachedAttnPlan,
 } from '../../src/backend/cuda/kernels/attention-cached.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -133,6 +133,8 @@ function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax:
   } finally { be.dispose(); }
   return { launches, compiled: compiler.labels };
 }
+const specOf = (hd: number, group: number, plan: CachedAttnPlan, seqPos = false): KernelSpec =>
+  attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos });
 const launchesOf = (b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): Array<{ fn: string; grid: number[]; block: number }> =>
   callOf(b, t, nH, nKv, hd, tMax).launches;
 
@@ -144,7 +146,9 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
     const plan = cachedAttentionPlan(hd, nH / nKv, true, blocks);
     const want = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe();
     const { launches, compiled } = callOf(b, 1, nH, nKv, hd, tMax);
-    assert.deepEqual(compiled, [want]);
+    // a large grid loads each layout it may take to read their occupancy (the fake driver's is the same for all: the first)
+    assert.deepEqual(compiled, small ? [want] : cachedAttentionLargeLayouts(hd, nH / nKv, true).map((p) => specOf(hd, nH / nKv, p).describe()));
+    assert.equal(compiled[0], want);
     assert.deepEqual(launches.map((l) => l.block), [plan.block]);
     if (small) assert.notDeepEqual(plan, cachedAttentionPlan(hd, nH / nKv, true), 'the small grid\'s layout differs here');
   }
@@ -157,6 +161,71 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
   assert.equal(small.un, 4);
   assert.deepEqual(launches, [{ fn: 'attention_cached_gqa', grid: [4, nKv, b], block: small.block }]);
   assert.deepEqual(compiled, [attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...small, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe()]);
+});
+
+test('a large grid\'s layouts: the plan\'s, then half the rows in flight down to 1 at its block; it launches the one that fits the grid in the fewest waves, then the most rows in flight', () => {
+  for (let hd = 8; hd <= 256; hd += 8) for (let g = 1; g <= CACHED_GQA_MAX_GROUP; g++) for (const aligned of [true, false]) {
+    const plan = cachedAttentionPlan(hd, g, aligned), large = cachedAttentionLargeLayouts(hd, g, aligned);
+    assert.deepEqual(large[0], plan);
+    assert.deepEqual(large.map((p) => p.un), [4, 2, 1].filter((u) => u <= plan.un), `hd ${hd} group ${g}`);
+    for (const p of large) assert.ok(p.block === plan.block && p.vec === plan.vec);
+  }
+  // the registers nvcc 13 gives each layout for sm_90 and the blocks an SM holds at 256 threads
+  // (docs/measurements/generation/nvcc-2026-11-30-attention-cached-gqa-registers.txt), on an H200's 132 SMs
+  const qwen3 = [2, 3, 4], llama8b = [2, 2];
+  assert.deepEqual(cachedAttentionLargeLayouts(128, 2, true).map((p) => p.un), [4, 2, 1], 'Qwen3-0.6B');
+  assert.deepEqual(cachedAttentionLargeLayouts(128, 4, true).map((p) => p.un), [2, 1], 'Llama-3-8B');
+  assert.equal(cachedAttentionPickLayout(512, 132, qwen3), 2, 'Qwen3-0.6B at batch 64: 1 row in flight fits one wave (measured 25.4 us against 31.5)');
+  assert.equal(cachedAttentionPickLayout(256, 132, qwen3), 0, 'at 256 blocks every layout is one wave: 4 rows (11.3 us against 15.0)');
+  assert.equal(cachedAttentionPickLayout(512, 132, llama8b), 0, 'Llama-3-8B at batch 64: two waves either way, 2 rows (44.0 us against 53.1)');
+  assert.equal(cachedAttentionPickLayout(512, 108, qwen3), 1, 'on 108 SMs 2 rows and 1 row both take two waves (4 rows three): 2 rows');
+  assert.equal(cachedAttentionPickLayout(10, 132, [0, 1]), 1, 'a layout an SM cannot hold is passed over');
+  assert.equal(cachedAttentionPickLayout(10, 132, [0, 0]), 0, 'none can be held: the first, whose launch names the error');
+});
+
+test('a device backend launches a large grid\'s layout by the occupancy its driver reports for each compiled layout and its SM count, from a sealed pre-warmed cache', async () => {
+  const [nH, nKv, hd, tMax] = [16, 8, 128, 1024];
+  const group = nH / nKv, large = cachedAttentionLargeLayouts(hd, group, true);
+  const call = (b: number) => (x: Backend): void => {
+    const q = x.alloc(b * nH * hd, 'q', 'bf16'), out = x.alloc(b * nH * hd, 'out', 'bf16');
+    const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+    x.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
+  };
+  // the layout a call launched, by its rows in flight: each function the fake loads knows the kernel compiled for it
+  const launched = async (b: number, sms: number, perUn: Record<number, number>): Promise<number[]> => {
+    const labels = new Map<string, string>(), uns: number[] = [];
+    const compiler = new class extends FakeCompiler {
+      override async compile(source: string, name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
+        const cubin = await super.compile(source, name, options, label);
+        labels.set(Buffer.from(cubin).toString('hex'), label ?? '');
+        return cubin;
+      }
+    }();
+    type Fn = { entry: string; un: number };
+    const driver = Object.assign(fakeDriver(), {
+      smCount: sms,
+      loadFunction: (cubin: Uint8Array, entry: string) =>
+        ({ module: {}, fn: { entry, un: Number(/ un=(\d)/.exec(labels.get(Buffer.from(cubin).toString('hex')) ?? '')?.[1] ?? 0) } }),
+      occupancy: (fn: unknown, block: number) => { assert.equal(block, large[0]!.block); return perUn[(fn as Fn).un]!; },
+      launch: (fn: unknown) => { if ((fn as Fn).entry === 'attention_cached_gqa') uns.push((fn as Fn).un); },
+    });
+    const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
+    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+    try {
+      await be.prepare([call(b)]);
+      call(b)(be);
+      call(b)(be);
+      assert.equal(cache.counters.missesAfterSeal, 0);
+    } finally { be.dispose(); }
+    return uns;
+  };
+  assert.equal(cachedAttentionSplits(64, 1, nKv, tMax) * nKv * 64, 512);
+  // Qwen3-0.6B's compiled layouts hold 2, 3 and 4 blocks an SM (4, 2 and 1 rows in flight)
+  const qwen3 = { 4: 2, 2: 3, 1: 4 };
+  assert.deepEqual(await launched(64, 132, qwen3), [1, 1], 'batch 64 on 132 SMs: one wave at 1 row in flight');
+  assert.deepEqual(await launched(64, 264, qwen3), [4, 4], 'on twice the SMs every layout is one wave: 4 rows');
+  assert.deepEqual(await launched(32, 132, qwen3), [4, 4], 'batch 32 (256 blocks): one wave each, 4 rows');
+  assert.deepEqual(await launched(64, 132, { 4: 1, 2: 4, 1: 4 }), [2, 2], 'a tie between 2 rows and 1: 2');
 });
 
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more (CACHED_GQA_SMALL_GROUP_ROWS up to CACHED_GQA_SMALL_GROUP), or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {

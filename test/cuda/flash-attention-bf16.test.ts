@@ -215,9 +215,12 @@ test('stored-dS backward at the scratch\'s edges: batches in chunks of whole seq
 
 test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match the CPU backend (a block per query head, and per KV head for the group, split)', { skip, timeout: 300_000 }, () => {
   // 14/2 heads, batch 2: the 37-row prefill has 148 (row, KV head) pairs (attention_cached_gqa, unsplit), the 5-row step
-  // 20 (attention_cached); 16/8 heads, batch 8: the prefill unsplit, the decode steps' 64 pairs split 4 ways
+  // 20 (attention_cached); 16/8 heads, batch 8: the prefill unsplit, the decode steps' 64 pairs split 4 ways. Large grids
+  // pick a layout by occupancy (cachedAttentionPickLayout; on an H100 or H200): 16/8 heads at batch 32 (decode: 256
+  // blocks, 4 rows in flight) and 64 (512 blocks: 1 row), 32/8 at batch 64 (2 rows); their prefills as many blocks as the
+  // GPU holds at once (1 row)
   const cases: Array<[number, number, number, number, number, number, number]> = [[64, 2, 14, 2, 48, 37, 5], [128, 2, 14, 2, 48, 37, 5], [40, 2, 14, 2, 48, 37, 5],
-    [128, 8, 16, 8, 200, 150, 1]];
+    [128, 8, 16, 8, 200, 150, 1], [128, 32, 16, 8, 64, 40, 1], [128, 64, 16, 8, 64, 40, 1], [128, 64, 32, 8, 64, 40, 1]];
   for (const [hd, B, nH, nKv, tMax, t0, t1] of cases) {
     const run1 = (b: Backend): Float64Array => {
       const kc = b.alloc(B * tMax * nKv * hd, 'kc', 'bf16'), vc = b.alloc(B * tMax * nKv * hd, 'vc', 'bf16');
@@ -238,7 +241,7 @@ test('bf16 generation: kvCacheWrite into bf16 caches and attentionCached match t
     };
     const got = run1(cuda!), ref = run1(cpu!);
     const e = maxRel(got, ref);
-    process.stderr.write(`[flash-attention-bf16] cached hd ${hd} B=${B} heads ${nH}/${nKv} vs cpu bf16: ${e.toExponential(2)}\n`);
+    process.stderr.write(`[flash-attention-bf16] cached hd ${hd} B=${B} heads ${nH}/${nKv} (${t0}-row prefill, then ${t1}) vs cpu bf16: ${e.toExponential(2)}\n`);
     assert.ok(e <= TOL_OUT, `cached attention hd ${hd}: ${e} > ${TOL_OUT}`);
   }
 });

@@ -10,7 +10,7 @@ import type { KernelCompiler } from './ffi/nvrtc.js';
 import { tryNvrtc } from './ffi/nvrtc.js';
 import { ALL_FAMILIES } from './kernels/index.js';
 import { ropeKernel } from './kernels/rope.js';
-import { cachedAttentionPlan } from './kernels/attention-cached.js';
+import { cachedAttentionLargeLayouts, cachedAttentionPlan } from './kernels/attention-cached.js';
 import { yarnMscale, type RopeSpec } from '../rope.js';
 
 export interface CompileResult { arch: string; spec: KernelSpec; ok: boolean; ms: number; bytes: number; error?: string }
@@ -90,9 +90,8 @@ export function representativeSpecs(): KernelSpec[] {
   // generation's cached attention over GQA groups at the plans models get: GQA groups of 1 (MHA) to 7 (Qwen2.5-0.5B), rows loaded 8
   // elements at once and one at a time (a view off 16 bytes; a head dim not a multiple of 8)
   for (const [headDim, group] of [[64, 7], [64, 1], [128, 2], [128, 6], [80, 4], [256, 8], [36, 3]] as const) {
-    for (const aligned of [true, false]) for (const gridBlocks of [Infinity, 1]) {
-      // a large grid's layout and a small one's (more rows in flight)
-      const plan = cachedAttentionPlan(headDim, group, aligned, gridBlocks);
+    // a small grid's layout (more rows in flight) and those a large grid picks among by occupancy
+    for (const aligned of [true, false]) for (const plan of [cachedAttentionPlan(headDim, group, aligned, 1), ...cachedAttentionLargeLayouts(headDim, group, aligned)]) {
       for (const dt of ['f32', 'bf16']) mk('attention_cached_gqa', { headDim, group, ...plan, out: dt, q: dt, kc: dt, vc: dt, seqPos: !aligned });
     }
   }

@@ -58,8 +58,8 @@ import { ropeKernel, ropeKvKernel } from './kernels/rope.js';
 import { dequantNf4 } from './kernels/quant.js';
 import { SMEM_DEFAULT, attentionForward } from './kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionPlan,
-  cachedAttentionSplits, kvCacheWrite,
+  CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, CACHED_SMALL_GRID, attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel,
+  cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite, type CachedAttnPlan,
 } from './kernels/attention-cached.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
@@ -203,6 +203,8 @@ export class CudaBackend implements Backend {
   get attention(): 'simt' | 'mma' { return this.attnImpl; }
   /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
   private readonly smemAllowed = new Map<unknown, number>();
+  /** The blocks an SM holds of each loaded kernel at the block it launches with (occupancy, by spec). */
+  private readonly blocksPerSm = new Map<KernelSpec, number>();
   private dkvPart: CudaBuf | null = null;
   private dkvFloats: number;
   private dsTiles: CudaBuf | null = null;
@@ -298,6 +300,29 @@ export class CudaBackend implements Backend {
   }
 
   // ---- kernel launch: the one place both modes meet -------------------------------------------------
+  /** The loaded function of spec (compiled or read through the cache on first use). */
+  private fnFor(spec: KernelSpec, dev: DeviceParts): unknown {
+    let fn = this.fns.get(spec);
+    if (fn === undefined) {
+      const cubin = dev.cache.get(spec);
+      const loaded = dev.driver.loadFunction(cubin, spec.entry, `loading kernel ${spec.describe()}`);
+      this.modules.push(loaded.module);
+      fn = loaded.fn;
+      this.fns.set(spec, fn);
+    }
+    return fn;
+  }
+
+  /** The blocks of `block` threads of spec's kernel (static shared memory only) one SM holds, as the driver reports. */
+  private occupancy(spec: KernelSpec, block: number, dev: DeviceParts): number {
+    let n = this.blocksPerSm.get(spec);
+    if (n === undefined) {
+      n = dev.driver.occupancy(this.fnFor(spec, dev), block, 0, `reading the occupancy of ${spec.describe()}`);
+      this.blocksPerSm.set(spec, n);
+    }
+    return n;
+  }
+
   /** `smem`: dynamic shared memory per block, bytes (above SMEM_DEFAULT the function is opted in once). */
   private launch(spec: KernelSpec, grid: readonly [number, number, number], block: number, args: Arg[], smem = 0): void {
     this.launches.set(spec.family, (this.launches.get(spec.family) ?? 0) + 1);
@@ -305,14 +330,7 @@ export class CudaBackend implements Backend {
       if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
       return;
     }
-    let fn = this.fns.get(spec);
-    if (fn === undefined) {
-      const cubin = this.dev.cache.get(spec);
-      const loaded = this.dev.driver.loadFunction(cubin, spec.entry, `loading kernel ${spec.describe()}`);
-      this.modules.push(loaded.module);
-      fn = loaded.fn;
-      this.fns.set(spec, fn);
-    }
+    const fn = this.fnFor(spec, this.dev);
     if (smem > SMEM_DEFAULT && (this.smemAllowed.get(fn) ?? 0) < smem) {
       this.dev.driver.setMaxDynamicShared(fn, smem, `allowing ${smem} bytes of shared memory for ${spec.describe()}`);
       this.smemAllowed.set(fn, smem);
@@ -1188,15 +1206,16 @@ export class CudaBackend implements Backend {
     const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
     // the group kernel where it fits the static shared memory (a small grid's layout has at most the block of a large
     // one's), laid out for a grid of `blocks` (a small grid keeps more rows in flight)
-    const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, cachedAttentionPlan(hd, group, aligned).block) <= SMEM_DEFAULT;
-    const gqaFor = (blocks: number): { spec: KernelSpec; block: number } => {
-      const plan = cachedAttentionPlan(hd, group, aligned, blocks);
-      return { spec: attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq }), block: plan.block };
-    };
+    const large = cachedAttentionLargeLayouts(hd, group, aligned);
+    const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, large[0]!.block) <= SMEM_DEFAULT;
+    const gqaSpec = (plan: CachedAttnPlan): KernelSpec =>
+      attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq });
     // The kernel and its layout depend on the call's sequences and rows, which a run's traced call need not share (a last,
-    // shorter group of prompts; a chunk of another length): a trace plans every kernel a call of this shape can take.
+    // shorter group of prompts; a chunk of another length): a trace plans every kernel a call of this shape can take, and
+    // every layout a large grid may pick by occupancy.
     if (!this.dev) {
-      for (const spec of [head, ...(gqaFits ? [gqaFor(Infinity).spec, gqaFor(0).spec] : [])]) if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
+      const all = gqaFits ? [cachedAttentionPlan(hd, group, aligned, 0), ...large].map(gqaSpec) : [];
+      for (const spec of [head, ...all]) if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
     }
     if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqaFits) {
       this.launch(head, [t, nHeads, b], head.params.block,
@@ -1207,10 +1226,25 @@ export class CudaBackend implements Backend {
     const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
     this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
     const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), splits = fit >= 2 ? fit : 1;
-    const gqa = gqaFor(t * splits * nKv * b);
-    this.launch(gqa.spec, [t * splits, nKv, b], gqa.block,
+    const plan = this.cachedAttentionGqaLayout(t * splits * nKv * b, hd, group, aligned, gqaSpec);
+    this.launch(gqaSpec(plan), [t * splits, nKv, b], plan.block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
         ...(seq ? [P(pos0.seqPositions)] : [])]);
+  }
+
+  /**
+   * The layout attention_cached_gqa launches with over a grid of `blocks` blocks (head dim `hd`, a GQA group of `group`, rows
+   * `aligned` to 16 bytes): a small grid's (cachedAttentionPlan), or of a large grid's layouts (cachedAttentionLargeLayouts)
+   * the one that runs it in the fewest waves on this GPU, by the compiled kernels' occupancy (cachedAttentionPickLayout; a
+   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (its operand dtypes; bf16 without per-sequence
+   * positions by default: the layouts' registers, so their pick, hardly depend on them).
+   */
+  cachedAttentionGqaLayout(blocks: number, hd: number, group: number, aligned: boolean,
+    spec: (plan: CachedAttnPlan) => KernelSpec = (plan) => attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false })): CachedAttnPlan {
+    const large = cachedAttentionLargeLayouts(hd, group, aligned);
+    const dev = this.dev;
+    if (blocks <= CACHED_SMALL_GRID || large.length === 1 || !dev) return cachedAttentionPlan(hd, group, aligned, blocks);
+    return large[cachedAttentionPickLayout(blocks, dev.driver.smCount, large.map((p) => this.occupancy(spec(p), p.block, dev)))]!;
   }
 
   swigluForward(out: Buf, gate: Buf, up: Buf, n: number): void {

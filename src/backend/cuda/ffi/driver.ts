@@ -15,12 +15,16 @@ const ATTR_CC_MAJOR = 75;
 /** CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h). */
 const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 const ATTR_CC_MINOR = 76;
+/** CUdevice_attribute CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (cuda.h). */
+const ATTR_SM_COUNT = 16;
 
 export class CudaDriver {
   private readonly f: Record<string, Fn>;
   readonly device: number;
   readonly ccMajor: number;
   readonly ccMinor: number;
+  /** Streaming multiprocessors (a grid's waves are its blocks over this times the blocks an SM holds: occupancy()). */
+  readonly smCount: number;
   readonly deviceName: string;
   private ctx: unknown = null;
 
@@ -53,6 +57,7 @@ export class CudaDriver {
       eventElapsedTime: l.func('int cuEventElapsedTime(_Out_ float *ms, void *start, void *end)'),
       eventDestroy: l.func('int cuEventDestroy_v2(void *ev)'),
       funcSetAttribute: l.func('int cuFuncSetAttribute(void *hfunc, int attrib, int value)'),
+      occupancy: l.func('int cuOccupancyMaxActiveBlocksPerMultiprocessor(_Out_ int *numBlocks, void *func, int blockSize, size_t dynamicSMemSize)'),
       launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
       streamCreate: l.func('int cuStreamCreate(_Out_ void **stream, unsigned int flags)'),
       streamDestroy: l.func('int cuStreamDestroy_v2(void *stream)'),
@@ -91,6 +96,8 @@ export class CudaDriver {
     this.ccMajor = a[0]!;
     this.check(this.f.deviceGetAttribute!(a, ATTR_CC_MINOR, this.device), 'cuDeviceGetAttribute', 'reading the compute capability');
     this.ccMinor = a[0]!;
+    this.check(this.f.deviceGetAttribute!(a, ATTR_SM_COUNT, this.device), 'cuDeviceGetAttribute', 'counting the GPU\'s multiprocessors');
+    this.smCount = a[0]!;
     const nameBuf = Buffer.alloc(256);
     this.check(this.f.deviceGetName!(nameBuf, 256, this.device), 'cuDeviceGetName', 'reading the GPU name');
     this.deviceName = nameBuf.toString('utf8').replace(/\0.*$/s, '');
@@ -333,6 +340,13 @@ export class CudaDriver {
    */
   setMaxDynamicShared(fn: unknown, bytes: number, context: string): void {
     this.check(this.f.funcSetAttribute!(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), 'cuFuncSetAttribute', context);
+  }
+
+  /** The blocks of `block` threads (and `dynamicSmem` bytes of dynamic shared memory) of fn one SM holds at once. */
+  occupancy(fn: unknown, block: number, dynamicSmem: number, context: string): number {
+    const n = [0];
+    this.check(this.f.occupancy!(n, fn, block, dynamicSmem), 'cuOccupancyMaxActiveBlocksPerMultiprocessor', context);
+    return n[0]!;
   }
 
   /** params: a buffer of pointers to each argument's storage (CUDA copies them at launch). */

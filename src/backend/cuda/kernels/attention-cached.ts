@@ -2,7 +2,8 @@
  * Generation's attention over a KV cache: kv_cache_write (rows into the cache at positions), attention_cached (a block
  * per query head) and attention_cached_gqa (a block per query row and KV head for its GQA group, a short grid split over
  * blocks and merged by the last), with what picks between them and lays the group kernel out: cachedAttentionKernel,
- * cachedAttentionPlan, cachedAttentionSplits, cachedAttentionGqaSmem. fp32 math over f32 or bf16 operands, baked per
+ * cachedAttentionPlan (with cachedAttentionLargeLayouts and cachedAttentionPickLayout for large grids), cachedAttentionSplits,
+ * cachedAttentionGqaSmem. fp32 math over f32 or bf16 operands, baked per
  * operand as in attention.ts (whose prelude, schema and operand types these families share).
  */
 import { BLOCK_DOMAIN, DTYPE_DOMAIN, LD8_HELPERS, ctype, defineFamily, dtypeHelpers } from './spec.js';
@@ -134,7 +135,8 @@ export interface CachedAttnPlan {
  * Measured on an H200 with split grids (bench/attention-cached.ts, bf16, batch 64 at 256 / 1024 / 4096 rows): this budget
  * (1 row in flight a slot for Qwen2.5-0.5B's 14/2 heads and 1.5B's 12/2, 2 for Llama-3-8B's 32/8) took 16.8 / 38.1 /
  * 137 us, 22.7 / 68.2 / 242 and 44.0 / 151 (1024 rows); 4 rows everywhere took 22.2 / 45.6 / 159, 29.2 / 84.6 / 280 and
- * 68.3 / 237 (more registers, fewer blocks an SM). Grids of few blocks prefer 4: CACHED_SMALL_GRID.
+ * 68.3 / 237 (more registers, fewer blocks an SM). Grids of few blocks prefer 4: CACHED_SMALL_GRID. A large grid may take
+ * fewer rows in flight than this budget gives, by the compiled kernels' occupancy: cachedAttentionPickLayout.
  */
 const CACHED_FLOATS = 128;
 /**
@@ -178,6 +180,39 @@ export function cachedAttentionPlan(headDim: number, group: number, aligned: boo
   let nw = 16;
   while (nw > 1 && (nw * 32 * regs > 65536 || nw * group * (headDim + 2) * 4 > CACHED_SMEM)) nw /= 2;
   return { block: nw * 32, vec, un };
+}
+
+/**
+ * The layouts a large grid (more than CACHED_SMALL_GRID blocks) may launch for one head shape: cachedAttentionPlan's, then
+ * the same block with half the rows in flight, down to 1 (fewer registers, so more blocks an SM). The backend picks among
+ * them by the compiled kernels' occupancy (cachedAttentionPickLayout); a trace plans them all.
+ */
+export function cachedAttentionLargeLayouts(headDim: number, group: number, aligned: boolean): CachedAttnPlan[] {
+  const plan = cachedAttentionPlan(headDim, group, aligned);
+  const out: CachedAttnPlan[] = [];
+  for (let un = plan.un; un >= 1; un /= 2) out.push({ ...plan, un });
+  return out;
+}
+
+/**
+ * Which of `blocksPerSm` (the blocks an SM holds of each of cachedAttentionLargeLayouts' layouts, compiled: the
+ * occupancy the driver reports) a grid of `gridBlocks` blocks on `sms` SMs launches: the one that runs the grid in the
+ * fewest waves, then the first of those (more rows in flight). A layout an SM cannot hold (0) is never picked unless
+ * none can be (then the first, whose launch names the error). The plan's own register estimate cannot decide this
+ * (Qwen3-0.6B's 1 row in flight: estimated 86 registers, compiled 63). H200 (132 SMs), bench/attention-cached.ts --sweep,
+ * registers from nvcc 13 for sm_90 (docs/measurements/generation/nvcc-2026-11-30-attention-cached-gqa-registers.txt),
+ * us at 256 rows: Qwen3-0.6B's 16/8 heads at batch 64 (512 blocks) 4 rows in flight 2 blocks an SM (two waves) 31.5,
+ * 2 rows 3 an SM (two waves) 33.7, 1 row 4 an SM (one wave) 25.4; at 256 blocks every layout fits one wave and 4 rows
+ * wins, 11.3 against 15.0 at 1 row; Llama-3-8B's 32/8 at batch 64: 2 rows and 1 row both 2 an SM, 2 rows win 44.0
+ * against 53.1.
+ */
+export function cachedAttentionPickLayout(gridBlocks: number, sms: number, blocksPerSm: readonly number[]): number {
+  let best = 0, bestWaves = Infinity;
+  blocksPerSm.forEach((n, i) => {
+    const waves = n > 0 ? Math.ceil(gridBlocks / (n * sms)) : Infinity;
+    if (waves < bestWaves) { best = i; bestWaves = waves; }
+  });
+  return best;
 }
 
 /**
