@@ -16,7 +16,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SMEM_DEFAULT } from '../../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPlan, cachedAttentionSplits, type CachedAttnPlan,
+  CACHED_COUNTERS, CACHED_GQA_LONG_ROWS, CACHED_GQA_MAX_GROUP, CACHED_GQA_MIN_BLOCKS, CACHED_GQA_SMALL_GROUP, CACHED_GQA_SMALL_GROUP_ROWS, CACHED_SMALL_GRID, cachedAttentionGqaSmem, attentionCachedGqa, cachedAttentionBlock, cachedAttentionKernel, cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPickSplits, cachedAttentionPlan, cachedAttentionSplits, type CachedAttnPlan,
 } from '../../src/backend/cuda/kernels/attention-cached.js';
 import { CudaBackend } from '../../src/backend/cuda/cuda-backend.js';
 import { KernelCache } from '../../src/backend/cuda/kernel-cache.js';
@@ -146,9 +146,12 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
     const plan = cachedAttentionPlan(hd, nH / nKv, true, blocks);
     const want = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe();
     const { launches, compiled } = callOf(b, 1, nH, nKv, hd, tMax);
-    // a large grid loads each layout it may take to read their occupancy (the fake driver's is the same for all: the first)
-    assert.deepEqual(compiled, small ? [want] : cachedAttentionLargeLayouts(hd, nH / nKv, true).map((p) => specOf(hd, nH / nKv, p).describe()));
-    assert.equal(compiled[0], want);
+    // the call loads each layout it may take, to read their occupancy (the fake driver's fills any grid in one wave: the
+    // most splits and the plan's layout): the large grid's, and the small grid's of fewer splits
+    assert.ok(compiled.includes(want), `${want} among ${compiled.join('; ')}`);
+    const may = new Set([cachedAttentionPlan(hd, nH / nKv, true, 1), ...cachedAttentionLargeLayouts(hd, nH / nKv, true)].map((p) => specOf(hd, nH / nKv, p).describe()));
+    for (const c of compiled) assert.ok(may.has(c), c);
+    if (cachedAttentionSplits(b, 1, nKv, tMax) === 1) assert.deepEqual(compiled, small ? [want] : cachedAttentionLargeLayouts(hd, nH / nKv, true).map((p) => specOf(hd, nH / nKv, p).describe()));
     assert.deepEqual(launches.map((l) => l.block), [plan.block]);
     if (small) assert.notDeepEqual(plan, cachedAttentionPlan(hd, nH / nKv, true), 'the small grid\'s layout differs here');
   }
@@ -183,42 +186,49 @@ test('a large grid\'s layouts: the plan\'s, then half the rows in flight down to
   assert.equal(cachedAttentionPickLayout(10, 132, [0, 0]), 0, 'none can be held: the first, whose launch names the error');
 });
 
-test('a device backend launches a large grid\'s layout by the occupancy its driver reports for each compiled layout and its SM count, from a sealed pre-warmed cache', async () => {
-  const [nH, nKv, hd, tMax] = [16, 8, 128, 1024];
-  const group = nH / nKv, large = cachedAttentionLargeLayouts(hd, group, true);
-  const call = (b: number) => (x: Backend): void => {
+/**
+ * Decode calls (one query row a sequence) of cached attention at batch `b` on a fake device of `sms` SMs, pre-warmed from a
+ * trace into a sealed cache: the rows in flight (un) of the layout each call launched and its grid. The driver's occupancy
+ * is `occ(un)` for each compiled layout (each function the fake loads knows the kernel compiled for it).
+ */
+async function decodeOn(nH: number, nKv: number, hd: number, tMax: number, b: number, sms: number, occ: Record<number, number>): Promise<{ uns: number[]; grids: number[][] }> {
+  const call = (x: Backend): void => {
     const q = x.alloc(b * nH * hd, 'q', 'bf16'), out = x.alloc(b * nH * hd, 'out', 'bf16');
     const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
     x.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
   };
-  // the layout a call launched, by its rows in flight: each function the fake loads knows the kernel compiled for it
-  const launched = async (b: number, sms: number, perUn: Record<number, number>): Promise<number[]> => {
-    const labels = new Map<string, string>(), uns: number[] = [];
-    const compiler = new class extends FakeCompiler {
-      override async compile(source: string, name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
-        const cubin = await super.compile(source, name, options, label);
-        labels.set(Buffer.from(cubin).toString('hex'), label ?? '');
-        return cubin;
-      }
-    }();
-    type Fn = { entry: string; un: number };
-    const driver = Object.assign(fakeDriver(), {
-      smCount: sms,
-      loadFunction: (cubin: Uint8Array, entry: string) =>
-        ({ module: {}, fn: { entry, un: Number(/ un=(\d)/.exec(labels.get(Buffer.from(cubin).toString('hex')) ?? '')?.[1] ?? 0) } }),
-      occupancy: (fn: unknown, block: number) => { assert.equal(block, large[0]!.block); return perUn[(fn as Fn).un]!; },
-      launch: (fn: unknown) => { if ((fn as Fn).entry === 'attention_cached_gqa') uns.push((fn as Fn).un); },
-    });
-    const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
-    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
-    try {
-      await be.prepare([call(b)]);
-      call(b)(be);
-      call(b)(be);
-      assert.equal(cache.counters.missesAfterSeal, 0);
-    } finally { be.dispose(); }
-    return uns;
-  };
+  const labels = new Map<string, string>(), uns: number[] = [], grids: number[][] = [];
+  const compiler = new class extends FakeCompiler {
+    override async compile(source: string, name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
+      const cubin = await super.compile(source, name, options, label);
+      labels.set(Buffer.from(cubin).toString('hex'), label ?? '');
+      return cubin;
+    }
+  }();
+  type Fn = { entry: string; un: number; block: number };
+  const driver = Object.assign(fakeDriver(), {
+    smCount: sms,
+    loadFunction: (cubin: Uint8Array, entry: string) => {
+      const label = labels.get(Buffer.from(cubin).toString('hex')) ?? '';
+      return { module: {}, fn: { entry, un: Number(/ un=(\d)/.exec(label)?.[1] ?? 0), block: Number(/ block=(\d+)/.exec(label)?.[1] ?? 0) } };
+    },
+    occupancy: (fn: unknown, block: number) => { assert.equal(block, (fn as Fn).block, 'the block the layout launches with'); return occ[(fn as Fn).un]!; },
+    launch: (fn: unknown, grid: readonly [number, number, number]) => { if ((fn as Fn).entry === 'attention_cached_gqa') { uns.push((fn as Fn).un); grids.push([...grid]); } },
+  });
+  const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
+  const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+  try {
+    await be.prepare([call]);
+    call(be);
+    call(be);
+    assert.equal(cache.counters.missesAfterSeal, 0);
+  } finally { be.dispose(); }
+  return { uns, grids };
+}
+
+test('a device backend launches a large grid\'s layout by the occupancy its driver reports for each compiled layout and its SM count, from a sealed pre-warmed cache', async () => {
+  const [nH, nKv, hd, tMax] = [16, 8, 128, 1024];
+  const launched = async (b: number, sms: number, occ: Record<number, number>): Promise<number[]> => (await decodeOn(nH, nKv, hd, tMax, b, sms, occ)).uns;
   assert.equal(cachedAttentionSplits(64, 1, nKv, tMax) * nKv * 64, 512);
   // Qwen3-0.6B's compiled layouts hold 2, 3 and 4 blocks an SM (4, 2 and 1 rows in flight)
   const qwen3 = { 4: 2, 2: 3, 1: 4 };
@@ -226,6 +236,34 @@ test('a device backend launches a large grid\'s layout by the occupancy its driv
   assert.deepEqual(await launched(64, 264, qwen3), [4, 4], 'on twice the SMs every layout is one wave: 4 rows');
   assert.deepEqual(await launched(32, 132, qwen3), [4, 4], 'batch 32 (256 blocks): one wave each, 4 rows');
   assert.deepEqual(await launched(64, 132, { 4: 1, 2: 4, 1: 4 }), [2, 2], 'a tie between 2 rows and 1: 2');
+});
+
+test('of the splits the scratch holds, a call launches the count that runs its grid in the fewest waves, then the most (cachedAttentionPickSplits)', async () => {
+  // Qwen2.5-0.5B's 14/2 heads: the small grid's layout (4 rows in flight) holds 1 block an SM, the large grid's (1 row) 2
+  // (nvcc 13, sm_90); on an H200's 132 SMs
+  const half = (blocks: number): number => (blocks <= CACHED_SMALL_GRID ? 1 : 2);
+  const cases: Array<[number, number, number]> = [[12, 11, 11], [24, 6, 5], [40, 4, 3], [48, 3, 2], [64, 2, 2], [8, 16, 16]];
+  for (const [b, most, want] of cases) {
+    assert.equal(cachedAttentionSplits(b, 1, 2, 4096), most, `batch ${b}`);
+    assert.equal(cachedAttentionPickSplits(most, 2 * b, 132, half), want, `Qwen2.5-0.5B at batch ${b}`);
+  }
+  // Llama-3-8B's 32/8 heads (both large layouts 2 an SM; the small grid's 1): batch 12's 3 splits (288 blocks) are two
+  // waves, 2 one; batch 24's 2 (384) two, unsplit (192) one
+  assert.equal(cachedAttentionPickSplits(3, 96, 132, half), 2);
+  assert.equal(cachedAttentionPickSplits(2, 192, 132, half), 1);
+  assert.equal(cachedAttentionPickSplits(16, 1, 132, () => 1), 16, 'a grid far below the SMs: every count one wave, the most');
+  assert.equal(cachedAttentionPickSplits(4, 100, 132, (n) => (n <= 200 ? 0 : 2)), 4, 'a count whose layout no SM holds is passed over');
+  // through a device backend, each count's layout from its occupancy: Qwen2.5-0.5B at batch 48 launches 2 splits of its
+  // large layout, at 24 five, at 12 eleven
+  const small = cachedAttentionPlan(64, 7, true, 1), large = cachedAttentionPlan(64, 7, true);
+  assert.ok(small.un === 4 && large.un === 1 && small.block === large.block);
+  for (const [b, want] of [[48, 2], [24, 5], [12, 11]] as const) {
+    const { uns, grids } = await decodeOn(14, 2, 64, 4096, b, 132, { 4: 1, 1: 2 });
+    assert.deepEqual(grids, [[want, 2, b], [want, 2, b]], `batch ${b}`);
+    assert.deepEqual(uns, [1, 1]);
+  }
+  // on a GPU twice the size every count is one wave: the most
+  assert.deepEqual((await decodeOn(14, 2, 64, 4096, 48, 264, { 4: 1, 1: 2 })).grids[0], [3, 2, 48]);
 });
 
 test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unless its GQA group reads a cache of CACHED_GQA_LONG_ROWS rows or more (CACHED_GQA_SMALL_GROUP_ROWS up to CACHED_GQA_SMALL_GROUP), or of a group past CACHED_GQA_MAX_GROUP, launches a block per query head, else a block per KV head', () => {

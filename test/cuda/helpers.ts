@@ -295,8 +295,9 @@ export function fakeDriver(): CudaDriver & FakeDriverLog {
   };
   const f = Object.assign(log, {
     deviceName: 'fake GPU', arch: 'sm_90', ccMajor: 9, ccMinor: 0, device: 0, smCount: 132,
-    // every kernel one block an SM: a choice by occupancy keeps its first option (tests override this)
-    occupancy: () => 1,
+    // as many blocks an SM as fill any grid a test launches in one wave: a choice by occupancy keeps its first option
+    // (tests override this)
+    occupancy: () => 64,
     memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
     memFree: () => {}, memsetD32: () => onStream('memset'), memsetD8: () => onStream('memset'),
     htod: () => { if (capture) throw new Error('fake driver: htod while capturing'); onStream('htod'); },

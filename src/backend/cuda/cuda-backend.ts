@@ -59,7 +59,7 @@ import { dequantNf4 } from './kernels/quant.js';
 import { SMEM_DEFAULT, attentionForward } from './kernels/attention.js';
 import {
   CACHED_COUNTERS, CACHED_GQA_MAX_GROUP, CACHED_SMALL_GRID, attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionGqaSmem, cachedAttentionKernel,
-  cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite, type CachedAttnPlan,
+  cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPickSplits, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite, type CachedAttnPlan,
 } from './kernels/attention-cached.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
@@ -1222,11 +1222,19 @@ export class CudaBackend implements Backend {
         [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
       return;
     }
-    // A short grid splits the cache rows over blocks, as many splits as the scratch holds (the kernel is the same either way)
+    // A short grid splits the cache rows over blocks, up to as many splits as the scratch holds (the kernel is the same either way)
     const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
     this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
-    const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), splits = fit >= 2 ? fit : 1;
-    const plan = this.cachedAttentionGqaLayout(t * splits * nKv * b, hd, group, aligned, gqaSpec);
+    const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
+    // of those, the count that runs the grid in the fewest waves on this GPU (a trace launches them all alike)
+    const dev = this.dev, pairs = t * nKv * b;
+    const splits = dev && most > 1
+      ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, (blocks) => {
+        const p = this.cachedAttentionGqaLayout(blocks, hd, group, aligned, gqaSpec);
+        return this.occupancy(gqaSpec(p), p.block, dev);
+      })
+      : most;
+    const plan = this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, gqaSpec);
     this.launch(gqaSpec(plan), [t * splits, nKv, b], plan.block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
         ...(seq ? [P(pos0.seqPositions)] : [])]);

@@ -2,7 +2,8 @@
  * Generation's attention over a KV cache: kv_cache_write (rows into the cache at positions), attention_cached (a block
  * per query head) and attention_cached_gqa (a block per query row and KV head for its GQA group, a short grid split over
  * blocks and merged by the last), with what picks between them and lays the group kernel out: cachedAttentionKernel,
- * cachedAttentionPlan (with cachedAttentionLargeLayouts and cachedAttentionPickLayout for large grids), cachedAttentionSplits,
+ * cachedAttentionPlan (with cachedAttentionLargeLayouts and cachedAttentionPickLayout for large grids), cachedAttentionSplits
+ * (and cachedAttentionPickSplits),
  * cachedAttentionGqaSmem. fp32 math over f32 or bf16 operands, baked per
  * operand as in attention.ts (whose prelude, schema and operand types these families share).
  */
@@ -212,6 +213,27 @@ export function cachedAttentionPickLayout(gridBlocks: number, sms: number, block
     const waves = n > 0 ? Math.ceil(gridBlocks / (n * sms)) : Infinity;
     if (waves < bestWaves) { best = i; bestWaves = waves; }
   });
+  return best;
+}
+
+/**
+ * How many of up to `most` splits (cachedAttentionSplits' count, or fewer where the scratch holds fewer) a call of `pairs`
+ * (query row, KV head) pairs launches on `sms` SMs, `blocksPerSm(blocks)` being the blocks an SM holds of the layout a grid
+ * of that many blocks launches with: the count that runs the grid in the fewest waves, then the most splits. Splitting
+ * toward CACHED_COUNTERS blocks can make two waves of a grid that fewer splits run in one. H200,
+ * bench/attention-cached.ts --sweep --splits=0,1,2 (docs/measurements/generation/gpu-2026-11-30-h200-s55-attention-cached-split-sweep.txt),
+ * us at 1024 / 4096 rows: Qwen2.5-0.5B's 14/2 heads at batch 48 (its layout holds 2 blocks an SM) 3 splits (288 blocks,
+ * two waves) 48.1 / 173.8 against 2 (192, one) 37.2 / 133.9; Qwen2.5-1.5B's 12/2 86.5 / 296.7 against 66.4 / 239.9;
+ * Llama-3-8B's 32/8 at batch 12 (2 an SM) 3 splits 55.7 / 190.5 against 2 42.7 / 150.8, at batch 24 2 splits (384
+ * blocks) 83.2 / 292.3 against unsplit (192) 77.1 / 288.3.
+ */
+export function cachedAttentionPickSplits(most: number, pairs: number, sms: number, blocksPerSm: (blocks: number) => number): number {
+  let best = most, bestWaves = Infinity;
+  for (let s = most; s >= 1; s--) {
+    const blocks = pairs * s, n = blocksPerSm(blocks);
+    const waves = n > 0 ? Math.ceil(blocks / (n * sms)) : Infinity;
+    if (waves < bestWaves) { best = s; bestWaves = waves; }
+  }
   return best;
 }
 
