@@ -4,16 +4,16 @@
  * calls replayed (so the host's launch cost is out of the figure), and the bandwidth that implies over the bytes a call
  * must read at least (each sequence's K and V rows once, q, out). bf16 caches and operands, as generation runs them.
  * `--sweep` also times attention_cached_gqa's layouts (blocks of 2 to 32 warps, 1, 2 or 4 rows in flight a slot) beside
- * the one the backend picks (CudaBackend.cachedAttentionGqaLayout), launched directly, split as the backend splits the call (cachedAttentionSplits) or
+ * the one the backend picks (CudaBackend.cachedAttentionGqaLayout), launched directly, split as the backend splits the call (CudaBackend.cachedAttentionGqaGrid) or
  * into each count of `--splits=1,2,...` (0: the backend's).
  * `--capacity=N` gives the caches N rows (at least L), as a decode's do: its capacity is the prompt's length and the new
- * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits) are chosen by the capacity.
+ * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits, then the GPU's waves) are chosen by the capacity.
  * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep [--splits=0,1]]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { SMEM_DEFAULT } from '../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel, cachedAttentionSplits,
+  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel,
 } from '../src/backend/cuda/kernels/attention-cached.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
@@ -56,7 +56,7 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       // the kernel, layout and splits the backend launches for this call
-      const planned = cachedAttentionSplits(B, 1, nKv, tMax), plan = be.cachedAttentionGqaLayout(planned * nKv * B, hd, nH / nKv, true);
+      const { splits: planned, plan } = be.cachedAttentionGqaGrid(B, 1, nH, nKv, hd, tMax, true);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
         (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${planned})`));
       if (sweep) {

@@ -1225,30 +1225,44 @@ export class CudaBackend implements Backend {
     // A short grid splits the cache rows over blocks, up to as many splits as the scratch holds (the kernel is the same either way)
     const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
     this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
-    const fit = Math.min(want, Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
-    // of those, the count that runs the grid in the fewest waves on this GPU (a trace launches them all alike)
-    const dev = this.dev, pairs = t * nKv * b;
-    const splits = dev && most > 1
-      ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, (blocks) => {
-        const p = this.cachedAttentionGqaLayout(blocks, hd, group, aligned, gqaSpec);
-        return this.occupancy(gqaSpec(p), p.block, dev);
-      })
-      : most;
-    const plan = this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, gqaSpec);
+    const { splits, plan } = this.cachedAttentionGqaGrid(b, t, nHeads, nKv, hd, tMax, aligned, gqaSpec);
     this.launch(gqaSpec(plan), [t * splits, nKv, b], plan.block,
       [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
         ...(seq ? [P(pos0.seqPositions)] : [])]);
   }
 
   /**
+   * How attention_cached_gqa runs a call (b sequences of t query rows, nHeads/nKv heads of head dim hd, a cache of tMax
+   * rows, `aligned` as in cachedAttentionGqaLayout): into how many blocks each (query row, KV head)'s rows split, and the
+   * layout. Of cachedAttentionSplits' count, or the fewer the split scratch holds, the count that runs the grid in the
+   * fewest waves on this GPU, then the most (cachedAttentionPickSplits; a trace, with no GPU, has the most).
+   */
+  cachedAttentionGqaGrid(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number, aligned: boolean,
+    spec?: (plan: CachedAttnPlan) => KernelSpec): { splits: number; plan: CachedAttnPlan } {
+    const group = nHeads / nKv, per = b * t * nHeads * (hd + 2), pairs = t * nKv * b;
+    const fit = Math.min(cachedAttentionSplits(b, t, nKv, tMax), Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
+    const dev = this.dev;
+    const splits = dev && most > 1
+      ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, (blocks) => {
+        const p = this.cachedAttentionGqaLayout(blocks, hd, group, aligned, spec);
+        return this.occupancy((spec ?? this.gqaBf16(hd, group))(p), p.block, dev);
+      })
+      : most;
+    return { splits, plan: this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, spec) };
+  }
+
+  /** attention_cached_gqa's kernel for a layout over bf16 operands without per-sequence positions (a layout's registers, so its pick, hardly depend on them). */
+  private gqaBf16(hd: number, group: number): (plan: CachedAttnPlan) => KernelSpec {
+    return (plan) => attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+  }
+
+  /**
    * The layout attention_cached_gqa launches with over a grid of `blocks` blocks (head dim `hd`, a GQA group of `group`, rows
    * `aligned` to 16 bytes): a small grid's (cachedAttentionPlan), or of a large grid's layouts (cachedAttentionLargeLayouts)
    * the one that runs it in the fewest waves on this GPU, by the compiled kernels' occupancy (cachedAttentionPickLayout; a
-   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (its operand dtypes; bf16 without per-sequence
-   * positions by default: the layouts' registers, so their pick, hardly depend on them).
+   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (the call's operand dtypes; by default gqaBf16's).
    */
-  cachedAttentionGqaLayout(blocks: number, hd: number, group: number, aligned: boolean,
-    spec: (plan: CachedAttnPlan) => KernelSpec = (plan) => attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false })): CachedAttnPlan {
+  cachedAttentionGqaLayout(blocks: number, hd: number, group: number, aligned: boolean, spec = this.gqaBf16(hd, group)): CachedAttnPlan {
     const large = cachedAttentionLargeLayouts(hd, group, aligned);
     const dev = this.dev;
     if (blocks <= CACHED_SMALL_GRID || large.length === 1 || !dev) return cachedAttentionPlan(hd, group, aligned, blocks);
