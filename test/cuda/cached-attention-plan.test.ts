@@ -3,9 +3,10 @@
  * query head below CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs into a cache shorter than CACHED_GQA_LONG_ROWS, or than
  * CACHED_GQA_SMALL_GROUP_ROWS at a group up to CACHED_GQA_SMALL_GROUP, else one per KV head for its group), the layout
  * cachedAttentionPlan picks for the group kernel (8-element loads only where rows are 16-byte aligned, the merge's shared
- * memory and the registers within bounds), how many blocks a short grid's cache rows split over (cachedAttentionSplits),
- * and that a backend launches that many (grid t·splits × nKv × B) once prepare() has sized the split scratch for the run,
- * and as many as fit before. The kernels' numbers: seqpos-emulated.test.ts (host emulator, opt-in) and generation-gpu /
+ * memory and the registers within bounds) and, for a large grid, the layout of fewest waves by the driver's occupancy
+ * (cachedAttentionLargeLayouts, cachedAttentionPickLayout), how many blocks a short grid's cache rows split over
+ * (cachedAttentionSplits, then cachedAttentionPickSplits), and that a backend launches that many (grid t·splits × nKv × B)
+ * once prepare() has sized the split scratch for the run, and as many as fit before. The kernels' numbers: seqpos-emulated.test.ts (host emulator, opt-in) and generation-gpu /
  * flash-attention-bf16 (GPU).
  */
 import { test } from 'node:test';

@@ -1205,7 +1205,8 @@ export class CudaBackend implements Backend {
     // The offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
     const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
     // the group kernel where it fits the static shared memory (a small grid's layout has at most the block of a large
-    // one's), laid out for a grid of `blocks` (a small grid keeps more rows in flight)
+    // one's), laid out for the grid it launches (cachedAttentionGqaGrid: a small grid keeps more rows in flight, a large
+    // one takes the layout of fewest waves)
     const large = cachedAttentionLargeLayouts(hd, group, aligned);
     const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, large[0]!.block) <= SMEM_DEFAULT;
     const gqaSpec = (plan: CachedAttnPlan): KernelSpec =>
@@ -1260,7 +1261,8 @@ export class CudaBackend implements Backend {
    * The layout attention_cached_gqa launches with over a grid of `blocks` blocks (head dim `hd`, a GQA group of `group`, rows
    * `aligned` to 16 bytes): a small grid's (cachedAttentionPlan), or of a large grid's layouts (cachedAttentionLargeLayouts)
    * the one that runs it in the fewest waves on this GPU, by the compiled kernels' occupancy (cachedAttentionPickLayout; a
-   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (the call's operand dtypes; by default gqaBf16's).
+   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (the call's operand dtypes; by default gqaBf16's:
+   * a sealed cache has those only where a run's calls are bf16 without per-sequence positions, as the bench's are).
    */
   cachedAttentionGqaLayout(blocks: number, hd: number, group: number, aligned: boolean, spec = this.gqaBf16(hd, group)): CachedAttnPlan {
     const large = cachedAttentionLargeLayouts(hd, group, aligned);

@@ -266,7 +266,8 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
  * the prompt's up to it), or of CACHED_GQA_SMALL_GROUP_ROWS at a group of 2 to CACHED_GQA_SMALL_GROUP; else
  * attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
  * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels,
- * and both of the group kernel's layouts (cachedAttentionPlan), for every call (CudaBackend). Measured on an H200
+ * and every layout of the group kernel (a small grid's, cachedAttentionPlan, and cachedAttentionLargeLayouts), for every
+ * call (CudaBackend). Measured on an H200
  * (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096 cache rows;
  * docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at batch 8
  * (16 pairs), attention_cached 7.1 / 10.2 / 16.6 / 55.2 against attention_cached_gqa 10.5 / 11.6 / 15.3 / 25.9 (the
