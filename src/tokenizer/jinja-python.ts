@@ -1,6 +1,8 @@
 /**
  * Python's semantics inside chat templates, where @huggingface/jinja 0.5.11 has JavaScript's: str.strip(chars) (see
- * pyStrip below) and the printing of values; installPythonSemantics() installs both, once.
+ * pyStrip below), the printing of values, string formatting (`'%s: %.2f' % (k, x)` and the `format` filter, which the
+ * engine refuses: src/tokenizer/py-format.ts) and the division and modulo of numbers (`-7 % 3` is 2, not -1; a zero
+ * divisor raises Python's ZeroDivisionError, not Infinity or NaN); installPythonSemantics() installs them, once.
  *
  * Printing. Templates run in Python's Jinja under transformers, where a
  * value becomes text by Python's str(): `{{ flag }}` prints `True`, `{{ none }}` prints `None`, a dict or a list prints
@@ -17,6 +19,7 @@
  */
 import { Environment, Interpreter } from '@huggingface/jinja';
 import { PyFloat } from '../util/py-json.js';
+import { pyArith, pyPercentFormat, type FormatHooks } from './py-format.js';
 
 /** The engine's runtime value, as far as printing needs it. */
 export interface JinjaValue { type: string; value: unknown }
@@ -173,6 +176,14 @@ const STATEMENTS = new Set(['Set', 'If', 'For', 'Macro', 'CallStatement', 'Break
 
 let installed: boolean | null = null;
 
+/** How pyPercentFormat prints and unpacks the engine's values: Python's str and repr; tuples (and dict pairs); dicts. */
+const formatHooks: FormatHooks = {
+  str: (v) => pyStr(v as JinjaValue),
+  repr: (v) => pyRepr(v as JinjaValue),
+  tupleItems: (v) => (v.type === 'TupleValue' || (v.type === 'ArrayValue' && dictPairs.has(v)) ? v.value as JinjaValue[] : null),
+  mapping: (v) => (v.type === 'ObjectValue' || v.type === 'KeywordArgumentsValue' ? v.value as Map<string, JinjaValue> : null),
+};
+
 /**
  * Installs Python's printing into the engine (once; returns whether it could: false when the engine no longer has the
  * methods it wraps, which test/tokenizer/jinja-python.test.ts reports).
@@ -217,9 +228,20 @@ export function installPythonPrinting(): boolean {
     }
     return new StringValue(out);
   };
+  const IntegerValue = engine(1).constructor as Ctor<number>;
+  const numeric = (v: JinjaValue): boolean => v.type === 'IntegerValue' || v.type === 'FloatValue' || v.type === 'BooleanValue';
   proto.evaluateBinaryExpression = function (this: InterpreterShape, n: Node, env: Env): JinjaValue {
-    if (n.operator?.value !== '~') return origBinary.call(this, n, env);
-    return new StringValue(pyStr(this.evaluate(n.left!, env)) + pyStr(this.evaluate(n.right!, env)));
+    const op = n.operator?.value;
+    if (op === '~') return new StringValue(pyStr(this.evaluate(n.left!, env)) + pyStr(this.evaluate(n.right!, env)));
+    if (op !== '%' && op !== '/' && op !== '//') return origBinary.call(this, n, env);
+    // Python's string formatting, and its division and modulo of numbers (the engine's are JavaScript's); other
+    // operands go to the engine, which refuses them as Python does
+    const left = this.evaluate(n.left!, env);
+    if (op === '%' && left.type === 'StringValue') return new StringValue(pyPercentFormat(left.value as string, this.evaluate(n.right!, env), formatHooks));
+    const right = this.evaluate(n.right!, env);
+    if (!numeric(left) || !numeric(right)) return origBinary.call(this, n, env);
+    const r = pyArith(op, Number(left.value), Number(right.value), left.type !== 'FloatValue' && right.type !== 'FloatValue');
+    return r.int ? new IntegerValue(r.value) : new FloatValue(r.value);
   };
   proto.applyFilter = function (this: InterpreterShape, operand: JinjaValue, filter: Node, env: Env): JinjaValue {
     if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pyStr(operand));
@@ -255,6 +277,14 @@ export function installPythonPrinting(): boolean {
         const d = kw.get('d') ?? args[0];
         return new StringValue((operand.value as JinjaValue[]).map(pyStr).join(d === undefined ? '' : pyStr(d)));
       }
+    }
+    // format(*args) or format(**kwargs): Python's `fmt % args` (a tuple) or `fmt % kwargs`, as Jinja's filter
+    if (name === 'format' && operand.type === 'StringValue') {
+      const [args, kw] = argsOf();
+      if (args.length > 0 && kw.size > 0) throw new Error("can't handle positional and keyword arguments at the same time");
+      // the arguments as formatHooks reads them (they stay out of the engine)
+      const right: JinjaValue = kw.size > 0 ? { type: 'ObjectValue', value: kw } : { type: 'TupleValue', value: args };
+      return new StringValue(pyPercentFormat(operand.value as string, right, formatHooks));
     }
     // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
     if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();

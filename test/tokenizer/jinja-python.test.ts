@@ -19,7 +19,7 @@ import { installPythonSemantics, pyFloatRepr } from '../../src/tokenizer/jinja-p
 import { PyFloat, isJsonObject, parsePyJson } from '../../src/util/py-json.js';
 import { parseTemplateKwargs } from '../../src/cli/options.js';
 import { UsageError } from '../../src/cli/args.js';
-import { InputError } from '../../src/util/errors.js';
+import { DistilleryError, InputError } from '../../src/util/errors.js';
 import { loadDocuments, parseJsonlLine } from '../../src/data/documents.js';
 
 const FIX = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../test/fixtures/chat-templates');
@@ -97,4 +97,12 @@ test('a float of the data keeps its form through a chat line to the template (Qw
   assert.ok(String(doc).includes('"arguments": {"t": 20.0, "n": 3}'), String(doc));
   // a float beyond 2^53 is a float in Python too: not refused as an integer JavaScript would change
   assert.doesNotThrow(() => parseJsonlLine('{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"big": 1e300}}', 'test:2'));
+});
+
+test('a template\'s formatting or arithmetic error fails as Python\'s does, by its message (not a JavaScript NaN or Infinity)', () => {
+  for (const [template, message] of [["{{ '%d' % 'a' }}", 'TypeError: %d format: a real number is required, not str'], ["{{ 'x' % 1 }}", 'TypeError: not all arguments converted during string formatting'],
+    ["{{ '%s %s' % list }}", 'TypeError: not enough arguments for format string'], ['{{ n // 0 }}', 'ZeroDivisionError: integer division or modulo by zero'],
+    ['{{ half % 0 }}', 'ZeroDivisionError: float modulo'], ['{{ n / 0 }}', 'ZeroDivisionError: division by zero'], ["{{ '%q' | format(1) }}", "ValueError: unsupported format character 'q' (0x71) at index 1"]] as const) {
+    assert.throws(() => render(template), (e: Error) => e instanceof DistilleryError && e.message.includes(message), template);
+  }
 });
