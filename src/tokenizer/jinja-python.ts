@@ -81,6 +81,9 @@ export function pyStrOrNull(v: JinjaValue): string | null {
     case 'UndefinedValue': return '';
     case 'ArrayValue': case 'TupleValue': {
       const items = (v.value as JinjaValue[]).map(pyRepr);
+      // a dict's view (`d.items()`, `d.keys()`, `d.values()`: patchDictPairs) as Python prints it, `dict_items([...])`
+      const view = dictViews.get(v);
+      if (view) return `${view}([${items.join(', ')}])`;
       // a tuple, or a dict's (key, value) pair (patchDictPairs), as Python prints tuples
       if (v.type === 'ArrayValue' && !dictPairs.has(v)) return `[${items.join(', ')}]`;
       return `(${items.join(', ')}${items.length === 1 ? ',' : ''})`;
@@ -288,8 +291,9 @@ export function installPythonPrinting(): boolean {
     }
     // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
     if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();
-    // list(pair) is a list (the engine's list filter returns its operand itself, which would stay a pair)
-    if (name === 'list' && dictPairs.has(operand)) return new ArrayValue([...operand.value as JinjaValue[]]);
+    // list(pair) and list(d.items()) are lists (the engine's list filter returns its operand itself, which would stay a
+    // pair or a view)
+    if (name === 'list' && (dictPairs.has(operand) || dictViews.has(operand))) return new ArrayValue([...operand.value as JinjaValue[]]);
     return origFilter.call(this, operand, filter, env);
   };
   return (installed = true);
@@ -355,10 +359,13 @@ function patchStringStrip(): boolean {
  * A dict's `items()`, the `items` filter and `dictsort` give (key, value) pairs, which Python prints as tuples,
  * `[('a', 1)]`; @huggingface/jinja 0.5.11 makes them lists, `[['a', 1]]`. The pairs stay the engine's lists (its
  * `for k, v in ...` unpacks lists only; indexing and tojson are the same) and are remembered as pairs, which pyStr prints
- * as tuples. Installed once; where the engine changed shape, nothing is replaced, and test/tokenizer/jinja-python.test.ts
- * says so.
+ * as tuples. The methods `d.items()`, `d.keys()` and `d.values()` give Python's views, which print as
+ * `dict_items([('a', 1)])`, `dict_keys(['a'])` and `dict_values([1])`: the engine's lists, remembered as views (the
+ * `list` filter makes a plain list of one). Installed once; where the engine changed shape, nothing is replaced, and
+ * test/tokenizer/jinja-python.test.ts says so.
  */
 const dictPairs = new WeakSet<object>();
+const dictViews = new WeakMap<object, 'dict_items' | 'dict_keys' | 'dict_values'>();
 let pairsInstalled: boolean | null = null;
 function patchDictPairs(): boolean {
   if (pairsInstalled !== null) return pairsInstalled;
@@ -383,6 +390,15 @@ function patchDictPairs(): boolean {
   rewriteBuiltins(proto, getter, (m) => {
     const sort = m.get('dictsort') as { value: (args: EngineValue[]) => EngineValue };
     m.set('dictsort', new FunctionValue((args: EngineValue[]) => pairsOf(sort.value(args))));
+    for (const [method, view] of [['items', 'dict_items'], ['keys', 'dict_keys'], ['values', 'dict_values']] as const) {
+      const f = m.get(method) as { value: (args: EngineValue[]) => EngineValue } | undefined;
+      if (!f || typeof f.value !== 'function') continue;
+      m.set(method, new FunctionValue((args: EngineValue[]) => {
+        const list = f.value(args);
+        dictViews.set(list, view);
+        return method === 'items' ? pairsOf(list) : list;
+      }));
+    }
   });
   return (pairsInstalled = true);
 }
