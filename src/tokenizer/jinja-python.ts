@@ -165,6 +165,7 @@ interface InterpreterShape {
   evaluateBinaryExpression(n: Node, env: Env): JinjaValue;
   applyFilter(operand: JinjaValue, filter: Node, env: Env): JinjaValue;
   evaluateArguments(args: Node[], env: Env): [JinjaValue[], Map<string, JinjaValue>];
+  evaluateSliceExpression(object: JinjaValue, expr: Node, env: Env): JinjaValue;
 }
 
 /** Whether a template variable holds a PyFloat anywhere. */
@@ -198,7 +199,8 @@ export function installPythonPrinting(): boolean {
   const envProto = Environment.prototype as unknown as EnvShape;
   if (typeof proto.evaluateBlock !== 'function' || typeof proto.evaluateBinaryExpression !== 'function'
     || typeof proto.applyFilter !== 'function' || typeof proto.evaluateArguments !== 'function'
-    || typeof envProto.set !== 'function' || typeof envProto.declareVariable !== 'function') return (installed = false);
+    || typeof envProto.set !== 'function' || typeof envProto.declareVariable !== 'function'
+    || typeof proto.evaluateSliceExpression !== 'function') return (installed = false);
   // the engine's own conversion of a JavaScript value, and the constructors of its float, list and dict values
   const origSet = envProto.set;
   const engine = (v: unknown): JinjaValue => {
@@ -232,6 +234,13 @@ export function installPythonPrinting(): boolean {
     return new StringValue(out);
   };
   const IntegerValue = engine(1).constructor as Ctor<number>;
+  // a slice of a tuple is a tuple (the engine's is a list): remembered with the pairs, which print as tuples
+  const origSlice = proto.evaluateSliceExpression;
+  proto.evaluateSliceExpression = function (this: InterpreterShape, object: JinjaValue, expr: Node, env: Env): JinjaValue {
+    const out = origSlice.call(this, object, expr, env);
+    if (object.type === 'TupleValue' || dictPairs.has(object)) dictPairs.add(out);
+    return out;
+  };
   const numeric = (v: JinjaValue): boolean => v.type === 'IntegerValue' || v.type === 'FloatValue' || v.type === 'BooleanValue';
   proto.evaluateBinaryExpression = function (this: InterpreterShape, n: Node, env: Env): JinjaValue {
     const op = n.operator?.value;
@@ -364,6 +373,7 @@ function patchStringStrip(): boolean {
  * `list` filter makes a plain list of one). Installed once; where the engine changed shape, nothing is replaced, and
  * test/tokenizer/jinja-python.test.ts says so.
  */
+/** The engine's lists that are Python tuples: a dict's pairs, and slices of tuples (installPythonPrinting). */
 const dictPairs = new WeakSet<object>();
 const dictViews = new WeakMap<object, 'dict_items' | 'dict_keys' | 'dict_values'>();
 let pairsInstalled: boolean | null = null;
