@@ -1,5 +1,5 @@
-"""Python's printf-style formatting (`fmt % args`), the reference for src/tokenizer/py-format.ts: every case below,
-formatted by this Python, with its text or its exception (type and message). Values are written typed, so that a float
+"""Python's printf-style formatting (`fmt % args`) and its /, // and % of numbers, the reference for
+src/tokenizer/py-format.ts: every case below, computed by this Python, with its result or its exception (type and message). Values are written typed, so that a float
 stays a float and a tuple a tuple: {"i": 3}, {"f": "0.1"} (repr, read back exactly), {"s": "x"}, {"b": true},
 {"n": null}, {"t": [...]} (tuple), {"l": [...]} (list), {"d": {...}} (dict). Floats over random magnitudes and digits
 exercise the rounding (half to even on the exact binary value) at every conversion.
@@ -65,6 +65,8 @@ for fmt, args in [
     ('%f %08.3f %+.2e %5.1f|%-8.2e|%.2f', (-0.0, -3.14159, 0.000123, 2.25, 12345.678, 1e21)),
     ('%g %.0g %#.3g %G', (999999.5, 0.5, 100.0, 1.5e-7)),
     ('%s %s %s', (1.0, 1e-05, 1e16)),
+    # ints past 2^53 (exact doubles), a list or a dict as the mapping, a keyed conversion then a positional one
+    ('%d|%x|%o|%d|%i', (2 ** 60, 2 ** 60, 2 ** 60, -2 ** 60, 1e22)), ('x', [1]), ('%(a)s %s', {'a': 1}),
 ]:
     case(fmt, args)
 
@@ -86,6 +88,19 @@ for _ in range(400):
     case('%' + flags + width + '.' + str(prec) + conv, x)
     case('%' + conv, x)
 
+# Python's /, // and % of numbers: ints, floats, signs, zeros, infinities, and quotients that round to an integer
+arith = []
+values = [7, -7, 3, -3, 0, 1, 2 ** 40, 7.5, -7.5, 0.1, -0.1, 0.4, 4.0, 1.0, -0.0, 0.0, 1e-300, 1e300, float('inf'), float('-inf'), float('nan')]
+values += [rng.uniform(-1, 1) * 10 ** rng.randint(-5, 5) for _ in range(10)] + [rng.randint(-1000, 1000) for _ in range(4)]
+for a in values:
+    for b in values:
+        for op in ('/', '//', '%'):
+            try:
+                r = {'/': lambda: a / b, '//': lambda: a // b, '%': lambda: a % b}[op]()
+                arith.append({'op': op, 'a': enc(a), 'b': enc(b), 'value': enc(r)})
+            except Exception as e:
+                arith.append({'op': op, 'a': enc(a), 'b': enc(b), 'error': '%s: %s' % (type(e).__name__, e)})
+
 out = os.path.join(folder, 'python-format.json')
-json.dump({'source': 'Python %s' % sys.version.split()[0], 'cases': cases}, open(out, 'w', encoding='utf-8'), ensure_ascii=False, indent=0)
-print('wrote %d cases to %s' % (len(cases), out))
+json.dump({'source': 'Python %s' % sys.version.split()[0], 'cases': cases, 'arith': arith}, open(out, 'w', encoding='utf-8'), ensure_ascii=False, indent=0)
+print('wrote %d cases and %d arithmetic ones to %s' % (len(cases), len(arith), out))

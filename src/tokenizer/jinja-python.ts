@@ -186,6 +186,9 @@ const formatHooks: FormatHooks = {
   repr: (v) => pyRepr(v as JinjaValue),
   tupleItems: (v) => (v.type === 'TupleValue' || (v.type === 'ArrayValue' && dictPairs.has(v)) ? v.value as JinjaValue[] : null),
   mapping: (v) => (v.type === 'ObjectValue' || v.type === 'KeywordArgumentsValue' ? v.value as Map<string, JinjaValue> : null),
+  // what has __getitem__ in Python: a dict, a list (not a tuple; a dict view has none), jinja2's Undefined
+  isMapping: (v) => v.type === 'ObjectValue' || v.type === 'KeywordArgumentsValue' || v.type === 'UndefinedValue'
+    || (v.type === 'ArrayValue' && !dictPairs.has(v) && !dictViews.has(v)),
 };
 
 /**
@@ -291,12 +294,12 @@ export function installPythonPrinting(): boolean {
       }
     }
     // format(*args) or format(**kwargs): Python's `fmt % args` (a tuple) or `fmt % kwargs`, as Jinja's filter
-    if (name === 'format' && operand.type === 'StringValue') {
+    if (name === 'format') {
       const [args, kw] = argsOf();
       if (args.length > 0 && kw.size > 0) throw new Error("can't handle positional and keyword arguments at the same time");
       // the arguments as formatHooks reads them (they stay out of the engine)
       const right: JinjaValue = kw.size > 0 ? { type: 'ObjectValue', value: kw } : { type: 'TupleValue', value: args };
-      return new StringValue(pyPercentFormat(operand.value as string, right, formatHooks));
+      return new StringValue(pyPercentFormat(pyStr(operand), right, formatHooks)); // Jinja's soft_str(value) % ...
     }
     // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
     if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();

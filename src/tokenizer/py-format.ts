@@ -16,6 +16,11 @@ export interface FormatHooks {
   tupleItems(v: FormatValue): FormatValue[] | null;
   /** A dict's entries, else null. */
   mapping(v: FormatValue): Map<string, FormatValue> | null;
+  /**
+   * Whether Python's `%` takes v as its mapping: a value with __getitem__ other than a tuple or a str (a dict, a list,
+   * jinja2's Undefined). A mapping is never "not all arguments converted".
+   */
+  isMapping(v: FormatValue): boolean;
 }
 
 /** Python's name of a value's type, for error messages. */
@@ -97,7 +102,7 @@ export function pyFloatFormat(x: number, type: string, prec: number | null, alt 
 // ---- the % operator ----------------------------------------------------------------------------------------------
 /** A Python exception raised by formatting or arithmetic: its message reads `TypeError: not enough arguments ...`. */
 export class PyFormatError extends Error {
-  constructor(readonly pyType: 'TypeError' | 'ValueError' | 'KeyError' | 'OverflowError' | 'ZeroDivisionError', readonly pyMessage: string) {
+  constructor(readonly pyType: 'TypeError' | 'ValueError' | 'KeyError' | 'OverflowError' | 'ZeroDivisionError' | 'UndefinedError', readonly pyMessage: string) {
     super(`${pyType}: ${pyMessage}`);
   }
 }
@@ -206,7 +211,8 @@ function convert(spec: { flags: string; width: number; prec: number | null; type
     case 'd': case 'i': case 'u': case 'o': case 'x': case 'X': {
       const n = asNumber(v, type, hooks, true);
       const radix = type === 'o' ? 8 : type === 'x' || type === 'X' ? 16 : 10;
-      let digits = Math.abs(n).toString(radix);
+      // BigInt: a number past 2^53 prints all its digits, as Python's int does (toString would round or use an exponent)
+      let digits = (n < 0 ? -BigInt(n) : BigInt(n)).toString(radix);
       if (type === 'X') digits = digits.toUpperCase();
       if (prec !== null && digits.length < prec) digits = digits.padStart(prec, '0');
       const prefix = flags.includes('#') && radix !== 10 ? (type === 'o' ? '0o' : type === 'x' ? '0x' : '0X') : '';
@@ -225,19 +231,21 @@ function convert(spec: { flags: string; width: number; prec: number | null; type
 }
 
 /**
- * Python's `fmt % right`: a tuple's items are the positional arguments, anything else (a list too) is one; `%(key)s`
- * looks the key up in a dict (a dict also serves as the one positional argument). Python's checks, in its order: an
- * argument is taken before its conversion is checked, every positional argument of a tuple or a single non-dict value
- * must be used.
+ * Python's `fmt % right`, as CPython's formatter runs it: a tuple's items are the positional arguments, anything else (a
+ * list too) is one; a mapping (hooks.isMapping: a dict, a list, Undefined) also serves `%(key)s`, after which no
+ * positional argument is left; an argument is taken before its conversion is checked; every positional argument of a
+ * tuple or of a single value that is not a mapping must be used.
  */
 export function pyPercentFormat(fmt: string, right: FormatValue, hooks: FormatHooks): string {
   const parts = parse(fmt);
-  const map = hooks.mapping(right), items = hooks.tupleItems(right);
-  const args = items ?? [right];
-  let next = 0;
+  const items = hooks.tupleItems(right);
+  const dict = items === null && right.type !== 'StringValue' && hooks.isMapping(right) ? right : null;
+  // CPython's state: a tuple's items (arglen its length, argidx from 0), or one value (arglen -1, argidx -2)
+  let single = right, arglen = items ? items.length : -1, argidx = items ? 0 : -2;
   const take = (): FormatValue => {
-    if (next >= args.length) throw new PyFormatError('TypeError', 'not enough arguments for format string');
-    return args[next++]!;
+    if (argidx >= arglen) throw new PyFormatError('TypeError', 'not enough arguments for format string');
+    const i = argidx++;
+    return arglen < 0 ? single : items![i]!;
   };
   const star = (x: number | '*' | null): number | null => {
     if (x !== '*') return x;
@@ -248,22 +256,23 @@ export function pyPercentFormat(fmt: string, right: FormatValue, hooks: FormatHo
   let out = '';
   for (const p of parts) {
     if (typeof p === 'string') { out += p; continue; }
-    let width = star(p.width) ?? 0, flags = p.flags;
-    if (width < 0) { flags += '-'; width = -width; } // a negative '*' width left-justifies, as in Python
-    const precIn = star(p.prec), prec = precIn !== null && precIn < 0 ? 0 : precIn;
-    let v: FormatValue;
     if (p.key !== null) {
+      if (!dict) throw new PyFormatError('TypeError', 'format requires a mapping');
+      const map = hooks.mapping(dict);
       if (!map) {
-        if (right.type === 'ArrayValue' && !items) throw new PyFormatError('TypeError', 'list indices must be integers or slices, not str');
-        throw new PyFormatError('TypeError', 'format requires a mapping');
+        if (dict.type === 'UndefinedValue') throw new PyFormatError('UndefinedError', 'the value of the format is undefined');
+        throw new PyFormatError('TypeError', 'list indices must be integers or slices, not str');
       }
       const got = map.get(p.key);
       if (got === undefined) throw new PyFormatError('KeyError', `'${p.key}'`);
-      v = got;
-    } else v = take();
-    out += convert({ flags, width, prec, type: p.type, at: p.at }, v, hooks);
+      single = got; arglen = -1; argidx = -2;
+    }
+    let width = star(p.width) ?? 0, flags = p.flags;
+    if (width < 0) { flags += '-'; width = -width; } // a negative '*' width left-justifies, as in Python
+    const precIn = star(p.prec), prec = precIn !== null && precIn < 0 ? 0 : precIn;
+    out += convert({ flags, width, prec, type: p.type, at: p.at }, take(), hooks);
   }
-  if (next < args.length && !map) throw new PyFormatError('TypeError', 'not all arguments converted during string formatting');
+  if (argidx < arglen && !dict) throw new PyFormatError('TypeError', 'not all arguments converted during string formatting');
   return out;
 }
 
@@ -275,13 +284,26 @@ export function pyPercentFormat(fmt: string, right: FormatValue, hooks: FormatHo
  */
 export function pyArith(op: '/' | '//' | '%', a: number, b: number, int: boolean): { value: number; int: boolean } {
   if (b === 0) {
-    throw new PyFormatError('ZeroDivisionError', op === '/' ? 'division by zero'
+    throw new PyFormatError('ZeroDivisionError', op === '/' ? (int ? 'division by zero' : 'float division by zero')
       : int ? (op === '//' ? 'integer division or modulo by zero' : 'integer modulo by zero') : op === '//' ? 'float floor division by zero' : 'float modulo');
   }
   if (op === '/') return { value: a / b, int: false };
-  if (op === '//') return { value: Math.floor(a / b), int };
-  let r = a % b;
-  if (r !== 0 && (r < 0) !== (b < 0)) r += b;
-  else if (r === 0 && !int) r = b < 0 ? -0 : 0; // Python's float modulo: a zero takes the divisor's sign
-  return { value: r, int };
+  // CPython's divmod of floats (float_divmod), exact for ints within 2^53: the remainder by fmod (JavaScript's %), moved
+  // to the divisor's sign; the quotient (a - mod) / b, rounded to the nearest integer (Math.floor(a / b) is off where
+  // a / b rounds up to an integer: 1 // 0.1 is 9.0 in Python)
+  // C's tests of nonzero (a NaN is nonzero there, falsy in JavaScript)
+  let mod = a % b, div = (a - mod) / b;
+  if (mod !== 0) {
+    if ((b < 0) !== (mod < 0)) { mod += b; div -= 1; }
+  } else mod = b < 0 ? -0 : 0;
+  let floordiv: number;
+  if (div !== 0) {
+    floordiv = Math.floor(div);
+    if (div - floordiv > 0.5) floordiv += 1;
+  } else {
+    const q = a / b;
+    floordiv = q < 0 || Object.is(q, -0) ? -0 : 0; // copysign(0, a / b)
+  }
+  const value = op === '//' ? floordiv : mod;
+  return { value: int ? value + 0 : value, int }; // an int has no negative zero
 }
