@@ -2,7 +2,8 @@
  * Python's semantics inside chat templates, where @huggingface/jinja 0.5.11 has JavaScript's: str.strip(chars) (see
  * pyStrip below), the printing of values, string formatting (`'%s: %.2f' % (k, x)` and the `format` filter, which the
  * engine refuses: src/tokenizer/py-format.ts) and the division and modulo of numbers (`-7 % 3` is 2, not -1; a zero
- * divisor raises Python's ZeroDivisionError, not Infinity or NaN); installPythonSemantics() installs them, once.
+ * divisor raises Python's ZeroDivisionError, not Infinity or NaN), a str's or list's repetition (`'-' * 3`) and bools
+ * as ints (`True + 1`), which the engine refuses; installPythonSemantics() installs them, once.
  *
  * Printing. Templates run in Python's Jinja under transformers, where a
  * value becomes text by Python's str(): `{{ flag }}` prints `True`, `{{ none }}` prints `None`, a dict or a list prints
@@ -248,15 +249,39 @@ export function installPythonPrinting(): boolean {
   proto.evaluateBinaryExpression = function (this: InterpreterShape, n: Node, env: Env): JinjaValue {
     const op = n.operator?.value;
     if (op === '~') return new StringValue(pyStr(this.evaluate(n.left!, env)) + pyStr(this.evaluate(n.right!, env)));
-    if (op !== '%' && op !== '/' && op !== '//') return origBinary.call(this, n, env);
-    // Python's string formatting, and its division and modulo of numbers (the engine's are JavaScript's); other
-    // operands go to the engine, which refuses them as Python does
+    if (op !== '%' && op !== '/' && op !== '//' && op !== '*' && op !== '+' && op !== '-') return origBinary.call(this, n, env);
+    // Python's string formatting, its division and modulo of numbers (the engine's are JavaScript's), a str's or a list's
+    // repetition and bools as ints (the engine refuses both); other operands go to the engine, which is given the operands
+    // evaluated here (not evaluated twice) and refuses what Python refuses
     const left = this.evaluate(n.left!, env);
     if (op === '%' && left.type === 'StringValue') return new StringValue(pyPercentFormat(left.value as string, this.evaluate(n.right!, env), formatHooks));
     const right = this.evaluate(n.right!, env);
-    if (!numeric(left) || !numeric(right)) return origBinary.call(this, n, env);
-    const r = pyArith(op, Number(left.value), Number(right.value), left.type !== 'FloatValue' && right.type !== 'FloatValue');
-    return r.int ? new IntegerValue(r.value) : new FloatValue(r.value);
+    const int = left.type !== 'FloatValue' && right.type !== 'FloatValue';
+    if (numeric(left) && numeric(right)) {
+      if (op === '%' || op === '/' || op === '//') {
+        const r = pyArith(op, Number(left.value), Number(right.value), int);
+        return r.int ? new IntegerValue(r.value) : new FloatValue(r.value);
+      }
+      if (left.type === 'BooleanValue' || right.type === 'BooleanValue') {
+        const a = Number(left.value), b = Number(right.value), v = op === '+' ? a + b : op === '-' ? a - b : a * b;
+        return int ? new IntegerValue(v) : new FloatValue(v);
+      }
+    }
+    if (op === '*') {
+      const [seq, count] = right.type === 'IntegerValue' || right.type === 'BooleanValue' ? [left, right] : [right, left];
+      if ((count.type === 'IntegerValue' || count.type === 'BooleanValue') && seq !== count) {
+        const k = Math.max(0, Number(count.value));
+        if (seq.type === 'StringValue') return new StringValue((seq.value as string).repeat(k));
+        if (seq.type === 'ArrayValue' || seq.type === 'TupleValue') {
+          const items = seq.value as JinjaValue[], out = new ArrayValue(Array.from({ length: k }, () => items).flat());
+          if (seq.type === 'TupleValue' || dictPairs.has(seq)) dictPairs.add(out); // a tuple's repetition is a tuple
+          return out;
+        }
+      }
+    }
+    const operands = Object.create(this) as InterpreterShape;
+    operands.evaluate = (node: Node, e: Env): JinjaValue => (node === n.left ? left : node === n.right ? right : this.evaluate(node, e));
+    return origBinary.call(operands, n, env);
   };
   proto.applyFilter = function (this: InterpreterShape, operand: JinjaValue, filter: Node, env: Env): JinjaValue {
     if (filter.type === 'Identifier' && filter.value === 'string') return new StringValue(pyStr(operand));
