@@ -106,6 +106,23 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
   const fit = Math.floor((DEFAULT_ATTN_CACHED_FLOATS - CACHED_COUNTERS) / per);
   assert.deepEqual(await grids(false), [[fit >= 2 ? fit : 1, NKV, B]], `unprepared: the ${fit} splits the default scratch holds`);
   assert.deepEqual(await grids(true), [[want, NKV, B]], 'prepared: every split');
+  {
+    // one backend: the call before prepare() takes the splits the default scratch holds, the same call after it every
+    // split (how a shape launches is decided once per scratch size, not once)
+    const launches: number[][] = [];
+    const driver = Object.assign(fakeDriver(), {
+      launch: (fn: unknown, grid: readonly [number, number, number]) => { if (String(fn) === 'attention_cached_gqa') launches.push([...grid]); },
+    });
+    const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: false, log: () => {} });
+    const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
+    try {
+      decode(be);
+      await be.prepare([decode]);
+      decode(be);
+    } finally { be.dispose(); }
+    const fitDefault = Math.floor((DEFAULT_ATTN_CACHED_FLOATS - CACHED_COUNTERS) / per);
+    assert.deepEqual(launches, [[fitDefault >= 2 ? fitDefault : 1, NKV, B], [want, NKV, B]]);
+  }
   assert.deepEqual(await grids(false, CACHED_COUNTERS + per + 1), [[1, NKV, B]], 'room for one split: none');
   assert.deepEqual(await grids(false, CACHED_COUNTERS + 2 * per), [[2, NKV, B]], 'room for two');
   // the sizes prepare() and a dry run's plan derive from the need

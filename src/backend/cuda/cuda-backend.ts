@@ -158,6 +158,9 @@ export interface DeviceParts {
 }
 
 /** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
+/** A cached-attention call's kernel, block, splits (0: attention_cached) and split scratch need (CudaBackend.cachedAttentionLaunch). */
+interface CachedLaunch { spec: KernelSpec; block: number; splits: number; need: number }
+
 export interface TraceOptions {
   attention?: 'simt' | 'mma';
   attnBackward?: AttentionBackwardImpl;
@@ -203,6 +206,8 @@ export class CudaBackend implements Backend {
   get attention(): 'simt' | 'mma' { return this.attnImpl; }
   /** Dynamic shared memory each loaded function has been allowed (cuFuncSetAttribute) beyond the 48 KiB default. */
   private readonly smemAllowed = new Map<unknown, number>();
+  /** How each shape of cached-attention call launches (cachedAttentionLaunch), by its shape, operands and split scratch. */
+  private readonly cachedLaunches = new Map<string, CachedLaunch>();
   /** The blocks an SM holds of each loaded kernel at the block it launches with (occupancy, by spec). */
   private readonly blocksPerSm = new Map<KernelSpec, number>();
   private dkvPart: CudaBuf | null = null;
@@ -1199,18 +1204,44 @@ export class CudaBackend implements Backend {
     this.need(kCache, b * tMax * nKv * hd, 'attentionCached'); this.need(vCache, b * tMax * nKv * hd, 'attentionCached');
     const seq = this.cacheRows(pos0, b, t, tMax, 'attentionCached');
     if (b * t <= 0) return;
-    const group = nHeads / nKv;
-    const head = attentionCached.make({ headDim: hd, block: cachedAttentionBlock(hd), out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq });
     // 16-byte aligned rows: q and the caches at 16-byte offsets of their allocations (cuMemAlloc's are 256-byte aligned).
     // The offset, not the address, so a trace (addresses from 0) plans the kernel a device launches.
     const aligned = [q, kCache, vCache].every((x) => this.own(x, 'attentionCached').byteOffset % 16 === 0);
+    // how this shape launches, decided once (a decode step makes the same calls every step, each layer alike): keyed by
+    // every argument of the decision, which reads nothing else of this backend but its GPU
+    const args = [b, t, nHeads, nKv, hd, tMax, aligned, seq, out.dtype, q.dtype, kCache.dtype, vCache.dtype, this.cachedFloats] as const;
+    const key = args.join(',');
+    let c = this.cachedLaunches.get(key);
+    if (c === undefined) {
+      c = this.cachedAttentionLaunch(...args);
+      if (this.cachedLaunches.size >= 4096) this.cachedLaunches.clear(); // a run of ever new cache capacities stays bounded
+      this.cachedLaunches.set(key, c);
+    }
+    if (c.splits === 0) {
+      this.launch(c.spec, [t, nHeads, b], c.block,
+        [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
+      return;
+    }
+    this.scratchNeed.cached = Math.max(this.scratchNeed.cached, c.need);
+    this.launch(c.spec, [t * c.splits, nKv, b], c.block,
+      [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(c.splits > 1 ? this.cachedPart : null), I(c.splits),
+        ...(seq ? [P(pos0.seqPositions)] : [])]);
+  }
+
+  /**
+   * The kernel a cached-attention call of this shape launches, its block and splits (0: attention_cached, a block per
+   * query head), and the split scratch it needs; a trace also plans every kernel a call of this shape can take.
+   */
+  private cachedAttentionLaunch(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number, aligned: boolean, seq: boolean,
+    outDt: DType, qDt: DType, kcDt: DType, vcDt: DType, scratchFloats: number): CachedLaunch {
+    const group = nHeads / nKv, dt = { out: outDt, q: qDt, kc: kcDt, vc: vcDt };
+    const head = attentionCached.make({ headDim: hd, block: cachedAttentionBlock(hd), ...dt, seqPos: seq });
     // the group kernel where it fits the static shared memory (a small grid's layout has at most the block of a large
     // one's), laid out for the grid it launches (cachedAttentionGqaGrid: a small grid keeps more rows in flight, a large
     // one takes the layout of fewest waves)
     const large = cachedAttentionLargeLayouts(hd, group, aligned);
     const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, large[0]!.block) <= SMEM_DEFAULT;
-    const gqaSpec = (plan: CachedAttnPlan): KernelSpec =>
-      attentionCachedGqa.make({ headDim: hd, group, ...plan, out: out.dtype, q: q.dtype, kc: kCache.dtype, vc: vCache.dtype, seqPos: seq });
+    const gqaSpec = (plan: CachedAttnPlan): KernelSpec => attentionCachedGqa.make({ headDim: hd, group, ...plan, ...dt, seqPos: seq });
     // The kernel and its layout depend on the call's sequences and rows, which a run's traced call need not share (a last,
     // shorter group of prompts; a chunk of another length): a trace plans every kernel a call of this shape can take, and
     // every layout a large grid may pick by occupancy.
@@ -1218,30 +1249,24 @@ export class CudaBackend implements Backend {
       const all = gqaFits ? [cachedAttentionPlan(hd, group, aligned, 0), ...large].map(gqaSpec) : [];
       for (const spec of [head, ...all]) if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
     }
-    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqaFits) {
-      this.launch(head, [t, nHeads, b], head.params.block,
-        [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), ...(seq ? [P(pos0.seqPositions)] : [])]);
-      return;
-    }
+    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqaFits) return { spec: head, block: head.params.block, splits: 0, need: 0 };
     // A short grid splits the cache rows over blocks, up to as many splits as the scratch holds (the kernel is the same either way)
-    const want = cachedAttentionSplits(b, t, nKv, tMax), per = b * t * nHeads * (hd + 2);
-    this.scratchNeed.cached = Math.max(this.scratchNeed.cached, want > 1 ? CACHED_COUNTERS + want * per : 0);
-    const { splits, plan } = this.cachedAttentionGqaGrid(b, t, nHeads, nKv, hd, tMax, aligned, gqaSpec);
-    this.launch(gqaSpec(plan), [t * splits, nKv, b], plan.block,
-      [P(out), P(q), P(kCache), P(vCache), I(t), I(seq ? 0 : pos0), I(tMax), I(nHeads), I(nKv), P(splits > 1 ? this.cachedPart : null), I(splits),
-        ...(seq ? [P(pos0.seqPositions)] : [])]);
+    const { splits, plan, need } = this.cachedAttentionGqaGrid(b, t, nHeads, nKv, hd, tMax, aligned, gqaSpec, scratchFloats);
+    return { spec: gqaSpec(plan), block: plan.block, splits, need };
   }
 
   /**
    * How attention_cached_gqa runs a call (b sequences of t query rows, nHeads/nKv heads of head dim hd, a cache of tMax
    * rows, `aligned` as in cachedAttentionGqaLayout): into how many blocks each (query row, KV head)'s rows split, and the
    * layout. Of cachedAttentionSplits' count, or the fewer the split scratch holds, the count that runs the grid in the
-   * fewest waves on this GPU, then the most (cachedAttentionPickSplits; a trace, with no GPU, has the most).
+   * fewest waves on this GPU, then the most (cachedAttentionPickSplits; a trace, with no GPU, has the most). `need`: the
+   * split scratch (floats) cachedAttentionSplits' count needs, which prepare() sizes it to; `scratchFloats`: the split
+   * scratch there is (by default this backend's).
    */
   cachedAttentionGqaGrid(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number, aligned: boolean,
-    spec?: (plan: CachedAttnPlan) => KernelSpec): { splits: number; plan: CachedAttnPlan } {
-    const group = nHeads / nKv, per = b * t * nHeads * (hd + 2), pairs = t * nKv * b;
-    const fit = Math.min(cachedAttentionSplits(b, t, nKv, tMax), Math.floor((this.cachedFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
+    spec?: (plan: CachedAttnPlan) => KernelSpec, scratchFloats = this.cachedFloats): { splits: number; plan: CachedAttnPlan; need: number } {
+    const group = nHeads / nKv, per = b * t * nHeads * (hd + 2), pairs = t * nKv * b, want = cachedAttentionSplits(b, t, nKv, tMax);
+    const fit = Math.min(want, Math.floor((scratchFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
     const dev = this.dev;
     const splits = dev && most > 1
       ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, (blocks) => {
@@ -1249,7 +1274,7 @@ export class CudaBackend implements Backend {
         return this.occupancy((spec ?? this.gqaBf16(hd, group))(p), p.block, dev);
       })
       : most;
-    return { splits, plan: this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, spec) };
+    return { splits, plan: this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, spec), need: want > 1 ? CACHED_COUNTERS + want * per : 0 };
   }
 
   /** attention_cached_gqa's kernel for a layout over bf16 operands without per-sequence positions (a layout's registers, so its pick, hardly depend on them). */
