@@ -195,6 +195,11 @@ export function cachedAttentionLargeLayouts(headDim: number, group: number, alig
   return out;
 }
 
+/** The waves a grid of `blocks` runs in on `sms` SMs holding `perSm` blocks each (a layout no SM holds: never). */
+function waves(blocks: number, perSm: number, sms: number): number {
+  return perSm > 0 ? Math.ceil(blocks / (perSm * sms)) : Infinity;
+}
+
 /**
  * Which of `blocksPerSm` (the blocks an SM holds of each of cachedAttentionLargeLayouts' layouts, compiled: the
  * occupancy the driver reports) a grid of `gridBlocks` blocks on `sms` SMs launches: the one that runs the grid in the
@@ -210,8 +215,8 @@ export function cachedAttentionLargeLayouts(headDim: number, group: number, alig
 export function cachedAttentionPickLayout(gridBlocks: number, sms: number, blocksPerSm: readonly number[]): number {
   let best = 0, bestWaves = Infinity;
   blocksPerSm.forEach((n, i) => {
-    const waves = n > 0 ? Math.ceil(gridBlocks / (n * sms)) : Infinity;
-    if (waves < bestWaves) { best = i; bestWaves = waves; }
+    const w = waves(gridBlocks, n, sms);
+    if (w < bestWaves) { best = i; bestWaves = w; }
   });
   return best;
 }
@@ -230,9 +235,8 @@ export function cachedAttentionPickLayout(gridBlocks: number, sms: number, block
 export function cachedAttentionPickSplits(most: number, pairs: number, sms: number, blocksPerSm: (blocks: number) => number): number {
   let best = most, bestWaves = Infinity;
   for (let s = most; s >= 1; s--) {
-    const blocks = pairs * s, n = blocksPerSm(blocks);
-    const waves = n > 0 ? Math.ceil(blocks / (n * sms)) : Infinity;
-    if (waves < bestWaves) { best = s; bestWaves = waves; }
+    const w = waves(pairs * s, blocksPerSm(pairs * s), sms);
+    if (w < bestWaves) { best = s; bestWaves = w; }
   }
   return best;
 }
