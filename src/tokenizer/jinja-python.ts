@@ -20,7 +20,7 @@
  */
 import { Environment, Interpreter } from '@huggingface/jinja';
 import { PyFloat } from '../util/py-json.js';
-import { pyArith, pyPercentFormat, type FormatHooks } from './py-format.js';
+import { pyArith, pyEscape, pyPercentFormat, type FormatHooks } from './py-format.js';
 
 /** The engine's runtime value, as far as printing needs it. */
 export interface JinjaValue { type: string; value: unknown }
@@ -55,9 +55,8 @@ export function pyStrRepr(s: string): string {
     else if (ch === '\n') out += '\\n';
     else if (ch === '\r') out += '\\r';
     else if (ch === '\t') out += '\\t';
-    else if (NON_PRINTABLE.test(ch)) {
-      out += cp < 0x100 ? `\\x${cp.toString(16).padStart(2, '0')}` : cp < 0x10000 ? `\\u${cp.toString(16).padStart(4, '0')}` : `\\U${cp.toString(16).padStart(8, '0')}`;
-    } else out += ch;
+    else if (NON_PRINTABLE.test(ch)) out += pyEscape(cp);
+    else out += ch;
   }
   return out + q;
 }

@@ -179,12 +179,17 @@ function asNumber(v: FormatValue, type: string, hooks: FormatHooks, integer: boo
   throw new PyFormatError('TypeError', type === 'd' || type === 'i' || type === 'u' ? `%${type} format: a real number is required, not ${t}` : `%${type} format: an integer is required, not ${t}`);
 }
 
+/** Python's escape of a code point in a str's repr: \\xhh, \\uhhhh or \\Uhhhhhhhh. */
+export function pyEscape(cp: number): string {
+  return cp < 0x100 ? `\\x${cp.toString(16).padStart(2, '0')}` : cp < 0x10000 ? `\\u${cp.toString(16).padStart(4, '0')}` : `\\U${cp.toString(16).padStart(8, '0')}`;
+}
+
 /** Python's ascii(): repr with every non-ASCII character escaped. */
 function asciiOf(repr: string): string {
   let out = '';
   for (const ch of repr) {
     const cp = ch.codePointAt(0)!;
-    out += cp < 0x80 ? ch : cp < 0x100 ? `\\x${cp.toString(16).padStart(2, '0')}` : cp < 0x10000 ? `\\u${cp.toString(16).padStart(4, '0')}` : `\\U${cp.toString(16).padStart(8, '0')}`;
+    out += cp < 0x80 ? ch : pyEscape(cp);
   }
   return out;
 }
