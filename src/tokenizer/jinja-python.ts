@@ -84,8 +84,8 @@ export function pyStrOrNull(v: JinjaValue): string | null {
       // a dict's view (`d.items()`, `d.keys()`, `d.values()`: patchDictPairs) as Python prints it, `dict_items([...])`
       const view = dictViews.get(v);
       if (view) return `${view}([${items.join(', ')}])`;
-      // a tuple, or a dict's (key, value) pair (patchDictPairs), as Python prints tuples
-      if (v.type === 'ArrayValue' && !dictPairs.has(v)) return `[${items.join(', ')}]`;
+      // a tuple, or a dict's (key, value) pair (patchDictPairs, tupleLists), as Python prints tuples
+      if (!isTuple(v)) return `[${items.join(', ')}]`;
       return `(${items.join(', ')}${items.length === 1 ? ',' : ''})`;
     }
     case 'ObjectValue': case 'KeywordArgumentsValue':
@@ -184,11 +184,11 @@ let installed: boolean | null = null;
 const formatHooks: FormatHooks = {
   str: (v) => pyStr(v as JinjaValue),
   repr: (v) => pyRepr(v as JinjaValue),
-  tupleItems: (v) => (v.type === 'TupleValue' || (v.type === 'ArrayValue' && dictPairs.has(v)) ? v.value as JinjaValue[] : null),
+  tupleItems: (v) => (isTuple(v as JinjaValue) ? v.value as JinjaValue[] : null),
   mapping: (v) => (v.type === 'ObjectValue' || v.type === 'KeywordArgumentsValue' ? v.value as Map<string, JinjaValue> : null),
   // what has __getitem__ in Python: a dict, a list (not a tuple; a dict view has none), jinja2's Undefined
   isMapping: (v) => v.type === 'ObjectValue' || v.type === 'KeywordArgumentsValue' || v.type === 'UndefinedValue'
-    || (v.type === 'ArrayValue' && !dictPairs.has(v) && !dictViews.has(v)),
+    || (v.type === 'ArrayValue' && !isTuple(v as JinjaValue) && !dictViews.has(v)),
 };
 
 /**
@@ -241,7 +241,7 @@ export function installPythonPrinting(): boolean {
   const origSlice = proto.evaluateSliceExpression;
   proto.evaluateSliceExpression = function (this: InterpreterShape, object: JinjaValue, expr: Node, env: Env): JinjaValue {
     const out = origSlice.call(this, object, expr, env);
-    if (object.type === 'TupleValue' || dictPairs.has(object)) dictPairs.add(out);
+    if (isTuple(object)) tupleLists.add(out);
     return out;
   };
   const numeric = (v: JinjaValue): boolean => v.type === 'IntegerValue' || v.type === 'FloatValue' || v.type === 'BooleanValue';
@@ -273,7 +273,7 @@ export function installPythonPrinting(): boolean {
         if (seq.type === 'StringValue') return new StringValue((seq.value as string).repeat(k));
         if (seq.type === 'ArrayValue' || seq.type === 'TupleValue') {
           const items = seq.value as JinjaValue[], out = new ArrayValue(Array.from({ length: k }, () => items).flat());
-          if (seq.type === 'TupleValue' || dictPairs.has(seq)) dictPairs.add(out); // a tuple's repetition is a tuple
+          if (isTuple(seq)) tupleLists.add(out); // a tuple's repetition is a tuple
           return out;
         }
       }
@@ -325,11 +325,11 @@ export function installPythonPrinting(): boolean {
       const right: JinjaValue = kw.size > 0 ? { type: 'ObjectValue', value: kw } : { type: 'TupleValue', value: args };
       return new StringValue(pyPercentFormat(pyStr(operand), right, formatHooks)); // Jinja's soft_str(value) % ...
     }
-    // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs)
+    // a dict's items as (key, value) pairs, printed as Python's tuples (patchDictPairs, tupleLists)
     if (name === 'items' && operand.type === 'ObjectValue') return (operand as unknown as { items(): JinjaValue }).items();
     // list(pair) and list(d.items()) are lists (the engine's list filter returns its operand itself, which would stay a
     // pair or a view)
-    if (name === 'list' && (dictPairs.has(operand) || dictViews.has(operand))) return new ArrayValue([...operand.value as JinjaValue[]]);
+    if (name === 'list' && (tupleLists.has(operand) || dictViews.has(operand))) return new ArrayValue([...operand.value as JinjaValue[]]);
     return origFilter.call(this, operand, filter, env);
   };
   return (installed = true);
@@ -391,6 +391,15 @@ function patchStringStrip(): boolean {
   return (stripInstalled = true);
 }
 
+/** The engine's lists that are Python tuples: a dict's pairs, slices and repetitions of tuples. */
+const tupleLists = new WeakSet<object>();
+/** The engine's lists that are a dict's views, by the view's Python type. */
+const dictViews = new WeakMap<object, 'dict_items' | 'dict_keys' | 'dict_values'>();
+/** Whether v is a Python tuple: the engine's own (`(a, b)`) or one of its lists that is one (tupleLists). */
+function isTuple(v: JinjaValue): boolean {
+  return v.type === 'TupleValue' || (v.type === 'ArrayValue' && tupleLists.has(v));
+}
+
 /**
  * A dict's `items()`, the `items` filter and `dictsort` give (key, value) pairs, which Python prints as tuples,
  * `[('a', 1)]`; @huggingface/jinja 0.5.11 makes them lists, `[['a', 1]]`. The pairs stay the engine's lists (its
@@ -400,9 +409,6 @@ function patchStringStrip(): boolean {
  * `list` filter makes a plain list of one). Installed once; where the engine changed shape, nothing is replaced, and
  * test/tokenizer/jinja-python.test.ts says so.
  */
-/** The engine's lists that are Python tuples: a dict's pairs, and slices of tuples (installPythonPrinting). */
-const dictPairs = new WeakSet<object>();
-const dictViews = new WeakMap<object, 'dict_items' | 'dict_keys' | 'dict_values'>();
 let pairsInstalled: boolean | null = null;
 function patchDictPairs(): boolean {
   if (pairsInstalled !== null) return pairsInstalled;
@@ -418,7 +424,7 @@ function patchDictPairs(): boolean {
   const probe = origItems.call(dv);
   if (!Array.isArray(probe.value) || !(probe.value as EngineValue[]).every((p) => Array.isArray(p.value) && p.value.length === 2)) return false;
   const pairsOf = (list: EngineValue): EngineValue => {
-    for (const p of list.value as EngineValue[]) dictPairs.add(p);
+    for (const p of list.value as EngineValue[]) tupleLists.add(p);
     return list;
   };
   type Ctor<T> = new (v: T) => EngineValue;
