@@ -8,13 +8,15 @@
  * into each count of `--splits=1,2,...` (0: the backend's).
  * `--capacity=N` gives the caches N rows (at least L), as a decode's do: its capacity is the prompt's length and the new
  * tokens', and the kernel (cachedAttentionKernel) and the split (cachedAttentionSplits, then the GPU's waves) are chosen by the capacity.
- * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep [--splits=0,1]]
+ * `--kernels` times only the other kernels (a block per query head; attention_cached_mma at 1 to 16 splits).
+ * Usage (on the GPU machine): node dist/bench/attention-cached.js [--lens=256,1024,4096] [--batches=8,64] [--capacity=N] [--sweep [--splits=0,1] | --kernels]
  */
 import { createCudaBackend } from '../src/backend/cuda/index.js';
 import { SMEM_DEFAULT } from '../src/backend/cuda/kernels/attention.js';
 import {
-  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCachedGqa, cachedAttentionGqaSmem, cachedAttentionKernel,
+  CACHED_COUNTERS, CACHED_MAX_SPLITS, attentionCached, attentionCachedGqa, cachedAttentionBlock, cachedAttentionGqaSmem,
 } from '../src/backend/cuda/kernels/attention-cached.js';
+import { CACHED_MMA_MIN_BLOCKS, CACHED_MMA_THREADS, attentionCachedMma, cachedMmaShape } from '../src/backend/cuda/kernels/attention-cached-mma.js';
 import type { KernelSpec } from '../src/backend/cuda/kernels/spec.js';
 import type { Buf } from '../src/backend/backend.js';
 import { packBf16 } from '../src/backend/bf16.js';
@@ -22,7 +24,7 @@ import { packBf16 } from '../src/backend/bf16.js';
 const REPS = 50;
 const arg = (name: string, dflt: string): number[] =>
   (process.argv.find((x) => x.startsWith(`--${name}=`))?.split('=')[1] ?? dflt).split(',').map(Number);
-const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), [capacity] = arg('capacity', '0'), sweep = process.argv.includes('--sweep');
+const lens = arg('lens', '256,1024,4096'), batches = arg('batches', '8,64'), [capacity] = arg('capacity', '0'), sweep = process.argv.includes('--sweep'), kernelsOnly = process.argv.includes('--kernels');
 const sweepSplits = arg('splits', '0');
 const be = createCudaBackend({ log: (l) => { if (!l.startsWith('[kernel-cache]') && !l.startsWith('[cuda-timeline]')) process.stderr.write(`${l}\n`); } });
 const shapes: Array<[string, number, number, number]> = [
@@ -56,10 +58,12 @@ for (const [name, nH, nKv, hd] of shapes) {
       const us = Number(process.hrtime.bigint() - t0) / 1e3 / (4 * REPS);
       const bytes = 2 * (2 * B * L * nKv * hd + 2 * B * nH * hd);
       // the kernel, layout and splits the backend launches for this call
-      const { splits: planned, plan } = be.cachedAttentionGqaGrid(B, 1, nH, nKv, hd, tMax, true);
+      const launched = be.cachedAttentionLaunchOf(B, 1, nH, nKv, hd, tMax);
+      const { splits: planned } = be.cachedAttentionGqaGrid(B, 1, nH, nKv, hd, tMax, true);
       console.log(`[attention-cached] ${name.padEnd(34)} B=${String(B).padStart(3)} L=${String(L).padStart(5)}${tMax > L ? ` of ${tMax}` : ''}: ${us.toFixed(2).padStart(8)} us  ${(bytes / us / 1e3).toFixed(0).padStart(5)} GB/s` +
-        (cachedAttentionKernel(B, 1, nKv, nH / nKv, tMax) === 'head' ? ' (attention_cached)' : ` (attention_cached_gqa, block ${plan.block}, un ${plan.un}, splits ${planned})`));
-      if (sweep) {
+        ` (${launched.kernel}${launched.splits === 0 ? '' : `, block ${launched.block}${launched.params.un === undefined ? '' : `, un ${String(launched.params.un)}`}` +
+          `${launched.params.minBlocks === undefined ? '' : `, min blocks ${String(launched.params.minBlocks)}`}, splits ${launched.splits}`}, ${launched.blocksPerSm} an SM)`);
+      if (sweep || kernelsOnly) {
         // attention_cached_gqa launched directly, whichever kernel the backend picks (CudaBackend.launch is private: a
         // benchmark's reach, not an API)
         const launch = (be as unknown as { launch(s: KernelSpec, g: readonly [number, number, number], b: number, a: unknown[]): void }).launch.bind(be);
@@ -73,8 +77,8 @@ for (const [name, nH, nKv, hd] of shapes) {
         // grid's (query row, KV head) pairs
         const splitsList = [...new Set(sweepSplits.map((x) => x || planned))].filter((x) => x >= 1 && (x === 1 || (x <= CACHED_MAX_SPLITS && B * nKv <= CACHED_COUNTERS)));
         // the split partials' scratch (counters zero, as the backend keeps them between calls)
-        const part = be.alloc(CACHED_COUNTERS + Math.max(...splitsList) * B * nH * (hd + 2), 'sweep part');
-        for (const splits of splitsList) {
+        const part = be.alloc(CACHED_COUNTERS + CACHED_MAX_SPLITS * B * nH * (hd + 2), 'sweep part');
+        for (const splits of sweep ? splitsList : []) {
           const row: string[] = [], chosen = be.cachedAttentionGqaLayout(splits * nKv * B, hd, nH / nKv, true);
           for (const block of [64, 128, 256, 512, 1024]) {
             if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
@@ -99,6 +103,31 @@ for (const [name, nH, nKv, hd] of shapes) {
           }
           console.log(`[attention-cached sweep] splits ${splits}${splits === planned ? '*' : ''}, block/un us: ${row.join(' | ')}`);
         }
+        // the other kernels a call may take, launched directly: a block per query head, and the tensor-core group kernel
+        // at every split count up to CACHED_MAX_SPLITS
+        const timeIt = (label: string, spec: KernelSpec, grid: readonly [number, number, number], block: number, args: unknown[]): string => {
+          const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${label}`, () => { for (let r = 0; r < REPS; r++) launch(spec, grid, block, args); });
+          be.zero(out);
+          rep(); be.synchronize();
+          const s0 = process.hrtime.bigint();
+          for (let k = 0; k < 4; k++) rep();
+          be.synchronize();
+          const u2 = Number(process.hrtime.bigint() - s0) / 1e3 / (4 * REPS), got = be.download(out);
+          let err = 0;
+          for (let k = 0; k < got.length; k++) err = Math.max(err, Math.abs(got[k] - want[k]));
+          return `${label} ${u2.toFixed(1)}${err > 0.05 * scale ? ` WRONG (${err.toExponential(1)} of ${scale.toExponential(1)})` : ''}`;
+        };
+        const head = attentionCached.make({ headDim: hd, block: cachedAttentionBlock(hd), out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+        const others = [timeIt('head', head, [1, nH, B], cachedAttentionBlock(hd), [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv)])];
+        if (cachedMmaShape(hd, nH / nKv)) {
+          for (const minBlocks of CACHED_MMA_MIN_BLOCKS) {
+            const mma = attentionCachedMma.make({ headDim: hd, group: nH / nKv, out: 'bf16', seqPos: false, minBlocks });
+            for (const splits of [1, 2, 3, 4, 6, 8, 12, 16].filter((x) => x <= CACHED_MAX_SPLITS && (x === 1 || B * nKv <= CACHED_COUNTERS))) {
+              others.push(timeIt(`mma${minBlocks ? `(min ${minBlocks})` : ''}/${splits}`, mma, [splits, nKv, B], CACHED_MMA_THREADS, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), splits > 1 ? P(part) : { t: 'p', v: 0n }, I(splits)]));
+            }
+          }
+        }
+        console.log(`[attention-cached sweep] other kernels us: ${others.join(' | ')}`);
       }
     }
   }

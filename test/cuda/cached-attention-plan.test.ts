@@ -38,7 +38,7 @@ test('cachedAttentionPlan: 8-element loads only for aligned rows of a head dim t
         assert.ok((p.block / 32) * g * (hd + 2) * 4 <= 32 * 1024 || p.block === 32, `hd ${hd} group ${g}: the merge's shared memory`);
         assert.ok([1, 2, 4].includes(p.un));
         // the generated source compiles to the layout asked for (the spec's own check of its parameters)
-        assert.match(attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).source(),
+        assert.match(attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false }).source(),
           new RegExp(`#define VEC ${p.vec}\\n`));
       }
     }
@@ -136,7 +136,7 @@ test('a device backend splits as many times as its scratch holds, and prepare() 
 });
 
 /** One attentionCached call on a fake device: its launches, and the kernels it compiled (their specs' describe()). */
-function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number, cachedFloats?: number): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
+function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax: number, cachedFloats?: number, dt: 'f32' | 'bf16' = 'f32'): { launches: Array<{ fn: string; grid: number[]; block: number }>; compiled: string[] } {
   const launches: Array<{ fn: string; grid: number[]; block: number }> = [];
   const driver = Object.assign(fakeDriver(), {
     launch: (fn: unknown, grid: readonly [number, number, number], block: number) => { launches.push({ fn: String(fn), grid: [...grid], block }); },
@@ -145,14 +145,14 @@ function callOf(b: number, t: number, nH: number, nKv: number, hd: number, tMax:
   const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: false, log: () => {} });
   const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {}, ...(cachedFloats ? { attnCachedFloats: cachedFloats } : {}) });
   try {
-    const q = be.alloc(b * t * nH * hd, 'q', 'bf16'), out = be.alloc(b * t * nH * hd, 'out', 'bf16');
-    const kc = be.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = be.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+    const q = be.alloc(b * t * nH * hd, 'q', dt), out = be.alloc(b * t * nH * hd, 'out', dt);
+    const kc = be.alloc(b * tMax * nKv * hd, 'kc', dt), vc = be.alloc(b * tMax * nKv * hd, 'vc', dt);
     be.attentionCached(out, q, kc, vc, b, t, tMax - t, tMax, nH, nKv, hd);
   } finally { be.dispose(); }
   return { launches, compiled: compiler.labels };
 }
 const specOf = (hd: number, group: number, plan: CachedAttnPlan, seqPos = false): KernelSpec =>
-  attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos });
+  attentionCachedGqa.make({ headDim: hd, group, ...plan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos });
 const launchesOf = (b: number, t: number, nH: number, nKv: number, hd: number, tMax: number): Array<{ fn: string; grid: number[]; block: number }> =>
   callOf(b, t, nH, nKv, hd, tMax).launches;
 
@@ -162,7 +162,7 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
     const blocks = cachedAttentionSplits(b, 1, nKv, tMax) * nKv * b;
     assert.equal(blocks <= CACHED_SMALL_GRID, small, `${b} x ${nH}/${nKv} heads at ${tMax} rows: ${blocks} blocks`);
     const plan = cachedAttentionPlan(hd, nH / nKv, true, blocks);
-    const want = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...plan, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe();
+    const want = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...plan, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false }).describe();
     const { launches, compiled } = callOf(b, 1, nH, nKv, hd, tMax);
     // the call loads each layout it may take, to read their occupancy (the fake driver's fills any grid in one wave: the
     // most splits and the plan's layout): the large grid's, and the small grid's of fewer splits
@@ -181,7 +181,7 @@ test('a grid of at most CACHED_SMALL_GRID blocks launches the group kernel with 
   const small = cachedAttentionPlan(hd, nH / nKv, true, 4 * nKv * b);
   assert.equal(small.un, 4);
   assert.deepEqual(launches, [{ fn: 'attention_cached_gqa', grid: [4, nKv, b], block: small.block }]);
-  assert.deepEqual(compiled, [attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...small, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false }).describe()]);
+  assert.deepEqual(compiled, [attentionCachedGqa.make({ headDim: hd, group: nH / nKv, ...small, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: false }).describe()]);
 });
 
 test('a large grid\'s layouts: the plan\'s, then half the rows in flight down to 1 at its block; it launches the one that fits the grid in the fewest waves, then the most rows in flight', () => {
@@ -207,12 +207,13 @@ test('a large grid\'s layouts: the plan\'s, then half the rows in flight down to
 /**
  * Decode calls (one query row a sequence) of cached attention at batch `b` on a fake device of `sms` SMs, pre-warmed from a
  * trace into a sealed cache: the rows in flight (un) of the layout each call launched and its grid. The driver's occupancy
- * is `occ(un)` for each compiled layout (each function the fake loads knows the kernel compiled for it).
+ * is `occ(un)` for each compiled layout (each function the fake loads knows the kernel compiled for it; attention_cached_mma,
+ * which has no rows in flight, is `occ[0]`). Operands f32 (attention_cached_gqa) unless `dt` is bf16.
  */
-async function decodeOn(nH: number, nKv: number, hd: number, tMax: number, b: number, sms: number, occ: Record<number, number>): Promise<{ uns: number[]; grids: number[][] }> {
+async function decodeOn(nH: number, nKv: number, hd: number, tMax: number, b: number, sms: number, occ: Record<number, number>, dt: 'f32' | 'bf16' = 'f32'): Promise<{ uns: number[]; grids: number[][] }> {
   const call = (x: Backend): void => {
-    const q = x.alloc(b * nH * hd, 'q', 'bf16'), out = x.alloc(b * nH * hd, 'out', 'bf16');
-    const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+    const q = x.alloc(b * nH * hd, 'q', dt), out = x.alloc(b * nH * hd, 'out', dt);
+    const kc = x.alloc(b * tMax * nKv * hd, 'kc', dt), vc = x.alloc(b * tMax * nKv * hd, 'vc', dt);
     x.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
   };
   const labels = new Map<string, string>(), uns: number[] = [], grids: number[][] = [];
@@ -231,7 +232,7 @@ async function decodeOn(nH: number, nKv: number, hd: number, tMax: number, b: nu
       return { module: {}, fn: { entry, un: Number(/ un=(\d)/.exec(label)?.[1] ?? 0), block: Number(/ block=(\d+)/.exec(label)?.[1] ?? 0) } };
     },
     occupancy: (fn: unknown, block: number) => { assert.equal(block, (fn as Fn).block, 'the block the layout launches with'); return occ[(fn as Fn).un]!; },
-    launch: (fn: unknown, grid: readonly [number, number, number]) => { if ((fn as Fn).entry === 'attention_cached_gqa') { uns.push((fn as Fn).un); grids.push([...grid]); } },
+    launch: (fn: unknown, grid: readonly [number, number, number]) => { if ((fn as Fn).entry.startsWith('attention_cached_')) { uns.push((fn as Fn).un); grids.push([...grid]); } },
   });
   const cache = new KernelCache({ compiler, arch: 'sm_90', dir: null, strict: true, log: () => {} });
   const be = new CudaBackend('device', { driver, cublas: fakeCublas(), cache, log: () => {} });
@@ -298,13 +299,14 @@ test('a call of fewer than CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs, unl
   }
 });
 
-test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk)', async () => {
-  for (const tMax of [128, 256, CACHED_GQA_LONG_ROWS]) for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+test('pre-warmed from one call, a sealed cache serves the calls of fewer sequences and of more rows that the run makes (a last, shorter group; a chunk), over f32 operands (attention_cached_gqa) and bf16 (attention_cached_mma)', async () => {
+  for (const dt of ['f32', 'bf16'] as const) for (const tMax of [128, 256, CACHED_GQA_LONG_ROWS]) for (const [nH, nKv, hd, traced] of [[16, 8, 128, 8], [32, 8, 128, 8], [14, 2, 64, 64], [14, 2, 64, 1]] as const) {
+    const group = dt === 'bf16' ? 'attention_cached_mma' : 'attention_cached_gqa', other = dt === 'bf16' ? 'attention_cached_gqa' : 'attention_cached_mma';
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true, log: () => {} });
     const be = new CudaBackend('device', { driver: fakeDriver(), cublas: fakeCublas(), cache, log: () => {} });
     const call = (b: number, t: number, seqPos: boolean) => (x: Backend): void => {
-      const q = x.alloc(b * t * nH * hd, 'q', 'bf16'), out = x.alloc(b * t * nH * hd, 'out', 'bf16');
-      const kc = x.alloc(b * tMax * nKv * hd, 'kc', 'bf16'), vc = x.alloc(b * tMax * nKv * hd, 'vc', 'bf16');
+      const q = x.alloc(b * t * nH * hd, 'q', dt), out = x.alloc(b * t * nH * hd, 'out', dt);
+      const kc = x.alloc(b * tMax * nKv * hd, 'kc', dt), vc = x.alloc(b * tMax * nKv * hd, 'vc', dt);
       const pos = x.allocInt(b, 'pos');
       x.attentionCached(out, q, kc, vc, b, t, seqPos ? { seqPositions: pos } : Math.min(100, tMax - t), tMax, nH, nKv, hd);
     };
@@ -315,9 +317,10 @@ test('pre-warmed from one call, a sealed cache serves the calls of fewer sequenc
       for (const t of [1, 3, 64, 100]) call(1, t, false)(be);
       assert.equal(cache.counters.missesAfterSeal, 0, `heads ${nH}/${nKv}, traced at ${traced} sequences, ${tMax} rows`);
       // a short cache (shorter at a group up to CACHED_GQA_SMALL_GROUP): fewer sequences than traced take
-      // attention_cached; a long one takes the group kernel throughout
-      if (tMax < (nH / nKv <= CACHED_GQA_SMALL_GROUP ? CACHED_GQA_SMALL_GROUP_ROWS : CACHED_GQA_LONG_ROWS)) assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
-      else assert.ok((be.launches.get('attention_cached_gqa') ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) === 0, 'the group kernel only');
+      // attention_cached; a long one takes the group kernel throughout, and so does a GQA group on the tensor cores
+      if (dt === 'f32' && tMax < (nH / nKv <= CACHED_GQA_SMALL_GROUP ? CACHED_GQA_SMALL_GROUP_ROWS : CACHED_GQA_LONG_ROWS)) assert.ok((be.launches.get(group) ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) > 0, 'both kernels ran');
+      else assert.ok((be.launches.get(group) ?? 0) > 0 && (be.launches.get('attention_cached') ?? 0) === 0, 'the group kernel only');
+      assert.equal(be.launches.get(other) ?? 0, 0, `${dt} operands never launch ${other}`);
     } finally { be.dispose(); }
   }
 });
@@ -339,7 +342,7 @@ test('cachedAttentionGqaSmem is the shared memory ptxas reports for the generate
     for (const [hd, g] of [[64, 7], [128, 16], [512, 16], [40, 3]] as const) {
       const p = cachedAttentionPlan(hd, g, true);
       const src = join(dir, `k${hd}-${g}.cu`);
-      writeFileSync(src, attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: true }).source());
+      writeFileSync(src, attentionCachedGqa.make({ headDim: hd, group: g, ...p, out: 'f32', q: 'f32', kc: 'f32', vc: 'f32', seqPos: true }).source());
       const r = spawnSync(nvcc!.path, ['-arch=sm_90', '-cubin', '--resource-usage', '-o', join(dir, 'k.cubin'), src], { encoding: 'utf8' });
       const m = /(\d+) bytes smem/.exec(`${r.stdout}${r.stderr}`);
       assert.ok(m, `ptxas reported no shared memory for hd ${hd} group ${g}: ${r.stderr}`);

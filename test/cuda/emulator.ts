@@ -110,6 +110,12 @@ inline unsigned __ballot_sync(unsigned, int p) {
   unsigned r = 0; for (int i = 0; i < 32; i++) r |= g_xu[w][i][0] << i;
   warpsync(); return r;
 }
+/* prmt: byte i of the result is byte (s >> 4i) & 7 of y:x */
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long v = ((unsigned long long)y << 32) | x; unsigned r = 0;
+  for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+  return r;
+}
 inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float lo16(unsigned r) { return __uint_as_float((r & 0xffffu) << 16); }

@@ -298,6 +298,7 @@ export function fakeDriver(): CudaDriver & FakeDriverLog {
     // as many blocks an SM as fill any grid a test launches in one wave: a choice by occupancy keeps its first option
     // (tests override this)
     occupancy: () => 64,
+    resources: () => ({ registers: 64, localBytes: 0 }),
     memAlloc: (bytes: number) => { const p = next; next += BigInt(Math.max(256, bytes)); return p; },
     memFree: () => {}, memsetD32: () => onStream('memset'), memsetD8: () => onStream('memset'),
     htod: () => { if (capture) throw new Error('fake driver: htod while capturing'); onStream('htod'); },

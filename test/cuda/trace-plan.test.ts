@@ -213,7 +213,9 @@ test('a second prepare() for a larger run sizes from the defaults, not from the 
 
 test('generation: a prefill from position 0 runs training\'s causal attention (the flash kernel), the decode steps the cache-reading kernel; both pre-warmed', async () => {
   const cfg = tinyConfig(96, { hiddenSize: 128, numHeads: 2, numKvHeads: 1, headDim: 64, numLayers: 3 });
-  for (const [precision, flash] of [['bf16', 'attention_fwd_bf16'], ['fp32', 'attention_fwd']] as const) {
+  // the decode steps' kernel: a GQA group of bf16 operands on the tensor cores at any size (attention_cached_mma); fp32
+  // operands at these few (row, KV head) pairs a block per query head (attention_cached)
+  for (const [precision, flash, cached] of [['bf16', 'attention_fwd_bf16', 'attention_cached_mma'], ['fp32', 'attention_fwd', 'attention_cached']] as const) {
     const run = (be: Backend): BatchGenerator => {
       const g = new BatchGenerator(new Transformer(be, cfg, { batch: 1, seq: 1, training: false, precision }), 2, 16);
       g.prefill([[1, 2, 3], [4, 5]]);
@@ -222,9 +224,9 @@ test('generation: a prefill from position 0 runs training\'s causal attention (t
     const b = createTraceBackend();
     const g = run(b);
     assert.equal(b.launches.get(flash), cfg.numLayers, `${precision}: the prefill's attention`);
-    assert.equal(b.launches.get('attention_cached') ?? 0, 0, `${precision}: the prefill reads no cache`);
+    for (const k of ['attention_cached', 'attention_cached_gqa', 'attention_cached_mma']) assert.equal(b.launches.get(k) ?? 0, 0, `${precision}: the prefill reads no cache`);
     g.decode(Int32Array.of(6, 7));
-    assert.equal(b.launches.get('attention_cached'), cfg.numLayers, `${precision}: a decode step reads the cache`);
+    assert.equal(b.launches.get(cached), cfg.numLayers, `${precision}: a decode step reads the cache`);
     assert.equal(b.launches.get(flash), cfg.numLayers);
     // what generation launches is what eval's and generate's pre-warm plans (jobClosures): zero misses after the seal
     const cache = new KernelCache({ compiler: new FakeCompiler(), arch: 'sm_90', dir: null, strict: true });

@@ -11,6 +11,7 @@ import { tryNvrtc } from './ffi/nvrtc.js';
 import { ALL_FAMILIES } from './kernels/index.js';
 import { ropeKernel } from './kernels/rope.js';
 import { cachedAttentionLargeLayouts, cachedAttentionPlan } from './kernels/attention-cached.js';
+import { CACHED_MMA_MIN_BLOCKS, cachedMmaShape } from './kernels/attention-cached-mma.js';
 import { yarnMscale, type RopeSpec } from '../rope.js';
 
 export interface CompileResult { arch: string; spec: KernelSpec; ok: boolean; ms: number; bytes: number; error?: string }
@@ -94,7 +95,11 @@ export function representativeSpecs(): KernelSpec[] {
     for (const aligned of [true, false]) for (const plan of [cachedAttentionPlan(headDim, group, aligned, 1), ...cachedAttentionLargeLayouts(headDim, group, aligned)]) {
       for (const dt of ['f32', 'bf16']) mk('attention_cached_gqa', { headDim, group, ...plan, out: dt, q: dt, kc: dt, vc: dt, seqPos: !aligned });
     }
+    // the tensor-core group kernel where it takes the shape (bf16 operands; the output in either dtype)
+    if (cachedMmaShape(headDim, group)) for (const out of ['f32', 'bf16']) for (const seqPos of [false, true]) for (const minBlocks of CACHED_MMA_MIN_BLOCKS) mk('attention_cached_mma', { headDim, group, out, seqPos, minBlocks });
   }
+  // the tensor-core group kernel's largest group
+  for (const minBlocks of CACHED_MMA_MIN_BLOCKS) mk('attention_cached_mma', { headDim: 128, group: 16, out: 'bf16', seqPos: true, minBlocks });
   // every head dim configs use (Llama/Qwen 64, 128; Phi-style 80, 96; small 32; 256, which opts in to > 48 KiB shared memory)
   for (const headDim of [32, 80, 96, 256]) {
     for (const fam of ['attention_fwd', 'attention_bwd', 'attention_bwd_dkv']) attn(fam, headDim);

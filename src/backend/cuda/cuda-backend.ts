@@ -62,6 +62,7 @@ import {
   cachedAttentionLargeLayouts, cachedAttentionPickLayout, cachedAttentionPickSplits, cachedAttentionPlan, cachedAttentionSplits, kvCacheWrite, type CachedAttnPlan,
 } from './kernels/attention-cached.js';
 import { FA_QUERY_TILE, FA_THREADS, attentionForwardBf16, faSmem } from './kernels/attention-bf16.js';
+import { CACHED_MMA_MIN_BLOCKS, CACHED_MMA_MIN_ROWS, CACHED_MMA_THREADS, attentionCachedMma, cachedMmaPickVariant, cachedMmaShape } from './kernels/attention-cached-mma.js';
 import { MMA_MAX_HEAD_DIM, MMA_QUERY_TILE, attentionForwardMma, mmaForwardSmem } from './kernels/attention-tf32.js';
 import {
   accumulateKernel, adamwKernel, addKernel, biasAdd, convertKernel, copyColumnsKernel, biasGrad, colReduce, EMB_BWD_MAX_PER, embeddingBackward, embeddingForward, scaleKernel,
@@ -210,6 +211,8 @@ export class CudaBackend implements Backend {
   private readonly cachedLaunches = new Map<string, CachedLaunch>();
   /** The blocks an SM holds of each loaded kernel at the block it launches with (occupancy, by spec). */
   private readonly blocksPerSm = new Map<KernelSpec, number>();
+  /** Each loaded kernel's registers and local memory a thread (resources()). */
+  private readonly kernelResources = new Map<KernelSpec, { registers: number; localBytes: number }>();
   private dkvPart: CudaBuf | null = null;
   private dkvFloats: number;
   private dsTiles: CudaBuf | null = null;
@@ -316,6 +319,16 @@ export class CudaBackend implements Backend {
       this.fns.set(spec, fn);
     }
     return fn;
+  }
+
+  /** The registers and local memory a thread of spec's kernel uses, as the driver reports. */
+  private resources(spec: KernelSpec, dev: DeviceParts): { registers: number; localBytes: number } {
+    let r = this.kernelResources.get(spec);
+    if (r === undefined) {
+      r = dev.driver.resources(this.fnFor(spec, dev), `reading the registers of ${spec.describe()}`);
+      this.kernelResources.set(spec, r);
+    }
+    return r;
   }
 
   /** The blocks of `block` threads of spec's kernel (static shared memory only) one SM holds, as the driver reports. */
@@ -1242,14 +1255,25 @@ export class CudaBackend implements Backend {
     const large = cachedAttentionLargeLayouts(hd, group, aligned);
     const gqaFits = group <= CACHED_GQA_MAX_GROUP && cachedAttentionGqaSmem(hd, group, large[0]!.block) <= SMEM_DEFAULT;
     const gqaSpec = (plan: CachedAttnPlan): KernelSpec => attentionCachedGqa.make({ headDim: hd, group, ...plan, ...dt, seqPos: seq });
+    // the group on the tensor cores where the operands are bf16, 16-byte aligned, of a head dim and group it takes
+    const mma = qDt === 'bf16' && kcDt === 'bf16' && vcDt === 'bf16' && aligned && cachedMmaShape(hd, group)
+      ? CACHED_MMA_MIN_BLOCKS.map((minBlocks) => attentionCachedMma.make({ headDim: hd, group, out: outDt, seqPos: seq, minBlocks })) : null;
     // The kernel and its layout depend on the call's sequences and rows, which a run's traced call need not share (a last,
     // shorter group of prompts; a chunk of another length): a trace plans every kernel a call of this shape can take, and
     // every layout a large grid may pick by occupancy.
     if (!this.dev) {
-      const all = gqaFits ? [cachedAttentionPlan(hd, group, aligned, 0), ...large].map(gqaSpec) : [];
+      const all = mma ?? (gqaFits ? [cachedAttentionPlan(hd, group, aligned, 0), ...large].map(gqaSpec) : []);
       for (const spec of [head, ...all]) if (!this.traced.has(spec.id)) this.traced.set(spec.id, spec);
     }
-    if (cachedAttentionKernel(b, t, nKv, group, tMax) === 'head' || !gqaFits) return { spec: head, block: head.params.block, splits: 0, need: 0 };
+    if (cachedAttentionKernel(b, t, nKv, group, tMax, mma !== null) === 'head' || !(gqaFits || mma)) return { spec: head, block: head.params.block, splits: 0, need: 0 };
+    if (mma) {
+      // the variant cachedMmaPickVariant picks for a grid of `blocks` by the compiled kernels (a trace, with no GPU: the first)
+      const dev = this.dev;
+      const variants = dev ? mma.map((spec) => ({ blocksPerSm: this.occupancy(spec, CACHED_MMA_THREADS, dev), ...this.resources(spec, dev) })) : [];
+      const pick = (blocks: number): number => (dev ? cachedMmaPickVariant(blocks, dev.driver.smCount, variants) : 0);
+      const { splits, need } = this.cachedAttentionSplitsFor(b, t, nHeads, nKv, hd, tMax, (blocks) => variants[pick(blocks)]?.blocksPerSm ?? 0, scratchFloats, CACHED_MMA_MIN_ROWS);
+      return { spec: mma[pick(t * splits * nKv * b)]!, block: CACHED_MMA_THREADS, splits, need };
+    }
     // A short grid splits the cache rows over blocks, up to as many splits as the scratch holds (the kernel is the same either way)
     const { splits, plan, need } = this.cachedAttentionGqaGrid(b, t, nHeads, nKv, hd, tMax, aligned, gqaSpec, scratchFloats);
     return { spec: gqaSpec(plan), block: plan.block, splits, need };
@@ -1265,16 +1289,38 @@ export class CudaBackend implements Backend {
    */
   cachedAttentionGqaGrid(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number, aligned: boolean,
     spec?: (plan: CachedAttnPlan) => KernelSpec, scratchFloats = this.cachedFloats): { splits: number; plan: CachedAttnPlan; need: number } {
-    const group = nHeads / nKv, per = b * t * nHeads * (hd + 2), pairs = t * nKv * b, want = cachedAttentionSplits(b, t, nKv, tMax);
+    const group = nHeads / nKv, pairs = t * nKv * b, dev = this.dev;
+    const { splits, need } = this.cachedAttentionSplitsFor(b, t, nHeads, nKv, hd, tMax, (blocks) => {
+      const p = this.cachedAttentionGqaLayout(blocks, hd, group, aligned, spec);
+      return dev ? this.occupancy((spec ?? this.gqaBf16(hd, group))(p), p.block, dev) : 0;
+    }, scratchFloats);
+    return { splits, plan: this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, spec), need };
+  }
+
+  /**
+   * Into how many blocks a group kernel (attention_cached_gqa or attention_cached_mma) splits each (query row, KV head)'s
+   * rows: of cachedAttentionSplits' count, or the fewer the split scratch (`scratchFloats`) holds, the count that runs the
+   * grid in the fewest waves on this GPU, then the most (cachedAttentionPickSplits, `blocksPerSm(blocks)` the blocks an SM
+   * holds of the kernel a grid of that many blocks launches; a trace, with no GPU, has the most; `minRows`: the rows a
+   * split takes at least, cachedAttentionSplits'); `need` is the split
+   * scratch (floats) cachedAttentionSplits' count needs, which prepare() sizes it to.
+   */
+  private cachedAttentionSplitsFor(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number,
+    blocksPerSm: (blocks: number) => number, scratchFloats: number, minRows?: number): { splits: number; need: number } {
+    const per = b * t * nHeads * (hd + 2), pairs = t * nKv * b, want = cachedAttentionSplits(b, t, nKv, tMax, minRows);
     const fit = Math.min(want, Math.floor((scratchFloats - CACHED_COUNTERS) / per)), most = fit >= 2 ? fit : 1;
     const dev = this.dev;
-    const splits = dev && most > 1
-      ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, (blocks) => {
-        const p = this.cachedAttentionGqaLayout(blocks, hd, group, aligned, spec);
-        return this.occupancy((spec ?? this.gqaBf16(hd, group))(p), p.block, dev);
-      })
-      : most;
-    return { splits, plan: this.cachedAttentionGqaLayout(pairs * splits, hd, group, aligned, spec), need: want > 1 ? CACHED_COUNTERS + want * per : 0 };
+    return { splits: dev && most > 1 ? cachedAttentionPickSplits(most, pairs, dev.driver.smCount, blocksPerSm) : most, need: want > 1 ? CACHED_COUNTERS + want * per : 0 };
+  }
+
+  /**
+   * The kernel a cached-attention call of this shape launches (bf16 operands unless given; rows 16-byte aligned; one
+   * position for every sequence), its block and split count (0: attention_cached), and the blocks an SM holds of it (0
+   * without a GPU): what a benchmark prints beside its time.
+   */
+  cachedAttentionLaunchOf(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number, dtype: DType = 'bf16'): { kernel: string; block: number; splits: number; params: Readonly<Record<string, unknown>>; blocksPerSm: number } {
+    const c = this.cachedAttentionLaunch(b, t, nHeads, nKv, hd, tMax, true, false, dtype, dtype, dtype, dtype, this.cachedFloats);
+    return { kernel: c.spec.family, block: c.block, splits: c.splits, params: c.spec.params, blocksPerSm: this.dev ? this.occupancy(c.spec, c.block, this.dev) : 0 };
   }
 
   /** attention_cached_gqa's kernel for a layout over bf16 operands without per-sequence positions (a layout's registers, so its pick, hardly depend on them). */

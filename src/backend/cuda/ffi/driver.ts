@@ -14,6 +14,8 @@ type Fn = ReturnType<ReturnType<typeof koffi.load>['func']>;
 const ATTR_CC_MAJOR = 75;
 /** CUfunction_attribute CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (cuda.h). */
 const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+/** CUfunction_attribute CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES and CU_FUNC_ATTRIBUTE_NUM_REGS (cuda.h). */
+const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3, CU_FUNC_ATTRIBUTE_NUM_REGS = 4;
 const ATTR_CC_MINOR = 76;
 /** CUdevice_attribute CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT (cuda.h). */
 const ATTR_SM_COUNT = 16;
@@ -57,6 +59,7 @@ export class CudaDriver {
       eventElapsedTime: l.func('int cuEventElapsedTime(_Out_ float *ms, void *start, void *end)'),
       eventDestroy: l.func('int cuEventDestroy_v2(void *ev)'),
       funcSetAttribute: l.func('int cuFuncSetAttribute(void *hfunc, int attrib, int value)'),
+      funcGetAttribute: l.func('int cuFuncGetAttribute(_Out_ int *value, int attrib, void *hfunc)'),
       occupancy: l.func('int cuOccupancyMaxActiveBlocksPerMultiprocessor(_Out_ int *numBlocks, void *func, int blockSize, size_t dynamicSMemSize)'),
       launchKernel: l.func('int cuLaunchKernel(void *f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, void *stream, void *params, void *extra)'),
       streamCreate: l.func('int cuStreamCreate(_Out_ void **stream, unsigned int flags)'),
@@ -340,6 +343,14 @@ export class CudaDriver {
    */
   setMaxDynamicShared(fn: unknown, bytes: number, context: string): void {
     this.check(this.f.funcSetAttribute!(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes), 'cuFuncSetAttribute', context);
+  }
+
+  /** fn's registers a thread and local memory a thread (bytes: spilled registers and local arrays), as compiled. */
+  resources(fn: unknown, context: string): { registers: number; localBytes: number } {
+    const r = [0], l = [0];
+    this.check(this.f.funcGetAttribute!(r, CU_FUNC_ATTRIBUTE_NUM_REGS, fn), 'cuFuncGetAttribute', context);
+    this.check(this.f.funcGetAttribute!(l, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn), 'cuFuncGetAttribute', context);
+    return { registers: r[0]!, localBytes: l[0]! };
   }
 
   /** The blocks of `block` threads (and `dynamicSmem` bytes of dynamic shared memory) of fn one SM holds at once. */

@@ -69,6 +69,15 @@ export function faSmem(kind: FaKind, hd: number): number {
   }
 }
 
+/** mma16(c, a, b0, b1): c += a · b on one m16n8k16 tile (bf16 operands as fragments below, fp32 accumulation), inline PTX. */
+export const MMA16 = `/* c += a · b on one m16n8k16 tile, fp32 accumulation */
+__device__ __forceinline__ void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+`;
+
 /**
  * Shared device code of the bf16 tensor-core kernels. mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 fragments
  * (PTX ISA; g = lane >> 2, t = lane & 3; a register holds two bf16, the lower column / k index in its low half):
@@ -103,13 +112,7 @@ __device__ __forceinline__ unsigned smem32(const void* p) { return (unsigned)__c
 /* two floats to consecutive elements i, i + 1 (i even): one 64-bit store, or one 32-bit store of a bf16 pair */
 __device__ __forceinline__ void st2(float* p, long long i, float a, float b) { *(float2*)(p + i) = make_float2(a, b); }
 __device__ __forceinline__ void st2(bf16* p, long long i, float a, float b) { *(unsigned*)(p + i) = pack2(a, b); }
-/* c += a · b on one m16n8k16 tile, fp32 accumulation */
-__device__ __forceinline__ void mma16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-/* ldmatrix.x4 (not transposed) of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address (shared addresses,
+${MMA16}/* ldmatrix.x4 (not transposed) of four 8×8 bf16 matrices whose rows lanes 8m .. 8m + 7 address (shared addresses,
    16-byte aligned rows): lane (g, t) receives elements [g][2t] (low half) and [g][2t + 1] of each matrix m in register m */
 __device__ __forceinline__ void ldsm4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, unsigned a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"

@@ -196,7 +196,7 @@ export function cachedAttentionLargeLayouts(headDim: number, group: number, alig
 }
 
 /** The waves a grid of `blocks` runs in on `sms` SMs holding `perSm` blocks each (a layout no SM holds: never). */
-function waves(blocks: number, perSm: number, sms: number): number {
+export function gridWaves(blocks: number, perSm: number, sms: number): number {
   return perSm > 0 ? Math.ceil(blocks / (perSm * sms)) : Infinity;
 }
 
@@ -215,7 +215,7 @@ function waves(blocks: number, perSm: number, sms: number): number {
 export function cachedAttentionPickLayout(gridBlocks: number, sms: number, blocksPerSm: readonly number[]): number {
   let best = 0, bestWaves = Infinity;
   blocksPerSm.forEach((n, i) => {
-    const w = waves(gridBlocks, n, sms);
+    const w = gridWaves(gridBlocks, n, sms);
     if (w < bestWaves) { best = i; bestWaves = w; }
   });
   return best;
@@ -235,7 +235,7 @@ export function cachedAttentionPickLayout(gridBlocks: number, sms: number, block
 export function cachedAttentionPickSplits(most: number, pairs: number, sms: number, blocksPerSm: (blocks: number) => number): number {
   let best = most, bestWaves = Infinity;
   for (let s = most; s >= 1; s--) {
-    const w = waves(pairs * s, blocksPerSm(pairs * s), sms);
+    const w = gridWaves(pairs * s, blocksPerSm(pairs * s), sms);
     if (w < bestWaves) { best = s; bestWaves = w; }
   }
   return best;
@@ -254,13 +254,14 @@ export const CACHED_MAX_SPLITS = 16;
 /**
  * Into how many blocks attention_cached_gqa splits each (query row, KV head)'s cache rows: enough that the grid has about
  * CACHED_COUNTERS blocks (a decode step of few sequences and KV heads has a block or so per SM, each a long walk),
- * at most one per CACHED_MIN_ROWS of the cache's capacity tMax and CACHED_MAX_SPLITS. A function of the call's shape
+ * at most one per `minRows` (CACHED_MIN_ROWS; attention_cached_mma's CACHED_MMA_MIN_ROWS) of the cache's capacity tMax
+ * and CACHED_MAX_SPLITS. A function of the call's shape
  * alone: the cache's length is on the device (seqPos) and changes every step of a captured decode loop.
  */
-export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: number): number {
+export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: number, minRows = CACHED_MIN_ROWS): number {
   const blocks = b * t * nKv;
   if (blocks >= CACHED_COUNTERS) return 1;
-  return Math.max(1, Math.min(Math.ceil(CACHED_COUNTERS / blocks), Math.ceil(tMax / CACHED_MIN_ROWS), CACHED_MAX_SPLITS));
+  return Math.max(1, Math.min(Math.ceil(CACHED_COUNTERS / blocks), Math.ceil(tMax / minRows), CACHED_MAX_SPLITS));
 }
 
 /**
@@ -296,8 +297,10 @@ export const CACHED_GQA_MAX_GROUP = 16;
 export const CACHED_GQA_SMALL_GROUP = 2;
 /** The cache capacity from which a group up to CACHED_GQA_SMALL_GROUP takes attention_cached_gqa at any number of pairs. */
 export const CACHED_GQA_SMALL_GROUP_ROWS = 256;
-export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number, tMax: number): 'head' | 'gqa' {
+export function cachedAttentionKernel(b: number, t: number, nKv: number, group: number, tMax: number, mma = false): 'head' | 'gqa' {
   if (group > CACHED_GQA_MAX_GROUP) return 'head';
+  // on the tensor cores (attention_cached_mma) a GQA group takes the group kernel at any size (measured: attention-cached-mma.ts)
+  if (mma && group >= 2) return 'gqa';
   // the capacity rules for GQA groups only: at a group of 1 (no GQA) neither kernel was measured against the other there
   if (group >= 2 && tMax >= (group <= CACHED_GQA_SMALL_GROUP ? CACHED_GQA_SMALL_GROUP_ROWS : CACHED_GQA_LONG_ROWS)) return 'gqa';
   return b * t * nKv >= CACHED_GQA_MIN_BLOCKS ? 'gqa' : 'head';
@@ -312,6 +315,82 @@ export function cachedAttentionGqaSmem(headDim: number, group: number, block: nu
   const nw = block / 32;
   return 4 * (2 * nw * group + nw * group * headDim + 2 * CACHED_MAX_SPLITS * group + group + 1);
 }
+
+/**
+ * The end of attention_cached_gqa and attention_cached_mma (after #defines of G, HD, NW, BLOCK, CACHED_COUNTERS and
+ * CACHED_MAX_SPLITS, and dtypeHelpers): the block's NW warps' partials in shared memory (wm, wl: each warp's max and sum
+ * a query head, a sum of 0 for a warp that saw no row; wacc: its weighted values), written before a barrier, merged into
+ * out (nsplit 1), or into split s's partial in `part` (after CACHED_COUNTERS ints of counters); the last split of a (query
+ * row, KV head) to finish (an atomic counter, reset by it) merges all of them in split order, so the result does not
+ * depend on the blocks' order.
+ */
+export const CACHED_FINISH = `template <typename TO>
+__device__ __forceinline__ void cached_finish(TO* out, float* part, const float (*wm)[G], const float (*wl)[G], const float (*wacc)[G][HD],
+                                              int t, int nKv, int nsplit, int s, int i, int kvh, int b, long long qrow) {
+  /* the split's partial of each (query head, dim): its max, sum and weighted values, at part[CACHED_COUNTERS..] */
+  const long long pbase = CACHED_COUNTERS + ((((long long)b * t + i) * nKv + kvh) * nsplit) * G * (HD + 2);
+  for (int x = threadIdx.x; x < G * HD; x += BLOCK) {
+    int hh = x / HD, d = x - hh * HD;
+    float M = NEG_INF;
+    for (int k = 0; k < NW; k++) M = fmaxf(M, wm[k][hh]);
+    float den = 0.0f, a = 0.0f;
+    for (int k = 0; k < NW; k++) {
+      if (wl[k][hh] == 0.0f) continue;
+      float f = expf(wm[k][hh] - M);
+      den += wl[k][hh] * f;
+      a += wacc[k][hh][d] * f;
+    }
+    if (nsplit == 1) { stf(out, (qrow + hh) * HD + d, a / den); continue; }
+    float* pp = part + pbase + ((long long)s * G + hh) * (HD + 2);
+    if (d == 0) { pp[0] = M; pp[1] = den; }
+    pp[2 + d] = a;
+  }
+  if (nsplit == 1) return;
+  /* the last split to finish merges all of them, in split order (the result does not depend on which is last) */
+  __shared__ int lastBlock;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* cnt = (int*)part + ((long long)b * t + i) * nKv + kvh;
+    lastBlock = atomicAdd(cnt, 1) == nsplit - 1;
+    if (lastBlock) *cnt = 0; /* ready for the next call */
+  }
+  __syncthreads();
+  if (!lastBlock) return;
+  __threadfence();
+  /* the splits' maxima and sums, all loaded at once (L2: ld.cg, the other blocks wrote them), then each split's weight
+     a query head in shared memory (0 for an empty split: its rows all past L), then every weighted value loaded
+     unconditionally (an empty split wrote zeros) and summed in split order */
+  __shared__ float hm[CACHED_MAX_SPLITS][G], hl[CACHED_MAX_SPLITS][G], hden[G];
+  const float* pp0 = part + pbase;
+  for (int x = threadIdx.x; x < nsplit * G; x += BLOCK) {
+    int k = x / G, hh = x - k * G;
+    hm[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2));
+    hl[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2) + 1);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    int hh = threadIdx.x;
+    float M = NEG_INF;
+    for (int k = 0; k < nsplit; k++) M = fmaxf(M, hm[k][hh]);
+    float den = 0.0f;
+    for (int k = 0; k < nsplit; k++) {
+      float f = hl[k][hh] == 0.0f ? 0.0f : expf(hm[k][hh] - M);
+      den += hl[k][hh] * f;
+      hm[k][hh] = f;
+    }
+    hden[hh] = den;
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < G * HD; x += BLOCK) {
+    int hh = x / HD, d = x - hh * HD;
+    float a = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < nsplit; k++) a += __ldcg(pp0 + ((long long)k * G + hh) * (HD + 2) + 2 + d) * hm[k][hh];
+    stf(out, (qrow + hh) * HD + d, a / hden[hh]);
+  }
+}
+`;
 
 /**
  * Grid (t·nsplit, nKv, B): a block per query row, KV head and split, for the group of G = nH/nKv query heads that share it (each cache
@@ -366,6 +445,7 @@ template <typename T> __device__ __forceinline__ void ldrow(const T* p, long lon
     }
   }
 }
+${CACHED_FINISH}
 extern "C" __global__ void __launch_bounds__(BLOCK) attention_cached_gqa(${ctype(p.out)}* out, const ${ctype(p.q)}* q, const ${ctype(p.kc)}* kc,
                                             const ${ctype(p.vc)}* vc, int t, int pos0, int tMax, int nH, int nKv, float* part, int nsplit${p.seqPos ? ', const int* seqPos' : ''}) {
   int i = blockIdx.x / nsplit, s = blockIdx.x - i * nsplit, kvh = blockIdx.y, b = blockIdx.z;
@@ -457,68 +537,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) attention_cached_gqa(${ctype
     }
   }
   __syncthreads();
-  /* the split's partial of each (query head, dim): its max, sum and weighted values, at part[CACHED_COUNTERS..] */
-  const long long pbase = CACHED_COUNTERS + ((((long long)b * t + i) * nKv + kvh) * nsplit) * G * (HD + 2);
-  for (int x = threadIdx.x; x < G * HD; x += BLOCK) {
-    int hh = x / HD, d = x - hh * HD;
-    float M = NEG_INF;
-    for (int k = 0; k < NW; k++) M = fmaxf(M, wm[k][hh]);
-    float den = 0.0f, a = 0.0f;
-    for (int k = 0; k < NW; k++) {
-      if (wl[k][hh] == 0.0f) continue;
-      float f = expf(wm[k][hh] - M);
-      den += wl[k][hh] * f;
-      a += wacc[k][hh][d] * f;
-    }
-    if (nsplit == 1) { stf(out, (qrow + hh) * HD + d, a / den); continue; }
-    float* pp = part + pbase + ((long long)s * G + hh) * (HD + 2);
-    if (d == 0) { pp[0] = M; pp[1] = den; }
-    pp[2 + d] = a;
-  }
-  if (nsplit == 1) return;
-  /* the last split to finish merges all of them, in split order (the result does not depend on which is last) */
-  __shared__ int lastBlock;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* cnt = (int*)part + ((long long)b * t + i) * nKv + kvh;
-    lastBlock = atomicAdd(cnt, 1) == nsplit - 1;
-    if (lastBlock) *cnt = 0; /* ready for the next call */
-  }
-  __syncthreads();
-  if (!lastBlock) return;
-  __threadfence();
-  /* the splits' maxima and sums, all loaded at once (L2: ld.cg, the other blocks wrote them), then each split's weight
-     a query head in shared memory (0 for an empty split: its rows all past L), then every weighted value loaded
-     unconditionally (an empty split wrote zeros) and summed in split order */
-  __shared__ float hm[CACHED_MAX_SPLITS][G], hl[CACHED_MAX_SPLITS][G], hden[G];
-  const float* pp0 = part + pbase;
-  for (int x = threadIdx.x; x < nsplit * G; x += BLOCK) {
-    int k = x / G, hh = x - k * G;
-    hm[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2));
-    hl[k][hh] = __ldcg(pp0 + (long long)x * (HD + 2) + 1);
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    int hh = threadIdx.x;
-    float M = NEG_INF;
-    for (int k = 0; k < nsplit; k++) M = fmaxf(M, hm[k][hh]);
-    float den = 0.0f;
-    for (int k = 0; k < nsplit; k++) {
-      float f = hl[k][hh] == 0.0f ? 0.0f : expf(hm[k][hh] - M);
-      den += hl[k][hh] * f;
-      hm[k][hh] = f;
-    }
-    hden[hh] = den;
-  }
-  __syncthreads();
-  for (int x = threadIdx.x; x < G * HD; x += BLOCK) {
-    int hh = x / HD, d = x - hh * HD;
-    float a = 0.0f;
-#pragma unroll 4
-    for (int k = 0; k < nsplit; k++) a += __ldcg(pp0 + ((long long)k * G + hh) * (HD + 2) + 2 + d) * hm[k][hh];
-    stf(out, (qrow + hh) * HD + d, a / hden[hh]);
-  }
+  cached_finish(out, part, wm, wl, wacc, t, nKv, nsplit, s, i, kvh, b, qrow);
 }
 `;
   },

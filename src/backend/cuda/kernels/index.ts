@@ -7,6 +7,7 @@ import {
 } from './rope.js';
 import { attentionBackward, attentionBackwardKv, attentionBackwardPre, attentionDkvReduce, attentionForward } from './attention.js';
 import { attentionCached, attentionCachedGqa, kvCacheWrite } from './attention-cached.js';
+import { attentionCachedMma } from './attention-cached-mma.js';
 import {
   attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqBf16, attentionBackwardDqDsBf16, attentionForwardBf16,
 } from './attention-bf16.js';
@@ -26,6 +27,7 @@ export * from './norm.js';
 export * from './rope.js';
 export * from './attention.js';
 export * from './attention-cached.js';
+export * from './attention-cached-mma.js';
 export * from './attention-bf16.js';
 export * from './attention-tf32.js';
 export * from './elementwise.js';
@@ -42,7 +44,7 @@ export const ALL_FAMILIES: readonly AnyFamily[] = [
   rmsnormForward, addRmsnormForward, rmsnormBackward, rmsnormRowsForward, rmsnormRowsBackward, ropeForward, ropeBackward,
   ropeLinearForward, ropeLinearBackward, ropeLlama3Forward, ropeLlama3Backward, ropeYarnForward, ropeYarnBackward,
   ropeKvForward, ropeLinearKvForward, ropeLlama3KvForward, ropeYarnKvForward,
-  attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached, attentionCachedGqa,
+  attentionForward, attentionForwardMma, attentionBackwardPre, attentionBackward, attentionBackwardKv, attentionDkvReduce, kvCacheWrite, attentionCached, attentionCachedGqa, attentionCachedMma,
   attentionForwardBf16, attentionBackwardDqBf16, attentionBackwardDkvBf16, attentionBackwardDkvDsBf16, attentionBackwardDqDsBf16,
   addKernel, accumulateKernel, scaleKernel, sumSquares, biasAdd, biasGrad, colReduce,
   swigluForward, swigluBackward, swigluBackwardSet, swigluForwardRows, swigluBackwardRows, embeddingForward, embeddingBackward, lossKernel, sparseLossKernel, sampleRowsKernel, topRowsKernel, sampleTokensKernel, decodeAdvanceKernel, adamwKernel, adamwMultiKernel, convertKernel, copyColumnsKernel,
