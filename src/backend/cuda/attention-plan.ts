@@ -67,7 +67,7 @@ export type AttentionBackwardImpl = 'stored-ds' | 'recompute';
 export const DEFAULT_ATTN_BACKWARD: AttentionBackwardImpl = 'stored-ds';
 
 /**
- * Generation's cached attention splits a short grid's cache rows over blocks (attention_cached_gqa, cachedAttentionSplits)
+ * Generation's cached attention splits a short grid's cache rows over blocks (attention_cached_gqa and attention_cached_mma, cachedAttentionSplits)
  * whose partials, and the counters that elect the block merging them, live in this scratch (floats): 4 MiB until
  * prepare() sizes it to the traced run's need, at most MAX_ATTN_CACHED_FLOATS. A call whose splits do not fit takes at
  * most as many as do (at least 2, else none); of those, the count with the fewest waves (cachedAttentionPickSplits).

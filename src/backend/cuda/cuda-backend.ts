@@ -1332,8 +1332,9 @@ export class CudaBackend implements Backend {
    * The layout attention_cached_gqa launches with over a grid of `blocks` blocks (head dim `hd`, a GQA group of `group`, rows
    * `aligned` to 16 bytes): a small grid's (cachedAttentionPlan), or of a large grid's layouts (cachedAttentionLargeLayouts)
    * the one that runs it in the fewest waves on this GPU, by the compiled kernels' occupancy (cachedAttentionPickLayout; a
-   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (the call's operand dtypes; by default gqaBf16's:
-   * a sealed cache has those only where a run's calls are bf16 without per-sequence positions, as the bench's are).
+   * trace, with no GPU, has the plan's). `spec` builds a layout's kernel (the call's operand dtypes; by default gqaBf16's,
+   * whose occupancy stands for the others': bf16 calls whose rows are off 16 bytes or of a head dim attention_cached_mma
+   * does not take run it; aligned ones take attention_cached_mma, so a sealed cache of such a run has no gqaBf16 kernel).
    */
   cachedAttentionGqaLayout(blocks: number, hd: number, group: number, aligned: boolean, spec = this.gqaBf16(hd, group)): CachedAttnPlan {
     const large = cachedAttentionLargeLayouts(hd, group, aligned);

@@ -3,8 +3,9 @@
  * FlashDecoding style: the group's query heads are the 16 rows of an m16n8k16 tile (zero past the group), so S = Q·Kᵀ
  * and O += P·V are mma.sync products over 16 keys at a time, where attention_cached_gqa's lanes compute each head's dot
  * products with FMAs and shuffles (its cost grows with the group: Qwen2.5's 7 and 6 heads a KV head ran at about a
- * third of the H200's bandwidth). The same grid, arguments, split rule, scratch and merge as attention_cached_gqa
- * (cached_finish): the backend launches either for a call.
+ * third of the H200's bandwidth). The same grid, arguments, split scratch and merge as attention_cached_gqa
+ * (cached_finish); its splits take CACHED_MMA_MIN_ROWS rows at least (the SIMT kernel's 64), and the backend launches it
+ * for every call whose operands it takes.
  *
  * A block of 4 warps per (query row, KV head, split); warp w takes the split's keys 16 at a time, tiles w, w + 4, ...,
  * with an online softmax in the log2 domain per query head, and the warps merge through shared memory. No shared memory

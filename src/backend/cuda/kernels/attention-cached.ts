@@ -1,7 +1,8 @@
 /**
  * Generation's attention over a KV cache: kv_cache_write (rows into the cache at positions), attention_cached (a block
  * per query head) and attention_cached_gqa (a block per query row and KV head for its GQA group, a short grid split over
- * blocks and merged by the last), with what picks between them and lays the group kernel out: cachedAttentionKernel,
+ * blocks and merged by the last: cached_finish, which attention_cached_mma, the group on the tensor cores for bf16
+ * operands in attention-cached-mma.ts, shares), with what picks between them and lays the group kernel out: cachedAttentionKernel,
  * cachedAttentionPlan (with cachedAttentionLargeLayouts and cachedAttentionPickLayout for large grids), cachedAttentionSplits
  * (and cachedAttentionPickSplits),
  * cachedAttentionGqaSmem. fp32 math over f32 or bf16 operands, baked per
@@ -269,10 +270,13 @@ export function cachedAttentionSplits(b: number, t: number, nKv: number, tMax: n
  * split over blocks) when the call has CACHED_GQA_MIN_BLOCKS (query row, KV head) pairs or more, when a GQA group (2 or
  * more) reads a cache of CACHED_GQA_LONG_ROWS rows or more (tMax, the capacity: the length is on the device and runs from
  * the prompt's up to it), or of CACHED_GQA_SMALL_GROUP_ROWS at a group of 2 to CACHED_GQA_SMALL_GROUP; else
- * attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. The
+ * attention_cached (a block per query head, each reading its rows), as for groups past CACHED_GQA_MAX_GROUP. With `mma`
+ * (the call's group runs on the tensor cores, attention_cached_mma: bf16 operands, 16-byte aligned, a head dim and group
+ * it takes) a GQA group takes the group kernel at any size (measured in attention-cached-mma.ts); the thresholds below,
+ * measured for attention_cached_gqa, decide the other calls (f32 operands, rows off 16 bytes, other head dims). The
  * sequences and rows of a call change within a run (a last, shorter group of prompts), so a trace plans both kernels,
- * and every layout of the group kernel (a small grid's, cachedAttentionPlan, and cachedAttentionLargeLayouts), for every
- * call (CudaBackend). Measured on an H200
+ * and every layout or variant of the group kernel (attention_cached_gqa's small grid's, cachedAttentionPlan and
+ * cachedAttentionLargeLayouts; attention_cached_mma's CACHED_MMA_MIN_BLOCKS), for every call (CudaBackend). Measured on an H200
  * (bench/attention-cached.ts, bf16, us a call at 256 / 512 / 1024 / 4096 cache rows;
  * docs/measurements/generation/gpu-2026-11-30-h200-s53-attention-cached-long.txt): Qwen2.5-0.5B's 14/2 heads at batch 8
  * (16 pairs), attention_cached 7.1 / 10.2 / 16.6 / 55.2 against attention_cached_gqa 10.5 / 11.6 / 15.3 / 25.9 (the
