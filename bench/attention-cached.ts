@@ -78,35 +78,9 @@ for (const [name, nH, nKv, hd] of shapes) {
         const splitsList = [...new Set(sweepSplits.map((x) => x || planned))].filter((x) => x >= 1 && (x === 1 || (x <= CACHED_MAX_SPLITS && B * nKv <= CACHED_COUNTERS)));
         // the split partials' scratch (counters zero, as the backend keeps them between calls)
         const part = be.alloc(CACHED_COUNTERS + CACHED_MAX_SPLITS * B * nH * (hd + 2), 'sweep part');
-        for (const splits of sweep ? splitsList : []) {
-          const row: string[] = [], chosen = be.cachedAttentionGqaLayout(splits * nKv * B, hd, nH / nKv, true);
-          for (const block of [64, 128, 256, 512, 1024]) {
-            if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
-            for (const un of [1, 2, 4]) {
-              const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
-              const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${block} ${un} ${splits}`, () => {
-                for (let r = 0; r < REPS; r++) launch(spec, [splits, nKv, B], block, [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), splits > 1 ? P(part) : { t: 'p', v: 0n }, I(splits)]);
-              });
-              try {
-                be.zero(out);
-                rep(); be.synchronize();
-                const s0 = process.hrtime.bigint();
-                for (let k = 0; k < 4; k++) rep();
-                be.synchronize();
-                const u2 = Number(process.hrtime.bigint() - s0) / 1e3 / (4 * REPS);
-                const got = be.download(out);
-                let err = 0;
-                for (let k = 0; k < got.length; k++) err = Math.max(err, Math.abs(got[k] - want[k]));
-                row.push(`${block}/${un}${block === chosen.block && un === chosen.un ? '*' : ''} ${u2.toFixed(1)}${err > 0.05 * scale ? ` WRONG (${err.toExponential(1)} of ${scale.toExponential(1)})` : ''}`);
-              } catch (e) { row.push(`${block}/${un} failed (${(e as Error).message.slice(0, 60)})`); }
-            }
-          }
-          console.log(`[attention-cached sweep] splits ${splits}${splits === planned ? '*' : ''}, block/un us: ${row.join(' | ')}`);
-        }
-        // the other kernels a call may take, launched directly: a block per query head, and the tensor-core group kernel
-        // at every split count up to CACHED_MAX_SPLITS
+        // one kernel's launches timed over a captured region (out zeroed first) and its output checked: "label us"
         const timeIt = (label: string, spec: KernelSpec, grid: readonly [number, number, number], block: number, args: unknown[]): string => {
-          const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${label}`, () => { for (let r = 0; r < REPS; r++) launch(spec, grid, block, args); });
+          const rep = be.capturedRepeat(`sweep ${name} ${B} ${L} ${label} ${grid.join('x')}`, () => { for (let r = 0; r < REPS; r++) launch(spec, grid, block, args); });
           be.zero(out);
           rep(); be.synchronize();
           const s0 = process.hrtime.bigint();
@@ -117,6 +91,22 @@ for (const [name, nH, nKv, hd] of shapes) {
           for (let k = 0; k < got.length; k++) err = Math.max(err, Math.abs(got[k] - want[k]));
           return `${label} ${u2.toFixed(1)}${err > 0.05 * scale ? ` WRONG (${err.toExponential(1)} of ${scale.toExponential(1)})` : ''}`;
         };
+        for (const splits of sweep ? splitsList : []) {
+          const row: string[] = [], chosen = be.cachedAttentionGqaLayout(splits * nKv * B, hd, nH / nKv, true);
+          for (const block of [64, 128, 256, 512, 1024]) {
+            if (cachedAttentionGqaSmem(hd, nH / nKv, block) > SMEM_DEFAULT) continue; // past the static shared memory
+            for (const un of [1, 2, 4]) {
+              const spec = attentionCachedGqa.make({ headDim: hd, group: nH / nKv, block, vec: 8, un, out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
+              try {
+                row.push(timeIt(`${block}/${un}${block === chosen.block && un === chosen.un ? '*' : ''}`, spec, [splits, nKv, B], block,
+                  [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv), splits > 1 ? P(part) : { t: 'p', v: 0n }, I(splits)]));
+              } catch (e) { row.push(`${block}/${un} failed (${(e as Error).message.slice(0, 60)})`); }
+            }
+          }
+          console.log(`[attention-cached sweep] splits ${splits}${splits === planned ? '*' : ''}, block/un us: ${row.join(' | ')}`);
+        }
+        // the other kernels a call may take, launched directly: a block per query head, and the tensor-core group kernel
+        // at every split count up to CACHED_MAX_SPLITS
         const head = attentionCached.make({ headDim: hd, block: cachedAttentionBlock(hd), out: 'bf16', q: 'bf16', kc: 'bf16', vc: 'bf16', seqPos: false });
         const others = [timeIt('head', head, [1, nH, B], cachedAttentionBlock(hd), [P(out), P(q), P(kc), P(vc), I(1), I(L - 1), I(tMax), I(nH), I(nKv)])];
         if (cachedMmaShape(hd, nH / nKv)) {
