@@ -158,10 +158,10 @@ export interface DeviceParts {
   timeline?: boolean;
 }
 
-/** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
 /** A cached-attention call's kernel, block, splits (0: attention_cached) and split scratch need (CudaBackend.cachedAttentionLaunch). */
 interface CachedLaunch { spec: KernelSpec; block: number; splits: number; need: number }
 
+/** What a trace-mode backend must know to launch what a device backend would: its attention implementation. */
 export interface TraceOptions {
   attention?: 'simt' | 'mma';
   attnBackward?: AttentionBackwardImpl;
@@ -1302,8 +1302,8 @@ export class CudaBackend implements Backend {
    * rows: of cachedAttentionSplits' count, or the fewer the split scratch (`scratchFloats`) holds, the count that runs the
    * grid in the fewest waves on this GPU, then the most (cachedAttentionPickSplits, `blocksPerSm(blocks)` the blocks an SM
    * holds of the kernel a grid of that many blocks launches; a trace, with no GPU, has the most; `minRows`: the rows a
-   * split takes at least, cachedAttentionSplits'); `need` is the split
-   * scratch (floats) cachedAttentionSplits' count needs, which prepare() sizes it to.
+   * split takes at least, cachedAttentionSplits'); `need` is the split scratch (floats) cachedAttentionSplits' count
+   * needs, which prepare() sizes it to.
    */
   private cachedAttentionSplitsFor(b: number, t: number, nHeads: number, nKv: number, hd: number, tMax: number,
     blocksPerSm: (blocks: number) => number, scratchFloats: number, minRows?: number): { splits: number; need: number } {

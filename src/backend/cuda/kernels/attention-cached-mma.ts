@@ -48,19 +48,18 @@ export interface CachedMmaVariant { blocksPerSm: number; registers: number; loca
  * Which of `variants` (CACHED_MMA_MIN_BLOCKS' compiled) a grid of `blocks` blocks on `sms` SMs launches: of those that
  * run it in the fewest waves, one that spills nothing (no local memory), then the one with the most registers (more
  * loads in flight a thread), then the first. H200 (docs/measurements/generation/gpu-2026-11-30-h200-s56-attention-cached-mma.txt,
- * call 4, µs): at head dim 128 bounding to 4 blocks an SM spills (ptxas: 152 registers unbounded, 3 an SM; 128 and 72
- * bytes of spill bounded), so where both run a grid in one wave the unbounded wins (Qwen3-0.6B's 16/8 heads at batch 48,
+ * call 4, µs): at head dim 128 bounding to 4 blocks an SM spills (ptxas: 152 registers unbounded, 3 an SM; bounded, 128
+ * registers and 72 bytes of spill), so where both run a grid in one wave the unbounded wins (Qwen3-0.6B's 16/8 heads at batch 48,
  * 384 blocks: 193.1 against 204.6 at 4096 rows), and at batch 64 (512 blocks: two waves at 3 an SM, one at 4) the
  * bounded (268.2 against 326.4); at head dim 64 the bounded variant spills nothing and keeps more registers (120 against
  * 91) and wins at one wave each (Qwen2.5-0.5B's 14/2 heads, batch 8, 4096 rows unsplit: 38.2 against 45.5).
  */
 export function cachedMmaPickVariant(blocks: number, sms: number, variants: readonly CachedMmaVariant[]): number {
+  // ordered by waves, then spills, then registers (most first); a tie keeps the earlier variant
+  const rank = (v: CachedMmaVariant): number[] => [gridWaves(blocks, v.blocksPerSm, sms), v.localBytes > 0 ? 1 : 0, -v.registers];
+  const before = (a: number[], b: number[]): boolean => { const k = a.findIndex((x, i) => x !== b[i]); return k >= 0 && a[k]! < b[k]!; };
   let best = 0;
-  const key = (v: CachedMmaVariant): [number, number, number] => [gridWaves(blocks, v.blocksPerSm, sms), v.localBytes > 0 ? 1 : 0, -v.registers];
-  variants.forEach((v, i) => {
-    const a = key(v), b = key(variants[best]!);
-    if (a[0] < b[0] || (a[0] === b[0] && (a[1] < b[1] || (a[1] === b[1] && a[2] < b[2])))) best = i;
-  });
+  variants.forEach((v, i) => { if (before(rank(v), rank(variants[best]!))) best = i; });
   return best;
 }
 
