@@ -61,19 +61,12 @@ async function launchesOn(calls: Array<{ b: number; t: number; nH: number; nKv: 
       x.attentionCached(view(b * t * nH * hd, 'out'), view(b * t * nH * hd, 'q'), view(b * tMax * nKv * hd, 'kc'), view(b * tMax * nKv * hd, 'vc'), b, t, tMax - t, tMax, nH, nKv, hd);
     }
   };
-  const labels = new Map<string, string>();
-  const compiler = new class extends FakeCompiler {
-    override async compile(source: string, name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
-      const cubin = await super.compile(source, name, options, label);
-      labels.set(Buffer.from(cubin).toString('hex'), label ?? '');
-      return cubin;
-    }
-  }();
+  const compiler = new FakeCompiler();
   type Fn = { entry: string; minBlocks: number };
   const launches: Launch[] = [];
   const driver = Object.assign(fakeDriver(), {
     smCount: sms,
-    loadFunction: (cubin: Uint8Array, entry: string) => ({ module: {}, fn: { entry, minBlocks: Number(/ minBlocks=(\d)/.exec(labels.get(Buffer.from(cubin).toString('hex')) ?? '')?.[1] ?? -1) } }),
+    loadFunction: (cubin: Uint8Array, entry: string) => ({ module: {}, fn: { entry, minBlocks: Number(/ minBlocks=(\d)/.exec(compiler.labelOf(cubin))?.[1] ?? -1) } }),
     occupancy: (fn: unknown, block: number) => {
       const f = fn as Fn;
       if (f.entry !== 'attention_cached_mma') return 64;

@@ -216,19 +216,13 @@ async function decodeOn(nH: number, nKv: number, hd: number, tMax: number, b: nu
     const kc = x.alloc(b * tMax * nKv * hd, 'kc', dt), vc = x.alloc(b * tMax * nKv * hd, 'vc', dt);
     x.attentionCached(out, q, kc, vc, b, 1, tMax - 1, tMax, nH, nKv, hd);
   };
-  const labels = new Map<string, string>(), uns: number[] = [], grids: number[][] = [];
-  const compiler = new class extends FakeCompiler {
-    override async compile(source: string, name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
-      const cubin = await super.compile(source, name, options, label);
-      labels.set(Buffer.from(cubin).toString('hex'), label ?? '');
-      return cubin;
-    }
-  }();
+  const uns: number[] = [], grids: number[][] = [];
+  const compiler = new FakeCompiler();
   type Fn = { entry: string; un: number; block: number };
   const driver = Object.assign(fakeDriver(), {
     smCount: sms,
     loadFunction: (cubin: Uint8Array, entry: string) => {
-      const label = labels.get(Buffer.from(cubin).toString('hex')) ?? '';
+      const label = compiler.labelOf(cubin);
       return { module: {}, fn: { entry, un: Number(/ un=(\d)/.exec(label)?.[1] ?? 0), block: Number(/ block=(\d+)/.exec(label)?.[1] ?? 0) } };
     },
     occupancy: (fn: unknown, block: number) => { assert.equal(block, (fn as Fn).block, 'the block the layout launches with'); return occ[(fn as Fn).un]!; },

@@ -250,14 +250,20 @@ export class FakeCompiler implements KernelCompiler {
   readonly labels: string[] = [];
   inFlight = 0;
   maxInFlight = 0;
+  /** Each cubin made, by its hex, to the label it was compiled under (labelOf). */
+  private readonly labelByCubin = new Map<string, string>();
   constructor(private readonly delayMs = 0) {}
-  private make(source: string, options: readonly string[]): Uint8Array {
+  private make(source: string, options: readonly string[], label?: string): Uint8Array {
     this.calls++;
-    return Buffer.concat([Buffer.from('CUBIN'), createHash('sha256').update(`${source}|${options.join(' ')}`).digest()]);
+    const cubin = Buffer.concat([Buffer.from('CUBIN'), createHash('sha256').update(`${source}|${options.join(' ')}`).digest()]);
+    this.labelByCubin.set(cubin.toString('hex'), label ?? '');
+    return cubin;
   }
+  /** The label (spec.describe()) a cubin this compiler made was compiled under ('' if none): a fake driver's loadFunction can tell the kernels apart by it. */
+  labelOf(cubin: Uint8Array): string { return this.labelByCubin.get(Buffer.from(cubin).toString('hex')) ?? ''; }
   compileSync(source: string, _name: string, options: readonly string[], label?: string): Uint8Array {
     if (label !== undefined) this.labels.push(label);
-    return this.make(source, options);
+    return this.make(source, options, label);
   }
   async compile(source: string, _name: string, options: readonly string[], label?: string): Promise<Uint8Array> {
     if (label !== undefined) this.labels.push(label);
@@ -265,7 +271,7 @@ export class FakeCompiler implements KernelCompiler {
     this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
     await new Promise((r) => setTimeout(r, this.delayMs));
     this.inFlight--;
-    return this.make(source, options);
+    return this.make(source, options, label);
   }
 }
 
